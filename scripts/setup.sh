@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Idempotent set-up shared by scripts/demo.sh and scripts/test.sh:
+#   1. a virtual environment in .venv,
+#   2. the pinned CPU build of torch (a looser pin would pull several GB of CUDA packages),
+#   3. this package with its dev extras (editable),
+#   4. Fashion-MNIST from Debian (`dataset-fashion-mnist`) when apt is usable; the demo falls
+#      back to scikit-learn's digits when it is not.
+# A stamp keyed on pyproject.toml makes a second run a no-op.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+
+venv="$root/.venv"
+stamp="$venv/.peg-setup-stamp"
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+
+if [ ! -x "$venv/bin/python" ]; then
+  echo "[setup] creating virtual environment in .venv"
+  python3 -m venv "$venv"
+fi
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "[setup] installing torch==2.13.0 (CPU) and peg[dev]"
+  "$venv/bin/python" -m pip install --quiet --upgrade pip
+  "$venv/bin/python" -m pip install --quiet "torch==2.13.0"
+  "$venv/bin/python" -m pip install --quiet -e ".[dev]"
+  echo "$want" > "$stamp"
+fi
+
+fmnist=/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+if [ ! -f "$fmnist" ] && command -v apt-get >/dev/null 2>&1; then
+  sudo=""
+  [ "$(id -u)" = 0 ] || { command -v sudo >/dev/null 2>&1 && sudo="sudo -n"; }
+  if [ "$(id -u)" = 0 ] || [ -n "$sudo" ]; then
+    echo "[setup] installing Debian package dataset-fashion-mnist"
+    { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq dataset-fashion-mnist; } \
+      >/dev/null 2>&1 || echo "[setup] could not install dataset-fashion-mnist; the demo will use digits"
+  fi
+fi

@@ -1,0 +1,29 @@
+"""peg: cheap, well-calibrated ensembles from an already-trained PyTorch model.
+
+import peg
+ens = peg.PEG(size=15, eta="search").fit(model, (X_val, y_val))
+peg.evaluate(ens, X_test, y_test)   # {'nll': ..., 'error': ..., 'brier': ..., 'ece': ..., ...}
+"""
+
+from peg.archive import ArchiveError, load
+from peg.ensemble import Ensemble
+from peg.evaluate import evaluate
+from peg.methods._perturb import NonFiniteError
+from peg.methods.base import NotFittedError
+from peg.methods.peg import PEG
+from peg.methods.pep import PEP
+from peg.methods.temperature import TemperatureScaling
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "PEG",
+    "PEP",
+    "ArchiveError",
+    "Ensemble",
+    "NonFiniteError",
+    "NotFittedError",
+    "TemperatureScaling",
+    "evaluate",
+    "load",
+]

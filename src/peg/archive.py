@@ -1,0 +1,140 @@
+"""Ensembles on disk: one safetensors file whose header carries a JSON description.
+
+Nothing is unpickled: tensors are safetensors, everything else is JSON stored under the
+header's metadata key ``"peg"``::
+
+    {"format": "peg-ensemble", "format_version": 1, "peg_version": ..., "torch_version": ...,
+     "members": M, "stacked": [names], "shared": [names], "meta": {method, hyper-parameters,
+     seed, ...}}
+
+Tensor keys are ``stacked/<state-dict name>`` (`[M, *shape]`) and ``shared/<name>``. Writes go to
+a temporary file in the same folder, then `os.replace`, so a crash never leaves half an archive
+where a good one was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from peg.ensemble import Ensemble
+
+FORMAT = "peg-ensemble"
+FORMAT_VERSION = 1
+
+
+class ArchiveError(ValueError):
+    """A file is not a peg archive, is damaged, or does not fit the model given to load it."""
+
+
+def _atomic_save(tensors: dict[str, torch.Tensor], metadata: dict[str, str], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata=metadata)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_ensemble(ensemble: Ensemble, path: str | os.PathLike[str]) -> str:
+    """Write `ensemble` to `path` atomically; returns the path as a string."""
+    from peg import __version__
+
+    path = Path(path)
+    tensors = {f"stacked/{k}": v.detach().cpu().contiguous() for k, v in ensemble.stacked.items()}
+    tensors |= {
+        f"shared/{k}": v.detach().cpu().contiguous().clone() for k, v in ensemble.shared.items()
+    }
+    header = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "peg_version": __version__,
+        "torch_version": torch.__version__,
+        "architecture": type(ensemble.skeleton).__name__,
+        "members": len(ensemble),
+        "stacked": list(ensemble.stacked),
+        "shared": list(ensemble.shared),
+        "meta": ensemble.meta,
+    }
+    try:
+        text = json.dumps(header, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"ensemble.meta: must be JSON-serialisable (finite numbers): {e}") from e
+    _atomic_save(tensors, {"peg": text}, path)
+    return str(path)
+
+
+def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The JSON header of a peg archive, without reading its tensors."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"path: no peg archive at {path}")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+    except Exception as e:  # safetensors raises its own error types for damaged files
+        raise ArchiveError(f"{path}: not a peg archive (unreadable safetensors header: {e})") from e
+    try:
+        header = json.loads(metadata["peg"])
+    except (KeyError, json.JSONDecodeError) as e:
+        raise ArchiveError(f"{path}: not a peg archive (no 'peg' JSON header)") from e
+    if header.get("format") != FORMAT:
+        raise ArchiveError(f"{path}: not a peg archive (format {header.get('format')!r})")
+    if header.get("format_version", 0) > FORMAT_VERSION:
+        raise ArchiveError(
+            f"{path}: archive format version {header['format_version']} is newer than this "
+            f"peg reads ({FORMAT_VERSION}); upgrade peg"
+        )
+    return header
+
+
+def load(
+    path: str | os.PathLike[str], model: nn.Module, device: str | torch.device = "cpu"
+) -> Ensemble:
+    """Load an ensemble saved by `Ensemble.save` (or a method's `save`).
+
+    Args:
+        path: the archive.
+        model: any instance of the architecture the ensemble was built from; it supplies the
+            forward pass (its weights are not used). Its state-dict names and shapes must match.
+        device: where to put the member weights.
+    """
+    path = Path(path)
+    header = read_header(path)
+    tensors: dict[str, torch.Tensor] = {}
+    try:
+        with safe_open(str(path), framework="pt", device=str(device)) as f:
+            for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                tensors[key] = f.get_tensor(key)
+    except Exception as e:
+        raise ArchiveError(f"{path}: damaged or truncated peg archive ({e})") from e
+    stacked = {k: tensors.get(f"stacked/{k}") for k in header["stacked"]}
+    shared = {k: tensors.get(f"shared/{k}") for k in header["shared"]}
+    lost = [k for k, v in (stacked | shared).items() if v is None]
+    if lost:
+        raise ArchiveError(f"{path}: damaged peg archive (tensors missing: {lost[:5]})")
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    got = {k: tuple(v.shape[1:]) for k, v in stacked.items()} | {
+        k: tuple(v.shape) for k, v in shared.items()
+    }
+    if expected != got:
+        diff = sorted(k for k in set(expected) | set(got) if expected.get(k) != got.get(k))
+        raise ArchiveError(
+            f"model: does not match the archive's architecture ({header.get('architecture')}); "
+            f"entries differing in name or shape: {diff[:5]}"
+        )
+    ensemble = Ensemble(model, stacked, shared, header.get("meta"))
+    return ensemble.to(device)

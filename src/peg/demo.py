@@ -1,0 +1,258 @@
+"""`peg demo`: train a base model, build PEG-15, PEP-15 and a temperature-scaled base, compare.
+
+Image data (Fashion-MNIST; scikit-learn digits when Fashion-MNIST is not installed): a small
+CNN is trained on 80% of the training set; the other 20% is the validation set every post-hoc
+method is fitted on; the test set scores them. Toy data (two moons, three moons, linearly
+separable): the PEG paper's §5.6 MLP (one hidden layer of 20 units), PEG-5 vs PEP-5, and the
+decision-boundary figure of its Figs. 2/3.
+
+Writes to `--out`: results.json (metrics, chosen hyper-parameters, wall times, command,
+machine), results.md (the table), reliability.png, and for toy data decision_boundaries.png.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from peg import data as datasets
+from peg import metrics, models, plots
+from peg._env import git_commit, machine
+from peg.methods.peg import PEG
+from peg.methods.pep import PEP
+from peg.methods.temperature import TemperatureScaling, member_logits_of
+from peg.train import train
+
+IMAGE_DATA = ("fashion-mnist", "digits")
+TOY_DATA = ("two-moons", "three-moons", "linear")
+ROWS = (
+    ("nll", "NLL", 1, "{:.4f}"),
+    ("error", "Error %", 100, "{:.2f}"),
+    ("brier", "Brier", 1, "{:.4f}"),
+    ("ece", "ECE %", 100, "{:.2f}"),
+)
+
+
+@dataclass
+class Preset:
+    """Sizes of one demo run."""
+
+    epochs: int
+    lr: float
+    members: int
+    train_points: int | None = None  # subsample the training split (None: all)
+    test_points: int | None = None
+    score_points: int | None = None  # validation points that score η / σ (None: all)
+    weight_decay: float = 5e-4
+    optimizer: str = "sgd"
+    batch_size: int = 128
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+PRESETS: dict[tuple[str, bool], Preset] = {
+    ("fashion-mnist", False): Preset(epochs=6, lr=0.05, members=15, score_points=4000),
+    ("fashion-mnist", True): Preset(
+        epochs=2, lr=0.05, members=15, train_points=8000, test_points=2000, score_points=1000
+    ),
+    ("digits", False): Preset(epochs=30, lr=0.05, members=15),
+    ("digits", True): Preset(epochs=10, lr=0.05, members=15),
+    # toy: full-batch-ish Adam without weight decay, long enough to over-fit (paper §5.6)
+    ("toy", False): Preset(
+        epochs=600, lr=0.01, members=5, optimizer="adam", weight_decay=0.0, batch_size=64
+    ),
+    ("toy", True): Preset(
+        epochs=200, lr=0.02, members=5, optimizer="adam", weight_decay=0.0, batch_size=64
+    ),
+}
+
+
+def _subsample(X: Tensor, y: Tensor, n: int | None, seed: int) -> tuple[Tensor, Tensor]:
+    if n is None or n >= len(X):
+        return X, y
+    idx = torch.randperm(len(X), generator=torch.Generator().manual_seed(seed))[:n]
+    return X[idx], y[idx]
+
+
+def _load(
+    name: str, seed: int, say: Any
+) -> tuple[str, tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    if name == "fashion-mnist":
+        try:
+            return name, datasets.load(name, "train"), datasets.load(name, "test")
+        except FileNotFoundError as e:
+            say(f"Fashion-MNIST not found ({str(e).splitlines()[0]}); using scikit-learn digits.")
+            name = "digits"
+    return name, datasets.load(name, "train", seed=seed), datasets.load(name, "test", seed=seed)
+
+
+def _table(columns: dict[str, dict[str, float]]) -> str:
+    names = list(columns)
+    lines = ["| metric | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    for key, label, scale, fmt in ROWS:
+        values = [columns[n][key] * scale for n in names]
+        best = min(values)
+        cells = [(f"**{fmt.format(v)}**" if v == best else fmt.format(v)) for v in values]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def run(
+    data: str = "fashion-mnist",
+    quick: bool = False,
+    out: str | Path = "peg-demo",
+    seed: int = 0,
+    progress: bool | None = None,
+    say: Any = print,
+) -> dict[str, Any]:
+    """Run the demo; returns what it writes to `out/results.json`."""
+    if data not in IMAGE_DATA + TOY_DATA:
+        raise ValueError(f"data: expected one of {list(IMAGE_DATA + TOY_DATA)}, got {data!r}")
+    out = Path(out)
+    t_start = time.perf_counter()
+    torch.manual_seed(seed)
+    times: dict[str, float] = {}
+
+    def timed(label: str, fn: Any) -> Any:
+        t0 = time.perf_counter()
+        result = fn()
+        times[label] = round(time.perf_counter() - t0, 2)
+        say(f"  {label}: {times[label]:.1f} s")
+        return result
+
+    data, (X_all, y_all), (X_test, y_test) = _load(data, seed, say)
+    toy = data in TOY_DATA
+    preset = PRESETS[("toy" if toy else data, quick)]
+    X_train, y_train, X_val, y_val = datasets.train_val_split(X_all, y_all, 0.2, seed=seed)
+    X_train, y_train = _subsample(X_train, y_train, preset.train_points, seed)
+    X_test, y_test = _subsample(X_test, y_test, preset.test_points, seed)
+    C = int(y_all.max()) + 1
+    if toy:
+        base: nn.Module = models.MLP(X_all.shape[1], C, hidden=(20,))
+    else:
+        base = models.SmallCNN(in_channels=X_all.shape[1], num_classes=C)
+    S = preset.members
+    say(
+        f"peg demo: {data}, {len(X_train)} train / {len(X_val)} validation / {len(X_test)} test, "
+        f"{type(base).__name__} ({sum(p.numel() for p in base.parameters()):,} parameters), "
+        f"{machine()}"
+    )
+
+    base, history = timed(
+        "train base model",
+        lambda: train(
+            base,
+            (X_train, y_train),
+            epochs=preset.epochs,
+            lr=preset.lr,
+            optimizer=preset.optimizer,
+            weight_decay=preset.weight_decay,
+            batch_size=preset.batch_size,
+            seed=seed,
+            progress=progress,
+        ),
+    )
+    val = (X_val, y_val)
+    ts = timed("temperature scaling", lambda: TemperatureScaling().fit(base, val))
+    pep = timed(
+        f"PEP-{S} (σ search)",
+        lambda: PEP(size=S, seed=seed, progress=progress, max_score_points=preset.score_points).fit(
+            base, val
+        ),
+    )
+    peg_ = timed(
+        f"PEG-{S} (η search)",
+        lambda: PEG(
+            size=S,
+            seed=seed,
+            progress=progress,
+            max_score_points=preset.score_points,
+            batch_size=min(128, len(X_val) // 4),
+        ).fit(base, val),
+    )
+
+    predictors = {"Base": base, "Temp-scaled": ts, f"PEP-{S}": pep, f"PEG-{S}": peg_}
+    logits = {name: member_logits_of(p, X_test) for name, p in predictors.items()}
+    columns = {name: metrics.classification_metrics(lg, y_test) for name, lg in logits.items()}
+    table = _table(columns)
+
+    out.mkdir(parents=True, exist_ok=True)
+    figures = [
+        str(
+            plots.reliability_diagram(
+                {n: metrics.reliability(lg, y_test, bins=10) for n, lg in logits.items()},
+                out / "reliability.png",
+                title=f"Reliability on {data} test data (10 bins)",
+            )
+        )
+    ]
+    if toy:
+
+        def proba(p: Any) -> Any:
+            return lambda pts: member_logits_of(p, pts).softmax(-1).mean(0)
+
+        figures.append(
+            str(
+                plots.decision_boundaries(
+                    {n: proba(p) for n, p in predictors.items() if n != "Temp-scaled"},
+                    X_test,
+                    y_test,
+                    out / "decision_boundaries.png",
+                    title=f"{data}: base MLP vs PEP-{S} vs PEG-{S}",
+                )
+            )
+        )
+    times["total"] = round(time.perf_counter() - t_start, 2)
+    result = {
+        "command": "peg demo " + " ".join(sys.argv[2:])
+        if sys.argv[1:2] == ["demo"]
+        else f"peg.demo.run(data={data!r}, quick={quick})",
+        "commit": git_commit(),
+        "machine": machine(),
+        "data": data,
+        "sizes": {"train": len(X_train), "validation": len(X_val), "test": len(X_test)},
+        "preset": asdict(preset),
+        "base_history": history,
+        "chosen": {
+            "temperature": ts.temperature_,
+            "sigma": pep.sigma_,
+            "eta": peg_.eta_,
+            "sigma_search": pep.search_,
+            "eta_search": peg_.search_,
+        },
+        "metrics": columns,
+        "seconds": times,
+        "figures": figures,
+        "note": "error and ece are fractions (the table prints them as %)",
+    }
+    _write_atomic(out / "results.json", json.dumps(result, indent=2, default=str) + "\n")
+    _write_atomic(
+        out / "results.md",
+        f"{data} test set ({len(X_test)} points); command: "
+        f"`{result['command']}`; machine: {result['machine']}\n\n{table}\n",
+    )
+    say("")
+    say(table)
+    say("")
+    say(
+        f"T = {ts.temperature_:.3f}, σ = {pep.sigma_:.3g}, η = {peg_.eta_:.3g}; "
+        f"total {times['total']:.1f} s; wrote {out}/results.json, results.md, "
+        + ", ".join(Path(f).name for f in figures)
+    )
+    return result

@@ -1,0 +1,223 @@
+"""`Ensemble`: one module skeleton and the stacked weights of its M members.
+
+Every method in the library ends here (or in something with the same `member_logits`
+interface), so metrics, benchmarks and plots never need to know which method made an ensemble.
+
+Storage: state-dict entries that differ between members are kept stacked, `[M, *shape]`;
+entries equal in every member (frozen parameters, BatchNorm statistics left untouched by PEG)
+are kept once. Prediction runs the skeleton with `torch.func.functional_call` on each member's
+weights, always in eval mode (BatchNorm uses its running statistics, dropout is off).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, vmap
+
+from peg._inputs import Data, iter_inputs, num_batches
+from peg._progress import bar
+
+Strategy = Literal["loop", "vmap"]
+
+
+def model_output(out: Any, where: str) -> Tensor:
+    """Check that a forward pass returned logits `[B, C]` and return them."""
+    if not isinstance(out, Tensor):
+        raise TypeError(
+            f"{where}: the model's forward must return a Tensor of logits [B, C], "
+            f"got {type(out).__name__}"
+        )
+    if out.ndim != 2:
+        raise ValueError(
+            f"{where}: the model's forward must return logits [B, C], got shape {tuple(out.shape)}"
+        )
+    return out
+
+
+class Ensemble:
+    """M members of one architecture, predicted with one skeleton module.
+
+    Args:
+        skeleton: the architecture; its own weights are never used for predictions (they are
+            replaced member by member), but it is deep-copied so later edits of the caller's
+            module do not leak in.
+        stacked: state-dict entries that differ between members, each `[M, *shape]`.
+        shared: state-dict entries common to all members, each `[*shape]`.
+        meta: JSON-serialisable description (method, hyper-parameters, seed, ...), saved with it.
+    """
+
+    def __init__(
+        self,
+        skeleton: nn.Module,
+        stacked: Mapping[str, Tensor],
+        shared: Mapping[str, Tensor] | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not stacked:
+            raise ValueError("stacked: an ensemble needs at least one per-member entry")
+        sizes = {int(t.shape[0]) for t in stacked.values()}
+        if len(sizes) != 1:
+            raise ValueError(f"stacked: entries disagree on the number of members: {sorted(sizes)}")
+        self.skeleton = copy.deepcopy(skeleton).eval()
+        self.stacked = {k: v.detach() for k, v in stacked.items()}
+        self.shared = {k: v.detach() for k, v in (shared or {}).items()}
+        expected = set(self.skeleton.state_dict())
+        got = set(self.stacked) | set(self.shared)
+        if got != expected:
+            missing, extra = sorted(expected - got), sorted(got - expected)
+            raise ValueError(
+                f"stacked/shared: entries do not match the skeleton's state dict "
+                f"(missing {missing[:5]}, unexpected {extra[:5]})"
+            )
+        self.meta: dict[str, Any] = dict(meta or {})
+
+    # ---------------------------------------------------------------- construction
+    @classmethod
+    def from_state_dicts(
+        cls,
+        skeleton: nn.Module,
+        states: Sequence[Mapping[str, Tensor]],
+        meta: Mapping[str, Any] | None = None,
+    ) -> Ensemble:
+        """Stack member state dicts; entries identical in every member are stored once."""
+        if len(states) == 0:
+            raise ValueError("states: expected at least one member state dict")
+        stacked, shared = {}, {}
+        for name in states[0]:
+            values = [s[name].detach() for s in states]
+            if all(torch.equal(values[0], v) for v in values[1:]):
+                shared[name] = values[0].clone()
+            else:
+                stacked[name] = torch.stack(values)
+        if not stacked:  # all members identical: still keep M copies of one entry to record M
+            name = next(iter(shared))
+            stacked[name] = shared.pop(name).unsqueeze(0).repeat_interleave(len(states), 0)
+        return cls(skeleton, stacked, shared, meta)
+
+    @classmethod
+    def from_models(
+        cls, models: Sequence[nn.Module], meta: Mapping[str, Any] | None = None
+    ) -> Ensemble:
+        """An ensemble of already-trained models of one architecture (e.g. a deep ensemble)."""
+        if len(models) == 0:
+            raise ValueError("models: expected at least one model")
+        return cls.from_state_dicts(models[0], [m.state_dict() for m in models], meta)
+
+    # ---------------------------------------------------------------- members
+    def __len__(self) -> int:
+        return int(next(iter(self.stacked.values())).shape[0])
+
+    @property
+    def size(self) -> int:
+        """Number of members M."""
+        return len(self)
+
+    @property
+    def device(self) -> torch.device:
+        return next(iter(self.stacked.values())).device
+
+    def member_state(self, i: int) -> dict[str, Tensor]:
+        """The full state dict of member `i` (views, not copies)."""
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"i: member index {i} out of range for {len(self)} members")
+        return {**self.shared, **{k: v[i] for k, v in self.stacked.items()}}
+
+    def member_model(self, i: int) -> nn.Module:
+        """A standalone copy of the skeleton carrying member `i`'s weights (eval mode)."""
+        model = copy.deepcopy(self.skeleton)
+        model.load_state_dict({k: v.clone() for k, v in self.member_state(i).items()})
+        return model.eval()
+
+    def to(self, device: torch.device | str) -> Ensemble:
+        """Move the skeleton and every member to `device` (in place); returns self."""
+        self.skeleton.to(device)
+        self.stacked = {k: v.to(device) for k, v in self.stacked.items()}
+        self.shared = {k: v.to(device) for k, v in self.shared.items()}
+        return self
+
+    # ---------------------------------------------------------------- prediction
+    def _batch_logits(self, x: Tensor, strategy: Strategy) -> Tensor:
+        x = x.to(self.device)
+        if strategy == "vmap":
+
+            def one(stacked: dict[str, Tensor], x: Tensor) -> Tensor:
+                return functional_call(self.skeleton, {**self.shared, **stacked}, (x,))
+
+            out = vmap(one, in_dims=(0, None))(self.stacked, x)
+            if out.ndim != 3:
+                raise ValueError(
+                    f"member_logits: expected logits [B, C] per member, got {tuple(out.shape[1:])}"
+                )
+            return out
+        outs = [
+            model_output(
+                functional_call(self.skeleton, self.member_state(i), (x,)), "member_logits"
+            )
+            for i in range(len(self))
+        ]
+        return torch.stack(outs)
+
+    @torch.no_grad()
+    def member_logits(
+        self,
+        X: Data,
+        batch_size: int = 512,
+        strategy: Strategy = "loop",
+        progress: bool | None = None,
+    ) -> Tensor:
+        """Logits of every member, `[M, N, C]`.
+
+        Args:
+            X: inputs `[N, ...]` (Tensor or array), or a Dataset/DataLoader yielding `x` or
+                `(x, y)` batches.
+            batch_size: rows per forward pass when X is a tensor.
+            strategy: "loop" runs members one after another on each batch; "vmap" runs them
+                in one vectorised call (`torch.func.vmap`).
+            progress: show a progress bar (None: only on a terminal).
+        """
+        if strategy not in ("loop", "vmap"):
+            raise ValueError(f"strategy: expected 'loop' or 'vmap', got {strategy!r}")
+        was_training = self.skeleton.training
+        self.skeleton.eval()
+        try:
+            chunks = [
+                self._batch_logits(x, strategy)
+                for x in bar(
+                    iter_inputs(X, batch_size),
+                    f"predict ({len(self)} members)",
+                    total=num_batches(X, batch_size),
+                    enabled=progress,
+                )
+            ]
+        finally:
+            self.skeleton.train(was_training)
+        if not chunks:
+            raise ValueError("X: no inputs to predict (0 samples)")
+        return torch.cat(chunks, dim=1)
+
+    def predict_proba(self, X: Data, batch_size: int = 512, **kwargs: Any) -> Tensor:
+        """Ensemble predictive probabilities `[N, C]`: member softmax outputs averaged."""
+        return self.member_logits(X, batch_size, **kwargs).softmax(-1).mean(0)
+
+    def predict(self, X: Data, batch_size: int = 512, **kwargs: Any) -> Tensor:
+        """Predicted class per input `[N]` (argmax of the averaged probabilities)."""
+        return self.predict_proba(X, batch_size, **kwargs).argmax(-1)
+
+    # ---------------------------------------------------------------- persistence
+    def save(self, path: str) -> str:
+        """Write the ensemble to `path` (safetensors + JSON header; atomic). Returns the path."""
+        from peg.archive import save_ensemble
+
+        return save_ensemble(self, path)
+
+    def __repr__(self) -> str:
+        method = self.meta.get("method", "?")
+        return (
+            f"Ensemble(method={method!r}, members={len(self)}, "
+            f"architecture={type(self.skeleton).__name__})"
+        )

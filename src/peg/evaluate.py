@@ -1,0 +1,39 @@
+"""`evaluate`: the paper's metrics for any predictor on labelled data."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+
+from peg import metrics
+from peg._inputs import Data, as_xy
+from peg.methods.temperature import member_logits_of
+
+
+def evaluate(
+    predictor: Any,
+    X: Data,
+    y: Tensor | None = None,
+    bins: int = 15,
+    min_count: int = 1,
+    batch_size: int = 512,
+) -> dict[str, float]:
+    """NLL, error, Brier, ECE and MCE of `predictor` on (X, y) (+ Gibbs NLL for ensembles).
+
+    Args:
+        predictor: an nn.Module (one model), a peg method or `Ensemble`, or anything with
+            `member_logits(X) -> [M, N, C]`.
+        X: inputs `[N, ...]`, or a DataLoader/Dataset of (x, y) when `y` is None.
+        y: labels `[N]`.
+        bins, min_count: ECE/MCE binning (equal width).
+
+    Error and ECE are fractions in [0, 1] (tables print them as %).
+    """
+    if y is None:
+        X, y = as_xy(X, "X")
+    logits = member_logits_of(predictor, X, batch_size)
+    out = metrics.classification_metrics(logits, y, bins=bins, min_count=min_count)
+    if logits.shape[0] == 1:
+        out.pop("gibbs_nll", None)  # one member: Gibbs NLL is the NLL
+    return out

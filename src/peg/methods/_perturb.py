@@ -1,0 +1,348 @@
+"""What PEG and PEP share: members θ_r + scale · D_r[i] around one or more base models.
+
+A subclass supplies the directions `D_r` (`[S, P]`, one row per member, over the P perturbed
+parameter entries of base model r); this class validates the inputs, splits the validation
+data, chooses the scale on held-out validation points, and builds the `Ensemble`. Because the
+directions are computed once, trying another scale costs forward passes only.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.optim.swa_utils import update_bn
+
+from peg import metrics
+from peg._inputs import Data, as_xy, check_positive_int
+from peg._progress import counter
+from peg.ensemble import Ensemble, model_output
+from peg.methods._search import select_scale
+from peg.methods.base import FittedEnsemble
+
+BNMode = Literal["eval", "batch", "refresh"]
+ParamFilter = Literal["all", "weights"] | Callable[[str, nn.Parameter], bool]
+Criterion = Literal["nll", "ece", "brier"] | Callable[[Tensor, Tensor], float]
+Models = nn.Module | Sequence[nn.Module] | Ensemble
+
+CRITERIA: dict[str, Callable[[Tensor, Tensor], float]] = {
+    "nll": metrics.nll,
+    "ece": metrics.ece,
+    "brier": metrics.brier,
+}
+
+
+# Random-stream keys: (MEMBER_KEY, base, member) for anything drawn per member.
+MEMBER_KEY = 0
+SPLIT_KEY = 2**31  # the validation split into gradient and scoring parts
+
+
+class NonFiniteError(FloatingPointError):
+    """A loss, gradient or member weight became NaN or infinite."""
+
+
+def generator(seed: int, *key: int) -> torch.Generator:
+    """An independent, reproducible random stream for (seed, *key) (numpy SeedSequence)."""
+    state = np.random.SeedSequence(entropy=seed, spawn_key=key).generate_state(1, np.uint64)[0]
+    return torch.Generator().manual_seed(int(state))
+
+
+def base_models(model: Models) -> list[nn.Module]:
+    """One model, a list of models (an ensemble, PEG's Algorithm 2), or an `Ensemble`."""
+    if isinstance(model, Ensemble):
+        return [model.member_model(i) for i in range(len(model))]
+    if isinstance(model, nn.Module):
+        return [model]
+    if (
+        isinstance(model, Sequence)
+        and len(model) > 0
+        and all(isinstance(m, nn.Module) for m in model)
+    ):
+        return list(model)
+    raise TypeError(
+        "model: expected an nn.Module, a non-empty list of nn.Modules or a peg.Ensemble, "
+        f"got {type(model).__name__}"
+    )
+
+
+def select_parameters(model: nn.Module, params: ParamFilter) -> list[str]:
+    """Names of the trainable parameters to perturb."""
+    if params == "all":
+        keep = lambda name, p: True  # noqa: E731
+    elif params == "weights":  # conv / linear weight tensors, as the original PEP code
+        keep = lambda name, p: p.ndim >= 2  # noqa: E731
+    elif callable(params):
+        keep = params
+    else:
+        raise ValueError(f"params: expected 'all', 'weights' or a callable, got {params!r}")
+    names = [n for n, p in model.named_parameters() if p.requires_grad and keep(n, p)]
+    if not names:
+        raise ValueError(
+            "model: has no trainable parameters to perturb (requires_grad=True"
+            + (f" and selected by params={params!r})" if params != "all" else ")")
+        )
+    return names
+
+
+class PerturbationEnsemble(FittedEnsemble):
+    """Base class of PEG and PEP (not used directly)."""
+
+    method = "perturbation"
+    scale_name = "scale"
+    default_grid: tuple[float, ...] = ()
+    uses_direction_data = True
+
+    def __init__(
+        self,
+        size: int,
+        scale: float | Sequence[float] | str,
+        seed: int,
+        bn: BNMode,
+        params: ParamFilter,
+        criterion: Criterion,
+        holdout: float,
+        eval_batch_size: int,
+        progress: bool | None,
+        max_score_points: int | None = None,
+    ) -> None:
+        self.size = check_positive_int(size, "size")
+        self.seed = int(seed)
+        if isinstance(scale, str):
+            if scale != "search":
+                raise ValueError(
+                    f"{self.scale_name}: expected a number > 0, a list or 'search', got {scale!r}"
+                )
+        else:
+            values = [scale] if isinstance(scale, (int, float)) else list(scale)
+            if not values or not all(
+                isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in values
+            ):
+                raise ValueError(
+                    f"{self.scale_name}: expected a number > 0, a non-empty list of numbers > 0 "
+                    f"or 'search', got {scale!r}"
+                )
+        self.scale = scale
+        if bn not in ("eval", "batch", "refresh"):
+            raise ValueError(f"bn: expected 'eval', 'batch' or 'refresh', got {bn!r}")
+        self.bn = bn
+        if not (params in ("all", "weights") or callable(params)):
+            raise ValueError(f"params: expected 'all', 'weights' or a callable, got {params!r}")
+        self.params = params
+        if not (criterion in CRITERIA or callable(criterion)):
+            raise ValueError(
+                f"criterion: expected one of {sorted(CRITERIA)} or a callable, got {criterion!r}"
+            )
+        self.criterion = criterion
+        if not (isinstance(holdout, (int, float)) and 0 <= holdout < 1):
+            raise ValueError(f"holdout: expected a fraction in [0, 1), got {holdout!r}")
+        self.holdout = float(holdout)
+        self.eval_batch_size = check_positive_int(eval_batch_size, "eval_batch_size")
+        self.progress = progress
+        if max_score_points is not None:
+            check_positive_int(max_score_points, "max_score_points")
+        self.max_score_points = max_score_points
+
+    # ---------------------------------------------------------------- to override
+    def _directions(
+        self, model: nn.Module, r: int, names: list[str], X: Tensor, y: Tensor
+    ) -> Tensor:
+        """Directions `[S, P]` for base model r (P = total size of the `names` parameters)."""
+        raise NotImplementedError
+
+    def _min_direction_points(self) -> int:
+        return 1
+
+    def _hyperparameters(self) -> dict[str, Any]:
+        return {}
+
+    # ---------------------------------------------------------------- fitting
+    @property
+    def searches(self) -> bool:
+        """Whether the scale is chosen from several candidates."""
+        return not isinstance(self.scale, (int, float))
+
+    def _check_data(self, models: list[nn.Module], X: Tensor, y: Tensor) -> int:
+        """Probe one forward pass before any long work; return the number of classes C."""
+        C = None
+        for r, model in enumerate(models):
+            was = model.training
+            model.eval()
+            with torch.no_grad():
+                out = model_output(model(X[:2]), f"model {r}" if len(models) > 1 else "model")
+            model.train(was)
+            if C is not None and out.shape[1] != C:
+                raise ValueError(
+                    f"model: base models disagree on the number of classes ({C} vs {out.shape[1]})"
+                )
+            C = out.shape[1]
+        assert C is not None
+        if torch.is_floating_point(y) or y.ndim != 1:
+            raise ValueError(
+                "val: labels must be integer class indices [N], "
+                f"got dtype {y.dtype}, shape {tuple(y.shape)}"
+            )
+        if y.min() < 0 or y.max() >= C:
+            raise ValueError(
+                f"val: labels must lie in [0, {C}) for a model with {C} outputs, "
+                f"got min {int(y.min())}, max {int(y.max())}"
+            )
+        return C
+
+    def _split(self, X: Tensor, y: Tensor) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+        """(direction data, scoring data): disjoint when a scale is searched and holdout > 0.
+
+        The scoring part is a seeded random subset of at most `max_score_points` points.
+        """
+        perm = torch.randperm(len(X), generator=generator(self.seed, SPLIT_KEY))
+        if self.searches and self.uses_direction_data and self.holdout > 0:
+            n_score = round(self.holdout * len(X))
+            score, direction = perm[:n_score], perm[n_score:]
+            if n_score == 0 or len(direction) == 0:
+                raise ValueError(
+                    f"val: {len(X)} points are too few to hold out {self.holdout:.0%} for "
+                    f"choosing {self.scale_name}"
+                )
+            Xd, yd = X[direction], y[direction]
+        else:
+            score, Xd, yd = perm, X, y
+        score = score[: self.max_score_points]
+        return (Xd, yd), (X[score], y[score])
+
+    def fit(self, model: Models, val: Data, bn_data: Data | None = None) -> PerturbationEnsemble:
+        """Build the ensemble around `model` (or around each member of an ensemble).
+
+        Args:
+            model: a trained nn.Module, a list of them or a `peg.Ensemble` (one set of `size`
+                members is built around each, `size * R` members in all).
+            val: validation data: a tuple (X, y), a Dataset or a DataLoader of (x, y).
+            bn_data: inputs (training data) for re-estimating BatchNorm statistics of every
+                member; required when bn="refresh", ignored otherwise.
+
+        Returns:
+            self, with `ensemble_` (the `Ensemble`), `<scale>_` (the scale used) and
+            `search_` ({scale: criterion} for every scale evaluated).
+        """
+        models = base_models(model)
+        X, y = as_xy(val, "val")
+        assert y is not None
+        self._check_data(models, X, y)
+        names = select_parameters(models[0], self.params)
+        (Xd, yd), (Xs, ys) = self._split(X, y)
+        need = self._min_direction_points()
+        if len(Xd) < need:
+            where = (
+                f" after holding out {self.holdout:.0%} for choosing {self.scale_name}"
+                if len(Xd) < len(X)
+                else ""
+            )
+            raise ValueError(
+                f"val: {len(Xd)} points{where}; {self.method} needs at least {need} "
+                f"(the mini-batch size); lower batch_size or pass more validation data"
+            )
+        bn_batches = None
+        if self.bn == "refresh":
+            if bn_data is None:
+                raise ValueError(
+                    "bn_data: bn='refresh' re-estimates BatchNorm statistics and needs "
+                    "training inputs: fit(model, val, bn_data=train_loader)"
+                )
+            Xb, _ = as_xy(bn_data, "bn_data", need_labels=False)
+            bn_batches = list(Xb.split(self.eval_batch_size))
+
+        self._bases = [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in models]
+        self._skeleton = models[0]
+        self._bn_batches = bn_batches
+        self.param_names_ = names
+        self.directions_ = [self._directions(m, r, names, Xd, yd) for r, m in enumerate(models)]
+        build = self.ensemble_at
+
+        if self.searches:
+            grid = self.default_grid if self.scale == "search" else self.scale
+            criterion = CRITERIA.get(self.criterion, self.criterion)  # type: ignore[arg-type]
+
+            name = f"{self.method} {self.scale_name} search"
+            with counter(name, self.progress) as shown:
+
+                def score(scale: float) -> float:
+                    logits = build(scale).member_logits(Xs, self.eval_batch_size, progress=False)
+                    finite = bool(torch.isfinite(logits).all())  # else: diverged, the worst score
+                    value = float(criterion(logits, ys)) if finite else math.inf
+                    shown.update(1)
+                    shown.set_postfix_str(f"{self.scale_name}={scale:.3g} score={value:.4g}")
+                    return value
+
+                best, self.search_ = select_scale(score, grid, refine=self.scale == "search")
+        else:
+            best, self.search_ = float(self.scale), {}
+        setattr(self, f"{self.scale_name}_", best)
+        self.ensemble_ = build(best)
+        self.ensemble_.meta = self._meta(best, len(models), len(X), len(Xd), len(Xs))
+        return self
+
+    def _meta(self, scale: float, R: int, n_val: int, n_dir: int, n_score: int) -> dict[str, Any]:
+        crit = (
+            self.criterion
+            if isinstance(self.criterion, str)
+            else getattr(self.criterion, "__name__", "callable")
+        )
+        params = (
+            self.params
+            if isinstance(self.params, str)
+            else getattr(self.params, "__name__", "callable")
+        )
+        return {
+            "method": self.method,
+            self.scale_name: scale,
+            "size": self.size,
+            "base_models": R,
+            "seed": self.seed,
+            "bn": self.bn,
+            "params": params,
+            "criterion": crit,
+            "holdout": self.holdout,
+            "validation_points": {"total": n_val, "directions": n_dir, "scoring": n_score},
+            f"{self.scale_name}_search": {
+                f"{k:.6g}": v for k, v in self.search_.items() if math.isfinite(v)
+            },
+            **self._hyperparameters(),
+        }
+
+    def ensemble_at(self, scale: float) -> Ensemble:
+        """The members at another scale, from the stored directions (no gradient is recomputed).
+
+        Members are θ_r + scale·D_r[i] for every base r and member i, base-major; scale 0 gives
+        copies of the base models. Used by the scale search, and to plot a metric against it.
+        """
+        if not hasattr(self, "directions_"):
+            raise AttributeError(f"{type(self).__name__}: call fit(...) before ensemble_at(...)")
+        if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale >= 0):
+            raise ValueError(f"scale: expected a finite number >= 0, got {scale!r}")
+        names, bases = self.param_names_, self._bases
+        shapes = [bases[0][n].shape for n in names]
+        sizes = [math.prod(s) for s in shapes]
+        states = []
+        for base, D in zip(bases, self.directions_, strict=True):
+            steps = (scale * D).split(sizes, dim=1)  # per parameter: [S, numel]
+            for i in range(D.shape[0]):
+                state = dict(base)
+                for n, shape, step in zip(names, shapes, steps, strict=True):
+                    state[n] = base[n] + step[i].view(shape).to(base[n].dtype)
+                if self._bn_batches is not None:
+                    state = refresh_bn(self._skeleton, state, self._bn_batches)
+                states.append(state)
+        return Ensemble.from_state_dicts(self._skeleton, states)
+
+
+def refresh_bn(
+    skeleton: nn.Module, state: dict[str, Tensor], batches: list[Tensor]
+) -> dict[str, Tensor]:
+    """`state` with BatchNorm running statistics re-estimated on `batches` (swa_utils.update_bn)."""
+    model = copy.deepcopy(skeleton)
+    model.load_state_dict(state)
+    update_bn(batches, model)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}

@@ -1,0 +1,275 @@
+"""PEG: Perturbed Ensemble via Gradient updates (the PEG paper, §3, Algorithms 1 and 2).
+
+Member i of base model θ is one gradient step from θ on a random validation mini-batch Bᵢ:
+
+    θᵢ = θ − η · ∇L(θ; Bᵢ)          (vanilla, Algorithm 1; every step restarts from θ)
+
+and, for the unbiased variant (§3, Claim 1: E[θᵢ − θ] = 0),
+
+    θᵢ = θ − (η/√2)(∇L(B¹ᵢ) − ∇L(B²ᵢ)) − a·(β·v + η·∇L(V)),   a ~ N(0, 1).
+
+Given a list of models (or an `Ensemble`), PEG runs on each (Algorithm 2): Q·R members.
+
+Choices the paper leaves open (each an option, recorded in the saved ensemble):
+- L is the **mean cross-entropy** of the mini-batch (`reduction="sum"` sums instead; a custom
+  per-sample `loss` allows e.g. Gaussian NLL for regression). The paper writes the step on the
+  log-likelihood; a descent step on the loss is the same step.
+- The gradient pass runs with BatchNorm in **eval mode** (`bn="eval"`); `bn="batch"` uses
+  batch statistics for the gradient pass (running statistics are left untouched);
+  `bn="refresh"` re-estimates every member's running statistics on training data (`bn_data`),
+  as SWAG does.
+- Mini-batches are drawn without replacement within a batch, independently per member, from a
+  stream seeded by (seed, base index, member index): an ensemble is reproducible from
+  (base weights, validation data, seed, η, K, S).
+- Unbiased variant: ∇L(V) is the mean of `val_batches` mini-batch gradients, and v is the
+  heavy-ball momentum accumulated over those same gradients (buf ← β·buf + g), scaled by η so
+  it is a displacement like the other terms: v = η·buf. The paper does not say where v comes
+  from; `momentum="none"` sets v = 0, and a dict of tensors (e.g. the training optimizer's
+  `momentum_buffer`s, in gradient units) uses those instead.
+- η: a number; a list (grid); or "search" = the paper's grid (0.001, 0.01, 0.1, 1) followed by
+  golden-section refinement in log space (scipy). Scored by validation NLL of the whole
+  ensemble (`criterion`). The gradients are computed once and reused for every η. By default
+  half of the validation set is held out for scoring η and the other half feeds the gradient
+  steps (`eta_holdout=0.5`; 0 uses the same points for both, as the paper does). The chosen
+  members are the ones scored (built from the gradient half).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from peg._inputs import check_positive_int
+from peg._progress import bar
+from peg.methods._perturb import (
+    MEMBER_KEY,
+    BNMode,
+    Criterion,
+    NonFiniteError,
+    ParamFilter,
+    PerturbationEnsemble,
+    generator,
+)
+
+LossFn = Callable[[Tensor, Tensor], Tensor]
+Momentum = Literal["validation", "none"] | Mapping[str, Tensor] | Sequence[Mapping[str, Tensor]]
+
+# Random-stream key for the mini-batches estimating ∇L(V): (VALIDATION_KEY, base, j).
+VALIDATION_KEY = 1
+
+
+def draw_batch(gen: torch.Generator, n: int, k: int) -> Tensor:
+    """K distinct indices in [0, n), uniformly at random."""
+    return torch.randperm(n, generator=gen)[:k]
+
+
+def cross_entropy(logits: Tensor, y: Tensor) -> Tensor:
+    """Per-sample cross-entropy `[B]` (PEG's default loss)."""
+    return F.cross_entropy(logits, y, reduction="none")
+
+
+class PEG(PerturbationEnsemble):
+    """Perturbed Ensemble via Gradient updates.
+
+    Args:
+        size: S, members per base model (the paper: 15 or 30; 5 per member of DeepEns-3).
+        batch_size: K, points per validation mini-batch (paper: 128).
+        eta: step length η: a number > 0, a list of candidates, or "search" (see module doc).
+        seed: seeds every mini-batch draw (and `a` in the unbiased variant).
+        variant: "vanilla" (Algorithm 1) or "unbiased" (§3, Claim 1).
+        reduction: "mean" (default) or "sum" of the per-sample losses in a mini-batch.
+        bn: "eval" (default), "batch" or "refresh" (needs `fit(..., bn_data=...)`).
+        loss: per-sample loss `loss(outputs [B, C], y [B]) -> [B]`; default cross-entropy.
+        params: which parameters to perturb: "all" trainable ones (default), "weights" (tensors
+            with ndim ≥ 2, i.e. conv/linear weights) or a callable (name, parameter) -> bool.
+        criterion: what η minimises on held-out validation data: "nll", "ece", "brier" or a
+            callable (member_logits [M, N, C], y [N]) -> float.
+        eta_holdout: fraction of the validation set held out for scoring η (when η is
+            searched); 0 scores on the same points that feed the gradient steps.
+        val_batches: unbiased variant: mini-batches averaged to estimate ∇L(V).
+        beta: unbiased variant: momentum weight β (paper: 0.9).
+        momentum: unbiased variant: where v comes from: "validation" (default), "none", or
+            momentum buffers keyed by parameter name (one mapping, or one per base model).
+        eval_batch_size: rows per forward pass when scoring η.
+        progress: show progress bars (None: only on a terminal).
+        max_score_points: score η on a seeded random subset of at most this many held-out
+            points (None: all of them); the gradient steps still use the whole gradient part.
+    """
+
+    method = "PEG"
+    scale_name = "eta"
+    default_grid = (1e-3, 1e-2, 1e-1, 1.0)
+
+    def __init__(
+        self,
+        size: int = 15,
+        batch_size: int = 128,
+        eta: float | Sequence[float] | str = "search",
+        seed: int = 0,
+        variant: Literal["vanilla", "unbiased"] = "vanilla",
+        reduction: Literal["mean", "sum"] = "mean",
+        bn: BNMode = "eval",
+        loss: LossFn | None = None,
+        params: ParamFilter = "all",
+        criterion: Criterion = "nll",
+        eta_holdout: float = 0.5,
+        val_batches: int = 10,
+        beta: float = 0.9,
+        momentum: Momentum = "validation",
+        eval_batch_size: int = 512,
+        progress: bool | None = None,
+        max_score_points: int | None = None,
+    ) -> None:
+        super().__init__(
+            size,
+            eta,
+            seed,
+            bn,
+            params,
+            criterion,
+            eta_holdout,
+            eval_batch_size,
+            progress,
+            max_score_points,
+        )
+        self.batch_size = check_positive_int(batch_size, "batch_size")
+        if variant not in ("vanilla", "unbiased"):
+            raise ValueError(f"variant: expected 'vanilla' or 'unbiased', got {variant!r}")
+        self.variant = variant
+        if reduction not in ("mean", "sum"):
+            raise ValueError(f"reduction: expected 'mean' or 'sum', got {reduction!r}")
+        self.reduction = reduction
+        if loss is not None and not callable(loss):
+            raise ValueError(
+                f"loss: expected a callable (outputs, y) -> per-sample losses, got {loss!r}"
+            )
+        self.loss = loss or cross_entropy
+        self.val_batches = check_positive_int(val_batches, "val_batches")
+        if not (isinstance(beta, (int, float)) and 0 <= beta < 1):
+            raise ValueError(f"beta: expected a momentum weight in [0, 1), got {beta!r}")
+        self.beta = float(beta)
+        if isinstance(momentum, str) and momentum not in ("validation", "none"):
+            raise ValueError(
+                f"momentum: expected 'validation', 'none' or a dict of tensors, got {momentum!r}"
+            )
+        self.momentum = momentum
+
+    @property
+    def eta(self) -> float | Sequence[float] | str:
+        """The η setting given to the constructor (`eta_` is the one chosen by `fit`)."""
+        return self.scale
+
+    def _min_direction_points(self) -> int:
+        return self.batch_size
+
+    def _hyperparameters(self) -> dict[str, Any]:
+        return {
+            "batch_size": self.batch_size,
+            "variant": self.variant,
+            "reduction": self.reduction,
+            "loss": getattr(self.loss, "__name__", "callable"),
+            **(
+                {
+                    "val_batches": self.val_batches,
+                    "beta": self.beta,
+                    "momentum": self.momentum if isinstance(self.momentum, str) else "given",
+                }
+                if self.variant == "unbiased"
+                else {}
+            ),
+        }
+
+    # ---------------------------------------------------------------- gradients
+    def _gradient_model(self, model: nn.Module) -> nn.Module:
+        """A private copy of `model` in the mode the gradient pass runs in."""
+        work = copy.deepcopy(model).eval()
+        if self.bn == "batch":
+            for m in work.modules():
+                if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                    m.train()
+        return work
+
+    def _directions(
+        self, model: nn.Module, r: int, names: list[str], X: Tensor, y: Tensor
+    ) -> Tensor:
+        """Displacements per unit η, `[S, P]`: member i is θ + η·D[i]."""
+        work = self._gradient_model(model)
+        params = dict(work.named_parameters())
+        selected = [params[n] for n in names]
+        buffers = {k: v.clone() for k, v in work.named_buffers()}
+        device = selected[0].device
+        K, S = self.batch_size, self.size
+
+        def grad(gen: torch.Generator, what: str) -> Tensor:
+            idx = draw_batch(gen, len(X), K)
+            out = work(X[idx].to(device))
+            losses = self.loss(out, y[idx].to(device))
+            loss = losses.mean() if self.reduction == "mean" else losses.sum()
+            if not torch.isfinite(loss):
+                raise NonFiniteError(f"{what} (base model {r}): the loss is {loss.item()}")
+            gs = torch.autograd.grad(loss, selected)
+            if self.bn == "batch":  # the train-mode pass moved the running statistics: undo it
+                with torch.no_grad():
+                    for k, b in work.named_buffers():
+                        b.copy_(buffers[k])
+            g = torch.cat([t.reshape(-1) for t in gs]).detach()
+            if not torch.isfinite(g).all():
+                raise NonFiniteError(
+                    f"{what} (base model {r}): the gradient has NaN or inf entries"
+                )
+            return g
+
+        if self.variant == "vanilla":
+            rows = [
+                -grad(generator(self.seed, MEMBER_KEY, r, i), f"member {i}")
+                for i in bar(range(S), f"PEG gradients (base {r})", enabled=self.progress)
+            ]
+            return torch.stack(rows)
+
+        # unbiased: ∇L(V) and the momentum buffer from `val_batches` mini-batches
+        buf = torch.zeros_like(torch.cat([p.reshape(-1) for p in selected])).detach()
+        g_val = torch.zeros_like(buf)
+        for j in bar(range(self.val_batches), f"PEG ∇L(V) (base {r})", enabled=self.progress):
+            g = grad(generator(self.seed, VALIDATION_KEY, r, j), f"validation batch {j}")
+            buf = self.beta * buf + g
+            g_val += g / self.val_batches
+        buf = self._given_momentum(r, names, selected, buf)
+        rows = []
+        for i in bar(range(S), f"PEG unbiased steps (base {r})", enabled=self.progress):
+            gen = generator(self.seed, MEMBER_KEY, r, i)
+            g1, g2 = grad(gen, f"member {i}"), grad(gen, f"member {i}")
+            a = torch.randn((), generator=gen).item()
+            rows.append(-((g1 - g2) / math.sqrt(2) + a * (self.beta * buf + g_val)))
+        return torch.stack(rows)
+
+    def _given_momentum(
+        self, r: int, names: list[str], selected: list[Tensor], buf: Tensor
+    ) -> Tensor:
+        """The momentum buffer v/η: estimated on validation data, zero, or supplied."""
+        if self.momentum == "validation":
+            return buf
+        if self.momentum == "none":
+            return torch.zeros_like(buf)
+        given = self.momentum
+        if not isinstance(given, Mapping):
+            if r >= len(given):
+                raise ValueError(f"momentum: {len(given)} buffers given, base model {r} has none")
+            given = given[r]
+        missing = [n for n in names if n not in given]
+        if missing:
+            raise ValueError(f"momentum: no buffer for parameters {missing[:5]}")
+        parts = []
+        for n, p in zip(names, selected, strict=True):
+            if tuple(given[n].shape) != tuple(p.shape):
+                raise ValueError(
+                    f"momentum: buffer {n!r} has shape {tuple(given[n].shape)}, "
+                    f"expected {tuple(p.shape)}"
+                )
+            parts.append(given[n].detach().reshape(-1).to(buf))
+        return torch.cat(parts)

@@ -1,0 +1,94 @@
+"""Temperature scaling (Guo et al. 2017): one scalar T > 0 fitted on validation NLL.
+
+Works on a single model and on any ensemble: the scores scaled are the log of the averaged
+predictive distribution, log p̄ `[N, C]` (for one model these are its logits up to a per-row
+constant, which softmax ignores). T is fitted by L-BFGS on log T, so it stays positive.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from peg._inputs import Data, as_xy
+from peg.ensemble import Ensemble
+from peg.metrics._inputs import ensemble_log_probs
+
+
+def member_logits_of(predictor: Any, X: Data, batch_size: int = 512) -> Tensor:
+    """`[M, N, C]` from anything that predicts: an object with `member_logits`, or an nn.Module."""
+    if hasattr(predictor, "member_logits"):
+        return predictor.member_logits(X, batch_size)
+    if isinstance(predictor, nn.Module):
+        return Ensemble.from_models([predictor]).member_logits(X, batch_size)
+    raise TypeError(
+        "predictor: expected an nn.Module or an object with member_logits(X), "
+        f"got {type(predictor).__name__}"
+    )
+
+
+class TemperatureScaling:
+    """Post-hoc calibration of a model or an ensemble by one temperature.
+
+    Args:
+        max_iter: L-BFGS iterations (the NLL is smooth and one-dimensional: a few suffice).
+        batch_size: rows per forward pass.
+
+    After `fit(predictor, val)`: `temperature_` (T), `member_logits(X) -> [1, N, C]` (log p̄ / T),
+    `predict_proba(X) -> [N, C]`.
+    """
+
+    def __init__(self, max_iter: int = 100, batch_size: int = 512) -> None:
+        self.max_iter = int(max_iter)
+        self.batch_size = int(batch_size)
+
+    def fit(self, predictor: Any, val: Data) -> TemperatureScaling:
+        """Fit T on validation data `val` ((X, y), Dataset or DataLoader)."""
+        X, y = as_xy(val, "val")
+        self.predictor_ = predictor
+        scores = ensemble_log_probs(member_logits_of(predictor, X, self.batch_size))
+        self.temperature_ = fit_temperature(scores, y, self.max_iter)
+        return self
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "temperature_"):
+            from peg.methods.base import NotFittedError
+
+            raise NotFittedError("TemperatureScaling: call fit(predictor, val) before predicting")
+
+    def member_logits(self, X: Data, batch_size: int | None = None, **_: Any) -> Tensor:
+        """Scaled scores `[1, N, C]` (one "member": the calibrated predictor)."""
+        self._check_fitted()
+        scores = ensemble_log_probs(
+            member_logits_of(self.predictor_, X, batch_size or self.batch_size)
+        )
+        return (scores / self.temperature_).float().unsqueeze(0)
+
+    def predict_proba(self, X: Data, batch_size: int | None = None, **_: Any) -> Tensor:
+        """Calibrated probabilities `[N, C]`."""
+        return self.member_logits(X, batch_size)[0].softmax(-1)
+
+
+def fit_temperature(scores: Tensor, y: Tensor, max_iter: int = 100) -> float:
+    """argmin_T NLL(softmax(scores / T), y) for scores `[N, C]`, labels `[N]`."""
+    scores = scores.detach().double()
+    finite = torch.isfinite(scores).all(-1)
+    scores, y = scores[finite], y[finite].long()
+    log_t = torch.zeros((), dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([log_t], lr=1.0, max_iter=max_iter, line_search_fn="strong_wolfe")
+
+    def closure() -> Tensor:
+        opt.zero_grad()
+        loss = F.cross_entropy(scores / log_t.exp(), y)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    t = float(log_t.detach().exp())
+    if not math.isfinite(t) or t <= 0:
+        raise FloatingPointError(f"temperature scaling diverged (T = {t})")
+    return t

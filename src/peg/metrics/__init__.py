@@ -1,0 +1,61 @@
+"""Classification metrics: pure functions of predictions and labels, computed in float64.
+
+`pred` is probabilities `[N, C]` or member logits `[M, N, C]` (an ensemble averages member
+probabilities); `y` is integer labels `[N]`. Tensors or numpy arrays.
+
+- `nll(pred, y)`: NLL of the predictive distribution (log-space for ensembles).
+- `gibbs_nll(member_logits, y)`, `member_nll(member_logits, y)`: mean and per-member NLL.
+- `error(pred, y)`, `accuracy(pred, y)`: fractions in [0, 1].
+- `brier(pred, y, normalize=False)`: Brier score (normalize=True divides by C).
+- `reliability(pred, y, bins)`, `ece(...)`, `mce(...)`: top-class calibration, equal-width bins.
+- `classification_metrics(pred, y, bins, min_count)`: all of the above as a dict.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from peg.metrics._inputs import as_pred, check_labels, ensemble_log_probs, ensemble_probs
+from peg.metrics.calibration import ece, mce, reliability
+from peg.metrics.classification import accuracy, brier, error, gibbs_nll, member_nll, nll
+
+__all__ = [
+    "accuracy",
+    "brier",
+    "check_labels",
+    "classification_metrics",
+    "ece",
+    "ensemble_log_probs",
+    "ensemble_probs",
+    "error",
+    "gibbs_nll",
+    "mce",
+    "member_nll",
+    "nll",
+    "reliability",
+]
+
+
+def classification_metrics(
+    pred: Any, y: Any, bins: int = 15, min_count: int = 1
+) -> dict[str, float]:
+    """All metrics of `pred` on `y`: "nll", "error", "brier", "ece", "mce".
+
+    "gibbs_nll" is added when `pred` is member logits `[M, N, C]`.
+
+    Args:
+        pred: probabilities `[N, C]` or member logits `[M, N, C]`.
+        y: labels `[N]`.
+        bins, min_count: ECE/MCE binning (see `ece`).
+    """
+    pred = as_pred(pred)  # validate and convert once
+    out = {
+        "nll": nll(pred, y),
+        "error": error(pred, y),
+        "brier": brier(pred, y),
+        "ece": ece(pred, y, bins, min_count),
+        "mce": mce(pred, y, bins, min_count),
+    }
+    if pred.ndim == 3:
+        out["gibbs_nll"] = gibbs_nll(pred, y)
+    return out

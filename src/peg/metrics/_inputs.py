@@ -1,0 +1,100 @@
+"""Validation and conversion shared by the metrics: predictions, labels, log-probabilities.
+
+`pred` is either probabilities `[N, C]` or member logits `[M, N, C]`; `y` is labels `[N]`.
+Everything is computed in float64.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+PROB_ATOL = 1e-3  # how far a row of 2-D `pred` may sum from 1
+
+
+def as_pred(pred: Any, name: str = "pred") -> Tensor:
+    """Validate `pred` (probabilities `[N, C]` or member logits `[M, N, C]`) as float64."""
+    t = torch.as_tensor(pred).detach()
+    if t.ndim not in (2, 3):
+        raise ValueError(
+            f"{name}: expected probabilities [N, C] or member logits [M, N, C], "
+            f"got shape {tuple(t.shape)}"
+        )
+    if t.is_complex():
+        raise ValueError(f"{name}: expected real values, got dtype {t.dtype}")
+    t = t.double()
+    for dim, size in zip("MNC"[3 - t.ndim :], t.shape, strict=True):
+        if size == 0:
+            raise ValueError(f"{name}: expected {dim} >= 1, got shape {tuple(t.shape)} (empty)")
+    if not torch.isfinite(t).all():
+        raise ValueError(f"{name}: expected finite values, got NaN or inf")
+    if t.ndim == 2:
+        dev = (t.sum(-1) - 1).abs().max().item()
+        if (t < 0).any() or dev > PROB_ATOL:
+            problem = (
+                f"has negative values (min {t.min().item():.3g})"
+                if (t < 0).any()
+                else f"rows do not sum to 1 (max |row sum - 1| = {dev:.3g})"
+            )
+            raise ValueError(
+                f"{name}: expected probabilities [N, C] with non-negative rows summing to 1, but "
+                f"it {problem}; pass logits as member logits [M, N, C], e.g. logits.unsqueeze(0)"
+            )
+    return t
+
+
+def ensemble_log_probs(pred: Any) -> Tensor:
+    """Log of the predictive distribution, `[N, C]` float64.
+
+    Member logits `[M, N, C]`: log((1/M) Σ_m softmax(z_m)) computed as
+    logsumexp_m(log_softmax(z_m)) - log M, which stays exact when softmax saturates.
+    Probabilities `[N, C]`: log(p) (zeros give -inf).
+    """
+    t = as_pred(pred)
+    if t.ndim == 2:
+        return t.log()
+    return torch.logsumexp(t.log_softmax(-1), dim=0) - math.log(t.shape[0])
+
+
+def ensemble_probs(pred: Any) -> Tensor:
+    """Predictive probabilities `[N, C]` float64: the mean of member softmaxes, or `pred` itself.
+
+    2-D probabilities are returned unchanged (not via exp(log p)), so a confidence equal to a
+    bin edge stays exactly equal to it.
+    """
+    t = as_pred(pred)
+    return t if t.ndim == 2 else ensemble_log_probs(t).exp()
+
+
+def check_labels(y: Any, n: int, c: int) -> Tensor:
+    """Validate labels `y` `[n]` with integer values in [0, c); return them as int64."""
+    t = torch.as_tensor(y).detach()
+    if t.ndim != 1:
+        raise ValueError(f"y: expected integer labels of shape [{n}], got shape {tuple(t.shape)}")
+    if t.shape[0] != n:
+        raise ValueError(f"y: expected {n} labels (N of pred), got {t.shape[0]}")
+    if n == 0:
+        raise ValueError("y: expected at least one label (N >= 1), got none")
+    if t.is_complex():
+        raise ValueError(f"y: expected integer labels, got dtype {t.dtype}")
+    if t.is_floating_point():
+        bad = ~torch.isfinite(t) | (t != t.round())
+        if bad.any():
+            raise ValueError(
+                f"y: expected integer labels, got non-integer float values "
+                f"(e.g. {t[bad][0].item()})"
+            )
+    t = t.long()
+    lo, hi = t.min().item(), t.max().item()
+    if lo < 0 or hi >= c:
+        raise ValueError(f"y: expected labels in [0, {c}) (C = {c}), got min {lo} and max {hi}")
+    return t
+
+
+def pred_and_labels(pred: Any, y: Any, log: bool = True) -> tuple[Tensor, Tensor]:
+    """`(log p̄ or p̄ [N, C] float64, y [N] int64)`, both validated."""
+    p = ensemble_log_probs(pred) if log else ensemble_probs(pred)
+    return p, check_labels(y, *p.shape).to(p.device)

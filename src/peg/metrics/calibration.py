@@ -1,0 +1,81 @@
+"""Calibration of the top-class confidence: reliability diagram, ECE and MCE.
+
+Bins are equal-width on [0, 1] and right-closed, (lo, hi], except that the first bin also
+holds confidence 0; confidence 1 is in the last bin. Edges are i / bins (correctly rounded),
+so a float64 confidence equal to an edge such as 0.2 goes to the bin below it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from peg._inputs import check_positive_int
+from peg.metrics._inputs import pred_and_labels
+
+
+def reliability(pred: Any, y: Any, bins: int = 15) -> dict[str, Tensor]:
+    """Per-bin confidence, accuracy and count of the top-class prediction.
+
+    Args:
+        pred: probabilities `[N, C]` or member logits `[M, N, C]`.
+        y: labels `[N]`.
+        bins: number of equal-width bins.
+
+    Returns:
+        "edges" `[bins + 1]` (0 to 1), "confidence" `[bins]` (mean max-probability),
+        "accuracy" `[bins]` (fraction correct), both NaN in empty bins, and "count" `[bins]`
+        (int64, summing to N).
+    """
+    bins = check_positive_int(bins, "bins")
+    p, y = pred_and_labels(pred, y, log=False)
+    conf, label = p.max(-1)
+    correct = (label == y).double()
+    edges = torch.arange(bins + 1, dtype=torch.float64, device=conf.device) / bins
+    # right=False: a value equal to an inner edge gets the lower bin; 1.0 gets the last bin.
+    idx = torch.bucketize(conf, edges[1:-1], right=False)
+    count = torch.bincount(idx, minlength=bins)
+    nonempty = count > 0
+    nan = torch.tensor(float("nan"), dtype=torch.float64, device=conf.device)
+    denom = count.clamp(min=1).double()
+    mean_conf = torch.where(nonempty, torch.bincount(idx, conf, minlength=bins) / denom, nan)
+    mean_acc = torch.where(nonempty, torch.bincount(idx, correct, minlength=bins) / denom, nan)
+    return {"edges": edges, "confidence": mean_conf, "accuracy": mean_acc, "count": count}
+
+
+def _gaps(pred: Any, y: Any, bins: int, min_count: int) -> tuple[Tensor, Tensor, int]:
+    """|accuracy - confidence| and count of the bins with >= `min_count` points, and N."""
+    min_count = check_positive_int(min_count, "min_count")
+    r = reliability(pred, y, bins)
+    keep = r["count"] >= min_count
+    gaps = (r["accuracy"] - r["confidence"]).abs()
+    return gaps[keep], r["count"][keep], int(r["count"].sum())
+
+
+def ece(pred: Any, y: Any, bins: int = 15, min_count: int = 1) -> float:
+    """Expected calibration error, Σ_b (n_b / N) |acc_b - conf_b|, a fraction in [0, 1].
+
+    Args:
+        pred: probabilities `[N, C]` or member logits `[M, N, C]`.
+        y: labels `[N]`.
+        bins: number of equal-width bins.
+        min_count: bins with fewer points are dropped from the sum; N stays the total number
+            of points, so dropped bins contribute 0 rather than being renormalised away.
+    """
+    gaps, count, n = _gaps(pred, y, bins, min_count)
+    return float((count.double() * gaps).sum() / n)
+
+
+def mce(pred: Any, y: Any, bins: int = 15, min_count: int = 1) -> float:
+    """Maximum calibration error, max_b |acc_b - conf_b| over bins with >= `min_count` points.
+
+    Args:
+        pred: probabilities `[N, C]` or member logits `[M, N, C]`.
+        y: labels `[N]`.
+        bins: number of equal-width bins.
+        min_count: smallest bin counted; 0.0 if no bin has that many points.
+    """
+    gaps, _, _ = _gaps(pred, y, bins, min_count)
+    return float(gaps.max()) if gaps.numel() else 0.0

@@ -1,0 +1,69 @@
+"""Shared fixtures: small, fast models and data (seconds, not minutes)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from sklearn.datasets import make_moons
+from torch import nn
+
+
+def moons(n: int, seed: int, noise: float = 0.25) -> tuple[torch.Tensor, torch.Tensor]:
+    X, y = make_moons(n_samples=n, noise=noise, random_state=seed)
+    return torch.tensor(X, dtype=torch.float32), torch.tensor(y, dtype=torch.int64)
+
+
+def mlp(seed: int = 0, hidden: int = 20, classes: int = 2) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(2, hidden), nn.ReLU(), nn.Linear(hidden, classes))
+
+
+def overfit(model: nn.Module, X: torch.Tensor, y: torch.Tensor, steps: int = 1500) -> nn.Module:
+    """Full-batch Adam without regularisation: an over-confident base model."""
+    opt = torch.optim.Adam(model.parameters(), lr=0.02)
+    for _ in range(steps):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(X), y).backward()
+        opt.step()
+    return model.eval()
+
+
+class BNNet(nn.Module):
+    """A tiny net with BatchNorm and dropout, to check eval-mode handling."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Linear(2, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.5), nn.Linear(16, 3)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+@pytest.fixture(scope="session")
+def moons_data() -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    return {"train": moons(200, 0), "val": moons(600, 1), "test": moons(1000, 2)}
+
+
+@pytest.fixture(scope="session")
+def overfit_mlp(moons_data) -> nn.Module:
+    return overfit(mlp(0), *moons_data["train"])
+
+
+@pytest.fixture()
+def bn_net() -> BNNet:
+    torch.manual_seed(0)
+    net = BNNet()
+    net.train()
+    with torch.no_grad():  # give BatchNorm non-trivial running statistics
+        for _ in range(5):
+            net(torch.randn(64, 2) * 3 + 1)
+    return net.eval()
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
+    np.random.seed(0)

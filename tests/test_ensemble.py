@@ -1,0 +1,90 @@
+"""Ensemble: stacked members, prediction strategies, eval-mode handling."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import peg
+
+from conftest import BNNet, mlp
+
+
+def members(bn_net, n=3):
+    out = []
+    for s in range(n):
+        torch.manual_seed(s + 10)
+        m = BNNet()
+        m.load_state_dict(bn_net.state_dict())
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(0.1 * torch.randn_like(p))
+        out.append(m.eval())
+    return out
+
+
+def test_member_logits_match_each_model(bn_net):
+    models = members(bn_net)
+    ens = peg.Ensemble.from_models(models)
+    X = torch.randn(37, 2)
+    logits = ens.member_logits(X, batch_size=8)
+    assert logits.shape == (3, 37, 3)
+    with torch.no_grad():
+        for i, m in enumerate(models):
+            torch.testing.assert_close(logits[i], m(X))
+    # unchanged BatchNorm statistics are stored once
+    assert "body.1.running_mean" in ens.shared and "body.0.weight" in ens.stacked
+
+
+def test_vmap_equals_loop_with_batchnorm(bn_net):
+    ens = peg.Ensemble.from_models(members(bn_net, 4))
+    X = torch.randn(50, 2)
+    torch.testing.assert_close(
+        ens.member_logits(X, strategy="vmap"),
+        ens.member_logits(X, strategy="loop"),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+
+
+def test_predict_proba_is_the_mean_of_member_softmaxes(bn_net):
+    ens = peg.Ensemble.from_models(members(bn_net))
+    X = torch.randn(20, 2)
+    p = ens.predict_proba(X)
+    torch.testing.assert_close(p, ens.member_logits(X).softmax(-1).mean(0))
+    torch.testing.assert_close(p.sum(-1), torch.ones(20))
+    assert torch.equal(ens.predict(X), p.argmax(-1))
+
+
+def test_predictions_are_in_eval_mode_and_leave_the_skeleton_mode(bn_net):
+    m = members(bn_net, 1)[0]
+    ens = peg.Ensemble.from_models([m, m])
+    ens.skeleton.train()
+    X = torch.randn(10, 2)
+    a, b = ens.member_logits(X), ens.member_logits(X)
+    torch.testing.assert_close(a, b)  # dropout off, running statistics used
+    assert ens.skeleton.training
+
+
+def test_member_model_and_errors():
+    models = [mlp(0), mlp(1)]
+    ens = peg.Ensemble.from_models(models)
+    assert len(ens) == ens.size == 2
+    m = ens.member_model(1)
+    X = torch.randn(5, 2)
+    with torch.no_grad():
+        torch.testing.assert_close(m(X), models[1](X))
+    with pytest.raises(IndexError):
+        ens.member_state(2)
+    with pytest.raises(ValueError, match="strategy"):
+        ens.member_logits(X, strategy="magic")
+    with pytest.raises(ValueError, match="at least one"):
+        peg.Ensemble.from_models([])
+    with pytest.raises(ValueError, match="do not match"):
+        peg.Ensemble(mlp(0), {"0.weight": torch.zeros(2, 20, 2)})
+
+
+def test_identical_members_still_count(bn_net):
+    ens = peg.Ensemble.from_models([mlp(0), mlp(0), mlp(0)])
+    assert len(ens) == 3
+    assert ens.member_logits(torch.randn(4, 2)).shape == (3, 4, 2)

@@ -1,0 +1,259 @@
+"""PEG: Algorithm 1 exactly, Algorithm 2, the unbiased variant, η selection, bad input."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import peg
+from peg.methods._perturb import MEMBER_KEY, generator
+from peg.methods.peg import draw_batch
+
+from conftest import mlp, moons
+
+
+def test_eta_zero_reproduces_the_base_exactly(overfit_mlp, moons_data):
+    X, _ = moons_data["test"]
+    p = peg.PEG(size=4, batch_size=32, eta=0.1).fit(overfit_mlp, moons_data["val"])
+    logits = p.ensemble_at(0.0).member_logits(X)
+    with torch.no_grad():
+        base = overfit_mlp(X)
+    for m in range(4):
+        assert torch.equal(logits[m], base)
+
+
+def test_members_differ_for_positive_eta(overfit_mlp, moons_data):
+    p = peg.PEG(size=5, batch_size=32, eta=0.1).fit(overfit_mlp, moons_data["val"])
+    w = p.ensemble_.stacked["2.weight"]
+    assert w.shape[0] == 5
+    assert all(not torch.equal(w[i], w[j]) for i in range(5) for j in range(i + 1, 5))
+
+
+def test_same_seed_same_members_other_seed_other_members(overfit_mlp, moons_data):
+    a = peg.PEG(size=3, batch_size=32, eta=0.1, seed=7).fit(overfit_mlp, moons_data["val"])
+    b = peg.PEG(size=3, batch_size=32, eta=0.1, seed=7).fit(overfit_mlp, moons_data["val"])
+    c = peg.PEG(size=3, batch_size=32, eta=0.1, seed=8).fit(overfit_mlp, moons_data["val"])
+    for k in a.ensemble_.stacked:
+        assert torch.equal(a.ensemble_.stacked[k], b.ensemble_.stacked[k])
+    assert not torch.equal(a.ensemble_.stacked["0.weight"], c.ensemble_.stacked["0.weight"])
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_every_member_is_one_sgd_step_from_theta(overfit_mlp, moons_data, reduction):
+    """Restart, never chaining: member i = θ − η∇L(θ; Bᵢ), checked against torch.optim.SGD."""
+    X, y = moons_data["val"]
+    eta, K, S = 0.05, 32, 4
+    p = peg.PEG(size=S, batch_size=K, eta=eta, seed=3, reduction=reduction).fit(overfit_mlp, (X, y))
+    for i in range(S):
+        idx = draw_batch(generator(3, MEMBER_KEY, 0, i), len(X), K)
+        ref = mlp(1)
+        ref.load_state_dict(overfit_mlp.state_dict())
+        opt = torch.optim.SGD(ref.parameters(), lr=eta)
+        nn.functional.cross_entropy(ref(X[idx]), y[idx], reduction=reduction).backward()
+        opt.step()
+        member = p.ensemble_.member_state(i)
+        for k, v in ref.state_dict().items():
+            torch.testing.assert_close(member[k], v, rtol=1e-5, atol=1e-6)
+
+
+def test_gradient_reuse_equals_members_built_one_at_a_time(overfit_mlp, moons_data):
+    searched = peg.PEG(size=4, batch_size=32, eta=[0.01, 0.1, 1.0], eta_holdout=0.0).fit(
+        overfit_mlp, moons_data["val"]
+    )
+    assert searched.eta_ in (0.01, 0.1, 1.0) and len(searched.search_) == 3
+    direct = peg.PEG(size=4, batch_size=32, eta=searched.eta_).fit(overfit_mlp, moons_data["val"])
+    for k, v in direct.ensemble_.stacked.items():
+        torch.testing.assert_close(searched.ensemble_.stacked[k], v, rtol=0, atol=1e-6)
+
+
+def test_eta_search_holds_out_half_the_validation_set(overfit_mlp, moons_data):
+    p = peg.PEG(size=3, batch_size=32, eta="search").fit(overfit_mlp, moons_data["val"])
+    points = p.ensemble_.meta["validation_points"]
+    assert points == {"total": 600, "directions": 300, "scoring": 300}
+    assert {0.001, 0.01, 0.1, 1.0} <= set(p.search_)
+    assert len(p.search_) > 4  # golden-section refinement evaluated more points
+    assert p.search_[p.eta_] == min(p.search_.values())
+
+
+def test_algorithm_2_builds_q_times_r_members(moons_data):
+    bases = [mlp(s).eval() for s in range(3)]
+    p = peg.PEG(size=5, batch_size=32, eta=0.1).fit(bases, moons_data["val"])
+    assert len(p) == 15
+    assert p.member_logits(moons_data["test"][0]).shape == (15, 1000, 2)
+    # members 0-4 come from base 0, 5-9 from base 1: each close to its own base
+    for r in range(3):
+        for i in range(5):
+            w = p.ensemble_.member_state(5 * r + i)["0.weight"]
+            dist = [float((w - b.state_dict()["0.weight"]).norm()) for b in bases]
+            assert min(range(3), key=dist.__getitem__) == r
+    # an Ensemble works as input too
+    ens = peg.Ensemble.from_models(bases)
+    q = peg.PEG(size=2, batch_size=32, eta=0.1).fit(ens, moons_data["val"])
+    assert len(q) == 6
+
+
+def test_unbiased_mean_displacement_is_zero_vanilla_is_not(overfit_mlp, moons_data):
+    """Claim 1(1): E[θᵢ − θ] = 0 for the unbiased update; vanilla drifts by −η∇L(V)."""
+    S = 400
+    theta = torch.cat([p.detach().reshape(-1) for p in overfit_mlp.parameters()])
+
+    def z2(variant: str) -> float:
+        p = peg.PEG(size=S, batch_size=32, eta=0.1, variant=variant, seed=1).fit(
+            overfit_mlp, moons_data["val"]
+        )
+        disp = p.directions_[0] * 0.1  # θᵢ − θ, [S, P]
+        member0 = torch.cat([p.ensemble_.member_state(0)[n].reshape(-1) for n in p.param_names_])
+        torch.testing.assert_close(member0 - theta, disp[0], rtol=1e-4, atol=1e-6)
+        moving = disp.std(0) > 0  # dead ReLU units never move
+        mean, se = disp[:, moving].mean(0), disp[:, moving].std(0) / math.sqrt(S)
+        return float(((mean / se) ** 2).mean())  # ≈ 1 when the mean displacement is 0
+
+    unbiased, vanilla = z2("unbiased"), z2("vanilla")
+    assert unbiased < 4.0, unbiased  # seeds 0-3 gave 0.15-1.6
+    assert vanilla > 15.0, vanilla  # seeds 0-3 gave 29-38
+
+
+def test_unbiased_momentum_options(overfit_mlp, moons_data):
+    zero = {n: torch.zeros_like(p) for n, p in overfit_mlp.named_parameters()}
+    a = peg.PEG(size=3, batch_size=32, eta=0.1, variant="unbiased", momentum="none").fit(
+        overfit_mlp, moons_data["val"]
+    )
+    b = peg.PEG(size=3, batch_size=32, eta=0.1, variant="unbiased", momentum=zero).fit(
+        overfit_mlp, moons_data["val"]
+    )
+    c = peg.PEG(size=3, batch_size=32, eta=0.1, variant="unbiased").fit(
+        overfit_mlp, moons_data["val"]
+    )
+    torch.testing.assert_close(a.directions_[0], b.directions_[0])
+    assert not torch.allclose(a.directions_[0], c.directions_[0])
+    assert a.ensemble_.meta["variant"] == "unbiased"
+
+
+def test_peg_lowers_test_nll_of_an_overfit_mlp(overfit_mlp, moons_data):
+    X, y = moons_data["test"]
+    p = peg.PEG(size=15, batch_size=64, eta="search", seed=0).fit(overfit_mlp, moons_data["val"])
+    base = peg.evaluate(overfit_mlp, X, y)
+    ens = peg.evaluate(p, X, y)
+    assert ens["nll"] < 0.9 * base["nll"], (base, ens, p.eta_)
+
+
+@pytest.mark.parametrize("bn", ["eval", "batch", "refresh"])
+def test_batchnorm_modes(bn_net, bn, moons_data):
+    X = torch.randn(300, 2)
+    y = torch.randint(0, 3, (300,))
+    before = {k: v.clone() for k, v in bn_net.state_dict().items()}
+    kwargs = {"bn_data": torch.randn(256, 2) * 2} if bn == "refresh" else {}
+    p = peg.PEG(size=3, batch_size=32, eta=0.5, bn=bn).fit(bn_net, (X, y), **kwargs)
+    for k, v in bn_net.state_dict().items():  # the caller's model is untouched
+        assert torch.equal(v, before[k]), k
+    assert not bn_net.training
+    running = "body.1.running_mean"
+    if bn == "refresh":
+        assert running in p.ensemble_.stacked  # re-estimated per member
+    else:
+        assert torch.equal(p.ensemble_.shared[running], before[running])
+    assert p.member_logits(X).shape == (3, 300, 3)
+
+
+def test_bn_modes_change_the_gradient(bn_net):
+    X, y = torch.randn(300, 2), torch.randint(0, 3, (300,))
+    a = peg.PEG(size=2, batch_size=32, eta=0.5, bn="eval").fit(bn_net, (X, y))
+    b = peg.PEG(size=2, batch_size=32, eta=0.5, bn="batch").fit(bn_net, (X, y))
+    assert not torch.allclose(a.directions_[0], b.directions_[0])
+
+
+def test_dataloader_validation_input(overfit_mlp, moons_data):
+    X, y = moons_data["val"]
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, y), batch_size=50)
+    a = peg.PEG(size=3, batch_size=32, eta=0.1).fit(overfit_mlp, loader)
+    b = peg.PEG(size=3, batch_size=32, eta=0.1).fit(overfit_mlp, (X, y))
+    torch.testing.assert_close(a.directions_[0], b.directions_[0])
+    Xt = moons_data["test"][0]
+    test_loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(Xt), batch_size=64)
+    torch.testing.assert_close(a.predict_proba(test_loader), a.predict_proba(Xt))
+
+
+# ------------------------------------------------------------------ bad input
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"size": 0}, "size"),
+        ({"size": 2.5}, "size"),
+        ({"eta": 0.0}, "eta"),
+        ({"eta": -1.0}, "eta"),
+        ({"eta": [0.1, -0.1]}, "eta"),
+        ({"eta": "grid"}, "eta"),
+        ({"eta": float("nan")}, "eta"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"variant": "biased"}, "variant"),
+        ({"reduction": "max"}, "reduction"),
+        ({"bn": "train"}, "bn"),
+        ({"criterion": "auroc"}, "criterion"),
+        ({"eta_holdout": 1.0}, "holdout"),
+        ({"beta": 1.0}, "beta"),
+        ({"momentum": "adam"}, "momentum"),
+        ({"params": "biases"}, "params"),
+    ],
+)
+def test_bad_hyperparameters(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        peg.PEG(**kwargs)
+
+
+def test_bad_validation_data(overfit_mlp):
+    X, y = moons(100, 5)
+    with pytest.raises(ValueError, match="val.*empty"):
+        peg.PEG(size=2, eta=0.1).fit(overfit_mlp, (X[:0], y[:0]))
+    with pytest.raises(ValueError, match="val: 100 points.*at least 128"):
+        peg.PEG(size=2, eta=0.1).fit(overfit_mlp, (X, y))
+    with pytest.raises(ValueError, match="val: 50 points after holding out 50%"):
+        peg.PEG(size=2, batch_size=64, eta="search").fit(overfit_mlp, (X, y))
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 2\).*max 2"):
+        peg.PEG(size=2, batch_size=8, eta=0.1).fit(overfit_mlp, (X, y + 1))
+    with pytest.raises(ValueError, match="100 inputs but 99 labels"):
+        peg.PEG(size=2, batch_size=8, eta=0.1).fit(overfit_mlp, (X, y[:99]))
+    with pytest.raises(ValueError, match="val: labels are needed"):
+        peg.PEG(size=2, batch_size=8, eta=0.1).fit(overfit_mlp, X)
+    with pytest.raises(TypeError, match="val: expected a tuple"):
+        peg.PEG(size=2, batch_size=8, eta=0.1).fit(overfit_mlp, "data.csv")
+
+
+def test_bad_models(moons_data):
+    val = moons_data["val"]
+
+    class Pair(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+
+        def forward(self, x):
+            return self.lin(x), x
+
+    with pytest.raises(TypeError, match="must return a Tensor of logits"):
+        peg.PEG(size=2, batch_size=8, eta=0.1).fit(Pair(), val)
+    with pytest.raises(ValueError, match=r"logits \[B, C\], got shape \(2,\)"):
+        peg.PEG(size=2, batch_size=8, eta=0.1).fit(
+            nn.Sequential(nn.Linear(2, 1), nn.Flatten(0)), val
+        )
+    frozen = mlp(0).requires_grad_(False)
+    with pytest.raises(ValueError, match="no trainable parameters"):
+        peg.PEG(size=2, batch_size=8, eta=0.1).fit(frozen, val)
+    with pytest.raises(TypeError, match="model: expected an nn.Module"):
+        peg.PEG(size=2, batch_size=8, eta=0.1).fit("resnet", val)
+    with pytest.raises(ValueError, match="bn_data"):
+        peg.PEG(size=2, batch_size=8, eta=0.1, bn="refresh").fit(mlp(0), val)
+
+
+def test_non_finite_loss_names_the_member(overfit_mlp):
+    X, y = moons(200, 3)
+    X[17] = float("nan")
+    with pytest.raises(peg.NonFiniteError, match=r"member \d+ \(base model 0\): the loss is nan"):
+        peg.PEG(size=30, batch_size=32, eta=0.1).fit(overfit_mlp, (X, y))
+
+
+def test_not_fitted():
+    with pytest.raises(peg.NotFittedError):
+        peg.PEG().predict_proba(torch.zeros(3, 2))
