@@ -8,6 +8,9 @@ import torch
 from sklearn.datasets import make_moons
 from torch import nn
 
+# The test models are tiny: one thread is faster than two and immune to a busy machine.
+torch.set_num_threads(1)
+
 
 def moons(n: int, seed: int, noise: float = 0.25) -> tuple[torch.Tensor, torch.Tensor]:
     X, y = make_moons(n_samples=n, noise=noise, random_state=seed)

@@ -32,8 +32,14 @@ def test_grid_only_picks_the_best_grid_point():
 
 def test_walks_outside_the_grid_when_best_is_on_its_edge():
     f, _ = parabola(20.0)
-    best, _ = select_scale(f, (1e-3, 1e-2, 1e-1, 1.0), refine=True, maxiter=30)
+    best, seen = select_scale(f, (1e-3, 1e-2, 1e-1, 1.0), refine=True, maxiter=30)
     assert abs(math.log(best / 20.0)) < 0.2
+    assert {10.0, 100.0} <= {round(s, 6) for s in seen}  # extended at the grid's spacing
+
+
+def test_extension_is_bounded():
+    best, seen = select_scale(lambda s: s, (1e-3, 1e-2, 1e-1, 1.0), refine=True)  # monotone
+    assert len(seen) == 7 and math.isclose(best, 1e-6)
 
 
 def test_non_finite_scores_count_as_worst():

@@ -5,6 +5,7 @@ ens = peg.PEG(size=15, eta="search").fit(model, (X_val, y_val))
 peg.evaluate(ens, X_test, y_test)   # {'nll': ..., 'error': ..., 'brier': ..., 'ece': ..., ...}
 """
 
+from peg import train
 from peg.archive import ArchiveError, load
 from peg.ensemble import Ensemble
 from peg.evaluate import evaluate
@@ -26,4 +27,5 @@ __all__ = [
     "TemperatureScaling",
     "evaluate",
     "load",
+    "train",
 ]

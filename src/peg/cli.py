@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
             out=args.out,
             seed=args.seed,
             progress=False if args.no_progress else None,
+            command=" ".join(["peg", *(sys.argv[1:] if argv is None else argv)]),
         )
     return 0
 

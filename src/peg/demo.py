@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,12 @@ from peg.train import train
 
 IMAGE_DATA = ("fashion-mnist", "digits")
 TOY_DATA = ("two-moons", "three-moons", "linear")
+# Toy sets noisy enough that the classes overlap (the paper's bases reach 98% and 89%).
+TOY_OPTIONS: dict[str, dict[str, Any]] = {
+    "two-moons": {"n": 2000, "noise": 0.25},
+    "three-moons": {"n": 2400, "noise": 0.2},
+    "linear": {"n": 2000, "noise": 0.3},
+}
 ROWS = (
     ("nll", "NLL", 1, "{:.4f}"),
     ("error", "Error %", 100, "{:.2f}"),
@@ -55,22 +60,39 @@ class Preset:
     weight_decay: float = 5e-4
     optimizer: str = "sgd"
     batch_size: int = 128
-    extra: dict[str, Any] = field(default_factory=dict)
+    width: int = 16  # SmallCNN width: 16 keeps a forward pass over 10k images near 1 s here
 
 
 PRESETS: dict[tuple[str, bool], Preset] = {
-    ("fashion-mnist", False): Preset(epochs=6, lr=0.05, members=15, score_points=4000),
+    # The base is trained without weight decay on 12k of the 48k training points until it
+    # over-fits (train accuracy > val accuracy, over-confident): the regime post-hoc
+    # ensembles are for. A well-regularised base leaves them nothing to fix (η → 0).
+    ("fashion-mnist", False): Preset(
+        epochs=30, lr=0.05, members=15, train_points=12000, weight_decay=0.0, score_points=2000
+    ),
     ("fashion-mnist", True): Preset(
         epochs=2, lr=0.05, members=15, train_points=8000, test_points=2000, score_points=1000
     ),
     ("digits", False): Preset(epochs=30, lr=0.05, members=15),
     ("digits", True): Preset(epochs=10, lr=0.05, members=15),
-    # toy: full-batch-ish Adam without weight decay, long enough to over-fit (paper §5.6)
+    # toy (paper §5.6): 200 training points, full-batch Adam, no weight decay: over-fitted
     ("toy", False): Preset(
-        epochs=600, lr=0.01, members=5, optimizer="adam", weight_decay=0.0, batch_size=64
+        epochs=1500,
+        lr=0.01,
+        members=5,
+        optimizer="adam",
+        weight_decay=0.0,
+        batch_size=200,
+        train_points=200,
     ),
     ("toy", True): Preset(
-        epochs=200, lr=0.02, members=5, optimizer="adam", weight_decay=0.0, batch_size=64
+        epochs=500,
+        lr=0.02,
+        members=5,
+        optimizer="adam",
+        weight_decay=0.0,
+        batch_size=200,
+        train_points=200,
     ),
 }
 
@@ -91,7 +113,12 @@ def _load(
         except FileNotFoundError as e:
             say(f"Fashion-MNIST not found ({str(e).splitlines()[0]}); using scikit-learn digits.")
             name = "digits"
-    return name, datasets.load(name, "train", seed=seed), datasets.load(name, "test", seed=seed)
+    options = TOY_OPTIONS.get(name, {})
+    return (
+        name,
+        datasets.load(name, "train", seed=seed, **options),
+        datasets.load(name, "test", seed=seed, **options),
+    )
 
 
 def _table(columns: dict[str, dict[str, float]]) -> str:
@@ -120,8 +147,12 @@ def run(
     seed: int = 0,
     progress: bool | None = None,
     say: Any = print,
+    command: str | None = None,
 ) -> dict[str, Any]:
-    """Run the demo; returns what it writes to `out/results.json`."""
+    """Run the demo; returns what it writes to `out/results.json`.
+
+    `command` is recorded in the results (the CLI passes its own command line).
+    """
     if data not in IMAGE_DATA + TOY_DATA:
         raise ValueError(f"data: expected one of {list(IMAGE_DATA + TOY_DATA)}, got {data!r}")
     out = Path(out)
@@ -146,7 +177,7 @@ def run(
     if toy:
         base: nn.Module = models.MLP(X_all.shape[1], C, hidden=(20,))
     else:
-        base = models.SmallCNN(in_channels=X_all.shape[1], num_classes=C)
+        base = models.SmallCNN(in_channels=X_all.shape[1], num_classes=C, width=preset.width)
     S = preset.members
     say(
         f"peg demo: {data}, {len(X_train)} train / {len(X_val)} validation / {len(X_test)} test, "
@@ -220,9 +251,7 @@ def run(
         )
     times["total"] = round(time.perf_counter() - t_start, 2)
     result = {
-        "command": "peg demo " + " ".join(sys.argv[2:])
-        if sys.argv[1:2] == ["demo"]
-        else f"peg.demo.run(data={data!r}, quick={quick})",
+        "command": command or f"peg.demo.run(data={data!r}, quick={quick}, seed={seed})",
         "commit": git_commit(),
         "machine": machine(),
         "data": data,

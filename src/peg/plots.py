@@ -1,0 +1,352 @@
+"""Figures: reliability diagrams and decision boundaries.
+
+Headless: figures are drawn with matplotlib's object API on an Agg canvas (no pyplot, no
+display, no global figure state), so importing or calling these never needs a screen and never
+changes the caller's matplotlib backend. Every function writes its PNG atomically (a temporary
+file in the same folder, then `os.replace`), creates missing parent folders and returns the path.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+_DPI = 120
+# colour-blind-friendly class colours (Okabe-Ito), then matplotlib's tab10
+_PALETTE = (
+    "#0072B2",
+    "#E69F00",
+    "#009E73",
+    "#CC79A7",
+    "#56B4E9",
+    "#D55E00",
+    "#F0E442",
+    "#000000",
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+)
+
+
+def _figure(width: float, height: float) -> Any:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=_DPI)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig: Any, path: str | os.PathLike[str]) -> Path:
+    """Write `fig` as PNG to `path` atomically; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, format="png", dpi=_DPI, bbox_inches="tight")
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return path
+
+
+def _check_path(path: Any) -> None:
+    if not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"path: expected a file path, got {type(path).__name__}")
+
+
+def _numpy(value: Any, where: str) -> np.ndarray:
+    if isinstance(value, Tensor):
+        return value.detach().cpu().double().numpy()
+    try:
+        return np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}: expected a tensor or array of numbers ({e})") from e
+
+
+def _reliability_arrays(name: str, r: Any) -> tuple[np.ndarray, ...]:
+    if not isinstance(r, Mapping):
+        raise ValueError(
+            f"curves[{name!r}]: expected a dict with edges, confidence, accuracy and count "
+            f"(as peg.metrics.reliability returns), got {type(r).__name__}"
+        )
+    missing = [k for k in ("edges", "confidence", "accuracy", "count") if k not in r]
+    if missing:
+        raise ValueError(f"curves[{name!r}]: missing keys {missing}")
+    edges = _numpy(r["edges"], f"curves[{name!r}]['edges']")
+    conf = _numpy(r["confidence"], f"curves[{name!r}]['confidence']")
+    acc = _numpy(r["accuracy"], f"curves[{name!r}]['accuracy']")
+    count = _numpy(r["count"], f"curves[{name!r}]['count']")
+    b = conf.shape[0] if conf.ndim == 1 else -1
+    if b < 1 or edges.shape != (b + 1,) or acc.shape != (b,) or count.shape != (b,):
+        raise ValueError(
+            f"curves[{name!r}]: expected edges [B+1] and confidence, accuracy, count [B], got "
+            f"{edges.shape}, {conf.shape}, {acc.shape}, {count.shape}"
+        )
+    if not np.all(np.isfinite(edges)) or np.any(np.diff(edges) <= 0):
+        raise ValueError(f"curves[{name!r}]['edges']: expected increasing finite bin edges")
+    if np.any(count < 0) or count.sum() <= 0:
+        raise ValueError(f"curves[{name!r}]['count']: expected non-negative counts, not all 0")
+    full = count > 0
+    if not (np.all(np.isfinite(conf[full])) and np.all(np.isfinite(acc[full]))):
+        raise ValueError(
+            f"curves[{name!r}]: confidence and accuracy must be finite in non-empty bins"
+        )
+    return edges, conf, acc, count
+
+
+def _ece(conf: np.ndarray, acc: np.ndarray, count: np.ndarray) -> float:
+    """Σ_b count_b / N · |acc_b − conf_b| over non-empty bins."""
+    full = count > 0
+    return float(np.sum(count[full] / count.sum() * np.abs(acc[full] - conf[full])))
+
+
+def reliability_diagram(
+    curves: Mapping[str, Mapping[str, Any]],
+    path: str | os.PathLike[str],
+    title: str | None = None,
+) -> Path:
+    """Reliability diagrams, one panel per method, side by side; writes a PNG.
+
+    Each panel: per-bin accuracy as bars, the gap between accuracy and mean confidence shaded
+    (red where over-confident, i.e. confidence > accuracy; green where under-confident), the
+    diagonal of perfect calibration, and underneath the share of points per bin. The panel
+    title gives the ECE computed from the data: Σ_b count_b / N · |acc_b − conf_b| over the
+    non-empty bins (N = total count).
+
+    Args:
+        curves: method name -> reliability data as `peg.metrics.reliability` returns it:
+            "edges" `[B+1]`, "confidence" `[B]` and "accuracy" `[B]` (NaN in empty bins),
+            "count" `[B]`. Tensors or arrays.
+        path: PNG file to write (parent folders are created).
+        title: figure title.
+
+    Returns:
+        `Path(path)`.
+    """
+    if not isinstance(curves, Mapping) or not curves:
+        raise ValueError("curves: expected a non-empty dict {method name: reliability data}")
+    _check_path(path)
+    data = {str(name): _reliability_arrays(str(name), r) for name, r in curves.items()}
+    n = len(data)
+    fig = _figure(3.1 * n + 0.4, 4.4 + (0.3 if title else 0.0))
+    grid = fig.add_gridspec(2, n, height_ratios=(3, 1), hspace=0.08, wspace=0.12)
+    for k, (name, (edges, conf, acc, count)) in enumerate(data.items()):
+        top = fig.add_subplot(grid[0, k])
+        bottom = fig.add_subplot(grid[1, k], sharex=top)
+        centers = (edges[1:] + edges[:-1]) / 2
+        widths = np.diff(edges)
+        full = count > 0
+        a = np.where(full, acc, 0.0)
+        c = np.where(full, conf, 0.0)
+        top.bar(
+            centers[full],
+            a[full],
+            width=widths[full],
+            color="#4C72B0",
+            edgecolor="white",
+            linewidth=0.6,
+            label="accuracy",
+        )
+        gap = c - a
+        over = full & (gap > 0)
+        under = full & (gap < 0)
+        top.bar(
+            centers[over],
+            gap[over],
+            bottom=a[over],
+            width=widths[over],
+            color="#D62728",
+            alpha=0.35,
+            edgecolor="#D62728",
+            hatch="//",
+            linewidth=0.6,
+            label="gap (over-confident)",
+        )
+        top.bar(
+            centers[under],
+            gap[under],
+            bottom=a[under],
+            width=widths[under],
+            color="#2CA02C",
+            alpha=0.35,
+            edgecolor="#2CA02C",
+            hatch="\\\\",
+            linewidth=0.6,
+            label="gap (under-confident)",
+        )
+        lo, hi = float(edges[0]), float(edges[-1])
+        top.plot([lo, hi], [lo, hi], "k--", lw=1, label="perfect calibration")
+        top.set_xlim(lo, hi)
+        top.set_ylim(0, max(1.0, hi))
+        top.set_title(f"{name}\nECE {100 * _ece(conf, acc, count):.2f}%", fontsize=10)
+        top.tick_params(labelbottom=False)
+        share = count / count.sum()
+        bottom.bar(centers, share, width=widths, color="#7F7F7F", edgecolor="white", lw=0.5)
+        bottom.set_ylim(0, 1.05 * max(float(share.max()), 1e-12))
+        bottom.set_xlabel("confidence")
+        if k == 0:
+            top.set_ylabel("accuracy")
+            bottom.set_ylabel("share")
+            top.legend(loc="upper left", fontsize=7, frameon=False)
+        else:
+            top.tick_params(labelleft=False)
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)
+
+
+def _probabilities(out: Any, rows: int, name: str, what: str) -> np.ndarray:
+    p = _numpy(out, f"predictors[{name!r}] on {what}")
+    if p.ndim != 2 or p.shape[0] != rows:
+        raise ValueError(
+            f"predictors[{name!r}]: expected probabilities [{rows}, C] for {what}, "
+            f"got shape {p.shape}"
+        )
+    if not np.all(np.isfinite(p)) or p.min() < -1e-6 or p.max() > 1 + 1e-6:
+        raise ValueError(
+            f"predictors[{name!r}]: expected probabilities in [0, 1] (got values in "
+            f"[{np.nanmin(p):.3g}, {np.nanmax(p):.3g}]); apply softmax to logits first"
+        )
+    if np.abs(p.sum(1) - 1).max() > 1e-3:
+        raise ValueError(
+            f"predictors[{name!r}]: rows of the probabilities must sum to 1 "
+            f"(max deviation {np.abs(p.sum(1) - 1).max():.3g}); apply softmax to logits first"
+        )
+    return p
+
+
+def decision_boundaries(
+    predictors: Mapping[str, Callable[[Tensor], Tensor]],
+    X: Tensor,
+    y: Tensor,
+    path: str | os.PathLike[str],
+    title: str | None = None,
+    resolution: int = 200,
+) -> Path:
+    """Predicted class shaded by confidence over the plane, one panel per predictor; PNG.
+
+    Each panel colours a `resolution × resolution` grid covering the data (plus a 10% margin)
+    by the predicted class, faded towards white as the confidence (max probability) drops to
+    1/C; thin contours mark confidence 0.6, 0.8, 0.95 and black lines the class boundaries.
+    The data points are drawn on top, coloured by their label. The panel title gives accuracy
+    and NLL on `(X, y)` (NLL = −mean log p[y], p clamped at 1e-12).
+
+    Args:
+        predictors: name -> function mapping float32 points `[P, 2]` to probabilities
+            `[P, C]` (Tensor or array); called under `torch.no_grad()`.
+        X: points `[N, 2]`.
+        y: labels `[N]`, integers in [0, C).
+        path: PNG file to write (parent folders are created).
+        title: figure title.
+        resolution: grid points per axis (>= 2).
+
+    Returns:
+        `Path(path)`.
+    """
+    if not isinstance(predictors, Mapping) or not predictors:
+        raise ValueError("predictors: expected a non-empty dict {name: points -> probabilities}")
+    for name, f in predictors.items():
+        if not callable(f):
+            raise ValueError(f"predictors[{name!r}]: expected a callable, got {type(f).__name__}")
+    _check_path(path)
+    X = torch.as_tensor(X).detach().cpu()
+    y = torch.as_tensor(y).detach().cpu()
+    if X.ndim != 2 or X.shape[1] != 2 or X.shape[0] == 0:
+        raise ValueError(f"X: expected 2-D points [N, 2] with N >= 1, got shape {tuple(X.shape)}")
+    if y.shape != (X.shape[0],) or torch.is_floating_point(y) or y.dtype == torch.bool:
+        raise ValueError(
+            f"y: expected integer labels [{X.shape[0]}], got {y.dtype} {tuple(y.shape)}"
+        )
+    if int(y.min()) < 0:
+        raise ValueError(f"y: labels must be >= 0, got {int(y.min())}")
+    if isinstance(resolution, bool) or not isinstance(resolution, int) or resolution < 2:
+        raise ValueError(f"resolution: expected an integer >= 2, got {resolution!r}")
+    if not torch.isfinite(X).all():
+        raise ValueError("X: contains NaN or infinite values")
+
+    from matplotlib.colors import to_rgb
+
+    Xf = X.to(torch.float32)
+    Xd = X.double().numpy()
+    yn = y.long().numpy()
+    lo, hi = Xd.min(0), Xd.max(0)
+    span = np.where(hi - lo > 0, hi - lo, 1.0)
+    lo, hi = lo - 0.1 * span, hi + 0.1 * span
+    gx, gy = np.meshgrid(
+        np.linspace(lo[0], hi[0], resolution), np.linspace(lo[1], hi[1], resolution)
+    )
+    grid = torch.from_numpy(np.stack([gx.ravel(), gy.ravel()], 1).astype(np.float32))
+
+    n = len(predictors)
+    fig = _figure(3.8 * n, 3.9 + (0.3 if title else 0.0))
+    axes = fig.subplots(1, n, squeeze=False)[0]
+    extent = (float(lo[0]), float(hi[0]), float(lo[1]), float(hi[1]))
+    for ax, (name, predict) in zip(axes, predictors.items(), strict=True):
+        name = str(name)
+        with torch.no_grad():
+            p_grid = _probabilities(predict(grid), grid.shape[0], name, "the grid")
+            p_data = _probabilities(predict(Xf), Xf.shape[0], name, "X")
+        C = p_grid.shape[1]
+        if p_data.shape[1] != C:
+            raise ValueError(
+                f"predictors[{name!r}]: {C} classes on the grid, {p_data.shape[1]} on X"
+            )
+        if int(yn.max()) >= C:
+            raise ValueError(f"y: label {int(yn.max())} but predictors[{name!r}] gives {C} classes")
+        colours = np.array([to_rgb(_PALETTE[c % len(_PALETTE)]) for c in range(max(C, 1))])
+        conf = p_grid.max(1)
+        cls = p_grid.argmax(1)
+        fade = np.clip((conf - 1 / C) / (1 - 1 / C), 0, 1)[:, None] if C > 1 else np.ones((1, 1))
+        rgb = 1 - fade * (1 - colours[cls])
+        ax.imshow(
+            rgb.reshape(resolution, resolution, 3),
+            origin="lower",
+            extent=extent,
+            aspect="auto",
+            interpolation="nearest",
+        )
+        conf2d = conf.reshape(resolution, resolution)
+        levels = [v for v in (0.6, 0.8, 0.95) if conf2d.min() < v < conf2d.max()]
+        if levels:
+            cs = ax.contour(gx, gy, conf2d, levels=levels, colors="k", linewidths=0.4, alpha=0.5)
+            ax.clabel(cs, fontsize=6, fmt="%.2f")
+        cls2d = cls.reshape(resolution, resolution)
+        for c in range(C):  # class boundaries: edges of each class's region
+            region = (cls2d == c).astype(float)
+            if 0 < region.sum() < region.size:
+                ax.contour(gx, gy, region, levels=[0.5], colors="k", linewidths=0.8)
+        ax.scatter(
+            Xd[:, 0],
+            Xd[:, 1],
+            c=colours[yn % len(colours)],
+            s=10,
+            edgecolors="k",
+            linewidths=0.3,
+        )
+        acc = float(np.mean(p_data.argmax(1) == yn))
+        p_true = np.clip(p_data[np.arange(len(yn)), yn], 1e-12, None)
+        nll = float(-np.mean(np.log(p_true)))
+        ax.set_title(f"{name}\nacc {100 * acc:.2f}%, NLL {nll:.4f}", fontsize=10)
+        ax.set_xlim(extent[0], extent[1])
+        ax.set_ylim(extent[2], extent[3])
+        ax.set_xticks([])
+        ax.set_yticks([])
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)
