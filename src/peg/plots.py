@@ -28,7 +28,7 @@ _PALETTE = (
     "#56B4E9",
     "#D55E00",
     "#F0E442",
-    "#000000",
+    "#882255",
     "#1f77b4",
     "#ff7f0e",
     "#2ca02c",
@@ -46,7 +46,7 @@ def _figure(width: float, height: float) -> Any:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height), dpi=_DPI)
+    fig = Figure(figsize=(width, height), dpi=_DPI, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
 
@@ -58,7 +58,10 @@ def _save(fig: Any, path: str | os.PathLike[str]) -> Path:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png", dpi=_DPI, bbox_inches="tight")
+            fig.savefig(f, format="png", dpi=_DPI)
+        umask = os.umask(0o022)  # mkstemp makes the file 0600: give it the usual mode
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
@@ -116,6 +119,30 @@ def _ece(conf: np.ndarray, acc: np.ndarray, count: np.ndarray) -> float:
     return float(np.sum(count[full] / count.sum() * np.abs(acc[full] - conf[full])))
 
 
+def _legend_handles() -> list[Any]:
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    return [
+        Line2D([], [], color="k", ls="--", lw=1, label="perfect calibration"),
+        Patch(facecolor="#4C72B0", label="accuracy"),
+        Patch(
+            facecolor="#D62728",
+            alpha=0.35,
+            edgecolor="#D62728",
+            hatch="//",
+            label="gap (over-confident)",
+        ),
+        Patch(
+            facecolor="#B5E3A8",
+            alpha=0.8,
+            edgecolor="#2CA02C",
+            hatch="\\\\",
+            label="gap (under-confident)",
+        ),
+    ]
+
+
 def reliability_diagram(
     curves: Mapping[str, Mapping[str, Any]],
     path: str | os.PathLike[str],
@@ -145,10 +172,13 @@ def reliability_diagram(
     data = {str(name): _reliability_arrays(str(name), r) for name, r in curves.items()}
     n = len(data)
     fig = _figure(3.1 * n + 0.4, 4.4 + (0.3 if title else 0.0))
-    grid = fig.add_gridspec(2, n, height_ratios=(3, 1), hspace=0.08, wspace=0.12)
+    grid = fig.add_gridspec(2, n, height_ratios=(3, 1))
+    top_share = max(float(count.max() / count.sum()) for _, _, _, count in data.values())
+    first_bottom = None
     for k, (name, (edges, conf, acc, count)) in enumerate(data.items()):
         top = fig.add_subplot(grid[0, k])
-        bottom = fig.add_subplot(grid[1, k], sharex=top)
+        bottom = fig.add_subplot(grid[1, k], sharex=top, sharey=first_bottom)
+        first_bottom = first_bottom or bottom
         centers = (edges[1:] + edges[:-1]) / 2
         widths = np.diff(edges)
         full = count > 0
@@ -161,7 +191,6 @@ def reliability_diagram(
             color="#4C72B0",
             edgecolor="white",
             linewidth=0.6,
-            label="accuracy",
         )
         gap = c - a
         over = full & (gap > 0)
@@ -176,36 +205,35 @@ def reliability_diagram(
             edgecolor="#D62728",
             hatch="//",
             linewidth=0.6,
-            label="gap (over-confident)",
         )
         top.bar(
             centers[under],
             gap[under],
             bottom=a[under],
             width=widths[under],
-            color="#2CA02C",
-            alpha=0.35,
+            color="#B5E3A8",
+            alpha=0.8,
             edgecolor="#2CA02C",
             hatch="\\\\",
             linewidth=0.6,
-            label="gap (under-confident)",
         )
         lo, hi = float(edges[0]), float(edges[-1])
-        top.plot([lo, hi], [lo, hi], "k--", lw=1, label="perfect calibration")
+        top.plot([lo, hi], [lo, hi], "k--", lw=1)
         top.set_xlim(lo, hi)
         top.set_ylim(0, max(1.0, hi))
         top.set_title(f"{name}\nECE {100 * _ece(conf, acc, count):.2f}%", fontsize=10)
         top.tick_params(labelbottom=False)
         share = count / count.sum()
         bottom.bar(centers, share, width=widths, color="#7F7F7F", edgecolor="white", lw=0.5)
-        bottom.set_ylim(0, 1.05 * max(float(share.max()), 1e-12))
+        bottom.set_ylim(0, 1.05 * top_share)
         bottom.set_xlabel("confidence")
         if k == 0:
             top.set_ylabel("accuracy")
-            bottom.set_ylabel("share")
-            top.legend(loc="upper left", fontsize=7, frameon=False)
+            bottom.set_ylabel("share of points")
+            top.legend(handles=_legend_handles(), loc="upper left", fontsize=7, frameon=False)
         else:
             top.tick_params(labelleft=False)
+            bottom.tick_params(labelleft=False)
     if title:
         fig.suptitle(title)
     return _save(fig, path)

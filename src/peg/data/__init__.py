@@ -7,6 +7,8 @@
 Data roots and the PEG_DATA / PEG_DATA_ONLY environment variables: see `peg.data.roots`.
 """
 
+from __future__ import annotations
+
 from peg.data.idx import read_idx, write_idx
 from peg.data.registry import input_shape, load, names, num_classes, train_val_split
 from peg.data.roots import data_roots, find

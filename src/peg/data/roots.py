@@ -16,6 +16,7 @@ machine without data even where the system roots hold it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -58,7 +59,8 @@ def data_roots(explicit: PathLike | Sequence[PathLike] | None = None) -> list[Pa
     env = os.environ.get("PEG_DATA", "")
     roots += [Path(p) for p in env.split(os.pathsep) if p.strip()]
     if not _only_explicit():
-        roots.append(Path.home() / ".cache" / "peg")
+        with contextlib.suppress(RuntimeError):  # no home directory can be determined
+            roots.append(Path.home() / ".cache" / "peg")
         roots += SYSTEM_ROOTS
         roots.append(Path.cwd() / ".." / "shared" / "data")
         # src/peg/data/roots.py: parents[0] data, [1] peg, [2] src, [3] the repository root

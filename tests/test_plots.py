@@ -1,0 +1,102 @@
+"""Plots: both figures are written as non-empty PNGs, atomically, and bad input is refused."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from peg import metrics, plots
+
+PNG = b"\x89PNG\r\n\x1a\n"
+NAN = math.nan
+
+
+def _curve() -> dict[str, torch.Tensor]:
+    return {
+        "edges": torch.linspace(0, 1, 6, dtype=torch.float64),
+        "confidence": torch.tensor([NAN, 0.35, 0.5, 0.7, 0.95], dtype=torch.float64),
+        "accuracy": torch.tensor([NAN, 0.5, 0.4, 0.6, 0.97], dtype=torch.float64),
+        "count": torch.tensor([0, 10, 20, 30, 40]),
+    }
+
+
+def _written(path: Path) -> None:
+    assert path.read_bytes()[:8] == PNG and path.stat().st_size > 1000
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left
+
+
+def test_reliability_diagram(tmp_path: Path) -> None:
+    probs = torch.softmax(torch.randn(300, 4) * 3, -1)
+    y = torch.randint(0, 4, (300,))
+    curves = {"fake": _curve(), "metrics": metrics.reliability(probs, y, bins=10)}
+    out = plots.reliability_diagram(curves, tmp_path / "a" / "b" / "rel.png", title="test")
+    assert out == tmp_path / "a" / "b" / "rel.png"
+    _written(out)
+    plots.reliability_diagram({"one": _curve()}, out)  # overwrites in place
+    _written(out)
+
+
+def test_reliability_ece_matches_the_definition() -> None:
+    c = _curve()
+    conf, acc, count = (c[k].numpy() for k in ("confidence", "accuracy", "count"))
+    expected = (10 * 0.15 + 20 * 0.1 + 30 * 0.1 + 40 * 0.02) / 100
+    assert plots._ece(conf, acc, count) == pytest.approx(expected)
+    probs = torch.softmax(torch.randn(500, 3) * 2, -1)
+    y = torch.randint(0, 3, (500,))
+    r = metrics.reliability(probs, y, bins=15)
+    ece = plots._ece(r["confidence"].numpy(), r["accuracy"].numpy(), r["count"].numpy())
+    assert ece == pytest.approx(metrics.ece(probs, y, bins=15))
+
+
+def test_reliability_diagram_refuses_bad_curves(tmp_path: Path) -> None:
+    path = tmp_path / "x.png"
+    with pytest.raises(ValueError, match="curves"):
+        plots.reliability_diagram({}, path)
+    bad = _curve()
+    bad["edges"] = bad["edges"][:-1]
+    with pytest.raises(ValueError, match="edges"):
+        plots.reliability_diagram({"m": bad}, path)
+    with pytest.raises(ValueError, match="missing"):
+        plots.reliability_diagram({"m": {"edges": torch.zeros(3)}}, path)
+    empty = _curve()
+    empty["count"] = torch.zeros(5, dtype=torch.long)
+    with pytest.raises(ValueError, match="count"):
+        plots.reliability_diagram({"m": empty}, path)
+    assert not path.exists()
+
+
+def _linear_predictor(w: torch.Tensor):
+    return lambda pts: torch.softmax(pts @ w, -1)
+
+
+def test_decision_boundaries(tmp_path: Path) -> None:
+    X = torch.randn(60, 2)
+    y = (X[:, 0] > 0).long() + (X[:, 1] > 1).long()
+    predictors = {
+        "sharp": _linear_predictor(torch.tensor([[-5.0, 5.0, 0.0], [0.0, 0.0, 5.0]])),
+        "flat": _linear_predictor(torch.tensor([[-0.5, 0.5, 0.0], [0.0, 0.0, 0.5]])),
+        "uniform": lambda pts: torch.full((len(pts), 3), 1 / 3),
+    }
+    out = plots.decision_boundaries(predictors, X, y, tmp_path / "d" / "db.png", "t", 40)
+    _written(out)
+
+
+def test_decision_boundaries_refuses_bad_input(tmp_path: Path) -> None:
+    X, y = torch.randn(20, 2), torch.randint(0, 2, (20,))
+    logits = {"logits": lambda pts: pts @ torch.tensor([[3.0, -3.0], [1.0, 2.0]])}
+    with pytest.raises(ValueError, match="softmax"):
+        plots.decision_boundaries(logits, X, y, tmp_path / "x.png", resolution=10)
+    good = {"p": _linear_predictor(torch.eye(2))}
+    with pytest.raises(ValueError, match="X"):
+        plots.decision_boundaries(good, torch.randn(20, 3), y, tmp_path / "x.png")
+    with pytest.raises(ValueError, match="y"):
+        plots.decision_boundaries(good, X, y.float(), tmp_path / "x.png")
+    with pytest.raises(ValueError, match="resolution"):
+        plots.decision_boundaries(good, X, y, tmp_path / "x.png", resolution=1)
+    with pytest.raises(ValueError, match="classes"):
+        plots.decision_boundaries(good, X, y + 1, tmp_path / "x.png", resolution=10)
+    assert not (tmp_path / "x.png").exists()
+    assert list(tmp_path.iterdir()) == []
