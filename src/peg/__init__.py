@@ -5,14 +5,17 @@ ens = peg.PEG(size=15, eta="search").fit(model, (X_val, y_val))
 peg.evaluate(ens, X_test, y_test)   # {'nll': ..., 'error': ..., 'brier': ..., 'ece': ..., ...}
 """
 
-from peg import train
+from peg import subspace, train
 from peg.archive import ArchiveError, load
 from peg.ensemble import Ensemble
 from peg.evaluate import evaluate
 from peg.methods._perturb import NonFiniteError
 from peg.methods.base import NotFittedError
+from peg.methods.deep_ensemble import DeepEnsemble
+from peg.methods.dropout import MCDropout
 from peg.methods.peg import PEG
 from peg.methods.pep import PEP
+from peg.methods.swag import SWA, SWAG
 from peg.methods.temperature import TemperatureScaling
 
 __version__ = "0.1.0"
@@ -20,12 +23,17 @@ __version__ = "0.1.0"
 __all__ = [
     "PEG",
     "PEP",
+    "SWA",
+    "SWAG",
     "ArchiveError",
+    "DeepEnsemble",
     "Ensemble",
+    "MCDropout",
     "NonFiniteError",
     "NotFittedError",
     "TemperatureScaling",
     "evaluate",
     "load",
+    "subspace",
     "train",
 ]

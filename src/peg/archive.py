@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import nn
 
+from peg._io import atomic_save_file
 from peg.ensemble import Ensemble
 
 FORMAT = "peg-ensemble"
@@ -33,20 +32,6 @@ FORMAT_VERSION = 1
 
 class ArchiveError(ValueError):
     """A file is not a peg archive, is damaged, or does not fit the model given to load it."""
-
-
-def _atomic_save(tensors: dict[str, torch.Tensor], metadata: dict[str, str], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata=metadata)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def save_ensemble(ensemble: Ensemble, path: str | os.PathLike[str]) -> str:
@@ -73,7 +58,7 @@ def save_ensemble(ensemble: Ensemble, path: str | os.PathLike[str]) -> str:
         text = json.dumps(header, allow_nan=False)
     except (TypeError, ValueError) as e:
         raise ValueError(f"ensemble.meta: must be JSON-serialisable (finite numbers): {e}") from e
-    _atomic_save(tensors, {"peg": text}, path)
+    atomic_save_file(tensors, {"peg": text}, path)
     return str(path)
 
 

@@ -29,7 +29,26 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--out", default="peg-demo", help="output folder (default: peg-demo)")
     demo.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     demo.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    tables = sub.add_parser(
+        "paper-tables",
+        help="reproduce the structure of the PEG paper's Tables 1, 3, 5, 7 and 12",
+        description="Train SGD models, a deep ensemble and SWA/SWAG per seed, build PEG and PEP "
+        "on top of each as the PEG paper does, and write the tables (mean ± std over seeds) as "
+        "markdown and JSON. Trained models and test logits are cached: a rerun resumes.",
+    )
+    tables.add_argument("--preset", default="fashion-mnist", help="fashion-mnist or digits")
+    tables.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="default: 0 1 2")
+    tables.add_argument("--tables", nargs="+", help="a subset, e.g. 1 3 (default: all)")
+    tables.add_argument("--out", default="results", help="output folder (default: results)")
+    tables.add_argument(
+        "--cache",
+        default=".peg-cache/paper-tables",
+        help="checkpoints and cached logits (default: .peg-cache/paper-tables)",
+    )
+    tables.add_argument("--no-progress", action="store_true", help="hide progress bars")
     args = parser.parse_args(argv)
+    command = " ".join(["peg", *(sys.argv[1:] if argv is None else argv)])
+    progress = False if args.no_progress else None
 
     if args.command == "demo":
         from peg.demo import run
@@ -40,8 +59,20 @@ def main(argv: list[str] | None = None) -> int:
             quick=args.quick,
             out=args.out,
             seed=args.seed,
-            progress=False if args.no_progress else None,
-            command=" ".join(["peg", *(sys.argv[1:] if argv is None else argv)]),
+            progress=progress,
+            command=command,
+        )
+    elif args.command == "paper-tables":
+        from peg.bench.paper import run as paper_tables
+
+        paper_tables(
+            preset=args.preset,
+            seeds=args.seeds,
+            out=args.out,
+            cache=args.cache,
+            tables=args.tables,
+            progress=progress,
+            command=command,
         )
     return 0
 

@@ -13,8 +13,6 @@ machine), results.md (the table), reliability.png, and for toy data decision_bou
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,6 +24,8 @@ from torch import Tensor, nn
 from peg import data as datasets
 from peg import metrics, models, plots
 from peg._env import git_commit, machine
+from peg._io import atomic_write_text
+from peg.bench.tables import markdown_table
 from peg.methods.peg import PEG
 from peg.methods.pep import PEP
 from peg.methods.temperature import TemperatureScaling, member_logits_of
@@ -39,12 +39,6 @@ TOY_OPTIONS: dict[str, dict[str, Any]] = {
     "three-moons": {"n": 2400, "noise": 0.2},
     "linear": {"n": 2000, "noise": 0.3},
 }
-ROWS = (
-    ("nll", "NLL", 1, "{:.4f}"),
-    ("error", "Error %", 100, "{:.2f}"),
-    ("brier", "Brier", 1, "{:.4f}"),
-    ("ece", "ECE %", 100, "{:.2f}"),
-)
 
 
 @dataclass
@@ -119,25 +113,6 @@ def _load(
         datasets.load(name, "train", seed=seed, **options),
         datasets.load(name, "test", seed=seed, **options),
     )
-
-
-def _table(columns: dict[str, dict[str, float]]) -> str:
-    names = list(columns)
-    lines = ["| metric | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
-    for key, label, scale, fmt in ROWS:
-        values = [columns[n][key] * scale for n in names]
-        best = min(values)
-        cells = [(f"**{fmt.format(v)}**" if v == best else fmt.format(v)) for v in values]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def run(
@@ -221,7 +196,7 @@ def run(
     predictors = {"Base": base, "Temp-scaled": ts, f"PEP-{S}": pep, f"PEG-{S}": peg_}
     logits = {name: member_logits_of(p, X_test) for name, p in predictors.items()}
     columns = {name: metrics.classification_metrics(lg, y_test) for name, lg in logits.items()}
-    table = _table(columns)
+    table = markdown_table(columns)
 
     out.mkdir(parents=True, exist_ok=True)
     figures = [
@@ -270,8 +245,8 @@ def run(
         "figures": figures,
         "note": "error and ece are fractions (the table prints them as %)",
     }
-    _write_atomic(out / "results.json", json.dumps(result, indent=2, default=str) + "\n")
-    _write_atomic(
+    atomic_write_text(out / "results.json", json.dumps(result, indent=2, default=str) + "\n")
+    atomic_write_text(
         out / "results.md",
         f"{data} test set ({len(X_test)} points); command: "
         f"`{result['command']}`; machine: {result['machine']}\n\n{table}\n",

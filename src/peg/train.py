@@ -1,96 +1,398 @@
-"""Plain, seeded training loops with progress bars (used to make the base models)."""
+"""Plain, seeded, resumable training loops with progress bars.
+
+`train(model, data, Recipe(...))` trains in place and returns `(model, history)`. A `Recipe`
+holds everything that defines a run except the model, data and seed, so training-time methods
+(SWA, SWAG, Deep Ensembles) take one and record it. Schedules:
+
+- ``"constant"``: the initial rate throughout.
+- ``"cosine"``: cosine annealing to 0 over all steps.
+- ``"swa"``: the SWA/SWAG papers' schedule (Izmailov et al. 2018, reference code): with
+  t = epoch / swa_start, the rate is `lr` for t ≤ 0.5, decays linearly to `swa_lr` by t = 0.9,
+  and stays there; from `swa_start` on, `torch.optim.swa_utils.SWALR` holds it at `swa_lr`.
+  Like the reference, the rate changes once per epoch.
+
+`callbacks` are called as `callback(epoch, model)` after every epoch (epoch counts from 1);
+a callback with `state_dict()` / `load_state_dict()` is saved in the checkpoint with the model.
+With `checkpoint=path`, the complete state (model, optimizer, schedulers, data-order generator,
+global RNG for dropout, history, callbacks) is written atomically after every epoch; running
+the same call again resumes from it and ends with the same weights as an uninterrupted run.
+"""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
-from collections.abc import Callable
-from typing import Literal
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.optim.swa_utils import SWALR
 
 from peg._inputs import Data, as_xy, check_positive_int
+from peg._io import load_tree, save_tree
 from peg._progress import bar
 
-Schedule = Literal["constant", "cosine"]
+Schedule = Literal["constant", "cosine", "swa"]
+Callback = Callable[[int, nn.Module], None]
+ModelSource = nn.Module | Callable[[], nn.Module]
+CHECKPOINT_FORMAT = "peg-train-checkpoint"
 
 
-def make_optimizer(
-    model: nn.Module, name: str, lr: float, momentum: float, weight_decay: float
-) -> torch.optim.Optimizer:
+def _positive_number(value: Any, name: str, allow_zero: bool = False) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name}: expected a finite number {bound}, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How to train: optimizer, rates, schedule, epochs, batch size.
+
+    Defaults are those of the SWA/SWAG reference experiments scaled to this library's small
+    models: SGD with momentum 0.9 and weight decay 5e-4, batch 128. `swa_start` (epochs) and
+    `swa_lr` are used by the "swa" schedule and by the SWA/SWAG collectors.
+    """
+
+    epochs: int = 10
+    lr: float = 0.05
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    batch_size: int = 128
+    schedule: Schedule = "cosine"
+    swa_start: int | None = None
+    swa_lr: float | None = None
+
+    def __post_init__(self) -> None:
+        check_positive_int(self.epochs, "epochs")
+        check_positive_int(self.batch_size, "batch_size")
+        _positive_number(self.lr, "lr")
+        _positive_number(self.momentum, "momentum", allow_zero=True)
+        _positive_number(self.weight_decay, "weight_decay", allow_zero=True)
+        if self.optimizer not in ("sgd", "adam"):
+            raise ValueError(f"optimizer: expected 'sgd' or 'adam', got {self.optimizer!r}")
+        if self.schedule not in ("constant", "cosine", "swa"):
+            raise ValueError(
+                f"schedule: expected 'constant', 'cosine' or 'swa', got {self.schedule!r}"
+            )
+        if self.swa_start is not None:
+            check_positive_int(self.swa_start, "swa_start", minimum=0)
+            if self.swa_start > self.epochs:
+                raise ValueError(
+                    f"swa_start: {self.swa_start} is past the last epoch (epochs={self.epochs}); "
+                    "weights are collected from epoch swa_start to epochs"
+                )
+        if self.swa_lr is not None:
+            _positive_number(self.swa_lr, "swa_lr")
+        if self.schedule == "swa" and (self.swa_start is None or self.swa_lr is None):
+            raise ValueError("schedule='swa' needs swa_start (an epoch) and swa_lr")
+
+    def replace(self, **changes: Any) -> Recipe:
+        """A copy with some fields changed (unknown names are a clear error)."""
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise TypeError(f"Recipe: unknown field(s) {unknown}; known: {sorted(known)}")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def make_optimizer(model: nn.Module, recipe: Recipe) -> torch.optim.Optimizer:
     """SGD with (Nesterov-free) momentum and weight decay, or Adam."""
-    if name == "sgd":
+    if recipe.optimizer == "sgd":
         return torch.optim.SGD(
-            model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay
+            model.parameters(),
+            lr=recipe.lr,
+            momentum=recipe.momentum,
+            weight_decay=recipe.weight_decay,
         )
-    if name == "adam":
-        return torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
-    raise ValueError(f"optimizer: expected 'sgd' or 'adam', got {name!r}")
+    return torch.optim.Adam(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
+
+
+def swa_lr_factor(epoch: int, recipe: Recipe) -> float:
+    """The SWA reference schedule's rate at `epoch` (0-based) as a multiple of `recipe.lr`."""
+    assert recipe.swa_start is not None and recipe.swa_lr is not None
+    ratio = recipe.swa_lr / recipe.lr
+    if recipe.swa_start == 0:  # averaging from the first epoch: the SWA rate throughout
+        return ratio
+    t = epoch / recipe.swa_start
+    if t <= 0.5:
+        return 1.0
+    if t <= 0.9:
+        return 1.0 - (1.0 - ratio) * (t - 0.5) / 0.4
+    return ratio
+
+
+class _Schedules:
+    """The learning-rate schedulers of one run; stepped per batch (cosine) or per epoch."""
+
+    def __init__(self, opt: torch.optim.Optimizer, recipe: Recipe, steps_per_epoch: int) -> None:
+        self.recipe = recipe
+        self.opt = opt
+        self.swalr: SWALR | None = None
+        if recipe.schedule == "cosine":
+            total = recipe.epochs * steps_per_epoch
+            self.main = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total)
+        elif recipe.schedule == "swa":
+            self.main = torch.optim.lr_scheduler.LambdaLR(opt, lambda e: swa_lr_factor(e, recipe))
+        else:
+            self.main = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+
+    def start_epoch(self, epoch: int) -> None:
+        """Hand over to SWALR at swa_start (created then, so it anneals from the current rate)."""
+        r = self.recipe
+        if r.schedule == "swa" and epoch == r.swa_start and self.swalr is None:
+            assert r.swa_lr is not None
+            self.swalr = SWALR(self.opt, swa_lr=r.swa_lr, anneal_epochs=1, anneal_strategy="linear")
+
+    def after_batch(self) -> None:
+        if self.recipe.schedule == "cosine":
+            self.main.step()
+
+    def after_epoch(self) -> None:
+        if self.swalr is not None:
+            self.swalr.step()
+        elif self.recipe.schedule == "swa":
+            self.main.step()
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {"main": self.main.state_dict()}
+        if self.swalr is not None:
+            state["swalr"] = self.swalr.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.main.load_state_dict(state["main"])
+        if "swalr" in state:
+            assert self.recipe.swa_lr is not None
+            self.swalr = SWALR(self.opt, swa_lr=self.recipe.swa_lr, anneal_epochs=1)
+            self.swalr.load_state_dict(state["swalr"])
+
+
+def instantiate(model: ModelSource, seed: int, reinit: bool = False) -> nn.Module:
+    """A fresh model from a factory (called under `torch.manual_seed(seed)`) or a module copy.
+
+    With `reinit=True` a module's copy has `reset_parameters()` called on every submodule that
+    has one, under the same seed, so M calls with M seeds give M different initialisations.
+    The caller's module is never modified.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if isinstance(model, nn.Module):
+            fresh = copy.deepcopy(model)
+            if reinit:
+                for module in fresh.modules():
+                    if callable(getattr(module, "reset_parameters", None)):
+                        module.reset_parameters()
+            return fresh
+        if callable(model):
+            fresh = model()
+            if not isinstance(fresh, nn.Module):
+                raise TypeError(
+                    f"model: the factory must return an nn.Module, got {type(fresh).__name__}"
+                )
+            return fresh
+    raise TypeError(f"model: expected an nn.Module or a factory, got {type(model).__name__}")
 
 
 def train(
     model: nn.Module,
     data: Data,
-    epochs: int = 10,
-    lr: float = 0.05,
-    optimizer: Literal["sgd", "adam"] = "sgd",
-    momentum: float = 0.9,
-    weight_decay: float = 5e-4,
-    batch_size: int = 128,
-    schedule: Schedule = "cosine",
+    recipe: Recipe | None = None,
+    *,
     seed: int = 0,
     loss: Callable[[Tensor, Tensor], Tensor] = F.cross_entropy,
+    callbacks: Sequence[Callback] = (),
+    checkpoint: str | os.PathLike[str] | None = None,
     progress: bool | None = None,
+    **recipe_fields: Any,
 ) -> tuple[nn.Module, list[dict[str, float]]]:
     """Train `model` in place on `data` ((X, y), Dataset or DataLoader; materialised once).
 
-    Mini-batches are shuffled by a generator seeded with `seed`, so a run is reproducible.
+    Args:
+        recipe: how to train (default `Recipe()`); keyword fields override it, e.g.
+            `train(model, data, epochs=5, lr=0.1)`.
+        seed: seeds the data order and the global RNG inside the run (dropout), so a run is
+            reproducible; the caller's global RNG state is restored afterwards.
+        loss: `loss(logits, y)`, mean over the batch.
+        callbacks: `callback(epoch, model)` after each epoch (epoch counts from 1).
+        checkpoint: a file to save the run to after every epoch and resume from.
+
     Returns the model (in eval mode) and its history: one dict per epoch with the mean
-    training loss, training accuracy and learning rate.
+    training loss, training accuracy and the learning rate used.
     """
-    epochs = check_positive_int(epochs, "epochs")
-    batch_size = check_positive_int(batch_size, "batch_size")
-    if not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
-        raise ValueError(f"lr: expected a learning rate > 0, got {lr!r}")
-    if schedule not in ("constant", "cosine"):
-        raise ValueError(f"schedule: expected 'constant' or 'cosine', got {schedule!r}")
+    recipe = (recipe or Recipe()).replace(**recipe_fields) if recipe_fields else recipe or Recipe()
     X, y = as_xy(data, "data")
-    assert y is not None
-    opt = make_optimizer(model, optimizer, lr, momentum, weight_decay)
-    steps_per_epoch = math.ceil(len(X) / batch_size)
-    total = epochs * steps_per_epoch
-    sched = (
-        torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total)
-        if schedule == "cosine"
-        else torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
-    )
+    if y is None:
+        raise ValueError("data: training needs labels, got inputs only")
+    if len(X) == 0:
+        raise ValueError("data: the training set is empty")
+    opt = make_optimizer(model, recipe)
+    steps_per_epoch = math.ceil(len(X) / recipe.batch_size)
+    schedules = _Schedules(opt, recipe, steps_per_epoch)
     gen = torch.Generator().manual_seed(seed)
     device = next(model.parameters()).device
-    history = []
-    for epoch in bar(range(epochs), "train", enabled=progress):
-        model.train()
-        perm = torch.randperm(len(X), generator=gen)
-        seen = correct = 0
-        loss_sum = 0.0
-        lr_now = opt.param_groups[0]["lr"]
-        for start in range(0, len(X), batch_size):
-            idx = perm[start : start + batch_size]
-            xb, yb = X[idx].to(device), y[idx].to(device)
-            out = model(xb)
-            batch_loss = loss(out, yb)
-            opt.zero_grad(set_to_none=True)
-            batch_loss.backward()
-            opt.step()
-            sched.step()
-            if not math.isfinite(batch_loss.item()):
-                raise FloatingPointError(
-                    f"training diverged at epoch {epoch} (loss {batch_loss.item()}); lower lr"
-                )
-            loss_sum += batch_loss.item() * len(idx)
-            correct += int((out.argmax(-1) == yb).sum())
-            seen += len(idx)
-        history.append(
-            {"epoch": epoch + 1, "loss": loss_sum / seen, "accuracy": correct / seen, "lr": lr_now}
-        )
+    history: list[dict[str, float]] = []
+    ckpt = Path(checkpoint) if checkpoint is not None else None
+    identity = {"format": CHECKPOINT_FORMAT, "recipe": recipe.to_dict(), "seed": seed}
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        start = 0
+        if ckpt is not None and ckpt.exists():
+            start, history = _resume(ckpt, identity, model, opt, schedules, gen, callbacks)
+        for epoch in bar(range(start, recipe.epochs), "train", recipe.epochs - start, progress):
+            schedules.start_epoch(epoch)
+            lr_now = opt.param_groups[0]["lr"]
+            loss_mean, accuracy = _epoch(model, X, y, recipe, opt, schedules, gen, loss, device)
+            history.append(
+                {"epoch": epoch + 1, "loss": loss_mean, "accuracy": accuracy, "lr": lr_now}
+            )
+            schedules.after_epoch()
+            for callback in callbacks:
+                callback(epoch + 1, model)
+            if ckpt is not None:
+                _save(ckpt, identity, epoch + 1, history, model, opt, schedules, gen, callbacks)
     return model.eval(), history
+
+
+def _epoch(
+    model: nn.Module,
+    X: Tensor,
+    y: Tensor,
+    recipe: Recipe,
+    opt: torch.optim.Optimizer,
+    schedules: _Schedules,
+    gen: torch.Generator,
+    loss: Callable[[Tensor, Tensor], Tensor],
+    device: torch.device,
+) -> tuple[float, float]:
+    """One pass over shuffled mini-batches; returns (mean loss, accuracy)."""
+    model.train()
+    perm = torch.randperm(len(X), generator=gen)
+    seen = correct = 0
+    loss_sum = 0.0
+    for start in range(0, len(X), recipe.batch_size):
+        idx = perm[start : start + recipe.batch_size]
+        xb, yb = X[idx].to(device), y[idx].to(device)
+        out = model(xb)
+        batch_loss = loss(out, yb)
+        value = batch_loss.item()
+        if not math.isfinite(value):
+            raise FloatingPointError(
+                f"training diverged (loss {value}) after {seen} samples of this epoch; lower lr"
+            )
+        opt.zero_grad(set_to_none=True)
+        batch_loss.backward()
+        opt.step()
+        schedules.after_batch()
+        loss_sum += value * len(idx)
+        correct += int((out.argmax(-1) == yb).sum())
+        seen += len(idx)
+    return loss_sum / seen, correct / seen
+
+
+def _stateful(callbacks: Sequence[Callback]) -> list[Any]:
+    return [c for c in callbacks if hasattr(c, "state_dict") and hasattr(c, "load_state_dict")]
+
+
+def _save(
+    path: Path,
+    identity: dict[str, Any],
+    epoch: int,
+    history: list[dict[str, float]],
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    schedules: _Schedules,
+    gen: torch.Generator,
+    callbacks: Sequence[Callback],
+) -> None:
+    save_tree(
+        path,
+        {
+            **identity,
+            "epoch": epoch,
+            "history": history,
+            "model": model.state_dict(),
+            "optimizer": opt.state_dict(),
+            "schedules": schedules.state_dict(),
+            "generator": gen.get_state(),
+            "rng": torch.get_rng_state(),
+            "callbacks": [c.state_dict() for c in _stateful(callbacks)],
+        },
+    )
+
+
+def _resume(
+    path: Path,
+    identity: dict[str, Any],
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    schedules: _Schedules,
+    gen: torch.Generator,
+    callbacks: Sequence[Callback],
+) -> tuple[int, list[dict[str, float]]]:
+    state = load_tree(path)
+    saved = {k: state.get(k) for k in identity}
+    if saved != identity:
+        raise ValueError(
+            f"checkpoint: {path} belongs to another run ({saved}) than this one ({identity}); "
+            "delete it or pass another checkpoint path"
+        )
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    schedules.load_state_dict(state["schedules"])
+    gen.set_state(state["generator"])
+    torch.set_rng_state(state["rng"])
+    stateful = _stateful(callbacks)
+    if len(stateful) != len(state["callbacks"]):
+        raise ValueError(
+            f"checkpoint: {path} saved {len(state['callbacks'])} callback states, "
+            f"this run has {len(stateful)} stateful callbacks"
+        )
+    for callback, cb_state in zip(stateful, state["callbacks"], strict=True):
+        callback.load_state_dict(cb_state)
+    return int(state["epoch"]), list(state["history"])
+
+
+class Snapshots:
+    """Callback keeping copies of the model's state dict along a training run (in memory).
+
+    Args:
+        after: keep epochs > `after` only (e.g. the last iterates for subspace samplers).
+        keep_last: keep at most this many, dropping the oldest.
+
+    `states` is the list of kept state dicts, `epochs` their epoch numbers. Resumable: a run
+    checkpointed with `train(checkpoint=...)` stores and restores them.
+    """
+
+    def __init__(self, after: int = 0, keep_last: int | None = None) -> None:
+        self.after = check_positive_int(after, "after", minimum=0)
+        self.keep_last = None if keep_last is None else check_positive_int(keep_last, "keep_last")
+        self.states: list[dict[str, Tensor]] = []
+        self.epochs: list[int] = []
+
+    def __call__(self, epoch: int, model: nn.Module) -> None:
+        if epoch <= self.after:
+            return
+        self.states.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+        self.epochs.append(epoch)
+        if self.keep_last is not None and len(self.states) > self.keep_last:
+            del self.states[0], self.epochs[0]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"states": self.states, "epochs": self.epochs}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.states = [dict(s) for s in state["states"]]
+        self.epochs = [int(e) for e in state["epochs"]]

@@ -1,7 +1,23 @@
 """Methods: each turns a model (and data) into an `Ensemble` or a predictor with `member_logits`."""
 
+from peg.methods.deep_ensemble import DeepEnsemble
+from peg.methods.dropout import MCDropout
 from peg.methods.peg import PEG
 from peg.methods.pep import PEP
+from peg.methods.subspace import DiagonalGaussian, DropoutSubspace, LowRankGaussian, RandomSubspace
+from peg.methods.swag import SWA, SWAG
 from peg.methods.temperature import TemperatureScaling
 
-__all__ = ["PEG", "PEP", "TemperatureScaling"]
+__all__ = [
+    "PEG",
+    "PEP",
+    "SWA",
+    "SWAG",
+    "DeepEnsemble",
+    "DiagonalGaussian",
+    "DropoutSubspace",
+    "LowRankGaussian",
+    "MCDropout",
+    "RandomSubspace",
+    "TemperatureScaling",
+]

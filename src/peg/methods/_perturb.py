@@ -54,6 +54,8 @@ def generator(seed: int, *key: int) -> torch.Generator:
 
 def base_models(model: Models) -> list[nn.Module]:
     """One model, a list of models (an ensemble, PEG's Algorithm 2), or an `Ensemble`."""
+    if isinstance(model, FittedEnsemble):  # a fitted SWAG, DeepEnsemble, PEG, ...
+        model = model.ensemble()
     if isinstance(model, Ensemble):
         return [model.member_model(i) for i in range(len(model))]
     if isinstance(model, nn.Module):

@@ -19,7 +19,6 @@ class FittedEnsemble:
 
     ensemble_: Ensemble
 
-    @property
     def ensemble(self) -> Ensemble:
         """The fitted `Ensemble` (raises NotFittedError before `fit`)."""
         try:
@@ -31,19 +30,19 @@ class FittedEnsemble:
 
     def member_logits(self, X: Data, batch_size: int = 512, **kwargs: Any) -> Tensor:
         """Logits of every member, `[M, N, C]` (see `Ensemble.member_logits`)."""
-        return self.ensemble.member_logits(X, batch_size, **kwargs)
+        return self.ensemble().member_logits(X, batch_size, **kwargs)
 
     def predict_proba(self, X: Data, batch_size: int = 512, **kwargs: Any) -> Tensor:
         """Averaged member probabilities, `[N, C]`."""
-        return self.ensemble.predict_proba(X, batch_size, **kwargs)
+        return self.ensemble().predict_proba(X, batch_size, **kwargs)
 
     def predict(self, X: Data, batch_size: int = 512, **kwargs: Any) -> Tensor:
         """Predicted classes, `[N]`."""
-        return self.ensemble.predict(X, batch_size, **kwargs)
+        return self.ensemble().predict(X, batch_size, **kwargs)
 
     def save(self, path: str) -> str:
         """Save the fitted ensemble (safetensors + JSON); load it with `peg.load(path, model)`."""
-        return self.ensemble.save(path)
+        return self.ensemble().save(path)
 
     def __len__(self) -> int:
-        return len(self.ensemble)
+        return len(self.ensemble())

@@ -1,0 +1,103 @@
+"""Files without pickle: atomic safetensors writes, and nested states as safetensors + JSON.
+
+A training checkpoint holds nested Python structures (optimizer state with integer keys, tuples
+of betas, generator states). `save_tree` stores every tensor in a safetensors file and the
+structure around them as JSON in the file's header, so loading never executes anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import Tensor
+
+TREE_KEY = "peg-tree"
+
+
+def atomic_save_file(tensors: dict[str, Tensor], metadata: dict[str, str], path: Path) -> None:
+    """`safetensors.save_file` to a temporary file in the same folder, fsync, then rename.
+
+    A crash mid-write leaves the previous file at `path` intact.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata=metadata)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _encode(obj: Any, tensors: dict[str, Tensor]) -> Any:
+    if isinstance(obj, Tensor):
+        key = str(len(tensors))
+        tensors[key] = obj.detach().cpu().contiguous().clone()  # no shared storage in safetensors
+        return {"__tensor__": key}
+    if isinstance(obj, dict):
+        return {"__dict__": [[k, _encode(v, tensors)] for k, v in obj.items()]}
+    if isinstance(obj, tuple):
+        return {"__tuple__": [_encode(v, tensors) for v in obj]}
+    if isinstance(obj, list):
+        return [_encode(v, tensors) for v in obj]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise TypeError(
+        f"cannot store a {type(obj).__name__} in a checkpoint (tensors, dicts, "
+        "lists, tuples and JSON scalars only)"
+    )
+
+
+def _decode(obj: Any, tensors: dict[str, Tensor]) -> Any:
+    if isinstance(obj, list):
+        return [_decode(v, tensors) for v in obj]
+    if isinstance(obj, dict):
+        if "__tensor__" in obj:
+            return tensors[obj["__tensor__"]]
+        if "__tuple__" in obj:
+            return tuple(_decode(v, tensors) for v in obj["__tuple__"])
+        return {k: _decode(v, tensors) for k, v in obj["__dict__"]}
+    return obj
+
+
+def save_tree(path: str | os.PathLike[str], tree: Any) -> None:
+    """Store a nested structure of tensors and JSON scalars atomically at `path`."""
+    tensors: dict[str, Tensor] = {}
+    structure = _encode(tree, tensors)
+    atomic_save_file(tensors, {TREE_KEY: json.dumps(structure)}, Path(path))
+
+
+def load_tree(path: str | os.PathLike[str]) -> Any:
+    """Read back what `save_tree` stored (ValueError if `path` is not such a file)."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            structure = json.loads((f.metadata() or {})[TREE_KEY])
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    except Exception as e:  # damaged, truncated or foreign file
+        raise ValueError(f"{path}: not a readable peg checkpoint ({e})") from e
+    return _decode(structure, tensors)
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write `text` to a temporary file beside `path`, then rename it over `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,1 @@
+"""Benchmarks: the papers' tables reproduced on the bundled data (`peg paper-tables`)."""

@@ -1,0 +1,132 @@
+"""Deep Ensembles (Lakshminarayanan et al. 2017): M independent trainings, resumable per member.
+
+Member i is trained from its own initialisation and data order, both drawn from the seed
+`member_seed(seed, i)` (an independent stream per member, so member i does not depend on M).
+With `checkpoint_dir`, each finished member is saved there (safetensors + JSON, atomically) and
+the member in progress is checkpointed every epoch; running the same fit again after an
+interruption loads the finished members, resumes the unfinished one where it stopped, and gives
+the same members as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from peg._inputs import Data, as_xy, check_positive_int
+from peg._io import load_tree, save_tree
+from peg.ensemble import Ensemble
+from peg.methods.base import FittedEnsemble
+from peg.train import ModelSource, Recipe, instantiate, train
+
+MEMBER_FORMAT = "peg-deep-ensemble-member"
+
+
+def member_seed(seed: int, i: int) -> int:
+    """The seed of member i: an independent stream of (seed, i) (numpy SeedSequence)."""
+    return int(np.random.SeedSequence(entropy=seed, spawn_key=(i,)).generate_state(1)[0])
+
+
+class DeepEnsemble(FittedEnsemble):
+    """M models trained independently from different seeds.
+
+    Args:
+        size: M, the number of members.
+        recipe: how each member is trained (`peg.train.Recipe`; default `Recipe()`).
+        seed: the ensemble's seed; member i uses `member_seed(seed, i)`.
+        reinit: when `fit` gets a module rather than a factory, re-initialise each member's copy
+            (`reset_parameters()` on every submodule that has one) under its own seed. With
+            False every member starts from the module's weights and differs only by data
+            order and dropout.
+        checkpoint_dir: folder for per-member files; makes an interrupted fit resumable.
+        progress: progress bars.
+
+    Fitted: `ensemble_` (M members), `histories_`, `seeds_`.
+    """
+
+    method = "deep-ensemble"
+
+    def __init__(
+        self,
+        size: int = 5,
+        recipe: Recipe | None = None,
+        *,
+        seed: int = 0,
+        reinit: bool = True,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        progress: bool | None = None,
+    ) -> None:
+        self.size = check_positive_int(size, "size")
+        self.recipe = recipe if recipe is not None else Recipe()
+        if not isinstance(self.recipe, Recipe):
+            raise TypeError(f"recipe: expected a peg.train.Recipe, got {type(recipe).__name__}")
+        self.seed = seed
+        self.reinit = reinit
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        self.progress = progress
+
+    def _identity(self, i: int) -> dict[str, Any]:
+        return {
+            "format": MEMBER_FORMAT,
+            "recipe": self.recipe.to_dict(),
+            "seed": self.seed,
+            "member": i,
+            "member_seed": member_seed(self.seed, i),
+        }
+
+    def _load_member(self, path: Path, i: int, model: nn.Module) -> list[dict[str, float]] | None:
+        if not path.exists():
+            return None
+        saved = load_tree(path)
+        identity = self._identity(i)
+        if {k: saved.get(k) for k in identity} != identity:
+            raise ValueError(
+                f"checkpoint_dir: {path} was written by another run (recipe, seed or member "
+                "differ); delete it or use another checkpoint_dir"
+            )
+        model.load_state_dict(saved["state"])
+        return list(saved["history"])
+
+    def fit(self, model: ModelSource, train_data: Data) -> DeepEnsemble:
+        """Train `size` members on `train_data` from `model` (a module or a factory)."""
+        X, y = as_xy(train_data, "train_data")
+        if y is None:
+            raise ValueError("train_data: training needs labels, got inputs only")
+        members, self.histories_, self.seeds_ = [], [], []
+        for i in range(self.size):
+            s = member_seed(self.seed, i)
+            net = instantiate(model, s, reinit=self.reinit)
+            done = partial = None
+            if self.checkpoint_dir is not None:
+                done = self.checkpoint_dir / f"member-{i}.safetensors"
+                partial = self.checkpoint_dir / f"member-{i}.partial.safetensors"
+                history = self._load_member(done, i, net)
+                if history is not None:
+                    members.append(net.eval())
+                    self.histories_.append(history)
+                    self.seeds_.append(s)
+                    continue
+            _, history = train(
+                net, (X, y), self.recipe, seed=s, checkpoint=partial, progress=self.progress
+            )
+            if done is not None and partial is not None:
+                save_tree(
+                    done, {**self._identity(i), "state": net.state_dict(), "history": history}
+                )
+                partial.unlink(missing_ok=True)
+            members.append(net)
+            self.histories_.append(history)
+            self.seeds_.append(s)
+        meta = {
+            "method": self.method,
+            "size": self.size,
+            "recipe": self.recipe.to_dict(),
+            "seed": self.seed,
+            "reinit": self.reinit,
+        }
+        self.ensemble_ = Ensemble.from_models(members, meta=meta)
+        return self

@@ -1,0 +1,231 @@
+"""Monte Carlo dropout (Gal & Ghahramani 2016): members are stochastic forward passes.
+
+Unlike the other methods this is not an `Ensemble` of stacked weights: member s is one forward
+pass of the model with only its dropout modules in train mode (a fresh mask) and everything else
+in eval mode, so BatchNorm uses, and never updates, its running statistics. It has the same
+`member_logits -> [S, N, C]` interface, so metrics, benchmarks and plots treat it like any other.
+
+Reproducibility: the masks of member s on input batch j are drawn from the global RNG reseeded
+from the stream (seed, s, j) inside `torch.random.fork_rng()`, so they depend on nothing else
+(not on the caller's RNG state, not on which members or batches were predicted before). They do
+depend on how the inputs are cut into batches: the same seed with another `batch_size` gives
+other (equally valid) masks.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from peg._inputs import Data, as_xy, check_positive_int, iter_inputs, num_batches
+from peg._progress import bar
+from peg.ensemble import model_output
+from peg.methods._perturb import generator
+from peg.methods.base import NotFittedError
+
+DROPOUT_TYPES: tuple[type[nn.Module], ...] = (
+    nn.Dropout,
+    nn.Dropout1d,
+    nn.Dropout2d,
+    nn.Dropout3d,
+    nn.AlphaDropout,
+    nn.FeatureAlphaDropout,
+)
+# Where `insert=p` puts a dropout layer: before the last of these modules.
+INSERT_BEFORE: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+
+def dropout_modules(model: nn.Module) -> list[nn.Module]:
+    """The dropout modules of `model` (the types in `DROPOUT_TYPES`), in `named_modules` order."""
+    return [m for m in model.modules() if isinstance(m, DROPOUT_TYPES)]
+
+
+def insert_dropout(model: nn.Module, p: float) -> str:
+    """Put `nn.Dropout(p)` right before the last Linear/Conv module of `model`, in place.
+
+    That module (the last one in `named_modules()` order, usually the classifier) is replaced in
+    its parent by `nn.Sequential(nn.Dropout(p), module)`. Its state-dict keys therefore gain a
+    `.1` (`fc.weight` becomes `fc.1.weight`). Returns the name of the wrapped module.
+    """
+    targets = [(n, m) for n, m in model.named_modules() if isinstance(m, INSERT_BEFORE)]
+    if not targets:
+        raise ValueError(
+            "insert: the model has no nn.Linear or nn.Conv module to put a dropout layer before"
+        )
+    name, module = targets[-1]
+    if name == "":
+        # The model is itself the Linear/Conv layer: wrap it as a whole instead of a child.
+        raise ValueError(
+            "insert: the model is a single layer; wrap it yourself: "
+            "nn.Sequential(nn.Dropout(p), model)"
+        )
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, nn.Sequential(nn.Dropout(p), module))
+    return name
+
+
+def _mask_seed(seed: int, s: int, j: int) -> int:
+    """The global-RNG seed for member s on batch j (an independent stream per (seed, s, j))."""
+    return int(generator(seed, s, j).initial_seed())
+
+
+class MCDropout:
+    """Monte Carlo dropout: `samples` stochastic forward passes of one model.
+
+    Args:
+        samples: number of members S (forward passes per input).
+        seed: seed of the dropout masks; the mask of member s on batch j depends only on
+            (seed, s, j).
+        insert: a dropout probability in (0, 1) used only when the model has no dropout layer:
+            `nn.Dropout(insert)` is then put right before its last Linear/Conv module (see
+            `insert_dropout`; the copy's state-dict keys change). None: a model without dropout
+            is an error. Ignored, with a warning, when the model already has dropout.
+        batch_size: rows per forward pass when predicting a tensor.
+        progress: show a progress bar over batches (None: only on a terminal).
+
+    After `fit(model)`: `model_` (the deep copy used; the caller's model is never changed),
+    `meta_` (method and hyper-parameters), `member_logits(X) -> [S, N, C]`,
+    `predict_proba(X) -> [N, C]`, `predict(X) -> [N]`, `len(self) == samples`.
+    """
+
+    method = "mc_dropout"
+
+    def __init__(
+        self,
+        samples: int = 15,
+        seed: int = 0,
+        insert: float | None = None,
+        batch_size: int = 512,
+        progress: bool | None = None,
+    ) -> None:
+        self.samples = check_positive_int(samples, "samples")
+        self.seed = int(seed)
+        if insert is not None and not (
+            isinstance(insert, (int, float))
+            and not isinstance(insert, bool)
+            and math.isfinite(insert)
+            and 0 < insert < 1
+        ):
+            raise ValueError(
+                f"insert: expected a dropout probability in (0, 1) or None, got {insert!r}"
+            )
+        self.insert = None if insert is None else float(insert)
+        self.batch_size = check_positive_int(batch_size, "batch_size")
+        self.progress = progress
+
+    # ---------------------------------------------------------------- fitting
+    def fit(self, model: nn.Module, val: Data | None = None) -> MCDropout:
+        """Copy `model` (adding a dropout layer if `insert` says so) and get it ready to sample.
+
+        Args:
+            model: a trained nn.Module returning logits `[B, C]`.
+            val: optional inputs ((X, y), a tensor or a loader); only used to check, with one
+                forward pass on two rows, that the model accepts them and returns `[B, C]`.
+        """
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
+        copied = copy.deepcopy(model)
+        inserted_at = None
+        if not dropout_modules(copied):
+            if self.insert is None:
+                raise ValueError(
+                    f"model: {type(model).__name__} has no dropout layer "
+                    f"({', '.join(t.__name__ for t in DROPOUT_TYPES)}); pass insert=p to put "
+                    "nn.Dropout(p) before its last Linear/Conv layer, e.g. MCDropout(insert=0.2)"
+                )
+            inserted_at = insert_dropout(copied, self.insert)
+        elif self.insert is not None:
+            warnings.warn(
+                f"insert={self.insert} ignored: the model already has dropout layers",
+                UserWarning,
+                stacklevel=2,
+            )
+        self.model_ = copied
+        self._set_modes()
+        if val is not None:
+            X, _ = as_xy(val, "val", need_labels=False)
+            with torch.no_grad():
+                model_output(self.model_(X[:2].to(self._device())), "val")
+        self.meta_: dict[str, Any] = {
+            "method": self.method,
+            "samples": self.samples,
+            "seed": self.seed,
+            "insert": self.insert,
+            "inserted_before": inserted_at,
+            "dropout_layers": len(dropout_modules(copied)),
+        }
+        return self
+
+    def _set_modes(self) -> None:
+        """Eval mode everywhere (BatchNorm frozen), train mode on dropout modules only."""
+        self.model_.eval()
+        for m in dropout_modules(self.model_):
+            m.train()
+
+    def _device(self) -> torch.device:
+        first = next(self.model_.parameters(), None)
+        return first.device if first is not None else torch.device("cpu")
+
+    # ---------------------------------------------------------------- prediction
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "model_"):
+            raise NotFittedError("MCDropout: call fit(model) before predicting")
+
+    def _batch_logits(self, x: Tensor, j: int) -> Tensor:
+        """Logits `[S, B, C]` of every member on batch j."""
+        devices = [x.device] if x.device.type == "cuda" else []
+        outs = []
+        with torch.random.fork_rng(devices=devices):  # the caller's RNG state is left untouched
+            for s in range(self.samples):
+                torch.manual_seed(_mask_seed(self.seed, s, j))
+                outs.append(model_output(self.model_(x), "member_logits"))
+        return torch.stack(outs)
+
+    @torch.no_grad()
+    def member_logits(
+        self, X: Data, batch_size: int | None = None, progress: bool | None = None, **_: Any
+    ) -> Tensor:
+        """Logits of every member (forward pass), `[S, N, C]`.
+
+        Args:
+            X: inputs `[N, ...]`, an (X, y) tuple, or a Dataset/DataLoader of `x` or `(x, y)`.
+            batch_size: rows per forward pass for tensors (default: the constructor's). The
+                masks depend on the batching, so keep it fixed to reproduce results.
+            progress: progress bar over batches (default: the constructor's).
+        """
+        self._check_fitted()
+        size = (
+            self.batch_size if batch_size is None else check_positive_int(batch_size, "batch_size")
+        )
+        self._set_modes()  # in case model_ was switched to train/eval by someone since fit
+        device = self._device()
+        batches = bar(
+            iter_inputs(X, size),
+            f"MC dropout ({self.samples} samples)",
+            total=num_batches(X, size),
+            enabled=self.progress if progress is None else progress,
+        )
+        chunks = [self._batch_logits(x.to(device), j) for j, x in enumerate(batches)]
+        if not chunks:
+            raise ValueError("X: no inputs to predict (0 samples)")
+        return torch.cat(chunks, dim=1)
+
+    def predict_proba(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:
+        """Predictive probabilities `[N, C]`: the member softmax outputs averaged."""
+        return self.member_logits(X, batch_size, **kwargs).softmax(-1).mean(0)
+
+    def predict(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:
+        """Predicted class per input `[N]`."""
+        return self.predict_proba(X, batch_size, **kwargs).argmax(-1)
+
+    def __len__(self) -> int:
+        return self.samples
+
+    def __repr__(self) -> str:
+        return f"MCDropout(samples={self.samples}, seed={self.seed}, insert={self.insert})"

@@ -1,0 +1,364 @@
+"""SWA (Izmailov et al. 2018) and SWAG / SWAG-Diag (Maddox et al. 2019): training-time methods.
+
+Both train a model with the SWA schedule (`peg.train.Recipe(schedule="swa")`) and collect the
+weights once per epoch after `swa_start` (epochs swa_start+1, ..., epochs, as the reference code
+does). SWA averages them with `torch.optim.swa_utils.AveragedModel` and re-estimates BatchNorm
+statistics with `update_bn`. SWAG keeps, besides that running mean θ̄, the running mean of the
+squared weights and the last K ≤ `max_num_models` deviations Dₖ = θₖ − θ̄ₖ (θ̄ₖ the mean after
+collecting θₖ, as in the reference), and samples
+
+    θ = θ̄ + √scale · (√var ⊙ z₁ + Dᵀ z₂ / √(K − 1)),   z₁ ~ N(0, I_P), z₂ ~ N(0, I_K)
+
+with var = max(E[θ²] − θ̄², 1e-30), so Cov θ = scale · (diag(var) + DᵀD / (K − 1)). SWAG-Diag
+(`diag=True`) drops the low-rank term. Default scales follow the reference experiments: 0.5 for
+SWAG, 1.0 for SWAG-Diag.
+
+Departure from the reference code: it divides the low-rank term by √(max_num_models − 1) even
+when fewer deviations were collected; we divide by √(K − 1) with K the number actually
+collected, which is the sample covariance the paper defines (they agree once K = max_num_models).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+from torch.optim.swa_utils import AveragedModel, update_bn
+
+from peg._inputs import Data, as_xy, check_positive_int
+from peg._progress import bar
+from peg.ensemble import Ensemble
+from peg.methods._perturb import generator, refresh_bn
+from peg.methods.base import FittedEnsemble
+from peg.train import Callback, ModelSource, Recipe, instantiate, train
+
+SAMPLE_KEY = 1  # random streams: (seed, SAMPLE_KEY, i) for SWAG sample i
+BN_TYPES = (nn.modules.batchnorm._BatchNorm,)
+
+
+def default_recipe() -> Recipe:
+    """The reference schedule scaled to 20 epochs: SWA from epoch 11 (161/300 in the paper)."""
+    return Recipe(epochs=20, lr=0.05, schedule="swa", swa_start=11, swa_lr=0.01)
+
+
+def has_batchnorm(model: nn.Module) -> bool:
+    return any(isinstance(m, BN_TYPES) for m in model.modules())
+
+
+def _batches(X: Tensor, batch_size: int) -> list[Tensor]:
+    return list(X.split(batch_size))
+
+
+class _Averager:
+    """Callback: `AveragedModel.update_parameters` once per epoch after swa_start (resumable)."""
+
+    def __init__(self, model: nn.Module, swa_start: int) -> None:
+        self.averaged = AveragedModel(model)
+        self.swa_start = swa_start
+
+    def __call__(self, epoch: int, model: nn.Module) -> None:
+        if epoch > self.swa_start:
+            self.averaged.update_parameters(model)
+
+    @property
+    def count(self) -> int:
+        return int(self.averaged.n_averaged)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.averaged.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.averaged.load_state_dict(state)
+
+
+class _Moments:
+    """Callback: SWAG's second moment and deviation matrix, read off the `_Averager`'s mean."""
+
+    def __init__(self, averager: _Averager, max_num_models: int, diag: bool) -> None:
+        self.averager = averager
+        self.diag = diag
+        mean = parameters_to_vector(averager.averaged.module.parameters()).detach()
+        self.sq_mean = torch.zeros_like(mean)
+        self.deviations: deque[Tensor] = deque(maxlen=max_num_models)
+
+    def __call__(self, epoch: int, model: nn.Module) -> None:
+        if epoch <= self.averager.swa_start:
+            return
+        n = self.averager.count  # already includes this epoch's weights
+        w = parameters_to_vector(model.parameters()).detach()
+        self.sq_mean += (w * w - self.sq_mean) / n
+        if not self.diag:
+            mean = parameters_to_vector(self.averager.averaged.module.parameters()).detach()
+            self.deviations.append((w - mean).clone())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sq_mean": self.sq_mean, "deviations": list(self.deviations)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sq_mean = state["sq_mean"].clone()
+        self.deviations.clear()
+        self.deviations.extend(d.clone() for d in state["deviations"])
+
+
+class SWA(FittedEnsemble):
+    """Stochastic Weight Averaging with `torch.optim.swa_utils` (AveragedModel, SWALR, update_bn).
+
+    Args:
+        recipe: how to train; must carry `swa_start` (collect after this epoch; 0 collects
+            from the first epoch, e.g. when fine-tuning an already-trained model) and `swa_lr`.
+            Default `default_recipe()`: 20 epochs, SGD lr 0.05, SWA from epoch 11 at rate 0.01.
+        seed: data order, dropout, and the initialisation when a factory is given.
+        bn_batch_size: batch size of the `update_bn` pass over the training data.
+        checkpoint: a file to save the run after every epoch and resume from.
+
+    `fit(model, train_data)` takes an untrained (or pre-trained) module, which is copied and
+    never modified, or a zero-argument factory. Fitted: `swa_model_` (the averaged module, eval
+    mode), `history_`, and an `Ensemble` of one member for the common verbs.
+    """
+
+    method = "swa"
+
+    def __init__(
+        self,
+        recipe: Recipe | None = None,
+        *,
+        seed: int = 0,
+        bn_batch_size: int = 256,
+        checkpoint: str | None = None,
+        progress: bool | None = None,
+    ) -> None:
+        self.recipe = recipe if recipe is not None else default_recipe()
+        if not isinstance(self.recipe, Recipe):
+            raise TypeError(f"recipe: expected a peg.train.Recipe, got {type(recipe).__name__}")
+        if self.recipe.swa_start is None or self.recipe.swa_lr is None:
+            raise ValueError("recipe: SWA needs swa_start and swa_lr (e.g. schedule='swa')")
+        if self.recipe.swa_start >= self.recipe.epochs:
+            raise ValueError(
+                f"swa_start: {self.recipe.swa_start} leaves no epoch to collect "
+                f"(epochs={self.recipe.epochs}); weights are collected after swa_start"
+            )
+        self.seed = seed
+        self.bn_batch_size = check_positive_int(bn_batch_size, "bn_batch_size")
+        self.checkpoint = checkpoint
+        self.progress = progress
+
+    @property
+    def collected(self) -> int:
+        """Number of weight snapshots collected (epochs after swa_start)."""
+        assert self.recipe.swa_start is not None
+        return self.recipe.epochs - self.recipe.swa_start
+
+    def _callbacks(self, model: nn.Module) -> list[Callback]:
+        assert self.recipe.swa_start is not None
+        self._averager = _Averager(model, self.recipe.swa_start)
+        return [self._averager]
+
+    def fit(
+        self,
+        model: ModelSource,
+        train_data: Data,
+        bn_data: Data | None = None,
+        callbacks: Sequence[Callback] = (),
+    ) -> SWA:
+        """Train a copy of `model` (or `model()`) on `train_data` and average its weights.
+
+        `bn_data` (default: the training inputs) re-estimates BatchNorm statistics; extra
+        `callbacks(epoch, model)` run after the method's own, every epoch.
+        """
+        X, y = as_xy(train_data, "train_data")
+        if y is None:
+            raise ValueError("train_data: training needs labels, got inputs only")
+        self._bn_X = as_xy(bn_data, "bn_data", need_labels=False)[0] if bn_data is not None else X
+        net = instantiate(model, self.seed)
+        own = self._callbacks(net)
+        _, self.history_ = train(
+            net,
+            (X, y),
+            self.recipe,
+            seed=self.seed,
+            callbacks=[*own, *callbacks],
+            checkpoint=self.checkpoint,
+            progress=self.progress,
+        )
+        averaged = self._averager.averaged
+        if has_batchnorm(averaged.module):
+            update_bn(_batches(self._bn_X, self.bn_batch_size), averaged)
+        self.swa_model_ = averaged.module.eval()
+        self._finish(net)
+        return self
+
+    def _meta(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "recipe": self.recipe.to_dict(),
+            "seed": self.seed,
+            "collected": self._averager.count,
+        }
+
+    def _finish(self, net: nn.Module) -> None:
+        self.ensemble_ = Ensemble.from_models([self.swa_model_], meta=self._meta())
+
+
+class SWAG(SWA):
+    """SWA-Gaussian (`diag=False`) and SWAG-Diag (`diag=True`), Maddox et al. 2019.
+
+    Args:
+        recipe, seed, bn_batch_size, checkpoint, progress: as for `SWA`.
+        diag: keep only the diagonal covariance (SWAG-Diag).
+        max_num_models: the most deviation columns kept (K ≤ this; oldest dropped), ≥ 2.
+        scale: covariance scale of the samples; default 0.5 for SWAG, 1.0 for SWAG-Diag.
+        samples: members of the fitted ensemble (the paper's experiments: 15).
+        bn: "refresh" (default) re-estimates BatchNorm statistics on the training data for
+            every sample, as the reference does; "eval" keeps the SWA statistics.
+
+    Fitted: everything `SWA` has (`swa_model_` is θ̄ with its own BatchNorm statistics), plus
+    `mean_`, `var_` `[P]`, `deviations_` `[K, P]` (parameters flattened in `parameters()`
+    order), and an `Ensemble` of `samples` members. `ensemble(n=..., scale=..., diag=...)`
+    draws a new one; `sample_vectors(n)` gives raw parameter samples `[n, P]`.
+    """
+
+    method = "swag"
+
+    def __init__(
+        self,
+        recipe: Recipe | None = None,
+        *,
+        diag: bool = False,
+        max_num_models: int = 20,
+        scale: float | None = None,
+        samples: int = 15,
+        bn: Literal["refresh", "eval"] = "refresh",
+        seed: int = 0,
+        bn_batch_size: int = 256,
+        checkpoint: str | None = None,
+        progress: bool | None = None,
+    ) -> None:
+        super().__init__(
+            recipe, seed=seed, bn_batch_size=bn_batch_size, checkpoint=checkpoint, progress=progress
+        )
+        self.diag = bool(diag)
+        self.max_num_models = check_positive_int(max_num_models, "max_num_models", minimum=2)
+        self.scale = _check_scale(scale) if scale is not None else (1.0 if self.diag else 0.5)
+        self.samples = check_positive_int(samples, "samples")
+        if bn not in ("refresh", "eval"):
+            raise ValueError(f"bn: expected 'refresh' or 'eval', got {bn!r}")
+        self.bn = bn
+        if not self.diag and self.collected < 2:
+            raise ValueError(
+                f"swa_start: SWAG's low-rank term needs at least 2 collected epochs, this recipe "
+                f"collects {self.collected} (epochs={self.recipe.epochs}, "
+                f"swa_start={self.recipe.swa_start})"
+            )
+        if self.diag and self.collected < 2:
+            raise ValueError(
+                f"swa_start: a variance needs at least 2 collected epochs, this recipe collects "
+                f"{self.collected}"
+            )
+
+    @property
+    def method_name(self) -> str:
+        return "swag-diag" if self.diag else "swag"
+
+    def _callbacks(self, model: nn.Module) -> list[Callback]:
+        averager = super()._callbacks(model)[0]
+        self._moments = _Moments(self._averager, self.max_num_models, self.diag)
+        return [averager, self._moments]
+
+    def _meta(self) -> dict[str, Any]:
+        return {
+            **super()._meta(),
+            "method": self.method_name,
+            "diag": self.diag,
+            "scale": self.scale,
+            "max_num_models": self.max_num_models,
+            "deviations": len(self._moments.deviations),
+            "bn": self.bn,
+        }
+
+    def _finish(self, net: nn.Module) -> None:
+        self._skeleton = self.swa_model_
+        self.mean_ = parameters_to_vector(self.swa_model_.parameters()).detach().clone()
+        self.var_ = (self._moments.sq_mean - self.mean_**2).clamp_min(1e-30)
+        self.deviations_ = (
+            torch.stack(list(self._moments.deviations))
+            if self._moments.deviations
+            else self.mean_.new_zeros(0, self.mean_.numel())
+        )
+        self.ensemble_ = self.ensemble(n=self.samples)
+
+    def sample_vectors(
+        self, n: int, scale: float | None = None, diag: bool | None = None, seed: int | None = None
+    ) -> Tensor:
+        """`n` parameter vectors `[n, P]` drawn from the SWAG Gaussian (no BatchNorm refresh).
+
+        Sample i uses the random stream (seed, SAMPLE_KEY, i), so the first n samples do not
+        depend on how many are drawn.
+        """
+        if not hasattr(self, "mean_"):
+            raise AttributeError("SWAG: call fit(...) before sampling")
+        n = check_positive_int(n, "n")
+        scale = self.scale if scale is None else _check_scale(scale)
+        diag = self.diag if diag is None else bool(diag)
+        if not diag and self.diag:
+            raise ValueError("diag: this SWAG-Diag fit collected no deviations; use diag=True")
+        seed = self.seed if seed is None else seed
+        K, P = self.deviations_.shape
+        std = self.var_.sqrt()
+        out = []
+        for i in range(n):
+            gen = generator(seed, SAMPLE_KEY, i)
+            z1 = torch.randn(P, generator=gen)
+            step = std * z1
+            if not diag:
+                z2 = torch.randn(K, generator=gen)
+                step = step + self.deviations_.T @ z2 / math.sqrt(K - 1)
+            out.append(self.mean_ + math.sqrt(scale) * step)
+        return torch.stack(out)
+
+    def ensemble(  # type: ignore[override]
+        self,
+        n: int | None = None,
+        scale: float | None = None,
+        diag: bool | None = None,
+        seed: int | None = None,
+    ) -> Ensemble:
+        """The fitted ensemble (no arguments), or `n` new samples as an `Ensemble`.
+
+        Each sample's BatchNorm statistics are re-estimated on the training data (bn="refresh").
+        """
+        if n is None and scale is None and diag is None and seed is None:
+            return super().ensemble()
+        n = self.samples if n is None else n
+        vectors = self.sample_vectors(n, scale, diag, seed)
+        model = self._skeleton
+        refresh = self.bn == "refresh" and has_batchnorm(model)
+        batches = _batches(self._bn_X, self.bn_batch_size) if refresh else []
+        base = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        names = [name for name, _ in model.named_parameters()]
+        states = []
+        probe = copy.deepcopy(model)
+        for v in bar(vectors, "SWAG samples", len(vectors), self.progress):
+            vector_to_parameters(v, probe.parameters())
+            params = dict(probe.named_parameters())
+            state = {**base, **{k: params[k].detach().clone() for k in names}}
+            states.append(refresh_bn(model, state, batches) if refresh else state)
+        meta = {**self._meta(), "samples": n}
+        if scale is not None:
+            meta["scale"] = scale
+        if diag is not None:
+            meta["diag"] = diag
+            meta["method"] = "swag-diag" if diag else "swag"
+        return Ensemble.from_state_dicts(model, states, meta=meta)
+
+
+def _check_scale(scale: Any) -> float:
+    ok = isinstance(scale, (int, float)) and not isinstance(scale, bool) and math.isfinite(scale)
+    if not ok or scale <= 0:
+        raise ValueError(f"scale: expected a covariance scale > 0, got {scale!r}")
+    return float(scale)
