@@ -156,3 +156,12 @@ def test_swa_from_a_trained_model_with_swa_start_zero(moons_data, overfit_mlp):
     assert swa.history_[0]["lr"] == pytest.approx(0.01)
     before = parameters_to_vector(overfit_mlp.parameters())
     assert not torch.equal(before, parameters_to_vector(swa.swa_model_.parameters()))
+
+
+def test_swa_is_reproducible_with_a_seed(moons_data):
+    X = moons_data["test"][0]
+    a = peg.SWA(RECIPE, seed=3).fit(BNNet, moons_data["train"]).member_logits(X)
+    b = peg.SWA(RECIPE, seed=3).fit(BNNet, moons_data["train"]).member_logits(X)
+    c = peg.SWA(RECIPE, seed=4).fit(BNNet, moons_data["train"]).member_logits(X)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)

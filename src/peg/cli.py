@@ -36,7 +36,12 @@ def main(argv: list[str] | None = None) -> int:
         "on top of each as the PEG paper does, and write the tables (mean ± std over seeds) as "
         "markdown and JSON. Trained models and test logits are cached: a rerun resumes.",
     )
-    tables.add_argument("--preset", default="fashion-mnist", help="fashion-mnist or digits")
+    tables.add_argument(
+        "--preset",
+        default="fashion-mnist",
+        choices=["fashion-mnist", "fashion-mnist-overfit", "digits"],
+        help="data, model and recipes (default: fashion-mnist)",
+    )
     tables.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="default: 0 1 2")
     tables.add_argument("--tables", nargs="+", help="a subset, e.g. 1 3 (default: all)")
     tables.add_argument("--out", default="results", help="output folder (default: results)")

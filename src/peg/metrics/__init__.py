@@ -9,6 +9,9 @@ probabilities); `y` is integer labels `[N]`. Tensors or numpy arrays.
 - `brier(pred, y, normalize=False)`: Brier score (normalize=True divides by C).
 - `reliability(pred, y, bins)`, `ece(...)`, `mce(...)`: top-class calibration, equal-width bins.
 - `classification_metrics(pred, y, bins, min_count)`: all of the above as a dict.
+- OOD detection (`peg.metrics.ood`; higher score = more likely OOD, OOD is the positive class):
+  scores `max_softmax`, `max_logit`, `entropy`, `mutual_information`, `variation_ratio`;
+  metrics `auroc`, `aupr`, `fpr_at_tpr`, `ood_metrics(pred_in, pred_out, score)`.
 """
 
 from __future__ import annotations
@@ -18,21 +21,43 @@ from typing import Any
 from peg.metrics._inputs import as_pred, check_labels, ensemble_log_probs, ensemble_probs
 from peg.metrics.calibration import ece, mce, reliability
 from peg.metrics.classification import accuracy, brier, error, gibbs_nll, member_nll, nll
+from peg.metrics.ood import (
+    OOD_SCORES,
+    aupr,
+    auroc,
+    entropy,
+    fpr_at_tpr,
+    max_logit,
+    max_softmax,
+    mutual_information,
+    ood_metrics,
+    variation_ratio,
+)
 
 __all__ = [
+    "OOD_SCORES",
     "accuracy",
+    "aupr",
+    "auroc",
     "brier",
     "check_labels",
     "classification_metrics",
     "ece",
     "ensemble_log_probs",
     "ensemble_probs",
+    "entropy",
     "error",
+    "fpr_at_tpr",
     "gibbs_nll",
+    "max_logit",
+    "max_softmax",
     "mce",
     "member_nll",
+    "mutual_information",
     "nll",
+    "ood_metrics",
     "reliability",
+    "variation_ratio",
 ]
 
 

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 import numpy as np
 from torch import Tensor, nn
 
+from peg.models import _layers as L
+
 #: Activation name -> module class.
 ACTIVATIONS: dict[str, type[nn.Module]] = {
     "relu": nn.ReLU,
@@ -17,22 +19,6 @@ ACTIVATIONS: dict[str, type[nn.Module]] = {
     "leaky_relu": nn.LeakyReLU,
     "sigmoid": nn.Sigmoid,
 }
-
-
-def _positive_int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name}: expected a positive integer, got {value!r}")
-    return int(value)
-
-
-def _probability(value: object, name: str) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float, np.floating))
-        or not 0 <= value < 1
-    ):
-        raise ValueError(f"{name}: expected a probability in [0, 1), got {value!r}")
-    return float(value)
 
 
 class MLP(nn.Module):
@@ -62,27 +48,27 @@ class MLP(nn.Module):
         dropout: float = 0.0,
     ) -> None:
         super().__init__()
-        self.in_features = _positive_int(in_features, "in_features")
-        self.num_classes = _positive_int(num_classes, "num_classes")
+        self.in_features = L.positive_int(in_features, "in_features")
+        self.num_classes = L.positive_int(num_classes, "num_classes")
         if isinstance(hidden, (int, np.integer)) and not isinstance(hidden, bool):
             hidden = (int(hidden),)
         if not isinstance(hidden, Sequence) or isinstance(hidden, str):
             raise ValueError(f"hidden: expected a sequence of layer sizes, got {hidden!r}")
-        sizes = [_positive_int(h, "hidden") for h in hidden]
+        sizes = [L.positive_int(h, "hidden") for h in hidden]
         if activation not in ACTIVATIONS:
             raise ValueError(
                 f"activation: expected one of {sorted(ACTIVATIONS)}, got {activation!r}"
             )
-        dropout = _probability(dropout, "dropout")
+        dropout = L.probability(dropout, "dropout")
         layers: list[nn.Module] = [nn.Flatten()]
         width = self.in_features
         for size in sizes:
-            layers += [nn.Linear(width, size), ACTIVATIONS[activation]()]
+            layers += [L.linear(width, size), ACTIVATIONS[activation]()]
             if dropout > 0:
                 layers.append(nn.Dropout(dropout))
             width = size
         self.body = nn.Sequential(*layers)
-        self.head = nn.Linear(width, self.num_classes)
+        self.head = L.linear(width, self.num_classes)
 
     def forward(self, x: Tensor) -> Tensor:
         """Logits `[B, num_classes]` for inputs `[B, ...]` (flattened)."""

@@ -1,0 +1,569 @@
+"""Shifted test sets: CIFAR-10-C-style corruptions at severities 1–5, and rotations.
+
+    from peg.data import corruptions as cc
+    X, y = peg.data.load("fashion-mnist", "test")         # [10000, 1, 28, 28] in [0, 1]
+    X_noisy = cc.corrupt(X, "gaussian_noise", severity=3)  # same shape and dtype, in [0, 1]
+    X_cached = cc.corrupted(X, "pixelate", 5, seed=0)      # computed once, then read from disk
+    for name, severity, X_shift in cc.shifted_sets(X): ...
+    X_rot = cc.rotate(X, 45)                               # counter-clockwise, as displayed
+
+Written with NumPy, SciPy and Pillow only, after Hendrycks & Dietterich (2019), "Benchmarking
+neural network robustness to common corruptions and perturbations", and its reference code
+(`hendrycks/robustness`, `ImageNet-C/create_c/make_cifar_c.py`). The 32×32 parameters are the
+CIFAR-10-C ones from that script, except `box_blur` (ours: a stand-in for motion blur, which
+needs ImageMagick):
+
+| name | parameter (32×32) | 1 | 2 | 3 | 4 | 5 |
+|---|---|---|---|---|---|---|
+| gaussian_noise | σ of x + N(0, σ²) | .04 | .06 | .08 | .09 | .10 |
+| shot_noise | photons λ: Poisson(λx)/λ | 500 | 250 | 100 | 75 | 50 |
+| impulse_noise | salt-and-pepper fraction | .01 | .02 | .03 | .05 | .07 |
+| speckle_noise | σ of x + x·N(0, σ²) | .06 | .10 | .12 | .16 | .20 |
+| defocus_blur | disk radius, anti-alias σ (px) | .3, .4 | .4, .5 | .5, .6 | 1, .2 | 1.5, .1 |
+| gaussian_blur | σ (px) | .4 | .6 | .7 | .8 | 1 |
+| box_blur | box width (px) | 2 | 2.5 | 3 | 4 | 5 |
+| contrast | factor c: (x − mean)·c + mean | .75 | .5 | .4 | .3 | .15 |
+| brightness | added to HSV value | .05 | .1 | .15 | .2 | .3 |
+| saturate | HSV saturation S·a + b: a, b | .3, 0 | .1, 0 | 1.5, 0 | 2, .1 | 2.5, .2 |
+| pixelate | size factor (BOX down, NEAREST up) | .95 | .9 | .85 | .75 | .65 |
+| jpeg_compression | Pillow JPEG quality | 80 | 65 | 58 | 50 | 40 |
+
+Other image sizes (28×28 for the MNIST family) scale the *spatial* parameters by
+s = min(H, W) / 32 (0.875 for 28×28), so a corruption covers the same fraction of the image:
+Gaussian σ and box widths are multiplied by s; the defocus kernel is the reference 32×32
+kernel resampled by area to pixels s times as large (exactly the reference at s = 1; a
+scaled radius alone would collapse the 1-px disk of severity 4 to a single pixel);
+pixelate factors are already relative (28×28 → 26, 25, 23, 21, 18 px). Noise levels,
+contrast, brightness, saturation and JPEG quality are per pixel and stay unchanged.
+
+Details and deviations from the reference, all deliberate:
+- Inputs are floats; only JPEG quantises to 8 bits (pixelate runs on float images).
+- The mean in `contrast` is per image and channel, as in the reference.
+- `brightness` and `saturate` edit HSV exactly as skimage's rgb2hsv/hsv2rgb would, in closed
+  form: brightness scales a pixel's RGB by V'/V; saturate moves each channel towards or away
+  from V. Grey pixels under `saturate` with b > 0 turn reddish (skimage gives them hue 0),
+  as in CIFAR-10-C. For 1-channel images brightness is additive (V is the grey value) and
+  `saturate` raises ValueError (grey images have no saturation; `shifted_sets` skips it).
+- `saturate` is not monotone in the amount of change: severities 1–2 desaturate (1 less than
+  2), 3–5 oversaturate (increasingly); this is the reference design.
+- Border handling follows the reference libraries: defocus `mirror` (OpenCV's default),
+  Gaussian `nearest` (skimage's), box `reflect` (so a box of odd integer width w equals
+  `scipy.ndimage.uniform_filter(size=w)`; fractional widths give the edge taps the covered
+  fraction, and even widths stay centred).
+
+Randomness (the four noise corruptions) comes from `np.random.default_rng([seed, crc32(name),
+severity])` and is drawn image by image in order, so the result depends only on (seed, name,
+severity) and the images, and `corrupt(X[:k]) == corrupt(X)[:k]`.
+
+Caching: `corrupted` and `shifted_sets(cache=True)` keep results as `.npy` files under
+`cache_dir`, else `$PEG_CACHE/corruptions`, else `~/.cache/peg/corruptions`, keyed by (key or a
+hash of X, name, severity, seed, a code version); writes are atomic (temporary file, rename).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+import tempfile
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from scipy import ndimage
+from torch import Tensor
+
+#: Severities of every corruption.
+SEVERITIES: tuple[int, ...] = (1, 2, 3, 4, 5)
+#: Rotated-MNIST protocol angles, in degrees.
+ROTATION_ANGLES: tuple[int, ...] = tuple(range(0, 181, 15))
+
+_REFERENCE_SIZE = 32  # the parameters below are CIFAR-10-C's, for 32×32 images
+# Bump when any corruption changes: it is part of every cache file's name.
+_CACHE_VERSION = 1
+
+# name: per-severity parameters at 32×32 (see the module docstring's table)
+_PARAMS: dict[str, tuple[Any, ...]] = {
+    "gaussian_noise": (0.04, 0.06, 0.08, 0.09, 0.10),
+    "shot_noise": (500, 250, 100, 75, 50),
+    "impulse_noise": (0.01, 0.02, 0.03, 0.05, 0.07),
+    "speckle_noise": (0.06, 0.10, 0.12, 0.16, 0.20),
+    "defocus_blur": ((0.3, 0.4), (0.4, 0.5), (0.5, 0.6), (1.0, 0.2), (1.5, 0.1)),
+    "gaussian_blur": (0.4, 0.6, 0.7, 0.8, 1.0),
+    "box_blur": (2.0, 2.5, 3.0, 4.0, 5.0),
+    "contrast": (0.75, 0.5, 0.4, 0.3, 0.15),
+    "brightness": (0.05, 0.1, 0.15, 0.2, 0.3),
+    "saturate": ((0.3, 0.0), (0.1, 0.0), (1.5, 0.0), (2.0, 0.1), (2.5, 0.2)),
+    "pixelate": (0.95, 0.9, 0.85, 0.75, 0.65),
+    "jpeg_compression": (80, 65, 58, 50, 40),
+}
+#: Names of the corruptions, in a fixed order.
+CORRUPTIONS: tuple[str, ...] = tuple(_PARAMS)
+_RGB_ONLY = frozenset({"saturate"})
+_KEY_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+Array = np.ndarray
+# (images [N, C, H, W] float32, parameter, generator, spatial scale) -> images
+_Corruption = Callable[[Array, Any, np.random.Generator, float], Array]
+
+
+# ---------------------------------------------------------------- noise (vectorised)
+
+
+def _gaussian_noise(x: Array, sigma: float, rng: np.random.Generator, scale: float) -> Array:
+    return x + sigma * rng.standard_normal(x.shape, dtype=np.float32)
+
+
+def _shot_noise(x: Array, photons: float, rng: np.random.Generator, scale: float) -> Array:
+    return (rng.poisson(x * np.float64(photons)) / photons).astype(np.float32)
+
+
+def _impulse_noise(x: Array, amount: float, rng: np.random.Generator, scale: float) -> Array:
+    # One uniform per value (skimage's s&p draws two arrays, which would tie each image's
+    # noise to N): below amount/2 salt, up to amount pepper.
+    u = rng.random(x.shape, dtype=np.float32)
+    out = x.copy()
+    out[u < amount / 2] = 1.0
+    out[(u >= amount / 2) & (u < amount)] = 0.0
+    return out
+
+
+def _speckle_noise(x: Array, sigma: float, rng: np.random.Generator, scale: float) -> Array:
+    return x + x * (sigma * rng.standard_normal(x.shape, dtype=np.float32))
+
+
+# ---------------------------------------------------------------- blurs (vectorised)
+
+
+def _gaussian_taps(sigma: float) -> Array:
+    """OpenCV's 3-tap Gaussian kernel for `sigma` (what `cv2.GaussianBlur(ksize=3)` uses)."""
+    w = np.exp(-(np.arange(-1.0, 2.0) ** 2) / (2 * sigma**2))
+    return w / w.sum()
+
+
+def _reference_disk(radius: float, alias_blur: float) -> Array:
+    """CIFAR-10-C's defocus kernel at 32×32: a pixel-centre disk, blurred to anti-alias.
+
+    Returns the kernel `[k, k]`, zero rows and columns trimmed, summing to 1.
+    """
+    grid = np.arange(-8, 9, dtype=np.float64)  # the reference's support (radius <= 8)
+    disk = (grid[:, None] ** 2 + grid[None, :] ** 2 <= radius**2).astype(np.float64)
+    disk /= disk.sum()
+    taps = _gaussian_taps(alias_blur)
+    kernel = ndimage.correlate1d(disk, taps, axis=0, mode="mirror")
+    kernel = ndimage.correlate1d(kernel, taps, axis=1, mode="mirror")
+    keep = np.flatnonzero(kernel.sum(axis=0) > 0)
+    half = int(np.max(np.abs(keep - 8)))
+    return kernel[8 - half : 9 + half, 8 - half : 9 + half]
+
+
+def _resample_kernel(kernel: Array, scale: float) -> Array:
+    """Kernel `[k, k]` on pixels `scale` times as large (area overlap), normalised.
+
+    The reference kernel's taps are read as unit squares, stretched by `scale`, and each
+    output tap collects the area it covers; `scale = 1` returns the kernel unchanged.
+    """
+    if scale == 1.0:
+        return kernel
+    half = kernel.shape[0] // 2
+    src = np.arange(-half, half + 1, dtype=np.float64)
+    out_half = int(np.ceil((half + 0.5) * scale - 0.5))
+    dst = np.arange(-out_half, out_half + 1, dtype=np.float64)
+    lo = np.maximum(scale * (src - 0.5)[None, :], (dst - 0.5)[:, None])
+    hi = np.minimum(scale * (src + 0.5)[None, :], (dst + 0.5)[:, None])
+    overlap = np.clip(hi - lo, 0.0, None)  # [out taps, reference taps], per axis
+    out = overlap @ kernel @ overlap.T
+    return out / out.sum()
+
+
+def _defocus_blur(
+    x: Array, param: tuple[float, float], rng: np.random.Generator, scale: float
+) -> Array:
+    kernel = _resample_kernel(_reference_disk(*param), scale).astype(np.float32)
+    return ndimage.correlate(x, kernel[None, None], mode="mirror")
+
+
+def _gaussian_blur(x: Array, sigma: float, rng: np.random.Generator, scale: float) -> Array:
+    return ndimage.gaussian_filter(x, sigma=(0, 0, sigma * scale, sigma * scale), mode="nearest")
+
+
+def _box_taps(width: float) -> Array:
+    """Centred box of `width` px as taps: each tap weighs the part of it the box covers."""
+    half = int(np.ceil(width / 2 - 0.5))
+    t = np.arange(-half, half + 1, dtype=np.float64)
+    covered = np.minimum(t + 0.5, width / 2) - np.maximum(t - 0.5, -width / 2)
+    w = np.clip(covered, 0.0, None)
+    return (w / w.sum()).astype(np.float32)
+
+
+def _box_blur(x: Array, width: float, rng: np.random.Generator, scale: float) -> Array:
+    taps = _box_taps(width * scale)
+    out = ndimage.correlate1d(x, taps, axis=2, mode="reflect")
+    return ndimage.correlate1d(out, taps, axis=3, mode="reflect")
+
+
+# ---------------------------------------------------------------- photometric (vectorised)
+
+
+def _contrast(x: Array, factor: float, rng: np.random.Generator, scale: float) -> Array:
+    means = x.mean(axis=(2, 3), keepdims=True)
+    return (x - means) * np.float32(factor) + means
+
+
+def _brightness(x: Array, shift: float, rng: np.random.Generator, scale: float) -> Array:
+    # HSV: V = max over channels. Same H and S with V' = min(V + c, 1) is the pixel scaled by
+    # V'/V (black pixels, S = 0, become grey V'). For one channel this is x + c.
+    v = x.max(axis=1, keepdims=True)
+    v_new = np.minimum(v + np.float32(shift), 1.0)
+    ratio = np.divide(v_new, v, out=np.zeros_like(v), where=v > 0)
+    return np.where(v > 0, x * ratio, v_new)
+
+
+def _saturate(
+    x: Array, param: tuple[float, float], rng: np.random.Generator, scale: float
+) -> Array:
+    # HSV with V = max, S = (V - min) / V. Keeping H and V, each channel's distance below V is
+    # proportional to S, so it is scaled by S'/S. Grey pixels (S = 0) have hue 0 in skimage:
+    # they become (V, V(1 - S'), V(1 - S')), as in CIFAR-10-C.
+    a, b = param
+    v = x.max(axis=1, keepdims=True)
+    delta = v - x.min(axis=1, keepdims=True)
+    s = np.divide(delta, v, out=np.zeros_like(v), where=v > 0)
+    s_new = np.clip(s * np.float32(a) + np.float32(b), 0.0, 1.0)
+    ratio = np.divide(s_new, s, out=np.zeros_like(s), where=delta > 0)
+    coloured = v - (v - x) * ratio
+    grey = np.concatenate([v, v * (1 - s_new), v * (1 - s_new)], axis=1)
+    return np.where(delta > 0, coloured, grey)
+
+
+# ---------------------------------------------------------------- Pillow (per image)
+
+
+def _pixelate(x: Array, factor: float, rng: np.random.Generator, scale: float) -> Array:
+    n, c, h, w = x.shape
+    small = (max(1, int(w * factor)), max(1, int(h * factor)))  # Pillow sizes are (W, H)
+    out = np.empty_like(x)
+    for i in range(n):
+        for j in range(c):
+            image = Image.fromarray(x[i, j])  # float32 → mode "F": no 8-bit rounding
+            image = image.resize(small, Image.Resampling.BOX)
+            out[i, j] = np.asarray(image.resize((w, h), Image.Resampling.NEAREST))
+    return out
+
+
+def _jpeg_compression(x: Array, quality: int, rng: np.random.Generator, scale: float) -> Array:
+    pixels = np.round(x * 255.0).astype(np.uint8)
+    pixels = pixels[:, 0] if x.shape[1] == 1 else pixels.transpose(0, 2, 3, 1)  # Pillow layout
+    out = np.empty(pixels.shape, dtype=np.uint8)
+    for i, image in enumerate(pixels):
+        buffer = io.BytesIO()
+        Image.fromarray(image).save(buffer, format="JPEG", quality=int(quality))
+        buffer.seek(0)
+        with Image.open(buffer) as decoded:
+            out[i] = np.asarray(decoded)
+    out = out[:, None] if x.shape[1] == 1 else out.transpose(0, 3, 1, 2)
+    return out.astype(np.float32) / 255.0
+
+
+_FUNCTIONS: dict[str, _Corruption] = {
+    "gaussian_noise": _gaussian_noise,
+    "shot_noise": _shot_noise,
+    "impulse_noise": _impulse_noise,
+    "speckle_noise": _speckle_noise,
+    "defocus_blur": _defocus_blur,
+    "gaussian_blur": _gaussian_blur,
+    "box_blur": _box_blur,
+    "contrast": _contrast,
+    "brightness": _brightness,
+    "saturate": _saturate,
+    "pixelate": _pixelate,
+    "jpeg_compression": _jpeg_compression,
+}
+
+
+# ---------------------------------------------------------------- argument checks
+
+
+def _check_images(X: Any) -> tuple[Array, torch.dtype, torch.device]:
+    """X `[N, C, H, W]` float in [0, 1], C in {1, 3} → (float32 array, dtype, device)."""
+    if not isinstance(X, (Tensor, np.ndarray)):
+        raise ValueError(f"X: expected a tensor or array [N, C, H, W], got {type(X).__name__}")
+    t = torch.as_tensor(X)
+    if t.ndim != 4:
+        raise ValueError(f"X: expected 4 dimensions [N, C, H, W], got shape {tuple(t.shape)}")
+    if not torch.is_floating_point(t):
+        raise ValueError(f"X: expected floating-point images in [0, 1], got dtype {t.dtype}")
+    if t.shape[1] not in (1, 3):
+        raise ValueError(f"X: expected 1 (grey) or 3 (RGB) channels, got shape {tuple(t.shape)}")
+    if t.shape[2] < 1 or t.shape[3] < 1:
+        raise ValueError(f"X: expected non-empty images, got shape {tuple(t.shape)}")
+    x = np.ascontiguousarray(t.detach().cpu().to(torch.float32).numpy())
+    if x.size and not np.isfinite(x).all():
+        raise ValueError("X: expected values in [0, 1], got NaN or infinite values")
+    if x.size and not (x.min() >= 0.0 and x.max() <= 1.0):
+        raise ValueError(f"X: expected values in [0, 1], got range [{x.min()}, {x.max()}]")
+    return x, t.dtype, t.device
+
+
+def _check_name(name: Any) -> str:
+    if not isinstance(name, str) or name not in _PARAMS:
+        raise ValueError(f"name: unknown corruption {name!r}; known: {', '.join(CORRUPTIONS)}")
+    return name
+
+
+def _check_severity(severity: Any) -> int:
+    if isinstance(severity, bool) or not isinstance(severity, (int, np.integer)):
+        raise ValueError(f"severity: expected an integer in 1..5, got {severity!r}")
+    if severity not in SEVERITIES:
+        raise ValueError(f"severity: expected an integer in 1..5, got {severity!r}")
+    return int(severity)
+
+
+def _check_seed(seed: Any) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed: expected a non-negative integer, got {seed!r}")
+    return int(seed)
+
+
+def _check_applicable(name: str, channels: int) -> None:
+    if name in _RGB_ONLY and channels != 3:
+        raise ValueError(
+            f"X: {name} needs RGB images (3 channels), got {channels}; grey images have no "
+            "saturation to change"
+        )
+
+
+def _to_tensor(x: Array, dtype: torch.dtype, device: torch.device) -> Tensor:
+    return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(device, dtype)
+
+
+# ---------------------------------------------------------------- public API
+
+
+def _compute(x: Array, name: str, severity: int, seed: int) -> Array:
+    """The corruption of checked images `x` `[N, C, H, W]` float32 → float32 in [0, 1]."""
+    if x.shape[0] == 0:
+        return x.copy()
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode()), severity])
+    scale = min(x.shape[2], x.shape[3]) / _REFERENCE_SIZE
+    out = _FUNCTIONS[name](x, _PARAMS[name][severity - 1], rng, scale)
+    return np.clip(out, 0.0, 1.0).astype(np.float32, copy=False)
+
+
+def corrupt(X: Tensor | Array, name: str, severity: int, seed: int = 0) -> Tensor:
+    """Apply corruption `name` at `severity` to a batch of images.
+
+    Args:
+        X: images `[N, C, H, W]`, floating point in [0, 1], C = 1 (grey) or 3 (RGB).
+        name: one of `CORRUPTIONS`.
+        severity: 1 (mild) .. 5 (strong).
+        seed: seed of the noise corruptions (the others are deterministic).
+
+    Returns:
+        The corrupted images `[N, C, H, W]`, clipped to [0, 1], with X's dtype and device.
+
+    Raises:
+        ValueError: unknown name (the message lists the known ones), severity not in 1..5, a
+            negative seed, X not 4-D floating point in [0, 1] with 1 or 3 channels, or
+            `saturate` on grey images.
+    """
+    x, dtype, device = _check_images(X)
+    name, severity, seed = _check_name(name), _check_severity(severity), _check_seed(seed)
+    _check_applicable(name, x.shape[1])
+    return _to_tensor(_compute(x, name, severity, seed), dtype, device)
+
+
+def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Folder of the corruption cache: `cache_dir`, else `$PEG_CACHE/corruptions`, else
+    `~/.cache/peg/corruptions`."""
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    env = os.environ.get("PEG_CACHE", "").strip()
+    base = Path(env).expanduser() if env else Path.home() / ".cache" / "peg"
+    return base / "corruptions"
+
+
+def images_key(X: Tensor | Array) -> str:
+    """A content key of images X: SHA-256 (first 24 hex digits) of shape and float32 bytes."""
+    x, _, _ = _check_images(X)
+    return _images_key(x)
+
+
+def _images_key(x: Array) -> str:
+    digest = hashlib.sha256(repr(x.shape).encode())
+    digest.update(np.ascontiguousarray(x).view(np.uint8).ravel())
+    return digest.hexdigest()[:24]
+
+
+def _check_key(key: Any) -> str:
+    if not isinstance(key, str) or not _KEY_PATTERN.fullmatch(key):
+        raise ValueError(
+            f"key: expected 1-128 characters from [A-Za-z0-9._-] (a file-name part), got {key!r}"
+        )
+    return key
+
+
+def _read_cache(path: Path, shape: tuple[int, ...]) -> Array | None:
+    """The cached array at `path` if it is readable and has `shape` (float32), else None."""
+    try:
+        array = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError):  # missing or truncated: recompute
+        return None
+    if array.shape != shape or array.dtype != np.float32:
+        return None
+    return array
+
+
+def _write_cache(path: Path, array: Array) -> None:
+    """np.save to a temporary file beside `path`, then rename: readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.stem + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.save(f, array, allow_pickle=False)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _corrupted(
+    x: Array, name: str, severity: int, seed: int, folder: Path, key: str
+) -> tuple[Array, Path]:
+    path = folder / f"{key}_{name}_s{severity}_seed{seed}_v{_CACHE_VERSION}.npy"
+    cached = _read_cache(path, x.shape)
+    if cached is not None:
+        return cached, path
+    out = _compute(x, name, severity, seed)
+    _write_cache(path, out)
+    return out, path
+
+
+def corrupted(
+    X: Tensor | Array,
+    name: str,
+    severity: int,
+    seed: int = 0,
+    cache_dir: str | os.PathLike[str] | None = None,
+    key: str | None = None,
+) -> Tensor:
+    """`corrupt(X, name, severity, seed)`, cached on disk as `.npy`.
+
+    The file is `<cache_root(cache_dir)>/<key>_<name>_s<severity>_seed<seed>_v<version>.npy`;
+    it is written atomically and read with `allow_pickle=False`. A file that is unreadable or
+    of another shape is recomputed and replaced.
+
+    Args:
+        X, name, severity, seed: as for `corrupt`.
+        cache_dir: cache folder; default `$PEG_CACHE/corruptions` or `~/.cache/peg/corruptions`.
+        key: names X in the file name (characters [A-Za-z0-9._-]), e.g. "fashion-mnist-test";
+            default `images_key(X)`, a hash of X's contents. A key must identify X's contents:
+            the cache trusts it.
+
+    Returns:
+        The corrupted images `[N, C, H, W]` in [0, 1], with X's dtype and device.
+    """
+    x, dtype, device = _check_images(X)
+    name, severity, seed = _check_name(name), _check_severity(severity), _check_seed(seed)
+    _check_applicable(name, x.shape[1])
+    key = _images_key(x) if key is None else _check_key(key)
+    out, _ = _corrupted(x, name, severity, seed, cache_root(cache_dir), key)
+    return _to_tensor(out, dtype, device)
+
+
+def applicable(channels: int) -> tuple[str, ...]:
+    """The corruptions that apply to images with `channels` channels (1: all but saturate)."""
+    if channels not in (1, 3):
+        raise ValueError(f"channels: expected 1 or 3, got {channels!r}")
+    return tuple(n for n in CORRUPTIONS if channels == 3 or n not in _RGB_ONLY)
+
+
+def shifted_sets(
+    X: Tensor | Array,
+    names: str | Iterable[str] | None = None,
+    severities: Sequence[int] = SEVERITIES,
+    seed: int = 0,
+    cache: bool = False,
+    cache_dir: str | os.PathLike[str] | None = None,
+    key: str | None = None,
+) -> Iterator[tuple[str, int, Tensor]]:
+    """Every (corruption, severity) version of X, one at a time (arguments checked at once).
+
+    Args:
+        X: images `[N, C, H, W]` in [0, 1].
+        names: a corruption or several; default `applicable(C)` (all; grey X: no saturate).
+        severities: subset of 1..5.
+        seed: as for `corrupt`.
+        cache, cache_dir, key: cache on disk as `corrupted` does (`cache_dir` implies it).
+
+    Yields:
+        `(name, severity, X_shifted)`, X_shifted `[N, C, H, W]` with X's dtype and device.
+    """
+    x, dtype, device = _check_images(X)
+    names = (names,) if isinstance(names, str) else names
+    chosen = applicable(x.shape[1]) if names is None else tuple(_check_name(n) for n in names)
+    for name in chosen:
+        _check_applicable(name, x.shape[1])
+    levels = tuple(_check_severity(s) for s in severities)
+    seed = _check_seed(seed)
+    use_cache = cache or cache_dir is not None
+    if use_cache:
+        key = _images_key(x) if key is None else _check_key(key)
+    folder = cache_root(cache_dir)
+
+    def generate() -> Iterator[tuple[str, int, Tensor]]:
+        for name in chosen:
+            for severity in levels:
+                if use_cache:
+                    out, _ = _corrupted(x, name, severity, seed, folder, str(key))
+                else:
+                    out = _compute(x, name, severity, seed)
+                yield name, severity, _to_tensor(out, dtype, device)
+
+    return generate()
+
+
+def _check_degrees(degrees: Any) -> float:
+    if isinstance(degrees, bool) or not isinstance(degrees, (int, float, np.integer, np.floating)):
+        raise ValueError(f"degrees: expected a real number, got {degrees!r}")
+    if not np.isfinite(degrees):
+        raise ValueError(f"degrees: expected a finite number, got {degrees!r}")
+    return float(degrees)
+
+
+def rotate(X: Tensor | Array, degrees: float) -> Tensor:
+    """Rotate images counter-clockwise (as displayed, rows top-down) by `degrees`.
+
+    Bilinear (`scipy.ndimage.rotate`, order=1, reshape=False) about the image centre; corners
+    brought in from outside are 0 (the MNIST background). `rotate(X, 90)` is
+    `torch.rot90(X, 1, dims=(2, 3))` for square images.
+
+    Args:
+        X: images `[N, C, H, W]` in [0, 1].
+        degrees: angle; the rotated-MNIST protocol uses `ROTATION_ANGLES` (0, 15, ..., 180).
+
+    Returns:
+        Rotated images `[N, C, H, W]` in [0, 1], with X's dtype and device.
+    """
+    x, dtype, device = _check_images(X)
+    degrees = _check_degrees(degrees)
+    if degrees % 360.0 == 0.0 or x.shape[0] == 0:
+        return _to_tensor(x.copy(), dtype, device)  # a copy: never an alias of X
+    out = ndimage.rotate(x, degrees, axes=(2, 3), reshape=False, order=1, mode="constant")
+    return _to_tensor(np.clip(out, 0.0, 1.0), dtype, device)
+
+
+def rotated_sets(
+    X: Tensor | Array, angles: Iterable[float] = ROTATION_ANGLES
+) -> Iterator[tuple[float, Tensor]]:
+    """`(angle, rotate(X, angle))` for each angle, one at a time (rotated-MNIST protocol)."""
+    _check_images(X)
+    angles = tuple(angles)
+    for a in angles:
+        _check_degrees(a)
+    return ((a, rotate(X, a)) for a in angles)
