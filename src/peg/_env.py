@@ -34,7 +34,8 @@ def machine() -> str:
 
 
 def git_commit(cwd: str | Path | None = None) -> str | None:
-    """The current git commit of the working directory, if any."""
+    """The git commit of peg's own source tree (or of `cwd`), if it is a checkout."""
+    cwd = Path(__file__).resolve().parent if cwd is None else cwd
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 
@@ -51,6 +52,20 @@ def main(argv: list[str] | None = None) -> int:
         help="checkpoints and cached logits (default: .peg-cache/paper-tables)",
     )
     tables.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    bench = sub.add_parser(
+        "bench",
+        help="run a benchmark spec (YAML) or a preset: quick, fashion-mnist, cifar10-cpu, cifar10",
+        description="Train or load base models, build every method of the spec, evaluate on the "
+        "test, shifted and OOD sets, and write results/<name>/results.{json,md}. Member logits "
+        "are cached, so a rerun or an interrupted run resumes.",
+    )
+    bench.add_argument("spec", help="a YAML file, or the name of a preset in configs/")
+    bench.add_argument("--seeds", type=int, nargs="+", help="override the spec's seeds")
+    bench.add_argument("--out", default="results", help="output folder (default: results)")
+    bench.add_argument(
+        "--cache", default=".peg-cache/bench", help="cache folder (default: .peg-cache/bench)"
+    )
+    bench.add_argument("--no-progress", action="store_true", help="hide progress bars")
     args = parser.parse_args(argv)
     command = " ".join(["peg", *(sys.argv[1:] if argv is None else argv)])
     progress = False if args.no_progress else None
@@ -67,6 +82,14 @@ def main(argv: list[str] | None = None) -> int:
             progress=progress,
             command=command,
         )
+    elif args.command == "bench":
+        from peg.bench.runner import run_spec
+        from peg.bench.spec import find_spec, load_specs
+
+        for spec in load_specs(find_spec(args.spec)):
+            if args.seeds:
+                spec = dataclasses.replace(spec, seeds=tuple(args.seeds))
+            run_spec(spec, args.out, args.cache, progress=progress, command=command)
     elif args.command == "paper-tables":
         from peg.bench.paper import run as paper_tables
 

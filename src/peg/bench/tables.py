@@ -1,7 +1,8 @@
 """Paper-style tables: rows NLL, Error %, Brier, ECE %; one column per method.
 
 A cell holds one value or one value per seed; several values print as mean ± std (sample
-standard deviation, ddof=1). The best mean of each row is bold (lower is better everywhere).
+standard deviation, ddof=1). The best mean of each row is bold: the lowest, except for the
+rows in `HIGHER_IS_BETTER` (AUROC, AUPR).
 """
 
 from __future__ import annotations
@@ -16,6 +17,14 @@ ROWS: tuple[tuple[str, str, float, str], ...] = (
     ("brier", "Brier", 1, "{:.4f}"),
     ("ece", "ECE %", 100, "{:.2f}"),
 )
+
+OOD_ROWS: tuple[tuple[str, str, float, str], ...] = (
+    ("auroc", "AUROC %", 100, "{:.2f}"),
+    ("aupr", "AUPR-Out %", 100, "{:.2f}"),
+    ("aupr_in", "AUPR-In %", 100, "{:.2f}"),
+    ("fpr95", "FPR95 %", 100, "{:.2f}"),
+)
+HIGHER_IS_BETTER = frozenset({"auroc", "aupr", "aupr_in"})
 
 Cell = float | Sequence[float]
 
@@ -34,7 +43,7 @@ def markdown_table(
     for key, label, scale, fmt in rows:
         cells = [[v * scale for v in _values(columns[n][key])] for n in names]
         means = [statistics.fmean(c) for c in cells]
-        best = min(means)
+        best = max(means) if key in HIGHER_IS_BETTER else min(means)
         texts = []
         for c, m in zip(cells, means, strict=True):
             text = fmt.format(m)

@@ -1,0 +1,93 @@
+"""The base solutions a benchmark builds methods on, trained lazily and checkpointed.
+
+`single` is the first member of the deep ensemble (member i's seed does not depend on the
+ensemble's size, so DeepEns-1 ⊂ DeepEns-3 and nothing is trained twice). `swa`, `swag` and
+`swag-diag` come from one SWAG run: its running mean is SWA (`AveragedModel`, BatchNorm
+re-estimated), SWAG and SWAG-Diag sample from its moments (the paper trains them separately;
+the moments would be those of the same trajectory).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor, nn
+
+from peg.ensemble import Ensemble
+from peg.methods.deep_ensemble import DeepEnsemble
+from peg.methods.swag import SWAG
+from peg.train import Recipe
+
+
+class Bases:
+    """Lazily trained base solutions of one seed; everything checkpointed under `cache`.
+
+    Args:
+        factory: builds an untrained model (called under each member's seed).
+        train: `(X, y)` training data.
+        recipe: the SGD recipe of the deep-ensemble members.
+        swa: the SWA/SWAG recipe (None: no SWA-family base).
+        seed: the run's seed.
+        deep_ensemble_size: members to train (≥ every DeepEns-N asked for).
+        swag_samples: samples of SWAG and SWAG-Diag.
+        cache: folder for checkpoints.
+    """
+
+    def __init__(
+        self,
+        factory: Callable[[], nn.Module],
+        train: tuple[Tensor, Tensor],
+        recipe: Recipe,
+        swa: Recipe | None,
+        seed: int,
+        deep_ensemble_size: int,
+        swag_samples: int,
+        cache: Path,
+        progress: bool | None = None,
+    ) -> None:
+        self.factory, self.train, self.recipe, self.swa = factory, train, recipe, swa
+        self.seed, self.size, self.swag_samples = seed, deep_ensemble_size, swag_samples
+        self.cache, self.progress = cache, progress
+
+    @functools.cached_property
+    def deep_ensemble(self) -> DeepEnsemble:
+        return DeepEnsemble(
+            size=self.size,
+            recipe=self.recipe,
+            seed=self.seed,
+            checkpoint_dir=self.cache / "deep-ensemble",
+            progress=self.progress,
+        ).fit(self.factory, self.train)
+
+    @functools.cached_property
+    def swag(self) -> SWAG:
+        if self.swa is None:
+            raise ValueError("swa: this benchmark has no SWA recipe")
+        return SWAG(
+            self.swa,
+            samples=self.swag_samples,
+            seed=self.seed,
+            checkpoint=str(self.cache / "swag.safetensors"),
+            progress=self.progress,
+        ).fit(self.factory, self.train)
+
+    def get(self, name: str) -> Any:
+        """A base by name: single, swa, swag, swag-diag, deepens-N (nn.Module or Ensemble)."""
+        if name == "single":
+            return self.deep_ensemble.ensemble().member_model(0)
+        if name.startswith("deepens-"):
+            n = int(name.split("-")[1])
+            if n > self.size:
+                raise ValueError(f"base: {name} needs {n} members, this run trains {self.size}")
+            full = self.deep_ensemble.ensemble()
+            return Ensemble.from_models([full.member_model(i) for i in range(n)], full.meta)
+        if name == "swa":
+            return self.swag.swa_model_
+        if name == "swag":
+            return self.swag.ensemble()
+        if name == "swag-diag":
+            return self.swag.ensemble(n=self.swag_samples, diag=True, scale=1.0)
+        raise ValueError(f"base: unknown {name!r}; known: single, swa, swag, swag-diag, deepens-N")

@@ -1,0 +1,287 @@
+"""`peg bench SPEC.yaml`: train or load the bases, build every method, evaluate, tabulate.
+
+Per seed: the training split is divided (stratified, seeded) into training and validation
+parts; bases are trained lazily and checkpointed (`peg.bench.bases`); each method is built on
+its base and predicts every evaluation set: the test split, its shifted versions (rotations,
+corruptions at chosen severities) and the OOD sets. Member logits are cached per (seed, method,
+data set) as safetensors, so metrics and tables are recomputed without re-running models and an
+interrupted run resumes where it stopped. Metrics: NLL, error, Brier, ECE, MCE on the test and
+shifted sets; AUROC, AUPR (OOD positive) and FPR95 of the OOD sets against the test set.
+
+Writes `results/<name>/results.json` (shape: `{"command", "commit", "machine", "datasets":
+{DATASET: {METHOD: {METRIC: {"mean", "std", "n"}}}}, ...}`) and `results/<name>/results.md`
+(one table per data set; rows metrics, columns methods; mean ± std over seeds).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from peg import data as datasets
+from peg import metrics, models
+from peg._env import git_commit, machine
+from peg._io import atomic_write_text, load_tree, save_tree
+from peg._progress import bar
+from peg.bench.bases import Bases
+from peg.bench.spec import MethodSpec, Spec
+from peg.bench.tables import OOD_ROWS, ROWS, markdown_table
+from peg.data import corruptions, transforms
+from peg.ensemble import Ensemble
+from peg.methods.dropout import MCDropout
+from peg.methods.peg import PEG
+from peg.methods.pep import PEP
+from peg.methods.subspace import DropoutSubspace, RandomSubspace
+from peg.methods.temperature import TemperatureScaling
+from peg.metrics.ood import ood_metrics
+
+CLASSIFICATION = ("nll", "error", "brier", "ece", "mce")
+OOD = ("auroc", "aupr", "aupr_in", "fpr95")
+
+
+def _subsample(X: Tensor, y: Tensor, n: int | None, seed: int) -> tuple[Tensor, Tensor]:
+    if n is None or n >= len(X):
+        return X, y
+    idx = torch.randperm(len(X), generator=torch.Generator().manual_seed(seed))[:n].sort().values
+    return X[idx], y[idx]
+
+
+def _unfitted(method: MethodSpec, spec: Spec, seed: int, progress: bool | None) -> Any:
+    """The method's object, configured but not fitted (built first to validate options)."""
+    o = dict(method.options)
+    common = {"seed": seed, "progress": progress}
+    if method.method == "peg":
+        o.setdefault("eta", "search")
+        o.setdefault("max_score_points", spec.score_points)
+        return PEG(**common, **o)
+    if method.method == "pep":
+        o.setdefault("max_score_points", spec.score_points)
+        return PEP(**common, **o)
+    if method.method == "temperature":
+        return TemperatureScaling(**o)
+    if method.method == "mc-dropout":
+        return MCDropout(**common, **o)
+    if method.method == "random-subspace":
+        return RandomSubspace(**common, **o)
+    if method.method == "dropout-subspace":
+        return DropoutSubspace(**common, **o)
+    if method.options:
+        raise ValueError(f"{method.name}: a base takes no options, got {method.options}")
+    return None
+
+
+def check_methods(spec: Spec) -> None:
+    """Construct every method once so bad options fail before any training."""
+    for i, method in enumerate(spec.methods):
+        try:
+            _unfitted(method, spec, spec.seeds[0], False)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"methods[{i}] ({method.name}): {e}") from None
+
+
+class SeedRun:
+    """One seed of one spec: data, bases, evaluation sets, cached member logits."""
+
+    def __init__(
+        self,
+        spec: Spec,
+        seed: int,
+        cache: Path,
+        root: str | None = None,
+        progress: bool | None = None,
+    ) -> None:
+        self.spec, self.seed, self.progress, self.root = spec, seed, progress, root
+        self.cache = cache / spec.name / f"seed-{seed}"
+        X, y = datasets.load(spec.data, "train", root=root, seed=seed, **spec.data_options)
+        X_tr, y_tr, X_val, y_val = datasets.train_val_split(X, y, spec.val_fraction, seed=seed)
+        self.train = _subsample(X_tr, y_tr, spec.train_points, seed)
+        self.val = (X_val, y_val)
+        X_test, y_test = datasets.load(spec.data, "test", root=root, seed=seed, **spec.data_options)
+        self.test = _subsample(X_test, y_test, spec.test_points, seed)
+        self.num_classes = int(torch.cat([y_tr, y_val]).max()) + 1
+        self.bases = Bases(
+            self.factory,
+            self.train,
+            spec.train,
+            spec.swa,
+            seed,
+            spec.deep_ensemble_size,
+            spec.swag_samples,
+            self.cache,
+            progress,
+        )
+
+    def factory(self) -> nn.Module:
+        shape = tuple(self.train[0].shape[1:])
+        options = {k: v for k, v in self.spec.model.items() if k != "name"}
+        if self.spec.model["name"] == "mlp":
+            options.setdefault("in_features", int(torch.tensor(shape).prod()))
+        else:
+            options.setdefault("in_channels", shape[0])
+        return models.build(self.spec.model["name"], num_classes=self.num_classes, **options)
+
+    def eval_sets(self) -> dict[str, Callable[[], Tensor]]:
+        """Data set name → inputs (built lazily: a cached run never materialises them)."""
+        X = self.test[0]
+        key = f"{self.spec.data}-test-{self.spec.test_points}-{self.seed}"
+        sets: dict[str, Callable[[], Tensor]] = {"test": lambda: X}
+        for deg in self.spec.rotations:
+            sets[f"rotate-{deg:g}"] = lambda deg=deg: corruptions.rotate(X, deg)
+        for name in self.spec.corruptions:
+            for sev in self.spec.severities:
+                sets[f"{name}-{sev}"] = lambda name=name, sev=sev: corruptions.corrupted(
+                    X, name, sev, seed=self.seed, key=key
+                )
+        for name in self.spec.ood:
+            sets[f"{name} (OOD)"] = lambda name=name: self._ood_inputs(name)
+        return sets
+
+    def _ood_inputs(self, name: str) -> Tensor:
+        X, _ = datasets.load(name, "test", root=self.root, seed=self.seed)
+        X = _subsample(X, torch.zeros(len(X)), self.spec.test_points, self.seed)[0]
+        return fit_images(X, tuple(self.test[0].shape[1:]), name)
+
+    def build(self, method: MethodSpec) -> Any:
+        """The fitted predictor of one method (nn.Module, Ensemble or a fitted method)."""
+        base = self.bases.get(method.base)
+        fitted = _unfitted(method, self.spec, self.seed, self.progress)
+        if fitted is None:
+            return base
+        if method.method in ("mc-dropout", "random-subspace", "dropout-subspace") and isinstance(
+            base, Ensemble
+        ):
+            raise ValueError(f"{method.name}: needs a single model as base, got {method.base}")
+        return fitted.fit(base, self.val)
+
+    def logits(self, method: MethodSpec) -> dict[str, Tensor]:
+        """Member logits `[M, N, C]` of one method on every evaluation set (cached)."""
+        folder = self.cache / "logits" / method.key
+        out: dict[str, Tensor] = {}
+        predictor = None
+        for name, inputs in self.eval_sets().items():
+            path = folder / f"{_file_name(name)}.safetensors"
+            if path.exists():
+                out[name] = load_tree(path)["logits"]
+                continue
+            if predictor is None:
+                started = time.perf_counter()
+                predictor = self.build(method)
+                built = time.perf_counter() - started
+                save_tree(folder / "build.safetensors", {"seconds": built})
+            out[name] = _member_logits(predictor, inputs())
+            save_tree(path, {"logits": out[name]})
+        return out
+
+
+def fit_images(X: Tensor, target: tuple[int, ...], name: str) -> Tensor:
+    """OOD images `[N, c, h, w]` brought to the model's input shape `target` = (C, H, W).
+
+    28×28 grey into 32×32×3 is padded (the papers' MNIST-as-OOD-for-CIFAR convention); any
+    other size is resized (bilinear, antialiased) and a single channel repeated.
+    """
+    if X.ndim != 4 or len(target) != 3:
+        raise ValueError(f"ood: {name} inputs {tuple(X.shape[1:])} cannot be fitted to {target}")
+    if tuple(X.shape[1:]) == (1, 28, 28) and target == (3, 32, 32):
+        return transforms.pad_to(X, 32, 3)
+    C, H, W = target
+    if X.shape[2:] != (H, W):
+        X = torch.nn.functional.interpolate(X, size=(H, W), mode="bilinear", antialias=True)
+    if X.shape[1] != C:
+        if X.shape[1] != 1:
+            raise ValueError(f"ood: {name} has {X.shape[1]} channels, the model takes {C}")
+        X = X.repeat(1, C, 1, 1)
+    return X.clamp(0, 1)
+
+
+def _file_name(dataset: str) -> str:
+    return dataset.replace(" ", "_").replace("(", "").replace(")", "")
+
+
+def _member_logits(predictor: Any, X: Tensor) -> Tensor:
+    if isinstance(predictor, nn.Module):
+        predictor = Ensemble.from_models([predictor])
+    return predictor.member_logits(X)
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return {"mean": statistics.fmean(values), "std": std, "n": len(values)}
+
+
+def run_spec(
+    spec: Spec,
+    out: str | Path = "results",
+    cache: str | Path = ".peg-cache/bench",
+    root: str | None = None,
+    progress: bool | None = None,
+    command: str | None = None,
+    say: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run one benchmark; write and return its results (see the module docstring)."""
+    check_methods(spec)
+    started = time.perf_counter()
+    per_seed: dict[str, dict[str, dict[str, list[float]]]] = {}
+    for seed in spec.seeds:
+        say(f"{spec.name}: seed {seed}")
+        run = SeedRun(spec, seed, Path(cache), root, progress)
+        y = run.test[1]
+        for method in bar(spec.methods, f"{spec.name} seed {seed}", len(spec.methods), progress):
+            logits = run.logits(method)
+            for name, value in logits.items():
+                cell = per_seed.setdefault(name, {}).setdefault(method.name, {})
+                if name.endswith("(OOD)"):
+                    m = ood_metrics(logits["test"], value, spec.ood_score)
+                    m = {"auroc": m["auroc"], "aupr": m["aupr_out"], "aupr_in": m["aupr_in"],
+                         "fpr95": m["fpr95"]}  # fmt: skip
+                else:
+                    m = metrics.classification_metrics(value, y)
+                for k, v in m.items():
+                    if k in CLASSIFICATION or k in OOD:
+                        cell.setdefault(k, []).append(float(v))
+    wall = time.perf_counter() - started
+    results = {
+        "command": command or f"peg bench {spec.name}",
+        "commit": git_commit(),
+        "machine": machine(),
+        "name": spec.name,
+        "data": spec.data,
+        "model": spec.model,
+        "seeds": list(spec.seeds),
+        "wall_seconds": wall,
+        "ood": {"positive": "ood", "score": spec.ood_score, "against": "test"},
+        "datasets": {
+            d: {m: {k: _summary(v) for k, v in cell.items()} for m, cell in methods.items()}
+            for d, methods in per_seed.items()
+        },
+        "per_seed": per_seed,
+    }
+    text = report(results, spec)
+    folder = Path(out) / spec.name
+    atomic_write_text(folder / "results.json", json.dumps(results, indent=2) + "\n")
+    atomic_write_text(folder / "results.md", text)
+    say(text)
+    return results
+
+
+def report(results: dict[str, Any], spec: Spec) -> str:
+    """Markdown: a header with provenance, then one table per data set."""
+    lines = [
+        f"# {spec.name}: {spec.data}, {spec.model['name']}",
+        "",
+        f"Seeds {results['seeds']} (mean ± std). Command: `{results['command']}`; commit "
+        f"{results['commit']}; machine: {results['machine']}; wall time "
+        f"{results['wall_seconds']:.0f} s (cached logits are not recomputed). OOD sets: OOD is "
+        f"the positive class, score = {spec.ood_score}, against the test set.",
+        "",
+    ]
+    for dataset, methods in results["per_seed"].items():
+        rows = OOD_ROWS if dataset.endswith("(OOD)") else ROWS
+        lines += [f"## {dataset}", "", markdown_table(methods, rows), ""]
+    return "\n".join(lines)

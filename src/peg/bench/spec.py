@@ -1,0 +1,332 @@
+"""Benchmark specs: YAML files naming data, model, recipes, methods, evaluation sets and seeds.
+
+A spec file holds one benchmark, or several under `benchmarks:` (the `quick` preset runs two).
+Every field is checked before anything runs; an error names the field (`methods[3].base`) and
+what was expected. Example::
+
+    name: fashion-mnist
+    data: fashion-mnist                                        # data_options: {n: 3000} for toys
+    model: {name: small-cnn, width: 16}
+    train: {epochs: 15, lr: 0.05, weight_decay: 5.0e-4}       # peg.train.Recipe fields
+    swa: {epochs: 15, schedule: swa, swa_start: 8, swa_lr: 0.01}
+    seeds: [0, 1, 2]
+    train_points: 24000                                        # subsample (optional)
+    methods: [Single, Temp-scaled, SWA, SWAG-Diag, SWAG, DeepEns-3, PEP-15, PEG-15,
+              "PEG-15 (DeepEns-3)", "PEG-15 (SWAG-Diag)",
+              {name: MC-Dropout-15, insert: 0.1}]
+    shift: {rotations: [30, 60], corruptions: [gaussian_noise, contrast], severities: [3, 5]}
+    ood: [mnist, notmnist]
+
+Methods are written by their names in the papers' tables, which say what they are:
+`Single`, `Temp-scaled`, `SWA`, `SWAG`, `SWAG-Diag`, `DeepEns-N`, `PEP-S`, `PEG-S`,
+`PEG-Unbiased` (S=30 as in Table 12), `PEG-S (DeepEns-N)` (S/N per member, Algorithm 2),
+`PEG-S (SWAG-Diag)` (S=1 on each of S samples), `MC-Dropout-S`. A mapping adds options
+(`{name: PEG-15, eta: [0.001, 0.01, 0.1, 1], eta_holdout: 0}`) or defines any other method with
+`method:` (`peg`, `pep`, `temperature`, `mc-dropout`, `random-subspace`, `dropout-subspace`)
+and `base:` (`single`, `swa`, `deepens-N`, `swag`, `swag-diag`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from peg.train import Recipe
+
+METHODS = (
+    "base",
+    "temperature",
+    "peg",
+    "pep",
+    "mc-dropout",
+    "random-subspace",
+    "dropout-subspace",
+)
+BASE_PATTERN = re.compile(r"^(single|swa|swag|swag-diag|deepens-(\d+))$")
+SPEC_FIELDS = {
+    "name",
+    "data",
+    "data_options",
+    "model",
+    "train",
+    "swa",
+    "seeds",
+    "val_fraction",
+    "train_points",
+    "test_points",
+    "score_points",
+    "methods",
+    "shift",
+    "ood",
+    "ood_score",
+    "swag_samples",
+}
+
+
+class SpecError(ValueError):
+    """A benchmark spec is malformed; the message names the field."""
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One column: `method` built on `base` with `options`, shown as `name`."""
+
+    name: str
+    method: str
+    base: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        """A file-name-safe identifier of the column (names the cache file)."""
+        return re.sub(r"[^A-Za-z0-9.+-]+", "_", self.name).strip("_")
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One benchmark (see the module docstring)."""
+
+    name: str
+    data: str
+    model: dict[str, Any]
+    train: Recipe
+    methods: tuple[MethodSpec, ...]
+    seeds: tuple[int, ...] = (0,)
+    swa: Recipe | None = None
+    val_fraction: float = 0.2
+    train_points: int | None = None
+    test_points: int | None = None
+    score_points: int | None = 2000
+    rotations: tuple[float, ...] = ()
+    corruptions: tuple[str, ...] = ()
+    severities: tuple[int, ...] = (3,)
+    ood: tuple[str, ...] = ()
+    ood_score: str = "entropy"
+    swag_samples: int = 15
+    data_options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def deep_ensemble_size(self) -> int:
+        """Members the deep ensemble base needs (at least 1: `single` is its first member)."""
+        bases = [m.base for m in self.methods if m.base.startswith("deepens-")]
+        return max([1] + [int(b.split("-")[1]) for b in bases])
+
+    @property
+    def needs_swag(self) -> bool:
+        return any(m.base in ("swa", "swag", "swag-diag") for m in self.methods)
+
+
+def standard_method(name: str, options: dict[str, Any]) -> MethodSpec | None:
+    """The method a table name denotes (`PEG-15 (DeepEns-3)`, `SWAG`, ...), or None."""
+    fixed = {
+        "Single": ("base", "single", {}),
+        "Temp-scaled": ("temperature", "single", {}),
+        "SWA": ("base", "swa", {}),
+        "SWAG": ("base", "swag", {}),
+        "SWAG-Diag": ("base", "swag-diag", {}),
+        "PEG-Unbiased": ("peg", "swa", {"size": 30, "variant": "unbiased"}),
+    }
+    if name in fixed:
+        method, base, extra = fixed[name]
+        return MethodSpec(name, method, base, {**extra, **options})
+    if m := re.fullmatch(r"DeepEns-(\d+)", name):
+        return MethodSpec(name, "base", f"deepens-{m[1]}", options)
+    if m := re.fullmatch(r"(PEG|PEP)-(\d+)", name):
+        return MethodSpec(name, m[1].lower(), "single", {"size": int(m[2]), **options})
+    if m := re.fullmatch(r"(PEG|PEP)-(\d+) \(DeepEns-(\d+)\)", name):
+        total, members = int(m[2]), int(m[3])
+        if total % members:
+            raise SpecError(f"methods: {name!r}: {total} members do not split over {members}")
+        base = f"deepens-{members}"
+        return MethodSpec(name, m[1].lower(), base, {"size": total // members, **options})
+    if m := re.fullmatch(r"(PEG|PEP)-(\d+) \(SWAG-Diag\)", name):
+        return MethodSpec(name, m[1].lower(), "swag-diag", {"size": 1, **options})
+    if m := re.fullmatch(r"MC-Dropout-(\d+)", name):
+        return MethodSpec(name, "mc-dropout", "single", {"samples": int(m[1]), **options})
+    return None
+
+
+def _method(entry: Any, where: str) -> MethodSpec:
+    if isinstance(entry, str):
+        entry = {"name": entry}
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        raise SpecError(f"{where}: expected a method name or a mapping with 'name', got {entry!r}")
+    options = {k: v for k, v in entry.items() if k not in ("name", "method", "base")}
+    if "method" not in entry:
+        found = standard_method(entry["name"], options)
+        if found is None:
+            raise SpecError(
+                f"{where}: unknown method name {entry['name']!r}; use a table name (Single, "
+                "Temp-scaled, SWA, SWAG, SWAG-Diag, DeepEns-N, PEP-S, PEG-S, PEG-Unbiased, "
+                "'PEG-S (DeepEns-N)', 'PEG-S (SWAG-Diag)', MC-Dropout-S) or give method: and base:"
+            )
+        return found
+    method, base = entry["method"], entry.get("base", "single")
+    if method not in METHODS:
+        raise SpecError(f"{where}.method: unknown method {method!r}; known: {list(METHODS)}")
+    if not isinstance(base, str) or not BASE_PATTERN.match(base):
+        raise SpecError(
+            f"{where}.base: unknown base {base!r}; known: single, swa, swag, swag-diag, deepens-N"
+        )
+    return MethodSpec(entry["name"], method, base, options)
+
+
+def _recipe(value: Any, where: str) -> Recipe:
+    if not isinstance(value, dict):
+        raise SpecError(f"{where}: expected a mapping of peg.train.Recipe fields, got {value!r}")
+    try:
+        return Recipe().replace(**value)
+    except (TypeError, ValueError) as e:
+        raise SpecError(f"{where}.{e}") from None
+
+
+def _int_or_none(value: Any, where: str, minimum: int = 1) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise SpecError(f"{where}: expected an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise SpecError(f"{where}: expected a list, got {value!r}")
+    return value
+
+
+def parse_spec(raw: Any, source: str = "spec") -> Spec:
+    """A validated `Spec` from a parsed YAML mapping (errors name the field)."""
+    from peg import data as datasets
+    from peg.data import corruptions
+    from peg.metrics.ood import OOD_SCORES
+    from peg.models import REGISTRY
+
+    if not isinstance(raw, dict):
+        raise SpecError(f"{source}: expected a mapping, got {type(raw).__name__}")
+    unknown = sorted(set(raw) - SPEC_FIELDS)
+    if unknown:
+        raise SpecError(f"{source}: unknown field(s) {unknown}; known: {sorted(SPEC_FIELDS)}")
+    for required in ("name", "data", "model", "train", "methods"):
+        if required not in raw:
+            raise SpecError(f"{source}.{required}: missing (required)")
+    name = raw["name"]
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9._-]+", name):
+        raise SpecError(f"{source}.name: expected a file-name-safe string, got {name!r}")
+    data = raw["data"]
+    if data not in datasets.names():
+        raise SpecError(f"{source}.data: unknown data set {data!r}; known: {datasets.names()}")
+    data_options = raw.get("data_options") or {}
+    if not isinstance(data_options, dict):
+        raise SpecError(f"{source}.data_options: expected a mapping, got {data_options!r}")
+    model = raw["model"]
+    model = {"name": model} if isinstance(model, str) else model
+    if not isinstance(model, dict) or model.get("name") not in REGISTRY:
+        raise SpecError(f"{source}.model.name: unknown model {model!r}; known: {sorted(REGISTRY)}")
+    methods = tuple(
+        _method(m, f"{source}.methods[{i}]")
+        for i, m in enumerate(_list(raw["methods"], f"{source}.methods"))
+    )
+    if not methods:
+        raise SpecError(f"{source}.methods: expected at least one method")
+    names = [m.name for m in methods]
+    if len(set(names)) != len(names):
+        raise SpecError(f"{source}.methods: duplicate names {names}")
+    swa = _recipe(raw["swa"], f"{source}.swa") if raw.get("swa") is not None else None
+    spec_seeds = _list(raw.get("seeds", [0]), f"{source}.seeds")
+    integers = all(isinstance(s, int) and not isinstance(s, bool) for s in spec_seeds)
+    if not spec_seeds or not integers:
+        raise SpecError(f"{source}.seeds: expected a non-empty list of integers, got {spec_seeds}")
+    val_fraction = raw.get("val_fraction", 0.2)
+    if not isinstance(val_fraction, (int, float)) or not 0 < val_fraction < 1:
+        raise SpecError(f"{source}.val_fraction: expected a number in (0, 1), got {val_fraction!r}")
+    shift = raw.get("shift") or {}
+    if not isinstance(shift, dict) or set(shift) - {"rotations", "corruptions", "severities"}:
+        raise SpecError(
+            f"{source}.shift: expected a mapping with rotations, corruptions, severities; "
+            f"got {shift!r}"
+        )
+    rotations = _list(shift.get("rotations"), f"{source}.shift.rotations")
+    if not all(isinstance(r, (int, float)) and math.isfinite(r) for r in rotations):
+        raise SpecError(f"{source}.shift.rotations: expected angles in degrees, got {rotations}")
+    corrupt = _list(shift.get("corruptions"), f"{source}.shift.corruptions")
+    bad = [c for c in corrupt if c not in corruptions.CORRUPTIONS]
+    if bad:
+        raise SpecError(
+            f"{source}.shift.corruptions: unknown {bad}; known: {list(corruptions.CORRUPTIONS)}"
+        )
+    severities = _list(shift.get("severities", [3]), f"{source}.shift.severities")
+    if not all(s in (1, 2, 3, 4, 5) for s in severities):
+        raise SpecError(f"{source}.shift.severities: expected values in 1..5, got {severities}")
+    ood = _list(raw.get("ood"), f"{source}.ood")
+    bad = [o for o in ood if o not in datasets.names()]
+    if bad:
+        raise SpecError(f"{source}.ood: unknown data set(s) {bad}; known: {datasets.names()}")
+    ood_score = raw.get("ood_score", "entropy")
+    if ood_score not in OOD_SCORES:
+        raise SpecError(
+            f"{source}.ood_score: expected one of {list(OOD_SCORES)}, got {ood_score!r}"
+        )
+    spec = Spec(
+        name=name,
+        data=data,
+        model=dict(model),
+        train=_recipe(raw["train"], f"{source}.train"),
+        methods=methods,
+        seeds=tuple(spec_seeds),
+        swa=swa,
+        val_fraction=float(val_fraction),
+        train_points=_int_or_none(raw.get("train_points"), f"{source}.train_points"),
+        test_points=_int_or_none(raw.get("test_points"), f"{source}.test_points"),
+        score_points=_int_or_none(raw.get("score_points", 2000), f"{source}.score_points"),
+        rotations=tuple(float(r) for r in rotations),
+        corruptions=tuple(corrupt),
+        severities=tuple(severities),
+        ood=tuple(ood),
+        ood_score=ood_score,
+        swag_samples=_int_or_none(raw.get("swag_samples", 15), f"{source}.swag_samples") or 15,
+        data_options=dict(data_options),
+    )
+    if spec.needs_swag and spec.swa is None:
+        users = [m.name for m in methods if m.base in ("swa", "swag", "swag-diag")]
+        raise SpecError(f"{source}.swa: methods {users} need an SWA recipe (swa: {{...}})")
+    if spec.swa is not None and (spec.swa.swa_start is None or spec.swa.swa_lr is None):
+        raise SpecError(f"{source}.swa: needs swa_start and swa_lr (and schedule: swa)")
+    return spec
+
+
+def find_spec(name_or_path: str | Path) -> Path:
+    """A spec file: the path itself, or a preset name looked up in ./configs and the repo's."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    repo_configs = Path(__file__).resolve().parents[3] / "configs"
+    for folder in (Path("configs"), repo_configs):
+        candidate = folder / f"{name_or_path}.yaml"
+        if candidate.is_file():
+            return candidate
+    presets = sorted(p.stem for p in repo_configs.glob("*.yaml")) if repo_configs.is_dir() else []
+    raise FileNotFoundError(
+        f"spec: {name_or_path!r} is neither a file nor a preset; presets: {presets}"
+    )
+
+
+def load_specs(path: str | Path) -> list[Spec]:
+    """The benchmark(s) in a YAML file (`yaml.safe_load`: plain data only)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"spec: no file at {path}")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise SpecError(f"{path}: not valid YAML ({e})") from None
+    if isinstance(raw, dict) and "benchmarks" in raw:
+        entries = _list(raw["benchmarks"], f"{path}.benchmarks")
+        return [parse_spec(b, f"{path}.benchmarks[{i}]") for i, b in enumerate(entries)]
+    return [parse_spec(raw, str(path))]
