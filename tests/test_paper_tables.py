@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from peg.bench import paper
+from peg.bench import bases, paper, runner
 from peg.bench.tables import markdown_table
 from peg.cli import main
 
@@ -56,18 +56,15 @@ def test_a_rerun_reads_the_cache_and_trains_nothing(digits_run, monkeypatch):
     out, payload = digits_run
 
     def refuse(*args, **kwargs):
-        raise AssertionError("a cached entry was recomputed")
+        raise AssertionError("a cached entry was rebuilt")
 
-    monkeypatch.setattr(paper.Run, "logits", lambda self, entry: refuse())
-    with pytest.raises(AssertionError, match="recomputed"):  # the guard works ...
-        paper.run("digits", [0], out, out / "cache", ["1"], progress=False, say=lambda _: None)
-    monkeypatch.undo()
-    monkeypatch.setattr(paper.DeepEnsemble, "fit", refuse)
-    monkeypatch.setattr(paper.SWAG, "fit", refuse)
+    monkeypatch.setattr(runner.SeedRun, "build", refuse)
+    monkeypatch.setattr(bases.DeepEnsemble, "fit", refuse)
+    monkeypatch.setattr(bases.SWAG, "fit", refuse)
     again = paper.run(
         "digits", [0], out, out / "cache", ["1", "7"], progress=False, say=lambda _: None
     )
-    assert again["entries"] == payload["entries"]  # ... and the cache needs no training
+    assert again["entries"] == payload["entries"]
 
 
 def test_cli_runs_a_table(tmp_path, capsys):

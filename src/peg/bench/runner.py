@@ -173,11 +173,19 @@ class SeedRun:
             if predictor is None:
                 started = time.perf_counter()
                 predictor = self.build(method)
-                built = time.perf_counter() - started
-                save_tree(folder / "build.safetensors", {"seconds": built})
+                info = {"seconds": time.perf_counter() - started}
+                for attr, label in (("eta_", "eta"), ("sigma_", "sigma"), ("temperature_", "T")):
+                    if hasattr(predictor, attr):
+                        info[label] = float(getattr(predictor, attr))
+                save_tree(folder / "build.safetensors", info)
             out[name] = _member_logits(predictor, inputs())
             save_tree(path, {"logits": out[name]})
         return out
+
+    def info(self, method: MethodSpec) -> dict[str, float]:
+        """What building `method` recorded: seconds, and the chosen η, σ or T."""
+        path = self.cache / "logits" / method.key / "build.safetensors"
+        return dict(load_tree(path)) if path.exists() else {}
 
 
 def fit_images(X: Tensor, target: tuple[int, ...], name: str) -> Tensor:

@@ -1,0 +1,182 @@
+"""`peg bench`: spec validation, presets, results shape, cache and resume after interruption."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from peg.bench import runner
+from peg.bench.runner import fit_images, run_spec
+from peg.bench.spec import SpecError, find_spec, load_specs, parse_spec
+from peg.cli import main
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+SMALL = {
+    "name": "tiny-digits",
+    "data": "digits",
+    "model": {"name": "mlp", "hidden": [32]},
+    "train": {"epochs": 6, "lr": 0.05, "batch_size": 64},
+    "swa": {
+        "epochs": 6,
+        "lr": 0.05,
+        "batch_size": 64,
+        "schedule": "swa",
+        "swa_start": 3,
+        "swa_lr": 0.01,
+    },
+    "seeds": [0],
+    "score_points": None,
+    "swag_samples": 4,
+    "methods": ["Single", "Temp-scaled", "SWA", "DeepEns-2", "PEG-4", "PEG-4 (DeepEns-2)"],
+    "shift": {"rotations": [30], "corruptions": ["contrast"], "severities": [3]},
+    "ood": ["mnist"],
+}
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    spec = parse_spec(SMALL)
+    results = run_spec(spec, out, out / "cache", progress=False, command="test", say=_quiet)
+    return out, spec, results
+
+
+def test_results_have_the_documented_shape(tiny_run):
+    out, spec, _ = tiny_run
+    saved = json.loads((out / "tiny-digits" / "results.json").read_text())
+    assert {"command", "commit", "machine", "datasets"} <= saved.keys()
+    assert set(saved["datasets"]) == {"test", "rotate-30", "contrast-3", "mnist (OOD)"}
+    for dataset, methods in saved["datasets"].items():
+        assert list(methods) == [m.name for m in spec.methods]
+        expected = {"auroc", "aupr", "aupr_in", "fpr95"} if "OOD" in dataset else {
+            "nll", "error", "brier", "ece", "mce"
+        }  # fmt: skip
+        for cell in methods.values():
+            assert set(cell) == expected
+            assert all(set(v) == {"mean", "std", "n"} and v["n"] == 1 for v in cell.values())
+    assert saved["ood"]["positive"] == "ood"
+    text = (out / "tiny-digits" / "results.md").read_text()
+    assert "## mnist (OOD)" in text and "| AUROC % |" in text and "| NLL |" in text
+    test = saved["datasets"]["test"]
+    assert test["Temp-scaled"]["error"]["mean"] == test["Single"]["error"]["mean"]
+    assert test["Single"]["error"]["mean"] < 0.2
+
+
+def test_interrupted_after_the_first_method_resumes_to_identical_results(
+    tiny_run, tmp_path, monkeypatch
+):
+    _, spec, reference = tiny_run
+    built = []
+    original = runner.SeedRun.build
+
+    def build_once(self, method):
+        if built:
+            raise KeyboardInterrupt  # killed while building the second method
+        built.append(method.name)
+        return original(self, method)
+
+    monkeypatch.setattr(runner.SeedRun, "build", build_once)
+    with pytest.raises(KeyboardInterrupt):
+        run_spec(spec, tmp_path, tmp_path / "cache", progress=False, say=_quiet)
+    assert not (tmp_path / "tiny-digits" / "results.json").exists()  # nothing final written
+    monkeypatch.undo()
+    resumed = run_spec(spec, tmp_path, tmp_path / "cache", progress=False, say=_quiet)
+    assert resumed["datasets"] == reference["datasets"]
+
+
+def test_a_rerun_reads_every_logit_from_the_cache(tiny_run, monkeypatch):
+    out, spec, reference = tiny_run
+
+    def refuse(self, method):
+        raise AssertionError("a cached method was rebuilt")
+
+    monkeypatch.setattr(runner.SeedRun, "build", refuse)
+    again = run_spec(spec, out, out / "cache", progress=False, say=_quiet)
+    assert again["datasets"] == reference["datasets"]
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"methods": ["Single", "Bayes-by-backprop"]}, r"methods\[1\]"),
+        ({"methods": [{"name": "x", "method": "peg", "base": "nowhere"}]}, r"methods\[0\]\.base"),
+        ({"data": "imagenet"}, r"\.data"),
+        ({"train": {"epochs": -3}}, r"\.train\.epochs"),
+        ({"model": {"name": "transformer"}}, r"model\.name"),
+        ({"shift": {"corruptions": ["fog"]}}, r"shift\.corruptions"),
+        ({"ood": ["svhn-extra"]}, r"\.ood"),
+        ({"seeds": []}, r"\.seeds"),
+        ({"swa": None}, r"\.swa"),
+        ({"colour": "red"}, "unknown field"),
+        ({"methods": ["PEG-10 (DeepEns-3)"]}, "do not split"),
+    ],
+)
+def test_malformed_specs_name_the_field(change, field):
+    with pytest.raises(SpecError, match=field):
+        parse_spec({**SMALL, **change})
+
+
+def test_missing_required_fields_are_named():
+    raw = {k: v for k, v in SMALL.items() if k != "data"}
+    with pytest.raises(SpecError, match=r"spec\.data: missing"):
+        parse_spec(raw)
+
+
+def test_bad_method_options_fail_before_training(tmp_path):
+    spec = parse_spec({**SMALL, "methods": [{"name": "PEG-4", "eta": -1.0}]})
+    with pytest.raises(ValueError, match=r"methods\[0\] \(PEG-4\).*eta"):
+        run_spec(spec, tmp_path, tmp_path / "cache", progress=False, say=_quiet)
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("preset", sorted(p.stem for p in CONFIGS.glob("*.yaml")))
+def test_every_preset_parses(preset):
+    specs = load_specs(find_spec(preset))
+    assert specs and all(s.methods for s in specs)
+
+
+def test_the_quick_preset_holds_two_moons_and_digits():
+    assert [s.data for s in load_specs(find_spec("quick"))] == ["two-moons", "digits"]
+
+
+def test_unknown_preset_lists_the_presets():
+    with pytest.raises(FileNotFoundError, match="quick"):
+        find_spec("no-such-preset")
+
+
+def test_invalid_yaml_is_a_spec_error(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: [unclosed")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_specs(path)
+
+
+def test_cli_runs_a_spec_file(tmp_path, capsys):
+    spec = {**SMALL, "name": "cli-digits", "methods": ["Single"], "shift": {}, "ood": []}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "out"
+    assert main(["bench", str(path), "--out", str(out), "--cache", str(tmp_path / "c"),
+                 "--no-progress", "--seeds", "1"]) == 0  # fmt: skip
+    saved = json.loads((out / "cli-digits" / "results.json").read_text())
+    assert saved["seeds"] == [1] and saved["command"].startswith("peg bench")
+    assert "| Error % |" in capsys.readouterr().out
+
+
+def test_fit_images_pads_mnist_for_cifar_and_resizes_otherwise():
+    X = torch.rand(3, 1, 28, 28)
+    padded = fit_images(X, (3, 32, 32), "mnist")
+    assert padded.shape == (3, 3, 32, 32)
+    torch.testing.assert_close(padded[:, 0, 2:30, 2:30], X[:, 0])
+    assert fit_images(X, (1, 8, 8), "mnist").shape == (3, 1, 8, 8)
+    with pytest.raises(ValueError, match="channels"):
+        fit_images(torch.rand(2, 3, 28, 28), (1, 8, 8), "rgb")
