@@ -183,3 +183,20 @@ def test_unknown_recipe_fields_are_refused(moons_data):
 def test_training_needs_labels():
     with pytest.raises(ValueError, match="labels"):
         train(mlp(0), torch.randn(10, 2), Recipe(epochs=1))
+
+
+def test_augmented_training_is_reproducible_and_differs_from_plain(tmp_path):
+    torch.manual_seed(0)
+    X, y = torch.rand(64, 3, 8, 8), torch.randint(0, 3, (64,))
+
+    def net():
+        return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(192, 3))
+
+    r = Recipe(epochs=2, batch_size=16, augment=True)
+    a, _ = train(instantiate(net, 0), (X, y), r, seed=1)
+    b, _ = train(instantiate(net, 0), (X, y), r, seed=1)
+    c, _ = train(instantiate(net, 0), (X, y), r.replace(augment=False), seed=1)
+    assert _same_weights(a, b)
+    assert not _same_weights(a, c)
+    with pytest.raises(ValueError, match="augment"):
+        Recipe(augment="yes")

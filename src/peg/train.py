@@ -37,6 +37,7 @@ from torch.optim.swa_utils import SWALR
 from peg._inputs import Data, as_xy, check_positive_int
 from peg._io import load_tree, save_tree
 from peg._progress import bar
+from peg.data.transforms import random_crop, random_hflip
 
 Schedule = Literal["constant", "cosine", "swa"]
 Callback = Callable[[int, nn.Module], None]
@@ -58,7 +59,9 @@ class Recipe:
 
     Defaults are those of the SWA/SWAG reference experiments scaled to this library's small
     models: SGD with momentum 0.9 and weight decay 5e-4, batch 128. `swa_start` (epochs) and
-    `swa_lr` are used by the "swa" schedule and by the SWA/SWAG collectors.
+    `swa_lr` are used by the "swa" schedule and by the SWA/SWAG collectors. `augment` applies
+    the standard CIFAR augmentation (`peg.data.transforms`) to each `[B, C, H, W]` batch, drawn
+    from the run's data-order generator so a resumed run augments identically.
     """
 
     epochs: int = 10
@@ -70,6 +73,7 @@ class Recipe:
     schedule: Schedule = "cosine"
     swa_start: int | None = None
     swa_lr: float | None = None
+    augment: bool = False  # random crop (padding 4) + horizontal flip of image batches
 
     def __post_init__(self) -> None:
         check_positive_int(self.epochs, "epochs")
@@ -92,6 +96,8 @@ class Recipe:
                 )
         if self.swa_lr is not None:
             _positive_number(self.swa_lr, "swa_lr")
+        if not isinstance(self.augment, bool):
+            raise ValueError(f"augment: expected True or False, got {self.augment!r}")
         if self.schedule == "swa" and (self.swa_start is None or self.swa_lr is None):
             raise ValueError("schedule='swa' needs swa_start (an epoch) and swa_lr")
 
@@ -105,6 +111,11 @@ class Recipe:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def saved_recipe(saved: Any) -> Any:
+    """A recipe dict read from a checkpoint, with fields added since then at their defaults."""
+    return {**Recipe().to_dict(), **saved} if isinstance(saved, dict) else saved
 
 
 def make_optimizer(model: nn.Module, recipe: Recipe) -> torch.optim.Optimizer:
@@ -284,7 +295,10 @@ def _epoch(
     loss_sum = 0.0
     for start in range(0, len(X), recipe.batch_size):
         idx = perm[start : start + recipe.batch_size]
-        xb, yb = X[idx].to(device), y[idx].to(device)
+        xb, yb = X[idx], y[idx]
+        if recipe.augment:
+            xb = random_hflip(random_crop(xb, 4, gen), 0.5, gen)
+        xb, yb = xb.to(device), yb.to(device)
         out = model(xb)
         batch_loss = loss(out, yb)
         value = batch_loss.item()
@@ -344,6 +358,7 @@ def _resume(
 ) -> tuple[int, list[dict[str, float]]]:
     state = load_tree(path)
     saved = {k: state.get(k) for k in identity}
+    saved["recipe"] = saved_recipe(saved["recipe"])
     if saved != identity:
         raise ValueError(
             f"checkpoint: {path} belongs to another run ({saved}) than this one ({identity}); "

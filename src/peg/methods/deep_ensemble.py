@@ -21,7 +21,7 @@ from peg._inputs import Data, as_xy, check_positive_int
 from peg._io import load_tree, save_tree
 from peg.ensemble import Ensemble
 from peg.methods.base import FittedEnsemble
-from peg.train import ModelSource, Recipe, instantiate, train
+from peg.train import ModelSource, Recipe, instantiate, saved_recipe, train
 
 MEMBER_FORMAT = "peg-deep-ensemble-member"
 
@@ -83,7 +83,9 @@ class DeepEnsemble(FittedEnsemble):
             return None
         saved = load_tree(path)
         identity = self._identity(i)
-        if {k: saved.get(k) for k in identity} != identity:
+        found = {k: saved.get(k) for k in identity}
+        found["recipe"] = saved_recipe(found["recipe"])
+        if found != identity:
             raise ValueError(
                 f"checkpoint_dir: {path} was written by another run (recipe, seed or member "
                 "differ); delete it or use another checkpoint_dir"
