@@ -113,9 +113,21 @@ class Recipe:
         return dataclasses.asdict(self)
 
 
-def saved_recipe(saved: Any) -> Any:
-    """A recipe dict read from a checkpoint, with fields added since then at their defaults."""
-    return {**Recipe().to_dict(), **saved} if isinstance(saved, dict) else saved
+def load_checked(path: Path, identity: dict[str, Any], argument: str) -> dict[str, Any]:
+    """A saved run state, after checking it belongs to the run `identity` describes.
+
+    Recipe fields added to `Recipe` after the file was written count at their defaults.
+    """
+    state = load_tree(path)
+    saved = {k: state.get(k) for k in identity}
+    if isinstance(saved.get("recipe"), dict):
+        saved["recipe"] = {**Recipe().to_dict(), **saved["recipe"]}
+    if saved != identity:
+        raise ValueError(
+            f"{argument}: {path} belongs to another run ({saved}) than this one ({identity}); "
+            f"delete it or pass another {argument}"
+        )
+    return state
 
 
 def make_optimizer(model: nn.Module, recipe: Recipe) -> torch.optim.Optimizer:
@@ -356,14 +368,7 @@ def _resume(
     gen: torch.Generator,
     callbacks: Sequence[Callback],
 ) -> tuple[int, list[dict[str, float]]]:
-    state = load_tree(path)
-    saved = {k: state.get(k) for k in identity}
-    saved["recipe"] = saved_recipe(saved["recipe"])
-    if saved != identity:
-        raise ValueError(
-            f"checkpoint: {path} belongs to another run ({saved}) than this one ({identity}); "
-            "delete it or pass another checkpoint path"
-        )
+    state = load_checked(path, identity, "checkpoint")
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["optimizer"])
     schedules.load_state_dict(state["schedules"])

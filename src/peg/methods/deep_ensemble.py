@@ -18,10 +18,10 @@ import numpy as np
 from torch import nn
 
 from peg._inputs import Data, as_xy, check_positive_int
-from peg._io import load_tree, save_tree
+from peg._io import save_tree
 from peg.ensemble import Ensemble
 from peg.methods.base import FittedEnsemble
-from peg.train import ModelSource, Recipe, instantiate, saved_recipe, train
+from peg.train import ModelSource, Recipe, instantiate, load_checked, train
 
 MEMBER_FORMAT = "peg-deep-ensemble-member"
 
@@ -81,15 +81,7 @@ class DeepEnsemble(FittedEnsemble):
     def _load_member(self, path: Path, i: int, model: nn.Module) -> list[dict[str, float]] | None:
         if not path.exists():
             return None
-        saved = load_tree(path)
-        identity = self._identity(i)
-        found = {k: saved.get(k) for k in identity}
-        found["recipe"] = saved_recipe(found["recipe"])
-        if found != identity:
-            raise ValueError(
-                f"checkpoint_dir: {path} was written by another run (recipe, seed or member "
-                "differ); delete it or use another checkpoint_dir"
-            )
+        saved = load_checked(path, self._identity(i), "checkpoint_dir")
         model.load_state_dict(saved["state"])
         return list(saved["history"])
 
