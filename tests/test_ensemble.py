@@ -88,3 +88,51 @@ def test_identical_members_still_count(bn_net):
     ens = peg.Ensemble.from_models([mlp(0), mlp(0), mlp(0)])
     assert len(ens) == 3
     assert ens.member_logits(torch.randn(4, 2)).shape == (3, 4, 2)
+
+
+@pytest.mark.parametrize("batch_size", [7, 64, 200])
+def test_every_strategy_gives_the_same_logits(bn_net, batch_size):
+    X = torch.randn(200, 2)
+    ens = peg.Ensemble.from_models(members(bn_net, 5))
+    ref = ens.member_logits(X, batch_size, strategy="loop")
+    for strategy, chunk in [("vmap", None), ("chunked", 2), ("auto", None), ("auto", 3)]:
+        out = ens.member_logits(X, batch_size, strategy=strategy, chunk_size=chunk)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_auto_vectorises_small_batches_and_loops_large_ones(bn_net):
+    ens = peg.Ensemble.from_models(members(bn_net, 3))
+    assert ens._choose(torch.zeros(8, 2), None) == "vmap"
+    assert ens._choose(torch.zeros(8, 2), 2) == "chunked"
+    assert ens._choose(torch.zeros(1000, 2), None) == "loop"
+
+
+class _NotVmappable(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.lin.weight.sum().item() > 1e9:  # .item() on a vmapped weight: vmap fails
+            return x
+        return self.lin(x)
+
+
+def test_auto_falls_back_to_the_loop_where_vmap_fails():
+    models = [_NotVmappable() for _ in range(3)]
+    ens = peg.Ensemble.from_models(models)
+    X = torch.randn(10, 2)
+    with pytest.raises(RuntimeError):
+        ens.member_logits(X, strategy="vmap")  # an explicit choice is not overridden
+    out = ens.member_logits(X, strategy="auto")
+    torch.testing.assert_close(out, ens.member_logits(X, strategy="loop"))
+
+
+def test_strategy_arguments_are_checked(bn_net):
+    ens = peg.Ensemble.from_models(members(bn_net, 2))
+    with pytest.raises(ValueError, match="strategy"):
+        ens.member_logits(torch.zeros(3, 2), strategy="threads")
+    with pytest.raises(ValueError, match="chunk_size"):
+        ens.member_logits(torch.zeros(3, 2), strategy="chunked")
+    with pytest.raises(ValueError, match="chunk_size"):
+        ens.member_logits(torch.zeros(3, 2), strategy="chunked", chunk_size=0)

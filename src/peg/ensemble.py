@@ -19,10 +19,13 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
-from peg._inputs import Data, iter_inputs, num_batches
+from peg._inputs import Data, check_positive_int, iter_inputs, num_batches
 from peg._progress import bar
 
-Strategy = Literal["loop", "vmap"]
+Strategy = Literal["auto", "loop", "vmap", "chunked"]
+STRATEGIES = ("auto", "loop", "vmap", "chunked")
+AUTO_VMAP_MAX_BATCH = 64  # "auto": vmap up to this many rows per batch, loop above
+_NOT_VMAPPABLE: set[str] = set()  # architectures vmap failed on (this process)
 
 
 def model_output(out: Any, where: str) -> Tensor:
@@ -141,34 +144,53 @@ class Ensemble:
         return self
 
     # ---------------------------------------------------------------- prediction
-    def _batch_logits(self, x: Tensor, strategy: Strategy) -> Tensor:
+    def _batch_logits(self, x: Tensor, strategy: str, chunk_size: int | None) -> Tensor:
+        """Logits `[M, B, C]` of every member on one batch with a concrete strategy."""
         x = x.to(self.device)
-        if strategy == "vmap":
-
-            def one(stacked: dict[str, Tensor], x: Tensor) -> Tensor:
-                return functional_call(self.skeleton, {**self.shared, **stacked}, (x,))
-
-            out = vmap(one, in_dims=(0, None))(self.stacked, x)
-            if out.ndim != 3:
-                raise ValueError(
-                    f"member_logits: expected logits [B, C] per member, got {tuple(out.shape[1:])}"
+        if strategy == "loop":
+            outs = [
+                model_output(
+                    functional_call(self.skeleton, self.member_state(i), (x,)), "member_logits"
                 )
-            return out
-        outs = [
-            model_output(
-                functional_call(self.skeleton, self.member_state(i), (x,)), "member_logits"
+                for i in range(len(self))
+            ]
+            return torch.stack(outs)
+
+        def one(stacked: dict[str, Tensor], x: Tensor) -> Tensor:
+            return functional_call(self.skeleton, {**self.shared, **stacked}, (x,))
+
+        step = len(self) if strategy == "vmap" or chunk_size is None else chunk_size
+        outs = []
+        for start in range(0, len(self), step):  # "chunked": at most `step` members at once
+            part = {k: v[start : start + step] for k, v in self.stacked.items()}
+            outs.append(vmap(one, in_dims=(0, None))(part, x))
+        out = torch.cat(outs)
+        if out.ndim != 3:
+            raise ValueError(
+                f"member_logits: expected logits [B, C] per member, got {tuple(out.shape[1:])}"
             )
-            for i in range(len(self))
-        ]
-        return torch.stack(outs)
+        return out
+
+    def _choose(self, x: Tensor, chunk_size: int | None) -> str:
+        """The strategy "auto" uses for a batch: a fixed rule, so results never depend on timing.
+
+        Small batches are dominated by Python overhead per member and layer, which vmap removes;
+        large batches are compute-bound, where the loop avoids vmap's M-fold activations.
+        A model vmap cannot run is remembered and looped.
+        """
+        arch = type(self.skeleton).__qualname__
+        if len(self) == 1 or arch in _NOT_VMAPPABLE or len(x) > AUTO_VMAP_MAX_BATCH:
+            return "loop"
+        return "chunked" if chunk_size is not None else "vmap"
 
     @torch.no_grad()
     def member_logits(
         self,
         X: Data,
         batch_size: int = 512,
-        strategy: Strategy = "loop",
+        strategy: Strategy = "auto",
         progress: bool | None = None,
+        chunk_size: int | None = None,
     ) -> Tensor:
         """Logits of every member, `[M, N, C]`.
 
@@ -176,24 +198,38 @@ class Ensemble:
             X: inputs `[N, ...]` (Tensor or array), or a Dataset/DataLoader yielding `x` or
                 `(x, y)` batches.
             batch_size: rows per forward pass when X is a tensor.
-            strategy: "loop" runs members one after another on each batch; "vmap" runs them
-                in one vectorised call (`torch.func.vmap`).
+            strategy: "loop" runs members one after another on each batch; "vmap" runs all of
+                them in one vectorised call (`torch.func.vmap` over the stacked weights);
+                "chunked" vectorises over `chunk_size` members at a time, bounding memory;
+                "auto" (default) vectorises batches of at most `AUTO_VMAP_MAX_BATCH` rows and
+                loops over larger ones (see `_choose`; a model vmap cannot run is looped).
             progress: show a progress bar (None: only on a terminal).
+            chunk_size: members per vectorised call for "chunked" (and for "auto").
         """
-        if strategy not in ("loop", "vmap"):
-            raise ValueError(f"strategy: expected 'loop' or 'vmap', got {strategy!r}")
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy: expected one of {STRATEGIES}, got {strategy!r}")
+        if chunk_size is not None:
+            chunk_size = check_positive_int(chunk_size, "chunk_size")
+        elif strategy == "chunked":
+            raise ValueError("chunk_size: strategy='chunked' needs chunk_size (members per call)")
         was_training = self.skeleton.training
         self.skeleton.eval()
+        chunks = []
         try:
-            chunks = [
-                self._batch_logits(x, strategy)
-                for x in bar(
-                    iter_inputs(X, batch_size),
-                    f"predict ({len(self)} members)",
-                    total=num_batches(X, batch_size),
-                    enabled=progress,
-                )
-            ]
+            for x in bar(
+                iter_inputs(X, batch_size),
+                f"predict ({len(self)} members)",
+                total=num_batches(X, batch_size),
+                enabled=progress,
+            ):
+                chosen = self._choose(x, chunk_size) if strategy == "auto" else strategy
+                try:
+                    chunks.append(self._batch_logits(x, chosen, chunk_size))
+                except (RuntimeError, NotImplementedError):
+                    if strategy != "auto" or chosen == "loop":
+                        raise
+                    _NOT_VMAPPABLE.add(type(self.skeleton).__qualname__)  # e.g. .item() inside
+                    chunks.append(self._batch_logits(x, "loop", chunk_size))
         finally:
             self.skeleton.train(was_training)
         if not chunks:
