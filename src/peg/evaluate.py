@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from peg import metrics
@@ -18,8 +19,14 @@ def evaluate(
     bins: int = 15,
     min_count: int = 1,
     batch_size: int = 512,
+    y_scale: float | None = None,
 ) -> dict[str, float]:
     """NLL, error, Brier, ECE and MCE of `predictor` on (X, y) (+ Gibbs NLL for ensembles).
+
+    Floating-point targets mean regression with Gaussian heads (outputs `[B, 2]`: mean,
+    log-variance): the result is then RMSE, LPD (log predictive density of the mixture), the
+    moment-matched Gaussian NLL and the interval calibration error (`y_scale`: the training
+    std of y, for original units).
 
     Args:
         predictor: an nn.Module (one model), a peg method or `Ensemble`, or anything with
@@ -33,6 +40,10 @@ def evaluate(
     if y is None:
         X, y = as_xy(X, "X")
     logits = member_logits_of(predictor, X, batch_size)
+    if torch.is_floating_point(torch.as_tensor(y)):
+        from peg.metrics.regression import regression_metrics, split_gaussian
+
+        return regression_metrics(*split_gaussian(logits), y, y_scale)
     out = metrics.classification_metrics(logits, y, bins=bins, min_count=min_count)
     if logits.shape[0] == 1:
         out.pop("gibbs_nll", None)  # one member: Gibbs NLL is the NLL

@@ -37,6 +37,24 @@ CRITERIA: dict[str, Callable[[Tensor, Tensor], float]] = {
 }
 
 
+def mixture_nll(outputs: Tensor, y: Tensor) -> float:
+    """Regression criterion: minus the log predictive density of the members' Gaussian mixture.
+
+    `outputs` `[M, N, 2]` are Gaussian heads (mean, log-variance; `peg.models.gaussian`).
+    """
+    from peg.metrics.regression import log_predictive_density, split_gaussian
+
+    return -log_predictive_density(*split_gaussian(outputs), y)
+
+
+REGRESSION_CRITERIA: dict[str, Callable[[Tensor, Tensor], float]] = {"nll": mixture_nll}
+
+
+def is_regression(y: Tensor) -> bool:
+    """Floating-point targets mean regression; integer labels mean classification."""
+    return torch.is_floating_point(y)
+
+
 # Random-stream keys: (MEMBER_KEY, base, member) for anything drawn per member.
 MEMBER_KEY = 0
 SPLIT_KEY = 2**31  # the validation split into gradient and scoring parts
@@ -169,7 +187,12 @@ class PerturbationEnsemble(FittedEnsemble):
         return not isinstance(self.scale, (int, float))
 
     def _check_data(self, models: list[nn.Module], X: Tensor, y: Tensor) -> int:
-        """Probe one forward pass before any long work; return the number of classes C."""
+        """Probe one forward pass before any long work; return the output width C.
+
+        Integer labels `[N]` in [0, C) mean classification; floating-point targets `[N]` mean
+        regression, for which the models must be Gaussian heads with outputs `[B, 2]` (mean,
+        log-variance) and the criterion the mixture NLL.
+        """
         C = None
         for r, model in enumerate(models):
             was = model.training
@@ -183,11 +206,22 @@ class PerturbationEnsemble(FittedEnsemble):
                 )
             C = out.shape[1]
         assert C is not None
-        if torch.is_floating_point(y) or y.ndim != 1:
-            raise ValueError(
-                "val: labels must be integer class indices [N], "
-                f"got dtype {y.dtype}, shape {tuple(y.shape)}"
-            )
+        if y.ndim != 1:
+            raise ValueError(f"val: labels must be a vector [N], got shape {tuple(y.shape)}")
+        if is_regression(y):
+            if C != 2:
+                raise ValueError(
+                    f"model: regression (floating-point targets) needs a Gaussian head with "
+                    f"outputs [B, 2] (mean, log-variance), got [B, {C}]"
+                )
+            if not (self.criterion in REGRESSION_CRITERIA or callable(self.criterion)):
+                raise ValueError(
+                    f"criterion: {self.criterion!r} is for classification; regression takes "
+                    f"{sorted(REGRESSION_CRITERIA)} or a callable"
+                )
+            if not torch.isfinite(y).all():
+                raise ValueError("val: regression targets contain NaN or inf")
+            return C
         if y.min() < 0 or y.max() >= C:
             raise ValueError(
                 f"val: labels must lie in [0, {C}) for a model with {C} outputs, "
@@ -265,7 +299,8 @@ class PerturbationEnsemble(FittedEnsemble):
 
         if self.searches:
             grid = self.default_grid if self.scale == "search" else self.scale
-            criterion = CRITERIA.get(self.criterion, self.criterion)  # type: ignore[arg-type]
+            table = REGRESSION_CRITERIA if is_regression(y) else CRITERIA
+            criterion = table.get(self.criterion, self.criterion)  # type: ignore[arg-type]
 
             name = f"{self.method} {self.scale_name} search"
             with counter(name, self.progress) as shown:

@@ -55,6 +55,7 @@ from peg.methods._perturb import (
     ParamFilter,
     PerturbationEnsemble,
     generator,
+    is_regression,
 )
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
@@ -70,8 +71,17 @@ def draw_batch(gen: torch.Generator, n: int, k: int) -> Tensor:
 
 
 def cross_entropy(logits: Tensor, y: Tensor) -> Tensor:
-    """Per-sample cross-entropy `[B]` (PEG's default loss)."""
+    """Per-sample cross-entropy `[B]` (PEG's default loss for classification)."""
     return F.cross_entropy(logits, y, reduction="none")
+
+
+def gaussian_nll(outputs: Tensor, y: Tensor) -> Tensor:
+    """Per-sample Gaussian NLL `[B]` of heads `[B, 2]` (mean, log-variance), up to log 2π / 2.
+
+    PEG's default loss for regression (floating-point targets), as DESIGN.md decides.
+    """
+    mean, log_var = outputs[:, 0], outputs[:, 1]
+    return 0.5 * (log_var + (y - mean) ** 2 / log_var.exp())
 
 
 class PEG(PerturbationEnsemble):
@@ -149,7 +159,7 @@ class PEG(PerturbationEnsemble):
             raise ValueError(
                 f"loss: expected a callable (outputs, y) -> per-sample losses, got {loss!r}"
             )
-        self.loss = loss or cross_entropy
+        self.loss = loss  # None: cross-entropy, or Gaussian NLL for floating-point targets
         self.val_batches = check_positive_int(val_batches, "val_batches")
         if not (isinstance(beta, (int, float)) and 0 <= beta < 1):
             raise ValueError(f"beta: expected a momentum weight in [0, 1), got {beta!r}")
@@ -173,7 +183,7 @@ class PEG(PerturbationEnsemble):
             "batch_size": self.batch_size,
             "variant": self.variant,
             "reduction": self.reduction,
-            "loss": getattr(self.loss, "__name__", "callable"),
+            "loss": getattr(self.loss, "__name__", "callable") if self.loss else "default",
             **(
                 {
                     "val_batches": self.val_batches,
@@ -209,7 +219,8 @@ class PEG(PerturbationEnsemble):
         def grad(gen: torch.Generator, what: str) -> Tensor:
             idx = draw_batch(gen, len(X), K)
             out = work(X[idx].to(device))
-            losses = self.loss(out, y[idx].to(device))
+            loss_fn = self.loss or (gaussian_nll if is_regression(y) else cross_entropy)
+            losses = loss_fn(out, y[idx].to(device))
             loss = losses.mean() if self.reduction == "mean" else losses.sum()
             if not torch.isfinite(loss):
                 raise NonFiniteError(f"{what} (base model {r}): the loss is {loss.item()}")

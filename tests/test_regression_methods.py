@@ -1,0 +1,77 @@
+"""PEG and PEP on regression models (Gaussian heads), and `evaluate` on regression."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import peg
+from peg.train import Recipe, train
+
+
+def _gaussian_mlp(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(1, 32), nn.Tanh(), nn.Linear(32, 2))  # mean, log-variance
+
+
+def _sine(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, 1, generator=g) * 6 - 3
+    return x, torch.sin(x[:, 0]) + 0.1 * torch.randn(n, generator=g)
+
+
+def _nll(outputs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (outputs[:, 1] + (y - outputs[:, 0]) ** 2 / outputs[:, 1].exp()).mean()
+
+
+@pytest.fixture(scope="module")
+def regressor():
+    model, _ = train(
+        _gaussian_mlp(0),
+        _sine(256, 0),
+        Recipe(epochs=150, lr=0.01, optimizer="adam", weight_decay=0.0, batch_size=64),
+        loss=_nll,
+    )
+    return model
+
+
+def test_peg_on_a_regression_model(regressor):
+    val = _sine(400, 1)
+    p = peg.PEG(size=6, batch_size=64, eta="search", seed=0).fit(regressor, val)
+    X, y = _sine(300, 2)
+    out = p.member_logits(X)
+    assert out.shape == (6, 300, 2)
+    scores = peg.evaluate(p, X, y)
+    base = peg.evaluate(regressor, X, y)
+    assert set(scores) == {"rmse", "lpd", "nll", "calibration_error"}
+    assert scores["rmse"] < 0.3 and math.isfinite(scores["lpd"])
+    assert p.search_[p.eta_] == min(p.search_.values())
+    assert base["rmse"] < 0.3
+
+
+def test_peg_eta_zero_is_the_base_regressor(regressor):
+    p = peg.PEG(size=3, batch_size=32, eta=0.05, seed=0).fit(regressor, _sine(200, 1))
+    X = _sine(50, 3)[0]
+    with torch.no_grad():
+        torch.testing.assert_close(p.ensemble_at(0.0).member_logits(X)[1], regressor(X))
+    assert not torch.equal(p.member_logits(X)[0], p.member_logits(X)[1])
+
+
+def test_pep_on_a_regression_model(regressor):
+    p = peg.PEP(size=5, seed=0).fit(regressor, _sine(300, 1))
+    assert p.member_logits(_sine(20, 4)[0]).shape == (5, 20, 2)
+
+
+def test_regression_needs_a_gaussian_head_and_a_regression_criterion(regressor):
+    one_output = nn.Sequential(nn.Linear(1, 1))
+    with pytest.raises(ValueError, match=r"Gaussian head"):
+        peg.PEG(size=2, batch_size=16, eta=0.1).fit(one_output, _sine(100, 1))
+    with pytest.raises(ValueError, match="criterion"):
+        peg.PEG(size=2, batch_size=16, eta=[0.1, 1], criterion="ece").fit(regressor, _sine(100, 1))
+    bad = _sine(100, 1)
+    bad[1][3] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        peg.PEG(size=2, batch_size=16, eta=0.1).fit(regressor, bad)
