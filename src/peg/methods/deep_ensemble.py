@@ -11,11 +11,13 @@ the same members as an uninterrupted run.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from torch import nn
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from peg._inputs import Data, as_xy, check_positive_int
 from peg._io import save_tree
@@ -44,6 +46,7 @@ class DeepEnsemble(FittedEnsemble):
             order and dropout.
         checkpoint_dir: folder for per-member files; makes an interrupted fit resumable.
         progress: progress bars.
+        loss: the training loss `loss(outputs, y)` (e.g. a Gaussian NLL for regression heads).
 
     Fitted: `ensemble_` (M members), `histories_`, `seeds_`.
     """
@@ -59,6 +62,7 @@ class DeepEnsemble(FittedEnsemble):
         reinit: bool = True,
         checkpoint_dir: str | os.PathLike[str] | None = None,
         progress: bool | None = None,
+        loss: Callable[[Tensor, Tensor], Tensor] = F.cross_entropy,
     ) -> None:
         self.size = check_positive_int(size, "size")
         self.recipe = recipe if recipe is not None else Recipe()
@@ -68,6 +72,7 @@ class DeepEnsemble(FittedEnsemble):
         self.reinit = reinit
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.progress = progress
+        self.loss = loss
 
     def _identity(self, i: int) -> dict[str, Any]:
         return {
@@ -105,7 +110,13 @@ class DeepEnsemble(FittedEnsemble):
                     self.seeds_.append(s)
                     continue
             _, history = train(
-                net, (X, y), self.recipe, seed=s, checkpoint=partial, progress=self.progress
+                net,
+                (X, y),
+                self.recipe,
+                seed=s,
+                loss=self.loss,
+                checkpoint=partial,
+                progress=self.progress,
             )
             if done is not None and partial is not None:
                 save_tree(

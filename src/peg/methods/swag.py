@@ -23,10 +23,11 @@ from __future__ import annotations
 import copy
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from torch.optim.swa_utils import AveragedModel, update_bn
@@ -116,6 +117,7 @@ class SWA(FittedEnsemble):
         seed: data order, dropout, and the initialisation when a factory is given.
         bn_batch_size: batch size of the `update_bn` pass over the training data.
         checkpoint: a file to save the run after every epoch and resume from.
+        loss: the training loss `loss(outputs, y)` (e.g. a Gaussian NLL for regression heads).
 
     `fit(model, train_data)` takes an untrained (or pre-trained) module, which is copied and
     never modified, or a zero-argument factory. Fitted: `swa_model_` (the averaged module, eval
@@ -132,8 +134,10 @@ class SWA(FittedEnsemble):
         bn_batch_size: int = 256,
         checkpoint: str | None = None,
         progress: bool | None = None,
+        loss: Callable[[Tensor, Tensor], Tensor] = F.cross_entropy,
     ) -> None:
         self.recipe = recipe if recipe is not None else default_recipe()
+        self.loss = loss
         if not isinstance(self.recipe, Recipe):
             raise TypeError(f"recipe: expected a peg.train.Recipe, got {type(recipe).__name__}")
         if self.recipe.swa_start is None or self.recipe.swa_lr is None:
@@ -182,6 +186,7 @@ class SWA(FittedEnsemble):
             (X, y),
             self.recipe,
             seed=self.seed,
+            loss=self.loss,
             callbacks=[*own, *callbacks],
             checkpoint=self.checkpoint,
             progress=self.progress,
@@ -238,9 +243,15 @@ class SWAG(SWA):
         bn_batch_size: int = 256,
         checkpoint: str | None = None,
         progress: bool | None = None,
+        loss: Callable[[Tensor, Tensor], Tensor] = F.cross_entropy,
     ) -> None:
         super().__init__(
-            recipe, seed=seed, bn_batch_size=bn_batch_size, checkpoint=checkpoint, progress=progress
+            recipe,
+            seed=seed,
+            bn_batch_size=bn_batch_size,
+            checkpoint=checkpoint,
+            progress=progress,
+            loss=loss,
         )
         self.diag = bool(diag)
         self.max_num_models = check_positive_int(max_num_models, "max_num_models", minimum=2)

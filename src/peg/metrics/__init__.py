@@ -9,6 +9,10 @@ probabilities); `y` is integer labels `[N]`. Tensors or numpy arrays.
 - `brier(pred, y, normalize=False)`: Brier score (normalize=True divides by C).
 - `reliability(pred, y, bins)`, `ece(...)`, `mce(...)`: top-class calibration, equal-width bins.
 - `classification_metrics(pred, y, bins, min_count)`: all of the above as a dict.
+- Regression (`peg.metrics.regression`; member means `[M, N]`, variances `[M, N]` or one
+  number, targets `[N]`; Gaussian head outputs `[..., 2]` = (mean, log-variance) via
+  `split_gaussian`): `rmse`, `log_predictive_density` (mixture), `gaussian_nll`
+  (moment-matched), `interval_coverage`, `regression_calibration_error`, `regression_metrics`.
 - OOD detection (`peg.metrics.ood`; higher score = more likely OOD, OOD is the positive class):
   scores `max_softmax`, `max_logit`, `entropy`, `mutual_information`, `variation_ratio`;
   metrics `auroc`, `aupr`, `fpr_at_tpr`, `ood_metrics(pred_in, pred_out, score)`.
@@ -33,6 +37,16 @@ from peg.metrics.ood import (
     ood_metrics,
     variation_ratio,
 )
+from peg.metrics.regression import (
+    gaussian_nll,
+    interval_coverage,
+    log_predictive_density,
+    moment_match,
+    regression_calibration_error,
+    regression_metrics,
+    rmse,
+    split_gaussian,
+)
 
 __all__ = [
     "OOD_SCORES",
@@ -48,15 +62,23 @@ __all__ = [
     "entropy",
     "error",
     "fpr_at_tpr",
+    "gaussian_nll",
     "gibbs_nll",
+    "interval_coverage",
+    "log_predictive_density",
     "max_logit",
     "max_softmax",
     "mce",
     "member_nll",
+    "moment_match",
     "mutual_information",
     "nll",
     "ood_metrics",
+    "regression_calibration_error",
+    "regression_metrics",
     "reliability",
+    "rmse",
+    "split_gaussian",
     "variation_ratio",
 ]
 
