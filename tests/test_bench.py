@@ -11,7 +11,7 @@ import yaml
 
 from peg.bench import runner
 from peg.bench.runner import fit_images, run_spec
-from peg.bench.spec import SpecError, find_spec, load_specs, parse_spec
+from peg.bench.spec import SpecError, find_spec, load_specs, load_uci_spec, parse_spec
 from peg.cli import main
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -138,10 +138,20 @@ def test_bad_method_options_fail_before_training(tmp_path):
     assert not (tmp_path / "cache").exists()
 
 
-@pytest.mark.parametrize("preset", sorted(p.stem for p in CONFIGS.glob("*.yaml")))
-def test_every_preset_parses(preset):
+@pytest.mark.parametrize("preset", ["quick", "fashion-mnist", "cifar10-cpu", "cifar10"])
+def test_every_bench_preset_parses(preset):
     specs = load_specs(find_spec(preset))
     assert specs and all(s.methods for s in specs)
+
+
+def test_the_uci_preset_names_every_set_and_method():
+    from peg.bench.uci import METHODS
+    from peg.data.uci import UCI_SETS
+
+    options = load_uci_spec(find_spec("uci"))
+    assert options is not None
+    assert options["sets"] == list(UCI_SETS) and options["methods"] == list(METHODS)
+    assert load_uci_spec(find_spec("quick")) is None
 
 
 def test_the_quick_preset_holds_two_moons_and_digits():
@@ -180,3 +190,31 @@ def test_fit_images_pads_mnist_for_cifar_and_resizes_otherwise():
     assert fit_images(X, (1, 8, 8), "mnist").shape == (3, 1, 8, 8)
     with pytest.raises(ValueError, match="channels"):
         fit_images(torch.rand(2, 3, 28, 28), (1, 8, 8), "rgb")
+
+
+def test_uci_runner_on_one_split_and_its_cache(tmp_path, monkeypatch):
+    from peg.bench import uci
+
+    kwargs = {
+        "sets": ["yacht"],
+        "splits": 1,
+        "epochs": 3,
+        "methods": ["Single", "PEG-10", "EMP"],
+        "out": tmp_path,
+        "cache": tmp_path / "cache",
+        "progress": False,
+        "say": _quiet,
+    }
+    first = uci.run_uci(**kwargs)
+    cells = first["datasets"]["yacht"]
+    assert set(cells) == {"Single", "PEG-10", "EMP"}
+    assert all(set(c) == {"rmse", "lpd"} and c["rmse"]["n"] == 1 for c in cells.values())
+    assert (tmp_path / "uci" / "results.md").read_text().count("| yacht | 1 |") == 2
+
+    def refuse(self, method):
+        raise AssertionError("a cached method was rebuilt")
+
+    monkeypatch.setattr(uci.Split, "build", refuse)
+    assert uci.run_uci(**kwargs)["datasets"] == first["datasets"]
+    with pytest.raises(ValueError, match="sets"):
+        uci.run_uci(**{**kwargs, "sets": ["iris"]})

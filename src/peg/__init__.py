@@ -5,7 +5,7 @@ ens = peg.PEG(size=15, eta="search").fit(model, (X_val, y_val))
 peg.evaluate(ens, X_test, y_test)   # {'nll': ..., 'error': ..., 'brier': ..., 'ece': ..., ...}
 """
 
-from peg import subspace, train
+from peg import layers, subspace, train
 from peg.archive import ArchiveError, load
 from peg.ensemble import Ensemble
 from peg.evaluate import evaluate
@@ -13,6 +13,8 @@ from peg.methods._perturb import NonFiniteError
 from peg.methods.base import NotFittedError
 from peg.methods.deep_ensemble import DeepEnsemble
 from peg.methods.dropout import MCDropout
+from peg.methods.packed import PackedEnsemble
+from peg.methods.patching import MCPatched
 from peg.methods.peg import PEG
 from peg.methods.pep import PEP
 from peg.methods.swag import SWA, SWAG
@@ -29,10 +31,13 @@ __all__ = [
     "DeepEnsemble",
     "Ensemble",
     "MCDropout",
+    "MCPatched",
     "NonFiniteError",
     "NotFittedError",
+    "PackedEnsemble",
     "TemperatureScaling",
     "evaluate",
+    "layers",
     "load",
     "subspace",
     "train",

@@ -20,6 +20,13 @@ from torch import Tensor
 TREE_KEY = "peg-tree"
 
 
+def _usual_mode(path: str) -> None:
+    """mkstemp creates files readable by the owner only; give them the usual 0666 & ~umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 def atomic_save_file(tensors: dict[str, Tensor], metadata: dict[str, str], path: Path) -> None:
     """`safetensors.save_file` to a temporary file in the same folder, fsync, then rename.
 
@@ -32,6 +39,7 @@ def atomic_save_file(tensors: dict[str, Tensor], metadata: dict[str, str], path:
         save_file(tensors, tmp, metadata=metadata)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
+        _usual_mode(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -97,6 +105,7 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        _usual_mode(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -66,6 +66,31 @@ def main(argv: list[str] | None = None) -> int:
         "--cache", default=".peg-cache/bench", help="cache folder (default: .peg-cache/bench)"
     )
     bench.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    # ---- peg diversity (Fort et al. 2019 loss-landscape analyses; see peg.analysis)
+    diversity = sub.add_parser(
+        "diversity",
+        help="function-space diversity: trajectories, t-SNE, diversity-accuracy plane, "
+        "radial landscape cut, with PEG, PEP, SWAG-Diag and subspace samplers",
+        description="Train models from several random initialisations (cached), build every "
+        "method around their solutions, and write figures and JSON (cosine similarity, "
+        "disagreement, t-SNE, diversity vs accuracy, ensemble size, radial landscape cut) plus "
+        "a table of diversity and ensemble accuracy/NLL per method. Fashion-MNIST by default "
+        "(scikit-learn digits when it is not installed).",
+    )
+    diversity.add_argument("spec", nargs="?", help="a YAML file of settings (default: built-in)")
+    diversity.add_argument(
+        "--quick", action="store_true", help="digits, few epochs (well under a minute)"
+    )
+    diversity.add_argument(
+        "--out", default="results/diversity", help="output folder (default: results/diversity)"
+    )
+    diversity.add_argument(
+        "--cache",
+        default=".peg-cache/diversity",
+        help="cached trajectories (default: .peg-cache/diversity)",
+    )
+    diversity.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    # ---- end peg diversity
     args = parser.parse_args(argv)
     command = " ".join(["peg", *(sys.argv[1:] if argv is None else argv)])
     progress = False if args.no_progress else None
@@ -84,9 +109,16 @@ def main(argv: list[str] | None = None) -> int:
         )
     elif args.command == "bench":
         from peg.bench.runner import run_spec
-        from peg.bench.spec import find_spec, load_specs
+        from peg.bench.spec import find_spec, load_specs, load_uci_spec
 
-        for spec in load_specs(find_spec(args.spec)):
+        path = find_spec(args.spec)
+        uci = load_uci_spec(path)
+        if uci is not None:
+            from peg.bench.uci import run_uci
+
+            run_uci(**uci, out=args.out, cache=args.cache, progress=progress, command=command)
+            return 0
+        for spec in load_specs(path):
             if args.seeds:
                 spec = dataclasses.replace(spec, seeds=tuple(args.seeds))
             run_spec(spec, args.out, args.cache, progress=progress, command=command)
@@ -99,6 +131,17 @@ def main(argv: list[str] | None = None) -> int:
             out=args.out,
             cache=args.cache,
             tables=args.tables,
+            progress=progress,
+            command=command,
+        )
+    elif args.command == "diversity":  # peg diversity (see the parser block above)
+        from peg.analysis.diversity_run import load_config
+        from peg.analysis.diversity_run import run as run_diversity
+
+        run_diversity(
+            load_config(args.spec, quick=args.quick),
+            out=args.out,
+            cache=args.cache,
             progress=progress,
             command=command,
         )

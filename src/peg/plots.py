@@ -378,3 +378,393 @@ def decision_boundaries(
     if title:
         fig.suptitle(title)
     return _save(fig, path)
+
+
+# ---------------------------------------------------------------- function-space diversity
+# Figures of `peg.analysis` (Fort et al. 2019, "Deep ensembles: a loss landscape perspective").
+
+_MARKERS = ("s", "D", "^", "v", "P", "X", "<", ">", "p", "h", "*", "o")
+# series colours: black first (the baseline a figure compares against), then Okabe-Ito, then
+# tab10 colours unlike those (no two near-identical blues)
+_SERIES = ("#000000", *_PALETTE[:8], "#d62728", "#9467bd", "#8c564b", "#7f7f7f", "#17becf")
+
+
+def _matrix(value: Any, where: str) -> np.ndarray:
+    m = _numpy(value, where)
+    if m.ndim != 2 or m.shape[0] != m.shape[1] or m.shape[0] < 1:
+        raise ValueError(f"{where}: expected a square matrix [M, M], got shape {m.shape}")
+    return m
+
+
+def similarity_matrices(
+    panels: Mapping[str, Any],
+    path: str | os.PathLike[str],
+    label: str,
+    title: str | None = None,
+    ticks: Mapping[str, Any] | None = None,
+    vmin: float | None = None,
+    vmax: float | None = None,
+) -> Path:
+    """Square similarity (or disagreement) matrices as heat maps side by side; writes a PNG.
+
+    Fort et al. Figs. 2a/2b (along a trajectory) and 3 (between initialisations). Values are
+    printed in the cells when a matrix has at most 12 rows.
+
+    Args:
+        panels: panel title -> matrix `[M, M]` (Tensor or array; panels may differ in M).
+        path: PNG file to write (parent folders are created).
+        label: colour-bar label, e.g. "cosine similarity".
+        title: figure title.
+        ticks: panel title -> M tick labels (e.g. epochs or seeds); default 0..M−1.
+        vmin, vmax: colour range shared by all panels (default: the data's range).
+
+    Returns:
+        `Path(path)`.
+    """
+    if not isinstance(panels, Mapping) or not panels:
+        raise ValueError("panels: expected a non-empty dict {panel title: [M, M] matrix}")
+    _check_path(path)
+    data = {str(k): _matrix(v, f"panels[{k!r}]") for k, v in panels.items()}
+    labels: dict[str, list[str]] = {}
+    for name, m in data.items():
+        given = (ticks or {}).get(name)
+        labels[name] = (
+            [str(t) for t in given] if given is not None else list(map(str, range(len(m))))
+        )
+        if len(labels[name]) != len(m):
+            raise ValueError(
+                f"ticks[{name!r}]: expected {len(m)} labels for a {len(m)}×{len(m)} matrix, "
+                f"got {len(labels[name])}"
+            )
+    finite = np.concatenate([m[np.isfinite(m)] for m in data.values()])
+    lo = float(vmin) if vmin is not None else float(finite.min()) if finite.size else 0.0
+    hi = float(vmax) if vmax is not None else float(finite.max()) if finite.size else 1.0
+    n = len(data)
+    fig = _figure(3.6 * n + 0.8, 3.7 + (0.3 if title else 0.0))
+    axes = fig.subplots(1, n, squeeze=False)[0]
+    image = None
+    for ax, (name, m) in zip(axes, data.items(), strict=True):
+        image = ax.imshow(m, vmin=lo, vmax=hi if hi > lo else lo + 1e-12, cmap="viridis")
+        M = len(m)
+        step = max(1, M // 10)  # at most ~10 tick labels per axis
+        ax.set_xticks(range(0, M, step), labels[name][::step], fontsize=7, rotation=90)
+        ax.set_yticks(range(0, M, step), labels[name][::step], fontsize=7)
+        ax.set_title(name, fontsize=10)
+        if M <= 12:
+            mid = (lo + hi) / 2
+            for i in range(M):
+                for j in range(M):
+                    colour = "k" if m[i, j] > mid else "w"
+                    ax.text(
+                        j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=6, color=colour
+                    )
+    fig.colorbar(image, ax=list(axes), label=label, shrink=0.85)
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)
+
+
+def prediction_map(
+    points: Any,
+    trajectory: Any,
+    kind: Any,
+    path: str | os.PathLike[str],
+    title: str | None = None,
+    checkpoint_kind: str = "checkpoint",
+) -> Path:
+    """A 2-D embedding (t-SNE) of models' predictions; writes a PNG (Fort et al. Figs. 2c, 4).
+
+    Colour says which trajectory a model belongs to, the marker what it is: the trajectory's
+    own checkpoints (`checkpoint_kind`) are circles joined in the given order, growing with
+    training; every other kind (a subspace sampler's samples, PEG's members, ...) gets its own
+    marker, drawn around its trajectory's final checkpoint.
+
+    Args:
+        points: `[K, 2]` positions.
+        trajectory: `[K]` integer trajectory index per point.
+        kind: `[K]` strings, e.g. "checkpoint", "PEG", "random subspace".
+        path: PNG file to write (parent folders are created).
+        title: figure title.
+        checkpoint_kind: the `kind` of the trajectories' checkpoints.
+
+    Returns:
+        `Path(path)`.
+    """
+    _check_path(path)
+    P = _numpy(points, "points")
+    if P.ndim != 2 or P.shape[1] != 2 or P.shape[0] < 1:
+        raise ValueError(f"points: expected [K, 2] with K >= 1, got shape {P.shape}")
+    owner = np.asarray(trajectory)
+    kinds = [str(k) for k in kind]
+    if owner.shape != (len(P),) or not np.issubdtype(owner.dtype, np.integer):
+        raise ValueError(
+            f"trajectory: expected {len(P)} integer indices, got {owner.dtype} {owner.shape}"
+        )
+    if len(kinds) != len(P):
+        raise ValueError(f"kind: expected {len(P)} labels, got {len(kinds)}")
+    others = list(dict.fromkeys(k for k in kinds if k != checkpoint_kind))
+    marker = {k: _MARKERS[i % len(_MARKERS)] for i, k in enumerate(others)}
+    from matplotlib.lines import Line2D
+
+    fig = _figure(7.2, 5.6 + (0.3 if title else 0.0))
+    ax = fig.add_subplot()
+    kinds_arr = np.array(kinds)
+    for t in sorted(set(owner.tolist())):
+        colour = _PALETTE[t % len(_PALETTE)]
+        own = (owner == t) & (kinds_arr == checkpoint_kind)
+        if own.any():
+            ax.plot(P[own, 0], P[own, 1], "-", color=colour, lw=0.8, alpha=0.6)
+            sizes = np.linspace(12, 70, int(own.sum()))
+            ax.scatter(
+                P[own, 0], P[own, 1], s=sizes, color=colour, edgecolors="k", lw=0.4, zorder=3
+            )
+        for k in others:
+            sel = (owner == t) & (kinds_arr == k)
+            if sel.any():
+                ax.scatter(
+                    P[sel, 0],
+                    P[sel, 1],
+                    marker=marker[k],
+                    s=28,
+                    facecolors="none",
+                    edgecolors=colour,
+                    lw=1.0,
+                    zorder=2,
+                )
+    handles = [
+        Line2D(
+            [], [], color=_PALETTE[t % len(_PALETTE)], marker="o", ls="-", label=f"trajectory {t}"
+        )
+        for t in sorted(set(owner.tolist()))
+    ]
+    handles += [
+        Line2D([], [], color="k", marker=marker[k], ls="", mfc="none", label=k) for k in others
+    ]
+    ax.legend(handles=handles, fontsize=7, loc="best", frameon=False)
+    ax.set_xlabel("t-SNE 1")
+    ax.set_ylabel("t-SNE 2")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    if title:
+        ax.set_title(title, fontsize=10)
+    return _save(fig, path)
+
+
+def _xy_series(name: str, series: Any, x: str, y: str, where: str) -> tuple[np.ndarray, np.ndarray]:
+    if not isinstance(series, Mapping) or x not in series or y not in series:
+        raise ValueError(f"{where}[{name!r}]: expected a dict with {x!r} and {y!r} lists")
+    a = _numpy(series[x], f"{where}[{name!r}][{x!r}]").reshape(-1)
+    b = _numpy(series[y], f"{where}[{name!r}][{y!r}]").reshape(-1)
+    if a.shape != b.shape:
+        raise ValueError(
+            f"{where}[{name!r}]: {x!r} and {y!r} differ in length ({a.size} vs {b.size})"
+        )
+    return a, b
+
+
+def diversity_accuracy_plane(
+    samples: Mapping[str, Mapping[str, Any]],
+    path: str | os.PathLike[str],
+    reference_accuracy: float,
+    curves: Mapping[str, Mapping[str, Any]] | None = None,
+    stars: tuple[str, ...] = ("independent inits",),
+    title: str | None = None,
+) -> Path:
+    """Samples of each method in the diversity–accuracy plane; writes a PNG (Fig. 6).
+
+    Args:
+        samples: method -> {"accuracy": [M], "diversity": [M]} (as
+            `peg.analysis.diversity_accuracy` returns); non-finite points are left out.
+        path: PNG file to write (parent folders are created).
+        reference_accuracy: the reference solution's accuracy (drawn as a green star at 0).
+        curves: name -> {"accuracy", "diversity"} reference curves, drawn dashed
+            (`peg.analysis.reference_curves`).
+        stars: methods drawn as large red-edged stars (the paper's independent optima).
+        title: figure title.
+
+    Returns:
+        `Path(path)`.
+    """
+    if not isinstance(samples, Mapping) or not samples:
+        raise ValueError("samples: expected a non-empty dict {method: accuracy and diversity}")
+    _check_path(path)
+    data = {
+        str(k): _xy_series(str(k), v, "accuracy", "diversity", "samples")
+        for k, v in samples.items()
+    }
+    lines = {
+        str(k): _xy_series(str(k), v, "accuracy", "diversity", "curves")
+        for k, v in (curves or {}).items()
+    }
+    fig = _figure(7.0, 5.0 + (0.3 if title else 0.0))
+    ax = fig.add_subplot()
+    finite_y = [b[np.isfinite(b)] for _, b in data.values()]
+    top = max([float(v.max()) for v in finite_y if v.size] + [0.1]) * 1.25
+    for i, (name, (a, b)) in enumerate(lines.items()):
+        ok = np.isfinite(b) & (b <= top)
+        ax.plot(a[ok], b[ok], ls=("--", ":", "-.")[i % 3], color="0.35", lw=1, label=name)
+    for i, (name, (a, b)) in enumerate(data.items()):
+        ok = np.isfinite(a) & np.isfinite(b)
+        colour = _SERIES[i % len(_SERIES)]
+        if name in stars:
+            ax.scatter(
+                a[ok],
+                b[ok],
+                marker="*",
+                s=160,
+                color="#D62728",
+                edgecolors="k",
+                lw=0.5,
+                label=name,
+                zorder=4,
+            )
+        else:
+            ax.scatter(
+                a[ok],
+                b[ok],
+                marker=_MARKERS[i % len(_MARKERS)],
+                s=22,
+                color=colour,
+                alpha=0.8,
+                label=name,
+                zorder=3,
+            )
+    ax.scatter(
+        [reference_accuracy],
+        [0.0],
+        marker="*",
+        s=200,
+        color="#2CA02C",
+        edgecolors="k",
+        lw=0.5,
+        label="reference solution",
+        zorder=5,
+    )
+    ax.set_ylim(-0.02 * top, top)
+    ax.set_xlabel("accuracy")
+    ax.set_ylabel("disagreement with reference / (1 − accuracy)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best", frameon=False)
+    if title:
+        ax.set_title(title, fontsize=10)
+    return _save(fig, path)
+
+
+def ensemble_size_curves(
+    curves: Mapping[str, Mapping[str, Any]],
+    path: str | os.PathLike[str],
+    title: str | None = None,
+) -> Path:
+    """Accuracy and NLL of the ensemble against its size, one line per method; writes a PNG.
+
+    Args:
+        curves: method -> {"size": [K], "accuracy": [K], "nll": [K]} (e.g. the random-order
+            averages of `peg.metrics.diversity.size_curve`).
+        path: PNG file to write (parent folders are created).
+        title: figure title.
+
+    Returns:
+        `Path(path)`.
+    """
+    if not isinstance(curves, Mapping) or not curves:
+        raise ValueError("curves: expected a non-empty dict {method: size, accuracy, nll}")
+    _check_path(path)
+    acc = {str(k): _xy_series(str(k), v, "size", "accuracy", "curves") for k, v in curves.items()}
+    nll = {str(k): _xy_series(str(k), v, "size", "nll", "curves") for k, v in curves.items()}
+    fig = _figure(9.5, 3.8 + (0.3 if title else 0.0))
+    left, right = fig.subplots(1, 2)
+    for i, name in enumerate(acc):
+        style = {
+            "color": _SERIES[i % len(_SERIES)],
+            "marker": _MARKERS[i % len(_MARKERS)],
+            "ms": 4,
+            "lw": 1.2,
+        }
+        left.plot(*acc[name], label=name, **style)
+        right.plot(*nll[name], label=name, **style)
+    left.set_ylabel("accuracy")
+    right.set_ylabel("NLL")
+    for ax in (left, right):
+        ax.set_xlabel("ensemble size")
+        ax.grid(alpha=0.3)
+    right.legend(fontsize=7, frameon=False, loc="best")
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)
+
+
+def radial_landscape(
+    cut: Mapping[str, Any], path: str | os.PathLike[str], title: str | None = None
+) -> Path:
+    """The radial landscape cut (Fig. 5): accuracy and agreement with each optimum; PNG.
+
+    Args:
+        cut: what `peg.analysis.radial_cut` returns: "x" `[nx]`, "y" `[ny]`, "accuracy",
+            "agreement_1", "agreement_2" `[ny, nx]`, "optima" `[2, 2]`, optional "paths"
+            {name: [K, 2]} drawn as lines (trajectories) or points.
+        path: PNG file to write (parent folders are created).
+        title: figure title.
+
+    Returns:
+        `Path(path)`.
+    """
+    if not isinstance(cut, Mapping):
+        raise ValueError(f"cut: expected the dict radial_cut returns, got {type(cut).__name__}")
+    missing = [
+        k for k in ("x", "y", "accuracy", "agreement_1", "agreement_2", "optima") if k not in cut
+    ]
+    if missing:
+        raise ValueError(f"cut: missing keys {missing}")
+    _check_path(path)
+    xs, ys = _numpy(cut["x"], "cut['x']"), _numpy(cut["y"], "cut['y']")
+    optima = _numpy(cut["optima"], "cut['optima']")
+    if optima.shape != (2, 2):
+        raise ValueError(f"cut['optima']: expected [2, 2] coordinates, got shape {optima.shape}")
+    panels = {}
+    for key, name in (
+        ("accuracy", "accuracy"),
+        ("agreement_1", "agreement with optimum 1"),
+        ("agreement_2", "agreement with optimum 2"),
+    ):
+        z = _numpy(cut[key], f"cut[{key!r}]")
+        if z.shape != (len(ys), len(xs)):
+            raise ValueError(f"cut[{key!r}]: expected [{len(ys)}, {len(xs)}], got {z.shape}")
+        panels[name] = z
+    fig = _figure(14.0, 4.3 + (0.3 if title else 0.0))
+    axes = fig.subplots(1, 3)
+    gx, gy = np.meshgrid(xs, ys)
+    for ax, (name, z) in zip(axes, panels.items(), strict=True):
+        filled = ax.contourf(gx, gy, z, levels=np.linspace(0, 1, 21), cmap="viridis")
+        for i, (pname, pts) in enumerate((cut.get("paths") or {}).items()):
+            p = _numpy(pts, f"cut['paths'][{pname!r}]")
+            if p.ndim != 2 or p.shape[1] != 2:
+                raise ValueError(f"cut['paths'][{pname!r}]: expected [K, 2], got {p.shape}")
+            colour = ("#D62728", "#1F77B4", "#E377C2", "#FF7F0E")[i % 4]
+            if pname.startswith("trajectory"):
+                ax.plot(p[:, 0], p[:, 1], "-o", color=colour, ms=2.5, lw=1, label=pname)
+            else:
+                ax.scatter(p[:, 0], p[:, 1], s=8, color=colour, label=pname, zorder=3)
+        ax.scatter(
+            optima[:, 0],
+            optima[:, 1],
+            marker="*",
+            s=150,
+            color="w",
+            edgecolors="k",
+            zorder=4,
+            label="optima",
+        )
+        for k in range(2):
+            ax.annotate(
+                f"θ{k + 1}", optima[k], textcoords="offset points", xytext=(5, 5), color="w"
+            )
+        ax.scatter([0], [0], marker="+", color="w", s=60, zorder=4)
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel("weight-space coordinate along θ₁")
+        ax.set_aspect("equal", adjustable="box")
+        fig.colorbar(filled, ax=ax, shrink=0.8)
+    axes[0].set_ylabel("orthogonal coordinate (towards θ₂)")
+    axes[0].legend(fontsize=6, loc="lower left", frameon=True)
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)

@@ -317,6 +317,21 @@ def find_spec(name_or_path: str | Path) -> Path:
     )
 
 
+def load_uci_spec(path: str | Path) -> dict[str, Any] | None:
+    """The options of a UCI regression spec (`uci: {sets, splits, methods, epochs}`), or None."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError:
+        return None  # load_specs reports it
+    if not (isinstance(raw, dict) and "uci" in raw):
+        return None
+    options = raw["uci"] or {}
+    known = {"sets", "splits", "methods", "epochs"}
+    if not isinstance(options, dict) or set(options) - known:
+        raise SpecError(f"{path}.uci: expected a mapping with keys among {sorted(known)}")
+    return options
+
+
 def load_specs(path: str | Path) -> list[Spec]:
     """The benchmark(s) in a YAML file (`yaml.safe_load`: plain data only)."""
     path = Path(path)

@@ -2,6 +2,8 @@
 
 from peg.methods.deep_ensemble import DeepEnsemble
 from peg.methods.dropout import MCDropout
+from peg.methods.packed import PackedEnsemble
+from peg.methods.patching import MCPatched
 from peg.methods.peg import PEG
 from peg.methods.pep import PEP
 from peg.methods.subspace import DiagonalGaussian, DropoutSubspace, LowRankGaussian, RandomSubspace
@@ -18,6 +20,8 @@ __all__ = [
     "DropoutSubspace",
     "LowRankGaussian",
     "MCDropout",
+    "MCPatched",
+    "PackedEnsemble",
     "RandomSubspace",
     "TemperatureScaling",
 ]

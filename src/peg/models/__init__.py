@@ -7,6 +7,10 @@ net = models.build("preresnet164", num_classes=100)              # PEG paper, CI
 Every model takes `in_channels` (images) or `in_features` (MLP) and `num_classes`, and maps a
 batch to logits `[B, num_classes]`. The CIFAR models expect 32×32 inputs and also run on 28×28
 (adaptive pooling); most take a `width` multiplier (`widen_factor` for WideResNet).
+
+MLP, VGG and the ResNets also take `packed=(alpha, num_estimators, gamma)` for their
+Packed-Ensembles variant (`_packed.py`): `member_forward(x)` -> `[M, B, C]`, and `forward(x)`
+-> `[B, C]`, the log of the averaged member probabilities.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from typing import Any
 
 from torch import nn
 
+from peg.models._packed import Packing
 from peg.models.cnn import LandscapeCNN, MediumCNN, SmallCNN
+from peg.models.gaussian import GaussianHead, RegressionMLP
 from peg.models.lenet import LeNet
 from peg.models.mlp import MLP
 from peg.models.preresnet import PreResNet
@@ -92,7 +98,9 @@ def build(name: str, **kwargs: Any) -> nn.Module:
             "wrn28-10" ("wide-resnet" takes `depth`, `widen_factor`);
             "resnet20" (He et al. CIFAR; "cifar-resnet" takes `depth`);
             "resnet18", "resnet50" (CIFAR stem; "resnet" takes `depth`).
-        **kwargs: passed to the constructor (`in_channels`, `num_classes`, `width`, ...).
+        **kwargs: passed to the constructor (`in_channels`, `num_classes`, `width`, ...;
+            `packed={"alpha": 2, "num_estimators": 4, "gamma": 1}` for "mlp", "vgg*",
+            "resnet*", "cifar-resnet").
 
     Returns:
         The model (in training mode, freshly initialised from torch's global generator).
@@ -108,11 +116,14 @@ __all__ = [
     "REGISTRY",
     "VGG",
     "CifarResNet",
+    "GaussianHead",
     "LandscapeCNN",
     "LeNet",
     "MediumCNN",
+    "Packing",
     "PreResNet",
     "Preset",
+    "RegressionMLP",
     "ResNet",
     "SmallCNN",
     "WideResNet",

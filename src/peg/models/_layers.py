@@ -4,15 +4,34 @@ Every model builds its convolutions, linear layers and BatchNorms through `conv`
 `batch_norm` below, never through `nn.Conv2d`/`nn.Linear` directly: packed (grouped) variants
 of the same classes can then swap these factories for `PackedConv2d`/`PackedLinear` without
 touching the layouts.
+
+Inside `_packed.packing(spec)` (a model built with `packed=...`) they do exactly that: `conv` and
+`linear` return `PackedConv2d`/`PackedLinear` for Packed-Ensembles-(α, M, γ), `batch_norm` a
+BatchNorm over the packed channels (per-channel, hence per-subnetwork). The keyword-only `first`
+(the layer reading the plain input), `last` (the head: M·C outputs) and `subgroups` (False: no γ
+subgroups in this layer) say where a layer sits; they change nothing in a plain model.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 from torch import Tensor, nn
+
+from peg.models._packed import current
+
+if TYPE_CHECKING:
+    from peg.layers.packed import PackedLinear
+
+
+def _gamma(first: bool, last: bool, subgroups: bool) -> int:
+    """γ of a packed layer: none on the first layer, the head, or where `subgroups=False`."""
+    spec = current()
+    assert spec is not None
+    return spec.gamma if subgroups and not (first or last) else 1
 
 
 def conv(
@@ -22,31 +41,96 @@ def conv(
     stride: int = 1,
     padding: int = 0,
     bias: bool = False,
+    *,
+    first: bool = False,
+    last: bool = False,
+    subgroups: bool = True,
 ) -> nn.Conv2d:
-    """A 2-D convolution `[B, in, H, W] -> [B, out, H', W']` (the one place convs are made)."""
-    return nn.Conv2d(
-        in_channels, out_channels, kernel_size, stride=stride, padding=padding, bias=bias
+    """A 2-D convolution `[B, in, H, W] -> [B, out, H', W']` (the one place convs are made).
+
+    Packed (inside `packing`): a `PackedConv2d` over the packed channels; see the module doc.
+    """
+    spec = current()
+    if spec is None:
+        return nn.Conv2d(
+            in_channels, out_channels, kernel_size, stride=stride, padding=padding, bias=bias
+        )
+    from peg.layers.packed import PackedConv2d  # lazy: peg.layers may import peg.models
+
+    return PackedConv2d(
+        in_channels,
+        out_channels,
+        kernel_size,
+        spec.alpha,
+        spec.num_estimators,
+        gamma=_gamma(first, last, subgroups),
+        first=first,
+        last=last,
+        stride=stride,
+        padding=padding,
+        bias=bias,
     )
 
 
-def conv3x3(in_channels: int, out_channels: int, stride: int = 1, bias: bool = False) -> nn.Conv2d:
+def conv3x3(
+    in_channels: int, out_channels: int, stride: int = 1, bias: bool = False, **where: bool
+) -> nn.Conv2d:
     """3×3 convolution with padding 1 (keeps H×W at stride 1, halves it at stride 2)."""
-    return conv(in_channels, out_channels, 3, stride=stride, padding=1, bias=bias)
+    return conv(in_channels, out_channels, 3, stride=stride, padding=1, bias=bias, **where)
 
 
-def conv1x1(in_channels: int, out_channels: int, stride: int = 1, bias: bool = False) -> nn.Conv2d:
+def conv1x1(
+    in_channels: int, out_channels: int, stride: int = 1, bias: bool = False, **where: bool
+) -> nn.Conv2d:
     """1×1 convolution (projection shortcuts, bottleneck reductions)."""
-    return conv(in_channels, out_channels, 1, stride=stride, bias=bias)
+    return conv(in_channels, out_channels, 1, stride=stride, bias=bias, **where)
 
 
-def linear(in_features: int, out_features: int, bias: bool = True) -> nn.Linear:
-    """A fully connected layer `[B, in] -> [B, out]` (the one place linear layers are made)."""
-    return nn.Linear(in_features, out_features, bias=bias)
+def linear(
+    in_features: int,
+    out_features: int,
+    bias: bool = True,
+    *,
+    first: bool = False,
+    last: bool = False,
+    subgroups: bool = True,
+) -> nn.Linear | PackedLinear:
+    """A fully connected layer `[B, in] -> [B, out]` (the one place linear layers are made).
+
+    Packed (inside `packing`): a `PackedLinear` `[B, in_packed] -> [B, out_packed]`.
+    """
+    spec = current()
+    if spec is None:
+        return nn.Linear(in_features, out_features, bias=bias)
+    from peg.layers.packed import PackedLinear
+
+    return PackedLinear(
+        in_features,
+        out_features,
+        spec.alpha,
+        spec.num_estimators,
+        gamma=_gamma(first, last, subgroups),
+        first=first,
+        last=last,
+        bias=bias,
+    )
 
 
-def batch_norm(channels: int) -> nn.BatchNorm2d:
-    """BatchNorm over the channels of `[B, channels, H, W]` maps."""
-    return nn.BatchNorm2d(channels)
+def channels(count: int) -> int:
+    """The channels a layer of `count` channels really has: packed width inside `packing`."""
+    spec = current()
+    return count if spec is None else spec.channels(count)
+
+
+def num_estimators() -> int:
+    """Number of subnetworks M being built (1 outside `packing`)."""
+    spec = current()
+    return 1 if spec is None else spec.num_estimators
+
+
+def batch_norm(count: int) -> nn.BatchNorm2d:
+    """BatchNorm over the channels of `[B, count, H, W]` maps (packed: over the packed ones)."""
+    return nn.BatchNorm2d(channels(count))
 
 
 def dropout(p: float) -> nn.Module:
@@ -60,9 +144,16 @@ def init_kaiming_fan_out(model: nn.Module, zero_conv_bias: bool = True) -> None:
     This is the initialisation of the SWA/SWAG reference VGG and PreResNet
     (`normal_(0, sqrt(2 / n))`, `n = k·k·out_channels`) and of torchvision's ResNets
     (`kaiming_normal_(mode="fan_out", nonlinearity="relu")`): the same distribution.
+    Grouped (packed) convs count the fan-out of one group, `k·k·out_channels / groups`, so each
+    subnetwork starts as the standalone network of its width would.
     """
     for m in model.modules():
-        if isinstance(m, nn.Conv2d):
+        if isinstance(m, nn.Conv2d) and m.groups > 1:
+            fan_out = m.weight[0, 0].numel() * m.out_channels // m.groups
+            nn.init.normal_(m.weight, 0.0, math.sqrt(2.0 / fan_out))
+            if m.bias is not None and zero_conv_bias:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Conv2d):
             nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
             if m.bias is not None and zero_conv_bias:
                 nn.init.zeros_(m.bias)

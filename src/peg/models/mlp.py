@@ -8,6 +8,7 @@ import numpy as np
 from torch import Tensor, nn
 
 from peg.models import _layers as L
+from peg.models._packed import Packable, as_packing, packing
 
 #: Activation name -> module class.
 ACTIVATIONS: dict[str, type[nn.Module]] = {
@@ -21,7 +22,7 @@ ACTIVATIONS: dict[str, type[nn.Module]] = {
 }
 
 
-class MLP(nn.Module):
+class MLP(Packable):
     """Fully connected classifier; inputs `[B, ...]` are flattened to `[B, in_features]`.
 
     Layout: `body` = Flatten, then per hidden layer Linear → activation (→ Dropout when
@@ -35,8 +36,12 @@ class MLP(nn.Module):
             model. The paper's toy model: (20,).
         activation: one of "relu", "tanh", "gelu", "elu", "silu", "leaky_relu", "sigmoid".
         dropout: dropout probability after each hidden activation (0 adds no Dropout layers).
+        packed: None, or Packed-Ensembles-(alpha, num_estimators, gamma) as a tuple, a dict or
+            a `Packing` (see `peg.models._packed`): every layer packed, the first one reading
+            the plain input.
 
-    Input `[B, ...]` with `prod(...) == in_features`; output logits `[B, num_classes]`.
+    Input `[B, ...]` with `prod(...) == in_features`; output logits `[B, num_classes]`
+    (packed: log p̄, and `member_forward(x)` -> `[M, B, C]`).
     """
 
     def __init__(
@@ -46,8 +51,10 @@ class MLP(nn.Module):
         hidden: Sequence[int] | int = (20,),
         activation: str = "relu",
         dropout: float = 0.0,
+        packed: object = None,
     ) -> None:
         super().__init__()
+        self.packing = as_packing(packed)
         self.in_features = L.positive_int(in_features, "in_features")
         self.num_classes = L.positive_int(num_classes, "num_classes")
         if isinstance(hidden, (int, np.integer)) and not isinstance(hidden, bool):
@@ -60,15 +67,16 @@ class MLP(nn.Module):
                 f"activation: expected one of {sorted(ACTIVATIONS)}, got {activation!r}"
             )
         dropout = L.probability(dropout, "dropout")
-        layers: list[nn.Module] = [nn.Flatten()]
-        width = self.in_features
-        for size in sizes:
-            layers += [L.linear(width, size), ACTIVATIONS[activation]()]
-            if dropout > 0:
-                layers.append(nn.Dropout(dropout))
-            width = size
-        self.body = nn.Sequential(*layers)
-        self.head = L.linear(width, self.num_classes)
+        with packing(self.packing):
+            layers: list[nn.Module] = [nn.Flatten()]
+            width = self.in_features
+            for i, size in enumerate(sizes):
+                layers += [L.linear(width, size, first=i == 0), ACTIVATIONS[activation]()]
+                if dropout > 0:
+                    layers.append(nn.Dropout(dropout))
+                width = size
+            self.body = nn.Sequential(*layers)
+            self.head = L.linear(width, self.num_classes, first=not sizes, last=True)
 
     def forward(self, x: Tensor) -> Tensor:
         """Logits `[B, num_classes]` for inputs `[B, ...]` (flattened)."""
@@ -77,4 +85,4 @@ class MLP(nn.Module):
                 f"x: expected [B, ...] with {self.in_features} features per sample, "
                 f"got shape {tuple(x.shape)}"
             )
-        return self.head(self.body(x))
+        return self._output(self.head(self.body(x)))

@@ -15,6 +15,13 @@ Table 1).
 
 Initialisation (torchvision's): convs kaiming-normal (fan-out, ReLU gain), BatchNorm γ = 1,
 β = 0, linear head PyTorch's default. The pooling is adaptive, so 28×28 inputs work too.
+
+Packed-Ensembles (`packed=(alpha, num_estimators, gamma)`, see `peg.models._packed`): the stem
+conv is the full first layer, the head gives M·C logits, γ subgroups apply to every conv but
+the first one of each block (Packed-Ensembles appendix B) and option-A shortcuts pad each
+subnetwork's channels on their own. Not reproduced: the paper's floor of 64 channels per group
+(γ is used as given). ResNet-18 / -50, C = 10: PE-(2, 4, 1) 11.19M / 23.60M, PE-(2, 4, 2)
+7.97M / 14.04M parameters (single: 11.17M / 23.52M).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from peg.models import _layers as L
+from peg.models._packed import Packable, as_packing, packing
 
 #: ResNet depth -> (block kind, blocks per stage), He et al. Table 1.
 STAGES: dict[int, tuple[str, tuple[int, ...]]] = {
@@ -34,10 +42,25 @@ STAGES: dict[int, tuple[str, tuple[int, ...]]] = {
 }
 
 
-def conv_bn(in_channels: int, out_channels: int, kernel_size: int, stride: int) -> nn.Sequential:
-    """conv (no bias) - BN, padding keeping H×W at stride 1."""
+def conv_bn(
+    in_channels: int,
+    out_channels: int,
+    kernel_size: int,
+    stride: int,
+    first: bool = False,
+    subgroups: bool = True,
+) -> nn.Sequential:
+    """conv (no bias) - BN, padding keeping H×W at stride 1 (`first`, `subgroups`: `_layers`)."""
     return nn.Sequential(
-        L.conv(in_channels, out_channels, kernel_size, stride=stride, padding=kernel_size // 2),
+        L.conv(
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride=stride,
+            padding=kernel_size // 2,
+            first=first,
+            subgroups=subgroups,
+        ),
         L.batch_norm(out_channels),
     )
 
@@ -46,17 +69,24 @@ class PadShortcut(nn.Module):
     """He et al.'s "option A" shortcut: subsample by `stride`, zero-pad the new channels.
 
     `[B, in_channels, H, W] -> [B, out_channels, H / stride, W / stride]`, no parameters.
+    With `groups` > 1 (packed: one group per subnetwork) each group of channels is padded on its
+    own, so every subnetwork keeps its own block of channels.
     """
 
-    def __init__(self, in_channels: int, out_channels: int, stride: int) -> None:
+    def __init__(self, in_channels: int, out_channels: int, stride: int, groups: int = 1) -> None:
         super().__init__()
         self.stride = stride
-        extra = out_channels - in_channels
+        self.groups = groups
+        extra = (out_channels - in_channels) // groups
         self.pad = (extra // 2, extra - extra // 2)  # split evenly, as in the common port
 
     def forward(self, x: Tensor) -> Tensor:
         """The subsampled, zero-padded input."""
-        return F.pad(x[:, :, :: self.stride, :: self.stride], (0, 0, 0, 0, *self.pad))
+        x = x[:, :, :: self.stride, :: self.stride]
+        if self.groups == 1:
+            return F.pad(x, (0, 0, 0, 0, *self.pad))
+        x = F.pad(x.unflatten(1, (self.groups, -1)), (0, 0, 0, 0, *self.pad))
+        return x.flatten(1, 2)
 
 
 def shortcut(in_channels: int, out_channels: int, stride: int, kind: str = "B") -> nn.Module:
@@ -64,7 +94,10 @@ def shortcut(in_channels: int, out_channels: int, stride: int, kind: str = "B") 
     if stride == 1 and in_channels == out_channels:
         return nn.Identity()
     if kind == "A":
-        return PadShortcut(in_channels, out_channels, stride)
+        # Packed: pad the packed widths, member by member.
+        return PadShortcut(
+            L.channels(in_channels), L.channels(out_channels), stride, L.num_estimators()
+        )
     return conv_bn(in_channels, out_channels, 1, stride)
 
 
@@ -81,7 +114,8 @@ class BasicBlock(nn.Module):
     ) -> None:
         super().__init__()
         self.body = nn.Sequential(
-            conv_bn(in_channels, channels, 3, stride),
+            # Packed-Ensembles (appendix B): no subgroups on the first layer of a block.
+            conv_bn(in_channels, channels, 3, stride, subgroups=False),
             nn.ReLU(inplace=True),
             conv_bn(channels, channels, 3, 1),
         )
@@ -108,7 +142,7 @@ class Bottleneck(nn.Module):
         super().__init__()
         out_channels = channels * self.expansion
         self.body = nn.Sequential(
-            conv_bn(in_channels, channels, 1, 1),
+            conv_bn(in_channels, channels, 1, 1, subgroups=False),  # as in BasicBlock
             nn.ReLU(inplace=True),
             conv_bn(channels, channels, 3, stride),
             nn.ReLU(inplace=True),
@@ -138,19 +172,20 @@ def make_stage(
     return nn.Sequential(*layers), in_channels
 
 
-class _ResNetBase(nn.Module):
+class _ResNetBase(Packable):
     """stem → stages → global average pool → linear head; subclasses build the parts."""
 
     in_channels: int
     stem: nn.Module
     stages: nn.Sequential
-    head: nn.Linear
+    head: nn.Module
 
     def forward(self, x: Tensor) -> Tensor:
-        """Logits `[B, num_classes]` for images `[B, in_channels, H, W]`."""
+        """Logits `[B, num_classes]` for images `[B, in_channels, H, W]` (packed: log p̄ with
+        `.member_logits` `[M, B, C]`; `member_forward(x)` gives those directly)."""
         L.check_images(x, self.in_channels)
         x = self.stages(self.stem(x))
-        return self.head(F.adaptive_avg_pool2d(x, 1).flatten(1))
+        return self._output(self.head(F.adaptive_avg_pool2d(x, 1).flatten(1)))
 
 
 class CifarResNet(_ResNetBase):
@@ -163,8 +198,11 @@ class CifarResNet(_ResNetBase):
         width: multiplier of the stage widths 16, 32, 64.
         shortcut: "A" (He et al. CIFAR: parameter-free zero-padding) or "B" (1×1 conv + BN
             projections, as Keras' ResNet20v1).
+        packed: None, or Packed-Ensembles-(alpha, num_estimators, gamma) as a tuple, a dict or
+            a `Packing` (see `peg.models._packed`).
 
-    Input `[B, in_channels, H, W]`; output logits `[B, num_classes]`.
+    Input `[B, in_channels, H, W]`; output logits `[B, num_classes]` (packed: log p̄, and
+    `member_forward(x)` -> `[M, B, C]`).
     """
 
     def __init__(
@@ -174,8 +212,10 @@ class CifarResNet(_ResNetBase):
         num_classes: int = 10,
         width: float = 1.0,
         shortcut: str = "A",
+        packed: object = None,
     ) -> None:
         super().__init__()
+        self.packing = as_packing(packed)
         self.depth = L.depth_of(depth, lambda d: d >= 8 and (d - 2) % 6 == 0, "6n+2 (20, 32, 56)")
         self.in_channels = L.positive_int(in_channels, "in_channels")
         self.num_classes = L.positive_int(num_classes, "num_classes")
@@ -183,16 +223,19 @@ class CifarResNet(_ResNetBase):
         if shortcut not in ("A", "B"):
             raise ValueError(f"shortcut: expected 'A' or 'B', got {shortcut!r}")
         n = (self.depth - 2) // 6
-        channels = L.scaled(16, width)
-        self.stem = nn.Sequential(conv_bn(self.in_channels, channels, 3, 1), nn.ReLU(inplace=True))
-        stages = []
-        for i, planes in enumerate((16, 32, 64)):
-            stage, channels = make_stage(
-                BasicBlock, channels, L.scaled(planes, width), n, 1 if i == 0 else 2, shortcut
+        with packing(self.packing):
+            channels = L.scaled(16, width)
+            self.stem = nn.Sequential(
+                conv_bn(self.in_channels, channels, 3, 1, first=True), nn.ReLU(inplace=True)
             )
-            stages.append(stage)
-        self.stages = nn.Sequential(*stages)
-        self.head = L.linear(channels, self.num_classes)
+            stages = []
+            for i, planes in enumerate((16, 32, 64)):
+                stage, channels = make_stage(
+                    BasicBlock, channels, L.scaled(planes, width), n, 1 if i == 0 else 2, shortcut
+                )
+                stages.append(stage)
+            self.stages = nn.Sequential(*stages)
+            self.head = L.linear(channels, self.num_classes, last=True)
         L.init_kaiming_fan_out(self)
 
 
@@ -204,28 +247,40 @@ class ResNet(_ResNetBase):
         in_channels: image channels.
         num_classes: number of logits C.
         width: multiplier of the stage widths 64, 128, 256, 512 (and of the stem).
+        packed: None, or Packed-Ensembles-(alpha, num_estimators, gamma) as a tuple, a dict or
+            a `Packing` (see `peg.models._packed`).
 
-    Input `[B, in_channels, H, W]`; output logits `[B, num_classes]`.
+    Input `[B, in_channels, H, W]`; output logits `[B, num_classes]` (packed: log p̄, and
+    `member_forward(x)` -> `[M, B, C]`).
     """
 
     def __init__(
-        self, depth: int = 18, in_channels: int = 3, num_classes: int = 10, width: float = 1.0
+        self,
+        depth: int = 18,
+        in_channels: int = 3,
+        num_classes: int = 10,
+        width: float = 1.0,
+        packed: object = None,
     ) -> None:
         super().__init__()
+        self.packing = as_packing(packed)
         self.depth = L.depth_of(depth, lambda d: d in STAGES, f"one of {sorted(STAGES)}")
         self.in_channels = L.positive_int(in_channels, "in_channels")
         self.num_classes = L.positive_int(num_classes, "num_classes")
         width = L.positive_number(width, "width")
         kind, counts = STAGES[self.depth]
         block = BasicBlock if kind == "basic" else Bottleneck
-        channels = L.scaled(64, width)
-        self.stem = nn.Sequential(conv_bn(self.in_channels, channels, 3, 1), nn.ReLU(inplace=True))
-        stages = []
-        for i, (planes, blocks) in enumerate(zip((64, 128, 256, 512), counts, strict=True)):
-            stage, channels = make_stage(
-                block, channels, L.scaled(planes, width), blocks, 1 if i == 0 else 2
+        with packing(self.packing):
+            channels = L.scaled(64, width)
+            self.stem = nn.Sequential(
+                conv_bn(self.in_channels, channels, 3, 1, first=True), nn.ReLU(inplace=True)
             )
-            stages.append(stage)
-        self.stages = nn.Sequential(*stages)
-        self.head = L.linear(channels, self.num_classes)
+            stages = []
+            for i, (planes, blocks) in enumerate(zip((64, 128, 256, 512), counts, strict=True)):
+                stage, channels = make_stage(
+                    block, channels, L.scaled(planes, width), blocks, 1 if i == 0 else 2
+                )
+                stages.append(stage)
+            self.stages = nn.Sequential(*stages)
+            self.head = L.linear(channels, self.num_classes, last=True)
         L.init_kaiming_fan_out(self)

@@ -28,6 +28,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from peg.models import _layers as L
+from peg.models._packed import Packable, as_packing, packing
 
 #: Depth -> layer configuration (channels, or "M" for a 2×2 max-pool), SWA reference `cfg`
 #: for 16 and 19, torchvision's for 11 and 13.
@@ -42,16 +43,18 @@ CONFIGS: dict[int, tuple[int | str, ...]] = {
 }  # fmt: skip
 
 
-def _conv_block(in_channels: int, out_channels: int, batch_norm: bool) -> list[nn.Module]:
-    """conv3×3 (with bias, as in the reference) (- BN) - ReLU."""
-    layers: list[nn.Module] = [L.conv3x3(in_channels, out_channels, bias=True)]
+def _conv_block(
+    in_channels: int, out_channels: int, batch_norm: bool, first: bool = False
+) -> list[nn.Module]:
+    """conv3×3 (with bias, as in the reference) (- BN) - ReLU (`first`: reads the image)."""
+    layers: list[nn.Module] = [L.conv3x3(in_channels, out_channels, bias=True, first=first)]
     if batch_norm:
         layers.append(L.batch_norm(out_channels))
     layers.append(nn.ReLU(inplace=True))
     return layers
 
 
-class VGG(nn.Module):
+class VGG(Packable):
     """VGG-11/13/16/19 (with or without BatchNorm) for CIFAR-sized images.
 
     Args:
@@ -61,9 +64,11 @@ class VGG(nn.Module):
         num_classes: number of logits C.
         width: multiplier of every conv and hidden-layer width (1: the reference).
         dropout: probability of the two classifier Dropouts (reference: 0.5).
+        packed: None, or Packed-Ensembles-(alpha, num_estimators, gamma) as a tuple, a dict or
+            a `Packing` (see `peg.models._packed`).
 
     Input `[B, in_channels, H, W]` (32×32 as in the reference; 28×28 works); output logits
-    `[B, num_classes]`.
+    `[B, num_classes]` (packed: log p̄, and `member_forward(x)` -> `[M, B, C]`).
     """
 
     def __init__(
@@ -74,8 +79,10 @@ class VGG(nn.Module):
         num_classes: int = 10,
         width: float = 1.0,
         dropout: float = 0.5,
+        packed: object = None,
     ) -> None:
         super().__init__()
+        self.packing = as_packing(packed)
         self.depth = L.depth_of(depth, lambda d: d in CONFIGS, f"one of {sorted(CONFIGS)}")
         self.batch_norm = L.flag(batch_norm, "batch_norm")
         self.in_channels = L.positive_int(in_channels, "in_channels")
@@ -83,30 +90,34 @@ class VGG(nn.Module):
         width = L.positive_number(width, "width")
         dropout = L.probability(dropout, "dropout")
 
-        layers: list[nn.Module] = []
-        channels = self.in_channels
-        for item in CONFIGS[self.depth]:
-            if item == "M":
-                layers.append(nn.MaxPool2d(2, ceil_mode=True))
-            else:
-                layers += _conv_block(channels, L.scaled(int(item), width), self.batch_norm)
-                channels = L.scaled(int(item), width)
-        self.features = nn.Sequential(*layers)
-        self.pool = nn.AdaptiveAvgPool2d(1)
-        hidden = L.scaled(512, width)
-        self.classifier = nn.Sequential(
-            L.dropout(dropout),
-            L.linear(channels, hidden),
-            nn.ReLU(inplace=True),
-            L.dropout(dropout),
-            L.linear(hidden, hidden),
-            nn.ReLU(inplace=True),
-        )
-        self.head = L.linear(hidden, self.num_classes)
+        with packing(self.packing):
+            layers: list[nn.Module] = []
+            channels = self.in_channels
+            for item in CONFIGS[self.depth]:
+                if item == "M":
+                    layers.append(nn.MaxPool2d(2, ceil_mode=True))
+                else:
+                    first = not layers
+                    layers += _conv_block(
+                        channels, L.scaled(int(item), width), self.batch_norm, first
+                    )
+                    channels = L.scaled(int(item), width)
+            self.features = nn.Sequential(*layers)
+            self.pool = nn.AdaptiveAvgPool2d(1)
+            hidden = L.scaled(512, width)
+            self.classifier = nn.Sequential(
+                L.dropout(dropout),
+                L.linear(channels, hidden),
+                nn.ReLU(inplace=True),
+                L.dropout(dropout),
+                L.linear(hidden, hidden),
+                nn.ReLU(inplace=True),
+            )
+            self.head = L.linear(hidden, self.num_classes, last=True)
         L.init_kaiming_fan_out(self.features)
 
     def forward(self, x: Tensor) -> Tensor:
         """Logits `[B, num_classes]` for images `[B, in_channels, H, W]`."""
         L.check_images(x, self.in_channels)
-        x = self.pool(self.features(x)).flatten(1)
-        return self.head(self.classifier(x))
+        x = self.pool(self.features(x)).flatten(1)  # packed: member blocks stay in order
+        return self._output(self.head(self.classifier(x)))

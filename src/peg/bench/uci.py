@@ -1,0 +1,243 @@
+"""`peg bench uci`: the UCI regression benchmark (the MC-dropout / EMP protocol) for every method.
+
+Per data set and standard split k (`index_train_k.txt` / `index_test_k.txt`; 20 splits, Protein
+5): inputs and targets are standardised with the training split's statistics; the last 10% of
+the (shuffled, seeded) training split is held out as validation data for the post-hoc methods'
+scale search, and every base model is trained on the other 90%. Network: one hidden layer of
+`n_hidden.txt` ReLU units (50; Protein 100, the EMP paper's setting) with a Gaussian head (mean,
+log-variance), trained for `n_epochs.txt` epochs (40; Protein 20, the MC-dropout protocol) with
+Adam on the Gaussian NLL. The EMP paper trains for 4000 epochs with a fixed τ = 0.1; we keep the
+standard split files' epochs so the whole benchmark runs on a CPU, and learn the variance.
+
+Methods: `Single`, `DeepEns-5`, `MC-Dropout` (p = 0.05 before each linear layer, 50 samples),
+`EMP` and `ECMP` (K = 5 components on the input and output layers, 50 samples), `PEP-10` and
+`PEG-10` on the single model. Metrics in the data's units: RMSE and LPD (log predictive density
+of the members' Gaussian mixture), mean ± standard error over splits. Test outputs `[M, N, 2]`
+are cached per (set, split, method): an interrupted run resumes, a rerun only tabulates.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from peg import data as datasets
+from peg._env import git_commit, machine
+from peg._io import atomic_write_text, load_tree, save_tree
+from peg._progress import bar
+from peg.data.uci import UCI_SETS, uci_n_splits, uci_normalise
+from peg.ensemble import Ensemble
+from peg.layers.patching import emp_loss, patch
+from peg.methods.deep_ensemble import DeepEnsemble
+from peg.methods.dropout import MCDropout
+from peg.methods.patching import MCPatched
+from peg.methods.peg import PEG
+from peg.methods.pep import PEP
+from peg.metrics.regression import log_predictive_density, rmse, split_gaussian
+from peg.models.gaussian import RegressionMLP, gaussian_nll_loss
+from peg.train import Recipe, instantiate, train
+
+METHODS = ("Single", "DeepEns-5", "MC-Dropout", "EMP", "ECMP", "PEP-10", "PEG-10")
+HIDDEN = {"protein": 100}
+EPOCHS = {"protein": 20}
+MC_SAMPLES = 50
+DROPOUT = 0.05
+EMP_WEIGHT = 1e-4  # weight of the Eq. (6) regulariser added to the mean Gaussian NLL
+
+
+def _recipe(name: str, epochs: int | None) -> Recipe:
+    n = epochs if epochs is not None else EPOCHS.get(name, 40)
+    return Recipe(epochs=n, lr=0.01, optimizer="adam", weight_decay=0.0, batch_size=32)
+
+
+class Split:
+    """One (data set, split): standardised data, the trained models, cached test outputs."""
+
+    def __init__(self, name: str, k: int, cache: Path, epochs: int | None, root: Any) -> None:
+        self.name, self.k = name, k
+        self.cache = cache / name / f"split-{k}"
+        X, y = datasets.load(f"uci-{name}", "train", root=root, split_index=k)
+        Xt, yt = datasets.load(f"uci-{name}", "test", root=root, split_index=k)
+        X, y, Xt, yt, self.stats = uci_normalise(X, y, Xt, yt)
+        perm = torch.randperm(len(X), generator=torch.Generator().manual_seed(k))
+        n_val = max(1, len(X) // 10)
+        fit, val = perm[n_val:], perm[:n_val]
+        self.train = (X[fit].float(), y[fit].float())
+        self.val = (X[val].float(), y[val].float())
+        self.test = (Xt.float(), yt.float())
+        self.recipe = _recipe(name, epochs)
+        self.hidden = HIDDEN.get(name, 50)
+
+    def factory(self, dropout: float = 0.0) -> Callable[[], nn.Module]:
+        D = self.train[0].shape[1]
+        return lambda: RegressionMLP(D, hidden=self.hidden, dropout=dropout)
+
+    def deep_ensemble(self) -> Ensemble:
+        if not hasattr(self, "_deep"):
+            self._deep = DeepEnsemble(
+                size=5,
+                recipe=self.recipe,
+                seed=self.k,
+                checkpoint_dir=self.cache / "deep-ensemble",
+                progress=False,
+                loss=gaussian_nll_loss,
+            ).fit(self.factory(), self.train)
+        return self._deep.ensemble()
+
+    def single(self) -> nn.Module:
+        return self.deep_ensemble().member_model(0)
+
+    def _trained(
+        self, tag: str, net: nn.Module, loss: Callable[[Tensor, Tensor], Tensor]
+    ) -> nn.Module:
+        train(
+            net,
+            self.train,
+            self.recipe,
+            seed=self.k,
+            loss=loss,
+            checkpoint=self.cache / f"{tag}.safetensors",
+            progress=False,
+        )
+        return net
+
+    def build(self, method: str) -> Any:
+        """A fitted predictor with `member_logits(X) -> [M, N, 2]` (or an nn.Module)."""
+        if method == "Single":
+            return self.single()
+        if method == "DeepEns-5":
+            return self.deep_ensemble()
+        if method == "MC-Dropout":
+            net = instantiate(self.factory(DROPOUT), self.k)
+            return MCDropout(MC_SAMPLES, seed=self.k).fit(
+                self._trained("mc-dropout", net, gaussian_nll_loss)
+            )
+        if method in ("EMP", "ECMP"):
+            net = patch(
+                instantiate(self.factory(), self.k),
+                k=5,
+                mode=method.lower(),
+                layers="input+output",
+                seed=self.k,
+            )
+            loss = emp_loss(net, EMP_WEIGHT, base=gaussian_nll_loss)
+            return MCPatched(MC_SAMPLES, seed=self.k).fit(self._trained(method, net, loss))
+        size = int(method.split("-")[1])
+        cls = PEG if method.startswith("PEG") else PEP
+        options = {"batch_size": min(32, len(self.val[0]) // 2)} if cls is PEG else {}
+        return cls(size=size, seed=self.k, progress=False, **options).fit(self.single(), self.val)
+
+    def outputs(self, method: str) -> Tensor:
+        """Test outputs `[M, N, 2]` (cached)."""
+        path = self.cache / "outputs" / f"{method}.safetensors"
+        if path.exists():
+            return load_tree(path)["outputs"]
+        predictor = self.build(method)
+        if isinstance(predictor, nn.Module):
+            predictor = Ensemble.from_models([predictor])
+        out = predictor.member_logits(self.test[0])
+        save_tree(path, {"outputs": out})
+        return out
+
+    def scores(self, method: str) -> dict[str, float]:
+        mean, var = split_gaussian(self.outputs(method))
+        y, scale = self.test[1], float(self.stats.y_std)
+        # standardised targets: RMSE × std and LPD − log std give the data's units
+        return {"rmse": rmse(mean, y, scale), "lpd": log_predictive_density(mean, var, y, scale)}
+
+
+def _se(values: list[float]) -> dict[str, float]:
+    n = len(values)
+    sd = statistics.stdev(values) if n > 1 else 0.0
+    return {"mean": statistics.fmean(values), "std": sd, "se": sd / math.sqrt(n), "n": n}
+
+
+def run_uci(
+    sets: Sequence[str] | None = None,
+    splits: int | None = None,
+    methods: Sequence[str] = METHODS,
+    epochs: int | None = None,
+    out: str | Path = "results",
+    cache: str | Path = ".peg-cache/bench",
+    root: Any = None,
+    progress: bool | None = None,
+    command: str | None = None,
+    say: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run the benchmark; write `results/uci/results.{json,md}`; return the results.
+
+    Args:
+        sets: UCI names (default: all nine); splits: use the first `splits` standard splits of
+            each set (default: all); epochs: override every set's epochs (tests, smoke runs).
+    """
+    sets = list(UCI_SETS) if sets is None else list(sets)
+    unknown = [s for s in sets if s not in UCI_SETS]
+    if unknown:
+        raise ValueError(f"sets: unknown {unknown}; known: {list(UCI_SETS)}")
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        raise ValueError(f"methods: unknown {bad}; known: {list(METHODS)}")
+    if splits is not None and splits < 1:
+        raise ValueError(f"splits: expected a number of splits >= 1, got {splits}")
+    started = time.perf_counter()
+    per: dict[str, dict[str, dict[str, list[float]]]] = {}
+    for name in sets:
+        n = uci_n_splits(name, root) if splits is None else min(splits, uci_n_splits(name, root))
+        for k in bar(range(n), f"uci {name}", n, progress):
+            one = Split(name, k, Path(cache) / "uci", epochs, root)
+            for method in methods:
+                for metric, value in one.scores(method).items():
+                    per.setdefault(name, {}).setdefault(method, {}).setdefault(metric, [])
+                    per[name][method][metric].append(value)
+        say(f"uci {name}: {n} splits done")
+    results = {
+        "command": command or "peg bench uci",
+        "commit": git_commit(),
+        "machine": machine(),
+        "wall_seconds": time.perf_counter() - started,
+        "datasets": {
+            d: {m: {k: _se(v) for k, v in cell.items()} for m, cell in ms.items()}
+            for d, ms in per.items()
+        },
+    }
+    text = _report(results, list(methods))
+    folder = Path(out) / "uci"
+    atomic_write_text(folder / "results.json", json.dumps(results, indent=2) + "\n")
+    atomic_write_text(folder / "results.md", text)
+    say(text)
+    return results
+
+
+def _report(results: dict[str, Any], methods: list[str]) -> str:
+    lines = [
+        "# UCI regression",
+        "",
+        f"Command: `{results['command']}`; commit {results['commit']}; machine: "
+        f"{results['machine']}; wall time {results['wall_seconds']:.0f} s. Mean ± standard "
+        "error over splits, in the data's units.",
+        "",
+    ]
+    orders = (("rmse", "RMSE (lower is better)", min), ("lpd", "LPD (higher is better)", max))
+    for metric, title, best in orders:
+        lines += [f"## {title}", "", "| data set | splits | " + " | ".join(methods) + " |"]
+        lines.append("|---|---:|" + "---:|" * len(methods))
+        for d, ms in results["datasets"].items():
+            means = {m: ms[m][metric]["mean"] for m in methods}
+            top = best(means.values())
+            cells = []
+            for m in methods:
+                c = ms[m][metric]
+                text = f"{c['mean']:.3f} ± {c['se']:.3f}"
+                cells.append(f"**{text}**" if c["mean"] == top else text)
+            n = ms[methods[0]][metric]["n"]
+            lines.append(f"| {d} | {n} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)

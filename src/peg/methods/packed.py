@@ -1,0 +1,171 @@
+"""Packed-Ensembles-(α, M, γ) (Laurent et al. 2023): the training loss and the predictor.
+
+A packed model (`models.build("resnet18", packed=(2, 4, 1))`, see `peg.models._packed`) holds
+M subnetworks in grouped layers and runs them in one forward pass. Training it is an ordinary
+`peg.train.train` run with `loss=packed_loss`, which trains every subnetwork on its own
+cross-entropy (§3: the subnetworks are trained independently, in parallel):
+
+    model = models.build("resnet18", packed=(2, 4, 1))
+    train(model, (X, y), recipe, loss=packed_loss)
+    ens = PackedEnsemble(model)           # member_logits(X) -> [M, N, C]
+
+Like `MCDropout`, `PackedEnsemble` is not a stacked-weights `Ensemble`: the members share one
+module and come out of one forward pass, with the same `member_logits -> [M, N, C]` interface.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from peg._inputs import Data, as_xy, check_positive_int, iter_inputs, num_batches
+from peg._progress import bar
+from peg.methods.base import NotFittedError
+
+
+def packed_loss(output: Tensor, y: Tensor, reduction: Literal["mean", "sum"] = "mean") -> Tensor:
+    """Cross-entropy of every subnetwork on the same labels, combined over the members.
+
+    Args:
+        output: a packed model's forward output (log p̄ `[B, C]` carrying `.member_logits`
+            `[M, B, C]`, which is what `train` passes on), or member logits `[M, B, C]`.
+        y: labels `[B]`.
+        reduction: "mean" (default, as torch-uncertainty's training: the mean over the M
+            members of each one's mean cross-entropy) or "sum" (their sum: each subnetwork gets
+            exactly the gradient it would get trained alone, i.e. M times the "mean" one).
+
+    Returns a scalar. The subnetworks share no weights, so either way subnetwork m's gradient
+    comes from its own cross-entropy only.
+    """
+    members = getattr(output, "member_logits", None)
+    if members is None:
+        if output.ndim != 3:
+            raise ValueError(
+                "output: expected member logits [M, B, C] or the output of a packed model "
+                f"(built with packed=...), got shape {tuple(output.shape)}"
+            )
+        members = output
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction: expected 'mean' or 'sum', got {reduction!r}")
+    m = members.shape[0]
+    # One call over [M·B, C] with the labels repeated = mean over members of each member's mean.
+    loss = F.cross_entropy(members.flatten(0, 1), y.repeat(m))
+    return loss * m if reduction == "sum" else loss
+
+
+class PackedEnsemble:
+    """The M subnetworks of a trained packed model as an ensemble predictor.
+
+    Args:
+        model: optional; a packed model (`packed=...`), fitted right away (`fit(model)`).
+        batch_size: rows per forward pass when predicting a tensor.
+        progress: show a progress bar over batches (None: only on a terminal).
+
+    After `fit(model)`: `model_` (a deep copy in eval mode: BatchNorm running statistics,
+    dropout off; the caller's model is never changed), `meta_`, `member_logits(X) -> [M, N, C]`,
+    `predict_proba(X) -> [N, C]`, `predict(X) -> [N]`, `len(self) == M`.
+    """
+
+    method = "packed_ensemble"
+
+    def __init__(
+        self, model: nn.Module | None = None, batch_size: int = 512, progress: bool | None = None
+    ) -> None:
+        self.batch_size = check_positive_int(batch_size, "batch_size")
+        self.progress = progress
+        if model is not None:
+            self.fit(model)
+
+    def fit(self, model: nn.Module, val: Data | None = None) -> PackedEnsemble:
+        """Take (a copy of) a trained packed model.
+
+        Args:
+            model: an nn.Module with `member_forward(x) -> [M, B, C]` and a `packing`
+                (the architectures of `peg.models` built with `packed=...`).
+            val: optional inputs; only used to check, on two rows, that the model accepts them.
+        """
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
+        if not callable(getattr(model, "member_forward", None)) or (
+            getattr(model, "packing", None) is None
+        ):
+            raise ValueError(
+                f"model: {type(model).__name__} is not a packed model; build it with "
+                "packed=(alpha, num_estimators, gamma), e.g. models.build('resnet18', "
+                "packed=(2, 4, 1))"
+            )
+        self.model_ = copy.deepcopy(model).eval()
+        self.num_estimators_ = int(model.packing.num_estimators)
+        if val is not None:
+            X, _ = as_xy(val, "val", need_labels=False)
+            self._members(X[:2])
+        self.meta_: dict[str, Any] = {
+            "method": self.method,
+            "alpha": model.packing.alpha,
+            "num_estimators": model.packing.num_estimators,
+            "gamma": model.packing.gamma,
+            "architecture": type(model).__name__,
+        }
+        return self
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "model_"):
+            raise NotFittedError("PackedEnsemble: call fit(model) before predicting")
+
+    def _members(self, x: Tensor) -> Tensor:
+        """Member logits `[M, B, C]` of one batch."""
+        device = next(self.model_.parameters()).device
+        out = self.model_.member_forward(x.to(device))
+        if out.ndim != 3 or out.shape[0] != self.num_estimators_:
+            raise ValueError(
+                f"model: member_forward must return [M={self.num_estimators_}, B, C], "
+                f"got shape {tuple(out.shape)}"
+            )
+        return out
+
+    @torch.no_grad()
+    def member_logits(
+        self, X: Data, batch_size: int | None = None, progress: bool | None = None, **_: Any
+    ) -> Tensor:
+        """Logits of every subnetwork, `[M, N, C]` (one forward pass per batch for all M).
+
+        Args:
+            X: inputs `[N, ...]`, an (X, y) tuple, or a Dataset/DataLoader of `x` or `(x, y)`.
+            batch_size: rows per forward pass for tensors (default: the constructor's).
+            progress: progress bar over batches (default: the constructor's).
+        """
+        self._check_fitted()
+        size = (
+            self.batch_size if batch_size is None else check_positive_int(batch_size, "batch_size")
+        )
+        self.model_.eval()  # in case someone switched it to train mode since fit
+        batches = bar(
+            iter_inputs(X, size),
+            f"Packed-Ensembles ({self.num_estimators_} members)",
+            total=num_batches(X, size),
+            enabled=self.progress if progress is None else progress,
+        )
+        chunks = [self._members(x) for x in batches]
+        if not chunks:
+            raise ValueError("X: no inputs to predict (0 samples)")
+        return torch.cat(chunks, dim=1)
+
+    def predict_proba(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:
+        """Predictive probabilities `[N, C]`: the member softmax outputs averaged."""
+        return self.member_logits(X, batch_size, **kwargs).softmax(-1).mean(0)
+
+    def predict(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:
+        """Predicted class per input `[N]`."""
+        return self.predict_proba(X, batch_size, **kwargs).argmax(-1)
+
+    def __len__(self) -> int:
+        self._check_fitted()
+        return self.num_estimators_
+
+    def __repr__(self) -> str:
+        packing = getattr(getattr(self, "model_", None), "packing", None)
+        return f"PackedEnsemble({packing or 'unfitted'})"

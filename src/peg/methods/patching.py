@@ -1,0 +1,172 @@
+"""MC inference for Ensemble Model Patching (EMP/ECMP, Chang et al. §3.2, App. B.3).
+
+A model patched with `peg.layers.patching.patch` and trained (e.g. `peg.train.train` with
+`loss=emp_loss(model, weight)`) is an implicit ensemble: member s is one forward pass with a
+fresh draw of the components of every patched layer (one per layer for EMP, one per element
+for ECMP). The predictive distribution is the average of the S member softmax outputs (the
+paper uses S = 20 to 200, App. D.6).
+
+As with `MCDropout`, the model runs in eval mode (BatchNorm uses, and never updates, its
+running statistics) with only the patched layers sampling, and the draws of member s on input
+batch j come from the global RNG reseeded from the stream (seed, s, j) inside
+`torch.random.fork_rng()`: they depend on nothing else, but do depend on the batching.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from peg._inputs import Data, as_xy, check_positive_int, iter_inputs, num_batches
+from peg._progress import bar
+from peg.ensemble import model_output
+from peg.layers.patching import overhead, patched_modules, set_sampling
+from peg.methods._perturb import generator
+from peg.methods.base import NotFittedError
+
+
+def _draw_seed(seed: int, s: int, j: int) -> int:
+    """The global-RNG seed for member s on batch j (an independent stream per (seed, s, j))."""
+    return int(generator(seed, s, j).initial_seed())
+
+
+class MCPatched:
+    """Monte Carlo inference of an EMP/ECMP-patched model: `samples` stochastic passes.
+
+    Args:
+        samples: number of members S (forward passes per input; the paper: up to 200).
+        seed: seed of the component draws; member s on batch j depends only on (seed, s, j).
+        batch_size: rows per forward pass when predicting a tensor.
+        progress: show a progress bar over batches (None: only on a terminal).
+
+    After `fit(model)`: `model_` (a deep copy; the caller's model is never changed), `meta_`
+    (method, hyper-parameters, parameter overhead), `member_logits(X) -> [S, N, C]`,
+    `predict_proba(X) -> [N, C]`, `predict(X) -> [N]`, `len(self) == samples`.
+    """
+
+    method = "mc_patched"
+
+    def __init__(
+        self,
+        samples: int = 20,
+        seed: int = 0,
+        batch_size: int = 512,
+        progress: bool | None = None,
+    ) -> None:
+        self.samples = check_positive_int(samples, "samples")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise ValueError(f"seed: expected an integer, got {seed!r}")
+        self.seed = int(seed)
+        self.batch_size = check_positive_int(batch_size, "batch_size")
+        self.progress = progress
+
+    # ---------------------------------------------------------------- fitting
+    def fit(self, model: nn.Module, val: Data | None = None) -> MCPatched:
+        """Copy a patched (and trained) `model` and get it ready to sample.
+
+        Args:
+            model: an nn.Module returning logits `[B, C]`, converted by
+                `peg.layers.patching.patch`.
+            val: optional inputs; only used to check, with one forward pass on two rows, that
+                the model accepts them and returns `[B, C]`.
+        """
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
+        layers = patched_modules(model)
+        if not layers:
+            raise ValueError(
+                f"model: {type(model).__name__} has no patched layers; convert it with "
+                "peg.layers.patching.patch(model, k=5, mode='emp') and train it first"
+            )
+        self.model_ = copy.deepcopy(model)
+        self._set_modes()
+        if val is not None:
+            X, _ = as_xy(val, "val", need_labels=False)
+            with torch.no_grad():
+                model_output(self.model_(X[:2].to(self._device())), "val")
+        modes = sorted({m.mode for m in layers.values()})
+        ks = sorted({m.k for m in layers.values()})
+        self.meta_: dict[str, Any] = {
+            "method": self.method,
+            "mode": modes[0] if len(modes) == 1 else modes,
+            "k": ks[0] if len(ks) == 1 else ks,
+            "samples": self.samples,
+            "seed": self.seed,
+            "patched_layers": len(layers),
+            "overhead": overhead(model)["total"],
+        }
+        return self
+
+    def _set_modes(self) -> None:
+        """Eval mode everywhere (BatchNorm frozen, dropout off); patched layers sample."""
+        self.model_.eval()
+        set_sampling(self.model_, True)
+
+    def _device(self) -> torch.device:
+        first = next(self.model_.parameters(), None)
+        return first.device if first is not None else torch.device("cpu")
+
+    # ---------------------------------------------------------------- prediction
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "model_"):
+            raise NotFittedError("MCPatched: call fit(model) before predicting")
+
+    def _batch_logits(self, x: Tensor, j: int) -> Tensor:
+        """Logits `[S, B, C]` of every member on batch j."""
+        devices = [x.device] if x.device.type == "cuda" else []
+        outs = []
+        with torch.random.fork_rng(devices=devices):  # the caller's RNG state is left untouched
+            for s in range(self.samples):
+                torch.manual_seed(_draw_seed(self.seed, s, j))
+                outs.append(model_output(self.model_(x), "member_logits"))
+        return torch.stack(outs)
+
+    @torch.no_grad()
+    def member_logits(
+        self, X: Data, batch_size: int | None = None, progress: bool | None = None, **_: Any
+    ) -> Tensor:
+        """Logits of every member (one sampled forward pass each), `[S, N, C]`.
+
+        Args:
+            X: inputs `[N, ...]`, an (X, y) tuple, or a Dataset/DataLoader of `x` or `(x, y)`.
+            batch_size: rows per forward pass for tensors (default: the constructor's). The
+                draws depend on the batching, so keep it fixed to reproduce results.
+            progress: progress bar over batches (default: the constructor's).
+        """
+        self._check_fitted()
+        size = (
+            self.batch_size if batch_size is None else check_positive_int(batch_size, "batch_size")
+        )
+        self._set_modes()  # in case model_ was switched to train/eval by someone since fit
+        device = self._device()
+        batches = bar(
+            iter_inputs(X, size),
+            f"MC patching ({self.samples} samples)",
+            total=num_batches(X, size),
+            enabled=self.progress if progress is None else progress,
+        )
+        chunks = [self._batch_logits(x.to(device), j) for j, x in enumerate(batches)]
+        if not chunks:
+            raise ValueError("X: no inputs to predict (0 samples)")
+        return torch.cat(chunks, dim=1)
+
+    def predict_proba(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:
+        """Predictive probabilities `[N, C]`: the member softmax outputs averaged."""
+        return self.member_logits(X, batch_size, **kwargs).softmax(-1).mean(0)
+
+    def predict(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:
+        """Predicted class per input `[N]`."""
+        return self.predict_proba(X, batch_size, **kwargs).argmax(-1)
+
+    def __len__(self) -> int:
+        return self.samples
+
+    def __repr__(self) -> str:
+        return f"MCPatched(samples={self.samples}, seed={self.seed})"
+
+
+__all__ = ["MCPatched"]
