@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from peg.bench import runner
-from peg.bench.runner import fit_images, run_spec
+from peg.bench.runner import check_methods, fit_images, run_spec
 from peg.bench.spec import SpecError, find_spec, load_specs, load_uci_spec, parse_spec
 from peg.cli import main
 
@@ -218,3 +218,27 @@ def test_uci_runner_on_one_split_and_its_cache(tmp_path, monkeypatch):
     assert uci.run_uci(**kwargs)["datasets"] == first["datasets"]
     with pytest.raises(ValueError, match="sets"):
         uci.run_uci(**{**kwargs, "sets": ["iris"]})
+
+
+def test_packed_and_patched_methods_train_their_own_models(tmp_path):
+    spec = parse_spec(
+        {
+            **SMALL,
+            "name": "tiny-own",
+            "model": {"name": "mlp", "hidden": [16]},
+            "train": {"epochs": 8, "lr": 0.1, "batch_size": 64},
+            "methods": ["Packed-(2,2,1)", {"name": "EMP", "samples": 3}, "ECMP"],
+            "shift": {},
+            "ood": [],
+        }
+    )
+    assert [m.method for m in spec.methods] == ["packed", "emp", "ecmp"]
+    assert spec.methods[0].options == {"alpha": 2.0, "num_estimators": 2, "gamma": 1}
+    results = run_spec(spec, tmp_path, tmp_path / "cache", progress=False, say=_quiet)
+    test = results["datasets"]["test"]
+    assert test["Packed-(2,2,1)"]["error"]["mean"] < 0.3
+    assert set(test) == {"Packed-(2,2,1)", "EMP", "ECMP"}
+    with pytest.raises(ValueError, match="num_estimators"):
+        check_methods(parse_spec({**SMALL, "methods": ["Packed-(2,0,1)"]}))
+    with pytest.raises(ValueError, match="unknown option"):
+        check_methods(parse_spec({**SMALL, "methods": [{"name": "EMP", "colour": 1}]}))

@@ -35,14 +35,20 @@ from peg.bench.spec import MethodSpec, Spec
 from peg.bench.tables import OOD_ROWS, ROWS, markdown_table
 from peg.data import corruptions, transforms
 from peg.ensemble import Ensemble
+from peg.layers.patching import emp_loss, patch
 from peg.methods.dropout import MCDropout
+from peg.methods.packed import PackedEnsemble, packed_loss
+from peg.methods.patching import MCPatched
 from peg.methods.peg import PEG
 from peg.methods.pep import PEP
 from peg.methods.subspace import DropoutSubspace, RandomSubspace
 from peg.methods.temperature import TemperatureScaling
 from peg.metrics.ood import ood_metrics
+from peg.models._packed import Packing
+from peg.train import instantiate, train
 
 CLASSIFICATION = ("nll", "error", "brier", "ece", "mce")
+TRAINED = object()  # marks methods that train their own model (Packed, EMP, ECMP)
 OOD = ("auroc", "aupr", "aupr_in", "fpr95")
 
 
@@ -72,6 +78,14 @@ def _unfitted(method: MethodSpec, spec: Spec, seed: int, progress: bool | None) 
         return RandomSubspace(**common, **o)
     if method.method == "dropout-subspace":
         return DropoutSubspace(**common, **o)
+    if method.method == "packed":
+        Packing(**o)  # validates alpha, num_estimators, gamma
+        return TRAINED
+    if method.method in ("emp", "ecmp"):
+        unknown = sorted(set(o) - {"k", "samples", "layers", "weight"})
+        if unknown:
+            raise ValueError(f"unknown option(s) {unknown}; known: k, samples, layers, weight")
+        return TRAINED
     if method.options:
         raise ValueError(f"{method.name}: a base takes no options, got {method.options}")
     return None
@@ -118,9 +132,9 @@ class SeedRun:
             progress,
         )
 
-    def factory(self) -> nn.Module:
+    def factory(self, **extra: Any) -> nn.Module:
         shape = tuple(self.train[0].shape[1:])
-        options = {k: v for k, v in self.spec.model.items() if k != "name"}
+        options = {k: v for k, v in self.spec.model.items() if k != "name"} | extra
         if self.spec.model["name"] == "mlp":
             options.setdefault("in_features", int(torch.tensor(shape).prod()))
         else:
@@ -148,10 +162,44 @@ class SeedRun:
         X = _subsample(X, torch.zeros(len(X)), self.spec.test_points, self.seed)[0]
         return fit_images(X, tuple(self.test[0].shape[1:]), name)
 
+    def _train_own(
+        self, tag: str, net: nn.Module, loss: Callable[[Tensor, Tensor], Tensor]
+    ) -> nn.Module:
+        """Train a method's own model with the spec's recipe (checkpointed, resumable)."""
+        train(
+            net,
+            self.train,
+            self.spec.train,
+            seed=self.seed,
+            loss=loss,
+            checkpoint=self.cache / f"{tag}.safetensors",
+            progress=self.progress,
+        )
+        return net
+
+    def _build_trained(self, method: MethodSpec) -> Any:
+        """Packed-Ensembles and EMP/ECMP: models trained as such, with the same recipe."""
+        o = method.options
+        if method.method == "packed":
+            spec = Packing(**o)
+            net = instantiate(lambda: self.factory(packed=spec), self.seed)
+            return PackedEnsemble(self._train_own(method.key, net, packed_loss))
+        net = instantiate(self.factory, self.seed)
+        has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in net.modules())
+        layers = o.get("layers", "bn" if has_bn else "input+output")
+        patch(net, k=o.get("k", 5), mode=method.method, layers=layers, seed=self.seed)
+        # Eq. (6) on the patched components (prior precision 1 over N points); the shared
+        # layers keep the recipe's weight decay (shared=False: not penalised twice)
+        loss = emp_loss(net, o.get("weight", 1.0 / len(self.train[0])), shared=False)
+        self._train_own(method.key, net, loss)
+        return MCPatched(o.get("samples", 20), seed=self.seed).fit(net)
+
     def build(self, method: MethodSpec) -> Any:
         """The fitted predictor of one method (nn.Module, Ensemble or a fitted method)."""
-        base = self.bases.get(method.base)
         fitted = _unfitted(method, self.spec, self.seed, self.progress)
+        if fitted is TRAINED:
+            return self._build_trained(method)
+        base = self.bases.get(method.base)
         if fitted is None:
             return base
         if method.method in ("mc-dropout", "random-subspace", "dropout-subspace") and isinstance(

@@ -20,7 +20,9 @@ what was expected. Example::
 Methods are written by their names in the papers' tables, which say what they are:
 `Single`, `Temp-scaled`, `SWA`, `SWAG`, `SWAG-Diag`, `DeepEns-N`, `PEP-S`, `PEG-S`,
 `PEG-Unbiased` (S=30 as in Table 12), `PEG-S (DeepEns-N)` (S/N per member, Algorithm 2),
-`PEG-S (SWAG-Diag)` (S=1 on each of S samples), `MC-Dropout-S`. A mapping adds options
+`PEG-S (SWAG-Diag)` (S=1 on each of S samples), `MC-Dropout-S`, `Packed-(α,M,γ)` (a packed
+model trained with the same recipe), `EMP` and `ECMP` (the model patched with K = 5 components,
+trained with the same recipe plus the Eq. (6) regulariser, 20 MC samples). A mapping adds options
 (`{name: PEG-15, eta: [0.001, 0.01, 0.1, 1], eta_holdout: 0}`) or defines any other method with
 `method:` (`peg`, `pep`, `temperature`, `mc-dropout`, `random-subspace`, `dropout-subspace`)
 and `base:` (`single`, `swa`, `deepens-N`, `swag`, `swag-diag`).
@@ -46,6 +48,9 @@ METHODS = (
     "mc-dropout",
     "random-subspace",
     "dropout-subspace",
+    "packed",
+    "emp",
+    "ecmp",
 )
 BASE_PATTERN = re.compile(r"^(single|swa|swag|swag-diag|deepens-(\d+))$")
 SPEC_FIELDS = {
@@ -146,6 +151,11 @@ def standard_method(name: str, options: dict[str, Any]) -> MethodSpec | None:
         return MethodSpec(name, m[1].lower(), base, {"size": total // members, **options})
     if m := re.fullmatch(r"(PEG|PEP)-(\d+) \(SWAG-Diag\)", name):
         return MethodSpec(name, m[1].lower(), "swag-diag", {"size": 1, **options})
+    if m := re.fullmatch(r"Packed-\(([\d.]+),\s*(\d+),\s*(\d+)\)", name):
+        packed = {"alpha": float(m[1]), "num_estimators": int(m[2]), "gamma": int(m[3])}
+        return MethodSpec(name, "packed", "single", {**packed, **options})
+    if name in ("EMP", "ECMP"):
+        return MethodSpec(name, name.lower(), "single", options)
     if m := re.fullmatch(r"MC-Dropout-(\d+)", name):
         return MethodSpec(name, "mc-dropout", "single", {"samples": int(m[1]), **options})
     return None
@@ -163,7 +173,8 @@ def _method(entry: Any, where: str) -> MethodSpec:
             raise SpecError(
                 f"{where}: unknown method name {entry['name']!r}; use a table name (Single, "
                 "Temp-scaled, SWA, SWAG, SWAG-Diag, DeepEns-N, PEP-S, PEG-S, PEG-Unbiased, "
-                "'PEG-S (DeepEns-N)', 'PEG-S (SWAG-Diag)', MC-Dropout-S) or give method: and base:"
+                "'PEG-S (DeepEns-N)', 'PEG-S (SWAG-Diag)', MC-Dropout-S, 'Packed-(a,M,g)', EMP, "
+                "ECMP) or give method: and base:"
             )
         return found
     method, base = entry["method"], entry.get("base", "single")

@@ -25,11 +25,12 @@ from collections.abc import Sequence
 from torch import Tensor, nn
 
 from peg.models import _layers as L
+from peg.models._packed import Packable, as_packing, packing
 
 _SQUEEZE = 7
 
 
-class SmallCNN(nn.Module):
+class SmallCNN(Packable):
     """Two conv blocks and a linear classifier; see the module docstring for the layout.
 
     Args:
@@ -40,6 +41,9 @@ class SmallCNN(nn.Module):
             bias and no normalisation.
         dropout: dropout probability before the classifier (0 adds no Dropout layer).
         stem_stride: stride of the first conv (2: fast; 1: full-resolution first layer).
+        packed: None, or Packed-Ensembles-(alpha, num_estimators, gamma) (see
+            `peg.models._packed`): the stem reads the plain input (Fig. 3c), every later layer
+            is grouped per member, and `forward` returns log p̄ (`member_forward`: `[M, B, C]`).
 
     Input `[B, in_channels, H, W]`, any H, W >= 1 (28×28, 32×32 and 8×8 all work); output
     logits `[B, num_classes]`. The 2×2 max-pool is applied only when the map after the stem
@@ -54,8 +58,10 @@ class SmallCNN(nn.Module):
         batch_norm: bool = True,
         dropout: float = 0.0,
         stem_stride: int = 2,
+        packed: object = None,
     ) -> None:
         super().__init__()
+        self.packing = as_packing(packed)
         self.in_channels = L.positive_int(in_channels, "in_channels")
         self.num_classes = L.positive_int(num_classes, "num_classes")
         width = L.positive_int(width, "width")
@@ -65,19 +71,23 @@ class SmallCNN(nn.Module):
         if not isinstance(batch_norm, bool):
             raise ValueError(f"batch_norm: expected True or False, got {batch_norm!r}")
 
-        def conv_bn_relu(cin: int, cout: int, stride: int) -> nn.Sequential:
-            layers: list[nn.Module] = [L.conv3x3(cin, cout, stride=stride, bias=not batch_norm)]
+        def conv_bn_relu(cin: int, cout: int, stride: int, first: bool) -> nn.Sequential:
+            conv = L.conv(cin, cout, 3, stride, 1, bias=not batch_norm, first=first)
+            layers: list[nn.Module] = [conv]
             if batch_norm:
                 layers.append(L.batch_norm(cout))
             layers.append(nn.ReLU(inplace=True))
             return nn.Sequential(*layers)
 
-        self.stem = conv_bn_relu(self.in_channels, width, stem_stride)
-        self.pool = nn.MaxPool2d(2)
-        self.block = conv_bn_relu(width, 2 * width, 1)
-        self.squeeze = nn.AdaptiveAvgPool2d(_SQUEEZE)
-        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
-        self.classifier = L.linear(2 * width * _SQUEEZE * _SQUEEZE, self.num_classes)
+        with packing(self.packing):
+            self.stem = conv_bn_relu(self.in_channels, width, stem_stride, first=True)
+            self.pool = nn.MaxPool2d(2)
+            self.block = conv_bn_relu(width, 2 * width, 1, first=False)
+            self.squeeze = nn.AdaptiveAvgPool2d(_SQUEEZE)
+            self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+            # flattening keeps each member's channels contiguous, so a grouped head sees
+            # exactly its own member's features
+            self.classifier = L.linear(2 * width * _SQUEEZE * _SQUEEZE, self.num_classes, last=True)
 
     def forward(self, x: Tensor) -> Tensor:
         """Logits `[B, num_classes]` for images `[B, in_channels, H, W]`."""
@@ -91,7 +101,7 @@ class SmallCNN(nn.Module):
         x = self.block(x)
         if tuple(x.shape[-2:]) != (_SQUEEZE, _SQUEEZE):  # 28×28 inputs skip the (identity) pool
             x = self.squeeze(x)
-        return self.classifier(self.dropout(x.flatten(1)))
+        return self._output(self.classifier(self.dropout(x.flatten(1))))
 
 
 class LandscapeCNN(nn.Module):
