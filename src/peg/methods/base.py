@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch import Tensor
+import torch
+from torch import Tensor, nn
 
-from peg._inputs import Data
+from peg._inputs import Data, check_positive_int, iter_inputs, num_batches
+from peg._progress import bar
 from peg.ensemble import Ensemble
 
 
@@ -46,3 +48,95 @@ class FittedEnsemble:
 
     def __len__(self) -> int:
         return len(self.ensemble())
+
+
+class ModulePredictor:
+    """Base of the predictors that run one module of their own per batch, not stacked weights.
+
+    MC dropout, MC patching (EMP/ECMP) and Packed-Ensembles keep a copy `model_` and produce all
+    member outputs of a batch from it. Subclasses set `model_`, `batch_size`, `progress` and
+    `label`, and implement `_prepare()` (module modes before predicting) and
+    `_batch_logits(x, j) -> [M, B, C]` for batch j.
+    """
+
+    model_: nn.Module
+    batch_size: int
+    progress: bool | None
+    label = "predict"
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "model_"):
+            raise NotFittedError(f"{type(self).__name__}: call fit(model) before predicting")
+
+    def _device(self) -> torch.device:
+        first = next(self.model_.parameters(), None)
+        return first.device if first is not None else torch.device("cpu")
+
+    def _prepare(self) -> None:
+        self.model_.eval()
+
+    def _batch_logits(self, x: Tensor, j: int) -> Tensor:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def member_logits(
+        self, X: Data, batch_size: int | None = None, progress: bool | None = None, **_: Any
+    ) -> Tensor:
+        """Logits of every member, `[M, N, C]`.
+
+        Args:
+            X: inputs `[N, ...]`, an (X, y) tuple, or a Dataset/DataLoader of `x` or `(x, y)`.
+            batch_size: rows per forward pass for tensors (default: the constructor's).
+            progress: progress bar over batches (default: the constructor's).
+        """
+        self._check_fitted()
+        size = (
+            self.batch_size if batch_size is None else check_positive_int(batch_size, "batch_size")
+        )
+        self._prepare()  # in case model_ was switched to train/eval by someone since fit
+        device = self._device()
+        batches = bar(
+            iter_inputs(X, size),
+            self.label,
+            total=num_batches(X, size),
+            enabled=self.progress if progress is None else progress,
+        )
+        chunks = [self._batch_logits(x.to(device), j) for j, x in enumerate(batches)]
+        if not chunks:
+            raise ValueError("X: no inputs to predict (0 samples)")
+        return torch.cat(chunks, dim=1)
+
+    def predict_proba(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:
+        """Predictive probabilities `[N, C]`: the member softmax outputs averaged."""
+        return self.member_logits(X, batch_size, **kwargs).softmax(-1).mean(0)
+
+    def predict(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:
+        """Predicted class per input `[N]`."""
+        return self.predict_proba(X, batch_size, **kwargs).argmax(-1)
+
+
+class SampledPredictor(ModulePredictor):
+    """A `ModulePredictor` whose members are `samples` stochastic passes (MC dropout, MC patching).
+
+    The randomness of member s on batch j comes from the global RNG reseeded from the stream
+    (seed, s, j) inside `torch.random.fork_rng()`: it depends on nothing else (but on the
+    batching), and the caller's RNG state is left untouched.
+    """
+
+    samples: int
+    seed: int
+
+    def _batch_logits(self, x: Tensor, j: int) -> Tensor:
+        from peg.ensemble import model_output
+        from peg.methods._perturb import generator
+
+        devices = [x.device] if x.device.type == "cuda" else []
+        outs = []
+        with torch.random.fork_rng(devices=devices):
+            for s in range(self.samples):
+                torch.manual_seed(int(generator(self.seed, s, j).initial_seed()))
+                outs.append(model_output(self.model_(x), "member_logits"))
+        return torch.stack(outs)
+
+    def __len__(self) -> int:
+        return self.samples

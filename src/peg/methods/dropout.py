@@ -20,13 +20,11 @@ import warnings
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
-from peg._inputs import Data, as_xy, check_positive_int, iter_inputs, num_batches
-from peg._progress import bar
+from peg._inputs import Data, as_xy, check_positive_int
 from peg.ensemble import model_output
-from peg.methods._perturb import generator
-from peg.methods.base import NotFittedError
+from peg.methods.base import SampledPredictor
 
 DROPOUT_TYPES: tuple[type[nn.Module], ...] = (
     nn.Dropout,
@@ -70,12 +68,7 @@ def insert_dropout(model: nn.Module, p: float) -> str:
     return name
 
 
-def _mask_seed(seed: int, s: int, j: int) -> int:
-    """The global-RNG seed for member s on batch j (an independent stream per (seed, s, j))."""
-    return int(generator(seed, s, j).initial_seed())
-
-
-class MCDropout:
+class MCDropout(SampledPredictor):
     """Monte Carlo dropout: `samples` stochastic forward passes of one model.
 
     Args:
@@ -95,6 +88,7 @@ class MCDropout:
     """
 
     method = "mc_dropout"
+    label = "MC dropout"
 
     def __init__(
         self,
@@ -147,7 +141,7 @@ class MCDropout:
                 stacklevel=2,
             )
         self.model_ = copied
-        self._set_modes()
+        self._prepare()
         if val is not None:
             X, _ = as_xy(val, "val", need_labels=False)
             with torch.no_grad():
@@ -162,70 +156,11 @@ class MCDropout:
         }
         return self
 
-    def _set_modes(self) -> None:
+    def _prepare(self) -> None:
         """Eval mode everywhere (BatchNorm frozen), train mode on dropout modules only."""
         self.model_.eval()
         for m in dropout_modules(self.model_):
             m.train()
-
-    def _device(self) -> torch.device:
-        first = next(self.model_.parameters(), None)
-        return first.device if first is not None else torch.device("cpu")
-
-    # ---------------------------------------------------------------- prediction
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "model_"):
-            raise NotFittedError("MCDropout: call fit(model) before predicting")
-
-    def _batch_logits(self, x: Tensor, j: int) -> Tensor:
-        """Logits `[S, B, C]` of every member on batch j."""
-        devices = [x.device] if x.device.type == "cuda" else []
-        outs = []
-        with torch.random.fork_rng(devices=devices):  # the caller's RNG state is left untouched
-            for s in range(self.samples):
-                torch.manual_seed(_mask_seed(self.seed, s, j))
-                outs.append(model_output(self.model_(x), "member_logits"))
-        return torch.stack(outs)
-
-    @torch.no_grad()
-    def member_logits(
-        self, X: Data, batch_size: int | None = None, progress: bool | None = None, **_: Any
-    ) -> Tensor:
-        """Logits of every member (forward pass), `[S, N, C]`.
-
-        Args:
-            X: inputs `[N, ...]`, an (X, y) tuple, or a Dataset/DataLoader of `x` or `(x, y)`.
-            batch_size: rows per forward pass for tensors (default: the constructor's). The
-                masks depend on the batching, so keep it fixed to reproduce results.
-            progress: progress bar over batches (default: the constructor's).
-        """
-        self._check_fitted()
-        size = (
-            self.batch_size if batch_size is None else check_positive_int(batch_size, "batch_size")
-        )
-        self._set_modes()  # in case model_ was switched to train/eval by someone since fit
-        device = self._device()
-        batches = bar(
-            iter_inputs(X, size),
-            f"MC dropout ({self.samples} samples)",
-            total=num_batches(X, size),
-            enabled=self.progress if progress is None else progress,
-        )
-        chunks = [self._batch_logits(x.to(device), j) for j, x in enumerate(batches)]
-        if not chunks:
-            raise ValueError("X: no inputs to predict (0 samples)")
-        return torch.cat(chunks, dim=1)
-
-    def predict_proba(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:
-        """Predictive probabilities `[N, C]`: the member softmax outputs averaged."""
-        return self.member_logits(X, batch_size, **kwargs).softmax(-1).mean(0)
-
-    def predict(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:
-        """Predicted class per input `[N]`."""
-        return self.predict_proba(X, batch_size, **kwargs).argmax(-1)
-
-    def __len__(self) -> int:
-        return self.samples
 
     def __repr__(self) -> str:
         return f"MCDropout(samples={self.samples}, seed={self.seed}, insert={self.insert})"

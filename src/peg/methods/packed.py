@@ -18,13 +18,11 @@ from __future__ import annotations
 import copy
 from typing import Any, Literal
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from peg._inputs import Data, as_xy, check_positive_int, iter_inputs, num_batches
-from peg._progress import bar
-from peg.methods.base import NotFittedError
+from peg._inputs import Data, as_xy, check_positive_int
+from peg.methods.base import ModulePredictor
 
 
 def packed_loss(output: Tensor, y: Tensor, reduction: Literal["mean", "sum"] = "mean") -> Tensor:
@@ -57,7 +55,7 @@ def packed_loss(output: Tensor, y: Tensor, reduction: Literal["mean", "sum"] = "
     return loss * m if reduction == "sum" else loss
 
 
-class PackedEnsemble:
+class PackedEnsemble(ModulePredictor):
     """The M subnetworks of a trained packed model as an ensemble predictor.
 
     Args:
@@ -71,6 +69,7 @@ class PackedEnsemble:
     """
 
     method = "packed_ensemble"
+    label = "Packed-Ensembles"
 
     def __init__(
         self, model: nn.Module | None = None, batch_size: int = 512, progress: bool | None = None
@@ -112,10 +111,6 @@ class PackedEnsemble:
         }
         return self
 
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "model_"):
-            raise NotFittedError("PackedEnsemble: call fit(model) before predicting")
-
     def _members(self, x: Tensor) -> Tensor:
         """Member logits `[M, B, C]` of one batch."""
         device = next(self.model_.parameters()).device
@@ -127,40 +122,8 @@ class PackedEnsemble:
             )
         return out
 
-    @torch.no_grad()
-    def member_logits(
-        self, X: Data, batch_size: int | None = None, progress: bool | None = None, **_: Any
-    ) -> Tensor:
-        """Logits of every subnetwork, `[M, N, C]` (one forward pass per batch for all M).
-
-        Args:
-            X: inputs `[N, ...]`, an (X, y) tuple, or a Dataset/DataLoader of `x` or `(x, y)`.
-            batch_size: rows per forward pass for tensors (default: the constructor's).
-            progress: progress bar over batches (default: the constructor's).
-        """
-        self._check_fitted()
-        size = (
-            self.batch_size if batch_size is None else check_positive_int(batch_size, "batch_size")
-        )
-        self.model_.eval()  # in case someone switched it to train mode since fit
-        batches = bar(
-            iter_inputs(X, size),
-            f"Packed-Ensembles ({self.num_estimators_} members)",
-            total=num_batches(X, size),
-            enabled=self.progress if progress is None else progress,
-        )
-        chunks = [self._members(x) for x in batches]
-        if not chunks:
-            raise ValueError("X: no inputs to predict (0 samples)")
-        return torch.cat(chunks, dim=1)
-
-    def predict_proba(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:
-        """Predictive probabilities `[N, C]`: the member softmax outputs averaged."""
-        return self.member_logits(X, batch_size, **kwargs).softmax(-1).mean(0)
-
-    def predict(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:
-        """Predicted class per input `[N]`."""
-        return self.predict_proba(X, batch_size, **kwargs).argmax(-1)
+    def _batch_logits(self, x: Tensor, j: int) -> Tensor:
+        return self._members(x)
 
     def __len__(self) -> int:
         self._check_fitted()

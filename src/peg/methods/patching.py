@@ -19,22 +19,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import nn
 
-from peg._inputs import Data, as_xy, check_positive_int, iter_inputs, num_batches
-from peg._progress import bar
+from peg._inputs import Data, as_xy, check_positive_int
 from peg.ensemble import model_output
 from peg.layers.patching import overhead, patched_modules, set_sampling
-from peg.methods._perturb import generator
-from peg.methods.base import NotFittedError
+from peg.methods.base import SampledPredictor
 
 
-def _draw_seed(seed: int, s: int, j: int) -> int:
-    """The global-RNG seed for member s on batch j (an independent stream per (seed, s, j))."""
-    return int(generator(seed, s, j).initial_seed())
-
-
-class MCPatched:
+class MCPatched(SampledPredictor):
     """Monte Carlo inference of an EMP/ECMP-patched model: `samples` stochastic passes.
 
     Args:
@@ -49,6 +42,7 @@ class MCPatched:
     """
 
     method = "mc_patched"
+    label = "MC patching"
 
     def __init__(
         self,
@@ -83,7 +77,7 @@ class MCPatched:
                 "peg.layers.patching.patch(model, k=5, mode='emp') and train it first"
             )
         self.model_ = copy.deepcopy(model)
-        self._set_modes()
+        self._prepare()
         if val is not None:
             X, _ = as_xy(val, "val", need_labels=False)
             with torch.no_grad():
@@ -101,69 +95,10 @@ class MCPatched:
         }
         return self
 
-    def _set_modes(self) -> None:
+    def _prepare(self) -> None:
         """Eval mode everywhere (BatchNorm frozen, dropout off); patched layers sample."""
         self.model_.eval()
         set_sampling(self.model_, True)
-
-    def _device(self) -> torch.device:
-        first = next(self.model_.parameters(), None)
-        return first.device if first is not None else torch.device("cpu")
-
-    # ---------------------------------------------------------------- prediction
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "model_"):
-            raise NotFittedError("MCPatched: call fit(model) before predicting")
-
-    def _batch_logits(self, x: Tensor, j: int) -> Tensor:
-        """Logits `[S, B, C]` of every member on batch j."""
-        devices = [x.device] if x.device.type == "cuda" else []
-        outs = []
-        with torch.random.fork_rng(devices=devices):  # the caller's RNG state is left untouched
-            for s in range(self.samples):
-                torch.manual_seed(_draw_seed(self.seed, s, j))
-                outs.append(model_output(self.model_(x), "member_logits"))
-        return torch.stack(outs)
-
-    @torch.no_grad()
-    def member_logits(
-        self, X: Data, batch_size: int | None = None, progress: bool | None = None, **_: Any
-    ) -> Tensor:
-        """Logits of every member (one sampled forward pass each), `[S, N, C]`.
-
-        Args:
-            X: inputs `[N, ...]`, an (X, y) tuple, or a Dataset/DataLoader of `x` or `(x, y)`.
-            batch_size: rows per forward pass for tensors (default: the constructor's). The
-                draws depend on the batching, so keep it fixed to reproduce results.
-            progress: progress bar over batches (default: the constructor's).
-        """
-        self._check_fitted()
-        size = (
-            self.batch_size if batch_size is None else check_positive_int(batch_size, "batch_size")
-        )
-        self._set_modes()  # in case model_ was switched to train/eval by someone since fit
-        device = self._device()
-        batches = bar(
-            iter_inputs(X, size),
-            f"MC patching ({self.samples} samples)",
-            total=num_batches(X, size),
-            enabled=self.progress if progress is None else progress,
-        )
-        chunks = [self._batch_logits(x.to(device), j) for j, x in enumerate(batches)]
-        if not chunks:
-            raise ValueError("X: no inputs to predict (0 samples)")
-        return torch.cat(chunks, dim=1)
-
-    def predict_proba(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:
-        """Predictive probabilities `[N, C]`: the member softmax outputs averaged."""
-        return self.member_logits(X, batch_size, **kwargs).softmax(-1).mean(0)
-
-    def predict(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:
-        """Predicted class per input `[N]`."""
-        return self.predict_proba(X, batch_size, **kwargs).argmax(-1)
-
-    def __len__(self) -> int:
-        return self.samples
 
     def __repr__(self) -> str:
         return f"MCPatched(samples={self.samples}, seed={self.seed})"
