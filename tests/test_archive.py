@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
 import peg
+from peg.archive import ArchiveError
 
 from conftest import BNNet, mlp
 
@@ -88,3 +90,56 @@ def test_failed_write_keeps_the_previous_archive(tmp_path, monkeypatch):
         peg.Ensemble.from_models([mlp(2), mlp(3)]).save(path)
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ens"]
+
+
+@pytest.mark.parametrize("method", ["peg", "pep", "peg-unbiased"])
+def test_a_recipe_is_small_and_rebuilds_the_same_members(overfit_mlp, moons_data, tmp_path, method):
+    val = moons_data["val"]
+    if method == "pep":
+        fitted = peg.PEP(size=6, seed=2).fit(overfit_mlp, val)
+    else:
+        variant = "unbiased" if method == "peg-unbiased" else "vanilla"
+        fitted = peg.PEG(size=6, batch_size=32, seed=2, variant=variant).fit(overfit_mlp, val)
+    recipe = fitted.save(str(tmp_path / "recipe"), materialize=False)
+    full = fitted.save(str(tmp_path / "full"))
+    base = peg.Ensemble.from_models([overfit_mlp]).save(str(tmp_path / "base"))
+    size = Path(recipe).stat().st_size
+    assert size < Path(full).stat().st_size
+    assert size < Path(base).stat().st_size + 4096  # the base weights + a JSON recipe
+    loaded = peg.load(recipe, mlp(9), val=val)
+    X = moons_data["test"][0]
+    torch.testing.assert_close(loaded.member_logits(X), fitted.member_logits(X))
+    assert "recipe" not in loaded.meta and loaded.meta["method"] == fitted.ensemble().meta["method"]
+
+
+def test_a_recipe_refuses_other_data_and_needs_val(overfit_mlp, moons_data, tmp_path):
+    fitted = peg.PEG(size=3, batch_size=32, eta=0.1, seed=2).fit(overfit_mlp, moons_data["val"])
+    path = fitted.save(str(tmp_path / "recipe"), materialize=False)
+    with pytest.raises(ArchiveError, match="val: .* recipe"):
+        peg.load(path, mlp(9))
+    X, y = moons_data["val"]
+    with pytest.raises(ArchiveError, match="not the validation data"):
+        peg.load(path, mlp(9), val=(X[:-1], y[:-1]))
+
+
+def test_a_recipe_detects_members_that_no_longer_match(
+    overfit_mlp, moons_data, tmp_path, monkeypatch
+):
+    fitted = peg.PEG(size=3, batch_size=32, eta=0.1, seed=2).fit(overfit_mlp, moons_data["val"])
+    path = fitted.save(str(tmp_path / "recipe"), materialize=False)
+    from peg.methods import peg as peg_module
+
+    original = peg_module.cross_entropy
+    changed = lambda o, y: 2 * original(o, y)  # noqa: E731  # "the code changed"
+    monkeypatch.setattr(peg_module, "cross_entropy", changed)
+    with pytest.raises(ArchiveError, match="differ from the ones saved"):
+        peg.load(path, mlp(9), val=moons_data["val"])
+
+
+def test_ensembles_a_recipe_cannot_express_are_saved_whole(overfit_mlp, moons_data, tmp_path):
+    fitted = peg.PEG(size=2, batch_size=32, eta=0.1, params=lambda n, p: True).fit(
+        overfit_mlp, moons_data["val"]
+    )
+    with pytest.warns(UserWarning, match="cannot be stored as a recipe"):
+        path = fitted.save(str(tmp_path / "x"), materialize=False)
+    assert len(peg.load(path, mlp(9))) == 2

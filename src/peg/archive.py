@@ -87,7 +87,10 @@ def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def load(
-    path: str | os.PathLike[str], model: nn.Module, device: str | torch.device = "cpu"
+    path: str | os.PathLike[str],
+    model: nn.Module,
+    device: str | torch.device = "cpu",
+    val: Any = None,
 ) -> Ensemble:
     """Load an ensemble saved by `Ensemble.save` (or a method's `save`).
 
@@ -96,6 +99,9 @@ def load(
         model: any instance of the architecture the ensemble was built from; it supplies the
             forward pass (its weights are not used). Its state-dict names and shapes must match.
         device: where to put the member weights.
+        val: for a PEG/PEP recipe (the default way those save), the validation data the
+            ensemble was built from: the members are rebuilt from it and checked against the
+            recorded fingerprints.
     """
     path = Path(path)
     header = read_header(path)
@@ -122,4 +128,17 @@ def load(
             f"entries differing in name or shape: {diff[:5]}"
         )
     ensemble = Ensemble(model, stacked, shared, header.get("meta"))
+    recipe = ensemble.meta.get("recipe")
+    if recipe is not None:
+        if val is None:
+            raise ArchiveError(
+                f"val: {path} is a {recipe.get('method', '?').upper()} recipe (base weights + how "
+                "the members were made); pass the validation data it was built from: "
+                "peg.load(path, model, val=(X_val, y_val))"
+            )
+        from peg.methods._perturb import rebuild_recipe
+
+        rebuilt = rebuild_recipe(ensemble.to(device), recipe, val).ensemble()
+        rebuilt.meta = {k: v for k, v in ensemble.meta.items() if k != "recipe"}
+        return rebuilt
     return ensemble.to(device)

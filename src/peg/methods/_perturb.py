@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -24,6 +25,13 @@ from peg._progress import counter
 from peg.ensemble import Ensemble, model_output
 from peg.methods._search import select_scale
 from peg.methods.base import FittedEnsemble
+from peg.recipe import (
+    RECIPE_VERSION,
+    TOLERANCE,
+    data_fingerprint,
+    displacement_fingerprints,
+    fingerprints_match,
+)
 
 BNMode = Literal["eval", "batch", "refresh"]
 ParamFilter = Literal["all", "weights"] | Callable[[str, nn.Parameter], bool]
@@ -116,6 +124,7 @@ class PerturbationEnsemble(FittedEnsemble):
     scale_name = "scale"
     default_grid: tuple[float, ...] = ()
     uses_direction_data = True
+    _split_as_searched: bool | None = None  # a rebuilt recipe splits val as its search did
 
     def __init__(
         self,
@@ -235,7 +244,8 @@ class PerturbationEnsemble(FittedEnsemble):
         The scoring part is a seeded random subset of at most `max_score_points` points.
         """
         perm = torch.randperm(len(X), generator=generator(self.seed, SPLIT_KEY))
-        if self.searches and self.uses_direction_data and self.holdout > 0:
+        searched = self.searches if self._split_as_searched is None else self._split_as_searched
+        if searched and self.uses_direction_data and self.holdout > 0:
             n_score = round(self.holdout * len(X))
             score, direction = perm[:n_score], perm[n_score:]
             if n_score == 0 or len(direction) == 0:
@@ -317,6 +327,10 @@ class PerturbationEnsemble(FittedEnsemble):
         else:
             best, self.search_ = float(self.scale), {}
         setattr(self, f"{self.scale_name}_", best)
+        self._data_fingerprint = data_fingerprint(X, y)
+        self._searched = (
+            self.searches if self._split_as_searched is None else self._split_as_searched
+        )
         self.ensemble_ = build(best)
         self.ensemble_.meta = self._meta(best, len(models), len(X), len(Xd), len(Xs))
         return self
@@ -349,6 +363,59 @@ class PerturbationEnsemble(FittedEnsemble):
             **self._hyperparameters(),
         }
 
+    # ---------------------------------------------------------------- recipes
+    def _recipe_options(self) -> dict[str, Any] | None:
+        """Constructor arguments that rebuild this ensemble (None: not expressible as a recipe)."""
+        if callable(self.params) or callable(self.criterion) or self.bn == "refresh":
+            return None
+        return {
+            "size": self.size,
+            "seed": self.seed,
+            "bn": self.bn,
+            "params": self.params,
+            "criterion": self.criterion,
+            "eval_batch_size": self.eval_batch_size,
+            "max_score_points": self.max_score_points,
+        }
+
+    def save(self, path: str, materialize: bool = True) -> str:
+        """Save the ensemble: every member (default), or (`materialize=False`) as a recipe.
+
+        A recipe is the base weights plus the seed, the chosen scale, the hyper-parameters and
+        fingerprints of the validation data and of every member; its size is about the bases'.
+        `peg.load(path, model, val=val)` rebuilds the members and checks them. Members are the
+        default so that `peg.load(path, model)` needs nothing else. Ensembles that a recipe
+        cannot express (a callable `params`, `criterion` or `loss`, given momentum buffers,
+        bn="refresh") are saved materialised, with a warning.
+        """
+        ensemble = self.ensemble()
+        options = None if materialize else self._recipe_options()
+        if options is None:
+            if not materialize:
+                warnings.warn(
+                    f"{type(self).__name__}.save: this ensemble cannot be stored as a recipe "
+                    "(callable params/criterion/loss, momentum buffers or bn='refresh'); saving "
+                    "every member",
+                    stacklevel=2,
+                )
+            return ensemble.save(path)
+        scale = float(getattr(self, f"{self.scale_name}_"))
+        recipe = {
+            "kind": "recipe",
+            "recipe_version": RECIPE_VERSION,
+            "method": self.method,
+            "options": options,
+            "scale_name": self.scale_name,
+            "scale": scale,
+            "searched": self._searched,
+            "data": self._data_fingerprint,
+            "members": len(ensemble),
+            "fingerprints": displacement_fingerprints(self.directions_, scale),
+        }
+        bases = Ensemble.from_state_dicts(self._skeleton, self._bases)
+        bases.meta = {**ensemble.meta, "recipe": recipe}
+        return bases.save(path)
+
     def ensemble_at(self, scale: float) -> Ensemble:
         """The members at another scale, from the stored directions (no gradient is recomputed).
 
@@ -373,6 +440,42 @@ class PerturbationEnsemble(FittedEnsemble):
                     state = refresh_bn(self._skeleton, state, self._bn_batches)
                 states.append(state)
         return Ensemble.from_state_dicts(self._skeleton, states)
+
+
+def rebuild_recipe(bases: Ensemble, recipe: dict[str, Any], val: Data) -> PerturbationEnsemble:
+    """Rebuild a PEG/PEP ensemble saved as a recipe, and check it (see `peg.recipe`).
+
+    Raises ArchiveError (a ValueError) if `val` is not the data the ensemble was made from, or
+    if the rebuilt members differ from the recorded fingerprints (the code changed).
+    """
+    from peg.archive import ArchiveError
+    from peg.methods.peg import PEG
+    from peg.methods.pep import PEP
+
+    classes: dict[str, type[PerturbationEnsemble]] = {PEG.method: PEG, PEP.method: PEP}
+    if recipe.get("recipe_version", 0) > RECIPE_VERSION or recipe.get("method") not in classes:
+        raise ArchiveError(f"recipe: unknown kind {recipe.get('method')!r} or newer version")
+    X, y = as_xy(val, "val")
+    assert y is not None
+    if data_fingerprint(X, y) != recipe["data"]:
+        raise ArchiveError(
+            "val: not the validation data this ensemble was built from (its fingerprint differs); "
+            "pass the same (X, y), in the same order"
+        )
+    rebuilt = classes[recipe["method"]](
+        **recipe["options"], **{recipe["scale_name"]: recipe["scale"]}, progress=False
+    )
+    rebuilt._split_as_searched = bool(recipe["searched"])
+    rebuilt.fit(bases, (X, y))
+    got = displacement_fingerprints(rebuilt.directions_, recipe["scale"])
+    bad = fingerprints_match(got, recipe["fingerprints"])
+    if bad:
+        raise ArchiveError(
+            f"recipe: rebuilt members {bad[:5]} differ from the ones saved (relative tolerance "
+            f"{TOLERANCE}): the code or the library version changed since; save with "
+            "materialize=True to keep the members themselves"
+        )
+    return rebuilt
 
 
 def refresh_bn(

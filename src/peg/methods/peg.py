@@ -178,6 +178,21 @@ class PEG(PerturbationEnsemble):
     def _min_direction_points(self) -> int:
         return self.batch_size
 
+    def _recipe_options(self) -> dict[str, Any] | None:
+        options = super()._recipe_options()
+        if options is None or self.loss is not None or not isinstance(self.momentum, str):
+            return None
+        return {
+            **options,
+            "batch_size": self.batch_size,
+            "variant": self.variant,
+            "reduction": self.reduction,
+            "eta_holdout": self.holdout,
+            "val_batches": self.val_batches,
+            "beta": self.beta,
+            "momentum": self.momentum,
+        }
+
     def _hyperparameters(self) -> dict[str, Any]:
         return {
             "batch_size": self.batch_size,

@@ -85,6 +85,10 @@ class PEP(PerturbationEnsemble):
     def _hyperparameters(self) -> dict[str, Any]:
         return {"bracket": list(self.bracket)}
 
+    def _recipe_options(self) -> dict[str, Any] | None:
+        options = super()._recipe_options()
+        return None if options is None else {**options, "bracket": list(self.bracket)}
+
     def _directions(
         self, model: nn.Module, r: int, names: list[str], X: Tensor, y: Tensor
     ) -> Tensor:

@@ -1,0 +1,66 @@
+"""PEG and PEP ensembles stored as recipes: base weights + how the members were made.
+
+A member of PEG is θ_r − η·∇L(θ_r; B_i) and of PEP θ_r + σ·ε_i, with B_i and ε_i drawn from
+seeded streams, so (base weights, seed, scale, hyper-parameters, validation data) determine the
+ensemble. `save_recipe` writes the base models and that recipe (about the size of the bases);
+`load_recipe` rebuilds the members from the validation data and checks them against the
+fingerprints taken when the ensemble was made, failing clearly if the data or the code changed.
+
+Fingerprints: the data's is the SHA-256 of the validation inputs and labels; a member's is the
+inner product of its perturbed parameters with a fixed random vector, and their norm, compared
+with a relative tolerance of 1e-4 (gradients may differ in the last bits across thread counts).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import torch
+from torch import Tensor
+
+RECIPE_VERSION = 1
+FINGERPRINT_SEED = 20_241_121
+TOLERANCE = 1e-4
+
+
+def data_fingerprint(X: Tensor, y: Tensor) -> str:
+    """SHA-256 of the validation inputs and labels (their values, dtypes and shapes)."""
+    h = hashlib.sha256()
+    for t in (X, y):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()
+
+
+def displacement_fingerprints(directions: list[Tensor], scale: float) -> list[list[float]]:
+    """Per member `[projection, norm]` of its displacement scale·D_i from its base (float64).
+
+    The displacement, not the member, is fingerprinted: with a small scale the members differ
+    from their bases in the last digits only, which a fingerprint of the weights would miss.
+    """
+    P = directions[0].shape[1]
+    probe = torch.randn(P, generator=torch.Generator().manual_seed(FINGERPRINT_SEED))
+    out = []
+    for D in directions:
+        for row in D:
+            v = scale * row.detach().double().cpu()
+            out.append([float(v @ probe.double()), float(v.norm())])
+    return out
+
+
+def fingerprints_match(a: list[list[float]], b: list[list[float]]) -> list[int]:
+    """Indices of the members whose fingerprints differ beyond the tolerance."""
+    if len(a) != len(b):
+        return list(range(max(len(a), len(b))))
+    return [
+        i
+        for i, (u, v) in enumerate(zip(a, b, strict=True))
+        if not all(
+            math.isclose(p, q, rel_tol=TOLERANCE, abs_tol=1e-12) for p, q in zip(u, v, strict=True)
+        )
+    ]
+
+
+__all__ = ["data_fingerprint", "displacement_fingerprints", "fingerprints_match"]
