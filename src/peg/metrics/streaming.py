@@ -1,0 +1,125 @@
+"""Metrics accumulated batch by batch, with state O(bins + classes), equal to the one-shot ones.
+
+    stream = StreamingMetrics(bins=15)
+    for x, y in loader:
+        stream.update(ensemble.member_logits(x), y)     # or probabilities [B, C]
+    stream.compute()   # {"nll", "error", "brier", "ece", "mce"} (+ "gibbs_nll" for members)
+
+The state is sums (NLL, Brier, errors, Gibbs NLL, count) and, per confidence bin, the count, the
+sum of confidences and the number correct — the sufficient statistics of the one-shot
+`peg.metrics` functions, with the same log-space ensemble NLL and the same right-closed bins.
+OOD scores are kept per sample (`StreamingOOD`), since AUROC/AUPR need their ranks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from peg._inputs import check_positive_int
+from peg.metrics._inputs import as_pred, check_labels, ensemble_log_probs, ensemble_probs
+from peg.metrics.ood import OOD_SCORES, aupr, auroc, fpr_at_tpr
+
+
+class StreamingMetrics:
+    """NLL, error, Brier, ECE, MCE (and Gibbs NLL) over batches, without keeping predictions.
+
+    Args:
+        bins: equal-width confidence bins (as `peg.metrics.ece`).
+        min_count: bins with fewer points are left out of ECE/MCE (as `peg.metrics.ece`).
+    """
+
+    def __init__(self, bins: int = 15, min_count: int = 1) -> None:
+        self.bins = check_positive_int(bins, "bins")
+        self.min_count = check_positive_int(min_count, "min_count")
+        self.edges = torch.arange(self.bins + 1, dtype=torch.float64) / self.bins
+        self.reset()
+
+    def reset(self) -> None:
+        self.n = 0
+        self.num_classes: int | None = None
+        self.sums = {"nll": 0.0, "errors": 0.0, "brier": 0.0, "gibbs_nll": 0.0}
+        self.members = False
+        self.bin_count = torch.zeros(self.bins, dtype=torch.float64)
+        self.bin_conf = torch.zeros(self.bins, dtype=torch.float64)
+        self.bin_correct = torch.zeros(self.bins, dtype=torch.float64)
+
+    def update(self, pred: Any, y: Any) -> None:
+        """Add a batch: probabilities `[B, C]` or member logits `[M, B, C]`, labels `[B]`."""
+        p = as_pred(pred)
+        C = p.shape[-1]
+        if self.num_classes is None:
+            self.num_classes, self.members = C, p.ndim == 3
+        elif self.num_classes != C or (p.ndim == 3) != self.members:
+            raise ValueError(
+                f"pred: every batch must have the same kind and classes; first [.., "
+                f"{self.num_classes}], members={self.members}; got shape {tuple(p.shape)}"
+            )
+        labels = check_labels(y, p.shape[-2], C).to(p.device)
+        log_p, probs = ensemble_log_probs(p), ensemble_probs(p)  # as the one-shot metrics
+        rows = torch.arange(len(labels), device=p.device)
+        self.sums["nll"] += float(-log_p[rows, labels].sum())
+        conf, top = probs.max(-1)
+        correct = (top == labels).double()
+        self.sums["errors"] += float(len(labels) - correct.sum())
+        onehot = torch.nn.functional.one_hot(labels, C).double()
+        self.sums["brier"] += float(((probs - onehot) ** 2).sum())
+        if p.ndim == 3:
+            member_log = torch.log_softmax(p, -1)[:, rows, labels]  # [M, B]
+            self.sums["gibbs_nll"] += float(-member_log.mean(0).sum())
+        idx = torch.bucketize(conf.cpu(), self.edges[1:-1], right=False)
+        self.bin_count += torch.bincount(idx, minlength=self.bins).double()
+        self.bin_conf += torch.bincount(idx, conf.cpu(), minlength=self.bins)
+        self.bin_correct += torch.bincount(idx, correct.cpu(), minlength=self.bins)
+        self.n += len(labels)
+
+    def compute(self) -> dict[str, float]:
+        """The metrics of everything added so far (as `peg.metrics.classification_metrics`)."""
+        if self.n == 0:
+            raise ValueError("pred: no batches were added (0 samples)")
+        keep = self.bin_count >= self.min_count
+        count = self.bin_count[keep]
+        gaps = (self.bin_correct[keep] / count - self.bin_conf[keep] / count).abs()
+        out = {
+            "nll": self.sums["nll"] / self.n,
+            "error": self.sums["errors"] / self.n,
+            "brier": self.sums["brier"] / self.n,
+            "ece": float((count * gaps).sum() / self.n),
+            "mce": float(gaps.max()) if gaps.numel() else 0.0,
+        }
+        if self.members:
+            out["gibbs_nll"] = self.sums["gibbs_nll"] / self.n
+        return out
+
+
+class StreamingOOD:
+    """OOD scores gathered batch by batch (kept per sample: AUROC and AUPR need their ranks)."""
+
+    def __init__(self, score: str = "entropy") -> None:
+        if score not in OOD_SCORES:
+            raise ValueError(f"score: expected one of {sorted(OOD_SCORES)}, got {score!r}")
+        self.score = score
+        self.scores: dict[str, list[Tensor]] = {"in": [], "out": []}
+
+    def update(self, pred: Any, ood: bool) -> None:
+        """Add a batch of in-distribution (`ood=False`) or OOD (`ood=True`) predictions."""
+        self.scores["out" if ood else "in"].append(OOD_SCORES[self.score](pred).cpu())
+
+    def compute(self) -> dict[str, float | str]:
+        """AUROC, AUPR (OOD and in-distribution positive) and FPR95; OOD is the positive class."""
+        if not self.scores["in"] or not self.scores["out"]:
+            raise ValueError("scores: add both in-distribution and OOD batches first")
+        s_in, s_out = torch.cat(self.scores["in"]), torch.cat(self.scores["out"])
+        return {
+            "auroc": auroc(s_in, s_out),
+            "aupr_out": aupr(s_in, s_out, "ood"),
+            "aupr_in": aupr(s_in, s_out, "in"),
+            "fpr95": fpr_at_tpr(s_in, s_out, 0.95),
+            "positive": "ood",
+            "score": self.score,
+        }
+
+
+__all__ = ["StreamingMetrics", "StreamingOOD"]
