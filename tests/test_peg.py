@@ -257,3 +257,25 @@ def test_non_finite_loss_names_the_member(overfit_mlp):
 def test_not_fitted():
     with pytest.raises(peg.NotFittedError):
         peg.PEG().predict_proba(torch.zeros(3, 2))
+
+
+def test_a_diverging_member_is_named_or_dropped(overfit_mlp, moons_data):
+    X, y = moons_data["val"]
+    calls = {"n": 0}
+
+    def loss(out, target):
+        calls["n"] += 1
+        losses = torch.nn.functional.cross_entropy(out, target, reduction="none")
+        return losses * float("nan") if calls["n"] == 2 else losses  # member 1 diverges
+
+    with pytest.raises(peg.NonFiniteError, match="member 1"):
+        peg.PEG(size=4, batch_size=32, eta=0.1, loss=loss).fit(overfit_mlp, (X, y))
+    calls["n"] = 0
+    p = peg.PEG(size=4, batch_size=32, eta=0.1, loss=loss, on_nonfinite="drop").fit(
+        overfit_mlp, (X, y)
+    )
+    assert p.dropped_ == [1] and len(p) == 3
+    assert p.ensemble().meta["dropped"] == [1]
+    assert torch.isfinite(p.member_logits(moons_data["test"][0])).all()
+    with pytest.raises(ValueError, match="on_nonfinite"):
+        peg.PEG(on_nonfinite="ignore")

@@ -138,8 +138,12 @@ class PerturbationEnsemble(FittedEnsemble):
         eval_batch_size: int,
         progress: bool | None,
         max_score_points: int | None = None,
+        on_nonfinite: str = "raise",
     ) -> None:
         self.size = check_positive_int(size, "size")
+        if on_nonfinite not in ("raise", "drop"):
+            raise ValueError(f"on_nonfinite: expected 'raise' or 'drop', got {on_nonfinite!r}")
+        self.on_nonfinite = on_nonfinite
         self.seed = int(seed)
         if isinstance(scale, str):
             if scale != "search":
@@ -305,6 +309,7 @@ class PerturbationEnsemble(FittedEnsemble):
         self._bn_batches = bn_batches
         self.param_names_ = names
         self.directions_ = [self._directions(m, r, names, Xd, yd) for r, m in enumerate(models)]
+        self._check_directions()
         build = self.ensemble_at
 
         if self.searches:
@@ -356,12 +361,31 @@ class PerturbationEnsemble(FittedEnsemble):
             "params": params,
             "criterion": crit,
             "holdout": self.holdout,
+            "dropped": list(getattr(self, "dropped_", [])),
             "validation_points": {"total": n_val, "directions": n_dir, "scoring": n_score},
             f"{self.scale_name}_search": {
                 f"{k:.6g}": v for k, v in self.search_.items() if math.isfinite(v)
             },
             **self._hyperparameters(),
         }
+
+    def _check_directions(self) -> None:
+        """Find members whose step is NaN/inf: raise naming them, or (on_nonfinite="drop")
+        keep their indices in `dropped_` (base-major numbering) and leave them out."""
+        S = self.size
+        bad = [
+            r * S + i
+            for r, D in enumerate(self.directions_)
+            for i in range(len(D))
+            if not torch.isfinite(D[i]).all()
+        ]
+        if bad and (self.on_nonfinite == "raise" or len(bad) == S * len(self.directions_)):
+            raise NonFiniteError(
+                f"members {bad[:10]} (base-major: member = base·{S} + i) have non-finite steps"
+                + ("; every member diverged" if len(bad) == S * len(self.directions_) else "")
+                + "; pass on_nonfinite='drop' to leave them out"
+            )
+        self.dropped_ = bad
 
     # ---------------------------------------------------------------- recipes
     def _recipe_options(self) -> dict[str, Any] | None:
@@ -376,6 +400,7 @@ class PerturbationEnsemble(FittedEnsemble):
             "criterion": self.criterion,
             "eval_batch_size": self.eval_batch_size,
             "max_score_points": self.max_score_points,
+            "on_nonfinite": self.on_nonfinite,
         }
 
     def save(self, path: str, materialize: bool = True) -> str:
@@ -430,9 +455,12 @@ class PerturbationEnsemble(FittedEnsemble):
         shapes = [bases[0][n].shape for n in names]
         sizes = [math.prod(s) for s in shapes]
         states = []
-        for base, D in zip(bases, self.directions_, strict=True):
+        dropped = set(getattr(self, "dropped_", ()))
+        for r, (base, D) in enumerate(zip(bases, self.directions_, strict=True)):
             steps = (scale * D).split(sizes, dim=1)  # per parameter: [S, numel]
             for i in range(D.shape[0]):
+                if r * D.shape[0] + i in dropped:
+                    continue
                 state = dict(base)
                 for n, shape, step in zip(names, shapes, steps, strict=True):
                     state[n] = base[n] + step[i].view(shape).to(base[n].dtype)

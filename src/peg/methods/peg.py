@@ -110,6 +110,8 @@ class PEG(PerturbationEnsemble):
         progress: show progress bars (None: only on a terminal).
         max_score_points: score η on a seeded random subset of at most this many held-out
             points (None: all of them); the gradient steps still use the whole gradient part.
+        on_nonfinite: a member whose loss or gradient is NaN/inf: "raise" (default,
+            NonFiniteError naming it) or "drop" (left out; its index in `dropped_`).
     """
 
     method = "PEG"
@@ -135,6 +137,7 @@ class PEG(PerturbationEnsemble):
         eval_batch_size: int = 512,
         progress: bool | None = None,
         max_score_points: int | None = None,
+        on_nonfinite: Literal["raise", "drop"] = "raise",
     ) -> None:
         super().__init__(
             size,
@@ -147,6 +150,7 @@ class PEG(PerturbationEnsemble):
             eval_batch_size,
             progress,
             max_score_points,
+            on_nonfinite,
         )
         self.batch_size = check_positive_int(batch_size, "batch_size")
         if variant not in ("vanilla", "unbiased"):
@@ -251,9 +255,19 @@ class PEG(PerturbationEnsemble):
                 )
             return g
 
+        def member(i: int, step: Callable[[], Tensor]) -> Tensor:
+            """Member i's row; with on_nonfinite="drop", a NaN row marks it for dropping."""
+            try:
+                return step()
+            except NonFiniteError:
+                if self.on_nonfinite == "raise":
+                    raise
+                return torch.full_like(buffer_like, math.nan)
+
+        buffer_like = torch.cat([p.detach().reshape(-1) for p in selected])
         if self.variant == "vanilla":
             rows = [
-                -grad(generator(self.seed, MEMBER_KEY, r, i), f"member {i}")
+                member(i, lambda i=i: -grad(generator(self.seed, MEMBER_KEY, r, i), f"member {i}"))
                 for i in bar(range(S), f"PEG gradients (base {r})", enabled=self.progress)
             ]
             return torch.stack(rows)
@@ -266,12 +280,17 @@ class PEG(PerturbationEnsemble):
             buf = self.beta * buf + g
             g_val += g / self.val_batches
         buf = self._given_momentum(r, names, selected, buf)
-        rows = []
-        for i in bar(range(S), f"PEG unbiased steps (base {r})", enabled=self.progress):
+
+        def unbiased_step(i: int) -> Tensor:
             gen = generator(self.seed, MEMBER_KEY, r, i)
             g1, g2 = grad(gen, f"member {i}"), grad(gen, f"member {i}")
             a = torch.randn((), generator=gen).item()
-            rows.append(-((g1 - g2) / math.sqrt(2) + a * (self.beta * buf + g_val)))
+            return -((g1 - g2) / math.sqrt(2) + a * (self.beta * buf + g_val))
+
+        rows = [
+            member(i, lambda i=i: unbiased_step(i))
+            for i in bar(range(S), f"PEG unbiased steps (base {r})", enabled=self.progress)
+        ]
         return torch.stack(rows)
 
     def _given_momentum(

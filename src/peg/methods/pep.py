@@ -39,6 +39,7 @@ class PEP(PerturbationEnsemble):
             points (None: all of them).
 
     PEP has no gradient step, so the whole validation set scores σ.
+        on_nonfinite: "raise" (default) or "drop" members whose weights are NaN/inf.
     """
 
     method = "PEP"
@@ -57,6 +58,7 @@ class PEP(PerturbationEnsemble):
         eval_batch_size: int = 512,
         progress: bool | None = None,
         max_score_points: int | None = None,
+        on_nonfinite: Literal["raise", "drop"] = "raise",
     ) -> None:
         if bn not in ("eval", "refresh"):
             raise ValueError(f"bn: expected 'eval' or 'refresh' for PEP, got {bn!r}")
@@ -71,6 +73,7 @@ class PEP(PerturbationEnsemble):
             eval_batch_size,
             progress,
             max_score_points,
+            on_nonfinite,
         )
         lo, hi = bracket
         if not (0 < lo < hi and math.isfinite(hi)):
