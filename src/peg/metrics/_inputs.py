@@ -43,6 +43,7 @@ def as_pred(pred: Any, name: str = "pred") -> Tensor:
                 f"{name}: expected probabilities [N, C] with non-negative rows summing to 1, but "
                 f"it {problem}; pass logits as member logits [M, N, C], e.g. logits.unsqueeze(0)"
             )
+        t = t / t.sum(-1, keepdim=True)  # rows within the tolerance: renormalise exactly
     return t
 
 

@@ -102,9 +102,17 @@ class StreamingOOD:
             raise ValueError(f"score: expected one of {sorted(OOD_SCORES)}, got {score!r}")
         self.score = score
         self.scores: dict[str, list[Tensor]] = {"in": [], "out": []}
+        self.num_classes: int | None = None
 
     def update(self, pred: Any, ood: bool) -> None:
         """Add a batch of in-distribution (`ood=False`) or OOD (`ood=True`) predictions."""
+        C = as_pred(pred).shape[-1]
+        if self.num_classes is not None and self.num_classes != C:
+            raise ValueError(
+                f"pred: every batch must have the same number of classes; first {self.num_classes}"
+                f", got {C}"
+            )
+        self.num_classes = C
         self.scores["out" if ood else "in"].append(OOD_SCORES[self.score](pred).cpu())
 
     def compute(self) -> dict[str, float | str]:

@@ -1,0 +1,217 @@
+"""Faults: a writer killed mid-write leaves the previous archive intact; `peg bench` killed with
+SIGKILL at several points resumes to results identical to an uninterrupted run.
+
+The victims are real child processes (`python -c`, one torch thread) killed with SIGKILL, so no
+`finally`/`except` block of theirs runs: only what is on disk counts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import peg
+from peg.archive import ArchiveError, read_header
+from peg.bench.runner import run_spec
+from peg.bench.spec import parse_spec
+
+from conftest import mlp, moons
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+POLL = 0.001  # seconds between looks at the disk
+PATIENCE = 120.0  # seconds a child may take to reach its kill point
+
+
+def _spawn(code: str, *args: str, cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        cwd=cwd,
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+def _kill_when(child: subprocess.Popen, reached, what: str) -> None:
+    """SIGKILL `child` as soon as `reached()` is true; fail if it exits or times out first."""
+    deadline = time.monotonic() + PATIENCE
+    while not reached():
+        if child.poll() is not None:
+            err = child.stderr.read().decode(errors="replace")[-2000:]
+            pytest.fail(f"the child exited ({child.returncode}) before {what}:\n{err}")
+        if time.monotonic() > deadline:
+            child.kill()
+            child.wait()
+            pytest.fail(f"the child did not reach {what} in {PATIENCE:.0f} s")
+        time.sleep(POLL)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    child.stderr.close()
+    assert child.returncode == -signal.SIGKILL, f"the child ended before the kill ({what})"
+
+
+# --- (a) atomic archive writes -----------------------------------------------------------------
+
+# Writes an ensemble of `members` random members of the conftest MLP to `path` and is killed:
+#   "before-write": the temporary file is created, nothing written yet;
+#   "mid-write": the serialised archive is written slowly, the kill comes after its first tenth;
+#   "before-rename": the temporary file is written and fsynced, `os.replace` not yet called;
+#   "real-write": the real writer, killed once its temporary file has bytes in it (the write
+#       is faster than the parent can look, so this usually lands in the fsync).
+# The child touches `marker` when it reaches the kill point (not for "real-write").
+WRITER = r"""
+import os, sys, time
+import torch
+torch.set_num_threads(1)
+from torch import nn
+import peg, peg._io
+from safetensors.torch import save
+
+path, members, stop, marker = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+skeleton = nn.Sequential(nn.Linear(2, 20), nn.ReLU(), nn.Linear(20, 2))
+g = torch.Generator().manual_seed(1)
+stacked = {k: torch.randn(members, *v.shape, generator=g) for k, v in skeleton.state_dict().items()}
+big = peg.Ensemble(skeleton, stacked, meta={"method": "big"})
+
+def wait(*args, **kwargs):
+    open(marker, "w").close()
+    time.sleep(600)
+
+def slow_save_file(tensors, filename, metadata=None):
+    data = save(tensors, metadata=metadata)
+    with open(filename, "wb") as f:
+        f.write(data[: len(data) // 10])
+        f.flush()
+        os.fsync(f.fileno())
+        wait()
+        f.write(data[len(data) // 10 :])
+
+if stop == "before-write":
+    peg._io.save_file = wait
+elif stop == "mid-write":
+    peg._io.save_file = slow_save_file
+elif stop == "before-rename":
+    os.replace = wait
+big.save(path)
+"""
+
+BIG = 300_000  # members for "real-write": 300k x 102 float32 = 122 MB, a write that takes a while
+
+
+@pytest.mark.parametrize("stop", ["before-write", "mid-write", "before-rename", "real-write"])
+def test_a_writer_killed_mid_write_leaves_the_previous_archive_intact(tmp_path, stop):
+    X = moons(64, 3)[0]
+    original = peg.Ensemble.from_models([mlp(0), mlp(1), mlp(2)], meta={"method": "original"})
+    path = tmp_path / "archive"
+    original.save(str(path))
+    expected = original.member_logits(X)
+    marker = tmp_path / "marker"
+    members = BIG if stop == "real-write" else 1000
+    child = _spawn(WRITER, str(path), str(members), stop, str(marker), cwd=tmp_path)
+
+    def temporaries() -> list[Path]:
+        return sorted(tmp_path.glob(".archive.*.tmp"))
+
+    def writing() -> bool:
+        for t in temporaries():
+            try:
+                if t.stat().st_size > 0:
+                    return True
+            except FileNotFoundError:  # renamed meanwhile: the kill comes too late
+                pass
+        return False
+
+    _kill_when(child, writing if stop == "real-write" else marker.exists, stop)
+
+    # The archive at `path` is still the original, bit for bit in its predictions.
+    loaded = peg.load(path, mlp(9))
+    assert len(loaded) == 3 and loaded.meta["method"] == "original"
+    assert torch.equal(loaded.member_logits(X), expected)
+
+    # The killed writer leaves its temporary file (nothing ran to remove it). An empty or
+    # truncated one is refused with ArchiveError; a complete one is the new archive, whole.
+    leftovers = temporaries()
+    assert len(leftovers) == 1, leftovers
+    if stop in ("before-write", "mid-write"):
+        with pytest.raises(ArchiveError):
+            peg.load(leftovers[0], mlp(9))
+    elif stop == "before-rename":
+        assert len(peg.load(leftovers[0], mlp(9))) == members
+    else:
+        with contextlib.suppress(ArchiveError):  # truncated: refused; else complete
+            assert read_header(leftovers[0])["members"] == members
+
+    # A later save over the same path is unaffected by the leftover.
+    replacement = peg.Ensemble.from_models([mlp(3), mlp(4)], meta={"method": "replacement"})
+    replacement.save(str(path))
+    again = peg.load(path, mlp(9))
+    assert len(again) == 2 and again.meta["method"] == "replacement"
+    assert torch.equal(again.member_logits(X), replacement.member_logits(X))
+    assert temporaries() == leftovers  # the new save left no temporary file of its own
+
+
+# --- (b) `peg bench` killed and resumed ----------------------------------------------------------
+
+SPEC = {
+    "name": "tiny-faults",
+    "data": "digits",
+    "model": {"name": "mlp", "hidden": [32]},
+    "train": {"epochs": 6, "lr": 0.05, "batch_size": 64},
+    "seeds": [0],
+    "score_points": None,
+    "methods": ["Single", "DeepEns-2", "PEG-4"],
+}
+
+BENCH = r"""
+import json, sys
+import torch
+torch.set_num_threads(1)
+from peg.bench.runner import run_spec
+from peg.bench.spec import parse_spec
+spec = parse_spec(json.loads(sys.argv[1]))
+run_spec(spec, sys.argv[2], sys.argv[3], progress=False, say=lambda s: None)
+"""
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted run (in this process, one thread, as the children)."""
+    out = tmp_path_factory.mktemp("bench-reference")
+    return run_spec(parse_spec(SPEC), out, out / "cache", progress=False, say=_quiet)
+
+
+@pytest.mark.parametrize(
+    "kill_at",
+    [
+        "deep-ensemble/member-0.partial.safetensors",  # training member 0, after epoch 1
+        "deep-ensemble/member-1.partial.safetensors",  # member 0 done, training member 1
+        "logits/Single/test.safetensors",  # the first method's logits cached
+        "logits/PEG-4/build.safetensors",  # PEG built, its logits not yet written
+    ],
+)
+def test_bench_killed_at_any_point_resumes_to_identical_results(tmp_path, reference, kill_at):
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    child = _spawn(BENCH, json.dumps(SPEC), str(out), str(cache), cwd=tmp_path)
+    seed_dir = cache / SPEC["name"] / "seed-0"
+    _kill_when(child, (seed_dir / kill_at).exists, kill_at)
+    assert not (out / SPEC["name"] / "results.json").exists()  # killed before the end
+    assert not (seed_dir / "logits" / "PEG-4" / "test.safetensors").exists()  # work left to do
+
+    resumed = run_spec(parse_spec(SPEC), out, cache, progress=False, say=_quiet)
+    assert resumed["datasets"] == reference["datasets"]
+    assert resumed["per_seed"] == reference["per_seed"]
+    saved = json.loads((out / SPEC["name"] / "results.json").read_text())
+    assert saved["datasets"] == reference["datasets"]
