@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +29,17 @@ def _usual_mode(path: str) -> None:
     os.chmod(path, 0o666 & ~umask)
 
 
-def atomic_save_file(tensors: dict[str, Tensor], metadata: dict[str, str], path: Path) -> None:
-    """`safetensors.save_file` to a temporary file in the same folder, fsync, then rename.
+@contextmanager
+def atomic_target(path: Path) -> Iterator[str]:
+    """A temporary file beside `path` to write; afterwards fsynced and renamed over `path`.
 
-    A crash mid-write leaves the previous file at `path` intact.
+    A crash or an exception mid-write leaves the previous file at `path` intact.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        save_file(tensors, tmp, metadata=metadata)
+        yield tmp
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         _usual_mode(tmp)
@@ -44,6 +47,12 @@ def atomic_save_file(tensors: dict[str, Tensor], metadata: dict[str, str], path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_save_file(tensors: dict[str, Tensor], metadata: dict[str, str], path: Path) -> None:
+    """`safetensors.save_file`, atomically (see `atomic_target`)."""
+    with atomic_target(path) as tmp:
+        save_file(tensors, tmp, metadata=metadata)
 
 
 def _encode(obj: Any, tensors: dict[str, Tensor]) -> Any:
@@ -96,17 +105,6 @@ def load_tree(path: str | os.PathLike[str]) -> Any:
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write `text` to a temporary file beside `path`, then rename it over `path`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        _usual_mode(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write `text` to `path` atomically (see `atomic_target`)."""
+    with atomic_target(Path(path)) as tmp:
+        Path(tmp).write_text(text)
