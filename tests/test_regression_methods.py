@@ -89,3 +89,18 @@ def test_deep_ensemble_and_swag_train_regression_heads_with_a_loss():
         lambda: _gaussian_mlp(1), _sine(256, 0)
     )
     assert swag.member_logits(X).shape == (3, 100, 2)
+
+
+def test_packed_ensembles_on_regression_heads():
+    from peg.methods.packed import PackedEnsemble, packed_gaussian_nll
+    from peg.models import MLP
+
+    net = MLP(1, 2, hidden=(32,), packed=(2, 4, 1))
+    recipe = Recipe(epochs=60, lr=0.01, optimizer="adam", weight_decay=0.0, batch_size=64)
+    train(net, _sine(256, 0), recipe, loss=packed_gaussian_nll)
+    X, y = _sine(100, 5)
+    packed = PackedEnsemble(net)
+    assert packed.member_logits(X).shape == (4, 100, 2)
+    assert peg.evaluate(packed, X, y)["rmse"] < 0.5
+    with pytest.raises(ValueError, match="Gaussian member outputs"):
+        packed_gaussian_nll(torch.zeros(4, 8, 3), torch.zeros(8))

@@ -10,8 +10,9 @@ Adam on the Gaussian NLL. The EMP paper trains for 4000 epochs with a fixed τ =
 standard split files' epochs so the whole benchmark runs on a CPU, and learn the variance.
 
 Methods: `Single`, `DeepEns-5`, `MC-Dropout` (p = 0.05 before each linear layer, 50 samples),
-`EMP` and `ECMP` (K = 5 components on the input and output layers, 50 samples), `PEP-10` and
-`PEG-10` on the single model. Metrics in the data's units: RMSE and LPD (log predictive density
+`EMP` and `ECMP` (K = 5 components on the input and output layers, 50 samples),
+`Packed-(2,4,1)` (the same MLP packed, Gaussian heads, the members' mean Gaussian NLL), `PEP-10`
+and `PEG-10` on the single model. Metrics in the data's units: RMSE and LPD (log predictive density
 of the members' Gaussian mixture), mean ± standard error over splits. Test outputs `[M, N, 2]`
 are cached per (set, split, method): an interrupted run resumes, a rerun only tabulates.
 """
@@ -38,14 +39,16 @@ from peg.ensemble import Ensemble
 from peg.layers.patching import emp_loss, patch
 from peg.methods.deep_ensemble import DeepEnsemble
 from peg.methods.dropout import MCDropout
+from peg.methods.packed import PackedEnsemble, packed_gaussian_nll
 from peg.methods.patching import MCPatched
 from peg.methods.peg import PEG
 from peg.methods.pep import PEP
 from peg.metrics.regression import log_predictive_density, rmse, split_gaussian
+from peg.models import MLP
 from peg.models.gaussian import RegressionMLP, gaussian_nll_loss
 from peg.train import Recipe, instantiate, train
 
-METHODS = ("Single", "DeepEns-5", "MC-Dropout", "EMP", "ECMP", "PEP-10", "PEG-10")
+METHODS = ("Single", "DeepEns-5", "MC-Dropout", "EMP", "ECMP", "Packed-(2,4,1)", "PEP-10", "PEG-10")
 HIDDEN = {"protein": 100}
 EPOCHS = {"protein": 20}
 MC_SAMPLES = 50
@@ -130,6 +133,10 @@ class Split:
             )
             loss = emp_loss(net, EMP_WEIGHT, base=gaussian_nll_loss)
             return MCPatched(MC_SAMPLES, seed=self.k).fit(self._trained(method, net, loss))
+        if method.startswith("Packed"):
+            D = self.train[0].shape[1]
+            net = instantiate(lambda: MLP(D, 2, hidden=(self.hidden,), packed=(2, 4, 1)), self.k)
+            return PackedEnsemble(self._trained("packed", net, packed_gaussian_nll))
         size = int(method.split("-")[1])
         cls = PEG if method.startswith("PEG") else PEP
         options = {"batch_size": min(32, len(self.val[0]) // 2)} if cls is PEG else {}

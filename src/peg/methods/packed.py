@@ -16,8 +16,10 @@ module and come out of one forward pass, with the same `member_logits -> [M, N, 
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any, Literal
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -39,20 +41,46 @@ def packed_loss(output: Tensor, y: Tensor, reduction: Literal["mean", "sum"] = "
     Returns a scalar. The subnetworks share no weights, so either way subnetwork m's gradient
     comes from its own cross-entropy only.
     """
-    members = getattr(output, "member_logits", None)
-    if members is None:
-        if output.ndim != 3:
-            raise ValueError(
-                "output: expected member logits [M, B, C] or the output of a packed model "
-                f"(built with packed=...), got shape {tuple(output.shape)}"
-            )
-        members = output
+    members = _members_of(output)
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction: expected 'mean' or 'sum', got {reduction!r}")
     m = members.shape[0]
     # One call over [M·B, C] with the labels repeated = mean over members of each member's mean.
     loss = F.cross_entropy(members.flatten(0, 1), y.repeat(m))
     return loss * m if reduction == "sum" else loss
+
+
+def _members_of(output: Tensor) -> Tensor:
+    """Member outputs `[M, B, C]` from a packed model's output (or given directly)."""
+    members = getattr(output, "member_logits", None)
+    if members is None:
+        if output.ndim != 3:
+            raise ValueError(
+                "output: expected member outputs [M, B, C] or the output of a packed model "
+                f"(built with packed=...), got shape {tuple(output.shape)}"
+            )
+        members = output
+    return members
+
+
+def packed_gaussian_nll(output: Tensor, y: Tensor, min_var: float = 1e-6) -> Tensor:
+    """Regression with Packed-Ensembles: the mean over members of each one's Gaussian NLL.
+
+    A packed model built with `num_classes=2` has Gaussian heads: member outputs `[M, B, 2]`
+    are (mean, log-variance), the convention of `peg.models.gaussian`; the log-variance is
+    floored at log(min_var) (softly, as `GaussianHead` does). Its `forward` output (log p̄) is
+    meaningless for regression: predict with `PackedEnsemble(model).member_logits(X)`.
+    """
+    from peg.models.gaussian import gaussian_nll_loss
+
+    members = _members_of(output)
+    if members.shape[-1] != 2:
+        raise ValueError(
+            f"output: expected Gaussian member outputs [M, B, 2], got {tuple(members.shape)}"
+        )
+    floor = torch.full_like(members[..., 1], math.log(min_var))
+    heads = torch.stack([members[..., 0], torch.logaddexp(members[..., 1], floor)], -1)
+    return gaussian_nll_loss(heads.flatten(0, 1), y.repeat(members.shape[0]))
 
 
 class PackedEnsemble(ModulePredictor):
