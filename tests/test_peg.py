@@ -279,3 +279,12 @@ def test_a_diverging_member_is_named_or_dropped(overfit_mlp, moons_data):
     assert torch.isfinite(p.member_logits(moons_data["test"][0])).all()
     with pytest.raises(ValueError, match="on_nonfinite"):
         peg.PEG(on_nonfinite="ignore")
+
+
+def test_a_model_in_training_mode_gets_a_warning_and_is_left_alone(bn_net, moons_data):
+    X, y = moons_data["val"]
+    bn_net.train()
+    with pytest.warns(UserWarning, match="training mode"):
+        p = peg.PEG(size=2, batch_size=32, eta=0.1).fit(bn_net, (X, y % 3))
+    assert bn_net.training  # not switched behind the caller's back
+    assert torch.isfinite(p.member_logits(X)).all()

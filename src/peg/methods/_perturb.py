@@ -278,6 +278,12 @@ class PerturbationEnsemble(FittedEnsemble):
             `search_` ({scale: criterion} for every scale evaluated).
         """
         models = base_models(model)
+        if any(m.training for m in models):
+            warnings.warn(
+                "model: in training mode; the members are built and predicted in eval mode "
+                "(BatchNorm running statistics, dropout off) and the model is left as it is",
+                stacklevel=2,
+            )
         X, y = as_xy(val, "val")
         assert y is not None
         self._check_data(models, X, y)
