@@ -28,7 +28,7 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "errors.md"
 
 def _mlp() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 3))
+    return nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 3)).eval()
 
 
 def _val(n: int = 200, classes: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
@@ -126,7 +126,7 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
     (
         "PEG",
         "forward returns a tuple",
-        lambda: peg.PEG(size=2, batch_size=8, eta=0.1).fit(_TupleOut(), _val()),
+        lambda: peg.PEG(size=2, batch_size=8, eta=0.1).fit(_TupleOut().eval(), _val()),
         TypeError,
         "must return a Tensor",
     ),

@@ -41,12 +41,13 @@ def displacement_fingerprints(directions: list[Tensor], scale: float) -> list[li
     from their bases in the last digits only, which a fingerprint of the weights would miss.
     """
     P = directions[0].shape[1]
-    probe = torch.randn(P, generator=torch.Generator().manual_seed(FINGERPRINT_SEED))
+    gen = torch.Generator().manual_seed(FINGERPRINT_SEED)
+    probe = torch.randn(P, generator=gen).double()
     out = []
     for D in directions:
         for row in D:
             v = scale * row.detach().double().cpu()
-            out.append([float(v @ probe.double()), float(v.norm())])
+            out.append([float(v @ probe), float(v.norm())])
     return out
 
 

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.optim.swa_utils import SWALR
 
-from peg._inputs import Data, as_xy, check_positive_int
+from peg._inputs import Data, as_xy, check_number, check_positive_int
 from peg._io import load_tree, save_tree
 from peg._progress import bar
 from peg.data.transforms import random_crop, random_hflip
@@ -43,14 +43,6 @@ Schedule = Literal["constant", "cosine", "swa"]
 Callback = Callable[[int, nn.Module], None]
 ModelSource = nn.Module | Callable[[], nn.Module]
 CHECKPOINT_FORMAT = "peg-train-checkpoint"
-
-
-def _positive_number(value: Any, name: str, allow_zero: bool = False) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name}: expected a finite number {bound}, got {value!r}")
-    return float(value)
 
 
 @dataclass(frozen=True)
@@ -78,9 +70,9 @@ class Recipe:
     def __post_init__(self) -> None:
         check_positive_int(self.epochs, "epochs")
         check_positive_int(self.batch_size, "batch_size")
-        _positive_number(self.lr, "lr")
-        _positive_number(self.momentum, "momentum", allow_zero=True)
-        _positive_number(self.weight_decay, "weight_decay", allow_zero=True)
+        check_number(self.lr, "lr")
+        check_number(self.momentum, "momentum", allow_zero=True)
+        check_number(self.weight_decay, "weight_decay", allow_zero=True)
         if self.optimizer not in ("sgd", "adam"):
             raise ValueError(f"optimizer: expected 'sgd' or 'adam', got {self.optimizer!r}")
         if self.schedule not in ("constant", "cosine", "swa"):
@@ -95,7 +87,7 @@ class Recipe:
                     "weights are collected from epoch swa_start to epochs"
                 )
         if self.swa_lr is not None:
-            _positive_number(self.swa_lr, "swa_lr")
+            check_number(self.swa_lr, "swa_lr")
         if not isinstance(self.augment, bool):
             raise ValueError(f"augment: expected True or False, got {self.augment!r}")
         if self.schedule == "swa" and (self.swa_start is None or self.swa_lr is None):

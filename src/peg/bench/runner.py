@@ -42,7 +42,8 @@ from peg.methods.patching import MCPatched
 from peg.methods.peg import PEG
 from peg.methods.pep import PEP
 from peg.methods.subspace import DropoutSubspace, RandomSubspace
-from peg.methods.temperature import TemperatureScaling
+from peg.methods.swag import has_batchnorm
+from peg.methods.temperature import TemperatureScaling, member_logits_of
 from peg.metrics.ood import ood_metrics
 from peg.models._packed import Packing
 from peg.train import instantiate, train
@@ -185,8 +186,7 @@ class SeedRun:
             net = instantiate(lambda: self.factory(packed=spec), self.seed)
             return PackedEnsemble(self._train_own(method.key, net, packed_loss))
         net = instantiate(self.factory, self.seed)
-        has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in net.modules())
-        layers = o.get("layers", "bn" if has_bn else "input+output")
+        layers = o.get("layers", "bn" if has_batchnorm(net) else "input+output")
         patch(net, k=o.get("k", 5), mode=method.method, layers=layers, seed=self.seed)
         # Eq. (6) on the patched components (prior precision 1 over N points); the shared
         # layers keep the recipe's weight decay (shared=False: not penalised twice)
@@ -226,7 +226,7 @@ class SeedRun:
                     if hasattr(predictor, attr):
                         info[label] = float(getattr(predictor, attr))
                 save_tree(folder / "build.safetensors", info)
-            out[name] = _member_logits(predictor, inputs())
+            out[name] = member_logits_of(predictor, inputs())
             save_tree(path, {"logits": out[name]})
         return out
 
@@ -258,12 +258,6 @@ def fit_images(X: Tensor, target: tuple[int, ...], name: str) -> Tensor:
 
 def _file_name(dataset: str) -> str:
     return dataset.replace(" ", "_").replace("(", "").replace(")", "")
-
-
-def _member_logits(predictor: Any, X: Tensor) -> Tensor:
-    if isinstance(predictor, nn.Module):
-        predictor = Ensemble.from_models([predictor])
-    return predictor.member_logits(X)
 
 
 def _summary(values: list[float]) -> dict[str, float]:

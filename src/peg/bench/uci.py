@@ -43,6 +43,7 @@ from peg.methods.packed import PackedEnsemble, packed_gaussian_nll
 from peg.methods.patching import MCPatched
 from peg.methods.peg import PEG
 from peg.methods.pep import PEP
+from peg.methods.temperature import member_logits_of
 from peg.metrics.regression import log_predictive_density, rmse, split_gaussian
 from peg.models import MLP
 from peg.models.gaussian import RegressionMLP, gaussian_nll_loss
@@ -147,10 +148,7 @@ class Split:
         path = self.cache / "outputs" / f"{method}.safetensors"
         if path.exists():
             return load_tree(path)["outputs"]
-        predictor = self.build(method)
-        if isinstance(predictor, nn.Module):
-            predictor = Ensemble.from_models([predictor])
-        out = predictor.member_logits(self.test[0])
+        out = member_logits_of(self.build(method), self.test[0])
         save_tree(path, {"outputs": out})
         return out
 

@@ -14,21 +14,13 @@ import torch
 from sklearn.datasets import make_moons
 from torch import Tensor
 
-from peg._inputs import check_positive_int
+from peg._inputs import check_number, check_positive_int
 
 
 def _check_seed(seed: int) -> int:
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed: expected a non-negative integer, got {seed!r}")
     return int(seed)
-
-
-def _check_nonneg(value: float, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
-        raise ValueError(f"{name}: expected a non-negative number, got {value!r}")
-    if not math.isfinite(float(value)) or value < 0:
-        raise ValueError(f"{name}: expected a finite non-negative number, got {value!r}")
-    return float(value)
 
 
 def _counts(n: int, classes: int) -> list[int]:
@@ -65,8 +57,8 @@ def linear(
         `(X [n, 2] float32, y [n] int64)`, labels 0 and 1.
     """
     n = check_positive_int(n, "n", minimum=2)
-    noise = _check_nonneg(noise, "noise")
-    margin = _check_nonneg(margin, "margin")
+    noise = check_number(noise, "noise", allow_zero=True)
+    margin = check_number(margin, "margin", allow_zero=True)
     rng = np.random.default_rng(_check_seed(seed))
     w = np.array([1.0, 1.0]) / math.sqrt(2.0)
     w_perp = np.array([-1.0, 1.0]) / math.sqrt(2.0)
@@ -93,7 +85,7 @@ def two_moons(n: int = 400, noise: float = 0.1, seed: int = 0) -> tuple[Tensor, 
         `(X [n, 2] float32, y [n] int64)`, labels 0 and 1.
     """
     n = check_positive_int(n, "n", minimum=2)
-    noise = _check_nonneg(noise, "noise")
+    noise = check_number(noise, "noise", allow_zero=True)
     X, y = make_moons(n_samples=n, noise=noise, shuffle=True, random_state=_check_seed(seed))
     return (
         torch.from_numpy(np.ascontiguousarray(X, dtype=np.float32)),
@@ -119,7 +111,7 @@ def three_moons(n: int = 600, noise: float = 0.1, seed: int = 0) -> tuple[Tensor
         `(X [n, 2] float32, y [n] int64)`, labels 0, 1 and 2.
     """
     n = check_positive_int(n, "n", minimum=3)
-    noise = _check_nonneg(noise, "noise")
+    noise = check_number(noise, "noise", allow_zero=True)
     rng = np.random.default_rng(_check_seed(seed))
     xs, ys = [], []
     for k, count in enumerate(_counts(n, 3)):

@@ -33,7 +33,6 @@ How this module reads the points the paper leaves open:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -41,6 +40,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from peg._inputs import check_number
 
 Mode = Literal["emp", "ecmp"]
 MODES: tuple[str, ...] = ("emp", "ecmp")
@@ -72,13 +73,6 @@ def _check_mode(mode: Any) -> str:
     if mode not in MODES:
         raise ValueError(f"mode: expected 'emp' or 'ecmp', got {mode!r}")
     return str(mode)
-
-
-def _check_nonneg(value: Any, name: str) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0:
-        raise ValueError(f"{name}: expected a finite number >= 0, got {value!r}")
-    return float(value)
 
 
 def parse_layers(layers: Any) -> frozenset[str]:
@@ -115,7 +109,7 @@ class PatchedModule(nn.Module):
         super().__init__()
         self.k = _check_k(k)
         self.mode = _check_mode(mode)
-        self.sigma = _check_nonneg(sigma, "sigma")
+        self.sigma = check_number(sigma, "sigma", allow_zero=True)
         self.sampling: bool | None = None
         self.register_buffer("mix", torch.full((self.k,), 1.0 / self.k), persistent=False)
 
@@ -504,8 +498,8 @@ def patch(
     k = _check_k(k)
     mode = _check_mode(mode)
     parts = parse_layers(layers)
-    noise = _check_nonneg(noise, "noise")
-    sigma = _check_nonneg(sigma, "sigma")
+    noise = check_number(noise, "noise", allow_zero=True)
+    sigma = check_number(sigma, "sigma", allow_zero=True)
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
         raise ValueError(f"seed: expected an integer or None, got {seed!r}")
     if patched_modules(model):
@@ -589,7 +583,7 @@ def emp_loss(
     the mean cross-entropy plus `weight × patch_regularizer(model, shared)`. `weight` plays
     the role of the prior precision τ divided by the number of training points.
     """
-    weight = _check_nonneg(weight, "weight")
+    weight = check_number(weight, "weight", allow_zero=True)
 
     def loss(logits: Tensor, y: Tensor) -> Tensor:
         return base(logits, y) + weight * patch_regularizer(model, shared)

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from peg._inputs import Data, as_xy, check_positive_int, iter_inputs
+from peg._inputs import Data, as_xy, check_number, check_positive_int, iter_inputs
 from peg._progress import bar
 from peg.ensemble import Ensemble, model_output
 from peg.methods._perturb import ParamFilter, generator, refresh_bn, select_parameters
@@ -61,14 +61,6 @@ def unflatten_state(
 
 
 # ---------------------------------------------------------------- checks
-def _check_positive(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name}: expected a finite number > 0, got {value!r}")
-    if value <= 0:
-        raise ValueError(f"{name}: expected a finite number > 0, got {value!r}")
-    return float(value)
-
-
 def _check_bn(bn: Any) -> SubspaceBN:
     if bn not in ("eval", "refresh"):
         raise ValueError(f"bn: expected 'eval' or 'refresh', got {bn!r}")
@@ -284,7 +276,7 @@ class RandomSubspace(_AroundSolution):
         progress: bool | None = None,
     ) -> None:
         super().__init__(samples, seed, params, bn, min_accuracy, progress)
-        self.radius = _check_positive(radius, "radius")
+        self.radius = check_number(radius, "radius")
         self.relative = bool(relative)
 
     def _hyperparameters(self) -> dict[str, Any]:
@@ -431,7 +423,7 @@ class _IterateGaussian(_Sampler):
         self, samples: int, scale: float, seed: int, bn: SubspaceBN, progress: bool | None
     ) -> None:
         super().__init__(samples, seed, bn)
-        self.scale = _check_positive(scale, "scale")
+        self.scale = check_number(scale, "scale")
         self.progress = progress
 
     def _fit_moments(self, A: Tensor) -> None:

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from torch.optim.swa_utils import AveragedModel, update_bn
 
-from peg._inputs import Data, as_xy, check_positive_int
+from peg._inputs import Data, as_xy, check_number, check_positive_int
 from peg._progress import bar
 from peg.ensemble import Ensemble
 from peg.methods._perturb import generator, refresh_bn
@@ -255,7 +255,9 @@ class SWAG(SWA):
         )
         self.diag = bool(diag)
         self.max_num_models = check_positive_int(max_num_models, "max_num_models", minimum=2)
-        self.scale = _check_scale(scale) if scale is not None else (1.0 if self.diag else 0.5)
+        self.scale = (
+            check_number(scale, "scale") if scale is not None else (1.0 if self.diag else 0.5)
+        )
         self.samples = check_positive_int(samples, "samples")
         if bn not in ("refresh", "eval"):
             raise ValueError(f"bn: expected 'refresh' or 'eval', got {bn!r}")
@@ -314,7 +316,7 @@ class SWAG(SWA):
         if not hasattr(self, "mean_"):
             raise AttributeError("SWAG: call fit(...) before sampling")
         n = check_positive_int(n, "n")
-        scale = self.scale if scale is None else _check_scale(scale)
+        scale = self.scale if scale is None else check_number(scale, "scale")
         diag = self.diag if diag is None else bool(diag)
         if not diag and self.diag:
             raise ValueError("diag: this SWAG-Diag fit collected no deviations; use diag=True")
@@ -366,10 +368,3 @@ class SWAG(SWA):
             meta["diag"] = diag
             meta["method"] = "swag-diag" if diag else "swag"
         return Ensemble.from_state_dicts(model, states, meta=meta)
-
-
-def _check_scale(scale: Any) -> float:
-    ok = isinstance(scale, (int, float)) and not isinstance(scale, bool) and math.isfinite(scale)
-    if not ok or scale <= 0:
-        raise ValueError(f"scale: expected a covariance scale > 0, got {scale!r}")
-    return float(scale)

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from peg._inputs import check_positive_int
-from peg.metrics._inputs import as_pred, check_labels, ensemble_log_probs, ensemble_probs
+from peg.metrics._inputs import as_pred, check_labels, ensemble_log_probs
 from peg.metrics.ood import OOD_SCORES, aupr, auroc, fpr_at_tpr
 
 
@@ -58,7 +58,8 @@ class StreamingMetrics:
                 f"{self.num_classes}], members={self.members}; got shape {tuple(p.shape)}"
             )
         labels = check_labels(y, p.shape[-2], C).to(p.device)
-        log_p, probs = ensemble_log_probs(p), ensemble_probs(p)  # as the one-shot metrics
+        log_p = ensemble_log_probs(p)  # as the one-shot metrics: probabilities unchanged,
+        probs = log_p.exp() if p.ndim == 3 else p  # member logits through log space
         rows = torch.arange(len(labels), device=p.device)
         self.sums["nll"] += float(-log_p[rows, labels].sum())
         conf, top = probs.max(-1)
