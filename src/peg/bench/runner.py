@@ -15,6 +15,7 @@ Writes `results/<name>/results.json` (shape: `{"command", "commit", "machine", "
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import time
@@ -26,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from peg import data as datasets
-from peg import metrics, models
+from peg import distributed, metrics, models
 from peg._env import git_commit, machine
 from peg._io import atomic_write_text, load_tree, save_tree
 from peg._progress import bar
@@ -265,6 +266,61 @@ def _summary(values: list[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(values), "std": std, "n": len(values)}
 
 
+def _family(method: MethodSpec) -> str:
+    """The training a method shares with others: "deep-ensemble" (Single, DeepEns-N and what is
+    built on them), "swag" (SWA, SWAG, SWAG-Diag and what is built on them), or the method's own
+    key (Packed, EMP and ECMP each train a model of their own)."""
+    if method.method in ("packed", "emp", "ecmp"):
+        return method.key
+    return "swag" if method.base in ("swa", "swag", "swag-diag") else "deep-ensemble"
+
+
+def work_units(spec: Spec) -> list[tuple[int, list[MethodSpec]]]:
+    """(seed, methods) units that share no training, family by family, then seed by seed.
+
+    Under torchrun, unit i goes to rank i mod W, in rounds of W units: with a number of seeds
+    that is a multiple of W, the units of one round are one family on different seeds, so the
+    ranks of a round do the same amount of work.
+    """
+    families: dict[str, list[MethodSpec]] = {}
+    for method in spec.methods:
+        families.setdefault(_family(method), []).append(method)
+    return [(seed, methods) for methods in families.values() for seed in spec.seeds]
+
+
+def _fill_cache(
+    spec: Spec,
+    cache: Path,
+    root: str | None,
+    progress: bool | None,
+    say: Callable[[str], None],
+) -> None:
+    """Under torchrun: every rank caches the member logits of its share of `work_units`.
+
+    The ranks meet after every round (`distributed.guarded`): a rank that raised stops every
+    rank with a `RankFailure` naming it, before the next round starts.
+    """
+    rank, size = distributed.world()
+    units = work_units(spec)
+    runs: dict[int, SeedRun] = {}
+
+    def do(seed: int, methods: list[MethodSpec]) -> None:
+        say(f"{spec.name}: rank {rank}: seed {seed}: {', '.join(m.name for m in methods)}")
+        if seed not in runs:
+            runs[seed] = SeedRun(spec, seed, cache, root, progress)
+        for method in bar(methods, f"{spec.name} seed {seed} rank {rank}", len(methods), progress):
+            runs[seed].logits(method)
+
+    for first in range(0, len(units), size):
+        if first + rank < len(units):
+            seed, methods = units[first + rank]
+            task = functools.partial(do, seed, methods)
+            what = f"{spec.name}, seed {seed}, {', '.join(m.name for m in methods)}"
+        else:  # the last round has fewer units than ranks
+            task, what = (lambda: None), f"{spec.name}, idle"
+        distributed.guarded(task, what)
+
+
 def run_spec(
     spec: Spec,
     out: str | Path = "results",
@@ -274,13 +330,38 @@ def run_spec(
     command: str | None = None,
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Run one benchmark; write and return its results (see the module docstring)."""
+    """Run one benchmark; write and return its results (see the module docstring).
+
+    Under torchrun (`peg.distributed.world()` finds W > 1 ranks) the ranks share the work units
+    (`work_units`) and fill the cache; then rank 0 alone computes the metrics from it and
+    writes the results, which every rank returns: those of one process (`commit`,
+    `wall_seconds` and `command` aside). If any rank fails, every rank raises
+    `peg.distributed.RankFailure` naming it, and no results are written (the logits cached so
+    far stay: a rerun resumes from them).
+    """
     check_methods(spec)
     started = time.perf_counter()
+    rank, size = distributed.world()
+
+    def finish() -> dict[str, Any]:
+        per_seed = _per_seed(spec, Path(cache), root, progress, say)
+        return _write(spec, per_seed, out, command, time.perf_counter() - started, say)
+
+    if size == 1:
+        return finish()
+    _fill_cache(spec, Path(cache), root, progress, say)
+    return distributed.guarded(finish if rank == 0 else lambda: None, f"{spec.name}, results")[0]
+
+
+def _per_seed(
+    spec: Spec, cache: Path, root: str | None, progress: bool | None, say: Callable[[str], None]
+) -> dict[str, dict[str, dict[str, list[float]]]]:
+    """Data set → method → metric → one value per seed, from the member logits (built and
+    cached where the cache does not have them yet)."""
     per_seed: dict[str, dict[str, dict[str, list[float]]]] = {}
     for seed in spec.seeds:
         say(f"{spec.name}: seed {seed}")
-        run = SeedRun(spec, seed, Path(cache), root, progress)
+        run = SeedRun(spec, seed, cache, root, progress)
         y = run.test[1]
         for method in bar(spec.methods, f"{spec.name} seed {seed}", len(spec.methods), progress):
             logits = run.logits(method)
@@ -295,7 +376,18 @@ def run_spec(
                 for k, v in m.items():
                     if k in CLASSIFICATION or k in OOD:
                         cell.setdefault(k, []).append(float(v))
-    wall = time.perf_counter() - started
+    return per_seed
+
+
+def _write(
+    spec: Spec,
+    per_seed: dict[str, dict[str, dict[str, list[float]]]],
+    out: str | Path,
+    command: str | None,
+    wall: float,
+    say: Callable[[str], None],
+) -> dict[str, Any]:
+    """The results (see the module docstring), written to results.json and results.md."""
     results = {
         "command": command or f"peg bench {spec.name}",
         "commit": git_commit(),

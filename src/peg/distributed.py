@@ -1,0 +1,216 @@
+"""Beyond one machine: the process group, sharded member logits, and a failure protocol.
+
+Launched with `torchrun --nproc-per-node N script.py` (or `torchrun ... --no-python peg bench
+SPEC.yaml`), every process ("rank") runs the same program; torchrun describes the group in the
+environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). `world()` joins that group on first use
+(gloo, so it works on CPU); without those variables everything runs as one process, unchanged.
+
+    logits = peg.distributed.member_logits(ens, X)   # [M, N, C] on every rank, work split
+
+Sharding never changes a number: each rank computes whole members, or whole batches of exactly
+the rows one process would use, with the same code, so the gathered tensor equals the
+single-process one bit for bit (same machine kind, thread count and library versions; see
+docs/determinism.md).
+
+Failures: every collective of this module goes through `guarded`, which shares each rank's
+outcome. If one rank raises, all ranks raise a `RankFailure` naming it and its error, instead of
+waiting forever for it. A rank that dies outright (killed, segfault) is caught by torchrun, which
+stops the others; a rank that hangs is given up on after the group's timeout (`PEG_DIST_TIMEOUT`
+seconds, default 7200: long enough for one rank to wait while another finishes a long unit).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from peg._inputs import Data, iter_inputs
+from peg.ensemble import Ensemble
+from peg.methods.base import FittedEnsemble, ModulePredictor, SampledPredictor
+from peg.methods.temperature import TemperatureScaling, member_logits_of
+
+T = TypeVar("T")
+TIMEOUT_ENV = "PEG_DIST_TIMEOUT"
+DEFAULT_TIMEOUT = 7200.0  # seconds a rank waits for the others in one collective
+
+__all__ = ["RankFailure", "guarded", "init", "member_logits", "world"]
+
+
+class RankFailure(RuntimeError):
+    """Raised on every rank when some rank failed inside `guarded`.
+
+    Attributes:
+        failures: rank → "what it was doing: ExceptionType: message".
+    """
+
+    def __init__(self, failures: dict[int, str], size: int) -> None:
+        self.failures = dict(failures)
+        if len(failures) == 1:
+            ((rank, message),) = failures.items()
+            said = f"rank {rank} of {size} failed ({message})"
+        else:
+            details = "; ".join(f"rank {r}: {m}" for r, m in failures.items())
+            said = f"ranks {', '.join(map(str, failures))} of {size} failed ({details})"
+        super().__init__(f"{said}; every rank stopped")
+
+
+def init(backend: str = "gloo", timeout: float | None = None) -> bool:
+    """Join the process group torchrun describes, once; True when a group of >1 ranks is active.
+
+    Idempotent: a group already initialised (by this function or by the caller, e.g. with
+    "nccl") is used as it is. Without torchrun's variables (WORLD_SIZE unset or 1) nothing is
+    initialised and the answer is False.
+
+    Args:
+        backend: "gloo" (CPU, works everywhere) or "nccl" (GPUs; set the device first).
+        timeout: seconds a rank waits in a collective before giving up (default:
+            `$PEG_DIST_TIMEOUT`, else 7200).
+    """
+    if not dist.is_available():
+        return False
+    if dist.is_initialized():
+        return dist.get_world_size() > 1
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return False
+    seconds = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT)) if timeout is None else timeout
+    dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=seconds))
+    return True
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size) of this process: (0, 1) without a group (see `init`)."""
+    if not init():
+        return 0, 1
+    return dist.get_rank(), dist.get_world_size()
+
+
+def guarded(fn: Callable[[], T], what: str = "") -> list[T]:
+    """Run `fn()` on this rank and gather every rank's return value, in rank order.
+
+    A collective: every rank calls it the same number of times. An exception in `fn` is caught
+    and shared; then every rank raises a `RankFailure` naming each failed rank, `what` it was
+    doing and its error (chained to the original on the rank that raised it). Values travel by
+    pickle (`all_gather_object`): keep them small, tensors on the CPU. With one process this is
+    `[fn()]` and exceptions propagate unchanged.
+    """
+    size = world()[1]
+    if size == 1:
+        return [fn()]
+    error: Exception | None = None
+    try:
+        outcome: tuple[str | None, Any] = (None, fn())
+    except Exception as e:
+        error = e
+        outcome = (f"{what + ': ' if what else ''}{type(e).__name__}: {e}", None)
+    gathered: list[Any] = [None] * size
+    dist.all_gather_object(gathered, outcome)
+    failures = {r: message for r, (message, _) in enumerate(gathered) if message is not None}
+    if failures:
+        raise RankFailure(failures, size) from error
+    return [value for _, value in gathered]
+
+
+# ------------------------------------------------------------------------- sharded prediction
+def _ensemble_of(predictor: Any) -> Ensemble | None:
+    if isinstance(predictor, Ensemble):
+        return predictor
+    if isinstance(predictor, FittedEnsemble):
+        return predictor.ensemble()
+    return None
+
+
+def _row_wise(predictor: Any) -> bool:
+    """Whether a row's outputs do not depend on how the inputs are cut into batches."""
+    if isinstance(predictor, TemperatureScaling):
+        return hasattr(predictor, "predictor_") and _row_wise(predictor.predictor_)
+    if isinstance(predictor, SampledPredictor):
+        return False  # its randomness is keyed by the batch index
+    return isinstance(predictor, (Ensemble, FittedEnsemble, ModulePredictor, nn.Module))
+
+
+def _members_part(ens: Ensemble, members: list[int], X: Data, batch_size: int) -> Tensor:
+    """Logits `[len(members), N, C]` of some members, exactly as `ens.member_logits` has them."""
+    part = ens.subset(members)
+    if len(part) > 1 or len(ens) == 1:  # "auto" picks the same strategy per batch as `ens`
+        return part.member_logits(X, batch_size, progress=False)
+    # A lone member would be looped where the whole ensemble vectorises small batches, and the
+    # two can differ in the last bits: use the strategy `ens` picks for each batch.
+    chunks = []
+    for x in iter_inputs(X, batch_size):
+        chosen = ens._choose(x, None)
+        try:
+            chunks.append(part.member_logits(x, len(x), strategy=chosen, progress=False))
+        except (RuntimeError, NotImplementedError):  # vmap failed: "auto" loops this model too
+            if chosen == "loop":
+                raise
+            chunks.append(part.member_logits(x, len(x), strategy="loop", progress=False))
+    return torch.cat(chunks, dim=1)
+
+
+def _batches_part(predictor: Any, X: Data, batch_size: int, rank: int, size: int) -> list[Tensor]:
+    """Logits `[M, B_j, C]` of batches j = rank, rank + size, ... (the batches one process uses)."""
+    if isinstance(predictor, nn.Module):
+        predictor = Ensemble.from_models([predictor])  # as member_logits_of does, copied once
+    return [
+        predictor.member_logits(x, batch_size, progress=False).cpu()
+        for j, x in enumerate(iter_inputs(X, batch_size))
+        if j % size == rank
+    ]
+
+
+def member_logits(predictor: Any, X: Data, batch_size: int = 512) -> Tensor:
+    """Member logits `[M, N, C]`, computed by all ranks together; every rank gets all of them.
+
+    Equal, bit for bit, to `member_logits_of(predictor, X, batch_size)` in one process (an
+    `Ensemble`'s `member_logits`, a fitted method's, or an nn.Module's as a one-member
+    ensemble). How the work is split:
+
+    - an `Ensemble` or a fitted method holding one (PEG, PEP, SWAG, DeepEnsemble, ...) with at
+      least as many members as ranks: members r, r + W, r + 2W, ... on rank r (W ranks);
+    - other predictors whose rows do not depend on the batching (an nn.Module, a smaller
+      ensemble, Packed-Ensembles, temperature scaling of those): X is cut into the batches of
+      `batch_size` rows one process uses, and batch j goes to rank j mod W;
+    - MC dropout and MC patching (EMP, ECMP) draw member s on batch j from (seed, s, j), so a
+      batch predicted apart would get other masks; they, temperature scaling of them, and any
+      other object with `member_logits` (whose batching this cannot see) are computed whole on
+      every rank: no speed-up, still identical.
+
+    Args:
+        predictor: an `Ensemble`, a fitted method, or an nn.Module returning logits `[B, C]`.
+        X: inputs `[N, ...]` (Tensor or array), or a Dataset / DataLoader that yields the same
+            batches in the same order on every rank (no shuffling).
+        batch_size: rows per forward pass when X is a tensor.
+
+    Returns:
+        `[M, N, C]`; with several ranks, on the CPU (it is assembled from every rank's share).
+    """
+    rank, size = world()
+    if size == 1:
+        return member_logits_of(predictor, X, batch_size)
+    ens = _ensemble_of(predictor)
+    if ens is not None and len(ens) >= size:
+        parts = guarded(
+            lambda: _members_part(ens, list(range(rank, len(ens), size)), X, batch_size).cpu(),
+            "member_logits (members)",
+        )
+        out = torch.empty((len(ens), *parts[0].shape[1:]), dtype=parts[0].dtype)
+        for r, part in enumerate(parts):
+            out[r::size] = part
+        return out
+    if _row_wise(predictor):
+        shares = guarded(
+            lambda: _batches_part(predictor, X, batch_size, rank, size), "member_logits (batches)"
+        )
+        chunks = [shares[j % size][j // size] for j in range(sum(map(len, shares)))]
+        if not chunks:
+            raise ValueError("X: no inputs to predict (0 samples)")
+        return torch.cat(chunks, dim=1)
+    whole: list[Tensor] = []  # each rank computes everything; only the outcomes are shared
+    guarded(lambda: whole.append(member_logits_of(predictor, X, batch_size)), "member_logits")
+    return whole[0].cpu()

@@ -1,0 +1,240 @@
+"""`peg.distributed` on CPU: 2 processes over gloo give what one process gives, bit for bit.
+
+(a) `member_logits` shards members (Ensemble) or batches (nn.Module) and equals the single-process
+tensor; (b) `torchrun ... peg bench SPEC.yaml` with 2 ranks writes the results of one process;
+(c) a rank raising part-way stops every rank with an error naming it, and no results are written.
+The ranks are real child processes (one torch thread each): (a) and (c) run in one pair launched
+by hand with torchrun's environment variables, (b) through the torchrun launcher itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+import peg
+from peg import distributed, models
+from peg.bench.runner import run_spec, work_units
+from peg.bench.spec import parse_spec
+from peg.methods.temperature import member_logits_of
+
+from conftest import mlp, moons
+
+TESTS = Path(__file__).resolve().parent
+LAUNCHER_VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+ENV = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS} | {
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "PYTHONHASHSEED": "0",
+    "PEG_DIST_TIMEOUT": "90",
+}
+PATIENCE = 120  # seconds a launch may take before the test gives up on it
+BATCH = 64
+
+SPEC = {
+    "name": "tiny-dist",
+    "data": "digits",
+    "model": {"name": "mlp", "hidden": [16]},
+    "train": {"epochs": 3, "lr": 0.05, "batch_size": 64},
+    "swa": {
+        "epochs": 4,
+        "lr": 0.05,
+        "batch_size": 64,
+        "schedule": "swa",
+        "swa_start": 2,
+        "swa_lr": 0.01,
+    },
+    "seeds": [0, 1],
+    "score_points": None,
+    "swag_samples": 3,
+    "methods": ["Single", "Temp-scaled", "PEG-4", "SWA", {"name": "MC-Dropout-3", "insert": 0.1}],
+    "shift": {"rotations": [30]},
+}
+
+
+def cnn(seed: int) -> torch.nn.Module:
+    """A small CNN whose members vmap and a loop predict a few ulps apart."""
+    torch.manual_seed(seed)
+    net = models.build("small-cnn", num_classes=3, in_channels=1, width=4)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return net.eval()
+
+
+def predictors() -> dict[str, tuple[object, torch.Tensor]]:
+    """Name → (predictor, inputs) compared (built the same way in every process)."""
+    X, y = moons(300, 3)
+    images = torch.rand(150, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    ensemble = peg.Ensemble.from_models([mlp(s, classes=3) for s in range(5)])
+    return {
+        "ensemble-5": (ensemble, X),  # members 0, 2, 4 on rank 0 and 1, 3 on rank 1
+        # one member per rank, which must be vectorised as the pair is, not looped
+        "cnn-ensemble-2": (peg.Ensemble.from_models([cnn(0), cnn(1)]), images),
+        "module": (mlp(7), X),  # 5 batches of 64 rows: 0, 2, 4 on rank 0 and 1, 3 on rank 1
+        "temperature": (peg.TemperatureScaling().fit(ensemble, (X, y)), X),  # batches
+        "mc-dropout": (peg.MCDropout(samples=3, seed=0, insert=0.2).fit(mlp(8)), X),  # whole
+    }
+
+
+# Rank RANK of 2: (a) writes its distributed member logits, then (c) runs a bench in which rank 1
+# fails while building PEG-4 for seed 1 (in the first round; SWA would come in the second).
+WORKER = r"""
+import json, os, sys
+import torch
+torch.set_num_threads(1)
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from safetensors.torch import save_file
+from peg import distributed
+from peg.bench import runner
+from peg.bench.spec import parse_spec
+from test_distributed import BATCH, predictors
+
+out = Path(sys.argv[2])
+rank, size = distributed.world()
+assert size == 2, size
+logits = {name: distributed.member_logits(p, X, BATCH) for name, (p, X) in predictors().items()}
+save_file(logits, str(out / f"logits-{rank}.safetensors"))
+
+build = runner.SeedRun.build
+def failing(self, method):
+    if rank == 1 and method.name == "PEG-4":
+        raise ValueError("injected failure")
+    return build(self, method)
+runner.SeedRun.build = failing
+runner.run_spec(parse_spec(json.loads(sys.argv[3])), out, out / "cache", progress=False,
+                say=lambda s: None)
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(code: str, *args: str, cwd: Path, size: int = 2) -> list[tuple[int, str]]:
+    """Run `python -c code args` as ranks 0..size-1 of a gloo group; (exit code, stderr) each."""
+    port = str(_free_port())
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, *args],
+            cwd=cwd,
+            env=ENV
+            | {"RANK": str(r), "WORLD_SIZE": str(size), "MASTER_ADDR": "127.0.0.1"}
+            | {"MASTER_PORT": port, "LOCAL_RANK": str(r)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(size)
+    ]
+    try:
+        errors = [p.communicate(timeout=PATIENCE)[1] for p in ranks]
+        return [(p.returncode, err) for p, err in zip(ranks, errors, strict=True)]
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ranks")
+    return out, _launch(WORKER, str(TESTS), str(out), json.dumps(SPEC), cwd=out)
+
+
+def test_one_process_is_rank_0_of_1():
+    assert distributed.world() == (0, 1)
+    assert distributed.guarded(lambda: 3) == [3]
+    X = moons(50, 0)[0]
+    assert torch.equal(distributed.member_logits(mlp(7), X), member_logits_of(mlp(7), X))
+
+
+def test_an_ensemble_subset_predicts_its_members():
+    ensemble, X = predictors()["ensemble-5"]
+    part = ensemble.subset([4, 1])
+    assert len(part) == 2 and part.meta == ensemble.meta
+    assert torch.equal(part.member_logits(X, BATCH), ensemble.member_logits(X, BATCH)[[4, 1]])
+    with pytest.raises(IndexError, match="indices"):
+        ensemble.subset([5])
+    with pytest.raises(ValueError, match="indices"):
+        ensemble.subset([])
+
+
+def test_member_logits_on_two_ranks_equal_one_process_bit_for_bit(launched):
+    out, statuses = launched
+    named = predictors()
+    for rank in (0, 1):
+        path = out / f"logits-{rank}.safetensors"
+        assert path.exists(), f"rank {rank} wrote no logits:\n{statuses[rank][1][-3000:]}"
+        got = load_file(str(path))
+        assert set(got) == set(named)
+        for name, (predictor, X) in named.items():
+            assert torch.equal(got[name], member_logits_of(predictor, X, BATCH)), (rank, name)
+
+
+def test_a_rank_failing_part_way_stops_every_rank_and_writes_no_results(launched):
+    out, statuses = launched
+    for rank, (code, err) in enumerate(statuses):
+        assert code not in (0, None), f"rank {rank} exited with {code}"
+        assert "RankFailure: rank 1 of 2 failed" in err, err[-3000:]
+        assert "seed 1, Single, Temp-scaled, PEG-4, MC-Dropout-3: ValueError: injected" in err
+    assert "ValueError: injected failure" in statuses[1][1]  # the original, chained
+    assert not (out / SPEC["name"]).exists()  # no results.json, no results.md
+    seeds = out / "cache" / SPEC["name"]
+    assert (seeds / "seed-0" / "logits" / "PEG-4" / "test.safetensors").exists()  # rank 0's unit
+    assert (seeds / "seed-1" / "logits" / "Single" / "test.safetensors").exists()  # before PEG-4
+    assert not (seeds / "seed-0" / "logits" / "SWA").exists()  # the next round never started
+
+
+def test_work_units_group_methods_sharing_a_training():
+    spec = parse_spec({**SPEC, "methods": [*SPEC["methods"], "Packed-(2,2,1)", "SWAG"]})
+    units = [(seed, [m.name for m in methods]) for seed, methods in work_units(spec)]
+    deep = ["Single", "Temp-scaled", "PEG-4", "MC-Dropout-3"]
+    assert units == [
+        (0, deep),
+        (1, deep),
+        (0, ["SWA", "SWAG"]),
+        (1, ["SWA", "SWAG"]),
+        (0, ["Packed-(2,2,1)"]),
+        (1, ["Packed-(2,2,1)"]),
+    ]
+
+
+def test_torchrun_peg_bench_on_two_ranks_writes_the_results_of_one_process(tmp_path):
+    reference = run_spec(
+        parse_spec(SPEC), tmp_path / "one", tmp_path / "one-cache", progress=False, say=print
+    )
+    spec_file = tmp_path / "tiny.yaml"
+    spec_file.write_text(yaml.safe_dump(SPEC))
+    cli = Path(sys.executable).parent / "peg"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
+    command += ["2", "--no-python", str(cli), "bench", str(spec_file), "--out", "two"]
+    command += ["--cache", "two-cache", "--no-progress"]
+    done = subprocess.run(
+        command, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=PATIENCE
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rank 0: seed 0" in done.stdout and "rank 1: seed 1" in done.stdout
+    saved = json.loads((tmp_path / "two" / SPEC["name"] / "results.json").read_text())
+    assert saved["per_seed"] == reference["per_seed"]
+    assert saved["datasets"] == reference["datasets"]
+    assert (tmp_path / "two" / SPEC["name"] / "results.md").exists()
