@@ -249,7 +249,7 @@ def test_bad_models(moons_data):
 
 def test_non_finite_loss_names_the_member(overfit_mlp):
     X, y = moons(200, 3)
-    X[17] = float("nan")
+    X[17] = 3e38  # finite, but the logits overflow: the loss of a batch holding it is nan
     with pytest.raises(peg.NonFiniteError, match=r"member \d+ \(base model 0\): the loss is nan"):
         peg.PEG(size=30, batch_size=32, eta=0.1).fit(overfit_mlp, (X, y))
 
@@ -288,3 +288,18 @@ def test_a_model_in_training_mode_gets_a_warning_and_is_left_alone(bn_net, moons
         p = peg.PEG(size=2, batch_size=32, eta=0.1).fit(bn_net, (X, y % 3))
     assert bn_net.training  # not switched behind the caller's back
     assert torch.isfinite(p.member_logits(X)).all()
+
+
+def test_early_stopped_eta_search_picks_the_exhaustive_eta(overfit_mlp, moons_data):
+    fast = peg.PEG(size=4, batch_size=32, eta="search", eval_batch_size=32).fit(
+        overfit_mlp, moons_data["val"]
+    )
+    full = peg.PEG(size=4, batch_size=32, eta="search", eval_batch_size=32, early_stop=False)
+    full.fit(overfit_mlp, moons_data["val"])
+    assert fast.eta_ == full.eta_ and fast.search_.keys() == full.search_.keys()
+    assert fast.search_stopped_ and not full.search_stopped_
+    for eta, value in fast.search_.items():
+        if eta in fast.search_stopped_:  # a lower bound, above the best
+            assert fast.search_[fast.eta_] < value <= full.search_[eta]
+        else:
+            assert value == full.search_[eta]

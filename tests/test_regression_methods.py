@@ -104,3 +104,9 @@ def test_packed_ensembles_on_regression_heads():
     assert peg.evaluate(packed, X, y)["rmse"] < 0.5
     with pytest.raises(ValueError, match="Gaussian member outputs"):
         packed_gaussian_nll(torch.zeros(4, 8, 3), torch.zeros(8))
+
+
+def test_a_scale_whose_variance_overflows_scores_worst_instead_of_failing(regressor):
+    """η = 1e6 keeps the outputs finite but exp(log-variance) overflows: that η loses."""
+    p = peg.PEG(size=4, batch_size=64, eta=[0.01, 1e6], seed=0).fit(regressor, _sine(400, 1))
+    assert p.eta_ == 0.01 and p.search_[1e6] == math.inf

@@ -50,3 +50,24 @@ def test_non_finite_scores_count_as_worst():
 def test_flat_score_keeps_a_grid_point():
     best, _ = select_scale(lambda s: 1.0, (0.01, 0.1, 1.0), refine=True)
     assert best in (0.01, 0.1, 1.0)
+
+
+def test_stopping_above_the_best_changes_nothing_but_the_work():
+    """A score that stops once it exceeds the best so far (returning a lower bound) leads to
+    the same choice, and every point it did not stop keeps its exact value."""
+    for opt in (3e-4, 0.03, 0.2, 40.0):
+        f, _ = parabola(opt)
+        exact_best, exact = select_scale(f, (1e-3, 1e-2, 1e-1, 1.0), refine=True)
+        stopped = []
+
+        def bounded(s: float, best: float, f=f, stopped=stopped) -> float:
+            value = f(s)
+            if value > best:
+                stopped.append(s)
+                return best + 0.5 * (value - best)  # a lower bound, still above the best
+            return value
+
+        best, seen = select_scale(bounded, (1e-3, 1e-2, 1e-1, 1.0), refine=True, stop_above=True)
+        assert best == exact_best and seen.keys() == exact.keys()
+        assert all(seen[s] == exact[s] for s in seen if s not in stopped)
+        assert stopped  # the bound was used

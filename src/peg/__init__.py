@@ -5,7 +5,7 @@ ens = peg.PEG(size=15, eta="search").fit(model, (X_val, y_val))
 peg.evaluate(ens, X_test, y_test)   # {'nll': ..., 'error': ..., 'brier': ..., 'ece': ..., ...}
 """
 
-from peg import layers, subspace, train
+from peg import distributed, layers, subspace, train
 from peg.archive import ArchiveError, load
 from peg.ensemble import Ensemble
 from peg.evaluate import evaluate
@@ -19,6 +19,7 @@ from peg.methods.peg import PEG
 from peg.methods.pep import PEP
 from peg.methods.swag import SWA, SWAG
 from peg.methods.temperature import TemperatureScaling
+from peg.output import with_output
 
 __version__ = "0.1.0"
 
@@ -36,9 +37,11 @@ __all__ = [
     "NotFittedError",
     "PackedEnsemble",
     "TemperatureScaling",
+    "distributed",
     "evaluate",
     "layers",
     "load",
     "subspace",
     "train",
+    "with_output",
 ]

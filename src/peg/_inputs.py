@@ -1,15 +1,21 @@
-"""Turning what users pass (tensors, arrays, datasets, loaders) into tensors and batches."""
+"""Turning what users pass (tensors, arrays, datasets, loaders) into tensors and batches.
+
+Devices: data follows the model. See `model_device` for the rule every entry point applies.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
+
+from peg.output import OutputFnError
 
 Data = Any  # Tensor | np.ndarray | tuple[X, y] | Dataset | DataLoader
 
@@ -22,6 +28,23 @@ def _tensor(a: Any, name: str) -> Tensor:
     raise TypeError(f"{name}: expected a Tensor or numpy array, got {type(a).__name__}")
 
 
+def as_tensor(
+    a: Any, name: str, device: torch.device | None = None, owner: str = "the model"
+) -> Tensor:
+    """`torch.as_tensor(a)` (detached) for metric inputs, refusing what is not numbers and what
+    is on the `meta` device with an error naming `name` (see `check_data_device`)."""
+    try:
+        t = torch.as_tensor(a)
+    except TypeError as e:
+        raise TypeError(
+            f"{name}: expected a Tensor or an array of numbers, got {type(a).__name__} ({e})"
+        ) from None
+    except (ValueError, RuntimeError) as e:
+        raise ValueError(f"{name}: not a rectangular array of numbers ({e})") from None
+    check_data_device(t, name, device, owner)
+    return t.detach()
+
+
 def _split_batch(batch: Any, name: str) -> tuple[Tensor, Tensor | None]:
     if isinstance(batch, (tuple, list)):
         if len(batch) < 2:
@@ -30,12 +53,21 @@ def _split_batch(batch: Any, name: str) -> tuple[Tensor, Tensor | None]:
     return _tensor(batch, name), None
 
 
-def as_xy(data: Data, name: str = "data", need_labels: bool = True) -> tuple[Tensor, Tensor | None]:
-    """Materialise `data` as `(X [N, ...], y [N])`.
+def as_xy(
+    data: Data,
+    name: str = "data",
+    need_labels: bool = True,
+    device: torch.device | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Materialise `data` as `(X [N, ...], y [N])`, checked.
 
     Accepts a tuple `(X, y)` of tensors/arrays, a map-style Dataset or a DataLoader yielding
     `(x, y)` batches (iterated once, in order). Labels are returned as int64 where they are
     integral; `need_labels=False` allows data without labels (y is then None).
+
+    Refused, with an error naming `name`: no samples, inputs without a batch dimension, as many
+    labels as inputs not given, NaN or inf in floating-point inputs or labels, and data on the
+    `meta` device (`device`: the model's, for the message; see `model_device`).
     """
     if (
         isinstance(data, (tuple, list))
@@ -61,16 +93,38 @@ def as_xy(data: Data, name: str = "data", need_labels: bool = True) -> tuple[Ten
         raise TypeError(
             f"{name}: expected a tuple (X, y), a Dataset or a DataLoader, got {type(data).__name__}"
         )
+    check_data_device(X, name, device)
+    if X.ndim == 0:
+        raise ValueError(f"{name}: expected inputs [N, ...], got a scalar")
     if X.shape[0] == 0:
         raise ValueError(f"{name}: the data is empty (0 samples)")
+    check_finite(X, name)
     if y is not None:
+        check_data_device(y, f"{name} labels", device)
+        if y.ndim == 0:
+            raise ValueError(f"{name}: expected labels [N], got a scalar")
         if y.shape[0] != X.shape[0]:
             raise ValueError(f"{name}: {X.shape[0]} inputs but {y.shape[0]} labels")
-        if not torch.is_floating_point(y):
+        if torch.is_floating_point(y):
+            if not torch.isfinite(y).all():
+                bad = int((~torch.isfinite(y)).sum())
+                raise ValueError(f"{name}: the labels contain NaN or inf ({bad} values)")
+        elif y.is_complex():
+            raise ValueError(f"{name}: expected integer labels or float targets, got {y.dtype}")
+        else:
             y = y.long()
     if need_labels and y is None:
         raise ValueError(f"{name}: labels are needed: pass (X, y) or a loader yielding (x, y)")
     return X, y
+
+
+def check_finite(X: Tensor, name: str) -> None:
+    """Raise a ValueError naming `name` if floating-point inputs hold NaN or inf."""
+    if (torch.is_floating_point(X) or X.is_complex()) and not torch.isfinite(X).all():
+        rows = int((~torch.isfinite(X)).reshape(len(X), -1).any(1).sum()) if X.ndim else 1
+        raise ValueError(
+            f"{name}: the inputs contain NaN or inf ({rows} of {len(X) if X.ndim else 1} samples)"
+        )
 
 
 def iter_inputs(X: Data, batch_size: int) -> Iterator[Tensor]:
@@ -125,3 +179,119 @@ def check_number(value: Any, name: str, allow_zero: bool = False) -> float:
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{name}: expected a finite number {bound}, got {value!r}")
     return float(value)
+
+
+# ---------------------------------------------------------------- devices
+def model_device(
+    model: nn.Module, name: str = "model", data: tuple[str, Tensor] | None = None
+) -> torch.device:
+    """The device inputs are moved to for `model`: where its weights are.
+
+    The device rule, the same at every entry point (fit, `member_logits`, `evaluate`, `train`,
+    temperature scaling), is *data follows the model*:
+
+    - inputs and labels are moved to this device batch by batch (tensors, numpy arrays, the
+      batches of a Dataset or DataLoader), so CPU data works with a model on a GPU without a
+      copy of the whole set on the device, and data on another device is moved too;
+    - what no move can fix is refused before any work, with an error naming the argument and
+      both devices: data on the `meta` device (shapes without values, `check_data_device`) and a
+      model with weights on `meta` (not loaded; this function);
+    - metrics have no model: labels follow the predictions, `pred`'s device.
+
+    The device is that of the first parameter (or buffer); a model without either counts as on
+    the CPU. A model spread over several devices gets its inputs on the first one's.
+    `data` (argument name, tensor) is only used in the message.
+    """
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    empty = [n for n, t in tensors if t.device.type == "meta"]
+    if empty:
+        where = f"; {data[0]} is on {data[1].device}" if data is not None else ""
+        raise ValueError(
+            f"{name}: weights on the meta device (shapes without values: {empty[:3]}){where}; "
+            f"load the weights first, e.g. model.to_empty(device='cpu') then load_state_dict"
+        )
+    return weights_device(model)
+
+
+def weights_device(model: nn.Module) -> torch.device:
+    """The device of the first parameter (or buffer) of `model`, the CPU if it has none;
+    unchecked (see `model_device`)."""
+    first = next(model.parameters(), None)
+    if first is None:
+        first = next(model.buffers(), None)
+    return first.device if first is not None else torch.device("cpu")
+
+
+def check_data_device(
+    t: Tensor, name: str, device: torch.device | None = None, owner: str = "the model"
+) -> None:
+    """Refuse data on the `meta` device (shapes only: nothing to compute with or to move).
+
+    `device` is where the data would go, the device of `owner` (the model, or the predictions
+    for labels), named in the message.
+    """
+    if t.device.type == "meta":
+        where = (
+            f" and {owner} is on {device}; pass real values, on any device (they are moved to "
+            f"{owner}'s device)"
+            if device is not None
+            else "; pass real values"
+        )
+        raise ValueError(f"{name}: on the meta device (shapes without values){where}")
+
+
+def to_device(t: Tensor, device: torch.device, name: str) -> Tensor:
+    """`t` moved to `device` (the model's), after `check_data_device`."""
+    if t.device != device:
+        check_data_device(t, name, device)
+        t = t.to(device)
+    return t
+
+
+# ---------------------------------------------------------------- forward passes
+def input_error(error: BaseException, x: Tensor, name: str) -> ValueError:
+    """The error for a model that cannot run on inputs `x` (the batch it failed on)."""
+    detail = next(iter(str(error).strip().splitlines()), "")
+    shape = ", ".join(["N", *map(str, x.shape[1:])])
+    hints = []
+    if x.ndim == 1:
+        hints.append("it is 1-D: add a feature dimension, e.g. X.unsqueeze(1)")
+    if not (torch.is_floating_point(x) or x.is_complex()):
+        hints.append(f"it holds {x.dtype}: most models take float32, e.g. X.float()")
+    return ValueError(
+        f"{name}: the model cannot run on inputs of shape [{shape}], dtype {x.dtype} "
+        f"({type(error).__name__}: {detail}); pass inputs of the shape and dtype the model "
+        "expects" + "".join(f"; {h}" for h in hints)
+    )
+
+
+@contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """`model` in eval mode inside the block; every submodule's own mode restored after it."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for m, mode in modes:
+            m.training = mode
+
+
+def diagnose(forward: Callable[[Tensor], Any], x: Tensor, name: str) -> Any:
+    """`forward(x[:2])`, turning a failure into `input_error` (errors of an `output_fn` pass).
+
+    Used to probe a model before long work, and to explain a failed batch: if two rows of the
+    inputs already fail, the inputs do not fit the model.
+    """
+    try:
+        out = forward(x[:2])
+    except OutputFnError:
+        raise
+    except Exception as e:
+        raise input_error(e, x, name) from e
+    if x.ndim == 1 and isinstance(out, Tensor) and out.ndim != 2:
+        raise ValueError(
+            f"{name}: 1-D inputs [N] gave outputs of shape {tuple(out.shape)}, not logits "
+            "[B, C]; models take [N, features, ...]: add a feature dimension, e.g. X.unsqueeze(1)"
+        )
+    return out

@@ -98,11 +98,18 @@ def load(
         path: the archive.
         model: any instance of the architecture the ensemble was built from; it supplies the
             forward pass (its weights are not used). Its state-dict names and shapes must match.
+            A model wrapped with `peg.with_output` loads archives saved from the same wrapper,
+            or from the bare model (whose entries then get the wrapper's `model.` prefix).
         device: where to put the member weights.
         val: for a PEG/PEP recipe (the default way those save), the validation data the
             ensemble was built from: the members are rebuilt from it and checked against the
             recorded fingerprints.
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            "model: expected an nn.Module of the archive's architecture, got "
+            f"{type(model).__name__}"
+        )
     path = Path(path)
     header = read_header(path)
     tensors: dict[str, torch.Tensor] = {}
@@ -121,6 +128,19 @@ def load(
     got = {k: tuple(v.shape[1:]) for k, v in stacked.items()} | {
         k: tuple(v.shape) for k, v in shared.items()
     }
+    if expected != got:
+        from peg.output import PREFIX
+
+        if {PREFIX + k: v for k, v in expected.items()} == got:
+            raise ArchiveError(
+                f"model: {path} was saved from a model wrapped with peg.with_output (entries "
+                f"prefixed {PREFIX!r}); load it with the same wrapper: "
+                "peg.load(path, peg.with_output(model, output_fn))"
+            )
+        if {PREFIX + k: v for k, v in got.items()} == expected:  # saved bare, loaded wrapped
+            stacked = {PREFIX + k: v for k, v in stacked.items()}
+            shared = {PREFIX + k: v for k, v in shared.items()}
+            got = expected
     if expected != got:
         diff = sorted(k for k in set(expected) | set(got) if expected.get(k) != got.get(k))
         raise ArchiveError(

@@ -19,27 +19,29 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
-from peg._inputs import Data, check_positive_int, iter_inputs, num_batches
+from peg._inputs import Data, check_positive_int, diagnose, iter_inputs, num_batches, to_device
 from peg._progress import bar
+from peg.output import model_output
 
 Strategy = Literal["auto", "loop", "vmap", "chunked"]
 STRATEGIES = ("auto", "loop", "vmap", "chunked")
 AUTO_VMAP_MAX_BATCH = 64  # "auto": vmap up to this many rows per batch, loop above
 _NOT_VMAPPABLE: set[str] = set()  # architectures vmap failed on (this process)
 
+__all__ = ["Ensemble", "model_output"]
 
-def model_output(out: Any, where: str) -> Tensor:
-    """Check that a forward pass returned logits `[B, C]` and return them."""
-    if not isinstance(out, Tensor):
-        raise TypeError(
-            f"{where}: the model's forward must return a Tensor of logits [B, C], "
-            f"got {type(out).__name__}"
-        )
-    if out.ndim != 2:
-        raise ValueError(
-            f"{where}: the model's forward must return logits [B, C], got shape {tuple(out.shape)}"
-        )
-    return out
+
+def _check_same_architecture(states: Sequence[Mapping[str, Tensor]]) -> None:
+    """Every member state dict has the names and shapes of the first (one architecture)."""
+    first = {k: tuple(v.shape) for k, v in states[0].items()}
+    for i, state in enumerate(states[1:], 1):
+        got = {k: tuple(v.shape) for k, v in state.items()}
+        if got != first:
+            diff = sorted(k for k in first.keys() | got.keys() if first.get(k) != got.get(k))
+            raise ValueError(
+                f"states: member {i} is not the architecture of member 0 (entries differing in "
+                f"name or shape: {diff[:5]}); an Ensemble's members share one architecture"
+            )
 
 
 class Ensemble:
@@ -90,6 +92,7 @@ class Ensemble:
         """Stack member state dicts; entries identical in every member are stored once."""
         if len(states) == 0:
             raise ValueError("states: expected at least one member state dict")
+        _check_same_architecture(states)
         stacked, shared = {}, {}
         for name in states[0]:
             values = [s[name].detach() for s in states]
@@ -109,7 +112,15 @@ class Ensemble:
         """An ensemble of already-trained models of one architecture (e.g. a deep ensemble)."""
         if len(models) == 0:
             raise ValueError("models: expected at least one model")
-        return cls.from_state_dicts(models[0], [m.state_dict() for m in models], meta)
+        bad = [i for i, m in enumerate(models) if not isinstance(m, nn.Module)]
+        if bad:
+            raise TypeError(
+                f"models: expected nn.Modules, got {type(models[bad[0]]).__name__} at {bad[0]}"
+            )
+        try:
+            return cls.from_state_dicts(models[0], [m.state_dict() for m in models], meta)
+        except ValueError as e:
+            raise ValueError(str(e).replace("states:", "models:", 1)) from None
 
     # ---------------------------------------------------------------- members
     def __len__(self) -> int:
@@ -136,6 +147,19 @@ class Ensemble:
         model.load_state_dict({k: v.clone() for k, v in self.member_state(i).items()})
         return model.eval()
 
+    def subset(self, indices: Sequence[int]) -> Ensemble:
+        """Members `indices` (in that order) as an ensemble of their own: `[len(indices), ...]`
+        stacked entries (copies), the same shared entries, skeleton and meta."""
+        index = [int(i) for i in indices]
+        if not index:
+            raise ValueError("indices: expected at least one member index")
+        bad = [i for i in index if not -len(self) <= i < len(self)]
+        if bad:
+            raise IndexError(f"indices: member index {bad[0]} out of range for {len(self)} members")
+        picked = torch.tensor(index, device=self.device)
+        stacked = {k: v.index_select(0, picked) for k, v in self.stacked.items()}
+        return Ensemble(self.skeleton, stacked, self.shared, self.meta)
+
     def to(self, device: torch.device | str) -> Ensemble:
         """Move the skeleton and every member to `device` (in place); returns self."""
         self.skeleton.to(device)
@@ -146,7 +170,6 @@ class Ensemble:
     # ---------------------------------------------------------------- prediction
     def _batch_logits(self, x: Tensor, strategy: str, chunk_size: int | None) -> Tensor:
         """Logits `[M, B, C]` of every member on one batch with a concrete strategy."""
-        x = x.to(self.device)
         if strategy == "loop":
             outs = [
                 model_output(
@@ -157,7 +180,8 @@ class Ensemble:
             return torch.stack(outs)
 
         def one(stacked: dict[str, Tensor], x: Tensor) -> Tensor:
-            return functional_call(self.skeleton, {**self.shared, **stacked}, (x,))
+            out = functional_call(self.skeleton, {**self.shared, **stacked}, (x,))
+            return model_output(out, "member_logits")
 
         step = len(self) if strategy == "vmap" or chunk_size is None else chunk_size
         outs = []
@@ -196,7 +220,9 @@ class Ensemble:
 
         Args:
             X: inputs `[N, ...]` (Tensor or array), or a Dataset/DataLoader yielding `x` or
-                `(x, y)` batches.
+                `(x, y)` batches, on any device: each batch is moved to the members' device
+                (`peg._inputs.model_device` gives the rule; `meta` data is refused). Inputs the
+                model cannot run on get an error naming X, from two of their rows.
             batch_size: rows per forward pass when X is a tensor.
             strategy: "loop" runs members one after another on each batch; "vmap" runs all of
                 them in one vectorised call (`torch.func.vmap` over the stacked weights);
@@ -208,6 +234,13 @@ class Ensemble:
         """
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy: expected one of {STRATEGIES}, got {strategy!r}")
+        batch_size = check_positive_int(batch_size, "batch_size")
+        device = self.device
+        if device.type == "meta":
+            raise ValueError(
+                "ensemble: its weights are on the meta device (shapes without values); "
+                "load or build it with real weights"
+            )
         if chunk_size is not None:
             chunk_size = check_positive_int(chunk_size, "chunk_size")
         elif strategy == "chunked":
@@ -222,19 +255,29 @@ class Ensemble:
                 total=num_batches(X, batch_size),
                 enabled=progress,
             ):
+                x = to_device(x, device, "X")
                 chosen = self._choose(x, chunk_size) if strategy == "auto" else strategy
                 try:
                     chunks.append(self._batch_logits(x, chosen, chunk_size))
-                except (RuntimeError, NotImplementedError):
-                    if strategy != "auto" or chosen == "loop":
+                except Exception as e:
+                    self._diagnose(x)  # the inputs or the model's output at fault: a clear error
+                    vmap_failed = isinstance(e, (RuntimeError, NotImplementedError))
+                    if strategy != "auto" or chosen == "loop" or not vmap_failed:
                         raise
-                    _NOT_VMAPPABLE.add(type(self.skeleton).__qualname__)  # e.g. .item() inside
                     chunks.append(self._batch_logits(x, "loop", chunk_size))
+                    _NOT_VMAPPABLE.add(type(self.skeleton).__qualname__)  # e.g. .item() inside
         finally:
             self.skeleton.train(was_training)
         if not chunks:
             raise ValueError("X: no inputs to predict (0 samples)")
         return torch.cat(chunks, dim=1)
+
+    def _diagnose(self, x: Tensor) -> None:
+        """Raise a clear error if member 0 cannot run on two rows of `x` or returns no logits."""
+        out = diagnose(
+            lambda rows: functional_call(self.skeleton, self.member_state(0), (rows,)), x, "X"
+        )
+        model_output(out, "member_logits")
 
     def predict_proba(self, X: Data, batch_size: int = 512, **kwargs: Any) -> Tensor:
         """Ensemble predictive probabilities `[N, C]`: member softmax outputs averaged."""

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from peg import metrics
-from peg._inputs import Data, as_xy
-from peg.methods.temperature import member_logits_of
+from peg._inputs import Data, as_xy, check_data_device, check_finite
+from peg.methods.temperature import member_logits_of, predictor_device
 
 
 def evaluate(
@@ -37,12 +38,23 @@ def evaluate(
 
     Error and ECE are fractions in [0, 1] (tables print them as %).
     """
+    device = predictor_device(predictor)
     if y is None:
-        X, y = as_xy(X, "X")
+        X, y = as_xy(X, "X", device=device)
+    elif isinstance(X, (Tensor, np.ndarray)):
+        X = torch.as_tensor(X)
+        check_data_device(X, "X", device)
+        check_finite(X, "X")
     logits = member_logits_of(predictor, X, batch_size)
     if torch.is_floating_point(torch.as_tensor(y)):
         from peg.metrics.regression import regression_metrics, split_gaussian
 
+        if logits.shape[-1] != 2:
+            raise ValueError(
+                f"y: floating-point targets mean regression, which needs Gaussian heads with "
+                f"outputs [B, 2] (mean, log-variance); the predictor gives [B, "
+                f"{logits.shape[-1]}]. For classification pass integer labels, e.g. y.long()"
+            )
         return regression_metrics(*split_gaussian(logits), y, y_scale)
     out = metrics.classification_metrics(logits, y, bins=bins, min_count=min_count)
     if logits.shape[0] == 1:

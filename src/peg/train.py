@@ -34,7 +34,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.optim.swa_utils import SWALR
 
-from peg._inputs import Data, as_xy, check_number, check_positive_int
+from peg._inputs import (
+    Data,
+    as_xy,
+    check_number,
+    check_positive_int,
+    diagnose,
+    eval_mode,
+    model_device,
+    to_device,
+    weights_device,
+)
 from peg._io import load_tree, save_tree
 from peg._progress import bar
 from peg.data.transforms import random_crop, random_hflip
@@ -234,6 +244,11 @@ def train(
 ) -> tuple[nn.Module, list[dict[str, float]]]:
     """Train `model` in place on `data` ((X, y), Dataset or DataLoader; materialised once).
 
+    Before the first epoch the data are checked (no NaN/inf, labels present) and the model is
+    run once on two rows (`check_training_data`), so inputs it cannot take, labels out of
+    range or a forward that returns no logits fail at once. Batches are moved to the model's
+    device (`peg._inputs.model_device`).
+
     Args:
         recipe: how to train (default `Recipe()`); keyword fields override it, e.g.
             `train(model, data, epochs=5, lr=0.1)`.
@@ -247,18 +262,29 @@ def train(
     training loss, training accuracy and the learning rate used.
     """
     recipe = (recipe or Recipe()).replace(**recipe_fields) if recipe_fields else recipe or Recipe()
-    X, y = as_xy(data, "data")
+    if not isinstance(recipe, Recipe):
+        raise TypeError(f"recipe: expected a peg.train.Recipe, got {type(recipe).__name__}")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
+    if not callable(loss):
+        raise TypeError(f"loss: expected a callable loss(outputs, y), got {type(loss).__name__}")
+    X, y = as_xy(data, "data", device=weights_device(model))
     if y is None:
         raise ValueError("data: training needs labels, got inputs only")
     if len(X) == 0:
         raise ValueError("data: the training set is empty")
+    device = model_device(model, "model", ("data", X))
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError("model: has no trainable parameters (requires_grad=True) to train")
+    check_training_data(model, X, y, loss, device)
     opt = make_optimizer(model, recipe)
     steps_per_epoch = math.ceil(len(X) / recipe.batch_size)
     schedules = _Schedules(opt, recipe, steps_per_epoch)
     gen = torch.Generator().manual_seed(seed)
-    device = next(model.parameters()).device
     history: list[dict[str, float]] = []
     ckpt = Path(checkpoint) if checkpoint is not None else None
+    if ckpt is not None and ckpt.is_dir():
+        raise ValueError(f"checkpoint: {ckpt} is a folder; expected a file path")
     identity = {"format": CHECKPOINT_FORMAT, "recipe": recipe.to_dict(), "seed": seed}
 
     with torch.random.fork_rng(devices=[]):
@@ -279,6 +305,42 @@ def train(
             if ckpt is not None:
                 _save(ckpt, identity, epoch + 1, history, model, opt, schedules, gen, callbacks)
     return model.eval(), history
+
+
+CLASSIFICATION_LOSSES: tuple[Callable[..., Tensor], ...] = (F.cross_entropy, F.nll_loss)
+
+
+def check_training_data(
+    model: nn.Module, X: Tensor, y: Tensor, loss: Callable[..., Tensor], device: torch.device
+) -> None:
+    """Before the first epoch: the model runs on two rows of `X` (eval mode, no gradient, the
+    global RNG untouched) and, for the classification losses (the default cross-entropy and
+    `packed_loss`), returns logits `[B, C]` for integer labels in [0, C)."""
+    from peg.methods.packed import packed_loss
+    from peg.output import model_output
+
+    with eval_mode(model), torch.no_grad(), torch.random.fork_rng(devices=[]):
+        out = diagnose(model, to_device(X[:2], device, "data"), "data")
+    if loss not in (*CLASSIFICATION_LOSSES, packed_loss):
+        return  # a custom loss: its outputs and targets are its own business
+    out = model_output(out, "model")
+    if y.ndim != 1:
+        if torch.is_floating_point(y) and y.shape == (len(X), out.shape[1]):
+            return  # class probabilities (soft labels) for cross-entropy
+        raise ValueError(f"data: expected class labels [N], got shape {tuple(y.shape)}")
+    if torch.is_floating_point(y):
+        raise ValueError(
+            "data: floating-point labels with a classification loss; pass integer class labels "
+            "(e.g. y.long()), or a regression loss such as "
+            "peg.models.gaussian.gaussian_nll_loss for real-valued targets"
+        )
+    C = out.shape[1]
+    lo, hi = int(y.min()), int(y.max())
+    if lo < 0 or hi >= C:
+        raise ValueError(
+            f"data: labels must lie in [0, {C}) for a model with {C} outputs, got min {lo}, "
+            f"max {hi}"
+        )
 
 
 def _epoch(

@@ -217,7 +217,7 @@ def parse_spec(raw: Any, source: str = "spec") -> Spec:
     from peg import data as datasets
     from peg.data import corruptions
     from peg.metrics.ood import OOD_SCORES
-    from peg.models import REGISTRY
+    from peg.models import REGISTRY, check_arguments
 
     if not isinstance(raw, dict):
         raise SpecError(f"{source}: expected a mapping, got {type(raw).__name__}")
@@ -240,6 +240,10 @@ def parse_spec(raw: Any, source: str = "spec") -> Spec:
     model = {"name": model} if isinstance(model, str) else model
     if not isinstance(model, dict) or model.get("name") not in REGISTRY:
         raise SpecError(f"{source}.model.name: unknown model {model!r}; known: {sorted(REGISTRY)}")
+    try:
+        check_arguments(model["name"], {k: v for k, v in model.items() if k != "name"})
+    except TypeError as e:
+        raise SpecError(f"{source}.model: {e}") from None
     methods = tuple(
         _method(m, f"{source}.methods[{i}]")
         for i, m in enumerate(_list(raw["methods"], f"{source}.methods"))

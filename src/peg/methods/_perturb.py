@@ -20,7 +20,16 @@ from torch import Tensor, nn
 from torch.optim.swa_utils import update_bn
 
 from peg import metrics
-from peg._inputs import Data, as_xy, check_positive_int
+from peg._inputs import (
+    Data,
+    as_xy,
+    check_positive_int,
+    diagnose,
+    eval_mode,
+    model_device,
+    to_device,
+    weights_device,
+)
 from peg._progress import counter
 from peg.ensemble import Ensemble, model_output
 from peg.methods._search import select_scale
@@ -48,13 +57,20 @@ CRITERIA: dict[str, Callable[[Tensor, Tensor], float]] = {
 def mixture_nll(outputs: Tensor, y: Tensor) -> float:
     """Regression criterion: minus the log predictive density of the members' Gaussian mixture.
 
-    `outputs` `[M, N, 2]` are Gaussian heads (mean, log-variance; `peg.models.gaussian`).
+    `outputs` `[M, N, 2]` are Gaussian heads (mean, log-variance; `peg.models.gaussian`). A
+    log-variance whose exponential overflows to inf or underflows to 0 (a scale so large the
+    members diverged) scores +inf, the worst, like non-finite outputs.
     """
     from peg.metrics.regression import log_predictive_density, split_gaussian
 
-    return -log_predictive_density(*split_gaussian(outputs), y)
+    mean, var = split_gaussian(outputs)
+    if not (torch.isfinite(var).all() and (var > 0).all()):
+        return math.inf
+    return -log_predictive_density(mean, var, y)
 
 
+# criteria that are means of non-negative per-point losses (scored batch by batch, early stop)
+PER_POINT = ("nll", "brier")
 REGRESSION_CRITERIA: dict[str, Callable[[Tensor, Tensor], float]] = {"nll": mixture_nll}
 
 
@@ -139,8 +155,12 @@ class PerturbationEnsemble(FittedEnsemble):
         progress: bool | None,
         max_score_points: int | None = None,
         on_nonfinite: str = "raise",
+        early_stop: bool = True,
     ) -> None:
         self.size = check_positive_int(size, "size")
+        if not isinstance(early_stop, bool):
+            raise TypeError(f"early_stop: expected True or False, got {early_stop!r}")
+        self.early_stop = early_stop
         if on_nonfinite not in ("raise", "drop"):
             raise ValueError(f"on_nonfinite: expected 'raise' or 'drop', got {on_nonfinite!r}")
         self.on_nonfinite = on_nonfinite
@@ -208,11 +228,10 @@ class PerturbationEnsemble(FittedEnsemble):
         """
         C = None
         for r, model in enumerate(models):
-            was = model.training
-            model.eval()
-            with torch.no_grad():
-                out = model_output(model(X[:2]), f"model {r}" if len(models) > 1 else "model")
-            model.train(was)
+            name = f"model {r}" if len(models) > 1 else "model"
+            x = to_device(X[:2], model_device(model, name, ("val", X)), "val")
+            with eval_mode(model), torch.no_grad():
+                out = model_output(diagnose(model, x, "val"), name)
             if C is not None and out.shape[1] != C:
                 raise ValueError(
                     f"model: base models disagree on the number of classes ({C} vs {out.shape[1]})"
@@ -225,7 +244,14 @@ class PerturbationEnsemble(FittedEnsemble):
             if C != 2:
                 raise ValueError(
                     f"model: regression (floating-point targets) needs a Gaussian head with "
-                    f"outputs [B, 2] (mean, log-variance), got [B, {C}]"
+                    f"outputs [B, 2] (mean, log-variance), got [B, {C}]; for classification "
+                    "pass integer labels, e.g. y.long()"
+                )
+            if bool(((y == 0) | (y == 1)).all()):
+                warnings.warn(
+                    "val: floating-point targets that are all 0 or 1 mean regression with a "
+                    "Gaussian head [B, 2]; for a two-class classifier pass y.long()",
+                    stacklevel=3,
                 )
             if not (self.criterion in REGRESSION_CRITERIA or callable(self.criterion)):
                 raise ValueError(
@@ -275,7 +301,8 @@ class PerturbationEnsemble(FittedEnsemble):
 
         Returns:
             self, with `ensemble_` (the `Ensemble`), `<scale>_` (the scale used) and
-            `search_` ({scale: criterion} for every scale evaluated).
+            `search_` ({scale: criterion} for every scale evaluated; for the scales listed in
+            `search_stopped_`, whose scoring stopped early, a lower bound above the best).
         """
         models = base_models(model)
         if any(m.training for m in models):
@@ -284,7 +311,7 @@ class PerturbationEnsemble(FittedEnsemble):
                 "(BatchNorm running statistics, dropout off) and the model is left as it is",
                 stacklevel=2,
             )
-        X, y = as_xy(val, "val")
+        X, y = as_xy(val, "val", device=weights_device(models[0]))
         assert y is not None
         self._check_data(models, X, y)
         names = select_parameters(models[0], self.params)
@@ -325,18 +352,36 @@ class PerturbationEnsemble(FittedEnsemble):
 
             name = f"{self.method} {self.scale_name} search"
             with counter(name, self.progress) as shown:
+                # a mean of non-negative per-point losses is scored batch by batch, and can stop
+                # once its partial sum / N exceeds the best score so far (`_search`)
+                per_point = self.criterion in PER_POINT and not is_regression(y)
+                stopped: list[float] = []
 
-                def score(scale: float) -> float:
-                    logits = build(scale).member_logits(Xs, self.eval_batch_size, progress=False)
-                    finite = bool(torch.isfinite(logits).all())  # else: diverged, the worst score
-                    value = float(criterion(logits, ys)) if finite else math.inf
+                def score(scale: float, stop_above: float = math.inf) -> float:
+                    ensemble = build(scale)
+                    batches = Xs.split(self.eval_batch_size) if per_point else [Xs]
+                    total, start = 0.0, 0
+                    for x in batches:
+                        logits = ensemble.member_logits(x, self.eval_batch_size, progress=False)
+                        if not torch.isfinite(logits).all():
+                            value = math.inf  # diverged: the worst score
+                            break
+                        total += float(criterion(logits, ys[start : start + len(x)])) * len(x)
+                        start += len(x)
+                        value = total / len(Xs) if per_point else total
+                        if value > stop_above and start < len(Xs):
+                            stopped.append(scale)  # a lower bound of the score, above the best
+                            break
                     shown.update(1)
                     shown.set_postfix_str(f"{self.scale_name}={scale:.3g} score={value:.4g}")
                     return value
 
-                best, self.search_ = select_scale(score, grid, refine=self.scale == "search")
+                best, self.search_ = select_scale(
+                    score, grid, refine=self.scale == "search", stop_above=self.early_stop
+                )
+                self.search_stopped_ = sorted(stopped)
         else:
-            best, self.search_ = float(self.scale), {}
+            best, self.search_, self.search_stopped_ = float(self.scale), {}, []
         setattr(self, f"{self.scale_name}_", best)
         self._data_fingerprint = data_fingerprint(X, y)
         self._searched = (
@@ -372,6 +417,7 @@ class PerturbationEnsemble(FittedEnsemble):
             f"{self.scale_name}_search": {
                 f"{k:.6g}": v for k, v in self.search_.items() if math.isfinite(v)
             },
+            "search_stopped_early": [f"{k:.6g}" for k in self.search_stopped_],
             **self._hyperparameters(),
         }
 
@@ -407,6 +453,7 @@ class PerturbationEnsemble(FittedEnsemble):
             "eval_batch_size": self.eval_batch_size,
             "max_score_points": self.max_score_points,
             "on_nonfinite": self.on_nonfinite,
+            "early_stop": self.early_stop,
         }
 
     def save(self, path: str, materialize: bool = True) -> str:

@@ -5,6 +5,13 @@ on an edge of the grid, the grid is extended outwards at its own spacing (at mos
 steps: with the paper's grid, η stays within 1e-6…1e3) until the score turns up. The best point
 and its neighbours then bracket `scipy.optimize.minimize_scalar(method="golden")` on log(scale).
 If no bracket is found (a monotone or flat score), the best point seen is kept.
+
+Early stopping (`stop_above=True`): the score function also receives the best score so far and
+may stop as soon as it knows its own score exceeds it, returning any value above it (e.g. the
+partial mean of a non-negative per-point loss, a lower bound). This never changes the choice:
+the grid phase only needs the minimum, and every golden-section step compares the new point
+with the best point so far (the interior point it keeps), so "worse than the best" is all that
+is ever asked of a stopped point.
 """
 
 from __future__ import annotations
@@ -16,12 +23,13 @@ from scipy import optimize
 
 
 def select_scale(
-    score: Callable[[float], float],
+    score: Callable[..., float],
     grid: Sequence[float],
     refine: bool,
     maxiter: int = 8,
     xtol: float = 0.05,
     extend: int = 3,
+    stop_above: bool = False,
 ) -> tuple[float, dict[float, float]]:
     """Minimise `score(scale)` over positive scales.
 
@@ -33,6 +41,7 @@ def select_scale(
         maxiter: golden-section iterations at most (each costs one score evaluation).
         xtol: relative tolerance on log(scale) passed to scipy.
         extend: grid steps added beyond either edge at most.
+        stop_above: call `score(scale, best_so_far)` instead of `score(scale)` (see above).
 
     Returns:
         (best scale, {scale: score} for every scale evaluated, sorted by scale).
@@ -43,7 +52,8 @@ def select_scale(
     def f(u: float) -> float:
         scale = exact.get(u, math.exp(u))
         if scale not in seen:
-            value = float(score(scale))
+            best = min(seen.values(), default=math.inf)
+            value = float(score(scale, best) if stop_above else score(scale))
             seen[scale] = value if math.isfinite(value) else math.inf
         return seen[scale]
 

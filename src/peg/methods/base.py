@@ -7,7 +7,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from peg._inputs import Data, check_positive_int, iter_inputs, num_batches
+from peg._inputs import (
+    Data,
+    check_positive_int,
+    diagnose,
+    iter_inputs,
+    model_device,
+    num_batches,
+    to_device,
+)
 from peg._progress import bar
 from peg.ensemble import Ensemble
 
@@ -69,8 +77,17 @@ class ModulePredictor:
             raise NotFittedError(f"{type(self).__name__}: call fit(model) before predicting")
 
     def _device(self) -> torch.device:
-        first = next(self.model_.parameters(), None)
-        return first.device if first is not None else torch.device("cpu")
+        return model_device(self.model_)
+
+    def _probe(self, x: Tensor, name: str = "X") -> None:
+        """One pass on two rows of `x`, moved to the model's device: a clear error naming `name`
+        if they do not fit the model (`peg._inputs.diagnose`); the global RNG is left as it is."""
+        from peg.output import model_output
+
+        x = to_device(x, self._device(), name)
+        devices = [x.device] if x.device.type == "cuda" else []
+        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+            model_output(diagnose(self.model_, x, name), name)
 
     def _prepare(self) -> None:
         self.model_.eval()
@@ -101,7 +118,14 @@ class ModulePredictor:
             total=num_batches(X, size),
             enabled=self.progress if progress is None else progress,
         )
-        chunks = [self._batch_logits(x.to(device), j) for j, x in enumerate(batches)]
+        chunks = []
+        for j, x in enumerate(batches):
+            x = to_device(x, device, "X")
+            try:
+                chunks.append(self._batch_logits(x, j))
+            except Exception:
+                self._probe(x)  # the inputs or the model's output at fault: a clear error
+                raise
         if not chunks:
             raise ValueError("X: no inputs to predict (0 samples)")
         return torch.cat(chunks, dim=1)

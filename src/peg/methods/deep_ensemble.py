@@ -19,7 +19,7 @@ import numpy as np
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from peg._inputs import Data, as_xy, check_positive_int
+from peg._inputs import Data, as_xy, check_positive_int, weights_device
 from peg._io import save_tree
 from peg.ensemble import Ensemble
 from peg.methods.base import FittedEnsemble
@@ -68,7 +68,7 @@ class DeepEnsemble(FittedEnsemble):
         self.recipe = recipe if recipe is not None else Recipe()
         if not isinstance(self.recipe, Recipe):
             raise TypeError(f"recipe: expected a peg.train.Recipe, got {type(recipe).__name__}")
-        self.seed = seed
+        self.seed = check_positive_int(seed, "seed", minimum=0)
         self.reinit = reinit
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.progress = progress
@@ -92,9 +92,15 @@ class DeepEnsemble(FittedEnsemble):
 
     def fit(self, model: ModelSource, train_data: Data) -> DeepEnsemble:
         """Train `size` members on `train_data` from `model` (a module or a factory)."""
-        X, y = as_xy(train_data, "train_data")
+        device = weights_device(model) if isinstance(model, nn.Module) else None
+        X, y = as_xy(train_data, "train_data", device=device)
         if y is None:
             raise ValueError("train_data: training needs labels, got inputs only")
+        if self.checkpoint_dir is not None and self.checkpoint_dir.is_file():
+            raise ValueError(
+                f"checkpoint_dir: {self.checkpoint_dir} is a file; expected a folder (it is "
+                "created if missing)"
+            )
         members, self.histories_, self.seeds_ = [], [], []
         for i in range(self.size):
             s = member_seed(self.seed, i)

@@ -19,11 +19,9 @@ import math
 import warnings
 from typing import Any
 
-import torch
 from torch import nn
 
 from peg._inputs import Data, as_xy, check_positive_int
-from peg.ensemble import model_output
 from peg.methods.base import SampledPredictor
 
 DROPOUT_TYPES: tuple[type[nn.Module], ...] = (
@@ -99,7 +97,7 @@ class MCDropout(SampledPredictor):
         progress: bool | None = None,
     ) -> None:
         self.samples = check_positive_int(samples, "samples")
-        self.seed = int(seed)
+        self.seed = check_positive_int(seed, "seed", minimum=0)
         if insert is not None and not (
             isinstance(insert, (int, float))
             and not isinstance(insert, bool)
@@ -143,9 +141,8 @@ class MCDropout(SampledPredictor):
         self.model_ = copied
         self._prepare()
         if val is not None:
-            X, _ = as_xy(val, "val", need_labels=False)
-            with torch.no_grad():
-                model_output(self.model_(X[:2].to(self._device())), "val")
+            X, _ = as_xy(val, "val", need_labels=False, device=self._device())
+            self._probe(X, "val")
         self.meta_: dict[str, Any] = {
             "method": self.method,
             "samples": self.samples,

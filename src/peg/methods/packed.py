@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from peg._inputs import Data, as_xy, check_positive_int
+from peg._inputs import Data, as_xy, check_positive_int, diagnose, to_device
 from peg.methods.base import ModulePredictor
 
 
@@ -128,8 +128,9 @@ class PackedEnsemble(ModulePredictor):
         self.model_ = copy.deepcopy(model).eval()
         self.num_estimators_ = int(model.packing.num_estimators)
         if val is not None:
-            X, _ = as_xy(val, "val", need_labels=False)
-            self._members(X[:2])
+            X, _ = as_xy(val, "val", need_labels=False, device=self._device())
+            with torch.no_grad():
+                diagnose(self._members, to_device(X, self._device(), "val"), "val")
         self.meta_: dict[str, Any] = {
             "method": self.method,
             "alpha": model.packing.alpha,
@@ -141,8 +142,7 @@ class PackedEnsemble(ModulePredictor):
 
     def _members(self, x: Tensor) -> Tensor:
         """Member logits `[M, B, C]` of one batch."""
-        device = next(self.model_.parameters()).device
-        out = self.model_.member_forward(x.to(device))
+        out = self.model_.member_forward(to_device(x, self._device(), "X"))
         if out.ndim != 3 or out.shape[0] != self.num_estimators_:
             raise ValueError(
                 f"model: member_forward must return [M={self.num_estimators_}, B, C], "

@@ -18,11 +18,9 @@ import copy
 from typing import Any
 
 import numpy as np
-import torch
 from torch import nn
 
 from peg._inputs import Data, as_xy, check_positive_int
-from peg.ensemble import model_output
 from peg.layers.patching import overhead, patched_modules, set_sampling
 from peg.methods.base import SampledPredictor
 
@@ -79,9 +77,8 @@ class MCPatched(SampledPredictor):
         self.model_ = copy.deepcopy(model)
         self._prepare()
         if val is not None:
-            X, _ = as_xy(val, "val", need_labels=False)
-            with torch.no_grad():
-                model_output(self.model_(X[:2].to(self._device())), "val")
+            X, _ = as_xy(val, "val", need_labels=False, device=self._device())
+            self._probe(X, "val")
         modes = sorted({m.mode for m in layers.values()})
         ks = sorted({m.k for m in layers.values()})
         self.meta_: dict[str, Any] = {

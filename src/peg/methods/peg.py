@@ -112,6 +112,10 @@ class PEG(PerturbationEnsemble):
             points (None: all of them); the gradient steps still use the whole gradient part.
         on_nonfinite: a member whose loss or gradient is NaN/inf: "raise" (default,
             NonFiniteError naming it) or "drop" (left out; its index in `dropped_`).
+        early_stop: with criterion "nll" or "brier" (means of non-negative per-point losses),
+            stop scoring an η as soon as its partial sum over the scoring points already
+            exceeds the best score so far; exact: the chosen η is the one an exhaustive search
+            picks (`peg.methods._search`), only cheaper. False scores every η on every point.
     """
 
     method = "PEG"
@@ -138,6 +142,7 @@ class PEG(PerturbationEnsemble):
         progress: bool | None = None,
         max_score_points: int | None = None,
         on_nonfinite: Literal["raise", "drop"] = "raise",
+        early_stop: bool = True,
     ) -> None:
         super().__init__(
             size,
@@ -151,6 +156,7 @@ class PEG(PerturbationEnsemble):
             progress,
             max_score_points,
             on_nonfinite,
+            early_stop,
         )
         self.batch_size = check_positive_int(batch_size, "batch_size")
         if variant not in ("vanilla", "unbiased"):

@@ -37,9 +37,11 @@ class PEP(PerturbationEnsemble):
         progress: show progress bars (None: only on a terminal).
         max_score_points: score σ on a seeded random subset of at most this many validation
             points (None: all of them).
+        on_nonfinite: "raise" (default) or "drop" members whose weights are NaN/inf.
+        early_stop: stop scoring a σ once it cannot beat the best so far (criterion "nll" or
+            "brier"; exact, see `PEG`); False scores every σ on every point.
 
     PEP has no gradient step, so the whole validation set scores σ.
-        on_nonfinite: "raise" (default) or "drop" members whose weights are NaN/inf.
     """
 
     method = "PEP"
@@ -59,6 +61,7 @@ class PEP(PerturbationEnsemble):
         progress: bool | None = None,
         max_score_points: int | None = None,
         on_nonfinite: Literal["raise", "drop"] = "raise",
+        early_stop: bool = True,
     ) -> None:
         if bn not in ("eval", "refresh"):
             raise ValueError(f"bn: expected 'eval' or 'refresh' for PEP, got {bn!r}")
@@ -74,6 +77,7 @@ class PEP(PerturbationEnsemble):
             progress,
             max_score_points,
             on_nonfinite,
+            early_stop,
         )
         lo, hi = bracket
         if not (0 < lo < hi and math.isfinite(hi)):

@@ -27,11 +27,23 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from peg._inputs import Data, as_xy, check_number, check_positive_int, iter_inputs
+from peg._inputs import (
+    Data,
+    as_xy,
+    check_number,
+    check_positive_int,
+    diagnose,
+    eval_mode,
+    iter_inputs,
+    model_device,
+    to_device,
+    weights_device,
+)
 from peg._progress import bar
 from peg.ensemble import Ensemble, model_output
 from peg.methods._perturb import ParamFilter, generator, refresh_bn, select_parameters
 from peg.methods.base import FittedEnsemble
+from peg.metrics._inputs import check_labels
 
 SubspaceBN = Literal["eval", "refresh"]
 BN_KEY = 2**30  # stream (seed, BN_KEY, d): the RNG of the BatchNorm refresh pass of draw d
@@ -201,7 +213,11 @@ class _AroundSolution(_Sampler):
                     f"val: min_accuracy={self.min_accuracy} needs labelled validation data "
                     "fit(model, val=(X, y))"
                 )
-            Xv, yv = as_xy(val, "val")
+            Xv, yv = as_xy(val, "val", device=weights_device(model))
+            device = model_device(model, "model", ("val", Xv))
+            with eval_mode(model), torch.no_grad():
+                out = model_output(diagnose(model, to_device(Xv[:2], device, "val"), "val"), "val")
+            yv = check_labels(yv, len(Xv), out.shape[1], name="val labels")
         batches = self._bn_batches(bn_data)
         skeleton = copy.deepcopy(model).eval()
         base = {k: v.detach().clone() for k, v in model.state_dict().items()}

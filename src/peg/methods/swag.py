@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from torch.optim.swa_utils import AveragedModel, update_bn
 
-from peg._inputs import Data, as_xy, check_number, check_positive_int
+from peg._inputs import Data, as_xy, check_number, check_positive_int, weights_device
 from peg._progress import bar
 from peg.ensemble import Ensemble
 from peg.methods._perturb import generator, refresh_bn
@@ -147,7 +147,7 @@ class SWA(FittedEnsemble):
                 f"swa_start: {self.recipe.swa_start} leaves no epoch to collect "
                 f"(epochs={self.recipe.epochs}); weights are collected after swa_start"
             )
-        self.seed = seed
+        self.seed = check_positive_int(seed, "seed", minimum=0)
         self.bn_batch_size = check_positive_int(bn_batch_size, "bn_batch_size")
         self.checkpoint = checkpoint
         self.progress = progress
@@ -175,7 +175,8 @@ class SWA(FittedEnsemble):
         `bn_data` (default: the training inputs) re-estimates BatchNorm statistics; extra
         `callbacks(epoch, model)` run after the method's own, every epoch.
         """
-        X, y = as_xy(train_data, "train_data")
+        device = weights_device(model) if isinstance(model, nn.Module) else None
+        X, y = as_xy(train_data, "train_data", device=device)
         if y is None:
             raise ValueError("train_data: training needs labels, got inputs only")
         self._bn_X = as_xy(bn_data, "bn_data", need_labels=False)[0] if bn_data is not None else X

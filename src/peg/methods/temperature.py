@@ -14,21 +14,41 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from peg._inputs import Data, as_xy
+from peg._inputs import Data, as_xy, check_positive_int, model_device, weights_device
 from peg.ensemble import Ensemble
-from peg.metrics._inputs import ensemble_log_probs
+from peg.metrics._inputs import check_labels, ensemble_log_probs
+
+
+def _check_predictor(predictor: Any) -> None:
+    if not (hasattr(predictor, "member_logits") or isinstance(predictor, nn.Module)):
+        raise TypeError(
+            "predictor: expected an nn.Module or an object with member_logits(X), "
+            f"got {type(predictor).__name__}"
+        )
+
+
+def predictor_device(predictor: Any) -> torch.device | None:
+    """Where `predictor` computes (its inputs are moved there), when it can be told cheaply."""
+    from peg.methods.base import FittedEnsemble, ModulePredictor
+
+    if isinstance(predictor, nn.Module):
+        return weights_device(predictor)
+    if isinstance(predictor, Ensemble):
+        return predictor.device
+    if isinstance(predictor, FittedEnsemble) and hasattr(predictor, "ensemble_"):
+        return predictor.ensemble_.device
+    if isinstance(predictor, ModulePredictor) and hasattr(predictor, "model_"):
+        return weights_device(predictor.model_)
+    return None
 
 
 def member_logits_of(predictor: Any, X: Data, batch_size: int = 512) -> Tensor:
     """`[M, N, C]` from anything that predicts: an object with `member_logits`, or an nn.Module."""
+    _check_predictor(predictor)
     if hasattr(predictor, "member_logits"):
         return predictor.member_logits(X, batch_size)
-    if isinstance(predictor, nn.Module):
-        return Ensemble.from_models([predictor]).member_logits(X, batch_size)
-    raise TypeError(
-        "predictor: expected an nn.Module or an object with member_logits(X), "
-        f"got {type(predictor).__name__}"
-    )
+    model_device(predictor, "predictor")
+    return Ensemble.from_models([predictor]).member_logits(X, batch_size)
 
 
 class TemperatureScaling:
@@ -43,14 +63,17 @@ class TemperatureScaling:
     """
 
     def __init__(self, max_iter: int = 100, batch_size: int = 512) -> None:
-        self.max_iter = int(max_iter)
-        self.batch_size = int(batch_size)
+        self.max_iter = check_positive_int(max_iter, "max_iter")
+        self.batch_size = check_positive_int(batch_size, "batch_size")
 
     def fit(self, predictor: Any, val: Data) -> TemperatureScaling:
         """Fit T on validation data `val` ((X, y), Dataset or DataLoader)."""
-        X, y = as_xy(val, "val")
-        self.predictor_ = predictor
+        _check_predictor(predictor)
+        X, y = as_xy(val, "val", device=predictor_device(predictor))
+        assert y is not None
         scores = ensemble_log_probs(member_logits_of(predictor, X, self.batch_size))
+        y = check_labels(y, *scores.shape, name="val labels")
+        self.predictor_ = predictor
         self.temperature_ = fit_temperature(scores, y, self.max_iter)
         return self
 

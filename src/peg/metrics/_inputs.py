@@ -12,12 +12,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from peg._inputs import as_tensor
+
 PROB_ATOL = 1e-3  # how far a row of 2-D `pred` may sum from 1
 
 
 def as_pred(pred: Any, name: str = "pred") -> Tensor:
     """Validate `pred` (probabilities `[N, C]` or member logits `[M, N, C]`) as float64."""
-    t = torch.as_tensor(pred).detach()
+    t = as_tensor(pred, name)
     if t.ndim not in (2, 3):
         raise ValueError(
             f"{name}: expected probabilities [N, C] or member logits [M, N, C], "
@@ -29,21 +31,26 @@ def as_pred(pred: Any, name: str = "pred") -> Tensor:
     for dim, size in zip("MNC"[3 - t.ndim :], t.shape, strict=True):
         if size == 0:
             raise ValueError(f"{name}: expected {dim} >= 1, got shape {tuple(t.shape)} (empty)")
-    if not torch.isfinite(t).all():
+    # one pass: a NaN or inf anywhere makes its row's sum non-finite (finite values summing
+    # past 1e308 would too; such logits are not a model's)
+    row_sums = t.sum(-1)
+    if not torch.isfinite(row_sums).all():
         raise ValueError(f"{name}: expected finite values, got NaN or inf")
     if t.ndim == 2:
-        dev = (t.sum(-1) - 1).abs().max().item()
-        if (t < 0).any() or dev > PROB_ATOL:
+        low = t.amin().item()
+        dev = (row_sums - 1).abs().max().item()
+        if low < 0 or dev > PROB_ATOL:
             problem = (
-                f"has negative values (min {t.min().item():.3g})"
-                if (t < 0).any()
+                f"has negative values (min {low:.3g})"
+                if low < 0
                 else f"rows do not sum to 1 (max |row sum - 1| = {dev:.3g})"
             )
             raise ValueError(
                 f"{name}: expected probabilities [N, C] with non-negative rows summing to 1, but "
                 f"it {problem}; pass logits as member logits [M, N, C], e.g. logits.unsqueeze(0)"
             )
-        t = t / t.sum(-1, keepdim=True)  # rows within the tolerance: renormalise exactly
+        if dev > 0:  # rows within the tolerance: renormalise exactly
+            t = t / row_sums[:, None]
     return t
 
 
@@ -54,10 +61,16 @@ def ensemble_log_probs(pred: Any) -> Tensor:
     logsumexp_m(log_softmax(z_m)) - log M, which stays exact when softmax saturates.
     Probabilities `[N, C]`: log(p) (zeros give -inf).
     """
-    t = as_pred(pred)
+    return log_probs_of(as_pred(pred))
+
+
+def log_probs_of(t: Tensor, normalized: bool = False) -> Tensor:
+    """`ensemble_log_probs` of a `pred` already validated by `as_pred` (`normalized`: member
+    logits already passed through log_softmax)."""
     if t.ndim == 2:
         return t.log()
-    return torch.logsumexp(t.log_softmax(-1), dim=0) - math.log(t.shape[0])
+    member_log = t if normalized else t.log_softmax(-1)
+    return torch.logsumexp(member_log, dim=0) - math.log(t.shape[0])
 
 
 def ensemble_probs(pred: Any) -> Tensor:
@@ -70,32 +83,42 @@ def ensemble_probs(pred: Any) -> Tensor:
     return t if t.ndim == 2 else ensemble_log_probs(t).exp()
 
 
-def check_labels(y: Any, n: int, c: int) -> Tensor:
-    """Validate labels `y` `[n]` with integer values in [0, c); return them as int64."""
-    t = torch.as_tensor(y).detach()
+def check_labels(
+    y: Any, n: int, c: int, name: str = "y", device: torch.device | None = None
+) -> Tensor:
+    """Validate labels `y` `[n]` with integer values in [0, c); return them as int64.
+
+    `device`: the predictions' device, where the labels are moved to (labels follow the
+    predictions; labels on the `meta` device are refused, see `peg._inputs.model_device`).
+    """
+    t = as_tensor(y, name, device, owner="pred")
     if t.ndim != 1:
-        raise ValueError(f"y: expected integer labels of shape [{n}], got shape {tuple(t.shape)}")
+        raise ValueError(
+            f"{name}: expected integer labels of shape [{n}], got shape {tuple(t.shape)}"
+        )
     if t.shape[0] != n:
-        raise ValueError(f"y: expected {n} labels (N of pred), got {t.shape[0]}")
+        raise ValueError(f"{name}: expected {n} labels (N of pred), got {t.shape[0]}")
     if n == 0:
-        raise ValueError("y: expected at least one label (N >= 1), got none")
+        raise ValueError(f"{name}: expected at least one label (N >= 1), got none")
     if t.is_complex():
-        raise ValueError(f"y: expected integer labels, got dtype {t.dtype}")
+        raise ValueError(f"{name}: expected integer labels, got dtype {t.dtype}")
     if t.is_floating_point():
         bad = ~torch.isfinite(t) | (t != t.round())
         if bad.any():
             raise ValueError(
-                f"y: expected integer labels, got non-integer float values "
+                f"{name}: expected integer labels, got non-integer float values "
                 f"(e.g. {t[bad][0].item()})"
             )
     t = t.long()
     lo, hi = t.min().item(), t.max().item()
     if lo < 0 or hi >= c:
-        raise ValueError(f"y: expected labels in [0, {c}) (C = {c}), got min {lo} and max {hi}")
-    return t
+        raise ValueError(
+            f"{name}: expected labels in [0, {c}) (C = {c}), got min {lo} and max {hi}"
+        )
+    return t if device is None else t.to(device)
 
 
 def pred_and_labels(pred: Any, y: Any, log: bool = True) -> tuple[Tensor, Tensor]:
-    """`(log p̄ or p̄ [N, C] float64, y [N] int64)`, both validated."""
+    """`(log p̄ or p̄ [N, C] float64, y [N] int64)`, both validated; `y` on `pred`'s device."""
     p = ensemble_log_probs(pred) if log else ensemble_probs(pred)
-    return p, check_labels(y, *p.shape).to(p.device)
+    return p, check_labels(y, *p.shape, device=p.device)

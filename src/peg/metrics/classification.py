@@ -36,7 +36,7 @@ def member_nll(member_logits: Any, y: Any) -> Tensor:
             f"member_logits: expected member logits [M, N, C], got shape {tuple(z.shape)} "
             f"(probabilities [N, C] have no members; use nll)"
         )
-    y = check_labels(y, z.shape[1], z.shape[2]).to(z.device)
+    y = check_labels(y, z.shape[1], z.shape[2], device=z.device)
     log_p = z.log_softmax(-1)
     return -log_p.gather(2, y.expand(z.shape[0], -1)[..., None]).squeeze(-1).mean(1)
 

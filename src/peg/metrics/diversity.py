@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from peg._inputs import as_tensor
 from peg.metrics._inputs import check_labels
 from peg.metrics.classification import error, nll
 from peg.metrics.ood import mutual_information as _mi_per_point
@@ -36,7 +37,7 @@ Weights = Tensor | Sequence[Mapping[str, Tensor]]
 
 
 def _members(member_logits: Any, name: str = "member_logits") -> Tensor:
-    t = torch.as_tensor(member_logits).detach()
+    t = as_tensor(member_logits, name)
     if t.ndim != 3:
         raise ValueError(f"{name}: expected member logits [M, N, C], got shape {tuple(t.shape)}")
     if t.shape[0] < 2:
@@ -99,7 +100,7 @@ def normalized_disagreement(member_logits: Any, y: Any) -> Tensor:
     error gives inf where it disagrees and 0 where it does not (documented, not an error).
     """
     logits = _members(member_logits)
-    labels = check_labels(y, logits.shape[1], logits.shape[2])
+    labels = check_labels(y, logits.shape[1], logits.shape[2], device=logits.device)
     err = (logits.argmax(-1) != labels).double().mean(-1)  # [M]
     d = disagreement(logits)
     out = d / err[:, None]  # inf where a perfect reference disagrees

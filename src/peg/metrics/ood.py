@@ -35,6 +35,7 @@ import torch
 from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 from torch import Tensor
 
+from peg._inputs import as_tensor
 from peg.metrics._inputs import as_pred, ensemble_log_probs, ensemble_probs
 
 __all__ = [
@@ -169,7 +170,7 @@ _NEEDS_MEMBERS = frozenset({"max_logit", "mutual_information", "variation_ratio"
 
 def _as_scores(scores: Any, name: str) -> np.ndarray:
     """Validate 1-D, non-empty, real, finite scores; return them as a float64 numpy array."""
-    t = torch.as_tensor(scores).detach()
+    t = as_tensor(scores, name)
     if t.ndim != 1:
         raise ValueError(f"{name}: expected 1-D scores [N], got shape {tuple(t.shape)}")
     if t.numel() == 0:

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from peg._inputs import check_positive_int
+from peg._inputs import as_tensor, check_positive_int
 
 Predictive = Literal["moment", "mixture"]
 DEFAULT_LEVELS = (0.5, 0.9, 0.95)
@@ -44,7 +44,7 @@ _LOG_2PI = math.log(2 * math.pi)
 
 
 def _real(a: Any, name: str) -> Tensor:
-    t = torch.as_tensor(a).detach()
+    t = as_tensor(a, name)
     if t.is_complex() or t.dtype == torch.bool:
         raise ValueError(f"{name}: expected real numbers, got dtype {t.dtype}")
     return t.double()

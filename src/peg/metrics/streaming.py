@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from peg._inputs import check_positive_int
-from peg.metrics._inputs import as_pred, check_labels, ensemble_log_probs
+from peg.metrics._inputs import as_pred, check_labels, log_probs_of
 from peg.metrics.ood import OOD_SCORES, aupr, auroc, fpr_at_tpr
 
 
@@ -57,19 +57,25 @@ class StreamingMetrics:
                 f"pred: every batch must have the same kind and classes; first [.., "
                 f"{self.num_classes}], members={self.members}; got shape {tuple(p.shape)}"
             )
-        labels = check_labels(y, p.shape[-2], C).to(p.device)
-        log_p = ensemble_log_probs(p)  # as the one-shot metrics: probabilities unchanged,
-        probs = log_p.exp() if p.ndim == 3 else p  # member logits through log space
+        labels = check_labels(y, p.shape[-2], C, device=p.device)
         rows = torch.arange(len(labels), device=p.device)
-        self.sums["nll"] += float(-log_p[rows, labels].sum())
+        if p.ndim == 3:  # member logits, through log space as the one-shot metrics
+            member_log = p.log_softmax(-1)  # [M, B, C], computed once for both NLLs
+            log_p = log_probs_of(member_log, normalized=True)
+            probs = log_p.exp()
+            p_true_log = log_p[rows, labels]
+            self.sums["gibbs_nll"] += float(-member_log[:, rows, labels].mean(0).sum())
+        else:  # probabilities: only the true class's log is needed
+            probs = p
+            p_true_log = p[rows, labels].log()
+        self.sums["nll"] += float(-p_true_log.sum())
         conf, top = probs.max(-1)
         correct = (top == labels).double()
         self.sums["errors"] += float(len(labels) - correct.sum())
-        onehot = torch.nn.functional.one_hot(labels, C).double()
-        self.sums["brier"] += float(((probs - onehot) ** 2).sum())
-        if p.ndim == 3:
-            member_log = torch.log_softmax(p, -1)[:, rows, labels]  # [M, B]
-            self.sums["gibbs_nll"] += float(-member_log.mean(0).sum())
+        # Σ_c (p_c - 1[c = y])² = Σ_c p_c² - 2 p_y + 1, in one pass over [B, C]
+        flat = probs.reshape(-1)
+        p_true = probs[rows, labels]
+        self.sums["brier"] += float(flat.dot(flat) - 2 * p_true.sum() + len(labels))
         idx = torch.bucketize(conf.cpu(), self.edges[1:-1], right=False)
         self.bin_count += torch.bincount(idx, minlength=self.bins).double()
         self.bin_conf += torch.bincount(idx, conf.cpu(), minlength=self.bins)

@@ -15,6 +15,7 @@ Packed-Ensembles variant (`_packed.py`): `member_forward(x)` -> `[M, B, C]`, and
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -82,6 +83,27 @@ REGISTRY: dict[str, Callable[..., nn.Module]] = {
 }
 
 
+def arguments(name: str) -> list[str] | None:
+    """The constructor arguments `build(name, ...)` accepts (None: any, it takes **kwargs)."""
+    key = name.strip().lower().replace("_", "-") if isinstance(name, str) else None
+    if key not in REGISTRY:
+        raise ValueError(f"name: unknown model {name!r}; known: {', '.join(sorted(REGISTRY))}")
+    ctor = REGISTRY[key]
+    cls = ctor.cls if isinstance(ctor, Preset) else ctor  # a Preset names its fixed ones itself
+    params = list(inspect.signature(cls).parameters.values())
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def check_arguments(name: str, kwargs: dict[str, Any]) -> None:
+    """A TypeError naming the unknown constructor arguments of model `name`, if any."""
+    known = arguments(name)
+    unknown = sorted(set(kwargs) - set(known)) if known is not None else []
+    if unknown:
+        raise TypeError(f"{name}: unknown argument(s) {unknown}; it takes {known}")
+
+
 def build(name: str, **kwargs: Any) -> nn.Module:
     """A model by name with constructor arguments `kwargs`.
 
@@ -105,10 +127,8 @@ def build(name: str, **kwargs: Any) -> nn.Module:
     Returns:
         The model (in training mode, freshly initialised from torch's global generator).
     """
-    key = name.strip().lower().replace("_", "-") if isinstance(name, str) else None
-    if key not in REGISTRY:
-        raise ValueError(f"name: unknown model {name!r}; known: {', '.join(sorted(REGISTRY))}")
-    return REGISTRY[key](**kwargs)
+    check_arguments(name, kwargs)
+    return REGISTRY[name.strip().lower().replace("_", "-")](**kwargs)
 
 
 __all__ = [
