@@ -4,25 +4,33 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 import peg
+import peg.archive
 from peg.archive import ArchiveError
 
 from conftest import BNNet, mlp
 
 
 def test_round_trip_gives_identical_predictions(tmp_path, overfit_mlp, moons_data):
+    """materialize=True stores the members: `peg.load(path, model)` needs no data (issue 2)."""
     p = peg.PEG(size=4, batch_size=32, eta="search").fit(overfit_mlp, moons_data["val"])
     path = tmp_path / "peg15"
-    p.save(str(path))
+    p.save(str(path), materialize=True)
     assert path.is_file() and not list(tmp_path.glob(".*tmp"))
     loaded = peg.load(path, mlp(5))
     X = moons_data["test"][0]
     assert torch.equal(loaded.member_logits(X), p.member_logits(X))
+    assert "recipe" not in loaded.meta
+    # val is not needed by an archive of members, and ignored if given (even other data)
+    again = peg.load(path, mlp(5), val=(X[:7], torch.zeros(7, dtype=torch.long)))
+    assert torch.equal(again.member_logits(X), p.member_logits(X))
     assert loaded.meta["method"] == "PEG" and loaded.meta["eta"] == p.eta_
     assert loaded.meta["seed"] == 0 and loaded.meta["batch_size"] == 32
     assert not any(b"pickle" in line for line in path.read_bytes().splitlines()[:1])
@@ -31,7 +39,7 @@ def test_round_trip_gives_identical_predictions(tmp_path, overfit_mlp, moons_dat
 def test_round_trip_with_batchnorm(tmp_path, bn_net):
     X, y = torch.randn(200, 2), torch.randint(0, 3, (200,))
     p = peg.PEG(size=3, batch_size=32, eta=0.2, bn="refresh").fit(bn_net, (X, y), bn_data=X)
-    p.save(tmp_path / "bn")
+    p.save(tmp_path / "bn", materialize=True)
     loaded = peg.load(tmp_path / "bn", BNNet())
     assert torch.equal(loaded.member_logits(X), p.member_logits(X))
 
@@ -100,8 +108,8 @@ def test_a_recipe_is_small_and_rebuilds_the_same_members(overfit_mlp, moons_data
     else:
         variant = "unbiased" if method == "peg-unbiased" else "vanilla"
         fitted = peg.PEG(size=6, batch_size=32, seed=2, variant=variant).fit(overfit_mlp, val)
-    recipe = fitted.save(str(tmp_path / "recipe"), materialize=False)
-    full = fitted.save(str(tmp_path / "full"))
+    recipe = fitted.save(str(tmp_path / "recipe"))  # the default: base weights + recipe
+    full = fitted.save(str(tmp_path / "full"), materialize=True)
     base = peg.Ensemble.from_models([overfit_mlp]).save(str(tmp_path / "base"))
     size = Path(recipe).stat().st_size
     assert size < Path(full).stat().st_size
@@ -110,23 +118,79 @@ def test_a_recipe_is_small_and_rebuilds_the_same_members(overfit_mlp, moons_data
     X = moons_data["test"][0]
     torch.testing.assert_close(loaded.member_logits(X), fitted.member_logits(X))
     assert "recipe" not in loaded.meta and loaded.meta["method"] == fitted.ensemble().meta["method"]
+    assert len(peg.load(full, mlp(9), val=val)) == 6  # members stored: val is not used
+    with pytest.raises(ArchiveError, match="recipe"):
+        peg.load(recipe, mlp(9))
+
+
+def _wide_mlp(seed: int = 0) -> nn.Module:
+    """A small MLP whose weights (67k float32) dwarf the archive's JSON header."""
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Linear(2, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 2)
+    ).eval()
+
+
+@pytest.mark.parametrize("method", ["PEG", "PEP"])
+def test_a_15_member_recipe_is_at_most_1_05_times_the_base_model(moons_data, tmp_path, method):
+    """Issue 7: the default archive of PEG-15 / PEP-15 ≤ 1.05 × the base model's safetensors."""
+    from safetensors.torch import save_file
+
+    base = _wide_mlp()
+    val = moons_data["val"]
+    kwargs = {"batch_size": 32} if method == "PEG" else {}
+    fitted = getattr(peg, method)(size=15, seed=1, progress=False, **kwargs).fit(base, val)
+    save_file({k: v.contiguous() for k, v in base.state_dict().items()}, tmp_path / "base")
+    recipe = fitted.save(str(tmp_path / "recipe"))
+    full = fitted.save(str(tmp_path / "full"), materialize=True)
+    base_size = (tmp_path / "base").stat().st_size
+    assert Path(recipe).stat().st_size <= 1.05 * base_size
+    assert Path(full).stat().st_size > 14 * base_size  # members (unperturbed tensors shared)
+    header = peg.archive.read_header(recipe)
+    assert header["members"] == 1 and header["meta"]["recipe"]["members"] == 15
+    loaded = peg.load(recipe, _wide_mlp(5), val=val)
+    X = moons_data["test"][0]
+    assert len(loaded) == 15
+    torch.testing.assert_close(loaded.member_logits(X), fitted.member_logits(X))
 
 
 def test_a_recipe_refuses_other_data_and_needs_val(overfit_mlp, moons_data, tmp_path):
     fitted = peg.PEG(size=3, batch_size=32, eta=0.1, seed=2).fit(overfit_mlp, moons_data["val"])
-    path = fitted.save(str(tmp_path / "recipe"), materialize=False)
-    with pytest.raises(ArchiveError, match="val: .* recipe"):
+    path = fitted.save(str(tmp_path / "recipe"))
+    with pytest.raises(ArchiveError, match="val: .* recipe") as error:
         peg.load(path, mlp(9))
+    message = str(error.value)
+    assert "PEG-3 recipe" in message and "600 validation points" in message
+    assert "materialize=True" in message and "val=" in message
     X, y = moons_data["val"]
     with pytest.raises(ArchiveError, match="not the validation data"):
         peg.load(path, mlp(9), val=(X[:-1], y[:-1]))
+    with pytest.raises(ArchiveError, match="not the validation data"):
+        peg.load(path, mlp(9), val=(X.flip(0), y.flip(0)))  # the same points, in another order
+    pep = peg.PEP(size=2, sigma=0.01).fit(overfit_mlp, moons_data["val"])
+    with pytest.raises(ArchiveError, match="PEP-2 recipe"):
+        peg.load(pep.save(str(tmp_path / "pep")), mlp(9))
+
+
+def test_no_val_fails_before_reading_the_members(overfit_mlp, moons_data, tmp_path, monkeypatch):
+    fitted = peg.PEG(size=3, batch_size=32, eta=0.1).fit(overfit_mlp, moons_data["val"])
+    path = fitted.save(str(tmp_path / "recipe"))
+    from peg.methods import _perturb
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("rebuilt without val")
+
+    monkeypatch.setattr(_perturb, "rebuild_recipe", no_work)
+    monkeypatch.setattr(peg.archive, "Ensemble", no_work)
+    with pytest.raises(ArchiveError, match="recipe"):
+        peg.load(path, mlp(9))
 
 
 def test_a_recipe_detects_members_that_no_longer_match(
     overfit_mlp, moons_data, tmp_path, monkeypatch
 ):
     fitted = peg.PEG(size=3, batch_size=32, eta=0.1, seed=2).fit(overfit_mlp, moons_data["val"])
-    path = fitted.save(str(tmp_path / "recipe"), materialize=False)
+    path = fitted.save(str(tmp_path / "recipe"))
     from peg.methods import peg as peg_module
 
     original = peg_module.cross_entropy
@@ -136,10 +200,45 @@ def test_a_recipe_detects_members_that_no_longer_match(
         peg.load(path, mlp(9), val=moons_data["val"])
 
 
-def test_ensembles_a_recipe_cannot_express_are_saved_whole(overfit_mlp, moons_data, tmp_path):
-    fitted = peg.PEG(size=2, batch_size=32, eta=0.1, params=lambda n, p: True).fit(
-        overfit_mlp, moons_data["val"]
-    )
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"params": lambda n, p: True},
+        {"criterion": lambda logits, y: 0.0, "eta": [0.1, 0.2]},
+        {"loss": lambda out, y: torch.nn.functional.cross_entropy(out, y, reduction="none")},
+        {"variant": "unbiased", "momentum": "given"},
+    ],
+    ids=["callable params", "callable criterion", "callable loss", "momentum buffers"],
+)
+def test_ensembles_a_recipe_cannot_express_are_saved_whole(
+    overfit_mlp, moons_data, tmp_path, options
+):
+    if options.get("momentum") == "given":
+        options = {
+            **options,
+            "momentum": {n: torch.zeros_like(p) for n, p in overfit_mlp.named_parameters()},
+        }
+    options = {"eta": 0.1, **options}
+    fitted = peg.PEG(size=2, batch_size=32, **options).fit(overfit_mlp, moons_data["val"])
     with pytest.warns(UserWarning, match="cannot be stored as a recipe"):
-        path = fitted.save(str(tmp_path / "x"), materialize=False)
+        path = fitted.save(str(tmp_path / "x"))  # the default asks for a recipe
     assert len(peg.load(path, mlp(9))) == 2
+    assert "recipe" not in peg.archive.read_header(path)["meta"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fitted.save(str(tmp_path / "y"), materialize=True)  # asked for members: no warning
+
+
+def test_bn_refresh_is_saved_whole(bn_net, tmp_path):
+    X, y = torch.randn(200, 2), torch.randint(0, 3, (200,))
+    p = peg.PEG(size=2, batch_size=32, eta=0.2, bn="refresh").fit(bn_net, (X, y), bn_data=X)
+    with pytest.warns(UserWarning, match="cannot be stored as a recipe"):
+        path = p.save(str(tmp_path / "bn"))
+    assert torch.equal(peg.load(path, BNNet()).member_logits(X), p.member_logits(X))
+
+
+def test_materialize_must_be_a_bool(overfit_mlp, moons_data, tmp_path):
+    fitted = peg.PEG(size=2, batch_size=32, eta=0.1).fit(overfit_mlp, moons_data["val"])
+    with pytest.raises(TypeError, match="materialize"):
+        fitted.save(str(tmp_path / "x"), materialize="yes")
+    assert not (tmp_path / "x").exists()

@@ -2,7 +2,8 @@
 
 DeepEnsemble (trained), PEG and PEP (η and σ searched) on a tiny MLP, one torch thread, on CPU.
 The members are compared through their saved archives (`torch.equal` on every tensor, then the
-files byte for byte) and the metrics with `==`. See docs/determinism.md for what is not covered.
+files byte for byte; PEG/PEP's default recipe archives too) and the metrics with `==`. See
+docs/determinism.md for what is not covered.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from conftest import moons
 
 TESTS = Path(__file__).resolve().parent
 METHODS = ("deep-ensemble", "peg", "pep")
+RECIPES = ("peg", "pep")  # also saved as recipes (their default archive)
 SEED = 3
 
 
@@ -48,7 +50,9 @@ def build(out: str | Path, seed: int = SEED) -> dict[str, dict[str, Any]]:
     fitted["pep"] = peg.PEP(size=4, sigma="search", seed=seed).fit(base, val)
     results = {}
     for name, method in fitted.items():
-        method.save(str(out / f"{name}.safetensors"))
+        method.ensemble().save(str(out / f"{name}.safetensors"))  # the members themselves
+        if name in RECIPES:  # and what PEG/PEP save by default: base weights + recipe
+            method.save(str(out / f"{name}-recipe.safetensors"))
         results[name] = metrics.classification_metrics(method.member_logits(X), y)
     results["peg"]["eta"] = fitted["peg"].eta_
     results["pep"]["sigma"] = fitted["pep"].sigma_
@@ -63,7 +67,7 @@ def _tensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
 
 def _assert_same_members(a: Path, b: Path) -> None:
     """The archives of every method under `a` and `b` hold bit-identical tensors and headers."""
-    for name in METHODS:
+    for name in (*METHODS, *(f"{m}-recipe" for m in RECIPES)):
         file_a, file_b = a / f"{name}.safetensors", b / f"{name}.safetensors"
         (ta, ha), (tb, hb) = _tensors(file_a), _tensors(file_b)
         assert ta.keys() == tb.keys(), name

@@ -120,10 +120,10 @@ def test_archives_round_trip_with_the_model_prefix(data, tmp_path):
     X, y = data
     fitted = peg.PEG(size=3, eta=0.1, batch_size=16, progress=False).fit(WRAPPED["dict"](), (X, y))
     assert all(k.startswith("model.") for k in fitted.ensemble().stacked)
-    path = fitted.save(str(tmp_path / "members.peg"))
+    path = fitted.save(str(tmp_path / "members.peg"), materialize=True)
     loaded = peg.load(path, peg.with_output(DictNet(), "logits"))
     torch.testing.assert_close(loaded.member_logits(X), fitted.member_logits(X))
-    recipe = fitted.save(str(tmp_path / "recipe.peg"), materialize=False)
+    recipe = fitted.save(str(tmp_path / "recipe.peg"))  # the default: base weights + recipe
     rebuilt = peg.load(recipe, peg.with_output(DictNet(), "logits"), val=(X, y))
     torch.testing.assert_close(rebuilt.member_logits(X), fitted.member_logits(X))
     with pytest.raises(peg.ArchiveError, match="peg.with_output"):

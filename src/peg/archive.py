@@ -86,6 +86,23 @@ def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:
     return header
 
 
+def recipe_needs_val(path: Path, header: dict[str, Any]) -> str:
+    """The message for a recipe archive loaded without its validation data."""
+    meta = header.get("meta") or {}
+    recipe = meta["recipe"]
+    name = f"{recipe.get('method', 'PEG/PEP')}-{recipe.get('members', '?')}"
+    points = recipe.get("data_points", (meta.get("validation_points") or {}).get("total"))
+    which = "the validation data"
+    if isinstance(points, int):
+        which = f"the {points:,} validation points"
+    return (
+        f"val: {path} is a {name} recipe (base weights + how the members were made, not the "
+        f"members); pass {which} it was built from, in the same order, to rebuild them: "
+        "peg.load(path, model, val=(X_val, y_val)); to load without data, save the ensemble "
+        "with save(path, materialize=True)"
+    )
+
+
 def load(
     path: str | os.PathLike[str],
     model: nn.Module,
@@ -101,9 +118,12 @@ def load(
             A model wrapped with `peg.with_output` loads archives saved from the same wrapper,
             or from the bare model (whose entries then get the wrapper's `model.` prefix).
         device: where to put the member weights.
-        val: for a PEG/PEP recipe (the default way those save), the validation data the
-            ensemble was built from: the members are rebuilt from it and checked against the
-            recorded fingerprints.
+        val: for a PEG/PEP recipe (the default way those save: base weights + how the members
+            were made), the validation data the ensemble was built from, as it was given to
+            `fit`: the members are rebuilt from it and checked against the recorded
+            fingerprints. Required for a recipe (an `ArchiveError` says so before any work);
+            ignored for an archive that stores its members (`Ensemble.save`, other methods'
+            `save`, or PEG/PEP's `save(path, materialize=True)`).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(
@@ -112,6 +132,9 @@ def load(
         )
     path = Path(path)
     header = read_header(path)
+    recipe = (header.get("meta") or {}).get("recipe")
+    if recipe is not None and val is None:
+        raise ArchiveError(recipe_needs_val(path, header))
     tensors: dict[str, torch.Tensor] = {}
     try:
         with safe_open(str(path), framework="pt", device=str(device)) as f:
@@ -148,14 +171,7 @@ def load(
             f"entries differing in name or shape: {diff[:5]}"
         )
     ensemble = Ensemble(model, stacked, shared, header.get("meta"))
-    recipe = ensemble.meta.get("recipe")
     if recipe is not None:
-        if val is None:
-            raise ArchiveError(
-                f"val: {path} is a {recipe.get('method', '?').upper()} recipe (base weights + how "
-                "the members were made); pass the validation data it was built from: "
-                "peg.load(path, model, val=(X_val, y_val))"
-            )
         from peg.methods._perturb import rebuild_recipe
 
         rebuilt = rebuild_recipe(ensemble.to(device), recipe, val).ensemble()

@@ -2,9 +2,16 @@
 
 A member of PEG is θ_r − η·∇L(θ_r; B_i) and of PEP θ_r + σ·ε_i, with B_i and ε_i drawn from
 seeded streams, so (base weights, seed, scale, hyper-parameters, validation data) determine the
-ensemble. `save_recipe` writes the base models and that recipe (about the size of the bases);
-`load_recipe` rebuilds the members from the validation data and checks them against the
-fingerprints taken when the ensemble was made, failing clearly if the data or the code changed.
+ensemble. `PEG.save(path)` / `PEP.save(path)` write the base models and that recipe by default
+(about the size of the bases, whatever the number of members; `materialize=True` writes the
+members instead); `peg.load(path, model, val=val)` rebuilds the members from the validation data
+and checks them against the fingerprints taken when the ensemble was made, failing clearly if
+the data or the code changed (`peg.methods._perturb.rebuild_recipe`).
+
+A recipe (JSON, in the archive header's `meta["recipe"]`) records: the method, the constructor
+options (S, seed, BatchNorm mode, and for PEG K, the variant, ...), the chosen scale (η or σ),
+whether it was searched (which fixes how the validation data was split), the validation data's
+fingerprint and size, the number of members and their fingerprints.
 
 Fingerprints: the data's is the SHA-256 of the validation inputs and labels; a member's is the
 inner product of its perturbed parameters with a fixed random vector, and their norm, compared

@@ -164,7 +164,7 @@ class PerturbationEnsemble(FittedEnsemble):
         if on_nonfinite not in ("raise", "drop"):
             raise ValueError(f"on_nonfinite: expected 'raise' or 'drop', got {on_nonfinite!r}")
         self.on_nonfinite = on_nonfinite
-        self.seed = int(seed)
+        self.seed = check_positive_int(seed, "seed", minimum=0)
         if isinstance(scale, str):
             if scale != "search":
                 raise ValueError(
@@ -384,6 +384,7 @@ class PerturbationEnsemble(FittedEnsemble):
             best, self.search_, self.search_stopped_ = float(self.scale), {}, []
         setattr(self, f"{self.scale_name}_", best)
         self._data_fingerprint = data_fingerprint(X, y)
+        self._data_points = len(X)
         self._searched = (
             self.searches if self._split_as_searched is None else self._split_as_searched
         )
@@ -456,16 +457,23 @@ class PerturbationEnsemble(FittedEnsemble):
             "early_stop": self.early_stop,
         }
 
-    def save(self, path: str, materialize: bool = True) -> str:
-        """Save the ensemble: every member (default), or (`materialize=False`) as a recipe.
+    def save(self, path: str, materialize: bool = False) -> str:
+        """Save the ensemble as a recipe (default), or every member with `materialize=True`.
 
-        A recipe is the base weights plus the seed, the chosen scale, the hyper-parameters and
-        fingerprints of the validation data and of every member; its size is about the bases'.
-        `peg.load(path, model, val=val)` rebuilds the members and checks them. Members are the
-        default so that `peg.load(path, model)` needs nothing else. Ensembles that a recipe
-        cannot express (a callable `params`, `criterion` or `loss`, given momentum buffers,
-        bn="refresh") are saved materialised, with a warning.
+        A recipe is the base weights plus how the members were made: the seed, the chosen
+        scale, the hyper-parameters (S, and for PEG K, the variant, ...), the BatchNorm mode,
+        and fingerprints of the validation data and of every member. It is about the size of
+        the base model(s), whatever S. Load it with `peg.load(path, model, val=val)`, which
+        rebuilds the members from the same validation data and checks them against the
+        fingerprints, failing with a clear `ArchiveError` if the data or the code changed.
+
+        `materialize=True` stores every member instead (S times the size), loaded with
+        `peg.load(path, model)` and no data. Ensembles that a recipe cannot express (a callable
+        `params`, `criterion` or `loss`, given momentum buffers, bn="refresh") are saved
+        materialised, with a warning.
         """
+        if not isinstance(materialize, bool):
+            raise TypeError(f"materialize: expected True or False, got {materialize!r}")
         ensemble = self.ensemble()
         options = None if materialize else self._recipe_options()
         if options is None:
@@ -473,7 +481,7 @@ class PerturbationEnsemble(FittedEnsemble):
                 warnings.warn(
                     f"{type(self).__name__}.save: this ensemble cannot be stored as a recipe "
                     "(callable params/criterion/loss, momentum buffers or bn='refresh'); saving "
-                    "every member",
+                    "every member (pass materialize=True to say so and silence this warning)",
                     stacklevel=2,
                 )
             return ensemble.save(path)
@@ -487,6 +495,7 @@ class PerturbationEnsemble(FittedEnsemble):
             "scale": scale,
             "searched": self._searched,
             "data": self._data_fingerprint,
+            "data_points": self._data_points,
             "members": len(ensemble),
             "fingerprints": displacement_fingerprints(self.directions_, scale),
         }

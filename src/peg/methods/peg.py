@@ -20,7 +20,9 @@ Choices the paper leaves open (each an option, recorded in the saved ensemble):
   as SWAG does.
 - Mini-batches are drawn without replacement within a batch, independently per member, from a
   stream seeded by (seed, base index, member index): an ensemble is reproducible from
-  (base weights, validation data, seed, η, K, S).
+  (base weights, validation data, seed, η, K, S). `save(path)` stores exactly that, a recipe
+  (`peg.load(path, model, val=val)` rebuilds and checks the members); `save(path,
+  materialize=True)` stores the members, loaded by `peg.load(path, model)` without data.
 - Unbiased variant: ∇L(V) is the mean of `val_batches` mini-batch gradients, and v is the
   heavy-ball momentum accumulated over those same gradients (buf ← β·buf + g), scaled by η so
   it is a displacement like the other terms: v = η·buf. The paper does not say where v comes
