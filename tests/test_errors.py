@@ -159,9 +159,12 @@ def _archive(tmp: Path, model: nn.Module | None = None) -> str:
     )
 
 
+def _fitted_peg() -> peg.PEG:
+    return peg.PEG(size=2, batch_size=8, eta=0.1, progress=False).fit(_mlp(), _val())
+
+
 def _recipe(tmp: Path) -> str:
-    fitted = peg.PEG(size=2, batch_size=8, eta=0.1, progress=False).fit(_mlp(), _val())
-    return fitted.save(str(tmp / "recipe.peg"), materialize=False)
+    return _fitted_peg().save(str(tmp / "recipe.peg"))  # the default: base weights + recipe
 
 
 def _without_data(call: Callable[[], object]) -> object:
@@ -199,6 +202,8 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
     ("PEG", "batch_size < 1", lambda: peg.PEG(batch_size=0), ValueError, "batch_size"),
     ("PEG", "unknown variant", lambda: peg.PEG(variant="fancy"), ValueError, "variant"),
     ("PEG", "unknown bn mode", lambda: peg.PEG(bn="frozen"), ValueError, "bn"),
+    ("PEG", "seed not an integer", lambda: peg.PEG(seed="a"), ValueError, "seed"),
+    ("PEG", "negative seed", lambda: peg.PEG(seed=-1), ValueError, "seed"),
     (
         "PEG",
         "unknown on_nonfinite",
@@ -625,6 +630,7 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
     # ---------------------------------------------------------------- PEP
     ("PEP", "a negative sigma in the list", lambda: peg.PEP(sigma=[0.1, -1]), ValueError, "sigma"),
     ("PEP", "size < 1", lambda: peg.PEP(size=0), ValueError, "size"),
+    ("PEP", "seed not an integer", lambda: peg.PEP(seed=1.5), ValueError, "seed"),
     (
         "PEP",
         "labels out of range",
@@ -1499,8 +1505,8 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
         "peg (CLI)",
         "peg bench with an unknown spec",
         lambda: _cli("bench", "nonexistent.yaml"),
-        FileNotFoundError,
-        "neither a file nor a preset",
+        SystemExit,
+        "exit 2: peg bench: error: .*neither a file nor a preset",
     ),
     ("peg (CLI)", "no subcommand", lambda: _cli(), SystemExit, "exit 2"),
     ("peg (CLI)", "peg bench without a spec", lambda: _cli("bench"), SystemExit, "spec"),
@@ -1554,10 +1560,17 @@ FILE_CASES: list[tuple[str, str, Callable[[Path], None], type[Exception], str]] 
     ),
     (
         "load",
-        "a PEG recipe without val",
+        "a PEG recipe (PEG/PEP's default save) without val",
         lambda tmp: peg.load(_recipe(tmp), _mlp()),
         ArchiveError,
-        "val",
+        r"val: .* is a PEG-2 recipe .*validation points.*materialize=True",
+    ),
+    (
+        "PEG",
+        "save(materialize=) not a bool",
+        lambda tmp: _fitted_peg().save(str(tmp / "x.peg"), materialize="no"),
+        TypeError,
+        "materialize",
     ),
     (
         "load",
@@ -1628,8 +1641,8 @@ FILE_CASES: list[tuple[str, str, Callable[[Path], None], type[Exception], str]] 
         "peg (CLI)",
         "peg bench with an invalid spec",
         lambda tmp: _cli("bench", str(_write(tmp / "s.yaml", "name: s\ndata: imagenet\n"))),
-        SpecError,
-        "missing",
+        SystemExit,
+        "exit 2: peg bench: error: .*missing",
     ),
 ]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 
 
@@ -91,10 +92,41 @@ def main(argv: list[str] | None = None) -> int:
     )
     diversity.add_argument("--no-progress", action="store_true", help="hide progress bars")
     # ---- end peg diversity
+    perf = sub.add_parser(
+        "bench-perf",
+        help="run the performance benchmarks (benchmarks/*.py of a checkout) and keep the output",
+        description="Run the scripts in the checkout's benchmarks/ folder one after another "
+        "(inference strategies, PEG creation cost, streaming metrics, memory, Packed speed), "
+        "show their output and write each to results/benchmarks/<name>.txt with the command and "
+        "commit. Every figure is a ratio measured in one run, on the machine it names.",
+    )
+    perf.add_argument("names", nargs="*", help="benchmarks to run (default: all)")
+    perf.add_argument("--quick", action="store_true", help="smoke runs; writes no files")
+    perf.add_argument("--dir", default="benchmarks", help="scripts folder (default: benchmarks)")
+    perf.add_argument(
+        "--out", help="output folder (default: results/benchmarks; none with --quick)"
+    )
     args = parser.parse_args(argv)
     command = " ".join(["peg", *(sys.argv[1:] if argv is None else argv)])
-    progress = False if args.no_progress else None
+    try:
+        return _run(args, command)
+    except (FileNotFoundError, NotADirectoryError, ValueError) as e:
+        # bad input named by the library (specs, presets, folders, options): a message, not a
+        # traceback (PEG_TRACEBACK=1 shows it); exit status 2 as argparse's own errors
+        if os.environ.get("PEG_TRACEBACK"):
+            raise
+        parser.exit(2, f"peg {args.command}: error: {e}\n")
 
+
+def _run(args: argparse.Namespace, command: str) -> int:
+    """Carry out one parsed `peg` command."""
+    progress = False if getattr(args, "no_progress", False) else None
+    if args.command == "bench-perf":
+        from peg.bench.perf import run_benchmarks
+
+        out = args.out or (None if args.quick else "results/benchmarks")
+        status = run_benchmarks(args.names, args.dir, out, args.quick)
+        return 1 if any(status.values()) else 0
     if args.command == "demo":
         from peg.demo import run
 
