@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 import peg
 
@@ -105,6 +106,11 @@ def test_auto_vectorises_small_batches_and_loops_large_ones(bn_net):
     assert ens._choose(torch.zeros(8, 2), None) == "vmap"
     assert ens._choose(torch.zeros(8, 2), 2) == "chunked"
     assert ens._choose(torch.zeros(1000, 2), None) == "loop"
+    conv = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.LazyLinear(3))
+    conv(torch.zeros(1, 1, 5, 5))
+    ens = peg.Ensemble.from_models([conv, conv])
+    assert ens._choose(torch.zeros(4, 1, 5, 5), None) == "vmap"  # convolutions: up to 4 rows
+    assert ens._choose(torch.zeros(8, 1, 5, 5), None) == "loop"
 
 
 class _NotVmappable(torch.nn.Module):

@@ -12,6 +12,7 @@ weights, always in eval mode (BatchNorm uses its running statistics, dropout is 
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -25,7 +26,11 @@ from peg.output import model_output
 
 Strategy = Literal["auto", "loop", "vmap", "chunked"]
 STRATEGIES = ("auto", "loop", "vmap", "chunked")
-AUTO_VMAP_MAX_BATCH = 64  # "auto": vmap up to this many rows per batch, loop above
+# "auto" vectorises batches of at most this many rows, loops over larger ones (measured with
+# benchmarks/inference_strategies.py, one CPU thread: vmap wins at 1-32 rows for an MLP, but
+# for convolutional networks only at 1 row (ResNet-20: 2.5x) and loses from 8-32 rows on)
+AUTO_VMAP_MAX_BATCH = 64
+AUTO_VMAP_MAX_BATCH_CONV = 4
 _NOT_VMAPPABLE: set[str] = set()  # architectures vmap failed on (this process)
 
 __all__ = ["Ensemble", "model_output"]
@@ -200,12 +205,20 @@ class Ensemble:
 
         Small batches are dominated by Python overhead per member and layer, which vmap removes;
         large batches are compute-bound, where the loop avoids vmap's M-fold activations.
+        Convolutional networks turn compute-bound at a few rows (`AUTO_VMAP_MAX_BATCH_CONV`),
+        fully connected ones at tens (`AUTO_VMAP_MAX_BATCH`).
         A model vmap cannot run is remembered and looped.
         """
         arch = type(self.skeleton).__qualname__
-        if len(self) == 1 or arch in _NOT_VMAPPABLE or len(x) > AUTO_VMAP_MAX_BATCH:
+        if len(self) == 1 or arch in _NOT_VMAPPABLE or len(x) > self._vmap_max_batch:
             return "loop"
         return "chunked" if chunk_size is not None else "vmap"
+
+    @functools.cached_property
+    def _vmap_max_batch(self) -> int:
+        """The largest batch "auto" vectorises: smaller for convolutional networks."""
+        conv = any(isinstance(m, nn.modules.conv._ConvNd) for m in self.skeleton.modules())
+        return AUTO_VMAP_MAX_BATCH_CONV if conv else AUTO_VMAP_MAX_BATCH
 
     @torch.no_grad()
     def member_logits(
