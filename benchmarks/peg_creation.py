@@ -2,11 +2,13 @@
 
 Target (issue 7): building PEG-15 on Fashion-MNIST's validation split, η search included, takes
 less than one epoch of training the base model, because the S gradients are computed once and
-reused for every η, each η is scored with forward passes only, and scoring stops as soon as a
-candidate cannot beat the best η so far (`early_stop`, exact: see `peg.methods._search`). The η
-chosen with every shortcut must equal the η of an exhaustive search (all held-out points, no
-early stopping); both are printed. Also reported: the ratio to training Deep Ensembles-15 with
-the same recipe (15 × epochs × the measured epoch).
+reused for every η, each η is scored with forward passes only, scoring stops as soon as a
+candidate cannot beat the best η so far (`early_stop`, exact: see `peg.methods._search`), the
+grid stops growing once the score is flat (`search_tol`), and scoring may use a subsample
+(`max_score_points`). Each setting's η is compared with the same search scored on every point
+without stopping early. One epoch is timed on the preset's training subset and on the full
+training split (48k images); also reported: the ratio to training Deep Ensembles-15 with the
+same recipe (15 × epochs × the measured epoch).
 
 Set-up: SmallCNN width 16 on Fashion-MNIST with 12k validation images; two bases: the
 `fashion-mnist` preset of `peg bench` (24k training images, weight decay: well calibrated, so
@@ -79,39 +81,52 @@ def main() -> None:
         _benchmark(label, spec, Path(cache), repeats)
 
 
+PAPER_GRID = [1e-3, 1e-2, 1e-1, 1.0]
+# (setting, PEG options, index of the exhaustively scored setting it must agree with)
+SETTINGS = [
+    ("search, every point scored, no early stop", {"eta": "search", "early_stop": False}, None),
+    ("search, early stop (default)", {"eta": "search"}, 0),
+    ("search, early stop + 1000 scoring points", {"eta": "search", "max_score_points": 1000}, 0),
+    ("paper grid, every point, no early stop", {"eta": PAPER_GRID, "early_stop": False}, None),
+    ("paper grid, early stop", {"eta": PAPER_GRID}, 3),
+    ("paper grid, early stop + 1000 points", {"eta": PAPER_GRID, "max_score_points": 1000}, 3),
+]
+
+
 def _benchmark(label: str, spec: Spec, cache: Path, repeats: int) -> None:
     """Time one epoch of the base's training and PEG-15 with several scoring settings."""
     run = SeedRun(spec, 0, cache, progress=False)
     base = run.bases.get("single").eval()
+    full = SeedRun(dataclasses.replace(spec, train_points=None), 0, cache, progress=False)
     one_epoch = dataclasses.replace(spec.train, epochs=1)
-    epoch, _ = _time(
-        lambda: train(copy.deepcopy(base).train(), run.train, one_epoch, seed=1, progress=False),
-        repeats,
-    )
-    deep15 = 15 * spec.train.epochs * epoch
-    print(f"\n## {spec.name}: {label}; SmallCNN w16, {len(run.train[0])} training / "
-          f"{len(run.val[0])} validation images")  # fmt: skip
-    print(f"one epoch of training the base: {epoch:.2f} s; Deep Ensembles-15 "
-          f"({spec.train.epochs} epochs each): {deep15:.0f} s")  # fmt: skip
-    print(f"{'PEG-15, η search':46} {'seconds':>7} {'/epoch':>7} {'/DE-15':>7} {'scored':>6} "
-          f"{'stopped':>7} {'η':>9}")  # fmt: skip
-    settings = {
-        "exhaustive (every held-out point, no stop)": {"early_stop": False},
-        "default (early stop)": {},
-        "2000 scoring points, early stop (bench)": {"max_score_points": 2000},
-        "1000 scoring points, early stop": {"max_score_points": 1000},
-    }
-    etas = {}
-    for setting, options in settings.items():
-        peg = PEG(size=15, eta="search", seed=0, progress=False, **options)
+    epochs = {}
+    for name, data in (("preset", run.train), ("full", full.train)):
+        epochs[name], _ = _time(
+            lambda data=data: train(
+                copy.deepcopy(base).train(), data, one_epoch, seed=1, progress=False
+            ),
+            repeats,
+        )
+    deep15 = 15 * spec.train.epochs * epochs["preset"]
+    print(f"\n## {spec.name}: {label}; SmallCNN w16, {len(run.val[0])} validation images")
+    print(f"one epoch of training the base: {epochs['preset']:.2f} s on the preset's "
+          f"{len(run.train[0])} images, {epochs['full']:.2f} s on the full training split "
+          f"({len(full.train[0])}); Deep Ensembles-15 ({spec.train.epochs} epochs each, preset): "
+          f"{deep15:.0f} s")  # fmt: skip
+    print(f"{'PEG-15':42} {'seconds':>7} {'/epoch':>7} {'/epoch':>7} {'/DE-15':>7} {'scored':>6} "
+          f"{'stopped':>7} {'η':>8}  same η as exhaustive")  # fmt: skip
+    print(f"{'':42} {'':>7} {'preset':>7} {'full':>7}")
+    etas: list[float] = []
+    for setting, options, reference in SETTINGS:
+        peg = PEG(size=15, seed=0, progress=False, **options)
         seconds, fitted = _time(lambda peg=peg: peg.fit(base, run.val), repeats)
-        etas[setting] = fitted.eta_
-        print(f"{setting:46} {seconds:7.2f} {seconds / epoch:7.3f} {seconds / deep15:7.4f} "
-              f"{len(fitted.search_):6d} {len(fitted.search_stopped_):7d} "
-              f"{fitted.eta_:9.4g}")  # fmt: skip
-    exhaustive = etas.pop(next(iter(settings)))
-    for setting, eta in etas.items():
-        print(f"η of '{setting}' == η of the exhaustive search: {eta == exhaustive}")
+        etas.append(fitted.eta_)
+        same = "" if reference is None else f"{fitted.eta_ == etas[reference]}"
+        if same == "False":  # how far off
+            same += f" (η / η* = {fitted.eta_ / etas[reference]:.3f})"
+        print(f"{setting:42} {seconds:7.2f} {seconds / epochs['preset']:7.3f} "
+              f"{seconds / epochs['full']:7.3f} {seconds / deep15:7.4f} {len(fitted.search_):6d} "
+              f"{len(fitted.search_stopped_):7d} {fitted.eta_:8.3g}  {same}")  # fmt: skip
 
 
 if __name__ == "__main__":

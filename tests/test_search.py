@@ -71,3 +71,12 @@ def test_stopping_above_the_best_changes_nothing_but_the_work():
         assert best == exact_best and seen.keys() == exact.keys()
         assert all(seen[s] == exact[s] for s in seen if s not in stopped)
         assert stopped  # the bound was used
+
+
+def test_a_flat_edge_stops_the_grid_extension():
+    """A score still falling by 1e-5 past the small edge: one step with tol, three without."""
+    score = lambda s: 1.0 + 1e-5 * math.log10(s) if s < 1e-2 else 1.0 + (s - 1e-3)  # noqa: E731
+    best, seen = select_scale(score, (1e-3, 1e-2, 1e-1, 1.0), refine=True, tol=1e-4)
+    assert len(seen) == 5 and math.isclose(best, 1e-4)
+    best, seen = select_scale(score, (1e-3, 1e-2, 1e-1, 1.0), refine=True)
+    assert len(seen) == 7 and math.isclose(best, 1e-6)

@@ -23,6 +23,7 @@ from peg import metrics
 from peg._inputs import (
     Data,
     as_xy,
+    check_number,
     check_positive_int,
     diagnose,
     eval_mode,
@@ -156,8 +157,10 @@ class PerturbationEnsemble(FittedEnsemble):
         max_score_points: int | None = None,
         on_nonfinite: str = "raise",
         early_stop: bool = True,
+        search_tol: float = 1e-4,
     ) -> None:
         self.size = check_positive_int(size, "size")
+        self.search_tol = check_number(search_tol, "search_tol", allow_zero=True)
         if not isinstance(early_stop, bool):
             raise TypeError(f"early_stop: expected True or False, got {early_stop!r}")
         self.early_stop = early_stop
@@ -377,7 +380,11 @@ class PerturbationEnsemble(FittedEnsemble):
                     return value
 
                 best, self.search_ = select_scale(
-                    score, grid, refine=self.scale == "search", stop_above=self.early_stop
+                    score,
+                    grid,
+                    refine=self.scale == "search",
+                    stop_above=self.early_stop,
+                    tol=self.search_tol,
                 )
                 self.search_stopped_ = sorted(stopped)
         else:
@@ -455,6 +462,7 @@ class PerturbationEnsemble(FittedEnsemble):
             "max_score_points": self.max_score_points,
             "on_nonfinite": self.on_nonfinite,
             "early_stop": self.early_stop,
+            "search_tol": self.search_tol,
         }
 
     def save(self, path: str, materialize: bool = False) -> str:

@@ -4,7 +4,8 @@ The score function is memoised, so no scale is scored twice. Where the best grid
 on an edge of the grid, the grid is extended outwards at its own spacing (at most `extend`
 steps: with the paper's grid, η stays within 1e-6…1e3) until the score turns up. The best point
 and its neighbours then bracket `scipy.optimize.minimize_scalar(method="golden")` on log(scale).
-If no bracket is found (a monotone or flat score), the best point seen is kept.
+If no bracket is found (a monotone or flat score), the best point seen is kept; a score that
+has gone flat (a step past the edge gains at most `tol`) stops the extension.
 
 Early stopping (`stop_above=True`): the score function also receives the best score so far and
 may stop as soon as it knows its own score exceeds it, returning any value above it (e.g. the
@@ -30,6 +31,7 @@ def select_scale(
     xtol: float = 0.05,
     extend: int = 3,
     stop_above: bool = False,
+    tol: float = 0.0,
 ) -> tuple[float, dict[float, float]]:
     """Minimise `score(scale)` over positive scales.
 
@@ -42,6 +44,9 @@ def select_scale(
         xtol: relative tolerance on log(scale) passed to scipy.
         extend: grid steps added beyond either edge at most.
         stop_above: call `score(scale, best_so_far)` instead of `score(scale)` (see above).
+        tol: stop extending the grid once a step past the edge improves the best score by at
+            most `tol` (a flat score: further steps cannot matter, and would cost a full
+            scoring each).
 
     Returns:
         (best scale, {scale: score} for every scale evaluated, sorted by scale).
@@ -67,6 +72,9 @@ def select_scale(
             u = us[0] - (us[1] - us[0]) if i == 0 else us[-1] + (us[-1] - us[-2])
             us.insert(0 if i == 0 else len(us), u)
             values.insert(0 if i == 0 else len(values), f(u))
+            old_edge, new_edge = (values[1], values[0]) if i == 0 else (values[-2], values[-1])
+            if 0 < old_edge - new_edge <= tol:  # flat: one more step would not matter either
+                break
         i = min(range(len(us)), key=values.__getitem__)
         if 0 < i < len(us) - 1 and values[i] < min(values[i - 1], values[i + 1]):
             optimize.minimize_scalar(

@@ -118,6 +118,10 @@ class PEG(PerturbationEnsemble):
             stop scoring an η as soon as its partial sum over the scoring points already
             exceeds the best score so far; exact: the chosen η is the one an exhaustive search
             picks (`peg.methods._search`), only cheaper. False scores every η on every point.
+        search_tol: when the best η lies on an edge of the grid, the grid is extended (at most
+            3 steps) only while a step improves the criterion by more than this (default 1e-4:
+            a flat curve, e.g. a well-calibrated base whose score keeps falling by 1e-5 nats
+            as η → 0, stops after one step); 0 extends while the score improves at all.
     """
 
     method = "PEG"
@@ -145,6 +149,7 @@ class PEG(PerturbationEnsemble):
         max_score_points: int | None = None,
         on_nonfinite: Literal["raise", "drop"] = "raise",
         early_stop: bool = True,
+        search_tol: float = 1e-4,
     ) -> None:
         super().__init__(
             size,
@@ -159,6 +164,7 @@ class PEG(PerturbationEnsemble):
             max_score_points,
             on_nonfinite,
             early_stop,
+            search_tol,
         )
         self.batch_size = check_positive_int(batch_size, "batch_size")
         if variant not in ("vanilla", "unbiased"):

@@ -40,6 +40,8 @@ class PEP(PerturbationEnsemble):
         on_nonfinite: "raise" (default) or "drop" members whose weights are NaN/inf.
         early_stop: stop scoring a σ once it cannot beat the best so far (criterion "nll" or
             "brier"; exact, see `PEG`); False scores every σ on every point.
+        search_tol: extend the grid past its edge only while that gains more than this (see
+            `PEG`).
 
     PEP has no gradient step, so the whole validation set scores σ.
     """
@@ -62,6 +64,7 @@ class PEP(PerturbationEnsemble):
         max_score_points: int | None = None,
         on_nonfinite: Literal["raise", "drop"] = "raise",
         early_stop: bool = True,
+        search_tol: float = 1e-4,
     ) -> None:
         if bn not in ("eval", "refresh"):
             raise ValueError(f"bn: expected 'eval' or 'refresh' for PEP, got {bn!r}")
@@ -78,6 +81,7 @@ class PEP(PerturbationEnsemble):
             max_score_points,
             on_nonfinite,
             early_stop,
+            search_tol,
         )
         lo, hi = bracket
         if not (0 < lo < hi and math.isfinite(hi)):
