@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import warnings
 from pathlib import Path
 
@@ -242,3 +243,27 @@ def test_materialize_must_be_a_bool(overfit_mlp, moons_data, tmp_path):
     with pytest.raises(TypeError, match="materialize"):
         fitted.save(str(tmp_path / "x"), materialize="yes")
     assert not (tmp_path / "x").exists()
+
+
+class _Payload:
+    """Unpickling this would create a marker file: the code an untrusted pickle can run."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_planted_torch_pickle_is_refused_and_runs_nothing(tmp_path):
+    marker = tmp_path / "payload-ran"
+    archive = tmp_path / "ensemble.peg"
+    torch.save({"state": _Payload(marker)}, archive)  # what a malicious .pt "archive" looks like
+    with pytest.raises(peg.ArchiveError, match="not a peg archive"):
+        peg.load(archive, mlp(0))
+    assert not marker.exists()
+    with pytest.raises(pickle.UnpicklingError):  # weights_only refuses it too
+        torch.load(archive, weights_only=True)
+    assert not marker.exists()
+    torch.load(archive, weights_only=False)  # only to show the payload works: never in peg
+    assert marker.exists()
