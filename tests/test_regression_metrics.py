@@ -261,7 +261,7 @@ def test_bad_inputs_raise_value_errors_naming_the_argument() -> None:
         rmse(np.where(np.arange(10) == 3, np.nan, mean), y)
     with pytest.raises(ValueError, match="y: expected finite"):
         regression_metrics(mean, var, np.full(10, np.inf))
-    with pytest.raises(ValueError, match="var: expected finite"):
+    with pytest.raises(ValueError, match="var: expected variances > 0, got NaN"):
         interval_coverage(mean, np.full_like(var, np.nan), y)
     with pytest.raises(ValueError, match="mean: expected member means"):
         rmse(mean[..., None], y)
@@ -287,3 +287,18 @@ def test_bad_inputs_raise_value_errors_naming_the_argument() -> None:
         GaussianHead(3, min_var=0.0)
     with pytest.raises(ValueError, match="heteroscedastic"):
         RegressionMLP(3, heteroscedastic="yes")  # type: ignore[arg-type]
+
+
+def test_an_infinite_variance_is_zero_density_not_an_error():
+    """A log-variance that overflows exp() (a diverged variance head on an outlier)."""
+    mean = torch.zeros(2, 3)
+    var = torch.tensor([[1.0, 1.0, math.inf], [1.0, math.inf, math.inf]])
+    y = torch.zeros(3)
+    lpd = log_predictive_density(mean, var, y)
+    # points 0, 1: mixtures with at least one finite member; point 2: no density at all
+    assert lpd == -math.inf
+    assert math.isfinite(log_predictive_density(mean[:, :2], var[:, :2], y[:2]))
+    assert gaussian_nll(mean, var, y) == math.inf
+    assert rmse(mean, y) == 0.0
+    with pytest.raises(ValueError, match="var: expected variances > 0, got NaN"):
+        log_predictive_density(mean, torch.full((2, 3), math.nan), y)

@@ -75,7 +75,10 @@ def _check_var(var: Any, mean: Tensor) -> Tensor:
             f"var: expected one number or the shape of mean {tuple(mean.shape)}, got shape "
             f"{tuple(t.shape)}"
         )
-    _finite(t, "var")
+    # +inf is allowed: a head whose log-variance overflowed exp() predicts zero density there
+    # (its member's log density is -inf; a mixture of finite members is unaffected)
+    if torch.isnan(t).any():
+        raise ValueError("var: expected variances > 0, got NaN")
     if (t <= 0).any():
         raise ValueError(f"var: expected variances > 0, got min {t.min().item():.3g}")
     return t.expand_as(mean)
