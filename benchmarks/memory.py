@@ -1,7 +1,10 @@
 """Peak memory of ensemble prediction: PEG-30 chunked, and a 10⁵-sample stream.
 
 Targets: (issue 7) predicting with PEG-30 and the "chunked" strategy adds at most chunk size ×
-member size + activations to what the process already holds; (issue 8) a 10⁵-sample stream
+member size + activations to what the process already holds, and a lazy PEG-30
+(`PEG(lazy=True)`, which keeps no members and regenerates them a chunk at a time) grows the
+process by at most base + chunk size × member size + activations + output from before `fit`
+(model and validation data already held) through predicting; (issue 8) a 10⁵-sample stream
 through a 30-member ensemble runs in bounded memory (the same peak for 10⁴ and 10⁵ samples)
 when metrics are accumulated batch by batch (`peg.metrics.StreamingMetrics`) instead of
 materialising the member logits `[M, N, C]`.
@@ -19,11 +22,20 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 MiB = 2**20
+# The lazy case runs twice: with glibc's default allocator, whose adaptive mmap threshold keeps
+# freed blocks (e.g. each gradient's) in the heap, so the peak RSS also counts memory freed but
+# not given back; and with the threshold fixed, so that large blocks go back to the system when
+# freed and the peak follows the tensors alive at once.
+LAZY_ALLOCATORS = [
+    ("(glibc default)", None),
+    ("(MALLOC_MMAP_THRESHOLD_=128 KiB)", {"MALLOC_MMAP_THRESHOLD_": "131072"}),
+]
 
 
 def _status(field: str) -> int:
@@ -57,11 +69,34 @@ def child(case: str, args: argparse.Namespace) -> dict[str, float]:
 
     torch.manual_seed(0)
     torch.set_grad_enabled(False)
-    hidden = args.hidden if case == "chunked" else args.stream_hidden
+    hidden = args.hidden if case in ("chunked", "lazy") else args.stream_hidden
     model = build("mlp", in_features=784, num_classes=10, hidden=(hidden,) * 2)
     model.eval()
     member = sum(p.numel() * p.element_size() for p in model.parameters())
     val = (torch.randn(512, 784), torch.randint(0, 10, (512,)))
+    if case == "lazy":  # from before fit to after predicting: nothing but model, val and X held
+        X = torch.randn(args.rows, 784)
+        tiny = build("mlp", in_features=784, num_classes=10, hidden=(8, 8)).eval()
+        with torch.enable_grad():  # warm-up on a tiny model: one-time allocations excluded
+            warm = peg.PEG(size=2, eta=0.01, lazy=True, progress=False).fit(tiny, val)
+        warm.member_logits(X[: args.batch], args.batch, strategy="chunked", chunk_size=2)
+        del warm, tiny
+        _reset_peak()
+        before = _status("VmRSS")
+        with torch.enable_grad():
+            lazy = peg.PEG(size=args.members, eta=0.01, lazy=True, progress=False).fit(model, val)
+        after_fit = _status("VmHWM") - before
+        logits = lazy.member_logits(X, args.batch, strategy="chunked", chunk_size=args.chunk)
+        extra_peak = _status("VmHWM") - before
+        _reset_peak()  # (frees what is not alive)
+        return {
+            "member": member,
+            "extra_peak": extra_peak,
+            "fit_peak": after_fit,
+            "held": _status("VmRSS") - before,  # after predicting: the lazy object + the output
+            "output": logits.numel() * logits.element_size(),
+            "activations": args.chunk * args.batch * hidden * 4 * 2,
+        }
     with torch.enable_grad():
         ens = peg.PEG(size=args.members, eta=0.01, progress=False).fit(model, val).ensemble_
     stored = sum(v.numel() * v.element_size() for v in ens.stacked.values())
@@ -120,13 +155,14 @@ def main() -> None:
         return
     from peg._env import machine
 
-    def run(case: str, chunk: int) -> dict[str, float]:
+    def run(case: str, chunk: int, env: dict[str, str] | None = None) -> dict[str, float]:
         argv = [*sys.argv[1:], "--child", case, "--chunk", str(chunk)]
         out = subprocess.run(
             [sys.executable, __file__, *argv],
             check=True,
             capture_output=True,
             text=True,
+            env={**os.environ, **(env or {})},
         )
         return {k: v / MiB for k, v in json.loads(out.stdout.splitlines()[-1]).items()}
 
@@ -141,6 +177,18 @@ def main() -> None:
                   f"{c['stored']:.1f}")  # fmt: skip
         print(f"predict {args.rows} rows, chunks of {chunk:2d}: peak grew {c['extra_peak']:6.1f}; "
               f"chunk × member + activations + output = {bound:6.1f}")  # fmt: skip
+        # the lazy bound, with activations + output estimated as above, and as measured: what
+        # predicting with the stacked ensemble (which allocates no members) grew by, under the
+        # same allocator settings
+        for label, env in LAZY_ALLOCATORS:
+            eager = run("chunked", chunk, env) if env else c
+            z = run("lazy", chunk, env)
+            stored = (1 + chunk) * z["member"]
+            print(f"  lazy PEG-{args.members} {label}, fit + predict, chunks of {chunk:2d}: peak "
+                  f"grew {z['extra_peak']:6.1f} (fit alone {z['fit_peak']:6.1f}; held after "
+                  f"{z['held']:5.1f}); base + chunk × member + activations + output = "
+                  f"{stored + z['activations'] + z['output']:6.1f} estimated, "
+                  f"{stored + eager['extra_peak']:6.1f} measured")  # fmt: skip
     for n in (10_000,) if args.quick else (10_000, 100_000):
         s = run(f"stream-{n}", args.chunks[0])
         print(f"stream {n:>6} samples (MLP 784-{args.stream_hidden}-{args.stream_hidden}-10, "

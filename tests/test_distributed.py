@@ -226,8 +226,11 @@ def test_torchrun_peg_bench_on_two_ranks_writes_the_results_of_one_process(tmp_p
     spec_file = tmp_path / "tiny.yaml"
     spec_file.write_text(yaml.safe_dump(SPEC))
     cli = Path(sys.executable).parent / "peg"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
-    command += ["2", "--no-python", str(cli), "bench", str(spec_file), "--out", "two"]
+    # a rendezvous on a free port (--standalone's fixed 29400 collides with other launches)
+    command = [sys.executable, "-m", "torch.distributed.run", "--rdzv-backend", "c10d"]
+    command += ["--rdzv-endpoint", f"localhost:{_free_port()}", "--nnodes", "1"]
+    command += ["--nproc-per-node", "2", "--no-python", str(cli), "bench", str(spec_file)]
+    command += ["--out", "two"]
     command += ["--cache", "two-cache", "--no-progress"]
     done = subprocess.run(
         command, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=PATIENCE

@@ -1,9 +1,16 @@
 """What PEG and PEP share: members θ_r + scale · D_r[i] around one or more base models.
 
 A subclass supplies the directions `D_r` (`[S, P]`, one row per member, over the P perturbed
-parameter entries of base model r); this class validates the inputs, splits the validation
-data, chooses the scale on held-out validation points, and builds the `Ensemble`. Because the
-directions are computed once, trying another scale costs forward passes only.
+parameter entries of base model r) as a `RowSource`, which computes any subset of the rows;
+this class validates the inputs, splits the validation data, chooses the scale on held-out
+validation points, and builds the `Ensemble`. Because the directions are computed once, trying
+another scale costs forward passes only.
+
+Lazy mode (`lazy=True`): once the scale is chosen, the fitted object keeps only the base
+weights, the scale, the validation data the directions come from (a reference) and the members'
+fingerprints; every prediction regenerates the members `chunk_size` at a time (a `[k, P]` block
+of rows, the members stacked as views of it), predicts every batch with them and frees them, so
+memory holds the base plus one chunk of members instead of all S·R of them.
 """
 
 from __future__ import annotations
@@ -11,7 +18,8 @@ from __future__ import annotations
 import copy
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -27,15 +35,17 @@ from peg._inputs import (
     check_positive_int,
     diagnose,
     eval_mode,
+    iter_inputs,
     model_device,
     to_device,
     weights_device,
 )
 from peg._progress import counter
-from peg.ensemble import Ensemble, model_output
+from peg.ensemble import STRATEGIES, Ensemble, Strategy, model_output
 from peg.methods._search import select_scale
-from peg.methods.base import FittedEnsemble
+from peg.methods.base import FittedEnsemble, NotFittedError
 from peg.recipe import (
+    FINGERPRINT_SEED,
     RECIPE_VERSION,
     TOLERANCE,
     data_fingerprint,
@@ -85,8 +95,77 @@ MEMBER_KEY = 0
 SPLIT_KEY = 2**31  # the validation split into gradient and scoring parts
 
 
+# Members regenerated at a time by a lazy ensemble when `chunk_size` is not given.
+LAZY_CHUNK_SIZE = 5
+
+# member indices i (k of them) -> their direction rows D[i], `[k, P]`
+RowSource = Callable[[Sequence[int]], Tensor]
+
+
+@dataclass(frozen=True)
+class DirectionData:
+    """The validation points that feed the directions, without copying them: rows `index` of
+    (X `[N, ...]`, y `[N]`), or all N rows when `index` is None."""
+
+    X: Tensor
+    y: Tensor
+    index: Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.X) if self.index is None else len(self.index)
+
+    def rows(self, idx: Tensor) -> tuple[Tensor, Tensor]:
+        """Points `idx` (positions in [0, len(self))): inputs `[B, ...]` and labels `[B]`."""
+        i = idx if self.index is None else self.index[idx]
+        return self.X[i], self.y[i]
+
+
+def module_like(skeleton: nn.Module, state: Mapping[str, Tensor]) -> nn.Module:
+    """A copy of `skeleton` whose state-dict entries ARE the tensors of `state` (no copy).
+
+    Used to run a stored base model without duplicating its weights, and with tensors on the
+    meta device for a skeleton that costs no memory. Buffers outside the state dict
+    (non-persistent ones) are copied.
+    """
+    memo: dict[int, Any] = {}
+    for name, t in skeleton.state_dict(keep_vars=True).items():
+        memo[id(t)] = (
+            nn.Parameter(state[name], requires_grad=t.requires_grad)
+            if isinstance(t, nn.Parameter)
+            else state[name]
+        )
+    return copy.deepcopy(skeleton, memo)
+
+
+def fingerprint_probe(P: int) -> Tensor:
+    """The fixed random vector `[P]` (float32) that `displacement_fingerprints` projects on."""
+    return torch.randn(P, generator=torch.Generator().manual_seed(FINGERPRINT_SEED))
+
+
+def fingerprint_rows(
+    D: Tensor, scale: float, probe: Tensor, step: int = 2**20
+) -> list[list[float]]:
+    """`peg.recipe.displacement_fingerprints` of the rows of D `[k, P]` (equal to its relative
+    tolerance), in float64 pieces of `step` entries instead of a float64 copy of every row;
+    `probe` is `fingerprint_probe(P)`."""
+    out = []
+    for row in D:
+        proj = sq = 0.0
+        for a in range(0, len(row), step):
+            v = scale * row[a : a + step].detach().double().cpu()
+            proj += float(v @ probe[a : a + step].double())
+            sq += float(v @ v)
+        out.append([proj, math.sqrt(sq)])
+    return out
+
+
 class NonFiniteError(FloatingPointError):
     """A loss, gradient or member weight became NaN or infinite."""
+
+
+def finite_rows(D: Tensor) -> list[bool]:
+    """Whether each row of D `[k, P]` is free of NaN and inf."""
+    return [bool(torch.isfinite(row).all()) for row in D]
 
 
 def generator(seed: int, *key: int) -> torch.Generator:
@@ -141,6 +220,7 @@ class PerturbationEnsemble(FittedEnsemble):
     scale_name = "scale"
     default_grid: tuple[float, ...] = ()
     uses_direction_data = True
+    lazy = False  # set by the constructor (see the module doc)
     _split_as_searched: bool | None = None  # a rebuilt recipe splits val as its search did
 
     def __init__(
@@ -158,8 +238,12 @@ class PerturbationEnsemble(FittedEnsemble):
         on_nonfinite: str = "raise",
         early_stop: bool = True,
         search_tol: float = 1e-4,
+        lazy: bool = False,
     ) -> None:
         self.size = check_positive_int(size, "size")
+        if not isinstance(lazy, bool):
+            raise TypeError(f"lazy: expected True or False, got {lazy!r}")
+        self.lazy = lazy
         self.search_tol = check_number(search_tol, "search_tol", allow_zero=True)
         if not isinstance(early_stop, bool):
             raise TypeError(f"early_stop: expected True or False, got {early_stop!r}")
@@ -204,10 +288,12 @@ class PerturbationEnsemble(FittedEnsemble):
         self.max_score_points = max_score_points
 
     # ---------------------------------------------------------------- to override
-    def _directions(
-        self, model: nn.Module, r: int, names: list[str], X: Tensor, y: Tensor
-    ) -> Tensor:
-        """Directions `[S, P]` for base model r (P = total size of the `names` parameters)."""
+    def _row_source(
+        self, model: nn.Module, r: int, names: list[str], data: DirectionData
+    ) -> RowSource:
+        """The directions of base model r on demand: `rows(members) -> [k, P]`, row j that of
+        member `members[j]`, computed from it alone (P = total size of the `names` parameters);
+        `rows(range(S))` is the whole `[S, P]`. A row of NaN marks a member to drop."""
         raise NotImplementedError
 
     def _min_direction_points(self) -> int:
@@ -271,10 +357,11 @@ class PerturbationEnsemble(FittedEnsemble):
             )
         return C
 
-    def _split(self, X: Tensor, y: Tensor) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    def _split(self, X: Tensor, y: Tensor) -> tuple[DirectionData, tuple[Tensor, Tensor]]:
         """(direction data, scoring data): disjoint when a scale is searched and holdout > 0.
 
-        The scoring part is a seeded random subset of at most `max_score_points` points.
+        The direction data refers to X and y (rows picked by index, not copied). The scoring
+        part is a seeded random subset of at most `max_score_points` points.
         """
         perm = torch.randperm(len(X), generator=generator(self.seed, SPLIT_KEY))
         searched = self.searches if self._split_as_searched is None else self._split_as_searched
@@ -286,11 +373,11 @@ class PerturbationEnsemble(FittedEnsemble):
                     f"val: {len(X)} points are too few to hold out {self.holdout:.0%} for "
                     f"choosing {self.scale_name}"
                 )
-            Xd, yd = X[direction], y[direction]
+            data = DirectionData(X, y, direction)
         else:
-            score, Xd, yd = perm, X, y
+            score, data = perm, DirectionData(X, y)
         score = score[: self.max_score_points]
-        return (Xd, yd), (X[score], y[score])
+        return data, (X[score], y[score])
 
     def fit(self, model: Models, val: Data, bn_data: Data | None = None) -> PerturbationEnsemble:
         """Build the ensemble around `model` (or around each member of an ensemble).
@@ -306,6 +393,7 @@ class PerturbationEnsemble(FittedEnsemble):
             self, with `ensemble_` (the `Ensemble`), `<scale>_` (the scale used) and
             `search_` ({scale: criterion} for every scale evaluated; for the scales listed in
             `search_stopped_`, whose scoring stopped early, a lower bound above the best).
+            A lazy ensemble keeps no `ensemble_` (nor `directions_`): see `lazy`.
         """
         models = base_models(model)
         if any(m.training for m in models):
@@ -318,16 +406,16 @@ class PerturbationEnsemble(FittedEnsemble):
         assert y is not None
         self._check_data(models, X, y)
         names = select_parameters(models[0], self.params)
-        (Xd, yd), (Xs, ys) = self._split(X, y)
+        data, (Xs, ys) = self._split(X, y)
         need = self._min_direction_points()
-        if len(Xd) < need:
+        if len(data) < need:
             where = (
                 f" after holding out {self.holdout:.0%} for choosing {self.scale_name}"
-                if len(Xd) < len(X)
+                if len(data) < len(X)
                 else ""
             )
             raise ValueError(
-                f"val: {len(Xd)} points{where}; {self.method} needs at least {need} "
+                f"val: {len(data)} points{where}; {self.method} needs at least {need} "
                 f"(the mini-batch size); lower batch_size or pass more validation data"
             )
         bn_batches = None
@@ -344,8 +432,28 @@ class PerturbationEnsemble(FittedEnsemble):
         self._skeleton = models[0]
         self._bn_batches = bn_batches
         self.param_names_ = names
-        self.directions_ = [self._directions(m, r, names, Xd, yd) for r, m in enumerate(models)]
-        self._check_directions()
+        for stale in ("directions_", "ensemble_", "_direction_data", "_fingerprints", "dropped_"):
+            self.__dict__.pop(stale, None)  # a refit replaces everything
+        sources = [self._row_source(m, r, names, data) for r, m in enumerate(models)]
+        if self.lazy and not self.searches:  # chunk by chunk: never all S·R rows at once
+            bad = []  # one row at a time, only checked: the fingerprints are taken by save()
+            for r, members, D in self._chunks(sources, 1):
+                bad += [
+                    r * self.size + i
+                    for i, ok in zip(members, finite_rows(D), strict=True)
+                    if not ok
+                ]
+                del D
+        else:
+            self.directions_ = [source(range(self.size)) for source in sources]
+            bad = [
+                r * self.size + i
+                for r, D in enumerate(self.directions_)
+                for i, ok in enumerate(finite_rows(D))
+                if not ok
+            ]
+        del sources
+        self._check_directions(bad, len(models))
         build = self.ensemble_at
 
         if self.searches:
@@ -395,8 +503,20 @@ class PerturbationEnsemble(FittedEnsemble):
         self._searched = (
             self.searches if self._split_as_searched is None else self._split_as_searched
         )
+        meta = self._meta(best, len(models), len(X), len(data), len(Xs))
+        if self.lazy:
+            if hasattr(self, "directions_"):  # searched: the rows at hand give the fingerprints
+                self._fingerprints = displacement_fingerprints(self.directions_, best)
+                del self.directions_
+            self._direction_data = data
+            self._lazy_meta = meta
+            self._meta_skeleton = module_like(
+                models[0],
+                {k: torch.empty_like(v, device="meta") for k, v in self._bases[0].items()},
+            )
+            return self
         self.ensemble_ = build(best)
-        self.ensemble_.meta = self._meta(best, len(models), len(X), len(Xd), len(Xs))
+        self.ensemble_.meta = meta
         return self
 
     def _meta(self, scale: float, R: int, n_val: int, n_dir: int, n_score: int) -> dict[str, Any]:
@@ -429,23 +549,157 @@ class PerturbationEnsemble(FittedEnsemble):
             **self._hyperparameters(),
         }
 
-    def _check_directions(self) -> None:
-        """Find members whose step is NaN/inf: raise naming them, or (on_nonfinite="drop")
-        keep their indices in `dropped_` (base-major numbering) and leave them out."""
+    def _check_directions(self, bad: list[int], R: int) -> None:
+        """Members `bad` (base-major numbering) have NaN/inf steps: raise naming them, or
+        (on_nonfinite="drop") keep their indices in `dropped_` and leave them out."""
         S = self.size
-        bad = [
-            r * S + i
-            for r, D in enumerate(self.directions_)
-            for i in range(len(D))
-            if not torch.isfinite(D[i]).all()
-        ]
-        if bad and (self.on_nonfinite == "raise" or len(bad) == S * len(self.directions_)):
+        if bad and (self.on_nonfinite == "raise" or len(bad) == S * R):
             raise NonFiniteError(
                 f"members {bad[:10]} (base-major: member = base·{S} + i) have non-finite steps"
-                + ("; every member diverged" if len(bad) == S * len(self.directions_) else "")
+                + ("; every member diverged" if len(bad) == S * R else "")
                 + "; pass on_nonfinite='drop' to leave them out"
             )
         self.dropped_ = bad
+
+    # ---------------------------------------------------------------- lazy members
+    def _chunks(
+        self, sources: Sequence[RowSource], k: int
+    ) -> Iterator[tuple[int, list[int], Tensor]]:
+        """(base r, member indices, their rows `[len(members), P]`), base-major, at most k
+        members at a time, leaving out `dropped_` ones (once known). Only one block is held
+        here; the caller must drop its reference before asking for the next."""
+        dropped = set(getattr(self, "dropped_", ()))
+        for r, source in enumerate(sources):
+            kept = [i for i in range(self.size) if r * self.size + i not in dropped]
+            for start in range(0, len(kept), k):
+                members = kept[start : start + k]
+                with torch.enable_grad():  # PEG's rows are gradients, even under no_grad()
+                    D = source(members)
+                yield r, members, D
+                del D
+
+    def _lazy_sources(self) -> list[RowSource]:
+        """Row sources of the stored bases (run in place: their weights are not copied)."""
+        if not self.lazy or not hasattr(self, "_direction_data"):
+            raise NotFittedError(f"{type(self).__name__}: call fit(...) before predicting")
+        with torch.enable_grad():
+            return [
+                self._row_source(
+                    module_like(self._skeleton, base), r, self.param_names_, self._direction_data
+                )
+                for r, base in enumerate(self._bases)
+            ]
+
+    def _lazy_fingerprints(self, scale: float) -> list[list[float]]:
+        """Every member's fingerprint (`displacement_fingerprints`; NaN for dropped ones), from
+        regenerated rows, a chunk at a time; kept (they are small)."""
+        if not hasattr(self, "_fingerprints"):
+            dropped = set(self.dropped_)
+            found: dict[int, list[float]] = {i: [math.nan, math.nan] for i in dropped}
+            probe: Tensor | None = None
+            for r, members, D in self._chunks(self._lazy_sources(), LAZY_CHUNK_SIZE):
+                probe = fingerprint_probe(D.shape[1]) if probe is None else probe
+                for i, fp in zip(members, fingerprint_rows(D, scale, probe), strict=True):
+                    found[r * self.size + i] = fp
+                del D
+            self._fingerprints = [found[i] for i in range(len(found))]
+        return self._fingerprints
+
+    def _chunk_ensemble(self, r: int, D: Tensor, scale: float) -> Ensemble:
+        """Members θ_r + scale·D[j] of base r as an `Ensemble` of len(D) members.
+
+        D `[k, P]` is consumed: scaled and shifted in place, the stacked weights are views of
+        it (nothing of size k·P is allocated), the skeleton lives on the meta device.
+        """
+        base, names = self._bases[r], self.param_names_
+        if self._bn_batches is not None or any(base[n].dtype != D.dtype for n in names):
+            return self._states_ensemble([(base, D)], scale, set())
+        D.mul_(scale)
+        stacked, offset = {}, 0
+        for n in names:
+            size = base[n].numel()
+            part = D[:, offset : offset + size]
+            part.add_(base[n].reshape(1, -1))
+            stacked[n] = part.view(len(D), *base[n].shape)
+            offset += size
+        shared = {k: v for k, v in base.items() if k not in stacked}
+        return Ensemble(self._meta_skeleton, stacked, shared)
+
+    def __len__(self) -> int:
+        if self.lazy:
+            if not hasattr(self, "_direction_data"):
+                raise NotFittedError(f"{type(self).__name__}: call fit(...) before predicting")
+            return self.size * len(self._bases) - len(self.dropped_)
+        return super().__len__()
+
+    def ensemble(self) -> Ensemble:
+        """The fitted `Ensemble`.
+
+        A lazy ensemble holds no members: this builds every one of them (S·R × member size of
+        memory), each time it is called; prefer `member_logits` / `predict_proba`, which hold
+        one chunk of members at a time.
+        """
+        if not self.lazy:
+            return super().ensemble()
+        if not hasattr(self, "_direction_data"):
+            raise NotFittedError(f"{type(self).__name__}: call fit(...) before predicting")
+        ensemble = self.ensemble_at(float(getattr(self, f"{self.scale_name}_")))
+        ensemble.meta = dict(self._lazy_meta)
+        return ensemble
+
+    @torch.no_grad()
+    def member_logits(
+        self,
+        X: Data,
+        batch_size: int = 512,
+        strategy: Strategy = "auto",
+        progress: bool | None = None,
+        chunk_size: int | None = None,
+    ) -> Tensor:
+        """Logits of every member, `[M, N, C]` (M = S·R less `dropped_`, base-major).
+
+        Arguments as `Ensemble.member_logits`. A lazy ensemble loops over chunks of
+        `chunk_size` members (default `LAZY_CHUNK_SIZE`) outside and batches inside: it
+        regenerates a chunk (PEG: its gradients), predicts every batch of X with it (`strategy`
+        within the chunk), keeps the logits and frees the chunk. Inputs that are not a tensor or
+        array (a Dataset, a DataLoader) are gathered once, so every chunk sees the same rows.
+        """
+        if not self.lazy:
+            return self.ensemble().member_logits(
+                X, batch_size, strategy=strategy, progress=progress, chunk_size=chunk_size
+            )
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy: expected one of {STRATEGIES}, got {strategy!r}")
+        batch_size = check_positive_int(batch_size, "batch_size")
+        k = LAZY_CHUNK_SIZE if chunk_size is None else check_positive_int(chunk_size, "chunk_size")
+        sources = self._lazy_sources()
+        if not isinstance(X, (Tensor, np.ndarray)):
+            parts = list(iter_inputs(X, batch_size))
+            if not parts:
+                raise ValueError("X: no inputs to predict (0 samples)")
+            X = torch.cat(parts)
+        scale = float(getattr(self, f"{self.scale_name}_"))
+        M = len(self)
+        out: Tensor | None = None
+        start = 0
+        shown = counter(f"predict ({M} members, {k} at a time)", progress)
+        # no bar around the chunks: its iterator would hold the last chunk while making the next
+        for r, members, D in self._chunks(sources, k):
+            shown.update(len(members))
+            ensemble = self._chunk_ensemble(r, D, scale)
+            del D
+            logits = ensemble.member_logits(
+                X, batch_size, strategy=strategy, progress=False, chunk_size=len(members)
+            )
+            del ensemble
+            if out is None:
+                out = logits.new_empty((M, *logits.shape[1:]))
+            out[start : start + len(members)] = logits
+            start += len(members)
+            del logits
+        shown.close()
+        assert out is not None and start == M
+        return out
 
     # ---------------------------------------------------------------- recipes
     def _recipe_options(self) -> dict[str, Any] | None:
@@ -482,9 +736,11 @@ class PerturbationEnsemble(FittedEnsemble):
         """
         if not isinstance(materialize, bool):
             raise TypeError(f"materialize: expected True or False, got {materialize!r}")
-        ensemble = self.ensemble()
+        if self.lazy and not hasattr(self, "_direction_data"):
+            raise NotFittedError(f"{type(self).__name__}: call fit(...) before saving")
         options = None if materialize else self._recipe_options()
         if options is None:
+            ensemble = self.ensemble()  # a lazy ensemble builds its members here
             if not materialize:
                 warnings.warn(
                     f"{type(self).__name__}.save: this ensemble cannot be stored as a recipe "
@@ -493,7 +749,13 @@ class PerturbationEnsemble(FittedEnsemble):
                     stacklevel=2,
                 )
             return ensemble.save(path)
+        meta = self._lazy_meta if self.lazy else self.ensemble().meta
         scale = float(getattr(self, f"{self.scale_name}_"))
+        fingerprints = (
+            self._lazy_fingerprints(scale)
+            if self.lazy
+            else displacement_fingerprints(self.directions_, scale)
+        )
         recipe = {
             "kind": "recipe",
             "recipe_version": RECIPE_VERSION,
@@ -504,11 +766,11 @@ class PerturbationEnsemble(FittedEnsemble):
             "searched": self._searched,
             "data": self._data_fingerprint,
             "data_points": self._data_points,
-            "members": len(ensemble),
-            "fingerprints": displacement_fingerprints(self.directions_, scale),
+            "members": len(self),
+            "fingerprints": fingerprints,
         }
         bases = Ensemble.from_state_dicts(self._skeleton, self._bases)
-        bases.meta = {**ensemble.meta, "recipe": recipe}
+        bases.meta = {**meta, "recipe": recipe}
         return bases.save(path)
 
     def ensemble_at(self, scale: float) -> Ensemble:
@@ -516,17 +778,32 @@ class PerturbationEnsemble(FittedEnsemble):
 
         Members are θ_r + scale·D_r[i] for every base r and member i, base-major; scale 0 gives
         copies of the base models. Used by the scale search, and to plot a metric against it.
+        A lazy ensemble regenerates its directions for this (and builds every member).
         """
-        if not hasattr(self, "directions_"):
+        if not (hasattr(self, "directions_") or hasattr(self, "_direction_data")):
             raise AttributeError(f"{type(self).__name__}: call fit(...) before ensemble_at(...)")
         if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale >= 0):
             raise ValueError(f"scale: expected a finite number >= 0, got {scale!r}")
-        names, bases = self.param_names_, self._bases
-        shapes = [bases[0][n].shape for n in names]
+        if hasattr(self, "directions_"):
+            directions = self.directions_
+        else:
+            with torch.enable_grad():
+                directions = [source(range(self.size)) for source in self._lazy_sources()]
+        dropped = set(getattr(self, "dropped_", ()))
+        return self._states_ensemble(
+            list(zip(self._bases, directions, strict=True)), scale, dropped
+        )
+
+    def _states_ensemble(
+        self, pairs: list[tuple[dict[str, Tensor], Tensor]], scale: float, dropped: set[int]
+    ) -> Ensemble:
+        """Members θ_r + scale·D_r[i] for (θ_r, D_r `[S_r, P]`) in `pairs`, base-major, but
+        those numbered in `dropped` (r·S_r + i), from one state dict per member."""
+        names = self.param_names_
+        shapes = [pairs[0][0][n].shape for n in names]
         sizes = [math.prod(s) for s in shapes]
         states = []
-        dropped = set(getattr(self, "dropped_", ()))
-        for r, (base, D) in enumerate(zip(bases, self.directions_, strict=True)):
+        for r, (base, D) in enumerate(pairs):
             steps = (scale * D).split(sizes, dim=1)  # per parameter: [S, numel]
             for i in range(D.shape[0]):
                 if r * D.shape[0] + i in dropped:

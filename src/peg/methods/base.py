@@ -43,12 +43,12 @@ class FittedEnsemble:
         return self.ensemble().member_logits(X, batch_size, **kwargs)
 
     def predict_proba(self, X: Data, batch_size: int = 512, **kwargs: Any) -> Tensor:
-        """Averaged member probabilities, `[N, C]`."""
-        return self.ensemble().predict_proba(X, batch_size, **kwargs)
+        """Averaged member probabilities, `[N, C]` (through `member_logits`)."""
+        return self.member_logits(X, batch_size, **kwargs).softmax(-1).mean(0)
 
     def predict(self, X: Data, batch_size: int = 512, **kwargs: Any) -> Tensor:
         """Predicted classes, `[N]`."""
-        return self.ensemble().predict(X, batch_size, **kwargs)
+        return self.predict_proba(X, batch_size, **kwargs).argmax(-1)
 
     def save(self, path: str) -> str:
         """Save the fitted ensemble (safetensors + JSON); load it with `peg.load(path, model)`."""

@@ -39,6 +39,7 @@ Choices the paper leaves open (each an option, recorded in the saved ensemble):
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
@@ -53,9 +54,11 @@ from peg.methods._perturb import (
     MEMBER_KEY,
     BNMode,
     Criterion,
+    DirectionData,
     NonFiniteError,
     ParamFilter,
     PerturbationEnsemble,
+    RowSource,
     generator,
     is_regression,
 )
@@ -122,6 +125,17 @@ class PEG(PerturbationEnsemble):
             3 steps) only while a step improves the criterion by more than this (default 1e-4:
             a flat curve, e.g. a well-calibrated base whose score keeps falling by 1e-5 nats
             as η → 0, stops after one step); 0 extends while the score improves at all.
+        lazy: keep no members after `fit`: only the base weights, η, a reference to the
+            validation data and the members' fingerprints. Each `member_logits` /
+            `predict_proba` call regenerates the members `chunk_size` at a time (default
+            `LAZY_CHUNK_SIZE`), predicts every batch with a chunk and frees it, so prediction
+            holds the base + one chunk of members instead of all S·R (`[S, P]` per base).
+            The price: every predict call recomputes the S gradients (2S + `val_batches` for
+            the unbiased variant), cheap next to predicting many rows but not for a few.
+            `ensemble()` builds all members on demand (not cached); `save()` still writes a
+            recipe (and `materialize=True` builds the members to write them). With η searched,
+            `fit` holds every direction while searching, then drops them. The validation
+            tensors are kept by reference: do not modify them in place while it is in use.
     """
 
     method = "PEG"
@@ -150,6 +164,7 @@ class PEG(PerturbationEnsemble):
         on_nonfinite: Literal["raise", "drop"] = "raise",
         early_stop: bool = True,
         search_tol: float = 1e-4,
+        lazy: bool = False,
     ) -> None:
         super().__init__(
             size,
@@ -165,6 +180,7 @@ class PEG(PerturbationEnsemble):
             on_nonfinite,
             early_stop,
             search_tol,
+            lazy,
         )
         self.batch_size = check_positive_int(batch_size, "batch_size")
         if variant not in ("vanilla", "unbiased"):
@@ -230,82 +246,98 @@ class PEG(PerturbationEnsemble):
 
     # ---------------------------------------------------------------- gradients
     def _gradient_model(self, model: nn.Module) -> nn.Module:
-        """A private copy of `model` in the mode the gradient pass runs in."""
-        work = copy.deepcopy(model).eval()
+        """A private copy of `model` in the mode the gradient pass runs in.
+
+        The copy shares `model`'s parameters (they are only read: gradients are taken with
+        `torch.autograd.grad`) and owns its buffers (bn="batch" moves them, then restores them).
+        """
+        work = copy.deepcopy(model, {id(p): p for p in model.parameters()}).eval()
         if self.bn == "batch":
             for m in work.modules():
                 if isinstance(m, nn.modules.batchnorm._BatchNorm):
                     m.train()
         return work
 
-    def _directions(
-        self, model: nn.Module, r: int, names: list[str], X: Tensor, y: Tensor
-    ) -> Tensor:
-        """Displacements per unit η, `[S, P]`: member i is θ + η·D[i]."""
+    def _row_source(
+        self, model: nn.Module, r: int, names: list[str], data: DirectionData
+    ) -> RowSource:
+        """Displacements per unit η of base model r's members, on demand: member i is θ + η·D[i].
+
+        Returns `rows(members) -> [k, P]`, row j computed for member `members[j]` alone from its
+        stream (seed, MEMBER_KEY, r, i). What all members share (the unbiased variant's ∇L(V)
+        and momentum buffer, `[P]` each) is computed here, once.
+        """
         work = self._gradient_model(model)
         params = dict(work.named_parameters())
         selected = [params[n] for n in names]
         buffers = {k: v.clone() for k, v in work.named_buffers()}
         device = selected[0].device
-        K, S = self.batch_size, self.size
+        dtype = functools.reduce(torch.promote_types, (p.dtype for p in selected))
+        P = sum(p.numel() for p in selected)
+        K = self.batch_size
+        loss_fn = self.loss or (gaussian_nll if is_regression(data.y) else cross_entropy)
 
-        def grad(gen: torch.Generator, what: str) -> Tensor:
-            idx = draw_batch(gen, len(X), K)
-            out = work(X[idx].to(device))
-            loss_fn = self.loss or (gaussian_nll if is_regression(y) else cross_entropy)
-            losses = loss_fn(out, y[idx].to(device))
+        def grad(gen: torch.Generator, what: str, out: Tensor | None = None) -> Tensor:
+            """∇L on the mini-batch drawn from `gen`, `[P]` (written into `out` if given)."""
+            xb, yb = data.rows(draw_batch(gen, len(data), K))
+            losses = loss_fn(work(xb.to(device)), yb.to(device))
             loss = losses.mean() if self.reduction == "mean" else losses.sum()
             if not torch.isfinite(loss):
                 raise NonFiniteError(f"{what} (base model {r}): the loss is {loss.item()}")
-            gs = torch.autograd.grad(loss, selected)
+            gs = list(torch.autograd.grad(loss, selected))
             if self.bn == "batch":  # the train-mode pass moved the running statistics: undo it
                 with torch.no_grad():
                     for k, b in work.named_buffers():
                         b.copy_(buffers[k])
-            g = torch.cat([t.reshape(-1) for t in gs]).detach()
-            if not torch.isfinite(g).all():
+            # each gradient copied into its slice of g and freed at once: no [P] temporaries
+            g = torch.empty(P, dtype=dtype, device=device) if out is None else out
+            start, finite = 0, True
+            for j, p in enumerate(selected):
+                part = g[start : start + p.numel()]
+                part.view(p.shape).copy_(gs[j])
+                gs[j] = None  # type: ignore[call-overload]
+                finite = finite and bool(torch.isfinite(part).all())
+                start += p.numel()
+            if not finite:
                 raise NonFiniteError(
                     f"{what} (base model {r}): the gradient has NaN or inf entries"
                 )
             return g
 
-        def member(i: int, step: Callable[[], Tensor]) -> Tensor:
-            """Member i's row; with on_nonfinite="drop", a NaN row marks it for dropping."""
-            try:
-                return step()
-            except NonFiniteError:
-                if self.on_nonfinite == "raise":
-                    raise
-                return torch.full_like(buffer_like, math.nan)
+        buf = g_val = torch.zeros(0)
+        if self.variant == "unbiased":  # ∇L(V) and the momentum buffer from `val_batches`
+            buf = torch.zeros(P, dtype=dtype, device=device)
+            g_val = torch.zeros_like(buf)
+            for j in bar(range(self.val_batches), f"PEG ∇L(V) (base {r})", enabled=self.progress):
+                g = grad(generator(self.seed, VALIDATION_KEY, r, j), f"validation batch {j}")
+                buf = self.beta * buf + g
+                g_val += g / self.val_batches
+            buf = self._given_momentum(r, names, selected, buf)
 
-        buffer_like = torch.cat([p.detach().reshape(-1) for p in selected])
-        if self.variant == "vanilla":
-            rows = [
-                member(i, lambda i=i: -grad(generator(self.seed, MEMBER_KEY, r, i), f"member {i}"))
-                for i in bar(range(S), f"PEG gradients (base {r})", enabled=self.progress)
-            ]
-            return torch.stack(rows)
-
-        # unbiased: ∇L(V) and the momentum buffer from `val_batches` mini-batches
-        buf = torch.zeros_like(torch.cat([p.reshape(-1) for p in selected])).detach()
-        g_val = torch.zeros_like(buf)
-        for j in bar(range(self.val_batches), f"PEG ∇L(V) (base {r})", enabled=self.progress):
-            g = grad(generator(self.seed, VALIDATION_KEY, r, j), f"validation batch {j}")
-            buf = self.beta * buf + g
-            g_val += g / self.val_batches
-        buf = self._given_momentum(r, names, selected, buf)
-
-        def unbiased_step(i: int) -> Tensor:
+        def step(i: int, out: Tensor) -> None:
+            """Member i's row, written into `out` `[P]`."""
             gen = generator(self.seed, MEMBER_KEY, r, i)
+            if self.variant == "vanilla":
+                grad(gen, f"member {i}", out=out).neg_()
+                return
             g1, g2 = grad(gen, f"member {i}"), grad(gen, f"member {i}")
             a = torch.randn((), generator=gen).item()
-            return -((g1 - g2) / math.sqrt(2) + a * (self.beta * buf + g_val))
+            out.copy_(-((g1 - g2) / math.sqrt(2) + a * (self.beta * buf + g_val)))
 
-        rows = [
-            member(i, lambda i=i: unbiased_step(i))
-            for i in bar(range(S), f"PEG unbiased steps (base {r})", enabled=self.progress)
-        ]
-        return torch.stack(rows)
+        label = "PEG gradients" if self.variant == "vanilla" else "PEG unbiased steps"
+
+        def rows(members: Sequence[int]) -> Tensor:
+            D = torch.empty(len(members), P, dtype=dtype, device=device)
+            for j, i in enumerate(bar(members, f"{label} (base {r})", enabled=self.progress)):
+                try:
+                    step(i, D[j])
+                except NonFiniteError:  # with on_nonfinite="drop", a NaN row marks it
+                    if self.on_nonfinite == "raise":
+                        raise
+                    D[j] = math.nan
+            return D
+
+        return rows
 
     def _given_momentum(
         self, r: int, names: list[str], selected: list[Tensor], buf: Tensor

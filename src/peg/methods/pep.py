@@ -17,7 +17,15 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from peg.methods._perturb import MEMBER_KEY, Criterion, ParamFilter, PerturbationEnsemble, generator
+from peg.methods._perturb import (
+    MEMBER_KEY,
+    Criterion,
+    DirectionData,
+    ParamFilter,
+    PerturbationEnsemble,
+    RowSource,
+    generator,
+)
 
 
 class PEP(PerturbationEnsemble):
@@ -42,6 +50,10 @@ class PEP(PerturbationEnsemble):
             "brier"; exact, see `PEG`); False scores every σ on every point.
         search_tol: extend the grid past its edge only while that gains more than this (see
             `PEG`).
+        lazy: keep no members after `fit`, only the base weights, σ and the seed: each predict
+            call redraws the noise `chunk_size` members at a time and frees each chunk, so
+            prediction holds the base + one chunk of members instead of all of them (redrawing
+            costs little next to predicting; see `PEG` for `ensemble()` and `save()`).
 
     PEP has no gradient step, so the whole validation set scores σ.
     """
@@ -65,6 +77,7 @@ class PEP(PerturbationEnsemble):
         on_nonfinite: Literal["raise", "drop"] = "raise",
         early_stop: bool = True,
         search_tol: float = 1e-4,
+        lazy: bool = False,
     ) -> None:
         if bn not in ("eval", "refresh"):
             raise ValueError(f"bn: expected 'eval' or 'refresh' for PEP, got {bn!r}")
@@ -82,6 +95,7 @@ class PEP(PerturbationEnsemble):
             on_nonfinite,
             early_stop,
             search_tol,
+            lazy,
         )
         lo, hi = bracket
         if not (0 < lo < hi and math.isfinite(hi)):
@@ -100,14 +114,18 @@ class PEP(PerturbationEnsemble):
         options = super()._recipe_options()
         return None if options is None else {**options, "bracket": list(self.bracket)}
 
-    def _directions(
-        self, model: nn.Module, r: int, names: list[str], X: Tensor, y: Tensor
-    ) -> Tensor:
-        """Standard normal noise `[S, P]`, one seeded stream per (base, member)."""
+    def _row_source(
+        self, model: nn.Module, r: int, names: list[str], data: DirectionData
+    ) -> RowSource:
+        """Standard normal noise, `rows(members) -> [k, P]`: one seeded stream per member."""
         params = dict(model.named_parameters())
         P = sum(params[n].numel() for n in names)
-        rows = [
-            torch.randn(P, generator=generator(self.seed, MEMBER_KEY, r, i))
-            for i in range(self.size)
-        ]
-        return torch.stack(rows).to(params[names[0]].device)
+        device = params[names[0]].device
+
+        def rows(members: Sequence[int]) -> Tensor:
+            D = torch.empty(len(members), P)
+            for j, i in enumerate(members):
+                D[j] = torch.randn(P, generator=generator(self.seed, MEMBER_KEY, r, i))
+            return D.to(device)
+
+        return rows
