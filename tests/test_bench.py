@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -242,3 +243,25 @@ def test_packed_and_patched_methods_train_their_own_models(tmp_path):
         check_methods(parse_spec({**SMALL, "methods": ["Packed-(2,0,1)"]}))
     with pytest.raises(ValueError, match="unknown option"):
         check_methods(parse_spec({**SMALL, "methods": [{"name": "EMP", "colour": 1}]}))
+
+
+def test_uci_summary_keeps_an_infinite_split_visible():
+    from peg.bench.uci import _report, _se
+
+    assert _se([1.0, 2.0, 3.0])["se"] == pytest.approx(1 / 3**0.5)
+    bad = _se([-2.0, -math.inf, -3.0])
+    assert bad == {"mean": None, "std": None, "se": None, "n": 3, "nonfinite": 1}
+    results = {
+        "command": "c",
+        "commit": "x",
+        "machine": "m",
+        "wall_seconds": 1.0,
+        "datasets": {
+            "protein": {
+                "A": {"rmse": _se([1.0, 2.0]), "lpd": _se([-2.0, -math.inf])},
+                "B": {"rmse": _se([1.5, 2.5]), "lpd": _se([-3.0, -3.5])},
+            }
+        },
+    }
+    text = _report(results, ["A", "B"])
+    assert "−∞ (1 of 2 splits)" in text and "**-3.250 ± 0.250**" in text

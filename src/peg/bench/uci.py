@@ -159,8 +159,14 @@ class Split:
         return {"rmse": rmse(mean, y, scale), "lpd": log_predictive_density(mean, var, y, scale)}
 
 
-def _se(values: list[float]) -> dict[str, float]:
+def _se(values: list[float]) -> dict[str, Any]:
+    """Mean, std and standard error over splits. A split whose score is not finite (an LPD of
+    -inf: some test point has zero density under every member) makes the mean infinite; it is
+    then written as None (JSON null) with the count of such splits, not averaged away."""
     n = len(values)
+    nonfinite = sum(not math.isfinite(v) for v in values)
+    if nonfinite:
+        return {"mean": None, "std": None, "se": None, "n": n, "nonfinite": nonfinite}
     sd = statistics.stdev(values) if n > 1 else 0.0
     return {"mean": statistics.fmean(values), "std": sd, "se": sd / math.sqrt(n), "n": n}
 
@@ -235,11 +241,14 @@ def _report(results: dict[str, Any], methods: list[str]) -> str:
         lines += [f"## {title}", "", "| data set | splits | " + " | ".join(methods) + " |"]
         lines.append("|---|---:|" + "---:|" * len(methods))
         for d, ms in results["datasets"].items():
-            means = {m: ms[m][metric]["mean"] for m in methods}
-            top = best(means.values())
+            means = [ms[m][metric]["mean"] for m in methods]
+            top = best((v for v in means if v is not None), default=None)
             cells = []
             for m in methods:
                 c = ms[m][metric]
+                if c["mean"] is None:  # see _se
+                    cells.append(f"−∞ ({c['nonfinite']} of {c['n']} splits)")
+                    continue
                 text = f"{c['mean']:.3f} ± {c['se']:.3f}"
                 cells.append(f"**{text}**" if c["mean"] == top else text)
             n = ms[methods[0]][metric]["n"]
