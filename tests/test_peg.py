@@ -303,3 +303,13 @@ def test_early_stopped_eta_search_picks_the_exhaustive_eta(overfit_mlp, moons_da
             assert fast.search_[fast.eta_] < value <= full.search_[eta]
         else:
             assert value == full.search_[eta]
+
+
+def test_whole_set_criteria_are_scored_as_themselves(overfit_mlp, moons_data):
+    """ECE is not a mean of per-point losses: scored in one piece, its values are ECEs."""
+    X, y = moons_data["val"]
+    p = peg.PEG(size=4, batch_size=32, eta=[0.01, 0.1], criterion="ece", eta_holdout=0.0)
+    p.fit(overfit_mlp, (X, y))
+    for eta, value in p.search_.items():
+        expected = peg.metrics.ece(p.ensemble_at(eta).member_logits(X), y)
+        assert value == pytest.approx(expected, abs=1e-9) and 0.0 <= value <= 1.0

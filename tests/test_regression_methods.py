@@ -110,3 +110,14 @@ def test_a_scale_whose_variance_overflows_scores_worst_instead_of_failing(regres
     """η = 1e6 keeps the outputs finite but exp(log-variance) overflows: that η loses."""
     p = peg.PEG(size=4, batch_size=64, eta=[0.01, 1e6], seed=0).fit(regressor, _sine(400, 1))
     assert p.eta_ == 0.01 and p.search_[1e6] == math.inf
+
+
+def test_the_regression_search_records_the_mixture_nll(regressor):
+    X, y = _sine(400, 1)
+    p = peg.PEG(size=4, batch_size=64, eta=[0.01, 0.1], seed=0, eta_holdout=0.0).fit(
+        regressor, (X, y)
+    )
+    for eta, value in p.search_.items():
+        mean, var = peg.metrics.regression.split_gaussian(p.ensemble_at(eta).member_logits(X))
+        expected = -peg.metrics.regression.log_predictive_density(mean, var, y)
+        assert value == pytest.approx(expected, rel=1e-9)

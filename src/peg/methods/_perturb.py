@@ -471,17 +471,20 @@ class PerturbationEnsemble(FittedEnsemble):
                 def score(scale: float, stop_above: float = math.inf) -> float:
                     ensemble = build(scale)
                     batches = Xs.split(self.eval_batch_size) if per_point else [Xs]
-                    total, start = 0.0, 0
+                    total, start = 0.0, 0  # per point: the sum of the losses seen so far
                     for x in batches:
                         logits = ensemble.member_logits(x, self.eval_batch_size, progress=False)
                         if not torch.isfinite(logits).all():
                             value = math.inf  # diverged: the worst score
                             break
-                        total += float(criterion(logits, ys[start : start + len(x)])) * len(x)
+                        value = float(criterion(logits, ys[start : start + len(x)]))
+                        if not per_point:
+                            break  # one batch: the whole scoring set
+                        total += value * len(x)
                         start += len(x)
-                        value = total / len(Xs) if per_point else total
+                        value = total / len(Xs)  # until the last batch, a lower bound
                         if value > stop_above and start < len(Xs):
-                            stopped.append(scale)  # a lower bound of the score, above the best
+                            stopped.append(scale)  # above the best: it cannot win
                             break
                     shown.update(1)
                     shown.set_postfix_str(f"{self.scale_name}={scale:.3g} score={value:.4g}")
