@@ -21,6 +21,7 @@ seconds, default 7200: long enough for one rank to wait while another finishes a
 
 from __future__ import annotations
 
+import atexit
 import os
 from collections.abc import Callable
 from datetime import timedelta
@@ -39,7 +40,7 @@ T = TypeVar("T")
 TIMEOUT_ENV = "PEG_DIST_TIMEOUT"
 DEFAULT_TIMEOUT = 7200.0  # seconds a rank waits for the others in one collective
 
-__all__ = ["RankFailure", "guarded", "init", "member_logits", "world"]
+__all__ = ["RankFailure", "guarded", "init", "member_logits", "shutdown", "world"]
 
 
 class RankFailure(RuntimeError):
@@ -65,7 +66,8 @@ def init(backend: str = "gloo", timeout: float | None = None) -> bool:
 
     Idempotent: a group already initialised (by this function or by the caller, e.g. with
     "nccl") is used as it is. Without torchrun's variables (WORLD_SIZE unset or 1) nothing is
-    initialised and the answer is False.
+    initialised and the answer is False. A group this function creates is destroyed at exit
+    (`shutdown`), which a caller may also do earlier.
 
     Args:
         backend: "gloo" (CPU, works everywhere) or "nccl" (GPUs; set the device first).
@@ -80,7 +82,16 @@ def init(backend: str = "gloo", timeout: float | None = None) -> bool:
         return False
     seconds = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT)) if timeout is None else timeout
     dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=seconds))
+    # a gloo group still alive at interpreter exit can abort the process (SIGABRT, "terminate
+    # called without an active exception") when its threads are torn down with the interpreter
+    atexit.register(shutdown)
     return True
+
+
+def shutdown() -> None:
+    """Leave the process group (a no-op without one); `init` arranges it at exit for its group."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def world() -> tuple[int, int]:
