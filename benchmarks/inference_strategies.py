@@ -1,9 +1,11 @@
-"""Ensemble inference: loop vs vmap vs chunked vs auto, against S × one member's forward time.
+"""Ensemble inference: loop, vmap, folded, chunked, auto, against S × one member's forward.
 
 Targets (issue 7): at large batch (>= 256) the chosen strategy takes at most 1.10 × S × (one
 member's forward time); at small batch (1–32) the best strategy beats a plain Python loop over
 S separate nn.Modules by >= 1.3× on the MLP. Every number is a ratio measured in this run, on
-this machine (printed).
+this machine (printed). The MLP three ways: the library's default (the PEG paper's 2-20-2 toy
+model), the UCI regression network (13-50, Gaussian head), and a 784-256-256 Fashion-MNIST MLP,
+whose 16 MB of member weights make even a few rows compute- and memory-bound.
 
     python benchmarks/inference_strategies.py [--members 15] [--repeats 5] [--threads N] [--quick]
 """
@@ -20,13 +22,16 @@ from torch import nn
 
 from peg._env import machine
 from peg.ensemble import Ensemble
-from peg.models import build
+from peg.models import RegressionMLP, build
 
 
-def _time(run: Callable[[], object], repeats: int) -> float:
+def _time(run: Callable[[], object], repeats: int, budget: float = 0.3) -> float:
+    """Median seconds of `run()`: at least `repeats` calls, more for fast ones (~`budget` s)."""
+    start = time.perf_counter()
     run()  # warm-up
+    first = time.perf_counter() - start
     samples = []
-    for _ in range(repeats):
+    for _ in range(max(repeats, min(200, int(budget / max(first, 1e-6))))):
         start = time.perf_counter()
         run()
         samples.append(time.perf_counter() - start)
@@ -52,22 +57,27 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     repeats = 2 if args.quick else args.repeats
+    fashion_mlp = build("mlp", in_features=784, num_classes=10, hidden=(256, 256))
     cases = [
-        ("MLP", build("mlp", in_features=784, num_classes=10, hidden=(256, 256)), (1, 28, 28)),
+        # the library's MLP as the papers use it: PEG §5.6 (2-20-2), UCI regression (13-50-2)
+        ("MLP 2-20", build("mlp", in_features=2, num_classes=2), (2,)),
+        ("UCI 13-50", RegressionMLP(13), (13,)),
+        ("MLP 784-256²", fashion_mlp, (1, 28, 28)),
         ("SmallCNN", build("small-cnn", in_channels=1, num_classes=10), (1, 28, 28)),
         ("ResNet-20", build("resnet20", in_channels=3, num_classes=10), (3, 32, 32)),
     ]
     if args.quick:
-        cases = cases[:2]
+        cases = cases[:4]
     print(f"machine: {machine()}; {args.members} members; median of {repeats}")
     print("ms per call; plain = a Python loop over S separate nn.Modules; loop = the ensemble's "
           "loop (functional_call); auto/(S·1) = auto ÷ (S × one member's forward)")  # fmt: skip
-    print(f"{'model':10} {'batch':>5} {'1 member':>8} {'plain':>7} {'loop':>7} {'vmap':>7} "
-          f"{'chunk 5':>7} {'auto':>7} {'auto/(S·1)':>10} {'plain/best':>10}")  # fmt: skip
+    print(f"{'model':12} {'batch':>5} {'1 member':>8} {'plain':>7} {'loop':>7} {'vmap':>7} "
+          f"{'folded':>7} {'chunk 5':>7} {'auto':>7} {'auto/(S·1)':>10} "
+          f"{'plain/best':>10}")  # fmt: skip
     for name, model, shape in cases:
         ens = _ensemble(model, args.members)
-        for batch in (1, 8, 32, 256, 1024):
-            if name == "ResNet-20" and batch > 256:
+        for batch in (1, 4, 8, 16, 32, 64, 256, 1024):
+            if batch > 256 and name not in ("MLP 784-256²", "SmallCNN"):
                 continue
             _row(name, model, ens, torch.randn(batch, *shape), repeats)
 
@@ -78,15 +88,16 @@ def _row(name: str, model: nn.Module, ens: Ensemble, x: torch.Tensor, repeats: i
     one = _time(lambda: model(x), repeats)  # the physical limit: a plain forward of one member
     modules = [ens.member_model(i) for i in range(S)]
     t = {"plain": _time(lambda: [m(x) for m in modules], repeats)}  # S separate nn.Modules
-    for strategy, chunk in (("loop", None), ("vmap", None), ("chunked", 5), ("auto", None)):
+    strategies = (("loop", None), ("vmap", None), ("folded", None), ("chunked", 5), ("auto", None))
+    for strategy, chunk in strategies:
         t[strategy] = _time(
             lambda s=strategy, c=chunk: ens.member_logits(x, batch, strategy=s, chunk_size=c),
             repeats,
         )
-    best = min(t["vmap"], t["chunked"], t["loop"])
-    cells = " ".join(f"{t[k] * 1e3:7.1f}" for k in ("plain", "loop", "vmap", "chunked", "auto"))
+    best = min(t[s] for s, _ in strategies)
+    cells = " ".join(f"{t[k] * 1e3:7.1f}" for k in ("plain", *(s for s, _ in strategies)))
     print(
-        f"{name:10} {batch:5d} {one * 1e3:8.2f} {cells} {t['auto'] / (S * one):10.2f} "
+        f"{name:12} {batch:5d} {one * 1e3:8.2f} {cells} {t['auto'] / (S * one):10.2f} "
         f"{t['plain'] / best:10.2f}"
     )
 

@@ -61,6 +61,18 @@ class _DictOut(_TupleOut):
         return {"logits": self.lin(x), "hidden_states": x}
 
 
+class _Scaled(nn.Module):
+    """Holds a parameter itself: no folded form."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.randn(3))
+        self.fc = nn.Linear(2, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) * self.scale
+
+
 def _bn_mlp() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(2, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3)).eval()
@@ -692,6 +704,24 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
         ),
         ValueError,
         r"X: the model cannot run on inputs of shape \[N, 5\]",
+    ),
+    (
+        "Ensemble",
+        "X with the wrong number of features (folded)",
+        lambda: peg.Ensemble.from_models([_mlp(), _mlp()]).member_logits(
+            torch.randn(10, 5), strategy="folded"
+        ),
+        ValueError,
+        r"X: the model cannot run on inputs of shape \[N, 5\]",
+    ),
+    (
+        "Ensemble",
+        "strategy='folded' on a model with a layer folding does not know",
+        lambda: peg.Ensemble.from_models([_Scaled(), _Scaled()]).member_logits(
+            torch.randn(4, 2), strategy="folded"
+        ),
+        ValueError,
+        r"strategy='folded': model: a _Scaled holds per-member tensors \(\['scale'\]\)",
     ),
     (
         "Ensemble",

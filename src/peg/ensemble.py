@@ -20,18 +20,21 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
+from peg._folded import Folded, NotFoldable, fold
 from peg._inputs import Data, check_positive_int, diagnose, iter_inputs, num_batches, to_device
 from peg._progress import bar
 from peg.output import model_output
 
-Strategy = Literal["auto", "loop", "vmap", "chunked"]
-STRATEGIES = ("auto", "loop", "vmap", "chunked")
+Strategy = Literal["auto", "loop", "vmap", "folded", "chunked"]
+STRATEGIES = ("auto", "loop", "vmap", "folded", "chunked")
 # "auto" vectorises batches of at most this many rows, loops over larger ones (measured with
 # benchmarks/inference_strategies.py, one CPU thread: vmap wins at 1-32 rows for an MLP, but
 # for convolutional networks only at 1 row (ResNet-20: 2.5x) and loses from 8-32 rows on)
 AUTO_VMAP_MAX_BATCH = 64
 AUTO_VMAP_MAX_BATCH_CONV = 4
 _NOT_VMAPPABLE: set[str] = set()  # architectures vmap failed on (this process)
+# (architecture, per-member entries) -> whether folding agreed with functional_call (this process)
+_FOLDS: dict[tuple[str, str, frozenset[str]], bool] = {}
 
 __all__ = ["Ensemble", "model_output"]
 
@@ -173,16 +176,35 @@ class Ensemble:
         return self
 
     # ---------------------------------------------------------------- prediction
+    def _folded(self) -> Folded:
+        """The members folded into the batch (`peg._folded`), built once per storage."""
+        cached = self.__dict__.get("_fold_cache")
+        if cached is None or cached[0] is not self.stacked or cached[1] is not self.shared:
+            try:
+                cached = (self.stacked, self.shared, fold(self.skeleton, self.stacked, self.shared))
+            except NotFoldable as e:
+                raise NotFoldable(f"strategy='folded': {e}; use 'vmap' or 'loop'") from None
+            self._fold_cache = cached
+        return cached[2]
+
     def _batch_logits(self, x: Tensor, strategy: str, chunk_size: int | None) -> Tensor:
         """Logits `[M, B, C]` of every member on one batch with a concrete strategy."""
+        if strategy == "folded":
+            folded = self._folded()
+            try:
+                out = model_output(folded(x), "member_logits")
+            except (NotFoldable, TypeError):
+                raise
+            except Exception as e:  # e.g. a forward reading `self.fc.weight`, a replaced layer's
+                raise NotFoldable(
+                    f"strategy='folded': the folded model failed ({type(e).__name__}: {e}); "
+                    "use 'vmap' or 'loop'"
+                ) from e
+            if len(out) == len(x):  # no layer with per-member weights on the output's path
+                return out.expand(len(self), *out.shape)
+            return out.view(len(self), len(x), *out.shape[1:])
         if strategy == "loop":
-            outs = [
-                model_output(
-                    functional_call(self.skeleton, self.member_state(i), (x,)), "member_logits"
-                )
-                for i in range(len(self))
-            ]
-            return torch.stack(outs)
+            return torch.stack([self._member_output(i, x) for i in range(len(self))])
 
         def one(stacked: dict[str, Tensor], x: Tensor) -> Tensor:
             out = functional_call(self.skeleton, {**self.shared, **stacked}, (x,))
@@ -206,13 +228,51 @@ class Ensemble:
         Small batches are dominated by Python overhead per member and layer, which vmap removes;
         large batches are compute-bound, where the loop avoids vmap's M-fold activations.
         Convolutional networks turn compute-bound at a few rows (`AUTO_VMAP_MAX_BATCH_CONV`),
-        fully connected ones at tens (`AUTO_VMAP_MAX_BATCH`).
+        fully connected ones at tens (`AUTO_VMAP_MAX_BATCH`). Vectorising means folding the
+        members into the batch (`peg._folded`) where that agrees with `functional_call`
+        (checked once per architecture), vmap otherwise, or vmap over `chunk_size` members.
         A model vmap cannot run is remembered and looped.
         """
         arch = type(self.skeleton).__qualname__
         if len(self) == 1 or arch in _NOT_VMAPPABLE or len(x) > self._vmap_max_batch:
             return "loop"
-        return "chunked" if chunk_size is not None else "vmap"
+        if chunk_size is not None:
+            return "chunked"
+        return "folded" if self._folds(x) else "vmap"
+
+    def _folds(self, x: Tensor) -> bool:
+        """Whether folding gives members 0 and M-1 their `functional_call` logits on `x`.
+
+        Asked once per (architecture, per-member entries) and process: a forward that mixes
+        rows, or a layer without a folded form, makes "auto" use vmap instead.
+        """
+        key = self._fold_key
+        if key not in _FOLDS:
+            ends = [0, len(self) - 1]
+            try:
+                reference = torch.stack([self._member_output(i, x) for i in ends])
+            except Exception:
+                self._diagnose(x)  # bad inputs: their own clear error
+                raise
+            try:  # the members run: any failure of the folded model is folding's own
+                got = self._batch_logits(x, "folded", None)[ends]
+                _FOLDS[key] = got.shape == reference.shape and torch.allclose(
+                    got, reference, rtol=1e-4, atol=1e-5
+                )
+            except Exception:  # e.g. a forward reading `self.fc.weight`, which folding replaced
+                _FOLDS[key] = False
+        return _FOLDS[key]
+
+    @functools.cached_property
+    def _fold_key(self) -> tuple[str, str, frozenset[str]]:
+        """What folding depends on: the architecture and which entries are per member."""
+        return type(self.skeleton).__qualname__, str(self.skeleton), frozenset(self.stacked)
+
+    def _member_output(self, i: int, x: Tensor) -> Tensor:
+        """Member `i`'s logits `[B, C]` on one batch (`functional_call`)."""
+        return model_output(
+            functional_call(self.skeleton, self.member_state(i), (x,)), "member_logits"
+        )
 
     @functools.cached_property
     def _vmap_max_batch(self) -> int:
@@ -239,9 +299,13 @@ class Ensemble:
             batch_size: rows per forward pass when X is a tensor.
             strategy: "loop" runs members one after another on each batch; "vmap" runs all of
                 them in one vectorised call (`torch.func.vmap` over the stacked weights);
-                "chunked" vectorises over `chunk_size` members at a time, bounding memory;
-                "auto" (default) vectorises batches of at most `AUTO_VMAP_MAX_BATCH` rows and
-                loops over larger ones (see `_choose`; a model vmap cannot run is looped).
+                "folded" runs them as one model whose batch holds every member's rows
+                (`peg._folded`: Linear, Conv, BatchNorm/LayerNorm/GroupNorm layers; fastest at
+                small batches); "chunked" vectorises (vmap) over `chunk_size` members at a
+                time, bounding memory; "auto" (default) vectorises batches of at most
+                `AUTO_VMAP_MAX_BATCH` rows (folded where it agrees with `functional_call`,
+                else vmap) and loops over larger ones (see `_choose`; a model vmap cannot run
+                is looped).
             progress: show a progress bar (None: only on a terminal).
             chunk_size: members per vectorised call for "chunked" (and for "auto").
         """
@@ -258,8 +322,9 @@ class Ensemble:
             chunk_size = check_positive_int(chunk_size, "chunk_size")
         elif strategy == "chunked":
             raise ValueError("chunk_size: strategy='chunked' needs chunk_size (members per call)")
-        was_training = self.skeleton.training
-        self.skeleton.eval()
+        training = [m for m in self.skeleton.modules() if m.training]  # cheaper than eval()
+        for m in training:
+            m.training = False
         chunks = []
         try:
             for x in bar(
@@ -270,20 +335,33 @@ class Ensemble:
             ):
                 x = to_device(x, device, "X")
                 chosen = self._choose(x, chunk_size) if strategy == "auto" else strategy
-                try:
-                    chunks.append(self._batch_logits(x, chosen, chunk_size))
-                except Exception as e:
-                    self._diagnose(x)  # the inputs or the model's output at fault: a clear error
-                    vmap_failed = isinstance(e, (RuntimeError, NotImplementedError))
-                    if strategy != "auto" or chosen == "loop" or not vmap_failed:
-                        raise
-                    chunks.append(self._batch_logits(x, "loop", chunk_size))
-                    _NOT_VMAPPABLE.add(type(self.skeleton).__qualname__)  # e.g. .item() inside
+                chunks.append(self._predict(x, chosen, strategy == "auto", chunk_size))
         finally:
-            self.skeleton.train(was_training)
+            for m in training:
+                m.training = True
         if not chunks:
             raise ValueError("X: no inputs to predict (0 samples)")
         return torch.cat(chunks, dim=1)
+
+    def _predict(self, x: Tensor, chosen: str, fall_back: bool, chunk_size: int | None) -> Tensor:
+        """`_batch_logits` with a clear error for bad inputs; with `fall_back` ("auto"), a
+        vectorised strategy that fails on the model is remembered and the next one used
+        (folded → vmap → loop)."""
+        try:
+            return self._batch_logits(x, chosen, chunk_size)
+        except Exception as e:
+            self._diagnose(x)  # the inputs or the model's output at fault: a clear error
+            vectorising = chosen == "folded" or isinstance(e, (RuntimeError, NotImplementedError))
+            if not fall_back or chosen == "loop" or not vectorising:
+                raise
+            arch = type(self.skeleton).__qualname__
+            if chosen == "folded":
+                _FOLDS[self._fold_key] = False
+                following = "loop" if arch in _NOT_VMAPPABLE else "vmap"
+            else:
+                _NOT_VMAPPABLE.add(arch)  # e.g. .item() inside
+                following = "loop"
+            return self._predict(x, following, fall_back, chunk_size)
 
     def _diagnose(self, x: Tensor) -> None:
         """Raise a clear error if member 0 cannot run on two rows of `x` or returns no logits."""
