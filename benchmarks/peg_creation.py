@@ -2,13 +2,15 @@
 
 Target (issue 7): building PEG-15 on Fashion-MNIST's validation split, η search included, takes
 less than one epoch of training the base model, because the S gradients are computed once and
-reused for every η, each η is scored with forward passes only, scoring stops as soon as a
-candidate cannot beat the best η so far (`early_stop`, exact: see `peg.methods._search`), the
-grid stops growing once the score is flat (`search_tol`), and scoring may use a subsample
-(`max_score_points`). Each setting's η is compared with the same search scored on every point
-without stopping early. One epoch is timed on the preset's training subset and on the full
-training split (48k images); also reported: the ratio to training Deep Ensembles-15 with the
-same recipe (15 × epochs × the measured epoch).
+reused for every η, each η is scored with forward passes only, each new η races the best so
+far on a growing prefix of the scoring points and stops once the paired difference is clear
+(`race`, the default: see `peg.methods._search.PairedRace`), or, without racing, stops as soon
+as it cannot beat the best (`early_stop`, exact), the grid stops growing once the score is flat
+(`search_tol`), and scoring may use a fixed subsample (`max_score_points`). Each setting's η is
+compared with the same search scored on every point; "points used" is the share of the
+scoring points an exhaustive search would score. One epoch is timed on the preset's training
+subset and on the full training split (48k images); also reported: the ratio to training Deep
+Ensembles-15 with the same recipe (15 × epochs × the measured epoch).
 
 Set-up: SmallCNN width 16 on Fashion-MNIST with 12k validation images; two bases: the
 `fashion-mnist` preset of `peg bench` (24k training images, weight decay: well calibrated, so
@@ -82,15 +84,18 @@ def main() -> None:
 
 
 PAPER_GRID = [1e-3, 1e-2, 1e-1, 1.0]
+EVERY = {"race": 0, "early_stop": False}  # every η scored on every point
+SUBSAMPLE = {"race": 0, "max_score_points": 1000}  # early stop on a fixed 1000-point subsample
 # (setting, PEG options, index of the exhaustively scored setting it must agree with)
 SETTINGS = [
-    ("search, every point scored, no early stop", {"eta": "search", "early_stop": False}, None),
-    ("search, early stop (default)", {"eta": "search"}, 0),
-    ("search, early stop + 1000 scoring points", {"eta": "search", "max_score_points": 1000}, 0),
-    ("paper grid, every point, no early stop", {"eta": PAPER_GRID, "early_stop": False}, None),
-    ("paper grid, early stop", {"eta": PAPER_GRID}, 3),
-    ("paper grid, early stop + 1000 points", {"eta": PAPER_GRID, "max_score_points": 1000}, 3),
-]
+    ("search, every point scored", {"eta": "search", **EVERY}, None),
+    ("search, race (default)", {"eta": "search"}, 0),
+    ("search, early stop, no race", {"eta": "search", "race": 0}, 0),
+    ("search, early stop + 1000 scoring points", {"eta": "search", **SUBSAMPLE}, 0),
+    ("paper grid, every point scored", {"eta": PAPER_GRID, **EVERY}, None),
+    ("paper grid, race", {"eta": PAPER_GRID}, 4),
+    ("paper grid, early stop + 1000 points", {"eta": PAPER_GRID, **SUBSAMPLE}, 4),
+]  # fmt: skip
 
 
 def _benchmark(label: str, spec: Spec, cache: Path, repeats: int) -> None:
@@ -114,8 +119,8 @@ def _benchmark(label: str, spec: Spec, cache: Path, repeats: int) -> None:
           f"({len(full.train[0])}); Deep Ensembles-15 ({spec.train.epochs} epochs each, preset): "
           f"{deep15:.0f} s")  # fmt: skip
     print(f"{'PEG-15':42} {'seconds':>7} {'/epoch':>7} {'/epoch':>7} {'/DE-15':>7} {'scored':>6} "
-          f"{'stopped':>7} {'η':>8}  same η as exhaustive")  # fmt: skip
-    print(f"{'':42} {'':>7} {'preset':>7} {'full':>7}")
+          f"{'points':>6} {'η':>8}  same η as exhaustive")  # fmt: skip
+    print(f"{'':42} {'':>7} {'preset':>7} {'full':>7} {'':>7} {'':>6} {'used':>6}")
     etas: list[float] = []
     for setting, options, reference in SETTINGS:
         peg = PEG(size=15, seed=0, progress=False, **options)
@@ -126,7 +131,13 @@ def _benchmark(label: str, spec: Spec, cache: Path, repeats: int) -> None:
             same += f" (η / η* = {fitted.eta_ / etas[reference]:.3f})"
         print(f"{setting:42} {seconds:7.2f} {seconds / epochs['preset']:7.3f} "
               f"{seconds / epochs['full']:7.3f} {seconds / deep15:7.4f} {len(fitted.search_):6d} "
-              f"{len(fitted.search_stopped_):7d} {fitted.eta_:8.3g}  {same}")  # fmt: skip
+              f"{_share(fitted):6.0%} {fitted.eta_:8.3g}  {same}")  # fmt: skip
+
+
+def _share(fitted: PEG) -> float:
+    """Points scored over all η, as a share of scoring every η on every point."""
+    n = fitted.ensemble_.meta["validation_points"]["scoring"]
+    return sum(fitted.search_points_.values()) / (n * len(fitted.search_points_))
 
 
 if __name__ == "__main__":

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 import peg
+from peg import ensemble as ensemble_module
 
 from conftest import BNNet, mlp
 
@@ -102,15 +104,27 @@ def test_every_strategy_gives_the_same_logits(bn_net, batch_size):
 
 
 def test_auto_vectorises_small_batches_and_loops_large_ones(bn_net):
-    ens = peg.Ensemble.from_models(members(bn_net, 3))
+    ens = peg.Ensemble.from_models(members(bn_net, 3))  # 160 FLOPs per row: always small
     assert ens._choose(torch.zeros(8, 2), None) == "folded"  # vmap where folding fails
     assert ens._choose(torch.zeros(8, 2), 2) == "chunked"
-    assert ens._choose(torch.zeros(1000, 2), None) == "loop"
-    conv = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.LazyLinear(3))
-    conv(torch.zeros(1, 1, 5, 5))
+    assert ens._choose(torch.zeros(10_000, 2), None) == "folded"
+    wide = peg.Ensemble.from_models([nn.Linear(1000, 1000), nn.Linear(1000, 1000)])
+    rows = int(ensemble_module.AUTO_VECTORISE_FLOPS // 2e6)  # 2 MFLOP per row
+    assert ens._choose(torch.zeros(8, 2), None) == "folded"
+    assert wide._choose(torch.zeros(rows, 1000), None) == "folded"
+    assert wide._choose(torch.zeros(rows + 1, 1000), None) == "loop"
+    conv = nn.Sequential(nn.Conv2d(1, 2, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2, 3))
     ens = peg.Ensemble.from_models([conv, conv])
-    assert ens._choose(torch.zeros(4, 1, 5, 5), None) == "folded"  # convolutions: up to 4 rows
-    assert ens._choose(torch.zeros(8, 1, 5, 5), None) == "loop"
+    image = torch.zeros(1, 1, 100, 100)
+    with FlopCounterMode(display=False) as counted:
+        conv(image)
+    rows = int(ensemble_module.AUTO_VECTORISE_FLOPS_CONV // counted.get_total_flops())
+    assert 100 < rows < 1000  # a smaller budget with convolutions
+    assert ens._choose(image.expand(rows, -1, -1, -1), None) == "folded"
+    assert ens._choose(image.expand(rows + 1, -1, -1, -1), None) == "loop"
+    huge = torch.zeros(4, 1, 2000, 2000)  # beyond the budget, but 4 rows are always vectorised
+    assert ens._choose(huge, None) == "folded"
+    assert ens._choose(torch.zeros(5, 1, 2000, 2000), None) == "loop"
 
 
 class _NotVmappable(torch.nn.Module):

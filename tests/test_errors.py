@@ -218,6 +218,14 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
     ("PEG", "negative seed", lambda: peg.PEG(seed=-1), ValueError, "seed"),
     (
         "PEG",
+        "race < 0",
+        lambda: peg.PEG(race=-1.0),
+        ValueError,
+        r"race: expected a finite number >= 0",
+    ),
+    ("PEP", "race not a number", lambda: peg.PEP(race="z"), ValueError, "race"),
+    (
+        "PEG",
         "unknown on_nonfinite",
         lambda: peg.PEG(on_nonfinite="skip"),
         ValueError,

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 import peg
+from peg.methods import _perturb as perturb
 from peg.methods._perturb import MEMBER_KEY, generator
 from peg.methods.peg import draw_batch
 
@@ -291,10 +292,12 @@ def test_a_model_in_training_mode_gets_a_warning_and_is_left_alone(bn_net, moons
 
 
 def test_early_stopped_eta_search_picks_the_exhaustive_eta(overfit_mlp, moons_data):
-    fast = peg.PEG(size=4, batch_size=32, eta="search", eval_batch_size=32).fit(
+    fast = peg.PEG(size=4, batch_size=32, eta="search", eval_batch_size=32, race=0).fit(
         overfit_mlp, moons_data["val"]
     )
-    full = peg.PEG(size=4, batch_size=32, eta="search", eval_batch_size=32, early_stop=False)
+    full = peg.PEG(
+        size=4, batch_size=32, eta="search", eval_batch_size=32, race=0, early_stop=False
+    )
     full.fit(overfit_mlp, moons_data["val"])
     assert fast.eta_ == full.eta_ and fast.search_.keys() == full.search_.keys()
     assert fast.search_stopped_ and not full.search_stopped_
@@ -313,3 +316,23 @@ def test_whole_set_criteria_are_scored_as_themselves(overfit_mlp, moons_data):
     for eta, value in p.search_.items():
         expected = peg.metrics.ece(p.ensemble_at(eta).member_logits(X), y)
         assert value == pytest.approx(expected, abs=1e-9) and 0.0 <= value <= 1.0
+
+
+@pytest.mark.parametrize("criterion", ["nll", "brier"])
+def test_a_raced_eta_search_picks_the_exhaustive_eta_on_fewer_points(
+    overfit_mlp, moons_data, monkeypatch, criterion
+):
+    monkeypatch.setattr(perturb, "RACE_FIRST", 32)  # 300 scoring points: looks at 32, 64, ...
+    options = {"size": 4, "batch_size": 32, "eta": "search", "criterion": criterion}
+    raced = peg.PEG(**options).fit(overfit_mlp, moons_data["val"])
+    full = peg.PEG(**options, race=0, early_stop=False).fit(overfit_mlp, moons_data["val"])
+    assert raced.eta_ == full.eta_ and raced.search_.keys() == full.search_.keys()
+    n = full.ensemble_.meta["validation_points"]["scoring"]
+    assert set(full.search_points_.values()) == {n} and not full.search_stopped_
+    assert raced.search_stopped_ == [e for e, k in raced.search_points_.items() if k < n]
+    assert sum(raced.search_points_.values()) < n * len(full.search_)  # some settled early
+    best = raced.search_[raced.eta_]
+    assert all(value >= best for value in raced.search_.values())
+    assert raced.ensemble_.meta["search_points"] == {
+        f"{e:.6g}": k for e, k in raced.search_points_.items()
+    }

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import math
 
-from peg.methods._search import select_scale
+import torch
+
+from peg.methods._search import PairedRace, select_scale
+
+GRID = (1e-3, 1e-2, 1e-1, 1.0)
 
 
 def parabola(opt: float):
@@ -80,3 +84,64 @@ def test_a_flat_edge_stops_the_grid_extension():
     assert len(seen) == 5 and math.isclose(best, 1e-4)
     best, seen = select_scale(score, (1e-3, 1e-2, 1e-1, 1.0), refine=True)
     assert len(seen) == 7 and math.isclose(best, 1e-6)
+
+
+def _losses(n: int, opt: float, spread: float, seed: int = 0):
+    """Per-point losses smooth in the scale, as a PEG ensemble's are: a shared spread + a bowl
+    in log(scale) + a per-point slope in log(scale) (zero on average)."""
+    g = torch.Generator().manual_seed(seed)
+    shared, slope = (
+        torch.rand(n, generator=g, dtype=torch.float64) * 2,
+        torch.randn(n, generator=g, dtype=torch.float64),
+    )
+    calls: list[tuple[float, int, int]] = []
+
+    def of(scale: float) -> torch.Tensor:
+        u = math.log(scale) - math.log(opt)
+        return shared + 0.05 * u**2 + spread * u * slope
+
+    def losses(scale: float, start: int, stop: int) -> torch.Tensor:
+        calls.append((scale, start, stop))
+        return of(scale)[start:stop]
+
+    return of, losses, calls
+
+
+def test_a_race_picks_what_scoring_every_point_picks_on_fewer_points():
+    for opt, spread in [(0.03, 0.05), (0.3, 0.2), (2e-3, 0.01)]:
+        of, losses, calls = _losses(5000, opt, spread)
+        race = PairedRace(losses, 5000, z=3.0, first=256)
+        best, seen = select_scale(race, GRID, refine=True, stop_above=True)
+        exhaustive, every = select_scale(lambda s, of=of: float(of(s).mean()), GRID, refine=True)
+        assert best == exhaustive and seen.keys() == every.keys()
+        # far from the optimum one look settles it; next to it, golden-section steps compare
+        # nearly equal scales, which may take every point
+        far = max(GRID, key=lambda s, opt=opt: abs(math.log(s / opt)))
+        assert race.points[far] == 256
+        assert sum(race.points.values()) < 0.8 * 5000 * len(seen)
+        assert len(calls) == len({(s, a) for s, a, _ in calls})  # nothing scored twice
+
+
+def test_a_tied_race_is_settled_on_every_point():
+    same = torch.linspace(0, 1, 300, dtype=torch.float64)
+    race = PairedRace(lambda s, a, b: same[a:b], 300, first=32)
+    first = race(0.1)
+    assert race(0.2) == first and race.points == {0.1: 300, 0.2: 300}
+
+
+def test_a_diverged_scale_loses_and_a_best_that_diverges_later_is_replaced():
+    good = torch.full((100,), 0.5, dtype=torch.float64)
+
+    def losses(scale: float, start: int, stop: int) -> torch.Tensor | None:
+        if scale == 9.0 or (scale == 1.0 and stop > 10):
+            return None  # 9 diverges at once; 1 (the first, best so far) beyond 10 points
+        if scale == 2.0:  # ties with 1 on average: the race goes on past 10 points
+            return (good + 0.1 * torch.tensor([-1.0, 1.0]).repeat(50))[start:stop]
+        return (good * scale)[start:stop]
+
+    race = PairedRace(losses, 100, first=10)
+    assert race(1.0) == 0.5
+    assert race(9.0) == math.inf
+    won = race(2.0)  # needs 1.0 beyond its first 10 points: 1.0 diverges, 2.0 wins
+    assert won < 0.5 and race.scores[1.0] == math.inf
+    assert race(3.0) > won  # and races against 2.0 from now on

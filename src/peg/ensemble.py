@@ -19,6 +19,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
+from torch.utils.flop_counter import FlopCounterMode
 
 from peg._folded import Folded, NotFoldable, fold
 from peg._inputs import Data, check_positive_int, diagnose, iter_inputs, num_batches, to_device
@@ -27,11 +28,16 @@ from peg.output import model_output
 
 Strategy = Literal["auto", "loop", "vmap", "folded", "chunked"]
 STRATEGIES = ("auto", "loop", "vmap", "folded", "chunked")
-# "auto" vectorises batches of at most this many rows, loops over larger ones (measured with
-# benchmarks/inference_strategies.py, one CPU thread: vmap wins at 1-32 rows for an MLP, but
-# for convolutional networks only at 1 row (ResNet-20: 2.5x) and loses from 8-32 rows on)
-AUTO_VMAP_MAX_BATCH = 64
-AUTO_VMAP_MAX_BATCH_CONV = 4
+# "auto" vectorises a batch while one member's forward on it costs at most this many FLOPs
+# (matmuls and convolutions, counted once per architecture on one row), and always at most
+# AUTO_VECTORISE_ROWS_CONV rows with convolutions; larger batches are looped. Measured with
+# benchmarks/inference_strategies.py on one CPU thread, where vectorising stops paying: an MLP
+# 784-256-256 (0.54 MFLOP/row) at ~256 rows, SmallCNN (2 MFLOP/row) between 32 and 64 rows,
+# ResNet-20 (81 MFLOP/row) between 4 and 8; small MLPs (160-1500 FLOP/row) never in 1024 rows.
+AUTO_VECTORISE_FLOPS = 1.4e8
+AUTO_VECTORISE_FLOPS_CONV = 6.4e7
+AUTO_VECTORISE_ROWS_CONV = 4
+_FLOPS: dict[tuple[Any, ...], tuple[int, bool]] = {}  # (architecture, row shape) -> FLOP/row, conv
 _NOT_VMAPPABLE: set[str] = set()  # architectures vmap failed on (this process)
 # (architecture, per-member entries) -> whether folding agreed with functional_call (this process)
 _FOLDS: dict[tuple[str, str, frozenset[str]], bool] = {}
@@ -225,20 +231,39 @@ class Ensemble:
     def _choose(self, x: Tensor, chunk_size: int | None) -> str:
         """The strategy "auto" uses for a batch: a fixed rule, so results never depend on timing.
 
-        Small batches are dominated by Python overhead per member and layer, which vmap removes;
-        large batches are compute-bound, where the loop avoids vmap's M-fold activations.
-        Convolutional networks turn compute-bound at a few rows (`AUTO_VMAP_MAX_BATCH_CONV`),
-        fully connected ones at tens (`AUTO_VMAP_MAX_BATCH`). Vectorising means folding the
-        members into the batch (`peg._folded`) where that agrees with `functional_call`
-        (checked once per architecture), vmap otherwise, or vmap over `chunk_size` members.
-        A model vmap cannot run is remembered and looped.
+        Small batches are dominated by Python overhead per member and layer, which vectorising
+        removes; large ones are compute-bound, where the loop avoids the M-fold activations.
+        Where that turns is measured in FLOPs of one member's forward on the batch
+        (`AUTO_VECTORISE_FLOPS`, lower with convolutions, whose activations are large).
+        Vectorising means folding the members into the batch (`peg._folded`) where that
+        agrees with `functional_call` (checked once per architecture), vmap otherwise, or vmap
+        over `chunk_size` members. A model vmap cannot run is remembered and looped.
         """
         arch = type(self.skeleton).__qualname__
-        if len(self) == 1 or arch in _NOT_VMAPPABLE or len(x) > self._vmap_max_batch:
+        if len(self) == 1 or arch in _NOT_VMAPPABLE or not self._small(x):
             return "loop"
         if chunk_size is not None:
             return "chunked"
         return "folded" if self._folds(x) else "vmap"
+
+    def _small(self, x: Tensor) -> bool:
+        """Whether the batch `x` is small enough to vectorise (see `_choose`)."""
+        key = (*self._fold_key, tuple(x.shape[1:]), x.dtype, x.device.type)
+        if key not in _FLOPS:
+            counter, rows = FlopCounterMode(display=False), x[:2]  # 2: BatchNorm on batch stats
+            try:
+                with counter:
+                    self._member_output(0, rows)
+            except Exception:
+                self._diagnose(x)  # bad inputs: their own clear error
+                raise
+            conv = any(isinstance(m, nn.modules.conv._ConvNd) for m in self.skeleton.modules())
+            _FLOPS[key] = (counter.get_total_flops() // len(rows), conv)
+        per_row, conv = _FLOPS[key]
+        if conv:
+            rows = len(x) <= AUTO_VECTORISE_ROWS_CONV
+            return rows or len(x) * per_row <= AUTO_VECTORISE_FLOPS_CONV
+        return len(x) * per_row <= AUTO_VECTORISE_FLOPS
 
     def _folds(self, x: Tensor) -> bool:
         """Whether folding gives members 0 and M-1 their `functional_call` logits on `x`.
@@ -274,12 +299,6 @@ class Ensemble:
             functional_call(self.skeleton, self.member_state(i), (x,)), "member_logits"
         )
 
-    @functools.cached_property
-    def _vmap_max_batch(self) -> int:
-        """The largest batch "auto" vectorises: smaller for convolutional networks."""
-        conv = any(isinstance(m, nn.modules.conv._ConvNd) for m in self.skeleton.modules())
-        return AUTO_VMAP_MAX_BATCH_CONV if conv else AUTO_VMAP_MAX_BATCH
-
     @torch.no_grad()
     def member_logits(
         self,
@@ -302,10 +321,10 @@ class Ensemble:
                 "folded" runs them as one model whose batch holds every member's rows
                 (`peg._folded`: Linear, Conv, BatchNorm/LayerNorm/GroupNorm layers; fastest at
                 small batches); "chunked" vectorises (vmap) over `chunk_size` members at a
-                time, bounding memory; "auto" (default) vectorises batches of at most
-                `AUTO_VMAP_MAX_BATCH` rows (folded where it agrees with `functional_call`,
-                else vmap) and loops over larger ones (see `_choose`; a model vmap cannot run
-                is looped).
+                time, bounding memory; "auto" (default) vectorises batches whose forward
+                costs at most `AUTO_VECTORISE_FLOPS` per member (folded where it agrees with
+                `functional_call`, else vmap) and loops over larger ones (see `_choose`; a
+                model vmap cannot run is looped).
             progress: show a progress bar (None: only on a terminal).
             chunk_size: members per vectorised call for "chunked" (and for "auto").
         """

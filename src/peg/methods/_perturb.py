@@ -42,8 +42,9 @@ from peg._inputs import (
 )
 from peg._progress import counter
 from peg.ensemble import STRATEGIES, Ensemble, Strategy, model_output
-from peg.methods._search import select_scale
+from peg.methods._search import PairedRace, select_scale
 from peg.methods.base import FittedEnsemble, NotFittedError
+from peg.metrics._inputs import pred_and_labels
 from peg.recipe import (
     FINGERPRINT_SEED,
     RECIPE_VERSION,
@@ -82,6 +83,25 @@ def mixture_nll(outputs: Tensor, y: Tensor) -> float:
 
 # criteria that are means of non-negative per-point losses (scored batch by batch, early stop)
 PER_POINT = ("nll", "brier")
+RACE_FIRST = 1024  # scoring points of a race's first look (`PairedRace`), doubling after
+
+
+def _point_nll(logits: Tensor, y: Tensor) -> Tensor:
+    """Per-point NLL `[N]` of the ensemble of member logits `[M, N, C]` (mean: `metrics.nll`)."""
+    log_p, y = pred_and_labels(logits, y)
+    return -log_p.gather(1, y[:, None]).squeeze(1)
+
+
+def _point_brier(logits: Tensor, y: Tensor) -> Tensor:
+    """Per-point Brier score `[N]` (mean: `metrics.brier`)."""
+    p, y = pred_and_labels(logits, y, log=False)
+    return (p - torch.nn.functional.one_hot(y, p.shape[1]).to(p.dtype)).pow(2).sum(-1)
+
+
+POINT_LOSSES: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    "nll": _point_nll,
+    "brier": _point_brier,
+}
 REGRESSION_CRITERIA: dict[str, Callable[[Tensor, Tensor], float]] = {"nll": mixture_nll}
 
 
@@ -239,8 +259,10 @@ class PerturbationEnsemble(FittedEnsemble):
         early_stop: bool = True,
         search_tol: float = 1e-4,
         lazy: bool = False,
+        race: float = 3.0,
     ) -> None:
         self.size = check_positive_int(size, "size")
+        self.race = check_number(race, "race", allow_zero=True)
         if not isinstance(lazy, bool):
             raise TypeError(f"lazy: expected True or False, got {lazy!r}")
         self.lazy = lazy
@@ -390,9 +412,12 @@ class PerturbationEnsemble(FittedEnsemble):
                 member; required when bn="refresh", ignored otherwise.
 
         Returns:
-            self, with `ensemble_` (the `Ensemble`), `<scale>_` (the scale used) and
-            `search_` ({scale: criterion} for every scale evaluated; for the scales listed in
-            `search_stopped_`, whose scoring stopped early, a lower bound above the best).
+            self, with `ensemble_` (the `Ensemble`), `<scale>_` (the scale used),
+            `search_` ({scale: criterion} for every scale evaluated), `search_points_`
+            ({scale: scoring points it was scored on}) and `search_stopped_` (the scales scored
+            on fewer than all). A raced scale's value is the incumbent's + the mean paired
+            difference on the points raced (an estimate that ranks as the race decided);
+            with `race=0` a stopped scale's value is a lower bound above the best.
             A lazy ensemble keeps no `ensemble_` (nor `directions_`): see `lazy`.
         """
         models = base_models(model)
@@ -463,15 +488,22 @@ class PerturbationEnsemble(FittedEnsemble):
 
             name = f"{self.method} {self.scale_name} search"
             with counter(name, self.progress) as shown:
-                # a mean of non-negative per-point losses is scored batch by batch, and can stop
-                # once its partial sum / N exceeds the best score so far (`_search`)
+                # a mean of non-negative per-point losses is raced (`PairedRace`), or scored
+                # batch by batch and stopped once its partial sum / N exceeds the best so far
                 per_point = self.criterion in PER_POINT and not is_regression(y)
-                stopped: list[float] = []
+                points: dict[float, int] = {}  # scale → points scored
+                race: PairedRace | None = None
+
+                def show(scale: float, value: float) -> float:
+                    shown.update(1)
+                    shown.set_postfix_str(f"{self.scale_name}={scale:.3g} score={value:.4g}")
+                    return value
 
                 def score(scale: float, stop_above: float = math.inf) -> float:
                     ensemble = build(scale)
                     batches = Xs.split(self.eval_batch_size) if per_point else [Xs]
                     total, start = 0.0, 0  # per point: the sum of the losses seen so far
+                    points[scale] = len(Xs)
                     for x in batches:
                         logits = ensemble.member_logits(x, self.eval_batch_size, progress=False)
                         if not torch.isfinite(logits).all():
@@ -484,22 +516,46 @@ class PerturbationEnsemble(FittedEnsemble):
                         start += len(x)
                         value = total / len(Xs)  # until the last batch, a lower bound
                         if value > stop_above and start < len(Xs):
-                            stopped.append(scale)  # above the best: it cannot win
+                            points[scale] = start  # above the best: it cannot win
                             break
-                    shown.update(1)
-                    shown.set_postfix_str(f"{self.scale_name}={scale:.3g} score={value:.4g}")
-                    return value
+                    return show(scale, value)
+
+                if per_point and self.race > 0:
+                    point_loss = POINT_LOSSES[str(self.criterion)]
+                    built: dict[float, Ensemble] = {}  # the two scales racing, built once each
+
+                    def losses(scale: float, start: int, stop: int) -> Tensor | None:
+                        if scale in built:
+                            built[scale] = built.pop(scale)  # the most recently used last
+                        else:
+                            while len(built) > 1:
+                                del built[next(iter(built))]
+                            built[scale] = build(scale)
+                        logits = built[scale].member_logits(
+                            Xs[start:stop], self.eval_batch_size, progress=False
+                        )
+                        if not torch.isfinite(logits).all():
+                            return None
+                        return point_loss(logits, ys[start:stop])
+
+                    race = PairedRace(losses, len(Xs), self.race, RACE_FIRST)
+
+                    def raced(scale: float, stop_above: float = math.inf) -> float:
+                        return show(scale, race(scale))
 
                 best, self.search_ = select_scale(
-                    score,
+                    raced if race is not None else score,
                     grid,
                     refine=self.scale == "search",
                     stop_above=self.early_stop,
                     tol=self.search_tol,
                 )
-                self.search_stopped_ = sorted(stopped)
+                points = race.points if race is not None else points
+                self.search_points_ = {s: points.get(s, 0) for s in self.search_}
+                self.search_stopped_ = [s for s, n in self.search_points_.items() if n < len(Xs)]
         else:
             best, self.search_, self.search_stopped_ = float(self.scale), {}, []
+            self.search_points_ = {}
         setattr(self, f"{self.scale_name}_", best)
         self._data_fingerprint = data_fingerprint(X, y)
         self._data_points = len(X)
@@ -549,6 +605,7 @@ class PerturbationEnsemble(FittedEnsemble):
                 f"{k:.6g}": v for k, v in self.search_.items() if math.isfinite(v)
             },
             "search_stopped_early": [f"{k:.6g}" for k in self.search_stopped_],
+            "search_points": {f"{k:.6g}": n for k, n in self.search_points_.items()},
             **self._hyperparameters(),
         }
 
@@ -719,6 +776,7 @@ class PerturbationEnsemble(FittedEnsemble):
             "max_score_points": self.max_score_points,
             "on_nonfinite": self.on_nonfinite,
             "early_stop": self.early_stop,
+            "race": self.race,
             "search_tol": self.search_tol,
         }
 

@@ -117,10 +117,19 @@ class PEG(PerturbationEnsemble):
             points (None: all of them); the gradient steps still use the whole gradient part.
         on_nonfinite: a member whose loss or gradient is NaN/inf: "raise" (default,
             NonFiniteError naming it) or "drop" (left out; its index in `dropped_`).
-        early_stop: with criterion "nll" or "brier" (means of non-negative per-point losses),
-            stop scoring an η as soon as its partial sum over the scoring points already
-            exceeds the best score so far; exact: the chosen η is the one an exhaustive search
-            picks (`peg.methods._search`), only cheaper. False scores every η on every point.
+        race: with criterion "nll" or "brier" (means of per-point losses), score each new η
+            against the best so far on the same points, a growing prefix of them (1024, then
+            doubling), and stop once the mean paired difference is more than `race` standard
+            errors from 0 (`peg.methods._search.PairedRace`): most comparisons are settled on
+            a fraction of the points, and the choice is the one scoring every point would make
+            unless a comparison is settled wrongly by chance (at the default z = 3, < 0.14% per
+            look when the two η tie, less otherwise; the PEG-creation benchmark checks it).
+            0 turns racing off: every η is scored on every point, with `early_stop`.
+        early_stop: with `race=0` and criterion "nll" or "brier" (means of non-negative
+            per-point losses), stop scoring an η as soon as its partial sum over the scoring
+            points already exceeds the best score so far; exact: the chosen η is the one an
+            exhaustive search picks (`peg.methods._search`), only cheaper. False (with
+            `race=0`) scores every η on every point.
         search_tol: when the best η lies on an edge of the grid, the grid is extended (at most
             3 steps) only while a step improves the criterion by more than this (default 1e-4:
             a flat curve, e.g. a well-calibrated base whose score keeps falling by 1e-5 nats
@@ -165,6 +174,7 @@ class PEG(PerturbationEnsemble):
         early_stop: bool = True,
         search_tol: float = 1e-4,
         lazy: bool = False,
+        race: float = 3.0,
     ) -> None:
         super().__init__(
             size,
@@ -181,6 +191,7 @@ class PEG(PerturbationEnsemble):
             early_stop,
             search_tol,
             lazy,
+            race,
         )
         self.batch_size = check_positive_int(batch_size, "batch_size")
         if variant not in ("vanilla", "unbiased"):

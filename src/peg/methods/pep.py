@@ -46,8 +46,11 @@ class PEP(PerturbationEnsemble):
         max_score_points: score σ on a seeded random subset of at most this many validation
             points (None: all of them).
         on_nonfinite: "raise" (default) or "drop" members whose weights are NaN/inf.
-        early_stop: stop scoring a σ once it cannot beat the best so far (criterion "nll" or
-            "brier"; exact, see `PEG`); False scores every σ on every point.
+        race: settle each comparison of a new σ with the best so far on part of the scoring
+            points once the answer is clear (z threshold; criterion "nll" or "brier"; see
+            `PEG`); 0 scores every σ on every point, with `early_stop`.
+        early_stop: with `race=0`, stop scoring a σ once it cannot beat the best so far
+            (criterion "nll" or "brier"; exact, see `PEG`); False scores every σ on every point.
         search_tol: extend the grid past its edge only while that gains more than this (see
             `PEG`).
         lazy: keep no members after `fit`, only the base weights, σ and the seed: each predict
@@ -78,6 +81,7 @@ class PEP(PerturbationEnsemble):
         early_stop: bool = True,
         search_tol: float = 1e-4,
         lazy: bool = False,
+        race: float = 3.0,
     ) -> None:
         if bn not in ("eval", "refresh"):
             raise ValueError(f"bn: expected 'eval' or 'refresh' for PEP, got {bn!r}")
@@ -96,6 +100,7 @@ class PEP(PerturbationEnsemble):
             early_stop,
             search_tol,
             lazy,
+            race,
         )
         lo, hi = bracket
         if not (0 < lo < hi and math.isfinite(hi)):
