@@ -25,17 +25,21 @@ from peg.ensemble import Ensemble
 from peg.models import RegressionMLP, build
 
 
-def _time(run: Callable[[], object], repeats: int, budget: float = 0.3) -> float:
-    """Median seconds of `run()`: at least `repeats` calls, more for fast ones (~`budget` s)."""
-    start = time.perf_counter()
-    run()  # warm-up
-    first = time.perf_counter() - start
-    samples = []
-    for _ in range(max(repeats, min(200, int(budget / max(first, 1e-6))))):
+def _time(runs: dict[str, Callable[[], object]], repeats: int, budget: float = 1.0) -> dict:
+    """Median seconds of each `run()`, timed in turn (round robin: a slow spell of the machine
+    touches every run alike): at least `repeats` rounds, more for fast ones (~`budget` s)."""
+    first = 0.0
+    for run in runs.values():  # warm-up
         start = time.perf_counter()
         run()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+        first += time.perf_counter() - start
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(max(repeats, min(200, int(budget / max(first, 1e-6))))):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def _ensemble(model: nn.Module, members: int) -> Ensemble:
@@ -68,7 +72,8 @@ def main() -> None:
     ]
     if args.quick:
         cases = cases[:4]
-    print(f"machine: {machine()}; {args.members} members; median of {repeats}")
+    print(f"machine: {machine()}; {args.members} members; median of >= {repeats} rounds, "
+          "every strategy timed in turn")  # fmt: skip
     print("ms per call; plain = a Python loop over S separate nn.Modules; loop = the ensemble's "
           "loop (functional_call); auto/(S·1) = auto ÷ (S × one member's forward)")  # fmt: skip
     print(f"{'model':12} {'batch':>5} {'1 member':>8} {'plain':>7} {'loop':>7} {'vmap':>7} "
@@ -85,15 +90,18 @@ def main() -> None:
 def _row(name: str, model: nn.Module, ens: Ensemble, x: torch.Tensor, repeats: int) -> None:
     """Time one model at one batch size with every strategy and print the ratios."""
     batch, S = len(x), len(ens)
-    one = _time(lambda: model(x), repeats)  # the physical limit: a plain forward of one member
     modules = [ens.member_model(i) for i in range(S)]
-    t = {"plain": _time(lambda: [m(x) for m in modules], repeats)}  # S separate nn.Modules
     strategies = (("loop", None), ("vmap", None), ("folded", None), ("chunked", 5), ("auto", None))
+    runs: dict[str, Callable[[], object]] = {
+        "one": lambda: model(x),  # the physical limit: a plain forward of one member
+        "plain": lambda: [m(x) for m in modules],  # S separate nn.Modules
+    }
     for strategy, chunk in strategies:
-        t[strategy] = _time(
-            lambda s=strategy, c=chunk: ens.member_logits(x, batch, strategy=s, chunk_size=c),
-            repeats,
+        runs[strategy] = lambda s=strategy, c=chunk: ens.member_logits(
+            x, batch, strategy=s, chunk_size=c
         )
+    t = _time(runs, repeats)
+    one = t["one"]
     best = min(t[s] for s, _ in strategies)
     cells = " ".join(f"{t[k] * 1e3:7.1f}" for k in ("plain", *(s for s, _ in strategies)))
     print(

@@ -39,6 +39,7 @@ from peg.methods.temperature import TemperatureScaling, member_logits_of
 T = TypeVar("T")
 TIMEOUT_ENV = "PEG_DIST_TIMEOUT"
 DEFAULT_TIMEOUT = 7200.0  # seconds a rank waits for the others in one collective
+_state = {"owned": False, "left": False}  # whether `init` created the group, and it was left
 
 __all__ = ["RankFailure", "guarded", "init", "member_logits", "shutdown", "world"]
 
@@ -66,8 +67,8 @@ def init(backend: str = "gloo", timeout: float | None = None) -> bool:
 
     Idempotent: a group already initialised (by this function or by the caller, e.g. with
     "nccl") is used as it is. Without torchrun's variables (WORLD_SIZE unset or 1) nothing is
-    initialised and the answer is False. A group this function creates is destroyed at exit
-    (`shutdown`), which a caller may also do earlier.
+    initialised and the answer is False. A group this function creates is left (`shutdown`)
+    after a `RankFailure` or at exit, and not joined again in the same process.
 
     Args:
         backend: "gloo" (CPU, works everywhere) or "nccl" (GPUs; set the device first).
@@ -80,8 +81,14 @@ def init(backend: str = "gloo", timeout: float | None = None) -> bool:
         return dist.get_world_size() > 1
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return False
+    if _state["left"]:
+        raise RuntimeError(
+            "peg.distributed: this process left its group (after a RankFailure, or shutdown()); "
+            "a group is joined once per run: start a new torchrun"
+        )
     seconds = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT)) if timeout is None else timeout
     dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=seconds))
+    _state["owned"] = True
     # a gloo group still alive at interpreter exit can abort the process (SIGABRT, "terminate
     # called without an active exception") when its threads are torn down with the interpreter
     atexit.register(shutdown)
@@ -89,9 +96,10 @@ def init(backend: str = "gloo", timeout: float | None = None) -> bool:
 
 
 def shutdown() -> None:
-    """Leave the process group (a no-op without one); `init` arranges it at exit for its group."""
-    if dist.is_available() and dist.is_initialized():
+    """Leave the group `init` created (a no-op otherwise): at exit, or after a `RankFailure`."""
+    if _state["owned"] and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+        _state["owned"], _state["left"] = False, True
 
 
 def world() -> tuple[int, int]:
@@ -123,6 +131,7 @@ def guarded(fn: Callable[[], T], what: str = "") -> list[T]:
     dist.all_gather_object(gathered, outcome)
     failures = {r: message for r, (message, _) in enumerate(gathered) if message is not None}
     if failures:
+        shutdown()  # every rank is here, none will use the group again: leave it together
         raise RankFailure(failures, size) from error
     return [value for _, value in gathered]
 
