@@ -29,13 +29,12 @@ from peg.output import model_output
 Strategy = Literal["auto", "loop", "vmap", "folded", "chunked"]
 STRATEGIES = ("auto", "loop", "vmap", "folded", "chunked")
 # "auto" vectorises a batch while one member's forward on it costs at most this many FLOPs
-# (matmuls and convolutions, counted once per architecture on one row), and always at most
+# (matmuls and convolutions, counted once per architecture and input shape), and always up to
 # AUTO_VECTORISE_ROWS_CONV rows with convolutions; larger batches are looped. Measured with
 # benchmarks/inference_strategies.py on one CPU thread, where vectorising stops paying: an MLP
-# 784-256-256 (0.54 MFLOP/row) at ~256 rows, SmallCNN (2 MFLOP/row) between 32 and 64 rows,
-# ResNet-20 (81 MFLOP/row) between 4 and 8; small MLPs (160-1500 FLOP/row) never in 1024 rows.
-AUTO_VECTORISE_FLOPS = 1.4e8
-AUTO_VECTORISE_FLOPS_CONV = 6.4e7
+# 784-256-256 (0.54 MFLOP/row) at ~64 rows, SmallCNN (2 MFLOP/row) between 32 and 64 rows,
+# ResNet-20 (81 MFLOP/row) between 4 and 8; small MLPs (160-1500 FLOP/row) not in 1024 rows.
+AUTO_VECTORISE_FLOPS = 6.4e7
 AUTO_VECTORISE_ROWS_CONV = 4
 _FLOPS: dict[tuple[Any, ...], tuple[int, bool]] = {}  # (architecture, row shape) -> FLOP/row, conv
 _NOT_VMAPPABLE: set[str] = set()  # architectures vmap failed on (this process)
@@ -234,7 +233,8 @@ class Ensemble:
         Small batches are dominated by Python overhead per member and layer, which vectorising
         removes; large ones are compute-bound, where the loop avoids the M-fold activations.
         Where that turns is measured in FLOPs of one member's forward on the batch
-        (`AUTO_VECTORISE_FLOPS`, lower with convolutions, whose activations are large).
+        (`AUTO_VECTORISE_FLOPS`; with convolutions, a few rows are vectorised whatever their
+        cost, `AUTO_VECTORISE_ROWS_CONV`).
         Vectorising means folding the members into the batch (`peg._folded`) where that
         agrees with `functional_call` (checked once per architecture), vmap otherwise, or vmap
         over `chunk_size` members. A model vmap cannot run is remembered and looped.
@@ -260,9 +260,8 @@ class Ensemble:
             conv = any(isinstance(m, nn.modules.conv._ConvNd) for m in self.skeleton.modules())
             _FLOPS[key] = (counter.get_total_flops() // len(rows), conv)
         per_row, conv = _FLOPS[key]
-        if conv:
-            rows = len(x) <= AUTO_VECTORISE_ROWS_CONV
-            return rows or len(x) * per_row <= AUTO_VECTORISE_FLOPS_CONV
+        if conv and len(x) <= AUTO_VECTORISE_ROWS_CONV:
+            return True
         return len(x) * per_row <= AUTO_VECTORISE_FLOPS
 
     def _folds(self, x: Tensor) -> bool:
