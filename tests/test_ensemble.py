@@ -156,3 +156,19 @@ def test_strategy_arguments_are_checked(bn_net):
         ens.member_logits(torch.zeros(3, 2), strategy="chunked")
     with pytest.raises(ValueError, match="chunk_size"):
         ens.member_logits(torch.zeros(3, 2), strategy="chunked", chunk_size=0)
+
+
+def test_the_loop_runs_member_modules_that_share_the_stacked_storage(bn_net):
+    ens = peg.Ensemble.from_models(members(bn_net, 3))
+    X = torch.randn(9, 2)
+    functional = torch.stack([ens._member_output(i, X) for i in range(len(ens))])
+    assert torch.equal(ens.member_logits(X, strategy="loop"), functional)
+    storages = {
+        t.untyped_storage().data_ptr() for t in [*ens.stacked.values(), *ens.shared.values()]
+    }
+    modules = ens._member_modules()
+    assert modules is not None and len(modules) == 3
+    for m in modules:
+        assert all(t.untyped_storage().data_ptr() in storages for t in m.state_dict().values())
+    ens.to("cpu")  # new storage dictionaries: the modules are rebuilt on them
+    assert ens._member_modules() is not modules

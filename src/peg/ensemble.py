@@ -192,6 +192,24 @@ class Ensemble:
             self._fold_cache = cached
         return cached[2]
 
+    def _member_modules(self) -> list[nn.Module] | None:
+        """One module per member, its tensors views of the stacked ones (nothing copied but the
+        module structure), built once per storage: the loop without `functional_call`'s
+        per-call swapping of every tensor. None where a module refuses its tensors."""
+        cached = self.__dict__.get("_modules_cache")
+        if cached is None or cached[0] is not self.stacked or cached[1] is not self.shared:
+            own = [*self.skeleton.parameters(), *self.skeleton.buffers()]
+            modules: list[nn.Module] | None = []
+            try:
+                for i in range(len(self)):
+                    module = copy.deepcopy(self.skeleton, memo={id(t): t for t in own})
+                    module.load_state_dict(self.member_state(i), assign=True)
+                    modules.append(module)
+            except Exception:  # e.g. a module whose state dict hooks reject views
+                modules = None
+            cached = self._modules_cache = (self.stacked, self.shared, modules)
+        return cached[2]
+
     def _batch_logits(self, x: Tensor, strategy: str, chunk_size: int | None) -> Tensor:
         """Logits `[M, B, C]` of every member on one batch with a concrete strategy."""
         if strategy == "folded":
@@ -209,7 +227,10 @@ class Ensemble:
                 return out.expand(len(self), *out.shape)
             return out.view(len(self), len(x), *out.shape[1:])
         if strategy == "loop":
-            return torch.stack([self._member_output(i, x) for i in range(len(self))])
+            modules = self._member_modules()
+            if modules is None:
+                return torch.stack([self._member_output(i, x) for i in range(len(self))])
+            return torch.stack([model_output(m(x), "member_logits") for m in modules])
 
         def one(stacked: dict[str, Tensor], x: Tensor) -> Tensor:
             out = functional_call(self.skeleton, {**self.shared, **stacked}, (x,))
