@@ -75,7 +75,8 @@ def main() -> None:
     print(f"machine: {machine()}; {args.members} members; median of >= {repeats} rounds, "
           "every strategy timed in turn")  # fmt: skip
     print("ms per call; plain = a Python loop over S separate nn.Modules; loop = the ensemble's "
-          "loop (functional_call); auto/(S·1) = auto ÷ (S × one member's forward)")  # fmt: skip
+          "loop (member modules on views of the stacked weights); folded = members folded into "
+          "the batch; auto/(S·1) = auto ÷ (S × one member's forward)")  # fmt: skip
     print(f"{'model':12} {'batch':>5} {'1 member':>8} {'plain':>7} {'loop':>7} {'vmap':>7} "
           f"{'folded':>7} {'chunk 5':>7} {'auto':>7} {'auto/(S·1)':>10} "
           f"{'plain/best':>10}")  # fmt: skip
