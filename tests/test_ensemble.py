@@ -172,3 +172,25 @@ def test_the_loop_runs_member_modules_that_share_the_stacked_storage(bn_net):
         assert all(t.untyped_storage().data_ptr() in storages for t in m.state_dict().values())
     ens.to("cpu")  # new storage dictionaries: the modules are rebuilt on them
     assert ens._member_modules() is not modules
+
+
+@pytest.mark.parametrize("autocast", ["bf16", torch.bfloat16, "fp16"])
+@pytest.mark.parametrize("strategy", ["loop", "folded", "vmap"])
+def test_autocast_runs_the_forward_in_low_precision_and_returns_float32(autocast, strategy):
+    torch.manual_seed(7)
+    models = [nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 5)) for _ in range(3)]
+    ens = peg.Ensemble.from_models(models)
+    X = torch.randn(40, 20)
+    full = ens.member_logits(X, strategy=strategy)
+    low = ens.member_logits(X, strategy=strategy, autocast=autocast)
+    assert low.dtype == torch.float32 and low.shape == full.shape
+    assert not torch.equal(low, full)  # the forward really ran at the lower precision
+    torch.testing.assert_close(low, full, rtol=0.05, atol=0.05)
+
+
+def test_autocast_values_are_checked(bn_net):
+    ens = peg.Ensemble.from_models(members(bn_net, 2))
+    with pytest.raises(ValueError, match="autocast: expected None, 'bf16', 'fp16'"):
+        ens.member_logits(torch.zeros(3, 2), autocast="int8")
+    with pytest.raises(ValueError, match="autocast"):
+        ens.member_logits(torch.zeros(3, 2), autocast=torch.float64)

@@ -733,6 +733,15 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
     ),
     (
         "Ensemble",
+        "unknown autocast precision",
+        lambda: peg.Ensemble.from_models([_mlp()]).member_logits(
+            torch.zeros(2, 2), autocast="int8"
+        ),
+        ValueError,
+        "autocast: expected None, 'bf16', 'fp16'",
+    ),
+    (
+        "Ensemble",
         "batch_size < 1",
         lambda: peg.Ensemble.from_models([_mlp()]).member_logits(torch.zeros(2, 2), batch_size=0),
         ValueError,

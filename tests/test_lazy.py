@@ -227,3 +227,14 @@ def test_lazy_argument_checks(overfit_mlp, moons_data):
         lazy.member_logits(X, chunk_size=0)
     with pytest.raises(ValueError, match="no inputs"):
         lazy.member_logits(DataLoader(TensorDataset(X[:0]), batch_size=4))
+
+
+def test_lazy_prediction_takes_autocast(moons_data):
+    X, _ = moons_data["val"]
+    lazy = peg.PEG(size=3, batch_size=16, eta=0.05, lazy=True, progress=False)
+    lazy.fit(mlp(0).eval(), moons_data["val"])
+    low = lazy.member_logits(X, autocast="bf16")
+    assert low.dtype == torch.float32
+    torch.testing.assert_close(low, lazy.member_logits(X), rtol=0.05, atol=0.05)
+    with pytest.raises(ValueError, match="autocast"):
+        lazy.member_logits(X, autocast="fp8")

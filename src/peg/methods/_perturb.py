@@ -41,7 +41,7 @@ from peg._inputs import (
     weights_device,
 )
 from peg._progress import counter
-from peg.ensemble import STRATEGIES, Ensemble, Strategy, model_output
+from peg.ensemble import STRATEGIES, Ensemble, Strategy, autocast_dtype, model_output
 from peg.methods._search import PairedRace, select_scale
 from peg.methods.base import FittedEnsemble, NotFittedError
 from peg.metrics._inputs import pred_and_labels
@@ -715,6 +715,7 @@ class PerturbationEnsemble(FittedEnsemble):
         strategy: Strategy = "auto",
         progress: bool | None = None,
         chunk_size: int | None = None,
+        autocast: str | torch.dtype | None = None,
     ) -> Tensor:
         """Logits of every member, `[M, N, C]` (M = S·R less `dropped_`, base-major).
 
@@ -726,8 +727,9 @@ class PerturbationEnsemble(FittedEnsemble):
         """
         if not self.lazy:
             return self.ensemble().member_logits(
-                X, batch_size, strategy=strategy, progress=progress, chunk_size=chunk_size
+                X, batch_size, strategy, progress, chunk_size, autocast
             )
+        autocast_dtype(autocast)  # checked before any member is built
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy: expected one of {STRATEGIES}, got {strategy!r}")
         batch_size = check_positive_int(batch_size, "batch_size")
@@ -748,9 +750,7 @@ class PerturbationEnsemble(FittedEnsemble):
             shown.update(len(members))
             ensemble = self._chunk_ensemble(r, D, scale)
             del D
-            logits = ensemble.member_logits(
-                X, batch_size, strategy=strategy, progress=False, chunk_size=len(members)
-            )
+            logits = ensemble.member_logits(X, batch_size, strategy, False, len(members), autocast)
             del ensemble
             if out is None:
                 out = logits.new_empty((M, *logits.shape[1:]))
