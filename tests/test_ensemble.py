@@ -194,3 +194,13 @@ def test_autocast_values_are_checked(bn_net):
         ens.member_logits(torch.zeros(3, 2), autocast="int8")
     with pytest.raises(ValueError, match="autocast"):
         ens.member_logits(torch.zeros(3, 2), autocast=torch.float64)
+
+
+def test_module_predictors_take_autocast_too():
+    torch.manual_seed(8)
+    net = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 5))
+    X = torch.randn(30, 20)
+    full = peg.MCDropout(samples=4, seed=0).fit(net).member_logits(X)
+    low = peg.MCDropout(samples=4, seed=0).fit(net).member_logits(X, autocast="bf16")
+    assert low.dtype == torch.float32 and not torch.equal(low, full)
+    torch.testing.assert_close(low, full, rtol=0.05, atol=0.05)

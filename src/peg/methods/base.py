@@ -17,7 +17,7 @@ from peg._inputs import (
     to_device,
 )
 from peg._progress import bar
-from peg.ensemble import Ensemble
+from peg.ensemble import Ensemble, autocast_dtype
 
 
 class NotFittedError(RuntimeError):
@@ -97,7 +97,12 @@ class ModulePredictor:
 
     @torch.no_grad()
     def member_logits(
-        self, X: Data, batch_size: int | None = None, progress: bool | None = None, **_: Any
+        self,
+        X: Data,
+        batch_size: int | None = None,
+        progress: bool | None = None,
+        autocast: str | torch.dtype | None = None,
+        **_: Any,
     ) -> Tensor:
         """Logits of every member, `[M, N, C]`.
 
@@ -105,7 +110,10 @@ class ModulePredictor:
             X: inputs `[N, ...]`, an (X, y) tuple, or a Dataset/DataLoader of `x` or `(x, y)`.
             batch_size: rows per forward pass for tensors (default: the constructor's).
             progress: progress bar over batches (default: the constructor's).
+            autocast: "bf16" / "fp16": forwards under `torch.autocast`, float32 logits back
+                (see `Ensemble.member_logits`).
         """
+        amp = autocast_dtype(autocast)
         self._check_fitted()
         size = (
             self.batch_size if batch_size is None else check_positive_int(batch_size, "batch_size")
@@ -122,7 +130,11 @@ class ModulePredictor:
         for j, x in enumerate(batches):
             x = to_device(x, device, "X")
             try:
-                chunks.append(self._batch_logits(x, j))
+                if amp is None:
+                    chunks.append(self._batch_logits(x, j))
+                else:
+                    with torch.autocast(device.type, dtype=amp):
+                        chunks.append(self._batch_logits(x, j).float())
             except Exception:
                 self._probe(x)  # the inputs or the model's output at fault: a clear error
                 raise
