@@ -1,7 +1,8 @@
 """`peg.distributed` on CPU: 2 processes over gloo give what one process gives, bit for bit.
 
-(a) `member_logits` shards members (Ensemble) or batches (nn.Module) and equals the single-process
-tensor; (b) `torchrun ... peg bench SPEC.yaml` with 2 ranks writes the results of one process;
+(a) `member_logits` shards batches and equals the single-process tensor, and the kernels the
+ranks ran had the shapes one process ran (so the equality holds by construction, on any CPU);
+(b) `torchrun ... peg bench SPEC.yaml` with 2 ranks writes the results of one process;
 (c) a rank raising part-way stops every rank with an error naming it, and no results are written.
 The ranks are real child processes (one torch thread each): (a) and (c) run in one pair launched
 by hand with torchrun's environment variables, (b) through the torchrun launcher itself.
@@ -14,12 +15,14 @@ import os
 import socket
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import peg
 from peg import distributed, models
@@ -68,6 +71,39 @@ SPEC = {
 }
 
 
+# Kernels whose result bits can depend on the shapes they run on (the CPU picks the blocking or
+# the oneDNN implementation by shape and instruction set).
+SHAPED_KERNELS = {
+    "convolution", "addmm", "mm", "bmm", "baddbmm", "matmul", "linear", "sum", "mean",
+    "_softmax", "_log_softmax", "native_batch_norm", "_native_batch_norm_legit_no_training",
+    "native_layer_norm", "native_group_norm",
+}  # fmt: skip
+
+
+class KernelTrace(TorchDispatchMode):
+    """Counts `(kernel, argument shapes and options)` of every shape-sensitive aten call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in SHAPED_KERNELS:
+            described = [tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args]
+            self.calls[repr((name, described))] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def traced(compute) -> tuple[torch.Tensor, Counter[str]]:
+    """`compute()` and the shaped kernels it ran, after one untraced call that fills the
+    per-architecture caches of `auto` (FLOP count, folding check) as any first call does."""
+    compute()
+    with KernelTrace() as trace:
+        out = compute()
+    return out, trace.calls
+
+
 def cnn(seed: int) -> torch.nn.Module:
     """A small CNN whose members vmap and a loop predict a few ulps apart."""
     torch.manual_seed(seed)
@@ -93,8 +129,9 @@ def predictors() -> dict[str, tuple[object, torch.Tensor]]:
     }
 
 
-# Rank RANK of 2: (a) writes its distributed member logits, then (c) runs a bench in which rank 1
-# fails while building PEG-4 for seed 1 (in the first round; SWA would come in the second).
+# Rank RANK of 2: (a) writes its distributed member logits and the kernels they ran, then (c)
+# runs a bench in which rank 1 fails while building PEG-4 for seed 1 (in the first round; SWA
+# would come in the second).
 WORKER = r"""
 import json, os, sys
 import torch
@@ -105,13 +142,16 @@ from safetensors.torch import save_file
 from peg import distributed
 from peg.bench import runner
 from peg.bench.spec import parse_spec
-from test_distributed import BATCH, predictors
+from test_distributed import BATCH, predictors, traced
 
 out = Path(sys.argv[2])
 rank, size = distributed.world()
 assert size == 2, size
-logits = {name: distributed.member_logits(p, X, BATCH) for name, (p, X) in predictors().items()}
+logits, kernels = {}, {}
+for name, (p, X) in predictors().items():
+    logits[name], kernels[name] = traced(lambda: distributed.member_logits(p, X, BATCH))
 save_file(logits, str(out / f"logits-{rank}.safetensors"))
+(out / f"kernels-{rank}.json").write_text(json.dumps(kernels))
 
 build = runner.SeedRun.build
 def failing(self, method):
@@ -172,7 +212,11 @@ def test_an_ensemble_subset_predicts_its_members():
     ensemble, X = predictors()["ensemble-5"]
     part = ensemble.subset([4, 1])
     assert len(part) == 2 and part.meta == ensemble.meta
-    assert torch.equal(part.member_logits(X, BATCH), ensemble.member_logits(X, BATCH)[[4, 1]])
+    assert torch.equal(part.stacked["0.weight"], ensemble.stacked["0.weight"][[4, 1]])
+    # 2 members folded together vs 5: other kernel shapes, equal only to rounding on some CPUs
+    torch.testing.assert_close(
+        part.member_logits(X, BATCH), ensemble.member_logits(X, BATCH)[[4, 1]], rtol=1e-5, atol=1e-6
+    )
     with pytest.raises(IndexError, match="indices"):
         ensemble.subset([5])
     with pytest.raises(ValueError, match="indices"):
@@ -189,6 +233,36 @@ def test_member_logits_on_two_ranks_equal_one_process_bit_for_bit(launched):
         assert set(got) == set(named)
         for name, (predictor, X) in named.items():
             assert torch.equal(got[name], member_logits_of(predictor, X, BATCH)), (rank, name)
+
+
+def test_ranks_run_the_kernel_shapes_one_process_runs(launched):
+    """Bit-identity by construction: no rank ran a shape-sensitive kernel on shapes (or with
+    options, e.g. convolution groups) that one process does not run, and together they ran
+    everything one process runs; so no CPU can make them differ. Sharding by members fails this
+    anywhere: a member folded alone is a convolution with `out` channels and groups=1, the pair
+    one with 2·out channels and groups=2."""
+    out, _ = launched
+    ranks = [json.loads((out / f"kernels-{rank}.json").read_text()) for rank in (0, 1)]
+    for name, (predictor, X) in predictors().items():
+        _, one = traced(lambda p=predictor, X=X: member_logits_of(p, X, BATCH))
+        assert one, name  # the trace saw the model's kernels
+        shares = [Counter(r[name]) for r in ranks]
+        assert all(shares), name  # both ranks worked
+        for share in shares:
+            assert not share - one, (name, share - one)  # nothing one process does not run
+        assert not one - (shares[0] + shares[1]), name  # and all of what it runs
+
+
+def test_the_kernel_trace_tells_members_folded_alone_from_members_folded_together():
+    """The check above can fail: one member folded alone differs from the pair folded."""
+    ensemble, images = predictors()["cnn-ensemble-2"]
+    _, together = traced(lambda: ensemble.member_logits(images, BATCH, strategy="folded"))
+    _, alone = traced(
+        lambda: torch.cat(
+            [ensemble.subset([i]).member_logits(images, BATCH, strategy="folded") for i in (0, 1)]
+        )
+    )
+    assert together and alone and together != alone
 
 
 def test_a_rank_failing_part_way_stops_every_rank_and_writes_no_results(launched):

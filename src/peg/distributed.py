@@ -7,10 +7,10 @@ environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). `world()` joins that g
 
     logits = peg.distributed.member_logits(ens, X)   # [M, N, C] on every rank, work split
 
-Sharding never changes a number: each rank computes whole members, or whole batches of exactly
-the rows one process would use, with the same code, so the gathered tensor equals the
-single-process one bit for bit (same machine kind, thread count and library versions; see
-docs/determinism.md).
+Sharding never changes a number: each rank computes whole batches of exactly the rows one
+process would use, every member on them, with the same code, strategy and kernel shapes, so the
+gathered tensor equals the single-process one bit for bit (same machine kind, thread count and
+library versions; see docs/determinism.md).
 
 Failures: every collective of this module goes through `guarded`, which shares each rank's
 outcome. If one rank raises, all ranks raise a `RankFailure` naming it and its error, instead of
@@ -137,40 +137,11 @@ def guarded(fn: Callable[[], T], what: str = "") -> list[T]:
 
 
 # ------------------------------------------------------------------------- sharded prediction
-def _ensemble_of(predictor: Any) -> Ensemble | None:
-    if isinstance(predictor, Ensemble):
-        return predictor
-    if isinstance(predictor, FittedEnsemble):
-        return predictor.ensemble()
-    return None
-
-
 def _row_wise(predictor: Any) -> bool:
     """Whether a row's outputs do not depend on how the inputs are cut into batches."""
-    if isinstance(predictor, TemperatureScaling):
-        return hasattr(predictor, "predictor_") and _row_wise(predictor.predictor_)
     if isinstance(predictor, SampledPredictor):
         return False  # its randomness is keyed by the batch index
     return isinstance(predictor, (Ensemble, FittedEnsemble, ModulePredictor, nn.Module))
-
-
-def _members_part(ens: Ensemble, members: list[int], X: Data, batch_size: int) -> Tensor:
-    """Logits `[len(members), N, C]` of some members, exactly as `ens.member_logits` has them."""
-    part = ens.subset(members)
-    if len(part) > 1 or len(ens) == 1:  # "auto" picks the same strategy per batch as `ens`
-        return part.member_logits(X, batch_size, progress=False)
-    # A lone member would be looped where the whole ensemble vectorises small batches, and the
-    # two can differ in the last bits: use the strategy `ens` picks for each batch.
-    chunks = []
-    for x in iter_inputs(X, batch_size):
-        chosen = ens._choose(x, None)
-        try:
-            chunks.append(part.member_logits(x, len(x), strategy=chosen, progress=False))
-        except (RuntimeError, NotImplementedError):  # vmap failed: "auto" loops this model too
-            if chosen == "loop":
-                raise
-            chunks.append(part.member_logits(x, len(x), strategy="loop", progress=False))
-    return torch.cat(chunks, dim=1)
 
 
 def _batches_part(predictor: Any, X: Data, batch_size: int, rank: int, size: int) -> list[Tensor]:
@@ -189,13 +160,18 @@ def member_logits(predictor: Any, X: Data, batch_size: int = 512) -> Tensor:
 
     Equal, bit for bit, to `member_logits_of(predictor, X, batch_size)` in one process (an
     `Ensemble`'s `member_logits`, a fitted method's, or an nn.Module's as a one-member
-    ensemble). How the work is split:
+    ensemble), by construction: every rank computes whole batches exactly as one process does.
 
-    - an `Ensemble` or a fitted method holding one (PEG, PEP, SWAG, DeepEnsemble, ...) with at
-      least as many members as ranks: members r, r + W, r + 2W, ... on rank r (W ranks);
-    - other predictors whose rows do not depend on the batching (an nn.Module, a smaller
-      ensemble, Packed-Ensembles, temperature scaling of those): X is cut into the batches of
-      `batch_size` rows one process uses, and batch j goes to rank j mod W;
+    - Predictors whose rows do not depend on the batching (an `Ensemble`, a fitted method
+      holding one, an nn.Module, Packed-Ensembles): X is cut into
+      the batches of `batch_size` rows one process uses, and batch j goes to rank j mod W (W
+      ranks). Each rank runs every member on its batches with the same strategy, the same
+      members folded together and the same kernel shapes as one process, so no bit can depend
+      on the CPU's choice of kernels. (Sharding by members would not: a member folded or
+      vectorised alone runs other kernel shapes than the same member folded with its
+      partners, and the CPU's instruction set decides whether those agree in the last bits.)
+    - Temperature scaling: its predictor's member logits are computed as here, gathered, and
+      scaled whole, as one process scales them.
     - MC dropout and MC patching (EMP, ECMP) draw member s on batch j from (seed, s, j), so a
       batch predicted apart would get other masks; they, temperature scaling of them, and any
       other object with `member_logits` (whose batching this cannot see) are computed whole on
@@ -213,16 +189,10 @@ def member_logits(predictor: Any, X: Data, batch_size: int = 512) -> Tensor:
     rank, size = world()
     if size == 1:
         return member_logits_of(predictor, X, batch_size)
-    ens = _ensemble_of(predictor)
-    if ens is not None and len(ens) >= size:
-        parts = guarded(
-            lambda: _members_part(ens, list(range(rank, len(ens), size)), X, batch_size).cpu(),
-            "member_logits (members)",
-        )
-        out = torch.empty((len(ens), *parts[0].shape[1:]), dtype=parts[0].dtype)
-        for r, part in enumerate(parts):
-            out[r::size] = part
-        return out
+    if isinstance(predictor, TemperatureScaling) and hasattr(predictor, "predictor_"):
+        # the calibrated predictor's logits shared out, then scaled whole, as one process does
+        inner = predictor.predictor_
+        return predictor.scale(member_logits(inner, X, batch_size or predictor.batch_size))
     if _row_wise(predictor):
         shares = guarded(
             lambda: _batches_part(predictor, X, batch_size, rank, size), "member_logits (batches)"

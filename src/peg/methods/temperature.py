@@ -86,10 +86,12 @@ class TemperatureScaling:
     def member_logits(self, X: Data, batch_size: int | None = None, **_: Any) -> Tensor:
         """Scaled scores `[1, N, C]` (one "member": the calibrated predictor)."""
         self._check_fitted()
-        scores = ensemble_log_probs(
-            member_logits_of(self.predictor_, X, batch_size or self.batch_size)
-        )
-        return (scores / self.temperature_).float().unsqueeze(0)
+        return self.scale(member_logits_of(self.predictor_, X, batch_size or self.batch_size))
+
+    def scale(self, logits: Tensor) -> Tensor:
+        """Scaled scores `[1, N, C]` (log p̄ / T) from the predictor's member logits `[M, N, C]`."""
+        self._check_fitted()
+        return (ensemble_log_probs(logits) / self.temperature_).float().unsqueeze(0)
 
     def predict_proba(self, X: Data, batch_size: int | None = None, **_: Any) -> Tensor:
         """Calibrated probabilities `[N, C]`."""
