@@ -176,13 +176,13 @@ def test_a_recipe_refuses_other_data_and_needs_val(overfit_mlp, moons_data, tmp_
 def test_no_val_fails_before_reading_the_members(overfit_mlp, moons_data, tmp_path, monkeypatch):
     fitted = peg.PEG(size=3, batch_size=32, eta=0.1).fit(overfit_mlp, moons_data["val"])
     path = fitted.save(str(tmp_path / "recipe"))
-    from peg.methods import _perturb
+    from peg import loading
 
     def no_work(*args, **kwargs):
         raise AssertionError("rebuilt without val")
 
-    monkeypatch.setattr(_perturb, "rebuild_recipe", no_work)
-    monkeypatch.setattr(peg.archive, "Ensemble", no_work)
+    monkeypatch.setattr(peg.PEG, "from_recipe", no_work)
+    monkeypatch.setattr(loading, "Ensemble", no_work)
     with pytest.raises(ArchiveError, match="recipe"):
         peg.load(path, mlp(9))
 

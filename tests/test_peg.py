@@ -10,8 +10,8 @@ from torch import nn
 
 import peg
 from peg.methods import _perturb as perturb
-from peg.methods._perturb import MEMBER_KEY, generator
 from peg.methods.peg import draw_batch
+from peg.streams import MEMBER, generator
 
 from conftest import mlp, moons
 
@@ -49,7 +49,7 @@ def test_every_member_is_one_sgd_step_from_theta(overfit_mlp, moons_data, reduct
     eta, K, S = 0.05, 32, 4
     p = peg.PEG(size=S, batch_size=K, eta=eta, seed=3, reduction=reduction).fit(overfit_mlp, (X, y))
     for i in range(S):
-        idx = draw_batch(generator(3, MEMBER_KEY, 0, i), len(X), K)
+        idx = draw_batch(generator(3, MEMBER, 0, i), len(X), K)
         ref = mlp(1)
         ref.load_state_dict(overfit_mlp.state_dict())
         opt = torch.optim.SGD(ref.parameters(), lr=eta)

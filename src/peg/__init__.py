@@ -5,12 +5,12 @@ ens = peg.PEG(size=15, eta="search").fit(model, (X_val, y_val))
 peg.evaluate(ens, X_test, y_test)   # {'nll': ..., 'error': ..., 'brier': ..., 'ece': ..., ...}
 """
 
-from peg import distributed, layers, subspace, train
-from peg.archive import ArchiveError, load
+from peg import distributed, layers, models, subspace, train
+from peg._version import __version__
 from peg.ensemble import Ensemble
+from peg.errors import ArchiveError, NonFiniteError, NotFittedError
 from peg.evaluate import evaluate
-from peg.methods._perturb import NonFiniteError
-from peg.methods.base import NotFittedError
+from peg.loading import load
 from peg.methods.deep_ensemble import DeepEnsemble
 from peg.methods.dropout import MCDropout
 from peg.methods.packed import PackedEnsemble
@@ -20,8 +20,6 @@ from peg.methods.pep import PEP
 from peg.methods.swag import SWA, SWAG
 from peg.methods.temperature import TemperatureScaling
 from peg.output import with_output
-
-__version__ = "0.1.0"
 
 __all__ = [
     "PEG",
@@ -37,10 +35,12 @@ __all__ = [
     "NotFittedError",
     "PackedEnsemble",
     "TemperatureScaling",
+    "__version__",
     "distributed",
     "evaluate",
     "layers",
     "load",
+    "models",
     "subspace",
     "train",
     "with_output",

@@ -37,6 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from peg.errors import NotFoldable
+
 __all__ = ["NotFoldable", "fold"]
 
 _CONV: dict[type[nn.Module], Callable[..., Tensor]] = {
@@ -44,10 +46,6 @@ _CONV: dict[type[nn.Module], Callable[..., Tensor]] = {
     nn.Conv2d: F.conv2d,
     nn.Conv3d: F.conv3d,
 }
-
-
-class NotFoldable(ValueError):
-    """The model cannot run its members folded into the batch (the reason says why)."""
 
 
 class _Rows:

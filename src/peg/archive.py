@@ -1,4 +1,6 @@
-"""Ensembles on disk: one safetensors file whose header carries a JSON description.
+"""The archive file format (only the format: `peg.loading` turns an archive into an ensemble).
+
+One safetensors file whose header carries a JSON description.
 
 Nothing is unpickled: tensors are safetensors, everything else is JSON stored under the
 header's metadata key ``"peg"``::
@@ -16,43 +18,44 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
-from torch import nn
+from torch import Tensor
 
 from peg._io import atomic_save_file
-from peg.ensemble import Ensemble
+from peg._version import __version__
+from peg.errors import ArchiveError
 
 FORMAT = "peg-ensemble"
 FORMAT_VERSION = 1
 
 
-class ArchiveError(ValueError):
-    """A file is not a peg archive, is damaged, or does not fit the model given to load it."""
-
-
-def save_ensemble(ensemble: Ensemble, path: str | os.PathLike[str]) -> str:
-    """Write `ensemble` to `path` atomically; returns the path as a string."""
-    from peg import __version__
-
+def write(
+    path: str | os.PathLike[str],
+    stacked: Mapping[str, Tensor],
+    shared: Mapping[str, Tensor],
+    meta: Mapping[str, Any],
+    architecture: str,
+) -> str:
+    """Write an archive atomically: `stacked` entries `[M, *shape]`, `shared` ones, `meta` (JSON);
+    returns the path as a string."""
     path = Path(path)
-    tensors = {f"stacked/{k}": v.detach().cpu().contiguous() for k, v in ensemble.stacked.items()}
-    tensors |= {
-        f"shared/{k}": v.detach().cpu().contiguous().clone() for k, v in ensemble.shared.items()
-    }
+    tensors = {f"stacked/{k}": v.detach().cpu().contiguous() for k, v in stacked.items()}
+    tensors |= {f"shared/{k}": v.detach().cpu().contiguous().clone() for k, v in shared.items()}
     header = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "peg_version": __version__,
         "torch_version": torch.__version__,
-        "architecture": type(ensemble.skeleton).__name__,
-        "members": len(ensemble),
-        "stacked": list(ensemble.stacked),
-        "shared": list(ensemble.shared),
-        "meta": ensemble.meta,
+        "architecture": architecture,
+        "members": len(next(iter(stacked.values()))),
+        "stacked": list(stacked),
+        "shared": list(shared),
+        "meta": dict(meta),
     }
     try:
         text = json.dumps(header, allow_nan=False)
@@ -86,56 +89,11 @@ def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:
     return header
 
 
-def recipe_needs_val(path: Path, header: dict[str, Any]) -> str:
-    """The message for a recipe archive loaded without its validation data."""
-    meta = header.get("meta") or {}
-    recipe = meta["recipe"]
-    name = f"{recipe.get('method', 'PEG/PEP')}-{recipe.get('members', '?')}"
-    points = recipe.get("data_points", (meta.get("validation_points") or {}).get("total"))
-    which = "the validation data"
-    if isinstance(points, int):
-        which = f"the {points:,} validation points"
-    return (
-        f"val: {path} is a {name} recipe (base weights + how the members were made, not the "
-        f"members); pass {which} it was built from, in the same order, to rebuild them: "
-        "peg.load(path, model, val=(X_val, y_val)); to load without data, save the ensemble "
-        "with save(path, materialize=True)"
-    )
-
-
-def load(
-    path: str | os.PathLike[str],
-    model: nn.Module,
-    device: str | torch.device = "cpu",
-    val: Any = None,
-) -> Ensemble:
-    """Load an ensemble saved by `Ensemble.save` (or a method's `save`).
-
-    Args:
-        path: the archive.
-        model: any instance of the architecture the ensemble was built from; it supplies the
-            forward pass (its weights are not used). Its state-dict names and shapes must match.
-            A model wrapped with `peg.with_output` loads archives saved from the same wrapper,
-            or from the bare model (whose entries then get the wrapper's `model.` prefix).
-        device: where to put the member weights.
-        val: for a PEG/PEP recipe (the default way those save: base weights + how the members
-            were made), the validation data the ensemble was built from, as it was given to
-            `fit`: the members are rebuilt from it and checked against the recorded
-            fingerprints. Required for a recipe (an `ArchiveError` says so before any work);
-            ignored for an archive that stores its members (`Ensemble.save`, other methods'
-            `save`, or PEG/PEP's `save(path, materialize=True)`).
-    """
-    if not isinstance(model, nn.Module):
-        raise TypeError(
-            "model: expected an nn.Module of the archive's architecture, got "
-            f"{type(model).__name__}"
-        )
-    path = Path(path)
-    header = read_header(path)
-    recipe = (header.get("meta") or {}).get("recipe")
-    if recipe is not None and val is None:
-        raise ArchiveError(recipe_needs_val(path, header))
-    tensors: dict[str, torch.Tensor] = {}
+def read_tensors(
+    path: str | os.PathLike[str], header: Mapping[str, Any], device: str | torch.device = "cpu"
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """The (stacked, shared) entries of the archive whose header is `header`, on `device`."""
+    tensors: dict[str, Tensor] = {}
     try:
         with safe_open(str(path), framework="pt", device=str(device)) as f:
             for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
@@ -147,34 +105,4 @@ def load(
     lost = [k for k, v in (stacked | shared).items() if v is None]
     if lost:
         raise ArchiveError(f"{path}: damaged peg archive (tensors missing: {lost[:5]})")
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    got = {k: tuple(v.shape[1:]) for k, v in stacked.items()} | {
-        k: tuple(v.shape) for k, v in shared.items()
-    }
-    if expected != got:
-        from peg.output import PREFIX
-
-        if {PREFIX + k: v for k, v in expected.items()} == got:
-            raise ArchiveError(
-                f"model: {path} was saved from a model wrapped with peg.with_output (entries "
-                f"prefixed {PREFIX!r}); load it with the same wrapper: "
-                "peg.load(path, peg.with_output(model, output_fn))"
-            )
-        if {PREFIX + k: v for k, v in got.items()} == expected:  # saved bare, loaded wrapped
-            stacked = {PREFIX + k: v for k, v in stacked.items()}
-            shared = {PREFIX + k: v for k, v in shared.items()}
-            got = expected
-    if expected != got:
-        diff = sorted(k for k in set(expected) | set(got) if expected.get(k) != got.get(k))
-        raise ArchiveError(
-            f"model: does not match the archive's architecture ({header.get('architecture')}); "
-            f"entries differing in name or shape: {diff[:5]}"
-        )
-    ensemble = Ensemble(model, stacked, shared, header.get("meta"))
-    if recipe is not None:
-        from peg.methods._perturb import rebuild_recipe
-
-        rebuilt = rebuild_recipe(ensemble.to(device), recipe, val).ensemble()
-        rebuilt.meta = {k: v for k, v in ensemble.meta.items() if k != "recipe"}
-        return rebuilt
-    return ensemble.to(device)
+    return stacked, shared  # type: ignore[return-value]

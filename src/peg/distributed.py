@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from peg._inputs import Data, iter_inputs
 from peg.ensemble import Ensemble
+from peg.errors import RankFailure
 from peg.methods.base import FittedEnsemble, ModulePredictor, SampledPredictor
 from peg.methods.temperature import TemperatureScaling, member_logits_of
 
@@ -42,24 +43,6 @@ DEFAULT_TIMEOUT = 7200.0  # seconds a rank waits for the others in one collectiv
 _state = {"owned": False, "left": False}  # whether `init` created the group, and it was left
 
 __all__ = ["RankFailure", "guarded", "init", "member_logits", "shutdown", "world"]
-
-
-class RankFailure(RuntimeError):
-    """Raised on every rank when some rank failed inside `guarded`.
-
-    Attributes:
-        failures: rank → "what it was doing: ExceptionType: message".
-    """
-
-    def __init__(self, failures: dict[int, str], size: int) -> None:
-        self.failures = dict(failures)
-        if len(failures) == 1:
-            ((rank, message),) = failures.items()
-            said = f"rank {rank} of {size} failed ({message})"
-        else:
-            details = "; ".join(f"rank {r}: {m}" for r, m in failures.items())
-            said = f"ranks {', '.join(map(str, failures))} of {size} failed ({details})"
-        super().__init__(f"{said}; every rank stopped")
 
 
 def init(backend: str = "gloo", timeout: float | None = None) -> bool:

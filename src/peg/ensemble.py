@@ -21,9 +21,11 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 from torch.utils.flop_counter import FlopCounterMode
 
-from peg._folded import Folded, NotFoldable, fold
+from peg import archive
+from peg._folded import Folded, fold
 from peg._inputs import Data, check_positive_int, diagnose, iter_inputs, num_batches, to_device
 from peg._progress import bar
+from peg.errors import NotFoldable
 from peg.output import model_output
 
 Strategy = Literal["auto", "loop", "vmap", "folded", "chunked"]
@@ -448,9 +450,8 @@ class Ensemble:
     # ---------------------------------------------------------------- persistence
     def save(self, path: str) -> str:
         """Write the ensemble to `path` (safetensors + JSON header; atomic). Returns the path."""
-        from peg.archive import save_ensemble
-
-        return save_ensemble(self, path)
+        arch = type(self.skeleton).__name__
+        return archive.write(path, self.stacked, self.shared, self.meta, arch)
 
     def __repr__(self) -> str:
         method = self.meta.get("method", "?")

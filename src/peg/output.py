@@ -26,12 +26,10 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from peg.errors import OutputFnError
+
 OutputFn = str | int | Callable[[Any], Tensor]
 PREFIX = "model."  # state-dict prefix of a wrapped model's entries
-
-
-class OutputFnError(ValueError):
-    """`output_fn` cannot pick a Tensor out of the model's output (missing key, bad index...)."""
 
 
 def _describe(out: Any) -> str:

@@ -6,7 +6,8 @@ ensemble. `PEG.save(path)` / `PEP.save(path)` write the base models and that rec
 (about the size of the bases, whatever the number of members; `materialize=True` writes the
 members instead); `peg.load(path, model, val=val)` rebuilds the members from the validation data
 and checks them against the fingerprints taken when the ensemble was made, failing clearly if
-the data or the code changed (`peg.methods._perturb.rebuild_recipe`).
+the data or the code changed (`PerturbationEnsemble.from_recipe`, found through the registry
+below).
 
 A recipe (JSON, in the archive header's `meta["recipe"]`) records: the method, the constructor
 options (S, seed, BatchNorm mode, and for PEG K, the variant, ...), the chosen scale (η or σ),
@@ -22,9 +23,13 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
+
+from peg.errors import ArchiveError
 
 RECIPE_VERSION = 1
 FINGERPRINT_SEED = 20_241_121
@@ -72,3 +77,24 @@ def fingerprints_match(a: list[list[float]], b: list[list[float]]) -> list[int]:
 
 
 __all__ = ["data_fingerprint", "displacement_fingerprints", "fingerprints_match"]
+
+
+# ------------------------------------------------------------------------- the registry
+# method name → `rebuild(bases, recipe, val)`: the fitted method, its members checked. A class
+# joins when it is defined (`PerturbationEnsemble.__init_subclass__`), so loading an archive
+# needs no import of any method.
+Rebuild = Callable[[Any, dict[str, Any], Any], Any]
+_REBUILDERS: dict[str, Rebuild] = {}
+
+
+def register(method: str, rebuild: Rebuild) -> None:
+    """Make recipes of `method` loadable with `rebuild(bases: Ensemble, recipe, val)`."""
+    _REBUILDERS[method] = rebuild
+
+
+def rebuilder(recipe: dict[str, Any]) -> Rebuild:
+    """The rebuild function for a recipe; ArchiveError for an unknown method or a newer version."""
+    method = recipe.get("method")
+    if recipe.get("recipe_version", 0) > RECIPE_VERSION or method not in _REBUILDERS:
+        raise ArchiveError(f"recipe: unknown kind {method!r} or newer version")
+    return _REBUILDERS[method]

@@ -38,6 +38,7 @@ from typing import Any
 
 import yaml
 
+from peg.errors import SpecError
 from peg.train import Recipe
 
 METHODS = (
@@ -71,10 +72,6 @@ SPEC_FIELDS = {
     "ood_score",
     "swag_samples",
 }
-
-
-class SpecError(ValueError):
-    """A benchmark spec is malformed; the message names the field."""
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim.swa_utils import update_bn
 
-from peg import metrics
+from peg import metrics, recipe, streams
 from peg._inputs import (
     Data,
     as_xy,
@@ -42,8 +42,9 @@ from peg._inputs import (
 )
 from peg._progress import counter
 from peg.ensemble import STRATEGIES, Ensemble, Strategy, autocast_dtype, model_output
+from peg.errors import ArchiveError, NonFiniteError, NotFittedError
 from peg.methods._search import PairedRace, select_scale
-from peg.methods.base import FittedEnsemble, NotFittedError
+from peg.methods.base import FittedEnsemble
 from peg.metrics._inputs import pred_and_labels
 from peg.recipe import (
     FINGERPRINT_SEED,
@@ -110,11 +111,6 @@ def is_regression(y: Tensor) -> bool:
     return torch.is_floating_point(y)
 
 
-# Random-stream keys: (MEMBER_KEY, base, member) for anything drawn per member.
-MEMBER_KEY = 0
-SPLIT_KEY = 2**31  # the validation split into gradient and scoring parts
-
-
 # Members regenerated at a time by a lazy ensemble when `chunk_size` is not given.
 LAZY_CHUNK_SIZE = 5
 
@@ -179,19 +175,9 @@ def fingerprint_rows(
     return out
 
 
-class NonFiniteError(FloatingPointError):
-    """A loss, gradient or member weight became NaN or infinite."""
-
-
 def finite_rows(D: Tensor) -> list[bool]:
     """Whether each row of D `[k, P]` is free of NaN and inf."""
     return [bool(torch.isfinite(row).all()) for row in D]
-
-
-def generator(seed: int, *key: int) -> torch.Generator:
-    """An independent, reproducible random stream for (seed, *key) (numpy SeedSequence)."""
-    state = np.random.SeedSequence(entropy=seed, spawn_key=key).generate_state(1, np.uint64)[0]
-    return torch.Generator().manual_seed(int(state))
 
 
 def base_models(model: Models) -> list[nn.Module]:
@@ -242,6 +228,10 @@ class PerturbationEnsemble(FittedEnsemble):
     uses_direction_data = True
     lazy = False  # set by the constructor (see the module doc)
     _split_as_searched: bool | None = None  # a rebuilt recipe splits val as its search did
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        recipe.register(cls.method, cls.from_recipe)  # `peg.load` finds it by name
 
     def __init__(
         self,
@@ -385,7 +375,7 @@ class PerturbationEnsemble(FittedEnsemble):
         The direction data refers to X and y (rows picked by index, not copied). The scoring
         part is a seeded random subset of at most `max_score_points` points.
         """
-        perm = torch.randperm(len(X), generator=generator(self.seed, SPLIT_KEY))
+        perm = torch.randperm(len(X), generator=streams.generator(self.seed, streams.SPLIT))
         searched = self.searches if self._split_as_searched is None else self._split_as_searched
         if searched and self.uses_direction_data and self.holdout > 0:
             n_score = round(self.holdout * len(X))
@@ -762,6 +752,37 @@ class PerturbationEnsemble(FittedEnsemble):
         return out
 
     # ---------------------------------------------------------------- recipes
+    @classmethod
+    def from_recipe(
+        cls, bases: Ensemble, recipe: dict[str, Any], val: Data
+    ) -> PerturbationEnsemble:
+        """Rebuild an ensemble saved as a recipe, and check it (see `peg.recipe`).
+
+        Raises ArchiveError (a ValueError) if `val` is not the data the ensemble was made from,
+        or if the rebuilt members differ from the recorded fingerprints (the code changed).
+        """
+        X, y = as_xy(val, "val")
+        assert y is not None
+        if data_fingerprint(X, y) != recipe["data"]:
+            raise ArchiveError(
+                "val: not the validation data this ensemble was built from (its fingerprint "
+                "differs); pass the same (X, y), in the same order"
+            )
+        rebuilt = cls(
+            **recipe["options"], **{recipe["scale_name"]: recipe["scale"]}, progress=False
+        )
+        rebuilt._split_as_searched = bool(recipe["searched"])
+        rebuilt.fit(bases, (X, y))
+        got = displacement_fingerprints(rebuilt.directions_, recipe["scale"])
+        bad = fingerprints_match(got, recipe["fingerprints"])
+        if bad:
+            raise ArchiveError(
+                f"recipe: rebuilt members {bad[:5]} differ from the ones saved (relative "
+                f"tolerance {TOLERANCE}): the code or the library version changed since; save "
+                "with materialize=True to keep the members themselves"
+            )
+        return rebuilt
+
     def _recipe_options(self) -> dict[str, Any] | None:
         """Constructor arguments that rebuild this ensemble (None: not expressible as a recipe)."""
         if callable(self.params) or callable(self.criterion) or self.bn == "refresh":
@@ -876,42 +897,6 @@ class PerturbationEnsemble(FittedEnsemble):
                     state = refresh_bn(self._skeleton, state, self._bn_batches)
                 states.append(state)
         return Ensemble.from_state_dicts(self._skeleton, states)
-
-
-def rebuild_recipe(bases: Ensemble, recipe: dict[str, Any], val: Data) -> PerturbationEnsemble:
-    """Rebuild a PEG/PEP ensemble saved as a recipe, and check it (see `peg.recipe`).
-
-    Raises ArchiveError (a ValueError) if `val` is not the data the ensemble was made from, or
-    if the rebuilt members differ from the recorded fingerprints (the code changed).
-    """
-    from peg.archive import ArchiveError
-    from peg.methods.peg import PEG
-    from peg.methods.pep import PEP
-
-    classes: dict[str, type[PerturbationEnsemble]] = {PEG.method: PEG, PEP.method: PEP}
-    if recipe.get("recipe_version", 0) > RECIPE_VERSION or recipe.get("method") not in classes:
-        raise ArchiveError(f"recipe: unknown kind {recipe.get('method')!r} or newer version")
-    X, y = as_xy(val, "val")
-    assert y is not None
-    if data_fingerprint(X, y) != recipe["data"]:
-        raise ArchiveError(
-            "val: not the validation data this ensemble was built from (its fingerprint differs); "
-            "pass the same (X, y), in the same order"
-        )
-    rebuilt = classes[recipe["method"]](
-        **recipe["options"], **{recipe["scale_name"]: recipe["scale"]}, progress=False
-    )
-    rebuilt._split_as_searched = bool(recipe["searched"])
-    rebuilt.fit(bases, (X, y))
-    got = displacement_fingerprints(rebuilt.directions_, recipe["scale"])
-    bad = fingerprints_match(got, recipe["fingerprints"])
-    if bad:
-        raise ArchiveError(
-            f"recipe: rebuilt members {bad[:5]} differ from the ones saved (relative tolerance "
-            f"{TOLERANCE}): the code or the library version changed since; save with "
-            "materialize=True to keep the members themselves"
-        )
-    return rebuilt
 
 
 def refresh_bn(

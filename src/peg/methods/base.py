@@ -18,10 +18,9 @@ from peg._inputs import (
 )
 from peg._progress import bar
 from peg.ensemble import Ensemble, autocast_dtype
-
-
-class NotFittedError(RuntimeError):
-    """A method was asked to predict before `fit`."""
+from peg.errors import NotFittedError
+from peg.output import model_output
+from peg.streams import generator
 
 
 class FittedEnsemble:
@@ -163,9 +162,6 @@ class SampledPredictor(ModulePredictor):
     seed: int
 
     def _batch_logits(self, x: Tensor, j: int) -> Tensor:
-        from peg.ensemble import model_output
-        from peg.methods._perturb import generator
-
         devices = [x.device] if x.device.type == "cuda" else []
         outs = []
         with torch.random.fork_rng(devices=devices):

@@ -50,24 +50,20 @@ from torch import Tensor, nn
 
 from peg._inputs import check_positive_int
 from peg._progress import bar
+from peg.errors import NonFiniteError
 from peg.methods._perturb import (
-    MEMBER_KEY,
     BNMode,
     Criterion,
     DirectionData,
-    NonFiniteError,
     ParamFilter,
     PerturbationEnsemble,
     RowSource,
-    generator,
     is_regression,
 )
+from peg.streams import MEMBER, VALIDATION, generator
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 Momentum = Literal["validation", "none"] | Mapping[str, Tensor] | Sequence[Mapping[str, Tensor]]
-
-# Random-stream key for the mini-batches estimating ∇L(V): (VALIDATION_KEY, base, j).
-VALIDATION_KEY = 1
 
 
 def draw_batch(gen: torch.Generator, n: int, k: int) -> Tensor:
@@ -275,8 +271,8 @@ class PEG(PerturbationEnsemble):
         """Displacements per unit η of base model r's members, on demand: member i is θ + η·D[i].
 
         Returns `rows(members) -> [k, P]`, row j computed for member `members[j]` alone from its
-        stream (seed, MEMBER_KEY, r, i). What all members share (the unbiased variant's ∇L(V)
-        and momentum buffer, `[P]` each) is computed here, once.
+        stream (seed, MEMBER, r, i) (`peg.streams`). What all members share (the unbiased
+        variant's ∇L(V) and momentum buffer, `[P]` each) is computed here, once.
         """
         work = self._gradient_model(model)
         params = dict(work.named_parameters())
@@ -320,14 +316,14 @@ class PEG(PerturbationEnsemble):
             buf = torch.zeros(P, dtype=dtype, device=device)
             g_val = torch.zeros_like(buf)
             for j in bar(range(self.val_batches), f"PEG ∇L(V) (base {r})", enabled=self.progress):
-                g = grad(generator(self.seed, VALIDATION_KEY, r, j), f"validation batch {j}")
+                g = grad(generator(self.seed, VALIDATION, r, j), f"validation batch {j}")
                 buf = self.beta * buf + g
                 g_val += g / self.val_batches
             buf = self._given_momentum(r, names, selected, buf)
 
         def step(i: int, out: Tensor) -> None:
             """Member i's row, written into `out` `[P]`."""
-            gen = generator(self.seed, MEMBER_KEY, r, i)
+            gen = generator(self.seed, MEMBER, r, i)
             if self.variant == "vanilla":
                 grad(gen, f"member {i}", out=out).neg_()
                 return

@@ -18,14 +18,13 @@ import torch
 from torch import Tensor, nn
 
 from peg.methods._perturb import (
-    MEMBER_KEY,
     Criterion,
     DirectionData,
     ParamFilter,
     PerturbationEnsemble,
     RowSource,
-    generator,
 )
+from peg.streams import MEMBER, generator
 
 
 class PEP(PerturbationEnsemble):
@@ -130,7 +129,7 @@ class PEP(PerturbationEnsemble):
         def rows(members: Sequence[int]) -> Tensor:
             D = torch.empty(len(members), P)
             for j, i in enumerate(members):
-                D[j] = torch.randn(P, generator=generator(self.seed, MEMBER_KEY, r, i))
+                D[j] = torch.randn(P, generator=generator(self.seed, MEMBER, r, i))
             return D.to(device)
 
         return rows

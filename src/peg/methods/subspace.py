@@ -41,12 +41,12 @@ from peg._inputs import (
 )
 from peg._progress import bar
 from peg.ensemble import Ensemble, model_output
-from peg.methods._perturb import ParamFilter, generator, refresh_bn, select_parameters
+from peg.methods._perturb import ParamFilter, refresh_bn, select_parameters
 from peg.methods.base import FittedEnsemble
 from peg.metrics._inputs import check_labels
+from peg.streams import SUBSPACE_BN, generator
 
 SubspaceBN = Literal["eval", "refresh"]
-BN_KEY = 2**30  # stream (seed, BN_KEY, d): the RNG of the BatchNorm refresh pass of draw d
 BN_BATCH_SIZE = 256  # rows per batch when bn_data is a tensor (a loader keeps its own batches)
 EVAL_BATCH_SIZE = 512  # rows per forward pass when checking min_accuracy
 MAX_DRAWS_PER_SAMPLE = 10  # min_accuracy: give up after this many draws per requested sample
@@ -133,9 +133,9 @@ class _Sampler(FittedEnsemble):
         """`state` with re-estimated BatchNorm statistics when bn='refresh', else unchanged."""
         if batches is None:
             return state
-        # update_bn runs in train mode: seed any dropout in that pass from (seed, BN_KEY, d).
+        # update_bn runs in train mode: seed any dropout in that pass from (seed, SUBSPACE_BN, d).
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(int(generator(self.seed, BN_KEY, d).initial_seed()))
+            torch.manual_seed(int(generator(self.seed, SUBSPACE_BN, d).initial_seed()))
             return refresh_bn(skeleton, state, batches)
 
 

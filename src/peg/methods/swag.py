@@ -35,11 +35,11 @@ from torch.optim.swa_utils import AveragedModel, update_bn
 from peg._inputs import Data, as_xy, check_number, check_positive_int, weights_device
 from peg._progress import bar
 from peg.ensemble import Ensemble
-from peg.methods._perturb import generator, refresh_bn
+from peg.methods._perturb import refresh_bn
 from peg.methods.base import FittedEnsemble
+from peg.streams import SWAG_SAMPLE, generator
 from peg.train import Callback, ModelSource, Recipe, instantiate, train
 
-SAMPLE_KEY = 1  # random streams: (seed, SAMPLE_KEY, i) for SWAG sample i
 BN_TYPES = (nn.modules.batchnorm._BatchNorm,)
 
 
@@ -311,7 +311,7 @@ class SWAG(SWA):
     ) -> Tensor:
         """`n` parameter vectors `[n, P]` drawn from the SWAG Gaussian (no BatchNorm refresh).
 
-        Sample i uses the random stream (seed, SAMPLE_KEY, i), so the first n samples do not
+        Sample i uses the random stream (seed, SWAG_SAMPLE, i), so the first n samples do not
         depend on how many are drawn.
         """
         if not hasattr(self, "mean_"):
@@ -326,7 +326,7 @@ class SWAG(SWA):
         std = self.var_.sqrt()
         out = []
         for i in range(n):
-            gen = generator(seed, SAMPLE_KEY, i)
+            gen = generator(seed, SWAG_SAMPLE, i)
             z1 = torch.randn(P, generator=gen)
             step = std * z1
             if not diag:

@@ -1,0 +1,101 @@
+"""`peg.load`: an archive back into an ensemble (members stored, or rebuilt from a recipe).
+
+The file format is `peg.archive`'s; a recipe archive (PEG/PEP's default `save`) is rebuilt by the
+method that wrote it, found in `peg.recipe`'s registry, which method classes join when they are
+defined: nothing here knows a method.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from peg import archive, recipe
+from peg.ensemble import Ensemble
+from peg.errors import ArchiveError
+from peg.output import PREFIX
+
+__all__ = ["load"]
+
+
+def _needs_val(path: Path, header: dict[str, Any]) -> str:
+    """The message for a recipe archive loaded without its validation data."""
+    meta = header.get("meta") or {}
+    made = meta["recipe"]
+    name = f"{made.get('method', 'PEG/PEP')}-{made.get('members', '?')}"
+    points = made.get("data_points", (meta.get("validation_points") or {}).get("total"))
+    which = (
+        f"the {points:,} validation points" if isinstance(points, int) else "the validation data"
+    )
+    return (
+        f"val: {path} is a {name} recipe (base weights + how the members were made, not the "
+        f"members); pass {which} it was built from, in the same order, to rebuild them: "
+        "peg.load(path, model, val=(X_val, y_val)); to load without data, save the ensemble "
+        "with save(path, materialize=True)"
+    )
+
+
+def load(
+    path: str | os.PathLike[str],
+    model: nn.Module,
+    device: str | torch.device = "cpu",
+    val: Any = None,
+) -> Ensemble:
+    """Load an ensemble saved by `Ensemble.save` (or a method's `save`).
+
+    Args:
+        path: the archive.
+        model: any instance of the architecture the ensemble was built from; it supplies the
+            forward pass (its weights are not used). Its state-dict names and shapes must match.
+            A model wrapped with `peg.with_output` loads archives saved from the same wrapper,
+            or from the bare model (whose entries then get the wrapper's `model.` prefix).
+        device: where to put the member weights.
+        val: for a PEG/PEP recipe (the default way those save: base weights + how the members
+            were made), the validation data the ensemble was built from, as it was given to
+            `fit`: the members are rebuilt from it and checked against the recorded
+            fingerprints. Required for a recipe (an `ArchiveError` says so before any work);
+            ignored for an archive that stores its members (`Ensemble.save`, other methods'
+            `save`, or PEG/PEP's `save(path, materialize=True)`).
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            "model: expected an nn.Module of the archive's architecture, got "
+            f"{type(model).__name__}"
+        )
+    path = Path(path)
+    header = archive.read_header(path)
+    made = (header.get("meta") or {}).get("recipe")
+    if made is not None and val is None:
+        raise ArchiveError(_needs_val(path, header))
+    stacked, shared = archive.read_tensors(path, header, device)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    got = {k: tuple(v.shape[1:]) for k, v in stacked.items()} | {
+        k: tuple(v.shape) for k, v in shared.items()
+    }
+    if expected != got:
+        if {PREFIX + k: v for k, v in expected.items()} == got:
+            raise ArchiveError(
+                f"model: {path} was saved from a model wrapped with peg.with_output (entries "
+                f"prefixed {PREFIX!r}); load it with the same wrapper: "
+                "peg.load(path, peg.with_output(model, output_fn))"
+            )
+        if {PREFIX + k: v for k, v in got.items()} == expected:  # saved bare, loaded wrapped
+            stacked = {PREFIX + k: v for k, v in stacked.items()}
+            shared = {PREFIX + k: v for k, v in shared.items()}
+            got = expected
+    if expected != got:
+        diff = sorted(k for k in set(expected) | set(got) if expected.get(k) != got.get(k))
+        raise ArchiveError(
+            f"model: does not match the archive's architecture ({header.get('architecture')}); "
+            f"entries differing in name or shape: {diff[:5]}"
+        )
+    ensemble = Ensemble(model, stacked, shared, header.get("meta"))
+    if made is None:
+        return ensemble.to(device)
+    rebuilt = recipe.rebuilder(made)(ensemble.to(device), made, val).ensemble()
+    rebuilt.meta = {k: v for k, v in ensemble.meta.items() if k != "recipe"}
+    return rebuilt
