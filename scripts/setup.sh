@@ -1,28 +1,33 @@
 #!/usr/bin/env bash
 # Idempotent set-up shared by scripts/demo.sh and scripts/test.sh:
 #   1. a virtual environment in .venv,
-#   2. the pinned CPU build of torch (a looser pin would pull several GB of CUDA packages),
-#   3. this package with its dev extras (editable),
+#   2. the pinned CPU build of torch, installed FIRST: peg itself asks only for a range (see
+#      pyproject.toml), and with no torch installed a range would pull several GB of CUDA packages,
+#   3. this package with its dev extras (editable); pip keeps the torch of step 2, which is in range.
+#      Not installed here: the `hf` extra (transformers), and laplace-torch, which would replace
+#      this torch (see pyproject.toml).
 #   4. Fashion-MNIST from Debian (`dataset-fashion-mnist`) when apt is usable; the demo falls
 #      back to scikit-learn's digits when it is not.
-# A stamp keyed on pyproject.toml makes a second run a no-op.
+# A stamp keyed on pyproject.toml and this script makes a second run a no-op.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 
 venv="$root/.venv"
 stamp="$venv/.peg-setup-stamp"
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+torch_pin="torch==2.13.0"  # the CPU wheel the tests run on; the only exact torch pin
+extras="dev"
+want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 
 if [ ! -x "$venv/bin/python" ]; then
   echo "[setup] creating virtual environment in .venv"
   python3 -m venv "$venv"
 fi
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "[setup] installing torch==2.13.0 (CPU) and peg[dev]"
+  echo "[setup] installing $torch_pin (CPU) and peg[$extras]"
   "$venv/bin/python" -m pip install --quiet --upgrade pip
-  "$venv/bin/python" -m pip install --quiet "torch==2.13.0"
-  "$venv/bin/python" -m pip install --quiet -e ".[dev]"
+  "$venv/bin/python" -m pip install --quiet "$torch_pin"
+  "$venv/bin/python" -m pip install --quiet -e ".[$extras]" "$torch_pin"
   echo "$want" > "$stamp"
 fi
 
