@@ -1,7 +1,19 @@
-"""The verbs every fitted method shares: it holds an `Ensemble` and predicts through it."""
+"""The method contract, and the verbs every fitted method shares.
+
+`Method` is what every method class is (scikit-learn's estimator protocol): constructor
+arguments stored as given under their own names, `get_params` / `set_params` (so
+`sklearn.base.clone` works), a `repr` showing them, `fit(...)` returning self, fitted state under
+names with a trailing underscore, and `NotFittedError` for any of those asked before `fit`.
+`FittedEnsemble` predicts through the `Ensemble` it holds; `ModulePredictor` runs one module of
+its own per batch (MC dropout, MC patching, Packed-Ensembles).
+
+Names shared by every class: `n_members` (members made, per base model for PEG/PEP),
+`batch_size` (rows per forward pass), `seed`, `progress`.
+"""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -23,19 +35,91 @@ from peg.output import model_output
 from peg.streams import generator
 
 
-class FittedEnsemble:
-    """Mixin: `member_logits`, `predict_proba`, `predict` and `save` delegate to `ensemble_`."""
+def store_arguments(method: Method, arguments: dict[str, Any]) -> None:
+    """Store a constructor's arguments (its `locals()`) under their own names, unchanged, then
+    check them (`_check_params`): the one line every method's `__init__` ends with."""
+    for name in type(method)._param_names():
+        setattr(method, name, arguments[name])
+    method._check_params()
+
+
+class Method:
+    """The contract of every method class (see the module doc)."""
+
+    def _check_params(self) -> None:
+        """Raise a clear error for a bad argument; never change one (clone compares them)."""
+
+    @classmethod
+    def _param_names(cls) -> list[str]:
+        signature = inspect.signature(cls.__init__)
+        return [
+            p.name
+            for p in signature.parameters.values()
+            if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
+
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        """The constructor arguments, `{name: value}` (scikit-learn's protocol)."""
+        return {name: getattr(self, name) for name in self._param_names()}
+
+    def set_params(self, **params: Any) -> Method:
+        """Change constructor arguments (checked as the constructor checks them); returns self."""
+        valid = self._param_names()
+        unknown = sorted(set(params) - set(valid))
+        if unknown:
+            raise ValueError(
+                f"{type(self).__name__}.set_params: unknown argument(s) {unknown}; valid: {valid}"
+            )
+        old = {name: getattr(self, name) for name in params}
+        for name, value in params.items():
+            setattr(self, name, value)
+        try:
+            self._check_params()
+        except Exception:
+            for name, value in old.items():
+                setattr(self, name, value)
+            raise
+        return self
+
+    def __repr__(self) -> str:
+        defaults = {
+            p.name: p.default for p in inspect.signature(type(self).__init__).parameters.values()
+        }
+        shown = []
+        for name, value in self.get_params().items():
+            default = defaults.get(name, inspect.Parameter.empty)
+            try:
+                same = value is default or bool(value == default)
+            except Exception:  # e.g. tensors: an ambiguous truth value
+                same = False
+            if not same:
+                shown.append(f"{name}={value!r}")
+        return f"{type(self).__name__}({', '.join(shown)})"
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached when normal lookup failed: a fitted attribute before `fit`
+        if name.endswith("_") and not name.startswith("__"):
+            raise NotFittedError(
+                f"{type(self).__name__}: {name} is set by fit(...); call fit before using it"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+class FittedEnsemble(Method):
+    """`member_logits`, `predict_proba`, `predict` and `save` delegate to `ensemble_`."""
 
     ensemble_: Ensemble
 
     def ensemble(self) -> Ensemble:
         """The fitted `Ensemble` (raises NotFittedError before `fit`)."""
-        try:
-            return self.ensemble_
-        except AttributeError:
-            raise NotFittedError(
-                f"{type(self).__name__}: call fit(...) before predicting"
-            ) from None
+        if "ensemble_" not in self.__dict__:
+            raise NotFittedError(f"{type(self).__name__}: call fit(...) before predicting")
+        return self.ensemble_
+
+    @property
+    def meta_(self) -> dict[str, Any]:
+        """What was fitted: method, hyper-parameters, seed, ... (saved with the ensemble)."""
+        return self.ensemble().meta
 
     def member_logits(self, X: Data, batch_size: int = 512, **kwargs: Any) -> Tensor:
         """Logits of every member, `[M, N, C]` (see `Ensemble.member_logits`)."""
@@ -57,7 +141,7 @@ class FittedEnsemble:
         return len(self.ensemble())
 
 
-class ModulePredictor:
+class ModulePredictor(Method):
     """Base of the predictors that run one module of their own per batch, not stacked weights.
 
     MC dropout, MC patching (EMP/ECMP) and Packed-Ensembles keep a copy `model_` and produce all
