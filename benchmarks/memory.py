@@ -78,13 +78,15 @@ def child(case: str, args: argparse.Namespace) -> dict[str, float]:
         X = torch.randn(args.rows, 784)
         tiny = build("mlp", in_features=784, num_classes=10, hidden=(8, 8)).eval()
         with torch.enable_grad():  # warm-up on a tiny model: one-time allocations excluded
-            warm = peg.PEG(size=2, eta=0.01, lazy=True, progress=False).fit(tiny, val)
+            warm = peg.PEG(n_members=2, eta=0.01, lazy=True, progress=False).fit(tiny, val)
         warm.member_logits(X[: args.batch], args.batch, strategy="chunked", chunk_size=2)
         del warm, tiny
         _reset_peak()
         before = _status("VmRSS")
         with torch.enable_grad():
-            lazy = peg.PEG(size=args.members, eta=0.01, lazy=True, progress=False).fit(model, val)
+            lazy = peg.PEG(n_members=args.members, eta=0.01, lazy=True, progress=False).fit(
+                model, val
+            )
         after_fit = _status("VmHWM") - before
         logits = lazy.member_logits(X, args.batch, strategy="chunked", chunk_size=args.chunk)
         extra_peak = _status("VmHWM") - before
@@ -98,7 +100,7 @@ def child(case: str, args: argparse.Namespace) -> dict[str, float]:
             "activations": args.chunk * args.batch * hidden * 4 * 2,
         }
     with torch.enable_grad():
-        ens = peg.PEG(size=args.members, eta=0.01, progress=False).fit(model, val).ensemble_
+        ens = peg.PEG(n_members=args.members, eta=0.01, progress=False).fit(model, val).ensemble_
     stored = sum(v.numel() * v.element_size() for v in ens.stacked.values())
     figures: dict[str, float] = {"member": member, "stored": stored}
 

@@ -123,7 +123,7 @@ def _benchmark(label: str, spec: Spec, cache: Path, repeats: int) -> None:
     print(f"{'':42} {'':>7} {'preset':>7} {'full':>7} {'':>7} {'':>6} {'used':>6}")
     etas: list[float] = []
     for setting, options, reference in SETTINGS:
-        peg = PEG(size=15, seed=0, progress=False, **options)
+        peg = PEG(n_members=15, seed=0, progress=False, **options)
         seconds, fitted = _time(lambda peg=peg: peg.fit(base, run.val), repeats)
         etas.append(fitted.eta_)
         same = "" if reference is None else f"{fitted.eta_ == etas[reference]}"

@@ -21,7 +21,7 @@ from conftest import BNNet, mlp
 
 def test_round_trip_gives_identical_predictions(tmp_path, overfit_mlp, moons_data):
     """materialize=True stores the members: `peg.load(path, model)` needs no data (issue 2)."""
-    p = peg.PEG(size=4, batch_size=32, eta="search").fit(overfit_mlp, moons_data["val"])
+    p = peg.PEG(n_members=4, grad_batch_size=32, eta="search").fit(overfit_mlp, moons_data["val"])
     path = tmp_path / "peg15"
     p.save(str(path), materialize=True)
     assert path.is_file() and not list(tmp_path.glob(".*tmp"))
@@ -33,13 +33,15 @@ def test_round_trip_gives_identical_predictions(tmp_path, overfit_mlp, moons_dat
     again = peg.load(path, mlp(5), val=(X[:7], torch.zeros(7, dtype=torch.long)))
     assert torch.equal(again.member_logits(X), p.member_logits(X))
     assert loaded.meta["method"] == "PEG" and loaded.meta["eta"] == p.eta_
-    assert loaded.meta["seed"] == 0 and loaded.meta["batch_size"] == 32
+    assert loaded.meta["seed"] == 0 and loaded.meta["grad_batch_size"] == 32
     assert not any(b"pickle" in line for line in path.read_bytes().splitlines()[:1])
 
 
 def test_round_trip_with_batchnorm(tmp_path, bn_net):
     X, y = torch.randn(200, 2), torch.randint(0, 3, (200,))
-    p = peg.PEG(size=3, batch_size=32, eta=0.2, bn="refresh").fit(bn_net, (X, y), bn_data=X)
+    p = peg.PEG(n_members=3, grad_batch_size=32, eta=0.2, bn="refresh").fit(
+        bn_net, (X, y), bn_data=X
+    )
     p.save(tmp_path / "bn", materialize=True)
     loaded = peg.load(tmp_path / "bn", BNNet())
     assert torch.equal(loaded.member_logits(X), p.member_logits(X))
@@ -105,10 +107,12 @@ def test_failed_write_keeps_the_previous_archive(tmp_path, monkeypatch):
 def test_a_recipe_is_small_and_rebuilds_the_same_members(overfit_mlp, moons_data, tmp_path, method):
     val = moons_data["val"]
     if method == "pep":
-        fitted = peg.PEP(size=6, seed=2).fit(overfit_mlp, val)
+        fitted = peg.PEP(n_members=6, seed=2).fit(overfit_mlp, val)
     else:
         variant = "unbiased" if method == "peg-unbiased" else "vanilla"
-        fitted = peg.PEG(size=6, batch_size=32, seed=2, variant=variant).fit(overfit_mlp, val)
+        fitted = peg.PEG(n_members=6, grad_batch_size=32, seed=2, variant=variant).fit(
+            overfit_mlp, val
+        )
     recipe = fitted.save(str(tmp_path / "recipe"))  # the default: base weights + recipe
     full = fitted.save(str(tmp_path / "full"), materialize=True)
     base = peg.Ensemble.from_models([overfit_mlp]).save(str(tmp_path / "base"))
@@ -140,7 +144,7 @@ def test_a_15_member_recipe_is_at_most_1_05_times_the_base_model(moons_data, tmp
     base = _wide_mlp()
     val = moons_data["val"]
     kwargs = {"batch_size": 32} if method == "PEG" else {}
-    fitted = getattr(peg, method)(size=15, seed=1, progress=False, **kwargs).fit(base, val)
+    fitted = getattr(peg, method)(n_members=15, seed=1, progress=False, **kwargs).fit(base, val)
     save_file({k: v.contiguous() for k, v in base.state_dict().items()}, tmp_path / "base")
     recipe = fitted.save(str(tmp_path / "recipe"))
     full = fitted.save(str(tmp_path / "full"), materialize=True)
@@ -156,7 +160,9 @@ def test_a_15_member_recipe_is_at_most_1_05_times_the_base_model(moons_data, tmp
 
 
 def test_a_recipe_refuses_other_data_and_needs_val(overfit_mlp, moons_data, tmp_path):
-    fitted = peg.PEG(size=3, batch_size=32, eta=0.1, seed=2).fit(overfit_mlp, moons_data["val"])
+    fitted = peg.PEG(n_members=3, grad_batch_size=32, eta=0.1, seed=2).fit(
+        overfit_mlp, moons_data["val"]
+    )
     path = fitted.save(str(tmp_path / "recipe"))
     with pytest.raises(ArchiveError, match="val: .* recipe") as error:
         peg.load(path, mlp(9))
@@ -168,13 +174,13 @@ def test_a_recipe_refuses_other_data_and_needs_val(overfit_mlp, moons_data, tmp_
         peg.load(path, mlp(9), val=(X[:-1], y[:-1]))
     with pytest.raises(ArchiveError, match="not the validation data"):
         peg.load(path, mlp(9), val=(X.flip(0), y.flip(0)))  # the same points, in another order
-    pep = peg.PEP(size=2, sigma=0.01).fit(overfit_mlp, moons_data["val"])
+    pep = peg.PEP(n_members=2, sigma=0.01).fit(overfit_mlp, moons_data["val"])
     with pytest.raises(ArchiveError, match="PEP-2 recipe"):
         peg.load(pep.save(str(tmp_path / "pep")), mlp(9))
 
 
 def test_no_val_fails_before_reading_the_members(overfit_mlp, moons_data, tmp_path, monkeypatch):
-    fitted = peg.PEG(size=3, batch_size=32, eta=0.1).fit(overfit_mlp, moons_data["val"])
+    fitted = peg.PEG(n_members=3, grad_batch_size=32, eta=0.1).fit(overfit_mlp, moons_data["val"])
     path = fitted.save(str(tmp_path / "recipe"))
     from peg import loading
 
@@ -190,7 +196,9 @@ def test_no_val_fails_before_reading_the_members(overfit_mlp, moons_data, tmp_pa
 def test_a_recipe_detects_members_that_no_longer_match(
     overfit_mlp, moons_data, tmp_path, monkeypatch
 ):
-    fitted = peg.PEG(size=3, batch_size=32, eta=0.1, seed=2).fit(overfit_mlp, moons_data["val"])
+    fitted = peg.PEG(n_members=3, grad_batch_size=32, eta=0.1, seed=2).fit(
+        overfit_mlp, moons_data["val"]
+    )
     path = fitted.save(str(tmp_path / "recipe"))
     from peg.methods import peg as peg_module
 
@@ -220,7 +228,7 @@ def test_ensembles_a_recipe_cannot_express_are_saved_whole(
             "momentum": {n: torch.zeros_like(p) for n, p in overfit_mlp.named_parameters()},
         }
     options = {"eta": 0.1, **options}
-    fitted = peg.PEG(size=2, batch_size=32, **options).fit(overfit_mlp, moons_data["val"])
+    fitted = peg.PEG(n_members=2, grad_batch_size=32, **options).fit(overfit_mlp, moons_data["val"])
     with pytest.warns(UserWarning, match="cannot be stored as a recipe"):
         path = fitted.save(str(tmp_path / "x"))  # the default asks for a recipe
     assert len(peg.load(path, mlp(9))) == 2
@@ -232,14 +240,16 @@ def test_ensembles_a_recipe_cannot_express_are_saved_whole(
 
 def test_bn_refresh_is_saved_whole(bn_net, tmp_path):
     X, y = torch.randn(200, 2), torch.randint(0, 3, (200,))
-    p = peg.PEG(size=2, batch_size=32, eta=0.2, bn="refresh").fit(bn_net, (X, y), bn_data=X)
+    p = peg.PEG(n_members=2, grad_batch_size=32, eta=0.2, bn="refresh").fit(
+        bn_net, (X, y), bn_data=X
+    )
     with pytest.warns(UserWarning, match="cannot be stored as a recipe"):
         path = p.save(str(tmp_path / "bn"))
     assert torch.equal(peg.load(path, BNNet()).member_logits(X), p.member_logits(X))
 
 
 def test_materialize_must_be_a_bool(overfit_mlp, moons_data, tmp_path):
-    fitted = peg.PEG(size=2, batch_size=32, eta=0.1).fit(overfit_mlp, moons_data["val"])
+    fitted = peg.PEG(n_members=2, grad_batch_size=32, eta=0.1).fit(overfit_mlp, moons_data["val"])
     with pytest.raises(TypeError, match="materialize"):
         fitted.save(str(tmp_path / "x"), materialize="yes")
     assert not (tmp_path / "x").exists()

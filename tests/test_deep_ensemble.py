@@ -105,7 +105,7 @@ def test_a_member_file_from_another_run_is_refused(moons_data, tmp_path):
 
 def test_peg_on_a_deep_ensemble_gives_q_times_r_members(moons_data):
     de = peg.DeepEnsemble(size=3, recipe=RECIPE).fit(mlp, moons_data["train"])
-    p = peg.PEG(size=5, batch_size=32, eta=0.05).fit(de, moons_data["val"])
+    p = peg.PEG(n_members=5, grad_batch_size=32, eta=0.05).fit(de, moons_data["val"])
     assert len(p) == 15
 
 

@@ -46,8 +46,8 @@ def build(out: str | Path, seed: int = SEED) -> dict[str, dict[str, Any]]:
     fitted: dict[str, Any] = {}
     fitted["deep-ensemble"] = peg.DeepEnsemble(size=2, recipe=recipe, seed=seed).fit(_net, train)
     base = fitted["deep-ensemble"].ensemble().member_model(0)
-    fitted["peg"] = peg.PEG(size=4, batch_size=32, eta="search", seed=seed).fit(base, val)
-    fitted["pep"] = peg.PEP(size=4, sigma="search", seed=seed).fit(base, val)
+    fitted["peg"] = peg.PEG(n_members=4, grad_batch_size=32, eta="search", seed=seed).fit(base, val)
+    fitted["pep"] = peg.PEP(n_members=4, sigma="search", seed=seed).fit(base, val)
     results = {}
     for name, method in fitted.items():
         method.ensemble().save(str(out / f"{name}.safetensors"))  # the members themselves

@@ -172,7 +172,7 @@ def _archive(tmp: Path, model: nn.Module | None = None) -> str:
 
 
 def _fitted_peg() -> peg.PEG:
-    return peg.PEG(size=2, batch_size=8, eta=0.1, progress=False).fit(_mlp(), _val())
+    return peg.PEG(n_members=2, grad_batch_size=8, eta=0.1, progress=False).fit(_mlp(), _val())
 
 
 def _recipe(tmp: Path) -> str:
@@ -209,9 +209,9 @@ logits = torch.randn(2, 4, 3)
 
 # (area, bad input, call, error type, regex the message must match)
 CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
-    ("PEG", "size < 1", lambda: peg.PEG(size=0), ValueError, "size"),
+    ("PEG", "n_members < 1", lambda: peg.PEG(n_members=0), ValueError, "n_members"),
     ("PEG", "eta <= 0", lambda: peg.PEG(eta=-1.0), ValueError, "eta"),
-    ("PEG", "batch_size < 1", lambda: peg.PEG(batch_size=0), ValueError, "batch_size"),
+    ("PEG", "batch_size < 1", lambda: peg.PEG(grad_batch_size=0), ValueError, "batch_size"),
     ("PEG", "unknown variant", lambda: peg.PEG(variant="fancy"), ValueError, "variant"),
     ("PEG", "unknown bn mode", lambda: peg.PEG(bn="frozen"), ValueError, "bn"),
     ("PEG", "seed not an integer", lambda: peg.PEG(seed="a"), ValueError, "seed"),
@@ -234,21 +234,23 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
     (
         "PEG",
         "labels out of range",
-        lambda: peg.PEG(size=2, batch_size=8, eta=0.1).fit(_mlp(), (_val()[0], _val()[1] + 3)),
+        lambda: peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(
+            _mlp(), (_val()[0], _val()[1] + 3)
+        ),
         ValueError,
         r"labels must lie in \[0, 3\)",
     ),
     (
         "PEG",
         "validation set smaller than K",
-        lambda: peg.PEG(size=2, batch_size=128, eta=0.1).fit(_mlp(), _val(50)),
+        lambda: peg.PEG(n_members=2, grad_batch_size=128, eta=0.1).fit(_mlp(), _val(50)),
         ValueError,
         "the mini-batch size",
     ),
     (
         "PEG",
         "empty validation set",
-        lambda: peg.PEG(size=2, eta=0.1).fit(
+        lambda: peg.PEG(n_members=2, eta=0.1).fit(
             _mlp(), (torch.zeros(0, 2), torch.zeros(0, dtype=torch.long))
         ),
         ValueError,
@@ -257,21 +259,23 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
     (
         "PEG",
         "model without trainable parameters",
-        lambda: peg.PEG(size=2, batch_size=8, eta=0.1).fit(_frozen(), _val()),
+        lambda: peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(_frozen(), _val()),
         ValueError,
         "no trainable parameters",
     ),
     (
         "PEG",
         "forward returns a tuple",
-        lambda: peg.PEG(size=2, batch_size=8, eta=0.1).fit(_TupleOut().eval(), _val()),
+        lambda: peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(_TupleOut().eval(), _val()),
         TypeError,
         "must return a Tensor",
     ),
     (
         "PEG",
         "regression model without a Gaussian head",
-        lambda: peg.PEG(size=2, batch_size=8, eta=0.1).fit(_mlp(), (_val()[0], torch.randn(200))),
+        lambda: peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(
+            _mlp(), (_val()[0], torch.randn(200))
+        ),
         ValueError,
         "Gaussian head",
     ),
@@ -449,21 +453,23 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
     (
         "PEG",
         "X with the wrong number of features",
-        lambda: peg.PEG(size=2, batch_size=8, eta=0.1).fit(_mlp(), _wide()),
+        lambda: peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(_mlp(), _wide()),
         ValueError,
         r"val: the model cannot run on inputs of shape \[N, 5\]",
     ),
     (
         "PEG",
         "1-D X",
-        lambda: peg.PEG(size=2, batch_size=8, eta=0.1).fit(_mlp(), (torch.randn(200), _val()[1])),
+        lambda: peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(
+            _mlp(), (torch.randn(200), _val()[1])
+        ),
         ValueError,
         r"X\.unsqueeze\(1\)",
     ),
     (
         "PEG",
         "integer X for a float model",
-        lambda: peg.PEG(size=2, batch_size=8, eta=0.1).fit(
+        lambda: peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(
             _mlp(), (torch.randint(0, 5, (200, 2)), _val()[1])
         ),
         ValueError,
@@ -472,21 +478,23 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
     (
         "PEG",
         "NaN in X",
-        lambda: peg.PEG(size=2, batch_size=8, eta=0.1).fit(_mlp(), _nan_x()),
+        lambda: peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(_mlp(), _nan_x()),
         ValueError,
         r"val: the inputs contain NaN or inf \(1 of 200",
     ),
     (
         "PEG",
         "float class labels",
-        lambda: peg.PEG(size=2, batch_size=8, eta=0.1).fit(_mlp(), (_val()[0], _val()[1].float())),
+        lambda: peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(
+            _mlp(), (_val()[0], _val()[1].float())
+        ),
         ValueError,
         r"y\.long\(\)",
     ),
     (
         "PEG",
         "one-hot labels",
-        lambda: peg.PEG(size=2, batch_size=8, eta=0.1).fit(
+        lambda: peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(
             _mlp(), (_val()[0], nn.functional.one_hot(_val()[1], 3))
         ),
         ValueError,
@@ -495,42 +503,46 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
     (
         "PEG",
         "negative labels",
-        lambda: peg.PEG(size=2, batch_size=8, eta=0.1).fit(_mlp(), (_val()[0], _val()[1] - 1)),
+        lambda: peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(
+            _mlp(), (_val()[0], _val()[1] - 1)
+        ),
         ValueError,
         "min -1",
     ),
     (
         "PEG",
         "X and y of different lengths",
-        lambda: peg.PEG(size=2, batch_size=8, eta=0.1).fit(_mlp(), (_val()[0], _val()[1][:-1])),
+        lambda: peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(
+            _mlp(), (_val()[0], _val()[1][:-1])
+        ),
         ValueError,
         "200 inputs but 199 labels",
     ),
     (
         "PEG",
         "inputs without labels",
-        lambda: peg.PEG(size=2, batch_size=8, eta=0.1).fit(_mlp(), _val()[0]),
+        lambda: peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(_mlp(), _val()[0]),
         ValueError,
         "labels are needed",
     ),
     (
         "PEG",
         "val of the wrong type",
-        lambda: peg.PEG(size=2, batch_size=8, eta=0.1).fit(_mlp(), [1, 2, 3]),
+        lambda: peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(_mlp(), [1, 2, 3]),
         TypeError,
         "val: expected a tuple",
     ),
     (
         "PEG",
         "model not an nn.Module",
-        lambda: peg.PEG(size=2, eta=0.1).fit("resnet18", _val()),
+        lambda: peg.PEG(n_members=2, eta=0.1).fit("resnet18", _val()),
         TypeError,
         "model: expected an nn.Module",
     ),
     (
         "PEG",
         "base models with different numbers of classes",
-        lambda: peg.PEG(size=2, batch_size=8, eta=0.1).fit(
+        lambda: peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(
             [_mlp(), nn.Sequential(nn.Linear(2, 4)).eval()], _val()
         ),
         ValueError,
@@ -539,7 +551,7 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
     (
         "PEG",
         "NaN regression targets",
-        lambda: peg.PEG(size=2, batch_size=8, eta=0.1).fit(
+        lambda: peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(
             nn.Linear(2, 2).eval(), (_val()[0], torch.full((200,), float("nan")))
         ),
         ValueError,
@@ -548,7 +560,7 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
     (
         "PEG",
         "classification criterion for regression",
-        lambda: peg.PEG(size=2, batch_size=8, eta=0.1, criterion="ece").fit(
+        lambda: peg.PEG(n_members=2, grad_batch_size=8, eta=0.1, criterion="ece").fit(
             nn.Linear(2, 2).eval(), (_val()[0], torch.randn(200))
         ),
         ValueError,
@@ -557,15 +569,17 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
     (
         "PEG",
         "bn='refresh' without bn_data",
-        lambda: peg.PEG(size=2, batch_size=8, eta=0.1, bn="refresh").fit(_bn_mlp(), _val()),
+        lambda: peg.PEG(n_members=2, grad_batch_size=8, eta=0.1, bn="refresh").fit(
+            _bn_mlp(), _val()
+        ),
         ValueError,
         "bn_data",
     ),
     ("PEG", "unknown eta string", lambda: peg.PEG(eta="grid"), ValueError, "eta"),
     ("PEG", "unknown criterion", lambda: peg.PEG(criterion="auc"), ValueError, "criterion"),
     ("PEG", "unknown params filter", lambda: peg.PEG(params="bias"), ValueError, "params"),
-    ("PEG", "size not an integer", lambda: peg.PEG(size=2.5), ValueError, "size"),
-    ("PEG", "eval_batch_size < 1", lambda: peg.PEG(eval_batch_size=0), ValueError, "eval_"),
+    ("PEG", "n_members not an integer", lambda: peg.PEG(n_members=2.5), ValueError, "n_members"),
+    ("PEG", "batch_size < 1", lambda: peg.PEG(batch_size=0), ValueError, "batch_size"),
     (
         "PEG",
         "max_score_points < 1",
@@ -579,7 +593,7 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
     (
         "PEG",
         "data on another device (meta, no values)",
-        lambda: peg.PEG(size=2, batch_size=8, eta=0.1).fit(
+        lambda: peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(
             _mlp(), (_val()[0].to("meta"), _val()[1])
         ),
         ValueError,
@@ -588,7 +602,7 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
     (
         "PEG",
         "labels on another device (meta)",
-        lambda: peg.PEG(size=2, batch_size=8, eta=0.1).fit(
+        lambda: peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(
             _mlp(), (_val()[0], _val()[1].to("meta"))
         ),
         ValueError,
@@ -597,21 +611,21 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
     (
         "PEG",
         "model on another device (meta, no weights)",
-        lambda: peg.PEG(size=2, batch_size=8, eta=0.1).fit(_meta_mlp(), _val()),
+        lambda: peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(_meta_mlp(), _val()),
         ValueError,
         "model: weights on the meta device .* val is on cpu",
     ),
     (
         "PEG",
         "forward returns a dict",
-        lambda: peg.PEG(size=2, batch_size=8, eta=0.1).fit(_DictOut().eval(), _val()),
+        lambda: peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(_DictOut().eval(), _val()),
         TypeError,
         r"peg\.with_output\(model, 'logits'\)",
     ),
     (
         "PEG",
         "output_fn naming a missing key",
-        lambda: peg.PEG(size=2, batch_size=8, eta=0.1).fit(
+        lambda: peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(
             peg.with_output(_DictOut().eval(), "logit"), _val()
         ),
         OutputFnError,
@@ -620,7 +634,7 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
     (
         "PEG",
         "output_fn index out of range",
-        lambda: peg.PEG(size=2, batch_size=8, eta=0.1).fit(
+        lambda: peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(
             peg.with_output(_TupleOut().eval(), 2), _val()
         ),
         OutputFnError,
@@ -649,19 +663,19 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
     ),
     # ---------------------------------------------------------------- PEP
     ("PEP", "a negative sigma in the list", lambda: peg.PEP(sigma=[0.1, -1]), ValueError, "sigma"),
-    ("PEP", "size < 1", lambda: peg.PEP(size=0), ValueError, "size"),
+    ("PEP", "n_members < 1", lambda: peg.PEP(n_members=0), ValueError, "n_members"),
     ("PEP", "seed not an integer", lambda: peg.PEP(seed=1.5), ValueError, "seed"),
     (
         "PEP",
         "labels out of range",
-        lambda: peg.PEP(size=2, sigma=0.1).fit(_mlp(), (_val()[0], _val()[1] + 3)),
+        lambda: peg.PEP(n_members=2, sigma=0.1).fit(_mlp(), (_val()[0], _val()[1] + 3)),
         ValueError,
         r"labels must lie in \[0, 3\)",
     ),
     (
         "PEP",
         "X with the wrong number of features",
-        lambda: peg.PEP(size=2, sigma=0.1).fit(_mlp(), _wide()),
+        lambda: peg.PEP(n_members=2, sigma=0.1).fit(_mlp(), _wide()),
         ValueError,
         "cannot run on inputs",
     ),

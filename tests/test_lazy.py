@@ -31,9 +31,15 @@ def _pair(cls, model, val, **options):
 @pytest.mark.parametrize(
     "options",
     [
-        {"size": 7, "batch_size": 32, "eta": 0.1},
-        {"size": 6, "batch_size": 32, "eta": 0.1, "variant": "unbiased", "val_batches": 3},
-        {"size": 5, "batch_size": 32, "eta": [0.01, 0.1], "max_score_points": 200},
+        {"n_members": 7, "grad_batch_size": 32, "eta": 0.1},
+        {
+            "n_members": 6,
+            "grad_batch_size": 32,
+            "eta": 0.1,
+            "variant": "unbiased",
+            "val_batches": 3,
+        },
+        {"n_members": 5, "grad_batch_size": 32, "eta": [0.01, 0.1], "max_score_points": 200},
     ],
     ids=["vanilla", "unbiased", "searched"],
 )
@@ -42,7 +48,7 @@ def test_lazy_peg_predicts_what_the_stacked_ensemble_predicts(overfit_mlp, moons
     assert lazy.eta_ == eager.eta_ and lazy.search_ == eager.search_
     X = moons_data["test"][0]
     want = eager.member_logits(X, 256)
-    assert len(lazy) == len(eager) == options["size"]
+    assert len(lazy) == len(eager) == options["n_members"]
     for strategy, chunk in [("auto", None), ("loop", 1), ("vmap", 3), ("chunked", 2), ("auto", 7)]:
         got = lazy.member_logits(X, 256, strategy=strategy, chunk_size=chunk)
         assert got.shape == want.shape
@@ -56,8 +62,8 @@ def test_lazy_peg_predicts_what_the_stacked_ensemble_predicts(overfit_mlp, moons
 def test_lazy_several_base_models_are_base_major(moons_data, cls, as_ensemble):
     bases = [mlp(0), mlp(1), mlp(2)]
     model = peg.Ensemble.from_models(bases) if as_ensemble else bases
-    scale = {"eta": 0.1, "batch_size": 32} if cls is peg.PEG else {"sigma": 0.05}
-    eager, lazy = _pair(cls, model, moons_data["val"], size=4, **scale)
+    scale = {"eta": 0.1, "grad_batch_size": 32} if cls is peg.PEG else {"sigma": 0.05}
+    eager, lazy = _pair(cls, model, moons_data["val"], n_members=4, **scale)
     X = moons_data["test"][0]
     want = eager.member_logits(X)
     assert want.shape[0] == 12 and len(lazy) == 12
@@ -66,7 +72,7 @@ def test_lazy_several_base_models_are_base_major(moons_data, cls, as_ensemble):
 
 
 def test_lazy_pep_and_searched_sigma(overfit_mlp, moons_data):
-    eager, lazy = _pair(peg.PEP, overfit_mlp, moons_data["val"], size=6, sigma="search")
+    eager, lazy = _pair(peg.PEP, overfit_mlp, moons_data["val"], n_members=6, sigma="search")
     assert lazy.sigma_ == eager.sigma_
     X = moons_data["test"][0]
     _logits_equal(lazy.member_logits(X, chunk_size=4), eager.member_logits(X))
@@ -76,7 +82,7 @@ def test_lazy_pep_and_searched_sigma(overfit_mlp, moons_data):
 def test_lazy_with_batchnorm(bn_net, moons_data, bn):
     val = (moons_data["val"][0], moons_data["val"][1] % 3)
     extra = {"bn_data": moons_data["train"][0]} if bn == "refresh" else {}
-    options = {"size": 4, "batch_size": 32, "eta": 0.05, "bn": bn, "progress": False}
+    options = {"n_members": 4, "grad_batch_size": 32, "eta": 0.05, "bn": bn, "progress": False}
     eager = peg.PEG(**options).fit(bn_net, val, **extra)
     lazy = peg.PEG(lazy=True, **options).fit(bn_net, val, **extra)
     X = moons_data["test"][0]
@@ -94,7 +100,7 @@ def test_lazy_drops_the_same_members(overfit_mlp, moons_data):
     fitted = []
     for lazy in (False, True):
         calls["n"] = 0
-        options = {"size": 4, "batch_size": 32, "eta": 0.1, "loss": loss, "lazy": lazy}
+        options = {"n_members": 4, "grad_batch_size": 32, "eta": 0.1, "loss": loss, "lazy": lazy}
         fitted.append(peg.PEG(on_nonfinite="drop", **options).fit(overfit_mlp, moons_data["val"]))
     eager, lazy = fitted
     assert lazy.dropped_ == eager.dropped_ == [1] and len(lazy) == 3
@@ -136,7 +142,7 @@ def test_a_lazy_peg_holds_no_members(eta):
     base = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     data = X.numel() * 4 + y.numel() * 8
     S = 20
-    options = {"size": S, "batch_size": 32, "eta": eta, "progress": False}
+    options = {"n_members": S, "grad_batch_size": 32, "eta": eta, "progress": False}
     eager = peg.PEG(**options).fit(model, (X, y))
     lazy = peg.PEG(lazy=True, **options).fit(model, (X, y))
     assert not hasattr(lazy, "directions_") and not hasattr(lazy, "ensemble_")
@@ -151,7 +157,7 @@ def test_a_lazy_peg_holds_no_members(eta):
 
 def test_lazy_ensemble_save_and_load(overfit_mlp, moons_data, tmp_path):
     val, X = moons_data["val"], moons_data["test"][0]
-    options = {"size": 5, "batch_size": 32, "eta": [0.01, 0.1]}
+    options = {"n_members": 5, "grad_batch_size": 32, "eta": [0.01, 0.1]}
     eager, lazy = _pair(peg.PEG, overfit_mlp, val, **options)
     want = eager.member_logits(X)
     # ensemble() builds every member on demand, equal to the eager one
@@ -175,13 +181,15 @@ def test_lazy_ensemble_save_and_load(overfit_mlp, moons_data, tmp_path):
 
 def test_lazy_pep_recipe_round_trip(overfit_mlp, moons_data, tmp_path):
     val, X = moons_data["val"], moons_data["test"][0]
-    lazy = peg.PEP(size=4, sigma=0.02, lazy=True, progress=False).fit(overfit_mlp, val)
+    lazy = peg.PEP(n_members=4, sigma=0.02, lazy=True, progress=False).fit(overfit_mlp, val)
     path = lazy.save(str(tmp_path / "pep"))
     _logits_equal(peg.load(path, overfit_mlp, val=val).member_logits(X), lazy.member_logits(X))
 
 
 def test_lazy_inputs_and_grad_mode(overfit_mlp, moons_data):
-    eager, lazy = _pair(peg.PEG, overfit_mlp, moons_data["val"], size=4, batch_size=32, eta=0.1)
+    eager, lazy = _pair(
+        peg.PEG, overfit_mlp, moons_data["val"], n_members=4, grad_batch_size=32, eta=0.1
+    )
     X = moons_data["test"][0]
     want = eager.member_logits(X)
     loader = DataLoader(TensorDataset(X, torch.zeros(len(X))), batch_size=300)
@@ -193,7 +201,7 @@ def test_lazy_inputs_and_grad_mode(overfit_mlp, moons_data):
 def test_lazy_leaves_the_caller_model_alone_and_ignores_later_edits(moons_data):
     model = mlp(0)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    lazy = peg.PEG(size=3, batch_size=32, eta=0.1, lazy=True, progress=False)
+    lazy = peg.PEG(n_members=3, grad_batch_size=32, eta=0.1, lazy=True, progress=False)
     lazy.fit(model, moons_data["val"])
     X = moons_data["test"][0]
     first = lazy.member_logits(X)
@@ -218,7 +226,7 @@ def test_lazy_errors():
 
 
 def test_lazy_argument_checks(overfit_mlp, moons_data):
-    lazy = peg.PEG(size=2, batch_size=32, eta=0.1, lazy=True, progress=False)
+    lazy = peg.PEG(n_members=2, grad_batch_size=32, eta=0.1, lazy=True, progress=False)
     lazy.fit(overfit_mlp, moons_data["val"])
     X = moons_data["test"][0]
     with pytest.raises(ValueError, match="strategy"):
@@ -231,7 +239,7 @@ def test_lazy_argument_checks(overfit_mlp, moons_data):
 
 def test_lazy_prediction_takes_autocast(moons_data):
     X, _ = moons_data["val"]
-    lazy = peg.PEG(size=3, batch_size=16, eta=0.05, lazy=True, progress=False)
+    lazy = peg.PEG(n_members=3, grad_batch_size=16, eta=0.05, lazy=True, progress=False)
     lazy.fit(mlp(0).eval(), moons_data["val"])
     low = lazy.member_logits(X, autocast="bf16")
     assert low.dtype == torch.float32

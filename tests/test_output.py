@@ -85,8 +85,8 @@ def test_wrapped_model_predicts_like_the_plain_one(kind, data):
 def test_peg_and_pep_with_the_hook_equal_the_plain_model(kind, method, data):
     X, y = data
     make = {
-        "peg": lambda: peg.PEG(size=4, eta=[0.01, 0.1], batch_size=16, progress=False),
-        "pep": lambda: peg.PEP(size=4, sigma=[0.001, 0.01], progress=False),
+        "peg": lambda: peg.PEG(n_members=4, eta=[0.01, 0.1], grad_batch_size=16, progress=False),
+        "pep": lambda: peg.PEP(n_members=4, sigma=[0.001, 0.01], progress=False),
     }[method]
     a = make().fit(WRAPPED[kind](), (X, y))
     b = make().fit(_same_weights(Net), (X, y))
@@ -118,7 +118,9 @@ def test_mc_dropout_inserts_inside_the_wrapper(data):
 
 def test_archives_round_trip_with_the_model_prefix(data, tmp_path):
     X, y = data
-    fitted = peg.PEG(size=3, eta=0.1, batch_size=16, progress=False).fit(WRAPPED["dict"](), (X, y))
+    fitted = peg.PEG(n_members=3, eta=0.1, grad_batch_size=16, progress=False).fit(
+        WRAPPED["dict"](), (X, y)
+    )
     assert all(k.startswith("model.") for k in fitted.ensemble().stacked)
     path = fitted.save(str(tmp_path / "members.peg"), materialize=True)
     loaded = peg.load(path, peg.with_output(DictNet(), "logits"))
@@ -149,7 +151,7 @@ def test_the_wrapper_copies_and_pickles_with_a_key(data):
 def test_without_the_hook_the_error_names_it(net, pattern, data):
     X, y = data
     calls = [
-        lambda m: peg.PEG(size=2, eta=0.1, batch_size=16).fit(m, (X, y)),
+        lambda m: peg.PEG(n_members=2, eta=0.1, grad_batch_size=16).fit(m, (X, y)),
         lambda m: peg.Ensemble.from_models([m, m]).member_logits(X[:8], strategy="vmap"),
         lambda m: peg.Ensemble.from_models([m]).member_logits(X, strategy="loop"),
         lambda m: peg.evaluate(m, X, y),
@@ -182,9 +184,12 @@ def test_data_follows_the_model_and_meta_is_refused(data):
     on_meta = copy.deepcopy(model).to("meta")
     recipe = Recipe(epochs=2, schedule="swa", swa_start=1, swa_lr=0.01)
     cases = [
-        (lambda: peg.PEG(size=2, eta=0.1, batch_size=16).fit(model, (Xm, y)), "val: on the meta"),
-        (lambda: peg.PEP(size=2, sigma=0.1).fit(model, (X, ym)), "val labels: on the meta"),
-        (lambda: peg.PEG(size=2, eta=0.1).fit(on_meta, (X, y)), "model: weights on the meta"),
+        (
+            lambda: peg.PEG(n_members=2, eta=0.1, grad_batch_size=16).fit(model, (Xm, y)),
+            "val: on the meta",
+        ),
+        (lambda: peg.PEP(n_members=2, sigma=0.1).fit(model, (X, ym)), "val labels: on the meta"),
+        (lambda: peg.PEG(n_members=2, eta=0.1).fit(on_meta, (X, y)), "model: weights on the meta"),
         (lambda: peg.Ensemble.from_models([model]).member_logits(Xm), "X: on the meta"),
         (lambda: peg.evaluate(model, Xm, y), "X: on the meta"),
         (lambda: peg.evaluate(model, X, ym), "y: on the meta"),

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import peg
-from peg.methods import _perturb as perturb
+from peg.methods import _search as search_module
 from peg.methods.peg import draw_batch
 from peg.streams import MEMBER, generator
 
@@ -18,7 +18,7 @@ from conftest import mlp, moons
 
 def test_eta_zero_reproduces_the_base_exactly(overfit_mlp, moons_data):
     X, _ = moons_data["test"]
-    p = peg.PEG(size=4, batch_size=32, eta=0.1).fit(overfit_mlp, moons_data["val"])
+    p = peg.PEG(n_members=4, grad_batch_size=32, eta=0.1).fit(overfit_mlp, moons_data["val"])
     logits = p.ensemble_at(0.0).member_logits(X)
     with torch.no_grad():
         base = overfit_mlp(X)
@@ -27,16 +27,22 @@ def test_eta_zero_reproduces_the_base_exactly(overfit_mlp, moons_data):
 
 
 def test_members_differ_for_positive_eta(overfit_mlp, moons_data):
-    p = peg.PEG(size=5, batch_size=32, eta=0.1).fit(overfit_mlp, moons_data["val"])
+    p = peg.PEG(n_members=5, grad_batch_size=32, eta=0.1).fit(overfit_mlp, moons_data["val"])
     w = p.ensemble_.stacked["2.weight"]
     assert w.shape[0] == 5
     assert all(not torch.equal(w[i], w[j]) for i in range(5) for j in range(i + 1, 5))
 
 
 def test_same_seed_same_members_other_seed_other_members(overfit_mlp, moons_data):
-    a = peg.PEG(size=3, batch_size=32, eta=0.1, seed=7).fit(overfit_mlp, moons_data["val"])
-    b = peg.PEG(size=3, batch_size=32, eta=0.1, seed=7).fit(overfit_mlp, moons_data["val"])
-    c = peg.PEG(size=3, batch_size=32, eta=0.1, seed=8).fit(overfit_mlp, moons_data["val"])
+    a = peg.PEG(n_members=3, grad_batch_size=32, eta=0.1, seed=7).fit(
+        overfit_mlp, moons_data["val"]
+    )
+    b = peg.PEG(n_members=3, grad_batch_size=32, eta=0.1, seed=7).fit(
+        overfit_mlp, moons_data["val"]
+    )
+    c = peg.PEG(n_members=3, grad_batch_size=32, eta=0.1, seed=8).fit(
+        overfit_mlp, moons_data["val"]
+    )
     for k in a.ensemble_.stacked:
         assert torch.equal(a.ensemble_.stacked[k], b.ensemble_.stacked[k])
     assert not torch.equal(a.ensemble_.stacked["0.weight"], c.ensemble_.stacked["0.weight"])
@@ -47,7 +53,9 @@ def test_every_member_is_one_sgd_step_from_theta(overfit_mlp, moons_data, reduct
     """Restart, never chaining: member i = θ − η∇L(θ; Bᵢ), checked against torch.optim.SGD."""
     X, y = moons_data["val"]
     eta, K, S = 0.05, 32, 4
-    p = peg.PEG(size=S, batch_size=K, eta=eta, seed=3, reduction=reduction).fit(overfit_mlp, (X, y))
+    p = peg.PEG(n_members=S, grad_batch_size=K, eta=eta, seed=3, reduction=reduction).fit(
+        overfit_mlp, (X, y)
+    )
     for i in range(S):
         idx = draw_batch(generator(3, MEMBER, 0, i), len(X), K)
         ref = mlp(1)
@@ -61,17 +69,19 @@ def test_every_member_is_one_sgd_step_from_theta(overfit_mlp, moons_data, reduct
 
 
 def test_gradient_reuse_equals_members_built_one_at_a_time(overfit_mlp, moons_data):
-    searched = peg.PEG(size=4, batch_size=32, eta=[0.01, 0.1, 1.0], eta_holdout=0.0).fit(
+    searched = peg.PEG(n_members=4, grad_batch_size=32, eta=[0.01, 0.1, 1.0], eta_holdout=0.0).fit(
         overfit_mlp, moons_data["val"]
     )
     assert searched.eta_ in (0.01, 0.1, 1.0) and len(searched.search_) == 3
-    direct = peg.PEG(size=4, batch_size=32, eta=searched.eta_).fit(overfit_mlp, moons_data["val"])
+    direct = peg.PEG(n_members=4, grad_batch_size=32, eta=searched.eta_).fit(
+        overfit_mlp, moons_data["val"]
+    )
     for k, v in direct.ensemble_.stacked.items():
         torch.testing.assert_close(searched.ensemble_.stacked[k], v, rtol=0, atol=1e-6)
 
 
 def test_eta_search_holds_out_half_the_validation_set(overfit_mlp, moons_data):
-    p = peg.PEG(size=3, batch_size=32, eta="search").fit(overfit_mlp, moons_data["val"])
+    p = peg.PEG(n_members=3, grad_batch_size=32, eta="search").fit(overfit_mlp, moons_data["val"])
     points = p.ensemble_.meta["validation_points"]
     assert points == {"total": 600, "directions": 300, "scoring": 300}
     assert {0.001, 0.01, 0.1, 1.0} <= set(p.search_)
@@ -81,7 +91,7 @@ def test_eta_search_holds_out_half_the_validation_set(overfit_mlp, moons_data):
 
 def test_algorithm_2_builds_q_times_r_members(moons_data):
     bases = [mlp(s).eval() for s in range(3)]
-    p = peg.PEG(size=5, batch_size=32, eta=0.1).fit(bases, moons_data["val"])
+    p = peg.PEG(n_members=5, grad_batch_size=32, eta=0.1).fit(bases, moons_data["val"])
     assert len(p) == 15
     assert p.member_logits(moons_data["test"][0]).shape == (15, 1000, 2)
     # members 0-4 come from base 0, 5-9 from base 1: each close to its own base
@@ -92,7 +102,7 @@ def test_algorithm_2_builds_q_times_r_members(moons_data):
             assert min(range(3), key=dist.__getitem__) == r
     # an Ensemble works as input too
     ens = peg.Ensemble.from_models(bases)
-    q = peg.PEG(size=2, batch_size=32, eta=0.1).fit(ens, moons_data["val"])
+    q = peg.PEG(n_members=2, grad_batch_size=32, eta=0.1).fit(ens, moons_data["val"])
     assert len(q) == 6
 
 
@@ -102,7 +112,7 @@ def test_unbiased_mean_displacement_is_zero_vanilla_is_not(overfit_mlp, moons_da
     theta = torch.cat([p.detach().reshape(-1) for p in overfit_mlp.parameters()])
 
     def z2(variant: str) -> float:
-        p = peg.PEG(size=S, batch_size=32, eta=0.1, variant=variant, seed=1).fit(
+        p = peg.PEG(n_members=S, grad_batch_size=32, eta=0.1, variant=variant, seed=1).fit(
             overfit_mlp, moons_data["val"]
         )
         disp = p.directions_[0] * 0.1  # θᵢ − θ, [S, P]
@@ -119,13 +129,13 @@ def test_unbiased_mean_displacement_is_zero_vanilla_is_not(overfit_mlp, moons_da
 
 def test_unbiased_momentum_options(overfit_mlp, moons_data):
     zero = {n: torch.zeros_like(p) for n, p in overfit_mlp.named_parameters()}
-    a = peg.PEG(size=3, batch_size=32, eta=0.1, variant="unbiased", momentum="none").fit(
+    a = peg.PEG(n_members=3, grad_batch_size=32, eta=0.1, variant="unbiased", momentum="none").fit(
         overfit_mlp, moons_data["val"]
     )
-    b = peg.PEG(size=3, batch_size=32, eta=0.1, variant="unbiased", momentum=zero).fit(
+    b = peg.PEG(n_members=3, grad_batch_size=32, eta=0.1, variant="unbiased", momentum=zero).fit(
         overfit_mlp, moons_data["val"]
     )
-    c = peg.PEG(size=3, batch_size=32, eta=0.1, variant="unbiased").fit(
+    c = peg.PEG(n_members=3, grad_batch_size=32, eta=0.1, variant="unbiased").fit(
         overfit_mlp, moons_data["val"]
     )
     torch.testing.assert_close(a.directions_[0], b.directions_[0])
@@ -135,7 +145,9 @@ def test_unbiased_momentum_options(overfit_mlp, moons_data):
 
 def test_peg_lowers_test_nll_of_an_overfit_mlp(overfit_mlp, moons_data):
     X, y = moons_data["test"]
-    p = peg.PEG(size=15, batch_size=64, eta="search", seed=0).fit(overfit_mlp, moons_data["val"])
+    p = peg.PEG(n_members=15, grad_batch_size=64, eta="search", seed=0).fit(
+        overfit_mlp, moons_data["val"]
+    )
     base = peg.evaluate(overfit_mlp, X, y)
     ens = peg.evaluate(p, X, y)
     assert ens["nll"] < 0.9 * base["nll"], (base, ens, p.eta_)
@@ -147,7 +159,7 @@ def test_batchnorm_modes(bn_net, bn, moons_data):
     y = torch.randint(0, 3, (300,))
     before = {k: v.clone() for k, v in bn_net.state_dict().items()}
     kwargs = {"bn_data": torch.randn(256, 2) * 2} if bn == "refresh" else {}
-    p = peg.PEG(size=3, batch_size=32, eta=0.5, bn=bn).fit(bn_net, (X, y), **kwargs)
+    p = peg.PEG(n_members=3, grad_batch_size=32, eta=0.5, bn=bn).fit(bn_net, (X, y), **kwargs)
     for k, v in bn_net.state_dict().items():  # the caller's model is untouched
         assert torch.equal(v, before[k]), k
     assert not bn_net.training
@@ -161,16 +173,16 @@ def test_batchnorm_modes(bn_net, bn, moons_data):
 
 def test_bn_modes_change_the_gradient(bn_net):
     X, y = torch.randn(300, 2), torch.randint(0, 3, (300,))
-    a = peg.PEG(size=2, batch_size=32, eta=0.5, bn="eval").fit(bn_net, (X, y))
-    b = peg.PEG(size=2, batch_size=32, eta=0.5, bn="batch").fit(bn_net, (X, y))
+    a = peg.PEG(n_members=2, grad_batch_size=32, eta=0.5, bn="eval").fit(bn_net, (X, y))
+    b = peg.PEG(n_members=2, grad_batch_size=32, eta=0.5, bn="batch").fit(bn_net, (X, y))
     assert not torch.allclose(a.directions_[0], b.directions_[0])
 
 
 def test_dataloader_validation_input(overfit_mlp, moons_data):
     X, y = moons_data["val"]
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, y), batch_size=50)
-    a = peg.PEG(size=3, batch_size=32, eta=0.1).fit(overfit_mlp, loader)
-    b = peg.PEG(size=3, batch_size=32, eta=0.1).fit(overfit_mlp, (X, y))
+    a = peg.PEG(n_members=3, grad_batch_size=32, eta=0.1).fit(overfit_mlp, loader)
+    b = peg.PEG(n_members=3, grad_batch_size=32, eta=0.1).fit(overfit_mlp, (X, y))
     torch.testing.assert_close(a.directions_[0], b.directions_[0])
     Xt = moons_data["test"][0]
     test_loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(Xt), batch_size=64)
@@ -181,8 +193,8 @@ def test_dataloader_validation_input(overfit_mlp, moons_data):
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"size": 0}, "size"),
-        ({"size": 2.5}, "size"),
+        ({"n_members": 0}, "n_members"),
+        ({"n_members": 2.5}, "n_members"),
         ({"eta": 0.0}, "eta"),
         ({"eta": -1.0}, "eta"),
         ({"eta": [0.1, -0.1]}, "eta"),
@@ -207,19 +219,19 @@ def test_bad_hyperparameters(kwargs, match):
 def test_bad_validation_data(overfit_mlp):
     X, y = moons(100, 5)
     with pytest.raises(ValueError, match="val.*empty"):
-        peg.PEG(size=2, eta=0.1).fit(overfit_mlp, (X[:0], y[:0]))
+        peg.PEG(n_members=2, eta=0.1).fit(overfit_mlp, (X[:0], y[:0]))
     with pytest.raises(ValueError, match="val: 100 points.*at least 128"):
-        peg.PEG(size=2, eta=0.1).fit(overfit_mlp, (X, y))
+        peg.PEG(n_members=2, eta=0.1).fit(overfit_mlp, (X, y))
     with pytest.raises(ValueError, match="val: 50 points after holding out 50%"):
-        peg.PEG(size=2, batch_size=64, eta="search").fit(overfit_mlp, (X, y))
+        peg.PEG(n_members=2, grad_batch_size=64, eta="search").fit(overfit_mlp, (X, y))
     with pytest.raises(ValueError, match=r"labels must lie in \[0, 2\).*max 2"):
-        peg.PEG(size=2, batch_size=8, eta=0.1).fit(overfit_mlp, (X, y + 1))
+        peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(overfit_mlp, (X, y + 1))
     with pytest.raises(ValueError, match="100 inputs but 99 labels"):
-        peg.PEG(size=2, batch_size=8, eta=0.1).fit(overfit_mlp, (X, y[:99]))
+        peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(overfit_mlp, (X, y[:99]))
     with pytest.raises(ValueError, match="val: labels are needed"):
-        peg.PEG(size=2, batch_size=8, eta=0.1).fit(overfit_mlp, X)
+        peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(overfit_mlp, X)
     with pytest.raises(TypeError, match="val: expected a tuple"):
-        peg.PEG(size=2, batch_size=8, eta=0.1).fit(overfit_mlp, "data.csv")
+        peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(overfit_mlp, "data.csv")
 
 
 def test_bad_models(moons_data):
@@ -234,25 +246,25 @@ def test_bad_models(moons_data):
             return self.lin(x), x
 
     with pytest.raises(TypeError, match="must return a Tensor of logits"):
-        peg.PEG(size=2, batch_size=8, eta=0.1).fit(Pair(), val)
+        peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(Pair(), val)
     with pytest.raises(ValueError, match=r"logits \[B, C\], got shape \(2,\)"):
-        peg.PEG(size=2, batch_size=8, eta=0.1).fit(
+        peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(
             nn.Sequential(nn.Linear(2, 1), nn.Flatten(0)), val
         )
     frozen = mlp(0).requires_grad_(False)
     with pytest.raises(ValueError, match="no trainable parameters"):
-        peg.PEG(size=2, batch_size=8, eta=0.1).fit(frozen, val)
+        peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(frozen, val)
     with pytest.raises(TypeError, match="model: expected an nn.Module"):
-        peg.PEG(size=2, batch_size=8, eta=0.1).fit("resnet", val)
+        peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit("resnet", val)
     with pytest.raises(ValueError, match="bn_data"):
-        peg.PEG(size=2, batch_size=8, eta=0.1, bn="refresh").fit(mlp(0), val)
+        peg.PEG(n_members=2, grad_batch_size=8, eta=0.1, bn="refresh").fit(mlp(0), val)
 
 
 def test_non_finite_loss_names_the_member(overfit_mlp):
     X, y = moons(200, 3)
     X[17] = 3e38  # finite, but the logits overflow: the loss of a batch holding it is nan
     with pytest.raises(peg.NonFiniteError, match=r"member \d+ \(base model 0\): the loss is nan"):
-        peg.PEG(size=30, batch_size=32, eta=0.1).fit(overfit_mlp, (X, y))
+        peg.PEG(n_members=30, grad_batch_size=32, eta=0.1).fit(overfit_mlp, (X, y))
 
 
 def test_not_fitted():
@@ -270,9 +282,9 @@ def test_a_diverging_member_is_named_or_dropped(overfit_mlp, moons_data):
         return losses * float("nan") if calls["n"] == 2 else losses  # member 1 diverges
 
     with pytest.raises(peg.NonFiniteError, match="member 1"):
-        peg.PEG(size=4, batch_size=32, eta=0.1, loss=loss).fit(overfit_mlp, (X, y))
+        peg.PEG(n_members=4, grad_batch_size=32, eta=0.1, loss=loss).fit(overfit_mlp, (X, y))
     calls["n"] = 0
-    p = peg.PEG(size=4, batch_size=32, eta=0.1, loss=loss, on_nonfinite="drop").fit(
+    p = peg.PEG(n_members=4, grad_batch_size=32, eta=0.1, loss=loss, on_nonfinite="drop").fit(
         overfit_mlp, (X, y)
     )
     assert p.dropped_ == [1] and len(p) == 3
@@ -286,17 +298,17 @@ def test_a_model_in_training_mode_gets_a_warning_and_is_left_alone(bn_net, moons
     X, y = moons_data["val"]
     bn_net.train()
     with pytest.warns(UserWarning, match="training mode"):
-        p = peg.PEG(size=2, batch_size=32, eta=0.1).fit(bn_net, (X, y % 3))
+        p = peg.PEG(n_members=2, grad_batch_size=32, eta=0.1).fit(bn_net, (X, y % 3))
     assert bn_net.training  # not switched behind the caller's back
     assert torch.isfinite(p.member_logits(X)).all()
 
 
 def test_early_stopped_eta_search_picks_the_exhaustive_eta(overfit_mlp, moons_data):
-    fast = peg.PEG(size=4, batch_size=32, eta="search", eval_batch_size=32, race=0).fit(
+    fast = peg.PEG(n_members=4, grad_batch_size=32, eta="search", batch_size=32, race=0).fit(
         overfit_mlp, moons_data["val"]
     )
     full = peg.PEG(
-        size=4, batch_size=32, eta="search", eval_batch_size=32, race=0, early_stop=False
+        n_members=4, grad_batch_size=32, eta="search", batch_size=32, race=0, early_stop=False
     )
     full.fit(overfit_mlp, moons_data["val"])
     assert fast.eta_ == full.eta_ and fast.search_.keys() == full.search_.keys()
@@ -311,7 +323,7 @@ def test_early_stopped_eta_search_picks_the_exhaustive_eta(overfit_mlp, moons_da
 def test_whole_set_criteria_are_scored_as_themselves(overfit_mlp, moons_data):
     """ECE is not a mean of per-point losses: scored in one piece, its values are ECEs."""
     X, y = moons_data["val"]
-    p = peg.PEG(size=4, batch_size=32, eta=[0.01, 0.1], criterion="ece", eta_holdout=0.0)
+    p = peg.PEG(n_members=4, grad_batch_size=32, eta=[0.01, 0.1], criterion="ece", eta_holdout=0.0)
     p.fit(overfit_mlp, (X, y))
     for eta, value in p.search_.items():
         expected = peg.metrics.ece(p.ensemble_at(eta).member_logits(X), y)
@@ -322,8 +334,8 @@ def test_whole_set_criteria_are_scored_as_themselves(overfit_mlp, moons_data):
 def test_a_raced_eta_search_picks_the_exhaustive_eta_on_fewer_points(
     overfit_mlp, moons_data, monkeypatch, criterion
 ):
-    monkeypatch.setattr(perturb, "RACE_FIRST", 32)  # 300 scoring points: looks at 32, 64, ...
-    options = {"size": 4, "batch_size": 32, "eta": "search", "criterion": criterion}
+    monkeypatch.setattr(search_module, "RACE_FIRST", 32)  # 300 scoring points: looks at 32, 64, ...
+    options = {"n_members": 4, "grad_batch_size": 32, "eta": "search", "criterion": criterion}
     raced = peg.PEG(**options).fit(overfit_mlp, moons_data["val"])
     full = peg.PEG(**options, race=0, early_stop=False).fit(overfit_mlp, moons_data["val"])
     assert raced.eta_ == full.eta_ and raced.search_.keys() == full.search_.keys()

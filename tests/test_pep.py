@@ -11,7 +11,9 @@ from conftest import mlp
 
 
 def test_same_noise_for_every_sigma(overfit_mlp, moons_data):
-    p = peg.PEP(size=6, sigma="search", bracket=(1e-3, 1e-1)).fit(overfit_mlp, moons_data["val"])
+    p = peg.PEP(n_members=6, sigma="search", bracket=(1e-3, 1e-1)).fit(
+        overfit_mlp, moons_data["val"]
+    )
     assert len(p) == 6 and len(p.search_) >= 3
     theta = overfit_mlp.state_dict()["0.weight"]
     a, b = p.ensemble_at(0.01), p.ensemble_at(0.02)
@@ -23,28 +25,28 @@ def test_same_noise_for_every_sigma(overfit_mlp, moons_data):
 
 
 def test_noise_is_standard_normal_and_seeded(overfit_mlp, moons_data):
-    a = peg.PEP(size=50, sigma=0.01, seed=1).fit(overfit_mlp, moons_data["val"])
-    b = peg.PEP(size=50, sigma=0.01, seed=1).fit(overfit_mlp, moons_data["val"])
+    a = peg.PEP(n_members=50, sigma=0.01, seed=1).fit(overfit_mlp, moons_data["val"])
+    b = peg.PEP(n_members=50, sigma=0.01, seed=1).fit(overfit_mlp, moons_data["val"])
     eps = a.directions_[0]
     assert torch.equal(eps, b.directions_[0])
     assert abs(float(eps.mean())) < 0.05 and abs(float(eps.std()) - 1) < 0.05
 
 
 def test_weights_only_filter_leaves_biases(overfit_mlp, moons_data):
-    p = peg.PEP(size=3, sigma=0.05, params="weights").fit(overfit_mlp, moons_data["val"])
+    p = peg.PEP(n_members=3, sigma=0.05, params="weights").fit(overfit_mlp, moons_data["val"])
     assert p.param_names_ == ["0.weight", "2.weight"]
     assert torch.equal(p.ensemble_.shared["0.bias"], overfit_mlp.state_dict()["0.bias"])
 
 
 def test_pep_on_an_ensemble(moons_data):
-    p = peg.PEP(size=5, sigma=0.01).fit([mlp(0), mlp(1), mlp(2)], moons_data["val"])
+    p = peg.PEP(n_members=5, sigma=0.01).fit([mlp(0), mlp(1), mlp(2)], moons_data["val"])
     assert p.member_logits(moons_data["test"][0]).shape == (15, 1000, 2)
 
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"size": 0}, "size"),
+        ({"n_members": 0}, "n_members"),
         ({"sigma": 0}, "sigma"),
         ({"bracket": (1e-2, 1e-3)}, "bracket"),
         ({"bn": "batch"}, "bn"),

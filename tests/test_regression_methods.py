@@ -40,7 +40,7 @@ def regressor():
 
 def test_peg_on_a_regression_model(regressor):
     val = _sine(400, 1)
-    p = peg.PEG(size=6, batch_size=64, eta="search", seed=0).fit(regressor, val)
+    p = peg.PEG(n_members=6, grad_batch_size=64, eta="search", seed=0).fit(regressor, val)
     X, y = _sine(300, 2)
     out = p.member_logits(X)
     assert out.shape == (6, 300, 2)
@@ -53,7 +53,7 @@ def test_peg_on_a_regression_model(regressor):
 
 
 def test_peg_eta_zero_is_the_base_regressor(regressor):
-    p = peg.PEG(size=3, batch_size=32, eta=0.05, seed=0).fit(regressor, _sine(200, 1))
+    p = peg.PEG(n_members=3, grad_batch_size=32, eta=0.05, seed=0).fit(regressor, _sine(200, 1))
     X = _sine(50, 3)[0]
     with torch.no_grad():
         torch.testing.assert_close(p.ensemble_at(0.0).member_logits(X)[1], regressor(X))
@@ -61,20 +61,22 @@ def test_peg_eta_zero_is_the_base_regressor(regressor):
 
 
 def test_pep_on_a_regression_model(regressor):
-    p = peg.PEP(size=5, seed=0).fit(regressor, _sine(300, 1))
+    p = peg.PEP(n_members=5, seed=0).fit(regressor, _sine(300, 1))
     assert p.member_logits(_sine(20, 4)[0]).shape == (5, 20, 2)
 
 
 def test_regression_needs_a_gaussian_head_and_a_regression_criterion(regressor):
     one_output = nn.Sequential(nn.Linear(1, 1))
     with pytest.raises(ValueError, match=r"Gaussian head"):
-        peg.PEG(size=2, batch_size=16, eta=0.1).fit(one_output, _sine(100, 1))
+        peg.PEG(n_members=2, grad_batch_size=16, eta=0.1).fit(one_output, _sine(100, 1))
     with pytest.raises(ValueError, match="criterion"):
-        peg.PEG(size=2, batch_size=16, eta=[0.1, 1], criterion="ece").fit(regressor, _sine(100, 1))
+        peg.PEG(n_members=2, grad_batch_size=16, eta=[0.1, 1], criterion="ece").fit(
+            regressor, _sine(100, 1)
+        )
     bad = _sine(100, 1)
     bad[1][3] = float("nan")
     with pytest.raises(ValueError, match="NaN"):
-        peg.PEG(size=2, batch_size=16, eta=0.1).fit(regressor, bad)
+        peg.PEG(n_members=2, grad_batch_size=16, eta=0.1).fit(regressor, bad)
 
 
 def test_deep_ensemble_and_swag_train_regression_heads_with_a_loss():
@@ -108,13 +110,15 @@ def test_packed_ensembles_on_regression_heads():
 
 def test_a_scale_whose_variance_overflows_scores_worst_instead_of_failing(regressor):
     """η = 1e6 keeps the outputs finite but exp(log-variance) overflows: that η loses."""
-    p = peg.PEG(size=4, batch_size=64, eta=[0.01, 1e6], seed=0).fit(regressor, _sine(400, 1))
+    p = peg.PEG(n_members=4, grad_batch_size=64, eta=[0.01, 1e6], seed=0).fit(
+        regressor, _sine(400, 1)
+    )
     assert p.eta_ == 0.01 and p.search_[1e6] == math.inf
 
 
 def test_the_regression_search_records_the_mixture_nll(regressor):
     X, y = _sine(400, 1)
-    p = peg.PEG(size=4, batch_size=64, eta=[0.01, 0.1], seed=0, eta_holdout=0.0).fit(
+    p = peg.PEG(n_members=4, grad_batch_size=64, eta=[0.01, 0.1], seed=0, eta_holdout=0.0).fit(
         regressor, (X, y)
     )
     for eta, value in p.search_.items():

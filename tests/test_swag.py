@@ -114,7 +114,7 @@ def test_batchnorm_statistics_are_refreshed_per_sample(moons_data):
 
 def test_peg_on_top_of_swag_diag_samples(moons_data):
     swag = peg.SWAG(RECIPE, diag=True, samples=3).fit(lambda: mlp(1), moons_data["train"])
-    p = peg.PEG(size=1, batch_size=32, eta=0.1).fit(swag, moons_data["val"])
+    p = peg.PEG(n_members=1, grad_batch_size=32, eta=0.1).fit(swag, moons_data["val"])
     assert len(p) == 3  # S=1 on each of the 3 samples (Algorithm 2)
 
 

@@ -22,7 +22,7 @@ def test_temperature_scaling_lowers_validation_nll(overfit_mlp, moons_data):
 
 def test_temperature_scaling_on_an_ensemble(overfit_mlp, moons_data):
     X, y = moons_data["val"]
-    p = peg.PEG(size=5, batch_size=32, eta=0.05).fit(overfit_mlp, (X, y))
+    p = peg.PEG(n_members=5, grad_batch_size=32, eta=0.05).fit(overfit_mlp, (X, y))
     ts = peg.TemperatureScaling().fit(p, (X, y))
     assert metrics.nll(ts.member_logits(X), y) <= metrics.nll(p.member_logits(X), y) + 1e-9
     assert ts.member_logits(X).shape == (1, len(X), 2)
@@ -40,7 +40,7 @@ def test_evaluate_keys_and_values(overfit_mlp, moons_data):
     X, y = moons_data["test"]
     single = peg.evaluate(overfit_mlp, X, y)
     assert set(single) == {"nll", "error", "brier", "ece", "mce"}
-    p = peg.PEG(size=3, batch_size=32, eta=0.05).fit(overfit_mlp, moons_data["val"])
+    p = peg.PEG(n_members=3, grad_batch_size=32, eta=0.05).fit(overfit_mlp, moons_data["val"])
     ens = peg.evaluate(p, X, y)
     assert set(ens) == {"nll", "error", "brier", "ece", "mce", "gibbs_nll"}
     assert ens["gibbs_nll"] >= ens["nll"]

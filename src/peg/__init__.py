@@ -1,7 +1,7 @@
 """peg: cheap, well-calibrated ensembles from an already-trained PyTorch model.
 
 import peg
-ens = peg.PEG(size=15, eta="search").fit(model, (X_val, y_val))
+ens = peg.PEG(n_members=15, eta="search").fit(model, (X_val, y_val))
 peg.evaluate(ens, X_test, y_test)   # {'nll': ..., 'error': ..., 'brier': ..., 'ece': ..., ...}
 """
 

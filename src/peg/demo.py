@@ -178,18 +178,18 @@ def run(
     ts = timed("temperature scaling", lambda: TemperatureScaling().fit(base, val))
     pep = timed(
         f"PEP-{S} (σ search)",
-        lambda: PEP(size=S, seed=seed, progress=progress, max_score_points=preset.score_points).fit(
-            base, val
-        ),
+        lambda: PEP(
+            n_members=S, seed=seed, progress=progress, max_score_points=preset.score_points
+        ).fit(base, val),
     )
     peg_ = timed(
         f"PEG-{S} (η search)",
         lambda: PEG(
-            size=S,
+            n_members=S,
             seed=seed,
             progress=progress,
             max_score_points=preset.score_points,
-            batch_size=min(128, len(X_val) // 4),
+            grad_batch_size=min(128, len(X_val) // 4),
         ).fit(base, val),
     )
 

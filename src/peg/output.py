@@ -9,7 +9,7 @@ MC dropout, temperature scaling, `evaluate`, archives):
     net = peg.with_output(model, "logits")                 # out["logits"] (or out.logits)
     net = peg.with_output(model, 0)                        # out[0] of a tuple or list
     net = peg.with_output(model, lambda out: out[0][:, -1])  # anything else
-    ens = peg.PEG(size=10).fit(net, (X_val, y_val))
+    ens = peg.PEG(n_members=10).fit(net, (X_val, y_val))
 
 The wrapper is an ordinary `nn.Module` holding the model as its child `model`, so its state-dict
 keys are the model's with a `model.` prefix (`fc.weight` becomes `model.fc.weight`). An archive

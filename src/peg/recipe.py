@@ -31,7 +31,7 @@ from torch import Tensor
 
 from peg.errors import ArchiveError
 
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2  # 2: option names of the method contract (n_members, batch_size, ...)
 FINGERPRINT_SEED = 20_241_121
 TOLERANCE = 1e-4
 
@@ -46,21 +46,35 @@ def data_fingerprint(X: Tensor, y: Tensor) -> str:
     return h.hexdigest()
 
 
+def fingerprint_probe(P: int) -> Tensor:
+    """The fixed random vector `[P]` (float32) that `displacement_fingerprints` projects on."""
+    return torch.randn(P, generator=torch.Generator().manual_seed(FINGERPRINT_SEED))
+
+
+def fingerprint_rows(
+    D: Tensor, scale: float, probe: Tensor, step: int = 2**20
+) -> list[list[float]]:
+    """`[projection, norm]` of scale·D[i] for each row of D `[k, P]`, in float64 pieces of
+    `step` entries instead of a float64 copy of every row; `probe` is `fingerprint_probe(P)`."""
+    out = []
+    for row in D:
+        proj = sq = 0.0
+        for a in range(0, len(row), step):
+            v = scale * row[a : a + step].detach().double().cpu()
+            proj += float(v @ probe[a : a + step].double())
+            sq += float(v @ v)
+        out.append([proj, math.sqrt(sq)])
+    return out
+
+
 def displacement_fingerprints(directions: list[Tensor], scale: float) -> list[list[float]]:
     """Per member `[projection, norm]` of its displacement scale·D_i from its base (float64).
 
     The displacement, not the member, is fingerprinted: with a small scale the members differ
     from their bases in the last digits only, which a fingerprint of the weights would miss.
     """
-    P = directions[0].shape[1]
-    gen = torch.Generator().manual_seed(FINGERPRINT_SEED)
-    probe = torch.randn(P, generator=gen).double()
-    out = []
-    for D in directions:
-        for row in D:
-            v = scale * row.detach().double().cpu()
-            out.append([float(v @ probe), float(v.norm())])
-    return out
+    probe = fingerprint_probe(directions[0].shape[1])
+    return [fp for D in directions for fp in fingerprint_rows(D, scale, probe)]
 
 
 def fingerprints_match(a: list[list[float]], b: list[list[float]]) -> list[int]:
@@ -76,7 +90,15 @@ def fingerprints_match(a: list[list[float]], b: list[list[float]]) -> list[int]:
     ]
 
 
-__all__ = ["data_fingerprint", "displacement_fingerprints", "fingerprints_match"]
+__all__ = [
+    "data_fingerprint",
+    "displacement_fingerprints",
+    "fingerprint_probe",
+    "fingerprint_rows",
+    "fingerprints_match",
+    "rebuilder",
+    "register",
+]
 
 
 # ------------------------------------------------------------------------- the registry

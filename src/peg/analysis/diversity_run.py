@@ -288,15 +288,15 @@ def build_methods(
     peg_batch = max(1, min(128, len(val[0]) // 4))
     makers: dict[str, Callable[[], Any]] = {
         "PEG": lambda: PEG(
-            size=S,
+            n_members=S,
             seed=seed,
             eta=chosen.get("eta", config.peg_eta),
             max_score_points=score,
-            batch_size=peg_batch,
+            grad_batch_size=peg_batch,
             progress=progress,
         ).fit(model, val),
         "PEP": lambda: PEP(
-            size=S,
+            n_members=S,
             seed=seed,
             sigma=chosen.get("sigma", config.pep_sigma),
             max_score_points=score,

@@ -131,7 +131,7 @@ def standard_method(name: str, options: dict[str, Any]) -> MethodSpec | None:
         "SWA": ("base", "swa", {}),
         "SWAG": ("base", "swag", {}),
         "SWAG-Diag": ("base", "swag-diag", {}),
-        "PEG-Unbiased": ("peg", "swa", {"size": 30, "variant": "unbiased"}),
+        "PEG-Unbiased": ("peg", "swa", {"n_members": 30, "variant": "unbiased"}),
     }
     if name in fixed:
         method, base, extra = fixed[name]
@@ -139,15 +139,15 @@ def standard_method(name: str, options: dict[str, Any]) -> MethodSpec | None:
     if m := re.fullmatch(r"DeepEns-(\d+)", name):
         return MethodSpec(name, "base", f"deepens-{m[1]}", options)
     if m := re.fullmatch(r"(PEG|PEP)-(\d+)", name):
-        return MethodSpec(name, m[1].lower(), "single", {"size": int(m[2]), **options})
+        return MethodSpec(name, m[1].lower(), "single", {"n_members": int(m[2]), **options})
     if m := re.fullmatch(r"(PEG|PEP)-(\d+) \(DeepEns-(\d+)\)", name):
         total, members = int(m[2]), int(m[3])
         if total % members:
             raise SpecError(f"methods: {name!r}: {total} members do not split over {members}")
         base = f"deepens-{members}"
-        return MethodSpec(name, m[1].lower(), base, {"size": total // members, **options})
+        return MethodSpec(name, m[1].lower(), base, {"n_members": total // members, **options})
     if m := re.fullmatch(r"(PEG|PEP)-(\d+) \(SWAG-Diag\)", name):
-        return MethodSpec(name, m[1].lower(), "swag-diag", {"size": 1, **options})
+        return MethodSpec(name, m[1].lower(), "swag-diag", {"n_members": 1, **options})
     if m := re.fullmatch(r"Packed-\(([\d.]+),\s*(\d+),\s*(\d+)\)", name):
         packed = {"alpha": float(m[1]), "num_estimators": int(m[2]), "gamma": int(m[3])}
         return MethodSpec(name, "packed", "single", {**packed, **options})

@@ -140,8 +140,10 @@ class Split:
             return PackedEnsemble(self._trained("packed", net, packed_gaussian_nll))
         size = int(method.split("-")[1])
         cls = PEG if method.startswith("PEG") else PEP
-        options = {"batch_size": min(32, len(self.val[0]) // 2)} if cls is PEG else {}
-        return cls(size=size, seed=self.k, progress=False, **options).fit(self.single(), self.val)
+        options = {"grad_batch_size": min(32, len(self.val[0]) // 2)} if cls is PEG else {}
+        return cls(n_members=size, seed=self.k, progress=False, **options).fit(
+            self.single(), self.val
+        )
 
     def outputs(self, method: str) -> Tensor:
         """Test outputs `[M, N, 2]` (cached)."""

@@ -15,19 +15,17 @@ memory holds the base plus one chunk of members instead of all S·R of them.
 
 from __future__ import annotations
 
-import copy
 import math
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.optim.swa_utils import update_bn
 
-from peg import metrics, recipe, streams
+from peg import recipe, streams
 from peg._inputs import (
     Data,
     as_xy,
@@ -43,73 +41,27 @@ from peg._inputs import (
 from peg._progress import counter
 from peg.ensemble import STRATEGIES, Ensemble, Strategy, autocast_dtype, model_output
 from peg.errors import ArchiveError, NonFiniteError, NotFittedError
-from peg.methods._search import PairedRace, select_scale
+from peg.methods._criteria import CRITERIA, REGRESSION_CRITERIA, is_regression
+from peg.methods._parameters import (
+    Models,
+    base_models,
+    module_like,
+    refresh_bn,
+    select_parameters,
+)
+from peg.methods._search import ScaleSearch
 from peg.methods.base import FittedEnsemble
-from peg.metrics._inputs import pred_and_labels
 from peg.recipe import (
-    FINGERPRINT_SEED,
     RECIPE_VERSION,
     TOLERANCE,
     data_fingerprint,
     displacement_fingerprints,
+    fingerprint_probe,
+    fingerprint_rows,
     fingerprints_match,
 )
 
 BNMode = Literal["eval", "batch", "refresh"]
-ParamFilter = Literal["all", "weights"] | Callable[[str, nn.Parameter], bool]
-Criterion = Literal["nll", "ece", "brier"] | Callable[[Tensor, Tensor], float]
-Models = nn.Module | Sequence[nn.Module] | Ensemble
-
-CRITERIA: dict[str, Callable[[Tensor, Tensor], float]] = {
-    "nll": metrics.nll,
-    "ece": metrics.ece,
-    "brier": metrics.brier,
-}
-
-
-def mixture_nll(outputs: Tensor, y: Tensor) -> float:
-    """Regression criterion: minus the log predictive density of the members' Gaussian mixture.
-
-    `outputs` `[M, N, 2]` are Gaussian heads (mean, log-variance; `peg.models.gaussian`). A
-    log-variance whose exponential overflows to inf or underflows to 0 (a scale so large the
-    members diverged) scores +inf, the worst, like non-finite outputs.
-    """
-    from peg.metrics.regression import log_predictive_density, split_gaussian
-
-    mean, var = split_gaussian(outputs)
-    if not (torch.isfinite(var).all() and (var > 0).all()):
-        return math.inf
-    return -log_predictive_density(mean, var, y)
-
-
-# criteria that are means of non-negative per-point losses (scored batch by batch, early stop)
-PER_POINT = ("nll", "brier")
-RACE_FIRST = 1024  # scoring points of a race's first look (`PairedRace`), doubling after
-
-
-def _point_nll(logits: Tensor, y: Tensor) -> Tensor:
-    """Per-point NLL `[N]` of the ensemble of member logits `[M, N, C]` (mean: `metrics.nll`)."""
-    log_p, y = pred_and_labels(logits, y)
-    return -log_p.gather(1, y[:, None]).squeeze(1)
-
-
-def _point_brier(logits: Tensor, y: Tensor) -> Tensor:
-    """Per-point Brier score `[N]` (mean: `metrics.brier`)."""
-    p, y = pred_and_labels(logits, y, log=False)
-    return (p - torch.nn.functional.one_hot(y, p.shape[1]).to(p.dtype)).pow(2).sum(-1)
-
-
-POINT_LOSSES: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
-    "nll": _point_nll,
-    "brier": _point_brier,
-}
-REGRESSION_CRITERIA: dict[str, Callable[[Tensor, Tensor], float]] = {"nll": mixture_nll}
-
-
-def is_regression(y: Tensor) -> bool:
-    """Floating-point targets mean regression; integer labels mean classification."""
-    return torch.is_floating_point(y)
-
 
 # Members regenerated at a time by a lazy ensemble when `chunk_size` is not given.
 LAZY_CHUNK_SIZE = 5
@@ -136,87 +88,9 @@ class DirectionData:
         return self.X[i], self.y[i]
 
 
-def module_like(skeleton: nn.Module, state: Mapping[str, Tensor]) -> nn.Module:
-    """A copy of `skeleton` whose state-dict entries ARE the tensors of `state` (no copy).
-
-    Used to run a stored base model without duplicating its weights, and with tensors on the
-    meta device for a skeleton that costs no memory. Buffers outside the state dict
-    (non-persistent ones) are copied.
-    """
-    memo: dict[int, Any] = {}
-    for name, t in skeleton.state_dict(keep_vars=True).items():
-        memo[id(t)] = (
-            nn.Parameter(state[name], requires_grad=t.requires_grad)
-            if isinstance(t, nn.Parameter)
-            else state[name]
-        )
-    return copy.deepcopy(skeleton, memo)
-
-
-def fingerprint_probe(P: int) -> Tensor:
-    """The fixed random vector `[P]` (float32) that `displacement_fingerprints` projects on."""
-    return torch.randn(P, generator=torch.Generator().manual_seed(FINGERPRINT_SEED))
-
-
-def fingerprint_rows(
-    D: Tensor, scale: float, probe: Tensor, step: int = 2**20
-) -> list[list[float]]:
-    """`peg.recipe.displacement_fingerprints` of the rows of D `[k, P]` (equal to its relative
-    tolerance), in float64 pieces of `step` entries instead of a float64 copy of every row;
-    `probe` is `fingerprint_probe(P)`."""
-    out = []
-    for row in D:
-        proj = sq = 0.0
-        for a in range(0, len(row), step):
-            v = scale * row[a : a + step].detach().double().cpu()
-            proj += float(v @ probe[a : a + step].double())
-            sq += float(v @ v)
-        out.append([proj, math.sqrt(sq)])
-    return out
-
-
 def finite_rows(D: Tensor) -> list[bool]:
     """Whether each row of D `[k, P]` is free of NaN and inf."""
     return [bool(torch.isfinite(row).all()) for row in D]
-
-
-def base_models(model: Models) -> list[nn.Module]:
-    """One model, a list of models (an ensemble, PEG's Algorithm 2), or an `Ensemble`."""
-    if isinstance(model, FittedEnsemble):  # a fitted SWAG, DeepEnsemble, PEG, ...
-        model = model.ensemble()
-    if isinstance(model, Ensemble):
-        return [model.member_model(i) for i in range(len(model))]
-    if isinstance(model, nn.Module):
-        return [model]
-    if (
-        isinstance(model, Sequence)
-        and len(model) > 0
-        and all(isinstance(m, nn.Module) for m in model)
-    ):
-        return list(model)
-    raise TypeError(
-        "model: expected an nn.Module, a non-empty list of nn.Modules or a peg.Ensemble, "
-        f"got {type(model).__name__}"
-    )
-
-
-def select_parameters(model: nn.Module, params: ParamFilter) -> list[str]:
-    """Names of the trainable parameters to perturb."""
-    if params == "all":
-        keep = lambda name, p: True  # noqa: E731
-    elif params == "weights":  # conv / linear weight tensors, as the original PEP code
-        keep = lambda name, p: p.ndim >= 2  # noqa: E731
-    elif callable(params):
-        keep = params
-    else:
-        raise ValueError(f"params: expected 'all', 'weights' or a callable, got {params!r}")
-    names = [n for n, p in model.named_parameters() if p.requires_grad and keep(n, p)]
-    if not names:
-        raise ValueError(
-            "model: has no trainable parameters to perturb (requires_grad=True"
-            + (f" and selected by params={params!r})" if params != "all" else ")")
-        )
-    return names
 
 
 class PerturbationEnsemble(FittedEnsemble):
@@ -226,44 +100,31 @@ class PerturbationEnsemble(FittedEnsemble):
     scale_name = "scale"
     default_grid: tuple[float, ...] = ()
     uses_direction_data = True
-    lazy = False  # set by the constructor (see the module doc)
     _split_as_searched: bool | None = None  # a rebuilt recipe splits val as its search did
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         recipe.register(cls.method, cls.from_recipe)  # `peg.load` finds it by name
 
-    def __init__(
-        self,
-        size: int,
-        scale: float | Sequence[float] | str,
-        seed: int,
-        bn: BNMode,
-        params: ParamFilter,
-        criterion: Criterion,
-        holdout: float,
-        eval_batch_size: int,
-        progress: bool | None,
-        max_score_points: int | None = None,
-        on_nonfinite: str = "raise",
-        early_stop: bool = True,
-        search_tol: float = 1e-4,
-        lazy: bool = False,
-        race: float = 3.0,
-    ) -> None:
-        self.size = check_positive_int(size, "size")
-        self.race = check_number(race, "race", allow_zero=True)
-        if not isinstance(lazy, bool):
-            raise TypeError(f"lazy: expected True or False, got {lazy!r}")
-        self.lazy = lazy
-        self.search_tol = check_number(search_tol, "search_tol", allow_zero=True)
-        if not isinstance(early_stop, bool):
-            raise TypeError(f"early_stop: expected True or False, got {early_stop!r}")
-        self.early_stop = early_stop
-        if on_nonfinite not in ("raise", "drop"):
-            raise ValueError(f"on_nonfinite: expected 'raise' or 'drop', got {on_nonfinite!r}")
-        self.on_nonfinite = on_nonfinite
-        self.seed = check_positive_int(seed, "seed", minimum=0)
+    # renamed constructor options: a recipe of version 1 (peg 0.1) is read through this map
+    RENAMED_OPTIONS: ClassVar[dict[str, str]] = {
+        "size": "n_members",
+        "eval_batch_size": "batch_size",
+    }
+
+    def _check_params(self) -> None:
+        """The checks PEG and PEP share; the arguments are stored as given (see `Method`)."""
+        check_positive_int(self.n_members, "n_members")
+        check_number(self.race, "race", allow_zero=True)
+        if not isinstance(self.lazy, bool):
+            raise TypeError(f"lazy: expected True or False, got {self.lazy!r}")
+        check_number(self.search_tol, "search_tol", allow_zero=True)
+        if not isinstance(self.early_stop, bool):
+            raise TypeError(f"early_stop: expected True or False, got {self.early_stop!r}")
+        if self.on_nonfinite not in ("raise", "drop"):
+            raise ValueError(f"on_nonfinite: expected 'raise' or 'drop', got {self.on_nonfinite!r}")
+        check_positive_int(self.seed, "seed", minimum=0)
+        scale = self._scale_arg
         if isinstance(scale, str):
             if scale != "search":
                 raise ValueError(
@@ -278,26 +139,30 @@ class PerturbationEnsemble(FittedEnsemble):
                     f"{self.scale_name}: expected a number > 0, a non-empty list of numbers > 0 "
                     f"or 'search', got {scale!r}"
                 )
-        self.scale = scale
-        if bn not in ("eval", "batch", "refresh"):
-            raise ValueError(f"bn: expected 'eval', 'batch' or 'refresh', got {bn!r}")
-        self.bn = bn
-        if not (params in ("all", "weights") or callable(params)):
-            raise ValueError(f"params: expected 'all', 'weights' or a callable, got {params!r}")
-        self.params = params
-        if not (criterion in CRITERIA or callable(criterion)):
+        if self.bn not in ("eval", "batch", "refresh"):
+            raise ValueError(f"bn: expected 'eval', 'batch' or 'refresh', got {self.bn!r}")
+        if not (self.params in ("all", "weights") or callable(self.params)):
             raise ValueError(
-                f"criterion: expected one of {sorted(CRITERIA)} or a callable, got {criterion!r}"
+                f"params: expected 'all', 'weights' or a callable, got {self.params!r}"
             )
-        self.criterion = criterion
-        if not (isinstance(holdout, (int, float)) and 0 <= holdout < 1):
-            raise ValueError(f"holdout: expected a fraction in [0, 1), got {holdout!r}")
-        self.holdout = float(holdout)
-        self.eval_batch_size = check_positive_int(eval_batch_size, "eval_batch_size")
-        self.progress = progress
-        if max_score_points is not None:
-            check_positive_int(max_score_points, "max_score_points")
-        self.max_score_points = max_score_points
+        if not (self.criterion in CRITERIA or callable(self.criterion)):
+            raise ValueError(
+                f"criterion: expected one of {sorted(CRITERIA)} or a callable, "
+                f"got {self.criterion!r}"
+            )
+        check_positive_int(self.batch_size, "batch_size")
+        if self.max_score_points is not None:
+            check_positive_int(self.max_score_points, "max_score_points")
+
+    @property
+    def _scale_arg(self) -> float | Sequence[float] | str:
+        """The scale setting as given: PEG's `eta`, PEP's `sigma`."""
+        return getattr(self, self.scale_name)
+
+    @property
+    def _holdout(self) -> float:
+        """Fraction of the validation set held out for scoring the scale (PEG's `eta_holdout`)."""
+        return 0.0
 
     # ---------------------------------------------------------------- to override
     def _row_source(
@@ -318,7 +183,7 @@ class PerturbationEnsemble(FittedEnsemble):
     @property
     def searches(self) -> bool:
         """Whether the scale is chosen from several candidates."""
-        return not isinstance(self.scale, (int, float))
+        return not isinstance(self._scale_arg, (int, float))
 
     def _check_data(self, models: list[nn.Module], X: Tensor, y: Tensor) -> int:
         """Probe one forward pass before any long work; return the output width C.
@@ -377,12 +242,12 @@ class PerturbationEnsemble(FittedEnsemble):
         """
         perm = torch.randperm(len(X), generator=streams.generator(self.seed, streams.SPLIT))
         searched = self.searches if self._split_as_searched is None else self._split_as_searched
-        if searched and self.uses_direction_data and self.holdout > 0:
-            n_score = round(self.holdout * len(X))
+        if searched and self.uses_direction_data and self._holdout > 0:
+            n_score = round(self._holdout * len(X))
             score, direction = perm[:n_score], perm[n_score:]
             if n_score == 0 or len(direction) == 0:
                 raise ValueError(
-                    f"val: {len(X)} points are too few to hold out {self.holdout:.0%} for "
+                    f"val: {len(X)} points are too few to hold out {self._holdout:.0%} for "
                     f"choosing {self.scale_name}"
                 )
             data = DirectionData(X, y, direction)
@@ -425,7 +290,7 @@ class PerturbationEnsemble(FittedEnsemble):
         need = self._min_direction_points()
         if len(data) < need:
             where = (
-                f" after holding out {self.holdout:.0%} for choosing {self.scale_name}"
+                f" after holding out {self._holdout:.0%} for choosing {self.scale_name}"
                 if len(data) < len(X)
                 else ""
             )
@@ -441,7 +306,7 @@ class PerturbationEnsemble(FittedEnsemble):
                     "training inputs: fit(model, val, bn_data=train_loader)"
                 )
             Xb, _ = as_xy(bn_data, "bn_data", need_labels=False)
-            bn_batches = list(Xb.split(self.eval_batch_size))
+            bn_batches = list(Xb.split(self.batch_size))
 
         self._bases = [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in models]
         self._skeleton = models[0]
@@ -454,97 +319,41 @@ class PerturbationEnsemble(FittedEnsemble):
             bad = []  # one row at a time, only checked: the fingerprints are taken by save()
             for r, members, D in self._chunks(sources, 1):
                 bad += [
-                    r * self.size + i
+                    r * self.n_members + i
                     for i, ok in zip(members, finite_rows(D), strict=True)
                     if not ok
                 ]
                 del D
         else:
-            self.directions_ = [source(range(self.size)) for source in sources]
+            self.directions_ = [source(range(self.n_members)) for source in sources]
             bad = [
-                r * self.size + i
+                r * self.n_members + i
                 for r, D in enumerate(self.directions_)
                 for i, ok in enumerate(finite_rows(D))
                 if not ok
             ]
         del sources
         self._check_directions(bad, len(models))
-        build = self.ensemble_at
 
         if self.searches:
-            grid = self.default_grid if self.scale == "search" else self.scale
-            table = REGRESSION_CRITERIA if is_regression(y) else CRITERIA
-            criterion = table.get(self.criterion, self.criterion)  # type: ignore[arg-type]
-
-            name = f"{self.method} {self.scale_name} search"
-            with counter(name, self.progress) as shown:
-                # a mean of non-negative per-point losses is raced (`PairedRace`), or scored
-                # batch by batch and stopped once its partial sum / N exceeds the best so far
-                per_point = self.criterion in PER_POINT and not is_regression(y)
-                points: dict[float, int] = {}  # scale → points scored
-                race: PairedRace | None = None
-
-                def show(scale: float, value: float) -> float:
-                    shown.update(1)
-                    shown.set_postfix_str(f"{self.scale_name}={scale:.3g} score={value:.4g}")
-                    return value
-
-                def score(scale: float, stop_above: float = math.inf) -> float:
-                    ensemble = build(scale)
-                    batches = Xs.split(self.eval_batch_size) if per_point else [Xs]
-                    total, start = 0.0, 0  # per point: the sum of the losses seen so far
-                    points[scale] = len(Xs)
-                    for x in batches:
-                        logits = ensemble.member_logits(x, self.eval_batch_size, progress=False)
-                        if not torch.isfinite(logits).all():
-                            value = math.inf  # diverged: the worst score
-                            break
-                        value = float(criterion(logits, ys[start : start + len(x)]))
-                        if not per_point:
-                            break  # one batch: the whole scoring set
-                        total += value * len(x)
-                        start += len(x)
-                        value = total / len(Xs)  # until the last batch, a lower bound
-                        if value > stop_above and start < len(Xs):
-                            points[scale] = start  # above the best: it cannot win
-                            break
-                    return show(scale, value)
-
-                if per_point and self.race > 0:
-                    point_loss = POINT_LOSSES[str(self.criterion)]
-                    built: dict[float, Ensemble] = {}  # the two scales racing, built once each
-
-                    def losses(scale: float, start: int, stop: int) -> Tensor | None:
-                        if scale in built:
-                            built[scale] = built.pop(scale)  # the most recently used last
-                        else:
-                            while len(built) > 1:
-                                del built[next(iter(built))]
-                            built[scale] = build(scale)
-                        logits = built[scale].member_logits(
-                            Xs[start:stop], self.eval_batch_size, progress=False
-                        )
-                        if not torch.isfinite(logits).all():
-                            return None
-                        return point_loss(logits, ys[start:stop])
-
-                    race = PairedRace(losses, len(Xs), self.race, RACE_FIRST)
-
-                    def raced(scale: float, stop_above: float = math.inf) -> float:
-                        return show(scale, race(scale))
-
-                best, self.search_ = select_scale(
-                    raced if race is not None else score,
-                    grid,
-                    refine=self.scale == "search",
-                    stop_above=self.early_stop,
-                    tol=self.search_tol,
-                )
-                points = race.points if race is not None else points
-                self.search_points_ = {s: points.get(s, 0) for s in self.search_}
-                self.search_stopped_ = [s for s, n in self.search_points_.items() if n < len(Xs)]
+            grid = self.default_grid if self._scale_arg == "search" else self._scale_arg
+            search = ScaleSearch(
+                self.ensemble_at,
+                (Xs, ys),
+                self.criterion,
+                batch_size=self.batch_size,
+                race=self.race,
+                early_stop=self.early_stop,
+                tol=self.search_tol,
+                label=self.method,
+                name=self.scale_name,
+                progress=self.progress,
+            )
+            best = search.run(grid, refine=self._scale_arg == "search")
+            self.search_, self.search_points_ = search.scores, search.points
+            self.search_stopped_ = search.stopped
         else:
-            best, self.search_, self.search_stopped_ = float(self.scale), {}, []
+            best, self.search_, self.search_stopped_ = float(self._scale_arg), {}, []
             self.search_points_ = {}
         setattr(self, f"{self.scale_name}_", best)
         self._data_fingerprint = data_fingerprint(X, y)
@@ -564,7 +373,7 @@ class PerturbationEnsemble(FittedEnsemble):
                 {k: torch.empty_like(v, device="meta") for k, v in self._bases[0].items()},
             )
             return self
-        self.ensemble_ = build(best)
+        self.ensemble_ = self.ensemble_at(best)
         self.ensemble_.meta = meta
         return self
 
@@ -582,13 +391,13 @@ class PerturbationEnsemble(FittedEnsemble):
         return {
             "method": self.method,
             self.scale_name: scale,
-            "size": self.size,
+            "n_members": self.n_members,
             "base_models": R,
             "seed": self.seed,
             "bn": self.bn,
             "params": params,
             "criterion": crit,
-            "holdout": self.holdout,
+            "holdout": self._holdout,
             "dropped": list(getattr(self, "dropped_", [])),
             "validation_points": {"total": n_val, "directions": n_dir, "scoring": n_score},
             f"{self.scale_name}_search": {
@@ -602,7 +411,7 @@ class PerturbationEnsemble(FittedEnsemble):
     def _check_directions(self, bad: list[int], R: int) -> None:
         """Members `bad` (base-major numbering) have NaN/inf steps: raise naming them, or
         (on_nonfinite="drop") keep their indices in `dropped_` and leave them out."""
-        S = self.size
+        S = self.n_members
         if bad and (self.on_nonfinite == "raise" or len(bad) == S * R):
             raise NonFiniteError(
                 f"members {bad[:10]} (base-major: member = base·{S} + i) have non-finite steps"
@@ -620,7 +429,7 @@ class PerturbationEnsemble(FittedEnsemble):
         here; the caller must drop its reference before asking for the next."""
         dropped = set(getattr(self, "dropped_", ()))
         for r, source in enumerate(sources):
-            kept = [i for i in range(self.size) if r * self.size + i not in dropped]
+            kept = [i for i in range(self.n_members) if r * self.n_members + i not in dropped]
             for start in range(0, len(kept), k):
                 members = kept[start : start + k]
                 with torch.enable_grad():  # PEG's rows are gradients, even under no_grad()
@@ -650,7 +459,7 @@ class PerturbationEnsemble(FittedEnsemble):
             for r, members, D in self._chunks(self._lazy_sources(), LAZY_CHUNK_SIZE):
                 probe = fingerprint_probe(D.shape[1]) if probe is None else probe
                 for i, fp in zip(members, fingerprint_rows(D, scale, probe), strict=True):
-                    found[r * self.size + i] = fp
+                    found[r * self.n_members + i] = fp
                 del D
             self._fingerprints = [found[i] for i in range(len(found))]
         return self._fingerprints
@@ -679,7 +488,7 @@ class PerturbationEnsemble(FittedEnsemble):
         if self.lazy:
             if not hasattr(self, "_direction_data"):
                 raise NotFittedError(f"{type(self).__name__}: call fit(...) before predicting")
-            return self.size * len(self._bases) - len(self.dropped_)
+            return self.n_members * len(self._bases) - len(self.dropped_)
         return super().__len__()
 
     def ensemble(self) -> Ensemble:
@@ -763,14 +572,15 @@ class PerturbationEnsemble(FittedEnsemble):
         """
         X, y = as_xy(val, "val")
         assert y is not None
+        options = recipe["options"]
+        if recipe.get("recipe_version", 1) < 2:  # peg 0.1's option names
+            options = {cls.RENAMED_OPTIONS.get(k, k): v for k, v in options.items()}
         if data_fingerprint(X, y) != recipe["data"]:
             raise ArchiveError(
                 "val: not the validation data this ensemble was built from (its fingerprint "
                 "differs); pass the same (X, y), in the same order"
             )
-        rebuilt = cls(
-            **recipe["options"], **{recipe["scale_name"]: recipe["scale"]}, progress=False
-        )
+        rebuilt = cls(**options, **{recipe["scale_name"]: recipe["scale"]}, progress=False)
         rebuilt._split_as_searched = bool(recipe["searched"])
         rebuilt.fit(bases, (X, y))
         got = displacement_fingerprints(rebuilt.directions_, recipe["scale"])
@@ -788,12 +598,12 @@ class PerturbationEnsemble(FittedEnsemble):
         if callable(self.params) or callable(self.criterion) or self.bn == "refresh":
             return None
         return {
-            "size": self.size,
+            "n_members": self.n_members,
             "seed": self.seed,
             "bn": self.bn,
             "params": self.params,
             "criterion": self.criterion,
-            "eval_batch_size": self.eval_batch_size,
+            "batch_size": self.batch_size,
             "max_score_points": self.max_score_points,
             "on_nonfinite": self.on_nonfinite,
             "early_stop": self.early_stop,
@@ -870,7 +680,7 @@ class PerturbationEnsemble(FittedEnsemble):
             directions = self.directions_
         else:
             with torch.enable_grad():
-                directions = [source(range(self.size)) for source in self._lazy_sources()]
+                directions = [source(range(self.n_members)) for source in self._lazy_sources()]
         dropped = set(getattr(self, "dropped_", ()))
         return self._states_ensemble(
             list(zip(self._bases, directions, strict=True)), scale, dropped
@@ -897,13 +707,3 @@ class PerturbationEnsemble(FittedEnsemble):
                     state = refresh_bn(self._skeleton, state, self._bn_batches)
                 states.append(state)
         return Ensemble.from_state_dicts(self._skeleton, states)
-
-
-def refresh_bn(
-    skeleton: nn.Module, state: dict[str, Tensor], batches: list[Tensor]
-) -> dict[str, Tensor]:
-    """`state` with BatchNorm running statistics re-estimated on `batches` (swa_utils.update_bn)."""
-    model = copy.deepcopy(skeleton)
-    model.load_state_dict(state)
-    update_bn(batches, model)
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}

@@ -42,7 +42,7 @@ import copy
 import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -51,15 +51,10 @@ from torch import Tensor, nn
 from peg._inputs import check_positive_int
 from peg._progress import bar
 from peg.errors import NonFiniteError
-from peg.methods._perturb import (
-    BNMode,
-    Criterion,
-    DirectionData,
-    ParamFilter,
-    PerturbationEnsemble,
-    RowSource,
-    is_regression,
-)
+from peg.methods._criteria import Criterion, is_regression
+from peg.methods._parameters import ParamFilter
+from peg.methods._perturb import BNMode, DirectionData, PerturbationEnsemble, RowSource
+from peg.methods.base import store_arguments
 from peg.streams import MEMBER, VALIDATION, generator
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
@@ -88,9 +83,9 @@ def gaussian_nll(outputs: Tensor, y: Tensor) -> Tensor:
 class PEG(PerturbationEnsemble):
     """Perturbed Ensemble via Gradient updates.
 
-    Args:
-        size: S, members per base model (the paper: 15 or 30; 5 per member of DeepEns-3).
-        batch_size: K, points per validation mini-batch (paper: 128).
+    Args (all keyword-only):
+        n_members: S, members per base model (the paper: 15 or 30; 5 per member of DeepEns-3).
+        grad_batch_size: K, points per validation mini-batch of a gradient step (paper: 128).
         eta: step length η: a number > 0, a list of candidates, or "search" (see module doc).
         seed: seeds every mini-batch draw (and `a` in the unbiased variant).
         variant: "vanilla" (Algorithm 1) or "unbiased" (§3, Claim 1).
@@ -107,7 +102,7 @@ class PEG(PerturbationEnsemble):
         beta: unbiased variant: momentum weight β (paper: 0.9).
         momentum: unbiased variant: where v comes from: "validation" (default), "none", or
             momentum buffers keyed by parameter name (one mapping, or one per base model).
-        eval_batch_size: rows per forward pass when scoring η.
+        batch_size: rows per forward pass (scoring η, predicting).
         progress: show progress bars (None: only on a terminal).
         max_score_points: score η on a seeded random subset of at most this many held-out
             points (None: all of them); the gradient steps still use the whole gradient part.
@@ -147,10 +142,16 @@ class PEG(PerturbationEnsemble):
     scale_name = "eta"
     default_grid = (1e-3, 1e-2, 1e-1, 1.0)
 
+    RENAMED_OPTIONS: ClassVar[dict[str, str]] = {
+        **PerturbationEnsemble.RENAMED_OPTIONS,
+        "batch_size": "grad_batch_size",
+    }
+
     def __init__(
         self,
-        size: int = 15,
-        batch_size: int = 128,
+        *,
+        n_members: int = 15,
+        grad_batch_size: int = 128,
         eta: float | Sequence[float] | str = "search",
         seed: int = 0,
         variant: Literal["vanilla", "unbiased"] = "vanilla",
@@ -163,7 +164,7 @@ class PEG(PerturbationEnsemble):
         val_batches: int = 10,
         beta: float = 0.9,
         momentum: Momentum = "validation",
-        eval_batch_size: int = 512,
+        batch_size: int = 512,
         progress: bool | None = None,
         max_score_points: int | None = None,
         on_nonfinite: Literal["raise", "drop"] = "raise",
@@ -172,52 +173,37 @@ class PEG(PerturbationEnsemble):
         lazy: bool = False,
         race: float = 3.0,
     ) -> None:
-        super().__init__(
-            size,
-            eta,
-            seed,
-            bn,
-            params,
-            criterion,
-            eta_holdout,
-            eval_batch_size,
-            progress,
-            max_score_points,
-            on_nonfinite,
-            early_stop,
-            search_tol,
-            lazy,
-            race,
-        )
-        self.batch_size = check_positive_int(batch_size, "batch_size")
-        if variant not in ("vanilla", "unbiased"):
-            raise ValueError(f"variant: expected 'vanilla' or 'unbiased', got {variant!r}")
-        self.variant = variant
-        if reduction not in ("mean", "sum"):
-            raise ValueError(f"reduction: expected 'mean' or 'sum', got {reduction!r}")
-        self.reduction = reduction
-        if loss is not None and not callable(loss):
+        store_arguments(self, locals())
+
+    def _check_params(self) -> None:
+        super()._check_params()
+        check_positive_int(self.grad_batch_size, "grad_batch_size")
+        if self.variant not in ("vanilla", "unbiased"):
+            raise ValueError(f"variant: expected 'vanilla' or 'unbiased', got {self.variant!r}")
+        if self.reduction not in ("mean", "sum"):
+            raise ValueError(f"reduction: expected 'mean' or 'sum', got {self.reduction!r}")
+        if self.loss is not None and not callable(self.loss):
             raise ValueError(
-                f"loss: expected a callable (outputs, y) -> per-sample losses, got {loss!r}"
+                f"loss: expected a callable (outputs, y) -> per-sample losses, got {self.loss!r}"
             )
-        self.loss = loss  # None: cross-entropy, or Gaussian NLL for floating-point targets
-        self.val_batches = check_positive_int(val_batches, "val_batches")
-        if not (isinstance(beta, (int, float)) and 0 <= beta < 1):
-            raise ValueError(f"beta: expected a momentum weight in [0, 1), got {beta!r}")
-        self.beta = float(beta)
-        if isinstance(momentum, str) and momentum not in ("validation", "none"):
+        holdout = self.eta_holdout
+        if not (isinstance(holdout, (int, float)) and 0 <= holdout < 1):
+            raise ValueError(f"eta_holdout: expected a fraction in [0, 1), got {holdout!r}")
+        check_positive_int(self.val_batches, "val_batches")
+        if not (isinstance(self.beta, (int, float)) and 0 <= self.beta < 1):
+            raise ValueError(f"beta: expected a momentum weight in [0, 1), got {self.beta!r}")
+        if isinstance(self.momentum, str) and self.momentum not in ("validation", "none"):
             raise ValueError(
-                f"momentum: expected 'validation', 'none' or a dict of tensors, got {momentum!r}"
+                "momentum: expected 'validation', 'none' or a dict of tensors, "
+                f"got {self.momentum!r}"
             )
-        self.momentum = momentum
 
     @property
-    def eta(self) -> float | Sequence[float] | str:
-        """The η setting given to the constructor (`eta_` is the one chosen by `fit`)."""
-        return self.scale
+    def _holdout(self) -> float:
+        return float(self.eta_holdout)
 
     def _min_direction_points(self) -> int:
-        return self.batch_size
+        return self.grad_batch_size
 
     def _recipe_options(self) -> dict[str, Any] | None:
         options = super()._recipe_options()
@@ -225,10 +211,10 @@ class PEG(PerturbationEnsemble):
             return None
         return {
             **options,
-            "batch_size": self.batch_size,
+            "grad_batch_size": self.grad_batch_size,
             "variant": self.variant,
             "reduction": self.reduction,
-            "eta_holdout": self.holdout,
+            "eta_holdout": self._holdout,
             "val_batches": self.val_batches,
             "beta": self.beta,
             "momentum": self.momentum,
@@ -236,7 +222,7 @@ class PEG(PerturbationEnsemble):
 
     def _hyperparameters(self) -> dict[str, Any]:
         return {
-            "batch_size": self.batch_size,
+            "grad_batch_size": self.grad_batch_size,
             "variant": self.variant,
             "reduction": self.reduction,
             "loss": getattr(self.loss, "__name__", "callable") if self.loss else "default",
@@ -281,7 +267,7 @@ class PEG(PerturbationEnsemble):
         device = selected[0].device
         dtype = functools.reduce(torch.promote_types, (p.dtype for p in selected))
         P = sum(p.numel() for p in selected)
-        K = self.batch_size
+        K = self.grad_batch_size
         loss_fn = self.loss or (gaussian_nll if is_regression(data.y) else cross_entropy)
 
         def grad(gen: torch.Generator, what: str, out: Tensor | None = None) -> Tensor:

@@ -17,21 +17,18 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from peg.methods._perturb import (
-    Criterion,
-    DirectionData,
-    ParamFilter,
-    PerturbationEnsemble,
-    RowSource,
-)
+from peg.methods._criteria import Criterion
+from peg.methods._parameters import ParamFilter
+from peg.methods._perturb import DirectionData, PerturbationEnsemble, RowSource
+from peg.methods.base import store_arguments
 from peg.streams import MEMBER, generator
 
 
 class PEP(PerturbationEnsemble):
     """Parameter Ensembling by Perturbation: Gaussian noise of scale σ around each base model.
 
-    Args:
-        size: members per base model.
+    Args (all keyword-only):
+        n_members: members per base model.
         sigma: a number > 0, a list of candidates, or "search" (golden section in `bracket`).
         bracket: (low, high) σ range the search starts from (paper: 5e-4 to 5e-3).
         seed: seeds the noise.
@@ -40,7 +37,7 @@ class PEP(PerturbationEnsemble):
         bn: "eval" (default) or "refresh" (re-estimate BatchNorm statistics per member on
             `fit(..., bn_data=...)`).
         criterion: "nll" (default), "ece", "brier" or a callable (member_logits, y) -> float.
-        eval_batch_size: rows per forward pass when scoring σ.
+        batch_size: rows per forward pass (scoring σ, predicting).
         progress: show progress bars (None: only on a terminal).
         max_score_points: score σ on a seeded random subset of at most this many validation
             points (None: all of them).
@@ -66,14 +63,15 @@ class PEP(PerturbationEnsemble):
 
     def __init__(
         self,
-        size: int = 15,
+        *,
+        n_members: int = 15,
         sigma: float | Sequence[float] | str = "search",
         bracket: tuple[float, float] = (5e-4, 5e-3),
         seed: int = 0,
         params: ParamFilter = "all",
         bn: Literal["eval", "refresh"] = "eval",
         criterion: Criterion = "nll",
-        eval_batch_size: int = 512,
+        batch_size: int = 512,
         progress: bool | None = None,
         max_score_points: int | None = None,
         on_nonfinite: Literal["raise", "drop"] = "raise",
@@ -82,41 +80,34 @@ class PEP(PerturbationEnsemble):
         lazy: bool = False,
         race: float = 3.0,
     ) -> None:
-        if bn not in ("eval", "refresh"):
-            raise ValueError(f"bn: expected 'eval' or 'refresh' for PEP, got {bn!r}")
-        super().__init__(
-            size,
-            sigma,
-            seed,
-            bn,
-            params,
-            criterion,
-            0.0,
-            eval_batch_size,
-            progress,
-            max_score_points,
-            on_nonfinite,
-            early_stop,
-            search_tol,
-            lazy,
-            race,
-        )
-        lo, hi = bracket
-        if not (0 < lo < hi and math.isfinite(hi)):
-            raise ValueError(f"bracket: expected (low, high) with 0 < low < high, got {bracket!r}")
-        self.bracket = (float(lo), float(hi))
+        store_arguments(self, locals())
+
+    def _check_params(self) -> None:
+        if self.bn not in ("eval", "refresh"):
+            raise ValueError(f"bn: expected 'eval' or 'refresh' for PEP, got {self.bn!r}")
+        super()._check_params()
+        try:
+            lo, hi = self.bracket
+            ok = 0 < lo < hi and math.isfinite(hi)
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ValueError(
+                f"bracket: expected (low, high) with 0 < low < high, got {self.bracket!r}"
+            )
 
     @property
     def default_grid(self) -> tuple[float, ...]:  # type: ignore[override]
-        lo, hi = self.bracket
+        lo, hi = (float(v) for v in self.bracket)
         return (lo, math.sqrt(lo * hi), hi)
 
     def _hyperparameters(self) -> dict[str, Any]:
-        return {"bracket": list(self.bracket)}
+        return {"bracket": [float(v) for v in self.bracket]}
 
     def _recipe_options(self) -> dict[str, Any] | None:
         options = super()._recipe_options()
-        return None if options is None else {**options, "bracket": list(self.bracket)}
+        bracket = [float(v) for v in self.bracket]
+        return None if options is None else {**options, "bracket": bracket}
 
     def _row_source(
         self, model: nn.Module, r: int, names: list[str], data: DirectionData

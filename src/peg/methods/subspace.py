@@ -41,7 +41,7 @@ from peg._inputs import (
 )
 from peg._progress import bar
 from peg.ensemble import Ensemble, model_output
-from peg.methods._perturb import ParamFilter, refresh_bn, select_parameters
+from peg.methods._parameters import ParamFilter, refresh_bn, select_parameters
 from peg.methods.base import FittedEnsemble
 from peg.metrics._inputs import check_labels
 from peg.streams import SUBSPACE_BN, generator

@@ -35,7 +35,7 @@ from torch.optim.swa_utils import AveragedModel, update_bn
 from peg._inputs import Data, as_xy, check_number, check_positive_int, weights_device
 from peg._progress import bar
 from peg.ensemble import Ensemble
-from peg.methods._perturb import refresh_bn
+from peg.methods._parameters import refresh_bn
 from peg.methods.base import FittedEnsemble
 from peg.streams import SWAG_SAMPLE, generator
 from peg.train import Callback, ModelSource, Recipe, instantiate, train
