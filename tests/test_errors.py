@@ -211,7 +211,13 @@ logits = torch.randn(2, 4, 3)
 CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
     ("PEG", "n_members < 1", lambda: peg.PEG(n_members=0), ValueError, "n_members"),
     ("PEG", "eta <= 0", lambda: peg.PEG(eta=-1.0), ValueError, "eta"),
-    ("PEG", "batch_size < 1", lambda: peg.PEG(grad_batch_size=0), ValueError, "batch_size"),
+    (
+        "PEG",
+        "grad_batch_size < 1",
+        lambda: peg.PEG(grad_batch_size=0),
+        ValueError,
+        "grad_batch_size",
+    ),
     ("PEG", "unknown variant", lambda: peg.PEG(variant="fancy"), ValueError, "variant"),
     ("PEG", "unknown bn mode", lambda: peg.PEG(bn="frozen"), ValueError, "bn"),
     ("PEG", "seed not an integer", lambda: peg.PEG(seed="a"), ValueError, "seed"),

@@ -17,8 +17,22 @@ from peg.methods._perturb import LAZY_CHUNK_SIZE
 from conftest import mlp
 
 
-def _logits_equal(a: torch.Tensor, b: torch.Tensor) -> None:
-    torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+def _logits_close(a: torch.Tensor, b: torch.Tensor) -> None:
+    """Lazy and stacked members are the same weights run by other computations (chunks of
+    members folded or vmapped together, other strategies), whose kernels and summation order
+    depend on the CPU. The overfit MLP's logits (up to ~27) are sums of terms up to ~400: float32
+    resolves those to 400 · 2⁻²⁴ ≈ 2.4e-5, so two summation orders can differ by ~1e-4 (members
+    at other scales or in another order differ by far more)."""
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)
+
+
+def _same_predictions(a, b, X: torch.Tensor) -> None:
+    """The predicted classes agree wherever the top two probabilities are further apart than
+    the logits' tolerance could move them (a near-tie may go either way on another CPU)."""
+    top = b.predict_proba(X).topk(2, dim=-1).values
+    clear = top[:, 0] - top[:, 1] > 1e-3
+    assert clear.float().mean() > 0.99
+    assert torch.equal(a.predict(X)[clear], b.predict(X)[clear])
 
 
 def _pair(cls, model, val, **options):
@@ -52,9 +66,9 @@ def test_lazy_peg_predicts_what_the_stacked_ensemble_predicts(overfit_mlp, moons
     for strategy, chunk in [("auto", None), ("loop", 1), ("vmap", 3), ("chunked", 2), ("auto", 7)]:
         got = lazy.member_logits(X, 256, strategy=strategy, chunk_size=chunk)
         assert got.shape == want.shape
-        _logits_equal(got, want)
-    _logits_equal(lazy.predict_proba(X), eager.predict_proba(X))
-    assert torch.equal(lazy.predict(X), eager.predict(X))
+        _logits_close(got, want)
+    _logits_close(lazy.predict_proba(X), eager.predict_proba(X))
+    _same_predictions(lazy, eager, X)
 
 
 @pytest.mark.parametrize("cls", [peg.PEG, peg.PEP])
@@ -68,14 +82,14 @@ def test_lazy_several_base_models_are_base_major(moons_data, cls, as_ensemble):
     want = eager.member_logits(X)
     assert want.shape[0] == 12 and len(lazy) == 12
     for chunk in (None, 1, 3, 5):
-        _logits_equal(lazy.member_logits(X, 300, chunk_size=chunk), want)
+        _logits_close(lazy.member_logits(X, 300, chunk_size=chunk), want)
 
 
 def test_lazy_pep_and_searched_sigma(overfit_mlp, moons_data):
     eager, lazy = _pair(peg.PEP, overfit_mlp, moons_data["val"], n_members=6, sigma="search")
     assert lazy.sigma_ == eager.sigma_
     X = moons_data["test"][0]
-    _logits_equal(lazy.member_logits(X, chunk_size=4), eager.member_logits(X))
+    _logits_close(lazy.member_logits(X, chunk_size=4), eager.member_logits(X))
 
 
 @pytest.mark.parametrize("bn", ["eval", "batch", "refresh"])
@@ -86,7 +100,7 @@ def test_lazy_with_batchnorm(bn_net, moons_data, bn):
     eager = peg.PEG(**options).fit(bn_net, val, **extra)
     lazy = peg.PEG(lazy=True, **options).fit(bn_net, val, **extra)
     X = moons_data["test"][0]
-    _logits_equal(lazy.member_logits(X, chunk_size=3), eager.member_logits(X))
+    _logits_close(lazy.member_logits(X, chunk_size=3), eager.member_logits(X))
 
 
 def test_lazy_drops_the_same_members(overfit_mlp, moons_data):
@@ -106,7 +120,7 @@ def test_lazy_drops_the_same_members(overfit_mlp, moons_data):
     assert lazy.dropped_ == eager.dropped_ == [1] and len(lazy) == 3
     X = moons_data["test"][0]
     for chunk in (None, 1, 2):
-        _logits_equal(lazy.member_logits(X, chunk_size=chunk), eager.member_logits(X))
+        _logits_close(lazy.member_logits(X, chunk_size=chunk), eager.member_logits(X))
     assert lazy.ensemble().meta["dropped"] == [1]
 
 
@@ -163,8 +177,8 @@ def test_lazy_ensemble_save_and_load(overfit_mlp, moons_data, tmp_path):
     # ensemble() builds every member on demand, equal to the eager one
     ensemble = lazy.ensemble()
     assert len(ensemble) == 5 and ensemble.meta["eta"] == eager.eta_
-    _logits_equal(ensemble.member_logits(X), want)
-    _logits_equal(lazy.ensemble_at(0.02).member_logits(X), eager.ensemble_at(0.02).member_logits(X))
+    _logits_close(ensemble.member_logits(X), want)
+    _logits_close(lazy.ensemble_at(0.02).member_logits(X), eager.ensemble_at(0.02).member_logits(X))
     # recipe: about the base's size, rebuilt and checked from the validation data
     recipe = lazy.save(str(tmp_path / "lazy"))
     eager_recipe = eager.save(str(tmp_path / "eager"))
@@ -173,17 +187,17 @@ def test_lazy_ensemble_save_and_load(overfit_mlp, moons_data, tmp_path):
     assert {**got, "fingerprints": None} == {**ref, "fingerprints": None}
     for a, b in zip(got["fingerprints"], ref["fingerprints"], strict=True):
         assert a == pytest.approx(b, rel=1e-9)
-    _logits_equal(peg.load(recipe, overfit_mlp, val=val).member_logits(X), want)
+    _logits_close(peg.load(recipe, overfit_mlp, val=val).member_logits(X), want)
     # materialised: every member, loaded without data
     full = lazy.save(str(tmp_path / "full"), materialize=True)
-    _logits_equal(peg.load(full, overfit_mlp).member_logits(X), want)
+    _logits_close(peg.load(full, overfit_mlp).member_logits(X), want)
 
 
 def test_lazy_pep_recipe_round_trip(overfit_mlp, moons_data, tmp_path):
     val, X = moons_data["val"], moons_data["test"][0]
     lazy = peg.PEP(n_members=4, sigma=0.02, lazy=True, progress=False).fit(overfit_mlp, val)
     path = lazy.save(str(tmp_path / "pep"))
-    _logits_equal(peg.load(path, overfit_mlp, val=val).member_logits(X), lazy.member_logits(X))
+    _logits_close(peg.load(path, overfit_mlp, val=val).member_logits(X), lazy.member_logits(X))
 
 
 def test_lazy_inputs_and_grad_mode(overfit_mlp, moons_data):
@@ -193,9 +207,9 @@ def test_lazy_inputs_and_grad_mode(overfit_mlp, moons_data):
     X = moons_data["test"][0]
     want = eager.member_logits(X)
     loader = DataLoader(TensorDataset(X, torch.zeros(len(X))), batch_size=300)
-    _logits_equal(lazy.member_logits(loader), want)
+    _logits_close(lazy.member_logits(loader), want)
     with torch.no_grad():  # the gradients are taken all the same
-        _logits_equal(lazy.member_logits(X.numpy(), chunk_size=LAZY_CHUNK_SIZE), want)
+        _logits_close(lazy.member_logits(X.numpy(), chunk_size=LAZY_CHUNK_SIZE), want)
 
 
 def test_lazy_leaves_the_caller_model_alone_and_ignores_later_edits(moons_data):
