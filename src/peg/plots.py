@@ -2,14 +2,14 @@
 
 Headless: figures are drawn with matplotlib's object API on an Agg canvas (no pyplot, no
 display, no global figure state), so importing or calling these never needs a screen and never
-changes the caller's matplotlib backend. Every function writes its PNG atomically (a temporary
-file in the same folder, then `os.replace`), creates missing parent folders and returns the path.
+changes the caller's matplotlib backend. Every function writes its PNG atomically
+(`peg._io.atomic_open`: a temporary file in the same folder, then `os.replace`), creates missing
+parent folders and returns the path.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
+
+from peg._io import atomic_open
 
 _DPI = 120
 # colour-blind-friendly class colours (Okabe-Ito), then matplotlib's tab10
@@ -52,20 +54,10 @@ def _figure(width: float, height: float) -> Any:
 
 
 def _save(fig: Any, path: str | os.PathLike[str]) -> Path:
-    """Write `fig` as PNG to `path` atomically; returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png", dpi=_DPI)
-        umask = os.umask(0o022)  # mkstemp makes the file 0600: give it the usual mode
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-    return path
+    """Write `fig` as PNG to `path` atomically (`peg._io.atomic_open`); returns the path."""
+    with atomic_open(path) as f:
+        fig.savefig(f, format="png", dpi=_DPI)
+    return Path(path)
 
 
 def _check_path(path: Any) -> None:
