@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from peg._io import atomic_open
+from peg.metrics.calibration import binned_ece
 
 _DPI = 120
 # colour-blind-friendly class colours (Okabe-Ito), then matplotlib's tab10
@@ -105,12 +106,6 @@ def _reliability_arrays(name: str, r: Any) -> tuple[np.ndarray, ...]:
     return edges, conf, acc, count
 
 
-def _ece(conf: np.ndarray, acc: np.ndarray, count: np.ndarray) -> float:
-    """Σ_b count_b / N · |acc_b − conf_b| over non-empty bins."""
-    full = count > 0
-    return float(np.sum(count[full] / count.sum() * np.abs(acc[full] - conf[full])))
-
-
 def _legend_handles() -> list[Any]:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -145,8 +140,8 @@ def reliability_diagram(
     Each panel: per-bin accuracy as bars, the gap between accuracy and mean confidence shaded
     (red where over-confident, i.e. confidence > accuracy; green where under-confident), the
     diagonal of perfect calibration, and underneath the share of points per bin. The panel
-    title gives the ECE computed from the data: Σ_b count_b / N · |acc_b − conf_b| over the
-    non-empty bins (N = total count).
+    title gives the ECE of the bins, Σ_b count_b / N · |acc_b − conf_b| (N = total count), as
+    `peg.metrics.calibration.binned_ece` computes it, the function `peg.metrics.ece` uses.
 
     Args:
         curves: method name -> reliability data as `peg.metrics.reliability` returns it:
@@ -213,7 +208,7 @@ def reliability_diagram(
         top.plot([lo, hi], [lo, hi], "k--", lw=1)
         top.set_xlim(lo, hi)
         top.set_ylim(0, max(1.0, hi))
-        top.set_title(f"{name}\nECE {100 * _ece(conf, acc, count):.2f}%", fontsize=10)
+        top.set_title(f"{name}\nECE {100 * binned_ece(conf, acc, count):.2f}%", fontsize=10)
         top.tick_params(labelbottom=False)
         share = count / count.sum()
         bottom.bar(centers, share, width=widths, color="#7F7F7F", edgecolor="white", lw=0.5)
