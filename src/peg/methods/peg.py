@@ -45,11 +45,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from peg._inputs import check_positive_int
 from peg._progress import bar
+from peg.losses import cross_entropy_per_point, gaussian_nll_per_point
 from peg.methods._perturb import (
     MEMBER_KEY,
     BNMode,
@@ -75,20 +75,6 @@ def draw_batch(gen: torch.Generator, n: int, k: int) -> Tensor:
     return torch.randperm(n, generator=gen)[:k]
 
 
-def cross_entropy(logits: Tensor, y: Tensor) -> Tensor:
-    """Per-sample cross-entropy `[B]` (PEG's default loss for classification)."""
-    return F.cross_entropy(logits, y, reduction="none")
-
-
-def gaussian_nll(outputs: Tensor, y: Tensor) -> Tensor:
-    """Per-sample Gaussian NLL `[B]` of heads `[B, 2]` (mean, log-variance), up to log 2π / 2.
-
-    PEG's default loss for regression (floating-point targets), as DESIGN.md decides.
-    """
-    mean, log_var = outputs[:, 0], outputs[:, 1]
-    return 0.5 * (log_var + (y - mean) ** 2 / log_var.exp())
-
-
 class PEG(PerturbationEnsemble):
     """Perturbed Ensemble via Gradient updates.
 
@@ -100,7 +86,8 @@ class PEG(PerturbationEnsemble):
         variant: "vanilla" (Algorithm 1) or "unbiased" (§3, Claim 1).
         reduction: "mean" (default) or "sum" of the per-sample losses in a mini-batch.
         bn: "eval" (default), "batch" or "refresh" (needs `fit(..., bn_data=...)`).
-        loss: per-sample loss `loss(outputs [B, C], y [B]) -> [B]`; default cross-entropy.
+        loss: per-sample loss `loss(outputs [B, C], y [B]) -> [B]`; default
+            `peg.losses.cross_entropy_per_point` (`gaussian_nll_per_point` for float targets).
         params: which parameters to perturb: "all" trainable ones (default), "weights" (tensors
             with ndim ≥ 2, i.e. conv/linear weights) or a callable (name, parameter) -> bool.
         criterion: what η minimises on held-out validation data: "nll", "ece", "brier" or a
@@ -286,7 +273,9 @@ class PEG(PerturbationEnsemble):
         dtype = functools.reduce(torch.promote_types, (p.dtype for p in selected))
         P = sum(p.numel() for p in selected)
         K = self.batch_size
-        loss_fn = self.loss or (gaussian_nll if is_regression(data.y) else cross_entropy)
+        loss_fn = self.loss or (
+            gaussian_nll_per_point if is_regression(data.y) else cross_entropy_per_point
+        )
 
         def grad(gen: torch.Generator, what: str, out: Tensor | None = None) -> Tensor:
             """∇L on the mini-batch drawn from `gen`, `[P]` (written into `out` if given)."""
