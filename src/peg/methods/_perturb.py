@@ -40,6 +40,7 @@ from peg._inputs import (
     to_device,
     weights_device,
 )
+from peg._params import entry_views
 from peg._progress import counter
 from peg.ensemble import STRATEGIES, Ensemble, Strategy, autocast_dtype, model_output
 from peg.methods._search import PairedRace, select_scale
@@ -675,13 +676,8 @@ class PerturbationEnsemble(FittedEnsemble):
         if self._bn_batches is not None or any(base[n].dtype != D.dtype for n in names):
             return self._states_ensemble([(base, D)], scale, set())
         D.mul_(scale)
-        stacked, offset = {}, 0
-        for n in names:
-            size = base[n].numel()
-            part = D[:, offset : offset + size]
-            part.add_(base[n].reshape(1, -1))
-            stacked[n] = part.view(len(D), *base[n].shape)
-            offset += size
+        views = entry_views(D, [base[n].shape for n in names])  # [k, *shape] each
+        stacked = {n: part.add_(base[n]) for n, part in zip(names, views, strict=True)}
         shared = {k: v for k, v in base.items() if k not in stacked}
         return Ensemble(self._meta_skeleton, stacked, shared)
 
@@ -862,16 +858,15 @@ class PerturbationEnsemble(FittedEnsemble):
         those numbered in `dropped` (r·S_r + i), from one state dict per member."""
         names = self.param_names_
         shapes = [pairs[0][0][n].shape for n in names]
-        sizes = [math.prod(s) for s in shapes]
         states = []
         for r, (base, D) in enumerate(pairs):
-            steps = (scale * D).split(sizes, dim=1)  # per parameter: [S, numel]
+            steps = entry_views(scale * D, shapes)  # per parameter: [S, *shape]
             for i in range(D.shape[0]):
                 if r * D.shape[0] + i in dropped:
                     continue
                 state = dict(base)
-                for n, shape, step in zip(names, shapes, steps, strict=True):
-                    state[n] = base[n] + step[i].view(shape).to(base[n].dtype)
+                for n, step in zip(names, steps, strict=True):
+                    state[n] = base[n] + step[i].to(base[n].dtype)
                 if self._bn_batches is not None:
                     state = refresh_bn(self._skeleton, state, self._bn_batches)
                 states.append(state)

@@ -48,6 +48,7 @@ import torch
 from torch import Tensor, nn
 
 from peg._inputs import check_positive_int
+from peg._params import entry_views, flatten_state
 from peg._progress import bar
 from peg.losses import cross_entropy_per_point, gaussian_nll_per_point
 from peg.methods._perturb import (
@@ -272,6 +273,7 @@ class PEG(PerturbationEnsemble):
         device = selected[0].device
         dtype = functools.reduce(torch.promote_types, (p.dtype for p in selected))
         P = sum(p.numel() for p in selected)
+        shapes = [p.shape for p in selected]
         K = self.batch_size
         loss_fn = self.loss or (
             gaussian_nll_per_point if is_regression(data.y) else cross_entropy_per_point
@@ -291,13 +293,11 @@ class PEG(PerturbationEnsemble):
                         b.copy_(buffers[k])
             # each gradient copied into its slice of g and freed at once: no [P] temporaries
             g = torch.empty(P, dtype=dtype, device=device) if out is None else out
-            start, finite = 0, True
-            for j, p in enumerate(selected):
-                part = g[start : start + p.numel()]
-                part.view(p.shape).copy_(gs[j])
+            finite = True
+            for j, part in enumerate(entry_views(g, shapes)):
+                part.copy_(gs[j])
                 gs[j] = None  # type: ignore[call-overload]
                 finite = finite and bool(torch.isfinite(part).all())
-                start += p.numel()
             if not finite:
                 raise NonFiniteError(
                     f"{what} (base model {r}): the gradient has NaN or inf entries"
@@ -355,12 +355,10 @@ class PEG(PerturbationEnsemble):
         missing = [n for n in names if n not in given]
         if missing:
             raise ValueError(f"momentum: no buffer for parameters {missing[:5]}")
-        parts = []
         for n, p in zip(names, selected, strict=True):
             if tuple(given[n].shape) != tuple(p.shape):
                 raise ValueError(
                     f"momentum: buffer {n!r} has shape {tuple(given[n].shape)}, "
                     f"expected {tuple(p.shape)}"
                 )
-            parts.append(given[n].detach().reshape(-1).to(buf))
-        return torch.cat(parts)
+        return flatten_state(given, names, dtype=buf.dtype).to(buf.device)
