@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from peg import models
 from peg._env import machine
-from peg.methods.packed import packed_loss
+from peg.losses import packed_loss
 
 ARCH_NAMES = {"resnet18": "ResNet-18", "resnet20": "ResNet-20", "resnet50": "ResNet-50"}
 CLASSES = 10

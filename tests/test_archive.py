@@ -202,9 +202,9 @@ def test_a_recipe_detects_members_that_no_longer_match(
     path = fitted.save(str(tmp_path / "recipe"))
     from peg.methods import peg as peg_module
 
-    original = peg_module.cross_entropy
+    original = peg_module.cross_entropy_per_point
     changed = lambda o, y: 2 * original(o, y)  # noqa: E731  # "the code changed"
-    monkeypatch.setattr(peg_module, "cross_entropy", changed)
+    monkeypatch.setattr(peg_module, "cross_entropy_per_point", changed)
     with pytest.raises(ArchiveError, match="differ from the ones saved"):
         peg.load(path, mlp(9), val=moons_data["val"])
 

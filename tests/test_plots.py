@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from peg import metrics, plots
+from peg.metrics.calibration import binned_ece
 
 PNG = b"\x89PNG\r\n\x1a\n"
 NAN = math.nan
@@ -43,12 +44,12 @@ def test_reliability_ece_matches_the_definition() -> None:
     c = _curve()
     conf, acc, count = (c[k].numpy() for k in ("confidence", "accuracy", "count"))
     expected = (10 * 0.15 + 20 * 0.1 + 30 * 0.1 + 40 * 0.02) / 100
-    assert plots._ece(conf, acc, count) == pytest.approx(expected)
+    assert binned_ece(conf, acc, count) == pytest.approx(expected)
     probs = torch.softmax(torch.randn(500, 3) * 2, -1)
     y = torch.randint(0, 3, (500,))
     r = metrics.reliability(probs, y, bins=15)
-    ece = plots._ece(r["confidence"].numpy(), r["accuracy"].numpy(), r["count"].numpy())
-    assert ece == pytest.approx(metrics.ece(probs, y, bins=15))
+    ece = binned_ece(r["confidence"].numpy(), r["accuracy"].numpy(), r["count"].numpy())
+    assert ece == metrics.ece(probs, y, bins=15)  # the diagram's title is the metric, exactly
 
 
 def test_reliability_diagram_refuses_bad_curves(tmp_path: Path) -> None:

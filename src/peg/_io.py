@@ -1,4 +1,8 @@
-"""Files without pickle: atomic safetensors writes, and nested states as safetensors + JSON.
+"""Every file peg writes goes through here: atomic writes, and nested states as safetensors + JSON.
+
+`atomic_target` is the one primitive (a temporary file beside the target, fsynced, given the
+usual mode and renamed over it); `atomic_open` (a binary file object), `atomic_write_text` and
+`atomic_save_file` (safetensors) are built on it.
 
 A training checkpoint holds nested Python structures (optimizer state with integer keys, tuples
 of betas, generator states). `save_tree` stores every tensor in a safetensors file and the
@@ -13,7 +17,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from safetensors import safe_open
 from safetensors.torch import save_file
@@ -30,11 +34,13 @@ def _usual_mode(path: str) -> None:
 
 
 @contextmanager
-def atomic_target(path: Path) -> Iterator[str]:
+def atomic_target(path: str | os.PathLike[str]) -> Iterator[str]:
     """A temporary file beside `path` to write; afterwards fsynced and renamed over `path`.
 
-    A crash or an exception mid-write leaves the previous file at `path` intact.
+    Missing parent folders are created. A crash or an exception mid-write leaves the previous
+    file at `path` intact (and, for an exception, no temporary file).
     """
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
@@ -47,6 +53,13 @@ def atomic_target(path: Path) -> Iterator[str]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def atomic_open(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+    """A binary file open for writing whose content replaces `path` atomically on success."""
+    with atomic_target(path) as tmp, open(tmp, "wb") as f:
+        yield f
 
 
 def atomic_save_file(tensors: dict[str, Tensor], metadata: dict[str, str], path: Path) -> None:
@@ -106,5 +119,5 @@ def load_tree(path: str | os.PathLike[str]) -> Any:
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     """Write `text` to `path` atomically (see `atomic_target`)."""
-    with atomic_target(Path(path)) as tmp:
+    with atomic_target(path) as tmp:
         Path(tmp).write_text(text)

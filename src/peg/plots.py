@@ -2,14 +2,14 @@
 
 Headless: figures are drawn with matplotlib's object API on an Agg canvas (no pyplot, no
 display, no global figure state), so importing or calling these never needs a screen and never
-changes the caller's matplotlib backend. Every function writes its PNG atomically (a temporary
-file in the same folder, then `os.replace`), creates missing parent folders and returns the path.
+changes the caller's matplotlib backend. Every function writes its PNG atomically
+(`peg._io.atomic_open`: a temporary file in the same folder, then `os.replace`), creates missing
+parent folders and returns the path.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
+
+from peg._io import atomic_open
+from peg.metrics.calibration import binned_ece
 
 _DPI = 120
 # colour-blind-friendly class colours (Okabe-Ito), then matplotlib's tab10
@@ -52,20 +55,10 @@ def _figure(width: float, height: float) -> Any:
 
 
 def _save(fig: Any, path: str | os.PathLike[str]) -> Path:
-    """Write `fig` as PNG to `path` atomically; returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png", dpi=_DPI)
-        umask = os.umask(0o022)  # mkstemp makes the file 0600: give it the usual mode
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-    return path
+    """Write `fig` as PNG to `path` atomically (`peg._io.atomic_open`); returns the path."""
+    with atomic_open(path) as f:
+        fig.savefig(f, format="png", dpi=_DPI)
+    return Path(path)
 
 
 def _check_path(path: Any) -> None:
@@ -113,12 +106,6 @@ def _reliability_arrays(name: str, r: Any) -> tuple[np.ndarray, ...]:
     return edges, conf, acc, count
 
 
-def _ece(conf: np.ndarray, acc: np.ndarray, count: np.ndarray) -> float:
-    """Σ_b count_b / N · |acc_b − conf_b| over non-empty bins."""
-    full = count > 0
-    return float(np.sum(count[full] / count.sum() * np.abs(acc[full] - conf[full])))
-
-
 def _legend_handles() -> list[Any]:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -153,8 +140,8 @@ def reliability_diagram(
     Each panel: per-bin accuracy as bars, the gap between accuracy and mean confidence shaded
     (red where over-confident, i.e. confidence > accuracy; green where under-confident), the
     diagonal of perfect calibration, and underneath the share of points per bin. The panel
-    title gives the ECE computed from the data: Σ_b count_b / N · |acc_b − conf_b| over the
-    non-empty bins (N = total count).
+    title gives the ECE of the bins, Σ_b count_b / N · |acc_b − conf_b| (N = total count), as
+    `peg.metrics.calibration.binned_ece` computes it, the function `peg.metrics.ece` uses.
 
     Args:
         curves: method name -> reliability data as `peg.metrics.reliability` returns it:
@@ -221,7 +208,7 @@ def reliability_diagram(
         top.plot([lo, hi], [lo, hi], "k--", lw=1)
         top.set_xlim(lo, hi)
         top.set_ylim(0, max(1.0, hi))
-        top.set_title(f"{name}\nECE {100 * _ece(conf, acc, count):.2f}%", fontsize=10)
+        top.set_title(f"{name}\nECE {100 * binned_ece(conf, acc, count):.2f}%", fontsize=10)
         top.tick_params(labelbottom=False)
         share = count / count.sum()
         bottom.bar(centers, share, width=widths, color="#7F7F7F", edgecolor="white", lw=0.5)

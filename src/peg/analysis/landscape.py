@@ -23,9 +23,9 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from peg._inputs import check_positive_int
+from peg._params import flatten_state, unflatten_state
 from peg._progress import bar
 from peg.ensemble import model_output
-from peg.methods.subspace import flatten_state, unflatten_state
 
 EVAL_BATCH_SIZE = 1024
 

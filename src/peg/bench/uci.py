@@ -36,17 +36,18 @@ from peg._io import atomic_write_text, load_tree, save_tree
 from peg._progress import bar
 from peg.data.uci import UCI_SETS, uci_n_splits, uci_normalise
 from peg.ensemble import Ensemble
-from peg.layers.patching import emp_loss, patch
+from peg.layers.patching import patch
+from peg.losses import emp_loss, gaussian_nll_loss, packed_gaussian_nll
 from peg.methods.deep_ensemble import DeepEnsemble
 from peg.methods.dropout import MCDropout
-from peg.methods.packed import PackedEnsemble, packed_gaussian_nll
+from peg.methods.packed import PackedEnsemble
 from peg.methods.patching import MCPatched
 from peg.methods.peg import PEG
 from peg.methods.pep import PEP
 from peg.methods.temperature import member_logits_of
 from peg.metrics.regression import log_predictive_density, rmse, split_gaussian
 from peg.models import MLP
-from peg.models.gaussian import RegressionMLP, gaussian_nll_loss
+from peg.models.gaussian import RegressionMLP
 from peg.train import Recipe, instantiate, train
 
 METHODS = ("Single", "DeepEns-5", "MC-Dropout", "EMP", "ECMP", "Packed-(2,4,1)", "PEP-10", "PEG-10")

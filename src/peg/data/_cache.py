@@ -4,15 +4,15 @@ Decoding 50,000 JPEGs or parsing a text table takes seconds; the result is kept 
 uncompressed `.npz` (NumPy arrays only, read back with `allow_pickle=False`) under
 `cache_dir()/decoded/`. An entry's name holds the source file's name, a hash of its resolved
 path, its size and its modification time, so replacing or touching the source makes a fresh
-entry (the stale one of the same source is removed). Writes are atomic (temporary file, then
-`os.replace`); a cache folder that cannot be written only costs the decode next time.
+entry (the stale one of the same source is removed). Writes are atomic (`peg._io.atomic_open`:
+temporary file, then `os.replace`); a cache folder that cannot be written only costs the
+decode next time.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import warnings
 import zipfile
 from collections.abc import Callable, Sequence
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from peg._io import atomic_open
 from peg.data.roots import PathLike, _only_explicit, data_roots
 
 #: Bump when the layout of a cached entry changes: old entries are then ignored.
@@ -46,15 +47,9 @@ def cache_path(source: Path, tag: str) -> Path:
 
 
 def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """`np.savez` to a temporary file beside `path`, then rename (atomic)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    """`np.savez` to `path`, atomically (`peg._io.atomic_open`)."""
+    with atomic_open(path) as f:
+        np.savez(f, **arrays)
 
 
 def load_npz(path: Path) -> dict[str, np.ndarray] | None:

@@ -66,7 +66,6 @@ import hashlib
 import io
 import os
 import re
-import tempfile
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -77,6 +76,8 @@ import torch
 from PIL import Image
 from scipy import ndimage
 from torch import Tensor
+
+from peg._io import atomic_open
 
 #: Severities of every corruption.
 SEVERITIES: tuple[int, ...] = (1, 2, 3, 4, 5)
@@ -420,16 +421,9 @@ def _read_cache(path: Path, shape: tuple[int, ...]) -> Array | None:
 
 
 def _write_cache(path: Path, array: Array) -> None:
-    """np.save to a temporary file beside `path`, then rename: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.stem + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, array, allow_pickle=False)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """np.save to `path` atomically (`peg._io.atomic_open`): readers never see half a file."""
+    with atomic_open(path) as f:
+        np.save(f, array, allow_pickle=False)
 
 
 def _corrupted(

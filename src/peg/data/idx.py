@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import gzip
 import os
-import tempfile
 import zlib
 from pathlib import Path
 
 import numpy as np
+
+from peg._io import atomic_open
 
 #: IDX dtype code -> big-endian NumPy dtype.
 DTYPES: dict[int, str] = {
@@ -113,12 +114,6 @@ def write_idx(
     )
     if compress:
         payload = gzip.compress(payload, mtime=0)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    with atomic_open(path) as f:
+        f.write(payload)
     return path

@@ -38,17 +38,11 @@ from peg._inputs import (
     to_device,
     weights_device,
 )
+from peg._params import entry_views, module_like, refresh_bn, select_parameters
 from peg._progress import counter
 from peg.ensemble import STRATEGIES, Ensemble, Strategy, autocast_dtype, model_output
 from peg.errors import ArchiveError, NonFiniteError, NotFittedError
 from peg.methods._criteria import CRITERIA, REGRESSION_CRITERIA, is_regression
-from peg.methods._parameters import (
-    Models,
-    base_models,
-    module_like,
-    refresh_bn,
-    select_parameters,
-)
 from peg.methods._search import ScaleSearch
 from peg.methods.base import FittedEnsemble
 from peg.recipe import (
@@ -62,6 +56,7 @@ from peg.recipe import (
 )
 
 BNMode = Literal["eval", "batch", "refresh"]
+Models = nn.Module | Sequence[nn.Module] | Ensemble
 
 # Members regenerated at a time by a lazy ensemble when `chunk_size` is not given.
 LAZY_CHUNK_SIZE = 5
@@ -91,6 +86,26 @@ class DirectionData:
 def finite_rows(D: Tensor) -> list[bool]:
     """Whether each row of D `[k, P]` is free of NaN and inf."""
     return [bool(torch.isfinite(row).all()) for row in D]
+
+
+def base_models(model: Models) -> list[nn.Module]:
+    """One model, a list of models (an ensemble, PEG's Algorithm 2), or an `Ensemble`."""
+    if isinstance(model, FittedEnsemble):  # a fitted SWAG, DeepEnsemble, PEG, ...
+        model = model.ensemble()
+    if isinstance(model, Ensemble):
+        return [model.member_model(i) for i in range(len(model))]
+    if isinstance(model, nn.Module):
+        return [model]
+    if (
+        isinstance(model, Sequence)
+        and len(model) > 0
+        and all(isinstance(m, nn.Module) for m in model)
+    ):
+        return list(model)
+    raise TypeError(
+        "model: expected an nn.Module, a non-empty list of nn.Modules or a peg.Ensemble, "
+        f"got {type(model).__name__}"
+    )
 
 
 class PerturbationEnsemble(FittedEnsemble):
@@ -474,13 +489,8 @@ class PerturbationEnsemble(FittedEnsemble):
         if self._bn_batches is not None or any(base[n].dtype != D.dtype for n in names):
             return self._states_ensemble([(base, D)], scale, set())
         D.mul_(scale)
-        stacked, offset = {}, 0
-        for n in names:
-            size = base[n].numel()
-            part = D[:, offset : offset + size]
-            part.add_(base[n].reshape(1, -1))
-            stacked[n] = part.view(len(D), *base[n].shape)
-            offset += size
+        views = entry_views(D, [base[n].shape for n in names])  # [k, *shape] each
+        stacked = {n: part.add_(base[n]) for n, part in zip(names, views, strict=True)}
         shared = {k: v for k, v in base.items() if k not in stacked}
         return Ensemble(self._meta_skeleton, stacked, shared)
 
@@ -693,16 +703,15 @@ class PerturbationEnsemble(FittedEnsemble):
         those numbered in `dropped` (r·S_r + i), from one state dict per member."""
         names = self.param_names_
         shapes = [pairs[0][0][n].shape for n in names]
-        sizes = [math.prod(s) for s in shapes]
         states = []
         for r, (base, D) in enumerate(pairs):
-            steps = (scale * D).split(sizes, dim=1)  # per parameter: [S, numel]
+            steps = entry_views(scale * D, shapes)  # per parameter: [S, *shape]
             for i in range(D.shape[0]):
                 if r * D.shape[0] + i in dropped:
                     continue
                 state = dict(base)
-                for n, shape, step in zip(names, shapes, steps, strict=True):
-                    state[n] = base[n] + step[i].view(shape).to(base[n].dtype)
+                for n, step in zip(names, steps, strict=True):
+                    state[n] = base[n] + step[i].to(base[n].dtype)
                 if self._bn_batches is not None:
                     state = refresh_bn(self._skeleton, state, self._bn_batches)
                 states.append(state)

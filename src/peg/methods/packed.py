@@ -2,8 +2,9 @@
 
 A packed model (`models.build("resnet18", packed=(2, 4, 1))`, see `peg.models._packed`) holds
 M subnetworks in grouped layers and runs them in one forward pass. Training it is an ordinary
-`peg.train.train` run with `loss=packed_loss`, which trains every subnetwork on its own
-cross-entropy (§3: the subnetworks are trained independently, in parallel):
+`peg.train.train` run with `loss=packed_loss` (defined in `peg.losses`, importable from here
+too), which trains every subnetwork on its own cross-entropy (§3: the subnetworks are trained
+independently, in parallel):
 
     model = models.build("resnet18", packed=(2, 4, 1))
     train(model, (X, y), recipe, loss=packed_loss)
@@ -16,71 +17,14 @@ module and come out of one forward pass, with the same `member_logits -> [M, N, 
 from __future__ import annotations
 
 import copy
-import math
-from typing import Any, Literal
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from peg._inputs import Data, as_xy, check_positive_int, diagnose, to_device
+from peg.losses import packed_gaussian_nll, packed_loss
 from peg.methods.base import ModulePredictor
-
-
-def packed_loss(output: Tensor, y: Tensor, reduction: Literal["mean", "sum"] = "mean") -> Tensor:
-    """Cross-entropy of every subnetwork on the same labels, combined over the members.
-
-    Args:
-        output: a packed model's forward output (log p̄ `[B, C]` carrying `.member_logits`
-            `[M, B, C]`, which is what `train` passes on), or member logits `[M, B, C]`.
-        y: labels `[B]`.
-        reduction: "mean" (default, as torch-uncertainty's training: the mean over the M
-            members of each one's mean cross-entropy) or "sum" (their sum: each subnetwork gets
-            exactly the gradient it would get trained alone, i.e. M times the "mean" one).
-
-    Returns a scalar. The subnetworks share no weights, so either way subnetwork m's gradient
-    comes from its own cross-entropy only.
-    """
-    members = _members_of(output)
-    if reduction not in ("mean", "sum"):
-        raise ValueError(f"reduction: expected 'mean' or 'sum', got {reduction!r}")
-    m = members.shape[0]
-    # One call over [M·B, C] with the labels repeated = mean over members of each member's mean.
-    loss = F.cross_entropy(members.flatten(0, 1), y.repeat(m))
-    return loss * m if reduction == "sum" else loss
-
-
-def _members_of(output: Tensor) -> Tensor:
-    """Member outputs `[M, B, C]` from a packed model's output (or given directly)."""
-    members = getattr(output, "member_logits", None)
-    if members is None:
-        if output.ndim != 3:
-            raise ValueError(
-                "output: expected member outputs [M, B, C] or the output of a packed model "
-                f"(built with packed=...), got shape {tuple(output.shape)}"
-            )
-        members = output
-    return members
-
-
-def packed_gaussian_nll(output: Tensor, y: Tensor, min_var: float = 1e-6) -> Tensor:
-    """Regression with Packed-Ensembles: the mean over members of each one's Gaussian NLL.
-
-    A packed model built with `num_classes=2` has Gaussian heads: member outputs `[M, B, 2]`
-    are (mean, log-variance), the convention of `peg.models.gaussian`; the log-variance is
-    floored at log(min_var) (softly, as `GaussianHead` does). Its `forward` output (log p̄) is
-    meaningless for regression: predict with `PackedEnsemble(model).member_logits(X)`.
-    """
-    from peg.models.gaussian import gaussian_nll_loss
-
-    members = _members_of(output)
-    if members.shape[-1] != 2:
-        raise ValueError(
-            f"output: expected Gaussian member outputs [M, B, 2], got {tuple(members.shape)}"
-        )
-    floor = torch.full_like(members[..., 1], math.log(min_var))
-    heads = torch.stack([members[..., 0], torch.logaddexp(members[..., 1], floor)], -1)
-    return gaussian_nll_loss(heads.flatten(0, 1), y.repeat(members.shape[0]))
 
 
 class PackedEnsemble(ModulePredictor):
@@ -160,3 +104,6 @@ class PackedEnsemble(ModulePredictor):
     def __repr__(self) -> str:
         packing = getattr(getattr(self, "model_", None), "packing", None)
         return f"PackedEnsemble({packing or 'unfitted'})"
+
+
+__all__ = ["PackedEnsemble", "packed_gaussian_nll", "packed_loss"]  # the losses: peg.losses

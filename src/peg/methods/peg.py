@@ -45,14 +45,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from peg._inputs import check_positive_int
+from peg._params import ParamFilter, entry_views, flatten_state
 from peg._progress import bar
 from peg.errors import NonFiniteError
+from peg.losses import cross_entropy_per_point, gaussian_nll_per_point
 from peg.methods._criteria import Criterion, is_regression
-from peg.methods._parameters import ParamFilter
 from peg.methods._perturb import BNMode, DirectionData, PerturbationEnsemble, RowSource
 from peg.methods.base import store_arguments
 from peg.streams import MEMBER, VALIDATION, generator
@@ -66,20 +66,6 @@ def draw_batch(gen: torch.Generator, n: int, k: int) -> Tensor:
     return torch.randperm(n, generator=gen)[:k]
 
 
-def cross_entropy(logits: Tensor, y: Tensor) -> Tensor:
-    """Per-sample cross-entropy `[B]` (PEG's default loss for classification)."""
-    return F.cross_entropy(logits, y, reduction="none")
-
-
-def gaussian_nll(outputs: Tensor, y: Tensor) -> Tensor:
-    """Per-sample Gaussian NLL `[B]` of heads `[B, 2]` (mean, log-variance), up to log 2π / 2.
-
-    PEG's default loss for regression (floating-point targets), as DESIGN.md decides.
-    """
-    mean, log_var = outputs[:, 0], outputs[:, 1]
-    return 0.5 * (log_var + (y - mean) ** 2 / log_var.exp())
-
-
 class PEG(PerturbationEnsemble):
     """Perturbed Ensemble via Gradient updates.
 
@@ -91,7 +77,8 @@ class PEG(PerturbationEnsemble):
         variant: "vanilla" (Algorithm 1) or "unbiased" (§3, Claim 1).
         reduction: "mean" (default) or "sum" of the per-sample losses in a mini-batch.
         bn: "eval" (default), "batch" or "refresh" (needs `fit(..., bn_data=...)`).
-        loss: per-sample loss `loss(outputs [B, C], y [B]) -> [B]`; default cross-entropy.
+        loss: per-sample loss `loss(outputs [B, C], y [B]) -> [B]`; default
+            `peg.losses.cross_entropy_per_point` (`gaussian_nll_per_point` for float targets).
         params: which parameters to perturb: "all" trainable ones (default), "weights" (tensors
             with ndim ≥ 2, i.e. conv/linear weights) or a callable (name, parameter) -> bool.
         criterion: what η minimises on held-out validation data: "nll", "ece", "brier" or a
@@ -267,8 +254,11 @@ class PEG(PerturbationEnsemble):
         device = selected[0].device
         dtype = functools.reduce(torch.promote_types, (p.dtype for p in selected))
         P = sum(p.numel() for p in selected)
+        shapes = [p.shape for p in selected]
         K = self.grad_batch_size
-        loss_fn = self.loss or (gaussian_nll if is_regression(data.y) else cross_entropy)
+        loss_fn = self.loss or (
+            gaussian_nll_per_point if is_regression(data.y) else cross_entropy_per_point
+        )
 
         def grad(gen: torch.Generator, what: str, out: Tensor | None = None) -> Tensor:
             """∇L on the mini-batch drawn from `gen`, `[P]` (written into `out` if given)."""
@@ -284,13 +274,11 @@ class PEG(PerturbationEnsemble):
                         b.copy_(buffers[k])
             # each gradient copied into its slice of g and freed at once: no [P] temporaries
             g = torch.empty(P, dtype=dtype, device=device) if out is None else out
-            start, finite = 0, True
-            for j, p in enumerate(selected):
-                part = g[start : start + p.numel()]
-                part.view(p.shape).copy_(gs[j])
+            finite = True
+            for j, part in enumerate(entry_views(g, shapes)):
+                part.copy_(gs[j])
                 gs[j] = None  # type: ignore[call-overload]
                 finite = finite and bool(torch.isfinite(part).all())
-                start += p.numel()
             if not finite:
                 raise NonFiniteError(
                     f"{what} (base model {r}): the gradient has NaN or inf entries"
@@ -348,12 +336,10 @@ class PEG(PerturbationEnsemble):
         missing = [n for n in names if n not in given]
         if missing:
             raise ValueError(f"momentum: no buffer for parameters {missing[:5]}")
-        parts = []
         for n, p in zip(names, selected, strict=True):
             if tuple(given[n].shape) != tuple(p.shape):
                 raise ValueError(
                     f"momentum: buffer {n!r} has shape {tuple(given[n].shape)}, "
                     f"expected {tuple(p.shape)}"
                 )
-            parts.append(given[n].detach().reshape(-1).to(buf))
-        return torch.cat(parts)
+        return flatten_state(given, names, dtype=buf.dtype).to(buf.device)

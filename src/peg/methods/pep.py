@@ -17,8 +17,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from peg._params import ParamFilter
 from peg.methods._criteria import Criterion
-from peg.methods._parameters import ParamFilter
 from peg.methods._perturb import DirectionData, PerturbationEnsemble, RowSource
 from peg.methods.base import store_arguments
 from peg.streams import MEMBER, generator

@@ -3,8 +3,8 @@ Perspective", §4.2): random directions, dropout on the weights, diagonal and lo
 
 Every sampler builds full state dicts from a base state dict in which only the sampled trainable
 parameters change, and holds them as an `Ensemble` (`ensemble_`). Parameters are handled as one
-flat vector `[P]`: the selected parameters in `named_parameters()` order, each flattened
-row-major (`reshape(-1)`); `mean_`, `std_` and `components_` use that order (names in
+flat vector `[P]` (`peg._params`): the selected parameters in `named_parameters()` order, each
+flattened row-major (`reshape(-1)`); `mean_`, `std_` and `components_` use that order (names in
 `param_names_`).
 
 BatchNorm: `bn="eval"` (default) keeps the base running statistics in every sample;
@@ -39,9 +39,9 @@ from peg._inputs import (
     to_device,
     weights_device,
 )
+from peg._params import ParamFilter, flatten_state, refresh_bn, select_parameters, unflatten_state
 from peg._progress import bar
 from peg.ensemble import Ensemble, model_output
-from peg.methods._parameters import ParamFilter, refresh_bn, select_parameters
 from peg.methods.base import FittedEnsemble
 from peg.metrics._inputs import check_labels
 from peg.streams import SUBSPACE_BN, generator
@@ -50,26 +50,6 @@ SubspaceBN = Literal["eval", "refresh"]
 BN_BATCH_SIZE = 256  # rows per batch when bn_data is a tensor (a loader keeps its own batches)
 EVAL_BATCH_SIZE = 512  # rows per forward pass when checking min_accuracy
 MAX_DRAWS_PER_SAMPLE = 10  # min_accuracy: give up after this many draws per requested sample
-
-
-# ---------------------------------------------------------------- flat vectors
-def flatten_state(state: Mapping[str, Tensor], names: Sequence[str]) -> Tensor:
-    """The entries `names` of `state`, each flattened row-major, concatenated: `[P]`."""
-    return torch.cat([state[n].detach().reshape(-1) for n in names])
-
-
-def unflatten_state(
-    vector: Tensor, base: Mapping[str, Tensor], names: Sequence[str]
-) -> dict[str, Tensor]:
-    """A copy of `base` with the entries `names` read from `vector` `[P]` (inverse of
-    `flatten_state`); shapes and dtypes are those of `base`."""
-    sizes = [base[n].numel() for n in names]
-    if vector.numel() != sum(sizes):
-        raise ValueError(f"vector: expected {sum(sizes)} entries, got {vector.numel()}")
-    state = dict(base)
-    for n, part in zip(names, vector.split(sizes), strict=True):
-        state[n] = part.view(base[n].shape).to(base[n].dtype).clone()
-    return state
 
 
 # ---------------------------------------------------------------- checks

@@ -20,7 +20,6 @@ collected, which is the sample covariance the paper defines (they agree once K =
 
 from __future__ import annotations
 
-import copy
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -29,13 +28,12 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from torch.optim.swa_utils import AveragedModel, update_bn
 
 from peg._inputs import Data, as_xy, check_number, check_positive_int, weights_device
+from peg._params import parameter_vector, refresh_bn, unflatten_state
 from peg._progress import bar
 from peg.ensemble import Ensemble
-from peg.methods._parameters import refresh_bn
 from peg.methods.base import FittedEnsemble
 from peg.streams import SWAG_SAMPLE, generator
 from peg.train import Callback, ModelSource, Recipe, instantiate, train
@@ -84,7 +82,7 @@ class _Moments:
     def __init__(self, averager: _Averager, max_num_models: int, diag: bool) -> None:
         self.averager = averager
         self.diag = diag
-        mean = parameters_to_vector(averager.averaged.module.parameters()).detach()
+        mean = parameter_vector(averager.averaged.module)
         self.sq_mean = torch.zeros_like(mean)
         self.deviations: deque[Tensor] = deque(maxlen=max_num_models)
 
@@ -92,10 +90,10 @@ class _Moments:
         if epoch <= self.averager.swa_start:
             return
         n = self.averager.count  # already includes this epoch's weights
-        w = parameters_to_vector(model.parameters()).detach()
+        w = parameter_vector(model)
         self.sq_mean += (w * w - self.sq_mean) / n
         if not self.diag:
-            mean = parameters_to_vector(self.averager.averaged.module.parameters()).detach()
+            mean = parameter_vector(self.averager.averaged.module)
             self.deviations.append((w - mean).clone())
 
     def state_dict(self) -> dict[str, Any]:
@@ -297,7 +295,7 @@ class SWAG(SWA):
 
     def _finish(self, net: nn.Module) -> None:
         self._skeleton = self.swa_model_
-        self.mean_ = parameters_to_vector(self.swa_model_.parameters()).detach().clone()
+        self.mean_ = parameter_vector(self.swa_model_).clone()
         self.var_ = (self._moments.sq_mean - self.mean_**2).clamp_min(1e-30)
         self.deviations_ = (
             torch.stack(list(self._moments.deviations))
@@ -356,11 +354,8 @@ class SWAG(SWA):
         base = {k: v.detach().clone() for k, v in model.state_dict().items()}
         names = [name for name, _ in model.named_parameters()]
         states = []
-        probe = copy.deepcopy(model)
         for v in bar(vectors, "SWAG samples", len(vectors), self.progress):
-            vector_to_parameters(v, probe.parameters())
-            params = dict(probe.named_parameters())
-            state = {**base, **{k: params[k].detach().clone() for k in names}}
+            state = unflatten_state(v, base, names)
             states.append(refresh_bn(model, state, batches) if refresh else state)
         meta = {**self._meta(), "samples": n}
         if scale is not None:

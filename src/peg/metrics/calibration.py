@@ -3,6 +3,9 @@
 Bins are equal-width on [0, 1] and right-closed, (lo, hi], except that the first bin also
 holds confidence 0; confidence 1 is in the last bin. Edges are i / bins (correctly rounded),
 so a float64 confidence equal to an edge such as 0.2 goes to the bin below it.
+
+`binned_ece` / `binned_mce` compute ECE and MCE from per-bin statistics; `ece`, `mce`,
+`peg.metrics.StreamingMetrics` and the reliability diagrams of `peg.plots` all go through them.
 """
 
 from __future__ import annotations
@@ -45,13 +48,30 @@ def reliability(pred: Any, y: Any, bins: int = 15) -> dict[str, Tensor]:
     return {"edges": edges, "confidence": mean_conf, "accuracy": mean_acc, "count": count}
 
 
-def _gaps(pred: Any, y: Any, bins: int, min_count: int) -> tuple[Tensor, Tensor, int]:
+def _bin_gaps(
+    confidence: Any, accuracy: Any, count: Any, min_count: int
+) -> tuple[Tensor, Tensor, Tensor]:
     """|accuracy - confidence| and count of the bins with >= `min_count` points, and N."""
     min_count = check_positive_int(min_count, "min_count")
-    r = reliability(pred, y, bins)
-    keep = r["count"] >= min_count
-    gaps = (r["accuracy"] - r["confidence"]).abs()
-    return gaps[keep], r["count"][keep], int(r["count"].sum())
+    confidence, accuracy, count = (torch.as_tensor(t) for t in (confidence, accuracy, count))
+    keep = count >= min_count
+    gaps = (accuracy - confidence).abs()
+    return gaps[keep], count[keep], count.sum()
+
+
+def binned_ece(confidence: Any, accuracy: Any, count: Any, min_count: int = 1) -> float:
+    """ECE from per-bin statistics (as `reliability` returns them): Σ_b (n_b / N) |acc_b - conf_b|.
+
+    `ece` is this applied to `reliability(pred, y, bins)`, and reliability diagrams
+    (`peg.plots.reliability_diagram`) title their panels with it, so the two always agree.
+
+    Args:
+        confidence, accuracy: per-bin mean confidence and accuracy `[B]` (NaN in empty bins).
+        count: points per bin `[B]`; N is their sum.
+        min_count: bins with fewer points are dropped from the sum (N stays the total).
+    """
+    gaps, count, n = _bin_gaps(confidence, accuracy, count, min_count)
+    return float((count.double() * gaps).sum() / n)
 
 
 def ece(pred: Any, y: Any, bins: int = 15, min_count: int = 1) -> float:
@@ -64,8 +84,16 @@ def ece(pred: Any, y: Any, bins: int = 15, min_count: int = 1) -> float:
         min_count: bins with fewer points are dropped from the sum; N stays the total number
             of points, so dropped bins contribute 0 rather than being renormalised away.
     """
-    gaps, count, n = _gaps(pred, y, bins, min_count)
-    return float((count.double() * gaps).sum() / n)
+    check_positive_int(min_count, "min_count")  # before binning, so a bad value fails first
+    r = reliability(pred, y, bins)
+    return binned_ece(r["confidence"], r["accuracy"], r["count"], min_count)
+
+
+def binned_mce(confidence: Any, accuracy: Any, count: Any, min_count: int = 1) -> float:
+    """MCE from per-bin statistics (as `reliability` returns them): max_b |acc_b - conf_b| over
+    bins with >= `min_count` points, 0.0 if there is none (`mce` is this on `reliability`)."""
+    gaps, _, _ = _bin_gaps(confidence, accuracy, count, min_count)
+    return float(gaps.max()) if gaps.numel() else 0.0
 
 
 def mce(pred: Any, y: Any, bins: int = 15, min_count: int = 1) -> float:
@@ -77,5 +105,6 @@ def mce(pred: Any, y: Any, bins: int = 15, min_count: int = 1) -> float:
         bins: number of equal-width bins.
         min_count: smallest bin counted; 0.0 if no bin has that many points.
     """
-    gaps, _, _ = _gaps(pred, y, bins, min_count)
-    return float(gaps.max()) if gaps.numel() else 0.0
+    check_positive_int(min_count, "min_count")  # before binning, so a bad value fails first
+    r = reliability(pred, y, bins)
+    return binned_mce(r["confidence"], r["accuracy"], r["count"], min_count)

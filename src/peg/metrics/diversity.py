@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from peg._inputs import as_tensor
+from peg._params import flatten_state
 from peg.metrics._inputs import check_labels
 from peg.metrics.classification import error, nll
 from peg.metrics.ood import mutual_information as _mi_per_point
@@ -68,9 +69,7 @@ def weight_matrix(weights: Weights, floating_only: bool = True) -> Tensor:
                 raise ValueError(
                     f"weights: state dict {i} differs from state dict 0 in names/shapes"
                 )
-        W = torch.stack(
-            [torch.cat([s[k].detach().double().reshape(-1) for k in keys]) for s in states]
-        )
+        W = torch.stack([flatten_state(s, keys, dtype=torch.float64) for s in states])
     if W.shape[0] < 2:
         raise ValueError(f"weights: need at least 2 members, got {W.shape[0]}")
     return W

@@ -19,7 +19,8 @@ standardised one divided by y_scale); coverage and calibration error do not chan
 - `rmse(mean, y)`: root mean squared error of the ensemble mean.
 - `log_predictive_density(mean, var, y)`: mean log density of the mixture (the UCI "test
   log-likelihood"; higher is better).
-- `gaussian_nll(mean, var, y)`: NLL of the moment-matched Gaussian (lower is better).
+- `gaussian_nll(mean, var, y)`: NLL of the moment-matched Gaussian (lower is better), a float
+  (the formula is `peg.losses.gaussian_nll_elementwise`, as for the training losses).
 - `interval_coverage(mean, var, y, levels)`, `regression_calibration_error(...)`: calibration
   of central predictive intervals.
 - `regression_metrics(mean, var, y)`: "rmse", "lpd", "nll", "calibration_error".
@@ -37,10 +38,10 @@ import torch
 from torch import Tensor
 
 from peg._inputs import as_tensor, check_positive_int
+from peg.losses import gaussian_nll_elementwise
 
 Predictive = Literal["moment", "mixture"]
 DEFAULT_LEVELS = (0.5, 0.9, 0.95)
-_LOG_2PI = math.log(2 * math.pi)
 
 
 def _real(a: Any, name: str) -> Tensor:
@@ -159,7 +160,7 @@ def rmse(mean: Any, y: Any, y_scale: Any = None) -> float:
 
 def _log_normal(y: Tensor, mean: Tensor, var: Tensor) -> Tensor:
     # In log space throughout: finite for tiny variances where the density itself underflows.
-    return -0.5 * (_LOG_2PI + var.log() + (y - mean).pow(2) / var)
+    return -gaussian_nll_elementwise(mean, var.log(), y, var=var)
 
 
 def log_predictive_density(mean: Any, var: Any, y: Any, y_scale: Any = None) -> float:
@@ -200,7 +201,8 @@ def gaussian_nll(mean: Any, var: Any, y: Any, y_scale: Any = None) -> float:
     _, _, t = _members(mean, var, y)
     scale = _check_scale(y_scale)
     mu, total = moment_match(mean, var)
-    return float(-_log_normal(t, mu, total).mean()) + math.log(scale)
+    nll = gaussian_nll_elementwise(mu, total.log(), t, var=total)
+    return float(nll.mean()) + math.log(scale)
 
 
 def _check_levels(levels: Any) -> Tensor:

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from peg._inputs import check_positive_int
 from peg.metrics._inputs import as_pred, check_labels, log_probs_of
+from peg.metrics.calibration import binned_ece, binned_mce
 from peg.metrics.ood import OOD_SCORES, aupr, auroc, fpr_at_tpr
 
 
@@ -86,15 +87,17 @@ class StreamingMetrics:
         """The metrics of everything added so far (as `peg.metrics.classification_metrics`)."""
         if self.n == 0:
             raise ValueError("pred: no batches were added (0 samples)")
-        keep = self.bin_count >= self.min_count
-        count = self.bin_count[keep]
-        gaps = (self.bin_correct[keep] / count - self.bin_conf[keep] / count).abs()
+        bins = (  # per-bin confidence, accuracy (NaN in empty bins, left out) and count
+            self.bin_conf / self.bin_count,
+            self.bin_correct / self.bin_count,
+            self.bin_count,
+        )
         out = {
             "nll": self.sums["nll"] / self.n,
             "error": self.sums["errors"] / self.n,
             "brier": self.sums["brier"] / self.n,
-            "ece": float((count * gaps).sum() / self.n),
-            "mce": float(gaps.max()) if gaps.numel() else 0.0,
+            "ece": binned_ece(*bins, self.min_count),
+            "mce": binned_mce(*bins, self.min_count),
         }
         if self.members:
             out["gibbs_nll"] = self.sums["gibbs_nll"] / self.n

@@ -14,7 +14,7 @@ Outputs (`Packable`), so that a packed model is still an ordinary classifier:
   log softmax(zₘ) − log M, computed in log space. They are normalised log-probabilities, so
   cross-entropy, argmax, softmax (= p̄) and `Ensemble`/metrics treat them as logits. The member
   logits `[M, B, C]` ride along as the attribute `output.member_logits` (the same tensor object
-  train() hands to its loss), which is how `peg.methods.packed.packed_loss` trains each member
+  train() hands to its loss), which is how `peg.losses.packed_loss` trains each member
   on its own cross-entropy through the unchanged `train(model, data, loss=packed_loss)`.
 """
 

@@ -1,4 +1,4 @@
-"""Gaussian regression heads and the UCI regression MLP, with their training loss.
+"""Gaussian regression heads and the UCI regression MLP (their loss: `peg.losses`).
 
 Output convention (shared with `peg.metrics.regression.split_gaussian`): a Gaussian model
 returns `[B, 2]` with `[:, 0]` the mean and `[:, 1]` the **log-variance**, variance floor
@@ -19,11 +19,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from peg.losses import gaussian_nll_loss
 from peg.models import _layers as L
 
 #: Default variance floor, in the units of the (standardised) targets.
 MIN_VAR = 1e-6
-_LOG_2PI = math.log(2 * math.pi)
 
 
 class GaussianHead(nn.Module):
@@ -52,38 +52,6 @@ class GaussianHead(nn.Module):
 
     def extra_repr(self) -> str:
         return f"min_var={self.min_var:g}"
-
-
-def gaussian_nll_loss(outputs: Tensor, y: Tensor, var: float = 1.0) -> Tensor:
-    """Mean Gaussian NLL of targets `y [B]`, constant log(2π)/2 included (a loss for `train`).
-
-    Args:
-        outputs: `[B, 2]` (mean, log-variance) from a Gaussian head, or mean-only `[B, 1]`.
-        y: targets `[B]` (or `[B, 1]`).
-        var: the fixed variance used for mean-only outputs (1 / τ); ignored for `[B, 2]`.
-
-    Computed from the log-variance directly (no exp then log), so it is exact for very small or
-    large variances. With `[B, 1]` outputs it is MSE / (2 var) plus a constant.
-    """
-    if outputs.ndim != 2 or outputs.shape[1] not in (1, 2):
-        raise ValueError(
-            f"outputs: expected [B, 2] (mean, log-variance) or [B, 1] (mean), got shape "
-            f"{tuple(outputs.shape)}"
-        )
-    if y.ndim == 2 and y.shape[1] == 1:
-        y = y[:, 0]
-    # Exact shape check: [B] against [B, 1] would silently broadcast to [B, B].
-    if y.shape != outputs.shape[:1]:
-        raise ValueError(f"y: expected targets [{outputs.shape[0]}], got shape {tuple(y.shape)}")
-    y = y.to(outputs.dtype)
-    mean = outputs[:, 0]
-    if outputs.shape[1] == 2:
-        log_var = outputs[:, 1]
-        nll = 0.5 * (_LOG_2PI + log_var + (y - mean).pow(2) * torch.exp(-log_var))
-    else:
-        var = L.positive_number(var, "var")
-        nll = 0.5 * (_LOG_2PI + math.log(var) + (y - mean).pow(2) / var)
-    return nll.mean()
 
 
 class RegressionMLP(nn.Module):
@@ -140,3 +108,6 @@ class RegressionMLP(nn.Module):
                 f"x: expected inputs [B, {self.in_features}], got shape {tuple(x.shape)}"
             )
         return self.head(self.body(x))
+
+
+__all__ = ["MIN_VAR", "GaussianHead", "RegressionMLP", "gaussian_nll_loss"]  # the loss: peg.losses
