@@ -311,7 +311,7 @@ class PerturbationEnsemble(FittedEnsemble):
             )
             raise ValueError(
                 f"val: {len(data)} points{where}; {self.method} needs at least {need} "
-                f"(the mini-batch size); lower batch_size or pass more validation data"
+                f"(the mini-batch size); lower grad_batch_size or pass more validation data"
             )
         bn_batches = None
         if self.bn == "refresh":
