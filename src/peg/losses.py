@@ -9,7 +9,6 @@ with the formula of `gaussian_nll_elementwise`).
 Classification:
 - `cross_entropy_per_point(logits, y) -> [B]`: PEG's default step loss.
 - `packed_loss(output, y)`: Packed-Ensembles, every subnetwork's cross-entropy.
-- `emp_loss(model, weight)`: EMP/ECMP, cross-entropy plus the patch regulariser.
 
 Regression (Gaussian heads `[B, 2]`: mean and log-variance, see `peg.models.gaussian`):
 - `gaussian_nll_elementwise(mean, log_var, y)`: the Gaussian NLL formula, the one place it is.
@@ -21,12 +20,11 @@ Regression (Gaussian heads `[B, 2]`: mean and log-variance, see `peg.models.gaus
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from peg._inputs import check_number
 
@@ -75,30 +73,6 @@ def _members_of(output: Tensor) -> Tensor:
     return members
 
 
-def emp_loss(
-    model: nn.Module,
-    weight: float,
-    shared: bool = True,
-    base: Callable[[Tensor, Tensor], Tensor] = F.cross_entropy,
-) -> Callable[[Tensor, Tensor], Tensor]:
-    """A `loss(logits, y)` for `peg.train.train`: `base(logits, y) + weight × regulariser`.
-
-    The negative ELBO of §3.2 with one MC draw per step (the training forward pass samples):
-    the mean cross-entropy plus `weight × patch_regularizer(model, shared)`
-    (`peg.layers.patching`). `weight` plays the role of the prior precision τ divided by the
-    number of training points.
-    """
-    from peg.layers.patching import patch_regularizer  # peg.layers re-exports emp_loss
-
-    weight = check_number(weight, "weight", allow_zero=True)
-
-    def loss(logits: Tensor, y: Tensor) -> Tensor:
-        return base(logits, y) + weight * patch_regularizer(model, shared)
-
-    return loss
-
-
-# ---------------------------------------------------------------- regression
 def gaussian_nll_elementwise(
     mean: Tensor, log_var: Tensor | float, y: Tensor, var: Tensor | float | None = None
 ) -> Tensor:
@@ -176,7 +150,6 @@ def packed_gaussian_nll(output: Tensor, y: Tensor, min_var: float = 1e-6) -> Ten
 
 __all__ = [
     "cross_entropy_per_point",
-    "emp_loss",
     "gaussian_nll_elementwise",
     "gaussian_nll_loss",
     "gaussian_nll_per_point",

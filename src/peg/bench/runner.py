@@ -36,8 +36,8 @@ from peg.bench.spec import MethodSpec, Spec
 from peg.bench.tables import OOD_ROWS, ROWS, markdown_table
 from peg.data import corruptions, transforms
 from peg.ensemble import Ensemble
-from peg.layers.patching import patch
-from peg.losses import emp_loss, packed_loss
+from peg.layers.patching import emp_loss, patch
+from peg.losses import packed_loss
 from peg.methods.dropout import MCDropout
 from peg.methods.packed import PackedEnsemble
 from peg.methods.patching import MCPatched

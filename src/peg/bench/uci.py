@@ -36,8 +36,8 @@ from peg._io import atomic_write_text, load_tree, save_tree
 from peg._progress import bar
 from peg.data.uci import UCI_SETS, uci_n_splits, uci_normalise
 from peg.ensemble import Ensemble
-from peg.layers.patching import patch
-from peg.losses import emp_loss, gaussian_nll_loss, packed_gaussian_nll
+from peg.layers.patching import emp_loss, patch
+from peg.losses import gaussian_nll_loss, packed_gaussian_nll
 from peg.methods.deep_ensemble import DeepEnsemble
 from peg.methods.dropout import MCDropout
 from peg.methods.packed import PackedEnsemble

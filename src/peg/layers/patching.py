@@ -42,7 +42,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from peg._inputs import check_number
-from peg.losses import emp_loss  # defined with the other losses; re-exported here
 
 Mode = Literal["emp", "ecmp"]
 MODES: tuple[str, ...] = ("emp", "ecmp")
@@ -570,6 +569,30 @@ def patch_regularizer(model: nn.Module, shared: bool = True) -> Tensor:
             if p.requires_grad and id(p) not in patched_ids:
                 total = total + 0.5 * p.pow(2).sum()
     return total
+
+
+def emp_loss(
+    model: nn.Module,
+    weight: float,
+    shared: bool = True,
+    base: Callable[[Tensor, Tensor], Tensor] = F.cross_entropy,
+) -> Callable[[Tensor, Tensor], Tensor]:
+    """A `loss(logits, y)` for `peg.train.train`: `base(logits, y) + weight × regulariser`.
+
+    The negative ELBO of §3.2 with one MC draw per step (the training forward pass samples):
+    the mean cross-entropy plus `weight × patch_regularizer(model, shared)`
+    `weight` plays the role of the prior precision τ divided by the
+    number of training points.
+    """
+    weight = check_number(weight, "weight", allow_zero=True)
+
+    def loss(logits: Tensor, y: Tensor) -> Tensor:
+        return base(logits, y) + weight * patch_regularizer(model, shared)
+
+    return loss
+
+
+# ---------------------------------------------------------------- regression
 
 
 def overhead(model: nn.Module) -> dict[str, Any]:
