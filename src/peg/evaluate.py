@@ -11,6 +11,7 @@ from torch import Tensor
 from peg import metrics
 from peg._inputs import Data, as_xy, check_data_device, check_finite
 from peg.methods.temperature import member_logits_of, predictor_device
+from peg.metrics.regression import regression_metrics, split_gaussian
 
 
 def evaluate(
@@ -47,8 +48,6 @@ def evaluate(
         check_finite(X, "X")
     logits = member_logits_of(predictor, X, batch_size)
     if torch.is_floating_point(torch.as_tensor(y)):
-        from peg.metrics.regression import regression_metrics, split_gaussian
-
         if logits.shape[-1] != 2:
             raise ValueError(
                 f"y: floating-point targets mean regression, which needs Gaussian heads with "

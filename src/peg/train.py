@@ -49,6 +49,7 @@ from peg._io import load_tree, save_tree
 from peg._progress import bar
 from peg.data.transforms import random_crop, random_hflip
 from peg.losses import packed_loss
+from peg.output import model_output
 
 Schedule = Literal["constant", "cosine", "swa"]
 Callback = Callable[[int, nn.Module], None]
@@ -321,8 +322,6 @@ def check_training_data(
     """Before the first epoch: the model runs on two rows of `X` (eval mode, no gradient, the
     global RNG untouched) and, for the classification losses (the default cross-entropy and
     `packed_loss`), returns logits `[B, C]` for integer labels in [0, C)."""
-    from peg.output import model_output
-
     with eval_mode(model), torch.no_grad(), torch.random.fork_rng(devices=[]):
         out = diagnose(model, to_device(X[:2], device, "data"), "data")
     if loss not in CLASSIFICATION_LOSSES:

@@ -38,7 +38,11 @@ from typing import Any
 
 import yaml
 
+from peg import data as datasets
+from peg.data import corruptions
 from peg.errors import SpecError
+from peg.metrics.ood import OOD_SCORES
+from peg.models import REGISTRY, check_arguments
 from peg.train import Recipe
 
 METHODS = (
@@ -211,11 +215,6 @@ def _list(value: Any, where: str) -> list[Any]:
 
 def parse_spec(raw: Any, source: str = "spec") -> Spec:
     """A validated `Spec` from a parsed YAML mapping (errors name the field)."""
-    from peg import data as datasets
-    from peg.data import corruptions
-    from peg.metrics.ood import OOD_SCORES
-    from peg.models import REGISTRY, check_arguments
-
     if not isinstance(raw, dict):
         raise SpecError(f"{source}: expected a mapping, got {type(raw).__name__}")
     unknown = sorted(set(raw) - SPEC_FIELDS)

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from peg import metrics
 from peg.metrics._inputs import pred_and_labels
+from peg.metrics.regression import log_predictive_density, split_gaussian
 
 Criterion = Literal["nll", "ece", "brier"] | Callable[[Tensor, Tensor], float]
 
@@ -34,8 +35,6 @@ def mixture_nll(outputs: Tensor, y: Tensor) -> float:
     log-variance whose exponential overflows to inf or underflows to 0 (a scale so large the
     members diverged) scores +inf, the worst, like non-finite outputs.
     """
-    from peg.metrics.regression import log_predictive_density, split_gaussian
-
     mean, var = split_gaussian(outputs)
     if not (torch.isfinite(var).all() and (var > 0).all()):
         return math.inf

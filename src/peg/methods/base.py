@@ -165,8 +165,6 @@ class ModulePredictor(Method):
     def _probe(self, x: Tensor, name: str = "X") -> None:
         """One pass on two rows of `x`, moved to the model's device: a clear error naming `name`
         if they do not fit the model (`peg._inputs.diagnose`); the global RNG is left as it is."""
-        from peg.output import model_output
-
         x = to_device(x, self._device(), name)
         devices = [x.device] if x.device.type == "cuda" else []
         with torch.no_grad(), torch.random.fork_rng(devices=devices):

@@ -16,6 +16,8 @@ from torch import Tensor, nn
 
 from peg._inputs import Data, as_xy, check_positive_int, model_device, weights_device
 from peg.ensemble import Ensemble
+from peg.errors import NotFittedError
+from peg.methods.base import FittedEnsemble, ModulePredictor
 from peg.metrics._inputs import check_labels, ensemble_log_probs
 
 
@@ -29,8 +31,6 @@ def _check_predictor(predictor: Any) -> None:
 
 def predictor_device(predictor: Any) -> torch.device | None:
     """Where `predictor` computes (its inputs are moved there), when it can be told cheaply."""
-    from peg.methods.base import FittedEnsemble, ModulePredictor
-
     if isinstance(predictor, nn.Module):
         return weights_device(predictor)
     if isinstance(predictor, Ensemble):
@@ -79,8 +79,6 @@ class TemperatureScaling:
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "temperature_"):
-            from peg.methods.base import NotFittedError
-
             raise NotFittedError("TemperatureScaling: call fit(predictor, val) before predicting")
 
     def member_logits(self, X: Data, batch_size: int | None = None, **_: Any) -> Tensor:

@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 from torch import Tensor, nn
 
+from peg.layers.packed import PackedConv2d, PackedLinear
 from peg.models._packed import current
-
-if TYPE_CHECKING:
-    from peg.layers.packed import PackedLinear
 
 
 def _gamma(first: bool, last: bool, subgroups: bool) -> int:
@@ -55,8 +52,6 @@ def conv(
         return nn.Conv2d(
             in_channels, out_channels, kernel_size, stride=stride, padding=padding, bias=bias
         )
-    from peg.layers.packed import PackedConv2d  # lazy: peg.layers may import peg.models
-
     return PackedConv2d(
         in_channels,
         out_channels,
@@ -102,8 +97,6 @@ def linear(
     spec = current()
     if spec is None:
         return nn.Linear(in_features, out_features, bias=bias)
-    from peg.layers.packed import PackedLinear
-
     return PackedLinear(
         in_features,
         out_features,

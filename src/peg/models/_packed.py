@@ -30,6 +30,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from peg.layers.packed import check_alpha, check_count, packed_channels, rearrange
+
 
 @dataclass(frozen=True)
 class Packing:
@@ -40,8 +42,6 @@ class Packing:
     gamma: int = 1
 
     def __post_init__(self) -> None:
-        from peg.layers.packed import check_alpha, check_count  # lazy: no import cycle
-
         object.__setattr__(self, "alpha", check_alpha(self.alpha))
         object.__setattr__(
             self, "num_estimators", check_count(self.num_estimators, "num_estimators")
@@ -50,8 +50,6 @@ class Packing:
 
     def channels(self, channels: int) -> int:
         """Packed width of a hidden layer of `channels` (see `peg.layers.packed`)."""
-        from peg.layers.packed import packed_channels
-
         return packed_channels(channels, self.alpha, self.num_estimators)
 
     def __str__(self) -> str:
@@ -124,8 +122,6 @@ class Packable(nn.Module):
         `[B, C]` carrying `.member_logits` `[M, B, C]`."""
         if self.packing is None:
             return logits
-        from peg.layers.packed import rearrange
-
         members = rearrange(logits, self.packing.num_estimators)
         out = averaged_log_probs(members)
         out.member_logits = members  # type: ignore[attr-defined]  # read by packed_loss
