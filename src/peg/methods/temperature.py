@@ -8,6 +8,7 @@ constant, which softmax ignores). T is fitted by L-BFGS on log T, so it stays po
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -16,6 +17,8 @@ from torch import Tensor, nn
 
 from peg._inputs import Data, as_xy, check_positive_int, model_device, weights_device
 from peg.ensemble import Ensemble
+from peg.errors import NotFittedError
+from peg.methods.base import Method, store_arguments
 from peg.metrics._inputs import check_labels, ensemble_log_probs
 
 
@@ -51,42 +54,79 @@ def member_logits_of(predictor: Any, X: Data, batch_size: int = 512) -> Tensor:
     return Ensemble.from_models([predictor]).member_logits(X, batch_size)
 
 
-class TemperatureScaling:
+def _predictor_meta(predictor: Any) -> dict[str, Any] | None:
+    """What `predictor` is (an `Ensemble`'s or a fitted method's meta), or None if not said."""
+    if isinstance(predictor, Ensemble):
+        meta: Any = predictor.meta
+    elif isinstance(predictor, nn.Module):
+        return None
+    else:
+        meta = getattr(predictor, "meta_", None)
+    return dict(meta) if isinstance(meta, Mapping) and meta else None
+
+
+class TemperatureScaling(Method):
     """Post-hoc calibration of a model or an ensemble by one temperature.
 
     Args:
         max_iter: L-BFGS iterations (the NLL is smooth and one-dimensional: a few suffice).
         batch_size: rows per forward pass.
 
-    After `fit(predictor, val)`: `temperature_` (T), `member_logits(X) -> [1, N, C]` (log p̄ / T),
-    `predict_proba(X) -> [N, C]`.
+    After `fit(predictor, val)`: `temperature_` (T), `predictor_`, `meta_` (method, T and the
+    predictor's meta when it has one), `member_logits(X) -> [1, N, C]` (log p̄ / T),
+    `predict_proba(X) -> [N, C]`, `predict(X) -> [N]`.
     """
 
-    def __init__(self, max_iter: int = 100, batch_size: int = 512) -> None:
-        self.max_iter = check_positive_int(max_iter, "max_iter")
-        self.batch_size = check_positive_int(batch_size, "batch_size")
+    method = "temperature"
 
-    def fit(self, predictor: Any, val: Data) -> TemperatureScaling:
-        """Fit T on validation data `val` ((X, y), Dataset or DataLoader)."""
+    def __init__(self, *, max_iter: int = 100, batch_size: int = 512) -> None:
+        store_arguments(self, locals())
+
+    def _check_params(self) -> None:
+        check_positive_int(self.max_iter, "max_iter")
+        check_positive_int(self.batch_size, "batch_size")
+
+    def fit(
+        self, predictor: Any, val: Data | None = None, *, bn_data: Data | None = None
+    ) -> TemperatureScaling:
+        """Fit T on validation data `val` ((X, y), Dataset or DataLoader).
+
+        Args:
+            predictor: an nn.Module returning logits, or anything with `member_logits(X)` (an
+                `Ensemble`, a fitted method).
+            val: labelled validation data (required).
+            bn_data: unused (accepted as by every post-hoc method).
+        """
         _check_predictor(predictor)
+        if val is None:
+            raise ValueError("val: temperature scaling needs labelled validation data (X, y)")
         X, y = as_xy(val, "val", device=predictor_device(predictor))
         assert y is not None
-        scores = ensemble_log_probs(member_logits_of(predictor, X, self.batch_size))
+        logits = member_logits_of(predictor, X, int(self.batch_size))
+        scores = ensemble_log_probs(logits)
         y = check_labels(y, *scores.shape, name="val labels")
-        self.predictor_ = predictor
-        self.temperature_ = fit_temperature(scores, y, self.max_iter)
+        temperature = fit_temperature(scores, y, int(self.max_iter))
+        self._set_fitted(predictor, temperature)
         return self
 
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "temperature_"):
-            from peg.methods.base import NotFittedError
+    def _set_fitted(self, predictor: Any, temperature: float) -> None:
+        self.predictor_ = predictor
+        self.temperature_ = temperature
+        meta: dict[str, Any] = {"method": self.method, "temperature": temperature}
+        described = _predictor_meta(predictor)
+        if described is not None:
+            meta["predictor"] = described
+        self.meta_ = meta
 
+    def _check_fitted(self) -> None:
+        if "temperature_" not in self.__dict__:
             raise NotFittedError("TemperatureScaling: call fit(predictor, val) before predicting")
 
     def member_logits(self, X: Data, batch_size: int | None = None, **_: Any) -> Tensor:
         """Scaled scores `[1, N, C]` (one "member": the calibrated predictor)."""
         self._check_fitted()
-        return self.scale(member_logits_of(self.predictor_, X, batch_size or self.batch_size))
+        size = int(self.batch_size) if batch_size is None else batch_size
+        return self.scale(member_logits_of(self.predictor_, X, size))
 
     def scale(self, logits: Tensor) -> Tensor:
         """Scaled scores `[1, N, C]` (log p̄ / T) from the predictor's member logits `[M, N, C]`."""
@@ -96,6 +136,14 @@ class TemperatureScaling:
     def predict_proba(self, X: Data, batch_size: int | None = None, **_: Any) -> Tensor:
         """Calibrated probabilities `[N, C]`."""
         return self.member_logits(X, batch_size)[0].softmax(-1)
+
+    def predict(self, X: Data, batch_size: int | None = None, **_: Any) -> Tensor:
+        """Predicted classes `[N]` (temperature scaling never changes them)."""
+        return self.predict_proba(X, batch_size).argmax(-1)
+
+    def __len__(self) -> int:
+        self._check_fitted()
+        return 1
 
 
 def fit_temperature(scores: Tensor, y: Tensor, max_iter: int = 100) -> float:
