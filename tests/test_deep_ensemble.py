@@ -121,3 +121,11 @@ def test_bad_deep_ensemble_arguments(kwargs, match):
 def test_training_data_without_labels_is_refused():
     with pytest.raises(ValueError, match="labels"):
         peg.DeepEnsemble(n_members=1, recipe=RECIPE).fit(mlp, torch.randn(10, 2))
+
+
+def test_a_saved_deep_ensemble_loads_without_data(moons_data, tmp_path):
+    """Its meta["recipe"] is the training Recipe, not a PEG/PEP build recipe: no val needed."""
+    de = peg.DeepEnsemble(n_members=2, recipe=RECIPE, progress=False).fit(mlp, moons_data["train"])
+    loaded = peg.load(de.save(str(tmp_path / "de.peg")), mlp())
+    assert _stacked_equal(loaded, de.ensemble()) and loaded.meta == de.meta_
+    assert de.meta_["n_members"] == 2 and de.meta_["recipe"] == RECIPE.to_dict()

@@ -171,6 +171,11 @@ def _archive(tmp: Path, model: nn.Module | None = None) -> str:
     )
 
 
+def _calibrated(tmp: Path, calibration: dict[str, object]) -> str:
+    meta = {"calibration": calibration}
+    return peg.Ensemble.from_models([_mlp()], meta=meta).save(str(tmp / "calibrated.peg"))
+
+
 def _fitted_peg() -> peg.PEG:
     return peg.PEG(size=2, batch_size=8, eta=0.1, progress=False).fit(_mlp(), _val())
 
@@ -1646,6 +1651,33 @@ FILE_CASES: list[tuple[str, str, Callable[[Path], None], type[Exception], str]] 
         lambda tmp: peg.load(_recipe(tmp), _mlp(), val=(_val()[0] + 1, _val()[1])),
         ArchiveError,
         "not the validation data",
+    ),
+    (
+        "load",
+        "a calibrated archive of an unknown calibrator",
+        lambda tmp: peg.load(_calibrated(tmp, {"method": "platt"}), _mlp()),
+        ArchiveError,
+        "calibration: unknown kind 'platt'",
+    ),
+    (
+        "load",
+        "a temperature-scaled archive without a valid temperature",
+        lambda tmp: peg.load(
+            _calibrated(tmp, {"method": "temperature", "temperature": -1}), _mlp()
+        ),
+        ArchiveError,
+        "calibration: expected a temperature > 0",
+    ),
+    (
+        "TemperatureScaling",
+        "save of a predictor without stacked weights (MC dropout)",
+        lambda tmp: (
+            peg.TemperatureScaling()
+            .fit(peg.MCDropout(insert=0.2).fit(_mlp()), _val())
+            .save(tmp / "ts.peg")
+        ),
+        TypeError,
+        "predictor: save writes an ensemble archive",
     ),
     (
         "DeepEnsemble",

@@ -8,6 +8,7 @@ constant, which softmax ignores). T is fitted by L-BFGS on log T, so it stays po
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,8 +18,9 @@ from torch import Tensor, nn
 
 from peg._inputs import Data, as_xy, check_positive_int, model_device, weights_device
 from peg.ensemble import Ensemble
-from peg.errors import NotFittedError
-from peg.methods.base import Method, store_arguments
+from peg.errors import ArchiveError, NotFittedError
+from peg.loading import register_calibrator
+from peg.methods.base import FittedEnsemble, Method, store_arguments
 from peg.metrics._inputs import check_labels, ensemble_log_probs
 
 
@@ -65,6 +67,21 @@ def _predictor_meta(predictor: Any) -> dict[str, Any] | None:
     return dict(meta) if isinstance(meta, Mapping) and meta else None
 
 
+def _ensemble_of(predictor: Any) -> Ensemble:
+    """The stacked-weights `Ensemble` a predictor is (TypeError for one that has none)."""
+    if isinstance(predictor, Ensemble):
+        return predictor
+    if isinstance(predictor, FittedEnsemble):
+        return predictor.ensemble()
+    if isinstance(predictor, nn.Module):
+        return Ensemble.from_models([predictor])
+    raise TypeError(
+        "predictor: save writes an ensemble archive, which needs an nn.Module, a peg.Ensemble "
+        f"or a fitted method holding one (DeepEnsemble, SWAG, PEG, ...); "
+        f"{type(predictor).__name__} has no stacked member weights to save"
+    )
+
+
 class TemperatureScaling(Method):
     """Post-hoc calibration of a model or an ensemble by one temperature.
 
@@ -74,7 +91,8 @@ class TemperatureScaling(Method):
 
     After `fit(predictor, val)`: `temperature_` (T), `predictor_`, `meta_` (method, T and the
     predictor's meta when it has one), `member_logits(X) -> [1, N, C]` (log p̄ / T),
-    `predict_proba(X) -> [N, C]`, `predict(X) -> [N]`.
+    `predict_proba(X) -> [N, C]`, `predict(X) -> [N]`; `save(path)` writes the calibrated
+    ensemble, which `peg.load(path, model)` gives back as a fitted `TemperatureScaling`.
     """
 
     method = "temperature"
@@ -144,6 +162,43 @@ class TemperatureScaling(Method):
     def __len__(self) -> int:
         self._check_fitted()
         return 1
+
+    # ---------------------------------------------------------------- persistence
+    def save(self, path: str | os.PathLike[str]) -> str:
+        """Write the calibrated predictor as an ensemble archive; returns the path.
+
+        The archive holds the predictor's `Ensemble` (a fitted method's `ensemble()`, an
+        `Ensemble`, or an nn.Module as a one-member ensemble; a predictor without stacked
+        weights, such as MC dropout, is a TypeError), its meta gaining
+        `"calibration": {"method": "temperature", "temperature": T}`. `peg.load(path, model)`
+        gives back a fitted `TemperatureScaling` with the same `member_logits`.
+        """
+        self._check_fitted()
+        ensemble = _ensemble_of(self.predictor_)
+        calibration = {"method": self.method, "temperature": float(self.temperature_)}
+        meta = {**ensemble.meta, "calibration": calibration}
+        copied = Ensemble(ensemble.skeleton, ensemble.stacked, ensemble.shared, meta)
+        return copied.save(os.fspath(path))
+
+    @classmethod
+    def _from_archive(cls, ensemble: Ensemble, calibration: dict[str, Any]) -> TemperatureScaling:
+        """A fitted TemperatureScaling around a loaded ensemble (`peg.load`'s calibrator)."""
+        temperature = calibration.get("temperature")
+        if (
+            isinstance(temperature, bool)
+            or not isinstance(temperature, (int, float))
+            or not math.isfinite(temperature)
+            or temperature <= 0
+        ):
+            raise ArchiveError(
+                f"calibration: expected a temperature > 0 in the archive, got {temperature!r}"
+            )
+        fitted = cls()
+        fitted._set_fitted(ensemble, float(temperature))
+        return fitted
+
+
+register_calibrator(TemperatureScaling.method, TemperatureScaling._from_archive)
 
 
 def fit_temperature(scores: Tensor, y: Tensor, max_iter: int = 100) -> float:
