@@ -228,7 +228,7 @@ def test_packed_and_patched_methods_train_their_own_models(tmp_path):
             "name": "tiny-own",
             "model": {"name": "mlp", "hidden": [16]},
             "train": {"epochs": 8, "lr": 0.1, "batch_size": 64},
-            "methods": ["Packed-(2,2,1)", {"name": "EMP", "samples": 3}, "ECMP"],
+            "methods": ["Packed-(2,2,1)", {"name": "EMP", "n_members": 3}, "ECMP"],
             "shift": {},
             "ood": [],
         }

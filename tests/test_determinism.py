@@ -44,7 +44,9 @@ def build(out: str | Path, seed: int = SEED) -> dict[str, dict[str, Any]]:
     train, val, (X, y) = moons(200, 0), moons(300, 1), moons(300, 2)
     recipe = Recipe(epochs=3, lr=0.05, batch_size=32)
     fitted: dict[str, Any] = {}
-    fitted["deep-ensemble"] = peg.DeepEnsemble(size=2, recipe=recipe, seed=seed).fit(_net, train)
+    fitted["deep-ensemble"] = peg.DeepEnsemble(n_members=2, recipe=recipe, seed=seed).fit(
+        _net, train
+    )
     base = fitted["deep-ensemble"].ensemble().member_model(0)
     fitted["peg"] = peg.PEG(n_members=4, grad_batch_size=32, eta="search", seed=seed).fit(base, val)
     fitted["pep"] = peg.PEP(n_members=4, sigma="search", seed=seed).fit(base, val)

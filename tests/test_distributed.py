@@ -125,7 +125,7 @@ def predictors() -> dict[str, tuple[object, torch.Tensor]]:
         "cnn-ensemble-2": (peg.Ensemble.from_models([cnn(0), cnn(1)]), images),
         "module": (mlp(7), X),  # 5 batches of 64 rows: 0, 2, 4 on rank 0 and 1, 3 on rank 1
         "temperature": (peg.TemperatureScaling().fit(ensemble, (X, y)), X),  # batches
-        "mc-dropout": (peg.MCDropout(samples=3, seed=0, insert=0.2).fit(mlp(8)), X),  # whole
+        "mc-dropout": (peg.MCDropout(n_members=3, seed=0, insert=0.2).fit(mlp(8)), X),  # whole
     }
 
 

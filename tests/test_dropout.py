@@ -20,30 +20,30 @@ def dropout_mlp(p: float = 0.3) -> nn.Module:
 
 def test_shapes_probabilities_and_len(moons_data):
     X = moons_data["test"][0][:100]
-    mc = MCDropout(samples=7).fit(dropout_mlp())
+    mc = MCDropout(n_members=7).fit(dropout_mlp())
     logits = mc.member_logits(X, batch_size=32)
     assert logits.shape == (7, 100, 3) and len(mc) == 7
     proba = mc.predict_proba(X)
     assert proba.shape == (100, 3)
     torch.testing.assert_close(proba.sum(-1), torch.ones(100))
     assert torch.equal(mc.predict(X), proba.argmax(-1))
-    assert mc.meta_["method"] == "mc_dropout" and mc.meta_["samples"] == 7
+    assert mc.meta_["method"] == "mc_dropout" and mc.meta_["n_members"] == 7
 
 
 def test_members_differ_and_seed_reproduces(moons_data):
     X = moons_data["test"][0][:50]
     model = dropout_mlp()
-    a = MCDropout(samples=5, seed=3).fit(model).member_logits(X)
+    a = MCDropout(n_members=5, seed=3).fit(model).member_logits(X)
     torch.manual_seed(123)  # the global RNG state must not matter
-    b = MCDropout(samples=5, seed=3).fit(model).member_logits(X)
-    c = MCDropout(samples=5, seed=4).fit(model).member_logits(X)
+    b = MCDropout(n_members=5, seed=3).fit(model).member_logits(X)
+    c = MCDropout(n_members=5, seed=4).fit(model).member_logits(X)
     assert torch.equal(a, b)
     assert not torch.equal(a, c)
     assert all(not torch.equal(a[0], a[s]) for s in range(1, 5))
 
 
 def test_global_rng_untouched(moons_data):
-    mc = MCDropout(samples=3).fit(dropout_mlp())
+    mc = MCDropout(n_members=3).fit(dropout_mlp())
     state = torch.random.get_rng_state()
     mc.member_logits(moons_data["test"][0][:20])
     assert torch.equal(state, torch.random.get_rng_state())
@@ -51,7 +51,7 @@ def test_global_rng_untouched(moons_data):
 
 def test_inputs_as_tuple_and_loader(moons_data):
     X, y = moons_data["test"][0][:64], moons_data["test"][1][:64]
-    mc = MCDropout(samples=4).fit(dropout_mlp())
+    mc = MCDropout(n_members=4).fit(dropout_mlp())
     ref = mc.member_logits(X, batch_size=16)
     assert torch.equal(mc.member_logits((X, y), batch_size=16), ref)
     loader = DataLoader(TensorDataset(X, y), batch_size=16)
@@ -60,7 +60,7 @@ def test_inputs_as_tuple_and_loader(moons_data):
 
 def test_batchnorm_statistics_never_change(bn_net, moons_data):
     before = {k: v.clone() for k, v in bn_net.state_dict().items()}
-    mc = MCDropout(samples=6).fit(bn_net)
+    mc = MCDropout(n_members=6).fit(bn_net)
     X = moons_data["test"][0][:200]
     logits = mc.member_logits(X, batch_size=50)
     assert logits.shape == (6, 200, 3)
@@ -77,7 +77,7 @@ def test_batchnorm_uses_running_statistics(bn_net, moons_data):
     # With dropout at p ~ 0, every member equals the eval-mode model: BatchNorm is in eval mode.
     bn_net.body[3].p = 1e-7
     X = moons_data["test"][0][:100]
-    logits = MCDropout(samples=3).fit(bn_net).member_logits(X)
+    logits = MCDropout(n_members=3).fit(bn_net).member_logits(X)
     with torch.no_grad():
         expected = bn_net.eval()(X)
     for s in range(3):
@@ -89,7 +89,7 @@ def test_tiny_dropout_approximates_deterministic_model(moons_data):
     X = moons_data["test"][0]
     with torch.no_grad():
         expected = model(X).softmax(-1)
-    proba = MCDropout(samples=4).fit(model).predict_proba(X)
+    proba = MCDropout(n_members=4).fit(model).predict_proba(X)
     torch.testing.assert_close(proba, expected, atol=1e-5, rtol=1e-4)
 
 
@@ -101,7 +101,7 @@ def test_no_dropout_layer_raises():
 def test_insert_leaves_callers_model_unchanged(overfit_mlp, moons_data):
     before = {k: v.clone() for k, v in overfit_mlp.state_dict().items()}
     modules_before = [type(m) for m in overfit_mlp.modules()]
-    mc = MCDropout(samples=8, insert=0.2).fit(overfit_mlp)
+    mc = MCDropout(n_members=8, insert=0.2).fit(overfit_mlp)
     assert [type(m) for m in overfit_mlp.modules()] == modules_before
     assert overfit_mlp.state_dict().keys() == before.keys()
     for k, v in overfit_mlp.state_dict().items():
@@ -133,7 +133,7 @@ def test_insert_ignored_with_existing_dropout():
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"samples": 0}, "samples"),
+        ({"n_members": 0}, "n_members"),
         ({"insert": 0.0}, "insert"),
         ({"insert": 1.0}, "insert"),
         ({"insert": -0.1}, "insert"),

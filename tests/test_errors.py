@@ -171,6 +171,11 @@ def _archive(tmp: Path, model: nn.Module | None = None) -> str:
     )
 
 
+def _calibrated(tmp: Path, calibration: dict[str, object]) -> str:
+    meta = {"calibration": calibration}
+    return peg.Ensemble.from_models([_mlp()], meta=meta).save(str(tmp / "calibrated.peg"))
+
+
 def _fitted_peg() -> peg.PEG:
     return peg.PEG(n_members=2, grad_batch_size=8, eta=0.1, progress=False).fit(_mlp(), _val())
 
@@ -297,7 +302,7 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
     (
         "SWA",
         "swa_start leaves no epoch",
-        lambda: peg.SWA(Recipe(epochs=5, schedule="swa", swa_start=5, swa_lr=0.01)),
+        lambda: peg.SWA(recipe=Recipe(epochs=5, schedule="swa", swa_start=5, swa_lr=0.01)),
         ValueError,
         "swa_start",
     ),
@@ -316,7 +321,13 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
         TypeError,
         "unknown field",
     ),
-    ("DeepEnsemble", "size < 1", lambda: peg.DeepEnsemble(size=0), ValueError, "size"),
+    (
+        "DeepEnsemble",
+        "n_members < 1",
+        lambda: peg.DeepEnsemble(n_members=0),
+        ValueError,
+        "n_members",
+    ),
     (
         "MCDropout",
         "model without dropout",
@@ -911,6 +922,13 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
     ),
     (
         "TemperatureScaling",
+        "fit without validation data",
+        lambda: peg.TemperatureScaling().fit(_mlp()),
+        ValueError,
+        "val: temperature scaling needs labelled validation data",
+    ),
+    (
+        "TemperatureScaling",
         "predict before fit",
         lambda: peg.TemperatureScaling().predict_proba(torch.zeros(2, 2)),
         peg.NotFittedError,
@@ -1017,107 +1035,109 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
     (
         "DeepEnsemble",
         "labels out of range",
-        lambda: peg.DeepEnsemble(2, R1).fit(_mlp(), (_val()[0], _val()[1] + 3)),
+        lambda: peg.DeepEnsemble(n_members=2, recipe=R1).fit(_mlp(), (_val()[0], _val()[1] + 3)),
         ValueError,
         r"labels must lie in \[0, 3\)",
     ),
     (
         "DeepEnsemble",
         "X with the wrong number of features",
-        lambda: peg.DeepEnsemble(2, R1).fit(_mlp(), _wide()),
+        lambda: peg.DeepEnsemble(n_members=2, recipe=R1).fit(_mlp(), _wide()),
         ValueError,
         "cannot run on inputs",
     ),
     (
         "DeepEnsemble",
         "a factory that returns no module",
-        lambda: peg.DeepEnsemble(2, R1).fit(lambda: 3, _val()),
+        lambda: peg.DeepEnsemble(n_members=2, recipe=R1).fit(lambda: 3, _val()),
         TypeError,
         "factory",
     ),
     (
         "DeepEnsemble",
         "model neither a module nor a factory",
-        lambda: peg.DeepEnsemble(2, R1).fit("mlp", _val()),
+        lambda: peg.DeepEnsemble(n_members=2, recipe=R1).fit("mlp", _val()),
         TypeError,
         "model",
     ),
     (
         "DeepEnsemble",
         "inputs without labels",
-        lambda: peg.DeepEnsemble(2, R1).fit(_mlp(), _val()[0]),
+        lambda: peg.DeepEnsemble(n_members=2, recipe=R1).fit(_mlp(), _val()[0]),
         ValueError,
         "train_data",
     ),
     (
         "DeepEnsemble",
         "data on another device (meta)",
-        lambda: peg.DeepEnsemble(2, R1).fit(_mlp(), (_val()[0].to("meta"), _val()[1])),
+        lambda: peg.DeepEnsemble(n_members=2, recipe=R1).fit(
+            _mlp(), (_val()[0].to("meta"), _val()[1])
+        ),
         ValueError,
         "train_data: on the meta device .* cpu",
     ),
     (
         "SWA",
         "recipe without swa_start",
-        lambda: peg.SWA(Recipe(epochs=3)),
+        lambda: peg.SWA(recipe=Recipe(epochs=3)),
         ValueError,
         "swa_start",
     ),
-    ("SWA", "recipe of the wrong type", lambda: peg.SWA({"epochs": 3}), TypeError, "recipe"),
-    ("SWA", "bn_batch_size < 1", lambda: peg.SWA(RS, bn_batch_size=0), ValueError, "bn_batch"),
+    ("SWA", "recipe of the wrong type", lambda: peg.SWA(recipe={"epochs": 3}), TypeError, "recipe"),
+    ("SWA", "batch_size < 1", lambda: peg.SWA(recipe=RS, batch_size=0), ValueError, "batch_size"),
     (
         "SWA",
         "labels out of range",
-        lambda: peg.SWA(RS).fit(_mlp(), (_val()[0], _val()[1] + 3)),
+        lambda: peg.SWA(recipe=RS).fit(_mlp(), (_val()[0], _val()[1] + 3)),
         ValueError,
         r"labels must lie in \[0, 3\)",
     ),
     (
         "SWA",
         "X with the wrong number of features",
-        lambda: peg.SWA(RS).fit(_mlp(), _wide()),
+        lambda: peg.SWA(recipe=RS).fit(_mlp(), _wide()),
         ValueError,
         "cannot run on inputs",
     ),
     (
         "SWA",
         "model on the meta device",
-        lambda: peg.SWA(RS).fit(_meta_mlp(), _val()),
+        lambda: peg.SWA(recipe=RS).fit(_meta_mlp(), _val()),
         ValueError,
         "model: weights on the meta device",
     ),
-    ("SWAG", "samples < 1", lambda: peg.SWAG(RS, samples=0), ValueError, "samples"),
-    ("SWAG", "unknown bn mode", lambda: peg.SWAG(RS, bn="batch"), ValueError, "bn"),
+    ("SWAG", "n_members < 1", lambda: peg.SWAG(recipe=RS, n_members=0), ValueError, "n_members"),
+    ("SWAG", "unknown bn mode", lambda: peg.SWAG(recipe=RS, bn="batch"), ValueError, "bn"),
     (
         "SWAG",
         "one collected epoch",
-        lambda: peg.SWAG(RS.replace(swa_start=2)),
+        lambda: peg.SWAG(recipe=RS.replace(swa_start=2)),
         ValueError,
         "at least 2 collected epochs",
     ),
     (
         "SWAG",
         "data on another device (meta)",
-        lambda: peg.SWAG(RS).fit(_mlp(), (_val()[0].to("meta"), _val()[1])),
+        lambda: peg.SWAG(recipe=RS).fit(_mlp(), (_val()[0].to("meta"), _val()[1])),
         ValueError,
         "train_data: on the meta device .* cpu",
     ),
     (
         "SWAG",
         "sampling before fit",
-        lambda: peg.SWAG(RS).sample_vectors(3),
-        AttributeError,
+        lambda: peg.SWAG(recipe=RS).sample_vectors(3),
+        peg.NotFittedError,
         "fit",
     ),
     (
         "SWAG",
         "predict before fit",
-        lambda: peg.SWAG(RS).predict_proba(torch.zeros(2, 2)),
+        lambda: peg.SWAG(recipe=RS).predict_proba(torch.zeros(2, 2)),
         peg.NotFittedError,
         "fit",
     ),
     # ---------------------------------------------------------------- MC dropout, patching, packed
-    ("MCDropout", "samples < 1", lambda: peg.MCDropout(samples=0), ValueError, "samples"),
+    ("MCDropout", "n_members < 1", lambda: peg.MCDropout(n_members=0), ValueError, "n_members"),
     ("MCDropout", "model of the wrong type", lambda: peg.MCDropout().fit("m"), TypeError, "model"),
     (
         "MCDropout",
@@ -1157,12 +1177,12 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
         "fit",
     ),
     ("MCPatched", "model not patched", lambda: peg.MCPatched().fit(_mlp()), ValueError, "patch"),
-    ("MCPatched", "samples < 1", lambda: peg.MCPatched(samples=0), ValueError, "samples"),
+    ("MCPatched", "n_members < 1", lambda: peg.MCPatched(n_members=0), ValueError, "n_members"),
     ("MCPatched", "seed not an integer", lambda: peg.MCPatched(seed=1.5), ValueError, "seed"),
     (
         "PackedEnsemble",
         "model not packed",
-        lambda: peg.PackedEnsemble(_mlp()),
+        lambda: peg.PackedEnsemble().fit(_mlp()),
         ValueError,
         "not a packed model",
     ),
@@ -1183,7 +1203,7 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
     (
         "PackedEnsemble",
         "X with the wrong number of features",
-        lambda: peg.PackedEnsemble(_packed()).member_logits(torch.randn(4, 5)),
+        lambda: peg.PackedEnsemble().fit(_packed()).member_logits(torch.randn(4, 5)),
         ValueError,
         "X: the model cannot run on inputs",
     ),
@@ -1207,7 +1227,13 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
     ("Packing", "packed= a string", lambda: as_packing("2,4"), ValueError, "packed"),
     # ---------------------------------------------------------------- subspace samplers
     ("RandomSubspace", "radius <= 0", lambda: RandomSubspace(radius=0), ValueError, "radius"),
-    ("RandomSubspace", "samples < 1", lambda: RandomSubspace(samples=0), ValueError, "samples"),
+    (
+        "RandomSubspace",
+        "n_members < 1",
+        lambda: RandomSubspace(n_members=0),
+        ValueError,
+        "n_members",
+    ),
     (
         "RandomSubspace",
         "min_accuracy outside [0, 1]",
@@ -1647,11 +1673,38 @@ FILE_CASES: list[tuple[str, str, Callable[[Path], None], type[Exception], str]] 
         "not the validation data",
     ),
     (
+        "load",
+        "a calibrated archive of an unknown calibrator",
+        lambda tmp: peg.load(_calibrated(tmp, {"method": "platt"}), _mlp()),
+        ArchiveError,
+        "calibration: unknown kind 'platt'",
+    ),
+    (
+        "load",
+        "a temperature-scaled archive without a valid temperature",
+        lambda tmp: peg.load(
+            _calibrated(tmp, {"method": "temperature", "temperature": -1}), _mlp()
+        ),
+        ArchiveError,
+        "calibration: expected a temperature > 0",
+    ),
+    (
+        "TemperatureScaling",
+        "save of a predictor without stacked weights (MC dropout)",
+        lambda tmp: (
+            peg.TemperatureScaling()
+            .fit(peg.MCDropout(insert=0.2).fit(_mlp()), _val())
+            .save(tmp / "ts.peg")
+        ),
+        TypeError,
+        "predictor: save writes an ensemble archive",
+    ),
+    (
         "DeepEnsemble",
         "checkpoint_dir is a file",
-        lambda tmp: peg.DeepEnsemble(2, R1, checkpoint_dir=_write(tmp / "f", "x")).fit(
-            _mlp(), _val()
-        ),
+        lambda tmp: peg.DeepEnsemble(
+            n_members=2, recipe=R1, checkpoint_dir=_write(tmp / "f", "x")
+        ).fit(_mlp(), _val()),
         ValueError,
         "checkpoint_dir: .* is a file",
     ),

@@ -99,9 +99,9 @@ def test_training_methods_accept_the_wrapper(data):
     X, y = data
     recipe = Recipe(epochs=3, batch_size=32, schedule="swa", swa_start=1, swa_lr=0.01)
     for cls, kwargs in [
-        (peg.DeepEnsemble, {"size": 2, "recipe": Recipe(epochs=1, batch_size=32)}),
+        (peg.DeepEnsemble, {"n_members": 2, "recipe": Recipe(epochs=1, batch_size=32)}),
         (peg.SWA, {"recipe": recipe}),
-        (peg.SWAG, {"recipe": recipe, "samples": 3, "diag": True}),
+        (peg.SWAG, {"recipe": recipe, "n_members": 3, "diag": True}),
     ]:
         a = cls(**kwargs, progress=False).fit(WRAPPED["tuple"](), (X, y))
         b = cls(**kwargs, progress=False).fit(_same_weights(Net), (X, y))
@@ -112,7 +112,7 @@ def test_training_methods_accept_the_wrapper(data):
 
 def test_mc_dropout_inserts_inside_the_wrapper(data):
     X, _ = data
-    mc = peg.MCDropout(samples=3, insert=0.2).fit(WRAPPED["dict"](), X)
+    mc = peg.MCDropout(n_members=3, insert=0.2).fit(WRAPPED["dict"](), X)
     assert mc.member_logits(X).shape == (3, len(X), 3)
 
 
@@ -196,9 +196,9 @@ def test_data_follows_the_model_and_meta_is_refused(data):
         (lambda: peg.evaluate(on_meta, X, y), "predictor: weights on the meta"),
         (lambda: peg.train.train(copy.deepcopy(model), (Xm, y)), "data: on the meta"),
         (lambda: peg.train.train(on_meta, (X, y)), "model: weights on the meta"),
-        (lambda: peg.DeepEnsemble(2).fit(model, (Xm, y)), "train_data: on the meta"),
-        (lambda: peg.SWA(recipe).fit(on_meta, (X, y)), "model: weights on the meta"),
-        (lambda: peg.SWAG(recipe.replace(epochs=3)).fit(model, (Xm, y)), "train_data: on"),
+        (lambda: peg.DeepEnsemble(n_members=2).fit(model, (Xm, y)), "train_data: on the meta"),
+        (lambda: peg.SWA(recipe=recipe).fit(on_meta, (X, y)), "model: weights on the meta"),
+        (lambda: peg.SWAG(recipe=recipe.replace(epochs=3)).fit(model, (Xm, y)), "train_data: on"),
         (lambda: peg.TemperatureScaling().fit(model, (Xm, y)), "val: on the meta"),
         (lambda: peg.MCDropout(insert=0.2).fit(model).member_logits(Xm), "X: on the meta"),
         (lambda: metrics.nll(torch.zeros(1, 4, 3, device="meta"), y[:4]), "pred: on the meta"),

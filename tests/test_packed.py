@@ -303,12 +303,13 @@ def test_packed_ensemble_predictor() -> None:
     ens = PackedEnsemble(batch_size=3).fit(net, val=X)
     logits = ens.member_logits(X)
     assert logits.shape == (4, 7, 10) and len(ens) == 4
+    assert ens.n_members_ == 4 and ens.meta_["n_members"] == 4
     with torch.no_grad():
         torch.testing.assert_close(logits, net.eval().member_forward(X))
     proba = ens.predict_proba((X, torch.zeros(7)))
     torch.testing.assert_close(proba.sum(-1), torch.ones(7))
     assert torch.equal(ens.predict(X), proba.argmax(-1))
-    assert len(PackedEnsemble(net)) == 4
+    assert len(PackedEnsemble().fit(net)) == 4
     with pytest.raises(ValueError, match="model"):
         PackedEnsemble().fit(models.build("resnet20"))
     with pytest.raises(NotFittedError):

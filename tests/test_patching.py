@@ -244,7 +244,7 @@ def test_training_with_emp_loss_lowers_the_loss(moons_data):
 def test_mc_shapes_probabilities_and_len(moons_data):
     X = moons_data["test"][0][:100]
     model = patch(bn_mlp(), k=5, mode="ecmp", layers="bn+output", seed=0)
-    mc = MCPatched(samples=6, seed=0).fit(model)
+    mc = MCPatched(n_members=6, seed=0).fit(model)
     logits = mc.member_logits(X, batch_size=32)
     assert logits.shape == (6, 100, 3) and len(mc) == 6
     proba = mc.predict_proba(X)
@@ -259,12 +259,12 @@ def test_mc_seeds_and_batchnorm_statistics(moons_data):
     X = moons_data["test"][0][:64]
     model = patch(bn_mlp(), k=5, mode="emp", layers="bn+output", seed=0)
     stats = {k: v.clone() for k, v in model.state_dict().items() if "running" in k}
-    a = MCPatched(samples=5, seed=3).fit(model)
+    a = MCPatched(n_members=5, seed=3).fit(model)
     before = {k: v.clone() for k, v in a.model_.state_dict().items() if "running" in k}
     logits = a.member_logits(X, batch_size=16)
     torch.manual_seed(123)  # the global RNG state must not matter
-    assert torch.equal(MCPatched(samples=5, seed=3).fit(model).member_logits(X, 16), logits)
-    assert not torch.equal(MCPatched(samples=5, seed=4).fit(model).member_logits(X, 16), logits)
+    assert torch.equal(MCPatched(n_members=5, seed=3).fit(model).member_logits(X, 16), logits)
+    assert not torch.equal(MCPatched(n_members=5, seed=4).fit(model).member_logits(X, 16), logits)
     assert all(not torch.equal(logits[0], logits[s]) for s in range(1, 5))
     after = a.model_.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
@@ -279,8 +279,8 @@ def test_mc_errors():
         MCPatched().fit(bn_mlp())
     with pytest.raises(NotFittedError):
         MCPatched().member_logits(torch.randn(2, 2))
-    with pytest.raises(ValueError, match="samples"):
-        MCPatched(samples=0)
+    with pytest.raises(ValueError, match="n_members"):
+        MCPatched(n_members=0)
 
 
 # ---------------------------------------------------------------- bad arguments

@@ -81,13 +81,13 @@ def test_regression_needs_a_gaussian_head_and_a_regression_criterion(regressor):
 
 def test_deep_ensemble_and_swag_train_regression_heads_with_a_loss():
     recipe = Recipe(epochs=40, lr=0.01, optimizer="adam", weight_decay=0.0, batch_size=64)
-    de = peg.DeepEnsemble(size=2, recipe=recipe, loss=_nll).fit(
+    de = peg.DeepEnsemble(n_members=2, recipe=recipe, loss=_nll).fit(
         lambda: _gaussian_mlp(0), _sine(256, 0)
     )
     X, y = _sine(100, 5)
     assert peg.evaluate(de, X, y)["rmse"] < 0.5
     swa_recipe = recipe.replace(schedule="swa", swa_start=20, swa_lr=0.005)
-    swag = peg.SWAG(swa_recipe, diag=True, samples=3, loss=_nll).fit(
+    swag = peg.SWAG(recipe=swa_recipe, diag=True, n_members=3, loss=_nll).fit(
         lambda: _gaussian_mlp(1), _sine(256, 0)
     )
     assert swag.member_logits(X).shape == (3, 100, 2)
@@ -101,7 +101,7 @@ def test_packed_ensembles_on_regression_heads():
     recipe = Recipe(epochs=60, lr=0.01, optimizer="adam", weight_decay=0.0, batch_size=64)
     train(net, _sine(256, 0), recipe, loss=packed_gaussian_nll)
     X, y = _sine(100, 5)
-    packed = PackedEnsemble(net)
+    packed = PackedEnsemble().fit(net)
     assert packed.member_logits(X).shape == (4, 100, 2)
     assert peg.evaluate(packed, X, y)["rmse"] < 0.5
     with pytest.raises(ValueError, match="Gaussian member outputs"):

@@ -64,7 +64,7 @@ def test_flatten_roundtrip(bn_net):
 
 # ---------------------------------------------------------------- random subspace
 def test_random_subspace_shapes_and_probabilities(overfit_mlp, moons_data):
-    rs = RandomSubspace(samples=6, radius=0.05).fit(overfit_mlp)
+    rs = RandomSubspace(n_members=6, radius=0.05).fit(overfit_mlp)
     X = moons_data["test"][0]
     assert rs.member_logits(X).shape == (6, 1000, 2) and len(rs) == 6
     proba = rs.predict_proba(X)
@@ -77,7 +77,7 @@ def test_random_subspace_shapes_and_probabilities(overfit_mlp, moons_data):
 def test_random_subspace_distance_is_t(overfit_mlp, relative):
     names = names_of(overfit_mlp)
     theta0 = flatten_state(overfit_mlp.state_dict(), names).double()
-    rs = RandomSubspace(samples=8, radius=0.3, relative=relative, seed=2).fit(overfit_mlp)
+    rs = RandomSubspace(n_members=8, radius=0.3, relative=relative, seed=2).fit(overfit_mlp)
     dist = (member_vectors(rs, names) - theta0).norm(dim=1)
     unit = float(theta0.norm()) if relative else 1.0
     assert rs.ts_.shape == (8,) and bool(((rs.ts_ > 0) & (rs.ts_ < 0.3)).all())
@@ -87,15 +87,15 @@ def test_random_subspace_distance_is_t(overfit_mlp, relative):
 
 def test_random_subspace_seeded(overfit_mlp, moons_data):
     X = moons_data["test"][0][:100]
-    a = RandomSubspace(samples=4, seed=1).fit(overfit_mlp).member_logits(X)
+    a = RandomSubspace(n_members=4, seed=1).fit(overfit_mlp).member_logits(X)
     torch.manual_seed(99)  # the global RNG must not matter
-    b = RandomSubspace(samples=4, seed=1).fit(overfit_mlp).member_logits(X)
-    c = RandomSubspace(samples=4, seed=2).fit(overfit_mlp).member_logits(X)
+    b = RandomSubspace(n_members=4, seed=1).fit(overfit_mlp).member_logits(X)
+    c = RandomSubspace(n_members=4, seed=2).fit(overfit_mlp).member_logits(X)
     assert torch.equal(a, b) and not torch.equal(a, c)
 
 
 def test_random_subspace_weights_only(overfit_mlp):
-    rs = RandomSubspace(samples=3, params="weights").fit(overfit_mlp)
+    rs = RandomSubspace(n_members=3, params="weights").fit(overfit_mlp)
     assert rs.param_names_ == ["0.weight", "2.weight"]
     assert torch.equal(rs.ensemble().shared["0.bias"], overfit_mlp.state_dict()["0.bias"])
     assert set(rs.ensemble().stacked) == {"0.weight", "2.weight"}
@@ -103,13 +103,13 @@ def test_random_subspace_weights_only(overfit_mlp):
 
 def test_min_accuracy_rejects_and_redraws(overfit_mlp, moons_data):
     X, y = moons_data["val"]
-    rs = RandomSubspace(samples=5, radius=1.0, min_accuracy=0.8, seed=0)
+    rs = RandomSubspace(n_members=5, radius=1.0, min_accuracy=0.8, seed=0)
     rs.fit(overfit_mlp, val=(X, y))
     accuracy = (rs.member_logits(X).argmax(-1) == y).float().mean(1)
     assert bool((accuracy >= 0.8).all())
     assert rs.draws_ > 5  # radius 1·‖θ₀‖ is far: some draws were rejected
     with pytest.raises(ValueError, match="min_accuracy"):  # noisy moons: never 100 % accurate
-        RandomSubspace(samples=2, radius=1.0, min_accuracy=1.0).fit(overfit_mlp, val=(X, y))
+        RandomSubspace(n_members=2, radius=1.0, min_accuracy=1.0).fit(overfit_mlp, val=(X, y))
     with pytest.raises(ValueError, match="val"):
         RandomSubspace(min_accuracy=0.5).fit(overfit_mlp)
 
@@ -120,7 +120,7 @@ def test_dropout_subspace_zero_fraction():
     names = names_of(model)
     theta0 = flatten_state(model.state_dict(), names).double()
     assert bool((theta0 != 0).all())
-    ds = DropoutSubspace(samples=8, keep=(0.3, 0.9), seed=1).fit(model)
+    ds = DropoutSubspace(n_members=8, keep=(0.3, 0.9), seed=1).fit(model)
     vectors = member_vectors(ds, names)
     assert ds.keeps_.shape == (8,) and bool(((ds.keeps_ >= 0.3) & (ds.keeps_ <= 0.9)).all())
     P = theta0.numel()
@@ -135,11 +135,11 @@ def test_dropout_subspace_zero_fraction():
 def test_dropout_subspace_without_rescale_and_full_keep(overfit_mlp):
     names = names_of(overfit_mlp)
     theta0 = flatten_state(overfit_mlp.state_dict(), names).double()
-    ds = DropoutSubspace(samples=3, keep=0.5, rescale=False).fit(overfit_mlp)
+    ds = DropoutSubspace(n_members=3, keep=0.5, rescale=False).fit(overfit_mlp)
     for vector in member_vectors(ds, names):
         kept = vector != 0
         assert torch.equal(vector[kept], theta0[kept])
-    full = DropoutSubspace(samples=2, keep=(1.0, 1.0)).fit(overfit_mlp)
+    full = DropoutSubspace(n_members=2, keep=(1.0, 1.0)).fit(overfit_mlp)
     for vector in member_vectors(full, names):
         torch.testing.assert_close(vector, theta0)
 
@@ -148,8 +148,8 @@ def test_dropout_subspace_without_rescale_and_full_keep(overfit_mlp):
 def test_bn_refresh_changes_running_stats(bn_net, moons_data):
     X = moons_data["train"][0]
     base = bn_net.state_dict()["body.1.running_mean"]
-    kept = RandomSubspace(samples=3, radius=0.3, bn="eval").fit(bn_net).ensemble()
-    refreshed = RandomSubspace(samples=3, radius=0.3, bn="refresh").fit(bn_net, bn_data=X)
+    kept = RandomSubspace(n_members=3, radius=0.3, bn="eval").fit(bn_net).ensemble()
+    refreshed = RandomSubspace(n_members=3, radius=0.3, bn="refresh").fit(bn_net, bn_data=X)
     ens = refreshed.ensemble()
     for i in range(3):
         assert torch.equal(kept.member_state(i)["body.1.running_mean"], base)
@@ -171,7 +171,7 @@ def test_diagonal_gaussian_moments():
     states = trajectory(model, K=5)
     names = names_of(model)
     A = torch.stack([flatten_state(s, names).double() for s in states])
-    dg = DiagonalGaussian(samples=2000, seed=3).fit(states, skeleton=model)
+    dg = DiagonalGaussian(n_members=2000, seed=3).fit(states, skeleton=model)
     torch.testing.assert_close(dg.mean_.double(), A.mean(0), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(dg.std_.double(), A.std(0, correction=1), rtol=1e-5, atol=1e-6)
     S = member_vectors(dg, names)
@@ -186,7 +186,7 @@ def test_diagonal_gaussian_scale_and_buffers(bn_net):
     states = trajectory(bn_net, K=4)
     for i, s in enumerate(states):  # distinct BatchNorm statistics per checkpoint
         s["body.1.running_mean"] = s["body.1.running_mean"] + i
-    dg = DiagonalGaussian(samples=3, scale=0.5).fit(states, skeleton=bn_net)
+    dg = DiagonalGaussian(n_members=3, scale=0.5).fit(states, skeleton=bn_net)
     ens = dg.ensemble()
     for i in range(3):
         assert torch.equal(
@@ -207,9 +207,9 @@ def test_gaussians_accept_an_ensemble_and_are_seeded(cls, kwargs, moons_data):
     models = [mlp(i, hidden=5) for i in range(4)]
     ens = Ensemble.from_models(models)
     X = moons_data["test"][0][:50]
-    a = cls(samples=3, seed=1, **kwargs).fit(ens).member_logits(X)
-    b = cls(samples=3, seed=1, **kwargs).fit(models).member_logits(X)
-    c = cls(samples=3, seed=2, **kwargs).fit(ens)
+    a = cls(n_members=3, seed=1, **kwargs).fit(ens).member_logits(X)
+    b = cls(n_members=3, seed=1, **kwargs).fit(models).member_logits(X)
+    c = cls(n_members=3, seed=2, **kwargs).fit(ens)
     assert a.shape == (3, 50, 2)
     torch.testing.assert_close(a, b)
     assert not torch.equal(a, c.member_logits(X))
@@ -222,7 +222,7 @@ def test_low_rank_gaussian_span_and_covariance():
     states = trajectory(model, K=6)
     names = names_of(model)
     A = torch.stack([flatten_state(s, names).double() for s in states])
-    lr = LowRankGaussian(samples=2000, rank=3, seed=0).fit(states, skeleton=model)
+    lr = LowRankGaussian(n_members=2000, rank=3, seed=0).fit(states, skeleton=model)
     V = lr.components_.double()
     assert V.shape == (3, A.shape[1]) and lr.rank_ == 3
     S = member_vectors(lr, names)
@@ -248,7 +248,7 @@ def test_low_rank_gaussian_span_and_covariance():
 def test_low_rank_rank_clamped_with_warning():
     model = mlp(0, hidden=4)
     with pytest.warns(UserWarning, match="rank"):
-        lr = LowRankGaussian(samples=2, rank=10).fit(trajectory(model, K=4), skeleton=model)
+        lr = LowRankGaussian(n_members=2, rank=10).fit(trajectory(model, K=4), skeleton=model)
     assert lr.rank_ == 3 and lr.components_.shape[0] == 3
 
 
@@ -256,8 +256,8 @@ def test_low_rank_scale_multiplies_spread():
     model = mlp(0, hidden=4)
     states = trajectory(model, K=5)
     names = names_of(model)
-    one = LowRankGaussian(samples=5, rank=2, seed=4).fit(states, skeleton=model)
-    half = LowRankGaussian(samples=5, rank=2, seed=4, scale=0.5).fit(states, skeleton=model)
+    one = LowRankGaussian(n_members=5, rank=2, seed=4).fit(states, skeleton=model)
+    half = LowRankGaussian(n_members=5, rank=2, seed=4, scale=0.5).fit(states, skeleton=model)
     mu = one.mean_.double()
     torch.testing.assert_close(
         member_vectors(half, names) - mu,
@@ -271,21 +271,21 @@ def test_low_rank_scale_multiplies_spread():
 @pytest.mark.parametrize(
     ("cls", "kwargs", "match"),
     [
-        (RandomSubspace, {"samples": 0}, "samples"),
+        (RandomSubspace, {"n_members": 0}, "n_members"),
         (RandomSubspace, {"radius": 0}, "radius"),
         (RandomSubspace, {"radius": -1.0}, "radius"),
         (RandomSubspace, {"bn": "batch"}, "bn"),
         (RandomSubspace, {"params": "biases"}, "params"),
         (RandomSubspace, {"min_accuracy": 1.5}, "min_accuracy"),
-        (DropoutSubspace, {"samples": 0}, "samples"),
+        (DropoutSubspace, {"n_members": 0}, "n_members"),
         (DropoutSubspace, {"keep": (0.0, 0.5)}, "keep"),
         (DropoutSubspace, {"keep": (0.5, 1.2)}, "keep"),
         (DropoutSubspace, {"keep": (0.8, 0.5)}, "keep"),
         (DropoutSubspace, {"bn": "train"}, "bn"),
-        (DiagonalGaussian, {"samples": 0}, "samples"),
+        (DiagonalGaussian, {"n_members": 0}, "n_members"),
         (DiagonalGaussian, {"scale": 0}, "scale"),
         (DiagonalGaussian, {"bn": "batch"}, "bn"),
-        (LowRankGaussian, {"samples": 0}, "samples"),
+        (LowRankGaussian, {"n_members": 0}, "n_members"),
         (LowRankGaussian, {"scale": -1.0}, "scale"),
         (LowRankGaussian, {"rank": 0}, "rank"),
         (LowRankGaussian, {"bn": None}, "bn"),

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 import peg
 from peg import metrics
+
+from conftest import mlp
 
 
 def test_temperature_scaling_lowers_validation_nll(overfit_mlp, moons_data):
@@ -49,3 +53,53 @@ def test_evaluate_keys_and_values(overfit_mlp, moons_data):
     # the logits' last bits on another CPU, and a confidence 1.2e-5 from an ECE bin edge here
     # could then change bins (ECE, MCE)
     assert peg.evaluate(p, loader) == pytest.approx(peg.evaluate(p, X, y, batch_size=100))
+
+
+def _deep_ensemble(model, data):
+    recipe = peg.train.Recipe(epochs=1, batch_size=64)
+    return peg.DeepEnsemble(n_members=2, recipe=recipe, progress=False).fit(lambda: mlp(1), data)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda model, data: model,  # an nn.Module: a one-member ensemble
+        lambda model, data: peg.Ensemble.from_models([model, mlp(1)], meta={"method": "two"}),
+        _deep_ensemble,  # a fitted method: its ensemble()
+    ],
+    ids=["module", "Ensemble", "DeepEnsemble"],
+)
+def test_temperature_scaling_saves_and_loads(overfit_mlp, moons_data, tmp_path, make):
+    X, y = moons_data["val"]
+    predictor = make(overfit_mlp, moons_data["train"])
+    ts = peg.TemperatureScaling().fit(predictor, (X, y))
+    path = ts.save(tmp_path / "calibrated.peg")
+    loaded = peg.load(path, mlp())
+    assert isinstance(loaded, peg.TemperatureScaling)
+    assert loaded.temperature_ == ts.temperature_ and loaded.get_params() == ts.get_params()
+    assert torch.equal(loaded.member_logits(X), ts.member_logits(X))
+    assert isinstance(loaded.predictor_, peg.Ensemble) and "calibration" not in (
+        loaded.predictor_.meta
+    )
+    assert loaded.meta_["method"] == "temperature"
+    assert loaded.meta_["temperature"] == ts.meta_["temperature"] == ts.temperature_
+    assert loaded.meta_.get("predictor") == ts.meta_.get("predictor")
+    assert peg.archive.read_header(path)["meta"]["calibration"] == {
+        "method": "temperature",
+        "temperature": ts.temperature_,
+    }
+
+
+def test_loading_knows_no_method():
+    """`peg.load` finds calibrators in its registry; peg.loading imports no method module."""
+    import ast
+
+    source = Path(peg.loading.__file__).read_text()
+    imported = [
+        node.module if isinstance(node, ast.ImportFrom) else alias.name
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+    ]
+    assert not [name for name in imported if name and name.startswith("peg.methods")]
+    assert peg.loading._CALIBRATORS["temperature"] == peg.TemperatureScaling._from_archive

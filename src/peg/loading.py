@@ -2,12 +2,16 @@
 
 The file format is `peg.archive`'s; a recipe archive (PEG/PEP's default `save`) is rebuilt by the
 method that wrote it, found in `peg.recipe`'s registry, which method classes join when they are
-defined: nothing here knows a method.
+defined. A calibrated archive (its meta has `"calibration": {"method": NAME, ...}`, e.g.
+`TemperatureScaling.save`) is handed, once its ensemble is loaded, to the calibrator registered
+here under NAME (`register_calibrator`, called where the calibrator is defined): nothing here
+knows a method.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +23,36 @@ from peg.ensemble import Ensemble
 from peg.errors import ArchiveError
 from peg.output import PREFIX
 
-__all__ = ["load"]
+__all__ = ["load", "register_calibrator"]
+
+# ------------------------------------------------------------------------- calibrators
+# name → `rebuild(ensemble, params)`: the fitted calibrator around a loaded ensemble, from the
+# archive meta's `"calibration"` entry (`params`, which names it under "method").
+Calibrator = Callable[[Ensemble, dict[str, Any]], Any]
+_CALIBRATORS: dict[str, Calibrator] = {}
+
+
+def register_calibrator(name: str, rebuild: Calibrator) -> None:
+    """Make archives whose meta has `"calibration": {"method": name, ...}` load, through
+    `rebuild(ensemble, calibration)`, as the calibrator it returns."""
+    _CALIBRATORS[name] = rebuild
+
+
+def _calibrator(calibration: Any) -> Calibrator:
+    name = calibration.get("method") if isinstance(calibration, dict) else None
+    if not isinstance(name, str) or name not in _CALIBRATORS:
+        raise ArchiveError(
+            f"calibration: unknown kind {name!r} (known: {sorted(_CALIBRATORS)}); the archive "
+            "was written by a calibrator this version of peg does not have"
+        )
+    return _CALIBRATORS[name]
+
+
+def _build_recipe(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The PEG/PEP recipe of a recipe archive, or None (meta["recipe"] of other archives, e.g.
+    a DeepEnsemble's or SWAG's, is the `peg.train.Recipe` they were trained with)."""
+    made = meta.get("recipe")
+    return made if isinstance(made, dict) and made.get("kind") == "recipe" else None
 
 
 def _needs_val(path: Path, header: dict[str, Any]) -> str:
@@ -44,8 +77,11 @@ def load(
     model: nn.Module,
     device: str | torch.device = "cpu",
     val: Any = None,
-) -> Ensemble:
+) -> Any:
     """Load an ensemble saved by `Ensemble.save` (or a method's `save`).
+
+    Returns an `Ensemble`; for a calibrated archive (`TemperatureScaling.save`), the fitted
+    calibrator around it (a `TemperatureScaling`).
 
     Args:
         path: the archive.
@@ -68,9 +104,11 @@ def load(
         )
     path = Path(path)
     header = archive.read_header(path)
-    made = (header.get("meta") or {}).get("recipe")
+    made = _build_recipe(header.get("meta") or {})
     if made is not None and val is None:
         raise ArchiveError(_needs_val(path, header))
+    calibration = (header.get("meta") or {}).get("calibration")
+    calibrate = _calibrator(calibration) if calibration is not None else None
     stacked, shared = archive.read_tensors(path, header, device)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     got = {k: tuple(v.shape[1:]) for k, v in stacked.items()} | {
@@ -93,9 +131,11 @@ def load(
             f"model: does not match the archive's architecture ({header.get('architecture')}); "
             f"entries differing in name or shape: {diff[:5]}"
         )
-    ensemble = Ensemble(model, stacked, shared, header.get("meta"))
+    meta = {k: v for k, v in (header.get("meta") or {}).items() if k != "calibration"}
+    ensemble = Ensemble(model, stacked, shared, meta)
     if made is None:
-        return ensemble.to(device)
-    rebuilt = recipe.rebuilder(made)(ensemble.to(device), made, val).ensemble()
-    rebuilt.meta = {k: v for k, v in ensemble.meta.items() if k != "recipe"}
-    return rebuilt
+        loaded = ensemble.to(device)
+    else:
+        loaded = recipe.rebuilder(made)(ensemble.to(device), made, val).ensemble()
+        loaded.meta = {k: v for k, v in ensemble.meta.items() if k != "recipe"}
+    return loaded if calibrate is None else calibrate(loaded, calibration)

@@ -303,33 +303,33 @@ def build_methods(
             progress=progress,
         ).fit(model, val),
         "SWAG-Diag": lambda: SWAG(
-            config.recipe().replace(
+            recipe=config.recipe().replace(
                 epochs=config.swag_epochs,
                 schedule="swa",
                 swa_start=0,
                 swa_lr=config.recipe().lr,
             ),
             diag=True,
-            samples=S,
+            n_members=S,
             bn="eval",
             seed=seed,
             progress=progress,
         ).fit(model, splits["train"]),
         # the model's own dropout layers when it has some (the paper's SmallCNN does)
         "MC dropout": lambda: MCDropout(
-            samples=S, seed=seed, insert=None if dropout_modules(model) else 0.1, progress=False
+            n_members=S, seed=seed, insert=None if dropout_modules(model) else 0.1, progress=False
         ).fit(model),
         "random subspace": lambda: RandomSubspace(
-            samples=S, radius=config.random_radius, seed=seed, progress=progress
+            n_members=S, radius=config.random_radius, seed=seed, progress=progress
         ).fit(model),
         "dropout subspace": lambda: DropoutSubspace(
-            samples=S, keep=config.dropout_keep, seed=seed, progress=progress
+            n_members=S, keep=config.dropout_keep, seed=seed, progress=progress
         ).fit(model),
-        "diagonal Gaussian": lambda: DiagonalGaussian(samples=S, seed=seed, progress=progress).fit(
-            iterates, skeleton=skeleton
-        ),
+        "diagonal Gaussian": lambda: DiagonalGaussian(
+            n_members=S, seed=seed, progress=progress
+        ).fit(iterates, skeleton=skeleton),
         "PCA Gaussian": lambda: LowRankGaussian(
-            samples=S, rank=min(config.pca_rank, len(iterates) - 1), seed=seed, progress=progress
+            n_members=S, rank=min(config.pca_rank, len(iterates) - 1), seed=seed, progress=progress
         ).fit(iterates, skeleton=skeleton),
     }
     out = {}

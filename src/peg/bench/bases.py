@@ -55,7 +55,7 @@ class Bases:
     @functools.cached_property
     def deep_ensemble(self) -> DeepEnsemble:
         return DeepEnsemble(
-            size=self.size,
+            n_members=self.size,
             recipe=self.recipe,
             seed=self.seed,
             checkpoint_dir=self.cache / "deep-ensemble",
@@ -67,8 +67,8 @@ class Bases:
         if self.swa is None:
             raise ValueError("swa: this benchmark has no SWA recipe")
         return SWAG(
-            self.swa,
-            samples=self.swag_samples,
+            recipe=self.swa,
+            n_members=self.swag_samples,
             seed=self.seed,
             checkpoint=str(self.cache / "swag.safetensors"),
             progress=self.progress,

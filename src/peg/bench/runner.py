@@ -85,9 +85,9 @@ def _unfitted(method: MethodSpec, spec: Spec, seed: int, progress: bool | None) 
         Packing(**o)  # validates alpha, num_estimators, gamma
         return TRAINED
     if method.method in ("emp", "ecmp"):
-        unknown = sorted(set(o) - {"k", "samples", "layers", "weight"})
+        unknown = sorted(set(o) - {"k", "n_members", "layers", "weight"})
         if unknown:
-            raise ValueError(f"unknown option(s) {unknown}; known: k, samples, layers, weight")
+            raise ValueError(f"unknown option(s) {unknown}; known: k, n_members, layers, weight")
         return TRAINED
     if method.options:
         raise ValueError(f"{method.name}: a base takes no options, got {method.options}")
@@ -186,7 +186,7 @@ class SeedRun:
         if method.method == "packed":
             spec = Packing(**o)
             net = instantiate(lambda: self.factory(packed=spec), self.seed)
-            return PackedEnsemble(self._train_own(method.key, net, packed_loss))
+            return PackedEnsemble().fit(self._train_own(method.key, net, packed_loss))
         net = instantiate(self.factory, self.seed)
         layers = o.get("layers", "bn" if has_batchnorm(net) else "input+output")
         patch(net, k=o.get("k", 5), mode=method.method, layers=layers, seed=self.seed)
@@ -194,7 +194,7 @@ class SeedRun:
         # layers keep the recipe's weight decay (shared=False: not penalised twice)
         loss = emp_loss(net, o.get("weight", 1.0 / len(self.train[0])), shared=False)
         self._train_own(method.key, net, loss)
-        return MCPatched(o.get("samples", 20), seed=self.seed).fit(net)
+        return MCPatched(n_members=o.get("n_members", 20), seed=self.seed).fit(net)
 
     def build(self, method: MethodSpec) -> Any:
         """The fitted predictor of one method (nn.Module, Ensemble or a fitted method)."""

@@ -158,7 +158,7 @@ def standard_method(name: str, options: dict[str, Any]) -> MethodSpec | None:
     if name in ("EMP", "ECMP"):
         return MethodSpec(name, name.lower(), "single", options)
     if m := re.fullmatch(r"MC-Dropout-(\d+)", name):
-        return MethodSpec(name, "mc-dropout", "single", {"samples": int(m[1]), **options})
+        return MethodSpec(name, "mc-dropout", "single", {"n_members": int(m[1]), **options})
     return None
 
 

@@ -88,7 +88,7 @@ class Split:
     def deep_ensemble(self) -> Ensemble:
         if not hasattr(self, "_deep"):
             self._deep = DeepEnsemble(
-                size=5,
+                n_members=5,
                 recipe=self.recipe,
                 seed=self.k,
                 checkpoint_dir=self.cache / "deep-ensemble",
@@ -122,7 +122,7 @@ class Split:
             return self.deep_ensemble()
         if method == "MC-Dropout":
             net = instantiate(self.factory(DROPOUT), self.k)
-            return MCDropout(MC_SAMPLES, seed=self.k).fit(
+            return MCDropout(n_members=MC_SAMPLES, seed=self.k).fit(
                 self._trained("mc-dropout", net, gaussian_nll_loss)
             )
         if method in ("EMP", "ECMP"):
@@ -134,11 +134,13 @@ class Split:
                 seed=self.k,
             )
             loss = emp_loss(net, EMP_WEIGHT, base=gaussian_nll_loss)
-            return MCPatched(MC_SAMPLES, seed=self.k).fit(self._trained(method, net, loss))
+            return MCPatched(n_members=MC_SAMPLES, seed=self.k).fit(
+                self._trained(method, net, loss)
+            )
         if method.startswith("Packed"):
             D = self.train[0].shape[1]
             net = instantiate(lambda: MLP(D, 2, hidden=(self.hidden,), packed=(2, 4, 1)), self.k)
-            return PackedEnsemble(self._trained("packed", net, packed_gaussian_nll))
+            return PackedEnsemble().fit(self._trained("packed", net, packed_gaussian_nll))
         size = int(method.split("-")[1])
         cls = PEG if method.startswith("PEG") else PEP
         options = {"grad_batch_size": min(32, len(self.val[0]) // 2)} if cls is PEG else {}

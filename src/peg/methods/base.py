@@ -233,24 +233,26 @@ class ModulePredictor(Method):
 
 
 class SampledPredictor(ModulePredictor):
-    """A `ModulePredictor` whose members are `samples` stochastic passes (MC dropout, MC patching).
+    """A `ModulePredictor` whose members are `n_members` stochastic passes (MC dropout, MC
+    patching).
 
     The randomness of member s on batch j comes from the global RNG reseeded from the stream
     (seed, s, j) inside `torch.random.fork_rng()`: it depends on nothing else (but on the
     batching), and the caller's RNG state is left untouched.
     """
 
-    samples: int
+    n_members: int
     seed: int
 
     def _batch_logits(self, x: Tensor, j: int) -> Tensor:
         devices = [x.device] if x.device.type == "cuda" else []
         outs = []
         with torch.random.fork_rng(devices=devices):
-            for s in range(self.samples):
-                torch.manual_seed(int(generator(self.seed, s, j).initial_seed()))
+            for s in range(self.n_members):
+                torch.manual_seed(int(generator(int(self.seed), s, j).initial_seed()))
                 outs.append(model_output(self.model_(x), "member_logits"))
         return torch.stack(outs)
 
     def __len__(self) -> int:
-        return self.samples
+        self._check_fitted()
+        return self.n_members

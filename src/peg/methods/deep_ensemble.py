@@ -11,7 +11,7 @@ the same members as an uninterrupted run.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +22,8 @@ from torch import Tensor, nn
 from peg._inputs import Data, as_xy, check_positive_int, weights_device
 from peg._io import save_tree
 from peg.ensemble import Ensemble
-from peg.methods.base import FittedEnsemble
-from peg.train import ModelSource, Recipe, instantiate, load_checked, train
+from peg.methods.base import FittedEnsemble, store_arguments
+from peg.train import Callback, ModelSource, Recipe, instantiate, load_checked, train
 
 MEMBER_FORMAT = "peg-deep-ensemble-member"
 
@@ -37,8 +37,8 @@ class DeepEnsemble(FittedEnsemble):
     """M models trained independently from different seeds.
 
     Args:
-        size: M, the number of members.
-        recipe: how each member is trained (`peg.train.Recipe`; default `Recipe()`).
+        n_members: M, the number of members.
+        recipe: how each member is trained (`peg.train.Recipe`; None: `Recipe()`).
         seed: the ensemble's seed; member i uses `member_seed(seed, i)`.
         reinit: when `fit` gets a module rather than a factory, re-initialise each member's copy
             (`reset_parameters()` on every submodule that has one) under its own seed. With
@@ -48,39 +48,47 @@ class DeepEnsemble(FittedEnsemble):
         progress: progress bars.
         loss: the training loss `loss(outputs, y)` (e.g. a Gaussian NLL for regression heads).
 
-    Fitted: `ensemble_` (M members), `histories_`, `seeds_`.
+    Fitted: `ensemble_` (M members), `histories_`, `seeds_`, `meta_`.
     """
 
     method = "deep-ensemble"
 
     def __init__(
         self,
-        size: int = 5,
-        recipe: Recipe | None = None,
         *,
+        n_members: int = 5,
+        recipe: Recipe | None = None,
         seed: int = 0,
         reinit: bool = True,
         checkpoint_dir: str | os.PathLike[str] | None = None,
         progress: bool | None = None,
         loss: Callable[[Tensor, Tensor], Tensor] = F.cross_entropy,
     ) -> None:
-        self.size = check_positive_int(size, "size")
-        self.recipe = recipe if recipe is not None else Recipe()
-        if not isinstance(self.recipe, Recipe):
-            raise TypeError(f"recipe: expected a peg.train.Recipe, got {type(recipe).__name__}")
-        self.seed = check_positive_int(seed, "seed", minimum=0)
-        self.reinit = reinit
-        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
-        self.progress = progress
-        self.loss = loss
+        store_arguments(self, locals())
+
+    def _check_params(self) -> None:
+        check_positive_int(self.n_members, "n_members")
+        if self.recipe is not None and not isinstance(self.recipe, Recipe):
+            raise TypeError(
+                f"recipe: expected a peg.train.Recipe, got {type(self.recipe).__name__}"
+            )
+        check_positive_int(self.seed, "seed", minimum=0)
+
+    def _recipe(self) -> Recipe:
+        """The recipe used: `recipe`, or `Recipe()` for None."""
+        return self.recipe if self.recipe is not None else Recipe()
+
+    def _checkpoint_dir(self) -> Path | None:
+        return Path(self.checkpoint_dir) if self.checkpoint_dir is not None else None
 
     def _identity(self, i: int) -> dict[str, Any]:
+        seed = int(self.seed)
         return {
             "format": MEMBER_FORMAT,
-            "recipe": self.recipe.to_dict(),
-            "seed": self.seed,
+            "recipe": self._recipe().to_dict(),
+            "seed": seed,
             "member": i,
-            "member_seed": member_seed(self.seed, i),
+            "member_seed": member_seed(seed, i),
         }
 
     def _load_member(self, path: Path, i: int, model: nn.Module) -> list[dict[str, float]] | None:
@@ -90,37 +98,51 @@ class DeepEnsemble(FittedEnsemble):
         model.load_state_dict(saved["state"])
         return list(saved["history"])
 
-    def fit(self, model: ModelSource, train_data: Data) -> DeepEnsemble:
-        """Train `size` members on `train_data` from `model` (a module or a factory)."""
+    def fit(
+        self,
+        model: ModelSource,
+        train_data: Data,
+        *,
+        bn_data: Data | None = None,
+        callbacks: Sequence[Callback] = (),
+    ) -> DeepEnsemble:
+        """Train `n_members` members on `train_data` from `model` (a module or a factory).
+
+        `bn_data` is accepted for the shape every training-time method shares and unused: each
+        member keeps the BatchNorm statistics of its own training. Extra `callbacks(epoch,
+        model)` run after every epoch of every member.
+        """
         device = weights_device(model) if isinstance(model, nn.Module) else None
         X, y = as_xy(train_data, "train_data", device=device)
         if y is None:
             raise ValueError("train_data: training needs labels, got inputs only")
-        if self.checkpoint_dir is not None and self.checkpoint_dir.is_file():
+        folder = self._checkpoint_dir()
+        if folder is not None and folder.is_file():
             raise ValueError(
-                f"checkpoint_dir: {self.checkpoint_dir} is a file; expected a folder (it is "
-                "created if missing)"
+                f"checkpoint_dir: {folder} is a file; expected a folder (it is created if missing)"
             )
-        members, self.histories_, self.seeds_ = [], [], []
-        for i in range(self.size):
-            s = member_seed(self.seed, i)
+        recipe, seed = self._recipe(), int(self.seed)
+        members, histories, seeds = [], [], []
+        for i in range(self.n_members):
+            s = member_seed(seed, i)
             net = instantiate(model, s, reinit=self.reinit)
             done = partial = None
-            if self.checkpoint_dir is not None:
-                done = self.checkpoint_dir / f"member-{i}.safetensors"
-                partial = self.checkpoint_dir / f"member-{i}.partial.safetensors"
+            if folder is not None:
+                done = folder / f"member-{i}.safetensors"
+                partial = folder / f"member-{i}.partial.safetensors"
                 history = self._load_member(done, i, net)
                 if history is not None:
                     members.append(net.eval())
-                    self.histories_.append(history)
-                    self.seeds_.append(s)
+                    histories.append(history)
+                    seeds.append(s)
                     continue
             _, history = train(
                 net,
                 (X, y),
-                self.recipe,
+                recipe,
                 seed=s,
                 loss=self.loss,
+                callbacks=callbacks,
                 checkpoint=partial,
                 progress=self.progress,
             )
@@ -130,14 +152,15 @@ class DeepEnsemble(FittedEnsemble):
                 )
                 partial.unlink(missing_ok=True)
             members.append(net)
-            self.histories_.append(history)
-            self.seeds_.append(s)
+            histories.append(history)
+            seeds.append(s)
         meta = {
             "method": self.method,
-            "size": self.size,
-            "recipe": self.recipe.to_dict(),
-            "seed": self.seed,
+            "n_members": int(self.n_members),
+            "recipe": recipe.to_dict(),
+            "seed": seed,
             "reinit": self.reinit,
         }
+        self.histories_, self.seeds_ = histories, seeds
         self.ensemble_ = Ensemble.from_models(members, meta=meta)
         return self

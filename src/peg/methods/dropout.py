@@ -22,7 +22,7 @@ from typing import Any
 from torch import nn
 
 from peg._inputs import Data, as_xy, check_positive_int
-from peg.methods.base import SampledPredictor
+from peg.methods.base import SampledPredictor, store_arguments
 
 DROPOUT_TYPES: tuple[type[nn.Module], ...] = (
     nn.Dropout,
@@ -67,10 +67,10 @@ def insert_dropout(model: nn.Module, p: float) -> str:
 
 
 class MCDropout(SampledPredictor):
-    """Monte Carlo dropout: `samples` stochastic forward passes of one model.
+    """Monte Carlo dropout: `n_members` stochastic forward passes of one model.
 
     Args:
-        samples: number of members S (forward passes per input).
+        n_members: number of members S (forward passes per input).
         seed: seed of the dropout masks; the mask of member s on batch j depends only on
             (seed, s, j).
         insert: a dropout probability in (0, 1) used only when the model has no dropout layer:
@@ -82,7 +82,7 @@ class MCDropout(SampledPredictor):
 
     After `fit(model)`: `model_` (the deep copy used; the caller's model is never changed),
     `meta_` (method and hyper-parameters), `member_logits(X) -> [S, N, C]`,
-    `predict_proba(X) -> [N, C]`, `predict(X) -> [N]`, `len(self) == samples`.
+    `predict_proba(X) -> [N, C]`, `predict(X) -> [N]`, `len(self) == n_members`.
     """
 
     method = "mc_dropout"
@@ -90,14 +90,19 @@ class MCDropout(SampledPredictor):
 
     def __init__(
         self,
-        samples: int = 15,
+        *,
+        n_members: int = 15,
         seed: int = 0,
         insert: float | None = None,
         batch_size: int = 512,
         progress: bool | None = None,
     ) -> None:
-        self.samples = check_positive_int(samples, "samples")
-        self.seed = check_positive_int(seed, "seed", minimum=0)
+        store_arguments(self, locals())
+
+    def _check_params(self) -> None:
+        check_positive_int(self.n_members, "n_members")
+        check_positive_int(self.seed, "seed", minimum=0)
+        insert = self.insert
         if insert is not None and not (
             isinstance(insert, (int, float))
             and not isinstance(insert, bool)
@@ -107,34 +112,40 @@ class MCDropout(SampledPredictor):
             raise ValueError(
                 f"insert: expected a dropout probability in (0, 1) or None, got {insert!r}"
             )
-        self.insert = None if insert is None else float(insert)
-        self.batch_size = check_positive_int(batch_size, "batch_size")
-        self.progress = progress
+        check_positive_int(self.batch_size, "batch_size")
+
+    def _insert(self) -> float | None:
+        return None if self.insert is None else float(self.insert)
 
     # ---------------------------------------------------------------- fitting
-    def fit(self, model: nn.Module, val: Data | None = None) -> MCDropout:
+    def fit(
+        self, model: nn.Module, val: Data | None = None, *, bn_data: Data | None = None
+    ) -> MCDropout:
         """Copy `model` (adding a dropout layer if `insert` says so) and get it ready to sample.
 
         Args:
             model: a trained nn.Module returning logits `[B, C]`.
             val: optional inputs ((X, y), a tensor or a loader); only used to check, with one
                 forward pass on two rows, that the model accepts them and returns `[B, C]`.
+            bn_data: unused (accepted as by every post-hoc method): BatchNorm keeps the
+                model's running statistics.
         """
         if not isinstance(model, nn.Module):
             raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
+        insert = self._insert()
         copied = copy.deepcopy(model)
         inserted_at = None
         if not dropout_modules(copied):
-            if self.insert is None:
+            if insert is None:
                 raise ValueError(
                     f"model: {type(model).__name__} has no dropout layer "
                     f"({', '.join(t.__name__ for t in DROPOUT_TYPES)}); pass insert=p to put "
                     "nn.Dropout(p) before its last Linear/Conv layer, e.g. MCDropout(insert=0.2)"
                 )
-            inserted_at = insert_dropout(copied, self.insert)
-        elif self.insert is not None:
+            inserted_at = insert_dropout(copied, insert)
+        elif insert is not None:
             warnings.warn(
-                f"insert={self.insert} ignored: the model already has dropout layers",
+                f"insert={insert} ignored: the model already has dropout layers",
                 UserWarning,
                 stacklevel=2,
             )
@@ -145,9 +156,9 @@ class MCDropout(SampledPredictor):
             self._probe(X, "val")
         self.meta_: dict[str, Any] = {
             "method": self.method,
-            "samples": self.samples,
-            "seed": self.seed,
-            "insert": self.insert,
+            "n_members": int(self.n_members),
+            "seed": int(self.seed),
+            "insert": insert,
             "inserted_before": inserted_at,
             "dropout_layers": len(dropout_modules(copied)),
         }
@@ -158,6 +169,3 @@ class MCDropout(SampledPredictor):
         self.model_.eval()
         for m in dropout_modules(self.model_):
             m.train()
-
-    def __repr__(self) -> str:
-        return f"MCDropout(samples={self.samples}, seed={self.seed}, insert={self.insert})"

@@ -8,7 +8,7 @@ independently, in parallel):
 
     model = models.build("resnet18", packed=(2, 4, 1))
     train(model, (X, y), recipe, loss=packed_loss)
-    ens = PackedEnsemble(model)           # member_logits(X) -> [M, N, C]
+    ens = PackedEnsemble().fit(model)     # member_logits(X) -> [M, N, C]
 
 Like `MCDropout`, `PackedEnsemble` is not a stacked-weights `Ensemble`: the members share one
 module and come out of one forward pass, with the same `member_logits -> [M, N, C]` interface.
@@ -24,40 +24,42 @@ from torch import Tensor, nn
 
 from peg._inputs import Data, as_xy, check_positive_int, diagnose, to_device
 from peg.losses import packed_gaussian_nll, packed_loss
-from peg.methods.base import ModulePredictor
+from peg.methods.base import ModulePredictor, store_arguments
 
 
 class PackedEnsemble(ModulePredictor):
     """The M subnetworks of a trained packed model as an ensemble predictor.
 
     Args:
-        model: optional; a packed model (`packed=...`), fitted right away (`fit(model)`).
         batch_size: rows per forward pass when predicting a tensor.
         progress: show a progress bar over batches (None: only on a terminal).
 
     After `fit(model)`: `model_` (a deep copy in eval mode: BatchNorm running statistics,
-    dropout off; the caller's model is never changed), `meta_`, `member_logits(X) -> [M, N, C]`,
-    `predict_proba(X) -> [N, C]`, `predict(X) -> [N]`, `len(self) == M`.
+    dropout off; the caller's model is never changed), `n_members_` (M, from the model's
+    packing), `meta_`, `member_logits(X) -> [M, N, C]`, `predict_proba(X) -> [N, C]`,
+    `predict(X) -> [N]`, `len(self) == M`.
     """
 
     method = "packed_ensemble"
     label = "Packed-Ensembles"
 
-    def __init__(
-        self, model: nn.Module | None = None, batch_size: int = 512, progress: bool | None = None
-    ) -> None:
-        self.batch_size = check_positive_int(batch_size, "batch_size")
-        self.progress = progress
-        if model is not None:
-            self.fit(model)
+    def __init__(self, *, batch_size: int = 512, progress: bool | None = None) -> None:
+        store_arguments(self, locals())
 
-    def fit(self, model: nn.Module, val: Data | None = None) -> PackedEnsemble:
+    def _check_params(self) -> None:
+        check_positive_int(self.batch_size, "batch_size")
+
+    def fit(
+        self, model: nn.Module, val: Data | None = None, *, bn_data: Data | None = None
+    ) -> PackedEnsemble:
         """Take (a copy of) a trained packed model.
 
         Args:
             model: an nn.Module with `member_forward(x) -> [M, B, C]` and a `packing`
                 (the architectures of `peg.models` built with `packed=...`).
             val: optional inputs; only used to check, on two rows, that the model accepts them.
+            bn_data: unused (accepted as by every post-hoc method): BatchNorm keeps the
+                model's running statistics.
         """
         if not isinstance(model, nn.Module):
             raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
@@ -70,15 +72,15 @@ class PackedEnsemble(ModulePredictor):
                 "packed=(2, 4, 1))"
             )
         self.model_ = copy.deepcopy(model).eval()
-        self.num_estimators_ = int(model.packing.num_estimators)
+        self.n_members_ = int(model.packing.num_estimators)
         if val is not None:
             X, _ = as_xy(val, "val", need_labels=False, device=self._device())
             with torch.no_grad():
                 diagnose(self._members, to_device(X, self._device(), "val"), "val")
         self.meta_: dict[str, Any] = {
             "method": self.method,
+            "n_members": self.n_members_,
             "alpha": model.packing.alpha,
-            "num_estimators": model.packing.num_estimators,
             "gamma": model.packing.gamma,
             "architecture": type(model).__name__,
         }
@@ -87,9 +89,9 @@ class PackedEnsemble(ModulePredictor):
     def _members(self, x: Tensor) -> Tensor:
         """Member logits `[M, B, C]` of one batch."""
         out = self.model_.member_forward(to_device(x, self._device(), "X"))
-        if out.ndim != 3 or out.shape[0] != self.num_estimators_:
+        if out.ndim != 3 or out.shape[0] != self.n_members_:
             raise ValueError(
-                f"model: member_forward must return [M={self.num_estimators_}, B, C], "
+                f"model: member_forward must return [M={self.n_members_}, B, C], "
                 f"got shape {tuple(out.shape)}"
             )
         return out
@@ -99,11 +101,7 @@ class PackedEnsemble(ModulePredictor):
 
     def __len__(self) -> int:
         self._check_fitted()
-        return self.num_estimators_
-
-    def __repr__(self) -> str:
-        packing = getattr(getattr(self, "model_", None), "packing", None)
-        return f"PackedEnsemble({packing or 'unfitted'})"
+        return self.n_members_
 
 
-__all__ = ["PackedEnsemble", "packed_gaussian_nll", "packed_loss"]  # the losses: peg.losses
+__all__ = ["PackedEnsemble", "packed_gaussian_nll", "packed_loss"]

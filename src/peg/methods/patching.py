@@ -22,21 +22,21 @@ from torch import nn
 
 from peg._inputs import Data, as_xy, check_positive_int
 from peg.layers.patching import overhead, patched_modules, set_sampling
-from peg.methods.base import SampledPredictor
+from peg.methods.base import SampledPredictor, store_arguments
 
 
 class MCPatched(SampledPredictor):
-    """Monte Carlo inference of an EMP/ECMP-patched model: `samples` stochastic passes.
+    """Monte Carlo inference of an EMP/ECMP-patched model: `n_members` stochastic passes.
 
     Args:
-        samples: number of members S (forward passes per input; the paper: up to 200).
+        n_members: number of members S (forward passes per input; the paper: up to 200).
         seed: seed of the component draws; member s on batch j depends only on (seed, s, j).
         batch_size: rows per forward pass when predicting a tensor.
         progress: show a progress bar over batches (None: only on a terminal).
 
     After `fit(model)`: `model_` (a deep copy; the caller's model is never changed), `meta_`
     (method, hyper-parameters, parameter overhead), `member_logits(X) -> [S, N, C]`,
-    `predict_proba(X) -> [N, C]`, `predict(X) -> [N]`, `len(self) == samples`.
+    `predict_proba(X) -> [N, C]`, `predict(X) -> [N]`, `len(self) == n_members`.
     """
 
     method = "mc_patched"
@@ -44,20 +44,24 @@ class MCPatched(SampledPredictor):
 
     def __init__(
         self,
-        samples: int = 20,
+        *,
+        n_members: int = 20,
         seed: int = 0,
         batch_size: int = 512,
         progress: bool | None = None,
     ) -> None:
-        self.samples = check_positive_int(samples, "samples")
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-            raise ValueError(f"seed: expected an integer, got {seed!r}")
-        self.seed = int(seed)
-        self.batch_size = check_positive_int(batch_size, "batch_size")
-        self.progress = progress
+        store_arguments(self, locals())
+
+    def _check_params(self) -> None:
+        check_positive_int(self.n_members, "n_members")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)):
+            raise ValueError(f"seed: expected an integer, got {self.seed!r}")
+        check_positive_int(self.batch_size, "batch_size")
 
     # ---------------------------------------------------------------- fitting
-    def fit(self, model: nn.Module, val: Data | None = None) -> MCPatched:
+    def fit(
+        self, model: nn.Module, val: Data | None = None, *, bn_data: Data | None = None
+    ) -> MCPatched:
         """Copy a patched (and trained) `model` and get it ready to sample.
 
         Args:
@@ -65,6 +69,8 @@ class MCPatched(SampledPredictor):
                 `peg.layers.patching.patch`.
             val: optional inputs; only used to check, with one forward pass on two rows, that
                 the model accepts them and returns `[B, C]`.
+            bn_data: unused (accepted as by every post-hoc method): BatchNorm keeps the
+                model's running statistics.
         """
         if not isinstance(model, nn.Module):
             raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
@@ -85,8 +91,8 @@ class MCPatched(SampledPredictor):
             "method": self.method,
             "mode": modes[0] if len(modes) == 1 else modes,
             "k": ks[0] if len(ks) == 1 else ks,
-            "samples": self.samples,
-            "seed": self.seed,
+            "n_members": int(self.n_members),
+            "seed": int(self.seed),
             "patched_layers": len(layers),
             "overhead": overhead(model)["total"],
         }
@@ -96,9 +102,6 @@ class MCPatched(SampledPredictor):
         """Eval mode everywhere (BatchNorm frozen, dropout off); patched layers sample."""
         self.model_.eval()
         set_sampling(self.model_, True)
-
-    def __repr__(self) -> str:
-        return f"MCPatched(samples={self.samples}, seed={self.seed})"
 
 
 __all__ = ["MCPatched"]

@@ -42,7 +42,7 @@ from peg._inputs import (
 from peg._params import ParamFilter, flatten_state, refresh_bn, select_parameters, unflatten_state
 from peg._progress import bar
 from peg.ensemble import Ensemble, model_output
-from peg.methods.base import FittedEnsemble
+from peg.methods.base import FittedEnsemble, store_arguments
 from peg.metrics._inputs import check_labels
 from peg.streams import SUBSPACE_BN, generator
 
@@ -53,10 +53,9 @@ MAX_DRAWS_PER_SAMPLE = 10  # min_accuracy: give up after this many draws per req
 
 
 # ---------------------------------------------------------------- checks
-def _check_bn(bn: Any) -> SubspaceBN:
+def _check_bn(bn: Any) -> None:
     if bn not in ("eval", "refresh"):
         raise ValueError(f"bn: expected 'eval' or 'refresh', got {bn!r}")
-    return bn
 
 
 def _param_label(params: ParamFilter) -> str:
@@ -65,16 +64,22 @@ def _param_label(params: ParamFilter) -> str:
 
 # ---------------------------------------------------------------- shared machinery
 class _Sampler(FittedEnsemble):
-    """What every subspace sampler shares: validation, BatchNorm handling, the `Ensemble`."""
+    """What every subspace sampler shares: validation, BatchNorm handling, the `Ensemble`.
+
+    Subclasses take (keyword-only) at least `n_members`, `seed`, `bn` and `progress`.
+    """
 
     method = "subspace"
+    n_members: int
+    seed: int
+    bn: SubspaceBN
+    progress: bool | None
 
-    def __init__(self, samples: int, seed: int, bn: SubspaceBN) -> None:
-        self.samples = check_positive_int(samples, "samples")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"seed: expected an integer, got {seed!r}")
-        self.seed = seed
-        self.bn = _check_bn(bn)
+    def _check_params(self) -> None:
+        check_positive_int(self.n_members, "n_members")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed: expected an integer, got {self.seed!r}")
+        _check_bn(self.bn)
 
     def _hyperparameters(self) -> dict[str, Any]:
         return {}
@@ -82,7 +87,7 @@ class _Sampler(FittedEnsemble):
     def _meta(self, **extra: Any) -> dict[str, Any]:
         return {
             "method": self.method,
-            "samples": self.samples,
+            "n_members": int(self.n_members),
             "seed": self.seed,
             "bn": self.bn,
             **self._hyperparameters(),
@@ -133,21 +138,19 @@ def _accuracy(probe: nn.Module, state: Mapping[str, Tensor], X: Tensor, y: Tenso
 
 class _AroundSolution(_Sampler):
     """Samplers that change the weights θ₀ of one trained model, optionally keeping only
-    samples with a validation accuracy of at least `min_accuracy` (the paper used 0.65)."""
+    samples with a validation accuracy of at least `min_accuracy` (the paper used 0.65).
 
-    def __init__(
-        self,
-        samples: int,
-        seed: int,
-        params: ParamFilter,
-        bn: SubspaceBN,
-        min_accuracy: float | None,
-        progress: bool | None,
-    ) -> None:
-        super().__init__(samples, seed, bn)
+    Subclasses also take `params` and `min_accuracy`.
+    """
+
+    params: ParamFilter
+    min_accuracy: float | None
+
+    def _check_params(self) -> None:
+        super()._check_params()
+        params, min_accuracy = self.params, self.min_accuracy
         if not (params in ("all", "weights") or callable(params)):
             raise ValueError(f"params: expected 'all', 'weights' or a callable, got {params!r}")
-        self.params = params
         if min_accuracy is not None and not (
             isinstance(min_accuracy, (int, float))
             and not isinstance(min_accuracy, bool)
@@ -156,8 +159,9 @@ class _AroundSolution(_Sampler):
             raise ValueError(
                 f"min_accuracy: expected an accuracy in [0, 1] or None, got {min_accuracy!r}"
             )
-        self.min_accuracy = None if min_accuracy is None else float(min_accuracy)
-        self.progress = progress
+
+    def _min_accuracy(self) -> float | None:
+        return None if self.min_accuracy is None else float(self.min_accuracy)
 
     def _draw(self, theta0: Tensor, gen: torch.Generator) -> tuple[Tensor, float]:
         """One sample `[P]` from θ₀ `[P]` and the scalar recorded for it (t or p_keep)."""
@@ -170,9 +174,9 @@ class _AroundSolution(_Sampler):
         raise NotImplementedError
 
     def fit(
-        self, model: nn.Module, val: Data | None = None, bn_data: Data | None = None
+        self, model: nn.Module, val: Data | None = None, *, bn_data: Data | None = None
     ) -> _AroundSolution:
-        """Sample `samples` members around the trained `model`.
+        """Sample `n_members` members around the trained `model`.
 
         Args:
             model: a trained nn.Module (left unchanged).
@@ -186,11 +190,12 @@ class _AroundSolution(_Sampler):
         if not isinstance(model, nn.Module):
             raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
         names = select_parameters(model, self.params)
+        min_accuracy = self._min_accuracy()
         Xv = yv = None
-        if self.min_accuracy is not None:
+        if min_accuracy is not None:
             if val is None:
                 raise ValueError(
-                    f"val: min_accuracy={self.min_accuracy} needs labelled validation data "
+                    f"val: min_accuracy={min_accuracy} needs labelled validation data "
                     "fit(model, val=(X, y))"
                 )
             Xv, yv = as_xy(val, "val", device=weights_device(model))
@@ -204,33 +209,32 @@ class _AroundSolution(_Sampler):
         theta0 = flatten_state(base, names)
         self._prepare(theta0)
 
-        limit = self.samples * (MAX_DRAWS_PER_SAMPLE if self.min_accuracy is not None else 1)
+        n = int(self.n_members)
+        limit = n * (MAX_DRAWS_PER_SAMPLE if min_accuracy is not None else 1)
         states: list[dict[str, Tensor]] = []
         values: list[float] = []
         draws = 0
-        for d in bar(
-            range(limit), f"{self.method} ({self.samples} samples)", enabled=self.progress
-        ):
+        for d in bar(range(limit), f"{self.method} ({n} samples)", enabled=self.progress):
             draws += 1
             vector, value = self._draw(theta0.cpu(), generator(self.seed, d))
             state = unflatten_state(vector.to(theta0.device), base, names)
             state = self._refresh(skeleton, state, batches, d)
-            if Xv is not None and _accuracy(skeleton, state, Xv, yv) < self.min_accuracy:
+            if Xv is not None and _accuracy(skeleton, state, Xv, yv) < min_accuracy:
                 continue  # below the accuracy floor: redraw
             states.append(state)
             values.append(value)
-            if len(states) == self.samples:
+            if len(states) == n:
                 break
-        if len(states) < self.samples:
+        if len(states) < n:
             raise ValueError(
                 f"min_accuracy: only {len(states)} of {limit} draws reached a validation "
-                f"accuracy of {self.min_accuracy}; {self.samples} were needed. Lower "
+                f"accuracy of {min_accuracy}; {n} were needed. Lower "
                 "min_accuracy or sample closer to the solution"
             )
         self.param_names_ = names
         self.draws_ = draws
         self._record(values)
-        meta = self._meta(params=_param_label(self.params), min_accuracy=self.min_accuracy)
+        meta = self._meta(params=_param_label(self.params), min_accuracy=min_accuracy)
         self.ensemble_ = Ensemble.from_state_dicts(skeleton, states, meta)
         return self
 
@@ -244,14 +248,14 @@ class RandomSubspace(_AroundSolution):
     distance exactly t·‖θ₀‖ (relative) or t (absolute) from θ₀.
 
     Args:
-        samples: number of members.
+        n_members: number of members.
         radius: largest step (a fraction of ‖θ₀‖ when relative, else in weight units), > 0.
         relative: scale steps by ‖θ₀‖.
         seed: random seed.
         params: the parameters to move: "all", "weights" (ndim ≥ 2) or a callable(name, p).
         bn: "eval" (keep the base BatchNorm statistics) or "refresh" (needs `bn_data`).
         min_accuracy: reject and redraw samples whose accuracy on `val` is below it (at most
-            10×samples draws, then an error).
+            10×n_members draws, then an error).
         progress: progress bar over draws.
 
     After `fit`: `ensemble_`, `ts_` (the t drawn per member, before the ‖θ₀‖ factor),
@@ -262,7 +266,8 @@ class RandomSubspace(_AroundSolution):
 
     def __init__(
         self,
-        samples: int = 10,
+        *,
+        n_members: int = 10,
         radius: float = 0.1,
         relative: bool = True,
         seed: int = 0,
@@ -271,12 +276,14 @@ class RandomSubspace(_AroundSolution):
         min_accuracy: float | None = None,
         progress: bool | None = None,
     ) -> None:
-        super().__init__(samples, seed, params, bn, min_accuracy, progress)
-        self.radius = check_number(radius, "radius")
-        self.relative = bool(relative)
+        store_arguments(self, locals())
+
+    def _check_params(self) -> None:
+        super()._check_params()
+        check_number(self.radius, "radius")
 
     def _hyperparameters(self) -> dict[str, Any]:
-        return {"radius": self.radius, "relative": self.relative}
+        return {"radius": float(self.radius), "relative": bool(self.relative)}
 
     def _prepare(self, theta0: Tensor) -> None:
         self.theta_norm_ = float(theta0.double().norm())
@@ -285,7 +292,7 @@ class RandomSubspace(_AroundSolution):
     def _draw(self, theta0: Tensor, gen: torch.Generator) -> tuple[Tensor, float]:
         v = torch.randn(theta0.shape, generator=gen, dtype=torch.float64)
         v /= v.norm()
-        t = float(torch.rand((), generator=gen, dtype=torch.float64)) * self.radius
+        t = float(torch.rand((), generator=gen, dtype=torch.float64)) * float(self.radius)
         return (theta0.double() + (t * self._unit) * v).to(theta0.dtype), t
 
     def _record(self, values: list[float]) -> None:
@@ -300,7 +307,7 @@ class DropoutSubspace(_AroundSolution):
     so E[member] = θ₀), `rescale=False` keeps the surviving weights as they are.
 
     Args:
-        samples: number of members.
+        n_members: number of members.
         keep: range (low, high) of the keep probability, 0 < low ≤ high ≤ 1 (a single number:
             a fixed p_keep).
         seed, params, bn, min_accuracy, progress: as in `RandomSubspace`.
@@ -313,7 +320,8 @@ class DropoutSubspace(_AroundSolution):
 
     def __init__(
         self,
-        samples: int = 10,
+        *,
+        n_members: int = 10,
         keep: tuple[float, float] | float = (0.5, 1.0),
         seed: int = 0,
         params: ParamFilter = "all",
@@ -322,8 +330,15 @@ class DropoutSubspace(_AroundSolution):
         min_accuracy: float | None = None,
         progress: bool | None = None,
     ) -> None:
-        super().__init__(samples, seed, params, bn, min_accuracy, progress)
-        pair = (keep, keep) if isinstance(keep, (int, float)) else tuple(keep)
+        store_arguments(self, locals())
+
+    def _check_params(self) -> None:
+        super()._check_params()
+        keep = self.keep
+        try:
+            pair = (keep, keep) if isinstance(keep, (int, float)) else tuple(keep)
+        except TypeError:  # not iterable
+            pair = ()
         if not (
             len(pair) == 2
             and all(isinstance(p, (int, float)) and not isinstance(p, bool) for p in pair)
@@ -332,14 +347,18 @@ class DropoutSubspace(_AroundSolution):
             raise ValueError(
                 f"keep: expected a range (low, high) with 0 < low <= high <= 1, got {keep!r}"
             )
-        self.keep = (float(pair[0]), float(pair[1]))
-        self.rescale = bool(rescale)
+
+    def _keep(self) -> tuple[float, float]:
+        """`keep` as a range (low, high) of floats (a single number: (keep, keep))."""
+        keep = self.keep
+        low, high = (keep, keep) if isinstance(keep, (int, float)) else tuple(keep)
+        return float(low), float(high)
 
     def _hyperparameters(self) -> dict[str, Any]:
-        return {"keep": list(self.keep), "rescale": self.rescale}
+        return {"keep": list(self._keep()), "rescale": bool(self.rescale)}
 
     def _draw(self, theta0: Tensor, gen: torch.Generator) -> tuple[Tensor, float]:
-        lo, hi = self.keep
+        lo, hi = self._keep()
         p_keep = lo + (hi - lo) * float(torch.rand((), generator=gen, dtype=torch.float64))
         mask = torch.rand(theta0.shape, generator=gen, dtype=torch.float64) < p_keep
         member = theta0 * mask.to(theta0.dtype)
@@ -412,15 +431,15 @@ class _IterateGaussian(_Sampler):
     """Gaussians fitted to the last checkpoints θ₁…θ_K of one training trajectory.
 
     The sampled parameters are the floating-point trainable ones; everything else (buffers such
-    as BatchNorm statistics, frozen parameters) is taken from the LAST iterate.
+    as BatchNorm statistics, frozen parameters) is taken from the LAST iterate. Subclasses also
+    take `scale`.
     """
 
-    def __init__(
-        self, samples: int, scale: float, seed: int, bn: SubspaceBN, progress: bool | None
-    ) -> None:
-        super().__init__(samples, seed, bn)
-        self.scale = check_number(scale, "scale")
-        self.progress = progress
+    scale: float
+
+    def _check_params(self) -> None:
+        super()._check_params()
+        check_number(self.scale, "scale")
 
     def _fit_moments(self, A: Tensor) -> None:
         """Fit the distribution to the iterates `A` `[K, P]` (float64)."""
@@ -433,10 +452,11 @@ class _IterateGaussian(_Sampler):
     def fit(
         self,
         iterates: Iterates,
+        *,
         skeleton: nn.Module | None = None,
         bn_data: Data | None = None,
     ) -> _IterateGaussian:
-        """Fit the Gaussian to `iterates` and draw `samples` members from it.
+        """Fit the Gaussian to `iterates` and draw `n_members` members from it.
 
         Args:
             iterates: ≥ 2 checkpoints of one trajectory, one architecture: a list of state
@@ -459,9 +479,8 @@ class _IterateGaussian(_Sampler):
         self.mean_ = A.mean(0).to(last[names[0]].dtype)
         self._fit_moments(A)
         members = []
-        for s in bar(
-            range(self.samples), f"{self.method} ({self.samples} samples)", enabled=self.progress
-        ):
+        n = int(self.n_members)
+        for s in bar(range(n), f"{self.method} ({n} samples)", enabled=self.progress):
             vector = self._sample(generator(self.seed, s)).to(device)
             state = unflatten_state(vector, last, names)
             members.append(self._refresh(skeleton, state, batches, s))
@@ -478,7 +497,7 @@ class DiagonalGaussian(_IterateGaussian):
     mean of the iterates).
 
     Args:
-        samples: number of members.
+        n_members: number of members.
         scale: multiplies σ, > 0.
         seed: random seed.
         bn: "eval" or "refresh" (needs `bn_data`).
@@ -492,16 +511,17 @@ class DiagonalGaussian(_IterateGaussian):
 
     def __init__(
         self,
-        samples: int = 10,
+        *,
+        n_members: int = 10,
         scale: float = 1.0,
         seed: int = 0,
         bn: SubspaceBN = "eval",
         progress: bool | None = None,
     ) -> None:
-        super().__init__(samples, scale, seed, bn, progress)
+        store_arguments(self, locals())
 
     def _hyperparameters(self) -> dict[str, Any]:
-        return {"scale": self.scale}
+        return {"scale": float(self.scale)}
 
     def _fit_moments(self, A: Tensor) -> None:
         self._mu, self._sigma = A.mean(0), A.std(0, correction=1)
@@ -509,7 +529,7 @@ class DiagonalGaussian(_IterateGaussian):
 
     def _sample(self, gen: torch.Generator) -> Tensor:
         z = torch.randn(self._mu.shape, generator=gen, dtype=torch.float64)
-        return self._mu + self.scale * self._sigma * z
+        return self._mu + float(self.scale) * self._sigma * z
 
 
 class LowRankGaussian(_IterateGaussian):
@@ -522,7 +542,7 @@ class LowRankGaussian(_IterateGaussian):
     those directions. (The paper writes θ ~ μ + Σᵢ N(0, 1) vᵢ without stating the scale.)
 
     Args:
-        samples: number of members.
+        n_members: number of members.
         rank: k, ≥ 1; at most K−1 (the rank of the centred iterates): larger values are
             lowered to K−1 with a warning.
         scale: multiplies the components, > 0.
@@ -537,22 +557,26 @@ class LowRankGaussian(_IterateGaussian):
 
     def __init__(
         self,
-        samples: int = 10,
+        *,
+        n_members: int = 10,
         rank: int = 5,
         scale: float = 1.0,
         seed: int = 0,
         bn: SubspaceBN = "eval",
         progress: bool | None = None,
     ) -> None:
-        super().__init__(samples, scale, seed, bn, progress)
-        self.rank = check_positive_int(rank, "rank")
+        store_arguments(self, locals())
+
+    def _check_params(self) -> None:
+        super()._check_params()
+        check_positive_int(self.rank, "rank")
 
     def _hyperparameters(self) -> dict[str, Any]:
-        return {"rank": self.rank, "scale": self.scale}
+        return {"rank": int(self.rank), "scale": float(self.scale)}
 
     def _fit_moments(self, A: Tensor) -> None:
         K = A.shape[0]
-        k = self.rank
+        k = int(self.rank)
         if k > K - 1:
             warnings.warn(
                 f"rank={k} lowered to {K - 1}: {K} iterates span at most {K - 1} directions "
@@ -569,4 +593,4 @@ class LowRankGaussian(_IterateGaussian):
 
     def _sample(self, gen: torch.Generator) -> Tensor:
         z = torch.randn(self.rank_, generator=gen, dtype=torch.float64)
-        return self._mu + self.scale * (z @ self._components)
+        return self._mu + float(self.scale) * (z @ self._components)

@@ -21,6 +21,7 @@ collected, which is the sample covariance the paper defines (they agree once K =
 from __future__ import annotations
 
 import math
+import os
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -34,7 +35,8 @@ from peg._inputs import Data, as_xy, check_number, check_positive_int, weights_d
 from peg._params import parameter_vector, refresh_bn, unflatten_state
 from peg._progress import bar
 from peg.ensemble import Ensemble
-from peg.methods.base import FittedEnsemble
+from peg.errors import NotFittedError
+from peg.methods.base import FittedEnsemble, store_arguments
 from peg.streams import SWAG_SAMPLE, generator
 from peg.train import Callback, ModelSource, Recipe, instantiate, train
 
@@ -111,60 +113,70 @@ class SWA(FittedEnsemble):
     Args:
         recipe: how to train; must carry `swa_start` (collect after this epoch; 0 collects
             from the first epoch, e.g. when fine-tuning an already-trained model) and `swa_lr`.
-            Default `default_recipe()`: 20 epochs, SGD lr 0.05, SWA from epoch 11 at rate 0.01.
+            None: `default_recipe()`, 20 epochs, SGD lr 0.05, SWA from epoch 11 at rate 0.01.
         seed: data order, dropout, and the initialisation when a factory is given.
-        bn_batch_size: batch size of the `update_bn` pass over the training data.
+        batch_size: rows per batch of the `update_bn` pass over the training data.
         checkpoint: a file to save the run after every epoch and resume from.
+        progress: progress bars.
         loss: the training loss `loss(outputs, y)` (e.g. a Gaussian NLL for regression heads).
 
     `fit(model, train_data)` takes an untrained (or pre-trained) module, which is copied and
     never modified, or a zero-argument factory. Fitted: `swa_model_` (the averaged module, eval
-    mode), `history_`, and an `Ensemble` of one member for the common verbs.
+    mode), `history_`, `meta_`, and an `Ensemble` of one member for the common verbs.
     """
 
     method = "swa"
 
     def __init__(
         self,
-        recipe: Recipe | None = None,
         *,
+        recipe: Recipe | None = None,
         seed: int = 0,
-        bn_batch_size: int = 256,
-        checkpoint: str | None = None,
+        batch_size: int = 256,
+        checkpoint: str | os.PathLike[str] | None = None,
         progress: bool | None = None,
         loss: Callable[[Tensor, Tensor], Tensor] = F.cross_entropy,
     ) -> None:
-        self.recipe = recipe if recipe is not None else default_recipe()
-        self.loss = loss
-        if not isinstance(self.recipe, Recipe):
-            raise TypeError(f"recipe: expected a peg.train.Recipe, got {type(recipe).__name__}")
-        if self.recipe.swa_start is None or self.recipe.swa_lr is None:
-            raise ValueError("recipe: SWA needs swa_start and swa_lr (e.g. schedule='swa')")
-        if self.recipe.swa_start >= self.recipe.epochs:
-            raise ValueError(
-                f"swa_start: {self.recipe.swa_start} leaves no epoch to collect "
-                f"(epochs={self.recipe.epochs}); weights are collected after swa_start"
+        store_arguments(self, locals())
+
+    def _check_params(self) -> None:
+        if self.recipe is not None and not isinstance(self.recipe, Recipe):
+            raise TypeError(
+                f"recipe: expected a peg.train.Recipe, got {type(self.recipe).__name__}"
             )
-        self.seed = check_positive_int(seed, "seed", minimum=0)
-        self.bn_batch_size = check_positive_int(bn_batch_size, "bn_batch_size")
-        self.checkpoint = checkpoint
-        self.progress = progress
+        recipe = self._recipe()
+        if recipe.swa_start is None or recipe.swa_lr is None:
+            raise ValueError("recipe: SWA needs swa_start and swa_lr (e.g. schedule='swa')")
+        if recipe.swa_start >= recipe.epochs:
+            raise ValueError(
+                f"swa_start: {recipe.swa_start} leaves no epoch to collect "
+                f"(epochs={recipe.epochs}); weights are collected after swa_start"
+            )
+        check_positive_int(self.seed, "seed", minimum=0)
+        check_positive_int(self.batch_size, "batch_size")
+
+    def _recipe(self) -> Recipe:
+        """The recipe used: `recipe`, or `default_recipe()` for None."""
+        return self.recipe if self.recipe is not None else default_recipe()
 
     @property
     def collected(self) -> int:
         """Number of weight snapshots collected (epochs after swa_start)."""
-        assert self.recipe.swa_start is not None
-        return self.recipe.epochs - self.recipe.swa_start
+        recipe = self._recipe()
+        assert recipe.swa_start is not None
+        return recipe.epochs - recipe.swa_start
 
     def _callbacks(self, model: nn.Module) -> list[Callback]:
-        assert self.recipe.swa_start is not None
-        self._averager = _Averager(model, self.recipe.swa_start)
+        swa_start = self._recipe().swa_start
+        assert swa_start is not None
+        self._averager = _Averager(model, swa_start)
         return [self._averager]
 
     def fit(
         self,
         model: ModelSource,
         train_data: Data,
+        *,
         bn_data: Data | None = None,
         callbacks: Sequence[Callback] = (),
     ) -> SWA:
@@ -178,13 +190,14 @@ class SWA(FittedEnsemble):
         if y is None:
             raise ValueError("train_data: training needs labels, got inputs only")
         self._bn_X = as_xy(bn_data, "bn_data", need_labels=False)[0] if bn_data is not None else X
-        net = instantiate(model, self.seed)
+        seed = int(self.seed)
+        net = instantiate(model, seed)
         own = self._callbacks(net)
         _, self.history_ = train(
             net,
             (X, y),
-            self.recipe,
-            seed=self.seed,
+            self._recipe(),
+            seed=seed,
             loss=self.loss,
             callbacks=[*own, *callbacks],
             checkpoint=self.checkpoint,
@@ -192,7 +205,7 @@ class SWA(FittedEnsemble):
         )
         averaged = self._averager.averaged
         if has_batchnorm(averaged.module):
-            update_bn(_batches(self._bn_X, self.bn_batch_size), averaged)
+            update_bn(_batches(self._bn_X, int(self.batch_size)), averaged)
         self.swa_model_ = averaged.module.eval()
         self._finish(net)
         return self
@@ -200,8 +213,8 @@ class SWA(FittedEnsemble):
     def _meta(self) -> dict[str, Any]:
         return {
             "method": self.method,
-            "recipe": self.recipe.to_dict(),
-            "seed": self.seed,
+            "recipe": self._recipe().to_dict(),
+            "seed": int(self.seed),
             "collected": self._averager.count,
         }
 
@@ -213,17 +226,18 @@ class SWAG(SWA):
     """SWA-Gaussian (`diag=False`) and SWAG-Diag (`diag=True`), Maddox et al. 2019.
 
     Args:
-        recipe, seed, bn_batch_size, checkpoint, progress: as for `SWA`.
+        recipe, seed, batch_size, checkpoint, progress, loss: as for `SWA` (`batch_size` is also
+            that of the per-sample BatchNorm refresh).
         diag: keep only the diagonal covariance (SWAG-Diag).
         max_num_models: the most deviation columns kept (K ≤ this; oldest dropped), ≥ 2.
-        scale: covariance scale of the samples; default 0.5 for SWAG, 1.0 for SWAG-Diag.
-        samples: members of the fitted ensemble (the paper's experiments: 15).
+        scale: covariance scale of the samples; None: 0.5 for SWAG, 1.0 for SWAG-Diag.
+        n_members: members of the fitted ensemble (the paper's experiments: 15).
         bn: "refresh" (default) re-estimates BatchNorm statistics on the training data for
             every sample, as the reference does; "eval" keeps the SWA statistics.
 
     Fitted: everything `SWA` has (`swa_model_` is θ̄ with its own BatchNorm statistics), plus
     `mean_`, `var_` `[P]`, `deviations_` `[K, P]` (parameters flattened in `parameters()`
-    order), and an `Ensemble` of `samples` members. `ensemble(n=..., scale=..., diag=...)`
+    order), and an `Ensemble` of `n_members` members. `ensemble(n=..., scale=..., diag=...)`
     draws a new one; `sample_vectors(n)` gives raw parameter samples `[n, P]`.
     """
 
@@ -231,41 +245,35 @@ class SWAG(SWA):
 
     def __init__(
         self,
-        recipe: Recipe | None = None,
         *,
+        recipe: Recipe | None = None,
         diag: bool = False,
         max_num_models: int = 20,
         scale: float | None = None,
-        samples: int = 15,
+        n_members: int = 15,
         bn: Literal["refresh", "eval"] = "refresh",
         seed: int = 0,
-        bn_batch_size: int = 256,
-        checkpoint: str | None = None,
+        batch_size: int = 256,
+        checkpoint: str | os.PathLike[str] | None = None,
         progress: bool | None = None,
         loss: Callable[[Tensor, Tensor], Tensor] = F.cross_entropy,
     ) -> None:
-        super().__init__(
-            recipe,
-            seed=seed,
-            bn_batch_size=bn_batch_size,
-            checkpoint=checkpoint,
-            progress=progress,
-            loss=loss,
-        )
-        self.diag = bool(diag)
-        self.max_num_models = check_positive_int(max_num_models, "max_num_models", minimum=2)
-        self.scale = (
-            check_number(scale, "scale") if scale is not None else (1.0 if self.diag else 0.5)
-        )
-        self.samples = check_positive_int(samples, "samples")
-        if bn not in ("refresh", "eval"):
-            raise ValueError(f"bn: expected 'refresh' or 'eval', got {bn!r}")
-        self.bn = bn
+        store_arguments(self, locals())
+
+    def _check_params(self) -> None:
+        super()._check_params()
+        check_positive_int(self.max_num_models, "max_num_models", minimum=2)
+        if self.scale is not None:
+            check_number(self.scale, "scale")
+        check_positive_int(self.n_members, "n_members")
+        if self.bn not in ("refresh", "eval"):
+            raise ValueError(f"bn: expected 'refresh' or 'eval', got {self.bn!r}")
+        recipe = self._recipe()
         if not self.diag and self.collected < 2:
             raise ValueError(
                 f"swa_start: SWAG's low-rank term needs at least 2 collected epochs, this recipe "
-                f"collects {self.collected} (epochs={self.recipe.epochs}, "
-                f"swa_start={self.recipe.swa_start})"
+                f"collects {self.collected} (epochs={recipe.epochs}, "
+                f"swa_start={recipe.swa_start})"
             )
         if self.diag and self.collected < 2:
             raise ValueError(
@@ -273,22 +281,28 @@ class SWAG(SWA):
                 f"{self.collected}"
             )
 
+    def _scale(self) -> float:
+        """The covariance scale used: `scale`, or 1.0 (SWAG-Diag) / 0.5 (SWAG) for None."""
+        if self.scale is not None:
+            return float(self.scale)
+        return 1.0 if self.diag else 0.5
+
     @property
     def method_name(self) -> str:
         return "swag-diag" if self.diag else "swag"
 
     def _callbacks(self, model: nn.Module) -> list[Callback]:
         averager = super()._callbacks(model)[0]
-        self._moments = _Moments(self._averager, self.max_num_models, self.diag)
+        self._moments = _Moments(self._averager, self.max_num_models, bool(self.diag))
         return [averager, self._moments]
 
     def _meta(self) -> dict[str, Any]:
         return {
             **super()._meta(),
             "method": self.method_name,
-            "diag": self.diag,
-            "scale": self.scale,
-            "max_num_models": self.max_num_models,
+            "diag": bool(self.diag),
+            "scale": self._scale(),
+            "max_num_models": int(self.max_num_models),
             "deviations": len(self._moments.deviations),
             "bn": self.bn,
         }
@@ -302,7 +316,7 @@ class SWAG(SWA):
             if self._moments.deviations
             else self.mean_.new_zeros(0, self.mean_.numel())
         )
-        self.ensemble_ = self.ensemble(n=self.samples)
+        self.ensemble_ = self.ensemble(n=self.n_members)
 
     def sample_vectors(
         self, n: int, scale: float | None = None, diag: bool | None = None, seed: int | None = None
@@ -312,14 +326,14 @@ class SWAG(SWA):
         Sample i uses the random stream (seed, SWAG_SAMPLE, i), so the first n samples do not
         depend on how many are drawn.
         """
-        if not hasattr(self, "mean_"):
-            raise AttributeError("SWAG: call fit(...) before sampling")
+        if "mean_" not in self.__dict__:
+            raise NotFittedError("SWAG: call fit(...) before sampling")
         n = check_positive_int(n, "n")
-        scale = self.scale if scale is None else check_number(scale, "scale")
-        diag = self.diag if diag is None else bool(diag)
+        scale = self._scale() if scale is None else check_number(scale, "scale")
+        diag = bool(self.diag) if diag is None else bool(diag)
         if not diag and self.diag:
             raise ValueError("diag: this SWAG-Diag fit collected no deviations; use diag=True")
-        seed = self.seed if seed is None else seed
+        seed = int(self.seed) if seed is None else seed
         K, P = self.deviations_.shape
         std = self.var_.sqrt()
         out = []
@@ -346,18 +360,18 @@ class SWAG(SWA):
         """
         if n is None and scale is None and diag is None and seed is None:
             return super().ensemble()
-        n = self.samples if n is None else n
+        n = self.n_members if n is None else n
         vectors = self.sample_vectors(n, scale, diag, seed)
         model = self._skeleton
         refresh = self.bn == "refresh" and has_batchnorm(model)
-        batches = _batches(self._bn_X, self.bn_batch_size) if refresh else []
+        batches = _batches(self._bn_X, int(self.batch_size)) if refresh else []
         base = {k: v.detach().clone() for k, v in model.state_dict().items()}
         names = [name for name, _ in model.named_parameters()]
         states = []
         for v in bar(vectors, "SWAG samples", len(vectors), self.progress):
             state = unflatten_state(v, base, names)
             states.append(refresh_bn(model, state, batches) if refresh else state)
-        meta = {**self._meta(), "samples": n}
+        meta = {**self._meta(), "n_members": n}
         if scale is not None:
             meta["scale"] = scale
         if diag is not None:
