@@ -271,7 +271,9 @@ class PerturbationEnsemble(FittedEnsemble):
         score = score[: self.max_score_points]
         return data, (X[score], y[score])
 
-    def fit(self, model: Models, val: Data, bn_data: Data | None = None) -> PerturbationEnsemble:
+    def fit(
+        self, model: Models, val: Data | None = None, *, bn_data: Data | None = None
+    ) -> PerturbationEnsemble:
         """Build the ensemble around `model` (or around each member of an ensemble).
 
         Args:
@@ -291,6 +293,10 @@ class PerturbationEnsemble(FittedEnsemble):
             A lazy ensemble keeps no `ensemble_` (nor `directions_`): see `lazy`.
         """
         models = base_models(model)
+        if val is None:
+            raise ValueError(
+                f"val: {self.method} needs labelled validation data: fit(model, (X_val, y_val))"
+            )
         if any(m.training for m in models):
             warnings.warn(
                 "model: in training mode; the members are built and predicted in eval mode "
