@@ -9,15 +9,18 @@ Regression (floating-point targets, Gaussian heads `[B, 2]`) is scored by the mi
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Literal
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from peg import metrics
+from peg._inputs import diagnose, eval_mode, model_device, to_device
 from peg.metrics._inputs import pred_and_labels
 from peg.metrics.regression import log_predictive_density, split_gaussian
+from peg.output import model_output
 
 Criterion = Literal["nll", "ece", "brier"] | Callable[[Tensor, Tensor], float]
 
@@ -67,3 +70,53 @@ REGRESSION_CRITERIA: dict[str, Callable[[Tensor, Tensor], float]] = {"nll": mixt
 def is_regression(y: Tensor) -> bool:
     """Floating-point targets mean regression; integer labels mean classification."""
     return torch.is_floating_point(y)
+
+
+def check_task(models: list[nn.Module], X: Tensor, y: Tensor, criterion: Criterion) -> int:
+    """Probe one forward pass of each base model before any long work; the output width C.
+
+    Integer labels `[N]` in [0, C) mean classification; floating-point targets `[N]` mean
+    regression, for which the models must be Gaussian heads with outputs `[B, 2]` (mean,
+    log-variance) and the criterion the mixture NLL.
+    """
+    C = None
+    for r, model in enumerate(models):
+        name = f"model {r}" if len(models) > 1 else "model"
+        x = to_device(X[:2], model_device(model, name, ("val", X)), "val")
+        with eval_mode(model), torch.no_grad():
+            out = model_output(diagnose(model, x, "val"), name)
+        if C is not None and out.shape[1] != C:
+            raise ValueError(
+                f"model: base models disagree on the number of classes ({C} vs {out.shape[1]})"
+            )
+        C = out.shape[1]
+    assert C is not None
+    if y.ndim != 1:
+        raise ValueError(f"val: labels must be a vector [N], got shape {tuple(y.shape)}")
+    if is_regression(y):
+        if C != 2:
+            raise ValueError(
+                f"model: regression (floating-point targets) needs a Gaussian head with "
+                f"outputs [B, 2] (mean, log-variance), got [B, {C}]; for classification "
+                "pass integer labels, e.g. y.long()"
+            )
+        if bool(((y == 0) | (y == 1)).all()):
+            warnings.warn(
+                "val: floating-point targets that are all 0 or 1 mean regression with a "
+                "Gaussian head [B, 2]; for a two-class classifier pass y.long()",
+                stacklevel=3,
+            )
+        if not (criterion in REGRESSION_CRITERIA or callable(criterion)):
+            raise ValueError(
+                f"criterion: {criterion!r} is for classification; regression takes "
+                f"{sorted(REGRESSION_CRITERIA)} or a callable"
+            )
+        if not torch.isfinite(y).all():
+            raise ValueError("val: regression targets contain NaN or inf")
+        return C
+    if y.min() < 0 or y.max() >= C:
+        raise ValueError(
+            f"val: labels must lie in [0, {C}) for a model with {C} outputs, "
+            f"got min {int(y.min())}, max {int(y.max())}"
+        )
+    return C

@@ -53,7 +53,8 @@ from peg._progress import bar
 from peg.errors import NonFiniteError
 from peg.losses import cross_entropy_per_point, gaussian_nll_per_point
 from peg.methods._criteria import Criterion, is_regression
-from peg.methods._perturb import BNMode, DirectionData, PerturbationEnsemble, RowSource
+from peg.methods._members import DirectionData, RowSource
+from peg.methods._perturb import BNMode, PerturbationEnsemble
 from peg.methods.base import store_arguments
 from peg.streams import MEMBER, VALIDATION, generator
 

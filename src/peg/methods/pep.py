@@ -19,7 +19,8 @@ from torch import Tensor, nn
 
 from peg._params import ParamFilter
 from peg.methods._criteria import Criterion
-from peg.methods._perturb import DirectionData, PerturbationEnsemble, RowSource
+from peg.methods._members import DirectionData, RowSource
+from peg.methods._perturb import PerturbationEnsemble
 from peg.methods.base import store_arguments
 from peg.streams import MEMBER, generator
 

@@ -1,0 +1,262 @@
+"""How a PEG/PEP ensemble holds its members θ_r + scale · D_r[i]: two implementations, one use.
+
+Both hold the base weights θ_r (`Bases`) and answer the same four questions: how many members
+(`len`), the ensemble at a scale (`ensemble_at`), every member's logits at the chosen scale
+(`member_logits`), and the members' fingerprints (`fingerprints`, for recipes).
+
+- `StackedMembers` keeps every direction row (`[S, P]` per base): trying another scale costs
+  forward passes only, which is what the scale search needs; the members at the chosen scale
+  are built once and kept.
+- `RegeneratedMembers` (`lazy=True`) keeps no row: each prediction regenerates the members
+  `chunk_size` at a time (a `[k, P]` block of rows, the members stacked as views of it),
+  predicts every batch with them and frees them, so memory holds the bases plus one chunk
+  instead of all S·R members. Regenerating means recomputing the rows (PEG: the gradients).
+
+A `RowSource` computes any subset of one base's rows; the method (PEG or PEP) supplies them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from peg._inputs import Data, check_positive_int, iter_inputs
+from peg._params import entry_views, module_like, refresh_bn
+from peg._progress import counter
+from peg.ensemble import STRATEGIES, Ensemble, Strategy, autocast_dtype
+from peg.recipe import displacement_fingerprints, fingerprint_probe, fingerprint_rows
+
+# Members regenerated at a time by a lazy ensemble when `chunk_size` is not given.
+LAZY_CHUNK_SIZE = 5
+
+# member indices i (k of them) -> their direction rows D[i], `[k, P]`
+RowSource = Callable[[Sequence[int]], Tensor]
+
+
+@dataclass(frozen=True)
+class DirectionData:
+    """The validation points that feed the directions, without copying them: rows `index` of
+    (X `[N, ...]`, y `[N]`), or all N rows when `index` is None."""
+
+    X: Tensor
+    y: Tensor
+    index: Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.X) if self.index is None else len(self.index)
+
+    def rows(self, idx: Tensor) -> tuple[Tensor, Tensor]:
+        """Points `idx` (positions in [0, len(self))): inputs `[B, ...]` and labels `[B]`."""
+        i = idx if self.index is None else self.index[idx]
+        return self.X[i], self.y[i]
+
+
+def finite_rows(D: Tensor) -> list[bool]:
+    """Whether each row of D `[k, P]` is free of NaN and inf."""
+    return [bool(torch.isfinite(row).all()) for row in D]
+
+
+@dataclass
+class Bases:
+    """What every member is made from: the base weights θ_r and how a row becomes a member.
+
+    Members are numbered base-major (r·S + i); those in `dropped` (non-finite rows) are left
+    out everywhere.
+    """
+
+    states: list[dict[str, Tensor]]  # θ_r, one state dict per base model
+    skeleton: nn.Module  # the architecture (its own weights are not used)
+    names: list[str]  # the perturbed entries, in row order
+    n_members: int  # S per base
+    bn_batches: list[Tensor] | None = None  # bn="refresh": inputs re-estimating statistics
+    dropped: set[int] = field(default_factory=set)
+
+    def __len__(self) -> int:
+        return self.n_members * len(self.states) - len(self.dropped)
+
+    def kept(self, r: int) -> list[int]:
+        """Indices i of base r's members that are not dropped."""
+        return [i for i in range(self.n_members) if r * self.n_members + i not in self.dropped]
+
+    def chunks(
+        self, sources: Sequence[RowSource], k: int
+    ) -> Iterator[tuple[int, list[int], Tensor]]:
+        """(base r, member indices, their rows `[len(members), P]`), base-major, at most k
+        members at a time, leaving out dropped ones. Only one block is held here; the caller
+        must drop its reference before asking for the next."""
+        for r, source in enumerate(sources):
+            kept = self.kept(r)
+            for start in range(0, len(kept), k):
+                members = kept[start : start + k]
+                with torch.enable_grad():  # PEG's rows are gradients, even under no_grad()
+                    D = source(members)
+                yield r, members, D
+                del D
+
+    def ensemble(self, directions: Sequence[Tensor], scale: float) -> Ensemble:
+        """Members θ_r + scale·D_r[i] for every base r (D_r `[S, P]`), base-major, but the
+        dropped ones, from one state dict per member."""
+        shapes = [self.states[0][n].shape for n in self.names]
+        states = []
+        for r, (base, D) in enumerate(zip(self.states, directions, strict=True)):
+            steps = entry_views(scale * D, shapes)  # per parameter: [S, *shape]
+            for i in range(D.shape[0]):
+                if r * D.shape[0] + i in self.dropped:
+                    continue
+                state = dict(base)
+                for n, step in zip(self.names, steps, strict=True):
+                    state[n] = base[n] + step[i].to(base[n].dtype)
+                if self.bn_batches is not None:
+                    state = refresh_bn(self.skeleton, state, self.bn_batches)
+                states.append(state)
+        return Ensemble.from_state_dicts(self.skeleton, states)
+
+
+def _check_scale(scale: Any) -> None:
+    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale >= 0):
+        raise ValueError(f"scale: expected a finite number >= 0, got {scale!r}")
+
+
+class StackedMembers:
+    """Every direction row held (`[S, P]` per base); the members at one scale built once."""
+
+    def __init__(self, bases: Bases, directions: list[Tensor]) -> None:
+        self.bases, self.directions = bases, directions
+        self._built: tuple[float, Ensemble] | None = None
+
+    def __len__(self) -> int:
+        return len(self.bases)
+
+    def ensemble_at(self, scale: float) -> Ensemble:
+        """The members at `scale`, built anew (the search's, `ensemble_at`'s)."""
+        _check_scale(scale)
+        return self.bases.ensemble(self.directions, scale)
+
+    def ensemble(self, scale: float) -> Ensemble:
+        """The members at `scale`, kept: the fitted ensemble."""
+        if self._built is None or self._built[0] != scale:
+            self._built = (scale, self.ensemble_at(scale))
+        return self._built[1]
+
+    def member_logits(self, X: Data, scale: float, batch_size: int, **kwargs: Any) -> Tensor:
+        return self.ensemble(scale).member_logits(X, batch_size, **kwargs)
+
+    def fingerprints(self, scale: float) -> list[list[float]]:
+        return displacement_fingerprints(self.directions, scale)
+
+
+class RegeneratedMembers:
+    """No row held: `sources()` recomputes them (a chunk at a time) whenever members are needed.
+
+    `skeleton` runs on the meta device (no memory); `fingerprints` may be given when the rows
+    were at hand during `fit` (a searched scale), else they are computed on first use and kept.
+    """
+
+    def __init__(
+        self,
+        bases: Bases,
+        sources: Callable[[], list[RowSource]],
+        fingerprints: list[list[float]] | None = None,
+    ) -> None:
+        self.bases, self.sources, self._fingerprints = bases, sources, fingerprints
+        self.skeleton = _meta_like(bases.skeleton, bases.states[0])
+
+    def __len__(self) -> int:
+        return len(self.bases)
+
+    def ensemble_at(self, scale: float) -> Ensemble:
+        """Every member at `scale` (S·R × member size of memory), its rows regenerated."""
+        _check_scale(scale)
+        with torch.enable_grad():
+            directions = [source(range(self.bases.n_members)) for source in self.sources()]
+        return self.bases.ensemble(directions, scale)
+
+    ensemble = ensemble_at  # nothing is kept: each call builds every member
+
+    def fingerprints(self, scale: float) -> list[list[float]]:
+        """Every member's fingerprint (`displacement_fingerprints`; NaN for dropped ones), from
+        regenerated rows, a chunk at a time; kept (they are small)."""
+        if self._fingerprints is None:
+            found: dict[int, list[float]] = {i: [math.nan, math.nan] for i in self.bases.dropped}
+            probe: Tensor | None = None
+            S = self.bases.n_members
+            for r, members, D in self.bases.chunks(self.sources(), LAZY_CHUNK_SIZE):
+                probe = fingerprint_probe(D.shape[1]) if probe is None else probe
+                for i, fp in zip(members, fingerprint_rows(D, scale, probe), strict=True):
+                    found[r * S + i] = fp
+                del D
+            self._fingerprints = [found[i] for i in range(len(found))]
+        return self._fingerprints
+
+    def _chunk_ensemble(self, r: int, D: Tensor, scale: float) -> Ensemble:
+        """Members θ_r + scale·D[j] of base r as an `Ensemble` of len(D) members.
+
+        D `[k, P]` is consumed: scaled and shifted in place, the stacked weights are views of
+        it (nothing of size k·P is allocated), the skeleton lives on the meta device.
+        """
+        base, names = self.bases.states[r], self.bases.names
+        if self.bases.bn_batches is not None or any(base[n].dtype != D.dtype for n in names):
+            one = Bases([base], self.bases.skeleton, names, len(D), self.bases.bn_batches)
+            return one.ensemble([D], scale)
+        D.mul_(scale)
+        views = entry_views(D, [base[n].shape for n in names])  # [k, *shape] each
+        stacked = {n: part.add_(base[n]) for n, part in zip(names, views, strict=True)}
+        shared = {k: v for k, v in base.items() if k not in stacked}
+        return Ensemble(self.skeleton, stacked, shared)
+
+    @torch.no_grad()
+    def member_logits(
+        self,
+        X: Data,
+        scale: float,
+        batch_size: int = 512,
+        strategy: Strategy = "auto",
+        progress: bool | None = None,
+        chunk_size: int | None = None,
+        autocast: str | torch.dtype | None = None,
+    ) -> Tensor:
+        """Logits `[M, N, C]`: chunks of `chunk_size` members (default `LAZY_CHUNK_SIZE`)
+        outside, batches inside. A chunk is regenerated, predicts every batch of X (`strategy`
+        within the chunk), and is freed. Inputs that are not a tensor or array (a Dataset, a
+        DataLoader) are gathered once, so every chunk sees the same rows."""
+        autocast_dtype(autocast)  # checked before any member is built
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy: expected one of {STRATEGIES}, got {strategy!r}")
+        batch_size = check_positive_int(batch_size, "batch_size")
+        k = LAZY_CHUNK_SIZE if chunk_size is None else check_positive_int(chunk_size, "chunk_size")
+        sources = self.sources()
+        if not isinstance(X, (Tensor, np.ndarray)):
+            parts = list(iter_inputs(X, batch_size))
+            if not parts:
+                raise ValueError("X: no inputs to predict (0 samples)")
+            X = torch.cat(parts)
+        M = len(self)
+        out: Tensor | None = None
+        start = 0
+        shown = counter(f"predict ({M} members, {k} at a time)", progress)
+        # no bar around the chunks: its iterator would hold the last chunk while making the next
+        for r, members, D in self.bases.chunks(sources, k):
+            shown.update(len(members))
+            ensemble = self._chunk_ensemble(r, D, scale)
+            del D
+            logits = ensemble.member_logits(X, batch_size, strategy, False, len(members), autocast)
+            del ensemble
+            if out is None:
+                out = logits.new_empty((M, *logits.shape[1:]))
+            out[start : start + len(members)] = logits
+            start += len(members)
+            del logits
+        shown.close()
+        assert out is not None and start == M
+        return out
+
+
+def _meta_like(skeleton: nn.Module, state: dict[str, Tensor]) -> nn.Module:
+    """A copy of `skeleton` with meta-device tensors: structure without memory."""
+    return module_like(skeleton, {k: torch.empty_like(v, device="meta") for k, v in state.items()})

@@ -1,0 +1,142 @@
+"""PEG/PEP ensembles stored as recipes: base weights + how the members were made.
+
+`Recipes` is the part of `PerturbationEnsemble` that saves a fitted ensemble (a recipe by
+default, every member with `materialize=True`) and rebuilds one from a recipe archive
+(`from_recipe`, which `peg.load` finds in `peg.recipe`'s registry: each subclass joins it
+under its `method` name when it is defined). The format is `peg.recipe`'s.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, ClassVar
+
+from peg import recipe
+from peg._inputs import Data, as_xy
+from peg.ensemble import Ensemble
+from peg.errors import ArchiveError, NotFittedError
+from peg.recipe import (
+    RECIPE_VERSION,
+    TOLERANCE,
+    data_fingerprint,
+    displacement_fingerprints,
+    fingerprints_match,
+)
+
+
+class Recipes:
+    """Saving as a recipe and rebuilding from one (mixed into `PerturbationEnsemble`)."""
+
+    method = "perturbation"
+    scale_name = "scale"
+    _split_as_searched: bool | None = None  # a rebuilt recipe splits val as its search did
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "method" in cls.__dict__:  # a concrete method (PEG, PEP): `peg.load` finds it by name
+            recipe.register(cls.method, cls.from_recipe)
+
+    # renamed constructor options: a recipe of version 1 (peg 0.1) is read through this map
+    RENAMED_OPTIONS: ClassVar[dict[str, str]] = {
+        "size": "n_members",
+        "eval_batch_size": "batch_size",
+    }
+
+    @classmethod
+    def from_recipe(cls, bases: Ensemble, recipe: dict[str, Any], val: Data) -> Recipes:
+        """Rebuild an ensemble saved as a recipe, and check it (see `peg.recipe`).
+
+        Raises ArchiveError (a ValueError) if `val` is not the data the ensemble was made from,
+        or if the rebuilt members differ from the recorded fingerprints (the code changed).
+        """
+        X, y = as_xy(val, "val")
+        assert y is not None
+        options = recipe["options"]
+        if recipe.get("recipe_version", 1) < 2:  # peg 0.1's option names
+            options = {cls.RENAMED_OPTIONS.get(k, k): v for k, v in options.items()}
+        if data_fingerprint(X, y) != recipe["data"]:
+            raise ArchiveError(
+                "val: not the validation data this ensemble was built from (its fingerprint "
+                "differs); pass the same (X, y), in the same order"
+            )
+        rebuilt = cls(**options, **{recipe["scale_name"]: recipe["scale"]}, progress=False)
+        rebuilt._split_as_searched = bool(recipe["searched"])
+        rebuilt.fit(bases, (X, y))
+        got = displacement_fingerprints(rebuilt.directions_, recipe["scale"])
+        bad = fingerprints_match(got, recipe["fingerprints"])
+        if bad:
+            raise ArchiveError(
+                f"recipe: rebuilt members {bad[:5]} differ from the ones saved (relative "
+                f"tolerance {TOLERANCE}): the code or the library version changed since; save "
+                "with materialize=True to keep the members themselves"
+            )
+        return rebuilt
+
+    def _recipe_options(self) -> dict[str, Any] | None:
+        """Constructor arguments that rebuild this ensemble (None: not expressible as a recipe)."""
+        if callable(self.params) or callable(self.criterion) or self.bn == "refresh":
+            return None
+        return {
+            "n_members": self.n_members,
+            "seed": self.seed,
+            "bn": self.bn,
+            "params": self.params,
+            "criterion": self.criterion,
+            "batch_size": self.batch_size,
+            "max_score_points": self.max_score_points,
+            "on_nonfinite": self.on_nonfinite,
+            "early_stop": self.early_stop,
+            "race": self.race,
+            "search_tol": self.search_tol,
+        }
+
+    def save(self, path: str, materialize: bool = False) -> str:
+        """Save the ensemble as a recipe (default), or every member with `materialize=True`.
+
+        A recipe is the base weights plus how the members were made: the seed, the chosen
+        scale, the hyper-parameters (S, and for PEG K, the variant, ...), the BatchNorm mode,
+        and fingerprints of the validation data and of every member. It is about the size of
+        the base model(s), whatever S. Load it with `peg.load(path, model, val=val)`, which
+        rebuilds the members from the same validation data and checks them against the
+        fingerprints, failing with a clear `ArchiveError` if the data or the code changed.
+
+        `materialize=True` stores every member instead (S times the size), loaded with
+        `peg.load(path, model)` and no data. Ensembles that a recipe cannot express (a callable
+        `params`, `criterion` or `loss`, given momentum buffers, bn="refresh") are saved
+        materialised, with a warning.
+        """
+        if not isinstance(materialize, bool):
+            raise TypeError(f"materialize: expected True or False, got {materialize!r}")
+        if "members_" not in self.__dict__:
+            raise NotFittedError(f"{type(self).__name__}: call fit(...) before saving")
+        options = None if materialize else self._recipe_options()
+        if options is None:
+            ensemble = self.ensemble()  # a lazy ensemble builds its members here
+            if not materialize:
+                warnings.warn(
+                    f"{type(self).__name__}.save: this ensemble cannot be stored as a recipe "
+                    "(callable params/criterion/loss, momentum buffers or bn='refresh'); saving "
+                    "every member (pass materialize=True to say so and silence this warning)",
+                    stacklevel=2,
+                )
+            return ensemble.save(path)
+        meta = self._fitted_meta
+        scale = float(getattr(self, f"{self.scale_name}_"))
+        fingerprints = self.members_.fingerprints(scale)
+        recipe = {
+            "kind": "recipe",
+            "recipe_version": RECIPE_VERSION,
+            "method": self.method,
+            "options": options,
+            "scale_name": self.scale_name,
+            "scale": scale,
+            "searched": self._searched,
+            "data": self._data_fingerprint,
+            "data_points": self._data_points,
+            "members": len(self),
+            "fingerprints": fingerprints,
+        }
+        held = self.members_.bases
+        bases = Ensemble.from_state_dicts(held.skeleton, held.states)
+        bases.meta = {**meta, "recipe": recipe}
+        return bases.save(path)
