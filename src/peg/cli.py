@@ -6,6 +6,9 @@ import argparse
 import dataclasses
 import os
 import sys
+import traceback
+
+from peg import distributed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,13 +112,24 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     command = " ".join(["peg", *(sys.argv[1:] if argv is None else argv)])
     try:
-        return _run(args, command)
+        status = _run(args, command)
     except (FileNotFoundError, NotADirectoryError, ValueError) as e:
         # bad input named by the library (specs, presets, folders, options): a message, not a
         # traceback (PEG_TRACEBACK=1 shows it); exit status 2 as argparse's own errors
-        if os.environ.get("PEG_TRACEBACK"):
+        if os.environ.get("PEG_TRACEBACK") and not distributed.joined():
             raise
-        parser.exit(2, f"peg {args.command}: error: {e}\n")
+        if not distributed.joined():
+            parser.exit(2, f"peg {args.command}: error: {e}\n")
+        sys.stderr.write(f"peg {args.command}: error: {e}\n")
+        status = 2
+    except Exception:
+        if not distributed.joined():
+            raise
+        traceback.print_exc()  # e.g. a RankFailure naming the rank that failed
+        status = 1
+    if distributed.joined():  # under torchrun: end without the teardown that can abort
+        distributed.end_process(status)
+    return status
 
 
 def _run(args: argparse.Namespace, command: str) -> int:
