@@ -10,6 +10,7 @@ import pytest
 import torch
 from scipy import ndimage
 
+from peg.data import _corruption_functions as functions
 from peg.data import corruptions as cc
 
 NOISES = ("gaussian_noise", "shot_noise", "impulse_noise", "speckle_noise")
@@ -113,12 +114,12 @@ def test_deterministic_corruptions_ignore_the_seed(grey, name: str) -> None:
 
 
 def test_defocus_kernels_match_the_reference_at_32_and_scale_continuously() -> None:
-    plus = cc._reference_disk(1.0, 0.2)  # radius 1: the 5-pixel cross, barely anti-aliased
+    plus = functions.reference_disk(1.0, 0.2)  # radius 1: the 5-pixel cross, barely anti-aliased
     assert plus.shape == (5, 5) and plus[2, 2] == pytest.approx(0.2, abs=1e-6)
-    box = cc._reference_disk(1.5, 0.1)  # radius 1.5: the 3×3 square
+    box = functions.reference_disk(1.5, 0.1)  # radius 1.5: the 3×3 square
     assert box[1:4, 1:4] == pytest.approx(np.full((3, 3), 1 / 9), abs=1e-6)
-    assert np.array_equal(cc._resample_kernel(plus, 1.0), plus)
-    small = cc._resample_kernel(plus, 28 / 32)
+    assert np.array_equal(functions.resample_kernel(plus, 1.0), plus)
+    small = functions.resample_kernel(plus, 28 / 32)
     assert small.sum() == pytest.approx(1.0)
     assert plus[2, 2] < small[2, 2] < 1.0  # smaller radius in pixels: less spread, not none
 

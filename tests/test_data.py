@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from peg import data
-from peg.data import registry, roots
+from peg.data import mnist, roots
 
 SYSTEM_FASHION = Path("/usr/share/datasets/fashion-mnist")
 SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
@@ -309,4 +309,4 @@ def test_idx_reads_are_cached_but_results_independent(no_default_roots: Path) ->
     y1.zero_()
     X2, y2 = data.load("notmnist", "test", root=root)
     assert float(X2.max()) == 1.0 and y2.tolist() == [0, 1, 2, 3]
-    assert registry._read_cached.cache_info().hits >= 2
+    assert mnist._read_cached.cache_info().hits >= 2

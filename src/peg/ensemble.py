@@ -6,42 +6,26 @@ interface), so metrics, benchmarks and plots never need to know which method mad
 Storage: state-dict entries that differ between members are kept stacked, `[M, *shape]`;
 entries equal in every member (frozen parameters, BatchNorm statistics left untouched by PEG)
 are kept once. Prediction runs the skeleton with `torch.func.functional_call` on each member's
-weights, always in eval mode (BatchNorm uses its running statistics, dropout is off).
+weights, always in eval mode (BatchNorm uses its running statistics, dropout is off); how the
+members run on a batch, and which way "auto" picks, is `peg._strategies` (`MemberStrategies`).
 """
 
 from __future__ import annotations
 
 import copy
-import functools
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call, vmap
-from torch.utils.flop_counter import FlopCounterMode
 
 from peg import archive
-from peg._folded import Folded, fold
-from peg._inputs import Data, check_positive_int, diagnose, iter_inputs, num_batches, to_device
+from peg._inputs import Data, check_positive_int, iter_inputs, num_batches, to_device
 from peg._progress import bar
-from peg.errors import NotFoldable
+from peg._strategies import AUTO_VECTORISE_FLOPS as AUTO_VECTORISE_FLOPS
+from peg._strategies import AUTO_VECTORISE_ROWS_CONV as AUTO_VECTORISE_ROWS_CONV
+from peg._strategies import STRATEGIES, MemberStrategies, Strategy
 from peg.output import model_output
-
-Strategy = Literal["auto", "loop", "vmap", "folded", "chunked"]
-STRATEGIES = ("auto", "loop", "vmap", "folded", "chunked")
-# "auto" vectorises a batch while one member's forward on it costs at most this many FLOPs
-# (matmuls and convolutions, counted once per architecture and input shape), and always up to
-# AUTO_VECTORISE_ROWS_CONV rows with convolutions; larger batches are looped. Measured with
-# benchmarks/inference_strategies.py on one CPU thread, where vectorising stops paying: an MLP
-# 784-256-256 (0.54 MFLOP/row) at ~64 rows, SmallCNN (2 MFLOP/row) between 32 and 64 rows,
-# ResNet-20 (81 MFLOP/row) between 4 and 8; small MLPs (160-1500 FLOP/row) not in 1024 rows.
-AUTO_VECTORISE_FLOPS = 6.4e7
-AUTO_VECTORISE_ROWS_CONV = 4
-_FLOPS: dict[tuple[Any, ...], tuple[int, bool]] = {}  # (architecture, row shape) -> FLOP/row, conv
-_NOT_VMAPPABLE: set[str] = set()  # architectures vmap failed on (this process)
-# (architecture, per-member entries) -> whether folding agreed with functional_call (this process)
-_FOLDS: dict[tuple[str, str, frozenset[str]], bool] = {}
 
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -75,7 +59,7 @@ def _check_same_architecture(states: Sequence[Mapping[str, Tensor]]) -> None:
             )
 
 
-class Ensemble:
+class Ensemble(MemberStrategies):
     """M members of one architecture, predicted with one skeleton module.
 
     Args:
@@ -199,144 +183,6 @@ class Ensemble:
         return self
 
     # ---------------------------------------------------------------- prediction
-    def _folded(self) -> Folded:
-        """The members folded into the batch (`peg._folded`), built once per storage."""
-        cached = self.__dict__.get("_fold_cache")
-        if cached is None or cached[0] is not self.stacked or cached[1] is not self.shared:
-            try:
-                cached = (self.stacked, self.shared, fold(self.skeleton, self.stacked, self.shared))
-            except NotFoldable as e:
-                raise NotFoldable(f"strategy='folded': {e}; use 'vmap' or 'loop'") from None
-            self._fold_cache = cached
-        return cached[2]
-
-    def _member_modules(self) -> list[nn.Module] | None:
-        """One module per member, its tensors views of the stacked ones (nothing copied but the
-        module structure), built once per storage: the loop without `functional_call`'s
-        per-call swapping of every tensor. None where a module refuses its tensors."""
-        cached = self.__dict__.get("_modules_cache")
-        if cached is None or cached[0] is not self.stacked or cached[1] is not self.shared:
-            own = [*self.skeleton.parameters(), *self.skeleton.buffers()]
-            modules: list[nn.Module] | None = []
-            try:
-                for i in range(len(self)):
-                    module = copy.deepcopy(self.skeleton, memo={id(t): t for t in own})
-                    module.load_state_dict(self.member_state(i), assign=True)
-                    modules.append(module)
-            except Exception:  # e.g. a module whose state dict hooks reject views
-                modules = None
-            cached = self._modules_cache = (self.stacked, self.shared, modules)
-        return cached[2]
-
-    def _batch_logits(self, x: Tensor, strategy: str, chunk_size: int | None) -> Tensor:
-        """Logits `[M, B, C]` of every member on one batch with a concrete strategy."""
-        if strategy == "folded":
-            folded = self._folded()
-            try:
-                out = model_output(folded(x), "member_logits")
-            except (NotFoldable, TypeError):
-                raise
-            except Exception as e:  # e.g. a forward reading `self.fc.weight`, a replaced layer's
-                raise NotFoldable(
-                    f"strategy='folded': the folded model failed ({type(e).__name__}: {e}); "
-                    "use 'vmap' or 'loop'"
-                ) from e
-            if len(out) == len(x):  # no layer with per-member weights on the output's path
-                return out.expand(len(self), *out.shape)
-            return out.view(len(self), len(x), *out.shape[1:])
-        if strategy == "loop":
-            modules = self._member_modules()
-            if modules is None:
-                return torch.stack([self._member_output(i, x) for i in range(len(self))])
-            return torch.stack([model_output(m(x), "member_logits") for m in modules])
-
-        def one(stacked: dict[str, Tensor], x: Tensor) -> Tensor:
-            out = functional_call(self.skeleton, {**self.shared, **stacked}, (x,))
-            return model_output(out, "member_logits")
-
-        step = len(self) if strategy == "vmap" or chunk_size is None else chunk_size
-        outs = []
-        for start in range(0, len(self), step):  # "chunked": at most `step` members at once
-            part = {k: v[start : start + step] for k, v in self.stacked.items()}
-            outs.append(vmap(one, in_dims=(0, None))(part, x))
-        out = torch.cat(outs)
-        if out.ndim != 3:
-            raise ValueError(
-                f"member_logits: expected logits [B, C] per member, got {tuple(out.shape[1:])}"
-            )
-        return out
-
-    def _choose(self, x: Tensor, chunk_size: int | None) -> str:
-        """The strategy "auto" uses for a batch: a fixed rule, so results never depend on timing.
-
-        Small batches are dominated by Python overhead per member and layer, which vectorising
-        removes; large ones are compute-bound, where the loop avoids the M-fold activations.
-        Where that turns is measured in FLOPs of one member's forward on the batch
-        (`AUTO_VECTORISE_FLOPS`; with convolutions, a few rows are vectorised whatever their
-        cost, `AUTO_VECTORISE_ROWS_CONV`).
-        Vectorising means folding the members into the batch (`peg._folded`) where that
-        agrees with `functional_call` (checked once per architecture), vmap otherwise, or vmap
-        over `chunk_size` members. A model vmap cannot run is remembered and looped.
-        """
-        arch = type(self.skeleton).__qualname__
-        if len(self) == 1 or arch in _NOT_VMAPPABLE or not self._small(x):
-            return "loop"
-        if chunk_size is not None:
-            return "chunked"
-        return "folded" if self._folds(x) else "vmap"
-
-    def _small(self, x: Tensor) -> bool:
-        """Whether the batch `x` is small enough to vectorise (see `_choose`)."""
-        key = (*self._fold_key, tuple(x.shape[1:]), x.dtype, x.device.type)
-        if key not in _FLOPS:
-            counter, rows = FlopCounterMode(display=False), x[:2]  # 2: BatchNorm on batch stats
-            try:
-                with counter:
-                    self._member_output(0, rows)
-            except Exception:
-                self._diagnose(x)  # bad inputs: their own clear error
-                raise
-            conv = any(isinstance(m, nn.modules.conv._ConvNd) for m in self.skeleton.modules())
-            _FLOPS[key] = (counter.get_total_flops() // len(rows), conv)
-        per_row, conv = _FLOPS[key]
-        if conv and len(x) <= AUTO_VECTORISE_ROWS_CONV:
-            return True
-        return len(x) * per_row <= AUTO_VECTORISE_FLOPS
-
-    def _folds(self, x: Tensor) -> bool:
-        """Whether folding gives members 0 and M-1 their `functional_call` logits on `x`.
-
-        Asked once per (architecture, per-member entries) and process: a forward that mixes
-        rows, or a layer without a folded form, makes "auto" use vmap instead.
-        """
-        key = self._fold_key
-        if key not in _FOLDS:
-            ends = [0, len(self) - 1]
-            try:
-                reference = torch.stack([self._member_output(i, x) for i in ends])
-            except Exception:
-                self._diagnose(x)  # bad inputs: their own clear error
-                raise
-            try:  # the members run: any failure of the folded model is folding's own
-                got = self._batch_logits(x, "folded", None)[ends]
-                _FOLDS[key] = got.shape == reference.shape and torch.allclose(
-                    got, reference, rtol=1e-4, atol=1e-5
-                )
-            except Exception:  # e.g. a forward reading `self.fc.weight`, which folding replaced
-                _FOLDS[key] = False
-        return _FOLDS[key]
-
-    @functools.cached_property
-    def _fold_key(self) -> tuple[str, str, frozenset[str]]:
-        """What folding depends on: the architecture and which entries are per member."""
-        return type(self.skeleton).__qualname__, str(self.skeleton), frozenset(self.stacked)
-
-    def _member_output(self, i: int, x: Tensor) -> Tensor:
-        """Member `i`'s logits `[B, C]` on one batch (`functional_call`)."""
-        return model_output(
-            functional_call(self.skeleton, self.member_state(i), (x,)), "member_logits"
-        )
-
     @torch.no_grad()
     def member_logits(
         self,
@@ -411,33 +257,6 @@ class Ensemble:
         if not chunks:
             raise ValueError("X: no inputs to predict (0 samples)")
         return torch.cat(chunks, dim=1)
-
-    def _predict(self, x: Tensor, chosen: str, fall_back: bool, chunk_size: int | None) -> Tensor:
-        """`_batch_logits` with a clear error for bad inputs; with `fall_back` ("auto"), a
-        vectorised strategy that fails on the model is remembered and the next one used
-        (folded → vmap → loop)."""
-        try:
-            return self._batch_logits(x, chosen, chunk_size)
-        except Exception as e:
-            self._diagnose(x)  # the inputs or the model's output at fault: a clear error
-            vectorising = chosen == "folded" or isinstance(e, (RuntimeError, NotImplementedError))
-            if not fall_back or chosen == "loop" or not vectorising:
-                raise
-            arch = type(self.skeleton).__qualname__
-            if chosen == "folded":
-                _FOLDS[self._fold_key] = False
-                following = "loop" if arch in _NOT_VMAPPABLE else "vmap"
-            else:
-                _NOT_VMAPPABLE.add(arch)  # e.g. .item() inside
-                following = "loop"
-            return self._predict(x, following, fall_back, chunk_size)
-
-    def _diagnose(self, x: Tensor) -> None:
-        """Raise a clear error if member 0 cannot run on two rows of `x` or returns no logits."""
-        out = diagnose(
-            lambda rows: functional_call(self.skeleton, self.member_state(0), (rows,)), x, "X"
-        )
-        model_output(out, "member_logits")
 
     def predict_proba(self, X: Data, batch_size: int = 512, **kwargs: Any) -> Tensor:
         """Ensemble predictive probabilities `[N, C]`: member softmax outputs averaged."""

@@ -58,26 +58,28 @@ severity) and the images, and `corrupt(X[:k]) == corrupt(X)[:k]`.
 Caching: `corrupted` and `shifted_sets(cache=True)` keep results as `.npy` files under
 `cache_dir`, else `$PEG_CACHE/corruptions`, else `~/.cache/peg/corruptions`, keyed by (key or a
 hash of X, name, severity, seed, a code version); writes are atomic (temporary file, rename).
+
+The corruption functions themselves are in `peg.data._corruption_functions`; this module holds
+their parameters, the argument checks, the cache and the iterators over shifted sets.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import re
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
 from scipy import ndimage
 from torch import Tensor
 
 from peg._io import atomic_open
+from peg.data._corruption_functions import FUNCTIONS, Array
 
 #: Severities of every corruption.
 SEVERITIES: tuple[int, ...] = (1, 2, 3, 4, 5)
@@ -107,184 +109,6 @@ _PARAMS: dict[str, tuple[Any, ...]] = {
 CORRUPTIONS: tuple[str, ...] = tuple(_PARAMS)
 _RGB_ONLY = frozenset({"saturate"})
 _KEY_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,128}")
-
-Array = np.ndarray
-# (images [N, C, H, W] float32, parameter, generator, spatial scale) -> images
-_Corruption = Callable[[Array, Any, np.random.Generator, float], Array]
-
-
-# ---------------------------------------------------------------- noise (vectorised)
-
-
-def _gaussian_noise(x: Array, sigma: float, rng: np.random.Generator, scale: float) -> Array:
-    return x + sigma * rng.standard_normal(x.shape, dtype=np.float32)
-
-
-def _shot_noise(x: Array, photons: float, rng: np.random.Generator, scale: float) -> Array:
-    return (rng.poisson(x * np.float64(photons)) / photons).astype(np.float32)
-
-
-def _impulse_noise(x: Array, amount: float, rng: np.random.Generator, scale: float) -> Array:
-    # One uniform per value (skimage's s&p draws two arrays, which would tie each image's
-    # noise to N): below amount/2 salt, up to amount pepper.
-    u = rng.random(x.shape, dtype=np.float32)
-    out = x.copy()
-    out[u < amount / 2] = 1.0
-    out[(u >= amount / 2) & (u < amount)] = 0.0
-    return out
-
-
-def _speckle_noise(x: Array, sigma: float, rng: np.random.Generator, scale: float) -> Array:
-    return x + x * (sigma * rng.standard_normal(x.shape, dtype=np.float32))
-
-
-# ---------------------------------------------------------------- blurs (vectorised)
-
-
-def _gaussian_taps(sigma: float) -> Array:
-    """OpenCV's 3-tap Gaussian kernel for `sigma` (what `cv2.GaussianBlur(ksize=3)` uses)."""
-    w = np.exp(-(np.arange(-1.0, 2.0) ** 2) / (2 * sigma**2))
-    return w / w.sum()
-
-
-def _reference_disk(radius: float, alias_blur: float) -> Array:
-    """CIFAR-10-C's defocus kernel at 32×32: a pixel-centre disk, blurred to anti-alias.
-
-    Returns the kernel `[k, k]`, zero rows and columns trimmed, summing to 1.
-    """
-    grid = np.arange(-8, 9, dtype=np.float64)  # the reference's support (radius <= 8)
-    disk = (grid[:, None] ** 2 + grid[None, :] ** 2 <= radius**2).astype(np.float64)
-    disk /= disk.sum()
-    taps = _gaussian_taps(alias_blur)
-    kernel = ndimage.correlate1d(disk, taps, axis=0, mode="mirror")
-    kernel = ndimage.correlate1d(kernel, taps, axis=1, mode="mirror")
-    keep = np.flatnonzero(kernel.sum(axis=0) > 0)
-    half = int(np.max(np.abs(keep - 8)))
-    return kernel[8 - half : 9 + half, 8 - half : 9 + half]
-
-
-def _resample_kernel(kernel: Array, scale: float) -> Array:
-    """Kernel `[k, k]` on pixels `scale` times as large (area overlap), normalised.
-
-    The reference kernel's taps are read as unit squares, stretched by `scale`, and each
-    output tap collects the area it covers; `scale = 1` returns the kernel unchanged.
-    """
-    if scale == 1.0:
-        return kernel
-    half = kernel.shape[0] // 2
-    src = np.arange(-half, half + 1, dtype=np.float64)
-    out_half = int(np.ceil((half + 0.5) * scale - 0.5))
-    dst = np.arange(-out_half, out_half + 1, dtype=np.float64)
-    lo = np.maximum(scale * (src - 0.5)[None, :], (dst - 0.5)[:, None])
-    hi = np.minimum(scale * (src + 0.5)[None, :], (dst + 0.5)[:, None])
-    overlap = np.clip(hi - lo, 0.0, None)  # [out taps, reference taps], per axis
-    out = overlap @ kernel @ overlap.T
-    return out / out.sum()
-
-
-def _defocus_blur(
-    x: Array, param: tuple[float, float], rng: np.random.Generator, scale: float
-) -> Array:
-    kernel = _resample_kernel(_reference_disk(*param), scale).astype(np.float32)
-    return ndimage.correlate(x, kernel[None, None], mode="mirror")
-
-
-def _gaussian_blur(x: Array, sigma: float, rng: np.random.Generator, scale: float) -> Array:
-    return ndimage.gaussian_filter(x, sigma=(0, 0, sigma * scale, sigma * scale), mode="nearest")
-
-
-def _box_taps(width: float) -> Array:
-    """Centred box of `width` px as taps: each tap weighs the part of it the box covers."""
-    half = int(np.ceil(width / 2 - 0.5))
-    t = np.arange(-half, half + 1, dtype=np.float64)
-    covered = np.minimum(t + 0.5, width / 2) - np.maximum(t - 0.5, -width / 2)
-    w = np.clip(covered, 0.0, None)
-    return (w / w.sum()).astype(np.float32)
-
-
-def _box_blur(x: Array, width: float, rng: np.random.Generator, scale: float) -> Array:
-    taps = _box_taps(width * scale)
-    out = ndimage.correlate1d(x, taps, axis=2, mode="reflect")
-    return ndimage.correlate1d(out, taps, axis=3, mode="reflect")
-
-
-# ---------------------------------------------------------------- photometric (vectorised)
-
-
-def _contrast(x: Array, factor: float, rng: np.random.Generator, scale: float) -> Array:
-    means = x.mean(axis=(2, 3), keepdims=True)
-    return (x - means) * np.float32(factor) + means
-
-
-def _brightness(x: Array, shift: float, rng: np.random.Generator, scale: float) -> Array:
-    # HSV: V = max over channels. Same H and S with V' = min(V + c, 1) is the pixel scaled by
-    # V'/V (black pixels, S = 0, become grey V'). For one channel this is x + c.
-    v = x.max(axis=1, keepdims=True)
-    v_new = np.minimum(v + np.float32(shift), 1.0)
-    ratio = np.divide(v_new, v, out=np.zeros_like(v), where=v > 0)
-    return np.where(v > 0, x * ratio, v_new)
-
-
-def _saturate(
-    x: Array, param: tuple[float, float], rng: np.random.Generator, scale: float
-) -> Array:
-    # HSV with V = max, S = (V - min) / V. Keeping H and V, each channel's distance below V is
-    # proportional to S, so it is scaled by S'/S. Grey pixels (S = 0) have hue 0 in skimage:
-    # they become (V, V(1 - S'), V(1 - S')), as in CIFAR-10-C.
-    a, b = param
-    v = x.max(axis=1, keepdims=True)
-    delta = v - x.min(axis=1, keepdims=True)
-    s = np.divide(delta, v, out=np.zeros_like(v), where=v > 0)
-    s_new = np.clip(s * np.float32(a) + np.float32(b), 0.0, 1.0)
-    ratio = np.divide(s_new, s, out=np.zeros_like(s), where=delta > 0)
-    coloured = v - (v - x) * ratio
-    grey = np.concatenate([v, v * (1 - s_new), v * (1 - s_new)], axis=1)
-    return np.where(delta > 0, coloured, grey)
-
-
-# ---------------------------------------------------------------- Pillow (per image)
-
-
-def _pixelate(x: Array, factor: float, rng: np.random.Generator, scale: float) -> Array:
-    n, c, h, w = x.shape
-    small = (max(1, int(w * factor)), max(1, int(h * factor)))  # Pillow sizes are (W, H)
-    out = np.empty_like(x)
-    for i in range(n):
-        for j in range(c):
-            image = Image.fromarray(x[i, j])  # float32 → mode "F": no 8-bit rounding
-            image = image.resize(small, Image.Resampling.BOX)
-            out[i, j] = np.asarray(image.resize((w, h), Image.Resampling.NEAREST))
-    return out
-
-
-def _jpeg_compression(x: Array, quality: int, rng: np.random.Generator, scale: float) -> Array:
-    pixels = np.round(x * 255.0).astype(np.uint8)
-    pixels = pixels[:, 0] if x.shape[1] == 1 else pixels.transpose(0, 2, 3, 1)  # Pillow layout
-    out = np.empty(pixels.shape, dtype=np.uint8)
-    for i, image in enumerate(pixels):
-        buffer = io.BytesIO()
-        Image.fromarray(image).save(buffer, format="JPEG", quality=int(quality))
-        buffer.seek(0)
-        with Image.open(buffer) as decoded:
-            out[i] = np.asarray(decoded)
-    out = out[:, None] if x.shape[1] == 1 else out.transpose(0, 3, 1, 2)
-    return out.astype(np.float32) / 255.0
-
-
-_FUNCTIONS: dict[str, _Corruption] = {
-    "gaussian_noise": _gaussian_noise,
-    "shot_noise": _shot_noise,
-    "impulse_noise": _impulse_noise,
-    "speckle_noise": _speckle_noise,
-    "defocus_blur": _defocus_blur,
-    "gaussian_blur": _gaussian_blur,
-    "box_blur": _box_blur,
-    "contrast": _contrast,
-    "brightness": _brightness,
-    "saturate": _saturate,
-    "pixelate": _pixelate,
-    "jpeg_compression": _jpeg_compression,
-}
 
 
 # ---------------------------------------------------------------- argument checks
@@ -352,7 +176,7 @@ def _compute(x: Array, name: str, severity: int, seed: int) -> Array:
         return x.copy()
     rng = np.random.default_rng([seed, zlib.crc32(name.encode()), severity])
     scale = min(x.shape[2], x.shape[3]) / _REFERENCE_SIZE
-    out = _FUNCTIONS[name](x, _PARAMS[name][severity - 1], rng, scale)
+    out = FUNCTIONS[name](x, _PARAMS[name][severity - 1], rng, scale)
     return np.clip(out, 0.0, 1.0).astype(np.float32, copy=False)
 
 

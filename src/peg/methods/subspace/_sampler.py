@@ -1,0 +1,83 @@
+"""What every subspace sampler shares (`Sampler`): the checks of `n_members`, `seed` and `bn`,
+the metadata its `Ensemble` carries, and the BatchNorm refresh per sample (bn="refresh")."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from peg._inputs import Data, check_positive_int, iter_inputs
+from peg._params import refresh_bn
+from peg.methods.base import FittedEnsemble
+from peg.streams import SUBSPACE_BN, generator
+
+SubspaceBN = Literal["eval", "refresh"]
+BN_BATCH_SIZE = 256  # rows per batch when bn_data is a tensor (a loader keeps its own batches)
+
+
+def _check_bn(bn: Any) -> None:
+    if bn not in ("eval", "refresh"):
+        raise ValueError(f"bn: expected 'eval' or 'refresh', got {bn!r}")
+
+
+class Sampler(FittedEnsemble):
+    """What every subspace sampler shares: validation, BatchNorm handling, the `Ensemble`.
+
+    Subclasses take (keyword-only) at least `n_members`, `seed`, `bn` and `progress`.
+    """
+
+    method = "subspace"
+    n_members: int
+    seed: int
+    bn: SubspaceBN
+    progress: bool | None
+
+    def _check_params(self) -> None:
+        check_positive_int(self.n_members, "n_members")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed: expected an integer, got {self.seed!r}")
+        _check_bn(self.bn)
+
+    def _hyperparameters(self) -> dict[str, Any]:
+        return {}
+
+    def _meta(self, **extra: Any) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "n_members": int(self.n_members),
+            "seed": self.seed,
+            "bn": self.bn,
+            **self._hyperparameters(),
+            **extra,
+        }
+
+    def _bn_batches(self, bn_data: Data | None) -> list[Tensor] | None:
+        """Input batches for bn='refresh' (None for bn='eval'); checked before any sampling."""
+        if self.bn != "refresh":
+            return None
+        if bn_data is None:
+            raise ValueError(
+                "bn_data: bn='refresh' re-estimates BatchNorm statistics per sample and needs "
+                "training inputs: fit(..., bn_data=train_loader)"
+            )
+        batches = list(iter_inputs(bn_data, BN_BATCH_SIZE))
+        if not batches:
+            raise ValueError("bn_data: the data is empty (0 samples)")
+        return batches
+
+    def _refresh(
+        self,
+        skeleton: nn.Module,
+        state: dict[str, Tensor],
+        batches: list[Tensor] | None,
+        d: int,
+    ) -> dict[str, Tensor]:
+        """`state` with re-estimated BatchNorm statistics when bn='refresh', else unchanged."""
+        if batches is None:
+            return state
+        # update_bn runs in train mode: seed any dropout in that pass from (seed, SUBSPACE_BN, d).
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(generator(self.seed, SUBSPACE_BN, d).initial_seed()))
+            return refresh_bn(skeleton, state, batches)

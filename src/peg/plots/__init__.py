@@ -1,0 +1,34 @@
+"""Figures: reliability diagrams, decision boundaries and the function-space diversity figures.
+
+Headless: figures are drawn with matplotlib's object API on an Agg canvas (no pyplot, no
+display, no global figure state), so importing or calling these never needs a screen and never
+changes the caller's matplotlib backend. Every function writes its PNG atomically
+(`peg._io.atomic_open`: a temporary file in the same folder, then `os.replace`), creates missing
+parent folders and returns the path.
+
+- `reliability`: `reliability_diagram`.
+- `boundaries`: `decision_boundaries`.
+- `heatmaps`: `similarity_matrices`, `radial_landscape`.
+- `embedding`: `prediction_map`.
+- `curves`: `diversity_accuracy_plane`, `ensemble_size_curves`.
+- `_figure`: what they share (canvas, PNG write, input checks, colours and markers).
+
+The diversity figures are those of `peg.analysis` (Fort et al. 2019, "Deep ensembles: a loss
+landscape perspective").
+"""
+
+from peg.plots.boundaries import decision_boundaries
+from peg.plots.curves import diversity_accuracy_plane, ensemble_size_curves
+from peg.plots.embedding import prediction_map
+from peg.plots.heatmaps import radial_landscape, similarity_matrices
+from peg.plots.reliability import reliability_diagram
+
+__all__ = [
+    "decision_boundaries",
+    "diversity_accuracy_plane",
+    "ensemble_size_curves",
+    "prediction_map",
+    "radial_landscape",
+    "reliability_diagram",
+    "similarity_matrices",
+]
