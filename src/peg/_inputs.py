@@ -167,6 +167,13 @@ def check_positive_int(value: Any, name: str, minimum: int = 1) -> int:
     return int(value)
 
 
+def check_seed(seed: Any) -> int:
+    """`seed` as an int if it is a non-negative integer, else a ValueError naming it."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed: expected a non-negative integer, got {seed!r}")
+    return int(seed)
+
+
 def check_number(value: Any, name: str, allow_zero: bool = False) -> float:
     """Return `value` as a float if it is a finite number > 0 (>= 0 with `allow_zero`), else
     raise a ValueError naming `name`."""

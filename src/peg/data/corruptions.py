@@ -78,6 +78,7 @@ import torch
 from scipy import ndimage
 from torch import Tensor
 
+from peg._inputs import check_seed
 from peg._io import atomic_open
 from peg.data._corruption_functions import FUNCTIONS, Array
 
@@ -149,12 +150,6 @@ def _check_severity(severity: Any) -> int:
     return int(severity)
 
 
-def _check_seed(seed: Any) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed: expected a non-negative integer, got {seed!r}")
-    return int(seed)
-
-
 def _check_applicable(name: str, channels: int) -> None:
     if name in _RGB_ONLY and channels != 3:
         raise ValueError(
@@ -198,7 +193,7 @@ def corrupt(X: Tensor | Array, name: str, severity: int, seed: int = 0) -> Tenso
             `saturate` on grey images.
     """
     x, dtype, device = _check_images(X)
-    name, severity, seed = _check_name(name), _check_severity(severity), _check_seed(seed)
+    name, severity, seed = _check_name(name), _check_severity(severity), check_seed(seed)
     _check_applicable(name, x.shape[1])
     return _to_tensor(_compute(x, name, severity, seed), dtype, device)
 
@@ -287,7 +282,7 @@ def corrupted(
         The corrupted images `[N, C, H, W]` in [0, 1], with X's dtype and device.
     """
     x, dtype, device = _check_images(X)
-    name, severity, seed = _check_name(name), _check_severity(severity), _check_seed(seed)
+    name, severity, seed = _check_name(name), _check_severity(severity), check_seed(seed)
     _check_applicable(name, x.shape[1])
     key = _images_key(x) if key is None else _check_key(key)
     out, _ = _corrupted(x, name, severity, seed, cache_root(cache_dir), key)
@@ -328,7 +323,7 @@ def shifted_sets(
     for name in chosen:
         _check_applicable(name, x.shape[1])
     levels = tuple(_check_severity(s) for s in severities)
-    seed = _check_seed(seed)
+    seed = check_seed(seed)
     use_cache = cache or cache_dir is not None
     if use_cache:
         key = _images_key(x) if key is None else _check_key(key)

@@ -1,20 +1,15 @@
 """Seeded train/validation splits (`train_val_split`, stratified by class by default), and the
-seed check it shares with `peg.data.registry.load` (`check_seed`)."""
+seed check it shares with `peg.data.registry.load` (`peg._inputs.check_seed`)."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-
-def check_seed(seed: Any) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed: expected a non-negative integer, got {seed!r}")
-    return int(seed)
+from peg._inputs import check_seed
 
 
 def _split_counts(counts: np.ndarray, total: int) -> np.ndarray:

@@ -14,13 +14,7 @@ import torch
 from sklearn.datasets import make_moons
 from torch import Tensor
 
-from peg._inputs import check_number, check_positive_int
-
-
-def _check_seed(seed: int) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed: expected a non-negative integer, got {seed!r}")
-    return int(seed)
+from peg._inputs import check_number, check_positive_int, check_seed
 
 
 def _counts(n: int, classes: int) -> list[int]:
@@ -59,7 +53,7 @@ def linear(
     n = check_positive_int(n, "n", minimum=2)
     noise = check_number(noise, "noise", allow_zero=True)
     margin = check_number(margin, "margin", allow_zero=True)
-    rng = np.random.default_rng(_check_seed(seed))
+    rng = np.random.default_rng(check_seed(seed))
     w = np.array([1.0, 1.0]) / math.sqrt(2.0)
     w_perp = np.array([-1.0, 1.0]) / math.sqrt(2.0)
     n0, n1 = n // 2, n - n // 2
@@ -86,7 +80,7 @@ def two_moons(n: int = 400, noise: float = 0.1, seed: int = 0) -> tuple[Tensor, 
     """
     n = check_positive_int(n, "n", minimum=2)
     noise = check_number(noise, "noise", allow_zero=True)
-    X, y = make_moons(n_samples=n, noise=noise, shuffle=True, random_state=_check_seed(seed))
+    X, y = make_moons(n_samples=n, noise=noise, shuffle=True, random_state=check_seed(seed))
     return (
         torch.from_numpy(np.ascontiguousarray(X, dtype=np.float32)),
         torch.from_numpy(np.ascontiguousarray(y, dtype=np.int64)),
@@ -112,7 +106,7 @@ def three_moons(n: int = 600, noise: float = 0.1, seed: int = 0) -> tuple[Tensor
     """
     n = check_positive_int(n, "n", minimum=3)
     noise = check_number(noise, "noise", allow_zero=True)
-    rng = np.random.default_rng(_check_seed(seed))
+    rng = np.random.default_rng(check_seed(seed))
     xs, ys = [], []
     for k, count in enumerate(_counts(n, 3)):
         t = np.linspace(0.0, math.pi, count)
