@@ -23,7 +23,7 @@ from peg.analysis import (
     tsne_predictions,
     uncorrelated_curve,
 )
-from peg.analysis import diversity_run as dr
+from peg.apps.diversity import study as dr
 from peg.train import Recipe
 
 from conftest import mlp, moons
@@ -204,7 +204,7 @@ def test_new_plots_reject_bad_input(tmp_path):
 
 # ---------------------------------------------------------------- configuration
 def test_config_file_matches_the_built_in_defaults():
-    spec = Path(__file__).resolve().parents[1] / "configs" / "diversity.yaml"
+    spec = Path(dr.__file__).resolve().parents[1] / "configs" / "diversity.yaml"
     assert dr.load_config(spec) == dr.DiversityConfig()
     assert dr.load_config(spec, quick=True) == dr.load_config(None, quick=True)
 
@@ -221,7 +221,7 @@ def test_config_errors_name_the_setting(tmp_path):
 
 
 def test_cli_diversity_passes_the_quick_config(monkeypatch, tmp_path):
-    from peg import cli
+    from peg.apps import cli
 
     seen = {}
 

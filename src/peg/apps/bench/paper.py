@@ -38,9 +38,9 @@ from peg import metrics
 from peg._env import git_commit, machine
 from peg._io import atomic_write_text
 from peg._progress import bar
-from peg.bench.runner import SeedRun
-from peg.bench.spec import MethodSpec, Spec
-from peg.bench.tables import markdown_table
+from peg.apps.bench.runner import SeedRun
+from peg.apps.bench.spec import MethodSpec, Spec
+from peg.apps.bench.tables import markdown_table
 from peg.train import Recipe
 
 PAPER_GRID = (0.001, 0.01, 0.1, 1.0)

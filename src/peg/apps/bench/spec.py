@@ -39,6 +39,7 @@ from typing import Any
 import yaml
 
 from peg import data as datasets
+from peg.apps import presets
 from peg.data import corruptions
 from peg.errors import SpecError
 from peg.metrics.ood import OOD_SCORES
@@ -313,19 +314,8 @@ def parse_spec(raw: Any, source: str = "spec") -> Spec:
 
 
 def find_spec(name_or_path: str | Path) -> Path:
-    """A spec file: the path itself, or a preset name looked up in ./configs and the repo's."""
-    path = Path(name_or_path)
-    if path.is_file():
-        return path
-    repo_configs = Path(__file__).resolve().parents[3] / "configs"
-    for folder in (Path("configs"), repo_configs):
-        candidate = folder / f"{name_or_path}.yaml"
-        if candidate.is_file():
-            return candidate
-    presets = sorted(p.stem for p in repo_configs.glob("*.yaml")) if repo_configs.is_dir() else []
-    raise FileNotFoundError(
-        f"spec: {name_or_path!r} is neither a file nor a preset; presets: {presets}"
-    )
+    """A spec file: the path itself, or a preset of the package (`peg.apps.presets`) by name."""
+    return presets.find(name_or_path)
 
 
 def load_uci_spec(path: str | Path) -> dict[str, Any] | None:

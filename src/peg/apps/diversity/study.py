@@ -614,7 +614,7 @@ def _run(
     lap("table")
     times["total"] = round(time.perf_counter() - t_start, 2)
     result = {
-        "command": command or "peg.analysis.diversity_run.run(...)",
+        "command": command or "peg.apps.diversity.study.run(...)",
         "commit": git_commit(),
         "machine": machine(),
         "data": splits["name"],

@@ -25,7 +25,7 @@ from peg import data as datasets
 from peg import metrics, models, plots
 from peg._env import git_commit, machine
 from peg._io import atomic_write_text
-from peg.bench.tables import markdown_table
+from peg.apps.bench.tables import markdown_table
 from peg.methods.peg import PEG
 from peg.methods.pep import PEP
 from peg.methods.temperature import TemperatureScaling, member_logits_of
@@ -226,7 +226,7 @@ def run(
         )
     times["total"] = round(time.perf_counter() - t_start, 2)
     result = {
-        "command": command or f"peg.demo.run(data={data!r}, quick={quick}, seed={seed})",
+        "command": command or f"peg.apps.demo.run(data={data!r}, quick={quick}, seed={seed})",
         "commit": git_commit(),
         "machine": machine(),
         "data": data,

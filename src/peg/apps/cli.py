@@ -1,4 +1,4 @@
-"""The `peg` command."""
+"""The `peg` command (`[project.scripts]`; also `python -m peg.apps`)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         "test, shifted and OOD sets, and write results/<name>/results.{json,md}. Member logits "
         "are cached, so a rerun or an interrupted run resumes.",
     )
-    bench.add_argument("spec", help="a YAML file, or the name of a preset in configs/")
+    bench.add_argument(
+        "spec", help="a YAML file, or the name of a preset (peg/apps/configs/NAME.yaml)"
+    )
     bench.add_argument("--seeds", type=int, nargs="+", help="override the spec's seeds")
     bench.add_argument("--out", default="results", help="output folder (default: results)")
     bench.add_argument(
@@ -122,13 +124,13 @@ def _run(args: argparse.Namespace, command: str) -> int:
     """Carry out one parsed `peg` command."""
     progress = False if getattr(args, "no_progress", False) else None
     if args.command == "bench-perf":
-        from peg.bench.perf import run_benchmarks
+        from peg.apps.bench.perf import run_benchmarks
 
         out = args.out or (None if args.quick else "results/benchmarks")
         status = run_benchmarks(args.names, args.dir, out, args.quick)
         return 1 if any(status.values()) else 0
     if args.command == "demo":
-        from peg.demo import run
+        from peg.apps.demo import run
 
         data = "two-moons" if args.data == "moons" else args.data
         run(
@@ -140,13 +142,13 @@ def _run(args: argparse.Namespace, command: str) -> int:
             command=command,
         )
     elif args.command == "bench":
-        from peg.bench.runner import run_spec
-        from peg.bench.spec import find_spec, load_specs, load_uci_spec
+        from peg.apps.bench.runner import run_spec
+        from peg.apps.bench.spec import find_spec, load_specs, load_uci_spec
 
         path = find_spec(args.spec)
         uci = load_uci_spec(path)
         if uci is not None:
-            from peg.bench.uci import run_uci
+            from peg.apps.bench.uci import run_uci
 
             run_uci(**uci, out=args.out, cache=args.cache, progress=progress, command=command)
             return 0
@@ -155,7 +157,7 @@ def _run(args: argparse.Namespace, command: str) -> int:
                 spec = dataclasses.replace(spec, seeds=tuple(args.seeds))
             run_spec(spec, args.out, args.cache, progress=progress, command=command)
     elif args.command == "paper-tables":
-        from peg.bench.paper import run as paper_tables
+        from peg.apps.bench.paper import run as paper_tables
 
         paper_tables(
             preset=args.preset,
@@ -167,8 +169,8 @@ def _run(args: argparse.Namespace, command: str) -> int:
             command=command,
         )
     elif args.command == "diversity":  # peg diversity (see the parser block above)
-        from peg.analysis.diversity_run import load_config
-        from peg.analysis.diversity_run import run as run_diversity
+        from peg.apps.diversity.study import load_config
+        from peg.apps.diversity.study import run as run_diversity
 
         run_diversity(
             load_config(args.spec, quick=args.quick),

@@ -1,7 +1,7 @@
 """`peg bench SPEC.yaml`: train or load the bases, build every method, evaluate, tabulate.
 
 Per seed: the training split is divided (stratified, seeded) into training and validation
-parts; bases are trained lazily and checkpointed (`peg.bench.bases`); each method is built on
+parts; bases are trained lazily and checkpointed (`peg.apps.bench.bases`); each method is built on
 its base and predicts every evaluation set: the test split, its shifted versions (rotations,
 corruptions at chosen severities) and the OOD sets. Member logits are cached per (seed, method,
 data set) as safetensors, so metrics and tables are recomputed without re-running models and an
@@ -31,9 +31,9 @@ from peg import distributed, metrics, models
 from peg._env import git_commit, machine
 from peg._io import atomic_write_text, load_tree, save_tree
 from peg._progress import bar
-from peg.bench.bases import Bases
-from peg.bench.spec import MethodSpec, Spec
-from peg.bench.tables import OOD_ROWS, ROWS, markdown_table
+from peg.apps.bench.bases import Bases
+from peg.apps.bench.spec import MethodSpec, Spec
+from peg.apps.bench.tables import OOD_ROWS, ROWS, markdown_table
 from peg.data import corruptions, transforms
 from peg.ensemble import Ensemble
 from peg.layers.patching import emp_loss, patch
