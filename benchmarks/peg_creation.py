@@ -35,7 +35,7 @@ from typing import Any
 
 from peg._env import machine
 from peg.apps.bench.paper import PRESETS
-from peg.apps.bench.runner import SeedRun
+from peg.apps.bench.seed import SeedRun
 from peg.apps.bench.spec import Spec, find_spec, load_specs
 from peg.methods.peg import PEG
 from peg.train import train
