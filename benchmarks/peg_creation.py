@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from peg._env import machine
-from peg.bench.paper import PRESETS
-from peg.bench.runner import SeedRun
-from peg.bench.spec import Spec, find_spec, load_specs
+from peg.apps.bench.paper import PRESETS
+from peg.apps.bench.seed import SeedRun
+from peg.apps.bench.spec import Spec, find_spec, load_specs
 from peg.methods.peg import PEG
 from peg.train import train
 

@@ -26,8 +26,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import peg
 from peg import distributed, models
-from peg.bench.runner import run_spec, work_units
-from peg.bench.spec import parse_spec
+from peg.apps.bench.runner import run_spec, work_units
+from peg.apps.bench.spec import parse_spec
 from peg.methods.temperature import member_logits_of
 
 from conftest import mlp, moons
@@ -140,8 +140,8 @@ sys.path.insert(0, sys.argv[1])
 from pathlib import Path
 from safetensors.torch import save_file
 from peg import distributed
-from peg.bench import runner
-from peg.bench.spec import parse_spec
+from peg.apps.bench import runner
+from peg.apps.bench.spec import parse_spec
 from test_distributed import BATCH, predictors, traced
 
 out = Path(sys.argv[2])
@@ -301,11 +301,11 @@ def test_torchrun_peg_bench_on_two_ranks_writes_the_results_of_one_process(tmp_p
     )
     spec_file = tmp_path / "tiny.yaml"
     spec_file.write_text(yaml.safe_dump(SPEC))
-    cli = Path(sys.executable).parent / "peg"
-    # a rendezvous on a free port (--standalone's fixed 29400 collides with other launches)
+    # a rendezvous on a free port (--standalone's fixed 29400 collides with other launches);
+    # `-m peg.apps` is the `peg` command run by this interpreter (`python -m peg.apps bench`)
     command = [sys.executable, "-m", "torch.distributed.run", "--rdzv-backend", "c10d"]
     command += ["--rdzv-endpoint", f"localhost:{_free_port()}", "--nnodes", "1"]
-    command += ["--nproc-per-node", "2", "--no-python", str(cli), "bench", str(spec_file)]
+    command += ["--nproc-per-node", "2", "-m", "peg.apps", "bench", str(spec_file)]
     command += ["--out", "two"]
     command += ["--cache", "two-cache", "--no-progress"]
     done = subprocess.run(

@@ -21,10 +21,10 @@ from torch import nn
 
 import peg
 from peg import data, metrics, models
+from peg.apps.bench.runner import check_methods
+from peg.apps.bench.spec import SpecError, load_specs, parse_spec
+from peg.apps.cli import main as cli
 from peg.archive import ArchiveError
-from peg.bench.runner import check_methods
-from peg.bench.spec import SpecError, load_specs, parse_spec
-from peg.cli import main as cli
 from peg.data import corruptions
 from peg.layers import patch
 from peg.metrics import diversity, ood, regression

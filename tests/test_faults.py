@@ -20,9 +20,9 @@ import pytest
 import torch
 
 import peg
+from peg.apps.bench.runner import run_spec
+from peg.apps.bench.spec import parse_spec
 from peg.archive import ArchiveError, read_header
-from peg.bench.runner import run_spec
-from peg.bench.spec import parse_spec
 
 from conftest import mlp, moons
 
@@ -198,8 +198,8 @@ from pathlib import Path
 import torch
 torch.set_num_threads(1)
 import peg._io
-from peg.bench.runner import run_spec
-from peg.bench.spec import parse_spec
+from peg.apps.bench.runner import run_spec
+from peg.apps.bench.spec import parse_spec
 
 stop_after, marker = Path(sys.argv[4]).resolve(), sys.argv[5]
 write = peg._io.atomic_save_file  # every cache file and checkpoint goes through it

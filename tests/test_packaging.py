@@ -1,8 +1,10 @@
-"""peg packages: a wheel builds offline, holds the package and its type marker only, asks for a
-torch range (never the exact pin the set-up script installs), and the README states that range."""
+"""peg packages: a wheel builds offline, holds the package, its type marker and the presets of
+the applications only, asks for a torch range (never the exact pin the set-up script installs),
+and the README states that range."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -74,6 +76,43 @@ def test_wheel_holds_the_package_and_its_type_marker(wheel):
     assert "peg/__init__.py" in names
     assert "peg/py.typed" in names
     assert "peg/methods/peg.py" in names  # subpackages too
+    assert "peg/apps/cli.py" in names  # the applications, with the `peg` command
+
+
+def test_wheel_holds_every_preset(wheel):
+    """`peg bench quick` from an installed wheel: the presets are package data."""
+    presets = sorted((ROOT / "src" / "peg" / "apps" / "configs").glob("*.yaml"))
+    assert {p.stem for p in presets} >= {"quick", "fashion-mnist", "uci", "diversity"}
+    names = set(wheel.namelist())
+    for preset in presets:
+        name = f"peg/apps/configs/{preset.name}"
+        assert name in names, name
+        assert wheel.read(name) == preset.read_bytes()
+
+
+def test_the_presets_load_from_an_installed_wheel_outside_the_checkout(wheel, tmp_path):
+    """The wheel unpacked as pip installs it, run from a folder with no configs/ beside it."""
+    site = tmp_path / "site-packages"
+    wheel.extractall(site)
+    code = (
+        "import sys, peg, peg.apps.presets as p\n"
+        "from peg.apps.bench.spec import find_spec, load_specs\n"
+        "assert peg.__file__.startswith(sys.argv[1]), peg.__file__\n"
+        "assert str(find_spec('quick')).startswith(sys.argv[1]), find_spec('quick')\n"
+        "assert [s.data for s in load_specs(find_spec('quick'))] == ['two-moons', 'digits']\n"
+        "print(p.names())\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(site)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "'quick'" in done.stdout and "'diversity'" in done.stdout
 
 
 def test_wheel_holds_nothing_but_the_package(wheel):
@@ -82,7 +121,7 @@ def test_wheel_holds_nothing_but_the_package(wheel):
         for n in wheel.namelist()
         if not (n.startswith("peg/") or re.match(r"peg-[^/]+\.dist-info/", n))
     ]
-    assert not stray  # no tests/, results/, benchmarks/, configs/, conftest.py ...
+    assert not stray  # no tests/, results/, benchmarks/, conftest.py ...
     assert not [n for n in wheel.namelist() if "__pycache__" in n or n.endswith(".pyc")]
 
 
@@ -96,7 +135,7 @@ def test_wheel_asks_for_a_torch_range_not_the_pin(wheel):
 def test_wheel_declares_the_peg_command(wheel):
     entry_points = _dist_info(wheel, "entry_points.txt")
     section = entry_points.split("[console_scripts]", 1)[1].split("\n[", 1)[0]
-    assert re.search(r"^peg\s*=\s*peg\.cli:main\s*$", section, flags=re.M)
+    assert re.search(r"^peg\s*=\s*peg\.apps\.cli:main\s*$", section, flags=re.M)
 
 
 def test_the_exact_torch_pin_lives_in_the_setup_script_only():

@@ -1,5 +1,6 @@
 """Function-space diversity: the loss-landscape analyses of Fort et al. (2019), "Deep Ensembles:
-A Loss Landscape Perspective", as functions and as `peg diversity`.
+A Loss Landscape Perspective", as library functions (the study that runs them all, `peg
+diversity`, is an application: `peg.apps.diversity`).
 
     from peg.analysis import train_trajectories, tsne_predictions, radial_cut
     trajs = train_trajectories(factory, (X, y), Recipe(epochs=10), seeds=[0, 1, 2], cache="c/")

@@ -24,14 +24,16 @@ Methods are written by their names in the papers' tables, which say what they ar
 model trained with the same recipe), `EMP` and `ECMP` (the model patched with K = 5 components,
 trained with the same recipe plus the Eq. (6) regulariser, 20 MC samples). A mapping adds options
 (`{name: PEG-15, eta: [0.001, 0.01, 0.1, 1], eta_holdout: 0}`) or defines any other method with
-`method:` (`peg`, `pep`, `temperature`, `mc-dropout`, `random-subspace`, `dropout-subspace`)
-and `base:` (`single`, `swa`, `deepens-N`, `swag`, `swag-diag`).
+`method:` (a key of the method registry `peg.apps.registry`: `peg`, `pep`, `temperature`,
+`mc-dropout`, `random-subspace`, `dropout-subspace`) and `base:` (`single`, `swa`,
+`deepens-N`, `swag`, `swag-diag`).
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,12 +41,14 @@ from typing import Any
 import yaml
 
 from peg import data as datasets
+from peg.apps import presets
 from peg.data import corruptions
 from peg.errors import SpecError
 from peg.metrics.ood import OOD_SCORES
 from peg.models import REGISTRY, check_arguments
 from peg.train import Recipe
 
+# the registry keys (`peg.apps.registry`) a spec's `method:` may name
 METHODS = (
     "base",
     "temperature",
@@ -57,6 +61,7 @@ METHODS = (
     "emp",
     "ecmp",
 )
+SWAG_BASES = ("swa", "swag", "swag-diag")  # the bases one SWAG run gives
 BASE_PATTERN = re.compile(r"^(single|swa|swag|swag-diag|deepens-(\d+))$")
 SPEC_FIELDS = {
     "name",
@@ -124,41 +129,48 @@ class Spec:
 
     @property
     def needs_swag(self) -> bool:
-        return any(m.base in ("swa", "swag", "swag-diag") for m in self.methods)
+        return any(m.base in SWAG_BASES for m in self.methods)
+
+
+def _split_members(m: re.Match[str]) -> tuple[str, str, dict[str, Any]]:
+    """`PEG-S (DeepEns-N)`: S/N members around each of the N members (Algorithm 2)."""
+    total, members = int(m[2]), int(m[3])
+    if total % members:
+        raise SpecError(f"methods: {m[0]!r}: {total} members do not split over {members}")
+    return m[1].lower(), f"deepens-{members}", {"n_members": total // members}
+
+
+# The papers' table names: pattern -> (registry key, base, options) of the method it denotes.
+TABLE_NAMES: tuple[tuple[str, Callable[[re.Match[str]], tuple[str, str, dict[str, Any]]]], ...] = (
+    ("Single", lambda m: ("base", "single", {})),
+    ("Temp-scaled", lambda m: ("temperature", "single", {})),
+    ("SWA", lambda m: ("base", "swa", {})),
+    ("SWAG", lambda m: ("base", "swag", {})),
+    ("SWAG-Diag", lambda m: ("base", "swag-diag", {})),
+    ("PEG-Unbiased", lambda m: ("peg", "swa", {"n_members": 30, "variant": "unbiased"})),
+    (r"DeepEns-(\d+)", lambda m: ("base", f"deepens-{m[1]}", {})),
+    (r"(PEG|PEP)-(\d+)", lambda m: (m[1].lower(), "single", {"n_members": int(m[2])})),
+    (r"(PEG|PEP)-(\d+) \(DeepEns-(\d+)\)", _split_members),
+    (r"(PEG|PEP)-(\d+) \(SWAG-Diag\)", lambda m: (m[1].lower(), "swag-diag", {"n_members": 1})),
+    (
+        r"Packed-\(([\d.]+),\s*(\d+),\s*(\d+)\)",
+        lambda m: (
+            "packed",
+            "single",
+            {"alpha": float(m[1]), "num_estimators": int(m[2]), "gamma": int(m[3])},
+        ),
+    ),
+    ("EMP|ECMP", lambda m: (m[0].lower(), "single", {})),
+    (r"MC-Dropout-(\d+)", lambda m: ("mc-dropout", "single", {"n_members": int(m[1])})),
+)
 
 
 def standard_method(name: str, options: dict[str, Any]) -> MethodSpec | None:
     """The method a table name denotes (`PEG-15 (DeepEns-3)`, `SWAG`, ...), or None."""
-    fixed = {
-        "Single": ("base", "single", {}),
-        "Temp-scaled": ("temperature", "single", {}),
-        "SWA": ("base", "swa", {}),
-        "SWAG": ("base", "swag", {}),
-        "SWAG-Diag": ("base", "swag-diag", {}),
-        "PEG-Unbiased": ("peg", "swa", {"n_members": 30, "variant": "unbiased"}),
-    }
-    if name in fixed:
-        method, base, extra = fixed[name]
-        return MethodSpec(name, method, base, {**extra, **options})
-    if m := re.fullmatch(r"DeepEns-(\d+)", name):
-        return MethodSpec(name, "base", f"deepens-{m[1]}", options)
-    if m := re.fullmatch(r"(PEG|PEP)-(\d+)", name):
-        return MethodSpec(name, m[1].lower(), "single", {"n_members": int(m[2]), **options})
-    if m := re.fullmatch(r"(PEG|PEP)-(\d+) \(DeepEns-(\d+)\)", name):
-        total, members = int(m[2]), int(m[3])
-        if total % members:
-            raise SpecError(f"methods: {name!r}: {total} members do not split over {members}")
-        base = f"deepens-{members}"
-        return MethodSpec(name, m[1].lower(), base, {"n_members": total // members, **options})
-    if m := re.fullmatch(r"(PEG|PEP)-(\d+) \(SWAG-Diag\)", name):
-        return MethodSpec(name, m[1].lower(), "swag-diag", {"n_members": 1, **options})
-    if m := re.fullmatch(r"Packed-\(([\d.]+),\s*(\d+),\s*(\d+)\)", name):
-        packed = {"alpha": float(m[1]), "num_estimators": int(m[2]), "gamma": int(m[3])}
-        return MethodSpec(name, "packed", "single", {**packed, **options})
-    if name in ("EMP", "ECMP"):
-        return MethodSpec(name, name.lower(), "single", options)
-    if m := re.fullmatch(r"MC-Dropout-(\d+)", name):
-        return MethodSpec(name, "mc-dropout", "single", {"n_members": int(m[1]), **options})
+    for pattern, meaning in TABLE_NAMES:
+        if m := re.fullmatch(pattern, name):
+            method, base, fixed = meaning(m)
+            return MethodSpec(name, method, base, {**fixed, **options})
     return None
 
 
@@ -305,7 +317,7 @@ def parse_spec(raw: Any, source: str = "spec") -> Spec:
         data_options=dict(data_options),
     )
     if spec.needs_swag and spec.swa is None:
-        users = [m.name for m in methods if m.base in ("swa", "swag", "swag-diag")]
+        users = [m.name for m in methods if m.base in SWAG_BASES]
         raise SpecError(f"{source}.swa: methods {users} need an SWA recipe (swa: {{...}})")
     if spec.swa is not None and (spec.swa.swa_start is None or spec.swa.swa_lr is None):
         raise SpecError(f"{source}.swa: needs swa_start and swa_lr (and schedule: swa)")
@@ -313,19 +325,8 @@ def parse_spec(raw: Any, source: str = "spec") -> Spec:
 
 
 def find_spec(name_or_path: str | Path) -> Path:
-    """A spec file: the path itself, or a preset name looked up in ./configs and the repo's."""
-    path = Path(name_or_path)
-    if path.is_file():
-        return path
-    repo_configs = Path(__file__).resolve().parents[3] / "configs"
-    for folder in (Path("configs"), repo_configs):
-        candidate = folder / f"{name_or_path}.yaml"
-        if candidate.is_file():
-            return candidate
-    presets = sorted(p.stem for p in repo_configs.glob("*.yaml")) if repo_configs.is_dir() else []
-    raise FileNotFoundError(
-        f"spec: {name_or_path!r} is neither a file nor a preset; presets: {presets}"
-    )
+    """A spec file: the path itself, or a preset of the package (`peg.apps.presets`) by name."""
+    return presets.find(name_or_path)
 
 
 def load_uci_spec(path: str | Path) -> dict[str, Any] | None:

@@ -12,23 +12,22 @@ machine), results.md (the table), reliability.png, and for toy data decision_bou
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from peg import data as datasets
 from peg import metrics, models, plots
 from peg._env import git_commit, machine
-from peg._io import atomic_write_text
-from peg.bench.tables import markdown_table
-from peg.methods.peg import PEG
-from peg.methods.pep import PEP
-from peg.methods.temperature import TemperatureScaling, member_logits_of
+from peg.apps.bench.tables import markdown_table
+from peg.apps.data import load_or_digits, subsample
+from peg.apps.registry import Site, build
+from peg.apps.results import write_results
+from peg.methods.temperature import member_logits_of
 from peg.train import train
 
 IMAGE_DATA = ("fashion-mnist", "digits")
@@ -91,30 +90,6 @@ PRESETS: dict[tuple[str, bool], Preset] = {
 }
 
 
-def _subsample(X: Tensor, y: Tensor, n: int | None, seed: int) -> tuple[Tensor, Tensor]:
-    if n is None or n >= len(X):
-        return X, y
-    idx = torch.randperm(len(X), generator=torch.Generator().manual_seed(seed))[:n]
-    return X[idx], y[idx]
-
-
-def _load(
-    name: str, seed: int, say: Any
-) -> tuple[str, tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
-    if name == "fashion-mnist":
-        try:
-            return name, datasets.load(name, "train"), datasets.load(name, "test")
-        except FileNotFoundError as e:
-            say(f"Fashion-MNIST not found ({str(e).splitlines()[0]}); using scikit-learn digits.")
-            name = "digits"
-    options = TOY_OPTIONS.get(name, {})
-    return (
-        name,
-        datasets.load(name, "train", seed=seed, **options),
-        datasets.load(name, "test", seed=seed, **options),
-    )
-
-
 def run(
     data: str = "fashion-mnist",
     quick: bool = False,
@@ -142,12 +117,14 @@ def run(
         say(f"  {label}: {times[label]:.1f} s")
         return result
 
-    data, (X_all, y_all), (X_test, y_test) = _load(data, seed, say)
+    data, (X_all, y_all), (X_test, y_test) = load_or_digits(
+        data, say, seed=seed, **TOY_OPTIONS.get(data, {})
+    )
     toy = data in TOY_DATA
     preset = PRESETS[("toy" if toy else data, quick)]
     X_train, y_train, X_val, y_val = datasets.train_val_split(X_all, y_all, 0.2, seed=seed)
-    X_train, y_train = _subsample(X_train, y_train, preset.train_points, seed)
-    X_test, y_test = _subsample(X_test, y_test, preset.test_points, seed)
+    X_train, y_train = subsample(X_train, y_train, preset.train_points, seed)
+    X_test, y_test = subsample(X_test, y_test, preset.test_points, seed)
     C = int(y_all.max()) + 1
     if toy:
         base: nn.Module = models.MLP(X_all.shape[1], C, hidden=(20,))
@@ -174,23 +151,19 @@ def run(
             progress=progress,
         ),
     )
-    val = (X_val, y_val)
-    ts = timed("temperature scaling", lambda: TemperatureScaling().fit(base, val))
-    pep = timed(
-        f"PEP-{S} (σ search)",
-        lambda: PEP(
-            n_members=S, seed=seed, progress=progress, max_score_points=preset.score_points
-        ).fit(base, val),
+    # the methods, through the registry (peg.apps.registry), on the base and validation set
+    site = Site(
+        seed=seed,
+        progress=progress,
+        base=lambda: base,
+        val=(X_val, y_val),
+        score_points=preset.score_points,
     )
+    ts = timed("temperature scaling", lambda: build("temperature", site))
+    pep = timed(f"PEP-{S} (σ search)", lambda: build("pep", site, n_members=S))
     peg_ = timed(
         f"PEG-{S} (η search)",
-        lambda: PEG(
-            n_members=S,
-            seed=seed,
-            progress=progress,
-            max_score_points=preset.score_points,
-            grad_batch_size=min(128, len(X_val) // 4),
-        ).fit(base, val),
+        lambda: build("peg", site, n_members=S, grad_batch_size=min(128, len(X_val) // 4)),
     )
 
     predictors = {"Base": base, "Temp-scaled": ts, f"PEP-{S}": pep, f"PEG-{S}": peg_}
@@ -216,7 +189,7 @@ def run(
         figures.append(
             str(
                 plots.decision_boundaries(
-                    {n: proba(p) for n, p in predictors.items() if n != "Temp-scaled"},
+                    {"Base": proba(base), f"PEP-{S}": proba(pep), f"PEG-{S}": proba(peg_)},
                     X_test,
                     y_test,
                     out / "decision_boundaries.png",
@@ -226,7 +199,7 @@ def run(
         )
     times["total"] = round(time.perf_counter() - t_start, 2)
     result = {
-        "command": command or f"peg.demo.run(data={data!r}, quick={quick}, seed={seed})",
+        "command": command or f"peg.apps.demo.run(data={data!r}, quick={quick}, seed={seed})",
         "commit": git_commit(),
         "machine": machine(),
         "data": data,
@@ -245,12 +218,11 @@ def run(
         "figures": figures,
         "note": "error and ece are fractions (the table prints them as %)",
     }
-    atomic_write_text(out / "results.json", json.dumps(result, indent=2, default=str) + "\n")
-    atomic_write_text(
-        out / "results.md",
+    markdown = (
         f"{data} test set ({len(X_test)} points); command: "
-        f"`{result['command']}`; machine: {result['machine']}\n\n{table}\n",
+        f"`{result['command']}`; machine: {result['machine']}\n\n{table}\n"
     )
+    write_results(out, result, markdown, default=str)
     say("")
     say(table)
     say("")

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from peg.bench import bases, paper, runner
-from peg.bench.tables import markdown_table
-from peg.cli import main
+from peg.apps.bench import bases, paper, runner
+from peg.apps.bench.tables import markdown_table
+from peg.apps.cli import main
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from peg._env import git_commit
-from peg._io import atomic_write_text
+from peg.apps.results import write_text
 
 
 def scripts(folder: str | Path = "benchmarks") -> dict[str, Path]:
@@ -70,5 +70,5 @@ def run_benchmarks(
         if proc.returncode:
             say(f"{name}: failed with exit status {proc.returncode}")
         if out is not None:
-            atomic_write_text(Path(out) / f"{name}.txt", "\n".join(lines) + "\n")
+            write_text(Path(out) / f"{name}.txt", "\n".join(lines) + "\n")
     return status

@@ -27,7 +27,6 @@ only rebuilds the tables.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -36,11 +35,11 @@ from typing import Any
 
 from peg import metrics
 from peg._env import git_commit, machine
-from peg._io import atomic_write_text
 from peg._progress import bar
-from peg.bench.runner import SeedRun
-from peg.bench.spec import MethodSpec, Spec
-from peg.bench.tables import markdown_table
+from peg.apps.bench.seed import SeedRun
+from peg.apps.bench.spec import MethodSpec, Spec
+from peg.apps.bench.tables import markdown_table
+from peg.apps.results import write_results
 from peg.train import Recipe
 
 PAPER_GRID = (0.001, 0.01, 0.1, 1.0)
@@ -219,11 +218,7 @@ def run(
         "entries": results,
         "tables": {t: {"title": TABLES[t][0], "columns": TABLES[t][1]} for t in wanted},
     }
-    out = Path(out)
-    atomic_write_text(out / f"paper-tables-{preset}.md", text)
-    atomic_write_text(
-        out / f"paper-tables-{preset}.json", json.dumps(payload, indent=2, default=str) + "\n"
-    )
+    write_results(out, payload, text, stem=f"paper-tables-{preset}", default=str)
     say(text)
     return payload
 

@@ -10,6 +10,7 @@ the moments would be those of the same trajectory).
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -74,20 +75,24 @@ class Bases:
             progress=self.progress,
         ).fit(self.factory, self.train)
 
+    def _deep_ensemble(self, n: int) -> Ensemble:
+        if n > self.size:
+            raise ValueError(f"base: deepens-{n} needs {n} members, this run trains {self.size}")
+        full = self.deep_ensemble.ensemble()
+        return Ensemble.from_models([full.member_model(i) for i in range(n)], full.meta)
+
     def get(self, name: str) -> Any:
         """A base by name: single, swa, swag, swag-diag, deepens-N (nn.Module or Ensemble)."""
-        if name == "single":
-            return self.deep_ensemble.ensemble().member_model(0)
-        if name.startswith("deepens-"):
-            n = int(name.split("-")[1])
-            if n > self.size:
-                raise ValueError(f"base: {name} needs {n} members, this run trains {self.size}")
-            full = self.deep_ensemble.ensemble()
-            return Ensemble.from_models([full.member_model(i) for i in range(n)], full.meta)
-        if name == "swa":
-            return self.swag.swa_model_
-        if name == "swag":
-            return self.swag.ensemble()
-        if name == "swag-diag":
-            return self.swag.ensemble(n=self.swag_samples, diag=True, scale=1.0)
-        raise ValueError(f"base: unknown {name!r}; known: single, swa, swag, swag-diag, deepens-N")
+        if m := re.fullmatch(r"deepens-(\d+)", name):
+            return self._deep_ensemble(int(m[1]))
+        bases: dict[str, Callable[[], Any]] = {
+            "single": lambda: self.deep_ensemble.ensemble().member_model(0),
+            "swa": lambda: self.swag.swa_model_,
+            "swag": lambda: self.swag.ensemble(),
+            "swag-diag": lambda: self.swag.ensemble(n=self.swag_samples, diag=True, scale=1.0),
+        }
+        if name not in bases:
+            raise ValueError(
+                f"base: unknown {name!r}; known: single, swa, swag, swag-diag, deepens-N"
+            )
+        return bases[name]()

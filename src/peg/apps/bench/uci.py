@@ -19,7 +19,6 @@ are cached per (set, split, method): an interrupted run resumes, a rerun only ta
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import time
@@ -32,30 +31,51 @@ from torch import Tensor, nn
 
 from peg import data as datasets
 from peg._env import git_commit, machine
-from peg._io import atomic_write_text, load_tree, save_tree
+from peg._io import load_tree, save_tree
 from peg._progress import bar
+from peg.apps import registry
+from peg.apps.bench.spec import MethodSpec
+from peg.apps.results import write_results
 from peg.data.uci import UCI_SETS, uci_n_splits, uci_normalise
 from peg.ensemble import Ensemble
-from peg.layers.patching import emp_loss, patch
 from peg.losses import gaussian_nll_loss, packed_gaussian_nll
 from peg.methods.deep_ensemble import DeepEnsemble
-from peg.methods.dropout import MCDropout
-from peg.methods.packed import PackedEnsemble
-from peg.methods.patching import MCPatched
-from peg.methods.peg import PEG
-from peg.methods.pep import PEP
 from peg.methods.temperature import member_logits_of
 from peg.metrics.regression import log_predictive_density, rmse, split_gaussian
 from peg.models import MLP
 from peg.models.gaussian import RegressionMLP
 from peg.train import Recipe, instantiate, train
 
-METHODS = ("Single", "DeepEns-5", "MC-Dropout", "EMP", "ECMP", "Packed-(2,4,1)", "PEP-10", "PEG-10")
 HIDDEN = {"protein": 100}
 EPOCHS = {"protein": 20}
 MC_SAMPLES = 50
 DROPOUT = 0.05
 EMP_WEIGHT = 1e-4  # weight of the Eq. (6) regulariser added to the mean Gaussian NLL
+PATCHED = {"k": 5, "layers": "input+output", "weight": EMP_WEIGHT, "shared": True}
+
+
+def _peg_batch(split: Split) -> int:
+    return min(32, len(split.val[0]) // 2)
+
+
+# The columns: registry key (`peg.apps.registry`), base and options of each. An option given
+# as a function is evaluated on the split (PEG's gradient batch: half the validation points).
+SPECS: tuple[MethodSpec, ...] = (
+    MethodSpec("Single", "base", "single"),
+    MethodSpec("DeepEns-5", "base", "deepens-5"),
+    MethodSpec(
+        "MC-Dropout", "mc-dropout-trained", "single", {"p": DROPOUT, "n_members": MC_SAMPLES}
+    ),
+    MethodSpec("EMP", "emp", "single", {**PATCHED, "n_members": MC_SAMPLES}),
+    MethodSpec("ECMP", "ecmp", "single", {**PATCHED, "n_members": MC_SAMPLES}),
+    MethodSpec("Packed-(2,4,1)", "packed", "single", {"alpha": 2, "num_estimators": 4, "gamma": 1}),
+    MethodSpec("PEP-10", "pep", "single", {"n_members": 10}),
+    MethodSpec("PEG-10", "peg", "single", {"n_members": 10, "grad_batch_size": _peg_batch}),
+)
+METHODS = tuple(m.name for m in SPECS)
+BY_NAME = {m.name: m for m in SPECS}
+# checkpoint names of the models the methods train (kept from the first runs' caches)
+CHECKPOINTS = {"MC-Dropout": "mc-dropout", "Packed-(2,4,1)": "packed"}
 
 
 def _recipe(name: str, epochs: int | None) -> Recipe:
@@ -84,6 +104,14 @@ class Split:
     def factory(self, dropout: float = 0.0) -> Callable[[], nn.Module]:
         D = self.train[0].shape[1]
         return lambda: RegressionMLP(D, hidden=self.hidden, dropout=dropout)
+
+    def model(self, packed: Any = None, dropout: float = 0.0) -> nn.Module:
+        """A fresh network under the split's seed: the Gaussian MLP (with `dropout`), or with
+        `packed` the same MLP packed (Gaussian heads)."""
+        if packed is None:
+            return instantiate(self.factory(dropout), self.k)
+        D = self.train[0].shape[1]
+        return instantiate(lambda: MLP(D, 2, hidden=(self.hidden,), packed=packed), self.k)
 
     def deep_ensemble(self) -> Ensemble:
         if not hasattr(self, "_deep"):
@@ -114,39 +142,28 @@ class Split:
         )
         return net
 
+    def site(self, method: MethodSpec) -> registry.Site:
+        """Where `method` is built: the single model or the deep ensemble as base, the Gaussian
+        NLL as loss, and the split's recipe for the models the methods train."""
+        bases = {"single": self.single, "deepens-5": self.deep_ensemble}
+        tag = CHECKPOINTS.get(method.name, method.name)
+        return registry.Site(
+            seed=self.k,
+            progress=False,
+            base=bases[method.base],
+            val=self.val,
+            train=self.train,
+            model=self.model,
+            fit_model=lambda net, loss: self._trained(tag, net, loss),
+            loss=gaussian_nll_loss,
+            packed_loss=packed_gaussian_nll,
+        )
+
     def build(self, method: str) -> Any:
         """A fitted predictor with `member_logits(X) -> [M, N, 2]` (or an nn.Module)."""
-        if method == "Single":
-            return self.single()
-        if method == "DeepEns-5":
-            return self.deep_ensemble()
-        if method == "MC-Dropout":
-            net = instantiate(self.factory(DROPOUT), self.k)
-            return MCDropout(n_members=MC_SAMPLES, seed=self.k).fit(
-                self._trained("mc-dropout", net, gaussian_nll_loss)
-            )
-        if method in ("EMP", "ECMP"):
-            net = patch(
-                instantiate(self.factory(), self.k),
-                k=5,
-                mode=method.lower(),
-                layers="input+output",
-                seed=self.k,
-            )
-            loss = emp_loss(net, EMP_WEIGHT, base=gaussian_nll_loss)
-            return MCPatched(n_members=MC_SAMPLES, seed=self.k).fit(
-                self._trained(method, net, loss)
-            )
-        if method.startswith("Packed"):
-            D = self.train[0].shape[1]
-            net = instantiate(lambda: MLP(D, 2, hidden=(self.hidden,), packed=(2, 4, 1)), self.k)
-            return PackedEnsemble().fit(self._trained("packed", net, packed_gaussian_nll))
-        size = int(method.split("-")[1])
-        cls = PEG if method.startswith("PEG") else PEP
-        options = {"grad_batch_size": min(32, len(self.val[0]) // 2)} if cls is PEG else {}
-        return cls(n_members=size, seed=self.k, progress=False, **options).fit(
-            self.single(), self.val
-        )
+        spec = BY_NAME[method]
+        options = {k: v(self) if callable(v) else v for k, v in spec.options.items()}
+        return registry.build(spec.method, self.site(spec), **options)
 
     def outputs(self, method: str) -> Tensor:
         """Test outputs `[M, N, 2]` (cached)."""
@@ -225,9 +242,7 @@ def run_uci(
         },
     }
     text = _report(results, list(methods))
-    folder = Path(out) / "uci"
-    atomic_write_text(folder / "results.json", json.dumps(results, indent=2) + "\n")
-    atomic_write_text(folder / "results.md", text)
+    write_results(Path(out) / "uci", results, text)
     say(text)
     return results
 

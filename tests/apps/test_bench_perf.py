@@ -7,8 +7,8 @@ import io
 
 import pytest
 
-from peg.bench.perf import run_benchmarks
-from peg.cli import main
+from peg.apps.bench.perf import run_benchmarks
+from peg.apps.cli import main
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The `peg` command."""
+"""The `peg` command (`[project.scripts]`; also `python -m peg.apps`)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import dataclasses
 import os
 import sys
 import traceback
+from collections.abc import Callable
 
 from peg import distributed
 
@@ -63,14 +64,16 @@ def main(argv: list[str] | None = None) -> int:
         "test, shifted and OOD sets, and write results/<name>/results.{json,md}. Member logits "
         "are cached, so a rerun or an interrupted run resumes.",
     )
-    bench.add_argument("spec", help="a YAML file, or the name of a preset in configs/")
+    bench.add_argument(
+        "spec", help="a YAML file, or the name of a preset (peg/apps/configs/NAME.yaml)"
+    )
     bench.add_argument("--seeds", type=int, nargs="+", help="override the spec's seeds")
     bench.add_argument("--out", default="results", help="output folder (default: results)")
     bench.add_argument(
         "--cache", default=".peg-cache/bench", help="cache folder (default: .peg-cache/bench)"
     )
     bench.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    # ---- peg diversity (Fort et al. 2019 loss-landscape analyses; see peg.analysis)
+    # ---- peg diversity (Fort et al. 2019 loss-landscape analyses; see peg.apps.diversity)
     diversity = sub.add_parser(
         "diversity",
         help="function-space diversity: trajectories, t-SNE, diversity-accuracy plane, "
@@ -81,7 +84,11 @@ def main(argv: list[str] | None = None) -> int:
         "a table of diversity and ensemble accuracy/NLL per method. Fashion-MNIST by default "
         "(scikit-learn digits when it is not installed).",
     )
-    diversity.add_argument("spec", nargs="?", help="a YAML file of settings (default: built-in)")
+    diversity.add_argument(
+        "spec",
+        nargs="?",
+        help="a YAML file of settings, or a preset's name (default: built-in settings)",
+    )
     diversity.add_argument(
         "--quick", action="store_true", help="digits, few epochs (well under a minute)"
     )
@@ -132,66 +139,83 @@ def main(argv: list[str] | None = None) -> int:
     return status
 
 
+def _demo(args: argparse.Namespace, command: str, progress: bool | None) -> int:
+    from peg.apps.demo import run
+
+    data = "two-moons" if args.data == "moons" else args.data
+    run(
+        data=data,
+        quick=args.quick,
+        out=args.out,
+        seed=args.seed,
+        progress=progress,
+        command=command,
+    )
+    return 0
+
+
+def _bench(args: argparse.Namespace, command: str, progress: bool | None) -> int:
+    from peg.apps.bench.runner import run_spec
+    from peg.apps.bench.spec import find_spec, load_specs, load_uci_spec
+    from peg.apps.bench.uci import run_uci
+
+    path = find_spec(args.spec)
+    uci = load_uci_spec(path)
+    if uci is not None:
+        run_uci(**uci, out=args.out, cache=args.cache, progress=progress, command=command)
+        return 0
+    for spec in load_specs(path):
+        if args.seeds:
+            spec = dataclasses.replace(spec, seeds=tuple(args.seeds))
+        run_spec(spec, args.out, args.cache, progress=progress, command=command)
+    return 0
+
+
+def _paper_tables(args: argparse.Namespace, command: str, progress: bool | None) -> int:
+    from peg.apps.bench.paper import run
+
+    run(
+        preset=args.preset,
+        seeds=args.seeds,
+        out=args.out,
+        cache=args.cache,
+        tables=args.tables,
+        progress=progress,
+        command=command,
+    )
+    return 0
+
+
+def _diversity(args: argparse.Namespace, command: str, progress: bool | None) -> int:
+    from peg.apps.diversity import study
+
+    config = study.load_config(args.spec, quick=args.quick)
+    study.run(config, out=args.out, cache=args.cache, progress=progress, command=command)
+    return 0
+
+
+def _bench_perf(args: argparse.Namespace, command: str, progress: bool | None) -> int:
+    from peg.apps.bench.perf import run_benchmarks
+
+    out = args.out or (None if args.quick else "results/benchmarks")
+    status = run_benchmarks(args.names, args.dir, out, args.quick)
+    return 1 if any(status.values()) else 0
+
+
+# each command's handler; the applications are imported only when their command runs
+COMMANDS: dict[str, Callable[[argparse.Namespace, str, bool | None], int]] = {
+    "demo": _demo,
+    "bench": _bench,
+    "paper-tables": _paper_tables,
+    "diversity": _diversity,
+    "bench-perf": _bench_perf,
+}
+
+
 def _run(args: argparse.Namespace, command: str) -> int:
     """Carry out one parsed `peg` command."""
     progress = False if getattr(args, "no_progress", False) else None
-    if args.command == "bench-perf":
-        from peg.bench.perf import run_benchmarks
-
-        out = args.out or (None if args.quick else "results/benchmarks")
-        status = run_benchmarks(args.names, args.dir, out, args.quick)
-        return 1 if any(status.values()) else 0
-    if args.command == "demo":
-        from peg.demo import run
-
-        data = "two-moons" if args.data == "moons" else args.data
-        run(
-            data=data,
-            quick=args.quick,
-            out=args.out,
-            seed=args.seed,
-            progress=progress,
-            command=command,
-        )
-    elif args.command == "bench":
-        from peg.bench.runner import run_spec
-        from peg.bench.spec import find_spec, load_specs, load_uci_spec
-
-        path = find_spec(args.spec)
-        uci = load_uci_spec(path)
-        if uci is not None:
-            from peg.bench.uci import run_uci
-
-            run_uci(**uci, out=args.out, cache=args.cache, progress=progress, command=command)
-            return 0
-        for spec in load_specs(path):
-            if args.seeds:
-                spec = dataclasses.replace(spec, seeds=tuple(args.seeds))
-            run_spec(spec, args.out, args.cache, progress=progress, command=command)
-    elif args.command == "paper-tables":
-        from peg.bench.paper import run as paper_tables
-
-        paper_tables(
-            preset=args.preset,
-            seeds=args.seeds,
-            out=args.out,
-            cache=args.cache,
-            tables=args.tables,
-            progress=progress,
-            command=command,
-        )
-    elif args.command == "diversity":  # peg diversity (see the parser block above)
-        from peg.analysis.diversity_run import load_config
-        from peg.analysis.diversity_run import run as run_diversity
-
-        run_diversity(
-            load_config(args.spec, quick=args.quick),
-            out=args.out,
-            cache=args.cache,
-            progress=progress,
-            command=command,
-        )
-    return 0
+    return COMMANDS[args.command](args, command, progress)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from peg.cli import main
+from peg.apps.cli import main
 
 
 def test_demo_on_two_moons_writes_table_json_and_figures(tmp_path, capsys):

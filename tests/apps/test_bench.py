@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
-from peg.bench import runner
-from peg.bench.runner import check_methods, fit_images, run_spec
-from peg.bench.spec import SpecError, find_spec, load_specs, load_uci_spec, parse_spec
-from peg.cli import main
-
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+from peg.apps.bench import runner
+from peg.apps.bench.runner import check_methods, fit_images, run_spec
+from peg.apps.bench.spec import SpecError, find_spec, load_specs, load_uci_spec, parse_spec
+from peg.apps.cli import main
 
 SMALL = {
     "name": "tiny-digits",
@@ -146,7 +143,7 @@ def test_every_bench_preset_parses(preset):
 
 
 def test_the_uci_preset_names_every_set_and_method():
-    from peg.bench.uci import METHODS
+    from peg.apps.bench.uci import METHODS
     from peg.data.uci import UCI_SETS
 
     options = load_uci_spec(find_spec("uci"))
@@ -194,7 +191,7 @@ def test_fit_images_pads_mnist_for_cifar_and_resizes_otherwise():
 
 
 def test_uci_runner_on_one_split_and_its_cache(tmp_path, monkeypatch):
-    from peg.bench import uci
+    from peg.apps.bench import uci
 
     kwargs = {
         "sets": ["yacht"],
@@ -246,7 +243,7 @@ def test_packed_and_patched_methods_train_their_own_models(tmp_path):
 
 
 def test_uci_summary_keeps_an_infinite_split_visible():
-    from peg.bench.uci import _report, _se
+    from peg.apps.bench.uci import _report, _se
 
     assert _se([1.0, 2.0, 3.0])["se"] == pytest.approx(1 / 3**0.5)
     bad = _se([-2.0, -math.inf, -3.0])

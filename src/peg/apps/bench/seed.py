@@ -1,0 +1,168 @@
+"""One seed of one benchmark: data, bases, evaluation sets, and every method's cached member
+logits (`SeedRun`); methods are built through the registry (`peg.apps.registry`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from peg import data as datasets
+from peg import models
+from peg._io import load_tree, save_tree
+from peg.apps import registry
+from peg.apps.bench.bases import Bases
+from peg.apps.bench.spec import MethodSpec, Spec
+from peg.apps.data import subsample
+from peg.data import corruptions, transforms
+from peg.methods.temperature import member_logits_of
+from peg.train import instantiate, train
+
+
+class SeedRun:
+    """One seed of one spec: data, bases, evaluation sets, cached member logits."""
+
+    def __init__(
+        self,
+        spec: Spec,
+        seed: int,
+        cache: Path,
+        root: str | None = None,
+        progress: bool | None = None,
+    ) -> None:
+        self.spec, self.seed, self.progress, self.root = spec, seed, progress, root
+        self.cache = cache / spec.name / f"seed-{seed}"
+        X, y = datasets.load(spec.data, "train", root=root, seed=seed, **spec.data_options)
+        X_tr, y_tr, X_val, y_val = datasets.train_val_split(X, y, spec.val_fraction, seed=seed)
+        self.train = subsample(X_tr, y_tr, spec.train_points, seed, sort=True)
+        self.val = (X_val, y_val)
+        X_test, y_test = datasets.load(spec.data, "test", root=root, seed=seed, **spec.data_options)
+        self.test = subsample(X_test, y_test, spec.test_points, seed, sort=True)
+        self.num_classes = int(torch.cat([y_tr, y_val]).max()) + 1
+        self.bases = Bases(
+            self.factory,
+            self.train,
+            spec.train,
+            spec.swa,
+            seed,
+            spec.deep_ensemble_size,
+            spec.swag_samples,
+            self.cache,
+            progress,
+        )
+
+    def factory(self, **extra: Any) -> nn.Module:
+        shape = tuple(self.train[0].shape[1:])
+        options = {k: v for k, v in self.spec.model.items() if k != "name"} | extra
+        if self.spec.model["name"] == "mlp":
+            options.setdefault("in_features", int(torch.tensor(shape).prod()))
+        else:
+            options.setdefault("in_channels", shape[0])
+        return models.build(self.spec.model["name"], num_classes=self.num_classes, **options)
+
+    def eval_sets(self) -> dict[str, Callable[[], Tensor]]:
+        """Data set name → inputs (built lazily: a cached run never materialises them)."""
+        X = self.test[0]
+        key = f"{self.spec.data}-test-{self.spec.test_points}-{self.seed}"
+        sets: dict[str, Callable[[], Tensor]] = {"test": lambda: X}
+        for deg in self.spec.rotations:
+            sets[f"rotate-{deg:g}"] = lambda deg=deg: corruptions.rotate(X, deg)
+        for name in self.spec.corruptions:
+            for sev in self.spec.severities:
+                sets[f"{name}-{sev}"] = lambda name=name, sev=sev: corruptions.corrupted(
+                    X, name, sev, seed=self.seed, key=key
+                )
+        for name in self.spec.ood:
+            sets[f"{name} (OOD)"] = lambda name=name: self._ood_inputs(name)
+        return sets
+
+    def _ood_inputs(self, name: str) -> Tensor:
+        X, _ = datasets.load(name, "test", root=self.root, seed=self.seed)
+        X = subsample(X, None, self.spec.test_points, self.seed, sort=True)[0]
+        return fit_images(X, tuple(self.test[0].shape[1:]), name)
+
+    def _train_own(
+        self, tag: str, net: nn.Module, loss: Callable[[Tensor, Tensor], Tensor]
+    ) -> nn.Module:
+        """Train a method's own model with the spec's recipe (checkpointed, resumable)."""
+        train(
+            net,
+            self.train,
+            self.spec.train,
+            seed=self.seed,
+            loss=loss,
+            checkpoint=self.cache / f"{tag}.safetensors",
+            progress=self.progress,
+        )
+        return net
+
+    def site(self, method: MethodSpec) -> registry.Site:
+        """Where `method` is built: its base, the validation and training data, a fresh model
+        of the spec and the spec's recipe to train one (Packed, EMP, ECMP)."""
+        return registry.Site(
+            seed=self.seed,
+            progress=self.progress,
+            base=lambda: self.bases.get(method.base),
+            val=self.val,
+            train=self.train,
+            score_points=self.spec.score_points,
+            model=lambda **extra: instantiate(lambda: self.factory(**extra), self.seed),
+            fit_model=lambda net, loss: self._train_own(method.key, net, loss),
+        )
+
+    def build(self, method: MethodSpec) -> Any:
+        """The fitted predictor of one method (nn.Module, Ensemble or a fitted method)."""
+        return registry.build(method.method, self.site(method), **method.options)
+
+    def logits(self, method: MethodSpec) -> dict[str, Tensor]:
+        """Member logits `[M, N, C]` of one method on every evaluation set (cached)."""
+        folder = self.cache / "logits" / method.key
+        out: dict[str, Tensor] = {}
+        predictor = None
+        for name, inputs in self.eval_sets().items():
+            path = folder / f"{_file_name(name)}.safetensors"
+            if path.exists():
+                out[name] = load_tree(path)["logits"]
+                continue
+            if predictor is None:
+                started = time.perf_counter()
+                predictor = self.build(method)
+                info = {"seconds": time.perf_counter() - started}
+                info |= registry.scales(predictor)
+                save_tree(folder / "build.safetensors", info)
+            out[name] = member_logits_of(predictor, inputs())
+            save_tree(path, {"logits": out[name]})
+        return out
+
+    def info(self, method: MethodSpec) -> dict[str, float]:
+        """What building `method` recorded: seconds, and the chosen η, σ or T."""
+        path = self.cache / "logits" / method.key / "build.safetensors"
+        return dict(load_tree(path)) if path.exists() else {}
+
+
+def fit_images(X: Tensor, target: tuple[int, ...], name: str) -> Tensor:
+    """OOD images `[N, c, h, w]` brought to the model's input shape `target` = (C, H, W).
+
+    28×28 grey into 32×32×3 is padded (the papers' MNIST-as-OOD-for-CIFAR convention); any
+    other size is resized (bilinear, antialiased) and a single channel repeated.
+    """
+    if X.ndim != 4 or len(target) != 3:
+        raise ValueError(f"ood: {name} inputs {tuple(X.shape[1:])} cannot be fitted to {target}")
+    if tuple(X.shape[1:]) == (1, 28, 28) and target == (3, 32, 32):
+        return transforms.pad_to(X, 32, 3)
+    C, H, W = target
+    if X.shape[2:] != (H, W):
+        X = torch.nn.functional.interpolate(X, size=(H, W), mode="bilinear", antialias=True)
+    if X.shape[1] != C:
+        if X.shape[1] != 1:
+            raise ValueError(f"ood: {name} has {X.shape[1]} channels, the model takes {C}")
+        X = X.repeat(1, C, 1, 1)
+    return X.clamp(0, 1)
+
+
+def _file_name(dataset: str) -> str:
+    return dataset.replace(" ", "_").replace("(", "").replace(")", "")

@@ -1,0 +1,327 @@
+"""The method registry of the applications: one place that maps a method key to how the method
+is built and fitted, in the style of laplace-torch's registries. Every application that
+chooses a method by name (the bench runner, the UCI runner, the paper tables, the demo, the
+diversity study) goes through it::
+
+    site = Site(seed=0, base=lambda: model, val=(X_val, y_val))
+    ens = build("peg", site, n_members=15)          # PEG(seed=0, ...).fit(model, val)
+    configure("pep", site, {"sigma": -1})            # ValueError, before anything is trained
+
+A `Site` holds what a builder may draw on where it is built (the seed, the trained base, the
+validation and training data, a fresh model and the application's way of training it, the
+task's loss, checkpoints of a trajectory); an application fills in what it has, and a builder
+that needs something its site lacks says so. Each entry is a `Builder` subclass registered
+under its key with `@register(key)`: constructing it checks the options and trains nothing,
+its `fit(site)` returns the fitted predictor (an nn.Module, an Ensemble or a fitted method).
+
+Keys (in registration order): "base" (the site's base itself); post-hoc methods on the base:
+"temperature", "peg", "pep", "mc-dropout", "random-subspace", "dropout-subspace"; methods that
+train a model of their own with the site's recipe (`Builder.trains`): "packed", "emp", "ecmp",
+"mc-dropout-trained"; "swag" (SWAG moments collected from the base on the training data);
+samplers fitted to a trajectory's checkpoints: "diagonal-gaussian", "low-rank-gaussian".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from peg.ensemble import Ensemble
+from peg.layers import emp_loss, patch
+from peg.losses import packed_loss
+from peg.methods import (
+    PEG,
+    PEP,
+    SWAG,
+    DiagonalGaussian,
+    DropoutSubspace,
+    LowRankGaussian,
+    MCDropout,
+    MCPatched,
+    PackedEnsemble,
+    RandomSubspace,
+    TemperatureScaling,
+)
+from peg.methods.swag import has_batchnorm
+from peg.models._packed import Packing
+
+Loss = Callable[[Tensor, Tensor], Tensor]
+
+
+@dataclass
+class Site:
+    """What a builder may draw on where a method is built (fields left None: not available).
+
+    Attributes:
+        seed: the seed of the method (and of the model it trains).
+        progress: progress bars (None: only on a terminal).
+        base: the trained base, built on first use: an nn.Module or an Ensemble.
+        val: validation data `(X, y)`, which post-hoc methods are fitted on.
+        train: training data `(X, y)`.
+        score_points: validation points that score a searched scale (PEG's η, PEP's σ) when
+            the options do not say (None: all).
+        model: a fresh, untrained model under `seed`; keywords `packed=` (a `Packing`) and
+            `dropout=` (a probability) ask for those variants.
+        fit_model: trains a method's own model with the application's recipe (checkpointed),
+            `fit_model(net, loss) -> net`.
+        loss: the task's loss (cross-entropy; a Gaussian NLL for regression).
+        packed_loss: the loss of a packed model (each member on its own `loss`).
+        iterates: state dicts of the last checkpoints of one trajectory.
+        skeleton: the architecture of `iterates`.
+    """
+
+    seed: int = 0
+    progress: bool | None = None
+    base: Callable[[], Any] | None = None
+    val: tuple[Tensor, Tensor] | None = None
+    train: tuple[Tensor, Tensor] | None = None
+    score_points: int | None = None
+    model: Callable[..., nn.Module] | None = None
+    fit_model: Callable[[nn.Module, Loss], nn.Module] | None = None
+    loss: Loss = F.cross_entropy
+    packed_loss: Loss = packed_loss
+    iterates: Sequence[Mapping[str, Tensor]] | None = None
+    skeleton: nn.Module | None = None
+
+    def need(self, name: str) -> Any:
+        """The field `name`; a ValueError when this site does not have it."""
+        value = getattr(self, name)
+        if value is None:
+            raise ValueError(f"{name}: the method needs a {name}, and this application has none")
+        return value
+
+
+class Builder:
+    """One registered method, configured: `__init__` checks the options (trains nothing),
+    `fit(site)` returns the fitted predictor."""
+
+    key: ClassVar[str] = ""
+    trains: ClassVar[bool] = False  # trains a model of its own: never uses the site's base
+
+    def __init__(self, site: Site, options: Mapping[str, Any]) -> None:
+        raise NotImplementedError
+
+    def fit(self, site: Site) -> Any:
+        raise NotImplementedError
+
+
+REGISTRY: dict[str, type[Builder]] = {}
+B = TypeVar("B", bound=type[Builder])
+
+
+def register(key: str) -> Callable[[B], B]:
+    """Class decorator: register a `Builder` subclass under `key` (each key once)."""
+
+    def add(cls: B) -> B:
+        if key in REGISTRY:
+            raise ValueError(f"method {key!r} is registered already ({REGISTRY[key].__name__})")
+        cls.key = key
+        REGISTRY[key] = cls
+        return cls
+
+    return add
+
+
+def entry(key: str) -> type[Builder]:
+    """The builder registered under `key` (a ValueError naming the known keys otherwise)."""
+    try:
+        return REGISTRY[key]
+    except KeyError:
+        raise ValueError(f"method: unknown {key!r}; known: {list(REGISTRY)}") from None
+
+
+def configure(key: str, site: Site, options: Mapping[str, Any] | None = None) -> Builder:
+    """The method `key` with `options`, checked (TypeError / ValueError) but not fitted."""
+    return entry(key)(site, dict(options or {}))
+
+
+def build(key: str, site: Site, /, **options: Any) -> Any:
+    """The fitted predictor of method `key` with `options`, built on `site`."""
+    return configure(key, site, options).fit(site)
+
+
+SCALES = (("eta_", "eta"), ("sigma_", "sigma"), ("temperature_", "T"))
+
+
+def scales(fitted: Any) -> dict[str, float]:
+    """The scale a fitted method chose, by its short name: PEG's η, PEP's σ, temperature T."""
+    return {label: float(getattr(fitted, a)) for a, label in SCALES if hasattr(fitted, a)}
+
+
+# ---------------------------------------------------------------- the base itself
+@register("base")
+class Base(Builder):
+    """The site's base as it is (Single, SWA, SWAG, DeepEns-N: whatever the base is)."""
+
+    def __init__(self, site: Site, options: Mapping[str, Any]) -> None:
+        if options:
+            raise ValueError(f"a base takes no options, got {dict(options)}")
+
+    def fit(self, site: Site) -> Any:
+        return site.need("base")()
+
+
+# ---------------------------------------------------------------- post-hoc, on the base
+class PostHoc(Builder):
+    """`method(seed=, progress=, **options).fit(base, val)`."""
+
+    method: ClassVar[type]
+    seeded: ClassVar[bool] = True  # takes seed= and progress= (the site's, unless given)
+    scored: ClassVar[bool] = False  # takes max_score_points= (default: the site's)
+    single: ClassVar[bool] = False  # needs a single model as base, not an Ensemble
+
+    def __init__(self, site: Site, options: Mapping[str, Any]) -> None:
+        o = dict(options)
+        if self.scored:
+            o.setdefault("max_score_points", site.score_points)
+        if self.seeded:
+            o = {"seed": site.seed, "progress": site.progress} | o
+        self.unfitted = self.method(**o)
+
+    def fit(self, site: Site) -> Any:
+        base = site.need("base")()
+        if self.single and isinstance(base, Ensemble):
+            raise ValueError(
+                f"{self.key}: needs a single model as base, got an ensemble of {len(base)}"
+            )
+        return self.unfitted.fit(base, site.val)
+
+
+@register("temperature")
+class Temperature(PostHoc):
+    method = TemperatureScaling
+    seeded = False
+
+
+@register("peg")
+class PEGBuilder(PostHoc):
+    method = PEG
+    scored = True
+
+
+@register("pep")
+class PEPBuilder(PostHoc):
+    method = PEP
+    scored = True
+
+
+@register("mc-dropout")
+class MCDropoutBuilder(PostHoc):
+    method = MCDropout
+    single = True
+
+
+@register("random-subspace")
+class RandomSubspaceBuilder(PostHoc):
+    method = RandomSubspace
+    single = True
+
+
+@register("dropout-subspace")
+class DropoutSubspaceBuilder(PostHoc):
+    method = DropoutSubspace
+    single = True
+
+
+# ---------------------------------------------------------------- a model of their own
+@register("packed")
+class Packed(Builder):
+    """Packed-Ensembles: the site's model built packed (`alpha`, `num_estimators`, `gamma`),
+    trained with the site's recipe on its packed loss."""
+
+    trains = True
+
+    def __init__(self, site: Site, options: Mapping[str, Any]) -> None:
+        self.packing = Packing(**options)  # checks alpha, num_estimators, gamma
+
+    def fit(self, site: Site) -> Any:
+        net = site.need("model")(packed=self.packing)
+        return PackedEnsemble().fit(site.need("fit_model")(net, site.packed_loss))
+
+
+class Patched(Builder):
+    """Ensemble Model Patching: the site's model patched with `k` components (default 5) on
+    `layers` (default: its BatchNorms, else its input and output layers), trained with the
+    site's recipe on the site's loss plus `weight` (default 1 / training points) × the Eq. (6)
+    regulariser (`shared`: also on the layers that are not patched), then `n_members` MC
+    samples (default 20)."""
+
+    trains = True
+    mode: ClassVar[str]
+    OPTIONS: ClassVar[tuple[str, ...]] = ("k", "n_members", "layers", "weight", "shared")
+
+    def __init__(self, site: Site, options: Mapping[str, Any]) -> None:
+        unknown = sorted(set(options) - set(self.OPTIONS))
+        if unknown:
+            raise ValueError(f"unknown option(s) {unknown}; known: {', '.join(self.OPTIONS)}")
+        self.options = dict(options)
+
+    def fit(self, site: Site) -> Any:
+        o = self.options
+        net = site.need("model")()
+        layers = o.get("layers", "bn" if has_batchnorm(net) else "input+output")
+        patch(net, k=o.get("k", 5), mode=self.mode, layers=layers, seed=site.seed)
+        weight = o["weight"] if "weight" in o else 1.0 / len(site.need("train")[0])
+        loss = emp_loss(net, weight, shared=o.get("shared", False), base=site.loss)
+        site.need("fit_model")(net, loss)
+        return MCPatched(n_members=o.get("n_members", 20), seed=site.seed).fit(net)
+
+
+@register("emp")
+class EMP(Patched):
+    mode = "emp"
+
+
+@register("ecmp")
+class ECMP(Patched):
+    mode = "ecmp"
+
+
+@register("mc-dropout-trained")
+class TrainedDropout(Builder):
+    """MC dropout on a model trained with dropout: the site's model built with `dropout=p`,
+    trained with the site's recipe on its loss, then `MCDropout(**options)` samples."""
+
+    trains = True
+
+    def __init__(self, site: Site, options: Mapping[str, Any]) -> None:
+        o = dict(options)
+        self.p = o.pop("p", 0.1)
+        self.sampler = MCDropout(**({"seed": site.seed, "progress": site.progress} | o))
+
+    def fit(self, site: Site) -> Any:
+        net = site.need("model")(dropout=self.p)
+        return self.sampler.fit(site.need("fit_model")(net, site.loss))
+
+
+# ---------------------------------------------------------------- around a trajectory
+@register("swag")
+class SWAGBuilder(PostHoc):
+    """SWAG (`diag=True`: SWAG-Diag) collected from the base on the site's training data with
+    `recipe` (its SWA phase)."""
+
+    method = SWAG
+
+    def fit(self, site: Site) -> Any:
+        return self.unfitted.fit(site.need("base")(), site.need("train"))
+
+
+class IterateGaussian(PostHoc):
+    """A Gaussian fitted to the site's `iterates` (one trajectory's last checkpoints)."""
+
+    def fit(self, site: Site) -> Any:
+        return self.unfitted.fit(site.need("iterates"), skeleton=site.skeleton)
+
+
+@register("diagonal-gaussian")
+class DiagonalGaussianBuilder(IterateGaussian):
+    method = DiagonalGaussian
+
+
+@register("low-rank-gaussian")
+class LowRankGaussianBuilder(IterateGaussian):
+    method = LowRankGaussian
