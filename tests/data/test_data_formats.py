@@ -19,7 +19,7 @@ import torch
 from peg import data
 from peg.data import _cache, cifar, mnist, transforms, uci
 
-SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 RNG = np.random.default_rng(7)
 
 

@@ -26,7 +26,7 @@ from peg.metrics import (
 from peg.models.gaussian import GaussianHead, RegressionMLP, gaussian_nll_loss
 from peg.train import Recipe, train
 
-SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 UCI_ARCHIVE = SHARED / "uci_gal_hernandez_lobato.tgz"
 
 

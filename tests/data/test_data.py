@@ -16,7 +16,7 @@ from peg import data
 from peg.data import mnist, roots
 
 SYSTEM_FASHION = Path("/usr/share/datasets/fashion-mnist")
-SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 
 
 @pytest.fixture()
@@ -213,7 +213,7 @@ def test_unknown_name_split_and_options() -> None:
 
 def test_names_classes_shapes() -> None:
     base = ["fashion-mnist", "mnist", "notmnist", "digits", "two-moons", "three-moons", "linear"]
-    assert set(base) <= set(data.names())  # the file-format sets: tests/test_data_formats.py
+    assert set(base) <= set(data.names())  # the file-format sets: tests/data/test_data_formats.py
     assert data.names() == sorted(data.names())
     assert data.num_classes("three-moons") == 3
     assert data.num_classes("Fashion_MNIST") == 10
