@@ -179,14 +179,15 @@ class PerturbationEnsemble(Recipes, FittedEnsemble):
         """Build the ensemble around `model` (or around each member of an ensemble).
 
         Args:
-            model: a trained nn.Module, a list of them or a `peg.Ensemble` (one set of `size`
-                members is built around each, `size * R` members in all).
+            model: a trained nn.Module, a list of them or a `peg.Ensemble` (one set of `n_members`
+                members is built around each, `n_members * R` in all).
             val: validation data: a tuple (X, y), a Dataset or a DataLoader of (x, y).
             bn_data: inputs (training data) for re-estimating BatchNorm statistics of every
                 member; required when bn="refresh", ignored otherwise.
 
         Returns:
-            self, with `ensemble_` (the `Ensemble`), `<scale>_` (the scale used),
+            self, with `members_` (how the members are held, `peg.methods._members`),
+            `ensemble_` (the `Ensemble`), `<scale>_` (the scale used),
             `search_` ({scale: criterion} for every scale evaluated), `search_points_`
             ({scale: scoring points it was scored on}) and `search_stopped_` (the scales scored
             on fewer than all). A raced scale's value is the incumbent's + the mean paired
