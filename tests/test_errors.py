@@ -61,6 +61,13 @@ class _DictOut(_TupleOut):
         return {"logits": self.lin(x), "hidden_states": x}
 
 
+class _ScoresOut(_TupleOut):
+    """A mapping without "logits": the output_fn hook is needed."""
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:  # type: ignore[override]
+        return {"scores": self.lin(x), "hidden_states": x}
+
+
 class _Scaled(nn.Module):
     """Holds a parameter itself: no folded form."""
 
@@ -634,10 +641,10 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
     ),
     (
         "PEG",
-        "forward returns a dict",
-        lambda: peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(_DictOut().eval(), _val()),
+        "forward returns a dict without 'logits'",
+        lambda: peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(_ScoresOut().eval(), _val()),
         TypeError,
-        r"peg\.with_output\(model, 'logits'\)",
+        r"peg\.with_output\(model, 'scores'\)",
     ),
     (
         "PEG",
