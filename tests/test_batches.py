@@ -212,3 +212,21 @@ def test_inputs_follow_the_model(ds):
     wrong = {"input_ids": ds.ids[:4], "mask": ds.mask[:4]}
     with pytest.raises(ValueError, match=r"model cannot run on inputs dict .*model\(\*\*inputs\)"):
         peg.Ensemble.from_models([_net()]).member_logits(wrong, strategy="loop")
+
+
+def test_fitted_peg_predicts_mapping_batches():
+    """PEG fits on tensors (its fit gathers); the fitted ensemble predicts `{"x", "labels"}`
+    batches as `model(input=...)` (`nn.Sequential.forward(input)`), equal to the tensors."""
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(64, 2, generator=g), torch.randint(0, 2, (64,), generator=g)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
+    ens = peg.PEG(n_members=3, grad_batch_size=8, eta=0.1, progress=False).fit(net, (X, y))
+    for key in ("labels", "label"):
+        loader = DataLoader([{"input": X[i], key: y[i]} for i in range(64)], batch_size=16)
+        for strategy in ("loop", "auto"):
+            got = ens.member_logits(loader, strategy=strategy)
+            torch.testing.assert_close(got, ens.member_logits(X, 16), rtol=1e-5, atol=1e-6)
+        assert torch.equal(
+            ens.member_logits(loader, strategy="loop"), ens.member_logits(X, 16, strategy="loop")
+        )
