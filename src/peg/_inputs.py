@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from peg.batches import (
     BatchFn,
+    Tapped,
     batch_rows,
     check_data_device,
     describe_inputs,
@@ -256,24 +257,6 @@ def probe_inputs(
     if first is None:
         raise ValueError(f"{name}: the data is empty (0 samples)")
     return first
-
-
-class Tapped:
-    """Data whose batches `iter_inputs` yields while recording their labels.
-
-    Handed to a predictor's `member_logits` in place of the data itself, so that one pass over
-    a loader gives both the logits and the labels, batch by batch, the inputs never gathered.
-    """
-
-    def __init__(self, data: Data, batch_fn: BatchFn | None = None, name: str = "X") -> None:
-        self.data, self.batch_fn, self.name = data, batch_fn, name
-        self.labels_seen: list[Tensor] = []
-
-    def labels(self) -> Tensor:
-        """The labels of every batch seen, in order, `[N]`."""
-        if not self.labels_seen:
-            raise ValueError(f"{self.name}: the data is empty (0 samples)")
-        return torch.cat(self.labels_seen)
 
 
 def num_batches(X: Data, batch_size: int) -> int | None:

@@ -37,6 +37,7 @@ LABEL_KEYS = ("labels", "label")
 __all__ = [
     "LABEL_KEYS",
     "BatchFn",
+    "Tapped",
     "batch_rows",
     "call_model",
     "check_batch_fn",
@@ -49,6 +50,25 @@ __all__ = [
 
 def _where(name: str, index: int | None) -> str:
     return f"{name}: batch {index}" if index is not None else f"{name}: the batch"
+
+
+class Tapped:
+    """Data whose batches `peg._inputs.iter_inputs` yields while recording their labels.
+
+    Handed (by `peg.evaluate`, temperature scaling) to a predictor's `member_logits` in place
+    of the data itself, so that one pass over a loader gives both the logits and the labels,
+    batch by batch, the inputs never gathered.
+    """
+
+    def __init__(self, data: Any, batch_fn: BatchFn | None = None, name: str = "X") -> None:
+        self.data, self.batch_fn, self.name = data, batch_fn, name
+        self.labels_seen: list[Tensor] = []
+
+    def labels(self) -> Tensor:
+        """The labels of every batch seen, in order, `[N]`."""
+        if not self.labels_seen:
+            raise ValueError(f"{self.name}: the data is empty (0 samples)")
+        return torch.cat(self.labels_seen)
 
 
 def check_batch_fn(batch_fn: Any, name: str = "batch_fn") -> BatchFn | None:
