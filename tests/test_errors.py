@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from torch.utils.data import DataLoader
 
 import peg
 from peg import data, metrics, models
@@ -59,6 +60,13 @@ class _TupleOut(nn.Module):
 class _DictOut(_TupleOut):
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:  # type: ignore[override]
         return {"logits": self.lin(x), "hidden_states": x}
+
+
+class _ScoresOut(_TupleOut):
+    """A mapping without "logits": the output_fn hook is needed."""
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:  # type: ignore[override]
+        return {"scores": self.lin(x), "hidden_states": x}
 
 
 class _Scaled(nn.Module):
@@ -634,10 +642,10 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
     ),
     (
         "PEG",
-        "forward returns a dict",
-        lambda: peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(_DictOut().eval(), _val()),
+        "forward returns a dict without 'logits'",
+        lambda: peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(_ScoresOut().eval(), _val()),
         TypeError,
-        r"peg\.with_output\(model, 'logits'\)",
+        r"peg\.with_output\(model, 'scores'\)",
     ),
     (
         "PEG",
@@ -656,6 +664,56 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
         ),
         OutputFnError,
         "out of range",
+    ),
+    (
+        "batches",
+        "mapping batch without 'labels' or 'label' where labels are needed",
+        lambda: peg.evaluate(_mlp(), DataLoader([{"x": torch.zeros(4, 2)}], batch_size=None)),
+        ValueError,
+        r"X: batch 0 is a mapping without 'labels' or 'label' \(keys: \['x'\]\); pass batch_fn",
+    ),
+    (
+        "batches",
+        "inputs disagreeing on the number of rows",
+        lambda: peg.Ensemble.from_models([_mlp()]).member_logits(
+            {"x": torch.zeros(4, 2), "mask": torch.zeros(3)}
+        ),
+        ValueError,
+        r"X: the inputs disagree on the number of rows \(\['x'\]: 4, \['mask'\]: 3\)",
+    ),
+    (
+        "batches",
+        "batch_fn not returning a pair (inputs, y)",
+        lambda: peg.evaluate(
+            _mlp(), DataLoader([_val()], batch_size=None), batch_fn=lambda batch: batch[0]
+        ),
+        TypeError,
+        r"batch_fn: must return a pair \(inputs, y\), got Tensor",
+    ),
+    (
+        "batches",
+        "batch_fn not callable",
+        lambda: peg.TemperatureScaling(batch_fn="labels"),
+        TypeError,
+        r"batch_fn: expected None or a callable",
+    ),
+    (
+        "batches",
+        "batch neither a tensor, a tuple nor a mapping",
+        lambda: peg.Ensemble.from_models([_mlp()]).member_logits(
+            DataLoader(["a", "b"], batch_size=None)
+        ),
+        TypeError,
+        r"X: batch 0: expected inputs that are a Tensor, a numpy array or a mapping",
+    ),
+    (
+        "batches",
+        "mapping batches where inputs are gathered (PEG/PEP fit)",
+        lambda: peg.PEG(n_members=2, eta=0.1).fit(
+            _mlp(), DataLoader([{"x": _val()[0], "labels": _val()[1]}], batch_size=None)
+        ),
+        TypeError,
+        r"val: batches of structured inputs .* cannot be gathered",
     ),
     (
         "with_output",

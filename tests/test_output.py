@@ -144,23 +144,46 @@ def test_the_wrapper_copies_and_pickles_with_a_key(data):
     assert "output_fn='logits'" in repr(wrapped)
 
 
-@pytest.mark.parametrize(
-    ("net", "pattern"),
-    [(DictNet, r"peg.with_output\(model, 'logits'\)"), (TupleNet, r"peg.with_output\(model, 0\)")],
-)
-def test_without_the_hook_the_error_names_it(net, pattern, data):
-    X, y = data
-    calls = [
-        lambda m: peg.PEG(n_members=2, eta=0.1, grad_batch_size=16).fit(m, (X, y)),
+def _calls(X, y):
+    return [
+        lambda m: peg.PEG(n_members=2, eta=0.1, grad_batch_size=16, seed=0).fit(m, (X, y)),
         lambda m: peg.Ensemble.from_models([m, m]).member_logits(X[:8], strategy="vmap"),
         lambda m: peg.Ensemble.from_models([m]).member_logits(X, strategy="loop"),
         lambda m: peg.evaluate(m, X, y),
         lambda m: peg.TemperatureScaling().fit(m, (X, y)),
         lambda m: peg.train.train(m, (X, y), epochs=1),
     ]
-    for call in calls:
+
+
+class KeyNet(Net):
+    """A mapping without "logits": the hook is needed."""
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:  # type: ignore[override]
+        return {"scores": self.head(self.body(x))}
+
+
+@pytest.mark.parametrize(
+    ("net", "pattern"),
+    [(KeyNet, r"peg.with_output\(model, 'scores'\)"), (TupleNet, r"peg.with_output\(model, 0\)")],
+)
+def test_without_the_hook_the_error_names_it(net, pattern, data):
+    X, y = data
+    for call in _calls(X, y):
         with pytest.raises(TypeError, match=f"output_fn hook, e.g. {pattern}"):
             call(_same_weights(net))
+
+
+def test_a_mapping_with_logits_needs_no_hook(data):
+    """HuggingFace's convention: `{"logits": ...}` (or `ModelOutput`) works as it is."""
+    X, y = data
+    for bare, wrapped in zip(_calls(X, y), _calls(X, y), strict=True):
+        got, want = bare(_same_weights(DictNet)), wrapped(WRAPPED["dict"]())
+        if isinstance(got, torch.Tensor):
+            assert torch.equal(got, want)
+        elif isinstance(got, dict):
+            assert got == want
+    a = peg.TemperatureScaling().fit(_same_weights(DictNet), (X, y)).temperature_
+    assert a == peg.TemperatureScaling().fit(WRAPPED["dict"](), (X, y)).temperature_
 
 
 def test_bad_output_fn(data):
@@ -213,17 +236,17 @@ def test_data_follows_the_model_and_meta_is_refused(data):
 
 def test_cpu_batches_are_moved_to_the_model_device(data, monkeypatch):
     """Every batch goes through `to_device` to the model's device (a no-op here)."""
-    import peg.ensemble
+    import peg.batches
 
     X, _ = data
     seen = []
-    real = peg.ensemble.to_device
+    real = peg.batches.to_device
 
     def spy(t, device, name):
         seen.append((t.device, device, name))
         return real(t, device, name)
 
-    monkeypatch.setattr(peg.ensemble, "to_device", spy)
+    monkeypatch.setattr(peg.batches, "to_device", spy)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X), batch_size=100)
     peg.Ensemble.from_models([_same_weights(Net)]).member_logits(loader)
     assert [name for *_, name in seen] == ["X"] * 3

@@ -6,7 +6,7 @@ Devices: data follows the model. See `model_device` for the rule every entry poi
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -15,7 +15,20 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
+from peg.batches import (
+    BatchFn,
+    Tapped,
+    batch_rows,
+    check_data_device,
+    describe_inputs,
+    split_batch,
+    take_rows,
+    tensors,
+    to_device,
+)
 from peg.output import OutputFnError
+
+__all__ = ["check_data_device", "to_device"]  # defined in peg.batches, used from here too
 
 Data = Any  # Tensor | np.ndarray | tuple[X, y] | Dataset | DataLoader
 
@@ -45,12 +58,18 @@ def as_tensor(
     return t.detach()
 
 
-def _split_batch(batch: Any, name: str) -> tuple[Tensor, Tensor | None]:
-    if isinstance(batch, (tuple, list)):
-        if len(batch) < 2:
-            return _tensor(batch[0], name), None
-        return _tensor(batch[0], name), _tensor(batch[1], name)
-    return _tensor(batch, name), None
+def _split_batch(
+    batch: Any, name: str, batch_fn: BatchFn | None = None, index: int | None = None
+) -> tuple[Tensor, Tensor | None]:
+    """A batch as tensors `(x, y)` for the paths that gather it (`as_xy`)."""
+    x, y = split_batch(batch, batch_fn, name=name, index=index)
+    if not isinstance(x, Tensor):
+        raise TypeError(
+            f"{name}: batches of structured inputs ({describe_inputs(x)}) cannot be gathered "
+            "into one tensor here; this entry point takes tensor inputs (see "
+            "docs/data.md#batches-of-any-shape for where mappings go)"
+        )
+    return x, y
 
 
 def as_xy(
@@ -58,6 +77,7 @@ def as_xy(
     name: str = "data",
     need_labels: bool = True,
     device: torch.device | None = None,
+    batch_fn: BatchFn | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Materialise `data` as `(X [N, ...], y [N])`, checked.
 
@@ -80,8 +100,8 @@ def as_xy(
     elif isinstance(data, (DataLoader, Dataset)):
         loader = data if isinstance(data, DataLoader) else DataLoader(data, batch_size=512)
         xs, ys = [], []
-        for batch in loader:
-            x, yb = _split_batch(batch, name)
+        for j, batch in enumerate(loader):
+            x, yb = _split_batch(batch, name, batch_fn, j)
             xs.append(x)
             if yb is not None:
                 ys.append(yb)
@@ -100,26 +120,40 @@ def as_xy(
         raise ValueError(f"{name}: the data is empty (0 samples)")
     check_finite(X, name)
     if y is not None:
-        check_data_device(y, f"{name} labels", device)
-        if y.ndim == 0:
-            raise ValueError(f"{name}: expected labels [N], got a scalar")
-        if y.shape[0] != X.shape[0]:
-            raise ValueError(f"{name}: {X.shape[0]} inputs but {y.shape[0]} labels")
-        if torch.is_floating_point(y):
-            if not torch.isfinite(y).all():
-                bad = int((~torch.isfinite(y)).sum())
-                raise ValueError(f"{name}: the labels contain NaN or inf ({bad} values)")
-        elif y.is_complex():
-            raise ValueError(f"{name}: expected integer labels or float targets, got {y.dtype}")
-        else:
-            y = y.long()
+        y = checked_labels(y, name, X.shape[0], device)
     if need_labels and y is None:
         raise ValueError(f"{name}: labels are needed: pass (X, y) or a loader yielding (x, y)")
     return X, y
 
 
-def check_finite(X: Tensor, name: str) -> None:
-    """Raise a ValueError naming `name` if floating-point inputs hold NaN or inf."""
+def checked_labels(
+    y: Tensor, name: str, rows: int | None = None, device: torch.device | None = None
+) -> Tensor:
+    """Labels `[N]` checked (`rows` of them if given; finite; not on `meta`), int64 where
+    they are integral; a ValueError naming `name` otherwise."""
+    check_data_device(y, f"{name} labels", device)
+    if y.ndim == 0:
+        raise ValueError(f"{name}: expected labels [N], got a scalar")
+    if rows is not None and y.shape[0] != rows:
+        raise ValueError(f"{name}: {rows} inputs but {y.shape[0]} labels")
+    if torch.is_floating_point(y):
+        if not torch.isfinite(y).all():
+            bad = int((~torch.isfinite(y)).sum())
+            raise ValueError(f"{name}: the labels contain NaN or inf ({bad} values)")
+    elif y.is_complex():
+        raise ValueError(f"{name}: expected integer labels or float targets, got {y.dtype}")
+    else:
+        y = y.long()
+    return y
+
+
+def check_finite(X: Any, name: str) -> None:
+    """Raise a ValueError naming `name` if floating-point inputs hold NaN or inf (every tensor
+    of structured inputs)."""
+    if not isinstance(X, Tensor):
+        for t in tensors(X):
+            check_finite(t, name)
+        return
     if (torch.is_floating_point(X) or X.is_complex()) and not torch.isfinite(X).all():
         rows = int((~torch.isfinite(X)).reshape(len(X), -1).any(1).sum()) if X.ndim else 1
         raise ValueError(
@@ -127,29 +161,108 @@ def check_finite(X: Tensor, name: str) -> None:
         )
 
 
-def iter_inputs(X: Data, batch_size: int) -> Iterator[Tensor]:
-    """Yield input batches `[B, ...]` from a tensor/array (sliced) or a DataLoader/Dataset."""
-    if isinstance(X, (Tensor, np.ndarray)):
-        X = _tensor(X, "X")
+def iter_batches(
+    data: Data,
+    batch_size: int,
+    batch_fn: BatchFn | None = None,
+    name: str = "X",
+    need_labels: bool = False,
+) -> Iterator[tuple[Any, Tensor | None]]:
+    """Yield `(inputs, y)` per batch (`y` None where there are none; `peg.batches`' conventions).
+
+    A tensor or array is sliced into `batch_size` rows (no labels), a tuple `(X, y)` of them
+    too; a mapping of tensors (`{"input_ids": [N, L], ..., "labels": [N]}`) is sliced alike;
+    a Dataset is batched by a `DataLoader(batch_size=batch_size)`; a DataLoader (or a `Tapped`)
+    gives its own batches, split by `split_batch(batch, batch_fn)`.
+    """
+    if isinstance(data, (Tensor, np.ndarray)) or (
+        isinstance(data, (tuple, list))
+        and len(data) == 2
+        and isinstance(data[0], (Tensor, np.ndarray))
+    ):
+        X, y = (data, None) if isinstance(data, (Tensor, np.ndarray)) else data
+        X = _tensor(X, name)
+        y = _tensor(y, f"{name} labels") if y is not None and need_labels else None
+        if y is None and need_labels:
+            raise ValueError(f"{name}: labels are needed: pass (X, y) or a loader yielding (x, y)")
         for start in range(0, X.shape[0], batch_size):
-            yield X[start : start + batch_size]
+            yield (
+                X[start : start + batch_size],
+                (None if y is None else y[start : start + batch_size]),
+            )
         return
-    if isinstance(X, Dataset):
-        X = DataLoader(X, batch_size=batch_size)
-    if isinstance(X, DataLoader):
-        for batch in X:
-            yield _split_batch(batch, "X")[0]
+    if isinstance(data, Mapping):
+        inputs, y = split_batch(data, batch_fn, name=name, need_labels=need_labels)
+        rows = batch_rows(inputs, name)
+        for start in range(0, rows, batch_size):
+            yield (
+                take_rows(inputs, start, start + batch_size),
+                (None if y is None else y[start : start + batch_size]),
+            )
         return
-    if isinstance(X, (tuple, list)) and len(X) == 2:
-        yield from iter_inputs(X[0], batch_size)
+    if isinstance(data, Dataset):
+        data = DataLoader(data, batch_size=batch_size)
+    if isinstance(data, DataLoader):
+        for j, batch in enumerate(data):
+            yield split_batch(batch, batch_fn, name=name, index=j, need_labels=need_labels)
+        return
+    if isinstance(data, (tuple, list)) and len(data) == 2:
+        for inputs, _ in iter_batches(data[0], batch_size, batch_fn, name):
+            yield inputs, None
         return
     raise TypeError(
-        f"X: expected a Tensor, numpy array, Dataset or DataLoader, got {type(X).__name__}"
+        f"{name}: expected a Tensor, numpy array, mapping of tensors, Dataset or DataLoader, "
+        f"got {type(data).__name__}"
     )
+
+
+def iter_inputs(X: Data, batch_size: int, batch_fn: BatchFn | None = None) -> Iterator[Any]:
+    """Yield input batches `[B, ...]` (or structured inputs) of `X` (see `iter_batches`);
+    a `Tapped` records each batch's labels as it passes."""
+    if isinstance(X, Tapped):
+        batches = iter_batches(X.data, batch_size, X.batch_fn, X.name, need_labels=True)
+        for j, (inputs, y) in enumerate(batches):
+            rows = batch_rows(inputs, X.name)
+            if y is None or y.ndim == 0 or len(y) != rows:
+                got = "no labels" if y is None else f"labels of shape {tuple(y.shape)}"
+                raise ValueError(f"{X.name}: batch {j} has {rows} inputs but {got}")
+            X.labels_seen.append(y)
+            yield inputs
+        return
+    for inputs, _ in iter_batches(X, batch_size, batch_fn, "X"):
+        yield inputs
+
+
+def probe_inputs(
+    data: Data, name: str, batch_fn: BatchFn | None = None, device: torch.device | None = None
+) -> Any:
+    """Inputs of `data` to probe a model with (`diagnose` takes two rows), checked.
+
+    Tensors and `(X, y)` pairs go through `as_xy` (labels not needed); loaders, Datasets and
+    mappings are read batch by batch (any shape, `peg.batches`), each checked for NaN/inf and
+    `meta`, and only the first batch's first two rows kept: nothing is gathered."""
+    if isinstance(data, (Tensor, np.ndarray)) or (
+        isinstance(data, (tuple, list))
+        and len(data) == 2
+        and isinstance(data[0], (Tensor, np.ndarray))
+    ):
+        return as_xy(data, name, need_labels=False, device=device, batch_fn=batch_fn)[0]
+    first = None
+    for inputs, _ in iter_batches(data, 512, batch_fn, name):
+        for t in tensors(inputs):
+            check_data_device(t, name, device)
+        check_finite(inputs, name)
+        if first is None:
+            first = take_rows(inputs, 0, 2)
+    if first is None:
+        raise ValueError(f"{name}: the data is empty (0 samples)")
+    return first
 
 
 def num_batches(X: Data, batch_size: int) -> int | None:
     """Number of batches `iter_inputs` will yield, when it is known in advance."""
+    if isinstance(X, Tapped):
+        return num_batches(X.data, batch_size)
     if isinstance(X, (Tensor, np.ndarray)):
         return -(-X.shape[0] // batch_size)
     if isinstance(X, DataLoader):
@@ -229,44 +342,22 @@ def weights_device(model: nn.Module) -> torch.device:
     return first.device if first is not None else torch.device("cpu")
 
 
-def check_data_device(
-    t: Tensor, name: str, device: torch.device | None = None, owner: str = "the model"
-) -> None:
-    """Refuse data on the `meta` device (shapes only: nothing to compute with or to move).
-
-    `device` is where the data would go, the device of `owner` (the model, or the predictions
-    for labels), named in the message.
-    """
-    if t.device.type == "meta":
-        where = (
-            f" and {owner} is on {device}; pass real values, on any device (they are moved to "
-            f"{owner}'s device)"
-            if device is not None
-            else "; pass real values"
-        )
-        raise ValueError(f"{name}: on the meta device (shapes without values){where}")
-
-
-def to_device(t: Tensor, device: torch.device, name: str) -> Tensor:
-    """`t` moved to `device` (the model's), after `check_data_device`."""
-    if t.device != device:
-        check_data_device(t, name, device)
-        t = t.to(device)
-    return t
-
-
 # ---------------------------------------------------------------- forward passes
-def input_error(error: BaseException, x: Tensor, name: str) -> ValueError:
+def input_error(error: BaseException, x: Any, name: str) -> ValueError:
     """The error for a model that cannot run on inputs `x` (the batch it failed on)."""
     detail = next(iter(str(error).strip().splitlines()), "")
-    shape = ", ".join(["N", *map(str, x.shape[1:])])
     hints = []
-    if x.ndim == 1:
-        hints.append("it is 1-D: add a feature dimension, e.g. X.unsqueeze(1)")
-    if not (torch.is_floating_point(x) or x.is_complex()):
-        hints.append(f"it holds {x.dtype}: most models take float32, e.g. X.float()")
+    if isinstance(x, Tensor):
+        shown = f"inputs of shape [{', '.join(['N', *map(str, x.shape[1:])])}], dtype {x.dtype}"
+        if x.ndim == 1:
+            hints.append("it is 1-D: add a feature dimension, e.g. X.unsqueeze(1)")
+        if not (torch.is_floating_point(x) or x.is_complex()):
+            hints.append(f"it holds {x.dtype}: most models take float32, e.g. X.float()")
+    else:
+        call = "model(**inputs)" if isinstance(x, Mapping) else "model(inputs)"
+        shown = f"inputs {describe_inputs(x)} (called as {call})"
     return ValueError(
-        f"{name}: the model cannot run on inputs of shape [{shape}], dtype {x.dtype} "
+        f"{name}: the model cannot run on {shown} "
         f"({type(error).__name__}: {detail}); pass inputs of the shape and dtype the model "
         "expects" + "".join(f"; {h}" for h in hints)
     )
@@ -284,19 +375,20 @@ def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
             m.training = mode
 
 
-def diagnose(forward: Callable[[Tensor], Any], x: Tensor, name: str) -> Any:
-    """`forward(x[:2])`, turning a failure into `input_error` (errors of an `output_fn` pass).
+def diagnose(forward: Callable[[Any], Any], x: Any, name: str) -> Any:
+    """`forward(x[:2])` (two rows of every tensor of structured inputs), turning a failure into
+    `input_error` (errors of an `output_fn` pass).
 
     Used to probe a model before long work, and to explain a failed batch: if two rows of the
     inputs already fail, the inputs do not fit the model.
     """
     try:
-        out = forward(x[:2])
+        out = forward(take_rows(x, 0, 2))
     except OutputFnError:
         raise
     except Exception as e:
         raise input_error(e, x, name) from e
-    if x.ndim == 1 and isinstance(out, Tensor) and out.ndim != 2:
+    if isinstance(x, Tensor) and x.ndim == 1 and isinstance(out, Tensor) and out.ndim != 2:
         raise ValueError(
             f"{name}: 1-D inputs [N] gave outputs of shape {tuple(out.shape)}, not logits "
             "[B, C]; models take [N, features, ...]: add a feature dimension, e.g. X.unsqueeze(1)"

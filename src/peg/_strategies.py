@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
@@ -19,6 +20,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from peg._folded import Folded, fold
 from peg._inputs import diagnose
+from peg.batches import batch_rows, call_model, signature, take_rows
 from peg.errors import NotFoldable
 from peg.output import model_output
 
@@ -78,9 +80,17 @@ class MemberStrategies:
             cached = self._modules_cache = (self.stacked, self.shared, modules)
         return cached[2]
 
-    def _batch_logits(self, x: Tensor, strategy: str, chunk_size: int | None) -> Tensor:
-        """Logits `[M, B, C]` of every member on one batch with a concrete strategy."""
+    def _batch_logits(self, x: Any, strategy: str, chunk_size: int | None) -> Tensor:
+        """Logits `[M, B, C]` of every member on one batch with a concrete strategy.
+
+        `x`: a tensor, or structured inputs (a mapping: `model(**x)`; see `peg.batches`),
+        which "loop" and "vmap" take and "folded" refuses."""
         if strategy == "folded":
+            if not isinstance(x, Tensor):
+                raise NotFoldable(
+                    f"strategy='folded': takes tensor inputs, got {type(x).__name__}; "
+                    "use 'vmap' or 'loop'"
+                )
             folded = self._folded()
             try:
                 out = model_output(folded(x), "member_logits")
@@ -98,10 +108,10 @@ class MemberStrategies:
             modules = self._member_modules()
             if modules is None:
                 return torch.stack([self._member_output(i, x) for i in range(len(self))])
-            return torch.stack([model_output(m(x), "member_logits") for m in modules])
+            return torch.stack([model_output(call_model(m, x), "member_logits") for m in modules])
 
-        def one(stacked: dict[str, Tensor], x: Tensor) -> Tensor:
-            out = functional_call(self.skeleton, {**self.shared, **stacked}, (x,))
+        def one(stacked: dict[str, Tensor], x: Any) -> Tensor:
+            out = _call(self.skeleton, {**self.shared, **stacked}, x)
             return model_output(out, "member_logits")
 
         step = len(self) if strategy == "vmap" or chunk_size is None else chunk_size
@@ -116,7 +126,7 @@ class MemberStrategies:
             )
         return out
 
-    def _choose(self, x: Tensor, chunk_size: int | None) -> str:
+    def _choose(self, x: Any, chunk_size: int | None) -> str:
         """The strategy "auto" uses for a batch: a fixed rule, so results never depend on timing.
 
         Small batches are dominated by Python overhead per member and layer, which vectorising
@@ -135,11 +145,13 @@ class MemberStrategies:
             return "chunked"
         return "folded" if self._folds(x) else "vmap"
 
-    def _small(self, x: Tensor) -> bool:
+    def _small(self, x: Any) -> bool:
         """Whether the batch `x` is small enough to vectorise (see `_choose`)."""
-        key = (*self._fold_key, tuple(x.shape[1:]), x.dtype, x.device.type)
+        key = (*self._fold_key, signature(x))
+        n = batch_rows(x)
         if key not in _FLOPS:
-            counter, rows = FlopCounterMode(display=False), x[:2]  # 2: BatchNorm on batch stats
+            counter = FlopCounterMode(display=False)
+            rows = take_rows(x, 0, 2)  # 2: BatchNorm on batch stats
             try:
                 with counter:
                     self._member_output(0, rows)
@@ -147,18 +159,21 @@ class MemberStrategies:
                 self._diagnose(x)  # bad inputs: their own clear error
                 raise
             conv = any(isinstance(m, nn.modules.conv._ConvNd) for m in self.skeleton.modules())
-            _FLOPS[key] = (counter.get_total_flops() // len(rows), conv)
+            _FLOPS[key] = (counter.get_total_flops() // min(n, 2), conv)
         per_row, conv = _FLOPS[key]
-        if conv and len(x) <= AUTO_VECTORISE_ROWS_CONV:
+        if conv and n <= AUTO_VECTORISE_ROWS_CONV:
             return True
-        return len(x) * per_row <= AUTO_VECTORISE_FLOPS
+        return n * per_row <= AUTO_VECTORISE_FLOPS
 
-    def _folds(self, x: Tensor) -> bool:
+    def _folds(self, x: Any) -> bool:
         """Whether folding gives members 0 and M-1 their `functional_call` logits on `x`.
 
         Asked once per (architecture, per-member entries) and process: a forward that mixes
-        rows, or a layer without a folded form, makes "auto" use vmap instead.
+        rows, or a layer without a folded form, makes "auto" use vmap instead. Structured
+        inputs (a mapping) are never folded.
         """
+        if not isinstance(x, Tensor):
+            return False
         key = self._fold_key
         if key not in _FOLDS:
             ends = [0, len(self) - 1]
@@ -181,13 +196,11 @@ class MemberStrategies:
         """What folding depends on: the architecture and which entries are per member."""
         return type(self.skeleton).__qualname__, str(self.skeleton), frozenset(self.stacked)
 
-    def _member_output(self, i: int, x: Tensor) -> Tensor:
+    def _member_output(self, i: int, x: Any) -> Tensor:
         """Member `i`'s logits `[B, C]` on one batch (`functional_call`)."""
-        return model_output(
-            functional_call(self.skeleton, self.member_state(i), (x,)), "member_logits"
-        )
+        return model_output(_call(self.skeleton, self.member_state(i), x), "member_logits")
 
-    def _predict(self, x: Tensor, chosen: str, fall_back: bool, chunk_size: int | None) -> Tensor:
+    def _predict(self, x: Any, chosen: str, fall_back: bool, chunk_size: int | None) -> Tensor:
         """`_batch_logits` with a clear error for bad inputs; with `fall_back` ("auto"), a
         vectorised strategy that fails on the model is remembered and the next one used
         (folded → vmap → loop)."""
@@ -207,9 +220,15 @@ class MemberStrategies:
                 following = "loop"
             return self._predict(x, following, fall_back, chunk_size)
 
-    def _diagnose(self, x: Tensor) -> None:
+    def _diagnose(self, x: Any) -> None:
         """Raise a clear error if member 0 cannot run on two rows of `x` or returns no logits."""
-        out = diagnose(
-            lambda rows: functional_call(self.skeleton, self.member_state(0), (rows,)), x, "X"
-        )
+        out = diagnose(lambda rows: _call(self.skeleton, self.member_state(0), rows), x, "X")
         model_output(out, "member_logits")
+
+
+def _call(module: nn.Module, state: dict[str, Tensor], x: Any) -> Any:
+    """`module` run on `x` with the tensors `state` (`functional_call`): `module(**x)` for a
+    mapping, `module(x)` otherwise (`peg.batches.call_model`)."""
+    if isinstance(x, Mapping):
+        return functional_call(module, state, (), dict(x))
+    return functional_call(module, state, (x,))

@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from peg._inputs import Data, iter_inputs
+from peg.batches import BatchFn, check_batch_fn
 from peg.ensemble import Ensemble
 from peg.errors import RankFailure
 from peg.methods.base import FittedEnsemble, ModulePredictor, SampledPredictor
@@ -158,18 +159,25 @@ def _row_wise(predictor: Any) -> bool:
     return isinstance(predictor, (Ensemble, FittedEnsemble, ModulePredictor, nn.Module))
 
 
-def _batches_part(predictor: Any, X: Data, batch_size: int, rank: int, size: int) -> list[Tensor]:
-    """Logits `[M, B_j, C]` of batches j = rank, rank + size, ... (the batches one process uses)."""
+def _batches_part(
+    predictor: Any, X: Data, batch_size: int, rank: int, size: int, batch_fn: BatchFn | None
+) -> list[Tensor]:
+    """Logits `[M, B_j, C]` of batches j = rank, rank + size, ... (the batches one process uses;
+    structured inputs, e.g. a mapping, are handed on as they are)."""
     if isinstance(predictor, nn.Module):
         predictor = Ensemble.from_models([predictor])  # as member_logits_of does, copied once
+    if batch_fn is None:
+        batch_fn = getattr(predictor, "batch_fn", None)  # a method's constructor argument
     return [
         predictor.member_logits(x, batch_size, progress=False).cpu()
-        for j, x in enumerate(iter_inputs(X, batch_size))
+        for j, x in enumerate(iter_inputs(X, batch_size, batch_fn))
         if j % size == rank
     ]
 
 
-def member_logits(predictor: Any, X: Data, batch_size: int = 512) -> Tensor:
+def member_logits(
+    predictor: Any, X: Data, batch_size: int = 512, batch_fn: BatchFn | None = None
+) -> Tensor:
     """Member logits `[M, N, C]`, computed by all ranks together; every rank gets all of them.
 
     Equal, bit for bit, to `member_logits_of(predictor, X, batch_size)` in one process (an
@@ -194,27 +202,34 @@ def member_logits(predictor: Any, X: Data, batch_size: int = 512) -> Tensor:
     Args:
         predictor: an `Ensemble`, a fitted method, or an nn.Module returning logits `[B, C]`.
         X: inputs `[N, ...]` (Tensor or array), or a Dataset / DataLoader that yields the same
-            batches in the same order on every rank (no shuffling).
+            batches in the same order on every rank (no shuffling); batches of any shape
+            (`peg.batches`: mappings are the model's keyword inputs).
         batch_size: rows per forward pass when X is a tensor.
+        batch_fn: `batch_fn(batch) -> (inputs, y)` for batches of another shape.
 
     Returns:
         `[M, N, C]`; with several ranks, on the CPU (it is assembled from every rank's share).
     """
     rank, size = world()
+    check_batch_fn(batch_fn)
     if size == 1:
-        return member_logits_of(predictor, X, batch_size)
+        return member_logits_of(predictor, X, batch_size, batch_fn)
     if isinstance(predictor, TemperatureScaling) and hasattr(predictor, "predictor_"):
         # the calibrated predictor's logits shared out, then scaled whole, as one process does
-        inner = predictor.predictor_
-        return predictor.scale(member_logits(inner, X, batch_size or predictor.batch_size))
+        inner, split = predictor.predictor_, batch_fn or predictor.batch_fn
+        return predictor.scale(member_logits(inner, X, batch_size or predictor.batch_size, split))
     if _row_wise(predictor):
         shares = guarded(
-            lambda: _batches_part(predictor, X, batch_size, rank, size), "member_logits (batches)"
+            lambda: _batches_part(predictor, X, batch_size, rank, size, batch_fn),
+            "member_logits (batches)",
         )
         chunks = [shares[j % size][j // size] for j in range(sum(map(len, shares)))]
         if not chunks:
             raise ValueError("X: no inputs to predict (0 samples)")
         return torch.cat(chunks, dim=1)
     whole: list[Tensor] = []  # each rank computes everything; only the outcomes are shared
-    guarded(lambda: whole.append(member_logits_of(predictor, X, batch_size)), "member_logits")
+    guarded(
+        lambda: whole.append(member_logits_of(predictor, X, batch_size, batch_fn)),
+        "member_logits",
+    )
     return whole[0].cpu()

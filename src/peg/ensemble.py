@@ -20,11 +20,12 @@ import torch
 from torch import Tensor, nn
 
 from peg import archive
-from peg._inputs import Data, check_positive_int, iter_inputs, num_batches, to_device
+from peg._inputs import Data, check_positive_int, iter_inputs, num_batches
 from peg._progress import bar
 from peg._strategies import AUTO_VECTORISE_FLOPS as AUTO_VECTORISE_FLOPS
 from peg._strategies import AUTO_VECTORISE_ROWS_CONV as AUTO_VECTORISE_ROWS_CONV
 from peg._strategies import STRATEGIES, MemberStrategies, Strategy
+from peg.batches import BatchFn, check_batch_fn, move
 from peg.output import model_output
 
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -192,12 +193,15 @@ class Ensemble(MemberStrategies):
         progress: bool | None = None,
         chunk_size: int | None = None,
         autocast: str | torch.dtype | None = None,
+        batch_fn: BatchFn | None = None,
     ) -> Tensor:
         """Logits of every member, `[M, N, C]`.
 
         Args:
-            X: inputs `[N, ...]` (Tensor or array), or a Dataset/DataLoader yielding `x` or
-                `(x, y)` batches, on any device: each batch is moved to the members' device
+            X: inputs `[N, ...]` (Tensor or array), a mapping of them, or a Dataset/DataLoader
+                yielding `x`, `(x, y, ...)` or mapping batches (`peg.batches`: a mapping's
+                entries but "labels"/"label" are the model's keyword inputs, `model(**inputs)`),
+                on any device: each batch is moved to the members' device, recursively
                 (`peg._inputs.model_device` gives the rule; `meta` data is refused). Inputs the
                 model cannot run on get an error naming X, from two of their rows.
             batch_size: rows per forward pass when X is a tensor.
@@ -217,8 +221,11 @@ class Ensemble(MemberStrategies):
                 with tensor cores, at that precision (bf16 keeps 8 bits of mantissa: logits
                 within ~1% of float32). The logits come back as float32. None (default): the
                 weights' own precision.
+            batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches of another shape
+                (`peg.batches`); None: the conventions above.
         """
         amp = autocast_dtype(autocast)
+        batch_fn = check_batch_fn(batch_fn)
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy: expected one of {STRATEGIES}, got {strategy!r}")
         batch_size = check_positive_int(batch_size, "batch_size")
@@ -238,12 +245,12 @@ class Ensemble(MemberStrategies):
         chunks = []
         try:
             for x in bar(
-                iter_inputs(X, batch_size),
+                iter_inputs(X, batch_size, batch_fn),
                 f"predict ({len(self)} members)",
                 total=num_batches(X, batch_size),
                 enabled=progress,
             ):
-                x = to_device(x, device, "X")
+                x = move(x, device, "X")
                 chosen = self._choose(x, chunk_size) if strategy == "auto" else strategy
                 if amp is None:
                     chunks.append(self._predict(x, chosen, strategy == "auto", chunk_size))

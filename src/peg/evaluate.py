@@ -9,8 +9,9 @@ import torch
 from torch import Tensor
 
 from peg import metrics
-from peg._inputs import Data, as_xy, check_data_device, check_finite
-from peg.methods.temperature import member_logits_of, predictor_device
+from peg._inputs import Data, check_data_device, check_finite
+from peg.batches import BatchFn, check_batch_fn
+from peg.methods.temperature import logits_and_labels, member_logits_of, predictor_device
 from peg.metrics.regression import regression_metrics, split_gaussian
 
 
@@ -22,6 +23,7 @@ def evaluate(
     min_count: int = 1,
     batch_size: int = 512,
     y_scale: float | None = None,
+    batch_fn: BatchFn | None = None,
 ) -> dict[str, float]:
     """NLL, error, Brier, ECE and MCE of `predictor` on (X, y) (+ Gibbs NLL for ensembles).
 
@@ -33,20 +35,26 @@ def evaluate(
     Args:
         predictor: an nn.Module (one model), a peg method or `Ensemble`, or anything with
             `member_logits(X) -> [M, N, C]`.
-        X: inputs `[N, ...]`, or a DataLoader/Dataset of (x, y) when `y` is None.
+        X: inputs `[N, ...]`, or, when `y` is None, labelled data: a pair `(X, y)`, or a
+            DataLoader/Dataset of `(x, y, ...)` or mapping batches (labels under "labels" or
+            "label", the rest the model's keyword inputs; `peg.batches`), read once without
+            gathering the inputs.
         y: labels `[N]`.
         bins, min_count: ECE/MCE binning (equal width).
+        batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches of another shape.
 
     Error and ECE are fractions in [0, 1] (tables print them as %).
     """
     device = predictor_device(predictor)
+    batch_fn = check_batch_fn(batch_fn)
     if y is None:
-        X, y = as_xy(X, "X", device=device)
-    elif isinstance(X, (Tensor, np.ndarray)):
-        X = torch.as_tensor(X)
-        check_data_device(X, "X", device)
-        check_finite(X, "X")
-    logits = member_logits_of(predictor, X, batch_size)
+        logits, y = logits_and_labels(predictor, X, batch_size, batch_fn, "X")
+    else:
+        if isinstance(X, (Tensor, np.ndarray)):
+            X = torch.as_tensor(X)
+            check_data_device(X, "X", device)
+            check_finite(X, "X")
+        logits = member_logits_of(predictor, X, batch_size, batch_fn)
     if torch.is_floating_point(torch.as_tensor(y)):
         if logits.shape[-1] != 2:
             raise ValueError(

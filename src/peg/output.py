@@ -1,10 +1,11 @@
 """`with_output`: use a model whose forward returns a tuple, a dict or an object, not logits.
 
-Everything in peg calls `model(x)` and expects logits `[B, C]` (Gaussian heads `[B, 2]` for
-regression). A model that returns more — a HuggingFace-style `{"logits": ..., ...}` or
-`ModelOutput`, a `(logits, features)` tuple — is wrapped once, and the wrapper is used wherever a
-model is accepted (PEG/PEP, `Ensemble` with loop or vmap, `train`, Deep Ensembles, SWA/SWAG,
-MC dropout, temperature scaling, `evaluate`, archives):
+Everything in peg calls `model(x)` (`model(**inputs)` for mapping batches, `peg.batches`) and
+expects logits `[B, C]` (Gaussian heads `[B, 2]` for regression). A HuggingFace-style output, a
+mapping or `ModelOutput` with a `logits` entry, is understood as it is. A model that returns
+something else — a `(logits, features)` tuple, logits under another key — is wrapped once, and the
+wrapper is used wherever a model is accepted (PEG/PEP, `Ensemble` with loop or vmap, `train`,
+Deep Ensembles, SWA/SWAG, MC dropout, temperature scaling, `evaluate`, archives):
 
     net = peg.with_output(model, "logits")                 # out["logits"] (or out.logits)
     net = peg.with_output(model, 0)                        # out[0] of a tuple or list
@@ -53,13 +54,27 @@ def output_example(out: Any) -> str:
     return "peg.with_output(model, lambda out: ...)"
 
 
+def logits_of(out: Any) -> Any:
+    """The logits of a forward output: a tensor as it is; a mapping's `"logits"` entry or an
+    object's `logits` attribute (HuggingFace's `ModelOutput` is both); anything else as it is."""
+    if isinstance(out, Tensor):
+        return out
+    if isinstance(out, Mapping):
+        return out.get("logits", out)
+    logits = getattr(out, "logits", None)
+    return logits if isinstance(logits, Tensor) else out
+
+
 def model_output(out: Any, where: str) -> Tensor:
-    """Check that a forward pass returned logits `[B, C]` and return them."""
+    """Check that a forward pass returned logits `[B, C]` and return them: a tensor, or a
+    mapping / object with a `logits` entry (HuggingFace's convention; no `with_output` needed).
+    """
+    out = logits_of(out)
     if not isinstance(out, Tensor):
         raise TypeError(
-            f"{where}: the model's forward must return a Tensor of logits [B, C], got "
-            f"{_describe(out)}; pick the logits with the output_fn hook, e.g. "
-            f"{output_example(out)}"
+            f"{where}: the model's forward must return a Tensor of logits [B, C] (or a mapping "
+            f"with 'logits'), got {_describe(out)}; pick the logits with the output_fn hook, "
+            f"e.g. {output_example(out)}"
         )
     if out.ndim != 2:
         raise ValueError(
@@ -165,6 +180,7 @@ __all__ = [
     "OutputFn",
     "OutputFnError",
     "WithOutput",
+    "logits_of",
     "model_output",
     "select_output",
     "with_output",

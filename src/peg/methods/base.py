@@ -19,16 +19,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from peg._inputs import (
-    Data,
-    check_positive_int,
-    diagnose,
-    iter_inputs,
-    model_device,
-    num_batches,
-    to_device,
-)
+from peg._inputs import Data, check_positive_int, diagnose, iter_inputs, model_device, num_batches
 from peg._progress import bar
+from peg.batches import BatchFn, call_model, check_batch_fn, move
 from peg.ensemble import Ensemble, autocast_dtype
 from peg.errors import NotFittedError
 from peg.output import model_output
@@ -145,14 +138,16 @@ class ModulePredictor(Method):
     """Base of the predictors that run one module of their own per batch, not stacked weights.
 
     MC dropout, MC patching (EMP/ECMP) and Packed-Ensembles keep a copy `model_` and produce all
-    member outputs of a batch from it. Subclasses set `model_`, `batch_size`, `progress` and
-    `label`, and implement `_prepare()` (module modes before predicting) and
-    `_batch_logits(x, j) -> [M, B, C]` for batch j.
+    member outputs of a batch from it. Subclasses set `model_`, `batch_size`, `progress`,
+    `batch_fn` and `label`, and implement `_prepare()` (module modes before predicting) and
+    `_batch_logits(x, j) -> [M, B, C]` for batch j (`x` a tensor or structured inputs, on the
+    model's device; see `peg.batches`).
     """
 
     model_: nn.Module
     batch_size: int
     progress: bool | None
+    batch_fn: BatchFn | None
     label = "predict"
 
     def _check_fitted(self) -> None:
@@ -162,18 +157,23 @@ class ModulePredictor(Method):
     def _device(self) -> torch.device:
         return model_device(self.model_)
 
-    def _probe(self, x: Tensor, name: str = "X") -> None:
+    def _probe(self, x: Any, name: str = "X") -> None:
         """One pass on two rows of `x`, moved to the model's device: a clear error naming `name`
         if they do not fit the model (`peg._inputs.diagnose`); the global RNG is left as it is."""
-        x = to_device(x, self._device(), name)
-        devices = [x.device] if x.device.type == "cuda" else []
+        x = move(x, self._device(), name)
+        devices = [self._device()] if self._device().type == "cuda" else []
         with torch.no_grad(), torch.random.fork_rng(devices=devices):
-            model_output(diagnose(self.model_, x, name), name)
+            out = diagnose(lambda rows: self._forward(rows), x, name)
+            model_output(out, name)
+
+    def _forward(self, x: Any) -> Any:
+        """One forward pass of `model_` (`model_(**x)` for a mapping)."""
+        return call_model(self.model_, x)
 
     def _prepare(self) -> None:
         self.model_.eval()
 
-    def _batch_logits(self, x: Tensor, j: int) -> Tensor:
+    def _batch_logits(self, x: Any, j: int) -> Tensor:
         raise NotImplementedError
 
     @torch.no_grad()
@@ -183,18 +183,23 @@ class ModulePredictor(Method):
         batch_size: int | None = None,
         progress: bool | None = None,
         autocast: str | torch.dtype | None = None,
+        batch_fn: BatchFn | None = None,
         **_: Any,
     ) -> Tensor:
         """Logits of every member, `[M, N, C]`.
 
         Args:
-            X: inputs `[N, ...]`, an (X, y) tuple, or a Dataset/DataLoader of `x` or `(x, y)`.
+            X: inputs `[N, ...]`, an (X, y) tuple, a mapping of tensors, or a Dataset/DataLoader
+                of `x`, `(x, y, ...)` or mapping batches (`peg.batches`).
             batch_size: rows per forward pass for tensors (default: the constructor's).
             progress: progress bar over batches (default: the constructor's).
             autocast: "bf16" / "fp16": forwards under `torch.autocast`, float32 logits back
                 (see `Ensemble.member_logits`).
+            batch_fn: `batch_fn(batch) -> (inputs, y)` for batches of another shape (default:
+                the constructor's).
         """
         amp = autocast_dtype(autocast)
+        split = check_batch_fn(self.batch_fn if batch_fn is None else batch_fn)
         self._check_fitted()
         size = (
             self.batch_size if batch_size is None else check_positive_int(batch_size, "batch_size")
@@ -202,14 +207,14 @@ class ModulePredictor(Method):
         self._prepare()  # in case model_ was switched to train/eval by someone since fit
         device = self._device()
         batches = bar(
-            iter_inputs(X, size),
+            iter_inputs(X, size, split),
             self.label,
             total=num_batches(X, size),
             enabled=self.progress if progress is None else progress,
         )
         chunks = []
         for j, x in enumerate(batches):
-            x = to_device(x, device, "X")
+            x = move(x, device, "X")
             try:
                 if amp is None:
                     chunks.append(self._batch_logits(x, j))
@@ -244,13 +249,14 @@ class SampledPredictor(ModulePredictor):
     n_members: int
     seed: int
 
-    def _batch_logits(self, x: Tensor, j: int) -> Tensor:
-        devices = [x.device] if x.device.type == "cuda" else []
+    def _batch_logits(self, x: Any, j: int) -> Tensor:
+        device = self._device()
+        devices = [device] if device.type == "cuda" else []
         outs = []
         with torch.random.fork_rng(devices=devices):
             for s in range(self.n_members):
                 torch.manual_seed(int(generator(int(self.seed), s, j).initial_seed()))
-                outs.append(model_output(self.model_(x), "member_logits"))
+                outs.append(model_output(self._forward(x), "member_logits"))
         return torch.stack(outs)
 
     def __len__(self) -> int:

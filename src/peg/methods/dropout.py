@@ -21,7 +21,8 @@ from typing import Any
 
 from torch import nn
 
-from peg._inputs import Data, as_xy, check_positive_int
+from peg._inputs import Data, check_positive_int, probe_inputs
+from peg.batches import BatchFn, check_batch_fn
 from peg.methods.base import SampledPredictor, store_arguments
 
 DROPOUT_TYPES: tuple[type[nn.Module], ...] = (
@@ -79,6 +80,8 @@ class MCDropout(SampledPredictor):
             is an error. Ignored, with a warning, when the model already has dropout.
         batch_size: rows per forward pass when predicting a tensor.
         progress: show a progress bar over batches (None: only on a terminal).
+        batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches that are neither
+            `(x, y, ...)` nor a mapping with "labels" (`peg.batches`); None: those conventions.
 
     After `fit(model)`: `model_` (the deep copy used; the caller's model is never changed),
     `meta_` (method and hyper-parameters), `member_logits(X) -> [S, N, C]`,
@@ -96,6 +99,7 @@ class MCDropout(SampledPredictor):
         insert: float | None = None,
         batch_size: int = 512,
         progress: bool | None = None,
+        batch_fn: BatchFn | None = None,
     ) -> None:
         store_arguments(self, locals())
 
@@ -113,6 +117,7 @@ class MCDropout(SampledPredictor):
                 f"insert: expected a dropout probability in (0, 1) or None, got {insert!r}"
             )
         check_positive_int(self.batch_size, "batch_size")
+        check_batch_fn(self.batch_fn)
 
     def _insert(self) -> float | None:
         return None if self.insert is None else float(self.insert)
@@ -152,8 +157,7 @@ class MCDropout(SampledPredictor):
         self.model_ = copied
         self._prepare()
         if val is not None:
-            X, _ = as_xy(val, "val", need_labels=False, device=self._device())
-            self._probe(X, "val")
+            self._probe(probe_inputs(val, "val", self.batch_fn, self._device()), "val")
         self.meta_: dict[str, Any] = {
             "method": self.method,
             "n_members": int(self.n_members),

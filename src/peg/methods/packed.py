@@ -22,7 +22,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from peg._inputs import Data, as_xy, check_positive_int, diagnose, to_device
+from peg._inputs import Data, check_positive_int, diagnose, probe_inputs
+from peg.batches import BatchFn, call_model, check_batch_fn, move
 from peg.losses import packed_gaussian_nll, packed_loss
 from peg.methods.base import ModulePredictor, store_arguments
 
@@ -33,6 +34,8 @@ class PackedEnsemble(ModulePredictor):
     Args:
         batch_size: rows per forward pass when predicting a tensor.
         progress: show a progress bar over batches (None: only on a terminal).
+        batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches that are neither
+            `(x, y, ...)` nor a mapping with "labels" (`peg.batches`); None: those conventions.
 
     After `fit(model)`: `model_` (a deep copy in eval mode: BatchNorm running statistics,
     dropout off; the caller's model is never changed), `n_members_` (M, from the model's
@@ -43,11 +46,18 @@ class PackedEnsemble(ModulePredictor):
     method = "packed_ensemble"
     label = "Packed-Ensembles"
 
-    def __init__(self, *, batch_size: int = 512, progress: bool | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        batch_size: int = 512,
+        progress: bool | None = None,
+        batch_fn: BatchFn | None = None,
+    ) -> None:
         store_arguments(self, locals())
 
     def _check_params(self) -> None:
         check_positive_int(self.batch_size, "batch_size")
+        check_batch_fn(self.batch_fn)
 
     def fit(
         self, model: nn.Module, val: Data | None = None, *, bn_data: Data | None = None
@@ -74,9 +84,9 @@ class PackedEnsemble(ModulePredictor):
         self.model_ = copy.deepcopy(model).eval()
         self.n_members_ = int(model.packing.num_estimators)
         if val is not None:
-            X, _ = as_xy(val, "val", need_labels=False, device=self._device())
+            X = probe_inputs(val, "val", self.batch_fn, self._device())
             with torch.no_grad():
-                diagnose(self._members, to_device(X, self._device(), "val"), "val")
+                diagnose(self._members, move(X, self._device(), "val"), "val")
         self.meta_: dict[str, Any] = {
             "method": self.method,
             "n_members": self.n_members_,
@@ -86,9 +96,9 @@ class PackedEnsemble(ModulePredictor):
         }
         return self
 
-    def _members(self, x: Tensor) -> Tensor:
+    def _members(self, x: Any) -> Tensor:
         """Member logits `[M, B, C]` of one batch."""
-        out = self.model_.member_forward(to_device(x, self._device(), "X"))
+        out = call_model(self.model_.member_forward, move(x, self._device(), "X"))
         if out.ndim != 3 or out.shape[0] != self.n_members_:
             raise ValueError(
                 f"model: member_forward must return [M={self.n_members_}, B, C], "
@@ -96,7 +106,7 @@ class PackedEnsemble(ModulePredictor):
             )
         return out
 
-    def _batch_logits(self, x: Tensor, j: int) -> Tensor:
+    def _batch_logits(self, x: Any, j: int) -> Tensor:
         return self._members(x)
 
     def __len__(self) -> int:

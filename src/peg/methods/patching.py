@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from peg._inputs import Data, as_xy, check_positive_int
+from peg._inputs import Data, check_positive_int, probe_inputs
+from peg.batches import BatchFn, check_batch_fn
 from peg.layers.patching import overhead, patched_modules, set_sampling
 from peg.methods.base import SampledPredictor, store_arguments
 
@@ -33,6 +34,8 @@ class MCPatched(SampledPredictor):
         seed: seed of the component draws; member s on batch j depends only on (seed, s, j).
         batch_size: rows per forward pass when predicting a tensor.
         progress: show a progress bar over batches (None: only on a terminal).
+        batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches that are neither
+            `(x, y, ...)` nor a mapping with "labels" (`peg.batches`); None: those conventions.
 
     After `fit(model)`: `model_` (a deep copy; the caller's model is never changed), `meta_`
     (method, hyper-parameters, parameter overhead), `member_logits(X) -> [S, N, C]`,
@@ -49,6 +52,7 @@ class MCPatched(SampledPredictor):
         seed: int = 0,
         batch_size: int = 512,
         progress: bool | None = None,
+        batch_fn: BatchFn | None = None,
     ) -> None:
         store_arguments(self, locals())
 
@@ -57,6 +61,7 @@ class MCPatched(SampledPredictor):
         if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)):
             raise ValueError(f"seed: expected an integer, got {self.seed!r}")
         check_positive_int(self.batch_size, "batch_size")
+        check_batch_fn(self.batch_fn)
 
     # ---------------------------------------------------------------- fitting
     def fit(
@@ -83,8 +88,7 @@ class MCPatched(SampledPredictor):
         self.model_ = copy.deepcopy(model)
         self._prepare()
         if val is not None:
-            X, _ = as_xy(val, "val", need_labels=False, device=self._device())
-            self._probe(X, "val")
+            self._probe(probe_inputs(val, "val", self.batch_fn, self._device()), "val")
         modes = sorted({m.mode for m in layers.values()})
         ks = sorted({m.k for m in layers.values()})
         self.meta_: dict[str, Any] = {

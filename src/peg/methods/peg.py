@@ -56,6 +56,7 @@ from peg.methods._criteria import Criterion, is_regression
 from peg.methods._members import DirectionData, RowSource
 from peg.methods._perturb import BNMode, PerturbationEnsemble
 from peg.methods.base import store_arguments
+from peg.output import logits_of
 from peg.streams import MEMBER, VALIDATION, generator
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
@@ -264,7 +265,7 @@ class PEG(PerturbationEnsemble):
         def grad(gen: torch.Generator, what: str, out: Tensor | None = None) -> Tensor:
             """∇L on the mini-batch drawn from `gen`, `[P]` (written into `out` if given)."""
             xb, yb = data.rows(draw_batch(gen, len(data), K))
-            losses = loss_fn(work(xb.to(device)), yb.to(device))
+            losses = loss_fn(logits_of(work(xb.to(device))), yb.to(device))
             loss = losses.mean() if self.reduction == "mean" else losses.sum()
             if not torch.isfinite(loss):
                 raise NonFiniteError(f"{what} (base model {r}): the loss is {loss.item()}")

@@ -12,11 +12,21 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from peg._inputs import Data, as_xy, check_positive_int, model_device, weights_device
+from peg._inputs import (
+    Data,
+    Tapped,
+    as_xy,
+    check_positive_int,
+    checked_labels,
+    model_device,
+    weights_device,
+)
+from peg.batches import BatchFn, check_batch_fn
 from peg.ensemble import Ensemble
 from peg.errors import ArchiveError, NotFittedError
 from peg.loading import register_calibrator
@@ -45,13 +55,52 @@ def predictor_device(predictor: Any) -> torch.device | None:
     return None
 
 
-def member_logits_of(predictor: Any, X: Data, batch_size: int = 512) -> Tensor:
-    """`[M, N, C]` from anything that predicts: an object with `member_logits`, or an nn.Module."""
+def member_logits_of(
+    predictor: Any, X: Data, batch_size: int = 512, batch_fn: BatchFn | None = None
+) -> Tensor:
+    """`[M, N, C]` from anything that predicts: an object with `member_logits`, or an nn.Module.
+
+    `batch_fn` (`peg.batches`) is passed on only when given, so objects whose `member_logits`
+    does not take it keep working."""
     _check_predictor(predictor)
+    extra = {} if batch_fn is None else {"batch_fn": batch_fn}
     if hasattr(predictor, "member_logits"):
-        return predictor.member_logits(X, batch_size)
+        return predictor.member_logits(X, batch_size, **extra)
     model_device(predictor, "predictor")
-    return Ensemble.from_models([predictor]).member_logits(X, batch_size)
+    return Ensemble.from_models([predictor]).member_logits(X, batch_size, **extra)
+
+
+def in_memory(data: Data) -> bool:
+    """Whether `data` is tensors or arrays already in memory (a pair `(X, y)` of them)."""
+    return (
+        isinstance(data, (tuple, list))
+        and len(data) == 2
+        and all(isinstance(t, (Tensor, np.ndarray)) for t in data)
+    )
+
+
+def logits_and_labels(
+    predictor: Any, data: Data, batch_size: int, batch_fn: BatchFn | None, name: str
+) -> tuple[Tensor, Tensor]:
+    """Member logits `[M, N, C]` and labels `[N]` of labelled data in one pass over it.
+
+    A pair `(X, y)` of tensors is predicted as it is (`as_xy`); a loader or a Dataset (batches
+    of any shape, `peg.batches`) is handed to the predictor as a `Tapped` stream, which records
+    each batch's labels as the predictor reads it: the inputs are never gathered, and the
+    logits are those `predictor.member_logits(data)` gives (same batches, same bits)."""
+    if in_memory(data):
+        X, y = as_xy(data, name, device=predictor_device(predictor))
+        assert y is not None
+        return member_logits_of(predictor, X, batch_size), y
+    if isinstance(data, (tuple, list)):
+        raise TypeError(
+            f"{name}: expected a pair (X, y) of tensors or arrays, a mapping, a Dataset or a "
+            f"DataLoader, got a {type(data).__name__} of {len(data)}"
+        )
+    tapped = Tapped(data, batch_fn, name)
+    logits = member_logits_of(predictor, tapped, batch_size)
+    y = checked_labels(tapped.labels(), name, logits.shape[1], predictor_device(predictor))
+    return logits, y
 
 
 def _predictor_meta(predictor: Any) -> dict[str, Any] | None:
@@ -86,6 +135,9 @@ class TemperatureScaling(Method):
     Args:
         max_iter: L-BFGS iterations (the NLL is smooth and one-dimensional: a few suffice).
         batch_size: rows per forward pass.
+        batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches that are neither
+            `(x, y, ...)` nor a mapping with "labels" (`peg.batches`); used by `fit` and
+            `member_logits`. None: those conventions.
 
     After `fit(predictor, val)`: `temperature_` (T), `predictor_`, `meta_` (method, T and the
     predictor's meta when it has one), `member_logits(X) -> [1, N, C]` (log p̄ / T),
@@ -95,30 +147,35 @@ class TemperatureScaling(Method):
 
     method = "temperature"
 
-    def __init__(self, *, max_iter: int = 100, batch_size: int = 512) -> None:
+    def __init__(
+        self, *, max_iter: int = 100, batch_size: int = 512, batch_fn: BatchFn | None = None
+    ) -> None:
         store_arguments(self, locals())
 
     def _check_params(self) -> None:
         check_positive_int(self.max_iter, "max_iter")
         check_positive_int(self.batch_size, "batch_size")
+        check_batch_fn(self.batch_fn)
 
     def fit(
         self, predictor: Any, val: Data | None = None, *, bn_data: Data | None = None
     ) -> TemperatureScaling:
-        """Fit T on validation data `val` ((X, y), Dataset or DataLoader).
+        """Fit T on validation data `val` ((X, y), Dataset or DataLoader, batches of any shape).
 
         Args:
             predictor: an nn.Module returning logits, or anything with `member_logits(X)` (an
                 `Ensemble`, a fitted method).
-            val: labelled validation data (required).
+            val: labelled validation data (required). A loader is read once, its inputs never
+                gathered: the predictor reads it batch by batch and the labels are collected as
+                it goes (`logits_and_labels`).
             bn_data: unused (accepted as by every post-hoc method).
         """
         _check_predictor(predictor)
         if val is None:
             raise ValueError("val: temperature scaling needs labelled validation data (X, y)")
-        X, y = as_xy(val, "val", device=predictor_device(predictor))
-        assert y is not None
-        logits = member_logits_of(predictor, X, int(self.batch_size))
+        logits, y = logits_and_labels(
+            predictor, val, int(self.batch_size), check_batch_fn(self.batch_fn), "val"
+        )
         scores = ensemble_log_probs(logits)
         y = check_labels(y, *scores.shape, name="val labels")
         temperature = fit_temperature(scores, y, int(self.max_iter))
@@ -138,24 +195,33 @@ class TemperatureScaling(Method):
         if "temperature_" not in self.__dict__:
             raise NotFittedError("TemperatureScaling: call fit(predictor, val) before predicting")
 
-    def member_logits(self, X: Data, batch_size: int | None = None, **_: Any) -> Tensor:
+    def member_logits(
+        self,
+        X: Data,
+        batch_size: int | None = None,
+        batch_fn: BatchFn | None = None,
+        **_: Any,
+    ) -> Tensor:
         """Scaled scores `[1, N, C]` (one "member": the calibrated predictor)."""
         self._check_fitted()
         size = int(self.batch_size) if batch_size is None else batch_size
-        return self.scale(member_logits_of(self.predictor_, X, size))
+        split = check_batch_fn(getattr(self, "batch_fn", None) if batch_fn is None else batch_fn)
+        if isinstance(X, Tapped):
+            split = None  # the stream carries its own
+        return self.scale(member_logits_of(self.predictor_, X, size, split))
 
     def scale(self, logits: Tensor) -> Tensor:
         """Scaled scores `[1, N, C]` (log p̄ / T) from the predictor's member logits `[M, N, C]`."""
         self._check_fitted()
         return (ensemble_log_probs(logits) / self.temperature_).float().unsqueeze(0)
 
-    def predict_proba(self, X: Data, batch_size: int | None = None, **_: Any) -> Tensor:
+    def predict_proba(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:
         """Calibrated probabilities `[N, C]`."""
-        return self.member_logits(X, batch_size)[0].softmax(-1)
+        return self.member_logits(X, batch_size, **kwargs)[0].softmax(-1)
 
-    def predict(self, X: Data, batch_size: int | None = None, **_: Any) -> Tensor:
+    def predict(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:
         """Predicted classes `[N]` (temperature scaling never changes them)."""
-        return self.predict_proba(X, batch_size).argmax(-1)
+        return self.predict_proba(X, batch_size, **kwargs).argmax(-1)
 
     def __len__(self) -> int:
         self._check_fitted()

@@ -26,7 +26,7 @@ from peg._inputs import (
 from peg._progress import bar
 from peg.data.transforms import random_crop, random_hflip
 from peg.losses import packed_loss
-from peg.output import model_output
+from peg.output import logits_of, model_output
 from peg.train.callbacks import Callback
 from peg.train.checkpoint import CHECKPOINT_FORMAT, resume_run, save_run
 from peg.train.recipe import Recipe, Schedules, make_optimizer
@@ -197,6 +197,8 @@ def _epoch(
             xb = random_hflip(random_crop(xb, 4, gen), 0.5, gen)
         xb, yb = xb.to(device), yb.to(device)
         out = model(xb)
+        if loss in CLASSIFICATION_LOSSES:  # a custom loss gets the forward's output as it is
+            out = logits_of(out)
         batch_loss = loss(out, yb)
         value = batch_loss.item()
         if not math.isfinite(value):

@@ -1,0 +1,270 @@
+"""Batches of any shape: how peg splits a batch into inputs and labels and calls the model.
+
+The conventions, with zero configuration (HuggingFace's for mappings):
+
+- a batch that is a **mapping** (`{"input_ids": ..., "attention_mask": ..., "labels": ...}`) is
+  split into labels (`"labels"`, else `"label"`) and inputs (every other entry); the model is
+  called as `model(**inputs)`;
+- a **tuple or list** batch is `(x, y, *ignored)` (a 1-tuple `(x,)` has no labels); `x` may
+  itself be a mapping, then called as `model(**x)`;
+- a **tensor** (or numpy array) batch is inputs without labels, `model(x)`;
+- anything else goes through one hook, `batch_fn(batch) -> (inputs, y)` (`y` may be None where
+  no labels are needed), accepted by `Ensemble.member_logits`, `evaluate` and, as a constructor
+  argument (kept by `sklearn.base.clone`), by the methods that take data.
+
+Inputs are moved to the model's device recursively (`move`: tensors inside mappings, tuples and
+lists); their number of rows is the first dimension of their tensors, which must agree
+(`batch_rows`); `take_rows` slices every tensor of structured inputs alike.
+
+    loader = DataLoader(tokenized, batch_size=32)        # yields dicts with "labels"
+    probs = ensemble.predict_proba(loader)                # model(**inputs), labels ignored
+    peg.evaluate(ensemble, loader)                        # labels from "labels"
+    peg.evaluate(ensemble, loader, batch_fn=lambda b: (b["x"], b["target"]))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+BatchFn = Callable[[Any], tuple[Any, Any]]
+LABEL_KEYS = ("labels", "label")
+
+__all__ = [
+    "LABEL_KEYS",
+    "BatchFn",
+    "Tapped",
+    "batch_rows",
+    "call_model",
+    "check_batch_fn",
+    "describe_inputs",
+    "move",
+    "split_batch",
+    "take_rows",
+]
+
+
+def _where(name: str, index: int | None) -> str:
+    return f"{name}: batch {index}" if index is not None else f"{name}: the batch"
+
+
+class Tapped:
+    """Data whose batches `peg._inputs.iter_inputs` yields while recording their labels.
+
+    Handed (by `peg.evaluate`, temperature scaling) to a predictor's `member_logits` in place
+    of the data itself, so that one pass over a loader gives both the logits and the labels,
+    batch by batch, the inputs never gathered.
+    """
+
+    def __init__(self, data: Any, batch_fn: BatchFn | None = None, name: str = "X") -> None:
+        self.data, self.batch_fn, self.name = data, batch_fn, name
+        self.labels_seen: list[Tensor] = []
+
+    def labels(self) -> Tensor:
+        """The labels of every batch seen, in order, `[N]`."""
+        if not self.labels_seen:
+            raise ValueError(f"{self.name}: the data is empty (0 samples)")
+        return torch.cat(self.labels_seen)
+
+
+def check_batch_fn(batch_fn: Any, name: str = "batch_fn") -> BatchFn | None:
+    """`batch_fn` if it is None or callable, else a TypeError naming it."""
+    if batch_fn is not None and not callable(batch_fn):
+        raise TypeError(
+            f"{name}: expected None or a callable batch_fn(batch) -> (inputs, y), "
+            f"got {type(batch_fn).__name__}"
+        )
+    return batch_fn
+
+
+def _leaf(x: Any) -> Any:
+    """Numpy arrays become tensors (shared memory); anything else is left as it is."""
+    return torch.from_numpy(x) if isinstance(x, np.ndarray) else x
+
+
+def _inputs(x: Any, where: str) -> Any:
+    """Batch inputs: a tensor (an array converted), or a mapping / tuple / list of them."""
+    if isinstance(x, Mapping):
+        return {k: _leaf(v) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        return type(x)(_leaf(v) for v in x) if isinstance(x, list) else tuple(map(_leaf, x))
+    if isinstance(x, (Tensor, np.ndarray)):
+        return _leaf(x)
+    raise TypeError(
+        f"{where}: expected inputs that are a Tensor, a numpy array or a mapping of them, got "
+        f"{type(x).__name__}; pass batch_fn=lambda batch: (inputs, y) for other batch shapes"
+    )
+
+
+def split_batch(
+    batch: Any,
+    batch_fn: BatchFn | None = None,
+    *,
+    name: str = "X",
+    index: int | None = None,
+    need_labels: bool = False,
+) -> tuple[Any, Any]:
+    """`(inputs, y)` of one batch by the conventions of this module (`y` None if it has none).
+
+    `batch_fn`, when given, does the split instead. `need_labels`: a batch without labels is a
+    ValueError naming `name`, the batch `index` and what was expected.
+    """
+    where = _where(name, index)
+    if batch_fn is not None:
+        out = batch_fn(batch)
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            got = (
+                f"{type(out).__name__} of {len(out)}"
+                if isinstance(out, (tuple, list))
+                else (type(out).__name__)
+            )
+            raise TypeError(f"batch_fn: must return a pair (inputs, y), got {got} ({where})")
+        x, y = out
+    elif isinstance(batch, Mapping):
+        key = next((k for k in LABEL_KEYS if k in batch), None)
+        x = {k: v for k, v in batch.items() if k != key}
+        y = batch[key] if key is not None else None
+        if y is None and need_labels:
+            raise ValueError(
+                f"{where} is a mapping without 'labels' or 'label' (keys: {list(batch)[:8]}); "
+                "pass batch_fn=lambda batch: (inputs, batch['<label key>'])"
+            )
+        if not x:
+            raise ValueError(
+                f"{where} is a mapping with labels and no inputs (keys: {list(batch)})"
+            )
+    elif isinstance(batch, (tuple, list)):
+        if len(batch) == 0:
+            raise ValueError(f"{where} is an empty {type(batch).__name__}; expected (x, y, ...)")
+        x, y = batch[0], (batch[1] if len(batch) > 1 else None)
+    else:
+        x, y = batch, None
+    if y is None and need_labels:
+        raise ValueError(
+            f"{where} has no labels: expected a tuple (x, y, ...), a mapping with 'labels' or "
+            "'label', or batch_fn=lambda batch: (inputs, y)"
+        )
+    x = _inputs(x, where)
+    if y is not None:
+        y = _leaf(y)
+        if not isinstance(y, Tensor):
+            try:
+                y = torch.as_tensor(y)
+            except (TypeError, ValueError, RuntimeError):
+                raise TypeError(
+                    f"{where}: expected labels that are a Tensor or an array, got "
+                    f"{type(y).__name__}"
+                ) from None
+    return x, y
+
+
+def call_model(model: Callable[..., Any], inputs: Any) -> Any:
+    """`model(**inputs)` for a mapping, `model(inputs)` for anything else."""
+    if isinstance(inputs, Mapping):
+        return model(**inputs)
+    return model(inputs)
+
+
+def _leaves(inputs: Any, path: str = "") -> list[tuple[str, Tensor]]:
+    """Every tensor in `inputs`, with where it is (`['input_ids']`, `[0]`; '' for a tensor)."""
+    if isinstance(inputs, Tensor):
+        return [(path, inputs)]
+    if isinstance(inputs, Mapping):
+        return [leaf for k, v in inputs.items() for leaf in _leaves(v, f"{path}[{k!r}]")]
+    if isinstance(inputs, (tuple, list)):
+        return [leaf for i, v in enumerate(inputs) for leaf in _leaves(v, f"{path}[{i}]")]
+    return []
+
+
+def tensors(inputs: Any) -> list[Tensor]:
+    """The tensors of `inputs` (itself if it is one)."""
+    return [t for _, t in _leaves(inputs)]
+
+
+def move(inputs: Any, device: torch.device, name: str = "X") -> Any:
+    """`inputs` with every tensor (inside mappings, tuples, lists) on `device`; data on the
+    `meta` device is refused (`check_data_device`)."""
+    if isinstance(inputs, Tensor):
+        return to_device(inputs, device, name)
+    if isinstance(inputs, Mapping):
+        return {k: move(v, device, f"{name}[{k!r}]") for k, v in inputs.items()}
+    if isinstance(inputs, (tuple, list)):
+        moved = [move(v, device, f"{name}[{i}]") for i, v in enumerate(inputs)]
+        return moved if isinstance(inputs, list) else tuple(moved)
+    return inputs
+
+
+def batch_rows(inputs: Any, name: str = "X") -> int:
+    """The number of rows of `inputs`: the first dimension of its tensors, which must agree."""
+    rows = {path: int(t.shape[0]) for path, t in _leaves(inputs) if t.ndim > 0}
+    if not rows:
+        raise ValueError(
+            f"{name}: the inputs hold no tensor with a batch dimension "
+            f"({describe_inputs(inputs)}); expected tensors [N, ...]"
+        )
+    if len(set(rows.values())) > 1:
+        shown = ", ".join(f"{p or 'inputs'}: {n}" for p, n in list(rows.items())[:6])
+        raise ValueError(
+            f"{name}: the inputs disagree on the number of rows ({shown}); every tensor of a "
+            "batch needs the same first dimension"
+        )
+    return next(iter(rows.values()))
+
+
+def take_rows(inputs: Any, start: int, stop: int) -> Any:
+    """Rows `start:stop` of every tensor of `inputs` (with a batch dimension); the rest as is."""
+    if isinstance(inputs, Tensor):
+        return inputs[start:stop] if inputs.ndim > 0 else inputs
+    if isinstance(inputs, Mapping):
+        return {k: take_rows(v, start, stop) for k, v in inputs.items()}
+    if isinstance(inputs, (tuple, list)):
+        taken = [take_rows(v, start, stop) for v in inputs]
+        return taken if isinstance(inputs, list) else tuple(taken)
+    return inputs
+
+
+def check_data_device(
+    t: Tensor, name: str, device: torch.device | None = None, owner: str = "the model"
+) -> None:
+    """Refuse data on the `meta` device (shapes only: nothing to compute with or to move).
+
+    `device` is where the data would go, the device of `owner` (the model, or the predictions
+    for labels), named in the message.
+    """
+    if t.device.type == "meta":
+        where = (
+            f" and {owner} is on {device}; pass real values, on any device (they are moved to "
+            f"{owner}'s device)"
+            if device is not None
+            else "; pass real values"
+        )
+        raise ValueError(f"{name}: on the meta device (shapes without values){where}")
+
+
+def to_device(t: Tensor, device: torch.device, name: str) -> Tensor:
+    """`t` moved to `device` (the model's), after `check_data_device`."""
+    if t.device != device:
+        check_data_device(t, name, device)
+        t = t.to(device)
+    return t
+
+
+def describe_inputs(inputs: Any) -> str:
+    """`shape [N, 7], dtype int64` for a tensor; `{'input_ids': [N, 7] int64, ...}` else."""
+    if isinstance(inputs, Tensor):
+        return f"shape [{', '.join(['N', *map(str, inputs.shape[1:])])}], dtype {inputs.dtype}"
+    shown = [
+        f"{p}: [{', '.join(['N', *map(str, t.shape[1:])])}] {t.dtype}"
+        for p, t in _leaves(inputs)[:6]
+    ]
+    return f"{type(inputs).__name__} {{{', '.join(shown)}}}"
+
+
+def signature(inputs: Any) -> tuple[Any, ...]:
+    """What the cost of a forward pass on `inputs` depends on besides the number of rows: every
+    tensor's place, row shape, dtype and device type (a cache key)."""
+    return tuple((p, tuple(t.shape[1:]), t.dtype, t.device.type) for p, t in _leaves(inputs))
