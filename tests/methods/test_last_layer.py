@@ -34,6 +34,18 @@ class Skip(Net):
         return self.fc(h) + h[:, :3]
 
 
+class Deep(nn.Module):
+    """A head of three modules after a trunk."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(2, 16), nn.ReLU())
+        self.head = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
 # ---------------------------------------------------------------- the named params choices
 def test_named_params_choices():
     model = Net()
@@ -86,3 +98,96 @@ def test_last_layer_peg_perturbs_the_head_only():
     assert p.meta_["params"] == "last_layer"
     _, _, p = _fitted(params=("fc",))
     assert p.meta_["params"] == ["fc"]
+
+
+# ---------------------------------------------------------------- the split
+def test_split_found_for_sequential_and_for_a_head_module():
+    from peg._heads import find_split
+
+    x = torch.randn(4, 2)
+    seq = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 3))
+    state = seq.state_dict()
+    split = find_split(seq, {"4.weight", "4.bias"}, [state], x)
+    assert split is not None and len(split.trunk) == 4 and split.prefix == ""
+    split = find_split(seq, {"2.weight", "4.bias"}, [state], x)  # the longest prefix: 2 children
+    assert split is not None and len(split.trunk) == 2 and len(split.head) == 3
+    assert find_split(seq, {"0.weight", "4.bias"}, [state], x) is None  # nothing to share
+    net = Net()
+    split = find_split(net, {"fc.weight", "fc.bias"}, [net.state_dict()], x)
+    assert split is not None and split.prefix == "fc." and isinstance(split.trunk.fc, nn.Identity)
+    torch.testing.assert_close(split.logits(net.state_dict(), x), net(x))
+    assert find_split(net, {"body.2.weight"}, [net.state_dict()], x) is None  # mid-model
+    deep = Deep()
+    split = find_split(deep, {"head.0.weight"}, [deep.state_dict()], x)  # head.0 fails: head
+    assert split is not None and split.prefix == "head."
+    split = find_split(deep, {"head.2.weight"}, [deep.state_dict()], x)  # the deepest first
+    assert split is not None and split.prefix == "head.2."
+
+
+def test_split_refused_where_the_forward_is_not_trunk_then_head():
+    from peg._heads import find_split
+
+    net = Skip()
+    assert find_split(net, {"fc.weight", "fc.bias"}, [net.state_dict()], torch.randn(4, 2)) is None
+
+
+def test_a_model_declares_its_head():
+    from peg._heads import find_split
+
+    deep = Deep()
+    deep.peg_head = "head"  # tried first
+    split = find_split(deep, {"head.2.weight"}, [deep.state_dict()], torch.randn(4, 2))
+    assert split is not None and split.prefix == "head."
+    deep.peg_head = "body"  # a declared head that is not one: refused by the check
+    split = find_split(deep, {"head.2.weight"}, [deep.state_dict()], torch.randn(4, 2))
+    assert split is not None and split.prefix == "head.2."
+
+
+# ---------------------------------------------------------------- prediction
+def _count_calls(module):
+    calls = []
+    module.register_forward_hook(lambda *_: calls.append(1))
+    return calls
+
+
+@pytest.mark.parametrize("strategy", ["auto", "loop", "vmap", "folded", "chunked"])
+@pytest.mark.parametrize("batch", [3, 256])
+def test_prediction_runs_the_trunk_once_per_batch(strategy, batch):
+    _, _, p = _fitted()
+    X = torch.randn(600, 2)
+    full = torch.stack([p.ensemble_.member_model(i)(X) for i in range(len(p.ensemble_))]).detach()
+    ensemble = p.ensemble_
+    got = ensemble.member_logits(X, batch, strategy=strategy, chunk_size=2)
+    torch.testing.assert_close(got, full, rtol=1e-5, atol=1e-5)  # other kernel shapes
+    trunk, heads = ensemble._heads(X[:2])
+    calls = _count_calls(trunk.body[0])
+    whole = _count_calls(ensemble.skeleton.body[0])
+    ensemble.member_logits(X, batch, strategy=strategy, chunk_size=2)
+    assert len(calls) == -(-600 // batch)  # once per batch, whatever the members
+    assert not whole  # the model as a whole never runs
+    assert len(heads) == 5 and set(heads.stacked) == {"weight", "bias"}
+
+
+def test_prediction_through_the_fitted_method_and_sequential_models(overfit_mlp, moons_data):
+    X, _ = moons_data["test"]
+    p = peg.PEG(n_members=4, grad_batch_size=32, eta=0.1, params="last_layer", progress=False)
+    p.fit(overfit_mlp, moons_data["val"])
+    assert p.ensemble_._heads(X) is not None
+    full = torch.stack([p.ensemble_.member_model(i)(X) for i in range(4)]).detach()
+    for strategy in ("auto", "loop"):
+        torch.testing.assert_close(p.member_logits(X, strategy=strategy), full)
+
+
+def test_no_split_everything_as_before():
+    net = Skip()
+    torch.manual_seed(0)
+    states = []
+    for _ in range(3):
+        state = {k: v.clone() for k, v in net.state_dict().items()}
+        state["fc.weight"] = state["fc.weight"] + 0.1 * torch.randn_like(state["fc.weight"])
+        states.append(state)
+    ensemble = peg.Ensemble.from_state_dicts(net, states)
+    X = torch.randn(50, 2)
+    assert ensemble._heads(X) is None
+    full = torch.stack([ensemble.member_model(i)(X) for i in range(3)]).detach()
+    torch.testing.assert_close(ensemble.member_logits(X), full)
