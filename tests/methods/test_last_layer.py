@@ -191,3 +191,61 @@ def test_no_split_everything_as_before():
     assert ensemble._heads(X) is None
     full = torch.stack([ensemble.member_model(i)(X) for i in range(3)]).detach()
     torch.testing.assert_close(ensemble.member_logits(X), full)
+
+
+# ---------------------------------------------------------------- the η search
+def _without_split(monkeypatch):
+    from peg import _heads
+
+    monkeypatch.setattr(_heads, "candidates", lambda *_: [])
+    monkeypatch.setattr(_heads, "_SPLITS", {})
+
+
+@pytest.mark.parametrize("race", [0.0, 3.0])
+def test_the_search_on_the_heads_chooses_the_unshortcut_eta(monkeypatch, race):
+    _, _, fast = _fitted(eta="search", race=race)
+    _without_split(monkeypatch)
+    _, _, slow = _fitted(eta="search", race=race)
+    assert fast.eta_ == slow.eta_ and fast.search_.keys() == slow.search_.keys()
+    for eta in fast.search_:
+        assert fast.search_[eta] == pytest.approx(slow.search_[eta], rel=1e-5)
+
+
+def test_the_search_runs_the_trunk_once_per_scoring_batch(monkeypatch):
+    from peg.methods._members import StackedMembers
+
+    grid = [1e-3, 1e-2, 0.1, 1.0, 10.0]
+    kwargs = {"eta": grid, "race": 0.0, "early_stop": False, "eta_holdout": 0.5, "batch_size": 50}
+    _fitted(**kwargs)  # the split checked once (this process)
+    counted = []
+    for shortcut in (True, False):
+        if not shortcut:  # every η's members on the scoring points (the trunk still shared)
+            monkeypatch.setattr(
+                StackedMembers, "search_inputs", lambda self, X, _: (self.ensemble_at, X)
+            )
+        calls = []
+
+        def first_layer(m, *_, calls=calls):
+            if isinstance(m, nn.Linear) and (m.in_features, m.out_features) == (2, 16):
+                calls.append(1)
+
+        hook = nn.modules.module.register_module_forward_hook(first_layer)
+        try:
+            _, _, p = _fitted(**kwargs)
+        finally:
+            hook.remove()
+        counted.append(len(calls))
+        assert p.meta_["validation_points"]["scoring"] == 200  # 4 batches of 50
+    assert counted[1] - counted[0] == (len(grid) - 1) * 4
+
+
+def test_the_search_computes_the_trunk_features_once():
+    _, val, p = _fitted()
+    X = val[0][:120]
+    build, inputs = p.members_.search_inputs(X, 50)
+    assert inputs.shape == (120, 16)  # the trunk's features
+    heads = build(0.05)
+    assert isinstance(heads.skeleton, nn.Linear) and len(heads) == 5
+    torch.testing.assert_close(
+        heads.member_logits(inputs), p.ensemble_at(0.05).member_logits(X), rtol=1e-5, atol=1e-5
+    )

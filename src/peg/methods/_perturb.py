@@ -259,9 +259,10 @@ class PerturbationEnsemble(Recipes, FittedEnsemble):
 
         if stacked is not None and self.searches:
             grid = self.default_grid if self._scale_arg == "search" else self._scale_arg
+            build, inputs = stacked.search_inputs(Xs, self.batch_size)  # a head: its features
             search = ScaleSearch(
-                stacked.ensemble_at,
-                (Xs, ys),
+                build,
+                (inputs, ys),
                 self.criterion,
                 batch_size=self.batch_size,
                 race=self.race,
