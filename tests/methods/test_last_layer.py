@@ -249,3 +249,24 @@ def test_the_search_computes_the_trunk_features_once():
     torch.testing.assert_close(
         heads.member_logits(inputs), p.ensemble_at(0.05).member_logits(X), rtol=1e-5, atol=1e-5
     )
+
+
+# ---------------------------------------------------------------- archives and recipes
+@pytest.mark.parametrize("params", ["last_layer", ["fc"]])
+def test_archive_and_recipe_round_trip(tmp_path, params):
+    model, val, p = _fitted(params=params)
+    X = val[0]
+    expected = p.member_logits(X)
+    base = sum(v.numel() * v.element_size() for v in model.state_dict().values())
+    head = sum(v.numel() * v.element_size() for v in model.fc.state_dict().values())
+    full = p.save(str(tmp_path / "members.peg"), materialize=True)
+    recipe = p.save(str(tmp_path / "recipe.peg"))
+    size = (tmp_path / "members.peg").stat().st_size
+    assert base - head + 5 * head <= size < base - head + 5 * head + 16_384  # + the header
+    assert base <= (tmp_path / "recipe.peg").stat().st_size < base + 16_384
+    loaded = peg.load(full, Net())
+    assert set(loaded.stacked) == {"fc.weight", "fc.bias"}
+    torch.testing.assert_close(loaded.member_logits(X), expected)
+    rebuilt = peg.load(recipe, Net(), val=val)
+    assert rebuilt.meta["params"] == (params if isinstance(params, str) else list(params))
+    torch.testing.assert_close(rebuilt.member_logits(X), expected)
