@@ -45,6 +45,20 @@ def _time(run: Callable[[], Any], repeats: int) -> tuple[float, Any]:
     return statistics.median(samples), out
 
 
+def _round_robin(runs: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
+    """Median seconds of each `run()` over `repeats` rounds, timed in turn after a warm-up
+    round (a slow spell of the machine touches every run alike)."""
+    for run in runs.values():
+        run()
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--members", type=int, default=15)
@@ -85,26 +99,35 @@ def main() -> None:
     # ---------------------------------------------------------------- prediction
     ensemble = fitted.ensemble_
     print(f"\nprediction of one batch of {B} (ratio to one forward of the base model)")
+    runs: dict[str, Callable[[], Any]] = {"base model, one forward": lambda: model(batch)}
+    for strategy in ("auto", "folded", "loop"):
+        label = f"last-layer PEG-{S}, {strategy} (trunk once, {S} heads)"
+        runs[label] = lambda s=strategy: ensemble.member_logits(batch, B, strategy=s)
     with torch.no_grad():
-        base, _ = _time(lambda: model(batch), repeats)
-        rows = [("base model, one forward", base)]
-        for strategy in ("auto", "folded", "loop"):
-            t, _ = _time(lambda s=strategy: ensemble.member_logits(batch, B, strategy=s), repeats)
-            rows.append((f"last-layer PEG-{S}, {strategy} (trunk once, {S} heads)", t))
+        times = _round_robin(runs, repeats if args.quick else max(7, repeats))
         saved = _heads.candidates
         _heads.candidates = lambda *_: []  # no split: every member's whole forward
         _heads._SPLITS.clear()
         try:
             whole = peg.Ensemble(ensemble.skeleton, ensemble.stacked, ensemble.shared)
+            runs = {"base model, one forward": runs["base model, one forward"]}
             for strategy in ("auto", "folded"):
-                run = lambda s=strategy: whole.member_logits(batch, B, strategy=s)  # noqa: E731
-                t, _ = _time(run, max(1, repeats // 2))
-                rows.append((f"last-layer PEG-{S}, {strategy}, no split (as before)", t))
+                label = f"last-layer PEG-{S}, {strategy}, no split (as before)"
+                runs[label] = lambda s=strategy: whole.member_logits(batch, B, strategy=s)
+            before = _round_robin(runs, 1)  # its own base time: the ratio within its rounds
         finally:
             _heads.candidates = saved
             _heads._SPLITS.clear()
-    for label, t in rows:
-        print(f"  {label:<52} {1000 * t:8.1f} ms  {t / base:6.2f} ×")
+    base = times["base model, one forward"]
+    rows = [(label, t / base) for label, t in times.items()]
+    rows += [
+        (label, t / before["base model, one forward"])
+        for label, t in before.items()
+        if label.startswith("last")
+    ]
+    for label, ratio in rows:
+        print(f"  {label:<52} {ratio:6.2f} ×")
+    print(f"  (one forward of the base model: {1000 * base:.0f} ms)")
 
     # ---------------------------------------------------------------- archives
     def size(nbytes: float) -> str:
