@@ -1,7 +1,8 @@
 """Parameters: which ones a method changes, and flat vectors ↔ state dicts.
 
-- `select_parameters(model, params) -> names`: the trainable parameters `params` ("all",
-  "weights" or a callable) selects.
+- `select_parameters(model, params) -> names`: the trainable parameters `params` selects
+  ("all", "weights", "last_layer", a list of module names or a callable; `check_param_filter`
+  checks the choice without a model).
 - `module_like(skeleton, state)`: a copy of a module running stored tensors without copying
   them; `refresh_bn(skeleton, state, batches)`: BatchNorm statistics re-estimated for a state.
 
@@ -30,7 +31,14 @@ from torch import Tensor, nn
 from torch.nn.utils import parameters_to_vector
 from torch.optim.swa_utils import update_bn
 
-ParamFilter = Literal["all", "weights"] | Callable[[str, nn.Parameter], bool]
+ParamFilter = (
+    Literal["all", "weights", "last_layer"] | Sequence[str] | Callable[[str, nn.Parameter], bool]
+)
+PARAM_CHOICES = (
+    "'all', 'weights', 'last_layer', a non-empty list of module names or a callable "
+    "(name, parameter) -> bool"
+)
+_LAYERS = (nn.Linear, nn.modules.conv._ConvNd)
 
 
 def parameter_vector(module: nn.Module) -> Tensor:
@@ -79,16 +87,68 @@ def entry_views(flat: Tensor, shapes: Sequence[Sequence[int]]) -> list[Tensor]:
     ]
 
 
+def check_param_filter(params: Any) -> None:
+    """Raise a ValueError naming `params` unless it is one of the choices (`ParamFilter`)."""
+    named = isinstance(params, str) and params in ("all", "weights", "last_layer")
+    modules = isinstance(params, (list, tuple)) and all(isinstance(n, str) for n in params)
+    if named or callable(params) or (modules and len(params) > 0):
+        return
+    raise ValueError(f"params: expected {PARAM_CHOICES}, got {params!r}")
+
+
+def param_label(params: ParamFilter) -> str | list[str]:
+    """`params` as JSON for an ensemble's meta: a name, a list of module names, or the
+    callable's name."""
+    if isinstance(params, str):
+        return params
+    if isinstance(params, (list, tuple)):
+        return list(params)
+    return getattr(params, "__name__", "callable")
+
+
+def last_layer(model: nn.Module) -> str:
+    """The name of the last Linear or Conv module (in `named_modules()` order) with trainable
+    parameters: the layer producing the outputs in a feed-forward model."""
+    found = [
+        name
+        for name, m in model.named_modules()
+        if isinstance(m, _LAYERS) and any(p.requires_grad for p in m.parameters(recurse=False))
+    ]
+    if not found:
+        raise ValueError(
+            "params: 'last_layer' found no Linear or Conv module with trainable parameters in "
+            f"the model ({type(model).__name__}); name the modules instead, params=['name', ...]"
+        )
+    return found[-1]
+
+
 def select_parameters(model: nn.Module, params: ParamFilter) -> list[str]:
-    """Names of the trainable parameters to perturb."""
+    """Names of the trainable parameters to perturb, in `named_parameters()` order.
+
+    `params`: "all"; "weights" (tensors with ndim ≥ 2: conv/linear weights); "last_layer" (the
+    parameters of `last_layer(model)`); a list of module names (every trainable parameter in
+    those modules and their submodules); or a callable (name, parameter) -> bool.
+    """
+    check_param_filter(params)
+    if isinstance(params, str) and params == "last_layer":
+        params = [last_layer(model)]
     if params == "all":
         keep = lambda name, p: True  # noqa: E731
     elif params == "weights":  # conv / linear weight tensors, as the original PEP code
         keep = lambda name, p: p.ndim >= 2  # noqa: E731
-    elif callable(params):
-        keep = params
+    elif isinstance(params, (list, tuple)):
+        modules = dict(model.named_modules())
+        unknown = [n for n in params if n not in modules]
+        if unknown:
+            some = [n for n in modules if n][:8]
+            raise ValueError(
+                f"params: no module named {unknown[0]!r} in the model (modules: {some}"
+                + (", ...)" if len(modules) > 9 else ")")
+            )
+        prefixes = tuple(f"{n}." if n else "" for n in params)  # "": the model
+        keep = lambda name, p: name.startswith(prefixes)  # noqa: E731
     else:
-        raise ValueError(f"params: expected 'all', 'weights' or a callable, got {params!r}")
+        keep = params
     names = [n for n, p in model.named_parameters() if p.requires_grad and keep(n, p)]
     if not names:
         raise ValueError(

@@ -2,6 +2,10 @@
 "chunked") and the fixed rule by which "auto" picks one (`AUTO_VECTORISE_FLOPS`, the fold check),
 remembering per process what failed on an architecture.
 
+Members that differ only in a head after a shared trunk (`peg._heads`: last-layer PEG, ...) run
+the trunk once per batch, with the shared weights, and only the heads per member, with the
+strategy asked for (or the one "auto" picks for the heads), at every batch size.
+
 `MemberStrategies` is the part of `peg.ensemble.Ensemble` that does this; it works on the
 ensemble's `skeleton`, `stacked` and `shared` entries, `member_state(i)` and `len()`.
 """
@@ -19,6 +23,7 @@ from torch.func import functional_call, vmap
 from torch.utils.flop_counter import FlopCounterMode
 
 from peg._folded import Folded, fold
+from peg._heads import checked, find_split
 from peg._inputs import diagnose
 from peg.batches import batch_rows, call_model, signature, take_rows
 from peg.errors import NotFoldable
@@ -80,6 +85,23 @@ class MemberStrategies:
             cached = self._modules_cache = (self.stacked, self.shared, modules)
         return cached[2]
 
+    def _heads(self, x: Any) -> tuple[nn.Module, MemberStrategies] | None:
+        """(the trunk with the shared weights, the heads as an ensemble of their own) when the
+        members differ only in a head after a shared trunk (`peg._heads.find_split`, checked on
+        `x`), else None; built once per storage."""
+        cached = self.__dict__.get("_heads_cache")
+        if cached is None or cached[0] is not self.stacked or cached[1] is not self.shared:
+            ends = [self.member_state(0), self.member_state(len(self) - 1)]
+            split = find_split(self.skeleton, set(self.stacked), ends, x)
+            parts = None
+            if split is not None:
+                heads = split.head_entries(self.stacked), split.head_entries(self.shared)
+                parts = (split.trunk_module(self.shared), type(self)(split.head, *heads))
+            cached = (self.stacked, self.shared, parts)
+            if parts is not None or checked(self.skeleton, set(self.stacked)):
+                self._heads_cache = cached  # not after inputs that did not run: no verdict
+        return cached[2]
+
     def _batch_logits(self, x: Any, strategy: str, chunk_size: int | None) -> Tensor:
         """Logits `[M, B, C]` of every member on one batch with a concrete strategy.
 
@@ -139,6 +161,8 @@ class MemberStrategies:
         over `chunk_size` members. A model vmap cannot run is remembered and looped.
         """
         arch = type(self.skeleton).__qualname__
+        if self._heads(x) is not None:
+            return "auto"  # the heads' choice, made by `_predict` on the trunk's features
         if len(self) == 1 or arch in _NOT_VMAPPABLE or not self._small(x):
             return "loop"
         if chunk_size is not None:
@@ -203,7 +227,19 @@ class MemberStrategies:
     def _predict(self, x: Any, chosen: str, fall_back: bool, chunk_size: int | None) -> Tensor:
         """`_batch_logits` with a clear error for bad inputs; with `fall_back` ("auto"), a
         vectorised strategy that fails on the model is remembered and the next one used
-        (folded → vmap → loop)."""
+        (folded → vmap → loop). With a shared trunk (`_heads`), the trunk runs once and the
+        heads with `chosen` (with `fall_back`, the heads' own "auto" choice)."""
+        heads = self._heads(x)
+        if heads is not None:
+            trunk, head = heads
+            try:
+                features = trunk(x)
+            except Exception:
+                self._diagnose(x)  # the inputs at fault: a clear error
+                raise
+            if fall_back:
+                chosen = head._choose(features, chunk_size)
+            return head._predict(features, chosen, fall_back, chunk_size)
         try:
             return self._batch_logits(x, chosen, chunk_size)
         except Exception as e:

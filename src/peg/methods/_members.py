@@ -6,7 +6,9 @@ Both hold the base weights θ_r (`Bases`) and answer the same four questions: ho
 
 - `StackedMembers` keeps every direction row (`[S, P]` per base): trying another scale costs
   forward passes only, which is what the scale search needs; the members at the chosen scale
-  are built once and kept.
+  are built once and kept. When the perturbed entries form a head after a fixed trunk
+  (`peg._heads`), `search_inputs` gives the search the trunk's features of the scoring points,
+  computed once, and the heads alone at each scale.
 - `RegeneratedMembers` (`lazy=True`) keeps no row: each prediction regenerates the members
   `chunk_size` at a time (a `[k, P]` block of rows, the members stacked as views of it),
   predicts every batch with them and frees them, so memory holds the bases plus one chunk
@@ -26,6 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from peg._heads import find_split
 from peg._inputs import Data, check_positive_int, iter_inputs
 from peg._params import entry_views, module_like, refresh_bn
 from peg._progress import counter
@@ -146,6 +149,42 @@ class StackedMembers:
 
     def member_logits(self, X: Data, scale: float, batch_size: int, **kwargs: Any) -> Tensor:
         return self.ensemble(scale).member_logits(X, batch_size, **kwargs)
+
+    @torch.no_grad()
+    def search_inputs(
+        self, X: Tensor, batch_size: int
+    ) -> tuple[Callable[[float], Ensemble], Tensor]:
+        """What the scale search scores: (scale -> an ensemble, its inputs).
+
+        With one base, no per-member BatchNorm statistics, and the perturbed entries in a head
+        after a fixed trunk (`peg._heads.find_split`, checked on X): the heads alone at each
+        scale (the members' head entries, computed as `ensemble_at`'s), and the trunk's
+        features of X, computed once, `batch_size` rows at a time. Otherwise `ensemble_at`
+        and X themselves.
+        """
+        bases = self.bases
+        split = None
+        if len(bases.states) == 1 and bases.bn_batches is None:
+            split = find_split(bases.skeleton, set(bases.names), bases.states, X)
+        if split is None:
+            return self.ensemble_at, X
+        base, D = bases.states[0], self.directions[0]
+        trunk = split.trunk_module(base)
+        features = torch.cat([trunk(x) for x in X.split(batch_size)])
+        kept = torch.tensor(bases.kept(0), device=D.device)
+        shapes = [base[n].shape for n in bases.names]
+
+        def heads_at(scale: float) -> Ensemble:
+            _check_scale(scale)
+            steps = entry_views(scale * D.index_select(0, kept), shapes)  # [k, *shape] each
+            stacked = {
+                n: base[n] + step.to(base[n].dtype)
+                for n, step in zip(bases.names, steps, strict=True)
+            }
+            shared = {k: v for k, v in base.items() if k not in stacked}
+            return Ensemble(split.head, split.head_entries(stacked), split.head_entries(shared))
+
+        return heads_at, features
 
     def fingerprints(self, scale: float) -> list[list[float]]:
         return displacement_fingerprints(self.directions, scale)

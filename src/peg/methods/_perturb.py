@@ -29,7 +29,7 @@ from peg._inputs import (
     check_positive_int,
     weights_device,
 )
-from peg._params import module_like, select_parameters
+from peg._params import check_param_filter, module_like, param_label, select_parameters
 from peg.ensemble import Ensemble, Strategy
 from peg.errors import NonFiniteError, NotFittedError
 from peg.methods._criteria import CRITERIA, check_task
@@ -107,10 +107,7 @@ class PerturbationEnsemble(Recipes, FittedEnsemble):
                 )
         if self.bn not in ("eval", "batch", "refresh"):
             raise ValueError(f"bn: expected 'eval', 'batch' or 'refresh', got {self.bn!r}")
-        if not (self.params in ("all", "weights") or callable(self.params)):
-            raise ValueError(
-                f"params: expected 'all', 'weights' or a callable, got {self.params!r}"
-            )
+        check_param_filter(self.params)
         if not (self.criterion in CRITERIA or callable(self.criterion)):
             raise ValueError(
                 f"criterion: expected one of {sorted(CRITERIA)} or a callable, "
@@ -263,9 +260,10 @@ class PerturbationEnsemble(Recipes, FittedEnsemble):
 
         if stacked is not None and self.searches:
             grid = self.default_grid if self._scale_arg == "search" else self._scale_arg
+            build, inputs = stacked.search_inputs(Xs, self.batch_size)  # a head: its features
             search = ScaleSearch(
-                stacked.ensemble_at,
-                (Xs, ys),
+                build,
+                (inputs, ys),
                 self.criterion,
                 batch_size=self.batch_size,
                 race=self.race,
@@ -314,11 +312,7 @@ class PerturbationEnsemble(Recipes, FittedEnsemble):
             if isinstance(self.criterion, str)
             else getattr(self.criterion, "__name__", "callable")
         )
-        params = (
-            self.params
-            if isinstance(self.params, str)
-            else getattr(self.params, "__name__", "callable")
-        )
+        params = param_label(self.params)
         return {
             "method": self.method,
             self.scale_name: scale,

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 from peg import recipe
 from peg._inputs import Data, as_xy
+from peg._params import param_label
 from peg.ensemble import Ensemble
 from peg.errors import ArchiveError, NotFittedError
 from peg.recipe import (
@@ -80,7 +81,7 @@ class Recipes:
             "n_members": self.n_members,
             "seed": self.seed,
             "bn": self.bn,
-            "params": self.params,
+            "params": param_label(self.params),
             "criterion": self.criterion,
             "batch_size": self.batch_size,
             "max_score_points": self.max_score_points,

@@ -82,7 +82,11 @@ class PEG(PerturbationEnsemble):
         loss: per-sample loss `loss(outputs [B, C], y [B]) -> [B]`; default
             `peg.losses.cross_entropy_per_point` (`gaussian_nll_per_point` for float targets).
         params: which parameters to perturb: "all" trainable ones (default), "weights" (tensors
-            with ndim ≥ 2, i.e. conv/linear weights) or a callable (name, parameter) -> bool.
+            with ndim ≥ 2, i.e. conv/linear weights), "last_layer" (the last Linear/Conv module
+            with trainable parameters, in `named_modules()` order), a list of module names
+            (their trainable parameters) or a callable (name, parameter) -> bool. When the
+            perturbed parameters form a head after a fixed trunk (see `peg._heads`), the trunk
+            runs once per batch, in the η search and in prediction.
         criterion: what η minimises on held-out validation data: "nll", "ece", "brier" or a
             callable (member_logits [M, N, C], y [N]) -> float.
         eta_holdout: fraction of the validation set held out for scoring η (when η is

@@ -34,7 +34,8 @@ class PEP(PerturbationEnsemble):
         bracket: (low, high) σ range the search starts from (paper: 5e-4 to 5e-3).
         seed: seeds the noise.
         params: "all" trainable parameters (default), "weights" (conv/linear weights only, as
-            the original PEP code) or a callable (name, parameter) -> bool.
+            the original PEP code), "last_layer", a list of module names or a callable
+            (name, parameter) -> bool (as PEG's).
         bn: "eval" (default) or "refresh" (re-estimate BatchNorm statistics per member on
             `fit(..., bn_data=...)`).
         criterion: "nll" (default), "ece", "brier" or a callable (member_logits, y) -> float.

@@ -22,7 +22,14 @@ from peg._inputs import (
     to_device,
     weights_device,
 )
-from peg._params import ParamFilter, flatten_state, select_parameters, unflatten_state
+from peg._params import (
+    ParamFilter,
+    check_param_filter,
+    flatten_state,
+    param_label,
+    select_parameters,
+    unflatten_state,
+)
 from peg._progress import bar
 from peg.ensemble import Ensemble, model_output
 from peg.methods.base import store_arguments
@@ -32,10 +39,6 @@ from peg.streams import generator
 
 EVAL_BATCH_SIZE = 512  # rows per forward pass when checking min_accuracy
 MAX_DRAWS_PER_SAMPLE = 10  # min_accuracy: give up after this many draws per requested sample
-
-
-def _param_label(params: ParamFilter) -> str:
-    return params if isinstance(params, str) else getattr(params, "__name__", "callable")
 
 
 def _accuracy(probe: nn.Module, state: Mapping[str, Tensor], X: Tensor, y: Tensor) -> float:
@@ -63,8 +66,7 @@ class _AroundSolution(Sampler):
     def _check_params(self) -> None:
         super()._check_params()
         params, min_accuracy = self.params, self.min_accuracy
-        if not (params in ("all", "weights") or callable(params)):
-            raise ValueError(f"params: expected 'all', 'weights' or a callable, got {params!r}")
+        check_param_filter(params)
         if min_accuracy is not None and not (
             isinstance(min_accuracy, (int, float))
             and not isinstance(min_accuracy, bool)
@@ -148,7 +150,7 @@ class _AroundSolution(Sampler):
         self.param_names_ = names
         self.draws_ = draws
         self._record(values)
-        meta = self._meta(params=_param_label(self.params), min_accuracy=min_accuracy)
+        meta = self._meta(params=param_label(self.params), min_accuracy=min_accuracy)
         self.ensemble_ = Ensemble.from_state_dicts(skeleton, states, meta)
         return self
 
@@ -165,7 +167,8 @@ class RandomSubspace(_AroundSolution):
         radius: largest step (a fraction of ‖θ₀‖ when relative, else in weight units), > 0.
         relative: scale steps by ‖θ₀‖.
         seed: random seed.
-        params: the parameters to move: "all", "weights" (ndim ≥ 2) or a callable(name, p).
+        params: the parameters to move: "all", "weights" (ndim ≥ 2), "last_layer", a list of
+            module names or a callable(name, p) (see `peg._params.select_parameters`).
         bn: "eval" (keep the base BatchNorm statistics) or "refresh" (needs `bn_data`).
         min_accuracy: reject and redraw samples whose accuracy on `val` is below it (at most
             10×n_members draws, then an error).
