@@ -3,9 +3,9 @@
 #   1. a virtual environment in .venv,
 #   2. the pinned CPU build of torch, installed FIRST: peg itself asks only for a range (see
 #      pyproject.toml), and with no torch installed a range would pull several GB of CUDA packages,
-#   3. this package with its dev extras (editable); pip keeps the torch of step 2, which is in range.
-#      Not installed here: the `hf` extra (transformers), and laplace-torch, which would replace
-#      this torch (see pyproject.toml).
+#   3. this package with its dev and hf extras (editable; hf: transformers, which the tests
+#      exercise); pip keeps the torch of step 2, which is in range. Not installed here:
+#      laplace-torch, which would replace this torch (see pyproject.toml).
 #   4. Fashion-MNIST from Debian (`dataset-fashion-mnist`) when apt is usable; the demo falls
 #      back to scikit-learn's digits when it is not.
 # A stamp keyed on pyproject.toml and this script makes a second run a no-op.
@@ -16,7 +16,7 @@ cd "$root"
 venv="$root/.venv"
 stamp="$venv/.peg-setup-stamp"
 torch_pin="torch==2.13.0"  # the CPU wheel the tests run on; the only exact torch pin
-extras="dev"
+extras="dev,hf"
 want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 
 if [ ! -x "$venv/bin/python" ]; then
