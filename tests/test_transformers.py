@@ -127,3 +127,26 @@ def test_mc_dropout_on_a_bert(model, loaders):
     again = peg.MCDropout(n_members=4, seed=0).fit(model).member_logits(loaders["test"])
     assert torch.equal(logits, again)  # masks from (seed, member, batch)
     assert peg.evaluate(mc, loaders["test"])["nll"] > 0
+
+
+def test_last_layer_peg_on_a_bert_runs_the_encoder_once_per_batch(model, loaders, monkeypatch):
+    data = sequences(300, 1)  # the tokens alone as a tensor: BERT's first argument is input_ids
+    p = peg.PEG(n_members=15, params="last_layer", eta=0.1, grad_batch_size=32, progress=False)
+    p.fit(model, (data["input_ids"], data["labels"]))
+    assert p.param_names_ == ["classifier.weight", "classifier.bias"]
+    p.member_logits(loaders["test"])  # the trunk/head split is found and checked here, once
+    calls = []
+    encoder = transformers.models.bert.modeling_bert.BertModel.forward
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return encoder(self, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.models.bert.modeling_bert.BertModel, "forward", counted)
+    logits = p.member_logits(loaders["test"])  # 4 batches of 50, dict inputs
+    assert len(calls) == 4  # the encoder once per batch, not once per member and batch
+    monkeypatch.undo()
+    inputs = {k: v for k, v in sequences(200, 2).items() if k != "labels"}
+    with torch.no_grad():
+        members = [p.ensemble().member_model(i)(**inputs).logits for i in range(15)]
+    torch.testing.assert_close(logits, torch.stack(members), rtol=1e-4, atol=1e-5)

@@ -37,7 +37,8 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from peg._params import module_like
-from peg.output import model_output
+from peg.batches import batch_rows, call_functional, take_rows
+from peg.output import logits_of, model_output
 
 # (architecture, declared head, per-member entries) -> the candidate that passed the check, or None
 _SPLITS: dict[tuple[str, str, Any, frozenset[str]], int | None] = {}
@@ -65,10 +66,10 @@ class Split:
         """The trunk running the tensors of `state` (not copied), in eval mode."""
         return module_like(self.trunk, {k: state[k] for k in self.trunk_names}).eval()
 
-    def logits(self, state: Mapping[str, Tensor], x: Tensor) -> Tensor:
+    def logits(self, state: Mapping[str, Tensor], x: Any) -> Tensor:
         """The model's logits on `x` through the split (the check's)."""
         trunk = {k: state[k] for k in self.trunk_names}
-        features = functional_call(self.trunk, trunk, (x,))
+        features = logits_of(call_functional(self.trunk, trunk, x))
         out = functional_call(self.head, self.head_entries(state), (features,))
         return model_output(out, "member_logits")
 
@@ -137,7 +138,7 @@ def find_split(
     """The first candidate split whose logits match the model's own on two rows of `x` for
     every state in `states` (checked once per architecture and per-member entries; see the
     module doc), or None."""
-    if not isinstance(x, Tensor) or len(x) == 0:
+    if not isinstance(x, (Tensor, Mapping)) or batch_rows(x) == 0:
         return None
     key = _key(skeleton, per_member)
     if key in _SPLITS:
@@ -147,16 +148,14 @@ def find_split(
     if not found:
         _SPLITS[key] = None
         return None
-    rows = x[:2]
+    rows = take_rows(x, 0, 2)
     training = [m for m in skeleton.modules() if m.training]
     for m in training:
         m.training = False
     try:
         with torch.no_grad():
             try:
-                reference = [
-                    model_output(functional_call(skeleton, dict(s), (rows,)), "X") for s in states
-                ]
+                reference = [model_output(call_functional(skeleton, s, rows), "X") for s in states]
             except Exception:  # bad inputs: no verdict (the caller's own path reports them)
                 return None
             _SPLITS[key] = None
@@ -171,7 +170,7 @@ def find_split(
 
 
 def _agrees(
-    split: Split, states: Sequence[Mapping[str, Tensor]], rows: Tensor, reference: list[Tensor]
+    split: Split, states: Sequence[Mapping[str, Tensor]], rows: Any, reference: list[Tensor]
 ) -> bool:
     try:
         got = [split.logits(s, rows) for s in states]

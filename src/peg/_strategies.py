@@ -14,20 +14,19 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call, vmap
+from torch.func import vmap
 from torch.utils.flop_counter import FlopCounterMode
 
 from peg._folded import Folded, fold
 from peg._heads import checked, find_split
 from peg._inputs import diagnose
-from peg.batches import batch_rows, call_model, signature, take_rows
+from peg.batches import batch_rows, call_functional, call_model, signature, take_rows
 from peg.errors import NotFoldable
-from peg.output import model_output
+from peg.output import logits_of, model_output
 
 Strategy = Literal["auto", "loop", "vmap", "folded", "chunked"]
 STRATEGIES = ("auto", "loop", "vmap", "folded", "chunked")
@@ -133,7 +132,7 @@ class MemberStrategies:
             return torch.stack([model_output(call_model(m, x), "member_logits") for m in modules])
 
         def one(stacked: dict[str, Tensor], x: Any) -> Tensor:
-            out = _call(self.skeleton, {**self.shared, **stacked}, x)
+            out = call_functional(self.skeleton, {**self.shared, **stacked}, x)
             return model_output(out, "member_logits")
 
         step = len(self) if strategy == "vmap" or chunk_size is None else chunk_size
@@ -222,7 +221,9 @@ class MemberStrategies:
 
     def _member_output(self, i: int, x: Any) -> Tensor:
         """Member `i`'s logits `[B, C]` on one batch (`functional_call`)."""
-        return model_output(_call(self.skeleton, self.member_state(i), x), "member_logits")
+        return model_output(
+            call_functional(self.skeleton, self.member_state(i), x), "member_logits"
+        )
 
     def _predict(self, x: Any, chosen: str, fall_back: bool, chunk_size: int | None) -> Tensor:
         """`_batch_logits` with a clear error for bad inputs; with `fall_back` ("auto"), a
@@ -233,7 +234,7 @@ class MemberStrategies:
         if heads is not None:
             trunk, head = heads
             try:
-                features = trunk(x)
+                features = logits_of(call_model(trunk, x))
             except Exception:
                 self._diagnose(x)  # the inputs at fault: a clear error
                 raise
@@ -258,13 +259,7 @@ class MemberStrategies:
 
     def _diagnose(self, x: Any) -> None:
         """Raise a clear error if member 0 cannot run on two rows of `x` or returns no logits."""
-        out = diagnose(lambda rows: _call(self.skeleton, self.member_state(0), rows), x, "X")
+        out = diagnose(
+            lambda rows: call_functional(self.skeleton, self.member_state(0), rows), x, "X"
+        )
         model_output(out, "member_logits")
-
-
-def _call(module: nn.Module, state: dict[str, Tensor], x: Any) -> Any:
-    """`module` run on `x` with the tensors `state` (`functional_call`): `module(**x)` for a
-    mapping, `module(x)` otherwise (`peg.batches.call_model`)."""
-    if isinstance(x, Mapping):
-        return functional_call(module, state, (), dict(x))
-    return functional_call(module, state, (x,))

@@ -29,7 +29,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+from torch.func import functional_call
 
 BatchFn = Callable[[Any], tuple[Any, Any]]
 LABEL_KEYS = ("labels", "label")
@@ -167,6 +168,14 @@ def call_model(model: Callable[..., Any], inputs: Any) -> Any:
     if isinstance(inputs, Mapping):
         return model(**inputs)
     return model(inputs)
+
+
+def call_functional(module: nn.Module, state: Mapping[str, Tensor], inputs: Any) -> Any:
+    """`module` run with the tensors `state` (`torch.func.functional_call`) on `inputs`, called
+    as `call_model` calls it: `module(**inputs)` for a mapping, `module(inputs)` otherwise."""
+    if isinstance(inputs, Mapping):
+        return functional_call(module, dict(state), (), dict(inputs))
+    return functional_call(module, dict(state), (inputs,))
 
 
 def _leaves(inputs: Any, path: str = "") -> list[tuple[str, Tensor]]:
