@@ -11,7 +11,11 @@ sizes (members: base + S·head; recipe: the base).
 
 Set-up: ResNet-20 (random weights: the costs do not depend on them), CIFAR-shaped synthetic
 validation data (`--val` images; labels the base's predictions, a quarter of them replaced at
-random). Every number is a ratio measured in this run, on this machine (printed).
+random). Then a transformers model, `BertForSequenceClassification` from a small config (4
+layers, width 128, sequences of 64 tokens; random weights, nothing from a hub), predicting
+HuggingFace dict batches (`input_ids`, `attention_mask`): its last-layer PEG-15 is fitted with η
+given (0.1) on token tensors, and only prediction is timed. Every number is a ratio measured in
+this run, on this machine (printed).
 
     python benchmarks/last_layer.py [--members 15] [--val 2000] [--repeats 3] [--quick]
 """
@@ -142,6 +146,41 @@ def main() -> None:
     print(f"  members (materialize=True): {size(members)} (base + {S}·head = "
           f"{size(weights + (S - 1) * head)})")  # fmt: skip
     print(f"  recipe: {size(recipe)}")
+    _bert(S, B, repeats if args.quick else max(7, repeats))
+
+
+def _bert(S: int, B: int, repeats: int) -> None:
+    """Last-layer PEG-S of a BERT classifier: prediction of one dict batch of B sequences."""
+    import transformers  # peg[hf]
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=1000, hidden_size=128, num_hidden_layers=4, num_attention_heads=2,
+        intermediate_size=512, max_position_embeddings=64, num_labels=2,
+    )  # fmt: skip
+    model = transformers.BertForSequenceClassification(config).eval()
+    ids = torch.randint(1, 1000, (512, 64))
+    labels = torch.randint(0, 2, (512,))
+    fitted = peg.PEG(n_members=S, params="last_layer", eta=0.1, progress=False).fit(
+        model, (ids, labels)
+    )
+    batch = {"input_ids": ids[:B], "attention_mask": torch.ones(B, 64, dtype=torch.long)}
+    ensemble = fitted.ensemble_
+    runs: dict[str, Callable[[], Any]] = {
+        "base model, one forward": lambda: model(**batch).logits,
+        f"last-layer PEG-{S}, auto (trunk once, {S} heads)": lambda: ensemble.member_logits(
+            batch, B
+        ),
+    }
+    with torch.no_grad():
+        times = _round_robin(runs, repeats)
+    base = times["base model, one forward"]
+    size = sum(p.numel() for p in model.parameters())
+    print(f"\nBERT classifier ({size:,} parameters), last-layer PEG-{S} "
+          f"({fitted.param_names_}): one dict batch of {B} × 64 tokens")  # fmt: skip
+    for label, t in times.items():
+        print(f"  {label:<52} {t / base:6.2f} ×")
+    print(f"  (one forward of the base model: {1000 * base:.0f} ms)")
 
 
 if __name__ == "__main__":
