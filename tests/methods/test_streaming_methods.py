@@ -101,3 +101,16 @@ def test_batch_fn_is_used_for_training_and_bn_data():
     ref = SWA(**kw).fit(bn_net, (X, y))
     other = SWA(**kw, batch_fn=split).fit(bn_net, DataLoader(ds, batch_size=32))
     assert same([ref.swa_model_.state_dict()], [other.swa_model_.state_dict()])
+
+
+def test_subspace_min_accuracy_and_bn_on_loaders_equal_tensors():
+    from peg.subspace import RandomSubspace
+
+    net = bn_net().eval()
+    kw = dict(n_members=2, min_accuracy=0.3, bn="refresh", progress=False)
+    ref = RandomSubspace(**kw).fit(net, (X, y), bn_data=X)
+    val = DataLoader(TensorDataset(X, y), batch_size=512)
+    bn = Counting()
+    other = RandomSubspace(**kw).fit(net, val, bn_data=bn)
+    assert same(states(ref.ensemble_), states(other.ensemble_))
+    assert bn.reads >= len(X) * 2  # read anew for every sample, never kept

@@ -16,15 +16,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from peg._inputs import Data, check_positive_int
+from peg._inputs import Data, check_positive_int, weights_device
 from peg._io import save_tree
 from peg.batches import BatchFn, check_batch_fn
 from peg.ensemble import Ensemble
 from peg.methods.base import FittedEnsemble, store_arguments
 from peg.train import Callback, ModelSource, Recipe, instantiate, load_checked, train
+from peg.train._data import check_labelled
 
 MEMBER_FORMAT = "peg-deep-ensemble-member"
 
@@ -82,6 +84,10 @@ class DeepEnsemble(FittedEnsemble):
         check_positive_int(self.seed, "seed", minimum=0)
         check_batch_fn(self.batch_fn)
 
+    @staticmethod
+    def _device(model: ModelSource) -> torch.device | None:
+        return weights_device(model) if isinstance(model, nn.Module) else None
+
     def _recipe(self) -> Recipe:
         """The recipe used: `recipe`, or `Recipe()` for None."""
         return self.recipe if self.recipe is not None else Recipe()
@@ -120,6 +126,7 @@ class DeepEnsemble(FittedEnsemble):
         member keeps the BatchNorm statistics of its own training. Extra `callbacks(epoch,
         model)` run after every epoch of every member.
         """
+        check_labelled(train_data, "train_data", self._device(model))
         folder = self._checkpoint_dir()
         if folder is not None and folder.is_file():
             raise ValueError(

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from torch.optim.swa_utils import AveragedModel
 
 from peg._bn import InputBatches, update_bn
-from peg._inputs import Data, check_number, check_positive_int
+from peg._inputs import Data, check_number, check_positive_int, weights_device
 from peg._params import parameter_vector, refresh_bn, unflatten_state
 from peg._progress import bar
 from peg.batches import BatchFn, check_batch_fn
@@ -41,6 +41,7 @@ from peg.errors import NotFittedError
 from peg.methods.base import FittedEnsemble, store_arguments
 from peg.streams import SWAG_SAMPLE, generator
 from peg.train import Callback, ModelSource, Recipe, instantiate, train
+from peg.train._data import check_labelled
 
 BN_TYPES = (nn.modules.batchnorm._BatchNorm,)
 
@@ -192,6 +193,8 @@ class SWA(FittedEnsemble):
         batch (`batch_size` rows for tensors and Datasets, a loader's own batches); extra
         `callbacks(epoch, model)` run after the method's own, every epoch.
         """
+        device = weights_device(model) if isinstance(model, nn.Module) else None
+        check_labelled(train_data, "train_data", device)
         name = "bn_data" if bn_data is not None else "train_data"
         source = bn_data if bn_data is not None else train_data
         self._bn_batches = InputBatches(source, int(self.batch_size), self.batch_fn, name)

@@ -71,6 +71,15 @@ def _is_pair(data: Any) -> bool:
     )
 
 
+def check_labelled(data: Any, name: str, device: torch.device | None) -> None:
+    """For methods that pass `data` on to `train`: tensors checked as a whole now, with errors
+    naming `name` (a Dataset or stream is checked batch by batch by `train`)."""
+    if isinstance(data, (Tensor, np.ndarray)):
+        raise ValueError(f"{name}: training needs labels, got inputs only")
+    if _is_pair(data):
+        as_xy(data, name, device=device)
+
+
 class TrainingData:
     """The batches of one training run (see the module docstring)."""
 
