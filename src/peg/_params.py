@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 from torch.nn.utils import parameters_to_vector
-from torch.optim.swa_utils import update_bn
+
+from peg._bn import update_bn
 
 ParamFilter = (
     Literal["all", "weights", "last_layer"] | Sequence[str] | Callable[[str, nn.Parameter], bool]
@@ -176,9 +177,10 @@ def module_like(skeleton: nn.Module, state: Mapping[str, Tensor]) -> nn.Module:
 
 
 def refresh_bn(
-    skeleton: nn.Module, state: dict[str, Tensor], batches: list[Tensor]
+    skeleton: nn.Module, state: dict[str, Tensor], batches: Iterable[Any]
 ) -> dict[str, Tensor]:
-    """`state` with BatchNorm running statistics re-estimated on `batches` (swa_utils.update_bn)."""
+    """`state` with BatchNorm running statistics re-estimated on `batches` (input batches of
+    any shape, a list or a re-iterable stream such as `peg._bn.InputBatches`; `update_bn`)."""
     model = copy.deepcopy(skeleton)
     model.load_state_dict(state)
     update_bn(batches, model)

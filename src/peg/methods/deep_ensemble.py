@@ -16,14 +16,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from peg._inputs import Data, as_xy, check_positive_int, weights_device
+from peg._inputs import Data, check_positive_int, weights_device
 from peg._io import save_tree
+from peg.batches import BatchFn, check_batch_fn
 from peg.ensemble import Ensemble
 from peg.methods.base import FittedEnsemble, store_arguments
 from peg.train import Callback, ModelSource, Recipe, instantiate, load_checked, train
+from peg.train._data import check_labelled
 
 MEMBER_FORMAT = "peg-deep-ensemble-member"
 
@@ -47,6 +50,11 @@ class DeepEnsemble(FittedEnsemble):
         checkpoint_dir: folder for per-member files; makes an interrupted fit resumable.
         progress: progress bars.
         loss: the training loss `loss(outputs, y)` (e.g. a Gaussian NLL for regression heads).
+        batch_fn: `batch_fn(batch) -> (inputs, y)` for training batches of another shape
+            (`peg.batches`); for predictions pass `batch_fn` to `member_logits` and the rest.
+
+    `train_data` is read batch by batch by every member (`peg.train.train`): tensors, a
+    Dataset, a DataLoader or an IterableDataset, never gathered.
 
     Fitted: `ensemble_` (M members), `histories_`, `seeds_`, `meta_`.
     """
@@ -63,6 +71,7 @@ class DeepEnsemble(FittedEnsemble):
         checkpoint_dir: str | os.PathLike[str] | None = None,
         progress: bool | None = None,
         loss: Callable[[Tensor, Tensor], Tensor] = F.cross_entropy,
+        batch_fn: BatchFn | None = None,
     ) -> None:
         store_arguments(self, locals())
 
@@ -73,6 +82,11 @@ class DeepEnsemble(FittedEnsemble):
                 f"recipe: expected a peg.train.Recipe, got {type(self.recipe).__name__}"
             )
         check_positive_int(self.seed, "seed", minimum=0)
+        check_batch_fn(self.batch_fn)
+
+    @staticmethod
+    def _device(model: ModelSource) -> torch.device | None:
+        return weights_device(model) if isinstance(model, nn.Module) else None
 
     def _recipe(self) -> Recipe:
         """The recipe used: `recipe`, or `Recipe()` for None."""
@@ -112,10 +126,7 @@ class DeepEnsemble(FittedEnsemble):
         member keeps the BatchNorm statistics of its own training. Extra `callbacks(epoch,
         model)` run after every epoch of every member.
         """
-        device = weights_device(model) if isinstance(model, nn.Module) else None
-        X, y = as_xy(train_data, "train_data", device=device)
-        if y is None:
-            raise ValueError("train_data: training needs labels, got inputs only")
+        check_labelled(train_data, "train_data", self._device(model))
         folder = self._checkpoint_dir()
         if folder is not None and folder.is_file():
             raise ValueError(
@@ -138,13 +149,14 @@ class DeepEnsemble(FittedEnsemble):
                     continue
             _, history = train(
                 net,
-                (X, y),
+                train_data,
                 recipe,
                 seed=s,
                 loss=self.loss,
                 callbacks=callbacks,
                 checkpoint=partial,
                 progress=self.progress,
+                batch_fn=self.batch_fn,
             )
             if done is not None and partial is not None:
                 save_tree(

@@ -29,16 +29,19 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.optim.swa_utils import AveragedModel, update_bn
+from torch.optim.swa_utils import AveragedModel
 
-from peg._inputs import Data, as_xy, check_number, check_positive_int, weights_device
+from peg._bn import InputBatches, update_bn
+from peg._inputs import Data, check_number, check_positive_int, weights_device
 from peg._params import parameter_vector, refresh_bn, unflatten_state
 from peg._progress import bar
+from peg.batches import BatchFn, check_batch_fn
 from peg.ensemble import Ensemble
 from peg.errors import NotFittedError
 from peg.methods.base import FittedEnsemble, store_arguments
 from peg.streams import SWAG_SAMPLE, generator
 from peg.train import Callback, ModelSource, Recipe, instantiate, train
+from peg.train._data import check_labelled
 
 BN_TYPES = (nn.modules.batchnorm._BatchNorm,)
 
@@ -50,10 +53,6 @@ def default_recipe() -> Recipe:
 
 def has_batchnorm(model: nn.Module) -> bool:
     return any(isinstance(m, BN_TYPES) for m in model.modules())
-
-
-def _batches(X: Tensor, batch_size: int) -> list[Tensor]:
-    return list(X.split(batch_size))
 
 
 class _Averager:
@@ -119,6 +118,12 @@ class SWA(FittedEnsemble):
         checkpoint: a file to save the run after every epoch and resume from.
         progress: progress bars.
         loss: the training loss `loss(outputs, y)` (e.g. a Gaussian NLL for regression heads).
+        batch_fn: `batch_fn(batch) -> (inputs, y)` for training and `bn_data` batches of
+            another shape (`peg.batches`).
+
+    `train_data` and `bn_data` are read batch by batch (tensors, a Dataset, a DataLoader or an
+    IterableDataset; `peg.train.train`), never gathered; the fitted object keeps a reference
+    to the BatchNorm data (not a copy) for SWAG's later samples.
 
     `fit(model, train_data)` takes an untrained (or pre-trained) module, which is copied and
     never modified, or a zero-argument factory. Fitted: `swa_model_` (the averaged module, eval
@@ -136,6 +141,7 @@ class SWA(FittedEnsemble):
         checkpoint: str | os.PathLike[str] | None = None,
         progress: bool | None = None,
         loss: Callable[[Tensor, Tensor], Tensor] = F.cross_entropy,
+        batch_fn: BatchFn | None = None,
     ) -> None:
         store_arguments(self, locals())
 
@@ -154,6 +160,7 @@ class SWA(FittedEnsemble):
             )
         check_positive_int(self.seed, "seed", minimum=0)
         check_positive_int(self.batch_size, "batch_size")
+        check_batch_fn(self.batch_fn)
 
     def _recipe(self) -> Recipe:
         """The recipe used: `recipe`, or `default_recipe()` for None."""
@@ -182,30 +189,32 @@ class SWA(FittedEnsemble):
     ) -> SWA:
         """Train a copy of `model` (or `model()`) on `train_data` and average its weights.
 
-        `bn_data` (default: the training inputs) re-estimates BatchNorm statistics; extra
+        `bn_data` (default: the training data) re-estimates BatchNorm statistics, read batch by
+        batch (`batch_size` rows for tensors and Datasets, a loader's own batches); extra
         `callbacks(epoch, model)` run after the method's own, every epoch.
         """
         device = weights_device(model) if isinstance(model, nn.Module) else None
-        X, y = as_xy(train_data, "train_data", device=device)
-        if y is None:
-            raise ValueError("train_data: training needs labels, got inputs only")
-        self._bn_X = as_xy(bn_data, "bn_data", need_labels=False)[0] if bn_data is not None else X
+        check_labelled(train_data, "train_data", device)
+        name = "bn_data" if bn_data is not None else "train_data"
+        source = bn_data if bn_data is not None else train_data
+        self._bn_batches = InputBatches(source, int(self.batch_size), self.batch_fn, name)
         seed = int(self.seed)
         net = instantiate(model, seed)
         own = self._callbacks(net)
         _, self.history_ = train(
             net,
-            (X, y),
+            train_data,
             self._recipe(),
             seed=seed,
             loss=self.loss,
             callbacks=[*own, *callbacks],
             checkpoint=self.checkpoint,
             progress=self.progress,
+            batch_fn=self.batch_fn,
         )
         averaged = self._averager.averaged
         if has_batchnorm(averaged.module):
-            update_bn(_batches(self._bn_X, int(self.batch_size)), averaged)
+            update_bn(self._bn_batches, averaged)
         self.swa_model_ = averaged.module.eval()
         self._finish(net)
         return self
@@ -226,8 +235,8 @@ class SWAG(SWA):
     """SWA-Gaussian (`diag=False`) and SWAG-Diag (`diag=True`), Maddox et al. 2019.
 
     Args:
-        recipe, seed, batch_size, checkpoint, progress, loss: as for `SWA` (`batch_size` is also
-            that of the per-sample BatchNorm refresh).
+        recipe, seed, batch_size, checkpoint, progress, loss, batch_fn: as for `SWA`
+            (`batch_size` is also that of the per-sample BatchNorm refresh).
         diag: keep only the diagonal covariance (SWAG-Diag).
         max_num_models: the most deviation columns kept (K ≤ this; oldest dropped), ≥ 2.
         scale: covariance scale of the samples; None: 0.5 for SWAG, 1.0 for SWAG-Diag.
@@ -257,6 +266,7 @@ class SWAG(SWA):
         checkpoint: str | os.PathLike[str] | None = None,
         progress: bool | None = None,
         loss: Callable[[Tensor, Tensor], Tensor] = F.cross_entropy,
+        batch_fn: BatchFn | None = None,
     ) -> None:
         store_arguments(self, locals())
 
@@ -356,7 +366,8 @@ class SWAG(SWA):
     ) -> Ensemble:
         """The fitted ensemble (no arguments), or `n` new samples as an `Ensemble`.
 
-        Each sample's BatchNorm statistics are re-estimated on the training data (bn="refresh").
+        Each sample's BatchNorm statistics are re-estimated on the training data (bn="refresh"),
+        read again batch by batch for every sample.
         """
         if n is None and scale is None and diag is None and seed is None:
             return super().ensemble()
@@ -364,7 +375,7 @@ class SWAG(SWA):
         vectors = self.sample_vectors(n, scale, diag, seed)
         model = self._skeleton
         refresh = self.bn == "refresh" and has_batchnorm(model)
-        batches = _batches(self._bn_X, int(self.batch_size)) if refresh else []
+        batches = self._bn_batches if refresh else []
         base = {k: v.detach().clone() for k, v in model.state_dict().items()}
         names = [name for name, _ in model.named_parameters()]
         states = []

@@ -16,17 +16,19 @@ from torch import Tensor, nn
 
 from peg._inputs import (
     Data,
-    as_xy,
+    check_finite,
+    checked_labels,
     diagnose,
     eval_mode,
     model_device,
-    to_device,
     weights_device,
 )
 from peg._progress import bar
+from peg.batches import BatchFn, batch_rows, call_model, check_batch_fn, move, take_rows
 from peg.data.transforms import random_crop, random_hflip
 from peg.losses import packed_loss
 from peg.output import logits_of, model_output
+from peg.train._data import Batch, TrainingData
 from peg.train.callbacks import Callback
 from peg.train.checkpoint import CHECKPOINT_FORMAT, resume_run, save_run
 from peg.train.recipe import Recipe, Schedules, make_optimizer
@@ -70,14 +72,26 @@ def train(
     callbacks: Sequence[Callback] = (),
     checkpoint: str | os.PathLike[str] | None = None,
     progress: bool | None = None,
+    batch_fn: BatchFn | None = None,
     **recipe_fields: Any,
 ) -> tuple[nn.Module, list[dict[str, float]]]:
-    """Train `model` in place on `data` ((X, y), Dataset or DataLoader; materialised once).
+    """Train `model` in place on `data`, read batch by batch (never gathered).
 
-    Before the first epoch the data are checked (no NaN/inf, labels present) and the model is
-    run once on two rows (`check_training_data`), so inputs it cannot take, labels out of
-    range or a forward that returns no logits fail at once. Batches are moved to the model's
-    device (`peg._inputs.model_device`).
+    `data`: a pair `(X, y)`; a map-style Dataset, read by index in the order the run's seeded
+    generator draws (a `TensorDataset` of the same tensors gives bit-identical weights); a
+    DataLoader over one (its dataset and `collate_fn` are used, its sampler and batch size
+    are not: the order is the run's, the batch size the recipe's); or an IterableDataset (or a
+    loader over one), streamed in its own order every epoch, without shuffling. Batches follow
+    `peg.batches` (mapping batches: labels under "labels"/"label", the model called as
+    `model(**inputs)`); `batch_fn(batch) -> (inputs, y)` splits batches of other shapes.
+
+    Checks: tensors are checked as a whole before the first epoch (no NaN/inf, labels
+    present); a Dataset or a stream cannot be, so its first batch is checked before any
+    training step and every later batch as it comes (finite, labels present, in range for the
+    classification losses), an error naming the batch, the epoch and the samples it holds.
+    The model is run once on two rows of the first batch (`check_training_data`), so inputs it
+    cannot take, labels out of range or a forward that returns no logits fail at once. Batches
+    are moved to the model's device (`peg._inputs.model_device`).
 
     Args:
         recipe: how to train (default `Recipe()`); keyword fields override it, e.g.
@@ -86,7 +100,10 @@ def train(
             reproducible; the caller's global RNG state is restored afterwards.
         loss: `loss(logits, y)`, mean over the batch.
         callbacks: `callback(epoch, model)` after each epoch (epoch counts from 1).
-        checkpoint: a file to save the run to after every epoch and resume from.
+        checkpoint: a file to save the run to after every epoch and resume from. Only whole
+            epochs are saved: an interrupted epoch is redone from its start (a stream is read
+            again from its beginning for it), and an epoch that meets bad data saves nothing.
+        batch_fn: splits the batches of a Dataset or DataLoader (`peg.batches`).
 
     Returns the model (in eval mode) and its history: one dict per epoch with the mean
     training loss, training accuracy and the learning rate used.
@@ -98,24 +115,38 @@ def train(
         raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
     if not callable(loss):
         raise TypeError(f"loss: expected a callable loss(outputs, y), got {type(loss).__name__}")
-    X, y = as_xy(data, "data", device=weights_device(model))
-    if y is None:
-        raise ValueError("data: training needs labels, got inputs only")
-    if len(X) == 0:
-        raise ValueError("data: the training set is empty")
-    device = model_device(model, "model", ("data", X))
+    batch_fn = check_batch_fn(batch_fn)
+    source = TrainingData(data, recipe.batch_size, batch_fn, weights_device(model), seed)
+    if source.in_memory:
+        X, y = source.X, source.y
+        if y is None:
+            raise ValueError("data: training needs labels, got inputs only")
+        if len(X) == 0:
+            raise ValueError("data: the training set is empty")
+        device = model_device(model, "model", ("data", X))
+    else:
+        if source.n == 0:
+            raise ValueError("data: the training set is empty")
+        device = model_device(model, "model")
     if not any(p.requires_grad for p in model.parameters()):
         raise ValueError("model: has no trainable parameters (requires_grad=True) to train")
-    check_training_data(model, X, y, loss, device)
+    classes = check_training_data(model, X, y, loss, device) if source.in_memory else None
+    steps_per_epoch = source.steps_per_epoch()
+    if steps_per_epoch is None and recipe.schedule == "cosine":
+        raise ValueError(
+            "data: schedule='cosine' needs the number of batches per epoch, and this stream "
+            "does not say (its loader has no len()); give the IterableDataset a __len__ or use "
+            "schedule='constant' or 'swa'"
+        )
     opt = make_optimizer(model, recipe)
-    steps_per_epoch = math.ceil(len(X) / recipe.batch_size)
-    schedules = Schedules(opt, recipe, steps_per_epoch)
+    schedules = Schedules(opt, recipe, steps_per_epoch or 1)
     gen = torch.Generator().manual_seed(seed)
     history: list[dict[str, float]] = []
     ckpt = Path(checkpoint) if checkpoint is not None else None
     if ckpt is not None and ckpt.is_dir():
         raise ValueError(f"checkpoint: {ckpt} is a folder; expected a file path")
     identity = {"format": CHECKPOINT_FORMAT, "recipe": recipe.to_dict(), "seed": seed}
+    run = _Run(model, source, recipe, opt, schedules, gen, loss, device, classes)
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -125,7 +156,7 @@ def train(
         for epoch in bar(range(start, recipe.epochs), "train", recipe.epochs - start, progress):
             schedules.start_epoch(epoch)
             lr_now = opt.param_groups[0]["lr"]
-            loss_mean, accuracy = _epoch(model, X, y, recipe, opt, schedules, gen, loss, device)
+            loss_mean, accuracy = run.epoch(epoch + 1)
             history.append(
                 {"epoch": epoch + 1, "loss": loss_mean, "accuracy": accuracy, "lr": lr_now}
             )
@@ -145,19 +176,24 @@ CLASSIFICATION_LOSSES: tuple[Callable[..., Tensor], ...] = (
 
 
 def check_training_data(
-    model: nn.Module, X: Tensor, y: Tensor, loss: Callable[..., Tensor], device: torch.device
-) -> None:
-    """Before the first epoch: the model runs on two rows of `X` (eval mode, no gradient, the
-    global RNG untouched) and, for the classification losses (the default cross-entropy and
-    `packed_loss`), returns logits `[B, C]` for integer labels in [0, C)."""
+    model: nn.Module, X: Any, y: Tensor, loss: Callable[..., Tensor], device: torch.device
+) -> int | None:
+    """Before the first training step: the model runs on two rows of `X` (eval mode, no
+    gradient, the global RNG untouched) and, for the classification losses (the default
+    cross-entropy and `packed_loss`), returns logits `[B, C]` for integer labels in [0, C).
+
+    `X, y` are the whole data (tensors) or the first batch of a stream (`X` then any inputs
+    `peg.batches` takes). Returns C for class labels, None otherwise."""
     with eval_mode(model), torch.no_grad(), torch.random.fork_rng(devices=[]):
-        out = diagnose(model, to_device(X[:2], device, "data"), "data")
+        out = diagnose(
+            lambda x: call_model(model, x), move(take_rows(X, 0, 2), device, "data"), "data"
+        )
     if loss not in CLASSIFICATION_LOSSES:
-        return  # a custom loss: its outputs and targets are its own business
+        return None  # a custom loss: its outputs and targets are its own business
     out = model_output(out, "model")
     if y.ndim != 1:
-        if torch.is_floating_point(y) and y.shape == (len(X), out.shape[1]):
-            return  # class probabilities (soft labels) for cross-entropy
+        if torch.is_floating_point(y) and y.shape == (batch_rows(X, "data"), out.shape[1]):
+            return None  # class probabilities (soft labels) for cross-entropy
         raise ValueError(f"data: expected class labels [N], got shape {tuple(y.shape)}")
     if torch.is_floating_point(y):
         raise ValueError(
@@ -166,50 +202,90 @@ def check_training_data(
             "peg.models.gaussian.gaussian_nll_loss for real-valued targets"
         )
     C = out.shape[1]
+    _check_range(y, C, "data")
+    return C
+
+
+def _check_range(y: Tensor, C: int, where: str) -> None:
     lo, hi = int(y.min()), int(y.max())
     if lo < 0 or hi >= C:
         raise ValueError(
-            f"data: labels must lie in [0, {C}) for a model with {C} outputs, got min {lo}, "
+            f"{where}: labels must lie in [0, {C}) for a model with {C} outputs, got min {lo}, "
             f"max {hi}"
         )
 
 
-def _epoch(
-    model: nn.Module,
-    X: Tensor,
-    y: Tensor,
-    recipe: Recipe,
-    opt: torch.optim.Optimizer,
-    schedules: Schedules,
-    gen: torch.Generator,
-    loss: Callable[[Tensor, Tensor], Tensor],
-    device: torch.device,
-) -> tuple[float, float]:
-    """One pass over shuffled mini-batches; returns (mean loss, accuracy)."""
-    model.train()
-    perm = torch.randperm(len(X), generator=gen)
-    seen = correct = 0
-    loss_sum = 0.0
-    for start in range(0, len(X), recipe.batch_size):
-        idx = perm[start : start + recipe.batch_size]
-        xb, yb = X[idx], y[idx]
-        if recipe.augment:
-            xb = random_hflip(random_crop(xb, 4, gen), 0.5, gen)
-        xb, yb = xb.to(device), yb.to(device)
-        out = model(xb)
-        if loss in CLASSIFICATION_LOSSES:  # a custom loss gets the forward's output as it is
-            out = logits_of(out)
-        batch_loss = loss(out, yb)
-        value = batch_loss.item()
-        if not math.isfinite(value):
-            raise FloatingPointError(
-                f"training diverged (loss {value}) after {seen} samples of this epoch; lower lr"
-            )
-        opt.zero_grad(set_to_none=True)
-        batch_loss.backward()
-        opt.step()
-        schedules.after_batch()
-        loss_sum += value * len(idx)
-        correct += int((out.argmax(-1) == yb).sum())
-        seen += len(idx)
-    return loss_sum / seen, correct / seen
+class _Run:
+    """The epochs of one `train` call: batches checked (streams), stepped, counted."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        source: TrainingData,
+        recipe: Recipe,
+        opt: torch.optim.Optimizer,
+        schedules: Schedules,
+        gen: torch.Generator,
+        loss: Callable[[Tensor, Tensor], Tensor],
+        device: torch.device,
+        classes: int | None,
+    ) -> None:
+        self.model, self.source, self.recipe, self.opt = model, source, recipe, opt
+        self.schedules, self.gen, self.loss, self.device = schedules, gen, loss, device
+        self.classes = classes
+        self.probed = source.in_memory  # tensors were checked as a whole
+
+    def check(self, batch: Batch, epoch: int) -> tuple[Any, Tensor]:
+        """A batch of a Dataset or stream checked before it is trained on (the first one with
+        the model, `check_training_data`), with an error naming it."""
+        inputs, y = batch.inputs, batch.y
+        where = f"data: {batch.where(epoch)}"
+        if self.recipe.augment and not isinstance(inputs, Tensor):
+            raise ValueError(f"{where}: augment=True needs image tensors [B, C, H, W]")
+        rows = batch_rows(inputs, where)
+        y = checked_labels(y, where, rows)
+        check_finite(inputs, where)
+        if not self.probed:
+            try:
+                self.classes = check_training_data(self.model, inputs, y, self.loss, self.device)
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from None
+            self.probed = True
+        elif self.classes is not None and y.ndim == 1 and not torch.is_floating_point(y):
+            _check_range(y, self.classes, where)
+        return inputs, y
+
+    def epoch(self, epoch: int) -> tuple[float, float]:
+        """One pass over the batches (shuffled unless streamed); returns (mean loss, accuracy)."""
+        model, recipe, gen, loss = self.model, self.recipe, self.gen, self.loss
+        model.train()
+        seen = correct = 0
+        loss_sum = 0.0
+        for batch in self.source.epoch(gen, epoch):
+            if self.source.in_memory:
+                xb, yb = batch.inputs, batch.y
+            else:
+                xb, yb = self.check(batch, epoch)
+            if recipe.augment:
+                xb = random_hflip(random_crop(xb, 4, gen), 0.5, gen)
+            xb, yb = move(xb, self.device, "data"), yb.to(self.device)
+            out = call_model(model, xb)
+            if loss in CLASSIFICATION_LOSSES:  # a custom loss gets the forward's output as is
+                out = logits_of(out)
+            batch_loss = loss(out, yb)
+            value = batch_loss.item()
+            if not math.isfinite(value):
+                raise FloatingPointError(
+                    f"training diverged (loss {value}) after {seen} samples of this epoch; lower lr"
+                )
+            self.opt.zero_grad(set_to_none=True)
+            batch_loss.backward()
+            self.opt.step()
+            self.schedules.after_batch()
+            rows = len(yb)
+            loss_sum += value * rows
+            correct += int((out.argmax(-1) == yb).sum())
+            seen += rows
+        if seen == 0:
+            raise ValueError(f"data: epoch {epoch} gave no batches (an empty stream)")
+        return loss_sum / seen, correct / seen

@@ -8,7 +8,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from peg._inputs import Data, check_positive_int, iter_inputs
+from peg._bn import InputBatches
+from peg._inputs import Data, check_positive_int
 from peg._params import refresh_bn
 from peg.methods.base import FittedEnsemble
 from peg.streams import SUBSPACE_BN, generator
@@ -53,8 +54,9 @@ class Sampler(FittedEnsemble):
             **extra,
         }
 
-    def _bn_batches(self, bn_data: Data | None) -> list[Tensor] | None:
-        """Input batches for bn='refresh' (None for bn='eval'); checked before any sampling."""
+    def _bn_batches(self, bn_data: Data | None) -> InputBatches | None:
+        """Input batches for bn='refresh' (None for bn='eval'), a stream read anew for every
+        sample (never gathered); its first batch is read before any sampling (not empty)."""
         if self.bn != "refresh":
             return None
         if bn_data is None:
@@ -62,16 +64,15 @@ class Sampler(FittedEnsemble):
                 "bn_data: bn='refresh' re-estimates BatchNorm statistics per sample and needs "
                 "training inputs: fit(..., bn_data=train_loader)"
             )
-        batches = list(iter_inputs(bn_data, BN_BATCH_SIZE))
-        if not batches:
-            raise ValueError("bn_data: the data is empty (0 samples)")
+        batches = InputBatches(bn_data, BN_BATCH_SIZE)
+        batches.check_not_empty()
         return batches
 
     def _refresh(
         self,
         skeleton: nn.Module,
         state: dict[str, Tensor],
-        batches: list[Tensor] | None,
+        batches: InputBatches | None,
         d: int,
     ) -> dict[str, Tensor]:
         """`state` with re-estimated BatchNorm statistics when bn='refresh', else unchanged."""

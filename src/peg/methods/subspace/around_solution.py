@@ -14,13 +14,12 @@ from torch.func import functional_call
 
 from peg._inputs import (
     Data,
-    as_xy,
+    check_finite,
     check_number,
     diagnose,
     eval_mode,
+    iter_batches,
     model_device,
-    to_device,
-    weights_device,
 )
 from peg._params import (
     ParamFilter,
@@ -31,6 +30,7 @@ from peg._params import (
     unflatten_state,
 )
 from peg._progress import bar
+from peg.batches import batch_rows, call_model, move
 from peg.ensemble import Ensemble, model_output
 from peg.methods.base import store_arguments
 from peg.methods.subspace._sampler import Sampler, SubspaceBN
@@ -41,16 +41,42 @@ EVAL_BATCH_SIZE = 512  # rows per forward pass when checking min_accuracy
 MAX_DRAWS_PER_SAMPLE = 10  # min_accuracy: give up after this many draws per requested sample
 
 
-def _accuracy(probe: nn.Module, state: Mapping[str, Tensor], X: Tensor, y: Tensor) -> float:
-    """Accuracy of `probe` (eval mode) carrying the weights `state` on (X, y)."""
+def _val_batches(val: Data) -> Any:
+    """`(inputs, y)` per batch of `val`, read anew on every call (never gathered)."""
+    return iter_batches(val, EVAL_BATCH_SIZE, name="val", need_labels=True)
+
+
+def _check_val(model: nn.Module, val: Data) -> int:
+    """Before any sampling: the first batch of `val` runs through `model` and has labels in
+    range; returns the number of classes (later batches are checked as they come)."""
+    first = next(iter(_val_batches(val)), None)
+    if first is None:
+        raise ValueError("val: the data is empty (0 samples)")
+    inputs, y = first
+    check_finite(inputs, "val")
+    device = model_device(model, "model")
+    with eval_mode(model), torch.no_grad():
+        probe = diagnose(lambda x: call_model(model, x), move(inputs, device, "val"), "val")
+        out = model_output(probe, "val")
+    check_labels(y, batch_rows(inputs, "val"), out.shape[1], name="val labels")
+    return int(out.shape[1])
+
+
+def _accuracy(probe: nn.Module, state: Mapping[str, Tensor], val: Data, classes: int) -> float:
+    """Accuracy of `probe` (eval mode) carrying the weights `state` on `val`, accumulated
+    batch by batch."""
     device = next(iter(state.values())).device
-    correct = 0
+    correct = seen = 0
     with torch.no_grad():
-        for start in range(0, len(X), EVAL_BATCH_SIZE):
-            x = X[start : start + EVAL_BATCH_SIZE].to(device)
-            out = model_output(functional_call(probe, dict(state), (x,)), "val")
-            correct += int((out.argmax(-1).cpu() == y[start : start + EVAL_BATCH_SIZE]).sum())
-    return correct / len(X)
+        for j, (inputs, y) in enumerate(_val_batches(val)):
+            rows = batch_rows(inputs, "val")
+            y = check_labels(y, rows, classes, name=f"val labels (batch {j})")
+            x = move(inputs, device, "val")
+            args, kwargs = ((), x) if isinstance(x, Mapping) else ((x,), {})
+            out = model_output(functional_call(probe, dict(state), args, kwargs), "val")
+            correct += int((out.argmax(-1).cpu() == y).sum())
+            seen += rows
+    return correct / seen
 
 
 class _AroundSolution(Sampler):
@@ -96,8 +122,11 @@ class _AroundSolution(Sampler):
 
         Args:
             model: a trained nn.Module (left unchanged).
-            val: (X, y) validation data; needed only for `min_accuracy`.
-            bn_data: training inputs for bn='refresh' (a tensor, (X, y) or a loader).
+            val: labelled validation data, needed only for `min_accuracy`: (X, y), a Dataset
+                or a DataLoader (`peg.batches` conventions), read batch by batch for every
+                draw, the accuracy accumulated (never gathered).
+            bn_data: training inputs for bn='refresh' (a tensor, (X, y), a Dataset or a
+                loader), read batch by batch for every sample.
 
         Returns:
             self, with `ensemble_`, `param_names_`, `draws_` (draws made, rejected ones
@@ -107,18 +136,14 @@ class _AroundSolution(Sampler):
             raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
         names = select_parameters(model, self.params)
         min_accuracy = self._min_accuracy()
-        Xv = yv = None
+        classes = None
         if min_accuracy is not None:
             if val is None:
                 raise ValueError(
                     f"val: min_accuracy={min_accuracy} needs labelled validation data "
                     "fit(model, val=(X, y))"
                 )
-            Xv, yv = as_xy(val, "val", device=weights_device(model))
-            device = model_device(model, "model", ("val", Xv))
-            with eval_mode(model), torch.no_grad():
-                out = model_output(diagnose(model, to_device(Xv[:2], device, "val"), "val"), "val")
-            yv = check_labels(yv, len(Xv), out.shape[1], name="val labels")
+            classes = _check_val(model, val)
         batches = self._bn_batches(bn_data)
         skeleton = copy.deepcopy(model).eval()
         base = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -135,7 +160,7 @@ class _AroundSolution(Sampler):
             vector, value = self._draw(theta0.cpu(), generator(self.seed, d))
             state = unflatten_state(vector.to(theta0.device), base, names)
             state = self._refresh(skeleton, state, batches, d)
-            if Xv is not None and _accuracy(skeleton, state, Xv, yv) < min_accuracy:
+            if classes is not None and _accuracy(skeleton, state, val, classes) < min_accuracy:
                 continue  # below the accuracy floor: redraw
             states.append(state)
             values.append(value)
