@@ -81,6 +81,36 @@ class _Scaled(nn.Module):
         return self.fc(x) * self.scale
 
 
+class _Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        X, y = _val()
+        return iter(zip(X, y, strict=True))
+
+
+def _bad_batch_3() -> torch.utils.data.TensorDataset:
+    X, y = _val()
+    y = y.clone()
+    y[65] = 7  # in batch 3 of 20 points
+    return torch.utils.data.TensorDataset(X, y)
+
+
+def _nan_batch_3() -> torch.utils.data.TensorDataset:
+    X, y = _val()
+    X = X.clone()
+    X[70, 1] = float("nan")
+    return torch.utils.data.TensorDataset(X, y)
+
+
+def _recipe_other_loader() -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = _fitted_peg().save(str(Path(tmp) / "r"))
+        X, y = _val()
+        other = DataLoader(torch.utils.data.TensorDataset(X + 1, y), batch_size=32)
+        peg.load(path, _mlp(), val=other)
+
+
 def _bn_mlp() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(2, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3)).eval()
@@ -707,13 +737,36 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
         r"X: batch 0: expected inputs that are a Tensor, a numpy array or a mapping",
     ),
     (
-        "batches",
-        "mapping batches where inputs are gathered (PEG/PEP fit)",
-        lambda: peg.PEG(n_members=2, eta=0.1).fit(
-            _mlp(), DataLoader([{"x": _val()[0], "labels": _val()[1]}], batch_size=None)
-        ),
+        "PEG",
+        "an IterableDataset as validation data (mini-batches need indexing)",
+        lambda: peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(_mlp(), _Stream()),
         TypeError,
-        r"val: batches of structured inputs .* cannot be gathered",
+        "val: PEG draws its mini-batches by index, and an IterableDataset cannot be indexed",
+    ),
+    (
+        "PEG",
+        "labels out of range in a later batch of a loader",
+        lambda: peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(
+            _mlp(), DataLoader(_bad_batch_3(), batch_size=20)
+        ),
+        ValueError,
+        r"val: batch 3 \(points 60–79\): labels must lie in \[0, 3\)",
+    ),
+    (
+        "PEG",
+        "NaN inputs in a later batch of a loader",
+        lambda: peg.PEG(n_members=2, grad_batch_size=8, eta=0.1).fit(
+            _mlp(), DataLoader(_nan_batch_3(), batch_size=20)
+        ),
+        ValueError,
+        r"val: batch 3 \(points 60–79\): the inputs contain NaN or inf",
+    ),
+    (
+        "PEG",
+        "a recipe loaded with other data (a DataLoader)",
+        lambda: _recipe_other_loader(),
+        ArchiveError,
+        "val: not the validation data this ensemble was built from",
     ),
     (
         "with_output",

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from peg.batches import _leaves
 from peg.errors import ArchiveError
 
 RECIPE_VERSION = 2  # 2: option names of the method contract (n_members, batch_size, ...)
@@ -44,6 +45,49 @@ def data_fingerprint(X: Tensor, y: Tensor) -> str:
         h.update(f"{t.dtype}{tuple(t.shape)}".encode())
         h.update(t.numpy().tobytes())
     return h.hexdigest()
+
+
+class DataHasher:
+    """`data_fingerprint` taken batch by batch (`update(inputs, y)` in order, then `hexdigest`).
+
+    With tensor inputs and the number of points `n` known in advance, the bytes hashed are the
+    ones `data_fingerprint(X, y)` hashes, in the same order, so the value is the same (recipes
+    saved from tensors load from the equivalent Dataset or DataLoader, and back). Structured
+    inputs (a mapping of tensors) or an unknown `n` (an IterableDataset) hash each input tensor
+    on its own, then their digests: a value independent of the batch boundaries. The labels are
+    kept until the end (8 bytes a point), since their bytes come after every input's.
+    """
+
+    def __init__(self, n: int | None) -> None:
+        self.n, self.h = n, hashlib.sha256()
+        self.started = False
+        self.leaves: dict[str, tuple[Any, str, int]] = {}  # path → (hasher, header, rows)
+        self.ys: list[Tensor] = []
+
+    def update(self, inputs: Any, y: Tensor) -> None:
+        if isinstance(inputs, Tensor) and self.n is not None and not self.leaves:
+            t = inputs.detach().cpu().contiguous()
+            if not self.started:
+                self.h.update(f"{t.dtype}{(self.n, *t.shape[1:])}".encode())
+                self.started = True
+            self.h.update(t.numpy().tobytes())
+        else:
+            for path, t in _leaves(inputs):
+                t = t.detach().cpu().contiguous()
+                hasher, head, rows = self.leaves.get(
+                    path, (hashlib.sha256(), f"{path}{t.dtype}{tuple(t.shape[1:])}", 0)
+                )
+                hasher.update(t.numpy().tobytes())
+                self.leaves[path] = (hasher, head, rows + (len(t) if t.ndim else 1))
+        self.ys.append(y.detach().cpu())
+
+    def hexdigest(self) -> str:
+        for hasher, head, rows in self.leaves.values():
+            self.h.update(f"{head}{rows}{hasher.hexdigest()}".encode())
+        y = torch.cat(self.ys).contiguous()
+        self.h.update(f"{y.dtype}{tuple(y.shape)}".encode())
+        self.h.update(y.numpy().tobytes())
+        return self.h.hexdigest()
 
 
 def fingerprint_probe(P: int) -> Tensor:
@@ -91,6 +135,7 @@ def fingerprints_match(a: list[list[float]], b: list[list[float]]) -> list[int]:
 
 
 __all__ = [
+    "DataHasher",
     "data_fingerprint",
     "displacement_fingerprints",
     "fingerprint_probe",

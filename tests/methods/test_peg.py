@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 import peg
+from peg._rows import ValSource
 from peg.methods import _search as search_module
 from peg.methods.peg import draw_batch
 from peg.streams import MEMBER, generator
@@ -339,7 +340,8 @@ def test_whole_set_criteria_are_scored_as_themselves(overfit_mlp, moons_data):
     # The search scored the points in its own (seeded) order, batch_size rows at a time: the same
     # computation here, since logits of other batches may differ in the last bits on another CPU,
     # which moves an ECE by ~1e-7 (or a whole bin's gap when a confidence crosses an edge).
-    _, (Xs, ys) = p._split(X, y)
+    _, score = p._split(ValSource((X, y)))  # the scoring points' indices
+    Xs, ys = X[score], y[score]
     assert len(Xs) == len(X)  # eta_holdout=0: every point scores
     for eta, value in p.search_.items():
         logits = p.ensemble_at(eta).member_logits(Xs, p.batch_size, progress=False)

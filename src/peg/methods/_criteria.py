@@ -8,16 +8,18 @@ Regression (floating-point targets, Gaussian heads `[B, 2]`) is scored by the mi
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
 from peg import metrics
-from peg._inputs import diagnose, eval_mode, model_device, to_device
+from peg._inputs import diagnose, eval_mode, model_device
+from peg.batches import call_model, move, take_rows, tensors
 from peg.metrics._inputs import pred_and_labels
 from peg.metrics.regression import log_predictive_density, split_gaussian
 from peg.output import model_output
@@ -72,8 +74,11 @@ def is_regression(y: Tensor) -> bool:
     return torch.is_floating_point(y)
 
 
-def check_task(models: list[nn.Module], X: Tensor, y: Tensor, criterion: Criterion) -> int:
+def check_task(models: list[nn.Module], X: Any, y: Tensor, criterion: Criterion) -> int:
     """Probe one forward pass of each base model before any long work; the output width C.
+
+    `X`, `y`: the validation data, or its first batch (inputs may be a mapping of tensors,
+    `model(**inputs)`); the model runs on two rows.
 
     Integer labels `[N]` in [0, C) mean classification; floating-point targets `[N]` mean
     regression, for which the models must be Gaussian heads with outputs `[B, 2]` (mean,
@@ -82,9 +87,11 @@ def check_task(models: list[nn.Module], X: Tensor, y: Tensor, criterion: Criteri
     C = None
     for r, model in enumerate(models):
         name = f"model {r}" if len(models) > 1 else "model"
-        x = to_device(X[:2], model_device(model, name, ("val", X)), "val")
+        shown = tensors(X)
+        device = model_device(model, name, ("val", shown[0]) if shown else None)
+        x = move(take_rows(X, 0, 2), device, "val")
         with eval_mode(model), torch.no_grad():
-            out = model_output(diagnose(model, x, "val"), name)
+            out = model_output(diagnose(functools.partial(call_model, model), x, "val"), name)
         if C is not None and out.shape[1] != C:
             raise ValueError(
                 f"model: base models disagree on the number of classes ({C} vs {out.shape[1]})"

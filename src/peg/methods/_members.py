@@ -20,18 +20,19 @@ A `RowSource` computes any subset of one base's rows; the method (PEG or PEP) su
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
 from peg._heads import find_split
-from peg._inputs import Data, check_positive_int, iter_inputs
+from peg._inputs import Data, check_positive_int
 from peg._params import entry_views, module_like, refresh_bn
 from peg._progress import counter
+from peg._rows import ValSource
+from peg.batches import BatchFn, Tapped
 from peg.ensemble import STRATEGIES, Ensemble, Strategy, autocast_dtype
 from peg.recipe import displacement_fingerprints, fingerprint_probe, fingerprint_rows
 
@@ -44,20 +45,25 @@ RowSource = Callable[[Sequence[int]], Tensor]
 
 @dataclass(frozen=True)
 class DirectionData:
-    """The validation points that feed the directions, without copying them: rows `index` of
-    (X `[N, ...]`, y `[N]`), or all N rows when `index` is None."""
+    """The validation points that feed the directions, read by index and never gathered:
+    points `index` of `source` (a `peg._rows.ValSource`: tensors, a Dataset or a loader's
+    dataset), or all of them when `index` is None."""
 
-    X: Tensor
-    y: Tensor
+    source: ValSource
     index: Tensor | None = None
 
     def __len__(self) -> int:
-        return len(self.X) if self.index is None else len(self.index)
+        return self.source.count if self.index is None else len(self.index)
 
-    def rows(self, idx: Tensor) -> tuple[Tensor, Tensor]:
-        """Points `idx` (positions in [0, len(self))): inputs `[B, ...]` and labels `[B]`."""
-        i = idx if self.index is None else self.index[idx]
-        return self.X[i], self.y[i]
+    @property
+    def regression(self) -> bool:
+        """Float targets (regression), from the first batch."""
+        return self.source.regression
+
+    def rows(self, idx: Tensor) -> tuple[Any, Tensor]:
+        """Points `idx` (positions in [0, len(self))): inputs `[B, ...]` (or a mapping of
+        them) and labels `[B]`."""
+        return self.source.rows(idx if self.index is None else self.index[idx])
 
 
 def finite_rows(D: Tensor) -> list[bool]:
@@ -77,7 +83,7 @@ class Bases:
     skeleton: nn.Module  # the architecture (its own weights are not used)
     names: list[str]  # the perturbed entries, in row order
     n_members: int  # S per base
-    bn_batches: list[Tensor] | None = None  # bn="refresh": inputs re-estimating statistics
+    bn_batches: Iterable[Any] | None = None  # bn="refresh": input batches, read on each pass
     dropped: set[int] = field(default_factory=set)
 
     def __len__(self) -> int:
@@ -262,19 +268,20 @@ class RegeneratedMembers:
     ) -> Tensor:
         """Logits `[M, N, C]`: chunks of `chunk_size` members (default `LAZY_CHUNK_SIZE`)
         outside, batches inside. A chunk is regenerated, predicts every batch of X (`strategy`
-        within the chunk), and is freed. Inputs that are not a tensor or array (a Dataset, a
-        DataLoader) are gathered once, so every chunk sees the same rows."""
+        within the chunk), and is freed. A Dataset or DataLoader is read once per chunk, never
+        gathered (⌈M / chunk_size⌉ passes over it: cheap next to the forward passes when the
+        data is in memory, a cost to weigh when each item is loaded or made anew); it must
+        yield the same rows on every pass (no shuffling), which is checked by their number."""
         autocast_dtype(autocast)  # checked before any member is built
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy: expected one of {STRATEGIES}, got {strategy!r}")
         batch_size = check_positive_int(batch_size, "batch_size")
         k = LAZY_CHUNK_SIZE if chunk_size is None else check_positive_int(chunk_size, "chunk_size")
         sources = self.sources()
-        if not isinstance(X, (Tensor, np.ndarray)):
-            parts = list(iter_inputs(X, batch_size))
-            if not parts:
-                raise ValueError("X: no inputs to predict (0 samples)")
-            X = torch.cat(parts)
+        if isinstance(X, Tapped):  # records labels: only on the first pass
+            later: tuple[Data, BatchFn | None] = (X.data, X.batch_fn)
+        else:
+            later = (X, None)
         M = len(self)
         out: Tensor | None = None
         start = 0
@@ -284,10 +291,19 @@ class RegeneratedMembers:
             shown.update(len(members))
             ensemble = self._chunk_ensemble(r, D, scale)
             del D
-            logits = ensemble.member_logits(X, batch_size, strategy, False, len(members), autocast)
+            data, fn = (X, None) if out is None else later
+            logits = ensemble.member_logits(
+                data, batch_size, strategy, False, len(members), autocast, batch_fn=fn
+            )
             del ensemble
             if out is None:
                 out = logits.new_empty((M, *logits.shape[1:]))
+            elif logits.shape[1:] != out.shape[1:]:
+                raise ValueError(
+                    f"X: {out.shape[1]} rows on the first pass, {logits.shape[1]} on a later one; "
+                    "a lazy ensemble reads X once per chunk of members: pass data that yields "
+                    "the same rows on every pass (no shuffling)"
+                )
             out[start : start + len(members)] = logits
             start += len(members)
             del logits

@@ -21,18 +21,18 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from peg import streams
 from peg._inputs import (
     Data,
-    as_xy,
     check_number,
     check_positive_int,
     weights_device,
 )
 from peg._params import check_param_filter, module_like, param_label, select_parameters
+from peg._rows import InputBatches, ValSource, read_in_order, split_points
+from peg.batches import check_batch_fn
 from peg.ensemble import Ensemble, Strategy
-from peg.errors import NonFiniteError, NotFittedError
-from peg.methods._criteria import CRITERIA, check_task
+from peg.errors import ArchiveError, NonFiniteError, NotFittedError
+from peg.methods._criteria import CRITERIA, check_task, is_regression
 from peg.methods._members import (
     Bases,
     DirectionData,
@@ -44,11 +44,10 @@ from peg.methods._members import (
 from peg.methods._recipes import Recipes
 from peg.methods._search import ScaleSearch
 from peg.methods.base import FittedEnsemble
-from peg.recipe import (
-    data_fingerprint,
-)
 
 BNMode = Literal["eval", "batch", "refresh"]
+# Default cap on the points a scale is scored on: a larger validation set costs no more to search
+MAX_SCORE_POINTS = 10_000
 Models = nn.Module | Sequence[nn.Module] | Ensemble
 
 
@@ -116,6 +115,7 @@ class PerturbationEnsemble(Recipes, FittedEnsemble):
         check_positive_int(self.batch_size, "batch_size")
         if self.max_score_points is not None:
             check_positive_int(self.max_score_points, "max_score_points")
+        check_batch_fn(self.batch_fn)
 
     @property
     def _scale_arg(self) -> float | Sequence[float] | str:
@@ -148,27 +148,14 @@ class PerturbationEnsemble(Recipes, FittedEnsemble):
         """Whether the scale is chosen from several candidates."""
         return not isinstance(self._scale_arg, (int, float))
 
-    def _split(self, X: Tensor, y: Tensor) -> tuple[DirectionData, tuple[Tensor, Tensor]]:
-        """(direction data, scoring data): disjoint when a scale is searched and holdout > 0.
-
-        The direction data refers to X and y (rows picked by index, not copied). The scoring
-        part is a seeded random subset of at most `max_score_points` points.
-        """
-        perm = torch.randperm(len(X), generator=streams.generator(self.seed, streams.SPLIT))
+    def _split(self, source: ValSource) -> tuple[DirectionData, Tensor | None]:
+        """(direction data, indices of the scoring points): `peg._rows.split_points`."""
         searched = self.searches if self._split_as_searched is None else self._split_as_searched
-        if searched and self.uses_direction_data and self._holdout > 0:
-            n_score = round(self._holdout * len(X))
-            score, direction = perm[:n_score], perm[n_score:]
-            if n_score == 0 or len(direction) == 0:
-                raise ValueError(
-                    f"val: {len(X)} points are too few to hold out {self._holdout:.0%} for "
-                    f"choosing {self.scale_name}"
-                )
-            data = DirectionData(X, y, direction)
-        else:
-            score, data = perm, DirectionData(X, y)
-        score = score[: self.max_score_points]
-        return data, (X[score], y[score])
+        holdout = self._holdout if searched and self.uses_direction_data else 0.0
+        direction, score = split_points(
+            source, self.seed, holdout, self.max_score_points, self.scale_name
+        )
+        return DirectionData(source, direction), score
 
     def fit(
         self, model: Models, val: Data | None = None, *, bn_data: Data | None = None
@@ -178,9 +165,13 @@ class PerturbationEnsemble(Recipes, FittedEnsemble):
         Args:
             model: a trained nn.Module, a list of them or a `peg.Ensemble` (one set of `n_members`
                 members is built around each, `n_members * R` in all).
-            val: validation data: a tuple (X, y), a Dataset or a DataLoader of (x, y).
+            val: validation data: a tuple (X, y), a map-style Dataset or a DataLoader (its
+                dataset read by index, collated with its `collate_fn`); PEP also takes an
+                IterableDataset (PEG's mini-batches need indexing). Never gathered: see
+                docs/peg.md#validation-data.
             bn_data: inputs (training data) for re-estimating BatchNorm statistics of every
-                member; required when bn="refresh", ignored otherwise.
+                member; required when bn="refresh", ignored otherwise. Read batch by batch,
+                once per member.
 
         Returns:
             self, with `members_` (how the members are held, `peg.methods._members`),
@@ -191,6 +182,8 @@ class PerturbationEnsemble(Recipes, FittedEnsemble):
             difference on the points raced (an estimate that ranks as the race decided);
             with `race=0` a stopped scale's value is a lower bound above the best.
             A lazy ensemble keeps no `ensemble_` (nor `directions_`): see `lazy`.
+        Checked before any work: the first batch against the model (a forward on two rows),
+        then every batch as one pass in order reads it (taking the data's fingerprint).
         """
         models = base_models(model)
         if val is None:
@@ -203,16 +196,31 @@ class PerturbationEnsemble(Recipes, FittedEnsemble):
                 "(BatchNorm running statistics, dropout off) and the model is left as it is",
                 stacklevel=2,
             )
-        X, y = as_xy(val, "val", device=weights_device(models[0]))
-        assert y is not None
-        check_task(models, X, y, self.criterion)
+        source = ValSource(val, "val", self.batch_fn, weights_device(models[0]))
+        if self.uses_direction_data and not source.indexable:
+            raise TypeError(
+                f"val: {self.method} draws its mini-batches by index, and an IterableDataset "
+                "cannot be indexed; pass a map-style Dataset (or a DataLoader over one)"
+            )
+        X1, y1 = source.first(self.batch_size)
+        source.classes = check_task(models, X1, y1, self.criterion)
+        source.regression = is_regression(y1)
+        del X1, y1
+        fingerprint, head = read_in_order(source, self.batch_size, self.max_score_points)
+        expected = self.__dict__.pop("_expected_fingerprint", None)
+        if expected is not None and fingerprint != expected:
+            raise ArchiveError(
+                "val: not the validation data this ensemble was built from (its fingerprint "
+                "differs); pass the same data, in the same order"
+            )
         names = select_parameters(models[0], self.params)
-        data, (Xs, ys) = self._split(X, y)
+        data, score = self._split(source)
+        n_score = len(score) if score is not None else len(head[1]) if head is not None else 0
         need = self._min_direction_points()
         if len(data) < need:
             where = (
                 f" after holding out {self._holdout:.0%} for choosing {self.scale_name}"
-                if len(data) < len(X)
+                if len(data) < source.count
                 else ""
             )
             raise ValueError(
@@ -226,8 +234,7 @@ class PerturbationEnsemble(Recipes, FittedEnsemble):
                     "bn_data: bn='refresh' re-estimates BatchNorm statistics and needs "
                     "training inputs: fit(model, val, bn_data=train_loader)"
                 )
-            Xb, _ = as_xy(bn_data, "bn_data", need_labels=False)
-            bn_batches = list(Xb.split(self.batch_size))
+            bn_batches = InputBatches(bn_data, self.batch_size, self.batch_fn, "bn_data")
 
         states = [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in models]
         bases = Bases(states, models[0], names, self.n_members, bn_batches)
@@ -260,6 +267,7 @@ class PerturbationEnsemble(Recipes, FittedEnsemble):
 
         if stacked is not None and self.searches:
             grid = self.default_grid if self._scale_arg == "search" else self._scale_arg
+            Xs, ys = head if score is None else source.gather(score, self.batch_size)
             build, inputs = stacked.search_inputs(Xs, self.batch_size)  # a head: its features
             search = ScaleSearch(
                 build,
@@ -280,12 +288,12 @@ class PerturbationEnsemble(Recipes, FittedEnsemble):
             best, self.search_, self.search_stopped_ = float(self._scale_arg), {}, []
             self.search_points_ = {}
         setattr(self, f"{self.scale_name}_", best)
-        self._data_fingerprint = data_fingerprint(X, y)
-        self._data_points = len(X)
+        self._data_fingerprint = fingerprint
+        self._data_points = source.count
         self._searched = (
             self.searches if self._split_as_searched is None else self._split_as_searched
         )
-        self._fitted_meta = self._meta(best, len(models), len(X), len(data), len(Xs))
+        self._fitted_meta = self._meta(best, len(models), source.count, len(data), n_score)
         if self.lazy:
 
             def regenerate() -> list[RowSource]:

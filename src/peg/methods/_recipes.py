@@ -12,14 +12,13 @@ import warnings
 from typing import Any, ClassVar
 
 from peg import recipe
-from peg._inputs import Data, as_xy
+from peg._inputs import Data
 from peg._params import param_label
 from peg.ensemble import Ensemble
 from peg.errors import ArchiveError, NotFittedError
 from peg.recipe import (
     RECIPE_VERSION,
     TOLERANCE,
-    data_fingerprint,
     displacement_fingerprints,
     fingerprints_match,
 )
@@ -50,19 +49,15 @@ class Recipes:
         Raises ArchiveError (a ValueError) if `val` is not the data the ensemble was made from,
         or if the rebuilt members differ from the recorded fingerprints (the code changed).
         """
-        X, y = as_xy(val, "val")
-        assert y is not None
         options = recipe["options"]
         if recipe.get("recipe_version", 1) < 2:  # peg 0.1's option names
             options = {cls.RENAMED_OPTIONS.get(k, k): v for k, v in options.items()}
-        if data_fingerprint(X, y) != recipe["data"]:
-            raise ArchiveError(
-                "val: not the validation data this ensemble was built from (its fingerprint "
-                "differs); pass the same (X, y), in the same order"
-            )
+        # a recipe records the cap it was made with; peg 0.1's had none (all points)
+        options.setdefault("max_score_points", None)
         rebuilt = cls(**options, **{recipe["scale_name"]: recipe["scale"]}, progress=False)
         rebuilt._split_as_searched = bool(recipe["searched"])
-        rebuilt.fit(bases, (X, y))
+        rebuilt._expected_fingerprint = recipe["data"]  # checked by fit before any work
+        rebuilt.fit(bases, val)
         got = displacement_fingerprints(rebuilt.directions_, recipe["scale"])
         bad = fingerprints_match(got, recipe["fingerprints"])
         if bad:

@@ -28,6 +28,7 @@ from scipy import optimize
 from torch import Tensor
 
 from peg._progress import counter
+from peg.batches import take_rows
 from peg.methods._criteria import (
     CRITERIA,
     PER_POINT,
@@ -206,7 +207,7 @@ class ScaleSearch:
     def __init__(
         self,
         build: Callable[[float], Any],
-        scoring: tuple[Tensor, Tensor],
+        scoring: tuple[Any, Tensor],
         criterion: Criterion,
         *,
         batch_size: int,
@@ -224,7 +225,7 @@ class ScaleSearch:
         self.criterion = table.get(criterion, criterion)  # type: ignore[call-overload]
         self.per_point = criterion in PER_POINT and not regression
         self.race = (
-            PairedRace(self._losses(POINT_LOSSES[str(criterion)]), len(self.X), race, RACE_FIRST)
+            PairedRace(self._losses(POINT_LOSSES[str(criterion)]), len(self.y), race, RACE_FIRST)
             if self.per_point and race > 0
             else None
         )
@@ -243,7 +244,8 @@ class ScaleSearch:
                 while len(built) > 1:
                     del built[next(iter(built))]
                 built[scale] = self.build(scale)
-            logits = built[scale].member_logits(self.X[start:stop], self.batch_size, progress=False)
+            x = take_rows(self.X, start, stop)
+            logits = built[scale].member_logits(x, self.batch_size, progress=False)
             if not torch.isfinite(logits).all():
                 return None
             return point_loss(logits, self.y[start:stop])
@@ -255,8 +257,9 @@ class ScaleSearch:
         if self.race is not None:
             return self.race(scale)
         ensemble = self.build(scale)
-        n = len(self.X)
-        batches = self.X.split(self.batch_size) if self.per_point else [self.X]
+        n = len(self.y)
+        step = self.batch_size if self.per_point else n
+        batches = (take_rows(self.X, a, a + step) for a in range(0, n, step))
         total, start = 0.0, 0  # per point: the sum of the losses seen so far
         self.points[scale] = n
         value = math.inf
@@ -264,11 +267,12 @@ class ScaleSearch:
             logits = ensemble.member_logits(x, self.batch_size, progress=False)
             if not torch.isfinite(logits).all():
                 return math.inf  # diverged: the worst score
-            value = float(self.criterion(logits, self.y[start : start + len(x)]))
+            rows = logits.shape[1]
+            value = float(self.criterion(logits, self.y[start : start + rows]))
             if not self.per_point:
                 return value  # one batch: the whole scoring set
-            total += value * len(x)
-            start += len(x)
+            total += value * rows
+            start += rows
             value = total / n  # until the last batch, a lower bound
             if value > stop_above and start < n:
                 self.points[scale] = start  # above the best: it cannot win
@@ -290,5 +294,5 @@ class ScaleSearch:
             )
         points = self.race.points if self.race is not None else self.points
         self.points = {s: points.get(s, 0) for s in self.scores}
-        self.stopped = [s for s, k in self.points.items() if k < len(self.X)]
+        self.stopped = [s for s, k in self.points.items() if k < len(self.y)]
         return best

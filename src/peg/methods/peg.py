@@ -50,11 +50,12 @@ from torch import Tensor, nn
 from peg._inputs import check_positive_int
 from peg._params import ParamFilter, entry_views, flatten_state
 from peg._progress import bar
+from peg.batches import BatchFn, call_model, move
 from peg.errors import NonFiniteError
 from peg.losses import cross_entropy_per_point, gaussian_nll_per_point
-from peg.methods._criteria import Criterion, is_regression
+from peg.methods._criteria import Criterion
 from peg.methods._members import DirectionData, RowSource
-from peg.methods._perturb import BNMode, PerturbationEnsemble
+from peg.methods._perturb import MAX_SCORE_POINTS, BNMode, PerturbationEnsemble
 from peg.methods.base import store_arguments
 from peg.output import logits_of
 from peg.streams import MEMBER, VALIDATION, generator
@@ -98,7 +99,11 @@ class PEG(PerturbationEnsemble):
         batch_size: rows per forward pass (scoring η, predicting).
         progress: show progress bars (None: only on a terminal).
         max_score_points: score η on a seeded random subset of at most this many held-out
-            points (None: all of them); the gradient steps still use the whole gradient part.
+            points (default 10,000, so a large validation set does not multiply the search's
+            cost, nor its memory: the scoring points are gathered; None: all of them); the
+            gradient steps still draw from the whole gradient part.
+        batch_fn: `batch_fn(batch) -> (inputs, y)` for validation batches (or items) that are
+            neither `(x, y, ...)` tuples nor mappings with "labels"/"label" (`peg.batches`).
         on_nonfinite: a member whose loss or gradient is NaN/inf: "raise" (default,
             NonFiniteError naming it) or "drop" (left out; its index in `dropped_`).
         race: with criterion "nll" or "brier" (means of per-point losses), score each new η
@@ -159,12 +164,13 @@ class PEG(PerturbationEnsemble):
         momentum: Momentum = "validation",
         batch_size: int = 512,
         progress: bool | None = None,
-        max_score_points: int | None = None,
+        max_score_points: int | None = MAX_SCORE_POINTS,
         on_nonfinite: Literal["raise", "drop"] = "raise",
         early_stop: bool = True,
         search_tol: float = 1e-4,
         lazy: bool = False,
         race: float = 3.0,
+        batch_fn: BatchFn | None = None,
     ) -> None:
         store_arguments(self, locals())
 
@@ -263,13 +269,14 @@ class PEG(PerturbationEnsemble):
         shapes = [p.shape for p in selected]
         K = self.grad_batch_size
         loss_fn = self.loss or (
-            gaussian_nll_per_point if is_regression(data.y) else cross_entropy_per_point
+            gaussian_nll_per_point if data.regression else cross_entropy_per_point
         )
 
         def grad(gen: torch.Generator, what: str, out: Tensor | None = None) -> Tensor:
             """∇L on the mini-batch drawn from `gen`, `[P]` (written into `out` if given)."""
             xb, yb = data.rows(draw_batch(gen, len(data), K))
-            losses = loss_fn(logits_of(work(xb.to(device))), yb.to(device))
+            outputs = call_model(work, move(xb, device, "val"))
+            losses = loss_fn(logits_of(outputs), yb.to(device))
             loss = losses.mean() if self.reduction == "mean" else losses.sum()
             if not torch.isfinite(loss):
                 raise NonFiniteError(f"{what} (base model {r}): the loss is {loss.item()}")

@@ -18,9 +18,10 @@ import torch
 from torch import Tensor, nn
 
 from peg._params import ParamFilter
+from peg.batches import BatchFn
 from peg.methods._criteria import Criterion
 from peg.methods._members import DirectionData, RowSource
-from peg.methods._perturb import PerturbationEnsemble
+from peg.methods._perturb import MAX_SCORE_POINTS, PerturbationEnsemble
 from peg.methods.base import store_arguments
 from peg.streams import MEMBER, generator
 
@@ -42,7 +43,10 @@ class PEP(PerturbationEnsemble):
         batch_size: rows per forward pass (scoring σ, predicting).
         progress: show progress bars (None: only on a terminal).
         max_score_points: score σ on a seeded random subset of at most this many validation
-            points (None: all of them).
+            points (default 10,000; None: all of them); from an IterableDataset, on its first
+            `max_score_points` points.
+        batch_fn: `batch_fn(batch) -> (inputs, y)` for validation batches of another shape
+            (`peg.batches`).
         on_nonfinite: "raise" (default) or "drop" members whose weights are NaN/inf.
         race: settle each comparison of a new σ with the best so far on part of the scoring
             points once the answer is clear (z threshold; criterion "nll" or "brier"; see
@@ -56,7 +60,9 @@ class PEP(PerturbationEnsemble):
             prediction holds the base + one chunk of members instead of all of them (redrawing
             costs little next to predicting; see `PEG` for `ensemble()` and `save()`).
 
-    PEP has no gradient step, so the whole validation set scores σ.
+    PEP has no gradient step, so the validation set (up to `max_score_points` of it) scores σ;
+    it may be an IterableDataset (read once in order: checks, fingerprint, and the first
+    `max_score_points` points kept for scoring).
     """
 
     method = "PEP"
@@ -75,12 +81,13 @@ class PEP(PerturbationEnsemble):
         criterion: Criterion = "nll",
         batch_size: int = 512,
         progress: bool | None = None,
-        max_score_points: int | None = None,
+        max_score_points: int | None = MAX_SCORE_POINTS,
         on_nonfinite: Literal["raise", "drop"] = "raise",
         early_stop: bool = True,
         search_tol: float = 1e-4,
         lazy: bool = False,
         race: float = 3.0,
+        batch_fn: BatchFn | None = None,
     ) -> None:
         store_arguments(self, locals())
 
