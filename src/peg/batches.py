@@ -178,20 +178,20 @@ def call_functional(module: nn.Module, state: Mapping[str, Tensor], inputs: Any)
     return functional_call(module, dict(state), (inputs,))
 
 
-def _leaves(inputs: Any, path: str = "") -> list[tuple[str, Tensor]]:
+def leaves(inputs: Any, path: str = "") -> list[tuple[str, Tensor]]:
     """Every tensor in `inputs`, with where it is (`['input_ids']`, `[0]`; '' for a tensor)."""
     if isinstance(inputs, Tensor):
         return [(path, inputs)]
     if isinstance(inputs, Mapping):
-        return [leaf for k, v in inputs.items() for leaf in _leaves(v, f"{path}[{k!r}]")]
+        return [leaf for k, v in inputs.items() for leaf in leaves(v, f"{path}[{k!r}]")]
     if isinstance(inputs, (tuple, list)):
-        return [leaf for i, v in enumerate(inputs) for leaf in _leaves(v, f"{path}[{i}]")]
+        return [leaf for i, v in enumerate(inputs) for leaf in leaves(v, f"{path}[{i}]")]
     return []
 
 
 def tensors(inputs: Any) -> list[Tensor]:
     """The tensors of `inputs` (itself if it is one)."""
-    return [t for _, t in _leaves(inputs)]
+    return [t for _, t in leaves(inputs)]
 
 
 def move(inputs: Any, device: torch.device, name: str = "X") -> Any:
@@ -209,7 +209,7 @@ def move(inputs: Any, device: torch.device, name: str = "X") -> Any:
 
 def batch_rows(inputs: Any, name: str = "X") -> int:
     """The number of rows of `inputs`: the first dimension of its tensors, which must agree."""
-    rows = {path: int(t.shape[0]) for path, t in _leaves(inputs) if t.ndim > 0}
+    rows = {path: int(t.shape[0]) for path, t in leaves(inputs) if t.ndim > 0}
     if not rows:
         raise ValueError(
             f"{name}: the inputs hold no tensor with a batch dimension "
@@ -268,7 +268,7 @@ def describe_inputs(inputs: Any) -> str:
         return f"shape [{', '.join(['N', *map(str, inputs.shape[1:])])}], dtype {inputs.dtype}"
     shown = [
         f"{p}: [{', '.join(['N', *map(str, t.shape[1:])])}] {t.dtype}"
-        for p, t in _leaves(inputs)[:6]
+        for p, t in leaves(inputs)[:6]
     ]
     return f"{type(inputs).__name__} {{{', '.join(shown)}}}"
 
@@ -276,4 +276,4 @@ def describe_inputs(inputs: Any) -> str:
 def signature(inputs: Any) -> tuple[Any, ...]:
     """What the cost of a forward pass on `inputs` depends on besides the number of rows: every
     tensor's place, row shape, dtype and device type (a cache key)."""
-    return tuple((p, tuple(t.shape[1:]), t.dtype, t.device.type) for p, t in _leaves(inputs))
+    return tuple((p, tuple(t.shape[1:]), t.dtype, t.device.type) for p, t in leaves(inputs))

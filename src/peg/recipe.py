@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from peg.batches import _leaves
+from peg.batches import leaves
 from peg.errors import ArchiveError
 
 RECIPE_VERSION = 2  # 2: option names of the method contract (n_members, batch_size, ...)
@@ -72,7 +72,7 @@ class DataHasher:
                 self.started = True
             self.h.update(t.numpy().tobytes())
         else:
-            for path, t in _leaves(inputs):
+            for path, t in leaves(inputs):
                 t = t.detach().cpu().contiguous()
                 hasher, head, rows = self.leaves.get(
                     path, (hashlib.sha256(), f"{path}{t.dtype}{tuple(t.shape[1:])}", 0)
