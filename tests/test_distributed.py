@@ -17,6 +17,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -114,7 +115,22 @@ def cnn(seed: int) -> torch.nn.Module:
     return net.eval()
 
 
-def predictors() -> dict[str, tuple[object, torch.Tensor]]:
+class Counted(torch.utils.data.Dataset):
+    """Items of a tensor, each read recorded: which points a rank read."""
+
+    def __init__(self, X: torch.Tensor) -> None:
+        self.X = X
+        self.read: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.X)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        self.read.append(int(i))
+        return self.X[i]
+
+
+def predictors() -> dict[str, tuple[object, Any]]:
     """Name → (predictor, inputs) compared (built the same way in every process)."""
     X, y = moons(300, 3)
     images = torch.rand(150, 1, 8, 8, generator=torch.Generator().manual_seed(0))
@@ -126,6 +142,8 @@ def predictors() -> dict[str, tuple[object, torch.Tensor]]:
         "module": (mlp(7), X),  # 5 batches of 64 rows: 0, 2, 4 on rank 0 and 1, 3 on rank 1
         "temperature": (peg.TemperatureScaling().fit(ensemble, (X, y)), X),  # batches
         "mc-dropout": (peg.MCDropout(n_members=3, seed=0, insert=0.2).fit(mlp(8)), X),  # whole
+        # read by index: each rank reads the items of its own batches only
+        "loader": (ensemble, torch.utils.data.DataLoader(Counted(X), batch_size=BATCH)),
     }
 
 
@@ -150,8 +168,11 @@ assert size == 2, size
 logits, kernels = {}, {}
 for name, (p, X) in predictors().items():
     logits[name], kernels[name] = traced(lambda: distributed.member_logits(p, X, BATCH))
+    if name == "loader":  # the points this rank read in the traced call (after the warm-up)
+        read = X.dataset.read[len(X.dataset.read) // 2 :]
 save_file(logits, str(out / f"logits-{rank}.safetensors"))
 (out / f"kernels-{rank}.json").write_text(json.dumps(kernels))
+(out / f"read-{rank}.json").write_text(json.dumps(read))
 
 build = runner.SeedRun.build
 def failing(self, method):
@@ -251,6 +272,14 @@ def test_ranks_run_the_kernel_shapes_one_process_runs(launched):
         for share in shares:
             assert not share - one, (name, share - one)  # nothing one process does not run
         assert not one - (shares[0] + shares[1]), name  # and all of what it runs
+
+
+def test_a_loader_is_read_by_index_each_rank_its_own_batches(launched):
+    out, _ = launched
+    read = [json.loads((out / f"read-{rank}.json").read_text()) for rank in (0, 1)]
+    # 300 points in batches of 64: batches 0, 2, 4 on rank 0, batches 1, 3 on rank 1
+    assert read[0] == [*range(0, 64), *range(128, 192), *range(256, 300)]
+    assert read[1] == [*range(64, 128), *range(192, 256)]
 
 
 def test_the_kernel_trace_tells_members_folded_alone_from_members_folded_together():

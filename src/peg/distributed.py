@@ -24,16 +24,23 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, NoReturn, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    SequentialSampler,
+    default_collate,
+)
 
 from peg._inputs import Data, iter_inputs
-from peg.batches import BatchFn, check_batch_fn
+from peg.batches import BatchFn, check_batch_fn, split_batch
 from peg.ensemble import Ensemble
 from peg.errors import RankFailure
 from peg.methods.base import FittedEnsemble, ModulePredictor, SampledPredictor
@@ -159,6 +166,38 @@ def _row_wise(predictor: Any) -> bool:
     return isinstance(predictor, (Ensemble, FittedEnsemble, ModulePredictor, nn.Module))
 
 
+def _own_batches(
+    X: Data, batch_size: int, batch_fn: BatchFn | None, rank: int, size: int
+) -> Iterator[Any]:
+    """The inputs of batches j = rank, rank + size, ... of `X`, as one process cuts them.
+
+    Where the batches are known in advance — a map-style Dataset (cut into `batch_size` items),
+    or a DataLoader reading its dataset in index order — each rank reads only its own items, by
+    index, and collates them as the loader would: no rank reads the whole data set. Otherwise
+    (a shuffling or custom sampler, an IterableDataset) every rank reads the stream in order
+    and keeps its batches. Tensors are sliced, which reads nothing.
+    """
+    loader = X if isinstance(X, DataLoader) else None
+    dataset = loader.dataset if loader is not None else X
+    by_index = isinstance(dataset, Dataset) and not isinstance(dataset, IterableDataset)
+    if loader is not None:
+        by_index = by_index and loader.batch_size is not None
+        by_index = by_index and isinstance(loader.sampler, SequentialSampler)
+    if not by_index:
+        for j, x in enumerate(iter_inputs(X, batch_size, batch_fn)):
+            if j % size == rank:
+                yield x
+        return
+    rows = loader.batch_size if loader is not None else batch_size
+    collate = loader.collate_fn if loader is not None else default_collate
+    n = len(dataset)  # type: ignore[arg-type]
+    count = n // rows if loader is not None and loader.drop_last else -(-n // rows)
+    for j in range(rank, count, size):
+        items = [dataset[i] for i in range(j * rows, min(n, (j + 1) * rows))]
+        inputs, _ = split_batch(collate(items), batch_fn, name="X", index=j)
+        yield inputs
+
+
 def _batches_part(
     predictor: Any, X: Data, batch_size: int, rank: int, size: int, batch_fn: BatchFn | None
 ) -> list[Tensor]:
@@ -170,8 +209,7 @@ def _batches_part(
         batch_fn = getattr(predictor, "batch_fn", None)  # a method's constructor argument
     return [
         predictor.member_logits(x, batch_size, progress=False).cpu()
-        for j, x in enumerate(iter_inputs(X, batch_size, batch_fn))
-        if j % size == rank
+        for x in _own_batches(X, batch_size, batch_fn, rank, size)
     ]
 
 
@@ -203,7 +241,9 @@ def member_logits(
         predictor: an `Ensemble`, a fitted method, or an nn.Module returning logits `[B, C]`.
         X: inputs `[N, ...]` (Tensor or array), or a Dataset / DataLoader that yields the same
             batches in the same order on every rank (no shuffling); batches of any shape
-            (`peg.batches`: mappings are the model's keyword inputs).
+            (`peg.batches`: mappings are the model's keyword inputs). A map-style Dataset, or a
+            loader reading one in index order, is read by index: each rank reads only the items
+            of its own batches (`_own_batches`).
         batch_size: rows per forward pass when X is a tensor.
         batch_fn: `batch_fn(batch) -> (inputs, y)` for batches of another shape.
 
