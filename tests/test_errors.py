@@ -1100,6 +1100,27 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
     ("train", "loss not callable", lambda: train(_mlp(), _val(), R1, loss="ce"), TypeError, "loss"),
     (
         "train",
+        "a bad label in one batch of a Dataset (shuffled)",
+        lambda: train(_mlp(), _bad_batch_3(), R1.replace(batch_size=20)),
+        ValueError,
+        "batch",
+    ),
+    (
+        "train",
+        "NaN in one batch of a Dataset (shuffled)",
+        lambda: train(_mlp(), _nan_batch_3(), R1.replace(batch_size=20)),
+        ValueError,
+        "NaN",
+    ),
+    (
+        "train",
+        "cosine schedule on a stream without length",
+        lambda: train(_mlp(), _Stream(), R1.replace(schedule="cosine")),
+        ValueError,
+        "cosine",
+    ),
+    (
+        "train",
         "forward returns a tuple",
         lambda: train(_TupleOut(), _val(), R1),
         TypeError,

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from peg import archive, recipe
+from peg.batches import BatchFn
 from peg.ensemble import Ensemble
 from peg.errors import ArchiveError
 from peg.output import PREFIX
@@ -77,6 +78,7 @@ def load(
     model: nn.Module,
     device: str | torch.device = "cpu",
     val: Any = None,
+    batch_fn: BatchFn | None = None,
 ) -> Any:
     """Load an ensemble saved by `Ensemble.save` (or a method's `save`).
 
@@ -96,6 +98,8 @@ def load(
             fingerprints. Required for a recipe (an `ArchiveError` says so before any work);
             ignored for an archive that stores its members (`Ensemble.save`, other methods'
             `save`, or PEG/PEP's `save(path, materialize=True)`).
+        batch_fn: the `batch_fn` the recipe's ensemble was fitted with, for `val` batches of
+            another shape (`peg.batches`; a callable is not stored in the recipe).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(
@@ -136,6 +140,6 @@ def load(
     if made is None:
         loaded = ensemble.to(device)
     else:
-        loaded = recipe.rebuilder(made)(ensemble.to(device), made, val).ensemble()
+        loaded = recipe.rebuilder(made)(ensemble.to(device), made, val, batch_fn).ensemble()
         loaded.meta = {k: v for k, v in ensemble.meta.items() if k != "recipe"}
     return loaded if calibrate is None else calibrate(loaded, calibration)

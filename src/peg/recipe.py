@@ -150,12 +150,12 @@ __all__ = [
 # method name → `rebuild(bases, recipe, val)`: the fitted method, its members checked. A class
 # joins when it is defined (`PerturbationEnsemble.__init_subclass__`), so loading an archive
 # needs no import of any method.
-Rebuild = Callable[[Any, dict[str, Any], Any], Any]
+Rebuild = Callable[[Any, dict[str, Any], Any, Any], Any]
 _REBUILDERS: dict[str, Rebuild] = {}
 
 
 def register(method: str, rebuild: Rebuild) -> None:
-    """Make recipes of `method` loadable with `rebuild(bases: Ensemble, recipe, val)`."""
+    """Make recipes of `method` loadable with `rebuild(bases: Ensemble, recipe, val, batch_fn)`."""
     _REBUILDERS[method] = rebuild
 
 

@@ -160,3 +160,16 @@ def test_bn_data_is_streamed():
     loader = DataLoader(TensorDataset(X, Y), batch_size=512)
     streamed = peg.PEG(progress=False, **options).fit(model, (X, Y), bn_data=loader)
     assert torch.equal(pair.member_logits(X), streamed.member_logits(X))
+
+
+def test_a_recipe_made_with_a_batch_fn_loads_with_it(tmp_path):
+    X, y = moons(200, 0)
+    odd = DataLoader([{"pair": (X[i], y[i])} for i in range(200)], batch_size=50)
+    unpack = lambda batch: batch["pair"]  # noqa: E731  (batch -> (inputs, y))
+    model = mlp(0).eval()
+    fitted = peg.PEG(n_members=3, grad_batch_size=16, eta=0.1, batch_fn=unpack).fit(model, odd)
+    path = fitted.save(str(tmp_path / "recipe"))
+    loaded = peg.load(path, mlp(1), val=odd, batch_fn=unpack)
+    assert torch.equal(loaded.member_logits(X), fitted.member_logits(X))
+    with pytest.raises(ValueError, match="batch_fn"):
+        peg.load(path, mlp(1), val=odd)  # its batches need the hook

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from peg import recipe
 from peg._inputs import Data
 from peg._params import param_label
+from peg.batches import BatchFn
 from peg.ensemble import Ensemble
 from peg.errors import ArchiveError, NotFittedError
 from peg.recipe import (
@@ -43,7 +44,9 @@ class Recipes:
     }
 
     @classmethod
-    def from_recipe(cls, bases: Ensemble, recipe: dict[str, Any], val: Data) -> Recipes:
+    def from_recipe(
+        cls, bases: Ensemble, recipe: dict[str, Any], val: Data, batch_fn: BatchFn | None = None
+    ) -> Recipes:
         """Rebuild an ensemble saved as a recipe, and check it (see `peg.recipe`).
 
         Raises ArchiveError (a ValueError) if `val` is not the data the ensemble was made from,
@@ -54,7 +57,8 @@ class Recipes:
             options = {cls.RENAMED_OPTIONS.get(k, k): v for k, v in options.items()}
         # a recipe records the cap it was made with; peg 0.1's had none (all points)
         options.setdefault("max_score_points", None)
-        rebuilt = cls(**options, **{recipe["scale_name"]: recipe["scale"]}, progress=False)
+        scale = {recipe["scale_name"]: recipe["scale"]}
+        rebuilt = cls(**options, **scale, progress=False, batch_fn=batch_fn)
         rebuilt._split_as_searched = bool(recipe["searched"])
         rebuilt._expected_fingerprint = recipe["data"]  # checked by fit before any work
         rebuilt.fit(bases, val)
