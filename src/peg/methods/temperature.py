@@ -27,7 +27,7 @@ from peg._inputs import (
     weights_device,
 )
 from peg.batches import BatchFn, check_batch_fn
-from peg.ensemble import Ensemble, _cat_batches
+from peg.ensemble import Ensemble
 from peg.errors import ArchiveError, NotFittedError, NotStreamable
 from peg.loading import register_calibrator
 from peg.methods.base import FittedEnsemble, Method, ModulePredictor, store_arguments
@@ -223,18 +223,18 @@ class TemperatureScaling(Method):
         self._check_fitted()
         size = int(self.batch_size) if batch_size is None else batch_size
         split = check_batch_fn(getattr(self, "batch_fn", None) if batch_fn is None else batch_fn)
-        try:
-            return _cat_batches(self.iter_member_logits(X, size, split))
-        except NotStreamable:  # a lazy PEG, a foreign predictor: its logits scaled whole
-            if isinstance(X, Tapped):
-                split = None  # the stream carries its own
-            return self.scale(member_logits_of(self.predictor_, X, size, split))
+        if isinstance(X, Tapped):
+            split = None  # the stream carries its own
+        # scaled whole (not the concatenated `iter_member_logits`): `peg.distributed` gathers
+        # the predictor's logits and scales them as one process does, on the same shapes
+        return self.scale(member_logits_of(self.predictor_, X, size, split))
 
     def iter_member_logits(
         self, X: Data, batch_size: int | None = None, batch_fn: BatchFn | None = None, **_: Any
     ) -> Iterator[Tensor]:
-        """`member_logits` batch by batch, `[1, B_j, C]`: log p̄ / T is a per-row transform of
-        the predictor's batches (`NotStreamable` if the predictor cannot give them)."""
+        """`member_logits` batch by batch, `[1, B_j, C]`: log p̄ / T is a per-row transform, here
+        of the predictor's batches (equal to `member_logits` up to rounding: the same per-row
+        operations on other shapes); `NotStreamable` if the predictor cannot give them."""
         self._check_fitted()
         size = int(self.batch_size) if batch_size is None else batch_size
         split = check_batch_fn(getattr(self, "batch_fn", None) if batch_fn is None else batch_fn)
