@@ -13,7 +13,7 @@ members run on a batch, and which way "auto" picks, is `peg._strategies` (`Membe
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -31,6 +31,11 @@ from peg.output import model_output
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 __all__ = ["Ensemble", "autocast_dtype", "model_output"]
+
+
+def _cat_batches(batches: Iterable[Tensor]) -> Tensor:
+    """The per-batch logits `[M, B_j, C]` of an `iter_member_logits`, as one `[M, N, C]`."""
+    return torch.cat(list(batches), dim=1)
 
 
 def autocast_dtype(autocast: str | torch.dtype | None) -> torch.dtype | None:
@@ -224,6 +229,26 @@ class Ensemble(MemberStrategies):
             batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches of another shape
                 (`peg.batches`); None: the conventions above.
         """
+        return _cat_batches(
+            self.iter_member_logits(
+                X, batch_size, strategy, progress, chunk_size, autocast, batch_fn
+            )
+        )
+
+    @torch.no_grad()
+    def iter_member_logits(
+        self,
+        X: Data,
+        batch_size: int = 512,
+        strategy: Strategy = "auto",
+        progress: bool | None = None,
+        chunk_size: int | None = None,
+        autocast: str | torch.dtype | None = None,
+        batch_fn: BatchFn | None = None,
+    ) -> Iterator[Tensor]:
+        """`member_logits` batch by batch: `[M, B_j, C]` for batch j of X, in order (arguments
+        as `member_logits`, which concatenates them: the same batches, the same bits). Holds one
+        batch's logits at a time (`peg.evaluate` streams its metrics from it)."""
         amp = autocast_dtype(autocast)
         batch_fn = check_batch_fn(batch_fn)
         if strategy not in STRATEGIES:
@@ -242,7 +267,7 @@ class Ensemble(MemberStrategies):
         training = [m for m in self.skeleton.modules() if m.training]  # cheaper than eval()
         for m in training:
             m.training = False
-        chunks = []
+        seen = False
         try:
             for x in bar(
                 iter_inputs(X, batch_size, batch_fn),
@@ -253,17 +278,18 @@ class Ensemble(MemberStrategies):
                 x = move(x, device, "X")
                 chosen = self._choose(x, chunk_size) if strategy == "auto" else strategy
                 if amp is None:
-                    chunks.append(self._predict(x, chosen, strategy == "auto", chunk_size))
-                    continue
-                with torch.autocast(device.type, dtype=amp):
                     logits = self._predict(x, chosen, strategy == "auto", chunk_size)
-                chunks.append(logits.float())
+                else:
+                    with torch.autocast(device.type, dtype=amp):
+                        logits = self._predict(x, chosen, strategy == "auto", chunk_size)
+                    logits = logits.float()
+                seen = True
+                yield logits
         finally:
             for m in training:
                 m.training = True
-        if not chunks:
+        if not seen:
             raise ValueError("X: no inputs to predict (0 samples)")
-        return torch.cat(chunks, dim=1)
 
     def predict_proba(self, X: Data, batch_size: int = 512, **kwargs: Any) -> Tensor:
         """Ensemble predictive probabilities `[N, C]`: member softmax outputs averaged."""

@@ -11,6 +11,7 @@ __all__ = [
     "NonFiniteError",
     "NotFittedError",
     "NotFoldable",
+    "NotStreamable",
     "OutputFnError",
     "RankFailure",
     "SpecError",
@@ -36,6 +37,11 @@ class NonFiniteError(FloatingPointError):
 
 class NotFoldable(ValueError):
     """The model cannot run its members folded into the batch (the reason says why)."""
+
+
+class NotStreamable(TypeError):
+    """A predictor cannot give its member logits batch by batch without holding them all (a
+    lazy PEG/PEP: chunks of members outside the batches); `member_logits` still works."""
 
 
 class OutputFnError(ValueError):

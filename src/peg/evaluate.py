@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from peg import metrics
-from peg._inputs import Data, check_data_device, check_finite
-from peg.batches import BatchFn, check_batch_fn
-from peg.methods.temperature import logits_and_labels, member_logits_of, predictor_device
+from peg._inputs import Data, as_xy, check_data_device, check_finite, checked_labels
+from peg.batches import BatchFn, Tapped, batch_rows, check_batch_fn
+from peg.errors import NotStreamable
+from peg.methods.temperature import (
+    in_memory,
+    iter_member_logits_of,
+    member_logits_of,
+    predictor_device,
+)
 from peg.metrics.regression import regression_metrics, split_gaussian
+from peg.metrics.streaming import StreamingMetrics
 
 
 def evaluate(
@@ -44,26 +51,82 @@ def evaluate(
         batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches of another shape.
 
     Error and ECE are fractions in [0, 1] (tables print them as %).
+
+    Memory: classification is computed batch by batch (`peg.metrics.StreamingMetrics`, state
+    O(bins + classes)) from the predictor's `iter_member_logits`: one batch's member logits
+    `[M, B, C]` are held at a time, never `[M, N, C]`, the labels taken from the same pass (a
+    `peg.batches.Tapped` stream for loaders and Datasets, slices of `y` for tensors). The
+    results equal the one-shot `peg.metrics` on `member_logits` up to the last bits (sums in
+    another order; error counts exactly). Every peg predictor streams (`Ensemble`, the fitted
+    methods, MC dropout/patching, Packed-Ensembles, temperature scaling of any of them, an
+    nn.Module) but a lazy PEG/PEP (`lazy=True`: chunks of members regenerated outside the
+    batches) and a foreign object with only `member_logits`: those are
+    evaluated on their whole `[M, N, C]`, as before. Regression keeps every prediction: it is
+    computed by `peg.metrics.regression_metrics`, which takes all of them at once.
     """
     device = predictor_device(predictor)
     batch_fn = check_batch_fn(batch_fn)
-    if y is None:
-        logits, y = logits_and_labels(predictor, X, batch_size, batch_fn, "X")
-    else:
-        if isinstance(X, (Tensor, np.ndarray)):
-            X = torch.as_tensor(X)
-            check_data_device(X, "X", device)
-            check_finite(X, "X")
-        logits = member_logits_of(predictor, X, batch_size, batch_fn)
-    if torch.is_floating_point(torch.as_tensor(y)):
-        if logits.shape[-1] != 2:
-            raise ValueError(
-                f"y: floating-point targets mean regression, which needs Gaussian heads with "
-                f"outputs [B, 2] (mean, log-variance); the predictor gives [B, "
-                f"{logits.shape[-1]}]. For classification pass integer labels, e.g. y.long()"
+    tapped: Tapped | None = None
+    if y is None and in_memory(X):
+        X, y = as_xy(X, "X", device=device)
+    elif y is None:
+        if isinstance(X, (tuple, list)):
+            raise TypeError(
+                f"X: expected a pair (X, y) of tensors or arrays, a mapping, a Dataset or a "
+                f"DataLoader, got a {type(X).__name__} of {len(X)}"
             )
-        return regression_metrics(*split_gaussian(logits), y, y_scale)
-    out = metrics.classification_metrics(logits, y, bins=bins, min_count=min_count)
-    if logits.shape[0] == 1:
+        X = tapped = Tapped(X, batch_fn, "X")
+        batch_fn = None  # the stream carries its own
+    elif isinstance(X, (Tensor, np.ndarray)):
+        X = torch.as_tensor(X)
+        check_data_device(X, "X", device)
+        check_finite(X, "X")
+    if y is not None and not isinstance(X, Tapped) and (isinstance(X, (Tensor, Mapping))):
+        _check_count(y, batch_rows(X))
+    try:
+        batches = iter_member_logits_of(predictor, X, batch_size, batch_fn)
+    except NotStreamable:  # a lazy PEG/PEP, a predictor with member_logits only: held whole
+        batches = iter([member_logits_of(predictor, X, batch_size, batch_fn)])
+    stream = StreamingMetrics(bins, min_count)
+    held: list[tuple[Tensor, Tensor]] = []  # regression: every prediction, kept
+    members = n = 0
+    for logits in batches:
+        members, rows = logits.shape[0], logits.shape[1]
+        if tapped is not None:  # the labels of the batches read for these logits
+            labels, tapped.labels_seen = tapped.labels(), []
+            labels = checked_labels(labels, "X", rows, device)
+        else:
+            assert y is not None
+            labels = torch.as_tensor(y)[n : n + rows]
+            if labels.shape[0] != rows:
+                raise ValueError(f"y: expected more than {len(y)} labels (N of pred)")
+        n += rows
+        if torch.is_floating_point(labels):
+            _check_gaussian(logits)
+            held.append((logits, labels))
+        else:
+            stream.update(logits, labels)
+    if y is not None:
+        _check_count(y, n)
+    if held:
+        targets = torch.cat([t for _, t in held]) if y is None else y
+        logits = torch.cat([p for p, _ in held], dim=1)
+        return regression_metrics(*split_gaussian(logits), targets, y_scale)
+    out = stream.compute()
+    if members == 1:
         out.pop("gibbs_nll", None)  # one member: Gibbs NLL is the NLL
     return out
+
+
+def _check_count(y: Any, n: int) -> None:
+    if len(y) != n:
+        raise ValueError(f"y: expected {n} labels (N of pred), got {len(y)}")
+
+
+def _check_gaussian(logits: Tensor) -> None:
+    if logits.shape[-1] != 2:
+        raise ValueError(
+            f"y: floating-point targets mean regression, which needs Gaussian heads with "
+            f"outputs [B, 2] (mean, log-variance); the predictor gives [B, "
+            f"{logits.shape[-1]}]. For classification pass integer labels, e.g. y.long()"
+        )

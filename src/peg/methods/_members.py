@@ -34,6 +34,7 @@ from peg._progress import counter
 from peg._rows import ValSource
 from peg.batches import BatchFn, Tapped
 from peg.ensemble import STRATEGIES, Ensemble, Strategy, autocast_dtype
+from peg.errors import NotStreamable
 from peg.recipe import displacement_fingerprints, fingerprint_probe, fingerprint_rows
 
 # Members regenerated at a time by a lazy ensemble when `chunk_size` is not given.
@@ -156,6 +157,11 @@ class StackedMembers:
     def member_logits(self, X: Data, scale: float, batch_size: int, **kwargs: Any) -> Tensor:
         return self.ensemble(scale).member_logits(X, batch_size, **kwargs)
 
+    def iter_member_logits(
+        self, X: Data, scale: float, batch_size: int, **kwargs: Any
+    ) -> Iterator[Tensor]:
+        return self.ensemble(scale).iter_member_logits(X, batch_size, **kwargs)
+
     @torch.no_grad()
     def search_inputs(
         self, X: Tensor, batch_size: int
@@ -254,6 +260,14 @@ class RegeneratedMembers:
         stacked = {n: part.add_(base[n]) for n, part in zip(names, views, strict=True)}
         shared = {k: v for k, v in base.items() if k not in stacked}
         return Ensemble(self.skeleton, stacked, shared)
+
+    def iter_member_logits(self, *_: Any, **__: Any) -> Iterator[Tensor]:
+        """Never: every batch needs every chunk of members, regenerated (see `member_logits`)."""
+        raise NotStreamable(
+            "a lazy ensemble regenerates chunks of members outside its batches: it cannot give "
+            "the members of one batch at a time without regenerating every chunk per batch; use "
+            "member_logits"
+        )
 
     @torch.no_grad()
     def member_logits(

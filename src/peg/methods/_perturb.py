@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
 import torch
@@ -406,15 +406,13 @@ class PerturbationEnsemble(Recipes, FittedEnsemble):
         """
         if "members_" not in self.__dict__:
             raise NotFittedError(f"{type(self).__name__}: call fit(...) before predicting")
-        return self.members_.member_logits(
-            X,
-            self._scale,
-            batch_size,
-            strategy=strategy,
-            progress=progress,
-            chunk_size=chunk_size,
-            autocast=autocast,
-        )
+        options = dict(strategy=strategy, progress=progress, chunk_size=chunk_size)
+        return self.members_.member_logits(X, self._scale, batch_size, autocast=autocast, **options)
+
+    def iter_member_logits(self, X: Data, batch_size: int = 512, **kwargs: Any) -> Iterator[Tensor]:
+        """`member_logits` batch by batch, `[M, B_j, C]`: stacked members only (a lazy ensemble
+        has chunks of members outside its batches: `NotStreamable`; `peg.evaluate` falls back)."""
+        return self.members_.iter_member_logits(X, self._scale, batch_size, **kwargs)
 
     def ensemble_at(self, scale: float) -> Ensemble:
         """The members at another scale, from the stored directions (no gradient is recomputed).

@@ -14,6 +14,7 @@ Names shared by every class: `n_members` (members made, per base model for PEG/P
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -22,7 +23,7 @@ from torch import Tensor, nn
 from peg._inputs import Data, check_positive_int, diagnose, iter_inputs, model_device, num_batches
 from peg._progress import bar
 from peg.batches import BatchFn, call_model, check_batch_fn, move
-from peg.ensemble import Ensemble, autocast_dtype
+from peg.ensemble import Ensemble, _cat_batches, autocast_dtype
 from peg.errors import NotFittedError
 from peg.output import model_output
 from peg.streams import generator
@@ -118,6 +119,10 @@ class FittedEnsemble(Method):
         """Logits of every member, `[M, N, C]` (see `Ensemble.member_logits`)."""
         return self.ensemble().member_logits(X, batch_size, **kwargs)
 
+    def iter_member_logits(self, X: Data, batch_size: int = 512, **kwargs: Any) -> Iterator[Tensor]:
+        """`member_logits` batch by batch, `[M, B_j, C]` (see `Ensemble.iter_member_logits`)."""
+        return self.ensemble().iter_member_logits(X, batch_size, **kwargs)
+
     def predict_proba(self, X: Data, batch_size: int = 512, **kwargs: Any) -> Tensor:
         """Averaged member probabilities, `[N, C]` (through `member_logits`)."""
         return self.member_logits(X, batch_size, **kwargs).softmax(-1).mean(0)
@@ -198,6 +203,20 @@ class ModulePredictor(Method):
             batch_fn: `batch_fn(batch) -> (inputs, y)` for batches of another shape (default:
                 the constructor's).
         """
+        return _cat_batches(self.iter_member_logits(X, batch_size, progress, autocast, batch_fn))
+
+    @torch.no_grad()
+    def iter_member_logits(
+        self,
+        X: Data,
+        batch_size: int | None = None,
+        progress: bool | None = None,
+        autocast: str | torch.dtype | None = None,
+        batch_fn: BatchFn | None = None,
+        **_: Any,
+    ) -> Iterator[Tensor]:
+        """`member_logits` batch by batch: `[M, B_j, C]` for batch j, in order (the same
+        batches, the same bits and, for sampled members, the same randomness: it is keyed by j)."""
         amp = autocast_dtype(autocast)
         split = check_batch_fn(self.batch_fn if batch_fn is None else batch_fn)
         self._check_fitted()
@@ -212,21 +231,22 @@ class ModulePredictor(Method):
             total=num_batches(X, size),
             enabled=self.progress if progress is None else progress,
         )
-        chunks = []
+        seen = False
         for j, x in enumerate(batches):
             x = move(x, device, "X")
             try:
                 if amp is None:
-                    chunks.append(self._batch_logits(x, j))
+                    logits = self._batch_logits(x, j)
                 else:
                     with torch.autocast(device.type, dtype=amp):
-                        chunks.append(self._batch_logits(x, j).float())
+                        logits = self._batch_logits(x, j).float()
             except Exception:
                 self._probe(x)  # the inputs or the model's output at fault: a clear error
                 raise
-        if not chunks:
+            seen = True
+            yield logits
+        if not seen:
             raise ValueError("X: no inputs to predict (0 samples)")
-        return torch.cat(chunks, dim=1)
 
     def predict_proba(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:
         """Predictive probabilities `[N, C]`: the member softmax outputs averaged."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -28,7 +28,7 @@ from peg._inputs import (
 )
 from peg.batches import BatchFn, check_batch_fn
 from peg.ensemble import Ensemble
-from peg.errors import ArchiveError, NotFittedError
+from peg.errors import ArchiveError, NotFittedError, NotStreamable
 from peg.loading import register_calibrator
 from peg.methods.base import FittedEnsemble, Method, ModulePredictor, store_arguments
 from peg.metrics._inputs import check_labels, ensemble_log_probs
@@ -68,6 +68,23 @@ def member_logits_of(
         return predictor.member_logits(X, batch_size, **extra)
     model_device(predictor, "predictor")
     return Ensemble.from_models([predictor]).member_logits(X, batch_size, **extra)
+
+
+def iter_member_logits_of(
+    predictor: Any, X: Data, batch_size: int = 512, batch_fn: BatchFn | None = None
+) -> Iterator[Tensor]:
+    """`member_logits_of` batch by batch: `[M, B_j, C]` per batch j, from the predictor's
+    `iter_member_logits` (an nn.Module through a one-member `Ensemble`). `NotStreamable`, raised
+    here, before any batch is read, for a predictor without one (a foreign object that only has
+    `member_logits`) or that cannot (a lazy PEG/PEP)."""
+    _check_predictor(predictor)
+    extra = {} if batch_fn is None else {"batch_fn": batch_fn}
+    if isinstance(predictor, nn.Module) and not hasattr(predictor, "member_logits"):
+        model_device(predictor, "predictor")
+        return Ensemble.from_models([predictor]).iter_member_logits(X, batch_size, **extra)
+    if not hasattr(predictor, "iter_member_logits"):
+        raise NotStreamable(f"predictor: {type(predictor).__name__} has no iter_member_logits")
+    return predictor.iter_member_logits(X, batch_size, **extra)
 
 
 def in_memory(data: Data) -> bool:
@@ -208,7 +225,23 @@ class TemperatureScaling(Method):
         split = check_batch_fn(getattr(self, "batch_fn", None) if batch_fn is None else batch_fn)
         if isinstance(X, Tapped):
             split = None  # the stream carries its own
+        # scaled whole (not the concatenated `iter_member_logits`): `peg.distributed` gathers
+        # the predictor's logits and scales them as one process does, on the same shapes
         return self.scale(member_logits_of(self.predictor_, X, size, split))
+
+    def iter_member_logits(
+        self, X: Data, batch_size: int | None = None, batch_fn: BatchFn | None = None, **_: Any
+    ) -> Iterator[Tensor]:
+        """`member_logits` batch by batch, `[1, B_j, C]`: log p̄ / T is a per-row transform, here
+        of the predictor's batches (equal to `member_logits` up to rounding: the same per-row
+        operations on other shapes); `NotStreamable` if the predictor cannot give them."""
+        self._check_fitted()
+        size = int(self.batch_size) if batch_size is None else batch_size
+        split = check_batch_fn(getattr(self, "batch_fn", None) if batch_fn is None else batch_fn)
+        if isinstance(X, Tapped):
+            split = None  # the stream carries its own
+        batches = iter_member_logits_of(self.predictor_, X, size, split)
+        return (self.scale(logits) for logits in batches)
 
     def scale(self, logits: Tensor) -> Tensor:
         """Scaled scores `[1, N, C]` (log p̄ / T) from the predictor's member logits `[M, N, C]`."""
