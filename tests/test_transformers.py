@@ -5,7 +5,7 @@ The model: `BertForSequenceClassification` built from a small `BertConfig` (2 la
 here without a network: sequences of 6 to 12 tokens over a vocabulary of 13 (token 1 is [CLS],
 0 pads), labelled 1 when token 5 occurs more often than token 6. Batches follow HuggingFace's
 convention, `{"input_ids", "attention_mask", "labels"}`, and the model returns a `ModelOutput`:
-peg needs neither a `with_output` nor a `batch_fn`.
+peg needs neither a `with_output` nor a `batch_fn`. PEG and PEP fit on the dict-batch loader itself.
 """
 
 from __future__ import annotations
@@ -150,3 +150,19 @@ def test_last_layer_peg_on_a_bert_runs_the_encoder_once_per_batch(model, loaders
     with torch.no_grad():
         members = [p.ensemble().member_model(i)(**inputs).logits for i in range(15)]
     torch.testing.assert_close(logits, torch.stack(members), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["PEG", "PEP"])
+def test_peg_and_pep_fit_on_dict_batches_and_save_both_ways(model, loaders, method, tmp_path):
+    """Fitted on the dict-batch loader itself (mini-batches drawn by index from its dataset,
+    collated as the loader collates), then saved as a recipe and materialised."""
+    options = {"grad_batch_size": 32, "eta": 0.05} if method == "PEG" else {"sigma": 0.01}
+    fitted = getattr(peg, method)(n_members=3, seed=0, progress=False, **options)
+    fitted.fit(model, loaders["val"])
+    logits = fitted.member_logits(loaders["test"])
+    assert logits.shape == (3, 200, 2) and not torch.equal(logits[0], logits[1])
+    recipe = peg.load(fitted.save(str(tmp_path / "recipe")), bert(5), val=loaders["val"])
+    torch.testing.assert_close(recipe.member_logits(loaders["test"]), logits)
+    members = peg.load(fitted.save(str(tmp_path / "members"), materialize=True), bert(5))
+    assert torch.equal(members.member_logits(loaders["test"]), logits)
+    assert peg.evaluate(fitted, loaders["test"])["nll"] > 0
