@@ -5,7 +5,8 @@ The model: `BertForSequenceClassification` built from a small `BertConfig` (2 la
 here without a network: sequences of 6 to 12 tokens over a vocabulary of 13 (token 1 is [CLS],
 0 pads), labelled 1 when token 5 occurs more often than token 6. Batches follow HuggingFace's
 convention, `{"input_ids", "attention_mask", "labels"}`, and the model returns a `ModelOutput`:
-peg needs neither a `with_output` nor a `batch_fn`. PEG and PEP fit on the dict-batch loader itself.
+peg needs neither a `with_output` nor a `batch_fn`. PEG and PEP fit on the dict-batch loader
+itself.
 """
 
 from __future__ import annotations
