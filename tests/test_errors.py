@@ -275,6 +275,13 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
     ("PEP", "race not a number", lambda: peg.PEP(race="z"), ValueError, "race"),
     (
         "PEG",
+        "unknown search",
+        lambda: peg.PEG(search="grid"),
+        ValueError,
+        r"search: expected one of \('surrogate', 'golden'\)",
+    ),
+    (
+        "PEG",
         "unknown on_nonfinite",
         lambda: peg.PEG(on_nonfinite="skip"),
         ValueError,

@@ -212,7 +212,7 @@ def test_the_search_on_the_heads_chooses_the_unshortcut_eta(monkeypatch, race):
 
 
 def test_the_search_runs_the_trunk_once_per_scoring_batch(monkeypatch):
-    from peg.methods._members import StackedMembers
+    from peg.methods import _members
 
     grid = [1e-3, 1e-2, 0.1, 1.0, 10.0]
     kwargs = {"eta": grid, "race": 0.0, "early_stop": False, "eta_holdout": 0.5, "batch_size": 50}
@@ -220,9 +220,7 @@ def test_the_search_runs_the_trunk_once_per_scoring_batch(monkeypatch):
     counted = []
     for shortcut in (True, False):
         if not shortcut:  # every η's members on the scoring points (the trunk still shared)
-            monkeypatch.setattr(
-                StackedMembers, "search_inputs", lambda self, X, _: (self.ensemble_at, X)
-            )
+            monkeypatch.setattr(_members, "find_split", lambda *_: None)
         calls = []
 
         def first_layer(m, *_, calls=calls):
@@ -242,7 +240,8 @@ def test_the_search_runs_the_trunk_once_per_scoring_batch(monkeypatch):
 def test_the_search_computes_the_trunk_features_once():
     _, val, p = _fitted()
     X = val[0][:120]
-    build, inputs = p.members_.search_inputs(X, 50)
+    target = p.members_.search_target(X, 50)
+    build, inputs = target.at, target.inputs
     assert inputs.shape == (120, 16)  # the trunk's features
     heads = build(0.05)
     assert isinstance(heads.skeleton, nn.Linear) and len(heads) == 5

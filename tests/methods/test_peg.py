@@ -10,7 +10,7 @@ from torch import nn
 
 import peg
 from peg._rows import ValSource
-from peg.methods import _search as search_module
+from peg.methods import _scale_search as search_module
 from peg.methods.peg import draw_batch
 from peg.streams import MEMBER, generator
 
@@ -90,10 +90,17 @@ def test_gradient_reuse_equals_members_built_one_at_a_time(overfit_mlp, moons_da
         torch.testing.assert_close(searched.ensemble_.stacked[k], v, rtol=0, atol=1e-6)
 
 
-def test_eta_search_holds_out_half_the_validation_set(overfit_mlp, moons_data):
-    p = peg.PEG(n_members=3, grad_batch_size=32, eta="search").fit(overfit_mlp, moons_data["val"])
+@pytest.mark.parametrize("search", ["surrogate", "golden"])
+def test_eta_search_holds_out_half_the_validation_set(overfit_mlp, moons_data, search):
+    p = peg.PEG(n_members=3, grad_batch_size=32, eta="search", search=search)
+    p.fit(overfit_mlp, moons_data["val"])
     points = p.ensemble_.meta["validation_points"]
     assert points == {"total": 600, "directions": 300, "scoring": 300}
+    assert p.search_[p.eta_] == min(p.search_.values())
+    assert p.meta_["search"] == search
+    if search == "surrogate":  # the grid's lowest η first, then at most two more
+        assert 0.001 in p.search_ and 1 <= len(p.search_) <= 3 and p.search_predicted_
+        return
     assert {0.001, 0.01, 0.1, 1.0} <= set(p.search_)
     assert len(p.search_) > 4  # golden-section refinement evaluated more points
     assert p.search_[p.eta_] == min(p.search_.values())
@@ -316,12 +323,9 @@ def test_a_model_in_training_mode_gets_a_warning_and_is_left_alone(bn_net, moons
 
 
 def test_early_stopped_eta_search_picks_the_exhaustive_eta(overfit_mlp, moons_data):
-    fast = peg.PEG(n_members=4, grad_batch_size=32, eta="search", batch_size=32, race=0).fit(
-        overfit_mlp, moons_data["val"]
-    )
-    full = peg.PEG(
-        n_members=4, grad_batch_size=32, eta="search", batch_size=32, race=0, early_stop=False
-    )
+    options = {"n_members": 4, "grad_batch_size": 32, "eta": "search", "search": "golden"}
+    fast = peg.PEG(**options, batch_size=32, race=0).fit(overfit_mlp, moons_data["val"])
+    full = peg.PEG(**options, batch_size=32, race=0, early_stop=False)
     full.fit(overfit_mlp, moons_data["val"])
     assert fast.eta_ == full.eta_ and fast.search_.keys() == full.search_.keys()
     assert fast.search_stopped_ and not full.search_stopped_
@@ -355,6 +359,7 @@ def test_a_raced_eta_search_picks_the_exhaustive_eta_on_fewer_points(
 ):
     monkeypatch.setattr(search_module, "RACE_FIRST", 32)  # 300 scoring points: looks at 32, 64, ...
     options = {"n_members": 4, "grad_batch_size": 32, "eta": "search", "criterion": criterion}
+    options["search"] = "golden"
     raced = peg.PEG(**options).fit(overfit_mlp, moons_data["val"])
     full = peg.PEG(**options, race=0, early_stop=False).fit(overfit_mlp, moons_data["val"])
     assert raced.eta_ == full.eta_ and raced.search_.keys() == full.search_.keys()

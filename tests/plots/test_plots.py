@@ -101,3 +101,14 @@ def test_decision_boundaries_refuses_bad_input(tmp_path: Path) -> None:
         plots.decision_boundaries(good, X, y + 1, tmp_path / "x.png", resolution=10)
     assert not (tmp_path / "x.png").exists()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_scale_search(tmp_path: Path, overfit_mlp, moons_data) -> None:
+    import peg
+
+    fitted = peg.PEG(n_members=4, grad_batch_size=32).fit(overfit_mlp, moons_data["val"])
+    _written(plots.scale_search(fitted, tmp_path / "s" / "eta.png", title="η"))
+    golden = peg.PEP(n_members=4, search="golden").fit(overfit_mlp, moons_data["val"])
+    _written(plots.scale_search(golden, tmp_path / "g" / "sigma.png"))  # no interpolant
+    with pytest.raises(ValueError, match="searched"):
+        plots.scale_search(peg.PEG(n_members=2, eta=0.1).fit(overfit_mlp, moons_data["val"]), "x")

@@ -21,7 +21,7 @@ from peg import metrics
 from peg._inputs import diagnose, eval_mode, model_device
 from peg.batches import call_model, move, take_rows, tensors
 from peg.metrics._inputs import pred_and_labels
-from peg.metrics.regression import log_predictive_density, split_gaussian
+from peg.metrics.regression import log_predictive_density, point_log_density, split_gaussian
 from peg.output import model_output
 
 Criterion = Literal["nll", "ece", "brier"] | Callable[[Tensor, Tensor], float]
@@ -67,6 +67,18 @@ POINT_LOSSES: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
     "brier": _point_brier,
 }
 REGRESSION_CRITERIA: dict[str, Callable[[Tensor, Tensor], float]] = {"nll": mixture_nll}
+
+
+def _point_mixture_nll(outputs: Tensor, y: Tensor) -> Tensor:
+    """Per-point `mixture_nll` `[N]` (not non-negative: a density may exceed 1)."""
+    mean, var = split_gaussian(outputs)
+    return -point_log_density(mean, var, y)
+
+
+# per-point forms of the regression criteria (for standard errors, not for early stopping)
+REGRESSION_POINT_LOSSES: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    "nll": _point_mixture_nll
+}
 
 
 def is_regression(y: Tensor) -> bool:

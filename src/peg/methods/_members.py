@@ -7,7 +7,7 @@ Both hold the base weights θ_r (`Bases`) and answer the same four questions: ho
 - `StackedMembers` keeps every direction row (`[S, P]` per base): trying another scale costs
   forward passes only, which is what the scale search needs; the members at the chosen scale
   are built once and kept. When the perturbed entries form a head after a fixed trunk
-  (`peg._heads`), `search_inputs` gives the search the trunk's features of the scoring points,
+  (`peg._heads`), `search_target` gives the search the trunk's features of the scoring points,
   computed once, and the heads alone at each scale.
 - `RegeneratedMembers` (`lazy=True`) keeps no row: each prediction regenerates the members
   `chunk_size` at a time (a `[k, P]` block of rows, the members stacked as views of it),
@@ -109,6 +109,14 @@ class Bases:
                 yield r, members, D
                 del D
 
+    def base_ensemble(self) -> Ensemble:
+        """The base models as an `Ensemble` (scale 0 of every member; BatchNorm statistics
+        re-estimated when the members' are)."""
+        states = self.states
+        if self.bn_batches is not None:
+            states = [refresh_bn(self.skeleton, dict(s), self.bn_batches) for s in states]
+        return Ensemble.from_state_dicts(self.skeleton, states)
+
     def ensemble(self, directions: Sequence[Tensor], scale: float) -> Ensemble:
         """Members θ_r + scale·D_r[i] for every base r (D_r `[S, P]`), base-major, but the
         dropped ones, from one state dict per member."""
@@ -126,6 +134,18 @@ class Bases:
                     state = refresh_bn(self.skeleton, state, self.bn_batches)
                 states.append(state)
         return Ensemble.from_state_dicts(self.skeleton, states)
+
+
+@dataclass(frozen=True)
+class SearchTarget:
+    """What the scale search scores: the members at a scale (`at`) on `inputs` (the scoring
+    points, or a fixed trunk's features of them); `bases()` holds one member per base model
+    at scale 0 (the bases themselves), `member_base[j]` the base of member j."""
+
+    at: Callable[[float], Ensemble]
+    inputs: Tensor
+    bases: Callable[[], Ensemble]
+    member_base: list[int]
 
 
 def _check_scale(scale: Any) -> None:
@@ -163,10 +183,8 @@ class StackedMembers:
         return self.ensemble(scale).iter_member_logits(X, batch_size, **kwargs)
 
     @torch.no_grad()
-    def search_inputs(
-        self, X: Tensor, batch_size: int
-    ) -> tuple[Callable[[float], Ensemble], Tensor]:
-        """What the scale search scores: (scale -> an ensemble, its inputs).
+    def search_target(self, X: Tensor, batch_size: int) -> SearchTarget:
+        """What the scale search scores (`SearchTarget`).
 
         With one base, no per-member BatchNorm statistics, and the perturbed entries in a head
         after a fixed trunk (`peg._heads.find_split`, checked on X): the heads alone at each
@@ -175,11 +193,12 @@ class StackedMembers:
         and X themselves.
         """
         bases = self.bases
+        member_base = [r for r in range(len(bases.states)) for _ in bases.kept(r)]
         split = None
         if len(bases.states) == 1 and bases.bn_batches is None:
             split = find_split(bases.skeleton, set(bases.names), bases.states, X)
         if split is None:
-            return self.ensemble_at, X
+            return SearchTarget(self.ensemble_at, X, bases.base_ensemble, member_base)
         base, D = bases.states[0], self.directions[0]
         trunk = split.trunk_module(base)
         features = torch.cat([trunk(x) for x in X.split(batch_size)])
@@ -196,7 +215,7 @@ class StackedMembers:
             shared = {k: v for k, v in base.items() if k not in stacked}
             return Ensemble(split.head, split.head_entries(stacked), split.head_entries(shared))
 
-        return heads_at, features
+        return SearchTarget(heads_at, features, lambda: heads_at(0.0).subset([0]), member_base)
 
     def fingerprints(self, scale: float) -> list[list[float]]:
         return displacement_fingerprints(self.directions, scale)

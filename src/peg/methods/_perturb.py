@@ -42,7 +42,7 @@ from peg.methods._members import (
     finite_rows,
 )
 from peg.methods._recipes import Recipes
-from peg.methods._search import ScaleSearch
+from peg.methods._scale_search import SEARCHES, ScaleSearch
 from peg.methods.base import FittedEnsemble
 
 BNMode = Literal["eval", "batch", "refresh"]
@@ -84,6 +84,8 @@ class PerturbationEnsemble(Recipes, FittedEnsemble):
         if not isinstance(self.lazy, bool):
             raise TypeError(f"lazy: expected True or False, got {self.lazy!r}")
         check_number(self.search_tol, "search_tol", allow_zero=True)
+        if self.search not in SEARCHES:
+            raise ValueError(f"search: expected one of {SEARCHES}, got {self.search!r}")
         if not isinstance(self.early_stop, bool):
             raise TypeError(f"early_stop: expected True or False, got {self.early_stop!r}")
         if self.on_nonfinite not in ("raise", "drop"):
@@ -268,11 +270,12 @@ class PerturbationEnsemble(Recipes, FittedEnsemble):
         if stacked is not None and self.searches:
             grid = self.default_grid if self._scale_arg == "search" else self._scale_arg
             Xs, ys = head if score is None else source.gather(score, self.batch_size)
-            build, inputs = stacked.search_inputs(Xs, self.batch_size)  # a head: its features
+            target = stacked.search_target(Xs, self.batch_size)  # a head: its features
             search = ScaleSearch(
-                build,
-                (inputs, ys),
+                target,
+                ys,
                 self.criterion,
+                method=self.search,
                 batch_size=self.batch_size,
                 race=self.race,
                 early_stop=self.early_stop,
@@ -283,10 +286,10 @@ class PerturbationEnsemble(Recipes, FittedEnsemble):
             )
             best = search.run(grid, refine=self._scale_arg == "search")
             self.search_, self.search_points_ = search.scores, search.points
-            self.search_stopped_ = search.stopped
+            self.search_stopped_, self.search_predicted_ = search.stopped, search.predicted
         else:
             best, self.search_, self.search_stopped_ = float(self._scale_arg), {}, []
-            self.search_points_ = {}
+            self.search_points_, self.search_predicted_ = {}, {}
         setattr(self, f"{self.scale_name}_", best)
         self._data_fingerprint = fingerprint
         self._data_points = source.count
@@ -330,6 +333,7 @@ class PerturbationEnsemble(Recipes, FittedEnsemble):
             "bn": self.bn,
             "params": params,
             "criterion": crit,
+            "search": self.search if self._scale_arg == "search" else "grid",
             "holdout": self._holdout,
             "dropped": list(getattr(self, "dropped_", [])),
             "validation_points": {"total": n_val, "directions": n_dir, "scoring": n_score},

@@ -88,6 +88,7 @@ class Recipes:
             "early_stop": self.early_stop,
             "race": self.race,
             "search_tol": self.search_tol,
+            "search": self.search,
         }
 
     def save(self, path: str, materialize: bool = False) -> str:

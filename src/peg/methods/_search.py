@@ -1,6 +1,8 @@
-"""Choosing a perturbation scale (PEG's η, PEP's σ): a grid, then golden section in log space.
+"""The golden search for a perturbation scale (PEG's η, PEP's σ): a grid, then golden section
+in log space (`select_scale`), each new scale raced against the best so far (`PairedRace`).
 
-`ScaleSearch` runs it for a fitted method (criterion, racing, early stopping, progress).
+`peg.methods._scale_search.ScaleSearch` runs it (or the default surrogate search) for a
+fitted method.
 
 The score function is memoised, so no scale is scored twice. Where the best grid point lies
 on an edge of the grid, the grid is extended outwards at its own spacing (at most `extend`
@@ -21,22 +23,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 from scipy import optimize
 from torch import Tensor
-
-from peg._progress import counter
-from peg.batches import take_rows
-from peg.methods._criteria import (
-    CRITERIA,
-    PER_POINT,
-    POINT_LOSSES,
-    REGRESSION_CRITERIA,
-    Criterion,
-    is_regression,
-)
 
 
 def select_scale(
@@ -186,113 +176,3 @@ class PairedRace:
 
 
 RACE_FIRST = 1024  # scoring points of a race's first look (`PairedRace`), doubling after
-
-
-class ScaleSearch:
-    """The search for a perturbation scale on held-out points: one object per `fit`.
-
-    `build(scale)` gives the ensemble at a scale (its directions computed once, so a scale
-    costs forward passes only). A criterion that is a mean of per-point losses ("nll",
-    "brier") is raced (`PairedRace`, `race` > 0) or, with `race=0`, scored batch by batch and
-    stopped once its partial mean exceeds the best so far (`early_stop`); any other criterion
-    is scored on all the points at once. `run(grid, refine)` chooses the scale
-    (`select_scale`).
-
-    Attributes after `run`: `scores` ({scale: criterion}), `points` ({scale: points scored}),
-    `stopped` (scales scored on fewer than all the points). A raced scale's value is the
-    incumbent's + the mean paired difference on the points raced (an estimate that ranks as
-    the race decided); with `race=0` a stopped scale's value is a lower bound above the best.
-    """
-
-    def __init__(
-        self,
-        build: Callable[[float], Any],
-        scoring: tuple[Any, Tensor],
-        criterion: Criterion,
-        *,
-        batch_size: int,
-        race: float,
-        early_stop: bool,
-        tol: float,
-        label: str,
-        name: str,
-        progress: bool | None,
-    ) -> None:
-        self.build, (self.X, self.y) = build, scoring
-        self.batch_size, self.early_stop, self.tol = batch_size, early_stop, tol
-        regression = is_regression(self.y)
-        table = REGRESSION_CRITERIA if regression else CRITERIA
-        self.criterion = table.get(criterion, criterion)  # type: ignore[call-overload]
-        self.per_point = criterion in PER_POINT and not regression
-        self.race = (
-            PairedRace(self._losses(POINT_LOSSES[str(criterion)]), len(self.y), race, RACE_FIRST)
-            if self.per_point and race > 0
-            else None
-        )
-        self.label, self.name, self.progress = label, name, progress
-        self.points: dict[float, int] = {}
-
-    def _losses(self, point_loss: Callable[[Tensor, Tensor], Tensor]) -> Callable[..., Any]:
-        """Per-point losses of a scale on points start … stop-1, for `PairedRace`; the two
-        scales racing are built once each."""
-        built: dict[float, Any] = {}
-
-        def losses(scale: float, start: int, stop: int) -> Tensor | None:
-            if scale in built:
-                built[scale] = built.pop(scale)  # the most recently used last
-            else:
-                while len(built) > 1:
-                    del built[next(iter(built))]
-                built[scale] = self.build(scale)
-            x = take_rows(self.X, start, stop)
-            logits = built[scale].member_logits(x, self.batch_size, progress=False)
-            if not torch.isfinite(logits).all():
-                return None
-            return point_loss(logits, self.y[start:stop])
-
-        return losses
-
-    def _score(self, scale: float, stop_above: float = math.inf) -> float:
-        """The criterion at `scale`: per point, batch by batch, stopped once above the best."""
-        if self.race is not None:
-            return self.race(scale)
-        ensemble = self.build(scale)
-        n = len(self.y)
-        step = self.batch_size if self.per_point else n
-        batches = (take_rows(self.X, a, a + step) for a in range(0, n, step))
-        total, start = 0.0, 0  # per point: the sum of the losses seen so far
-        self.points[scale] = n
-        value = math.inf
-        for x in batches:
-            logits = ensemble.member_logits(x, self.batch_size, progress=False)
-            if not torch.isfinite(logits).all():
-                return math.inf  # diverged: the worst score
-            rows = logits.shape[1]
-            value = float(self.criterion(logits, self.y[start : start + rows]))
-            if not self.per_point:
-                return value  # one batch: the whole scoring set
-            total += value * rows
-            start += rows
-            value = total / n  # until the last batch, a lower bound
-            if value > stop_above and start < n:
-                self.points[scale] = start  # above the best: it cannot win
-                return value
-        return value
-
-    def run(self, grid: Sequence[float], refine: bool) -> float:
-        """The chosen scale; fills `scores`, `points` and `stopped`."""
-        with counter(f"{self.label} {self.name} search", self.progress) as shown:
-
-            def shown_score(scale: float, stop_above: float = math.inf) -> float:
-                value = self._score(scale, stop_above)
-                shown.update(1)
-                shown.set_postfix_str(f"{self.name}={scale:.3g} score={value:.4g}")
-                return value
-
-            best, self.scores = select_scale(
-                shown_score, grid, refine=refine, stop_above=self.early_stop, tol=self.tol
-            )
-        points = self.race.points if self.race is not None else self.points
-        self.points = {s: points.get(s, 0) for s in self.scores}
-        self.stopped = [s for s, k in self.points.items() if k < len(self.y)]
-        return best

@@ -28,12 +28,14 @@ Choices the paper leaves open (each an option, recorded in the saved ensemble):
   it is a displacement like the other terms: v = η·buf. The paper does not say where v comes
   from; `momentum="none"` sets v = 0, and a dict of tensors (e.g. the training optimizer's
   `momentum_buffer`s, in gradient units) uses those instead.
-- η: a number; a list (grid); or "search" = the paper's grid (0.001, 0.01, 0.1, 1) followed by
-  golden-section refinement in log space (scipy). Scored by validation NLL of the whole
-  ensemble (`criterion`). The gradients are computed once and reused for every η. By default
-  half of the validation set is held out for scoring η and the other half feeds the gradient
-  steps (`eta_holdout=0.5`; 0 uses the same points for both, as the paper does). The chosen
-  members are the ones scored (built from the gradient half).
+- η: a number; a list (grid, every η scored); or "search": at most 3 exact scorings over
+  1e-6…1e3, guided by the members' outputs interpolated along η (`search="surrogate"`,
+  `peg.methods._surrogate`), or the paper's grid (0.001, 0.01, 0.1, 1) extended past its edges
+  and refined by golden section in log space (`search="golden"`). Scored by validation NLL of
+  the whole ensemble (`criterion`). The gradients are computed once and reused for every η.
+  By default half of the validation set is held out for scoring η and the other half feeds the
+  gradient steps (`eta_holdout=0.5`; 0 uses the same points for both, as the paper does).
+  The chosen members are the ones scored (built from the gradient half).
 """
 
 from __future__ import annotations
@@ -106,7 +108,16 @@ class PEG(PerturbationEnsemble):
             neither `(x, y, ...)` tuples nor mappings with "labels"/"label" (`peg.batches`).
         on_nonfinite: a member whose loss or gradient is NaN/inf: "raise" (default,
             NonFiniteError naming it) or "drop" (left out; its index in `dropped_`).
-        race: with criterion "nll" or "brier" (means of per-point losses), score each new η
+        search: how η="search" is searched: "surrogate" (default): the grid's lowest η is
+            scored exactly, the members' outputs are interpolated along η through the exactly
+            scored ones (and the base's own, at η = 0), the criterion is minimised on that
+            interpolant, and its minimiser is scored exactly, at most 3 exact scorings in all,
+            fewer once the predicted gain is under half a standard error; the choice is the
+            best η scored exactly (`peg.methods._surrogate`). "golden": the grid, extended
+            past its edges, then golden section, raced (`race`, `early_stop`, `search_tol`);
+            12–15 scorings. A list of η is always scored η by η.
+        race: "golden" search or a list of η: with criterion "nll" or "brier" (means of
+            per-point losses), score each new η
             against the best so far on the same points, a growing prefix of them (1024, then
             doubling), and stop once the mean paired difference is more than `race` standard
             errors from 0 (`peg.methods._search.PairedRace`): most comparisons are settled on
@@ -114,12 +125,14 @@ class PEG(PerturbationEnsemble):
             unless a comparison is settled wrongly by chance (at the default z = 3, < 0.14% per
             look when the two η tie, less otherwise; the PEG-creation benchmark checks it).
             0 turns racing off: every η is scored on every point, with `early_stop`.
-        early_stop: with `race=0` and criterion "nll" or "brier" (means of non-negative
+        early_stop: "golden" search or a list of η: with `race=0` and criterion "nll" or
+            "brier" (means of non-negative
             per-point losses), stop scoring an η as soon as its partial sum over the scoring
             points already exceeds the best score so far; exact: the chosen η is the one an
             exhaustive search picks (`peg.methods._search`), only cheaper. False (with
             `race=0`) scores every η on every point.
-        search_tol: when the best η lies on an edge of the grid, the grid is extended (at most
+        search_tol: "golden" search: when the best η lies on an edge of the grid, the grid is
+            extended (at most
             3 steps) only while a step improves the criterion by more than this (default 1e-4:
             a flat curve, e.g. a well-calibrated base whose score keeps falling by 1e-5 nats
             as η → 0, stops after one step); 0 extends while the score improves at all.
@@ -171,6 +184,7 @@ class PEG(PerturbationEnsemble):
         lazy: bool = False,
         race: float = 3.0,
         batch_fn: BatchFn | None = None,
+        search: Literal["surrogate", "golden"] = "surrogate",
     ) -> None:
         store_arguments(self, locals())
 

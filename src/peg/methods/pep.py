@@ -1,11 +1,14 @@
 """PEP: Parameter Ensembling by Perturbation (Mehrtash et al. 2020; the PEG paper's baseline).
 
 Member i of base model θ is θ + σ·εᵢ with εᵢ ~ N(0, I) over the perturbed parameters. σ is
-chosen by golden-section search on validation NLL in the bracket (5e-4, 5e-3) as in the PEG
-paper's experiments: the bracket's ends and their geometric mean are scored first, then
-`scipy.optimize.minimize_scalar(method="golden")` refines σ in log space (walking outside the
-bracket when the best point is at one of its ends). The noise εᵢ is drawn once, so every σ
-is scored with the same noise (common random numbers) and a σ costs forward passes only.
+chosen on validation NLL around the bracket (5e-4, 5e-3) of the PEG paper's experiments. By
+default (`search="surrogate"`, as PEG's η) the bracket's low end is scored first and at most
+two more σ, chosen on the members' logits interpolated along σ, over the bracket widened by
+three of its half-widths in log space on either side. `search="golden"` scores the bracket's
+ends and their geometric mean, then `scipy.optimize.minimize_scalar(method="golden")` refines
+σ in log space (walking outside the bracket when the best point is at one of its ends). The
+noise εᵢ is drawn once, so every σ is scored with the same noise (common random numbers) and
+a σ costs forward passes only.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ class PEP(PerturbationEnsemble):
 
     Args (all keyword-only):
         n_members: members per base model.
-        sigma: a number > 0, a list of candidates, or "search" (golden section in `bracket`).
+        sigma: a number > 0, a list of candidates, or "search" (around `bracket`, see `search`).
         bracket: (low, high) σ range the search starts from (paper: 5e-4 to 5e-3).
         seed: seeds the noise.
         params: "all" trainable parameters (default), "weights" (conv/linear weights only, as
@@ -48,7 +51,10 @@ class PEP(PerturbationEnsemble):
         batch_fn: `batch_fn(batch) -> (inputs, y)` for validation batches of another shape
             (`peg.batches`).
         on_nonfinite: "raise" (default) or "drop" members whose weights are NaN/inf.
-        race: settle each comparison of a new σ with the best so far on part of the scoring
+        search: how σ="search" is searched: "surrogate" (default, at most 3 exact scorings,
+            see `PEG`) or "golden" (the grid extended and refined by golden section, raced).
+        race: "golden" search or a list of σ: settle each comparison of a new σ with the best
+            so far on part of the scoring
             points once the answer is clear (z threshold; criterion "nll" or "brier"; see
             `PEG`); 0 scores every σ on every point, with `early_stop`.
         early_stop: with `race=0`, stop scoring a σ once it cannot beat the best so far
@@ -88,6 +94,7 @@ class PEP(PerturbationEnsemble):
         lazy: bool = False,
         race: float = 3.0,
         batch_fn: BatchFn | None = None,
+        search: Literal["surrogate", "golden"] = "surrogate",
     ) -> None:
         store_arguments(self, locals())
 

@@ -176,10 +176,15 @@ def log_predictive_density(mean: Any, var: Any, y: Any, y_scale: Any = None) -> 
 
     Higher is better. For M = 1 it equals `-gaussian_nll`.
     """
-    m, v, t = _members(mean, var, y)
     scale = _check_scale(y_scale)
-    log_p = torch.logsumexp(_log_normal(t, m, v), dim=0) - math.log(m.shape[0])
-    return float(log_p.mean()) - math.log(scale)
+    return float(point_log_density(mean, var, y).mean()) - math.log(scale)
+
+
+def point_log_density(mean: Any, var: Any, y: Any) -> Tensor:
+    """Log density of each `y` under the mixture of member Gaussians `[N]` (arguments as
+    `log_predictive_density`; standardised units)."""
+    m, v, t = _members(mean, var, y)
+    return torch.logsumexp(_log_normal(t, m, v), dim=0) - math.log(m.shape[0])
 
 
 def gaussian_nll(mean: Any, var: Any, y: Any, y_scale: Any = None) -> float:

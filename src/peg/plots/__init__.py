@@ -10,7 +10,7 @@ parent folders and returns the path.
 - `boundaries`: `decision_boundaries`.
 - `heatmaps`: `similarity_matrices`, `radial_landscape`.
 - `embedding`: `prediction_map`.
-- `curves`: `diversity_accuracy_plane`, `ensemble_size_curves`.
+- `curves`: `diversity_accuracy_plane`, `ensemble_size_curves`, `scale_search`.
 - `_figure`: what they share (canvas, PNG write, input checks, colours and markers).
 
 The diversity figures are those of `peg.analysis` (Fort et al. 2019, "Deep ensembles: a loss
@@ -18,7 +18,7 @@ landscape perspective").
 """
 
 from peg.plots.boundaries import decision_boundaries
-from peg.plots.curves import diversity_accuracy_plane, ensemble_size_curves
+from peg.plots.curves import diversity_accuracy_plane, ensemble_size_curves, scale_search
 from peg.plots.embedding import prediction_map
 from peg.plots.heatmaps import radial_landscape, similarity_matrices
 from peg.plots.reliability import reliability_diagram
@@ -30,5 +30,6 @@ __all__ = [
     "prediction_map",
     "radial_landscape",
     "reliability_diagram",
+    "scale_search",
     "similarity_matrices",
 ]

@@ -1,8 +1,9 @@
-"""Curves and point clouds: samples in the diversity–accuracy plane (Fort et al. 2019, Fig. 6)
-and accuracy and NLL against ensemble size."""
+"""Curves and point clouds: samples in the diversity–accuracy plane (Fort et al. 2019, Fig. 6),
+accuracy and NLL against ensemble size, and the criterion against PEG's η / PEP's σ."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -153,4 +154,45 @@ def ensemble_size_curves(
     right.legend(fontsize=7, frameon=False, loc="best")
     if title:
         fig.suptitle(title)
+    return save(fig, path)
+
+
+def scale_search(fitted: Any, path: str | os.PathLike[str], title: str | None = None) -> Path:
+    """The η (σ) search of a fitted PEG or PEP: the criterion at every scale scored exactly,
+    the interpolated curve the default search minimised (`search_predicted_`), and the choice;
+    writes a PNG.
+
+    Args:
+        fitted: a fitted `PEG` or `PEP` whose scale was searched.
+        path: PNG file to write (parent folders are created).
+        title: figure title.
+
+    Returns:
+        `Path(path)`.
+    """
+    scores = getattr(fitted, "search_", None)
+    if not scores:
+        raise ValueError("fitted: expected a PEG or PEP fitted with its scale searched")
+    check_path(path)
+    name = fitted.scale_name
+    chosen = float(getattr(fitted, f"{name}_"))
+    finite = {s: v for s, v in scores.items() if math.isfinite(v)}
+    fig = figure(5.2, 3.6 + (0.3 if title else 0.0))
+    ax = fig.subplots()
+    predicted = {s: v for s, v in getattr(fitted, "search_predicted_", {}).items() if v < math.inf}
+    if predicted:
+        top = 2 * max(finite.values(), default=1.0)  # the interpolant grows fast far out
+        xs = sorted(s for s, v in predicted.items() if v <= top)
+        ax.plot(xs, [predicted[s] for s in xs], color=SERIES[1], lw=1.2, label="interpolated")
+    xs = sorted(finite)
+    ax.plot(xs, [finite[s] for s in xs], "o", color=SERIES[0], ms=5, label="scored exactly")
+    ax.plot([chosen], [scores[chosen]], "*", color=SERIES[2], ms=12, label="chosen")
+    symbol = {"eta": "η", "sigma": "σ"}.get(name, name)
+    ax.set_xscale("log")
+    ax.set_xlabel(symbol)
+    ax.set_ylabel(f"held-out {fitted.meta_['criterion']}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, frameon=False, loc="best")
+    if title:
+        ax.set_title(title, fontsize=10)
     return save(fig, path)

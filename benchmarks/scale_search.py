@@ -1,0 +1,262 @@
+"""The η / σ search: the surrogate search (default) against the golden search and a dense
+exact reference, on real bases.
+
+Target (issue 15): the default search for PEG and PEP costs at most 3 exact scorings (S
+members on the scoring points, once) beyond the gradients / noise draws, and picks a scale
+whose exact held-out score is within one standard error (of the paired per-point score
+difference) of the best score of a dense reference search: 25 log-spaced scales over the
+grid's range (PEG: 1e-3…1; PEP: its bracket), every scoring point scored. Reported per base and
+method: the scale chosen, the exact scorings it took, its score minus the reference's best in
+standard errors (negative: better than every reference scale, found outside the grid's range),
+and the time to build the ensemble (search included) against one epoch of training the base
+and against fitting temperature scaling — for the surrogate search ("after") and the golden
+search with racing, the default before it ("before"), both timed in this run.
+
+Bases (each trained once and cached under .peg-cache/, shared with `peg bench` where it is a
+bench preset's): the `fashion-mnist` bench preset (weight decay: well calibrated), the
+`fashion-mnist-overfit` paper-tables preset (no weight decay), the `peg demo` Fashion-MNIST base
+(over-fitted), the `digits` preset (MLP), the `cifar10-cpu` bench preset (SmallCNN w32 on 20k
+CIFAR-10 images, SGD with weight decay), the same CNN trained with Adam and no weight decay
+(over-confident), and a UCI regression base (power plant, split 0, Gaussian MLP; criterion:
+the members' mixture NLL). Every number is measured in this run, on this machine (printed).
+
+    python benchmarks/scale_search.py [--bases ...] [--repeats 1] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from _timing import median_time
+from torch import Tensor, nn
+
+from peg import data as datasets
+from peg import models
+from peg._env import git_commit, machine
+from peg._rows import ValSource
+from peg.apps.bench.paper import PRESETS
+from peg.apps.bench.seed import SeedRun
+from peg.apps.bench.spec import find_spec, load_specs
+from peg.apps.bench.uci import Split
+from peg.apps.data import subsample
+from peg.apps.demo import PRESETS as DEMO_PRESETS
+from peg.losses import gaussian_nll_loss
+from peg.methods._criteria import POINT_LOSSES
+from peg.methods.peg import PEG
+from peg.methods.pep import PEP
+from peg.methods.temperature import TemperatureScaling
+from peg.metrics.regression import split_gaussian
+from peg.train import Recipe, train
+
+CACHE = Path(".peg-cache")
+REFERENCE_SCALES = 25
+
+
+@dataclasses.dataclass
+class Case:
+    """One base: the model, its validation and training data, one epoch of its recipe."""
+
+    label: str
+    base: nn.Module
+    val: tuple[Tensor, Tensor]
+    train: tuple[Tensor, Tensor]
+    epoch: Callable[[], Any]  # trains a copy of the base for one epoch
+    score_points: int | None = 10_000
+    grad_batch_size: int = 128
+    regression: bool = False
+
+
+def _seed_run(spec: Any, cache: str, label: str) -> Case:
+    spec = dataclasses.replace(spec, methods=())
+    run = SeedRun(spec, 0, CACHE / cache, progress=False)
+    base = run.bases.get("single").eval()
+    one = dataclasses.replace(spec.train, epochs=1)
+    return Case(
+        f"{spec.name}: {label}",
+        base,
+        run.val,
+        run.train,
+        lambda: train(copy.deepcopy(base).train(), run.train, one, seed=1, progress=False),
+        spec.score_points if spec.score_points is not None else 10_000,
+    )
+
+
+def _demo() -> Case:
+    """The `peg demo` Fashion-MNIST base: its split, preset and recipe (over-fitted)."""
+    preset = DEMO_PRESETS[("fashion-mnist", False)]
+    X, y = datasets.load("fashion-mnist", "train")
+    X_train, y_train, X_val, y_val = datasets.train_val_split(X, y, 0.2, seed=0)
+    X_train, y_train = subsample(X_train, y_train, preset.train_points, 0)
+    recipe = Recipe(
+        epochs=preset.epochs,
+        lr=preset.lr,
+        optimizer=preset.optimizer,
+        weight_decay=preset.weight_decay,
+        batch_size=preset.batch_size,
+    )
+    torch.manual_seed(0)
+    base = models.SmallCNN(in_channels=1, num_classes=10, width=preset.width)
+    path = CACHE / "scale-search" / "demo-fashion-mnist.safetensors"
+    train(base, (X_train, y_train), recipe, seed=0, checkpoint=path, progress=False)
+    one = dataclasses.replace(recipe, epochs=1)
+    return Case(
+        "peg demo base (Fashion-MNIST, over-fitted)",
+        base.eval(),
+        (X_val, y_val),
+        (X_train, y_train),
+        lambda: train(copy.deepcopy(base).train(), (X_train, y_train), one, seed=1, progress=False),
+        preset.score_points,
+    )
+
+
+def _uci() -> Case:
+    split = Split("power-plant", 0, CACHE / "bench" / "uci", None, None)
+    base = split.single().eval()
+    one = dataclasses.replace(split.recipe, epochs=1)
+    return Case(
+        "UCI power plant, split 0 (Gaussian MLP)",
+        base,
+        split.val,
+        split.train,
+        lambda: train(
+            copy.deepcopy(base).train(), split.train, one, seed=1, loss=gaussian_nll_loss,
+            progress=False,
+        ),
+        grad_batch_size=min(32, len(split.val[0]) // 2),
+        regression=True,
+    )  # fmt: skip
+
+
+ADAM_LABEL = "SmallCNN w32, 20k images, Adam without weight decay (over-confident)"
+
+
+def _cifar10_adam() -> Any:
+    """The cifar10-cpu preset's model and data, trained the way many users train: Adam
+    (lr 1e-3), no weight decay, constant rate, 10 epochs."""
+    spec = load_specs(find_spec("cifar10-cpu"))[0]
+    recipe = Recipe(epochs=10, lr=1e-3, optimizer="adam", weight_decay=0.0, schedule="constant")
+    return dataclasses.replace(spec, name="cifar10-adam", train=recipe)
+
+
+BASES: dict[str, Callable[[], Case]] = {
+    "fashion-mnist": lambda: _seed_run(
+        load_specs(find_spec("fashion-mnist"))[0], "bench", "bench preset (weight decay)"
+    ),
+    "fashion-mnist-overfit": lambda: _seed_run(
+        PRESETS["fashion-mnist-overfit"], "paper-tables", "no weight decay, 12k"
+    ),
+    "demo": _demo,
+    "digits": lambda: _seed_run(PRESETS["digits"], "paper-tables", "MLP"),
+    "cifar10-cpu": lambda: _seed_run(
+        load_specs(find_spec("cifar10-cpu"))[0], "bench", "SmallCNN w32, 20k images"
+    ),
+    "cifar10-adam": lambda: _seed_run(_cifar10_adam(), "scale-search", ADAM_LABEL),
+    "uci-power-plant": _uci,
+}
+
+
+def _point_losses(outputs: Tensor, y: Tensor, regression: bool) -> Tensor:
+    """Per-point losses `[N]` whose mean is the search's criterion (float64)."""
+    if not regression:
+        return POINT_LOSSES["nll"](outputs.double(), y)
+    mean, var = split_gaussian(outputs.double())
+    log_p = torch.distributions.Normal(mean, var.sqrt()).log_prob(y.double())  # [M, N]
+    return -(torch.logsumexp(log_p, 0) - math.log(len(outputs)))
+
+
+def _scoring_points(fitted: PEG | PEP, val: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+    """The points the search scored on (the same split and subsample as `fit`'s)."""
+    X, y = val
+    _, score = fitted._split(ValSource(val))
+    if score is None:
+        cap = fitted.max_score_points or len(y)
+        return X[:cap], y[:cap]
+    return X[score], y[score]
+
+
+def _compare(case: Case, method: str, repeats: int, ts_seconds: float, epoch: float) -> None:
+    make = PEG if method == "PEG" else PEP
+    options: dict[str, Any] = {"n_members": 15, "seed": 0, "progress": False}
+    options["max_score_points"] = case.score_points
+    if method == "PEG":
+        options["grad_batch_size"] = case.grad_batch_size
+    warm = {"eta" if method == "PEG" else "sigma": 0.01, "n_members": 2}
+    make(**{**options, **warm}).fit(case.base, case.val)  # warm-up, untimed
+    fits = {}
+    seconds = {}
+    for search in ("golden", "surrogate"):
+        seconds[search], fits[search] = median_time(
+            lambda s=search: make(**options, search=s).fit(case.base, case.val), repeats
+        )
+    after = fits["surrogate"]
+    Xs, ys = _scoring_points(after, case.val)
+    grid = after.default_grid
+    scales = torch.logspace(
+        math.log10(min(grid)), math.log10(max(grid)), REFERENCE_SCALES, dtype=torch.float64
+    ).tolist()
+
+    def losses(fitted: PEG | PEP, scale: float) -> Tensor:
+        outputs = fitted.ensemble_at(scale).member_logits(Xs, 512, progress=False)
+        if not torch.isfinite(outputs).all():
+            return torch.full((len(ys),), math.inf, dtype=torch.float64)
+        return _point_losses(outputs, ys, case.regression)
+
+    start = time.perf_counter()
+    reference = {s: losses(after, s) for s in scales}
+    dense = time.perf_counter() - start
+    best = min(reference, key=lambda s: float(reference[s].mean()))
+    name = "η" if method == "PEG" else "σ"
+    print(f"  {method}-15: dense reference {REFERENCE_SCALES} scales in {dense:.1f} s, best "
+          f"{name} = {best:.3g}, score {float(reference[best].mean()):.4f}")  # fmt: skip
+    for search, label in (("golden", "before: golden, raced"), ("surrogate", "after: surrogate")):
+        fitted = fits[search]
+        scale = fitted.eta_ if method == "PEG" else fitted.sigma_
+        chosen = losses(fitted, scale)
+        d = chosen - reference[best]
+        se = float(d.std()) / math.sqrt(len(d))
+        gap = float(d.mean()) / se if se > 0 else 0.0
+        verdict = "yes" if float(d.mean()) <= se else "NO"
+        print(f"  {label:24} {name} = {scale:9.3g}  scored {len(fitted.search_):2d}  score "
+              f"{float(chosen.mean()):.4f}  (score - best)/SE {gap:6.2f}  within 1 SE: {verdict:3}"
+              f"  {seconds[search]:6.2f} s = {seconds[search] / epoch:5.2f} epochs = "
+              f"{seconds[search] / ts_seconds:6.1f} × temperature scaling")  # fmt: skip
+    print(f"  speed-up of the search (golden / surrogate, whole fit): "
+          f"{seconds['golden'] / seconds['surrogate']:.2f} ×")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bases", nargs="+", default=list(BASES), choices=list(BASES))
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="the digits base only")
+    args = parser.parse_args()
+    if args.quick:
+        args.bases = ["digits"]
+    print(f"commit: {git_commit()}")
+    print(f"machine: {machine()}; median of {args.repeats}")
+    for name in args.bases:
+        case = BASES[name]()
+        case.epoch()  # warm-up, untimed
+        epoch, _ = median_time(case.epoch, args.repeats)
+        ts = 0.0
+        if not case.regression:
+            ts, _ = median_time(
+                lambda c=case: TemperatureScaling().fit(c.base, c.val), args.repeats
+            )
+        print(f"\n## {case.label}: {len(case.val[1])} validation points, "
+              f"{len(case.train[1])} training; one epoch {epoch:.2f} s; temperature scaling "
+              f"{ts:.2f} s")  # fmt: skip
+        for method in ("PEG", "PEP"):
+            _compare(case, method, args.repeats, ts if ts > 0 else math.nan, epoch)
+
+
+if __name__ == "__main__":
+    main()

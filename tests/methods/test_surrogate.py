@@ -1,0 +1,178 @@
+"""The default scale search: exact scorings guided by interpolated member outputs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import peg
+from peg._rows import ValSource
+from peg.losses import gaussian_nll_loss
+from peg.methods._criteria import POINT_LOSSES
+from peg.methods._surrogate import Interpolant, search_range, surrogate_search
+from peg.train import train
+
+GRID = (1e-3, 1e-2, 1e-1, 1.0)
+
+
+def test_the_interpolant_passes_through_its_nodes_and_reproduces_a_polynomial():
+    g = torch.Generator().manual_seed(0)
+    c0, c1, c2 = (torch.randn(3, 5, 4, generator=g, dtype=torch.float64) for _ in range(3))
+
+    def curve(s: float) -> torch.Tensor:
+        return c0 + s * c1 + s * s * c2
+
+    f = Interpolant(curve(0.0))
+    assert f.degree == 0 and torch.equal(f(0.7), c0)  # one node: constant
+    f.add(0.01, curve(0.01))
+    torch.testing.assert_close(f(0.005), c0 + 0.005 * (c1 + 0.01 * c2))  # the secant
+    f.add(0.3, curve(0.3))
+    for s in (0.0, 0.01, 0.3):  # through every node
+        torch.testing.assert_close(f(s), curve(s))
+    for s in (0.05, 1.0, 3.0):  # degree 2 from 3 nodes: the quadratic itself, anywhere
+        torch.testing.assert_close(f(s), curve(s))
+
+
+def _members(optimum_width: float = 0.0):
+    """Member logits `[M, N, C]` that are exact quadratics in the scale, and labels: spreading
+    the members helps up to a point (an over-confident base), then hurts."""
+    g = torch.Generator().manual_seed(1)
+    M, N, C = 8, 400, 5
+    y = torch.randint(0, C, (N,), generator=g)
+    base = 6.0 * torch.nn.functional.one_hot(torch.randint(0, C, (N,), generator=g), C).float()
+    spread = torch.randn(M, N, C, generator=g)
+    bend = optimum_width * torch.randn(M, N, C, generator=g)
+
+    def at(s: float) -> torch.Tensor:
+        return base + s * spread + s * s * bend
+
+    return at, y
+
+
+def _nll(y):
+    return lambda logits: float(POINT_LOSSES["nll"](logits, y).mean())
+
+
+def _point(y):
+    return lambda logits: POINT_LOSSES["nll"](logits, y)
+
+
+def test_on_exact_quadratics_the_choice_is_the_dense_optimum_in_at_most_three_scorings():
+    at, y = _members(optimum_width=0.5)
+    calls = []
+
+    def exact(s: float) -> torch.Tensor:
+        calls.append(s)
+        return at(s)
+
+    result = surrogate_search(exact, at(0.0), _nll(y), _point(y), GRID)
+    assert 1 <= len(calls) <= 3 and len(calls) == len(set(calls)) == len(result.scores)
+    assert calls[0] == min(GRID)  # the grid's lowest scale first
+    assert result.scale in result.scores  # chosen among the scales scored exactly
+    assert result.scores[result.scale] == min(result.scores.values())
+    lo, hi = search_range(GRID)
+    dense = torch.logspace(lo / math.log(10), hi / math.log(10), 400).tolist()
+    losses = {s: POINT_LOSSES["nll"](at(s), y).double() for s in dense}
+    best = min(losses, key=lambda s: float(losses[s].mean()))
+    d = POINT_LOSSES["nll"](at(result.scale), y).double() - losses[best]
+    assert float(d.mean()) <= float(d.std()) / math.sqrt(len(d))  # within one standard error
+    assert result.predicted  # the interpolant's criterion, for plotting
+
+
+def test_a_flat_criterion_stops_after_one_scoring():
+    at, y = _members()
+    calls = []
+    flat = lambda s: (calls.append(s), at(0.0))[1]  # noqa: E731  (no scale changes anything)
+    result = surrogate_search(flat, at(0.0), _nll(y), _point(y), GRID)
+    assert calls == [min(GRID)] and result.scale == min(GRID)
+
+
+def test_the_budget_is_never_exceeded_and_diverged_scales_lose():
+    at, y = _members(optimum_width=0.5)
+    calls = []
+
+    def exact(s: float) -> torch.Tensor | None:
+        calls.append(s)
+        return None if s > 0.05 else at(s)  # diverges above 0.05
+
+    for budget in (1, 2, 3):
+        calls.clear()
+        result = surrogate_search(exact, at(0.0), _nll(y), None, GRID, max_scorings=budget)
+        assert len(calls) == len(result.scores) <= budget
+        assert math.isfinite(result.scores[result.scale]) and result.scale <= 0.05
+        assert all(v == math.inf for s, v in result.scores.items() if s > 0.05)
+
+
+def _scoring_points(p, val):
+    X, y = val
+    _, score = p._split(ValSource(val))
+    return (X, y) if score is None else (X[score], y[score])
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: peg.PEG(n_members=8, grad_batch_size=32),
+        lambda: peg.PEG(n_members=8, grad_batch_size=32, params="last_layer"),
+        lambda: peg.PEP(n_members=8),
+    ],
+    ids=["peg", "peg-last-layer", "pep"],
+)
+def test_the_choice_on_a_small_base_is_within_one_se_of_a_dense_search(
+    overfit_mlp, moons_data, make
+):
+    """The default search's scale scores within one standard error (paired, per point) of the
+    best of 25 log-spaced scales over the grid's range, each scored exactly on every point."""
+    p = make().fit(overfit_mlp, moons_data["val"])
+    assert 1 <= len(p.search_) <= 3
+    Xs, ys = _scoring_points(p, moons_data["val"])
+
+    def losses(scale: float) -> torch.Tensor:
+        logits = p.ensemble_at(scale).member_logits(Xs, 512, progress=False)
+        return POINT_LOSSES["nll"](logits, ys).double()
+
+    grid = p.default_grid
+    dense = torch.logspace(math.log10(min(grid)), math.log10(max(grid)), 25).tolist()
+    reference = {s: losses(s) for s in dense}
+    best = min(reference, key=lambda s: float(reference[s].mean()))
+    scale = p.eta_ if isinstance(p, peg.PEG) else p.sigma_
+    d = losses(scale) - reference[best]
+    assert float(d.mean()) <= float(d.std()) / math.sqrt(len(d))
+
+
+def test_the_regression_search_uses_the_mixture_nll_per_point():
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(400, 1, generator=g) * 6 - 3
+    y = torch.sin(X[:, 0]) + 0.1 * torch.randn(400, generator=g)
+    torch.manual_seed(0)
+    model = peg.models.RegressionMLP(1, hidden=32)
+    train(model, (X, y), epochs=30, lr=0.01, optimizer="adam", progress=False,
+          loss=gaussian_nll_loss)  # fmt: skip
+    p = peg.PEG(n_members=6, grad_batch_size=32).fit(model.eval(), (X, y))
+    assert 1 <= len(p.search_) <= 3 and p.search_[p.eta_] == min(p.search_.values())
+    assert p.meta_["search"] == "surrogate"
+
+
+@pytest.mark.parametrize("setting", ["bases", "refresh", "last-layer"])
+def test_the_zero_node_is_every_members_own_base(setting, overfit_mlp, moons_data, bn_net):
+    """The search's node at scale 0 (one forward per base, mapped to the members) equals the
+    members themselves at scale 0: several bases, refreshed BatchNorm, a head after a trunk."""
+    from conftest import mlp
+
+    X, y = moons_data["val"]
+    if setting == "bases":
+        p = peg.PEG(n_members=3, grad_batch_size=32, eta=0.1)
+        p.fit([mlp(s).eval() for s in range(3)], (X, y))
+    elif setting == "refresh":
+        p = peg.PEG(n_members=3, grad_batch_size=32, eta=0.1, bn="refresh")
+        p.fit(bn_net, (X, y % 3), bn_data=X)
+    else:
+        p = peg.PEG(n_members=3, grad_batch_size=32, eta=0.1, params="last_layer")
+        p.fit(overfit_mlp, (X, y))
+    target = p.members_.search_target(X[:100], 50)
+    zero = target.bases().member_logits(target.inputs, 50)[torch.tensor(target.member_base)]
+    expected = target.at(0.0).member_logits(target.inputs, 50)
+    assert len(target.member_base) == len(p) and zero.shape == expected.shape
+    torch.testing.assert_close(zero, expected, rtol=1e-5, atol=1e-5)
