@@ -7,6 +7,7 @@ Everything is computed in float64.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -59,10 +60,12 @@ def checked_pred(pred: Any, name: str = "pred") -> Tensor:
 def prob_row_sums(t: Tensor, name: str = "pred") -> Tensor:
     """The float64 row sums `[N]` of probabilities `t` `[N, C]` (any floating dtype), checked:
     finite, non-negative, each within `PROB_ATOL` of 1. The probabilities are `t / sums`."""
-    sums = torch.cat([b.sum(-1, dtype=torch.float64) for b in t.split(block_rows(t))])
-    _check_finite(sums, name)  # as for member logits: NaN or inf makes its row's sum so
-    low = t.amin().item()
-    dev = (sums - 1).abs().max().item()
+    sums = by_blocks(t, lambda block, _: block.sum(-1, dtype=torch.float64))
+    # one synchronisation for all three checks; NaN or inf anywhere makes its row's sum, so
+    # the largest deviation, non-finite
+    low, dev = torch.stack([t.amin().double(), (sums - 1).abs().max()]).tolist()
+    if not math.isfinite(dev):
+        raise ValueError(f"{name}: expected finite values, got NaN or inf")
     if low < 0 or dev > PROB_ATOL:
         problem = (
             f"has negative values (min {low:.3g})"
@@ -76,11 +79,17 @@ def prob_row_sums(t: Tensor, name: str = "pred") -> Tensor:
     return sums
 
 
-def block_rows(t: Tensor) -> int:
-    """Rows of `t` `[N, C]` per block for work done a block at a time: ~2¹⁸ values (2 MiB in
-    float64, measured fastest on 10⁶ × 100), so that a float64 block stays in cache and no
-    whole-tensor float64 copy is made (slow to allocate)."""
-    return max(1, 2**18 // t.shape[-1])
+def by_blocks(t: Tensor, f: Callable[[Tensor, slice], Tensor]) -> Tensor:
+    """`f(block, rows)` `[B]` for blocks of rows `rows` of `t` `[N, C]`, concatenated `[N]`.
+
+    A block holds ~2¹⁸ values (2 MiB in float64; measured fastest on 10⁶ × 100), so that a
+    float64 copy of it stays in cache and no whole-tensor float64 copy (slow to allocate) is
+    made.
+    """
+    step = max(1, 2**18 // t.shape[-1])
+    if t.shape[0] <= step:  # one block (a streamed batch, often): no split, no concatenation
+        return f(t, slice(None))
+    return torch.cat([f(t[lo : lo + step], slice(lo, lo + step)) for lo in range(0, len(t), step)])
 
 
 def _check_finite(row_sums: Tensor, name: str) -> None:
@@ -144,7 +153,7 @@ def check_labels(
                 f"(e.g. {t[bad][0].item()})"
             )
     t = t.long()
-    lo, hi = t.min().item(), t.max().item()
+    lo, hi = torch.stack(torch.aminmax(t)).tolist()  # one synchronisation
     if lo < 0 or hi >= c:
         raise ValueError(
             f"{name}: expected labels in [0, {c}) (C = {c}), got min {lo} and max {hi}"

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from peg.metrics._inputs import block_rows, check_labels, checked_pred, log_probs_of, prob_row_sums
+from peg.metrics._inputs import by_blocks, check_labels, checked_pred, log_probs_of, prob_row_sums
 
 _SAME_SIZE_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -97,13 +97,12 @@ class Predictive:
 
     @cached_property
     def squared_error(self) -> Tensor:
-        """Σ_c (p̄_c - 1[c = y])² `[N]` float64, a block of rows at a time (the float64 block
-        stays in cache; exact near 0, unlike Σ p̄² - 2 p̄_y + 1)."""
-        p, out = self.probs, []
-        step = block_rows(p)
-        for lo in range(0, p.shape[0], step):
-            rows = slice(lo, lo + step)
-            q = self._scaled(p[rows], rows)
-            q[torch.arange(q.shape[0], device=q.device), self.labels[rows]] -= 1
-            out.append(q.mul_(q).sum(-1))
-        return torch.cat(out)
+        """Σ_c (p̄_c - 1[c = y])² `[N]` float64, a block of rows at a time (`by_blocks`; exact
+        near 0, unlike Σ p̄² - 2 p̄_y + 1)."""
+        return by_blocks(self.probs, self._block_squared_error)
+
+    def _block_squared_error(self, block: Tensor, rows: slice) -> Tensor:
+        q = self._scaled(block, rows)
+        minus_one = q.new_full((q.shape[0], 1), -1.0)
+        q.scatter_add_(1, self.labels[rows, None], minus_one)  # p̄_y - 1
+        return q.mul_(q).sum(-1)
