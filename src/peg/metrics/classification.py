@@ -34,13 +34,18 @@ def nll_of(pp: Predictive) -> float:
 
 def member_nll(member_logits: Any, y: Any) -> Tensor:
     """Per-member mean NLL, `[M]` float64, for member logits `[M, N, C]` and labels `[N]`."""
+    return member_nll_of(_members(member_logits, y))
+
+
+def _members(member_logits: Any, y: Any) -> Predictive:
+    """`Predictive` of `member_logits`, which must be member logits `[M, N, C]`."""
     z = checked_pred(member_logits, "member_logits")
     if z.ndim != 3:
         raise ValueError(
             f"member_logits: expected member logits [M, N, C], got shape {tuple(z.shape)} "
             f"(probabilities [N, C] have no members; use nll)"
         )
-    return member_nll_of(Predictive(z, y, "member_logits"))
+    return Predictive(z, y, "member_logits")
 
 
 def member_nll_of(pp: Predictive) -> Tensor:
@@ -57,7 +62,7 @@ def gibbs_nll(member_logits: Any, y: Any) -> float:
 
     By Jensen's inequality this is >= the ensemble `nll`, with equality for identical members.
     """
-    return float(member_nll(member_logits, y).mean())
+    return gibbs_nll_of(_members(member_logits, y))
 
 
 def gibbs_nll_of(pp: Predictive) -> float:
