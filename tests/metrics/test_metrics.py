@@ -191,6 +191,31 @@ def test_reliability_counts_sum_to_n_for_member_logits() -> None:
     assert 0.0 <= ece(z, y) <= mce(z, y) <= 1.0
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_predicted_class_is_the_first_maximum_in_every_float_dtype(dtype) -> None:
+    """The argmax runs on the bits read as integers: ties go to the first class, -0.0 and 0.0
+    are not the maximum, as with `max` on the float64 probabilities."""
+    p = torch.tensor(
+        [[0.25, 0.375, 0.375, 0.0], [-0.0, 0.5, 0.0, 0.5], [0.0, 0.0, 0.0, 1.0], [0.25] * 4]
+    ).to(dtype)
+    y = torch.tensor([2, 3, 3, 0])
+    # Predicted 1, 1, 3, 0 with confidences .375, .5, 1, .25: wrong, wrong, right, right.
+    assert error(p, y) == 0.5
+    r = reliability(p, y, bins=4)
+    assert r["count"].tolist() == [1, 2, 0, 1]
+    assert r["accuracy"][[0, 1, 3]].tolist() == [1.0, 0.0, 1.0]
+
+
+def test_ece_and_mce_agree_with_torchmetrics() -> None:
+    """An independent implementation (left-closed bins, which differ only on an edge; its
+    result is float32)."""
+    tm = pytest.importorskip("torchmetrics.functional.classification")
+    p, y = random_probs(5000, 7, seed=3)
+    for norm, ours in (("l1", ece), ("max", mce)):
+        theirs = float(tm.multiclass_calibration_error(p, y, 7, 15, norm))
+        assert ours(p, y) == pytest.approx(theirs, abs=1e-6)
+
+
 # --- all together, numpy, float32 ----------------------------------------------------------
 
 

@@ -22,9 +22,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from peg.metrics._inputs import as_pred, check_labels, ensemble_log_probs, ensemble_probs
-from peg.metrics.calibration import ece, mce, reliability
-from peg.metrics.classification import accuracy, brier, error, gibbs_nll, member_nll, nll
+from peg._inputs import check_positive_int
+from peg.metrics._inputs import check_labels, ensemble_log_probs, ensemble_probs
+from peg.metrics._predictive import Predictive
+from peg.metrics.calibration import ece, ece_of, mce, mce_of, reliability
+from peg.metrics.classification import (
+    accuracy,
+    brier,
+    brier_of,
+    error,
+    error_of,
+    gibbs_nll,
+    gibbs_nll_of,
+    member_nll,
+    nll,
+    nll_of,
+)
 from peg.metrics.ood import (
     OOD_SCORES,
     aupr,
@@ -95,14 +108,16 @@ def classification_metrics(
         y: labels `[N]`.
         bins, min_count: ECE/MCE binning (see `ece`).
     """
-    pred = as_pred(pred)  # validate and convert once
+    bins = check_positive_int(bins, "bins")
+    min_count = check_positive_int(min_count, "min_count")
+    pp = Predictive(pred, y)  # validated once; the maximum and the true class found once
     out = {
-        "nll": nll(pred, y),
-        "error": error(pred, y),
-        "brier": brier(pred, y),
-        "ece": ece(pred, y, bins, min_count),
-        "mce": mce(pred, y, bins, min_count),
+        "nll": nll_of(pp),
+        "error": error_of(pp),
+        "brier": brier_of(pp),
+        "ece": ece_of(pp, bins, min_count),
+        "mce": mce_of(pp, bins, min_count),
     }
-    if pred.ndim == 3:
-        out["gibbs_nll"] = gibbs_nll(pred, y)
+    if pp.members:
+        out["gibbs_nll"] = gibbs_nll_of(pp)
     return out

@@ -4,8 +4,9 @@ Bins are equal-width on [0, 1] and right-closed, (lo, hi], except that the first
 holds confidence 0; confidence 1 is in the last bin. Edges are i / bins (correctly rounded),
 so a float64 confidence equal to an edge such as 0.2 goes to the bin below it.
 
-`binned_ece` / `binned_mce` compute ECE and MCE from per-bin statistics; `ece`, `mce`,
-`peg.metrics.StreamingMetrics` and the reliability diagrams of `peg.plots` all go through them.
+`bin_sums` gathers the per-bin statistics and `binned_ece` / `binned_mce` compute ECE and MCE
+from them; `ece`, `mce`, `peg.metrics.StreamingMetrics` and the reliability diagrams of
+`peg.plots` all go through them.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from torch import Tensor
 
 from peg._inputs import check_positive_int
-from peg.metrics._inputs import pred_and_labels
+from peg.metrics._predictive import Predictive
 
 
 def reliability(pred: Any, y: Any, bins: int = 15) -> dict[str, Tensor]:
@@ -33,19 +34,38 @@ def reliability(pred: Any, y: Any, bins: int = 15) -> dict[str, Tensor]:
         (int64, summing to N).
     """
     bins = check_positive_int(bins, "bins")
-    p, y = pred_and_labels(pred, y, log=False)
-    conf, label = p.max(-1)
-    correct = (label == y).double()
-    edges = torch.arange(bins + 1, dtype=torch.float64, device=conf.device) / bins
-    # right=False: a value equal to an inner edge gets the lower bin; 1.0 gets the last bin.
-    idx = torch.bucketize(conf, edges[1:-1], right=False)
-    count = torch.bincount(idx, minlength=bins)
+    return reliability_of(Predictive(pred, y), bins)
+
+
+def reliability_of(pp: Predictive, bins: int) -> dict[str, Tensor]:
+    """`reliability` of validated predictions."""
+    conf = pp.top[0]
+    count, conf_sum, correct_sum = bin_sums(conf, pp.correct, bins)
     nonempty = count > 0
     nan = torch.tensor(float("nan"), dtype=torch.float64, device=conf.device)
     denom = count.clamp(min=1).double()
-    mean_conf = torch.where(nonempty, torch.bincount(idx, conf, minlength=bins) / denom, nan)
-    mean_acc = torch.where(nonempty, torch.bincount(idx, correct, minlength=bins) / denom, nan)
-    return {"edges": edges, "confidence": mean_conf, "accuracy": mean_acc, "count": count}
+    return {
+        "edges": bin_edges(bins, conf.device),
+        "confidence": torch.where(nonempty, conf_sum / denom, nan),
+        "accuracy": torch.where(nonempty, correct_sum / denom, nan),
+        "count": count,
+    }
+
+
+def bin_edges(bins: int, device: torch.device | None = None) -> Tensor:
+    """The bin edges i / bins, i = 0 .. bins, `[bins + 1]` float64 (each correctly rounded)."""
+    return torch.arange(bins + 1, dtype=torch.float64, device=device) / bins
+
+
+def bin_sums(conf: Tensor, correct: Tensor, bins: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-bin count (int64), sum of confidences and number correct (float64), each `[bins]`,
+    of confidences `conf` `[N]` float64 and correctness `correct` `[N]` bool: the sufficient
+    statistics of the reliability diagram, ECE and MCE (one-shot and streaming)."""
+    # right=False: a value equal to an inner edge gets the lower bin; 1.0 gets the last bin.
+    idx = torch.bucketize(conf, bin_edges(bins, conf.device)[1:-1], right=False)
+    count = torch.bincount(idx, minlength=bins)
+    conf_sum = torch.bincount(idx, conf, minlength=bins)
+    return count, conf_sum, torch.bincount(idx, correct.double(), minlength=bins)
 
 
 def _bin_gaps(
@@ -85,7 +105,13 @@ def ece(pred: Any, y: Any, bins: int = 15, min_count: int = 1) -> float:
             of points, so dropped bins contribute 0 rather than being renormalised away.
     """
     check_positive_int(min_count, "min_count")  # before binning, so a bad value fails first
-    r = reliability(pred, y, bins)
+    bins = check_positive_int(bins, "bins")
+    return ece_of(Predictive(pred, y), bins, min_count)
+
+
+def ece_of(pp: Predictive, bins: int, min_count: int) -> float:
+    """`ece` of validated predictions."""
+    r = reliability_of(pp, bins)
     return binned_ece(r["confidence"], r["accuracy"], r["count"], min_count)
 
 
@@ -106,5 +132,11 @@ def mce(pred: Any, y: Any, bins: int = 15, min_count: int = 1) -> float:
         min_count: smallest bin counted; 0.0 if no bin has that many points.
     """
     check_positive_int(min_count, "min_count")  # before binning, so a bad value fails first
-    r = reliability(pred, y, bins)
+    bins = check_positive_int(bins, "bins")
+    return mce_of(Predictive(pred, y), bins, min_count)
+
+
+def mce_of(pp: Predictive, bins: int, min_count: int) -> float:
+    """`mce` of validated predictions."""
+    r = reliability_of(pp, bins)
     return binned_mce(r["confidence"], r["accuracy"], r["count"], min_count)

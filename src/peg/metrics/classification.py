@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import Tensor
 
-from peg.metrics._inputs import as_pred, check_labels, pred_and_labels
+from peg.metrics._inputs import checked_pred
+from peg.metrics._predictive import Predictive
 
 
 def nll(pred: Any, y: Any) -> float:
@@ -24,21 +24,33 @@ def nll(pred: Any, y: Any) -> float:
     For member logits the ensemble probability is the mean of member softmaxes, evaluated in
     log space (stable when logits saturate). A zero probability on the true class gives +inf.
     """
-    log_p, y = pred_and_labels(pred, y)
-    return float(-log_p.gather(1, y[:, None]).mean())
+    return nll_of(Predictive(pred, y))
+
+
+def nll_of(pp: Predictive) -> float:
+    """`nll` of validated predictions."""
+    return float(-pp.true_log_prob.mean())
 
 
 def member_nll(member_logits: Any, y: Any) -> Tensor:
     """Per-member mean NLL, `[M]` float64, for member logits `[M, N, C]` and labels `[N]`."""
-    z = as_pred(member_logits, "member_logits")
+    return member_nll_of(_members(member_logits, y))
+
+
+def _members(member_logits: Any, y: Any) -> Predictive:
+    """`Predictive` of `member_logits`, which must be member logits `[M, N, C]`."""
+    z = checked_pred(member_logits, "member_logits")
     if z.ndim != 3:
         raise ValueError(
             f"member_logits: expected member logits [M, N, C], got shape {tuple(z.shape)} "
             f"(probabilities [N, C] have no members; use nll)"
         )
-    y = check_labels(y, z.shape[1], z.shape[2], device=z.device)
-    log_p = z.log_softmax(-1)
-    return -log_p.gather(2, y.expand(z.shape[0], -1)[..., None]).squeeze(-1).mean(1)
+    return Predictive(z, y, "member_logits")
+
+
+def member_nll_of(pp: Predictive) -> Tensor:
+    """`member_nll` of validated member logits."""
+    return -pp.member_true_log.mean(1)
 
 
 def gibbs_nll(member_logits: Any, y: Any) -> float:
@@ -50,7 +62,12 @@ def gibbs_nll(member_logits: Any, y: Any) -> float:
 
     By Jensen's inequality this is >= the ensemble `nll`, with equality for identical members.
     """
-    return float(member_nll(member_logits, y).mean())
+    return gibbs_nll_of(_members(member_logits, y))
+
+
+def gibbs_nll_of(pp: Predictive) -> float:
+    """`gibbs_nll` of validated member logits."""
+    return float(member_nll_of(pp).mean())
 
 
 def error(pred: Any, y: Any) -> float:
@@ -60,8 +77,12 @@ def error(pred: Any, y: Any) -> float:
         pred: probabilities `[N, C]` or member logits `[M, N, C]`.
         y: labels `[N]`.
     """
-    log_p, y = pred_and_labels(pred, y)
-    return float((log_p.argmax(-1) != y).double().mean())
+    return error_of(Predictive(pred, y))
+
+
+def error_of(pp: Predictive) -> float:
+    """`error` of validated predictions."""
+    return float((~pp.correct).double().mean())
 
 
 def accuracy(pred: Any, y: Any) -> float:
@@ -77,7 +98,10 @@ def brier(pred: Any, y: Any, normalize: bool = False) -> float:
         y: labels `[N]`.
         normalize: divide by C, as in the PEG paper (1/N Σ_n 1/C Σ_c (...)²), range [0, 2/C].
     """
-    p, y = pred_and_labels(pred, y, log=False)
-    onehot = torch.nn.functional.one_hot(y, p.shape[1]).to(p.dtype)
-    score = (p - onehot).pow(2).sum(-1).mean()
-    return float(score / p.shape[1] if normalize else score)
+    return brier_of(Predictive(pred, y), normalize)
+
+
+def brier_of(pp: Predictive, normalize: bool = False) -> float:
+    """`brier` of validated predictions."""
+    score = pp.squared_error.mean()
+    return float(score / pp.num_classes if normalize else score)

@@ -7,7 +7,8 @@
 
 The state is sums (NLL, Brier, errors, Gibbs NLL, count) and, per confidence bin, the count, the
 sum of confidences and the number correct — the sufficient statistics of the one-shot
-`peg.metrics` functions, with the same log-space ensemble NLL and the same right-closed bins.
+`peg.metrics` functions, computed by the same code (`peg.metrics._predictive.Predictive` per
+row, `peg.metrics.calibration.bin_sums` per bin).
 OOD scores are kept per sample (`StreamingOOD`), since AUROC/AUPR need their ranks.
 """
 
@@ -19,8 +20,9 @@ import torch
 from torch import Tensor
 
 from peg._inputs import check_positive_int
-from peg.metrics._inputs import as_pred, check_labels, log_probs_of
-from peg.metrics.calibration import binned_ece, binned_mce
+from peg.metrics._inputs import as_pred
+from peg.metrics._predictive import Predictive
+from peg.metrics.calibration import bin_sums, binned_ece, binned_mce
 from peg.metrics.ood import OOD_SCORES, aupr, auroc, fpr_at_tpr
 
 
@@ -35,7 +37,6 @@ class StreamingMetrics:
     def __init__(self, bins: int = 15, min_count: int = 1) -> None:
         self.bins = check_positive_int(bins, "bins")
         self.min_count = check_positive_int(min_count, "min_count")
-        self.edges = torch.arange(self.bins + 1, dtype=torch.float64) / self.bins
         self.reset()
 
     def reset(self) -> None:
@@ -49,39 +50,24 @@ class StreamingMetrics:
 
     def update(self, pred: Any, y: Any) -> None:
         """Add a batch: probabilities `[B, C]` or member logits `[M, B, C]`, labels `[B]`."""
-        p = as_pred(pred)
-        C = p.shape[-1]
+        pp = Predictive(pred, y)  # validated; the one-shot metrics' per-row quantities
         if self.num_classes is None:
-            self.num_classes, self.members = C, p.ndim == 3
-        elif self.num_classes != C or (p.ndim == 3) != self.members:
+            self.num_classes, self.members = pp.num_classes, pp.members
+        elif self.num_classes != pp.num_classes or pp.members != self.members:
             raise ValueError(
                 f"pred: every batch must have the same kind and classes; first [.., "
-                f"{self.num_classes}], members={self.members}; got shape {tuple(p.shape)}"
+                f"{self.num_classes}], members={self.members}; got shape {tuple(pp.shape)}"
             )
-        labels = check_labels(y, p.shape[-2], C, device=p.device)
-        rows = torch.arange(len(labels), device=p.device)
-        if p.ndim == 3:  # member logits, through log space as the one-shot metrics
-            member_log = p.log_softmax(-1)  # [M, B, C], computed once for both NLLs
-            log_p = log_probs_of(member_log, normalized=True)
-            probs = log_p.exp()
-            p_true_log = log_p[rows, labels]
-            self.sums["gibbs_nll"] += float(-member_log[:, rows, labels].mean(0).sum())
-        else:  # probabilities: only the true class's log is needed
-            probs = p
-            p_true_log = p[rows, labels].log()
-        self.sums["nll"] += float(-p_true_log.sum())
-        conf, top = probs.max(-1)
-        correct = (top == labels).double()
-        self.sums["errors"] += float(len(labels) - correct.sum())
-        # Σ_c (p_c - 1[c = y])² = Σ_c p_c² - 2 p_y + 1, in one pass over [B, C]
-        flat = probs.reshape(-1)
-        p_true = probs[rows, labels]
-        self.sums["brier"] += float(flat.dot(flat) - 2 * p_true.sum() + len(labels))
-        idx = torch.bucketize(conf.cpu(), self.edges[1:-1], right=False)
-        self.bin_count += torch.bincount(idx, minlength=self.bins).double()
-        self.bin_conf += torch.bincount(idx, conf.cpu(), minlength=self.bins)
-        self.bin_correct += torch.bincount(idx, correct.cpu(), minlength=self.bins)
-        self.n += len(labels)
+        if pp.members:
+            self.sums["gibbs_nll"] += float(-pp.member_true_log.mean(0).sum())
+        self.sums["nll"] += float(-pp.true_log_prob.sum())
+        self.sums["errors"] += float((~pp.correct).sum())
+        self.sums["brier"] += float(pp.squared_error.sum())
+        count, conf_sum, correct_sum = (s.cpu() for s in bin_sums(pp.top[0], pp.correct, self.bins))
+        self.bin_count += count.double()
+        self.bin_conf += conf_sum
+        self.bin_correct += correct_sum
+        self.n += len(pp.labels)
 
     def compute(self) -> dict[str, float]:
         """The metrics of everything added so far (as `peg.metrics.classification_metrics`)."""

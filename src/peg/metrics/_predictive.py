@@ -1,0 +1,108 @@
+"""`Predictive`: validated predictions and labels, and the per-row quantities the metrics need.
+
+Every classification metric (`nll`, `error`, `brier`, `reliability` / `ece` / `mce`, one-shot
+and `StreamingMetrics`) reads these `[N]` float64 quantities, each computed once per object:
+
+- probabilities `[N, C]` are not copied to float64. p̄ = p / s with s the float64 row sums, and
+  the division is applied to the `[N]` quantities only (max, true class) or a block of rows at
+  a time (Brier). Dividing by s > 0 is correctly rounded and monotone, so max_c p_c / s equals
+  max_c (p_c / s) exactly: the values are those of the renormalised float64 matrix.
+- member logits `[M, N, C]` go through log space in float64: log p̄ = logsumexp_m(log_softmax
+  (z_m)) - log M (`log_probs_of`), p̄ = exp(log p̄).
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from peg.metrics._inputs import by_blocks, check_labels, checked_pred, log_probs_of, prob_row_sums
+
+_SAME_SIZE_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+class Predictive:
+    """Validated `pred` (probabilities `[N, C]` or member logits `[M, N, C]`) and labels `y` `[N]`.
+
+    Attributes: `members` (member logits given), `labels` `[N]` int64 on `pred`'s device,
+    `shape` (of `pred`), `num_classes`; the cached properties below are computed on first use.
+    """
+
+    def __init__(self, pred: Any, y: Any, name: str = "pred") -> None:
+        t = checked_pred(pred, name)
+        self.members = t.ndim == 3
+        if self.members:
+            self.member_log = t.log_softmax(-1)  # [M, N, C], shared by the NLL and Gibbs NLL
+            self._probs, self._sums = None, None
+        else:
+            self._probs, self._sums = t, prob_row_sums(t, name)
+        self.shape, self.num_classes = tuple(t.shape), t.shape[-1]
+        self.labels = check_labels(y, t.shape[-2], self.num_classes, device=t.device)
+
+    @cached_property
+    def log_probs(self) -> Tensor:
+        """Member logits only: log p̄ `[N, C]` float64, in log space."""
+        return log_probs_of(self.member_log, normalized=True)
+
+    @property
+    def probs(self) -> Tensor:
+        """p̄ `[N, C]` up to each row's scale (see `_scaled`): the given probabilities (any
+        float dtype) or exp(log p̄) of members (float64, exact)."""
+        return self._member_probs if self.members else self._probs
+
+    @cached_property
+    def _member_probs(self) -> Tensor:
+        return self.log_probs.exp()
+
+    def _scaled(self, v: Tensor, rows: slice = slice(None)) -> Tensor:
+        """`v` (values of `probs`, `[N]` or `[B, C]` for rows `rows`) as values of p̄, in a new
+        float64 tensor (the caller may change it in place)."""
+        if self._sums is None:
+            return v.to(torch.float64, copy=True)
+        sums = self._sums[rows]
+        return torch.div(v, sums if v.ndim == 1 else sums[:, None])  # promoted to float64
+
+    @cached_property
+    def top(self) -> tuple[Tensor, Tensor]:
+        """(confidence max_c p̄_c `[N]` float64, predicted class `[N]` int64, the first on ties)."""
+        p = self.probs
+        # Non-negative floats order as their bits read as integers (-0.0 reads as the smallest
+        # but is never a row's maximum: rows sum to ~1), and an argmax of integers is ~2 x
+        # faster than one of floats or `max` on the CPU.
+        cls = p.view(_SAME_SIZE_INT[p.element_size()]).argmax(-1)
+        return self._scaled(p.gather(1, cls[:, None]).squeeze(1)), cls
+
+    @cached_property
+    def correct(self) -> Tensor:
+        """Whether the predicted class is the label, `[N]` bool."""
+        return self.top[1] == self.labels
+
+    @cached_property
+    def true_log_prob(self) -> Tensor:
+        """log p̄_y `[N]` float64 (-inf where p̄_y = 0)."""
+        y = self.labels[:, None]
+        if self.members:
+            return self.log_probs.gather(1, y).squeeze(1)
+        return self._scaled(self._probs.gather(1, y).squeeze(1)).log()
+
+    @cached_property
+    def member_true_log(self) -> Tensor:
+        """Member logits only: log softmax(z_m)_y `[M, N]` float64."""
+        m = self.member_log.shape[0]
+        index = self.labels.expand(m, -1)[..., None]
+        return self.member_log.gather(2, index).squeeze(-1)
+
+    @cached_property
+    def squared_error(self) -> Tensor:
+        """Σ_c (p̄_c - 1[c = y])² `[N]` float64, a block of rows at a time (`by_blocks`; exact
+        near 0, unlike Σ p̄² - 2 p̄_y + 1)."""
+        return by_blocks(self.probs, self._block_squared_error)
+
+    def _block_squared_error(self, block: Tensor, rows: slice) -> Tensor:
+        q = self._scaled(block, rows)
+        minus_one = q.new_full((q.shape[0], 1), -1.0)
+        q.scatter_add_(1, self.labels[rows, None], minus_one)  # p̄_y - 1
+        return q.mul_(q).sum(-1)
