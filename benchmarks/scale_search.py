@@ -5,8 +5,9 @@ Target (issue 15): the default search for PEG and PEP costs at most 3 exact scor
 members on the scoring points, once) beyond the gradients / noise draws, and picks a scale
 whose exact held-out score is within one standard error (of the paired per-point score
 difference) of the best score of a dense reference search: 25 log-spaced scales over the
-grid's range (PEG: 1e-3…1; PEP: its bracket), every scoring point scored. Reported per base and
-method: the scale chosen, the exact scorings it took, its score minus the reference's best in
+grid's range (PEG: 1e-3…1; PEP: its bracket), every scoring point scored, continued at the
+same spacing past an edge (at most 3 decades) while the best is on that edge. Reported per base
+and method: the scale chosen, the exact scorings it took, its score minus the reference's best in
 standard errors (negative: better than every reference scale, found outside the grid's range),
 and the time to build the ensemble (search included) against one epoch of training the base
 and against fitting temperature scaling — for the surrogate search ("after") and the golden
@@ -58,6 +59,7 @@ from peg.train import Recipe, train
 
 CACHE = Path(".peg-cache")
 REFERENCE_SCALES = 25
+EXTEND_DECADES = 3  # how far past an edge of the grid's range the reference may go
 
 
 @dataclasses.dataclass
@@ -182,6 +184,10 @@ def _scoring_points(fitted: PEG | PEP, val: tuple[Tensor, Tensor]) -> tuple[Tens
     return X[score], y[score]
 
 
+def _best(scores: dict[float, Tensor]) -> float:
+    return min(scores, key=lambda s: float(scores[s].mean()))
+
+
 def _compare(case: Case, method: str, repeats: int, ts_seconds: float, epoch: float) -> None:
     make = PEG if method == "PEG" else PEP
     options: dict[str, Any] = {"n_members": 15, "seed": 0, "progress": False}
@@ -198,10 +204,8 @@ def _compare(case: Case, method: str, repeats: int, ts_seconds: float, epoch: fl
         )
     after = fits["surrogate"]
     Xs, ys = _scoring_points(after, case.val)
-    grid = after.default_grid
-    scales = torch.logspace(
-        math.log10(min(grid)), math.log10(max(grid)), REFERENCE_SCALES, dtype=torch.float64
-    ).tolist()
+    lo, hi = (math.log(s) for s in (min(after.default_grid), max(after.default_grid)))
+    step = (hi - lo) / (REFERENCE_SCALES - 1)
 
     def losses(fitted: PEG | PEP, scale: float) -> Tensor:
         outputs = fitted.ensemble_at(scale).member_logits(Xs, 512, progress=False)
@@ -209,12 +213,20 @@ def _compare(case: Case, method: str, repeats: int, ts_seconds: float, epoch: fl
             return torch.full((len(ys),), math.inf, dtype=torch.float64)
         return _point_losses(outputs, ys, case.regression)
 
+    limit = math.ceil(EXTEND_DECADES * math.log(10) / step)
     start = time.perf_counter()
-    reference = {s: losses(after, s) for s in scales}
+    reference = {math.exp(lo + i * step): None for i in range(REFERENCE_SCALES)}
+    reference = {s: losses(after, s) for s in reference}
+    for edge, sign in ((lo, -1), (hi, 1)):  # best on an edge: go on at the same spacing
+        k = 1
+        while _best(reference) == math.exp(edge + sign * (k - 1) * step) and k <= limit:
+            scale = math.exp(edge + sign * k * step)
+            reference[scale] = losses(after, scale)
+            k += 1
     dense = time.perf_counter() - start
-    best = min(reference, key=lambda s: float(reference[s].mean()))
+    best = _best(reference)
     name = "η" if method == "PEG" else "σ"
-    print(f"  {method}-15: dense reference {REFERENCE_SCALES} scales in {dense:.1f} s, best "
+    print(f"  {method}-15: dense reference {len(reference)} scales in {dense:.1f} s, best "
           f"{name} = {best:.3g}, score {float(reference[best].mean()):.4f}")  # fmt: skip
     for search, label in (("golden", "before: golden, raced"), ("surrogate", "after: surrogate")):
         fitted = fits[search]

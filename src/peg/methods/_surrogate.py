@@ -17,12 +17,13 @@ the criterion at any scale costs arithmetic on `[M, N, C]` tensors instead of M 
    range is searched, after that at most `TRUST` × the largest exactly scored scale, since a
    polynomial is trusted only a little beyond its last node;
 3. stops when (for "nll" and "brier", and the regression "nll": means of per-point losses)
-   the minimiser's predicted gain over the best scale scored is below `INDIFFERENCE` standard
-   errors of their paired per-point difference — the candidates left are statistically tied
-   with it, and scoring them would decide nothing that matters: an indifference zone, which
-   narrows as the scoring points grow, not a tolerance in the scale — or when the minimiser
-   lies within `NEAR` (5%) of a scale already scored; otherwise it scores the minimiser
-   exactly, adds it as a node, and goes to 2;
+   the minimiser lies below the largest scale scored (where the polynomial interpolates: an
+   extrapolated minimiser is always checked) and its predicted gain over the best scale scored
+   is below `INDIFFERENCE` standard errors of their paired per-point difference — the
+   candidates left are statistically tied with it, and scoring them would decide nothing that
+   matters: an indifference zone, which narrows as the scoring points grow, not a tolerance in
+   the scale — or when the minimiser lies within `NEAR` (5%) of a scale already scored;
+   otherwise it scores the minimiser exactly, adds it as a node, and goes to 2;
 4. at most `max_scorings` exact scorings in all (default 3); the choice is the best of the
    scales scored exactly, never an interpolated one.
 
@@ -165,7 +166,8 @@ def surrogate_search(
         if min(abs(math.log(scale / s)) for s in scores) < math.log(NEAR):
             break
         best = min(scores, key=scores.__getitem__)
-        if point_losses is not None and best in losses:
+        inside = scale <= NEAR * max(interpolant.nodes)  # interpolated, not extrapolated
+        if point_losses is not None and best in losses and inside:
             d = losses[best] - point_losses(interpolant(scale)).double()  # > 0: predicted gain
             if float(d.mean()) <= INDIFFERENCE * float(d.std()) / math.sqrt(len(d)):
                 break
