@@ -275,6 +275,20 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
     ("PEP", "race not a number", lambda: peg.PEP(race="z"), ValueError, "race"),
     (
         "PEG",
+        "unknown direction",
+        lambda: peg.PEG(direction="up"),
+        ValueError,
+        r"direction: expected 'descent' or 'ascent'",
+    ),
+    (
+        "PEG",
+        "ascent with the unbiased variant",
+        lambda: peg.PEG(variant="unbiased", direction="ascent"),
+        ValueError,
+        r"direction: 'ascent' applies to variant='vanilla' only",
+    ),
+    (
+        "PEG",
         "unknown search",
         lambda: peg.PEG(search="grid"),
         ValueError,

@@ -78,6 +78,26 @@ def test_every_member_is_one_sgd_step_from_theta(overfit_mlp, moons_data, reduct
             torch.testing.assert_close(member[k], v, rtol=1e-5, atol=1e-6)
 
 
+def test_the_ascent_step_is_the_descent_step_negated(overfit_mlp, moons_data, tmp_path):
+    """direction="ascent" (Algorithm 1 read literally): θ + η∇L(θ; Bᵢ), the same mini-batches;
+    recorded in the metadata and the recipe, which rebuilds it."""
+    val = moons_data["val"]
+    options = {"n_members": 4, "grad_batch_size": 32, "eta": 0.05, "seed": 3}
+    down = peg.PEG(**options).fit(overfit_mlp, val)
+    up = peg.PEG(**options, direction="ascent").fit(overfit_mlp, val)
+    torch.testing.assert_close(up.directions_[0], -down.directions_[0], rtol=0, atol=0)
+    assert up.meta_["direction"] == "ascent" and down.meta_["direction"] == "descent"
+    theta = overfit_mlp.state_dict()["0.weight"]
+    step = up.ensemble_.member_state(0)["0.weight"] - theta
+    torch.testing.assert_close(step, theta - down.ensemble_.member_state(0)["0.weight"])
+    up.save(tmp_path / "up")
+    loaded = peg.load(tmp_path / "up", overfit_mlp, val=val)
+    assert loaded.meta["direction"] == "ascent"
+    torch.testing.assert_close(loaded.member_logits(val[0]), up.member_logits(val[0]))
+    searched = peg.PEG(**{**options, "eta": "search"}, direction="ascent").fit(overfit_mlp, val)
+    assert 1 <= len(searched.search_) <= 3  # the search runs on the ascent members
+
+
 def test_gradient_reuse_equals_members_built_one_at_a_time(overfit_mlp, moons_data):
     searched = peg.PEG(n_members=4, grad_batch_size=32, eta=[0.01, 0.1, 1.0], eta_holdout=0.0).fit(
         overfit_mlp, moons_data["val"]

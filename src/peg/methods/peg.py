@@ -2,7 +2,8 @@
 
 Member i of base model θ is one gradient step from θ on a random validation mini-batch Bᵢ:
 
-    θᵢ = θ − η · ∇L(θ; Bᵢ)          (vanilla, Algorithm 1; every step restarts from θ)
+    θᵢ = θ − η · ∇L(θ; Bᵢ)          (vanilla, Algorithm 1; every step restarts from θ;
+                                     `direction="ascent"`: θ + η · ∇L(θ; Bᵢ), see below)
 
 and, for the unbiased variant (§3, Claim 1: E[θᵢ − θ] = 0),
 
@@ -12,8 +13,14 @@ Given a list of models (or an `Ensemble`), PEG runs on each (Algorithm 2): Q·R 
 
 Choices the paper leaves open (each an option, recorded in the saved ensemble):
 - L is the **mean cross-entropy** of the mini-batch (`reduction="sum"` sums instead; a custom
-  per-sample `loss` allows e.g. Gaussian NLL for regression). The paper writes the step on the
-  log-likelihood; a descent step on the loss is the same step.
+  per-sample `loss` allows e.g. Gaussian NLL for regression).
+- The sign of the step. Algorithm 1 writes θᵢ ← θ − η·∇θ p_θ(Bᵢ) with p_θ(B) the mean
+  **log-likelihood** (§2): read literally, a step *up* the loss, away from fitting Bᵢ. It is not
+  the same step as descending the loss: it is its opposite. We take the descent step
+  (`direction="descent"`, the default, DESIGN.md's choice: each member is one SGD step on its
+  mini-batch, which is what the paper's text describes); `direction="ascent"` takes the literal
+  reading, θᵢ = θ + η·∇L(θ; Bᵢ). The unbiased variant's step is symmetric in sign (a and the
+  two mini-batch gradients enter with either sign alike), so it takes the default only.
 - The gradient pass runs with BatchNorm in **eval mode** (`bn="eval"`); `bn="batch"` uses
   batch statistics for the gradient pass (running statistics are left untouched);
   `bn="refresh"` re-estimates every member's running statistics on training data (`bn_data`),
@@ -80,6 +87,10 @@ class PEG(PerturbationEnsemble):
         eta: step length η: a number > 0, a list of candidates, or "search" (see module doc).
         seed: seeds every mini-batch draw (and `a` in the unbiased variant).
         variant: "vanilla" (Algorithm 1) or "unbiased" (§3, Claim 1).
+        direction: the vanilla step's sign: "descent" (default: θ − η·∇L, one SGD step on the
+            mini-batch) or "ascent" (θ + η·∇L: Algorithm 1 read literally, its p_θ being the
+            log-likelihood; see the module docstring). The unbiased variant is symmetric in
+            sign and takes "descent" only.
         reduction: "mean" (default) or "sum" of the per-sample losses in a mini-batch.
         bn: "eval" (default), "batch" or "refresh" (needs `fit(..., bn_data=...)`).
         loss: per-sample loss `loss(outputs [B, C], y [B]) -> [B]`; default
@@ -185,6 +196,7 @@ class PEG(PerturbationEnsemble):
         race: float = 3.0,
         batch_fn: BatchFn | None = None,
         search: Literal["surrogate", "golden"] = "surrogate",
+        direction: Literal["descent", "ascent"] = "descent",
     ) -> None:
         store_arguments(self, locals())
 
@@ -193,6 +205,13 @@ class PEG(PerturbationEnsemble):
         check_positive_int(self.grad_batch_size, "grad_batch_size")
         if self.variant not in ("vanilla", "unbiased"):
             raise ValueError(f"variant: expected 'vanilla' or 'unbiased', got {self.variant!r}")
+        if self.direction not in ("descent", "ascent"):
+            raise ValueError(f"direction: expected 'descent' or 'ascent', got {self.direction!r}")
+        if self.variant == "unbiased" and self.direction != "descent":
+            raise ValueError(
+                f"direction: {self.direction!r} applies to variant='vanilla' only; the unbiased "
+                "variant's step is symmetric in sign (pass direction='descent')"
+            )
         if self.reduction not in ("mean", "sum"):
             raise ValueError(f"reduction: expected 'mean' or 'sum', got {self.reduction!r}")
         if self.loss is not None and not callable(self.loss):
@@ -226,6 +245,7 @@ class PEG(PerturbationEnsemble):
             **options,
             "grad_batch_size": self.grad_batch_size,
             "variant": self.variant,
+            "direction": self.direction,
             "reduction": self.reduction,
             "eta_holdout": self._holdout,
             "val_batches": self.val_batches,
@@ -237,6 +257,7 @@ class PEG(PerturbationEnsemble):
         return {
             "grad_batch_size": self.grad_batch_size,
             "variant": self.variant,
+            "direction": self.direction,
             "reduction": self.reduction,
             "loss": getattr(self.loss, "__name__", "callable") if self.loss else "default",
             **(
@@ -326,7 +347,9 @@ class PEG(PerturbationEnsemble):
             """Member i's row, written into `out` `[P]`."""
             gen = generator(self.seed, MEMBER, r, i)
             if self.variant == "vanilla":
-                grad(gen, f"member {i}", out=out).neg_()
+                g = grad(gen, f"member {i}", out=out)
+                if self.direction == "descent":
+                    g.neg_()
                 return
             g1, g2 = grad(gen, f"member {i}"), grad(gen, f"member {i}")
             a = torch.randn((), generator=gen).item()
