@@ -23,7 +23,7 @@ samplers fitted to a trajectory's checkpoints: "diagonal-gaussian", "low-rank-ga
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
@@ -137,6 +137,16 @@ def entry(key: str) -> type[Builder]:
 def configure(key: str, site: Site, options: Mapping[str, Any] | None = None) -> Builder:
     """The method `key` with `options`, checked (TypeError / ValueError) but not fitted."""
     return entry(key)(site, dict(options or {}))
+
+
+def check_all(methods: Iterable[tuple[str, str, Mapping[str, Any]]], site: Site) -> None:
+    """Configure every `(name, key, options)` once, so that bad options fail before anything
+    is fitted or trained: a ValueError naming `methods[i] (name)`."""
+    for i, (name, key, options) in enumerate(methods):
+        try:
+            configure(key, site, options)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"methods[{i}] ({name}): {e}") from None
 
 
 def build(key: str, site: Site, /, **options: Any) -> Any:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from peg import distributed, metrics
+from peg import distributed
 from peg._env import git_commit, machine
 from peg._progress import bar
 from peg.apps import registry
@@ -32,21 +32,14 @@ from peg.apps.bench.seed import SeedRun, fit_images
 from peg.apps.bench.spec import SWAG_BASES, MethodSpec, Spec
 from peg.apps.bench.tables import OOD_ROWS, ROWS, markdown_table
 from peg.apps.results import write_results
-from peg.metrics.ood import ood_metrics
-
-CLASSIFICATION = ("nll", "error", "brier", "ece", "mce")
-OOD = ("auroc", "aupr", "aupr_in", "fpr95")
+from peg.apps.scores import labelled_metrics, ood_detection
 
 
 def check_methods(spec: Spec) -> None:
     """Configure every method once (`peg.apps.registry`) so bad options fail before any
     training."""
     site = registry.Site(seed=spec.seeds[0], progress=False, score_points=spec.score_points)
-    for i, method in enumerate(spec.methods):
-        try:
-            registry.configure(method.method, site, method.options)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"methods[{i}] ({method.name}): {e}") from None
+    registry.check_all(((m.name, m.method, m.options) for m in spec.methods), site)
 
 
 def _summary(values: list[float]) -> dict[str, float]:
@@ -156,14 +149,11 @@ def _per_seed(
             for name, value in logits.items():
                 cell = per_seed.setdefault(name, {}).setdefault(method.name, {})
                 if name.endswith("(OOD)"):
-                    m = ood_metrics(logits["test"], value, spec.ood_score)
-                    m = {"auroc": m["auroc"], "aupr": m["aupr_out"], "aupr_in": m["aupr_in"],
-                         "fpr95": m["fpr95"]}  # fmt: skip
+                    m = ood_detection(logits["test"], value, spec.ood_score)
                 else:
-                    m = metrics.classification_metrics(value, y)
+                    m = labelled_metrics(value, y)
                 for k, v in m.items():
-                    if k in CLASSIFICATION or k in OOD:
-                        cell.setdefault(k, []).append(float(v))
+                    cell.setdefault(k, []).append(v)
     return per_seed
 
 
