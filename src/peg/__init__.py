@@ -3,7 +3,11 @@
 import peg
 ens = peg.PEG(n_members=15, eta="search").fit(model, (X_val, y_val))
 peg.evaluate(ens, X_test, y_test)   # {'nll': ..., 'error': ..., 'brier': ..., 'ece': ..., ...}
+peg.compare(model, (X_val, y_val), (X_test, y_test))   # which post-hoc method? one table
 """
+
+import importlib
+from typing import Any
 
 from peg import distributed, layers, models, subspace, train
 from peg._version import __version__
@@ -36,6 +40,7 @@ __all__ = [
     "PackedEnsemble",
     "TemperatureScaling",
     "__version__",
+    "compare",
     "distributed",
     "evaluate",
     "layers",
@@ -45,3 +50,15 @@ __all__ = [
     "train",
     "with_output",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """`peg.compare`, the application `peg.apps.compare.compare`, imported on first use (PEP
+    562): `import peg` loads no application (tests/apps/test_layout.py)."""
+    if name == "compare":
+        return importlib.import_module("peg.apps.compare").compare
+    raise AttributeError(f"module 'peg' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | {"compare"})

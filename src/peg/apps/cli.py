@@ -73,6 +73,36 @@ def main(argv: list[str] | None = None) -> int:
         "--cache", default=".peg-cache/bench", help="cache folder (default: .peg-cache/bench)"
     )
     bench.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    compare = sub.add_parser(
+        "compare",
+        help="which post-hoc method for your model? fit TS, PEP, PEG, ... on its validation "
+        "data and compare them on its test data",
+        description="Fit post-hoc methods on a trained model and validation data, evaluate them "
+        "on test data (and shifted and OOD sets), and print one table: fit time, forwards per "
+        "input and memory beside every metric; writes results.{json,md} and reliability "
+        "diagrams to --out. Data: a data set name (NAME or NAME:SPLIT), a .npz file (arrays x, "
+        "y), a .pt file of tensors (a dict with x, y or a pair), or module:function returning "
+        "a Dataset, DataLoader or (X, y). See docs/compare.md.",
+    )
+    compare.add_argument(
+        "--model", required=True, help="module:function returning the trained nn.Module"
+    )
+    compare.add_argument("--val", required=True, help="validation data the methods are fitted on")
+    compare.add_argument("--test", required=True, help="test data")
+    compare.add_argument("--shifted", nargs="+", help="shifted labelled sets, [NAME=]DATA each")
+    compare.add_argument("--ood", nargs="+", help="out-of-distribution inputs, [NAME=]DATA each")
+    compare.add_argument(
+        "--methods", nargs="+", help="named methods, e.g. TS PEG 'PEG + TS' (default: all of "
+        "Model, TS, PEP, PEG, 'PEG + TS', 'MC dropout' if the model has dropout, "
+        "'Last-layer PEG')",
+    )  # fmt: skip
+    compare.add_argument("--ood-score", default="entropy", help="OOD score (default: entropy)")
+    compare.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    compare.add_argument("--batch-size", type=int, default=512, help="default: 512")
+    compare.add_argument(
+        "--out", default="peg-compare", help="output folder (default: peg-compare)"
+    )
+    compare.add_argument("--no-progress", action="store_true", help="hide progress bars")
     # ---- peg diversity (Fort et al. 2019 loss-landscape analyses; see peg.apps.diversity)
     diversity = sub.add_parser(
         "diversity",
@@ -186,6 +216,30 @@ def _paper_tables(args: argparse.Namespace, command: str, progress: bool | None)
     return 0
 
 
+def _compare(args: argparse.Namespace, command: str, progress: bool | None) -> int:
+    from peg.apps.compare import compare, sources
+
+    model = sources.model(args.model)
+    val, test = sources.val_and_test(args.val, args.test, args.seed, print)
+    result = compare(
+        model,
+        val,
+        test,
+        args.methods,
+        shifted=sources.named(args.shifted, "--shifted", labelled=True),
+        ood=sources.named(args.ood, "--ood", labelled=False),
+        ood_score=args.ood_score,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        progress=progress,
+        out=args.out,
+        command=command,
+    )
+    print()
+    print(result.to_markdown())
+    return 0
+
+
 def _diversity(args: argparse.Namespace, command: str, progress: bool | None) -> int:
     from peg.apps.diversity import study
 
@@ -207,6 +261,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, str, bool | None], int]] = {
     "demo": _demo,
     "bench": _bench,
     "paper-tables": _paper_tables,
+    "compare": _compare,
     "diversity": _diversity,
     "bench-perf": _bench_perf,
 }

@@ -1,0 +1,89 @@
+"""What a fitted predictor costs once fitted: prediction compute and the memory it holds.
+
+- `forwards(predictor, model, rows)`: prediction cost in forwards of the model per input,
+  measured, not assumed: the FLOPs (matrix products and convolutions, as
+  `torch.utils.flop_counter` counts them) of the predictor on two input rows over the FLOPs of
+  the model itself on the same rows. An ensemble of S full members costs S, MC dropout with S
+  samples S, temperature scaling what its predictor costs; an ensemble whose members differ
+  only in a head after a shared trunk (last-layer PEG) runs the trunk once and S heads, so it
+  costs 1 + (S - 1) × (the head's share of the model's FLOPs), a little over 1.
+- `held_bytes(predictor)`: the bytes of the tensors the predictor keeps to predict (weights
+  and buffers; an ensemble's per-member entries and its shared ones once; each storage counted
+  once, so temperature scaling holds what its predictor holds).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.flop_counter import FlopCounterMode
+
+from peg._inputs import Data
+from peg.batches import BatchFn, split_batch, take_rows
+from peg.ensemble import Ensemble
+from peg.methods.base import FittedEnsemble, ModulePredictor
+from peg.methods.temperature import TemperatureScaling, in_memory, member_logits_of
+
+PROBE_ROWS = 2
+
+
+def probe_rows(data: Data, batch_fn: BatchFn | None = None) -> Any:
+    """The inputs of the first `PROBE_ROWS` rows of labelled or unlabelled data."""
+    if in_memory(data):
+        return data[0][:PROBE_ROWS]
+    if isinstance(data, Tensor):
+        return data[:PROBE_ROWS]
+    loader = data if isinstance(data, DataLoader) else DataLoader(data, batch_size=PROBE_ROWS)
+    x, _ = split_batch(next(iter(loader)), batch_fn)
+    return take_rows(x, 0, PROBE_ROWS)
+
+
+def flops(predictor: Any, rows: Any) -> int:
+    """FLOPs of predicting `rows` with `predictor` (counted on the second of two runs: the first
+    may fill per-process caches, e.g. the strategy checks of `Ensemble`, with forwards of their
+    own that predicting does not repeat)."""
+    total = 0
+    for _ in range(2):
+        counter = FlopCounterMode(display=False)
+        with counter:
+            member_logits_of(predictor, rows)
+        total = counter.get_total_flops()
+    return int(total)
+
+
+def forwards(predictor: Any, model: nn.Module, rows: Any) -> float | None:
+    """Forwards of `model` per input that predicting with `predictor` costs (see the module
+    docstring); None when the model's forward counts no FLOPs."""
+    own = flops(model, rows)
+    return flops(predictor, rows) / own if own else None
+
+
+def _tensors(predictor: Any) -> list[Tensor]:
+    if isinstance(predictor, nn.Module):
+        return list(itertools.chain(predictor.parameters(), predictor.buffers()))
+    if isinstance(predictor, Ensemble):
+        return [*predictor.stacked.values(), *predictor.shared.values()]
+    if isinstance(predictor, TemperatureScaling):
+        return _tensors(predictor.predictor_)
+    if isinstance(predictor, FittedEnsemble) and "ensemble_" in predictor.__dict__:
+        return _tensors(predictor.ensemble_)
+    if isinstance(predictor, ModulePredictor):
+        return _tensors(predictor.model_)
+    return []
+
+
+def held_bytes(predictor: Any) -> int | None:
+    """Bytes of the tensors `predictor` holds to predict (see the module docstring); None for a
+    predictor this does not know how to look into (e.g. a lazy PEG, which keeps no members)."""
+    storages = {}
+    for t in _tensors(predictor):
+        s = t.untyped_storage()
+        storages[(s.device, s.data_ptr())] = s.nbytes()
+    return sum(storages.values()) if storages else None
+
+
+def is_dataset(data: Any) -> bool:
+    return isinstance(data, (Dataset, DataLoader))

@@ -1,0 +1,168 @@
+"""The methods `peg.compare` fits: named `MethodSpec`s (the bench's: a registry key, options and
+a base), where the base is "model" (the user's model) or the name of an earlier method, whose
+fitted predictor the method is then fitted on ("PEG + TS": temperature scaling of the PEG
+ensemble; "TS → PEG": PEG around the temperature-scaled model).
+
+Named methods (`CATALOGUE`), written as strings; `method(name, key, on=..., **options)` defines
+any other (e.g. `method("PEG-30", "peg", n_members=30)`)::
+
+    Model           the model as it is (the reference row)
+    TS              temperature scaling                     temperature
+    PEP             PEP, σ searched                         pep
+    PEG             PEG, η searched                         peg
+    PEG + TS        temperature scaling of PEG's ensemble   temperature on PEG
+    MC dropout      15 dropout samples (model with dropout) mc-dropout
+    Last-layer PEG  PEG on the last layer only              peg, params="last_layer"
+    PEG (ascent)    PEG, θ + η∇L (Algorithm 1 literally)     peg, direction="ascent"
+    TS → PEG        PEG around the temperature-scaled model peg on TS
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torch import nn
+
+from peg.apps import registry
+from peg.apps.bench.spec import MethodSpec
+from peg.ensemble import Ensemble
+from peg.methods.base import FittedEnsemble
+from peg.methods.dropout import dropout_modules
+from peg.methods.temperature import TemperatureScaling
+from peg.output import logits_of
+
+MODEL = "model"  # the base of a method fitted on the user's model itself
+
+CATALOGUE: dict[str, MethodSpec] = {
+    m.name: m
+    for m in (
+        MethodSpec("Model", "base", MODEL),
+        MethodSpec("TS", "temperature", MODEL),
+        MethodSpec("PEP", "pep", MODEL),
+        MethodSpec("PEG", "peg", MODEL),
+        MethodSpec("PEG + TS", "temperature", "PEG"),
+        MethodSpec("MC dropout", "mc-dropout", MODEL),
+        MethodSpec("Last-layer PEG", "peg", MODEL, {"params": "last_layer"}),
+        MethodSpec("PEG (ascent)", "peg", MODEL, {"direction": "ascent"}),
+        MethodSpec("TS → PEG", "peg", "TS"),
+    )
+}
+# the default list (the issue's): MC dropout only where the model has dropout
+DEFAULTS = ("Model", "TS", "PEP", "PEG", "PEG + TS", "MC dropout", "Last-layer PEG")
+# registry keys whose method takes any predictor as it is; the others need a module or ensemble
+AS_IS = ("base", "temperature")
+
+
+def method(name: str, key: str, *, on: str = MODEL, **options: Any) -> MethodSpec:
+    """A method for `peg.compare(methods=[...])`: registry `key` (`peg.apps.registry`: "peg",
+    "pep", "temperature", "mc-dropout", ...) with `options`, fitted on `on` ("model" or the
+    name of an earlier method), shown as `name`."""
+    return MethodSpec(name, key, on, dict(options))
+
+
+def _spec(entry: Any, where: str) -> MethodSpec:
+    if isinstance(entry, MethodSpec):
+        return entry
+    if isinstance(entry, str):
+        if entry not in CATALOGUE:
+            raise ValueError(
+                f"{where}: unknown method {entry!r}; named methods: {list(CATALOGUE)} (others: "
+                "peg.apps.compare.method(name, key, on=..., **options))"
+            )
+        return CATALOGUE[entry]
+    if isinstance(entry, Mapping) and isinstance(entry.get("name"), str) and "method" in entry:
+        options = {k: v for k, v in entry.items() if k not in ("name", "method", "on")}
+        return method(entry["name"], entry["method"], on=entry.get("on", MODEL), **options)
+    raise TypeError(
+        f"{where}: expected a method name, a peg.apps.compare.method(...) or a mapping with "
+        f"'name' and 'method' (and 'on', options), got {entry!r}"
+    )
+
+
+def has_dropout(model: nn.Module) -> bool:
+    return bool(dropout_modules(model))
+
+
+def resolve(
+    methods: Sequence[Any] | None, model: nn.Module
+) -> tuple[list[MethodSpec], dict[str, str]]:
+    """The methods to fit, in order (a named method's base put before it when not listed), and
+    the defaults left out with the reason; errors name `methods[i]`."""
+    skipped: dict[str, str] = {}
+    if methods is None:
+        entries: list[Any] = list(DEFAULTS)
+        if not has_dropout(model):
+            entries.remove("MC dropout")
+            skipped["MC dropout"] = "the model has no dropout layer"
+    elif isinstance(methods, (str, Mapping)) or not isinstance(methods, Sequence):
+        raise TypeError(f"methods: expected a list of methods, got {methods!r}")
+    else:
+        entries = list(methods)
+    if not entries:
+        raise ValueError("methods: expected at least one method")
+    out: list[MethodSpec] = []
+    for i, entry in enumerate(entries):
+        spec = _spec(entry, f"methods[{i}]")
+        where = f"methods[{i}] ({spec.name})"
+        names = [m.name for m in out]
+        if spec.name in names:
+            raise ValueError(f"{where}: listed twice (or as the base of an earlier method)")
+        if spec.base != MODEL and spec.base not in names:
+            if spec.base not in CATALOGUE or CATALOGUE[spec.base].base != MODEL:
+                raise ValueError(
+                    f"{where}: on={spec.base!r} is neither 'model' nor an earlier method"
+                )
+            out.append(CATALOGUE[spec.base])  # a named base, fitted first and shown
+        builder = registry.entry(spec.method)
+        if builder.trains or not issubclass(builder, (registry.PostHoc, registry.Base)):
+            raise ValueError(
+                f"{where}: {spec.method!r} is not a post-hoc method (compare fits methods on "
+                "the model it is given, it trains none)"
+            )
+        if spec.method == "mc-dropout" and "insert" not in spec.options and not has_dropout(model):
+            raise ValueError(
+                f"{where}: the model has no dropout layer; give the method insert=p to put one "
+                "before its last layer, or leave MC dropout out"
+            )
+        out.append(spec)
+    return out, skipped
+
+
+def options(spec: MethodSpec, batch_size: int, batch_fn: Any) -> dict[str, Any]:
+    """The spec's options, with compare's `batch_size` and `batch_fn` for the methods that take
+    them (the spec's own win)."""
+    builder = registry.entry(spec.method)
+    if not issubclass(builder, registry.PostHoc):
+        return dict(spec.options)
+    accepted = builder.method._param_names()
+    shared = {"batch_size": batch_size, "batch_fn": batch_fn}
+    return {k: v for k, v in shared.items() if k in accepted and v is not None} | spec.options
+
+
+class Scaled(nn.Module):
+    """`model(x) / T`: a temperature-scaled model as a module (its softmax is temperature
+    scaling's), for methods that start from a module (PEG, PEP, MC dropout: "TS → PEG")."""
+
+    def __init__(self, model: nn.Module, temperature: float) -> None:
+        super().__init__()
+        self.model = model
+        self.temperature = float(temperature)
+        self.train(model.training)  # the model's mode (a new module starts in training mode)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return logits_of(self.model(*args, **kwargs)) / self.temperature
+
+
+def as_base(fitted: Any, key: str, name: str) -> Any:
+    """The fitted predictor of method `name` as the base of a method with registry `key`."""
+    if key in AS_IS or isinstance(fitted, (nn.Module, Ensemble)):
+        return fitted
+    if isinstance(fitted, TemperatureScaling) and isinstance(fitted.predictor_, nn.Module):
+        return Scaled(fitted.predictor_, fitted.temperature_)
+    if isinstance(fitted, FittedEnsemble):
+        return fitted.ensemble()
+    raise ValueError(
+        f"on={name!r}: {key!r} needs a model or an ensemble as its base; {name} gives a "
+        f"{type(fitted).__name__}"
+    )

@@ -1,0 +1,145 @@
+"""`Comparison`: what `peg.compare` returns: one table (a row per method: its costs beside every
+metric), the fitted predictors, reliability data; as markdown, figures and a results folder."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from peg import plots
+from peg._env import git_commit, machine
+from peg.apps.bench.tables import HIGHER_IS_BETTER, OOD_ROWS, ROWS
+from peg.apps.results import write_results
+
+TEST = "test"
+# (row key, column label, multiplier, format) of the costs, shown before the metrics
+COSTS: tuple[tuple[str, str, float, str], ...] = (
+    ("fit_seconds", "Fit s", 1, "{:.2f}"),
+    ("forwards", "Forwards / input", 1, "{:.2f}"),
+    ("memory_mb", "Memory MB", 1, "{:.3g}"),
+    ("predict_seconds", "Predict s", 1, "{:.2f}"),
+)
+CHOSEN = (("chosen", "Chosen", 1, "{}"),)  # the scale a method chose: T, η or σ (text)
+NOTE = (
+    "Fit s: wall seconds to fit the method, its base's included (PEG + TS: PEG's and the "
+    "temperature's). Forwards / input: the predictor's FLOPs per input over the model's "
+    "(ensembles: members; last-layer PEG: one trunk and S heads). Memory MB: the tensors the "
+    "predictor holds to predict (10^6 bytes). Predict s: wall seconds to predict the test set. "
+    "Error and ECE as % (fractions in the table's rows and the JSON); OOD: OOD is the positive "
+    "class, scored against the test set. Bold: the best of a column."
+)
+
+
+def column(metric: str, dataset: str) -> str:
+    """The row key of `metric` on `dataset`: the bare name on the test set, `"nll (name)"`
+    on any other."""
+    return metric if dataset == TEST else f"{metric} ({dataset})"
+
+
+@dataclass
+class Comparison:
+    """The result of `peg.compare`.
+
+    Attributes:
+        table: one row per method (a dict: "method", "base", "fit_seconds", "forwards",
+            "memory_mb", "predict_seconds", "chosen" (T, η or σ), the test metrics "nll",
+            "error", "brier", "ece", "mce", the same as `"nll (name)"` per shifted set, and
+            "auroc (name)", "aupr (name)", "aupr_in (name)", "fpr95 (name)" per OOD set);
+            `pandas.DataFrame(comparison.table)` makes it a data frame.
+        predictors: method name → fitted predictor (anything `peg.evaluate` takes).
+        curves: data set → method name → `peg.metrics.reliability` data (labelled sets).
+        skipped: default methods left out → why.
+        sets: data set → {"points": N, "kind": "test" | "shifted" | "ood"}.
+        ood_score: the OOD score (`peg.metrics.ood`).
+        figures: the reliability diagrams written by `plot` or `write`.
+    """
+
+    table: list[dict[str, Any]]
+    predictors: dict[str, Any]
+    curves: dict[str, dict[str, dict[str, Tensor]]]
+    skipped: dict[str, str]
+    sets: dict[str, dict[str, Any]]
+    ood_score: str = "entropy"
+    figures: list[Path] = field(default_factory=list)
+
+    def row(self, name: str) -> dict[str, Any]:
+        """The table's row of method `name`."""
+        for r in self.table:
+            if r["method"] == name:
+                return r
+        raise KeyError(f"{name!r}: no such method; methods: {[r['method'] for r in self.table]}")
+
+    def to_markdown(self) -> str:
+        """The table as markdown: one table with the costs and the test metrics, then one per
+        shifted and OOD set (rows: methods)."""
+        parts = [_markdown(self.table, [(k, lab, s, f) for k, lab, s, f in COSTS + ROWS + CHOSEN])]
+        for name, info in self.sets.items():
+            if name == TEST:
+                continue
+            rows = OOD_ROWS if info["kind"] == "ood" else ROWS
+            spec = [(column(k, name), lab, s, f) for k, lab, s, f in rows]
+            parts.append(f"{name} ({info['kind']}, {info['points']} points)\n\n" + _markdown(
+                self.table, spec))  # fmt: skip
+        if self.skipped:
+            parts.append("Left out: " + "; ".join(f"{k}: {v}" for k, v in self.skipped.items()))
+        return "\n\n".join(parts) + "\n"
+
+    def plot(self, folder: str | Path) -> list[Path]:
+        """Reliability diagrams (`peg.plots.reliability_diagram`), one figure per labelled set:
+        `folder/reliability-<set>.png`; returns the paths."""
+        paths = []
+        for name, curves in self.curves.items():
+            path = Path(folder) / f"reliability-{_file_name(name)}.png"
+            title = f"Reliability on {name} ({self.sets[name]['points']} points)"
+            paths.append(plots.reliability_diagram(curves, path, title=title))
+        self.figures = paths
+        return paths
+
+    def write(self, folder: str | Path, command: str) -> tuple[Path, Path]:
+        """`folder/results.json` (the table, the sets, provenance), `folder/results.md` and
+        the reliability diagrams, each written atomically."""
+        figures = self.plot(folder)
+        results = {
+            "command": command,
+            "commit": git_commit(),
+            "machine": machine(),
+            "sets": self.sets,
+            "ood": {"positive": "ood", "score": self.ood_score, "against": TEST},
+            "skipped": self.skipped,
+            "table": self.table,
+            "figures": [p.name for p in figures],
+            "note": NOTE,
+        }
+        markdown = f"Command: `{command}`; machine: {results['machine']}\n\n{self.to_markdown()}"
+        return write_results(folder, results, markdown + "\n" + NOTE + "\n", strict=True)
+
+
+def _cell(value: Any, scale: float, fmt: str) -> str:
+    if isinstance(value, str) or value is None:
+        return value or "–"
+    return fmt.format(value * scale)
+
+
+def _markdown(table: Sequence[dict[str, Any]], spec: Sequence[tuple[str, str, float, str]]) -> str:
+    """Rows: methods; columns: `spec` (key, label, multiplier, format); the best of a column
+    bold (the highest for `HIGHER_IS_BETTER` metrics, else the lowest)."""
+    lines = ["| method | " + " | ".join(s[1] for s in spec) + " |",
+             "|---|" + "---:|" * len(spec)]  # fmt: skip
+    best: dict[str, str | None] = {}
+    for key, _, scale, fmt in spec:
+        values = [r[key] for r in table if isinstance(r.get(key), (int, float))]
+        pick: Callable[..., Any] = max if key.split(" ")[0] in HIGHER_IS_BETTER else min
+        best[key] = _cell(pick(values), scale, fmt) if len(values) > 1 else None
+    for r in table:
+        cells = [_cell(r.get(key), scale, fmt) for key, _, scale, fmt in spec]
+        cells = [f"**{c}**" if c == best[s[0]] else c for c, s in zip(cells, spec, strict=True)]
+        lines.append(f"| {r['method']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _file_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)

@@ -1,0 +1,233 @@
+"""`peg.compare(model, val, test)`: fit post-hoc methods on a trained model and its validation
+data, evaluate them on test data (and shifted and OOD sets), one table of costs and metrics.
+
+Every argument is checked before anything is fitted (errors name it). Then, method by method
+(`peg.apps.compare.methods`; built through the method registry `peg.apps.registry`, as the
+bench builds its methods): fit on `val` (timed), predict every evaluation set once (member
+logits `[M, N, C]` of one set held at a time, as the bench's cache holds them), score them with
+the bench's metrics (`peg.apps.scores`), measure the costs (`peg.apps.compare.costs`), and say
+one line.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
+
+from peg import metrics
+from peg._inputs import Data, as_xy, check_positive_int, check_seed
+from peg.apps import registry
+from peg.apps.bench.spec import MethodSpec
+from peg.apps.compare.costs import forwards, held_bytes, probe_rows
+from peg.apps.compare.methods import MODEL, as_base, options, resolve
+from peg.apps.compare.report import TEST, Comparison, column
+from peg.apps.scores import labelled_metrics, ood_detection
+from peg.batches import BatchFn, check_batch_fn, split_batch
+from peg.methods._perturb import MAX_SCORE_POINTS
+from peg.methods.temperature import in_memory, logits_and_labels, member_logits_of
+from peg.metrics.ood import OOD_SCORES
+
+Say = Callable[[str], None]
+
+
+def compare(
+    model: nn.Module,
+    val: Data,
+    test: Data,
+    methods: Sequence[Any] | None = None,
+    *,
+    shifted: Data | Mapping[str, Data] | None = None,
+    ood: Data | Mapping[str, Data] | None = None,
+    ood_score: str = "entropy",
+    seed: int = 0,
+    batch_size: int = 512,
+    batch_fn: BatchFn | None = None,
+    bins: int = 15,
+    progress: bool | None = None,
+    out: str | Path | None = None,
+    say: Say | None = print,
+    command: str | None = None,
+) -> Comparison:
+    """Fit post-hoc methods on `model` with `val`; compare them on `test` (and shifted, OOD).
+
+    Args:
+        model: the trained classifier (an nn.Module returning logits `[B, C]`); never changed.
+        val: labelled validation data the methods are fitted on: a pair `(X, y)` of tensors or
+            arrays, a Dataset or a DataLoader (batches `(x, y, ...)`, mappings with "labels",
+            or any shape with `batch_fn`; `peg.batches`).
+        test: labelled test data, as `val`.
+        methods: names from `peg.apps.compare.CATALOGUE` ("TS", "PEP", "PEG", "PEG + TS",
+            "MC dropout", "Last-layer PEG", "PEG (ascent)", "TS → PEG", "Model"),
+            `peg.apps.compare.method(name, key, on=..., **options)` or mappings
+            `{"name", "method", "on", **options}`. None: "Model" (the reference row), "TS",
+            "PEP", "PEG", "PEG + TS", "MC dropout" (only where the model has dropout: said in
+            `skipped` otherwise) and "Last-layer PEG".
+        shifted: labelled shifted sets, `{name: data}` (one set alone is named "shifted").
+        ood: out-of-distribution inputs, `{name: data}` (labels, if any, are ignored; one set
+            alone is named "ood"); scored by `ood_score` against the test set.
+        seed: every method's seed.
+        batch_size, batch_fn: rows per forward pass; how to split loader batches.
+        bins: ECE and reliability bins.
+        progress: progress bars (None: only on a terminal).
+        out: a folder to write results.json, results.md and the reliability diagrams to.
+        say: where the progress lines go (None: nowhere).
+        command: recorded in results.json (default: this call, abridged).
+
+    Returns:
+        a `Comparison`: `.table` (a row per method), `.predictors`, `.to_markdown()`, ...
+    """
+    say = say or (lambda _: None)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a trained nn.Module, got {type(model).__name__}")
+    specs, skipped = resolve(methods, model)
+    seed, batch_size = check_seed(seed), check_positive_int(batch_size, "batch_size")
+    bins, batch_fn = check_positive_int(bins, "bins"), check_batch_fn(batch_fn)
+    if ood_score not in OOD_SCORES:
+        raise ValueError(f"ood_score: expected one of {list(OOD_SCORES)}, got {ood_score!r}")
+    labelled = {"val": _labelled(val, "val", batch_fn), TEST: _labelled(test, TEST, batch_fn)}
+    for name, data in _named(shifted, "shifted").items():
+        labelled[name] = _labelled(data, f"shifted[{name!r}]", batch_fn)
+    unlabelled = {n: _inputs(d, f"ood[{n!r}]") for n, d in _named(ood, "ood").items()}
+    clash = sorted(set(labelled) & set(unlabelled))
+    if clash:
+        raise ValueError(f"ood: names {clash} are taken by val, test or a shifted set")
+    check = registry.Site(seed=seed, progress=False, score_points=MAX_SCORE_POINTS)
+    registry.check_all(((s.name, s.method, options(s, batch_size, batch_fn)) for s in specs), check)
+    val = labelled.pop("val")
+    evaluation = Evaluation(model, labelled, unlabelled, batch_size, batch_fn, bins, ood_score)
+
+    fitted: dict[str, Any] = {}
+    seconds: dict[str, float] = {MODEL: 0.0}
+    table: list[dict[str, Any]] = []
+    for i, spec in enumerate(specs):
+        base = model if spec.base == MODEL else as_base(fitted[spec.base], spec.method, spec.base)
+        site = registry.Site(
+            seed=seed,
+            progress=progress,
+            base=lambda base=base: base,
+            val=val,
+            score_points=MAX_SCORE_POINTS,
+        )
+        started = time.perf_counter()
+        predictor = registry.build(spec.method, site, **options(spec, batch_size, batch_fn))
+        seconds[spec.name] = time.perf_counter() - started + seconds[spec.base]
+        fitted[spec.name] = predictor
+        row = {"method": spec.name, "base": spec.base, "fit_seconds": seconds[spec.name]}
+        table.append(row | evaluation(spec, predictor))
+        say(_line(i, len(specs), table[-1]))
+    sets = {n: {"points": p, "kind": k} for n, (p, k) in evaluation.sizes.items()}
+    result = Comparison(table, fitted, evaluation.curves, skipped, sets, ood_score)
+    if out is not None:
+        paths = result.write(out, command or _command(specs, out))
+        say(f"compare: wrote {', '.join(str(p) for p in paths)} and {len(result.figures)} figures")
+    return result
+
+
+class Evaluation:
+    """Every evaluation set of one comparison: `self(spec, predictor)` predicts each once and
+    returns the predictor's costs and metrics (a table row's); reliability data in `curves`."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        labelled: dict[str, Data],
+        unlabelled: dict[str, Data],
+        batch_size: int,
+        batch_fn: BatchFn | None,
+        bins: int,
+        ood_score: str,
+    ) -> None:
+        self.model, self.labelled, self.unlabelled = model, labelled, unlabelled
+        self.batch_size, self.batch_fn, self.bins = batch_size, batch_fn, bins
+        self.ood_score = ood_score
+        self.rows = probe_rows(labelled[TEST], batch_fn)
+        self.curves: dict[str, dict[str, dict[str, Tensor]]] = {n: {} for n in labelled}
+        self.sizes: dict[str, tuple[int, str]] = {}
+
+    def __call__(self, spec: MethodSpec, predictor: Any) -> dict[str, Any]:
+        size = held_bytes(predictor)
+        row: dict[str, Any] = {
+            "forwards": forwards(predictor, self.model, self.rows),
+            "memory_mb": None if size is None else size / 1e6,
+            "chosen": ", ".join(f"{k} = {v:.3g}" for k, v in registry.scales(predictor).items()),
+        }
+        test_logits = None
+        for name, data in self.labelled.items():
+            started = time.perf_counter()
+            logits, y = logits_and_labels(predictor, data, self.batch_size, self.batch_fn, name)
+            if name == TEST:
+                row["predict_seconds"] = time.perf_counter() - started
+                test_logits = logits
+            self.sizes[name] = (len(y), TEST if name == TEST else "shifted")
+            row |= {column(k, name): v for k, v in labelled_metrics(logits, y).items()}
+            self.curves[name][spec.name] = metrics.reliability(logits, y, self.bins)
+        assert test_logits is not None
+        for name, data in self.unlabelled.items():
+            logits = member_logits_of(predictor, data, self.batch_size, self.batch_fn)
+            self.sizes[name] = (logits.shape[1], "ood")
+            scores = ood_detection(test_logits, logits, self.ood_score)
+            row |= {column(k, name): v for k, v in scores.items()}
+        return row
+
+
+def _named(data: Any, default: str) -> dict[str, Data]:
+    if data is None:
+        return {}
+    if isinstance(data, Mapping) and all(isinstance(k, str) for k in data):
+        return dict(data)
+    return {default: data}
+
+
+def _labelled(data: Data, name: str, batch_fn: BatchFn | None) -> Data:
+    """`data` checked as labelled classification data: tensors as they are (a pair of arrays
+    as tensors), a Dataset or DataLoader by its first batch."""
+    if in_memory(data):
+        X, y = as_xy(data, name)
+        labels = y
+    elif isinstance(data, (Dataset, DataLoader)):
+        loader = data if isinstance(data, DataLoader) else DataLoader(data, batch_size=2)
+        first = next(iter(loader), None)
+        if first is None:
+            raise ValueError(f"{name}: the data is empty (0 samples)")
+        labels = split_batch(first, batch_fn, name=name, index=0, need_labels=True)[1]
+    else:
+        raise TypeError(
+            f"{name}: expected labelled data: a pair (X, y) of tensors or arrays, a Dataset or "
+            f"a DataLoader, got {type(data).__name__}"
+        )
+    if torch.is_floating_point(labels):
+        raise ValueError(f"{name}: expected integer class labels (compare is for classifiers)")
+    return (X, labels) if in_memory(data) else data
+
+
+def _inputs(data: Data, name: str) -> Data:
+    """OOD inputs: a tensor or array, the inputs of a pair, a Dataset or a DataLoader."""
+    if in_memory(data):
+        return as_xy(data, name)[0]
+    if isinstance(data, (Tensor, np.ndarray)):
+        return as_xy(data, name, need_labels=False)[0]
+    if isinstance(data, (Dataset, DataLoader)):
+        return data
+    raise TypeError(
+        f"{name}: expected inputs: a tensor or array, a pair (X, y), a Dataset or a "
+        f"DataLoader, got {type(data).__name__}"
+    )
+
+
+def _line(i: int, n: int, row: dict[str, Any]) -> str:
+    cost = "" if row["forwards"] is None else f", {row['forwards']:.3g} forwards/input"
+    return (
+        f"compare [{i + 1}/{n}] {row['method']}: fit {row['fit_seconds']:.1f} s{cost}; test "
+        f"NLL {row['nll']:.4f}, error {100 * row['error']:.2f}%, ECE {100 * row['ece']:.2f}%"
+    )
+
+
+def _command(specs: Sequence[MethodSpec], out: str | Path) -> str:
+    return f"peg.compare(model, val, test, methods={[s.name for s in specs]}, out={str(out)!r})"

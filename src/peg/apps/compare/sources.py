@@ -1,0 +1,150 @@
+"""What `peg compare` is given on the command line, turned into a model and data.
+
+- A model: `module:function`, imported (the current directory first on `sys.path`, so a file
+  `mymodel.py` there is `mymodel:build`) and called without arguments; it returns the trained
+  nn.Module.
+- Data, one of:
+  - a registry name (`peg.data.load`), `NAME` (its test split) or `NAME:SPLIT` (`train`,
+    `test`), e.g. `fashion-mnist` or `fashion-mnist:train`;
+  - a `.npz` file with arrays `x` (or `X`) and `y` (labels; OOD sets may leave them out),
+    read with `allow_pickle=False`; float64 arrays (NumPy's default) are read as float32;
+  - a `.pt` file read with `torch.load(weights_only=True)` (tensors, never pickled objects):
+    a dict with `x` (or `X`) and `y`, a pair `(x, y)`, or a tensor of inputs (OOD sets);
+  - `module:function` returning a Dataset, a DataLoader or a pair `(X, y)`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
+
+from peg import data as datasets
+
+SPLITS = ("train", "test")
+
+
+def call(spec: str, what: str) -> Any:
+    """The value `function()` of `module:function`; a ValueError naming `what` otherwise."""
+    module_name, _, function = spec.partition(":")
+    if not module_name or not function.isidentifier():
+        raise ValueError(f"{what}: expected module:function, got {spec!r}")
+    if os.getcwd() not in sys.path:  # the user's own module, next to where they run peg
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"{what}: cannot import {module_name!r} ({e})") from None
+    fn: Callable[[], Any] | None = getattr(module, function, None)
+    if not callable(fn):
+        raise ValueError(f"{what}: {module_name!r} has no function {function!r}")
+    return fn()
+
+
+def model(spec: str) -> nn.Module:
+    """The model `module:function` returns."""
+    built = call(spec, "--model")
+    if not isinstance(built, nn.Module):
+        raise ValueError(f"--model: {spec} returned a {type(built).__name__}, not an nn.Module")
+    return built
+
+
+def registry_split(spec: str) -> tuple[str, str] | None:
+    """`(name, split)` when `spec` names a registry data set (`NAME` or `NAME:SPLIT`)."""
+    name, _, split = spec.partition(":")
+    if name not in datasets.names():
+        return None
+    split = split or "test"
+    if split not in SPLITS:
+        raise ValueError(f"{spec}: unknown split {split!r}; known: {list(SPLITS)}")
+    return name, split
+
+
+def data(spec: str, what: str, labelled: bool = True) -> Any:
+    """The data `spec` names (see the module docstring); `what` names the option in errors."""
+    found = registry_split(spec)
+    if found is not None:
+        return datasets.load(*found)
+    suffix = Path(spec).suffix.lower()
+    if suffix in (".npz", ".pt"):
+        path = Path(spec)
+        if not path.is_file():
+            raise FileNotFoundError(f"{what}: no file at {path}")
+        if suffix == ".npz":
+            with np.load(path, allow_pickle=False) as f:
+                held: Any = {k: torch.from_numpy(_single(f[k])) for k in f.files}
+        else:
+            try:
+                held = torch.load(path, weights_only=True, map_location="cpu")
+            except Exception as e:  # an unsafe pickle, a corrupt file
+                raise ValueError(f"{what}: {path} is not a file of tensors ({e})") from None
+        return _pair(held, f"{what}: {path}", labelled)
+    if ":" in spec:
+        got = call(spec, what)
+        if not isinstance(got, (Dataset, DataLoader, Tensor, tuple, list)):
+            raise ValueError(
+                f"{what}: {spec} returned a {type(got).__name__}; expected a Dataset, a "
+                "DataLoader or a pair (X, y)"
+            )
+        return got
+    raise ValueError(
+        f"{what}: {spec!r} is neither a data set ({', '.join(datasets.names())}), a .npz or .pt "
+        "file, nor module:function"
+    )
+
+
+def _single(a: np.ndarray) -> np.ndarray:
+    return a.astype(np.float32) if a.dtype == np.float64 else a
+
+
+def _pair(held: Any, where: str, labelled: bool) -> Any:
+    """`(X, y)` (or X alone where labels may be left out) from what a file held."""
+    if isinstance(held, Mapping):
+        key = next((k for k in ("x", "X") if k in held), None)
+        if key is None:
+            raise ValueError(f"{where}: expected arrays 'x' (or 'X') and 'y', got {list(held)}")
+        X, y = held[key], held.get("y")
+    elif isinstance(held, (tuple, list)) and len(held) == 2:
+        X, y = held
+    elif isinstance(held, Tensor):
+        X, y = held, None
+    else:
+        raise ValueError(f"{where}: expected x and y, got a {type(held).__name__}")
+    if y is None:
+        if labelled:
+            raise ValueError(f"{where}: no labels 'y' (only OOD sets may leave them out)")
+        return X
+    return X, y
+
+
+def named(specs: list[str] | None, what: str, labelled: bool) -> dict[str, Any]:
+    """`{name: data}` from `[NAME=]SPEC` strings (the name defaults to the spec, a file's
+    stem for files)."""
+    out: dict[str, Any] = {}
+    for spec in specs or []:
+        name, _, rest = spec.partition("=") if "=" in spec else ("", "", spec)
+        name = name or (Path(rest).stem if Path(rest).suffix in (".npz", ".pt") else rest)
+        if name in out:
+            raise ValueError(f"{what}: two sets named {name!r}; name them NAME=SPEC")
+        out[name] = data(rest, what, labelled)
+    return out
+
+
+def val_and_test(val: str, test: str, seed: int, say: Callable[[str], None]) -> tuple[Any, Any]:
+    """`--val` and `--test`; the same split of a registry data set for both is cut in two
+    seeded, stratified halves, one each (said), so they never share a point."""
+    same = registry_split(val)
+    if same is not None and same == registry_split(test):
+        X, y = datasets.load(*same)
+        X_test, y_test, X_val, y_val = datasets.train_val_split(X, y, 0.5, seed=seed)
+        say(f"compare: --val and --test are both {':'.join(same)}: half of it each")
+        return (X_val, y_val), (X_test, y_test)
+    return data(val, "--val"), data(test, "--test")
