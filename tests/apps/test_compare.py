@@ -15,7 +15,8 @@ from peg.apps import registry
 from peg.apps.cli import main
 from peg.apps.compare import CATALOGUE, Comparison, compare, method
 from peg.apps.compare.methods import Scaled
-from tests.conftest import moons, overfit
+
+from conftest import moons, overfit
 
 COSTS = ("fit_seconds", "forwards", "memory_mb", "predict_seconds", "chosen")
 METRICS = ("nll", "error", "brier", "ece", "mce")

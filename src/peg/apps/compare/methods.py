@@ -28,7 +28,7 @@ from peg.apps import registry
 from peg.apps.bench.spec import MethodSpec
 from peg.ensemble import Ensemble
 from peg.methods.base import FittedEnsemble
-from peg.methods.dropout import dropout_modules
+from peg.methods.dropout import MCDropout, dropout_modules
 from peg.methods.temperature import TemperatureScaling
 from peg.output import logits_of
 
@@ -120,7 +120,8 @@ def resolve(
                 f"{where}: {spec.method!r} is not a post-hoc method (compare fits methods on "
                 "the model it is given, it trains none)"
             )
-        if spec.method == "mc-dropout" and "insert" not in spec.options and not has_dropout(model):
+        samples_dropout = getattr(builder, "method", None) is MCDropout
+        if samples_dropout and "insert" not in spec.options and not has_dropout(model):
             raise ValueError(
                 f"{where}: the model has no dropout layer; give the method insert=p to put one "
                 "before its last layer, or leave MC dropout out"
