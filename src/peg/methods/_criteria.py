@@ -76,9 +76,7 @@ def _point_mixture_nll(outputs: Tensor, y: Tensor) -> Tensor:
 
 
 # per-point forms of the regression criteria (for standard errors, not for early stopping)
-REGRESSION_POINT_LOSSES: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
-    "nll": _point_mixture_nll
-}
+REGRESSION_POINT_LOSSES: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"nll": _point_mixture_nll}
 
 
 def is_regression(y: Tensor) -> bool:
