@@ -105,31 +105,22 @@ class MemberStrategies:
         """Logits `[M, B, C]` of every member on one batch with a concrete strategy.
 
         `x`: a tensor, or structured inputs (a mapping: `model(**x)`; see `peg.batches`),
-        which "loop" and "vmap" take and "folded" refuses."""
+        which "loop" and "vmap" take and "folded" refuses. The forward passes run under
+        `torch.inference_mode` (less per-operation bookkeeping than `no_grad`; the modules are
+        built before it), and the logits are gathered after it: an ordinary tensor, fit for
+        autograd later (temperature scaling)."""
         if strategy == "folded":
-            if not isinstance(x, Tensor):
-                raise NotFoldable(
-                    f"strategy='folded': takes tensor inputs, got {type(x).__name__}; "
-                    "use 'vmap' or 'loop'"
-                )
-            folded = self._folded()
-            try:
-                out = model_output(folded(x), "member_logits")
-            except (NotFoldable, TypeError):
-                raise
-            except Exception as e:  # e.g. a forward reading `self.fc.weight`, a replaced layer's
-                raise NotFoldable(
-                    f"strategy='folded': the folded model failed ({type(e).__name__}: {e}); "
-                    "use 'vmap' or 'loop'"
-                ) from e
-            if len(out) == len(x):  # no layer with per-member weights on the output's path
-                return out.expand(len(self), *out.shape)
-            return out.view(len(self), len(x), *out.shape[1:])
+            folded = self._folded_for(x)
+            with torch.inference_mode():
+                out = self._folded_logits(folded, x)
+            return out.clone()  # out of inference mode
         if strategy == "loop":
             modules = self._member_modules()
             if modules is None:
                 return torch.stack([self._member_output(i, x) for i in range(len(self))])
-            return torch.stack([model_output(call_model(m, x), "member_logits") for m in modules])
+            with torch.inference_mode():
+                outs = [model_output(call_model(m, x), "member_logits") for m in modules]
+            return torch.stack(outs)
 
         def one(stacked: dict[str, Tensor], x: Any) -> Tensor:
             out = call_functional(self.skeleton, {**self.shared, **stacked}, x)
@@ -137,15 +128,40 @@ class MemberStrategies:
 
         step = len(self) if strategy == "vmap" or chunk_size is None else chunk_size
         outs = []
-        for start in range(0, len(self), step):  # "chunked": at most `step` members at once
-            part = {k: v[start : start + step] for k, v in self.stacked.items()}
-            outs.append(vmap(one, in_dims=(0, None))(part, x))
+        with torch.inference_mode():
+            for start in range(0, len(self), step):  # "chunked": at most `step` members at once
+                part = {k: v[start : start + step] for k, v in self.stacked.items()}
+                outs.append(vmap(one, in_dims=(0, None))(part, x))
         out = torch.cat(outs)
         if out.ndim != 3:
             raise ValueError(
                 f"member_logits: expected logits [B, C] per member, got {tuple(out.shape[1:])}"
             )
         return out
+
+    def _folded_for(self, x: Any) -> Folded:
+        """The folded model (`_folded`), or NotFoldable for inputs it cannot take."""
+        if not isinstance(x, Tensor):
+            raise NotFoldable(
+                f"strategy='folded': takes tensor inputs, got {type(x).__name__}; "
+                "use 'vmap' or 'loop'"
+            )
+        return self._folded()
+
+    def _folded_logits(self, folded: Folded, x: Tensor) -> Tensor:
+        """`folded(x)` as `[M, B, C]` (a view; expanded where no layer is per member)."""
+        try:
+            out = model_output(folded(x), "member_logits")
+        except (NotFoldable, TypeError):
+            raise
+        except Exception as e:  # e.g. a forward reading `self.fc.weight`, a replaced layer's
+            raise NotFoldable(
+                f"strategy='folded': the folded model failed ({type(e).__name__}: {e}); "
+                "use 'vmap' or 'loop'"
+            ) from e
+        if len(out) == len(x):  # no layer with per-member weights on the output's path
+            return out.expand(len(self), *out.shape)
+        return out.view(len(self), len(x), *out.shape[1:])
 
     def _choose(self, x: Any, chunk_size: int | None) -> str:
         """The strategy "auto" uses for a batch: a fixed rule, so results never depend on timing.

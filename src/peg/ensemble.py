@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from peg import archive
-from peg._inputs import Data, check_positive_int, iter_inputs, num_batches
+from peg._inputs import Data, check_positive_int, iter_inputs, num_batches, training_modules
 from peg._progress import bar
 from peg._strategies import AUTO_VECTORISE_FLOPS as AUTO_VECTORISE_FLOPS
 from peg._strategies import AUTO_VECTORISE_ROWS_CONV as AUTO_VECTORISE_ROWS_CONV
@@ -34,8 +34,10 @@ __all__ = ["Ensemble", "autocast_dtype", "model_output"]
 
 
 def _cat_batches(batches: Iterable[Tensor]) -> Tensor:
-    """The per-batch logits `[M, B_j, C]` of an `iter_member_logits`, as one `[M, N, C]`."""
-    return torch.cat(list(batches), dim=1)
+    """The per-batch logits `[M, B_j, C]` of an `iter_member_logits`, as one `[M, N, C]`; a
+    single batch's own tensor (fresh per call) is not copied again."""
+    parts = list(batches)
+    return parts[0].contiguous() if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
 def autocast_dtype(autocast: str | torch.dtype | None) -> torch.dtype | None:
@@ -264,7 +266,7 @@ class Ensemble(MemberStrategies):
             chunk_size = check_positive_int(chunk_size, "chunk_size")
         elif strategy == "chunked":
             raise ValueError("chunk_size: strategy='chunked' needs chunk_size (members per call)")
-        training = [m for m in self.skeleton.modules() if m.training]  # cheaper than eval()
+        training = training_modules(self.skeleton)  # cheaper than eval() and back
         for m in training:
             m.training = False
         seen = False
