@@ -35,8 +35,9 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
 
 
 def _time(runs: dict[str, Callable[[], object]], repeats: int, budget: float) -> dict:
-    """Median seconds of each `run()`, timed in turn (round robin: a slow spell of the machine
-    touches every run alike): at least `repeats` rounds, more for fast ones (~`budget` s)."""
+    """Seconds of each `run()` per round, timed in turn (round robin: a slow spell of the machine
+    touches every run of a round alike): at least `repeats` rounds, more for fast ones
+    (~`budget` s)."""
     first = 0.0
     for run in runs.values():  # warm-up
         start = time.perf_counter()
@@ -48,7 +49,12 @@ def _time(runs: dict[str, Callable[[], object]], repeats: int, budget: float) ->
             start = time.perf_counter()
             run()
             samples[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return samples
+
+
+def _ratio(num: list[float], den: list[float], scale: float = 1.0) -> float:
+    """Median over rounds of num / (scale · den), each round's two timings taken side by side."""
+    return statistics.median(a / (scale * b) for a, b in zip(num, den, strict=True))
 
 
 def _members(model: nn.Module, S: int) -> list[dict[str, torch.Tensor]]:
@@ -89,13 +95,14 @@ def _row(name: str, model: nn.Module, S: int, x: torch.Tensor, args: argparse.Na
     if len(x) == BATCHES[-1]:
         runs["one"] = one
     repeats = 3 if len(x) >= 512 and name == "ResNet-20" else args.repeats  # seconds per call
-    t = _time(runs, repeats, args.budget)
-    base = min(t["no_grad"], t["inference"])
+    samples = _time(runs, repeats, args.budget)
+    t = {k: statistics.median(v) for k, v in samples.items()}
+    base = samples[min(("no_grad", "inference"), key=t.__getitem__)]  # the faster loop
     chosen = ens._choose(x, None)  # what "auto" ran
-    bound = f"{t['peg'] / (S * t['one']):9.2f}" if "one" in t else f"{'':9}"
+    bound = f"{_ratio(samples['peg'], samples['one'], S):9.2f}" if "one" in t else f"{'':9}"
     return (
         f"{name:9} {S:3d} {len(x):5d} {t['no_grad'] * 1e3:9.2f} {t['inference'] * 1e3:9.2f} "
-        f"{t['peg'] * 1e3:9.2f} {chosen:>7} {base / t['peg']:10.3f} {bound}"
+        f"{t['peg'] * 1e3:9.2f} {chosen:>7} {_ratio(base, samples['peg']):10.3f} {bound}"
     )
 
 
@@ -113,7 +120,8 @@ def main() -> None:
     print("ms per call; loop = torch.stack([m(x) for m in S deep copies]) under no_grad / "
           "inference_mode; peg = Ensemble.member_logits(x, len(x)), strategy 'auto' (what it "
           "chose); loop/peg = the faster loop ÷ peg (>= 1.0: peg at least as fast); "
-          "peg/(S·1) = peg ÷ (S × one member's forward), batch 512")  # fmt: skip
+          "peg/(S·1) = peg ÷ (S × one member's forward), batch 512; ratios: the median of the "
+          "rounds' own ratios")  # fmt: skip
     print(f"{'model':9} {'S':>3} {'batch':>5} {'no_grad':>9} {'inference':>9} {'peg':>9} "
           f"{'auto':>7} {'loop/peg':>10} {'peg/(S·1)':>9}")  # fmt: skip
     for name, (make, shape) in MODELS.items():
