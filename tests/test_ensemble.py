@@ -134,8 +134,8 @@ def test_auto_vectorises_small_batches_and_loops_large_ones(bn_net):
     image = torch.zeros(1, 1, 100, 100)
     with FlopCounterMode(display=False) as counted:
         conv(image)
-    rows = int(ensemble_module.AUTO_VECTORISE_FLOPS // counted.get_total_flops())
-    assert 100 < rows < 1000
+    rows = int(ensemble_module.AUTO_VECTORISE_FLOPS_CONV // counted.get_total_flops())
+    assert 20 < rows < 1000
     assert ens._choose(image.expand(rows, -1, -1, -1), None) == "folded"
     assert ens._choose(image.expand(rows + 1, -1, -1, -1), None) == "loop"
     huge = torch.zeros(4, 1, 2000, 2000)  # beyond the budget, but 4 rows are always vectorised

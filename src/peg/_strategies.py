@@ -36,7 +36,12 @@ STRATEGIES = ("auto", "loop", "vmap", "folded", "chunked")
 # benchmarks/inference_strategies.py on one CPU thread, where vectorising stops paying: an MLP
 # 784-256-256 (0.54 MFLOP/row) at ~64 rows, SmallCNN (2 MFLOP/row) between 32 and 64 rows,
 # ResNet-20 (81 MFLOP/row) between 4 and 8; small MLPs (160-1500 FLOP/row) not in 1024 rows.
+# Convolutions stop paying sooner, AUTO_VECTORISE_FLOPS_CONV: the folded grouped convolutions
+# write M-fold activations, and a loop's per-member convolutions use two threads well
+# (benchmarks/ensemble_vs_loop.py, 2 threads: a conv 3-32-64 CNN, 2.9 MFLOP/row, at 8 rows and
+# 8 members, folded 0.70 × as fast as a plain loop).
 AUTO_VECTORISE_FLOPS = 6.4e7
+AUTO_VECTORISE_FLOPS_CONV = 2e7
 AUTO_VECTORISE_ROWS_CONV = 4
 _FLOPS: dict[tuple[Any, ...], tuple[int, bool]] = {}  # (architecture, row shape) -> FLOP/row, conv
 _NOT_VMAPPABLE: set[str] = set()  # architectures vmap failed on (this process)
@@ -169,8 +174,8 @@ class MemberStrategies:
         Small batches are dominated by Python overhead per member and layer, which vectorising
         removes; large ones are compute-bound, where the loop avoids the M-fold activations.
         Where that turns is measured in FLOPs of one member's forward on the batch
-        (`AUTO_VECTORISE_FLOPS`; with convolutions, a few rows are vectorised whatever their
-        cost, `AUTO_VECTORISE_ROWS_CONV`).
+        (`AUTO_VECTORISE_FLOPS`; with convolutions `AUTO_VECTORISE_FLOPS_CONV`, and a few rows
+        are vectorised whatever their cost, `AUTO_VECTORISE_ROWS_CONV`).
         Vectorising means folding the members into the batch (`peg._folded`) where that
         agrees with `functional_call` (checked once per architecture), vmap otherwise, or vmap
         over `chunk_size` members. A model vmap cannot run is remembered and looped.
@@ -200,8 +205,8 @@ class MemberStrategies:
             conv = any(isinstance(m, nn.modules.conv._ConvNd) for m in self.skeleton.modules())
             _FLOPS[key] = (counter.get_total_flops() // min(n, 2), conv)
         per_row, conv = _FLOPS[key]
-        if conv and n <= AUTO_VECTORISE_ROWS_CONV:
-            return True
+        if conv:
+            return n <= AUTO_VECTORISE_ROWS_CONV or n * per_row <= AUTO_VECTORISE_FLOPS_CONV
         return n * per_row <= AUTO_VECTORISE_FLOPS
 
     def _folds(self, x: Any) -> bool:

@@ -23,6 +23,7 @@ from peg import archive
 from peg._inputs import Data, check_positive_int, iter_inputs, num_batches, training_modules
 from peg._progress import bar
 from peg._strategies import AUTO_VECTORISE_FLOPS as AUTO_VECTORISE_FLOPS
+from peg._strategies import AUTO_VECTORISE_FLOPS_CONV as AUTO_VECTORISE_FLOPS_CONV
 from peg._strategies import AUTO_VECTORISE_ROWS_CONV as AUTO_VECTORISE_ROWS_CONV
 from peg._strategies import STRATEGIES, MemberStrategies, Strategy
 from peg.batches import BatchFn, check_batch_fn, move
@@ -218,9 +219,9 @@ class Ensemble(MemberStrategies):
                 (`peg._folded`: Linear, Conv, BatchNorm/LayerNorm/GroupNorm layers; fastest at
                 small batches); "chunked" vectorises (vmap) over `chunk_size` members at a
                 time, bounding memory; "auto" (default) vectorises batches whose forward
-                costs at most `AUTO_VECTORISE_FLOPS` per member (folded where it agrees with
-                `functional_call`, else vmap) and loops over larger ones (see `_choose`; a
-                model vmap cannot run is looped).
+                costs at most `AUTO_VECTORISE_FLOPS` per member (`AUTO_VECTORISE_FLOPS_CONV`
+                with convolutions; folded where it agrees with `functional_call`, else vmap)
+                and loops over larger ones (see `_choose`; a model vmap cannot run is looped).
             progress: show a progress bar (None: only on a terminal).
             chunk_size: members per vectorised call for "chunked" (and for "auto").
             autocast: run the forward passes under `torch.autocast` in "bf16" / "fp16" (or
