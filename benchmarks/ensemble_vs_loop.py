@@ -9,6 +9,7 @@ peg / (S × one member's forward) <= 1.10. Models: a CNN (conv 3→32→64, Batc
 on 32×32), an MLP 64-256-256-10 and ResNet-20 (32×32), S = 8 and 15, batch 1, 8, 64, 512.
 
     python benchmarks/ensemble_vs_loop.py [--threads 2] [--repeats 5] [--budget 1.5] [--quick]
+                                          [--models CNN MLP ResNet-20]
 """
 
 from __future__ import annotations
@@ -112,6 +113,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="rounds at least")
     parser.add_argument("--budget", type=float, default=1.5, help="seconds per row, about")
     parser.add_argument("--quick", action="store_true", help="S = 8, batches 1 and 8 only")
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"commit: {git_commit()}")
@@ -124,7 +126,8 @@ def main() -> None:
           "rounds' own ratios")  # fmt: skip
     print(f"{'model':9} {'S':>3} {'batch':>5} {'no_grad':>9} {'inference':>9} {'peg':>9} "
           f"{'auto':>7} {'loop/peg':>10} {'peg/(S·1)':>9}")  # fmt: skip
-    for name, (make, shape) in MODELS.items():
+    for name in args.models:
+        make, shape = MODELS[name]
         for S in (8,) if args.quick else (8, 15):
             for batch in BATCHES[:2] if args.quick else BATCHES:
                 torch.manual_seed(0)
