@@ -213,11 +213,15 @@ class _Affine(_Layer):
             per, view = z.reshape(M, -1, *self.features), (M, 1, *self.features)
         else:  # features are the channels, dimension 1
             per, view = z.reshape(M, self.rows.batch, self.features[0], -1), (M, 1, -1, 1)
+        fresh = False  # whether `per` is a tensor of our own, to overwrite
         for factor, op in ((scale, torch.mul), (shift, torch.add)):
             if factor is not None:
                 if factor.ndim == len(self.features):  # shared
                     factor = factor.expand(M, *factor.shape)
-                per = op(per, factor.reshape(view))
+                factor = factor.reshape(view)
+                # in place on our own product: one activation-sized buffer fewer to allocate
+                per = per.add_(factor) if fresh else op(per, factor)
+                fresh = True
         return per.reshape(z.shape)
 
 

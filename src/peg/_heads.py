@@ -36,6 +36,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from peg._inputs import training_modules
 from peg._params import module_like
 from peg.batches import batch_rows, call_functional, take_rows
 from peg.output import logits_of, model_output
@@ -149,7 +150,7 @@ def find_split(
         _SPLITS[key] = None
         return None
     rows = take_rows(x, 0, 2)
-    training = [m for m in skeleton.modules() if m.training]
+    training = training_modules(skeleton)
     for m in training:
         m.training = False
     try:

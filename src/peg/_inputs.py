@@ -363,6 +363,18 @@ def input_error(error: BaseException, x: Any, name: str) -> ValueError:
     )
 
 
+def training_modules(model: nn.Module) -> list[nn.Module]:
+    """`model` and its submodules that are in training mode: a plain walk over `_modules`,
+    several times cheaper than `model.modules()` (which builds every name), for per-batch use."""
+    found, todo = [], [model]
+    while todo:
+        module = todo.pop()
+        if module.training:
+            found.append(module)
+        todo.extend(m for m in module._modules.values() if m is not None)
+    return found
+
+
 @contextmanager
 def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
     """`model` in eval mode inside the block; every submodule's own mode restored after it."""

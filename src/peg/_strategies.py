@@ -36,7 +36,12 @@ STRATEGIES = ("auto", "loop", "vmap", "folded", "chunked")
 # benchmarks/inference_strategies.py on one CPU thread, where vectorising stops paying: an MLP
 # 784-256-256 (0.54 MFLOP/row) at ~64 rows, SmallCNN (2 MFLOP/row) between 32 and 64 rows,
 # ResNet-20 (81 MFLOP/row) between 4 and 8; small MLPs (160-1500 FLOP/row) not in 1024 rows.
+# Convolutions stop paying sooner, AUTO_VECTORISE_FLOPS_CONV: the folded grouped convolutions
+# write M-fold activations, and a loop's per-member convolutions use two threads well
+# (benchmarks/ensemble_vs_loop.py, 2 threads: a conv 3-32-64 CNN, 2.9 MFLOP/row, at 8 rows and
+# 8 members, folded 0.70 × as fast as a plain loop).
 AUTO_VECTORISE_FLOPS = 6.4e7
+AUTO_VECTORISE_FLOPS_CONV = 2e7
 AUTO_VECTORISE_ROWS_CONV = 4
 _FLOPS: dict[tuple[Any, ...], tuple[int, bool]] = {}  # (architecture, row shape) -> FLOP/row, conv
 _NOT_VMAPPABLE: set[str] = set()  # architectures vmap failed on (this process)
@@ -105,31 +110,22 @@ class MemberStrategies:
         """Logits `[M, B, C]` of every member on one batch with a concrete strategy.
 
         `x`: a tensor, or structured inputs (a mapping: `model(**x)`; see `peg.batches`),
-        which "loop" and "vmap" take and "folded" refuses."""
+        which "loop" and "vmap" take and "folded" refuses. The forward passes run under
+        `torch.inference_mode` (less per-operation bookkeeping than `no_grad`; the modules are
+        built before it), and the logits are gathered after it: an ordinary tensor, fit for
+        autograd later (temperature scaling)."""
         if strategy == "folded":
-            if not isinstance(x, Tensor):
-                raise NotFoldable(
-                    f"strategy='folded': takes tensor inputs, got {type(x).__name__}; "
-                    "use 'vmap' or 'loop'"
-                )
-            folded = self._folded()
-            try:
-                out = model_output(folded(x), "member_logits")
-            except (NotFoldable, TypeError):
-                raise
-            except Exception as e:  # e.g. a forward reading `self.fc.weight`, a replaced layer's
-                raise NotFoldable(
-                    f"strategy='folded': the folded model failed ({type(e).__name__}: {e}); "
-                    "use 'vmap' or 'loop'"
-                ) from e
-            if len(out) == len(x):  # no layer with per-member weights on the output's path
-                return out.expand(len(self), *out.shape)
-            return out.view(len(self), len(x), *out.shape[1:])
+            folded = self._folded_for(x)
+            with torch.inference_mode():
+                out = self._folded_logits(folded, x)
+            return out.clone()  # out of inference mode
         if strategy == "loop":
             modules = self._member_modules()
             if modules is None:
                 return torch.stack([self._member_output(i, x) for i in range(len(self))])
-            return torch.stack([model_output(call_model(m, x), "member_logits") for m in modules])
+            with torch.inference_mode():
+                outs = [model_output(call_model(m, x), "member_logits") for m in modules]
+            return torch.stack(outs)
 
         def one(stacked: dict[str, Tensor], x: Any) -> Tensor:
             out = call_functional(self.skeleton, {**self.shared, **stacked}, x)
@@ -137,9 +133,10 @@ class MemberStrategies:
 
         step = len(self) if strategy == "vmap" or chunk_size is None else chunk_size
         outs = []
-        for start in range(0, len(self), step):  # "chunked": at most `step` members at once
-            part = {k: v[start : start + step] for k, v in self.stacked.items()}
-            outs.append(vmap(one, in_dims=(0, None))(part, x))
+        with torch.inference_mode():
+            for start in range(0, len(self), step):  # "chunked": at most `step` members at once
+                part = {k: v[start : start + step] for k, v in self.stacked.items()}
+                outs.append(vmap(one, in_dims=(0, None))(part, x))
         out = torch.cat(outs)
         if out.ndim != 3:
             raise ValueError(
@@ -147,14 +144,38 @@ class MemberStrategies:
             )
         return out
 
+    def _folded_for(self, x: Any) -> Folded:
+        """The folded model (`_folded`), or NotFoldable for inputs it cannot take."""
+        if not isinstance(x, Tensor):
+            raise NotFoldable(
+                f"strategy='folded': takes tensor inputs, got {type(x).__name__}; "
+                "use 'vmap' or 'loop'"
+            )
+        return self._folded()
+
+    def _folded_logits(self, folded: Folded, x: Tensor) -> Tensor:
+        """`folded(x)` as `[M, B, C]` (a view; expanded where no layer is per member)."""
+        try:
+            out = model_output(folded(x), "member_logits")
+        except (NotFoldable, TypeError):
+            raise
+        except Exception as e:  # e.g. a forward reading `self.fc.weight`, a replaced layer's
+            raise NotFoldable(
+                f"strategy='folded': the folded model failed ({type(e).__name__}: {e}); "
+                "use 'vmap' or 'loop'"
+            ) from e
+        if len(out) == len(x):  # no layer with per-member weights on the output's path
+            return out.expand(len(self), *out.shape)
+        return out.view(len(self), len(x), *out.shape[1:])
+
     def _choose(self, x: Any, chunk_size: int | None) -> str:
         """The strategy "auto" uses for a batch: a fixed rule, so results never depend on timing.
 
         Small batches are dominated by Python overhead per member and layer, which vectorising
         removes; large ones are compute-bound, where the loop avoids the M-fold activations.
         Where that turns is measured in FLOPs of one member's forward on the batch
-        (`AUTO_VECTORISE_FLOPS`; with convolutions, a few rows are vectorised whatever their
-        cost, `AUTO_VECTORISE_ROWS_CONV`).
+        (`AUTO_VECTORISE_FLOPS`; with convolutions `AUTO_VECTORISE_FLOPS_CONV`, and a few rows
+        are vectorised whatever their cost, `AUTO_VECTORISE_ROWS_CONV`).
         Vectorising means folding the members into the batch (`peg._folded`) where that
         agrees with `functional_call` (checked once per architecture), vmap otherwise, or vmap
         over `chunk_size` members. A model vmap cannot run is remembered and looped.
@@ -184,8 +205,8 @@ class MemberStrategies:
             conv = any(isinstance(m, nn.modules.conv._ConvNd) for m in self.skeleton.modules())
             _FLOPS[key] = (counter.get_total_flops() // min(n, 2), conv)
         per_row, conv = _FLOPS[key]
-        if conv and n <= AUTO_VECTORISE_ROWS_CONV:
-            return True
+        if conv:
+            return n <= AUTO_VECTORISE_ROWS_CONV or n * per_row <= AUTO_VECTORISE_FLOPS_CONV
         return n * per_row <= AUTO_VECTORISE_FLOPS
 
     def _folds(self, x: Any) -> bool:

@@ -20,9 +20,10 @@ import torch
 from torch import Tensor, nn
 
 from peg import archive
-from peg._inputs import Data, check_positive_int, iter_inputs, num_batches
+from peg._inputs import Data, check_positive_int, iter_inputs, num_batches, training_modules
 from peg._progress import bar
 from peg._strategies import AUTO_VECTORISE_FLOPS as AUTO_VECTORISE_FLOPS
+from peg._strategies import AUTO_VECTORISE_FLOPS_CONV as AUTO_VECTORISE_FLOPS_CONV
 from peg._strategies import AUTO_VECTORISE_ROWS_CONV as AUTO_VECTORISE_ROWS_CONV
 from peg._strategies import STRATEGIES, MemberStrategies, Strategy
 from peg.batches import BatchFn, check_batch_fn, move
@@ -34,8 +35,10 @@ __all__ = ["Ensemble", "autocast_dtype", "model_output"]
 
 
 def _cat_batches(batches: Iterable[Tensor]) -> Tensor:
-    """The per-batch logits `[M, B_j, C]` of an `iter_member_logits`, as one `[M, N, C]`."""
-    return torch.cat(list(batches), dim=1)
+    """The per-batch logits `[M, B_j, C]` of an `iter_member_logits`, as one `[M, N, C]`; a
+    single batch's own tensor (fresh per call) is not copied again."""
+    parts = list(batches)
+    return parts[0].contiguous() if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
 def autocast_dtype(autocast: str | torch.dtype | None) -> torch.dtype | None:
@@ -216,9 +219,9 @@ class Ensemble(MemberStrategies):
                 (`peg._folded`: Linear, Conv, BatchNorm/LayerNorm/GroupNorm layers; fastest at
                 small batches); "chunked" vectorises (vmap) over `chunk_size` members at a
                 time, bounding memory; "auto" (default) vectorises batches whose forward
-                costs at most `AUTO_VECTORISE_FLOPS` per member (folded where it agrees with
-                `functional_call`, else vmap) and loops over larger ones (see `_choose`; a
-                model vmap cannot run is looped).
+                costs at most `AUTO_VECTORISE_FLOPS` per member (`AUTO_VECTORISE_FLOPS_CONV`
+                with convolutions; folded where it agrees with `functional_call`, else vmap)
+                and loops over larger ones (see `_choose`; a model vmap cannot run is looped).
             progress: show a progress bar (None: only on a terminal).
             chunk_size: members per vectorised call for "chunked" (and for "auto").
             autocast: run the forward passes under `torch.autocast` in "bf16" / "fp16" (or
@@ -264,7 +267,7 @@ class Ensemble(MemberStrategies):
             chunk_size = check_positive_int(chunk_size, "chunk_size")
         elif strategy == "chunked":
             raise ValueError("chunk_size: strategy='chunked' needs chunk_size (members per call)")
-        training = [m for m in self.skeleton.modules() if m.training]  # cheaper than eval()
+        training = training_modules(self.skeleton)  # cheaper than eval() and back
         for m in training:
             m.training = False
         seen = False

@@ -1,0 +1,139 @@
+"""Ensemble inference against a plain Python loop over S separate modules (issue 15, part 3).
+
+Baseline: S deep copies of the model in eval mode, `torch.stack([m(x) for m in copies])`,
+under `torch.no_grad()` and under `torch.inference_mode()` (the faster of the two counts).
+peg: an `Ensemble` of the same member weights, `member_logits(x, batch_size=len(x))` with the
+default strategy ("auto"; the column `auto` says what it chose). Every run is timed in turn
+(round robin), the median kept. Targets: loop / peg >= 1.0 everywhere, and at batch 512
+peg / (S × one member's forward) <= 1.10. Models: a CNN (conv 3→32→64, BatchNorm; `SmallCNN`
+on 32×32), an MLP 64-256-256-10 and ResNet-20 (32×32), S = 8 and 15, batch 1, 8, 64, 512.
+
+    python benchmarks/ensemble_vs_loop.py [--threads 2] [--repeats 5] [--budget 1.5] [--quick]
+                                          [--models CNN MLP ResNet-20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from peg._env import git_commit, machine
+from peg.ensemble import Ensemble
+from peg.models import build
+
+BATCHES = (1, 8, 64, 512)
+MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
+    "CNN": (lambda: build("small-cnn", in_channels=3, num_classes=10, width=32), (3, 32, 32)),
+    "MLP": (lambda: build("mlp", in_features=64, num_classes=10, hidden=(256, 256)), (64,)),
+    "ResNet-20": (lambda: build("resnet20", in_channels=3, num_classes=10), (3, 32, 32)),
+}
+
+
+def _time(runs: dict[str, Callable[[], object]], repeats: int, budget: float) -> dict:
+    """Seconds of each `run()` per round, timed in turn (round robin: a slow spell of the machine
+    touches every run of a round alike): at least `repeats` rounds, more for fast ones
+    (~`budget` s)."""
+    first = 0.0
+    for run in runs.values():  # warm-up
+        start = time.perf_counter()
+        run()
+        first += time.perf_counter() - start
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(max(repeats, min(300, int(budget / max(first, 1e-6))))):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            samples[name].append(time.perf_counter() - start)
+    return samples
+
+
+def _ratio(num: list[float], den: list[float], scale: float = 1.0) -> float:
+    """Median over rounds of num / (scale · den), each round's two timings taken side by side."""
+    return statistics.median(a / (scale * b) for a, b in zip(num, den, strict=True))
+
+
+def _members(model: nn.Module, S: int) -> list[dict[str, torch.Tensor]]:
+    """S state dicts: the model's floating-point entries perturbed per member (seeded)."""
+    states = []
+    for i in range(S):
+        torch.manual_seed(i)
+        states.append({k: v + 0.01 * torch.randn_like(v) if v.is_floating_point() else v
+                       for k, v in model.state_dict().items()})  # fmt: skip
+    return states
+
+
+def _row(name: str, model: nn.Module, S: int, x: torch.Tensor, args: argparse.Namespace) -> str:
+    """Time the loop, its inference-mode twin, peg and one forward on `x`; one table row."""
+    states = _members(model, S)
+    copies = [copy.deepcopy(model) for _ in states]
+    for m, state in zip(copies, states, strict=True):
+        m.load_state_dict(state)
+        m.eval()
+    ens = Ensemble.from_state_dicts(model, states)
+
+    def loop() -> object:
+        with torch.no_grad():
+            return torch.stack([m(x) for m in copies])
+
+    def loop_inference() -> object:
+        with torch.inference_mode():
+            return torch.stack([m(x) for m in copies])
+
+    def one() -> object:
+        with torch.no_grad():
+            return copies[0](x)
+
+    def peg() -> object:
+        return ens.member_logits(x, len(x))
+
+    runs = {"no_grad": loop, "inference": loop_inference, "peg": peg}
+    if len(x) == BATCHES[-1]:
+        runs["one"] = one
+    repeats = 3 if len(x) >= 512 and name == "ResNet-20" else args.repeats  # seconds per call
+    samples = _time(runs, repeats, args.budget)
+    t = {k: statistics.median(v) for k, v in samples.items()}
+    base = samples[min(("no_grad", "inference"), key=t.__getitem__)]  # the faster loop
+    chosen = ens._choose(x, None)  # what "auto" ran
+    bound = f"{_ratio(samples['peg'], samples['one'], S):9.2f}" if "one" in t else f"{'':9}"
+    return (
+        f"{name:9} {S:3d} {len(x):5d} {t['no_grad'] * 1e3:9.2f} {t['inference'] * 1e3:9.2f} "
+        f"{t['peg'] * 1e3:9.2f} {chosen:>7} {_ratio(base, samples['peg']):10.3f} {bound}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument("--repeats", type=int, default=5, help="rounds at least")
+    parser.add_argument("--budget", type=float, default=1.5, help="seconds per row, about")
+    parser.add_argument("--quick", action="store_true", help="S = 8, batches 1 and 8 only")
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"commit: {git_commit()}")
+    print(f"machine: {machine()}; median of >= {args.repeats} round-robin rounds "
+          "(3 for ResNet-20 at 512)")  # fmt: skip
+    print("ms per call; loop = torch.stack([m(x) for m in S deep copies]) under no_grad / "
+          "inference_mode; peg = Ensemble.member_logits(x, len(x)), strategy 'auto' (what it "
+          "chose); loop/peg = the faster loop ÷ peg (>= 1.0: peg at least as fast); "
+          "peg/(S·1) = peg ÷ (S × one member's forward), batch 512; ratios: the median of the "
+          "rounds' own ratios")  # fmt: skip
+    print(f"{'model':9} {'S':>3} {'batch':>5} {'no_grad':>9} {'inference':>9} {'peg':>9} "
+          f"{'auto':>7} {'loop/peg':>10} {'peg/(S·1)':>9}")  # fmt: skip
+    for name in args.models:
+        make, shape = MODELS[name]
+        for S in (8,) if args.quick else (8, 15):
+            for batch in BATCHES[:2] if args.quick else BATCHES:
+                torch.manual_seed(0)
+                model = make().eval()
+                print(_row(name, model, S, torch.randn(batch, *shape), args), flush=True)
+
+
+if __name__ == "__main__":
+    main()
