@@ -83,11 +83,11 @@ class ScaleSearch:
         self.points: dict[float, int] = {}
         self.predicted: dict[float, float] = {}
 
-    def _logits(self, scale: float, start: int = 0, stop: int | None = None) -> Tensor | None:
-        """Member outputs `[M, stop - start, C]` at `scale` on scoring points start … stop-1;
-        None when they are not finite."""
+    def _logits(self, ensemble: Any, start: int = 0, stop: int | None = None) -> Tensor | None:
+        """Member outputs `[M, stop - start, C]` of `ensemble` on scoring points start …
+        stop-1 (default: all); None when they are not finite."""
         x = take_rows(self.X, start, len(self.y) if stop is None else stop)
-        logits = self.target.at(scale).member_logits(x, self.batch_size, progress=False)
+        logits = ensemble.member_logits(x, self.batch_size, progress=False)
         return logits if bool(torch.isfinite(logits).all()) else None
 
     def _losses(self, point_loss: Callable[[Tensor, Tensor], Tensor]) -> Callable[..., Any]:
@@ -102,11 +102,8 @@ class ScaleSearch:
                 while len(built) > 1:
                     del built[next(iter(built))]
                 built[scale] = self.target.at(scale)
-            x = take_rows(self.X, start, stop)
-            logits = built[scale].member_logits(x, self.batch_size, progress=False)
-            if not torch.isfinite(logits).all():
-                return None
-            return point_loss(logits, self.y[start:stop])
+            logits = self._logits(built[scale], start, stop)
+            return None if logits is None else point_loss(logits, self.y[start:stop])
 
         return losses
 
@@ -137,7 +134,7 @@ class ScaleSearch:
                 return value
         return value
 
-    def _surrogate(self, grid: Sequence[float], shown: Any) -> float:
+    def _surrogate(self, grid: Sequence[float], show: Callable[[float, float], None]) -> float:
         """`surrogate_search` on every scoring point."""
         y = self.y
         zero = self.target.bases().member_logits(self.X, self.batch_size, progress=False)
@@ -146,11 +143,10 @@ class ScaleSearch:
 
         def scored(scale: float, value: float) -> None:
             self.points[scale] = len(y)
-            shown.update(1)
-            shown.set_postfix_str(f"{self.name}={scale:.3g} score={value:.4g}")
+            show(scale, value)
 
         result = surrogate_search(
-            self._logits,
+            lambda scale: self._logits(self.target.at(scale)),
             at_zero,
             lambda logits: self.criterion(logits, y),
             None if point_loss is None else lambda logits: point_loss(logits, y),
@@ -163,21 +159,23 @@ class ScaleSearch:
     def run(self, grid: Sequence[float], refine: bool) -> float:
         """The chosen scale; fills `scores`, `points`, `stopped` and `predicted`."""
         with counter(f"{self.label} {self.name} search", self.progress) as shown:
+
+            def show(scale: float, value: float) -> None:
+                shown.update(1)
+                shown.set_postfix_str(f"{self.name}={scale:.3g} score={value:.4g}")
+
+            def shown_score(scale: float, stop_above: float = math.inf) -> float:
+                value = self._score(scale, stop_above)
+                show(scale, value)
+                return value
+
             if refine and self.method == "surrogate":
-                best = self._surrogate(grid, shown)
-                self.race = None  # not used
+                best, points = self._surrogate(grid, show), self.points
             else:
-
-                def shown_score(scale: float, stop_above: float = math.inf) -> float:
-                    value = self._score(scale, stop_above)
-                    shown.update(1)
-                    shown.set_postfix_str(f"{self.name}={scale:.3g} score={value:.4g}")
-                    return value
-
                 best, self.scores = select_scale(
                     shown_score, grid, refine=refine, stop_above=self.early_stop, tol=self.tol
                 )
-        points = self.race.points if self.race is not None else {}
-        self.points = {s: points.get(s, self.points.get(s, 0)) for s in self.scores}
+                points = self.race.points if self.race is not None else self.points
+        self.points = {s: points.get(s, 0) for s in self.scores}
         self.stopped = [s for s, k in self.points.items() if k < len(self.y)]
         return best
