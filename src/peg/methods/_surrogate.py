@@ -100,12 +100,14 @@ class SearchResult:
 
 
 def search_range(grid: Sequence[float], extend: int = 3) -> tuple[float, float]:
-    """(low, high) log-scales searched: the grid's range widened by `extend` of its mean
-    log-spacing on either side (PEG's default grid 1e-3…1 gives 1e-6…1e3, as the golden
-    search's grid extension reaches)."""
+    """(low, high) log-scales searched: the grid's range widened on either side by `extend` of
+    its mean log-spacing, and by at least `extend` decades (PEG's default grid 1e-3…1 gives
+    1e-6…1e3, as far as the golden search's grid extension reaches; PEP's bracket 5e-4…5e-3,
+    5e-7…5). Searching wide costs nothing here: scales are tried on the interpolant."""
     logs = sorted(math.log(g) for g in grid)
-    step = (logs[-1] - logs[0]) / (len(logs) - 1) if len(logs) > 1 else math.log(10.0)
-    return logs[0] - extend * step, logs[-1] + extend * step
+    step = (logs[-1] - logs[0]) / (len(logs) - 1) if len(logs) > 1 else 0.0
+    widen = extend * max(step, math.log(10.0))
+    return logs[0] - widen, logs[-1] + widen
 
 
 def surrogate_search(
