@@ -139,7 +139,7 @@ class SeedRun:
         """Member logits `[M, N, C]` of one method on every evaluation set (cached)."""
         folder = self.cache / "logits" / method.key
         out: dict[str, Tensor] = {}
-        predictor = None
+        predictor, info = None, self.info(method)
         for name, inputs in self.eval_sets().items():
             path = folder / f"{_file_name(name)}.safetensors"
             if path.exists():
@@ -166,8 +166,8 @@ class SeedRun:
         predictor = self.build(method)
         own = time.perf_counter() - started
         earlier = {method.base: self.info_by_name(method.base).get("seconds", 0.0)}
-        info = {"seconds": chained_seconds(own, method.base, earlier)}
-        info |= registry.scales(predictor)
+        info = self.info(method) | {"seconds": chained_seconds(own, method.base, earlier)}
+        info |= registry.scales(predictor)  # (a resumed run keeps its test set's timing)
         save_tree(self.cache / "logits" / method.key / "build.safetensors", info)
         return predictor, info
 
