@@ -246,13 +246,16 @@ def test_the_member_count_is_n_members(case):
 
 def test_fit_signatures_share_one_shape(case):
     """Post-hoc: fit(model, val=None, *, bn_data=None); training-time: fit(model, train_data,
-    *, bn_data=None, callbacks=()); from iterates: fit(iterates, *, skeleton=None, bn_data=None).
+    *, bn_data=None, callbacks=()) (DeepEnsemble also val_data=None: its members are plain
+    `train` runs, which stop early on it with `recipe.patience`); from iterates: fit(iterates, *,
+    skeleton=None, bn_data=None).
     """
     fit = list(inspect.signature(case.cls.fit).parameters.values())[1:]
     positional = [p.name for p in fit if p.kind is p.POSITIONAL_OR_KEYWORD]
     keyword = {p.name: p.default for p in fit if p.kind is p.KEYWORD_ONLY}
     if positional[1:] == ["train_data"]:
-        assert keyword == {"bn_data": None, "callbacks": ()}
+        extra = {"val_data": None} if case.cls is peg.DeepEnsemble else {}
+        assert keyword == {"bn_data": None, "callbacks": ()} | extra
     elif positional == ["iterates"]:
         assert keyword == {"skeleton": None, "bn_data": None}
     else:

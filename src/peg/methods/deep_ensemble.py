@@ -119,12 +119,14 @@ class DeepEnsemble(FittedEnsemble):
         *,
         bn_data: Data | None = None,
         callbacks: Sequence[Callback] = (),
+        val_data: tuple[Any, Tensor] | None = None,
     ) -> DeepEnsemble:
         """Train `n_members` members on `train_data` from `model` (a module or a factory).
 
         `bn_data` is accepted for the shape every training-time method shares and unused: each
         member keeps the BatchNorm statistics of its own training. Extra `callbacks(epoch,
-        model)` run after every epoch of every member.
+        model)` run after every epoch of every member. `val_data` `(X, y)`: validation data
+        for early stopping (`recipe.patience`; each member stops on its own, `peg.train.train`).
         """
         check_labelled(train_data, "train_data", self._device(model))
         folder = self._checkpoint_dir()
@@ -155,6 +157,7 @@ class DeepEnsemble(FittedEnsemble):
                 loss=self.loss,
                 callbacks=callbacks,
                 checkpoint=partial,
+                val=val_data,
                 progress=self.progress,
                 batch_fn=self.batch_fn,
             )

@@ -20,10 +20,10 @@ the same call again resumes from it and ends with the same weights as an uninter
 - `recipe`: `Recipe`, `make_optimizer`, the schedules (`swa_lr_factor`).
 - `loop`: `train`, `check_training_data`, `instantiate`.
 - `checkpoint`: the resumable run state (`load_checked`).
-- `callbacks`: `Callback`, `Snapshots`.
+- `callbacks`: `Callback`, `Snapshots`, `EarlyStopping`.
 """
 
-from peg.train.callbacks import Callback, Snapshots
+from peg.train.callbacks import Callback, EarlyStopping, Snapshots
 from peg.train.checkpoint import CHECKPOINT_FORMAT, load_checked
 from peg.train.loop import (
     CLASSIFICATION_LOSSES,
@@ -38,6 +38,7 @@ __all__ = [
     "CHECKPOINT_FORMAT",
     "CLASSIFICATION_LOSSES",
     "Callback",
+    "EarlyStopping",
     "ModelSource",
     "Recipe",
     "Schedule",

@@ -29,7 +29,7 @@ from peg.data.transforms import random_crop, random_hflip
 from peg.losses import packed_loss
 from peg.output import logits_of, model_output
 from peg.train._data import Batch, TrainingData
-from peg.train.callbacks import Callback
+from peg.train.callbacks import Callback, EarlyStopping
 from peg.train.checkpoint import CHECKPOINT_FORMAT, resume_run, save_run
 from peg.train.recipe import Recipe, Schedules, make_optimizer
 
@@ -73,6 +73,7 @@ def train(
     checkpoint: str | os.PathLike[str] | None = None,
     progress: bool | None = None,
     batch_fn: BatchFn | None = None,
+    val: tuple[Any, Tensor] | None = None,
     **recipe_fields: Any,
 ) -> tuple[nn.Module, list[dict[str, float]]]:
     """Train `model` in place on `data`, read batch by batch (never gathered).
@@ -104,9 +105,15 @@ def train(
             epochs are saved: an interrupted epoch is redone from its start (a stream is read
             again from its beginning for it), and an epoch that meets bad data saves nothing.
         batch_fn: splits the batches of a Dataset or DataLoader (`peg.batches`).
+        val: validation data `(X, y)` for early stopping (`recipe.patience`; required then):
+            after every epoch its NLL is recorded (`val_nll`); the run stops after `patience`
+            epochs without improvement and the model gets its best epoch's weights back. A
+            callback with a `stop` attribute (`peg.train.callbacks.EarlyStopping`) passed in
+            `callbacks` stops a run the same way.
 
     Returns the model (in eval mode) and its history: one dict per epoch with the mean
-    training loss, training accuracy and the learning rate used.
+    training loss, training accuracy and the learning rate used (and `val_nll` with early
+    stopping).
     """
     recipe = (recipe or Recipe()).replace(**recipe_fields) if recipe_fields else recipe or Recipe()
     if not isinstance(recipe, Recipe):
@@ -116,6 +123,12 @@ def train(
     if not callable(loss):
         raise TypeError(f"loss: expected a callable loss(outputs, y), got {type(loss).__name__}")
     batch_fn = check_batch_fn(batch_fn)
+    if recipe.patience is not None:
+        if val is None:
+            raise ValueError("val: recipe.patience (early stopping) needs validation data (X, y)")
+        callbacks = [*callbacks, EarlyStopping(val, recipe.patience)]
+    elif val is not None:
+        raise ValueError("val: given without recipe.patience; set patience to stop early")
     source = TrainingData(data, recipe.batch_size, batch_fn, weights_device(model), seed)
     if source.in_memory:
         X, y = source.X, source.y
@@ -154,6 +167,8 @@ def train(
         if ckpt is not None and ckpt.exists():
             start, history = resume_run(ckpt, identity, model, opt, schedules, gen, callbacks)
         for epoch in bar(range(start, recipe.epochs), "train", recipe.epochs - start, progress):
+            if _stopped(callbacks):
+                break  # a resumed run that had stopped early
             schedules.start_epoch(epoch)
             lr_now = opt.param_groups[0]["lr"]
             loss_mean, accuracy = run.epoch(epoch + 1)
@@ -163,9 +178,20 @@ def train(
             schedules.after_epoch()
             for callback in callbacks:
                 callback(epoch + 1, model)
+                history[-1].update(getattr(callback, "metrics", dict)())
             if ckpt is not None:
                 save_run(ckpt, identity, epoch + 1, history, model, opt, schedules, gen, callbacks)
+            if _stopped(callbacks):
+                break
+    for callback in callbacks:
+        if callable(getattr(callback, "restore", None)):
+            callback.restore(model)
     return model.eval(), history
+
+
+def _stopped(callbacks: Sequence[Callback]) -> bool:
+    """Whether a callback asks the run to stop (`EarlyStopping.stop`)."""
+    return any(getattr(c, "stop", False) for c in callbacks)
 
 
 CLASSIFICATION_LOSSES: tuple[Callable[..., Tensor], ...] = (

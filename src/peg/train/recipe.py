@@ -24,7 +24,10 @@ class Recipe:
     models: SGD with momentum 0.9 and weight decay 5e-4, batch 128. `swa_start` (epochs) and
     `swa_lr` are used by the "swa" schedule and by the SWA/SWAG collectors. `augment` applies
     the standard CIFAR augmentation (`peg.data.transforms`) to each `[B, C, H, W]` batch, drawn
-    from the run's data-order generator so a resumed run augments identically.
+    from the run's data-order generator so a resumed run augments identically. `patience`
+    stops the run early ("until the validation loss rises"): `train(..., val=(X, y))` then
+    stops after `patience` epochs without a lower validation NLL and returns the best epoch's
+    weights (`peg.train.callbacks.EarlyStopping`); `epochs` is the most it trains.
     """
 
     epochs: int = 10
@@ -37,6 +40,7 @@ class Recipe:
     swa_start: int | None = None
     swa_lr: float | None = None
     augment: bool = False  # random crop (padding 4) + horizontal flip of image batches
+    patience: int | None = None  # early stopping on validation NLL (`train(val=...)`)
 
     def __post_init__(self) -> None:
         check_positive_int(self.epochs, "epochs")
@@ -59,6 +63,8 @@ class Recipe:
                 )
         if self.swa_lr is not None:
             check_number(self.swa_lr, "swa_lr")
+        if self.patience is not None:
+            check_positive_int(self.patience, "patience")
         if not isinstance(self.augment, bool):
             raise ValueError(f"augment: expected True or False, got {self.augment!r}")
         if self.schedule == "swa" and (self.swa_start is None or self.swa_lr is None):

@@ -35,6 +35,8 @@ class Bases:
         deep_ensemble_size: members to train (≥ every DeepEns-N asked for).
         swag_samples: samples of SWAG and SWAG-Diag.
         cache: folder for checkpoints.
+        val: validation data `(X, y)`: the deep-ensemble members stop early on it when
+            `recipe.patience` is set.
     """
 
     def __init__(
@@ -48,8 +50,10 @@ class Bases:
         swag_samples: int,
         cache: Path,
         progress: bool | None = None,
+        val: tuple[Tensor, Tensor] | None = None,
     ) -> None:
         self.factory, self.train, self.recipe, self.swa = factory, train, recipe, swa
+        self.val = val if recipe.patience is not None else None
         self.seed, self.size, self.swag_samples = seed, deep_ensemble_size, swag_samples
         self.cache, self.progress = cache, progress
 
@@ -61,7 +65,18 @@ class Bases:
             seed=self.seed,
             checkpoint_dir=self.cache / "deep-ensemble",
             progress=self.progress,
-        ).fit(self.factory, self.train)
+        ).fit(self.factory, self.train, val_data=self.val)
+
+    def training(self) -> dict[str, list[float]]:
+        """How the deep-ensemble members trained: epochs run and, with early stopping, the
+        best epoch (whose weights were kept)."""
+        histories = self.deep_ensemble.histories_
+        out: dict[str, list[float]] = {"epochs": [float(len(h)) for h in histories]}
+        if all(h and "val_nll" in h[0] for h in histories):
+            out["best_epoch"] = [
+                float(min(h, key=lambda e: e["val_nll"])["epoch"]) for h in histories
+            ]
+        return out
 
     @functools.cached_property
     def swag(self) -> SWAG:

@@ -29,8 +29,8 @@ from peg._env import git_commit, machine
 from peg._progress import bar
 from peg.apps import registry
 from peg.apps.bench.seed import SeedRun, fit_images
-from peg.apps.bench.spec import SWAG_BASES, MethodSpec, Spec
-from peg.apps.bench.tables import OOD_ROWS, ROWS, markdown_table
+from peg.apps.bench.spec import BASE_PATTERN, SWAG_BASES, MethodSpec, Spec
+from peg.apps.bench.tables import COST_ROWS, OOD_ROWS, ROWS, markdown_table
 from peg.apps.results import write_results
 from peg.apps.scores import labelled_metrics, ood_detection
 
@@ -47,10 +47,14 @@ def _summary(values: list[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(values), "std": std, "n": len(values)}
 
 
-def _family(method: MethodSpec) -> str:
+def _family(spec: Spec, method: MethodSpec) -> str:
     """The training a method shares with others: "deep-ensemble" (Single, DeepEns-N and what is
     built on them), "swag" (SWA, SWAG, SWAG-Diag and what is built on them), or the method's own
-    key (Packed, EMP and ECMP each train a model of their own)."""
+    key (Packed, EMP and ECMP each train a model of their own); a method on an earlier column
+    is in that column's family."""
+    by_name = {m.name: m for m in spec.methods}
+    while not BASE_PATTERN.match(method.base):
+        method = by_name[method.base]
     if registry.entry(method.method).trains:
         return method.key
     return "swag" if method.base in SWAG_BASES else "deep-ensemble"
@@ -65,7 +69,7 @@ def work_units(spec: Spec) -> list[tuple[int, list[MethodSpec]]]:
     """
     families: dict[str, list[MethodSpec]] = {}
     for method in spec.methods:
-        families.setdefault(_family(method), []).append(method)
+        families.setdefault(_family(spec, method), []).append(method)
     return [(seed, methods) for methods in families.values() for seed in spec.seeds]
 
 
@@ -125,8 +129,9 @@ def run_spec(
     rank, size = distributed.world()
 
     def finish() -> dict[str, Any]:
-        per_seed = _per_seed(spec, Path(cache), root, progress, say)
-        return _write(spec, per_seed, out, command, time.perf_counter() - started, say)
+        per_seed, costs, bases = _per_seed(spec, Path(cache), root, progress, say)
+        wall = time.perf_counter() - started
+        return _write(spec, per_seed, costs, bases, out, command, wall, say)
 
     if size == 1:
         return finish()
@@ -134,18 +139,29 @@ def run_spec(
     return distributed.guarded(finish if rank == 0 else lambda: None, f"{spec.name}, results")[0]
 
 
+Values = dict[str, dict[str, list[float]]]
+
+
 def _per_seed(
     spec: Spec, cache: Path, root: str | None, progress: bool | None, say: Callable[[str], None]
-) -> dict[str, dict[str, dict[str, list[float]]]]:
+) -> tuple[dict[str, Values], Values, dict[str, dict[str, list[float]]]]:
     """Data set → method → metric → one value per seed, from the member logits (built and
-    cached where the cache does not have them yet)."""
-    per_seed: dict[str, dict[str, dict[str, list[float]]]] = {}
+    cached where the cache does not have them yet); method → cost (`COST_ROWS`, with the
+    chosen η, σ, T) → one value per seed; seed → how the deep-ensemble members trained."""
+    per_seed: dict[str, Values] = {}
+    costs: Values = {}
+    bases: dict[str, dict[str, list[float]]] = {}
     for seed in spec.seeds:
         say(f"{spec.name}: seed {seed}")
         run = SeedRun(spec, seed, cache, root, progress)
         y = run.test[1]
         for method in bar(spec.methods, f"{spec.name} seed {seed}", len(spec.methods), progress):
             logits = run.logits(method)
+            info = {k: float("nan") for k, *_ in COST_ROWS} | run.info(method)
+            if method.base in costs:  # on an earlier column: its forwards are made too
+                info["forwards"] = max(info["forwards"], costs[method.base]["forwards"][-1])
+            for k, v in info.items():
+                costs.setdefault(method.name, {}).setdefault(k, []).append(float(v))
             for name, value in logits.items():
                 cell = per_seed.setdefault(name, {}).setdefault(method.name, {})
                 if name.endswith("(OOD)"):
@@ -154,12 +170,17 @@ def _per_seed(
                     m = labelled_metrics(value, y)
                 for k, v in m.items():
                     cell.setdefault(k, []).append(v)
-    return per_seed
+        roots = {spec.root(m) for m in spec.methods}
+        if any(r == "single" or r.startswith("deepens-") for r in roots):
+            bases[f"seed-{seed}"] = run.bases.training()
+    return per_seed, costs, bases
 
 
 def _write(
     spec: Spec,
-    per_seed: dict[str, dict[str, dict[str, list[float]]]],
+    per_seed: dict[str, Values],
+    costs: Values,
+    bases: dict[str, dict[str, list[float]]],
     out: str | Path,
     command: str | None,
     wall: float,
@@ -181,6 +202,9 @@ def _write(
             for d, methods in per_seed.items()
         },
         "per_seed": per_seed,
+        "costs": costs,
+        "train": spec.train.to_dict(),
+        "base_training": bases,
     }
     text = report(results, spec)
     write_results(Path(out) / spec.name, results, text)
@@ -202,6 +226,20 @@ def report(results: dict[str, Any], spec: Spec) -> str:
     for dataset, methods in results["per_seed"].items():
         rows = OOD_ROWS if dataset.endswith("(OOD)") else ROWS
         lines += [f"## {dataset}", "", markdown_table(methods, rows), ""]
+    if results.get("costs"):
+        lines += [
+            "## costs",
+            "",
+            "Fit seconds: the post-hoc fit on the validation split (a base's training is not "
+            "counted; a column on an earlier column counts that column's fit too). Predict "
+            "seconds: the test set. Forwards: members (passes of the network) per input.",
+            "",
+            markdown_table(results["costs"], COST_ROWS),
+            "",
+        ]
+    for seed, trained in results.get("base_training", {}).items():
+        done = "; ".join(f"{k} {[int(v) for v in values]}" for k, values in trained.items())
+        lines += [f"Base training (deep-ensemble members), {seed}: {done}", ""]
     return "\n".join(lines)
 
 

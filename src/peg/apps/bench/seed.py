@@ -16,7 +16,8 @@ from peg import models
 from peg._io import load_tree, save_tree
 from peg.apps import registry
 from peg.apps.bench.bases import Bases
-from peg.apps.bench.spec import MethodSpec, Spec
+from peg.apps.bench.spec import BASE_PATTERN, MethodSpec, Spec
+from peg.apps.chain import as_base, chained_seconds
 from peg.apps.data import subsample
 from peg.data import corruptions, transforms
 from peg.methods.temperature import member_logits_of
@@ -53,7 +54,9 @@ class SeedRun:
             spec.swag_samples,
             self.cache,
             progress,
+            self.val,
         )
+        self.fitted: dict[str, Any] = {}  # predictors built in this process, by column name
 
     def factory(self, **extra: Any) -> nn.Module:
         shape = tuple(self.train[0].shape[1:])
@@ -97,6 +100,7 @@ class SeedRun:
             loss=loss,
             checkpoint=self.cache / f"{tag}.safetensors",
             progress=self.progress,
+            val=self.val if self.spec.train.patience is not None else None,
         )
         return net
 
@@ -106,7 +110,7 @@ class SeedRun:
         return registry.Site(
             seed=self.seed,
             progress=self.progress,
-            base=lambda: self.bases.get(method.base),
+            base=lambda: self.base(method),
             val=self.val,
             train=self.train,
             score_points=self.spec.score_points,
@@ -114,32 +118,67 @@ class SeedRun:
             fit_model=lambda net, loss: self._train_own(method.key, net, loss),
         )
 
+    def base(self, method: MethodSpec) -> Any:
+        """The base `method` is fitted on: a base solution (trained or loaded), or the fitted
+        predictor of the earlier column it names (built again if this process has not built
+        it), as `peg.apps.chain.as_base` hands it to the method."""
+        if BASE_PATTERN.match(method.base):
+            return self.bases.get(method.base)
+        if method.base not in self.fitted:
+            earlier = next(m for m in self.spec.methods if m.name == method.base)
+            self.fitted[method.base] = self.build(earlier)
+        return as_base(self.fitted[method.base], method.method, method.base)
+
     def build(self, method: MethodSpec) -> Any:
         """The fitted predictor of one method (nn.Module, Ensemble or a fitted method)."""
-        return registry.build(method.method, self.site(method), **method.options)
+        predictor = registry.build(method.method, self.site(method), **method.options)
+        self.fitted[method.name] = predictor
+        return predictor
 
     def logits(self, method: MethodSpec) -> dict[str, Tensor]:
         """Member logits `[M, N, C]` of one method on every evaluation set (cached)."""
         folder = self.cache / "logits" / method.key
         out: dict[str, Tensor] = {}
-        predictor = None
+        predictor, info = None, self.info(method)
         for name, inputs in self.eval_sets().items():
             path = folder / f"{_file_name(name)}.safetensors"
             if path.exists():
                 out[name] = load_tree(path)["logits"]
                 continue
             if predictor is None:
-                started = time.perf_counter()
-                predictor = self.build(method)
-                info = {"seconds": time.perf_counter() - started}
-                info |= registry.scales(predictor)
-                save_tree(folder / "build.safetensors", info)
+                predictor, info = self._timed_build(method)
+            started = time.perf_counter()
             out[name] = member_logits_of(predictor, inputs())
+            if name == "test":
+                info["predict_seconds"] = time.perf_counter() - started
+                info["forwards"] = float(out[name].shape[0])
+                save_tree(folder / "build.safetensors", info)
             save_tree(path, {"logits": out[name]})
         return out
 
+    def _timed_build(self, method: MethodSpec) -> tuple[Any, dict[str, float]]:
+        """Build `method`, timing its fit alone: its base is trained or loaded first (a base
+        solution's training is not counted), and a column on an earlier column counts that
+        column's fit time too (`peg.apps.chain.chained_seconds`)."""
+        if not registry.entry(method.method).trains:
+            self.base(method)
+        started = time.perf_counter()
+        predictor = self.build(method)
+        own = time.perf_counter() - started
+        earlier = {method.base: self.info_by_name(method.base).get("seconds", 0.0)}
+        info = self.info(method) | {"seconds": chained_seconds(own, method.base, earlier)}
+        info |= registry.scales(predictor)  # (a resumed run keeps its test set's timing)
+        save_tree(self.cache / "logits" / method.key / "build.safetensors", info)
+        return predictor, info
+
+    def info_by_name(self, name: str) -> dict[str, float]:
+        found = [m for m in self.spec.methods if m.name == name]
+        return self.info(found[0]) if found else {}
+
     def info(self, method: MethodSpec) -> dict[str, float]:
-        """What building `method` recorded: seconds, and the chosen η, σ or T."""
+        """What building `method` recorded: fit seconds (the base solution's training not
+        counted), the chosen η, σ or T, and the test set's prediction seconds and forwards
+        per input (members)."""
         path = self.cache / "logits" / method.key / "build.safetensors"
         return dict(load_tree(path)) if path.exists() else {}
 

@@ -26,7 +26,17 @@ trained with the same recipe plus the Eq. (6) regulariser, 20 MC samples). A map
 (`{name: PEG-15, eta: [0.001, 0.01, 0.1, 1], eta_holdout: 0}`) or defines any other method with
 `method:` (a key of the method registry `peg.apps.registry`: `peg`, `pep`, `temperature`,
 `mc-dropout`, `random-subspace`, `dropout-subspace`) and `base:` (`single`, `swa`,
-`deepens-N`, `swag`, `swag-diag`).
+`deepens-N`, `swag`, `swag-diag`, or the name of an earlier column: the method is then fitted
+on that column's fitted predictor, `peg.apps.chain`, as `peg.compare` does).
+
+Variants of PEG by name: `PEG-S (ascent)` (`direction: ascent`), `PEG-S (last layer)`
+(`params: last_layer`), `PEG-S + TS` (temperature scaling fitted on the column `PEG-S`'s
+averaged prediction, which must come earlier) and `TS → PEG-S` (or `TS -> PEG-S`: PEG-S around
+the temperature-scaled model, on the column `Temp-scaled`, which must come earlier).
+
+`train: {..., patience: P}` trains the bases until the validation loss rises: at most `epochs`,
+stopping after P epochs without a lower validation NLL (on the spec's validation split) and
+keeping the best epoch's weights (`peg.train.Recipe.patience`).
 """
 
 from __future__ import annotations
@@ -131,6 +141,10 @@ class Spec:
     def needs_swag(self) -> bool:
         return any(m.base in SWAG_BASES for m in self.methods)
 
+    def root(self, method: MethodSpec) -> str:
+        """The base solution under `method` (`root_base`)."""
+        return root_base(self.methods, method)
+
 
 def _split_members(m: re.Match[str]) -> tuple[str, str, dict[str, Any]]:
     """`PEG-S (DeepEns-N)`: S/N members around each of the N members (Algorithm 2)."""
@@ -138,6 +152,10 @@ def _split_members(m: re.Match[str]) -> tuple[str, str, dict[str, Any]]:
     if total % members:
         raise SpecError(f"methods: {m[0]!r}: {total} members do not split over {members}")
     return m[1].lower(), f"deepens-{members}", {"n_members": total // members}
+
+
+def _peg(m: re.Match[str], **options: Any) -> dict[str, Any]:
+    return {"n_members": int(m[1]), **options}
 
 
 # The papers' table names: pattern -> (registry key, base, options) of the method it denotes.
@@ -148,6 +166,10 @@ TABLE_NAMES: tuple[tuple[str, Callable[[re.Match[str]], tuple[str, str, dict[str
     ("SWAG", lambda m: ("base", "swag", {})),
     ("SWAG-Diag", lambda m: ("base", "swag-diag", {})),
     ("PEG-Unbiased", lambda m: ("peg", "swa", {"n_members": 30, "variant": "unbiased"})),
+    (r"PEG-(\d+) \(ascent\)", lambda m: ("peg", "single", _peg(m, direction="ascent"))),
+    (r"PEG-(\d+) \(last layer\)", lambda m: ("peg", "single", _peg(m, params="last_layer"))),
+    (r"PEG-(\d+) \+ TS", lambda m: ("temperature", f"PEG-{m[1]}", {})),
+    (r"TS (?:→|->) PEG-(\d+)", lambda m: ("peg", "Temp-scaled", _peg(m))),
     (r"DeepEns-(\d+)", lambda m: ("base", f"deepens-{m[1]}", {})),
     (r"(PEG|PEP)-(\d+)", lambda m: (m[1].lower(), "single", {"n_members": int(m[2])})),
     (r"(PEG|PEP)-(\d+) \(DeepEns-(\d+)\)", _split_members),
@@ -174,7 +196,7 @@ def standard_method(name: str, options: dict[str, Any]) -> MethodSpec | None:
     return None
 
 
-def _method(entry: Any, where: str) -> MethodSpec:
+def _method(entry: Any, where: str, earlier: list[str]) -> MethodSpec:
     if isinstance(entry, str):
         entry = {"name": entry}
     if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
@@ -187,17 +209,33 @@ def _method(entry: Any, where: str) -> MethodSpec:
                 f"{where}: unknown method name {entry['name']!r}; use a table name (Single, "
                 "Temp-scaled, SWA, SWAG, SWAG-Diag, DeepEns-N, PEP-S, PEG-S, PEG-Unbiased, "
                 "'PEG-S (DeepEns-N)', 'PEG-S (SWAG-Diag)', MC-Dropout-S, 'Packed-(a,M,g)', EMP, "
-                "ECMP) or give method: and base:"
+                "ECMP, 'PEG-S (ascent)', 'PEG-S (last layer)', 'PEG-S + TS', 'TS → PEG-S') or "
+                "give method: and base:"
+            )
+        if not BASE_PATTERN.match(found.base) and found.base not in earlier:
+            raise SpecError(
+                f"{where}: {found.name!r} is fitted on the column {found.base!r}; list "
+                f"{found.base!r} before it"
             )
         return found
     method, base = entry["method"], entry.get("base", "single")
     if method not in METHODS:
         raise SpecError(f"{where}.method: unknown method {method!r}; known: {list(METHODS)}")
-    if not isinstance(base, str) or not BASE_PATTERN.match(base):
+    if not isinstance(base, str) or not (BASE_PATTERN.match(base) or base in earlier):
         raise SpecError(
-            f"{where}.base: unknown base {base!r}; known: single, swa, swag, swag-diag, deepens-N"
+            f"{where}.base: unknown base {base!r}; known: single, swa, swag, swag-diag, "
+            "deepens-N, or an earlier column's name"
         )
     return MethodSpec(entry["name"], method, base, options)
+
+
+def root_base(methods: tuple[MethodSpec, ...], method: MethodSpec) -> str:
+    """The base solution (`single`, `swa`, `deepens-N`, ...) under `method`, following bases
+    that name earlier columns."""
+    by_name = {m.name: m for m in methods}
+    while method.base in by_name and not BASE_PATTERN.match(method.base):
+        method = by_name[method.base]
+    return method.base
 
 
 def _recipe(value: Any, where: str) -> Recipe:
@@ -252,10 +290,10 @@ def parse_spec(raw: Any, source: str = "spec") -> Spec:
         check_arguments(model["name"], {k: v for k, v in model.items() if k != "name"})
     except TypeError as e:
         raise SpecError(f"{source}.model: {e}") from None
-    methods = tuple(
-        _method(m, f"{source}.methods[{i}]")
-        for i, m in enumerate(_list(raw["methods"], f"{source}.methods"))
-    )
+    parsed: list[MethodSpec] = []
+    for i, m in enumerate(_list(raw["methods"], f"{source}.methods")):
+        parsed.append(_method(m, f"{source}.methods[{i}]", [p.name for p in parsed]))
+    methods = tuple(parsed)
     if not methods:
         raise SpecError(f"{source}.methods: expected at least one method")
     names = [m.name for m in methods]
@@ -319,6 +357,8 @@ def parse_spec(raw: Any, source: str = "spec") -> Spec:
     if spec.needs_swag and spec.swa is None:
         users = [m.name for m in methods if m.base in SWAG_BASES]
         raise SpecError(f"{source}.swa: methods {users} need an SWA recipe (swa: {{...}})")
+    if spec.swa is not None and spec.swa.patience is not None:
+        raise SpecError(f"{source}.swa.patience: SWA and SWAG runs do not stop early")
     if spec.swa is not None and (spec.swa.swa_start is None or spec.swa.swa_lr is None):
         raise SpecError(f"{source}.swa: needs swa_start and swa_lr (and schedule: swa)")
     return spec

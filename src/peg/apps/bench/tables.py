@@ -24,6 +24,11 @@ OOD_ROWS: tuple[tuple[str, str, float, str], ...] = (
     ("aupr_in", "AUPR-In %", 100, "{:.2f}"),
     ("fpr95", "FPR95 %", 100, "{:.2f}"),
 )
+COST_ROWS: tuple[tuple[str, str, float, str], ...] = (
+    ("seconds", "Fit s", 1, "{:.2f}"),
+    ("predict_seconds", "Predict s", 1, "{:.2f}"),
+    ("forwards", "Forwards", 1, "{:.0f}"),
+)
 HIGHER_IS_BETTER = frozenset({"auroc", "aupr", "aupr_in"})
 
 Cell = float | Sequence[float]

@@ -26,11 +26,8 @@ from torch import nn
 
 from peg.apps import registry
 from peg.apps.bench.spec import MethodSpec
-from peg.ensemble import Ensemble
-from peg.methods.base import FittedEnsemble
+from peg.apps.chain import AS_IS, Scaled, as_base
 from peg.methods.dropout import MCDropout, dropout_modules
-from peg.methods.temperature import TemperatureScaling
-from peg.output import logits_of
 
 MODEL = "model"  # the base of a method fitted on the user's model itself
 
@@ -50,8 +47,18 @@ CATALOGUE: dict[str, MethodSpec] = {
 }
 # the default list (the issue's): MC dropout only where the model has dropout
 DEFAULTS = ("Model", "TS", "PEP", "PEG", "PEG + TS", "MC dropout", "Last-layer PEG")
-# registry keys whose method takes any predictor as it is; the others need a module or ensemble
-AS_IS = ("base", "temperature")
+__all__ = [
+    "AS_IS",
+    "CATALOGUE",
+    "DEFAULTS",
+    "MODEL",
+    "Scaled",
+    "as_base",
+    "has_dropout",
+    "method",
+    "options",
+    "resolve",
+]
 
 
 def method(name: str, key: str, *, on: str = MODEL, **options: Any) -> MethodSpec:
@@ -139,31 +146,3 @@ def options(spec: MethodSpec, batch_size: int, batch_fn: Any) -> dict[str, Any]:
     accepted = builder.method._param_names()
     shared = {"batch_size": batch_size, "batch_fn": batch_fn}
     return {k: v for k, v in shared.items() if k in accepted and v is not None} | spec.options
-
-
-class Scaled(nn.Module):
-    """`model(x) / T`: a temperature-scaled model as a module (its softmax is temperature
-    scaling's), for methods that start from a module (PEG, PEP, MC dropout: "TS → PEG")."""
-
-    def __init__(self, model: nn.Module, temperature: float) -> None:
-        super().__init__()
-        self.model = model
-        self.temperature = float(temperature)
-        self.train(model.training)  # the model's mode (a new module starts in training mode)
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return logits_of(self.model(*args, **kwargs)) / self.temperature
-
-
-def as_base(fitted: Any, key: str, name: str) -> Any:
-    """The fitted predictor of method `name` as the base of a method with registry `key`."""
-    if key in AS_IS or isinstance(fitted, (nn.Module, Ensemble)):
-        return fitted
-    if isinstance(fitted, TemperatureScaling) and isinstance(fitted.predictor_, nn.Module):
-        return Scaled(fitted.predictor_, fitted.temperature_)
-    if isinstance(fitted, FittedEnsemble):
-        return fitted.ensemble()
-    raise ValueError(
-        f"on={name!r}: {key!r} needs a model or an ensemble as its base; {name} gives a "
-        f"{type(fitted).__name__}"
-    )

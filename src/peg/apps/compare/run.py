@@ -25,8 +25,9 @@ from peg import metrics
 from peg._inputs import Data, as_xy, check_positive_int, check_seed
 from peg.apps import registry
 from peg.apps.bench.spec import MethodSpec
+from peg.apps.chain import as_base, chained_seconds
 from peg.apps.compare.costs import forwards, held_bytes, probe_rows
-from peg.apps.compare.methods import MODEL, as_base, options, resolve
+from peg.apps.compare.methods import MODEL, options, resolve
 from peg.apps.compare.report import TEST, Comparison, column
 from peg.apps.scores import labelled_metrics, ood_detection
 from peg.batches import BatchFn, check_batch_fn, split_batch
@@ -117,7 +118,7 @@ def compare(
         )
         started = time.perf_counter()
         predictor = registry.build(spec.method, site, **options(spec, batch_size, batch_fn))
-        seconds[spec.name] = time.perf_counter() - started + seconds[spec.base]
+        seconds[spec.name] = chained_seconds(time.perf_counter() - started, spec.base, seconds)
         fitted[spec.name] = predictor
         row = {"method": spec.name, "base": spec.base, "fit_seconds": seconds[spec.name]}
         table.append(row | evaluation(spec, predictor))

@@ -1,0 +1,56 @@
+"""Methods fitted on an earlier method's fitted predictor, shared by `peg bench` and
+`peg.compare`: a column or row whose base names an earlier method ("PEG + TS": temperature
+scaling of the PEG ensemble's averaged prediction; "TS → PEG": PEG around the temperature-scaled
+model) gets that method's predictor through `as_base`, which hands each method the base it can
+fit on (`Scaled`: a temperature-scaled model as a module). The fit time of such a method counts
+its base's (`chained_seconds`): "TS → PEG" costs temperature scaling plus PEG.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from torch import nn
+
+from peg.ensemble import Ensemble
+from peg.methods.base import FittedEnsemble
+from peg.methods.temperature import TemperatureScaling
+from peg.output import logits_of
+
+# registry keys whose method takes any predictor as it is; the others need a module or ensemble
+AS_IS = ("base", "temperature")
+
+
+class Scaled(nn.Module):
+    """`model(x) / T`: a temperature-scaled model as a module (its softmax is temperature
+    scaling's), for methods that start from a module (PEG, PEP, MC dropout: "TS → PEG")."""
+
+    def __init__(self, model: nn.Module, temperature: float) -> None:
+        super().__init__()
+        self.model = model
+        self.temperature = float(temperature)
+        self.train(model.training)  # the model's mode (a new module starts in training mode)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return logits_of(self.model(*args, **kwargs)) / self.temperature
+
+
+def as_base(fitted: Any, key: str, name: str) -> Any:
+    """The fitted predictor of method `name` as the base of a method with registry `key`."""
+    if key in AS_IS or isinstance(fitted, (nn.Module, Ensemble)):
+        return fitted
+    if isinstance(fitted, TemperatureScaling) and isinstance(fitted.predictor_, nn.Module):
+        return Scaled(fitted.predictor_, fitted.temperature_)
+    if isinstance(fitted, FittedEnsemble):
+        return fitted.ensemble()
+    raise ValueError(
+        f"on={name!r}: {key!r} needs a model or an ensemble as its base; {name} gives a "
+        f"{type(fitted).__name__}"
+    )
+
+
+def chained_seconds(own: float, base: str, seconds: Mapping[str, float]) -> float:
+    """The fit time of a method on `base`: its own plus its base's (`seconds[base]`, 0 for a
+    base that is not a fitted method)."""
+    return own + float(seconds.get(base, 0.0))
