@@ -41,7 +41,7 @@ from torch import Tensor, nn
 
 from peg import data as datasets
 from peg import models
-from peg._env import git_commit, machine
+from peg._env import machine
 from peg._rows import ValSource
 from peg.apps.bench.paper import PRESETS
 from peg.apps.bench.seed import SeedRun
@@ -252,7 +252,6 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.bases = ["digits"]
-    print(f"commit: {git_commit()}")
     print(f"machine: {machine()}; median of {args.repeats}")
     for name in args.bases:
         case = BASES[name]()
