@@ -17,10 +17,10 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
+from _timing import round_robin
 from torch import nn
 
 from peg._env import git_commit, machine
@@ -36,21 +36,8 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
 
 
 def _time(runs: dict[str, Callable[[], object]], repeats: int, budget: float) -> dict:
-    """Seconds of each `run()` per round, timed in turn (round robin: a slow spell of the machine
-    touches every run of a round alike): at least `repeats` rounds, more for fast ones
-    (~`budget` s)."""
-    first = 0.0
-    for run in runs.values():  # warm-up
-        start = time.perf_counter()
-        run()
-        first += time.perf_counter() - start
-    samples: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(max(repeats, min(300, int(budget / max(first, 1e-6))))):
-        for name, run in runs.items():
-            start = time.perf_counter()
-            run()
-            samples[name].append(time.perf_counter() - start)
-    return samples
+    """Seconds of each `run()` per round (`_timing.round_robin`)."""
+    return round_robin(runs, repeats, budget)
 
 
 def _ratio(num: list[float], den: list[float], scale: float = 1.0) -> float:

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
+from _timing import round_robin
 from torch import nn
 
 from peg._env import machine
@@ -26,19 +26,8 @@ from peg.models import RegressionMLP, build
 
 
 def _time(runs: dict[str, Callable[[], object]], repeats: int, budget: float = 1.0) -> dict:
-    """Median seconds of each `run()`, timed in turn (round robin: a slow spell of the machine
-    touches every run alike): at least `repeats` rounds, more for fast ones (~`budget` s)."""
-    first = 0.0
-    for run in runs.values():  # warm-up
-        start = time.perf_counter()
-        run()
-        first += time.perf_counter() - start
-    samples: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(max(repeats, min(200, int(budget / max(first, 1e-6))))):
-        for name, run in runs.items():
-            start = time.perf_counter()
-            run()
-            samples[name].append(time.perf_counter() - start)
+    """Median seconds of each `run()` over round-robin rounds (`_timing.round_robin`)."""
+    samples = round_robin(runs, repeats, budget, most=200)
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
