@@ -1769,6 +1769,26 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
         lambda: _cli("demo", "--data", "imagenet"),
         SystemExit,
         "--data",
+    ),    (
+        "peg.compare",
+        "an unknown method name",
+        lambda: peg.compare(_mlp(), _val(), _val(), methods=["PEG-9000"], say=None),
+        ValueError,
+        r"methods\[0\]: unknown method 'PEG-9000'",
+    ),
+    (
+        "peg.compare",
+        "a model that is not a module",
+        lambda: peg.compare("model.pt", _val(), _val(), say=None),
+        TypeError,
+        "model: expected a trained nn.Module",
+    ),
+    (
+        "peg.compare",
+        "float labels",
+        lambda: peg.compare(_mlp(), (_val()[0], _val()[1].float()), _val(), say=None),
+        ValueError,
+        "integer class labels",
     ),
 ]
 
