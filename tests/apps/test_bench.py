@@ -64,6 +64,7 @@ def test_results_have_the_documented_shape(tiny_run):
     assert saved["ood"]["positive"] == "ood"
     text = (out / "tiny-digits" / "results.md").read_text()
     assert "## mnist (OOD)" in text and "| AUROC % |" in text and "| NLL |" in text
+    assert (out / "tiny-digits" / "reliability-test.png").read_bytes()[:4] == b"\x89PNG"
     test = saved["datasets"]["test"]
     assert test["Temp-scaled"]["error"]["mean"] == test["Single"]["error"]["mean"]
     assert test["Single"]["error"]["mean"] < 0.2

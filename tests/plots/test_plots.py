@@ -40,6 +40,18 @@ def test_reliability_diagram(tmp_path: Path) -> None:
     _written(out)
 
 
+def test_reliability_diagram_wraps_rows(tmp_path: Path) -> None:
+    from PIL import Image
+
+    curves = {f"m{i}": _curve() for i in range(7)}
+    wide = plots.reliability_diagram(curves, tmp_path / "wide.png", per_row=7)
+    wrapped = plots.reliability_diagram(curves, tmp_path / "wrapped.png", per_row=3)
+    (w1, h1), (w3, h3) = Image.open(wide).size, Image.open(wrapped).size
+    assert w3 < w1 / 2 and h3 > 2.5 * h1  # 3 rows of 3 panels against 1 row of 7
+    with pytest.raises(ValueError, match="per_row"):
+        plots.reliability_diagram(curves, tmp_path / "x.png", per_row=0)
+
+
 def test_reliability_ece_matches_the_definition() -> None:
     c = _curve()
     conf, acc, count = (c[k].numpy() for k in ("confidence", "accuracy", "count"))

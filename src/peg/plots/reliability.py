@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from peg._inputs import check_positive_int
 from peg.metrics.calibration import binned_ece
 from peg.plots._figure import check_path, figure, save, to_numpy
 
@@ -72,8 +73,10 @@ def reliability_diagram(
     curves: Mapping[str, Mapping[str, Any]],
     path: str | os.PathLike[str],
     title: str | None = None,
+    per_row: int = 5,
 ) -> Path:
-    """Reliability diagrams, one panel per method, side by side; writes a PNG.
+    """Reliability diagrams, one panel per method, side by side (`per_row` to a row); writes
+    a PNG.
 
     Each panel: per-bin accuracy as bars, the gap between accuracy and mean confidence shaded
     (red where over-confident, i.e. confidence > accuracy; green where under-confident), the
@@ -87,6 +90,7 @@ def reliability_diagram(
             "count" `[B]`. Tensors or arrays.
         path: PNG file to write (parent folders are created).
         title: figure title.
+        per_row: panels in one row; more methods wrap onto further rows.
 
     Returns:
         `Path(path)`.
@@ -94,15 +98,17 @@ def reliability_diagram(
     if not isinstance(curves, Mapping) or not curves:
         raise ValueError("curves: expected a non-empty dict {method name: reliability data}")
     check_path(path)
+    per_row = check_positive_int(per_row, "per_row")
     data = {str(name): _reliability_arrays(str(name), r) for name, r in curves.items()}
-    n = len(data)
-    fig = figure(3.1 * n + 0.4, 4.4 + (0.3 if title else 0.0))
-    grid = fig.add_gridspec(2, n, height_ratios=(3, 1))
+    n, rows = min(len(data), per_row), -(-len(data) // per_row)
+    fig = figure(3.1 * n + 0.4, 4.4 * rows + (0.3 if title else 0.0))
+    grid = fig.add_gridspec(2 * rows, n, height_ratios=(3, 1) * rows)
     top_share = max(float(count.max() / count.sum()) for _, _, _, count in data.values())
     first_bottom = None
-    for k, (name, (edges, conf, acc, count)) in enumerate(data.items()):
-        top = fig.add_subplot(grid[0, k])
-        bottom = fig.add_subplot(grid[1, k], sharex=top, sharey=first_bottom)
+    for i, (name, (edges, conf, acc, count)) in enumerate(data.items()):
+        row, k = divmod(i, per_row)
+        top = fig.add_subplot(grid[2 * row, k])
+        bottom = fig.add_subplot(grid[2 * row + 1, k], sharex=top, sharey=first_bottom)
         first_bottom = first_bottom or bottom
         centers = (edges[1:] + edges[:-1]) / 2
         widths = np.diff(edges)
@@ -155,7 +161,8 @@ def reliability_diagram(
         if k == 0:
             top.set_ylabel("accuracy")
             bottom.set_ylabel("share of points")
-            top.legend(handles=_legend_handles(), loc="upper left", fontsize=7, frameon=False)
+            if i == 0:
+                top.legend(handles=_legend_handles(), loc="upper left", fontsize=7, frameon=False)
         else:
             top.tick_params(labelleft=False)
             bottom.tick_params(labelleft=False)

@@ -12,7 +12,9 @@ test set.
 
 Writes `results/<name>/results.json` (shape: `{"command", "commit", "machine", "datasets":
 {DATASET: {METHOD: {METRIC: {"mean", "std", "n"}}}}, ...}`) and `results/<name>/results.md`
-(one table per data set; rows metrics, columns methods; mean ± std over seeds).
+(one table per data set; rows metrics, columns methods; mean ± std over seeds) and
+`results/<name>/reliability-test.png` (reliability diagrams of every column on the test set,
+first seed).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from peg import distributed
+from peg import distributed, plots
 from peg._env import git_commit, machine
 from peg._progress import bar
 from peg.apps import registry
@@ -33,6 +35,7 @@ from peg.apps.bench.spec import BASE_PATTERN, SWAG_BASES, MethodSpec, Spec
 from peg.apps.bench.tables import COST_ROWS, OOD_ROWS, ROWS, markdown_table
 from peg.apps.results import write_results
 from peg.apps.scores import labelled_metrics, ood_detection
+from peg.metrics import reliability
 
 
 def check_methods(spec: Spec) -> None:
@@ -129,9 +132,12 @@ def run_spec(
     rank, size = distributed.world()
 
     def finish() -> dict[str, Any]:
-        per_seed, costs, bases = _per_seed(spec, Path(cache), root, progress, say)
+        per_seed, costs, bases, curves = _per_seed(spec, Path(cache), root, progress, say)
         wall = time.perf_counter() - started
-        return _write(spec, per_seed, costs, bases, out, command, wall, say)
+        results = _write(spec, per_seed, costs, bases, out, command, wall, say)
+        title = f"{spec.name}: test set, seed {spec.seeds[0]}"
+        plots.reliability_diagram(curves, Path(out) / spec.name / "reliability-test.png", title)
+        return results
 
     if size == 1:
         return finish()
@@ -140,23 +146,28 @@ def run_spec(
 
 
 Values = dict[str, dict[str, list[float]]]
+Curves = dict[str, dict[str, Any]]
 
 
 def _per_seed(
     spec: Spec, cache: Path, root: str | None, progress: bool | None, say: Callable[[str], None]
-) -> tuple[dict[str, Values], Values, dict[str, dict[str, list[float]]]]:
+) -> tuple[dict[str, Values], Values, dict[str, dict[str, list[float]]], Curves]:
     """Data set → method → metric → one value per seed, from the member logits (built and
     cached where the cache does not have them yet); method → cost (`COST_ROWS`, with the
-    chosen η, σ, T) → one value per seed; seed → how the deep-ensemble members trained."""
+    chosen η, σ, T) → one value per seed; seed → how the deep-ensemble members trained;
+    method → `peg.metrics.reliability` data on the test set of the first seed."""
     per_seed: dict[str, Values] = {}
     costs: Values = {}
     bases: dict[str, dict[str, list[float]]] = {}
+    curves: Curves = {}
     for seed in spec.seeds:
         say(f"{spec.name}: seed {seed}")
         run = SeedRun(spec, seed, cache, root, progress)
         y = run.test[1]
         for method in bar(spec.methods, f"{spec.name} seed {seed}", len(spec.methods), progress):
             logits = run.logits(method)
+            if seed == spec.seeds[0]:
+                curves[method.name] = reliability(logits["test"], y)
             info = {k: float("nan") for k, *_ in COST_ROWS} | run.info(method)
             if method.base in costs:  # on an earlier column: its forwards are made too
                 info["forwards"] = max(info["forwards"], costs[method.base]["forwards"][-1])
@@ -173,7 +184,7 @@ def _per_seed(
         roots = {spec.root(m) for m in spec.methods}
         if any(r == "single" or r.startswith("deepens-") for r in roots):
             bases[f"seed-{seed}"] = run.bases.training()
-    return per_seed, costs, bases
+    return per_seed, costs, bases, curves
 
 
 def _write(
