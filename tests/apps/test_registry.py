@@ -15,7 +15,7 @@ from torch import nn
 
 import peg
 from peg.apps import registry
-from peg.apps.bench import spec, uci
+from peg.apps.bench import names, spec, uci
 from peg.apps.data import subsample
 from peg.apps.diversity.config import DiversityConfig
 from peg.apps.diversity.methods import columns
@@ -136,7 +136,7 @@ def test_a_new_method_is_one_registered_class(site):
 def _method_names() -> set[str]:
     """Registry keys and the names the applications show: the papers' table names, the UCI
     columns, the diversity study's columns."""
-    table = {p for p, _ in spec.TABLE_NAMES if re.fullmatch(r"[\w -]+", p)}
+    table = {p for p, _ in names.TABLE_NAMES if re.fullmatch(r"[\w -]+", p)}
     study = set(columns(DiversityConfig(), mlp(0), 100, 5, {}))
     return set(registry.REGISTRY) | table | set(uci.METHODS) | study
 

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +51,7 @@ import yaml
 
 from peg import data as datasets
 from peg.apps import presets
+from peg.apps.bench.names import denoted
 from peg.data import corruptions
 from peg.errors import SpecError
 from peg.metrics.ood import OOD_SCORES
@@ -146,54 +146,13 @@ class Spec:
         return root_base(self.methods, method)
 
 
-def _split_members(m: re.Match[str]) -> tuple[str, str, dict[str, Any]]:
-    """`PEG-S (DeepEns-N)`: S/N members around each of the N members (Algorithm 2)."""
-    total, members = int(m[2]), int(m[3])
-    if total % members:
-        raise SpecError(f"methods: {m[0]!r}: {total} members do not split over {members}")
-    return m[1].lower(), f"deepens-{members}", {"n_members": total // members}
-
-
-def _peg(m: re.Match[str], **options: Any) -> dict[str, Any]:
-    return {"n_members": int(m[1]), **options}
-
-
-# The papers' table names: pattern -> (registry key, base, options) of the method it denotes.
-TABLE_NAMES: tuple[tuple[str, Callable[[re.Match[str]], tuple[str, str, dict[str, Any]]]], ...] = (
-    ("Single", lambda m: ("base", "single", {})),
-    ("Temp-scaled", lambda m: ("temperature", "single", {})),
-    ("SWA", lambda m: ("base", "swa", {})),
-    ("SWAG", lambda m: ("base", "swag", {})),
-    ("SWAG-Diag", lambda m: ("base", "swag-diag", {})),
-    ("PEG-Unbiased", lambda m: ("peg", "swa", {"n_members": 30, "variant": "unbiased"})),
-    (r"PEG-(\d+) \(ascent\)", lambda m: ("peg", "single", _peg(m, direction="ascent"))),
-    (r"PEG-(\d+) \(last layer\)", lambda m: ("peg", "single", _peg(m, params="last_layer"))),
-    (r"PEG-(\d+) \+ TS", lambda m: ("temperature", f"PEG-{m[1]}", {})),
-    (r"TS (?:→|->) PEG-(\d+)", lambda m: ("peg", "Temp-scaled", _peg(m))),
-    (r"DeepEns-(\d+)", lambda m: ("base", f"deepens-{m[1]}", {})),
-    (r"(PEG|PEP)-(\d+)", lambda m: (m[1].lower(), "single", {"n_members": int(m[2])})),
-    (r"(PEG|PEP)-(\d+) \(DeepEns-(\d+)\)", _split_members),
-    (r"(PEG|PEP)-(\d+) \(SWAG-Diag\)", lambda m: (m[1].lower(), "swag-diag", {"n_members": 1})),
-    (
-        r"Packed-\(([\d.]+),\s*(\d+),\s*(\d+)\)",
-        lambda m: (
-            "packed",
-            "single",
-            {"alpha": float(m[1]), "num_estimators": int(m[2]), "gamma": int(m[3])},
-        ),
-    ),
-    ("EMP|ECMP", lambda m: (m[0].lower(), "single", {})),
-    (r"MC-Dropout-(\d+)", lambda m: ("mc-dropout", "single", {"n_members": int(m[1])})),
-)
-
-
 def standard_method(name: str, options: dict[str, Any]) -> MethodSpec | None:
     """The method a table name denotes (`PEG-15 (DeepEns-3)`, `SWAG`, ...), or None."""
-    for pattern, meaning in TABLE_NAMES:
-        if m := re.fullmatch(pattern, name):
-            method, base, fixed = meaning(m)
-            return MethodSpec(name, method, base, {**fixed, **options})
-    return None
+    found = denoted(name)
+    if found is None:
+        return None
+    method, base, fixed = found
+    return MethodSpec(name, method, base, {**fixed, **options})
 
 
 def _method(entry: Any, where: str, earlier: list[str]) -> MethodSpec:
