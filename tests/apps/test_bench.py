@@ -70,6 +70,13 @@ def test_results_have_the_documented_shape(tiny_run):
     assert test["Single"]["error"]["mean"] < 0.2
 
 
+def test_a_cache_made_for_other_data_is_refused(tiny_run):
+    out, _, _ = tiny_run
+    other = parse_spec({**SMALL, "train_points": 300})
+    with pytest.raises(SpecError, match=r"train_points=None; this spec has train_points=300"):
+        run_spec(other, out, out / "cache", progress=False, command="test", say=_quiet)
+
+
 def test_interrupted_after_the_first_method_resumes_to_identical_results(
     tiny_run, tmp_path, monkeypatch
 ):

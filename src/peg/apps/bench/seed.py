@@ -3,6 +3,7 @@ logits (`SeedRun`); methods are built through the registry (`peg.apps.registry`)
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,15 +14,40 @@ from torch import Tensor, nn
 
 from peg import data as datasets
 from peg import models
-from peg._io import load_tree, save_tree
+from peg._io import atomic_write_text, load_tree, save_tree
 from peg.apps import registry
 from peg.apps.bench.bases import Bases
 from peg.apps.bench.spec import BASE_PATTERN, MethodSpec, Spec
 from peg.apps.chain import as_base, chained_seconds
 from peg.apps.data import subsample
 from peg.data import corruptions, transforms
+from peg.errors import SpecError
 from peg.methods.temperature import member_logits_of
 from peg.train import instantiate, train
+
+# what a seed's cached bases and logits depend on besides the spec's name, recipes and methods
+# (the recipes are checked by the checkpoints themselves)
+DATA_FIELDS = ("data", "data_options", "model", "val_fraction", "train_points", "test_points")
+
+
+def check_cache(folder: Path, spec: Spec) -> None:
+    """Refuse a seed's cache folder made for other data: its `data.json` records the spec's
+    `DATA_FIELDS`, written on first use (a folder from before it existed is adopted as is)."""
+    made = {k: getattr(spec, k) for k in DATA_FIELDS}
+    record = folder / "data.json"
+    if not record.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(record, json.dumps(made, indent=1, sort_keys=True))
+        return
+    cached = json.loads(record.read_text())
+    changed = sorted(k for k in DATA_FIELDS if cached.get(k) != made[k])
+    if changed:
+        was = ", ".join(f"{k}={cached.get(k)!r}" for k in changed)
+        now = ", ".join(f"{k}={made[k]!r}" for k in changed)
+        raise SpecError(
+            f"cache: {folder} holds bases and logits made with {was}; this spec has {now}. "
+            "Give the spec another name, pass --cache elsewhere, or delete the folder"
+        )
 
 
 class SeedRun:
@@ -37,6 +63,7 @@ class SeedRun:
     ) -> None:
         self.spec, self.seed, self.progress, self.root = spec, seed, progress, root
         self.cache = cache / spec.name / f"seed-{seed}"
+        check_cache(self.cache, spec)
         X, y = datasets.load(spec.data, "train", root=root, seed=seed, **spec.data_options)
         X_tr, y_tr, X_val, y_val = datasets.train_val_split(X, y, spec.val_fraction, seed=seed)
         self.train = subsample(X_tr, y_tr, spec.train_points, seed, sort=True)
