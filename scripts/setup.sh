@@ -3,9 +3,11 @@
 #   1. a virtual environment in .venv,
 #   2. the pinned CPU build of torch, installed FIRST: peg itself asks only for a range (see
 #      pyproject.toml), and with no torch installed a range would pull several GB of CUDA packages,
-#   3. this package with its dev and hf extras (editable; hf: transformers, which the tests
-#      exercise); pip keeps the torch of step 2, which is in range. Not installed here:
-#      laplace-torch, which would replace this torch (see pyproject.toml).
+#   3. this package with its dev, hf and laplace extras (editable; hf: transformers, laplace:
+#      what peg.Laplace's laplace-torch runs on, both exercised by the tests); pip keeps the
+#      torch of step 2, which is in range. Then laplace-torch and two of its requirements,
+#      pinned, with --no-deps: their metadata asks for torchvision, whose wheel would replace or
+#      break this torch, and they run without it (pyproject.toml's laplace extra has the rest).
 #   4. Fashion-MNIST from Debian (`dataset-fashion-mnist`) when apt is usable; the demo falls
 #      back to scikit-learn's digits when it is not.
 # A stamp keyed on pyproject.toml and this script makes a second run a no-op.
@@ -16,7 +18,8 @@ cd "$root"
 venv="$root/.venv"
 stamp="$venv/.peg-setup-stamp"
 torch_pin="torch==2.13.0"  # the CPU wheel the tests run on; the only exact torch pin
-extras="dev,hf"
+extras="dev,hf,laplace"
+no_deps="laplace-torch==0.3 backpack-for-pytorch==1.7.1 curvlinops-for-pytorch==3.0.1"
 want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 
 if [ ! -x "$venv/bin/python" ]; then
@@ -24,10 +27,12 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "[setup] installing $torch_pin (CPU) and peg[$extras]"
+  echo "[setup] installing $torch_pin (CPU), peg[$extras] and $no_deps (--no-deps)"
   "$venv/bin/python" -m pip install --quiet --upgrade pip
   "$venv/bin/python" -m pip install --quiet "$torch_pin"
   "$venv/bin/python" -m pip install --quiet -e ".[$extras]" "$torch_pin"
+  # shellcheck disable=SC2086  # $no_deps is a list of requirements
+  "$venv/bin/python" -m pip install --quiet --no-deps $no_deps
   echo "$want" > "$stamp"
 fi
 

@@ -227,6 +227,28 @@ def _without_data(call: Callable[[], object]) -> object:
         return call()
 
 
+class _NoLaplace:
+    """A meta-path finder for which laplace-torch is not installed."""
+
+    def find_spec(self, name: str, *_: object) -> None:
+        if name == "laplace" or name.startswith("laplace."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+
+def _without_laplace() -> object:
+    """`peg.Laplace().fit` where `import laplace` fails as on a machine without laplace-torch."""
+    saved = {k: v for k, v in sys.modules.items() if k == "laplace" or k.startswith("laplace.")}
+    for name in saved:
+        del sys.modules[name]
+    finder = _NoLaplace()
+    sys.meta_path.insert(0, finder)
+    try:
+        return peg.Laplace().fit(_mlp(), _val())
+    finally:
+        sys.meta_path.remove(finder)
+        sys.modules.update(saved)
+
+
 def _fake_idx(tmp: Path) -> Path:
     """A data root whose Fashion-MNIST files are text, not gzipped IDX."""
     folder = tmp / "root" / "fashion-mnist"
@@ -1073,6 +1095,92 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
         ValueError,
         "val: on the meta device .* cpu",
     ),
+    # ---------------------------------------------------------------- Laplace
+    (
+        "Laplace",
+        "unknown subset_of_weights",
+        lambda: peg.Laplace(subset_of_weights="subnetwork"),
+        ValueError,
+        "subset_of_weights: expected one of",
+    ),
+    (
+        "Laplace",
+        "unknown hessian_structure",
+        lambda: peg.Laplace(hessian_structure="lowrank"),
+        ValueError,
+        "hessian_structure",
+    ),
+    (
+        "Laplace",
+        "unknown prior_optimization",
+        lambda: peg.Laplace(prior_optimization="cv"),
+        ValueError,
+        "prior_optimization",
+    ),
+    (
+        "Laplace",
+        "prior_precision <= 0",
+        lambda: peg.Laplace(prior_precision=0.0),
+        ValueError,
+        "prior_precision",
+    ),
+    (
+        "Laplace",
+        "unknown link_approx",
+        lambda: peg.Laplace(link_approx="logit"),
+        ValueError,
+        "link_approx",
+    ),
+    (
+        "Laplace",
+        "pred_type='nn' with a deterministic link",
+        lambda: peg.Laplace(pred_type="nn"),
+        ValueError,
+        "link_approx: pred_type='nn'",
+    ),
+    ("Laplace", "n_members < 1", lambda: peg.Laplace(n_members=0), ValueError, "n_members"),
+    (
+        "Laplace",
+        "last_layer_name with every weight",
+        lambda: peg.Laplace(subset_of_weights="all", last_layer_name="fc"),
+        ValueError,
+        "last_layer_name",
+    ),
+    (
+        "Laplace",
+        "laplace-torch not installed",
+        _without_laplace,
+        ImportError,
+        r'peg.Laplace needs laplace-torch.*pip install "peg\[laplace\]" && pip install --no-deps',
+    ),
+    (
+        "Laplace",
+        "model of the wrong type",
+        lambda: peg.Laplace().fit("mlp", _val()),
+        TypeError,
+        "model",
+    ),
+    (
+        "Laplace",
+        "data without labels",
+        lambda: peg.Laplace().fit(_mlp(), _val()[0]),
+        ValueError,
+        "data: labels are needed",
+    ),
+    (
+        "Laplace",
+        "grid search without validation data",
+        lambda: peg.Laplace(prior_optimization="gridsearch").fit(_mlp(), _val()),
+        ValueError,
+        "val: prior_optimization='gridsearch' needs",
+    ),
+    (
+        "Laplace",
+        "validation data the marglik prior does not use",
+        lambda: peg.Laplace().fit(_mlp(), _val(), val=_val()),
+        ValueError,
+        "val: only used by prior_optimization='gridsearch'",
+    ),
     # ---------------------------------------------------------------- train
     (
         "train",
@@ -1810,6 +1918,13 @@ FILE_CASES: list[tuple[str, str, Callable[[Path], None], type[Exception], str]] 
     ),
     ("load", "a folder", lambda tmp: peg.load(tmp, _mlp()), FileNotFoundError, "no peg archive"),
     ("load", "model of the wrong type", lambda tmp: peg.load(tmp, "mlp"), TypeError, "model"),
+    (
+        "load",
+        "Laplace.load of an ensemble archive",
+        lambda tmp: peg.Laplace.load(_archive(tmp), _mlp()),
+        ArchiveError,
+        "an ensemble archive, not a saved peg.Laplace",
+    ),
     (
         "load",
         "a model of another architecture",

@@ -17,6 +17,7 @@ from peg.evaluate import evaluate
 from peg.loading import load
 from peg.methods.deep_ensemble import DeepEnsemble
 from peg.methods.dropout import MCDropout
+from peg.methods.laplace import Laplace
 from peg.methods.packed import PackedEnsemble
 from peg.methods.patching import MCPatched
 from peg.methods.peg import PEG
@@ -33,6 +34,7 @@ __all__ = [
     "ArchiveError",
     "DeepEnsemble",
     "Ensemble",
+    "Laplace",
     "MCDropout",
     "MCPatched",
     "NonFiniteError",

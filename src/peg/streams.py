@@ -11,6 +11,7 @@ kept exactly as they have always been so every ensemble made before is made agai
 - (SWAG_SAMPLE, i): SWAG sample i.
 - (d,) and (SUBSPACE_BN, d): draw d of a subspace sampler, and its BatchNorm-refresh pass.
 - (s, j): MC dropout / MC patching, member s on input batch j (its masks).
+- (j,): Laplace's MC samples of input batch j; (LAPLACE_FIT,): the global RNG during its fit.
 
 VALIDATION and SWAG_SAMPLE share the value 1, and (s, j) keys overlap the others' values: they
 never meet, because a method only draws from its own streams under its own seed.
@@ -26,8 +27,17 @@ VALIDATION = 1
 SWAG_SAMPLE = 1
 SUBSPACE_BN = 2**30
 SPLIT = 2**31
+LAPLACE_FIT = 2**32
 
-__all__ = ["MEMBER", "SPLIT", "SUBSPACE_BN", "SWAG_SAMPLE", "VALIDATION", "generator"]
+__all__ = [
+    "LAPLACE_FIT",
+    "MEMBER",
+    "SPLIT",
+    "SUBSPACE_BN",
+    "SWAG_SAMPLE",
+    "VALIDATION",
+    "generator",
+]
 
 
 def generator(seed: int, *key: int) -> torch.Generator:

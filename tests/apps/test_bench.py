@@ -270,3 +270,26 @@ def test_uci_summary_keeps_an_infinite_split_visible():
     }
     text = _report(results, ["A", "B"])
     assert "−∞ (1 of 2 splits)" in text and "**-3.250 ± 0.250**" in text
+
+
+def test_laplace_columns_by_name(tmp_path):
+    pytest.importorskip("laplace")
+    spec = parse_spec(
+        {
+            **SMALL,
+            "name": "tiny-laplace",
+            "model": {"name": "mlp", "hidden": [16]},
+            "train": {"epochs": 2, "lr": 0.1, "batch_size": 64},
+            "methods": ["Single", "Laplace", "Laplace-MC-3"],
+            "shift": {},
+            "ood": [],
+        }
+    )
+    assert [(m.method, m.base) for m in spec.methods][1:] == [("laplace", "single")] * 2
+    check_methods(spec)
+    results = run_spec(spec, tmp_path, tmp_path / "cache", progress=False, say=_quiet)
+    test = results["datasets"]["test"]
+    assert set(test) == {"Single", "Laplace", "Laplace-MC-3"}
+    assert test["Laplace"]["error"]["mean"] < 0.5
+    with pytest.raises(ValueError, match="link_approx"):
+        check_methods(parse_spec({**SMALL, "methods": [{"name": "Laplace", "link_approx": "x"}]}))

@@ -125,6 +125,15 @@ def test_methods_built_from_names_and_options(overfit_mlp, moons_data):
     assert CATALOGUE["PEG (ascent)"].options == {"direction": "ascent"}
 
 
+def test_laplace_by_name_on_the_validation_data(overfit_mlp, moons_data):
+    pytest.importorskip("laplace")
+    done = compare(overfit_mlp, moons_data["val"], moons_data["test"], ["Model", "Laplace"])
+    fitted, row = done.predictors["Laplace"], done.row("Laplace")
+    assert isinstance(fitted, peg.Laplace) and fitted.meta_["data_points"] == 600
+    assert row["chosen"] == f"prior_precision = {fitted.prior_precision_:.3g}"
+    assert row["memory_mb"] > done.row("Model")["memory_mb"]  # the posterior's factors too
+
+
 def test_scaled_softmax_is_temperature_scaling(overfit_mlp, moons_data):
     ts = peg.TemperatureScaling().fit(overfit_mlp, moons_data["val"])
     X = moons_data["test"][0]

@@ -93,6 +93,23 @@ def test_single_model_methods_refuse_an_ensemble(site):
         build("mc-dropout", Site(base=lambda: ensemble), n_members=2, insert=0.2)
 
 
+def test_laplace_fits_on_the_training_data_where_the_site_has_them(site):
+    pytest.importorskip("laplace")
+    fitted = build("laplace", site)  # the bench's site: training data (200 points)
+    assert isinstance(fitted, peg.Laplace) and fitted.meta_["data_points"] == 200
+    assert scales(fitted) == {"prior_precision": fitted.prior_precision_}
+    compare_site = Site(base=site.base, val=site.val)  # peg.compare's: validation data only
+    assert build("laplace", compare_site).meta_["data_points"] == 100
+    grid = build("laplace", site, prior_optimization="gridsearch", link_approx="bridge")
+    assert grid.meta_["data_points"] == 200 and grid.meta_["prior_optimization"] == "gridsearch"
+    assert names.denoted("Laplace") == ("laplace", "single", {})
+    mc = names.denoted("Laplace-MC-8")
+    assert mc == ("laplace", "single", {"link_approx": "mc", "n_members": 8})
+    assert len(build(mc[0], site, **mc[2])) == 8
+    with pytest.raises(ValueError, match="laplace: needs a single model"):
+        build("laplace", Site(base=lambda: Ensemble.from_models([mlp(0), mlp(1)]), val=site.val))
+
+
 def test_a_builder_names_what_its_site_lacks(site):
     with pytest.raises(ValueError, match="model: the method needs a model"):
         build("packed", site, alpha=2, num_estimators=2)

@@ -59,6 +59,7 @@ class Case:
     kwargs: dict[str, Any]
     fit: Callable[[Any], Any]  # fits an unfitted instance on tiny data; returns fit's result
     invalid: tuple[str, Any]  # an argument and a value the constructor refuses (ValueError)
+    needs: str | None = None  # an optional package fit needs (the case is skipped without it)
 
     @property
     def id(self) -> str:
@@ -134,6 +135,13 @@ CASES = [
         lambda m: m.fit(_tiny(), (X, y)),
         ("max_iter", 0),
     ),
+    Case(
+        peg.Laplace,
+        {"link_approx": "mc", "n_members": 3, "seed": 1, "batch_size": 32},
+        lambda m: m.fit(_tiny(), (X, y)),
+        ("link_approx", "logit"),
+        needs="laplace",
+    ),
 ]
 IDS = [case.id for case in CASES]
 
@@ -144,6 +152,8 @@ def _parameters(cls: type) -> list[inspect.Parameter]:
 
 @pytest.fixture(params=CASES, ids=IDS)
 def case(request: pytest.FixtureRequest) -> Case:
+    if request.param.needs is not None:
+        pytest.importorskip(request.param.needs)
     return request.param
 
 
@@ -248,7 +258,8 @@ def test_fit_signatures_share_one_shape(case):
     """Post-hoc: fit(model, val=None, *, bn_data=None); training-time: fit(model, train_data,
     *, bn_data=None, callbacks=()) (DeepEnsemble also val_data=None: its members are plain
     `train` runs, which stop early on it with `recipe.patience`); from iterates: fit(iterates, *,
-    skeleton=None, bn_data=None).
+    skeleton=None, bn_data=None); Laplace, post-hoc on the likelihood's data: fit(model, data, *,
+    val=None, bn_data=None) (val for its prior's grid search).
     """
     fit = list(inspect.signature(case.cls.fit).parameters.values())[1:]
     positional = [p.name for p in fit if p.kind is p.POSITIONAL_OR_KEYWORD]
@@ -258,6 +269,9 @@ def test_fit_signatures_share_one_shape(case):
         assert keyword == {"bn_data": None, "callbacks": ()} | extra
     elif positional == ["iterates"]:
         assert keyword == {"skeleton": None, "bn_data": None}
+    elif case.cls is peg.Laplace:
+        assert positional[1:] == ["data"] and fit[1].default is inspect.Parameter.empty
+        assert keyword == {"val": None, "bn_data": None}
     else:
         assert positional[1:] == ["val"] and fit[1].default is None
         assert keyword == {"bn_data": None}

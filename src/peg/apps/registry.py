@@ -16,9 +16,11 @@ its `fit(site)` returns the fitted predictor (an nn.Module, an Ensemble or a fit
 
 Keys (in registration order): "base" (the site's base itself); post-hoc methods on the base:
 "temperature", "peg", "pep", "mc-dropout", "random-subspace", "dropout-subspace"; methods that
-train a model of their own with the site's recipe (`Builder.trains`): "packed", "emp", "ecmp",
-"mc-dropout-trained"; "swag" (SWAG moments collected from the base on the training data);
-samplers fitted to a trajectory's checkpoints: "diagonal-gaussian", "low-rank-gaussian".
+train a model of their own with the site's recipe (`Builder.trains`): "packed", "emp", "ecmp";
+"laplace" (laplace-torch's Laplace approximation around the base, on the site's training data
+when it has them); "mc-dropout-trained" (trains its own, too); "swag" (SWAG moments collected
+from the base on the training data); samplers fitted to a trajectory's checkpoints:
+"diagonal-gaussian", "low-rank-gaussian".
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from peg.methods import (
     SWAG,
     DiagonalGaussian,
     DropoutSubspace,
+    Laplace,
     LowRankGaussian,
     MCDropout,
     MCPatched,
@@ -46,6 +49,7 @@ from peg.methods import (
     RandomSubspace,
     TemperatureScaling,
 )
+from peg.methods.laplace import require_laplace
 from peg.methods.swag import has_batchnorm
 from peg.models._packed import Packing
 
@@ -154,11 +158,17 @@ def build(key: str, site: Site, /, **options: Any) -> Any:
     return configure(key, site, options).fit(site)
 
 
-SCALES = (("eta_", "eta"), ("sigma_", "sigma"), ("temperature_", "T"))
+SCALES = (
+    ("eta_", "eta"),
+    ("sigma_", "sigma"),
+    ("temperature_", "T"),
+    ("prior_precision_", "prior_precision"),
+)
 
 
 def scales(fitted: Any) -> dict[str, float]:
-    """The scale a fitted method chose, by its short name: PEG's η, PEP's σ, temperature T."""
+    """The scale a fitted method chose, by its short name: PEG's η, PEP's σ, temperature T,
+    Laplace's prior precision."""
     return {label: float(getattr(fitted, a)) for a, label in SCALES if hasattr(fitted, a)}
 
 
@@ -193,12 +203,16 @@ class PostHoc(Builder):
         self.unfitted = self.method(**o)
 
     def fit(self, site: Site) -> Any:
+        return self.unfitted.fit(self.base(site), site.val)
+
+    def base(self, site: Site) -> Any:
+        """The site's base, checked to be a single model where the method needs one."""
         base = site.need("base")()
         if self.single and isinstance(base, Ensemble):
             raise ValueError(
                 f"{self.key}: needs a single model as base, got an ensemble of {len(base)}"
             )
-        return self.unfitted.fit(base, site.val)
+        return base
 
 
 @register("temperature")
@@ -289,6 +303,30 @@ class EMP(Patched):
 @register("ecmp")
 class ECMP(Patched):
     mode = "ecmp"
+
+
+# ---------------------------------------------------------------- post-hoc, on the training data
+@register("laplace")
+class LaplaceBuilder(PostHoc):
+    """`peg.Laplace` (laplace-torch; default: last-layer KFAC, marglik prior, GLM probit) around
+    a single model. Its Hessian is taken over the site's training data when the site has them
+    (`peg bench`), else over its validation data (`peg.compare`, which has no other);
+    `prior_optimization="gridsearch"` searches the prior on the validation data. laplace-torch
+    is imported when the method is configured, so a missing install fails before any training.
+    """
+
+    method = Laplace
+    single = True
+
+    def __init__(self, site: Site, options: Mapping[str, Any]) -> None:
+        super().__init__(site, options)
+        require_laplace()
+
+    def fit(self, site: Site) -> Any:
+        data = site.train if site.train is not None else site.need("val")
+        gridsearch = self.unfitted.prior_optimization == "gridsearch"
+        val = site.need("val") if gridsearch else None
+        return self.unfitted.fit(self.base(site), data, val=val)
 
 
 @register("mc-dropout-trained")

@@ -2,6 +2,7 @@
 
 from peg.methods.deep_ensemble import DeepEnsemble
 from peg.methods.dropout import MCDropout
+from peg.methods.laplace import Laplace
 from peg.methods.packed import PackedEnsemble
 from peg.methods.patching import MCPatched
 from peg.methods.peg import PEG
@@ -18,6 +19,7 @@ __all__ = [
     "DeepEnsemble",
     "DiagonalGaussian",
     "DropoutSubspace",
+    "Laplace",
     "LowRankGaussian",
     "MCDropout",
     "MCPatched",

@@ -50,6 +50,11 @@ TABLE_NAMES: tuple[tuple[str, Callable[[re.Match[str]], tuple[str, str, dict[str
     ),
     ("EMP|ECMP", lambda m: (m[0].lower(), "single", {})),
     (r"MC-Dropout-(\d+)", lambda m: ("mc-dropout", "single", {"n_members": int(m[1])})),
+    ("Laplace", lambda m: ("laplace", "single", {})),
+    (
+        r"Laplace-MC-(\d+)",
+        lambda m: ("laplace", "single", {"link_approx": "mc", "n_members": int(m[1])}),
+    ),
 )
 
 

@@ -34,6 +34,10 @@ Variants of PEG by name: `PEG-S (ascent)` (`direction: ascent`), `PEG-S (last la
 averaged prediction, which must come earlier) and `TS → PEG-S` (or `TS -> PEG-S`: PEG-S around
 the temperature-scaled model, on the column `Temp-scaled`, which must come earlier).
 
+`Laplace`: laplace-torch's Laplace approximation of the single model (`peg.Laplace`): last-layer
+KFAC over the training split, prior precision by marginal likelihood, GLM probit predictive;
+`Laplace-MC-S`: the same with S Monte Carlo samples of the GLM predictive as members.
+
 `train: {..., patience: P}` trains the bases until the validation loss rises: at most `epochs`,
 stopping after P epochs without a lower validation NLL (on the spec's validation split) and
 keeping the best epoch's weights (`peg.train.Recipe.patience`).
@@ -70,6 +74,7 @@ METHODS = (
     "packed",
     "emp",
     "ecmp",
+    "laplace",
 )
 SWAG_BASES = ("swa", "swag", "swag-diag")  # the bases one SWAG run gives
 BASE_PATTERN = re.compile(r"^(single|swa|swag|swag-diag|deepens-(\d+))$")

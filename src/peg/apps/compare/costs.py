@@ -8,8 +8,9 @@
   only in a head after a shared trunk (last-layer PEG) runs the trunk once and S heads, so it
   costs 1 + (S - 1) × (the head's share of the model's FLOPs), a little over 1.
 - `held_bytes(predictor)`: the bytes of the tensors the predictor keeps to predict (weights
-  and buffers; an ensemble's per-member entries and its shared ones once; each storage counted
-  once, so temperature scaling holds what its predictor holds).
+  and buffers; an ensemble's per-member entries and its shared ones once; a Laplace
+  approximation's posterior too; each storage counted once, so temperature scaling holds what
+  its predictor holds).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from peg._inputs import Data
 from peg.batches import BatchFn, split_batch, take_rows
 from peg.ensemble import Ensemble
 from peg.methods.base import FittedEnsemble, ModulePredictor
+from peg.methods.laplace import Laplace
 from peg.methods.temperature import TemperatureScaling, in_memory, member_logits_of
 
 PROBE_ROWS = 2
@@ -70,6 +72,8 @@ def _tensors(predictor: Any) -> list[Tensor]:
         return _tensors(predictor.predictor_)
     if isinstance(predictor, FittedEnsemble) and "ensemble_" in predictor.__dict__:
         return _tensors(predictor.ensemble_)
+    if isinstance(predictor, Laplace):  # the model and the posterior's factors
+        return [*_tensors(predictor.model_), *predictor.posterior_tensors()]
     if isinstance(predictor, ModulePredictor):
         return _tensors(predictor.model_)
     return []

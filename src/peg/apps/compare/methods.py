@@ -15,6 +15,11 @@ any other (e.g. `method("PEG-30", "peg", n_members=30)`)::
     Last-layer PEG  PEG on the last layer only              peg, params="last_layer"
     PEG (ascent)    PEG, θ + η∇L (Algorithm 1 literally)     peg, direction="ascent"
     TS → PEG        PEG around the temperature-scaled model peg on TS
+    Laplace         last-layer KFAC Laplace, marglik prior, laplace (laplace-torch,
+                    GLM probit predictive                   the `laplace` extra)
+
+Laplace is fitted on the validation data here (compare has no training data), and is not in the
+default list: the defaults do not depend on what is installed, and laplace-torch is optional.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ CATALOGUE: dict[str, MethodSpec] = {
         MethodSpec("Last-layer PEG", "peg", MODEL, {"params": "last_layer"}),
         MethodSpec("PEG (ascent)", "peg", MODEL, {"direction": "ascent"}),
         MethodSpec("TS → PEG", "peg", "TS"),
+        MethodSpec("Laplace", "laplace", MODEL),
     )
 }
 # the default list (the issue's): MC dropout only where the model has dropout

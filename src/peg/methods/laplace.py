@@ -1,0 +1,384 @@
+"""The Laplace approximation through laplace-torch (Daxberger et al., "Laplace Redux", NeurIPS
+2021), last layer by default: a comparison method, not a reimplementation.
+
+`Laplace.fit(model, data)` makes one laplace-torch call chain::
+
+    la = laplace.Laplace(model, "classification", subset_of_weights=..., hessian_structure=...,
+                         prior_precision=...)
+    la.fit(loader)                                      # the Hessian (GGN) over `data`, once
+    la.optimize_prior_precision(method="marglik", ...)  # or "gridsearch" on `val`, or nothing
+
+and predicts with laplace-torch's predictive: `la(x, pred_type="glm", link_approx="probit")`
+(one forward pass, the last-layer Jacobians and the GLM predictive per batch), or, for
+`link_approx="mc"` (or `pred_type="nn"`), `la.predictive_samples(x, ..., generator=...)`.
+
+Which data: laplace-torch fits the Hessian on the training data (the paper's setting), with N =
+the number of points as the likelihood's weight; this method takes whatever labelled data it is
+given. `peg bench` passes its training split; `peg.compare`, which has only validation data,
+passes that (a posterior from fewer points: wider, so more cautious).
+
+laplace-torch is optional: `pip install "peg[laplace]"`, then `pip install --no-deps` the three
+packages of `INSTALL` (their metadata asks for torchvision, which would replace a CPU torch; they
+run without it). It is imported by `fit`, after the inputs are checked and before any work.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import importlib.metadata
+import os
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from peg._inputs import (
+    Data,
+    check_number,
+    check_positive_int,
+    check_seed,
+    diagnose,
+    model_device,
+)
+from peg._rows import ValSource
+from peg.batches import BatchFn, call_model, check_batch_fn, describe_inputs, move
+from peg.errors import NotFittedError
+from peg.methods import _laplace_state as _state
+from peg.methods.base import ModulePredictor, store_arguments
+from peg.streams import LAPLACE_FIT, generator
+
+INSTALL = (
+    'pip install "peg[laplace]" && pip install --no-deps laplace-torch==0.3 '
+    "backpack-for-pytorch==1.7.1 curvlinops-for-pytorch==3.0.1"
+)
+SUBSETS = ("last_layer", "all")
+STRUCTURES = ("kron", "diag", "full")
+PRIORS = ("marglik", "gridsearch", None)
+PRED_TYPES = ("glm", "nn")
+LINKS = ("probit", "bridge", "bridge_norm", "mc")
+# laplace-torch warns on every classification prior fit that its predictive should use the same
+# link approximation; this class passes its own link to both, so the warning says nothing here
+_LINK_WARNING = "By default `link_approx` is `probit`"
+
+
+def require_laplace() -> ModuleType:
+    """The `laplace` package (laplace-torch); an ImportError saying how to install it."""
+    try:
+        return importlib.import_module("laplace")
+    except ImportError as e:
+        raise ImportError(
+            f"peg.Laplace needs laplace-torch, which is not installed ({e}); install it with: "
+            f"{INSTALL}"
+        ) from e
+
+
+def _choice(value: Any, name: str, allowed: tuple[Any, ...]) -> None:
+    if not any(value is a or (isinstance(value, str) and value == a) for a in allowed):
+        raise ValueError(f"{name}: expected one of {list(allowed)}, got {value!r}")
+
+
+class _Batches:
+    """What laplace-torch's `fit` and grid search read of a DataLoader: `len(dataset)` (N, the
+    likelihood's weight) and `(x, y)` batches, here those of a `ValSource` (any labelled data
+    peg takes, each batch checked as it is read)."""
+
+    def __init__(self, source: ValSource, batch_size: int) -> None:
+        self.source, self.batch_size = source, batch_size
+        if source.n is None:  # an IterableDataset: one pass to count its points
+            for _ in source.batches(batch_size):
+                pass
+        self.dataset = range(source.count)
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        for _, x, y in self.source.batches(self.batch_size):
+            if not isinstance(x, Tensor):
+                raise TypeError(
+                    f"{self.source.name}: laplace-torch takes tensor inputs, got batches of "
+                    f"{describe_inputs(x)}"
+                )
+            yield x, y
+
+
+class Laplace(ModulePredictor):
+    """Laplace approximation of a trained classifier's posterior, fitted by laplace-torch 0.3.
+
+    Args (laplace-torch's names, except `n_members`):
+        subset_of_weights: "last_layer" (the last nn.Linear, found by laplace-torch on the first
+            batch, or `last_layer_name`) or "all" (every parameter: costly beyond small nets).
+        hessian_structure: "kron" (KFAC), "diag" or "full" GGN of the log-likelihood.
+        prior_optimization: how the prior precision (a scalar) is chosen after the Hessian:
+            "marglik" (`optimize_prior_precision(method="marglik")`: 100 Adam steps on the
+            Laplace log marginal likelihood, from `prior_precision`), "gridsearch" (the NLL of
+            the predictive on `fit`'s `val` over laplace-torch's grid 1e-4..1e4, 100 values: 100
+            predictive passes over `val`), or None (`prior_precision` kept).
+        prior_precision: the prior precision given to laplace-torch (marglik's starting point).
+        pred_type: "glm" (the linearised predictive, consistent with the GGN) or "nn" (the
+            network at sampled weights; needs `link_approx="mc"`).
+        link_approx: "probit", "bridge" or "bridge_norm" (deterministic approximations of the
+            softmax of the Gaussian logits) or "mc" (`n_members` samples).
+        n_members: laplace-torch's `n_samples`: the MC samples, which are the members, for
+            `link_approx="mc"`; unused by the deterministic links (one member).
+        last_layer_name: the last layer's module name (None: laplace-torch finds it).
+        seed: seed of the MC samples; the samples of batch j depend only on (seed, j) (and so
+            on the batching), never on the global RNG.
+        batch_size: rows per batch when fitting and predicting tensors.
+        progress: progress bar over prediction batches (None: only on a terminal).
+        batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches of another shape.
+
+    After `fit(model, data)`: `laplace_` (the laplace-torch object), `prior_precision_`, `meta_`,
+    `model_` (laplace-torch's copy of the model; the caller's is never changed),
+    `member_logits(X)`: for the deterministic links `[1, N, C]`, the log of the predictive
+    probabilities floored at the dtype's smallest normal number (log 0 would be -inf); for "mc"
+    `[S, N, C]`, the log of the S sampled softmax outputs, so metrics treat them as an
+    ensemble's members; `predict_proba(X) -> [N, C]` (their average: the predictive),
+    `predict(X) -> [N]`, `save(path)` and `Laplace.load(path, model)`.
+
+    Cost: fit = one pass over `data` computing the last layer's GGN factors (forward and the
+    output Jacobians) plus the prior optimisation (marglik: 100 steps on the Kronecker
+    eigenvalues, no data; gridsearch: 100 predictive passes over `val`); prediction = one
+    forward pass and the GLM predictive per batch (S Gaussian samples of the logits for "mc").
+    """
+
+    method = "laplace"
+    label = "Laplace"
+
+    def __init__(
+        self,
+        *,
+        subset_of_weights: str = "last_layer",
+        hessian_structure: str = "kron",
+        prior_optimization: str | None = "marglik",
+        prior_precision: float = 1.0,
+        pred_type: str = "glm",
+        link_approx: str = "probit",
+        n_members: int = 100,
+        last_layer_name: str | None = None,
+        seed: int = 0,
+        batch_size: int = 512,
+        progress: bool | None = None,
+        batch_fn: BatchFn | None = None,
+    ) -> None:
+        store_arguments(self, locals())
+
+    def _check_params(self) -> None:
+        _choice(self.subset_of_weights, "subset_of_weights", SUBSETS)
+        _choice(self.hessian_structure, "hessian_structure", STRUCTURES)
+        _choice(self.prior_optimization, "prior_optimization", PRIORS)
+        check_number(self.prior_precision, "prior_precision")
+        _choice(self.pred_type, "pred_type", PRED_TYPES)
+        _choice(self.link_approx, "link_approx", LINKS)
+        if self.pred_type == "nn" and self.link_approx != "mc":
+            raise ValueError(
+                f"link_approx: pred_type='nn' samples networks, so it needs link_approx='mc', "
+                f"got {self.link_approx!r}"
+            )
+        check_positive_int(self.n_members, "n_members")
+        name = self.last_layer_name
+        if name is not None and not (isinstance(name, str) and name):
+            raise ValueError(f"last_layer_name: expected a module name or None, got {name!r}")
+        if name is not None and self.subset_of_weights != "last_layer":
+            raise ValueError(
+                "last_layer_name: only used with subset_of_weights='last_layer', got "
+                f"subset_of_weights={self.subset_of_weights!r}"
+            )
+        check_seed(self.seed)
+        check_positive_int(self.batch_size, "batch_size")
+        check_batch_fn(self.batch_fn)
+
+    def _sampled(self) -> bool:
+        return self.link_approx == "mc"  # pred_type="nn" implies it
+
+    # ---------------------------------------------------------------- fitting
+    def fit(
+        self, model: nn.Module, data: Data, *, val: Data | None = None, bn_data: Data | None = None
+    ) -> Laplace:
+        """Fit the Laplace approximation around `model`'s weights on labelled `data`.
+
+        Args:
+            model: a trained nn.Module whose forward returns logits `[B, C]` (a Tensor; wrap other
+                outputs with `peg.with_output`), ending in an nn.Linear for the last layer.
+            data: labelled data, `(X, y)` tensors or arrays, a Dataset or a DataLoader of
+                `(x, y, ...)` batches (or `batch_fn`'s): the points of the likelihood, N of them
+                (the training data in the paper; see the module doc).
+            val: labelled validation data for `prior_optimization="gridsearch"` (required there,
+                refused otherwise).
+            bn_data: unused (accepted as by every post-hoc method).
+        """
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
+        if data is None:
+            raise ValueError("data: the Laplace approximation needs labelled data (X, y)")
+        if self.prior_optimization == "gridsearch" and val is None:
+            raise ValueError("val: prior_optimization='gridsearch' needs labelled validation data")
+        if self.prior_optimization != "gridsearch" and val is not None:
+            raise ValueError(
+                "val: only used by prior_optimization='gridsearch', got prior_optimization="
+                f"{self.prior_optimization!r}"
+            )
+        device = model_device(model)
+        split = check_batch_fn(self.batch_fn)
+        source = ValSource(data, "data", split, device)
+        val_source = None if val is None else ValSource(val, "val", split, device)
+        laplace = require_laplace()
+        network = copy.deepcopy(model).eval()  # laplace-torch runs it; the caller's is untouched
+        classes = self._probe_model(network, source)
+        for s in (source, val_source):
+            if s is not None:
+                s.classes = classes
+                if s.X is not None and s.y is not None:
+                    s.check(s.X, s.y, "all points")  # a pair is read unchecked batch by batch
+        la = self._new(laplace, network)
+        size = int(self.batch_size)
+        with _quiet(), _seeded(int(self.seed), device):
+            la.fit(_Batches(source, size))
+            if self.prior_optimization is not None:
+                la.optimize_prior_precision(
+                    pred_type=self.pred_type,
+                    method=self.prior_optimization,
+                    init_prior_prec=float(self.prior_precision),
+                    val_loader=None if val_source is None else _Batches(val_source, size),
+                    link_approx=self.link_approx,
+                    n_samples=int(self.n_members),
+                )
+        self._set_fitted(la)
+        return self
+
+    def _probe_model(self, network: nn.Module, source: ValSource) -> int:
+        """The model's number of classes, from one forward pass on two rows of the data (a clear
+        error for inputs it cannot take or an output that is not a logits Tensor)."""
+        x, _ = source.first()
+        if not isinstance(x, Tensor):
+            raise TypeError(
+                f"data: laplace-torch takes tensor inputs, got batches of {describe_inputs(x)}"
+            )
+        x = move(x, model_device(network), "data")
+        with torch.no_grad():
+            out = diagnose(lambda rows: call_model(network, rows), x, "data")
+        if not isinstance(out, Tensor) or out.ndim != 2:
+            got = f"shape {tuple(out.shape)}" if isinstance(out, Tensor) else type(out).__name__
+            raise TypeError(
+                f"model: laplace-torch needs a forward returning logits [B, C] as a Tensor, got "
+                f"{got}; wrap the model, e.g. peg.with_output(model, 'logits')"
+            )
+        return int(out.shape[1])
+
+    def _new(self, laplace: ModuleType, network: nn.Module, last_layer: str | None = None) -> Any:
+        """laplace-torch's object for these options around `network` (not fitted)."""
+        extra = {}
+        if self.subset_of_weights == "last_layer":
+            extra["last_layer_name"] = last_layer or self.last_layer_name
+        return laplace.Laplace(
+            network,
+            "classification",
+            subset_of_weights=self.subset_of_weights,
+            hessian_structure=self.hessian_structure,
+            prior_precision=float(self.prior_precision),
+            **extra,
+        )
+
+    def _set_fitted(self, la: Any) -> None:
+        self.laplace_ = la
+        self.model_ = la.model  # laplace-torch's copy (a FeatureExtractor around it: last layer)
+        self.model_.eval()
+        prior = la.prior_precision
+        self.prior_precision_ = float(prior.reshape(-1)[0]) if isinstance(prior, Tensor) else prior
+        self.meta_: dict[str, Any] = {
+            "method": self.method,
+            "subset_of_weights": self.subset_of_weights,
+            "hessian_structure": self.hessian_structure,
+            "prior_optimization": self.prior_optimization,
+            "prior_precision": self.prior_precision_,
+            "pred_type": self.pred_type,
+            "link_approx": self.link_approx,
+            "n_members": len(self),
+            "seed": int(self.seed),
+            "last_layer": _state.last_layer(la),
+            "data_points": int(la.n_data),
+            "backend": la._backend_cls.__name__,
+            "laplace_torch": importlib.metadata.version("laplace-torch"),
+        }
+
+    # ---------------------------------------------------------------- predicting
+    def _check_fitted(self) -> None:
+        if "laplace_" not in self.__dict__:
+            raise NotFittedError("Laplace: call fit(model, data) before predicting")
+
+    def _batch_logits(self, x: Any, j: int) -> Tensor:
+        """Members of batch j, `[M, B, C]`: log predictive probabilities (see the class doc)."""
+        if not isinstance(x, Tensor):
+            raise TypeError(f"X: laplace-torch takes tensor inputs, got {describe_inputs(x)}")
+        la = self.laplace_
+        if self._sampled():
+            device = self._device()
+            draws = torch.Generator(device=device)
+            draws.manual_seed(int(generator(int(self.seed), j).initial_seed()))
+            probs = la.predictive_samples(
+                x, pred_type=self.pred_type, n_samples=int(self.n_members), generator=draws
+            )
+        else:
+            probs = la(x, pred_type=self.pred_type, link_approx=self.link_approx)[None]
+        return probs.clamp_min(torch.finfo(probs.dtype).tiny).log()
+
+    def __len__(self) -> int:
+        self._check_fitted()
+        return int(self.n_members) if self._sampled() else 1
+
+    def posterior_tensors(self) -> list[Tensor]:
+        """The tensors of the posterior laplace-torch holds besides the model: its state (mean,
+        Hessian factors, prior) and the factors' eigendecomposition (Kronecker structure)."""
+        self._check_fitted()
+        la = self.laplace_
+        state = {k: v for k, v in la.state_dict().items() if k != "data"}
+        decomposed = [getattr(la.H, "eigenvectors", []), getattr(la.H, "eigenvalues", [])]
+        return _state.leaves([state, decomposed])
+
+    # ---------------------------------------------------------------- persistence
+    def save(self, path: str | os.PathLike[str]) -> str:
+        """Write the fitted approximation to `path` (safetensors + JSON, atomic; no pickle):
+        the options, the model's weights (the MAP) and laplace-torch's `state_dict()` (posterior
+        mean, Hessian factors, prior precision, N, ...), no data (`_laplace_state.write`). Read
+        it back with `Laplace.load(path, model)`; `peg.load` reads ensemble archives only."""
+        self._check_fitted()
+        params = {k: v for k, v in self.get_params().items() if k != "batch_fn"}
+        return _state.write(path, self.laplace_, params, self.meta_)
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        model: nn.Module,
+        device: str | torch.device = "cpu",
+        batch_fn: BatchFn | None = None,
+    ) -> Laplace:
+        """A fitted `Laplace` from a file `save` wrote. `model`: any instance of the saved
+        architecture (deep-copied; its weights are replaced by the saved ones)."""
+        tree = _state.read(path)
+        network = _state.weights(model, tree, device)
+        fitted = cls(**tree["params"], batch_fn=batch_fn)
+        la = fitted._new(require_laplace(), network, tree["last_layer"])
+        with _quiet():
+            la.load_state_dict(_state.to_device(tree["laplace"], torch.device(device)))
+        fitted._set_fitted(la)
+        return fitted
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """laplace-torch's link-approximation reminder silenced (see `_LINK_WARNING`)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_LINK_WARNING)
+        yield
+
+
+@contextmanager
+def _seeded(seed: int, device: torch.device) -> Iterator[None]:
+    """The global RNG, which laplace-torch's own random steps draw from (none for the default
+    options; MC grid search), reseeded from the stream (seed, LAPLACE_FIT) and restored after."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(int(generator(seed, LAPLACE_FIT).initial_seed()))
+        yield
