@@ -1585,6 +1585,13 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
     ),
     (
         "selective",
+        "unknown AURC interpolation",
+        lambda: metrics.aurc(logits, [0, 1, 2, 0], interpolation="spline"),
+        ValueError,
+        "interpolation: expected 'exact' or 'linear'",
+    ),
+    (
+        "selective",
         "coverage 0",
         lambda: metrics.risk_at_coverage(logits, [0, 1, 2, 0], 0),
         ValueError,

@@ -93,6 +93,22 @@ def test_aurc_is_the_integral_of_the_interpolated_risk(quantised):
         assert risk_at_coverage_of(pp.ranked, c) == pytest.approx(r(c), rel=1e-12)
 
 
+@pytest.mark.parametrize("quantised", [False, True])
+def test_linear_interpolation_is_the_trapezoid_over_the_points_risks(quantised):
+    """fd-shifts' default AURC: np.trapz of the selective risks over the curve's points, from
+    (0, r₁)."""
+    p, y = probs(300, 4, 4, quantised)
+    curve = literal_curve(*conf_correct(p, y))
+    risks = np.r_[curve["risk"][0], curve["risk"]]
+    coverage = np.r_[0.0, curve["coverage"]]
+    expected = np.sum(np.diff(coverage) * (risks[1:] + risks[:-1]) / 2)
+    assert aurc(p, y, interpolation="linear") == pytest.approx(expected, rel=1e-12)
+    # an oracle whose errors tie: err²/2, not the exact err + (1 − err) ln(1 − err)
+    correct = torch.from_numpy(conf_correct(p, y)[1]).double()
+    err = 1 - float(correct.mean())
+    assert aurc(p, y, confidence=correct, interpolation="linear") == pytest.approx(err**2 / 2)
+
+
 def test_with_ties_aurc_is_the_average_over_the_orders_of_the_tied_points():
     conf = np.array([0.9, 0.9, 0.9, 0.7, 0.7, 0.5, 0.5, 0.5])
     correct = np.array([1, 0, 1, 0, 1, 1, 0, 0], dtype=bool)
@@ -198,6 +214,8 @@ def test_bad_input_names_the_argument():
         augrc(p, y, confidence=torch.zeros(10, 3))
     with pytest.raises(ValueError, match="confidence: expected finite"):
         risk_coverage_curve(p, y, confidence=torch.full((10,), math.nan))
+    with pytest.raises(ValueError, match="interpolation: expected 'exact' or 'linear'"):
+        aurc(p, y, interpolation="spline")
     for bad in (0, -0.5, 1.5, math.nan, "0.5", True):
         with pytest.raises(ValueError, match=r"coverage: expected a number in \(0, 1\]"):
             risk_at_coverage(p, y, bad)

@@ -14,14 +14,16 @@ AURC = ∫₀¹ r dc and AUGRC = ∫₀¹ g dc, fractions in [0, 1], lower is be
 the ensemble's max averaged probability unless a score is given (`confidence=` `[N]`, higher =
 more confident, e.g. minus the predictive entropy); only its order matters.
 
-Ties are handled as in Traub et al.'s reference implementation (fd-shifts), and never depend on
-the order of the points: points of equal confidence are accepted or rejected together, so the
-curve has one point per distinct confidence (K <= N points, `peg.metrics._predictive.ranked`).
+Ties never depend on the order of the points: points of equal confidence are accepted or
+rejected together, so the curve has one point per distinct confidence (K <= N points,
+`peg.metrics._predictive.ranked`), as in Traub et al.'s reference implementation (fd-shifts).
 Between two points (and from (0, 0) to the first) the number of errors accepted grows linearly
 with the number accepted: what accepting part of a tie group gives on average over the orders
 of its points. So g is piecewise linear and AUGRC is the trapezoidal rule over (0, 0) and the
-curve's points; r = g / c, and AURC is its exact integral (a logarithm per segment), r being
-constant, r₁, below the first point. `risk_at_coverage(c)` is that r(c). Consequences, tested:
+curve's points; r = g / c, and AURC is its exact integral (a logarithm per segment: fd-shifts'
+"non-linear" interpolation), r being constant, r₁, below the first point;
+`interpolation="linear"` takes the trapezoidal rule over the points' selective risks instead
+(fd-shifts' default AURC). `risk_at_coverage(c)` is that r(c). Consequences, tested:
 AUGRC = acc·err·(1 − AUROC_f) + err²/2 exactly (AUROC_f: the AUROC of the confidence separating
 correct from wrong points, ties counted ½; Traub et al. 2024); an oracle (every correct point
 above every error) has AURC = err + (1 − err)·ln(1 − err) exactly, AUGRC = err²/2; AURC is the
@@ -76,15 +78,30 @@ def curve_of(r: Ranked) -> dict[str, Tensor]:
     }
 
 
-def aurc(pred: Any, y: Any, confidence: Any = None) -> float:
+def aurc(pred: Any, y: Any, confidence: Any = None, interpolation: str = "exact") -> float:
     """Area under the risk–coverage curve, ∫₀¹ r(c) dc, a fraction in [0, 1] (module docstring).
 
     Args:
         pred: probabilities `[N, C]` or member logits `[M, N, C]`.
         y: labels `[N]`.
         confidence: scores `[N]` (higher = more confident); None: max_c p̄_c.
+        interpolation: "exact": the integral of r = g / c with g linear between the curve's
+            points (an oracle gets err + (1 − err) ln(1 − err) exactly); "linear": the
+            trapezoidal rule over the points' selective risks, from (0, r₁) (fd-shifts'
+            default; an oracle whose errors tie gets err²/2 instead).
     """
-    return aurc_of(_ranked(pred, y, confidence))
+    if interpolation not in ("exact", "linear"):
+        raise ValueError(f"interpolation: expected 'exact' or 'linear', got {interpolation!r}")
+    r = _ranked(pred, y, confidence)
+    return aurc_of(r) if interpolation == "exact" else _linear_aurc(r)
+
+
+def _linear_aurc(r: Ranked) -> float:
+    """The trapezoidal rule over (0, r₁) and the curve's points (c_k, r_k)."""
+    curve = curve_of(r)
+    coverage = torch.cat([curve["coverage"].new_zeros(1), curve["coverage"]])
+    risk = torch.cat([curve["risk"][:1], curve["risk"]])
+    return float(torch.trapezoid(risk, coverage))
 
 
 def aurc_of(r: Ranked) -> float:
