@@ -27,7 +27,10 @@ curve's points; r = g / c, and AURC is its exact integral (a logarithm per segme
 AUGRC = acc·err·(1 − AUROC_f) + err²/2 exactly (AUROC_f: the AUROC of the confidence separating
 correct from wrong points, ties counted ½; Traub et al. 2024); an oracle (every correct point
 above every error) has AURC = err + (1 − err)·ln(1 − err) exactly, AUGRC = err²/2; AURC is the
-average over the orders of tied points of the per-point AURC.
+average over the orders of tied points of the per-point AURC. Ties are exact ties of the float64
+confidence: rows of probabilities are renormalised by their float64 sums (`Predictive`), so
+equal maxima of rows whose sums differ in the last bits are not tied (`confidence=
+probs.max(-1).values` ranks by the raw values).
 
 `peg.metrics.streaming.StreamingMetrics` computes AURC and AUGRC (and the adaptive ECE) from the
 same ranks, keeping each point's confidence and correctness (O(N) scalars, never `[N, C]`),
@@ -160,7 +163,8 @@ def risk_at_coverage_of(r: Ranked, coverage: float) -> float:
     """`risk_at_coverage` of ranked points."""
     accepted, errors = r.count.cumsum(0), r.errors.cumsum(0)
     x = coverage * float(accepted[-1])  # points accepted, <= N
-    k = int(torch.searchsorted(accepted.double(), torch.tensor([x], dtype=torch.float64)))
+    cut = torch.tensor([x], dtype=torch.float64, device=accepted.device)
+    k = int(torch.searchsorted(accepted.double(), cut))  # the group at the cut
     before_n = float(accepted[k - 1]) if k else 0.0
     before_e = float(errors[k - 1]) if k else 0.0
     wrong = before_e + float(r.errors[k]) * (x - before_n) / float(r.count[k])
