@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+import math
 import os
 import re
 import sys
@@ -21,7 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 import peg
-from peg import data, metrics, models
+from peg import data, metrics, models, plots
 from peg.apps.bench.runner import check_methods
 from peg.apps.bench.spec import SpecError, load_specs, parse_spec
 from peg.apps.cli import main as cli
@@ -1003,6 +1004,20 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
     ),
     (
         "evaluate",
+        "an unknown metric key",
+        lambda: peg.evaluate(_mlp(), *_val(), metrics=["nll", "aurc%"]),
+        ValueError,
+        r"metrics: unknown \['aurc%'\]",
+    ),
+    (
+        "evaluate",
+        "metrics selected for regression targets",
+        lambda: peg.evaluate(nn.Linear(2, 2), _val()[0], _val()[0][:, 0], metrics=["nll"]),
+        ValueError,
+        "metrics: selects classification metrics",
+    ),
+    (
+        "evaluate",
         "predictor of the wrong type",
         lambda: peg.evaluate("model.pt", *_val()),
         TypeError,
@@ -1627,6 +1642,85 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
         ValueError,
         r"labels in \[0, 3\)",
     ),
+    (
+        "streaming metrics",
+        "an unknown metric key",
+        lambda: StreamingMetrics(metrics=["nll", "AURC"]),
+        ValueError,
+        r"metrics: unknown \['AURC'\]",
+    ),
+    (
+        "metrics",
+        "adaptive ECE with bins < 1",
+        lambda: metrics.adaptive_ece(logits, [0, 1, 2, 0], bins=0),
+        ValueError,
+        "bins",
+    ),
+    (
+        "metrics",
+        "classwise ECE with bins < 1",
+        lambda: metrics.classwise_ece(logits, [0, 1, 2, 0], bins=0),
+        ValueError,
+        "bins",
+    ),
+    (
+        "metrics",
+        "an unknown metric key",
+        lambda: metrics.classification_metrics(logits, [0, 1, 2, 0], metrics=["auc"]),
+        ValueError,
+        r"metrics: unknown \['auc'\]; known: \['nll'",
+    ),
+    (
+        "selective",
+        "confidence of the wrong shape",
+        lambda: metrics.aurc(logits, [0, 1, 2, 0], confidence=torch.zeros(4, 3)),
+        ValueError,
+        r"confidence: expected one score per point, shape \[4\]",
+    ),
+    (
+        "selective",
+        "confidence with NaN",
+        lambda: metrics.augrc(logits, [0, 1, 2, 0], confidence=torch.full((4,), math.nan)),
+        ValueError,
+        "confidence: expected finite",
+    ),
+    (
+        "selective",
+        "coverage outside (0, 1]",
+        lambda: metrics.risk_at_coverage(logits, [0, 1, 2, 0], 1.5),
+        ValueError,
+        r"coverage: expected a number in \(0, 1\]",
+    ),
+    (
+        "selective",
+        "unknown AURC interpolation",
+        lambda: metrics.aurc(logits, [0, 1, 2, 0], interpolation="spline"),
+        ValueError,
+        "interpolation: expected 'exact' or 'linear'",
+    ),
+    (
+        "selective",
+        "coverage 0",
+        lambda: metrics.risk_at_coverage(logits, [0, 1, 2, 0], 0),
+        ValueError,
+        r"coverage: expected a number in \(0, 1\]",
+    ),
+    (
+        "plots",
+        "risk-coverage curves without the counts",
+        lambda: plots.risk_coverage({"m": {"coverage": [1.0], "risk": [0.1]}}),
+        ValueError,
+        r"curves\['m'\]: missing keys",
+    ),
+    (
+        "plots",
+        "risk-coverage into something that is not an Axes",
+        lambda: plots.risk_coverage(
+            {"m": metrics.risk_coverage_curve(logits, [0, 1, 2, 0])}, ax="left"
+        ),
+        ValueError,
+        "ax: expected a matplotlib Axes",
+    ),
     ("streaming OOD", "unknown score", lambda: StreamingOOD("energy"), ValueError, "score"),
     (
         "streaming OOD",
@@ -1796,6 +1890,13 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
         SpecError,
         r"\.model: mlp: unknown argument",
     ),
+    (
+        "peg bench spec",
+        "an unknown metric row",
+        lambda: parse_spec(_spec(metrics=["nll", "auroc"])),
+        SpecError,
+        r"\.metrics: unknown \['auroc'\]",
+    ),
     ("peg bench spec", "no methods", lambda: parse_spec(_spec(methods=[])), SpecError, "methods"),
     (
         "peg bench spec",
@@ -1890,6 +1991,13 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
         lambda: peg.compare("model.pt", _val(), _val(), say=None),
         TypeError,
         "model: expected a trained nn.Module",
+    ),
+    (
+        "peg.compare",
+        "an unknown metric column",
+        lambda: peg.compare(_mlp(), _val(), _val(), metrics=["nll", "auroc"], say=None),
+        ValueError,
+        "metrics: expected a list of keys among",
     ),
     (
         "peg.compare",

@@ -172,3 +172,23 @@ def test_labels_of_the_wrong_length_and_regression_keep_their_path():
     got = peg.evaluate(head, DataLoader(TensorDataset(X, targets), BATCH))
     assert got == peg.evaluate(head, X, targets, batch_size=BATCH)
     assert set(got) == {"rmse", "lpd", "nll", "calibration_error"}
+
+
+def test_metrics_selects_what_evaluate_streams():
+    X, y = _data()
+    ensemble = _predictors()["ensemble"]
+    keys = ["aurc", "classwise_ece", "nll", "augrc", "adaptive_ece"]
+    want = metrics.classification_metrics(ensemble.member_logits(X, BATCH), y, metrics=keys)
+    for form, (args, kwargs) in _views(X, y).items():
+        got = peg.evaluate(ensemble, *args, batch_size=BATCH, metrics=keys, **kwargs)
+        assert list(got) == keys, form  # in the order asked
+        for key in ("aurc", "augrc", "adaptive_ece"):  # the same ranks: bit-equal
+            assert got[key] == want[key], (form, key)
+        for key in keys:
+            assert math.isclose(got[key], want[key], rel_tol=1e-12, abs_tol=1e-15), (form, key)
+    assert list(peg.evaluate(ensemble, X, y, metrics="aurc")) == ["aurc"]
+    with pytest.raises(ValueError, match=r"metrics: unknown \['AURC'\]"):
+        peg.evaluate(Recording(ensemble), X, y, metrics=["AURC"])  # before any prediction
+    head = peg.Ensemble.from_models([nn.Linear(D, 2)])
+    with pytest.raises(ValueError, match="metrics: selects classification metrics"):
+        peg.evaluate(head, X, X[:, 0].double(), metrics=["nll"])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -31,8 +31,10 @@ def evaluate(
     batch_size: int = 512,
     y_scale: float | None = None,
     batch_fn: BatchFn | None = None,
+    metrics: str | Iterable[str] | None = None,
 ) -> dict[str, float]:
-    """NLL, error, Brier, ECE and MCE of `predictor` on (X, y) (+ Gibbs NLL for ensembles).
+    """NLL, error, Brier, ECE and MCE of `predictor` on (X, y) (+ Gibbs NLL for ensembles), or
+    the classification metrics `metrics` selects.
 
     Floating-point targets mean regression with Gaussian heads (outputs `[B, 2]`: mean,
     log-variance): the result is then RMSE, LPD (log predictive density of the mixture), the
@@ -47,15 +49,22 @@ def evaluate(
             "label", the rest the model's keyword inputs; `peg.batches`), read once without
             gathering the inputs.
         y: labels `[N]`.
-        bins, min_count: ECE/MCE binning (equal width).
+        bins, min_count: ECE/MCE binning (equal width); `bins` also bins the adaptive and
+            classwise ECE.
         batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches of another shape.
+        metrics: classification metrics by key (`peg.metrics.CLASSIFICATION_METRICS`: "nll",
+            "error", "brier", "ece", "mce", "gibbs_nll", "adaptive_ece", "classwise_ece",
+            "aurc", "augrc"), returned in that order; None: the default set above. Not for
+            regression targets, which have their own set.
 
     Error and ECE are fractions in [0, 1] (tables print them as %).
 
     Memory: classification is computed batch by batch (`peg.metrics.StreamingMetrics`, state
-    O(bins + classes)) from the predictor's `iter_member_logits`: one batch's member logits
-    `[M, B, C]` are held at a time, never `[M, N, C]`, the labels taken from the same pass (a
-    `peg.batches.Tapped` stream for loaders and Datasets, slices of `y` for tensors). The
+    O(bins + classes), [C, bins] for "classwise_ece", and O(N) scalars when "adaptive_ece",
+    "aurc" or "augrc", which need a global sort by confidence, is selected) from the
+    predictor's `iter_member_logits`: one batch's member logits `[M, B, C]` are held at a
+    time, never `[M, N, C]`, the labels taken from the same pass (a `peg.batches.Tapped`
+    stream for loaders and Datasets, slices of `y` for tensors). The
     results equal the one-shot `peg.metrics` on `member_logits` up to the last bits (sums in
     another order; error counts exactly). Every peg predictor streams (`Ensemble`, the fitted
     methods, MC dropout/patching, Packed-Ensembles, temperature scaling of any of them, an
@@ -64,6 +73,7 @@ def evaluate(
     evaluated on their whole `[M, N, C]`, as before. Regression keeps every prediction: it is
     computed by `peg.metrics.regression_metrics`, which takes all of them at once.
     """
+    stream = StreamingMetrics(bins, min_count, metrics)  # checks its arguments before any work
     device = predictor_device(predictor)
     batch_fn = check_batch_fn(batch_fn)
     tapped: Tapped | None = None
@@ -87,7 +97,6 @@ def evaluate(
         batches = iter_member_logits_of(predictor, X, batch_size, batch_fn)
     except NotStreamable:  # a lazy PEG/PEP, a predictor with member_logits only: held whole
         batches = iter([member_logits_of(predictor, X, batch_size, batch_fn)])
-    stream = StreamingMetrics(bins, min_count)
     held: list[tuple[Tensor, Tensor]] = []  # regression: every prediction, kept
     members = n = 0
     for logits in batches:
@@ -103,6 +112,11 @@ def evaluate(
         n += rows
         if torch.is_floating_point(labels):
             _check_gaussian(logits)
+            if metrics is not None:
+                raise ValueError(
+                    "metrics: selects classification metrics; floating-point targets mean "
+                    "regression, whose metrics (rmse, lpd, nll, calibration_error) are fixed"
+                )
             held.append((logits, labels))
         else:
             stream.update(logits, labels)

@@ -13,6 +13,7 @@ from peg.apps.bench import runner
 from peg.apps.bench.runner import check_methods, fit_images, run_spec
 from peg.apps.bench.spec import SpecError, find_spec, load_specs, load_uci_spec, parse_spec
 from peg.apps.cli import main
+from peg.apps.scores import CLASSIFICATION
 
 SMALL = {
     "name": "tiny-digits",
@@ -55,9 +56,9 @@ def test_results_have_the_documented_shape(tiny_run):
     assert set(saved["datasets"]) == {"test", "rotate-30", "contrast-3", "mnist (OOD)"}
     for dataset, methods in saved["datasets"].items():
         assert list(methods) == [m.name for m in spec.methods]
-        expected = {"auroc", "aupr", "aupr_in", "fpr95"} if "OOD" in dataset else {
-            "nll", "error", "brier", "ece", "mce"
-        }  # fmt: skip
+        expected = (
+            {"auroc", "aupr", "aupr_in", "fpr95"} if "OOD" in dataset else set(CLASSIFICATION)
+        )  # every metric, whatever rows the tables show
         for cell in methods.values():
             assert set(cell) == expected
             assert all(set(v) == {"mean", "std", "n"} and v["n"] == 1 for v in cell.values())
@@ -124,6 +125,9 @@ def test_a_rerun_reads_every_logit_from_the_cache(tiny_run, monkeypatch):
         ({"swa": None}, r"\.swa"),
         ({"colour": "red"}, "unknown field"),
         ({"methods": ["PEG-10 (DeepEns-3)"]}, "do not split"),
+        ({"metrics": ["nll", "auroc"]}, r"\.metrics: unknown \['auroc'\]"),
+        ({"metrics": ["nll", "nll"]}, r"\.metrics: expected distinct keys"),
+        ({"metrics": "nll"}, r"\.metrics: expected a list"),
     ],
 )
 def test_malformed_specs_name_the_field(change, field):
@@ -142,6 +146,22 @@ def test_bad_method_options_fail_before_training(tmp_path):
     with pytest.raises(ValueError, match=r"methods\[0\] \(PEG-4\).*eta"):
         run_spec(spec, tmp_path, tmp_path / "cache", progress=False, say=_quiet)
     assert not (tmp_path / "cache").exists()
+
+
+def test_the_spec_s_metrics_choose_the_rows_of_the_labelled_tables(tiny_run):
+    out, spec, results = tiny_run
+    assert spec.metrics == ("nll", "error", "brier", "ece")  # the default rows
+    text = (out / "tiny-digits" / "results.md").read_text()
+    assert "| ECE % |" in text and "AURC" not in text
+    chosen = parse_spec({**SMALL, "metrics": ["aurc", "nll", "classwise_ece", "augrc"]})
+    text = runner.report(results, chosen)  # the same results, other rows: no model is run
+    test_table = text.split("## test")[1].split("##")[0]
+    rows = [line.split("|")[1].strip() for line in test_table.splitlines() if line[:2] == "| "]
+    assert rows == ["metric", "AURC %", "NLL", "cwECE %", "AUGRC %"]
+    aurc = results["datasets"]["test"]["Single"]["aurc"]["mean"]
+    assert f"{100 * aurc:.2f}" in test_table
+    preset = load_specs(find_spec("fashion-mnist"))[0]
+    assert preset.metrics[-4:] == ("adaptive_ece", "classwise_ece", "aurc", "augrc")
 
 
 @pytest.mark.parametrize("preset", ["quick", "fashion-mnist", "cifar10-cpu", "cifar10"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -19,7 +20,9 @@ from peg.apps.compare.methods import Scaled
 from conftest import moons, overfit
 
 COSTS = ("fit_seconds", "forwards", "memory_mb", "predict_seconds", "chosen")
-METRICS = ("nll", "error", "brier", "ece", "mce")
+METRICS = (
+    "nll", "error", "brier", "ece", "mce", "adaptive_ece", "classwise_ece", "aurc", "augrc"
+)  # fmt: skip
 OOD = ("auroc", "aupr", "aupr_in", "fpr95")
 
 
@@ -71,6 +74,9 @@ def test_every_column_and_the_values_of_peg_evaluate(result, data):
         expected = peg.evaluate(result.predictors[row["method"]], *data["test"])
         for k in ("nll", "error", "brier", "ece"):
             assert row[k] == pytest.approx(expected[k], rel=1e-5, abs=1e-7), (row["method"], k)
+        ranked = peg.evaluate(result.predictors[row["method"]], *data["test"], metrics=METRICS)
+        for k in ("adaptive_ece", "classwise_ece", "aurc", "augrc"):
+            assert row[k] == pytest.approx(ranked[k], rel=1e-5, abs=1e-7), (row["method"], k)
     assert result.sets == {
         "test": {"points": 300, "kind": "test"},
         "noisy": {"points": 300, "kind": "shifted"},
@@ -100,6 +106,10 @@ def test_costs(result, model):
 def test_markdown_and_the_results_folder(result, tmp_path):
     text = result.to_markdown()
     assert "| PEG + TS |" in text and "noisy (shifted, 300 points)" in text and "AUROC %" in text
+    header = text.splitlines()[0]
+    assert all(f" {label} |" in header for label in ("aECE %", "cwECE %", "AURC %", "AUGRC %"))
+    chosen = dataclasses.replace(result, metrics=("nll", "aurc")).to_markdown().splitlines()[0]
+    assert " NLL | AURC % | Chosen |" in chosen and "ECE" not in chosen
     json_path, md_path = result.write(tmp_path, "peg compare --test")
     written = json.loads(json_path.read_text())
     assert written["command"] == "peg compare --test" and len(written["table"]) == 7
@@ -157,6 +167,7 @@ def test_scaled_softmax_is_temperature_scaling(overfit_mlp, moons_data):
         ({"ood": [1, 2]}, TypeError, r"ood\['ood'\]: expected inputs"),
         ({"batch_size": 0}, ValueError, "batch_size"),
         ({"ood_score": "nope"}, ValueError, "ood_score"),
+        ({"metrics": ["nll", "auroc"]}, ValueError, "metrics: expected a list of keys among"),
         ({"model": "model.pt"}, TypeError, "model: expected a trained nn.Module"),
     ],
 )
@@ -236,6 +247,7 @@ def test_the_command_line_end_to_end(user_folder, capsys):
         (["--val", "nothing"], "neither a data set"),
         (["--test", "two-moons:valid"], "unknown split 'valid'"),
         (["--methods", "PEG-15"], "unknown method 'PEG-15'"),
+        (["--metrics", "nll", "AURC"], "metrics: expected a list of keys among"),
     ],
 )
 def test_the_command_line_refuses_bad_specs(user_folder, capsys, args, match):

@@ -81,6 +81,67 @@ def test_reliability_diagram_refuses_bad_curves(tmp_path: Path) -> None:
     assert not path.exists()
 
 
+def _risk_curves() -> tuple[dict[str, dict[str, torch.Tensor]], torch.Tensor, torch.Tensor]:
+    """Curves of member logits `[3, 400, 4]` by their max probability and by a quantised
+    score (a few tie groups), and the logits and labels."""
+    g = torch.Generator().manual_seed(0)
+    z, y = 2 * torch.randn(3, 400, 4, generator=g), torch.randint(0, 4, (400,), generator=g)
+    quantised = (metrics.ensemble_probs(z).max(-1).values * 4).round()
+    curves = {
+        "ensemble": metrics.risk_coverage_curve(z, y),
+        "quantised": metrics.risk_coverage_curve(z, y, confidence=quantised),
+    }
+    return curves, z, y
+
+
+def test_risk_coverage_writes_a_png_and_labels_each_area(tmp_path: Path) -> None:
+    curves, z, y = _risk_curves()
+    path = tmp_path / "a" / "rc.png"
+    ax = plots.risk_coverage(curves, path, title="test")
+    _written(path)
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels[0] == f"ensemble (AURC {100 * metrics.aurc(z, y):.2f}%)"
+    line = ax.get_lines()[1]  # the quantised curve: r = g / c exactly between its points
+    x, r = line.get_xdata(), line.get_ydata()
+    pp = metrics.Predictive(z, y)
+    quantised = (pp.top[0] * 4).round()
+    for i in (100, 300, 500):
+        want = metrics.risk_at_coverage(z, y, float(x[i]), confidence=quantised)
+        assert r[i] == pytest.approx(want, rel=1e-9)
+    ax = plots.risk_coverage(curves, generalized=True)  # no path: nothing written
+    assert "AUGRC" in ax.get_legend().get_texts()[0].get_text()
+    assert ax.get_lines()[0].get_xydata()[0].tolist() == [0.0, 0.0]
+
+
+def test_risk_coverage_draws_into_a_given_axes(tmp_path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    curves = _risk_curves()[0]
+    fig = Figure()
+    FigureCanvasAgg(fig)
+    left, right = fig.subplots(1, 2)
+    assert plots.risk_coverage(curves, ax=left) is left
+    assert plots.risk_coverage(curves, tmp_path / "both.png", ax=right, generalized=True) is right
+    assert len(left.get_lines()) == len(right.get_lines()) == 2
+    _written(tmp_path / "both.png")  # the given Axes' figure, both panels
+
+
+def test_risk_coverage_refuses_bad_input(tmp_path: Path) -> None:
+    curves = _risk_curves()[0]
+    with pytest.raises(ValueError, match="curves: expected a non-empty dict"):
+        plots.risk_coverage({})
+    with pytest.raises(ValueError, match=r"missing keys \['accepted'\]"):
+        plots.risk_coverage({"m": {k: v for k, v in curves["ensemble"].items() if k != "accepted"}})
+    bad = dict(curves["ensemble"], errors=curves["ensemble"]["errors"].flip(0))
+    with pytest.raises(ValueError, match="'errors' grow"):
+        plots.risk_coverage({"m": bad})
+    with pytest.raises(ValueError, match="ax: expected a matplotlib Axes"):
+        plots.risk_coverage(curves, ax="left")
+    with pytest.raises(ValueError, match="path"):
+        plots.risk_coverage(curves, 3)
+
+
 def _linear_predictor(w: torch.Tensor):
     return lambda pts: torch.softmax(pts @ w, -1)
 

@@ -97,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
         "'Last-layer PEG')",
     )  # fmt: skip
     compare.add_argument("--ood-score", default="entropy", help="OOD score (default: entropy)")
+    compare.add_argument(
+        "--metrics", nargs="+", help="metric columns of the tables, e.g. nll error ece aurc "
+        "(default: nll error brier ece adaptive_ece classwise_ece aurc augrc)",
+    )  # fmt: skip
     compare.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     compare.add_argument("--batch-size", type=int, default=512, help="default: 512")
     compare.add_argument(
@@ -229,6 +233,7 @@ def _compare(args: argparse.Namespace, command: str, progress: bool | None) -> i
         shifted=sources.named(args.shifted, "--shifted", labelled=True),
         ood=sources.named(args.ood, "--ood", labelled=False),
         ood_score=args.ood_score,
+        metrics=args.metrics,
         seed=args.seed,
         batch_size=args.batch_size,
         progress=progress,

@@ -1,6 +1,7 @@
 """The metrics the applications report on one evaluation set, from member logits `[M, N, C]`:
-NLL, error, Brier, ECE and MCE on labelled sets; AUROC, AUPR (OOD positive), AUPR-In and FPR95
-on an OOD set, against the in-distribution test set. The bench and `peg compare` share them."""
+NLL, error, Brier, ECE, MCE, adaptive and classwise ECE, AURC and AUGRC on labelled sets;
+AUROC, AUPR (OOD positive), AUPR-In and FPR95 on an OOD set, against the in-distribution test
+set. The bench and `peg compare` share them; their tables choose which rows to show."""
 
 from __future__ import annotations
 
@@ -9,13 +10,16 @@ from torch import Tensor
 from peg import metrics
 from peg.metrics.ood import ood_metrics
 
-CLASSIFICATION = ("nll", "error", "brier", "ece", "mce")
+CLASSIFICATION = (
+    "nll", "error", "brier", "ece", "mce", "adaptive_ece", "classwise_ece", "aurc", "augrc"
+)  # fmt: skip
 OOD = ("auroc", "aupr", "aupr_in", "fpr95")
 
 
 def labelled_metrics(logits: Tensor, y: Tensor) -> dict[str, float]:
     """`CLASSIFICATION` of member logits `[M, N, C]` against labels `[N]`."""
-    m = metrics.classification_metrics(logits, y)
+    # one validation, one confidence ranking shared by the adaptive ECE, AURC and AUGRC
+    m = metrics.classification_metrics(logits, y, metrics=CLASSIFICATION)
     return {k: float(m[k]) for k in CLASSIFICATION}
 
 

@@ -8,7 +8,12 @@ probabilities); `y` is integer labels `[N]`. Tensors or numpy arrays.
 - `error(pred, y)`, `accuracy(pred, y)`: fractions in [0, 1].
 - `brier(pred, y, normalize=False)`: Brier score (normalize=True divides by C).
 - `reliability(pred, y, bins)`, `ece(...)`, `mce(...)`: top-class calibration, equal-width bins.
-- `classification_metrics(pred, y, bins, min_count)`: all of the above as a dict.
+- `adaptive_ece(pred, y, bins)`: top-class ECE with equal-mass bins; `classwise_ece(pred, y,
+  bins)`: the calibration of every class's probability (Kull et al. 2019).
+- Selective classification (`peg.metrics.selective`; `confidence=` any score `[N]`, default the
+  max averaged probability): `risk_coverage_curve`, `aurc`, `augrc`, `risk_at_coverage`.
+- `classification_metrics(pred, y, bins, min_count, metrics)`: the selected ones of the above
+  as a dict, by key (`CLASSIFICATION_METRICS`; default `DEFAULT_METRICS`).
 - Regression (`peg.metrics.regression`; member means `[M, N]`, variances `[M, N]` or one
   number, targets `[N]`; Gaussian head outputs `[..., 2]` = (mean, log-variance) via
   `split_gaussian`): `rmse`, `log_predictive_density` (mixture), `gaussian_nll`
@@ -20,12 +25,25 @@ probabilities); `y` is integer labels `[N]`. Tensors or numpy arrays.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from peg._inputs import check_positive_int
 from peg.metrics._inputs import check_labels, ensemble_log_probs, ensemble_probs
+from peg.metrics._keys import CLASSIFICATION_METRICS, DEFAULT_METRICS, check_metrics
 from peg.metrics._predictive import Predictive
-from peg.metrics.calibration import ece, ece_of, mce, mce_of, reliability
+from peg.metrics.calibration import (
+    adaptive_ece,
+    adaptive_ece_of,
+    binned_classwise_ece,
+    classwise_bin_sums,
+    classwise_ece,
+    ece,
+    ece_of,
+    mce,
+    mce_of,
+    reliability,
+)
 from peg.metrics.classification import (
     accuracy,
     brier,
@@ -60,15 +78,29 @@ from peg.metrics.regression import (
     rmse,
     split_gaussian,
 )
+from peg.metrics.selective import (
+    augrc,
+    augrc_of,
+    aurc,
+    aurc_of,
+    risk_at_coverage,
+    risk_coverage_curve,
+)
 
 __all__ = [
+    "CLASSIFICATION_METRICS",
+    "DEFAULT_METRICS",
     "OOD_SCORES",
     "accuracy",
+    "adaptive_ece",
+    "augrc",
     "aupr",
+    "aurc",
     "auroc",
     "brier",
     "check_labels",
     "classification_metrics",
+    "classwise_ece",
     "ece",
     "ensemble_log_probs",
     "ensemble_probs",
@@ -90,6 +122,8 @@ __all__ = [
     "regression_calibration_error",
     "regression_metrics",
     "reliability",
+    "risk_at_coverage",
+    "risk_coverage_curve",
     "rmse",
     "split_gaussian",
     "variation_ratio",
@@ -97,27 +131,38 @@ __all__ = [
 
 
 def classification_metrics(
-    pred: Any, y: Any, bins: int = 15, min_count: int = 1
+    pred: Any,
+    y: Any,
+    bins: int = 15,
+    min_count: int = 1,
+    metrics: str | Iterable[str] | None = None,
 ) -> dict[str, float]:
-    """All metrics of `pred` on `y`: "nll", "error", "brier", "ece", "mce".
-
-    "gibbs_nll" is added when `pred` is member logits `[M, N, C]`.
+    """The selected metrics of `pred` on `y`, by key, in the order asked.
 
     Args:
         pred: probabilities `[N, C]` or member logits `[M, N, C]`.
         y: labels `[N]`.
-        bins, min_count: ECE/MCE binning (see `ece`).
+        bins, min_count: the binning of "ece", "mce" (see `ece`), and the bins of
+            "adaptive_ece" and "classwise_ece".
+        metrics: keys of `CLASSIFICATION_METRICS`: "nll", "error", "brier", "ece", "mce",
+            "gibbs_nll" (member logits only: left out for probabilities), "adaptive_ece",
+            "classwise_ece", "aurc", "augrc" (confidence: the max averaged probability).
+            None: `DEFAULT_METRICS`, the first six.
     """
+    keys = check_metrics(metrics)
     bins = check_positive_int(bins, "bins")
     min_count = check_positive_int(min_count, "min_count")
-    pp = Predictive(pred, y)  # validated once; the maximum and the true class found once
-    out = {
-        "nll": nll_of(pp),
-        "error": error_of(pp),
-        "brier": brier_of(pp),
-        "ece": ece_of(pp, bins, min_count),
-        "mce": mce_of(pp, bins, min_count),
+    pp = Predictive(pred, y)  # validated once; the maximum, the true class and ranks found once
+    compute: dict[str, Callable[[], float]] = {
+        "nll": lambda: nll_of(pp),
+        "error": lambda: error_of(pp),
+        "brier": lambda: brier_of(pp),
+        "ece": lambda: ece_of(pp, bins, min_count),
+        "mce": lambda: mce_of(pp, bins, min_count),
+        "gibbs_nll": lambda: gibbs_nll_of(pp),
+        "adaptive_ece": lambda: adaptive_ece_of(pp.ranked, bins),
+        "classwise_ece": lambda: binned_classwise_ece(*classwise_bin_sums(pp, bins)),
+        "aurc": lambda: aurc_of(pp.ranked),
+        "augrc": lambda: augrc_of(pp.ranked),
     }
-    if pp.members:
-        out["gibbs_nll"] = gibbs_nll_of(pp)
-    return out
+    return {k: compute[k]() for k in keys if k != "gibbs_nll" or pp.members}

@@ -9,12 +9,16 @@ and `StreamingMetrics`) reads these `[N]` float64 quantities, each computed once
   max_c (p_c / s) exactly: the values are those of the renormalised float64 matrix.
 - member logits `[M, N, C]` go through log space in float64: log p̄ = logsumexp_m(log_softmax
   (z_m)) - log M (`log_probs_of`), p̄ = exp(log p̄).
+
+`ranked` groups the points by their confidence (distinct values, each with its count and
+errors): what the rank-based metrics read (`peg.metrics.selective`, `adaptive_ece`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -22,6 +26,24 @@ from torch import Tensor
 from peg.metrics._inputs import by_blocks, check_labels, checked_pred, log_probs_of, prob_row_sums
 
 _SAME_SIZE_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+class Ranked(NamedTuple):
+    """Points grouped by confidence: the distinct values in decreasing order `[K]` (float64)
+    and, per value, the number of points `[K]` and of errors `[K]` (int64). Tied points form
+    one group, so everything computed from it is the same whatever order the points came in."""
+
+    threshold: Tensor
+    count: Tensor
+    errors: Tensor
+
+
+def ranked(confidence: Tensor, correct: Tensor) -> Ranked:
+    """`Ranked` of confidences `[N]` (any real dtype, finite; -0.0 ties with 0.0) and
+    correctness `[N]` bool."""
+    values, group, count = torch.unique(confidence, return_inverse=True, return_counts=True)
+    errors = torch.bincount(group[~correct], minlength=len(values))
+    return Ranked(values.double().flip(0), count.flip(0), errors.flip(0))
 
 
 class Predictive:
@@ -79,6 +101,19 @@ class Predictive:
     def correct(self) -> Tensor:
         """Whether the predicted class is the label, `[N]` bool."""
         return self.top[1] == self.labels
+
+    @cached_property
+    def ranked(self) -> Ranked:
+        """`ranked` of the confidence max_c p̄_c and the correctness."""
+        return ranked(self.top[0], self.correct)
+
+    def blocks(self) -> Iterator[tuple[slice, Tensor]]:
+        """(rows, p̄ of those rows `[B, C]` in a new float64 tensor), a block of ~2¹⁸ values
+        at a time (as `by_blocks`), covering every row once."""
+        step = max(1, 2**18 // self.num_classes)
+        for lo in range(0, self.shape[-2], step):
+            rows = slice(lo, lo + step)
+            yield rows, self._scaled(self.probs[rows], rows)
 
     @cached_property
     def true_log_prob(self) -> Tensor:

@@ -6,9 +6,10 @@ into training and validation parts; bases are trained lazily and checkpointed
 (`peg.apps.registry`) and predicts every evaluation set: the test split, its shifted versions
 (rotations, corruptions at chosen severities) and the OOD sets. Member logits are cached per
 (seed, method, data set) as safetensors, so metrics and tables are recomputed without re-running
-models and an interrupted run resumes where it stopped. Metrics: NLL, error, Brier, ECE, MCE on
-the test and shifted sets; AUROC, AUPR (OOD positive) and FPR95 of the OOD sets against the
-test set.
+models and an interrupted run resumes where it stopped. Metrics (`peg.apps.scores`): NLL, error,
+Brier, ECE, MCE, adaptive and classwise ECE, AURC and AUGRC on the test and shifted sets, all in
+results.json (the spec's `metrics:` chooses the rows of results.md); AUROC, AUPR (OOD
+positive) and FPR95 of the OOD sets against the test set.
 
 Writes `results/<name>/results.json` (shape: `{"command", "commit", "machine", "datasets":
 {DATASET: {METHOD: {METRIC: {"mean", "std", "n"}}}}, ...}`) and `results/<name>/results.md`
@@ -32,7 +33,7 @@ from peg._progress import bar
 from peg.apps import registry
 from peg.apps.bench.seed import SeedRun, fit_images
 from peg.apps.bench.spec import BASE_PATTERN, SWAG_BASES, MethodSpec, Spec
-from peg.apps.bench.tables import COST_ROWS, OOD_ROWS, ROWS, markdown_table
+from peg.apps.bench.tables import COST_ROWS, OOD_ROWS, markdown_table, metric_rows
 from peg.apps.results import write_results
 from peg.apps.scores import labelled_metrics, ood_detection
 from peg.metrics import reliability
@@ -235,7 +236,7 @@ def report(results: dict[str, Any], spec: Spec) -> str:
         "",
     ]
     for dataset, methods in results["per_seed"].items():
-        rows = OOD_ROWS if dataset.endswith("(OOD)") else ROWS
+        rows = OOD_ROWS if dataset.endswith("(OOD)") else metric_rows(spec.metrics)
         lines += [f"## {dataset}", "", markdown_table(methods, rows), ""]
     if results.get("costs"):
         lines += [

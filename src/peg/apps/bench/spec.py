@@ -16,6 +16,12 @@ what was expected. Example::
               {name: MC-Dropout-15, insert: 0.1}]
     shift: {rotations: [30, 60], corruptions: [gaussian_noise, contrast], severities: [3, 5]}
     ood: [mnist, notmnist]
+    metrics: [nll, error, brier, ece, aurc]                    # table rows (optional)
+
+`metrics:` chooses the rows of the labelled sets' tables in results.md, by metric key (`ROWS`
+of `peg.apps.bench.tables`: nll, error, brier, ece, mce, adaptive_ece, classwise_ece, aurc,
+augrc; default nll, error, brier, ece); results.json holds every one of them whatever the
+choice.
 
 Methods are written by their names in the papers' tables, which say what they are:
 `Single`, `Temp-scaled`, `SWA`, `SWAG`, `SWAG-Diag`, `DeepEns-N`, `PEP-S`, `PEG-S`,
@@ -56,6 +62,7 @@ import yaml
 from peg import data as datasets
 from peg.apps import presets
 from peg.apps.bench.names import denoted
+from peg.apps.bench.tables import DEFAULT_METRICS, ROWS
 from peg.data import corruptions
 from peg.errors import SpecError
 from peg.metrics.ood import OOD_SCORES
@@ -95,6 +102,7 @@ SPEC_FIELDS = {
     "ood",
     "ood_score",
     "swag_samples",
+    "metrics",
 }
 
 
@@ -135,6 +143,7 @@ class Spec:
     ood_score: str = "entropy"
     swag_samples: int = 15
     data_options: dict[str, Any] = field(default_factory=dict)
+    metrics: tuple[str, ...] = DEFAULT_METRICS
 
     @property
     def deep_ensemble_size(self) -> int:
@@ -298,6 +307,12 @@ def parse_spec(raw: Any, source: str = "spec") -> Spec:
         raise SpecError(
             f"{source}.ood_score: expected one of {list(OOD_SCORES)}, got {ood_score!r}"
         )
+    spec_metrics = _list(raw.get("metrics", list(DEFAULT_METRICS)), f"{source}.metrics")
+    known = [row[0] for row in ROWS]
+    bad = [m for m in spec_metrics if m not in known]
+    if bad or not spec_metrics or len(set(spec_metrics)) != len(spec_metrics):
+        problem = f"unknown {bad}" if bad else f"expected distinct keys, got {spec_metrics}"
+        raise SpecError(f"{source}.metrics: {problem}; known: {known}")
     spec = Spec(
         name=name,
         data=data,
@@ -317,6 +332,7 @@ def parse_spec(raw: Any, source: str = "spec") -> Spec:
         ood_score=ood_score,
         swag_samples=_int_or_none(raw.get("swag_samples", 15), f"{source}.swag_samples") or 15,
         data_options=dict(data_options),
+        metrics=tuple(spec_metrics),
     )
     if spec.needs_swag and spec.swa is None:
         users = [m.name for m in methods if m.base in SWAG_BASES]

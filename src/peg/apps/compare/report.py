@@ -12,7 +12,7 @@ from torch import Tensor
 
 from peg import plots
 from peg._env import git_commit, machine
-from peg.apps.bench.tables import HIGHER_IS_BETTER, OOD_ROWS, ROWS
+from peg.apps.bench.tables import HIGHER_IS_BETTER, OOD_ROWS, ROWS, metric_rows
 from peg.apps.results import write_results
 
 TEST = "test"
@@ -24,14 +24,27 @@ COSTS: tuple[tuple[str, str, float, str], ...] = (
     ("predict_seconds", "Predict s", 1, "{:.2f}"),
 )
 CHOSEN = (("chosen", "Chosen", 1, "{}"),)  # the scale a method chose: T, η or σ (text)
+# the metric columns of the labelled sets' tables by default (keys of `ROWS`)
+SHOWN = ("nll", "error", "brier", "ece", "adaptive_ece", "classwise_ece", "aurc", "augrc")
 NOTE = (
     "Fit s: wall seconds to fit the method, its base's included (PEG + TS: PEG's and the "
     "temperature's). Forwards / input: the predictor's FLOPs per input over the model's "
     "(ensembles: members; last-layer PEG: one trunk and S heads). Memory MB: the tensors the "
     "predictor holds to predict (10^6 bytes). Predict s: wall seconds to predict the test set. "
-    "Error and ECE as % (fractions in the table's rows and the JSON); OOD: OOD is the positive "
-    "class, scored against the test set. Bold: the best of a column."
+    "Error, the ECEs, AURC and AUGRC as % (fractions in the table's rows and the JSON); OOD: "
+    "OOD is the positive class, scored against the test set. Bold: the best of a column."
 )
+
+
+def check_shown(metrics: Any) -> tuple[str, ...]:
+    """`metrics` (None: `SHOWN`) as a tuple of keys of `ROWS`, or a ValueError naming it."""
+    if metrics is None:
+        return SHOWN
+    known = [row[0] for row in ROWS]
+    keys = [metrics] if isinstance(metrics, str) else metrics
+    if not isinstance(keys, (list, tuple)) or not keys or any(k not in known for k in keys):
+        raise ValueError(f"metrics: expected a list of keys among {known}, got {metrics!r}")
+    return tuple(dict.fromkeys(keys))
 
 
 def column(metric: str, dataset: str) -> str:
@@ -47,7 +60,8 @@ class Comparison:
     Attributes:
         table: one row per method (a dict: "method", "base", "fit_seconds", "forwards",
             "memory_mb", "predict_seconds", "chosen" (T, η or σ), the test metrics "nll",
-            "error", "brier", "ece", "mce", the same as `"nll (name)"` per shifted set, and
+            "error", "brier", "ece", "mce", "adaptive_ece", "classwise_ece", "aurc", "augrc"
+            (`peg.apps.scores`), the same as `"nll (name)"` per shifted set, and
             "auroc (name)", "aupr (name)", "aupr_in (name)", "fpr95 (name)" per OOD set);
             `pandas.DataFrame(comparison.table)` makes it a data frame.
         predictors: method name → fitted predictor (anything `peg.evaluate` takes).
@@ -56,6 +70,8 @@ class Comparison:
         sets: data set → {"points": N, "kind": "test" | "shifted" | "ood"}.
         ood_score: the OOD score (`peg.metrics.ood`).
         figures: the reliability diagrams written by `plot` or `write`.
+        metrics: the metric columns of the markdown tables (keys of
+            `peg.apps.bench.tables.ROWS`); the table and the JSON hold every metric.
     """
 
     table: list[dict[str, Any]]
@@ -65,6 +81,7 @@ class Comparison:
     sets: dict[str, dict[str, Any]]
     ood_score: str = "entropy"
     figures: list[Path] = field(default_factory=list)
+    metrics: tuple[str, ...] = SHOWN
 
     def row(self, name: str) -> dict[str, Any]:
         """The table's row of method `name`."""
@@ -76,11 +93,12 @@ class Comparison:
     def to_markdown(self) -> str:
         """The table as markdown: one table with the costs and the test metrics, then one per
         shifted and OOD set (rows: methods)."""
-        parts = [_markdown(self.table, [(k, lab, s, f) for k, lab, s, f in COSTS + ROWS + CHOSEN])]
+        shown = metric_rows(self.metrics)
+        parts = [_markdown(self.table, [*COSTS, *shown, *CHOSEN])]
         for name, info in self.sets.items():
             if name == TEST:
                 continue
-            rows = OOD_ROWS if info["kind"] == "ood" else ROWS
+            rows = OOD_ROWS if info["kind"] == "ood" else shown
             spec = [(column(k, name), lab, s, f) for k, lab, s, f in rows]
             parts.append(f"{name} ({info['kind']}, {info['points']} points)\n\n" + _markdown(
                 self.table, spec))  # fmt: skip

@@ -28,7 +28,7 @@ from peg.apps.bench.spec import MethodSpec
 from peg.apps.chain import as_base, chained_seconds
 from peg.apps.compare.costs import forwards, held_bytes, probe_rows
 from peg.apps.compare.methods import MODEL, options, resolve
-from peg.apps.compare.report import TEST, Comparison, column
+from peg.apps.compare.report import TEST, Comparison, check_shown, column
 from peg.apps.scores import labelled_metrics, ood_detection
 from peg.batches import BatchFn, check_batch_fn, split_batch
 from peg.methods._perturb import MAX_SCORE_POINTS
@@ -51,6 +51,7 @@ def compare(
     batch_size: int = 512,
     batch_fn: BatchFn | None = None,
     bins: int = 15,
+    metrics: Sequence[str] | None = None,
     progress: bool | None = None,
     out: str | Path | None = None,
     say: Say | None = print,
@@ -76,6 +77,9 @@ def compare(
         seed: every method's seed.
         batch_size, batch_fn: rows per forward pass; how to split loader batches.
         bins: ECE and reliability bins.
+        metrics: the metric columns of the markdown tables, keys of
+            `peg.apps.bench.tables.ROWS` (None: nll, error, brier, ece, adaptive_ece,
+            classwise_ece, aurc, augrc); `.table` and results.json hold every metric.
         progress: progress bars (None: only on a terminal).
         out: a folder to write results.json, results.md and the reliability diagrams to.
         say: where the progress lines go (None: nowhere).
@@ -90,6 +94,7 @@ def compare(
     specs, skipped = resolve(methods, model)
     seed, batch_size = check_seed(seed), check_positive_int(batch_size, "batch_size")
     bins, batch_fn = check_positive_int(bins, "bins"), check_batch_fn(batch_fn)
+    shown = check_shown(metrics)
     if ood_score not in OOD_SCORES:
         raise ValueError(f"ood_score: expected one of {list(OOD_SCORES)}, got {ood_score!r}")
     labelled = {"val": _labelled(val, "val", batch_fn), TEST: _labelled(test, TEST, batch_fn)}
@@ -124,7 +129,7 @@ def compare(
         table.append(row | evaluation(spec, predictor))
         say(_line(i, len(specs), table[-1]))
     sets = {n: {"points": p, "kind": k} for n, (p, k) in evaluation.sizes.items()}
-    result = Comparison(table, fitted, evaluation.curves, skipped, sets, ood_score)
+    result = Comparison(table, fitted, evaluation.curves, skipped, sets, ood_score, metrics=shown)
     if out is not None:
         paths = result.write(out, command or _command(specs, out))
         say(f"compare: wrote {', '.join(str(p) for p in paths)} and {len(result.figures)} figures")
