@@ -33,7 +33,7 @@ DATA_FIELDS = ("data", "data_options", "model", "val_fraction", "train_points", 
 def check_cache(folder: Path, spec: Spec) -> None:
     """Refuse a seed's cache folder made for other data: its `data.json` records the spec's
     `DATA_FIELDS`, written on first use (a folder from before it existed is adopted as is)."""
-    made = {k: getattr(spec, k) for k in DATA_FIELDS}
+    made = json.loads(json.dumps({k: getattr(spec, k) for k in DATA_FIELDS}))  # as JSON reads
     record = folder / "data.json"
     if not record.is_file():
         folder.mkdir(parents=True, exist_ok=True)
