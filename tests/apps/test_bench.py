@@ -65,7 +65,8 @@ def test_results_have_the_documented_shape(tiny_run):
     assert saved["ood"]["positive"] == "ood"
     text = (out / "tiny-digits" / "results.md").read_text()
     assert "## mnist (OOD)" in text and "| AUROC % |" in text and "| NLL |" in text
-    assert (out / "tiny-digits" / "reliability-test.png").read_bytes()[:4] == b"\x89PNG"
+    for figure in ("reliability-test.png", "risk-coverage-test.png"):
+        assert (out / "tiny-digits" / figure).read_bytes()[:4] == b"\x89PNG"
     test = saved["datasets"]["test"]
     assert test["Temp-scaled"]["error"]["mean"] == test["Single"]["error"]["mean"]
     assert test["Single"]["error"]["mean"] < 0.2
@@ -128,6 +129,8 @@ def test_a_rerun_reads_every_logit_from_the_cache(tiny_run, monkeypatch):
         ({"metrics": ["nll", "auroc"]}, r"\.metrics: unknown \['auroc'\]"),
         ({"metrics": ["nll", "nll"]}, r"\.metrics: expected distinct keys"),
         ({"metrics": "nll"}, r"\.metrics: expected a list"),
+        ({"figures": ["Single", "PEG-9"]}, r"\.figures: .*unknown \['PEG-9'\]"),
+        ({"figures": []}, r"\.figures: expected a non-empty list"),
     ],
 )
 def test_malformed_specs_name_the_field(change, field):

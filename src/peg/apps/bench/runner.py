@@ -14,8 +14,9 @@ positive) and FPR95 of the OOD sets against the test set.
 Writes `results/<name>/results.json` (shape: `{"command", "commit", "machine", "datasets":
 {DATASET: {METHOD: {METRIC: {"mean", "std", "n"}}}}, ...}`) and `results/<name>/results.md`
 (one table per data set; rows metrics, columns methods; mean ± std over seeds) and
-`results/<name>/reliability-test.png` (reliability diagrams of every column on the test set,
-first seed).
+`results/<name>/reliability-test.png` and `risk-coverage-test.png` (reliability diagrams and
+risk–coverage curves on the test set of the first seed, of the spec's `figures` columns: by
+default every column).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from peg.apps.bench.spec import BASE_PATTERN, SWAG_BASES, MethodSpec, Spec
 from peg.apps.bench.tables import COST_ROWS, OOD_ROWS, markdown_table, metric_rows
 from peg.apps.results import write_results
 from peg.apps.scores import labelled_metrics, ood_detection
-from peg.metrics import reliability
+from peg.metrics import reliability, risk_coverage_curve
 
 
 def check_methods(spec: Spec) -> None:
@@ -136,8 +137,7 @@ def run_spec(
         per_seed, costs, bases, curves = _per_seed(spec, Path(cache), root, progress, say)
         wall = time.perf_counter() - started
         results = _write(spec, per_seed, costs, bases, out, command, wall, say)
-        title = f"{spec.name}: test set, seed {spec.seeds[0]}"
-        plots.reliability_diagram(curves, Path(out) / spec.name / "reliability-test.png", title)
+        _figures(spec, curves, Path(out) / spec.name)
         return results
 
     if size == 1:
@@ -147,7 +147,14 @@ def run_spec(
 
 
 Values = dict[str, dict[str, list[float]]]
-Curves = dict[str, dict[str, Any]]
+Curves = dict[str, dict[str, dict[str, Any]]]  # figure → column → curve data
+
+
+def _figures(spec: Spec, curves: Curves, folder: Path) -> None:
+    """The reliability diagrams and risk–coverage curves of the first seed's test set."""
+    title = f"{spec.name}: test set, seed {spec.seeds[0]}"
+    plots.reliability_diagram(curves["reliability"], folder / "reliability-test.png", title)
+    plots.risk_coverage(curves["risk-coverage"], folder / "risk-coverage-test.png", title=title)
 
 
 def _per_seed(
@@ -156,19 +163,21 @@ def _per_seed(
     """Data set → method → metric → one value per seed, from the member logits (built and
     cached where the cache does not have them yet); method → cost (`COST_ROWS`, with the
     chosen η, σ, T) → one value per seed; seed → how the deep-ensemble members trained;
-    method → `peg.metrics.reliability` data on the test set of the first seed."""
+    figure → method → curve data on the test set of the first seed (`_figures`)."""
     per_seed: dict[str, Values] = {}
     costs: Values = {}
     bases: dict[str, dict[str, list[float]]] = {}
-    curves: Curves = {}
+    curves: Curves = {"reliability": {}, "risk-coverage": {}}
+    drawn = spec.figures or [m.name for m in spec.methods]
     for seed in spec.seeds:
         say(f"{spec.name}: seed {seed}")
         run = SeedRun(spec, seed, cache, root, progress)
         y = run.test[1]
         for method in bar(spec.methods, f"{spec.name} seed {seed}", len(spec.methods), progress):
             logits = run.logits(method)
-            if seed == spec.seeds[0]:
-                curves[method.name] = reliability(logits["test"], y)
+            if seed == spec.seeds[0] and method.name in drawn:
+                curves["reliability"][method.name] = reliability(logits["test"], y)
+                curves["risk-coverage"][method.name] = risk_coverage_curve(logits["test"], y)
             info = {k: float("nan") for k, *_ in COST_ROWS} | run.info(method)
             if method.base in costs:  # on an earlier column: its forwards are made too
                 info["forwards"] = max(info["forwards"], costs[method.base]["forwards"][-1])

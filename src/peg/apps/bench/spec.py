@@ -17,11 +17,13 @@ what was expected. Example::
     shift: {rotations: [30, 60], corruptions: [gaussian_noise, contrast], severities: [3, 5]}
     ood: [mnist, notmnist]
     metrics: [nll, error, brier, ece, aurc]                    # table rows (optional)
+    figures: [Single, Temp-scaled, PEG-15]                     # columns drawn (optional)
 
 `metrics:` chooses the rows of the labelled sets' tables in results.md, by metric key (`ROWS`
 of `peg.apps.bench.tables`: nll, error, brier, ece, mce, adaptive_ece, classwise_ece, aurc,
 augrc; default nll, error, brier, ece); results.json holds every one of them whatever the
-choice.
+choice. `figures:` names the columns drawn in `reliability-test.png` and
+`risk-coverage-test.png` (test set, first seed; default: every column).
 
 Methods are written by their names in the papers' tables, which say what they are:
 `Single`, `Temp-scaled`, `SWA`, `SWAG`, `SWAG-Diag`, `DeepEns-N`, `PEP-S`, `PEG-S`,
@@ -103,6 +105,7 @@ SPEC_FIELDS = {
     "ood_score",
     "swag_samples",
     "metrics",
+    "figures",
 }
 
 
@@ -144,6 +147,7 @@ class Spec:
     swag_samples: int = 15
     data_options: dict[str, Any] = field(default_factory=dict)
     metrics: tuple[str, ...] = DEFAULT_METRICS
+    figures: tuple[str, ...] | None = None  # columns drawn (None: all)
 
     @property
     def deep_ensemble_size(self) -> int:
@@ -313,6 +317,15 @@ def parse_spec(raw: Any, source: str = "spec") -> Spec:
     if bad or not spec_metrics or len(set(spec_metrics)) != len(spec_metrics):
         problem = f"unknown {bad}" if bad else f"expected distinct keys, got {spec_metrics}"
         raise SpecError(f"{source}.metrics: {problem}; known: {known}")
+    figures = raw.get("figures")
+    if figures is not None:
+        figures = _list(figures, f"{source}.figures")
+        bad = [f for f in figures if f not in names]
+        if bad or not figures:
+            raise SpecError(
+                f"{source}.figures: expected a non-empty list of column names, unknown {bad}; "
+                f"columns: {names}"
+            )
     spec = Spec(
         name=name,
         data=data,
@@ -333,6 +346,7 @@ def parse_spec(raw: Any, source: str = "spec") -> Spec:
         swag_samples=_int_or_none(raw.get("swag_samples", 15), f"{source}.swag_samples") or 15,
         data_options=dict(data_options),
         metrics=tuple(spec_metrics),
+        figures=None if figures is None else tuple(figures),
     )
     if spec.needs_swag and spec.swa is None:
         users = [m.name for m in methods if m.base in SWAG_BASES]
