@@ -479,7 +479,7 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
     (
         "corruptions",
         "unknown corruption",
-        lambda: corruptions.corrupt(torch.rand(1, 1, 8, 8), "fog", 3),
+        lambda: corruptions.corrupt(torch.rand(1, 1, 8, 8), "hail", 3),
         ValueError,
         "name",
     ),
