@@ -443,3 +443,12 @@ def test_frost_refuses_other_photographs(monkeypatch, no_frost_cache) -> None:
     monkeypatch.setattr(weather, "_FROST_SHA256", ("0" * 64,) * 5)
     with pytest.raises(RuntimeError, match=r"frost1\.jpg differs .*==0\.5\.2"):
         cc.corrupt(torch.rand(1, 3, 32, 32), "frost", 1)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 1, 1), (2, 1, 2, 2), (2, 3, 5, 7), (2, 1, 40, 24)])
+def test_tiny_and_non_square_images(shape) -> None:
+    X = torch.rand(*shape, generator=torch.Generator().manual_seed(0))
+    for name in cc.applicable(shape[1]):
+        Y = cc.corrupt(X, name, 5, seed=1)
+        assert Y.shape == X.shape and torch.isfinite(Y).all(), name
+        assert float(Y.min()) >= 0.0 and float(Y.max()) <= 1.0, name

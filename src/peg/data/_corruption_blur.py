@@ -211,7 +211,8 @@ def elastic_transform(
     n, _, h, w = x.shape
     side = min(h, w)
     alpha, sigma, shift = (p * side for p in param)
-    centre, half = np.array([w // 2, h // 2], np.float64), side // 3  # points are (x, y)
+    # Points are (x, y); `half` at least 1 px, so tiny images still get three distinct points.
+    centre, half = np.array([w // 2, h // 2], np.float64), max(1, side // 3)
     src = np.array([centre + half, [centre[0] + half, centre[1] - half], centre - half])
     moves, noise = [], []
     for g in image_generators(rng, n):  # the reference's order: the affine, then dx, then dy
