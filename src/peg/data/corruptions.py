@@ -71,7 +71,7 @@ Details and deviations from the reference, all deliberate:
   taps past 12 weigh < e⁻¹⁸), with different angles.
 - glass_blur's pixel "swap" is, in the reference, a tuple assignment of numpy views, which
   copies (numpy/numpy#14428); it is reproduced, in its sequential order, one step for all
-  images at once (10k 32×32 RGB images: ~5 s on one core).
+  images at once (10k 32×32 RGB images: 3–6 s on one shared core).
 - frost uses the five photographs of the PyPI package torch-uncertainty-assets 0.5.2 (a
   dependency, checked by SHA-256). The reference lists six files but draws randint(5): the
   first five. The crop is random; the photograph is shrunk by 5 as cv2.resize does.
