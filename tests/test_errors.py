@@ -28,6 +28,7 @@ from peg.apps.bench.spec import SpecError, load_specs, parse_spec
 from peg.apps.cli import main as cli
 from peg.archive import ArchiveError
 from peg.data import corruptions
+from peg.data._corruption_weather import frost_photos
 from peg.layers import patch
 from peg.metrics import diversity, ood, regression
 from peg.metrics.streaming import StreamingMetrics, StreamingOOD
@@ -248,6 +249,21 @@ def _without_laplace() -> object:
     finally:
         sys.meta_path.remove(finder)
         sys.modules.update(saved)
+
+
+def _without_frost_photos(call: Callable[[], object]) -> object:
+    """`call()` with torch-uncertainty-assets not importable (and no photographs cached)."""
+    saved = sys.modules.get("torch_uncertainty_assets")
+    frost_photos.cache_clear()
+    sys.modules["torch_uncertainty_assets"] = None  # type: ignore[assignment]  # import fails
+    try:
+        return call()
+    finally:
+        if saved is None:
+            del sys.modules["torch_uncertainty_assets"]
+        else:
+            sys.modules["torch_uncertainty_assets"] = saved
+        frost_photos.cache_clear()
 
 
 def _fake_idx(tmp: Path) -> Path:
@@ -502,7 +518,7 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
     (
         "corruptions",
         "unknown corruption",
-        lambda: corruptions.corrupt(torch.rand(1, 1, 8, 8), "fog", 3),
+        lambda: corruptions.corrupt(torch.rand(1, 1, 8, 8), "hail", 3),
         ValueError,
         "name",
     ),
@@ -512,6 +528,15 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
         lambda: corruptions.corrupt(torch.rand(1, 1, 8, 8), "contrast", 6),
         ValueError,
         "severity",
+    ),
+    (
+        "corruptions",
+        "frost without the package torch-uncertainty-assets",
+        lambda: _without_frost_photos(
+            lambda: corruptions.corrupt(torch.rand(1, 3, 8, 8), "frost", 1)
+        ),
+        ModuleNotFoundError,
+        "name: 'frost' needs .*pip install torch-uncertainty-assets",
     ),
     (
         "models",
@@ -1978,7 +2003,8 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
         lambda: _cli("demo", "--data", "imagenet"),
         SystemExit,
         "--data",
-    ),    (
+    ),
+    (
         "peg.compare",
         "an unknown method name",
         lambda: peg.compare(_mlp(), _val(), _val(), methods=["PEG-9000"], say=None),

@@ -120,7 +120,7 @@ def test_a_rerun_reads_every_logit_from_the_cache(tiny_run, monkeypatch):
         ({"data": "imagenet"}, r"\.data"),
         ({"train": {"epochs": -3}}, r"\.train\.epochs"),
         ({"model": {"name": "transformer"}}, r"model\.name"),
-        ({"shift": {"corruptions": ["fog"]}}, r"shift\.corruptions"),
+        ({"shift": {"corruptions": ["hail"]}}, r"shift\.corruptions"),
         ({"ood": ["svhn-extra"]}, r"\.ood"),
         ({"seeds": []}, r"\.seeds"),
         ({"swa": None}, r"\.swa"),

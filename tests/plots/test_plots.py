@@ -185,3 +185,30 @@ def test_scale_search(tmp_path: Path, overfit_mlp, moons_data) -> None:
     _written(plots.scale_search(golden, tmp_path / "g" / "sigma.png"))  # no interpolant
     with pytest.raises(ValueError, match="searched"):
         plots.scale_search(peg.PEG(n_members=2, eta=0.1).fit(overfit_mlp, moons_data["val"]), "x")
+
+
+def test_corruption_grid(tmp_path: Path) -> None:
+    image = torch.rand(1, 28, 28)  # grey: every corruption but saturate applies
+    names = ["fog", "glass_blur", "contrast"]
+    out = plots.corruption_grid(image, tmp_path / "grid" / "c.png", names=names, columns=2)
+    _written(out)
+    rgb = torch.rand(1, 3, 32, 32)
+    _written(plots.corruption_grid(rgb, tmp_path / "rgb" / "c.png", ["saturate"], (2,)))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "argument"),
+    [
+        ({"image": torch.rand(2, 3, 32, 32)}, "image"),
+        ({"names": ["hail"]}, "name"),
+        ({"names": ["saturate"], "image": torch.rand(1, 28, 28)}, "X"),
+        ({"severities": (0,)}, "severity"),
+        ({"columns": 0}, "columns"),
+        ({"path": 3}, "path"),
+    ],
+)
+def test_corruption_grid_refuses_bad_input(tmp_path: Path, kwargs, argument) -> None:
+    call = {"image": torch.rand(3, 32, 32), "path": tmp_path / "c.png", **kwargs}
+    with pytest.raises(ValueError, match=rf"^{argument}:"):
+        plots.corruption_grid(**call)
+    assert not list(tmp_path.iterdir())  # refused before writing anything

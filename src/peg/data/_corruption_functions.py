@@ -1,6 +1,8 @@
-"""The twelve corruptions of `peg.data.corruptions` as functions on image arrays, by family:
-noise, blurs, photometric (contrast, brightness, saturation) and the Pillow ones (pixelate,
-JPEG); `FUNCTIONS` maps each name to its function.
+"""The corruptions of `peg.data.corruptions` as functions on image arrays: here noise, the
+defocus, Gaussian and box blurs, photometric (contrast, brightness, saturation) and the Pillow
+ones (pixelate, JPEG); glass, motion and zoom blur and the elastic transform in
+`peg.data._corruption_blur`; frost, fog, snow and spatter in `peg.data._corruption_weather`.
+`FUNCTIONS` maps every name to its function.
 
 Every function takes (images `[N, C, H, W]` float32 in [0, 1], its parameter at one severity,
 a NumPy generator, the spatial scale s = min(H, W) / 32) and returns the corrupted images
@@ -17,6 +19,9 @@ from typing import Any
 import numpy as np
 from PIL import Image
 from scipy import ndimage
+
+from peg.data import _corruption_blur as blur
+from peg.data import _corruption_weather as weather
 
 Array = np.ndarray
 # (images [N, C, H, W] float32, parameter, generator, spatial scale) -> images
@@ -185,11 +190,19 @@ FUNCTIONS: dict[str, Corruption] = {
     "impulse_noise": impulse_noise,
     "speckle_noise": speckle_noise,
     "defocus_blur": defocus_blur,
+    "glass_blur": blur.glass_blur,
+    "motion_blur": blur.motion_blur,
+    "zoom_blur": blur.zoom_blur,
     "gaussian_blur": gaussian_blur,
     "box_blur": box_blur,
+    "snow": weather.snow,
+    "frost": weather.frost,
+    "fog": weather.fog,
+    "spatter": weather.spatter,
     "contrast": contrast,
     "brightness": brightness,
     "saturate": saturate,
+    "elastic_transform": blur.elastic_transform,
     "pixelate": pixelate,
     "jpeg_compression": jpeg_compression,
 }

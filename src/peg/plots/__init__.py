@@ -14,6 +14,7 @@ parent folders and returns the path (`risk_coverage` returns its Axes: it may dr
 - `heatmaps`: `similarity_matrices`, `radial_landscape`.
 - `embedding`: `prediction_map`.
 - `curves`: `diversity_accuracy_plane`, `ensemble_size_curves`, `scale_search`.
+- `corruptions`: `corruption_grid` (one image under every corruption and a few severities).
 - `_figure`: what they share (canvas, PNG write, input checks, colours and markers).
 
 The diversity figures are those of `peg.analysis` (Fort et al. 2019, "Deep ensembles: a loss
@@ -21,6 +22,7 @@ landscape perspective").
 """
 
 from peg.plots.boundaries import decision_boundaries
+from peg.plots.corruptions import corruption_grid
 from peg.plots.curves import diversity_accuracy_plane, ensemble_size_curves, scale_search
 from peg.plots.embedding import prediction_map
 from peg.plots.heatmaps import radial_landscape, similarity_matrices
@@ -28,6 +30,7 @@ from peg.plots.reliability import reliability_diagram
 from peg.plots.selective import risk_coverage
 
 __all__ = [
+    "corruption_grid",
     "decision_boundaries",
     "diversity_accuracy_plane",
     "ensemble_size_curves",
