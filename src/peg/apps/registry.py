@@ -16,9 +16,11 @@ its `fit(site)` returns the fitted predictor (an nn.Module, an Ensemble or a fit
 
 Keys (in registration order): "base" (the site's base itself); post-hoc methods on the base:
 "temperature", "peg", "pep", "mc-dropout", "random-subspace", "dropout-subspace"; methods that
-train a model of their own with the site's recipe (`Builder.trains`): "packed", "emp", "ecmp",
-"mc-dropout-trained"; "swag" (SWAG moments collected from the base on the training data);
-samplers fitted to a trajectory's checkpoints: "diagonal-gaussian", "low-rank-gaussian".
+train a model of their own with the site's recipe (`Builder.trains`): "packed", "emp", "ecmp";
+the calibrators beside temperature scaling, post-hoc on the base: "vector-scaling",
+"matrix-scaling", "dirichlet", "histogram-binning", "isotonic"; "mc-dropout-trained" (trains);
+"swag" (SWAG moments collected from the base on the training data); samplers fitted to a
+trajectory's checkpoints: "diagonal-gaussian", "low-rank-gaussian".
 """
 
 from __future__ import annotations
@@ -38,13 +40,18 @@ from peg.methods import (
     PEP,
     SWAG,
     DiagonalGaussian,
+    DirichletCalibration,
     DropoutSubspace,
+    HistogramBinning,
+    IsotonicCalibration,
     LowRankGaussian,
+    MatrixScaling,
     MCDropout,
     MCPatched,
     PackedEnsemble,
     RandomSubspace,
     TemperatureScaling,
+    VectorScaling,
 )
 from peg.methods.swag import has_batchnorm
 from peg.models._packed import Packing
@@ -289,6 +296,37 @@ class EMP(Patched):
 @register("ecmp")
 class ECMP(Patched):
     mode = "ecmp"
+
+
+# ---------------------------------------------------------------- more post-hoc calibrators
+@register("vector-scaling")
+class VectorScalingBuilder(PostHoc):
+    method = VectorScaling
+    seeded = False
+
+
+@register("matrix-scaling")
+class MatrixScalingBuilder(PostHoc):
+    method = MatrixScaling
+    seeded = False
+
+
+@register("dirichlet")
+class DirichletBuilder(PostHoc):
+    method = DirichletCalibration
+    seeded = False
+
+
+@register("histogram-binning")
+class HistogramBinningBuilder(PostHoc):
+    method = HistogramBinning
+    seeded = False
+
+
+@register("isotonic")
+class IsotonicBuilder(PostHoc):
+    method = IsotonicCalibration
+    seeded = False
 
 
 @register("mc-dropout-trained")

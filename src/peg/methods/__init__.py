@@ -1,11 +1,13 @@
 """Methods: each turns a model (and data) into an `Ensemble` or a predictor with `member_logits`."""
 
+from peg.methods.binning import HistogramBinning, IsotonicCalibration
 from peg.methods.deep_ensemble import DeepEnsemble
 from peg.methods.dropout import MCDropout
 from peg.methods.packed import PackedEnsemble
 from peg.methods.patching import MCPatched
 from peg.methods.peg import PEG
 from peg.methods.pep import PEP
+from peg.methods.scaling import DirichletCalibration, MatrixScaling, VectorScaling
 from peg.methods.subspace import DiagonalGaussian, DropoutSubspace, LowRankGaussian, RandomSubspace
 from peg.methods.swag import SWA, SWAG
 from peg.methods.temperature import TemperatureScaling
@@ -17,11 +19,16 @@ __all__ = [
     "SWAG",
     "DeepEnsemble",
     "DiagonalGaussian",
+    "DirichletCalibration",
     "DropoutSubspace",
+    "HistogramBinning",
+    "IsotonicCalibration",
     "LowRankGaussian",
     "MCDropout",
     "MCPatched",
+    "MatrixScaling",
     "PackedEnsemble",
     "RandomSubspace",
     "TemperatureScaling",
+    "VectorScaling",
 ]

@@ -15,6 +15,13 @@ any other (e.g. `method("PEG-30", "peg", n_members=30)`)::
     Last-layer PEG  PEG on the last layer only              peg, params="last_layer"
     PEG (ascent)    PEG, θ + η∇L (Algorithm 1 literally)     peg, direction="ascent"
     TS → PEG        PEG around the temperature-scaled model peg on TS
+    Vector scaling  Guo et al.'s vector scaling             vector-scaling
+    Matrix scaling  Guo et al.'s matrix scaling             matrix-scaling
+    Dirichlet       Dirichlet calibration (ODIR)            dirichlet
+    Hist. binning   histogram binning, one-vs-rest          histogram-binning
+    Isotonic        isotonic regression, one-vs-rest        isotonic
+
+The calibrators after "TS → PEG" are not in the default list: name them in `methods=`.
 """
 
 from __future__ import annotations
@@ -43,6 +50,11 @@ CATALOGUE: dict[str, MethodSpec] = {
         MethodSpec("Last-layer PEG", "peg", MODEL, {"params": "last_layer"}),
         MethodSpec("PEG (ascent)", "peg", MODEL, {"direction": "ascent"}),
         MethodSpec("TS → PEG", "peg", "TS"),
+        MethodSpec("Vector scaling", "vector-scaling", MODEL),
+        MethodSpec("Matrix scaling", "matrix-scaling", MODEL),
+        MethodSpec("Dirichlet", "dirichlet", MODEL),
+        MethodSpec("Hist. binning", "histogram-binning", MODEL),
+        MethodSpec("Isotonic", "isotonic", MODEL),
     )
 }
 # the default list (the issue's): MC dropout only where the model has dropout
