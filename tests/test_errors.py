@@ -1073,6 +1073,76 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
         ValueError,
         "val: on the meta device .* cpu",
     ),
+    (
+        "calibrators",
+        "vector scaling on unknown scores",
+        lambda: peg.VectorScaling(scores="probs"),
+        ValueError,
+        r"scores: expected one of \('auto', 'log_probs'\), got 'probs'",
+    ),
+    (
+        "calibrators",
+        "a negative ODIR weight",
+        lambda: peg.MatrixScaling(reg_lambda=-1.0),
+        ValueError,
+        "reg_lambda: expected a finite number >= 0, got -1.0",
+    ),
+    (
+        "calibrators",
+        "a non-finite L2 weight",
+        lambda: peg.DirichletCalibration(l2=float("nan")),
+        ValueError,
+        "l2: expected a finite number >= 0, got nan",
+    ),
+    (
+        "calibrators",
+        "no bins",
+        lambda: peg.HistogramBinning(n_bins=0),
+        ValueError,
+        "n_bins: expected an integer >= 1, got 0",
+    ),
+    (
+        "calibrators",
+        "an unknown binning strategy",
+        lambda: peg.HistogramBinning(strategy="kmeans"),
+        ValueError,
+        "strategy: expected one of",
+    ),
+    (
+        "calibrators",
+        "a probability floor of 1",
+        lambda: peg.IsotonicCalibration(floor=1.0),
+        ValueError,
+        r"floor: expected a number in \(0, 1\), got 1.0",
+    ),
+    (
+        "calibrators",
+        "fit without validation data",
+        lambda: peg.DirichletCalibration().fit(_mlp()),
+        ValueError,
+        "val: Dirichlet calibration needs labelled validation data",
+    ),
+    (
+        "calibrators",
+        "one label fewer than inputs",
+        lambda: peg.IsotonicCalibration().fit(_mlp(), (_val()[0], _val()[1][:-1])),
+        ValueError,
+        "val: 200 inputs but 199 labels",
+    ),
+    (
+        "calibrators",
+        "labels beyond the model's classes",
+        lambda: peg.HistogramBinning().fit(_mlp(), (_val()[0], _val()[1] + 3)),
+        ValueError,
+        r"val labels: expected labels in \[0, 3\)",
+    ),
+    (
+        "calibrators",
+        "binning a one-class model",
+        lambda: peg.HistogramBinning().fit(nn.Linear(2, 1), (_val()[0], _val()[1] * 0)),
+        ValueError,
+        "val: histogram binning needs at least 2 classes, got 1",
+    ),
     # ---------------------------------------------------------------- train
     (
         "train",
@@ -1769,7 +1839,8 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
         lambda: _cli("demo", "--data", "imagenet"),
         SystemExit,
         "--data",
-    ),    (
+    ),
+    (
         "peg.compare",
         "an unknown method name",
         lambda: peg.compare(_mlp(), _val(), _val(), methods=["PEG-9000"], say=None),
@@ -1860,6 +1931,22 @@ FILE_CASES: list[tuple[str, str, Callable[[Path], None], type[Exception], str]] 
         ),
         ArchiveError,
         "calibration: expected a temperature > 0",
+    ),
+    (
+        "load",
+        "a Dirichlet-calibrated archive without its weights",
+        lambda tmp: peg.load(_calibrated(tmp, {"method": "dirichlet", "params": {}}), _mlp()),
+        ArchiveError,
+        "calibration: the archive has no 'bias' tensor",
+    ),
+    (
+        "load",
+        "a calibrated archive with arguments the calibrator refuses",
+        lambda tmp: peg.load(
+            _calibrated(tmp, {"method": "histogram-binning", "params": {"n_bins": 0}}), _mlp()
+        ),
+        ArchiveError,
+        "calibration: the archive's arguments do not fit HistogramBinning: n_bins",
     ),
     (
         "TemperatureScaling",
