@@ -25,6 +25,7 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
+import numpy as np
 from torch import Tensor
 
 from peg import archive
@@ -123,7 +124,8 @@ class Calibrator(Method):
     def _json_params(self) -> dict[str, Any]:
         """The constructor arguments that describe the map (not how batches are read)."""
         params = {k: v for k, v in self.get_params().items() if k not in ("batch_fn",)}
-        return json.loads(json.dumps(params))  # tuples as lists, as an archive gives them back
+        # as an archive gives them back: tuples as lists, NumPy scalars as Python numbers
+        return json.loads(json.dumps(params, default=_plain))
 
     # ---------------------------------------------------------------- fitting
     def fit(self, predictor: Any, val: Data | None = None, *, bn_data: Data | None = None) -> Any:
@@ -257,6 +259,12 @@ class Calibrator(Method):
         state = fitted._restore(calibration, tensors or {})
         fitted._set_fitted(ensemble, {**state, "scores_": kind})
         return fitted
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
 def stored(
