@@ -8,12 +8,13 @@ they cover, as in the paper).
 
 Two deterministic float64 optimisers, both from the identity map (W = I, b = 0):
 - Newton's method with the exact Hessian and a backtracking line search, when θ has at most
-  `NEWTON_MAX` entries (a full W up to C = 34, a diagonal one up to C = 600): it converges in
-  a few iterations whatever the conditioning (log p̄ spans tens of nats, and the scores of
+  `NEWTON_MAX` entries (a full W up to C = 34, a diagonal one up to C = 600) and forming the
+  Hessian costs at most `NEWTON_FLOPS` (N P²: C = 10 up to N = 165k): it converges in about
+  ten iterations whatever the conditioning (log p̄ spans tens of nats, and the scores of
   different classes are nearly collinear through their shared log-normaliser);
-- L-BFGS otherwise (the Hessian, `[P, P]`, would not fit), preconditioned by an average
-  block of the Hessian (`_preconditioner`) and with the penalty taken at its minimum over the
-  maps that predict alike (`_preferred`): slower, bounded by `max_iter`.
+- L-BFGS otherwise (the Hessian would be too large or too slow to form), preconditioned by
+  an average block of the Hessian (`_preconditioner`) and with the penalty taken at its
+  minimum over the maps that predict alike (`_preferred`): slower, bounded by `max_iter`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-NEWTON_MAX = 1200  # parameters up to which the Hessian is formed (N P² flops per iteration)
+NEWTON_MAX = 1200  # parameters up to which the Hessian `[P, P]` is formed...
+NEWTON_FLOPS = 2e9  # ... and N P², what forming it costs, up to which Newton is faster
 # log of the smallest positive float64: a probability that underflowed to 0 (log p̄ = -inf) is
 # scored as this, so a weight times it stays finite
 LOG_TINY = math.log(torch.finfo(torch.float64).tiny)
@@ -222,7 +224,8 @@ def fit_affine(
     eye = torch.eye(c, dtype=s.dtype, device=s.device)
     zero = torch.zeros_like(eye[:, :1])
     theta = torch.cat([eye, zero], 1) if full else torch.cat([torch.ones_like(zero), zero], 1)
-    fit = _newton if theta.numel() <= NEWTON_MAX else _lbfgs
+    size = theta.numel()
+    fit = _newton if size <= NEWTON_MAX and len(s) * size**2 <= NEWTON_FLOPS else _lbfgs
     theta = fit(theta, s, y, coef, full, max_iter)
     if not torch.isfinite(theta).all():
         raise FloatingPointError("calibration map diverged (non-finite weights)")

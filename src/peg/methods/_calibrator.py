@@ -122,13 +122,15 @@ class Calibrator(Method):
         return {**self._json_params(), "fitted_on": self.scores_, **self._entry()}
 
     def _json_params(self) -> dict[str, Any]:
-        """The constructor arguments that describe the map (not how batches are read)."""
+        """The constructor arguments as JSON (`batch_fn`, a callable, is not stored)."""
         params = {k: v for k, v in self.get_params().items() if k not in ("batch_fn",)}
         # as an archive gives them back: tuples as lists, NumPy scalars as Python numbers
         return json.loads(json.dumps(params, default=_plain))
 
     # ---------------------------------------------------------------- fitting
-    def fit(self, predictor: Any, val: Data | None = None, *, bn_data: Data | None = None) -> Any:
+    def fit(
+        self, predictor: Any, val: Data | None = None, *, bn_data: Data | None = None
+    ) -> Calibrator:
         """Fit the map on validation data `val` ((X, y), Dataset or DataLoader, batches of any
         shape); returns self.
 

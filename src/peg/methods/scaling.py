@@ -95,7 +95,8 @@ class VectorScaling(_Affine):
     Args:
         scores: "auto" (the raw logits of a one-member predictor, as Guo et al.; log p̄ of an
             ensemble) or "log_probs" (log p̄ always); see `peg.methods.scaling`.
-        max_iter: L-BFGS iterations.
+        max_iter: iterations of the optimiser (Newton's method: about ten suffice; L-BFGS,
+            for maps too large for a Hessian, stops here).
         batch_size: rows per forward pass.
         batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches of another shape
             (`peg.batches`).
@@ -126,11 +127,12 @@ class MatrixScaling(_Affine):
 
     Args:
         reg_lambda: λ of ODIR, on the mean squared off-diagonal weight (0: none, Guo et al.'s
-            matrix scaling; Kull et al. choose λ by cross-validation, e.g. 1e-2 ... 1e2).
+            matrix scaling; Kull et al. choose λ and μ by cross-validation).
         reg_mu: μ of ODIR, on the mean squared intercept (0: none).
         scores: "auto" (the raw logits of a one-member predictor, as Guo et al.; log p̄ of an
             ensemble) or "log_probs" (log p̄ always).
-        max_iter: L-BFGS iterations.
+        max_iter: iterations of the optimiser (Newton's method: about ten suffice; L-BFGS,
+            for maps too large for a Hessian, stops here).
         batch_size: rows per forward pass.
         batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches of another shape.
 
@@ -169,7 +171,8 @@ class DirichletCalibration(_Affine):
             The paper tunes λ and μ by cross-validation: raise them as C² nears N.
         reg_mu: μ of ODIR, on the mean squared intercept. Default 10.
         l2: weight of the L2 penalty on every entry of W and b ("Dir-L2"; 0: none).
-        max_iter: L-BFGS iterations.
+        max_iter: iterations of the optimiser (Newton's method: about ten suffice; L-BFGS,
+            for maps too large for a Hessian, stops here).
         batch_size: rows per forward pass.
         batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches of another shape.
 
