@@ -15,6 +15,7 @@ from peg.ensemble import Ensemble
 from peg.errors import ArchiveError, NonFiniteError, NotFittedError
 from peg.evaluate import evaluate
 from peg.loading import load
+from peg.methods.binning import HistogramBinning, IsotonicCalibration
 from peg.methods.deep_ensemble import DeepEnsemble
 from peg.methods.dropout import MCDropout
 from peg.methods.laplace import Laplace
@@ -22,6 +23,7 @@ from peg.methods.packed import PackedEnsemble
 from peg.methods.patching import MCPatched
 from peg.methods.peg import PEG
 from peg.methods.pep import PEP
+from peg.methods.scaling import DirichletCalibration, MatrixScaling, VectorScaling
 from peg.methods.swag import SWA, SWAG
 from peg.methods.temperature import TemperatureScaling
 from peg.output import with_output
@@ -33,14 +35,19 @@ __all__ = [
     "SWAG",
     "ArchiveError",
     "DeepEnsemble",
+    "DirichletCalibration",
     "Ensemble",
     "Laplace",
+    "HistogramBinning",
+    "IsotonicCalibration",
     "MCDropout",
     "MCPatched",
+    "MatrixScaling",
     "NonFiniteError",
     "NotFittedError",
     "PackedEnsemble",
     "TemperatureScaling",
+    "VectorScaling",
     "__version__",
     "compare",
     "distributed",

@@ -9,7 +9,10 @@ header's metadata key ``"peg"``::
      "members": M, "stacked": [names], "shared": [names], "meta": {method, hyper-parameters,
      seed, ...}}
 
-Tensor keys are ``stacked/<state-dict name>`` (`[M, *shape]`) and ``shared/<name>``. Writes go to
+Tensor keys are ``stacked/<state-dict name>`` (`[M, *shape]`) and ``shared/<name>``. A calibrated
+archive (`meta["calibration"]`, e.g. matrix scaling's) may also hold the calibration map's arrays
+as ``calibration/<name>``, listed under the header's ``"calibration"`` (absent when there are
+none; readers that do not know the key load the ensemble as it is). Writes go to
 a temporary file in the same folder, then `os.replace`, so a crash never leaves half an archive
 where a good one was.
 """
@@ -40,12 +43,19 @@ def write(
     shared: Mapping[str, Tensor],
     meta: Mapping[str, Any],
     architecture: str,
+    calibration: Mapping[str, Tensor] | None = None,
 ) -> str:
-    """Write an archive atomically: `stacked` entries `[M, *shape]`, `shared` ones, `meta` (JSON);
-    returns the path as a string."""
+    """Write an archive atomically: `stacked` entries `[M, *shape]`, `shared` ones, `meta` (JSON)
+    and a calibration map's arrays (`calibration`, read back by `read_calibration`); returns the
+    path as a string."""
     path = Path(path)
     tensors = {f"stacked/{k}": v.detach().cpu().contiguous() for k, v in stacked.items()}
     tensors |= {f"shared/{k}": v.detach().cpu().contiguous().clone() for k, v in shared.items()}
+    extra = {
+        f"calibration/{k}": v.detach().cpu().contiguous().clone()
+        for k, v in (calibration or {}).items()
+    }
+    tensors |= extra
     header = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -57,6 +67,8 @@ def write(
         "shared": list(shared),
         "meta": dict(meta),
     }
+    if extra:
+        header["calibration"] = list(calibration or {})
     try:
         text = json.dumps(header, allow_nan=False)
     except (TypeError, ValueError) as e:
@@ -106,3 +118,16 @@ def read_tensors(
     if lost:
         raise ArchiveError(f"{path}: damaged peg archive (tensors missing: {lost[:5]})")
     return stacked, shared  # type: ignore[return-value]
+
+
+def read_calibration(path: str | os.PathLike[str], header: Mapping[str, Any]) -> dict[str, Tensor]:
+    """The calibration map's arrays of the archive whose header is `header` (CPU; `{}` for an
+    archive without them)."""
+    names = header.get("calibration") or []
+    if not names:
+        return {}
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {k: f.get_tensor(f"calibration/{k}") for k in names}
+    except Exception as e:
+        raise ArchiveError(f"{path}: damaged peg archive (calibration tensors: {e})") from e

@@ -43,8 +43,9 @@ from peg._inputs import Data, iter_inputs
 from peg.batches import BatchFn, check_batch_fn, split_batch
 from peg.ensemble import Ensemble
 from peg.errors import RankFailure
+from peg.methods._calibrator import Calibrator
+from peg.methods._predictors import member_logits_of
 from peg.methods.base import FittedEnsemble, ModulePredictor, SampledPredictor
-from peg.methods.temperature import TemperatureScaling, member_logits_of
 
 T = TypeVar("T")
 TIMEOUT_ENV = "PEG_DIST_TIMEOUT"
@@ -230,8 +231,9 @@ def member_logits(
       on the CPU's choice of kernels. (Sharding by members would not: a member folded or
       vectorised alone runs other kernel shapes than the same member folded with its
       partners, and the CPU's instruction set decides whether those agree in the last bits.)
-    - Temperature scaling: its predictor's member logits are computed as here, gathered, and
-      scaled whole, as one process scales them.
+    - Temperature scaling and the other calibrators (`peg.methods._calibrator`): their
+      predictor's member logits are computed as here, gathered, and mapped whole, as one
+      process maps them.
     - MC dropout and MC patching (EMP, ECMP) draw member s on batch j from (seed, s, j), so a
       batch predicted apart would get other masks; they, temperature scaling of them, and any
       other object with `member_logits` (whose batching this cannot see) are computed whole on
@@ -254,8 +256,8 @@ def member_logits(
     check_batch_fn(batch_fn)
     if size == 1:
         return member_logits_of(predictor, X, batch_size, batch_fn)
-    if isinstance(predictor, TemperatureScaling) and hasattr(predictor, "predictor_"):
-        # the calibrated predictor's logits shared out, then scaled whole, as one process does
+    if isinstance(predictor, Calibrator) and hasattr(predictor, "predictor_"):
+        # the calibrated predictor's logits shared out, then mapped whole, as one process does
         inner, split = predictor.predictor_, batch_fn or predictor.batch_fn
         return predictor.scale(member_logits(inner, X, batch_size or predictor.batch_size, split))
     if _row_wise(predictor):

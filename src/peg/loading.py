@@ -4,8 +4,8 @@ The file format is `peg.archive`'s; a recipe archive (PEG/PEP's default `save`) 
 method that wrote it, found in `peg.recipe`'s registry, which method classes join when they are
 defined. A calibrated archive (its meta has `"calibration": {"method": NAME, ...}`, e.g.
 `TemperatureScaling.save`) is handed, once its ensemble is loaded, to the calibrator registered
-here under NAME (`register_calibrator`, called where the calibrator is defined): nothing here
-knows a method.
+here under NAME (`register_calibrator`, called where the calibrator is defined), with the map's
+arrays the archive holds (`archive.read_calibration`): nothing here knows a method.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from peg import archive, recipe
 from peg.batches import BatchFn
@@ -27,15 +27,16 @@ from peg.output import PREFIX
 __all__ = ["load", "register_calibrator"]
 
 # ------------------------------------------------------------------------- calibrators
-# name → `rebuild(ensemble, params)`: the fitted calibrator around a loaded ensemble, from the
-# archive meta's `"calibration"` entry (`params`, which names it under "method").
-Calibrator = Callable[[Ensemble, dict[str, Any]], Any]
+# name → `rebuild(ensemble, params, tensors)`: the fitted calibrator around a loaded ensemble,
+# from the archive meta's `"calibration"` entry (`params`, which names it under "method") and the
+# map's arrays stored beside the members (`tensors`, CPU; `{}` when there are none).
+Calibrator = Callable[[Ensemble, dict[str, Any], dict[str, Tensor]], Any]
 _CALIBRATORS: dict[str, Calibrator] = {}
 
 
 def register_calibrator(name: str, rebuild: Calibrator) -> None:
     """Make archives whose meta has `"calibration": {"method": name, ...}` load, through
-    `rebuild(ensemble, calibration)`, as the calibrator it returns."""
+    `rebuild(ensemble, calibration, tensors)`, as the calibrator it returns."""
     _CALIBRATORS[name] = rebuild
 
 
@@ -82,8 +83,9 @@ def load(
 ) -> Any:
     """Load an ensemble saved by `Ensemble.save` (or a method's `save`).
 
-    Returns an `Ensemble`; for a calibrated archive (`TemperatureScaling.save`), the fitted
-    calibrator around it (a `TemperatureScaling`).
+    Returns an `Ensemble`; for a calibrated archive (`TemperatureScaling.save`, any calibrator's
+    `save`), the fitted calibrator around it (a `TemperatureScaling`, a `DirichletCalibration`,
+    ...).
 
     Args:
         path: the archive.
@@ -142,4 +144,6 @@ def load(
     else:
         loaded = recipe.rebuilder(made)(ensemble.to(device), made, val, batch_fn).ensemble()
         loaded.meta = {k: v for k, v in ensemble.meta.items() if k != "recipe"}
-    return loaded if calibrate is None else calibrate(loaded, calibration)
+    if calibrate is None:
+        return loaded
+    return calibrate(loaded, calibration, archive.read_calibration(path, header))

@@ -142,6 +142,36 @@ CASES = [
         ("link_approx", "logit"),
         needs="laplace",
     ),
+    Case(
+        peg.VectorScaling,
+        {"scores": "log_probs", "max_iter": 20},
+        lambda m: m.fit(_tiny(), (X, y)),
+        ("scores", "probs"),
+    ),
+    Case(
+        peg.MatrixScaling,
+        {"reg_lambda": 0.1, "reg_mu": 0.1, "batch_size": 32},
+        lambda m: m.fit(_tiny(), (X, y)),
+        ("reg_lambda", -1.0),
+    ),
+    Case(
+        peg.DirichletCalibration,
+        {"reg_lambda": 1.0, "l2": 0.01},
+        lambda m: m.fit(_tiny(), (X, y)),
+        ("reg_mu", float("nan")),
+    ),
+    Case(
+        peg.HistogramBinning,
+        {"n_bins": 5, "strategy": "quantile"},
+        lambda m: m.fit(_tiny(), (X, y)),
+        ("n_bins", 0),
+    ),
+    Case(
+        peg.IsotonicCalibration,
+        {"floor": 1e-4, "batch_size": 16},
+        lambda m: m.fit(_tiny(), (X, y)),
+        ("floor", 1.0),
+    ),
 ]
 IDS = [case.id for case in CASES]
 

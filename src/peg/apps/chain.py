@@ -18,8 +18,17 @@ from peg.methods.base import FittedEnsemble
 from peg.methods.temperature import TemperatureScaling
 from peg.output import logits_of
 
-# registry keys whose method takes any predictor as it is; the others need a module or ensemble
-AS_IS = ("base", "temperature")
+# registry keys whose method takes any predictor as it is (the calibrators); the others need a
+# module or ensemble
+AS_IS = (
+    "base",
+    "temperature",
+    "vector-scaling",
+    "matrix-scaling",
+    "dirichlet",
+    "histogram-binning",
+    "isotonic",
+)
 
 
 class Scaled(nn.Module):

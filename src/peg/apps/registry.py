@@ -18,9 +18,10 @@ Keys (in registration order): "base" (the site's base itself); post-hoc methods 
 "temperature", "peg", "pep", "mc-dropout", "random-subspace", "dropout-subspace"; methods that
 train a model of their own with the site's recipe (`Builder.trains`): "packed", "emp", "ecmp";
 "laplace" (laplace-torch's Laplace approximation around the base, on the site's training data
-when it has them); "mc-dropout-trained" (trains its own, too); "swag" (SWAG moments collected
-from the base on the training data); samplers fitted to a trajectory's checkpoints:
-"diagonal-gaussian", "low-rank-gaussian".
+when it has them); the calibrators beside temperature scaling, post-hoc on the base:
+"vector-scaling", "matrix-scaling", "dirichlet", "histogram-binning", "isotonic";
+"mc-dropout-trained" (trains); "swag" (SWAG moments collected from the base on the training
+data); samplers fitted to a trajectory's checkpoints: "diagonal-gaussian", "low-rank-gaussian".
 """
 
 from __future__ import annotations
@@ -40,14 +41,19 @@ from peg.methods import (
     PEP,
     SWAG,
     DiagonalGaussian,
+    DirichletCalibration,
     DropoutSubspace,
     Laplace,
+    HistogramBinning,
+    IsotonicCalibration,
     LowRankGaussian,
+    MatrixScaling,
     MCDropout,
     MCPatched,
     PackedEnsemble,
     RandomSubspace,
     TemperatureScaling,
+    VectorScaling,
 )
 from peg.methods.laplace import require_laplace
 from peg.methods.swag import has_batchnorm
@@ -327,6 +333,37 @@ class LaplaceBuilder(PostHoc):
         gridsearch = self.unfitted.prior_optimization == "gridsearch"
         val = site.need("val") if gridsearch else None
         return self.unfitted.fit(self.base(site), data, val=val)
+
+
+# ---------------------------------------------------------------- more post-hoc calibrators
+@register("vector-scaling")
+class VectorScalingBuilder(PostHoc):
+    method = VectorScaling
+    seeded = False
+
+
+@register("matrix-scaling")
+class MatrixScalingBuilder(PostHoc):
+    method = MatrixScaling
+    seeded = False
+
+
+@register("dirichlet")
+class DirichletBuilder(PostHoc):
+    method = DirichletCalibration
+    seeded = False
+
+
+@register("histogram-binning")
+class HistogramBinningBuilder(PostHoc):
+    method = HistogramBinning
+    seeded = False
+
+
+@register("isotonic")
+class IsotonicBuilder(PostHoc):
+    method = IsotonicCalibration
+    seeded = False
 
 
 @register("mc-dropout-trained")

@@ -1,5 +1,6 @@
 """Methods: each turns a model (and data) into an `Ensemble` or a predictor with `member_logits`."""
 
+from peg.methods.binning import HistogramBinning, IsotonicCalibration
 from peg.methods.deep_ensemble import DeepEnsemble
 from peg.methods.dropout import MCDropout
 from peg.methods.laplace import Laplace
@@ -7,6 +8,7 @@ from peg.methods.packed import PackedEnsemble
 from peg.methods.patching import MCPatched
 from peg.methods.peg import PEG
 from peg.methods.pep import PEP
+from peg.methods.scaling import DirichletCalibration, MatrixScaling, VectorScaling
 from peg.methods.subspace import DiagonalGaussian, DropoutSubspace, LowRankGaussian, RandomSubspace
 from peg.methods.swag import SWA, SWAG
 from peg.methods.temperature import TemperatureScaling
@@ -18,12 +20,17 @@ __all__ = [
     "SWAG",
     "DeepEnsemble",
     "DiagonalGaussian",
+    "DirichletCalibration",
     "DropoutSubspace",
     "Laplace",
+    "HistogramBinning",
+    "IsotonicCalibration",
     "LowRankGaussian",
     "MCDropout",
     "MCPatched",
+    "MatrixScaling",
     "PackedEnsemble",
     "RandomSubspace",
     "TemperatureScaling",
+    "VectorScaling",
 ]

@@ -28,6 +28,11 @@ def _peg(m: re.Match[str], **options: Any) -> dict[str, Any]:
 TABLE_NAMES: tuple[tuple[str, Callable[[re.Match[str]], tuple[str, str, dict[str, Any]]]], ...] = (
     ("Single", lambda m: ("base", "single", {})),
     ("Temp-scaled", lambda m: ("temperature", "single", {})),
+    ("Vector-scaled", lambda m: ("vector-scaling", "single", {})),
+    ("Matrix-scaled", lambda m: ("matrix-scaling", "single", {})),
+    ("Dirichlet", lambda m: ("dirichlet", "single", {})),
+    ("Hist-binned", lambda m: ("histogram-binning", "single", {})),
+    ("Isotonic", lambda m: ("isotonic", "single", {})),
     ("SWA", lambda m: ("base", "swa", {})),
     ("SWAG", lambda m: ("base", "swag", {})),
     ("SWAG-Diag", lambda m: ("base", "swag-diag", {})),

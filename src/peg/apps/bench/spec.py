@@ -33,7 +33,8 @@ model trained with the same recipe), `EMP` and `ECMP` (the model patched with K 
 trained with the same recipe plus the Eq. (6) regulariser, 20 MC samples). A mapping adds options
 (`{name: PEG-15, eta: [0.001, 0.01, 0.1, 1], eta_holdout: 0}`) or defines any other method with
 `method:` (a key of the method registry `peg.apps.registry`: `peg`, `pep`, `temperature`,
-`mc-dropout`, `random-subspace`, `dropout-subspace`) and `base:` (`single`, `swa`,
+`mc-dropout`, `random-subspace`, `dropout-subspace`, `vector-scaling`, `matrix-scaling`,
+`dirichlet`, `histogram-binning`, `isotonic`) and `base:` (`single`, `swa`,
 `deepens-N`, `swag`, `swag-diag`, or the name of an earlier column: the method is then fitted
 on that column's fitted predictor, `peg.apps.chain`, as `peg.compare` does).
 
@@ -45,6 +46,10 @@ the temperature-scaled model, on the column `Temp-scaled`, which must come earli
 `Laplace`: laplace-torch's Laplace approximation of the single model (`peg.Laplace`): last-layer
 KFAC over the training split, prior precision by marginal likelihood, GLM probit predictive;
 `Laplace-MC-S`: the same with S Monte Carlo samples of the GLM predictive as members.
+The other post-hoc calibrators of the single model, beside `Temp-scaled`: `Vector-scaled`,
+`Matrix-scaled` (Guo et al. 2017), `Dirichlet` (Kull et al. 2019, ODIR), `Hist-binned` and
+`Isotonic` (Zadrozny & Elkan 2001, 2002); on an earlier column with `method:` and `base:`
+(`{name: "PEG-15 + Dirichlet", method: dirichlet, base: PEG-15}`).
 
 `train: {..., patience: P}` trains the bases until the validation loss rises: at most `epochs`,
 stopping after P epochs without a lower validation NLL (on the spec's validation split) and
@@ -84,6 +89,11 @@ METHODS = (
     "emp",
     "ecmp",
     "laplace",
+    "vector-scaling",
+    "matrix-scaling",
+    "dirichlet",
+    "histogram-binning",
+    "isotonic",
 )
 SWAG_BASES = ("swa", "swag", "swag-diag")  # the bases one SWAG run gives
 BASE_PATTERN = re.compile(r"^(single|swa|swag|swag-diag|deepens-(\d+))$")
@@ -186,8 +196,9 @@ def _method(entry: Any, where: str, earlier: list[str]) -> MethodSpec:
                 f"{where}: unknown method name {entry['name']!r}; use a table name (Single, "
                 "Temp-scaled, SWA, SWAG, SWAG-Diag, DeepEns-N, PEP-S, PEG-S, PEG-Unbiased, "
                 "'PEG-S (DeepEns-N)', 'PEG-S (SWAG-Diag)', MC-Dropout-S, 'Packed-(a,M,g)', EMP, "
-                "ECMP, 'PEG-S (ascent)', 'PEG-S (last layer)', 'PEG-S + TS', 'TS → PEG-S') or "
-                "give method: and base:"
+                "ECMP, 'PEG-S (ascent)', 'PEG-S (last layer)', 'PEG-S + TS', 'TS → PEG-S', "
+                "Vector-scaled, Matrix-scaled, Dirichlet, Hist-binned, Isotonic) or give "
+                "method: and base:"
             )
         if not BASE_PATTERN.match(found.base) and found.base not in earlier:
             raise SpecError(

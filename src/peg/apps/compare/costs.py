@@ -25,9 +25,10 @@ from torch.utils.flop_counter import FlopCounterMode
 from peg._inputs import Data
 from peg.batches import BatchFn, split_batch, take_rows
 from peg.ensemble import Ensemble
+from peg.methods._calibrator import Calibrator
 from peg.methods.base import FittedEnsemble, ModulePredictor
 from peg.methods.laplace import Laplace
-from peg.methods.temperature import TemperatureScaling, in_memory, member_logits_of
+from peg.methods.temperature import in_memory, member_logits_of
 
 PROBE_ROWS = 2
 
@@ -68,7 +69,7 @@ def _tensors(predictor: Any) -> list[Tensor]:
         return list(itertools.chain(predictor.parameters(), predictor.buffers()))
     if isinstance(predictor, Ensemble):
         return [*predictor.stacked.values(), *predictor.shared.values()]
-    if isinstance(predictor, TemperatureScaling):
+    if isinstance(predictor, Calibrator):
         return _tensors(predictor.predictor_)
     if isinstance(predictor, FittedEnsemble) and "ensemble_" in predictor.__dict__:
         return _tensors(predictor.ensemble_)

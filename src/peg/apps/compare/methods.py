@@ -17,9 +17,15 @@ any other (e.g. `method("PEG-30", "peg", n_members=30)`)::
     TS → PEG        PEG around the temperature-scaled model peg on TS
     Laplace         last-layer KFAC Laplace, marglik prior, laplace (laplace-torch,
                     GLM probit predictive                   the `laplace` extra)
+    Vector scaling  Guo et al.'s vector scaling             vector-scaling
+    Matrix scaling  Guo et al.'s matrix scaling             matrix-scaling
+    Dirichlet       Dirichlet calibration (ODIR)            dirichlet
+    Hist. binning   histogram binning, one-vs-rest          histogram-binning
+    Isotonic        isotonic regression, one-vs-rest        isotonic
 
-Laplace is fitted on the validation data here (compare has no training data), and is not in the
-default list: the defaults do not depend on what is installed, and laplace-torch is optional.
+Laplace and the calibrators after it are not in the default list: name them in `methods=`.
+Laplace is fitted on the validation data here (compare has no training data); the defaults do
+not depend on what is installed, and laplace-torch is optional.
 """
 
 from __future__ import annotations
@@ -49,6 +55,11 @@ CATALOGUE: dict[str, MethodSpec] = {
         MethodSpec("PEG (ascent)", "peg", MODEL, {"direction": "ascent"}),
         MethodSpec("TS → PEG", "peg", "TS"),
         MethodSpec("Laplace", "laplace", MODEL),
+        MethodSpec("Vector scaling", "vector-scaling", MODEL),
+        MethodSpec("Matrix scaling", "matrix-scaling", MODEL),
+        MethodSpec("Dirichlet", "dirichlet", MODEL),
+        MethodSpec("Hist. binning", "histogram-binning", MODEL),
+        MethodSpec("Isotonic", "isotonic", MODEL),
     )
 }
 # the default list (the issue's): MC dropout only where the model has dropout

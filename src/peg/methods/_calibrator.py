@@ -1,0 +1,282 @@
+"""The one mechanism every post-hoc calibrator shares (temperature, vector and matrix scaling,
+Dirichlet calibration, histogram binning, isotonic regression).
+
+A calibrator is fitted on a predictor (an nn.Module, a `peg.Ensemble`, any fitted method) and
+labelled validation data. `Calibrator.fit` reads the data once (`logits_and_labels`), turns the
+member logits `[M, N, C]` into scores `[N, C]` (`scores_of`: log p̄, the log of the averaged
+prediction, or the raw logits of a one-member predictor for the scalings that ask for them),
+and hands them to the subclass's `_fit_map`; `scale` applies the fitted map (`_apply`) to the
+predictor's logits, which `member_logits` / `iter_member_logits` / `predict_proba` go through.
+`save` writes the predictor's ensemble with the map in the archive: its scalars in the meta's
+`"calibration"` entry (JSON), its arrays as safetensors beside the members (`peg.archive`),
+and every subclass is registered with `peg.loading.register_calibrator` under its `method`
+name, so `peg.load` gives the fitted calibrator back (`_restore`).
+
+A subclass sets `method` (the archive's and meta's name), `label` (for messages) and
+implements `_fit_map(scores, y) -> state` (the fitted attributes, trailing underscore),
+`_apply(scores) -> [N, C]` (float64 log-scores whose softmax is the calibrated prediction),
+`_entry()` / `_tensors()` (what `save` stores) and `_restore(entry, tensors) -> state`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+from torch import Tensor
+
+from peg import archive
+from peg._inputs import Data, Tapped, check_positive_int
+from peg.batches import BatchFn, check_batch_fn
+from peg.ensemble import Ensemble
+from peg.errors import ArchiveError, NotFittedError
+from peg.loading import register_calibrator
+from peg.methods._predictors import (
+    check_predictor,
+    ensemble_of,
+    iter_member_logits_of,
+    logits_and_labels,
+    member_logits_of,
+    predictor_meta,
+)
+from peg.methods.base import Method
+from peg.metrics._inputs import check_labels, ensemble_log_probs
+
+SCORES = ("log_probs", "logits")  # what a map acts on (`scores_`)
+
+
+def scores_of(logits: Tensor, kind: str) -> Tensor:
+    """Scores `[N, C]` from member logits `[M, N, C]`: log p̄ (`"log_probs"`, float64, any M;
+    `ensemble_log_probs`) or the raw logits of a one-member predictor (`"logits"`)."""
+    if kind == "log_probs":
+        return ensemble_log_probs(logits)
+    if logits.shape[0] != 1:
+        raise ValueError(
+            "scores: the map was fitted on the raw logits of a one-member predictor, got "
+            f"{logits.shape[0]} members"
+        )
+    return logits[0].double()
+
+
+class Calibrator(Method):
+    """Base of the post-hoc calibrators (see the module doc): `fit(predictor, val)`,
+    `member_logits(X) -> [1, N, C]`, `iter_member_logits`, `scale(logits)`, `predict_proba`,
+    `predict`, `save(path)`; `peg.load(path, model)` gives a fitted one back."""
+
+    method: ClassVar[str] = ""
+    label: ClassVar[str] = ""
+    batch_size: int
+    batch_fn: BatchFn | None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "method" in cls.__dict__:  # a concrete calibrator: its archives load as it
+            register_calibrator(cls.method, cls._from_archive)
+
+    def _check_params(self) -> None:
+        check_positive_int(self.batch_size, "batch_size")
+        check_batch_fn(self.batch_fn)
+
+    # ---------------------------------------------------------------- subclass hooks
+    def _score_kind(self, logits: Tensor) -> str:
+        """What the map is fitted on and applied to, given the predictor's logits `[M, N, C]`."""
+        return "log_probs"
+
+    def _check_classes(self, classes: int) -> None:
+        """A clear error for arguments that do not suit C classes (checked before fitting)."""
+
+    def _fit_map(self, scores: Tensor, y: Tensor) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _apply(self, scores: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def _entry(self) -> dict[str, Any]:
+        """The fitted map's scalars, saved (JSON) in the archive's `"calibration"` entry."""
+        return {}
+
+    def _tensors(self) -> dict[str, Tensor]:
+        """The fitted map's arrays, saved as safetensors beside the members."""
+        return {}
+
+    def _restore(self, entry: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> dict[str, Any]:
+        """The fitted state from what `save` stored (`ArchiveError` when it is not valid)."""
+        raise NotImplementedError
+
+    def _archived(self) -> dict[str, Any]:
+        """The archive's `"calibration"` entry: method, constructor arguments (`params`), what
+        the map acts on (`fitted_on`) and the map's scalars."""
+        return {
+            "method": self.method,
+            "params": self._json_params(),
+            "fitted_on": self.scores_,
+            **self._entry(),
+        }
+
+    def _described(self) -> dict[str, Any]:
+        """`meta_` beyond method and predictor: the arguments, what the map acts on
+        (`fitted_on`: "log_probs" or "logits") and the map's scalars."""
+        return {**self._json_params(), "fitted_on": self.scores_, **self._entry()}
+
+    def _json_params(self) -> dict[str, Any]:
+        """The constructor arguments as JSON (`batch_fn`, a callable, is not stored)."""
+        params = {k: v for k, v in self.get_params().items() if k not in ("batch_fn",)}
+        # as an archive gives them back: tuples as lists, NumPy scalars as Python numbers
+        return json.loads(json.dumps(params, default=_plain))
+
+    # ---------------------------------------------------------------- fitting
+    def fit(
+        self, predictor: Any, val: Data | None = None, *, bn_data: Data | None = None
+    ) -> Calibrator:
+        """Fit the map on validation data `val` ((X, y), Dataset or DataLoader, batches of any
+        shape); returns self.
+
+        Args:
+            predictor: an nn.Module returning logits, or anything with `member_logits(X)` (an
+                `Ensemble`, a fitted method).
+            val: labelled validation data (required). A loader is read once, its inputs never
+                gathered: the predictor reads it batch by batch and the labels are collected as
+                it goes (`logits_and_labels`).
+            bn_data: unused (accepted as by every post-hoc method).
+        """
+        check_predictor(predictor)
+        if val is None:
+            raise ValueError(f"val: {self.label} needs labelled validation data (X, y)")
+        logits, y = logits_and_labels(
+            predictor, val, int(self.batch_size), check_batch_fn(self.batch_fn), "val"
+        )
+        kind = self._score_kind(logits)
+        scores = scores_of(logits, kind)
+        y = check_labels(y, *scores.shape, name="val labels")
+        self._check_classes(scores.shape[1])
+        state = self._fit_map(scores, y)
+        self._set_fitted(predictor, {**state, "scores_": kind})
+        return self
+
+    def _set_fitted(self, predictor: Any, state: Mapping[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.predictor_ = predictor
+        meta: dict[str, Any] = {"method": self.method, **self._described()}
+        described = predictor_meta(predictor)
+        if described is not None:
+            meta["predictor"] = described
+        self.meta_ = meta  # last: its presence says the calibrator is fitted
+
+    def _check_fitted(self) -> None:
+        if "meta_" not in self.__dict__:
+            raise NotFittedError(
+                f"{type(self).__name__}: call fit(predictor, val) before predicting"
+            )
+
+    # ---------------------------------------------------------------- predicting
+    def _reading(
+        self, batch_size: int | None, batch_fn: BatchFn | None, X: Data
+    ) -> tuple[int, BatchFn | None]:
+        size = int(self.batch_size) if batch_size is None else batch_size
+        split = check_batch_fn(getattr(self, "batch_fn", None) if batch_fn is None else batch_fn)
+        return size, None if isinstance(X, Tapped) else split  # a stream carries its own
+
+    def member_logits(
+        self, X: Data, batch_size: int | None = None, batch_fn: BatchFn | None = None, **_: Any
+    ) -> Tensor:
+        """Calibrated scores `[1, N, C]` (one "member": the calibrated predictor), whose softmax
+        is the calibrated prediction."""
+        self._check_fitted()
+        size, split = self._reading(batch_size, batch_fn, X)
+        # mapped whole (not the concatenated `iter_member_logits`): `peg.distributed` gathers
+        # the predictor's logits and maps them as one process does, on the same shapes
+        return self.scale(member_logits_of(self.predictor_, X, size, split))
+
+    def iter_member_logits(
+        self, X: Data, batch_size: int | None = None, batch_fn: BatchFn | None = None, **_: Any
+    ) -> Iterator[Tensor]:
+        """`member_logits` batch by batch, `[1, B_j, C]`: the map is a per-row transform, here
+        of the predictor's batches (equal to `member_logits` up to rounding: the same per-row
+        operations on other shapes); `NotStreamable` if the predictor cannot give them."""
+        self._check_fitted()
+        size, split = self._reading(batch_size, batch_fn, X)
+        batches = iter_member_logits_of(self.predictor_, X, size, split)
+        return (self.scale(logits) for logits in batches)
+
+    def scale(self, logits: Tensor) -> Tensor:
+        """Calibrated scores `[1, N, C]` (float32) from the predictor's logits `[M, N, C]`."""
+        self._check_fitted()
+        return self._apply(scores_of(logits, self.scores_)).float().unsqueeze(0)
+
+    def predict_proba(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:
+        """Calibrated probabilities `[N, C]`."""
+        return self.member_logits(X, batch_size, **kwargs)[0].softmax(-1)
+
+    def predict(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:
+        """Predicted classes `[N]` (the argmax of the calibrated probabilities)."""
+        return self.predict_proba(X, batch_size, **kwargs).argmax(-1)
+
+    def __len__(self) -> int:
+        self._check_fitted()
+        return 1
+
+    # ---------------------------------------------------------------- persistence
+    def save(self, path: str | os.PathLike[str]) -> str:
+        """Write the calibrated predictor as an ensemble archive; returns the path.
+
+        The archive holds the predictor's `Ensemble` (a fitted method's `ensemble()`, an
+        `Ensemble`, or an nn.Module as a one-member ensemble; a predictor without stacked
+        weights, such as MC dropout, is a TypeError), its meta gaining
+        `"calibration": {"method": ..., ...}` (the map's scalars), the map's arrays stored as
+        tensors beside the members. `peg.load(path, model)` gives back a fitted calibrator of
+        this class with the same `member_logits`.
+        """
+        self._check_fitted()
+        ensemble = ensemble_of(self.predictor_)
+        meta = {**ensemble.meta, "calibration": self._archived()}
+        arch = type(ensemble.skeleton).__name__
+        tensors = self._tensors()
+        return archive.write(
+            os.fspath(path), ensemble.stacked, ensemble.shared, meta, arch, tensors
+        )
+
+    @classmethod
+    def _from_archive(
+        cls,
+        ensemble: Ensemble,
+        calibration: dict[str, Any],
+        tensors: Mapping[str, Tensor] | None = None,
+    ) -> Any:
+        """A fitted calibrator around a loaded ensemble (`peg.load`'s calibrator)."""
+        params = calibration.get("params", {})
+        if not isinstance(params, dict):
+            raise ArchiveError(f"calibration: params must be a mapping, got {params!r}")
+        try:
+            fitted = cls(**params)
+        except (TypeError, ValueError) as e:
+            raise ArchiveError(
+                f"calibration: the archive's arguments do not fit {cls.__name__}: {e}"
+            ) from e
+        kind = calibration.get("fitted_on", "log_probs")
+        if kind not in SCORES:
+            raise ArchiveError(f"calibration: fitted_on must be one of {SCORES}, got {kind!r}")
+        state = fitted._restore(calibration, tensors or {})
+        fitted._set_fitted(ensemble, {**state, "scores_": kind})
+        return fitted
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def stored(
+    tensors: Mapping[str, Tensor], name: str, shape: tuple[int, ...] | None = None
+) -> Tensor:
+    """The archive's array `name` as float64 (`ArchiveError` when missing, non-finite where
+    values are expected, or of another shape than `shape`)."""
+    t = tensors.get(name)
+    if t is None:
+        raise ArchiveError(f"calibration: the archive has no {name!r} tensor")
+    if shape is not None and tuple(t.shape) != shape:
+        raise ArchiveError(f"calibration: {name!r} has shape {tuple(t.shape)}, expected {shape}")
+    return t.double()

@@ -1,0 +1,134 @@
+"""Predictors as calibrators and `peg.evaluate` see them: anything with `member_logits(X)`
+(an `Ensemble`, a fitted method, a fitted calibrator) or an nn.Module (a one-member ensemble).
+
+`member_logits_of` / `iter_member_logits_of` predict with any of them; `logits_and_labels` reads
+labelled data once (a loader is never gathered); `predictor_meta` / `ensemble_of` are what a
+calibrator records and saves of the predictor it was fitted on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from peg._inputs import Data, Tapped, as_xy, checked_labels, model_device, weights_device
+from peg.batches import BatchFn
+from peg.ensemble import Ensemble
+from peg.errors import NotStreamable
+from peg.methods.base import FittedEnsemble, ModulePredictor
+
+
+def check_predictor(predictor: Any) -> None:
+    if not (hasattr(predictor, "member_logits") or isinstance(predictor, nn.Module)):
+        raise TypeError(
+            "predictor: expected an nn.Module or an object with member_logits(X), "
+            f"got {type(predictor).__name__}"
+        )
+
+
+def predictor_device(predictor: Any) -> torch.device | None:
+    """Where `predictor` computes (its inputs are moved there), when it can be told cheaply."""
+    if isinstance(predictor, nn.Module):
+        return weights_device(predictor)
+    if isinstance(predictor, Ensemble):
+        return predictor.device
+    if isinstance(predictor, FittedEnsemble) and hasattr(predictor, "ensemble_"):
+        return predictor.ensemble_.device
+    if isinstance(predictor, ModulePredictor) and hasattr(predictor, "model_"):
+        return weights_device(predictor.model_)
+    return None
+
+
+def member_logits_of(
+    predictor: Any, X: Data, batch_size: int = 512, batch_fn: BatchFn | None = None
+) -> Tensor:
+    """`[M, N, C]` from anything that predicts: an object with `member_logits`, or an nn.Module.
+
+    `batch_fn` (`peg.batches`) is passed on only when given, so objects whose `member_logits`
+    does not take it keep working."""
+    check_predictor(predictor)
+    extra = {} if batch_fn is None else {"batch_fn": batch_fn}
+    if hasattr(predictor, "member_logits"):
+        return predictor.member_logits(X, batch_size, **extra)
+    model_device(predictor, "predictor")
+    return Ensemble.from_models([predictor]).member_logits(X, batch_size, **extra)
+
+
+def iter_member_logits_of(
+    predictor: Any, X: Data, batch_size: int = 512, batch_fn: BatchFn | None = None
+) -> Iterator[Tensor]:
+    """`member_logits_of` batch by batch: `[M, B_j, C]` per batch j, from the predictor's
+    `iter_member_logits` (an nn.Module through a one-member `Ensemble`). `NotStreamable`, raised
+    here, before any batch is read, for a predictor without one (a foreign object that only has
+    `member_logits`) or that cannot (a lazy PEG/PEP)."""
+    check_predictor(predictor)
+    extra = {} if batch_fn is None else {"batch_fn": batch_fn}
+    if isinstance(predictor, nn.Module) and not hasattr(predictor, "member_logits"):
+        model_device(predictor, "predictor")
+        return Ensemble.from_models([predictor]).iter_member_logits(X, batch_size, **extra)
+    if not hasattr(predictor, "iter_member_logits"):
+        raise NotStreamable(f"predictor: {type(predictor).__name__} has no iter_member_logits")
+    return predictor.iter_member_logits(X, batch_size, **extra)
+
+
+def in_memory(data: Data) -> bool:
+    """Whether `data` is tensors or arrays already in memory (a pair `(X, y)` of them)."""
+    return (
+        isinstance(data, (tuple, list))
+        and len(data) == 2
+        and all(isinstance(t, (Tensor, np.ndarray)) for t in data)
+    )
+
+
+def logits_and_labels(
+    predictor: Any, data: Data, batch_size: int, batch_fn: BatchFn | None, name: str
+) -> tuple[Tensor, Tensor]:
+    """Member logits `[M, N, C]` and labels `[N]` of labelled data in one pass over it.
+
+    A pair `(X, y)` of tensors is predicted as it is (`as_xy`); a loader or a Dataset (batches
+    of any shape, `peg.batches`) is handed to the predictor as a `Tapped` stream, which records
+    each batch's labels as the predictor reads it: the inputs are never gathered, and the
+    logits are those `predictor.member_logits(data)` gives (same batches, same bits)."""
+    if in_memory(data):
+        X, y = as_xy(data, name, device=predictor_device(predictor))
+        assert y is not None
+        return member_logits_of(predictor, X, batch_size), y
+    if isinstance(data, (tuple, list)):
+        raise TypeError(
+            f"{name}: expected a pair (X, y) of tensors or arrays, a mapping, a Dataset or a "
+            f"DataLoader, got a {type(data).__name__} of {len(data)}"
+        )
+    tapped = Tapped(data, batch_fn, name)
+    logits = member_logits_of(predictor, tapped, batch_size)
+    y = checked_labels(tapped.labels(), name, logits.shape[1], predictor_device(predictor))
+    return logits, y
+
+
+def predictor_meta(predictor: Any) -> dict[str, Any] | None:
+    """What `predictor` is (an `Ensemble`'s or a fitted method's meta), or None if not said."""
+    if isinstance(predictor, Ensemble):
+        meta: Any = predictor.meta
+    elif isinstance(predictor, nn.Module):
+        return None
+    else:
+        meta = getattr(predictor, "meta_", None)
+    return dict(meta) if isinstance(meta, Mapping) and meta else None
+
+
+def ensemble_of(predictor: Any) -> Ensemble:
+    """The stacked-weights `Ensemble` a predictor is (TypeError for one that has none)."""
+    if isinstance(predictor, Ensemble):
+        return predictor
+    if isinstance(predictor, FittedEnsemble):
+        return predictor.ensemble()
+    if isinstance(predictor, nn.Module):
+        return Ensemble.from_models([predictor])
+    raise TypeError(
+        "predictor: save writes an ensemble archive, which needs an nn.Module, a peg.Ensemble "
+        f"or a fitted method holding one (DeepEnsemble, SWAG, PEG, ...); "
+        f"{type(predictor).__name__} has no stacked member weights to save"
+    )
