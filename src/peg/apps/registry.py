@@ -336,34 +336,17 @@ class LaplaceBuilder(PostHoc):
 
 
 # ---------------------------------------------------------------- more post-hoc calibrators
-@register("vector-scaling")
-class VectorScalingBuilder(PostHoc):
-    method = VectorScaling
-    seeded = False
-
-
-@register("matrix-scaling")
-class MatrixScalingBuilder(PostHoc):
-    method = MatrixScaling
-    seeded = False
-
-
-@register("dirichlet")
-class DirichletBuilder(PostHoc):
-    method = DirichletCalibration
-    seeded = False
-
-
-@register("histogram-binning")
-class HistogramBinningBuilder(PostHoc):
-    method = HistogramBinning
-    seeded = False
-
-
-@register("isotonic")
-class IsotonicBuilder(PostHoc):
-    method = IsotonicCalibration
-    seeded = False
+# each `cls().fit(base, val)`, as temperature scaling
+for _key, _calibrator in (
+    ("vector-scaling", VectorScaling),
+    ("matrix-scaling", MatrixScaling),
+    ("dirichlet", DirichletCalibration),
+    ("histogram-binning", HistogramBinning),
+    ("isotonic", IsotonicCalibration),
+):
+    register(_key)(
+        type(f"{_calibrator.__name__}Builder", (PostHoc,), {"method": _calibrator, "seeded": False})
+    )
 
 
 @register("mc-dropout-trained")

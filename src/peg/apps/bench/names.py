@@ -1,7 +1,28 @@
-"""The papers' table names of methods (`PEG-15 (DeepEns-3)`, `SWAG`, `TS → PEG-15`, ...) and the
-method each denotes: a registry key (`peg.apps.registry`), the base it is built on (a base
-solution such as `single` or `deepens-3`, or an earlier column's name) and its options. The
-names are documented in `peg.apps.bench.spec`."""
+"""The papers' table names of methods and the method each denotes: a registry key
+(`peg.apps.registry`), the base it is built on (a base solution such as `single` or
+`deepens-3`, or an earlier column's name) and its options (`denoted`).
+
+Methods are written by their names in the papers' tables, which say what they are:
+`Single`, `Temp-scaled`, `SWA`, `SWAG`, `SWAG-Diag`, `DeepEns-N`, `PEP-S`, `PEG-S`,
+`PEG-Unbiased` (S=30 as in Table 12), `PEG-S (DeepEns-N)` (S/N per member, Algorithm 2),
+`PEG-S (SWAG-Diag)` (S=1 on each of S samples), `MC-Dropout-S`, `Packed-(α,M,γ)` (a packed
+model trained with the same recipe), `EMP` and `ECMP` (the model patched with K = 5 components,
+trained with the same recipe plus the Eq. (6) regulariser, 20 MC samples). Any other method:
+`method:` and `base:` in the spec (`peg.apps.bench.spec`).
+
+Variants of PEG by name: `PEG-S (ascent)` (`direction: ascent`), `PEG-S (last layer)`
+(`params: last_layer`), `PEG-S + TS` (temperature scaling fitted on the column `PEG-S`'s
+averaged prediction, which must come earlier) and `TS → PEG-S` (or `TS -> PEG-S`: PEG-S around
+the temperature-scaled model, on the column `Temp-scaled`, which must come earlier).
+
+`Laplace`: laplace-torch's Laplace approximation of the single model (`peg.Laplace`): last-layer
+KFAC over the training split, prior precision by marginal likelihood, GLM probit predictive;
+`Laplace-MC-S`: the same with S Monte Carlo samples of the GLM predictive as members.
+The other post-hoc calibrators of the single model, beside `Temp-scaled`: `Vector-scaled`,
+`Matrix-scaled` (Guo et al. 2017), `Dirichlet` (Kull et al. 2019, ODIR), `Hist-binned` and
+`Isotonic` (Zadrozny & Elkan 2001, 2002); on an earlier column with `method:` and `base:`
+(`{name: "PEG-15 + Dirichlet", method: dirichlet, base: PEG-15}`).
+"""
 
 from __future__ import annotations
 

@@ -25,31 +25,12 @@ augrc; default nll, error, brier, ece); results.json holds every one of them wha
 choice. `figures:` names the columns drawn in `reliability-test.png` and
 `risk-coverage-test.png` (test set, first seed; default: every column).
 
-Methods are written by their names in the papers' tables, which say what they are:
-`Single`, `Temp-scaled`, `SWA`, `SWAG`, `SWAG-Diag`, `DeepEns-N`, `PEP-S`, `PEG-S`,
-`PEG-Unbiased` (S=30 as in Table 12), `PEG-S (DeepEns-N)` (S/N per member, Algorithm 2),
-`PEG-S (SWAG-Diag)` (S=1 on each of S samples), `MC-Dropout-S`, `Packed-(α,M,γ)` (a packed
-model trained with the same recipe), `EMP` and `ECMP` (the model patched with K = 5 components,
-trained with the same recipe plus the Eq. (6) regulariser, 20 MC samples). A mapping adds options
-(`{name: PEG-15, eta: [0.001, 0.01, 0.1, 1], eta_holdout: 0}`) or defines any other method with
-`method:` (a key of the method registry `peg.apps.registry`: `peg`, `pep`, `temperature`,
-`mc-dropout`, `random-subspace`, `dropout-subspace`, `vector-scaling`, `matrix-scaling`,
-`dirichlet`, `histogram-binning`, `isotonic`) and `base:` (`single`, `swa`,
+Methods are written by their names in the papers' tables (`Single`, `PEG-15 (DeepEns-3)`,
+`TS → PEG-15`, `Dirichlet`, `Laplace`, ...: `peg.apps.bench.names` lists them), or defined with
+`method:` (a key of the method registry `peg.apps.registry`) and `base:` (`single`, `swa`,
 `deepens-N`, `swag`, `swag-diag`, or the name of an earlier column: the method is then fitted
-on that column's fitted predictor, `peg.apps.chain`, as `peg.compare` does).
-
-Variants of PEG by name: `PEG-S (ascent)` (`direction: ascent`), `PEG-S (last layer)`
-(`params: last_layer`), `PEG-S + TS` (temperature scaling fitted on the column `PEG-S`'s
-averaged prediction, which must come earlier) and `TS → PEG-S` (or `TS -> PEG-S`: PEG-S around
-the temperature-scaled model, on the column `Temp-scaled`, which must come earlier).
-
-`Laplace`: laplace-torch's Laplace approximation of the single model (`peg.Laplace`): last-layer
-KFAC over the training split, prior precision by marginal likelihood, GLM probit predictive;
-`Laplace-MC-S`: the same with S Monte Carlo samples of the GLM predictive as members.
-The other post-hoc calibrators of the single model, beside `Temp-scaled`: `Vector-scaled`,
-`Matrix-scaled` (Guo et al. 2017), `Dirichlet` (Kull et al. 2019, ODIR), `Hist-binned` and
-`Isotonic` (Zadrozny & Elkan 2001, 2002); on an earlier column with `method:` and `base:`
-(`{name: "PEG-15 + Dirichlet", method: dirichlet, base: PEG-15}`).
+on that column's fitted predictor, `peg.apps.chain`, as `peg.compare` does); a mapping adds
+options (`{name: PEG-15, eta: [0.001, 0.01, 0.1, 1], eta_holdout: 0}`).
 
 `train: {..., patience: P}` trains the bases until the validation loss rises: at most `epochs`,
 stopping after P epochs without a lower validation NLL (on the spec's validation split) and
