@@ -1181,6 +1181,13 @@ CASES: list[tuple[str, str, Callable[..., object], type[Exception], str]] = [
     ("Laplace", "n_members < 1", lambda: peg.Laplace(n_members=0), ValueError, "n_members"),
     (
         "Laplace",
+        "fast_variance not a bool",
+        lambda: peg.Laplace(fast_variance="yes"),
+        ValueError,
+        r"fast_variance: expected one of \[True, False\]",
+    ),
+    (
+        "Laplace",
         "last_layer_name with every weight",
         lambda: peg.Laplace(subset_of_weights="all", last_layer_name="fc"),
         ValueError,

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 import peg
 from peg import metrics
 from peg.errors import ArchiveError
+from peg.methods import _laplace_variance
 from peg.streams import generator
 
 from conftest import mlp, moons, overfit
@@ -77,6 +78,8 @@ def test_the_same_probabilities_and_prior_as_laplace_torch_directly(
     expected = theirs(X, pred_type="glm", link_approx=link)
     torch.testing.assert_close(ours.predict_proba(X), expected, rtol=1e-5, atol=1e-6)
     assert ours.meta_["hessian_structure"] == structure and ours.meta_["data_points"] == 400
+    kronecker = structure == "kron" and subset == "last_layer"  # the others: laplace-torch's
+    assert ours.meta_["fast_variance"] is kronecker
 
 
 def test_grid_search_gives_laplace_torchs_prior(net, digits):
@@ -202,3 +205,133 @@ def test_bad_data_and_models_are_refused_before_laplace_torch_runs():
     assert wrapped.predict_proba(X).shape == (40, 2)
     with pytest.raises(ValueError, match="data: the model cannot run on inputs"):
         peg.Laplace().fit(mlp(0), (torch.randn(40, 3), y))
+
+
+# ---------------------------------------------------------------- the Kronecker GLM covariance
+def _kron_la(C: int, D: int, bias: bool = True, dtype=torch.float32, **options):
+    """laplace-torch's last-layer KFAC Laplace, fitted directly on random data, around an MLP
+    whose last layer is Linear(D → C)."""
+    torch.manual_seed(C * 1000 + D)
+    model = nn.Sequential(nn.Linear(4, D), nn.Tanh(), nn.Linear(D, C, bias=bias)).to(dtype)
+    X, y = torch.randn(96, 4, dtype=dtype), torch.randint(0, C, (96,))
+    la = laplace.Laplace(
+        model, "classification", subset_of_weights="last_layer", hessian_structure="kron",
+        **options,
+    )  # fmt: skip
+    la.fit(DataLoader(TensorDataset(X, y), batch_size=32))
+    return la, torch.randn(20, 4, dtype=dtype)
+
+
+def _close(dtype):
+    return {"rtol": 1e-5, "atol": 1e-7} if dtype == torch.float32 else {"rtol": 1e-11, "atol": 0}
+
+
+@pytest.mark.parametrize(
+    ("C", "D", "bias", "dtype"),
+    [
+        (C, D, bias, dtype)
+        for C, D in [(2, 5), (3, 40), (10, 64)]
+        for bias in (True, False)
+        for dtype in (torch.float32, torch.float64)
+    ]
+    + [(10, 1568, True, torch.float32)],  # SmallCNN's last layer
+)
+def test_the_kronecker_covariance_is_laplace_torchs(C, D, bias, dtype):
+    la, x = _kron_la(C, D, bias, dtype)
+    assert _laplace_variance.supported(la)
+    priors = [1.0, 0.37] + ([torch.tensor([0.2, 5.0], dtype=dtype)] if bias else [])
+    for prior in priors:  # a scalar prior, and per layer (weight, bias)
+        la.prior_precision = prior
+        Js, f = la.backend.last_layer_jacobians(x)  # laplace-torch's [B, C, P] Jacobians
+        expected = la.functional_variance(Js)
+        _, features = la.model.forward_with_features(x)
+        ours = _laplace_variance.kron_functional_variance(la.posterior_precision, features, bias)
+        assert ours.dtype == dtype and ours.shape == (len(x), C, C)
+        torch.testing.assert_close(ours, expected, **_close(dtype))
+        with _laplace_variance.kronecker(la) as used:
+            f_mu, f_var = la._glm_predictive_distribution(x)
+            _, diagonal = la._glm_predictive_distribution(x, diagonal_output=True)
+        assert used and "_glm_predictive_distribution" not in la.__dict__  # removed on exit
+        torch.testing.assert_close(f_var, expected, **_close(dtype))
+        torch.testing.assert_close(diagonal, expected.diagonal(dim1=1, dim2=2), **_close(dtype))
+        assert torch.equal(f_mu, f)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_damping_is_followed_as_laplace_torch_defines_it(bias):
+    la, x = _kron_la(4, 12, bias, torch.float64, damping=True)
+    la.prior_precision = 0.5
+    Js, _ = la.backend.last_layer_jacobians(x)
+    _, features = la.model.forward_with_features(x)
+    precision = la.posterior_precision
+    # laplace-torch 0.3 takes damping=True but does not apply it here: KronLaplace.__init__
+    # resets the flag under KronLLLaplace's, and the posterior precision (H · factor + prior) is
+    # a new KronDecomposed without it; ours reads the same object, so it is undamped too
+    assert not la.damping and not precision.damping
+    with _laplace_variance.kronecker(la):
+        undamped = la._glm_predictive_distribution(x)[1]
+    torch.testing.assert_close(undamped, la.functional_variance(Js), rtol=1e-11, atol=0)
+    damped = type(precision)(
+        precision.eigenvectors, precision.eigenvalues, precision.deltas, damping=True
+    )  # the damped inverse, (a + √δ)(g + √δ), as KronDecomposed._bmm computes it
+    expected = damped.inv_square_form(Js)
+    ours = _laplace_variance.kron_functional_variance(damped, features, bias)
+    torch.testing.assert_close(ours, expected, rtol=1e-11, atol=0)
+    assert not torch.allclose(expected, precision.inv_square_form(Js))  # damping changed it
+
+
+def test_the_links_and_samples_are_laplace_torchs_on_the_kronecker_covariance():
+    la, x = _kron_la(5, 30)
+    la.prior_precision = 0.3
+    for link in ("probit", "bridge", "bridge_norm"):
+        expected = la(x, pred_type="glm", link_approx=link)
+        with _laplace_variance.kronecker(la):
+            ours = la(x, pred_type="glm", link_approx=link)
+        torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-6)
+    draws = [torch.Generator().manual_seed(7) for _ in range(2)]
+    expected = la.predictive_samples(x, n_samples=9, generator=draws[0])
+    with _laplace_variance.kronecker(la):
+        ours = la.predictive_samples(x, n_samples=9, generator=draws[1])
+    torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_diagonal_prior_is_refused_by_laplace_torch_for_kron():
+    la, _ = _kron_la(3, 6)
+    with pytest.raises(ValueError, match="Prior precision for Kron either scalar or per-layer"):
+        la.prior_precision = torch.ones(la.n_params)
+
+
+def test_other_posteriors_fall_back_to_laplace_torchs_own_code(net, digits):
+    X = digits["test"][0][:50]
+    la, x = _kron_la(3, 8)
+    with _laplace_variance.kronecker(la):  # a joint covariance: laplace-torch's method
+        joint = la._glm_predictive_distribution(x, joint=True)[1]
+    Js, _ = la.backend.last_layer_jacobians(x)
+    torch.testing.assert_close(joint, la.functional_covariance(Js))
+    unfitted = laplace.Laplace(net, "classification", last_layer_name="2")
+    assert not _laplace_variance.supported(unfitted)
+    for options in (
+        {"hessian_structure": "diag"},
+        {"hessian_structure": "full"},
+        {"subset_of_weights": "all"},
+    ):
+        fitted = peg.Laplace(**options).fit(net, digits["train"])
+        assert not _laplace_variance.supported(fitted.laplace_)
+        assert fitted.meta_["fast_variance"] is False
+        with _laplace_variance.kronecker(fitted.laplace_) as used:
+            assert not used and "_glm_predictive_distribution" not in fitted.laplace_.__dict__
+        expected = fitted.laplace_(X, pred_type="glm", link_approx="probit")
+        torch.testing.assert_close(fitted.predict_proba(X), expected, rtol=1e-6, atol=1e-7)
+
+
+def test_fast_variance_false_is_laplace_torchs_own_predictive(net, digits):
+    X = digits["test"][0]
+    fast = peg.Laplace().fit(net, digits["train"])
+    slow = peg.Laplace(fast_variance=False).fit(net, digits["train"])
+    assert fast.meta_["fast_variance"] is True and slow.meta_["fast_variance"] is False
+    assert slow.prior_precision_ == fast.prior_precision_
+    expected = slow.laplace_(X, pred_type="glm", link_approx="probit")
+    torch.testing.assert_close(slow.predict_proba(X), expected, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(fast.predict_proba(X), expected, rtol=1e-5, atol=1e-6)
+    nn_type = peg.Laplace(pred_type="nn", link_approx="mc", n_members=2).fit(net, digits["train"])
+    assert nn_type.meta_["fast_variance"] is False  # sampled networks: no GLM covariance
