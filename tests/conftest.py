@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -10,6 +13,13 @@ from torch import nn
 
 # The test models are tiny: one thread is faster than two and immune to a busy machine.
 torch.set_num_threads(1)
+
+
+def run_bench(spec: Any, out: Path) -> dict[str, Any]:
+    """`peg bench` of a parsed spec into `out` (cache `out/cache`), without progress or output."""
+    from peg.apps.bench.runner import run_spec
+
+    return run_spec(spec, out, out / "cache", progress=False, command="test", say=lambda _: None)
 
 
 def moons(n: int, seed: int, noise: float = 0.25) -> tuple[torch.Tensor, torch.Tensor]:

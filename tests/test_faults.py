@@ -24,7 +24,7 @@ from peg.apps.bench.runner import run_spec
 from peg.apps.bench.spec import parse_spec
 from peg.archive import ArchiveError, read_header
 
-from conftest import mlp, moons
+from conftest import mlp, moons, run_bench
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
 POLL = 0.001  # seconds between looks at the disk
@@ -216,15 +216,12 @@ run_spec(spec, sys.argv[2], sys.argv[3], progress=False, say=lambda s: None)
 """
 
 
-def _quiet(_: str) -> None:
-    pass
-
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """The uninterrupted run (in this process, one thread, as the children)."""
     out = tmp_path_factory.mktemp("bench-reference")
-    return run_spec(parse_spec(SPEC), out, out / "cache", progress=False, say=_quiet)
+    return run_bench(parse_spec(SPEC), out)
 
 
 @pytest.mark.parametrize(
@@ -246,7 +243,7 @@ def test_bench_killed_at_any_point_resumes_to_identical_results(tmp_path, refere
     assert not (out / SPEC["name"] / "results.json").exists()  # killed before the end
     assert not (seed_dir / "logits" / "PEG-4" / "test.safetensors").exists()  # work left to do
 
-    resumed = run_spec(parse_spec(SPEC), out, cache, progress=False, say=_quiet)
+    resumed = run_spec(parse_spec(SPEC), out, cache, progress=False, say=lambda _: None)
     assert resumed["datasets"] == reference["datasets"]
     assert resumed["per_seed"] == reference["per_seed"]
     saved = json.loads((out / SPEC["name"] / "results.json").read_text())

@@ -10,10 +10,12 @@ import torch
 import yaml
 
 from peg.apps.bench import runner
-from peg.apps.bench.runner import check_methods, fit_images, run_spec
+from peg.apps.bench.runner import check_methods, fit_images
 from peg.apps.bench.spec import SpecError, find_spec, load_specs, load_uci_spec, parse_spec
 from peg.apps.cli import main
 from peg.apps.scores import CLASSIFICATION
+
+from conftest import run_bench
 
 SMALL = {
     "name": "tiny-digits",
@@ -37,15 +39,12 @@ SMALL = {
 }
 
 
-def _quiet(_: str) -> None:
-    pass
-
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     spec = parse_spec(SMALL)
-    results = run_spec(spec, out, out / "cache", progress=False, command="test", say=_quiet)
+    results = run_bench(spec, out)
     return out, spec, results
 
 
@@ -76,7 +75,7 @@ def test_a_cache_made_for_other_data_is_refused(tiny_run):
     out, _, _ = tiny_run
     other = parse_spec({**SMALL, "train_points": 300})
     with pytest.raises(SpecError, match=r"train_points=None; this spec has train_points=300"):
-        run_spec(other, out, out / "cache", progress=False, command="test", say=_quiet)
+        run_bench(other, out)
 
 
 def test_interrupted_after_the_first_method_resumes_to_identical_results(
@@ -94,10 +93,10 @@ def test_interrupted_after_the_first_method_resumes_to_identical_results(
 
     monkeypatch.setattr(runner.SeedRun, "build", build_once)
     with pytest.raises(KeyboardInterrupt):
-        run_spec(spec, tmp_path, tmp_path / "cache", progress=False, say=_quiet)
+        run_bench(spec, tmp_path)
     assert not (tmp_path / "tiny-digits" / "results.json").exists()  # nothing final written
     monkeypatch.undo()
-    resumed = run_spec(spec, tmp_path, tmp_path / "cache", progress=False, say=_quiet)
+    resumed = run_bench(spec, tmp_path)
     assert resumed["datasets"] == reference["datasets"]
 
 
@@ -108,7 +107,7 @@ def test_a_rerun_reads_every_logit_from_the_cache(tiny_run, monkeypatch):
         raise AssertionError("a cached method was rebuilt")
 
     monkeypatch.setattr(runner.SeedRun, "build", refuse)
-    again = run_spec(spec, out, out / "cache", progress=False, say=_quiet)
+    again = run_bench(spec, out)
     assert again["datasets"] == reference["datasets"]
 
 
@@ -147,7 +146,7 @@ def test_missing_required_fields_are_named():
 def test_bad_method_options_fail_before_training(tmp_path):
     spec = parse_spec({**SMALL, "methods": [{"name": "PEG-4", "eta": -1.0}]})
     with pytest.raises(ValueError, match=r"methods\[0\] \(PEG-4\).*eta"):
-        run_spec(spec, tmp_path, tmp_path / "cache", progress=False, say=_quiet)
+        run_bench(spec, tmp_path)
     assert not (tmp_path / "cache").exists()
 
 
@@ -232,7 +231,7 @@ def test_uci_runner_on_one_split_and_its_cache(tmp_path, monkeypatch):
         "out": tmp_path,
         "cache": tmp_path / "cache",
         "progress": False,
-        "say": _quiet,
+        "say": lambda _: None,
     }
     first = uci.run_uci(**kwargs)
     cells = first["datasets"]["yacht"]
@@ -263,7 +262,7 @@ def test_packed_and_patched_methods_train_their_own_models(tmp_path):
     )
     assert [m.method for m in spec.methods] == ["packed", "emp", "ecmp"]
     assert spec.methods[0].options == {"alpha": 2.0, "num_estimators": 2, "gamma": 1}
-    results = run_spec(spec, tmp_path, tmp_path / "cache", progress=False, say=_quiet)
+    results = run_bench(spec, tmp_path)
     test = results["datasets"]["test"]
     assert test["Packed-(2,2,1)"]["error"]["mean"] < 0.3
     assert set(test) == {"Packed-(2,2,1)", "EMP", "ECMP"}
@@ -310,7 +309,7 @@ def test_laplace_columns_by_name(tmp_path):
     )
     assert [(m.method, m.base) for m in spec.methods][1:] == [("laplace", "single")] * 2
     check_methods(spec)
-    results = run_spec(spec, tmp_path, tmp_path / "cache", progress=False, say=_quiet)
+    results = run_bench(spec, tmp_path)
     test = results["datasets"]["test"]
     assert set(test) == {"Single", "Laplace", "Laplace-MC-3"}
     assert test["Laplace"]["error"]["mean"] < 0.5

@@ -11,11 +11,13 @@ import torch
 
 from peg.apps import chain
 from peg.apps.bench import runner
-from peg.apps.bench.runner import run_spec, work_units
+from peg.apps.bench.runner import work_units
 from peg.apps.bench.seed import SeedRun
 from peg.apps.bench.spec import SpecError, find_spec, load_specs, parse_spec
 from peg.apps.compare import methods as compare_methods
 from peg.methods import PEG, TemperatureScaling
+
+from conftest import run_bench
 
 SPEC = {
     "name": "tiny-chained",
@@ -34,15 +36,12 @@ SPEC = {
 }  # fmt: skip
 
 
-def _quiet(_: str) -> None:
-    pass
-
 
 @pytest.fixture(scope="module")
 def chained_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("chained")
     spec = parse_spec(SPEC)
-    results = run_spec(spec, out, out / "cache", progress=False, command="test", say=_quiet)
+    results = run_bench(spec, out)
     return out, spec, results
 
 
@@ -123,7 +122,7 @@ def test_a_rerun_rebuilds_nothing(chained_run, monkeypatch):
         raise AssertionError("a cached method was rebuilt")
 
     monkeypatch.setattr(runner.SeedRun, "build", refuse)
-    again = run_spec(spec, out, out / "cache", progress=False, say=_quiet)
+    again = run_bench(spec, out)
     assert again["datasets"] == reference["datasets"]
 
 

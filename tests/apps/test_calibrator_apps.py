@@ -11,12 +11,11 @@ import pytest
 
 import peg
 from peg.apps.bench import runner
-from peg.apps.bench.runner import run_spec
 from peg.apps.bench.spec import find_spec, load_specs, parse_spec
 from peg.apps.compare import compare, method
 from peg.apps.registry import Site, build, configure
 
-from conftest import mlp, moons
+from conftest import mlp, moons, run_bench
 
 KEYS = {
     "vector-scaling": peg.VectorScaling,
@@ -44,9 +43,6 @@ SPEC = {
                 {"name": "Dirichlet on TS", "method": "dirichlet", "base": "Temp-scaled"}],
 }  # fmt: skip
 
-
-def _quiet(_: str) -> None:
-    pass
 
 
 @pytest.mark.parametrize(("key", "cls"), list(KEYS.items()))
@@ -76,7 +72,7 @@ def test_a_bad_option_fails_before_anything_is_trained():
 
 def test_a_bench_run_scores_every_calibrator_column(tmp_path):
     spec = parse_spec(SPEC)
-    run_spec(spec, tmp_path, tmp_path / "cache", progress=False, command="test", say=_quiet)
+    run_bench(spec, tmp_path)
     saved = json.loads((tmp_path / "tiny-calibrators" / "results.json").read_text())
     test = saved["datasets"]["test"]
     assert list(test) == [m.name for m in spec.methods]
