@@ -1,0 +1,94 @@
+"""Small models, data and files the error cases (`ERROR_CASES` in the test modules) share."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import peg
+from peg.train import Recipe
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 3)).eval()
+
+
+def _val(n: int = 200, classes: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(n, 2, generator=g), torch.randint(0, classes, (n,), generator=g)
+
+
+class _TupleOut(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.lin(x), x
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        X, y = _val()
+        return iter(zip(X, y, strict=True))
+
+
+def _bad_batch_3() -> torch.utils.data.TensorDataset:
+    X, y = _val()
+    y = y.clone()
+    y[65] = 7  # in batch 3 of 20 points
+    return torch.utils.data.TensorDataset(X, y)
+
+
+def _nan_batch_3() -> torch.utils.data.TensorDataset:
+    X, y = _val()
+    X = X.clone()
+    X[70, 1] = float("nan")
+    return torch.utils.data.TensorDataset(X, y)
+
+
+def _bn_mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(2, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3)).eval()
+
+
+def _meta_mlp() -> nn.Module:
+    return copy.deepcopy(_mlp()).to("meta")
+
+
+def _wide() -> tuple[torch.Tensor, torch.Tensor]:
+    """Validation data with 5 features, for a model that takes 2."""
+    return torch.randn(200, 5), _val()[1]
+
+
+def _nan_x() -> tuple[torch.Tensor, torch.Tensor]:
+    X, y = _val()
+    X = X.clone()
+    X[3, 0] = float("nan")
+    return X, y
+
+
+R1 = Recipe(epochs=1, batch_size=64)
+
+
+def _frozen() -> nn.Module:
+    net = _mlp()
+    for p in net.parameters():
+        p.requires_grad_(False)
+    return net
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def _fitted_peg() -> peg.PEG:
+    return peg.PEG(n_members=2, grad_batch_size=8, eta=0.1, progress=False).fit(_mlp(), _val())
+
+
+logits = torch.randn(2, 4, 3)

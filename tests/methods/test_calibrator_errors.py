@@ -1,0 +1,176 @@
+"""Bad input to temperature scaling and the other calibrators: each case raises the documented
+error, before any work. The cases are rendered into docs/errors.md by tests/errors_table.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import peg
+from bad_inputs import (
+    _mlp,
+    _val,
+)
+
+# (area, bad input, call, error type, regex the message must match)
+ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str]] = [
+    # ---------------------------------------------------------------- TemperatureScaling
+    (
+        "TemperatureScaling",
+        "max_iter < 1",
+        lambda: peg.TemperatureScaling(max_iter=0),
+        ValueError,
+        "max_iter",
+    ),
+    (
+        "TemperatureScaling",
+        "batch_size < 1",
+        lambda: peg.TemperatureScaling(batch_size=0),
+        ValueError,
+        "batch_size",
+    ),
+    (
+        "TemperatureScaling",
+        "labels out of range",
+        lambda: peg.TemperatureScaling().fit(_mlp(), (_val()[0], _val()[1] + 3)),
+        ValueError,
+        r"val labels: expected labels in \[0, 3\)",
+    ),
+    (
+        "TemperatureScaling",
+        "non-integer labels",
+        lambda: peg.TemperatureScaling().fit(_mlp(), (_val()[0], _val()[1] + 0.5)),
+        ValueError,
+        "val labels: expected integer labels",
+    ),
+    (
+        "TemperatureScaling",
+        "predictor of the wrong type",
+        lambda: peg.TemperatureScaling().fit(42, _val()),
+        TypeError,
+        "predictor",
+    ),
+    (
+        "TemperatureScaling",
+        "fit without validation data",
+        lambda: peg.TemperatureScaling().fit(_mlp()),
+        ValueError,
+        "val: temperature scaling needs labelled validation data",
+    ),
+    (
+        "TemperatureScaling",
+        "predict before fit",
+        lambda: peg.TemperatureScaling().predict_proba(torch.zeros(2, 2)),
+        peg.NotFittedError,
+        "fit",
+    ),
+    (
+        "TemperatureScaling",
+        "val on another device (meta)",
+        lambda: peg.TemperatureScaling().fit(_mlp(), (_val()[0].to("meta"), _val()[1])),
+        ValueError,
+        "val: on the meta device .* cpu",
+    ),
+    (
+        "calibrators",
+        "vector scaling on unknown scores",
+        lambda: peg.VectorScaling(scores="probs"),
+        ValueError,
+        r"scores: expected one of \('auto', 'log_probs'\), got 'probs'",
+    ),
+    (
+        "calibrators",
+        "a negative ODIR weight",
+        lambda: peg.MatrixScaling(reg_lambda=-1.0),
+        ValueError,
+        "reg_lambda: expected a finite number >= 0, got -1.0",
+    ),
+    (
+        "calibrators",
+        "a non-finite L2 weight",
+        lambda: peg.DirichletCalibration(l2=float("nan")),
+        ValueError,
+        "l2: expected a finite number >= 0, got nan",
+    ),
+    (
+        "calibrators",
+        "no bins",
+        lambda: peg.HistogramBinning(n_bins=0),
+        ValueError,
+        "n_bins: expected an integer >= 1, got 0",
+    ),
+    (
+        "calibrators",
+        "an unknown binning strategy",
+        lambda: peg.HistogramBinning(strategy="kmeans"),
+        ValueError,
+        "strategy: expected one of",
+    ),
+    (
+        "calibrators",
+        "a probability floor of 1",
+        lambda: peg.IsotonicCalibration(floor=1.0),
+        ValueError,
+        r"floor: expected a number in \(0, 1\), got 1.0",
+    ),
+    (
+        "calibrators",
+        "fit without validation data",
+        lambda: peg.DirichletCalibration().fit(_mlp()),
+        ValueError,
+        "val: Dirichlet calibration needs labelled validation data",
+    ),
+    (
+        "calibrators",
+        "one label fewer than inputs",
+        lambda: peg.IsotonicCalibration().fit(_mlp(), (_val()[0], _val()[1][:-1])),
+        ValueError,
+        "val: 200 inputs but 199 labels",
+    ),
+    (
+        "calibrators",
+        "labels beyond the model's classes",
+        lambda: peg.HistogramBinning().fit(_mlp(), (_val()[0], _val()[1] + 3)),
+        ValueError,
+        r"val labels: expected labels in \[0, 3\)",
+    ),
+    (
+        "calibrators",
+        "binning a one-class model",
+        lambda: peg.HistogramBinning().fit(nn.Linear(2, 1), (_val()[0], _val()[1] * 0)),
+        ValueError,
+        "val: histogram binning needs at least 2 classes, got 1",
+    ),
+]
+
+# the same, for calls that take a temporary folder
+FILE_ERROR_CASES: list[tuple[str, str, Callable[[Path], object], type[BaseException], str]] = [
+    (
+        "TemperatureScaling",
+        "save of a predictor without stacked weights (MC dropout)",
+        lambda tmp: (
+            peg.TemperatureScaling()
+            .fit(peg.MCDropout(insert=0.2).fit(_mlp()), _val())
+            .save(tmp / "ts.peg")
+        ),
+        TypeError,
+        "predictor: save writes an ensemble archive",
+    ),
+]
+
+
+@pytest.mark.parametrize(("area", "what", "call", "kind", "pattern"), ERROR_CASES)
+def test_bad_input_raises_a_clear_error(area, what, call, kind, pattern):
+    with pytest.raises(kind, match=pattern):
+        call()
+
+
+@pytest.mark.parametrize(("area", "what", "call", "kind", "pattern"), FILE_ERROR_CASES)
+def test_bad_files_raise_a_clear_error(area, what, call, kind, pattern, tmp_path):
+    with pytest.raises(kind, match=pattern):
+        call(tmp_path)

@@ -1,0 +1,40 @@
+"""Bad input to plots: each case raises the documented error,
+before any work. The cases are rendered into docs/errors.md by tests/errors_table.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from bad_inputs import (
+    logits,
+)
+from peg import metrics, plots
+
+# (area, bad input, call, error type, regex the message must match)
+ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str]] = [
+    (
+        "plots",
+        "risk-coverage curves without the counts",
+        lambda: plots.risk_coverage({"m": {"coverage": [1.0], "risk": [0.1]}}),
+        ValueError,
+        r"curves\['m'\]: missing keys",
+    ),
+    (
+        "plots",
+        "risk-coverage into something that is not an Axes",
+        lambda: plots.risk_coverage(
+            {"m": metrics.risk_coverage_curve(logits, [0, 1, 2, 0])}, ax="left"
+        ),
+        ValueError,
+        "ax: expected a matplotlib Axes",
+    ),
+]
+
+
+@pytest.mark.parametrize(("area", "what", "call", "kind", "pattern"), ERROR_CASES)
+def test_bad_input_raises_a_clear_error(area, what, call, kind, pattern):
+    with pytest.raises(kind, match=pattern):
+        call()
