@@ -117,6 +117,18 @@ def load_tree(path: str | os.PathLike[str]) -> Any:
     return _decode(structure, tensors)
 
 
+def tree_format(path: str | os.PathLike[str]) -> str | None:
+    """The `"format"` entry of the top-level dict `save_tree` stored at `path`, read from the
+    header alone; None for any other file (or a tree without one)."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            structure = json.loads((f.metadata() or {})[TREE_KEY])
+        found = dict(structure["__dict__"]).get("format")
+    except Exception:  # not a tree: damaged, foreign, or another peg file
+        return None
+    return found if isinstance(found, str) else None
+
+
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     """Write `text` to `path` atomically (see `atomic_target`)."""
     with atomic_target(path) as tmp:

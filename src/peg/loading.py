@@ -6,6 +6,9 @@ defined. A calibrated archive (its meta has `"calibration": {"method": NAME, ...
 `TemperatureScaling.save`) is handed, once its ensemble is loaded, to the calibrator registered
 here under NAME (`register_calibrator`, called where the calibrator is defined), with the map's
 arrays the archive holds (`archive.read_calibration`): nothing here knows a method.
+
+A file in another of peg's formats (a `peg._io.save_tree` file whose `"format"` is registered
+with `register_format`, e.g. `peg.Laplace.save`'s) is handed to the reader registered for it.
 """
 
 from __future__ import annotations
@@ -18,13 +21,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from peg import archive, recipe
+from peg import _io, archive, recipe
 from peg.batches import BatchFn
 from peg.ensemble import Ensemble
 from peg.errors import ArchiveError
 from peg.output import PREFIX
 
-__all__ = ["load", "register_calibrator"]
+__all__ = ["load", "register_calibrator", "register_format"]
 
 # ------------------------------------------------------------------------- calibrators
 # name → `rebuild(ensemble, params, tensors)`: the fitted calibrator around a loaded ensemble,
@@ -38,6 +41,19 @@ def register_calibrator(name: str, rebuild: Calibrator) -> None:
     """Make archives whose meta has `"calibration": {"method": name, ...}` load, through
     `rebuild(ensemble, calibration, tensors)`, as the calibrator it returns."""
     _CALIBRATORS[name] = rebuild
+
+
+# ------------------------------------------------------------------------- other formats
+# format name → `read(path, model, device, batch_fn)`: the fitted method a file of that format
+# holds (registered where the method is defined, as the calibrators are)
+Reader = Callable[[Path, nn.Module, Any, Any], Any]
+_FORMATS: dict[str, Reader] = {}
+
+
+def register_format(name: str, read: Reader) -> None:
+    """Make `peg.load` read files `peg._io.save_tree` wrote with `"format": name` through
+    `read(path, model, device, batch_fn)`."""
+    _FORMATS[name] = read
 
 
 def _calibrator(calibration: Any) -> Calibrator:
@@ -85,7 +101,7 @@ def load(
 
     Returns an `Ensemble`; for a calibrated archive (`TemperatureScaling.save`, any calibrator's
     `save`), the fitted calibrator around it (a `TemperatureScaling`, a `DirichletCalibration`,
-    ...).
+    ...); for a file `Laplace.save` wrote, the fitted `Laplace`.
 
     Args:
         path: the archive.
@@ -101,7 +117,8 @@ def load(
             ignored for an archive that stores its members (`Ensemble.save`, other methods'
             `save`, or PEG/PEP's `save(path, materialize=True)`).
         batch_fn: the `batch_fn` the recipe's ensemble was fitted with, for `val` batches of
-            another shape (`peg.batches`; a callable is not stored in the recipe).
+            another shape (`peg.batches`; a callable is not stored in the recipe); for a saved
+            `Laplace`, the one it predicts with.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(
@@ -109,6 +126,9 @@ def load(
             f"{type(model).__name__}"
         )
     path = Path(path)
+    kind = _io.tree_format(path) if path.is_file() else None
+    if kind in _FORMATS:
+        return _FORMATS[kind](path, model, device, batch_fn)
     header = archive.read_header(path)
     made = _build_recipe(header.get("meta") or {})
     if made is not None and val is None:

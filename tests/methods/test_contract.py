@@ -285,11 +285,11 @@ def test_the_member_count_is_n_members(case):
 
 
 def test_fit_signatures_share_one_shape(case):
-    """Post-hoc: fit(model, val=None, *, bn_data=None); training-time: fit(model, train_data,
-    *, bn_data=None, callbacks=()) (DeepEnsemble also val_data=None: its members are plain
-    `train` runs, which stop early on it with `recipe.patience`); from iterates: fit(iterates, *,
-    skeleton=None, bn_data=None); Laplace, post-hoc on the likelihood's data: fit(model, data, *,
-    val=None, bn_data=None) (val for its prior's grid search).
+    """Post-hoc: fit(model, val=None, *, bn_data=None) (Laplace also train_data=None: the
+    likelihood's points when they are not val); training-time: fit(model, train_data, *,
+    bn_data=None, callbacks=()) (DeepEnsemble also val_data=None: its members are plain `train`
+    runs, which stop early on it with `recipe.patience`); from iterates: fit(iterates, *,
+    skeleton=None, bn_data=None).
     """
     fit = list(inspect.signature(case.cls.fit).parameters.values())[1:]
     positional = [p.name for p in fit if p.kind is p.POSITIONAL_OR_KEYWORD]
@@ -299,9 +299,20 @@ def test_fit_signatures_share_one_shape(case):
         assert keyword == {"bn_data": None, "callbacks": ()} | extra
     elif positional == ["iterates"]:
         assert keyword == {"skeleton": None, "bn_data": None}
-    elif case.cls is peg.Laplace:
-        assert positional[1:] == ["data"] and fit[1].default is inspect.Parameter.empty
-        assert keyword == {"val": None, "bn_data": None}
     else:
+        extra = {"train_data": None} if case.cls is peg.Laplace else {}
         assert positional[1:] == ["val"] and fit[1].default is None
-        assert keyword == {"bn_data": None}
+        assert keyword == {"bn_data": None} | extra
+
+
+def test_what_save_writes_peg_load_reads_back(case, tmp_path):
+    """Every method that saves is read back by the one loader, `peg.load(path, model)` (a PEG or
+    PEP recipe with the validation data it was fitted on), with the same members."""
+    method = case.fit(case.cls(**case.kwargs))
+    if not hasattr(method, "save"):
+        pytest.skip(f"{case.id} has no save")
+    path = method.save(str(tmp_path / "method"))
+    loaded = peg.load(path, _tiny(), val=(X, y))
+    torch.testing.assert_close(loaded.member_logits(X), method.member_logits(X))
+    if isinstance(loaded, Method):
+        assert type(loaded) is case.cls and loaded.meta_ == method.meta_

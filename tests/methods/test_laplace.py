@@ -85,10 +85,14 @@ def test_the_same_probabilities_and_prior_as_laplace_torch_directly(
 def test_grid_search_gives_laplace_torchs_prior(net, digits):
     val = (digits["test"][0][:100], digits["test"][1][:100])
     ours = peg.Laplace(prior_optimization="gridsearch", batch_size=50).fit(
-        net, digits["train"], val=val
+        net, val, train_data=digits["train"]
     )
+    assert ours.meta_["fast_variance"] is True  # the grid search's predictive: the explicit one
     theirs = _direct(net, digits["train"], 50, val=val)
     assert ours.prior_precision_ == pytest.approx(float(theirs.prior_precision), rel=1e-6)
+    own = peg.Laplace(prior_optimization="gridsearch", batch_size=50, fast_variance=False)
+    own.fit(net, val, train_data=digits["train"])  # laplace-torch's own grid search
+    assert own.prior_precision_ == ours.prior_precision_
 
 
 def test_predictions_are_distributions_and_members_log_probabilities(net, digits):
@@ -173,14 +177,15 @@ def test_save_and_load_give_the_same_predictions_without_the_data(net, digits, t
     path = fitted.save(tmp_path / "la.safetensors")
     torch.manual_seed(1)
     other = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))  # weights ignored
-    loaded = peg.Laplace.load(path, other)
     X = digits["test"][0]
-    assert torch.equal(loaded.member_logits(X), fitted.member_logits(X))
-    assert loaded.meta_ == fitted.meta_ and loaded.get_params() == fitted.get_params()
+    for loaded in (peg.load(path, other), peg.Laplace.load(path, other)):  # one reader
+        assert isinstance(loaded, peg.Laplace)
+        assert torch.equal(loaded.member_logits(X), fitted.member_logits(X))
+        assert loaded.meta_ == fitted.meta_ and loaded.get_params() == fitted.get_params()
     saved = peg._io.load_tree(path)
     assert saved["laplace"]["data"] is None  # laplace-torch's kept training batch is not saved
     with pytest.raises(ArchiveError, match="model: does not match"):
-        peg.Laplace.load(path, nn.Sequential(nn.Linear(64, 8), nn.ReLU(), nn.Linear(8, 10)))
+        peg.load(path, nn.Sequential(nn.Linear(64, 8), nn.ReLU(), nn.Linear(8, 10)))
 
 
 class _DictOut(nn.Module):
@@ -197,13 +202,13 @@ def test_bad_data_and_models_are_refused_before_laplace_torch_runs():
     with pytest.raises(ValueError, match=r"labels must lie in \[0, 2\)"):
         peg.Laplace().fit(mlp(0), (X, y + 1))
     loader = DataLoader(TensorDataset(X, y + 1), batch_size=16)
-    with pytest.raises(ValueError, match=r"data: batch 0 .*labels must lie in \[0, 2\)"):
+    with pytest.raises(ValueError, match=r"val: batch 0 .*labels must lie in \[0, 2\)"):
         peg.Laplace().fit(mlp(0), loader)
     with pytest.raises(TypeError, match=r"peg\.with_output\(model, 'logits'\)"):
         peg.Laplace().fit(_DictOut(), (X, y))
     wrapped = peg.Laplace().fit(peg.with_output(_DictOut(), "logits"), (X, y))
     assert wrapped.predict_proba(X).shape == (40, 2)
-    with pytest.raises(ValueError, match="data: the model cannot run on inputs"):
+    with pytest.raises(ValueError, match="val: the model cannot run on inputs"):
         peg.Laplace().fit(mlp(0), (torch.randn(40, 3), y))
 
 
@@ -248,13 +253,10 @@ def test_the_kronecker_covariance_is_laplace_torchs(C, D, bias, dtype):
         ours = _laplace_variance.kron_functional_variance(la.posterior_precision, features, bias)
         assert ours.dtype == dtype and ours.shape == (len(x), C, C)
         torch.testing.assert_close(ours, expected, **_close(dtype))
-        with _laplace_variance.kronecker(la) as used:
-            f_mu, f_var = la._glm_predictive_distribution(x)
-            _, diagonal = la._glm_predictive_distribution(x, diagonal_output=True)
-        assert used and "_glm_predictive_distribution" not in la.__dict__  # removed on exit
-        torch.testing.assert_close(f_var, expected, **_close(dtype))
-        torch.testing.assert_close(diagonal, expected.diagonal(dim1=1, dim2=2), **_close(dtype))
-        assert torch.equal(f_mu, f)
+        moments = _laplace_variance.glm_predictive_distribution(la, x)
+        assert moments is not None
+        torch.testing.assert_close(moments[1], expected, **_close(dtype))
+        assert torch.equal(moments[0], f)
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -268,8 +270,9 @@ def test_damping_is_followed_as_laplace_torch_defines_it(bias):
     # resets the flag under KronLLLaplace's, and the posterior precision (H · factor + prior) is
     # a new KronDecomposed without it; ours reads the same object, so it is undamped too
     assert not la.damping and not precision.damping
-    with _laplace_variance.kronecker(la):
-        undamped = la._glm_predictive_distribution(x)[1]
+    moments = _laplace_variance.glm_predictive_distribution(la, x)
+    assert moments is not None
+    undamped = moments[1]
     torch.testing.assert_close(undamped, la.functional_variance(Js), rtol=1e-11, atol=0)
     damped = type(precision)(
         precision.eigenvectors, precision.eigenvalues, precision.deltas, damping=True
@@ -283,16 +286,38 @@ def test_damping_is_followed_as_laplace_torch_defines_it(bias):
 def test_the_links_and_samples_are_laplace_torchs_on_the_kronecker_covariance():
     la, x = _kron_la(5, 30)
     la.prior_precision = 0.3
+    assert _laplace_variance.usable(la)
     for link in ("probit", "bridge", "bridge_norm"):
         expected = la(x, pred_type="glm", link_approx=link)
-        with _laplace_variance.kronecker(la):
-            ours = la(x, pred_type="glm", link_approx=link)
+        ours = _laplace_variance.predictive(la, x, link, 1, None)
         torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-6)
+        Js, f_mu = la.backend.last_layer_jacobians(x)  # the links alone, on laplace-torch's
+        f_var = la.functional_variance(Js)  # own moments: the same operations, the same bits
+        own = _laplace_variance.link(f_mu.detach(), f_var.detach(), link)
+        assert torch.equal(own, expected)
     draws = [torch.Generator().manual_seed(7) for _ in range(2)]
     expected = la.predictive_samples(x, n_samples=9, generator=draws[0])
-    with _laplace_variance.kronecker(la):
-        ours = la.predictive_samples(x, n_samples=9, generator=draws[1])
+    ours = _laplace_variance.predictive(la, x, "mc", 9, draws[1])
     torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-6)
+    assert "_glm_predictive_distribution" not in la.__dict__  # laplace-torch's object untouched
+
+
+def test_another_laplace_torch_version_takes_laplace_torchs_own_path(net, digits, monkeypatch):
+    X = digits["test"][0][:60]
+    fast = peg.Laplace().fit(net, digits["train"])
+    assert _laplace_variance.tested_version() and fast.meta_["fast_variance"] is True
+    monkeypatch.setattr(_laplace_variance.importlib.metadata, "version", lambda name: "0.4.1")
+    assert not _laplace_variance.tested_version()
+    other = peg.Laplace().fit(net, digits["train"])
+    assert other.meta_["fast_variance"] is False
+    expected = other.laplace_(X, pred_type="glm", link_approx="probit")
+    floored = expected.clamp_min(torch.finfo(expected.dtype).tiny).log()[None]
+    assert torch.equal(other.member_logits(X), floored)  # laplace-torch's own call, as is
+    torch.testing.assert_close(fast.predict_proba(X), expected, rtol=1e-5, atol=1e-6)
+    sampled = peg.Laplace(link_approx="mc", n_members=3).fit(net, digits["train"])
+    draws = torch.Generator().manual_seed(int(generator(0, 0).initial_seed()))
+    own = sampled.laplace_.predictive_samples(X, n_samples=3, generator=draws)
+    assert torch.equal(sampled.member_logits(X), own.clamp_min(torch.finfo(own.dtype).tiny).log())
 
 
 def test_a_diagonal_prior_is_refused_by_laplace_torch_for_kron():
@@ -303,11 +328,6 @@ def test_a_diagonal_prior_is_refused_by_laplace_torch_for_kron():
 
 def test_other_posteriors_fall_back_to_laplace_torchs_own_code(net, digits):
     X = digits["test"][0][:50]
-    la, x = _kron_la(3, 8)
-    with _laplace_variance.kronecker(la):  # a joint covariance: laplace-torch's method
-        joint = la._glm_predictive_distribution(x, joint=True)[1]
-    Js, _ = la.backend.last_layer_jacobians(x)
-    torch.testing.assert_close(joint, la.functional_covariance(Js))
     unfitted = laplace.Laplace(net, "classification", last_layer_name="2")
     assert not _laplace_variance.supported(unfitted)
     for options in (
@@ -318,8 +338,6 @@ def test_other_posteriors_fall_back_to_laplace_torchs_own_code(net, digits):
         fitted = peg.Laplace(**options).fit(net, digits["train"])
         assert not _laplace_variance.supported(fitted.laplace_)
         assert fitted.meta_["fast_variance"] is False
-        with _laplace_variance.kronecker(fitted.laplace_) as used:
-            assert not used and "_glm_predictive_distribution" not in fitted.laplace_.__dict__
         expected = fitted.laplace_(X, pred_type="glm", link_approx="probit")
         torch.testing.assert_close(fitted.predict_proba(X), expected, rtol=1e-6, atol=1e-7)
 

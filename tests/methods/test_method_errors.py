@@ -166,21 +166,28 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str
         "data without labels",
         lambda: peg.Laplace().fit(_mlp(), _val()[0]),
         ValueError,
-        "data: labels are needed",
+        "val: labels are needed",
+    ),
+    (
+        "Laplace",
+        "no data",
+        lambda: peg.Laplace().fit(_mlp()),
+        ValueError,
+        "val: the Laplace approximation needs labelled data",
     ),
     (
         "Laplace",
         "grid search without validation data",
-        lambda: peg.Laplace(prior_optimization="gridsearch").fit(_mlp(), _val()),
+        lambda: peg.Laplace(prior_optimization="gridsearch").fit(_mlp(), train_data=_val()),
         ValueError,
         "val: prior_optimization='gridsearch' needs",
     ),
     (
         "Laplace",
         "validation data the marglik prior does not use",
-        lambda: peg.Laplace().fit(_mlp(), _val(), val=_val()),
+        lambda: peg.Laplace().fit(_mlp(), _val(), train_data=_val()),
         ValueError,
-        "val: only used by prior_optimization='gridsearch'",
+        "val: with train_data, only used by prior_optimization='gridsearch'",
     ),
     # ---------------------------------------------------------------- DeepEnsemble, SWA, SWAG
     (

@@ -329,10 +329,9 @@ class LaplaceBuilder(PostHoc):
         require_laplace()
 
     def fit(self, site: Site) -> Any:
-        data = site.train if site.train is not None else site.need("val")
         gridsearch = self.unfitted.prior_optimization == "gridsearch"
-        val = site.need("val") if gridsearch else None
-        return self.unfitted.fit(self.base(site), data, val=val)
+        val = site.need("val") if gridsearch or site.train is None else None
+        return self.unfitted.fit(self.base(site), val, train_data=site.train)
 
 
 # ---------------------------------------------------------------- more post-hoc calibrators

@@ -22,22 +22,39 @@ The inverse of the weight block is (Q₁ ⊗ Q₂) diag(1/λ) (Q₁ ⊗ Q₂)ᵀ
     Σ_cd = Σ_p Q₁[c, p] Q₁[d, p] s_p,   s_p = Σ_q ψ_q² / λ_pq        (weight)
          + (Q diag(1 / (l + δ₁)) Qᵀ)_cd                               (bias, the same for all x)
 
-ψ costs D² per point, s C·D, the sum C³: no `[B, C, P]` tensor. Anything else (another
-structure, a layout other than that, features that are not `[B, D]`, a joint covariance) goes
-to laplace-torch's own code.
+ψ costs D² per point, s C·D, the sum C³: no `[B, C, P]` tensor.
+
+Called explicitly, never patched in: `predictive` and `gridsearch` compute the GLM predictive and
+the prior's grid search from `glm_predictive_distribution`, with laplace-torch's own link
+approximations written out (`link`, the same operations as its `_glm_forward_call`) and its own
+Gaussian sampler (`laplace.utils.normal_samples`). They are used only where `usable(la)`: the
+installed laplace-torch is the version this was written against (`TESTED`, whose posterior
+layout `supported` reads) and the posterior is a last-layer KFAC one. Anywhere else (another
+version, structure or layout, features that are not `[B, D]`) the caller goes through
+laplace-torch's public calls, `la(x, ...)`, `la.predictive_samples` and
+`la.optimize_prior_precision`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, MutableMapping
-from contextlib import contextmanager
-from functools import partial
+import importlib.metadata
+import math
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-_PATCHED = "_glm_predictive_distribution"
+TESTED = "0.3"  # the laplace-torch version whose posterior layout and links this mirrors
+
+
+def tested_version() -> bool:
+    """Whether the installed laplace-torch is `TESTED` (0.3.x)."""
+    try:
+        version = importlib.metadata.version("laplace-torch")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return version == TESTED or version.startswith(TESTED + ".")
 
 
 def _layer(la: Any) -> nn.Linear | None:
@@ -84,47 +101,96 @@ def kron_functional_variance(precision: Any, features: Tensor, bias: bool) -> Te
     return variance
 
 
-def glm_predictive_distribution(
-    la: Any,
-    X: Tensor | MutableMapping[str, Any],
-    joint: bool = False,
-    diagonal_output: bool = False,
-) -> tuple[Tensor, Tensor]:
-    """laplace-torch's `LLLaplace._glm_predictive_distribution(X, joint, diagonal_output)`:
-    the logits `f_mu [B, C]` and their covariance `[B, C, C]` (`[B, C]` with
-    `diagonal_output`), the covariance by `kron_functional_variance`. A joint covariance, or
-    features that are not `[B, D]`, go to laplace-torch's own method."""
-    own = partial(type(la)._glm_predictive_distribution, la, X)
-    if joint:
-        return own(joint=joint, diagonal_output=diagonal_output)
+def usable(la: Any) -> bool:
+    """Whether the explicit path applies to `la`: laplace-torch `TESTED` and `supported(la)`."""
+    return tested_version() and supported(la)
+
+
+def glm_predictive_distribution(la: Any, X: Tensor) -> tuple[Tensor, Tensor] | None:
+    """What laplace-torch's `LLLaplace._glm_predictive_distribution(X)` returns for a
+    `usable` posterior: the logits `f_mu [B, C]` and their covariance `[B, C, C]`, the covariance
+    by `kron_functional_variance`; None where the features are not `[B, D]` (the caller then
+    takes laplace-torch's own path)."""
     layer = _layer(la)
-    assert layer is not None  # `kronecker` installs this only where `supported`
+    assert layer is not None  # only called where `usable`
     with torch.set_grad_enabled(torch.is_grad_enabled() and bool(la.enable_backprop)):
         f_mu, phi = la.model.forward_with_features(X)
         C, D = layer.out_features, layer.in_features
         if f_mu.ndim != 2 or phi.ndim != 2 or f_mu.shape[1] != C or phi.shape[1] != D:
-            return own(joint=joint, diagonal_output=diagonal_output)  # e.g. 3-d features
+            return None  # e.g. 3-d features
         f_var = kron_functional_variance(la.posterior_precision, phi, layer.bias is not None)
-    if diagonal_output:
-        f_var = f_var.diagonal(dim1=-2, dim2=-1)
     return (f_mu, f_var) if la.enable_backprop else (f_mu.detach(), f_var.detach())
 
 
-@contextmanager
-def kronecker(la: Any) -> Iterator[bool]:
-    """While open, `la`'s GLM predictive distribution is `glm_predictive_distribution` where
-    `supported(la)` (yields whether it is); laplace-torch's own code otherwise.
+def link(f_mu: Tensor, f_var: Tensor, link_approx: str) -> Tensor:
+    """laplace-torch 0.3's deterministic link approximations (`_glm_forward_call`), `[B, C]`
+    probabilities from the Gaussian logits `f_mu [B, C]`, `f_var [B, C, C]`."""
+    if link_approx == "probit":
+        kappa = 1 / torch.sqrt(1.0 + math.pi / 8 * f_var.diagonal(dim1=1, dim2=2))
+        return torch.softmax(kappa * f_mu, dim=-1)
+    # the Laplace bridge, after laplace-torch's zero-mean correction
+    total = f_var.sum(dim=(1, 2)).reshape(-1, 1)
+    f_mu = f_mu - f_var.sum(-1) * f_mu.sum(-1).reshape(-1, 1) / total
+    f_var = f_var - torch.einsum("bi,bj->bij", f_var.sum(-1), f_var.sum(-2)) / total[..., None]
+    K = f_mu.size(-1)
+    diagonal = torch.diagonal(f_var, dim1=1, dim2=2)
+    if link_approx == "bridge_norm":
+        mean = diagonal.mean(dim=1) / torch.as_tensor([K / 2], dtype=f_mu.dtype).to(f_mu).sqrt()
+        f_mu = f_mu / mean.sqrt().unsqueeze(-1)
+        diagonal = diagonal / mean.unsqueeze(-1)
+    sum_exp = torch.exp(-f_mu).sum(dim=1).unsqueeze(-1)
+    alpha = (1 - 2 / K + f_mu.exp() / K**2 * sum_exp) / diagonal
+    return torch.nan_to_num(alpha / alpha.sum(dim=1).unsqueeze(-1), nan=1.0)
 
-    laplace-torch applies its link approximations (probit, bridge, MC samples) inside
-    `__call__` / `predictive_samples` right after its one call to
-    `self._glm_predictive_distribution(x, ...)`, the step that forms the Jacobians: that one
-    step is replaced on this instance (an attribute, removed on exit), so everything else,
-    links and sampling included, stays laplace-torch's."""
-    if not supported(la):
-        yield False
-        return
-    setattr(la, _PATCHED, partial(glm_predictive_distribution, la))
-    try:
-        yield True
-    finally:
-        la.__dict__.pop(_PATCHED, None)
+
+def predictive(
+    la: Any, x: Tensor, link_approx: str, n_samples: int, generator: torch.Generator | None
+) -> Tensor | None:
+    """The GLM predictive of a `usable` posterior on `x`: `[S, B, C]` sampled softmax outputs
+    for "mc" (`la.predictive_samples`'), else `[B, C]` (`la(x, link_approx=...)`'s); None where
+    laplace-torch's own path must run (see `glm_predictive_distribution`)."""
+    moments = glm_predictive_distribution(la, x)
+    if moments is None:
+        return None
+    if link_approx == "mc":
+        from laplace.utils import normal_samples  # laplace-torch is installed: `la` is one
+
+        return torch.softmax(normal_samples(*moments, n_samples, generator), dim=-1)
+    return link(*moments, link_approx)
+
+
+def gridsearch(
+    la: Any, batches: Iterable[tuple[Tensor, Tensor]], link_approx: str, n_samples: int
+) -> None:
+    """laplace-torch 0.3's `optimize_prior_precision(method="gridsearch")` for a `usable`
+    posterior, its predictive computed by `predictive`: the prior precision among 100 values
+    from 1e-4 to 1e4 (log-spaced) with the least NLL on `batches`, set on `la`."""
+    from torch.linalg import LinAlgError
+
+    la.model.eval()
+    results: list[float] = []
+    grid = list(torch.logspace(-4, 4, 100, base=10.0))
+    # laplace-torch 0.3 scores with one RunningNLLMetric it never resets: the score of a grid
+    # value is the NLL summed over it and every value before, over all their points, in float32
+    # and in place; kept so, as the prior chosen must be laplace-torch's
+    nll, count = torch.tensor(0.0), torch.tensor(0.0)
+    for prior in grid:
+        la.prior_precision = prior
+        try:
+            for x, y in batches:
+                x, y = x.to(la._device), y.to(la._device)
+                probs = predictive(la, x, link_approx, n_samples, None)
+                if probs is None:
+                    probs = la(x, pred_type="glm", link_approx=link_approx, n_samples=n_samples)
+                elif link_approx == "mc":
+                    probs = probs.mean(dim=0)
+                nll += nn.functional.nll_loss(probs.log(), y, reduction="sum").cpu()
+                count += y.numel()
+            results.append(float(nll / count))
+        except LinAlgError:
+            results.append(math.inf)
+        except RuntimeError as err:
+            if "not positive definite" not in str(err):
+                raise
+            results.append(math.inf)
+    la.prior_precision = grid[min(range(len(grid)), key=results.__getitem__)]

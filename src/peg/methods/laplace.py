@@ -1,24 +1,29 @@
 """The Laplace approximation through laplace-torch (Daxberger et al., "Laplace Redux", NeurIPS
 2021), last layer by default: a comparison method, not a reimplementation.
 
-`Laplace.fit(model, data)` makes one laplace-torch call chain::
+`Laplace.fit(model, val, *, train_data=None)` makes one laplace-torch call chain::
 
     la = laplace.Laplace(model, "classification", subset_of_weights=..., hessian_structure=...,
                          prior_precision=...)
-    la.fit(loader)                                      # the Hessian (GGN) over `data`, once
+    la.fit(loader)              # the Hessian (GGN) over `train_data` if given, else `val`, once
     la.optimize_prior_precision(method="marglik", ...)  # or "gridsearch" on `val`, or nothing
 
 and predicts with laplace-torch's predictive: `la(x, pred_type="glm", link_approx="probit")`
 (one forward pass, the last-layer Jacobians and the GLM predictive per batch), or, for
 `link_approx="mc"` (or `pred_type="nn"`), `la.predictive_samples(x, ..., generator=...)`.
-For the default last-layer KFAC posterior, the GLM predictive's covariance of the logits is
-computed through its Kronecker structure (`fast_variance`, `_laplace_variance`): the same
-numbers as laplace-torch's `la.functional_variance(Js)`, without forming the Jacobians.
+For the default last-layer KFAC posterior (and laplace-torch 0.3), the GLM predictive, and the
+grid search's, are computed explicitly through the Kronecker structure (`fast_variance`,
+`_laplace_variance.predictive`): the same numbers as laplace-torch's, without forming the
+Jacobians; anything else goes through laplace-torch's own calls above.
 
 Which data: laplace-torch fits the Hessian on the training data (the paper's setting), with N =
 the number of points as the likelihood's weight; this method takes whatever labelled data it is
-given. `peg bench` passes its training split; `peg.compare`, which has only validation data,
-passes that (a posterior from fewer points: wider, so more cautious).
+given: `train_data` when passed (`peg bench` passes its training split), else `val`
+(`peg.compare`, which has only validation data: a posterior from fewer points, wider, so more
+cautious).
+
+`save` writes the posterior (no data); `peg.load(path, model)` reads it back (`Laplace.load` is
+the same call).
 
 laplace-torch is optional: `pip install "peg[laplace]"`, then `pip install --no-deps` the three
 packages of `INSTALL` (their metadata asks for torchvision, which would replace a CPU torch; they
@@ -31,9 +36,7 @@ import copy
 import importlib
 import importlib.metadata
 import os
-import warnings
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -51,61 +54,24 @@ from peg._inputs import (
 from peg._rows import ValSource
 from peg.batches import BatchFn, call_model, check_batch_fn, describe_inputs, move
 from peg.errors import NotFittedError
+from peg.loading import register_format
 from peg.methods import _laplace_state as _state
+from peg.methods import _laplace_torch as _torch
 from peg.methods import _laplace_variance as _variance
+from peg.methods._laplace_torch import require_laplace
 from peg.methods.base import ModulePredictor, store_arguments
-from peg.streams import LAPLACE_FIT, generator
+from peg.streams import generator
 
-INSTALL = (
-    'pip install "peg[laplace]" && pip install --no-deps laplace-torch==0.3 '
-    "backpack-for-pytorch==1.7.1 curvlinops-for-pytorch==3.0.1"
-)
 SUBSETS = ("last_layer", "all")
 STRUCTURES = ("kron", "diag", "full")
 PRIORS = ("marglik", "gridsearch", None)
 PRED_TYPES = ("glm", "nn")
 LINKS = ("probit", "bridge", "bridge_norm", "mc")
-# laplace-torch warns on every classification prior fit that its predictive should use the same
-# link approximation; this class passes its own link to both, so the warning says nothing here
-_LINK_WARNING = "By default `link_approx` is `probit`"
-
-
-def require_laplace() -> ModuleType:
-    """The `laplace` package (laplace-torch); an ImportError saying how to install it."""
-    try:
-        return importlib.import_module("laplace")
-    except ImportError as e:
-        raise ImportError(
-            f"peg.Laplace needs laplace-torch, which is not installed ({e}); install it with: "
-            f"{INSTALL}"
-        ) from e
 
 
 def _choice(value: Any, name: str, allowed: tuple[Any, ...]) -> None:
     if not any(value is a or (isinstance(value, str) and value == a) for a in allowed):
         raise ValueError(f"{name}: expected one of {list(allowed)}, got {value!r}")
-
-
-class _Batches:
-    """What laplace-torch's `fit` and grid search read of a DataLoader: `len(dataset)` (N, the
-    likelihood's weight) and `(x, y)` batches, here those of a `ValSource` (any labelled data
-    peg takes, each batch checked as it is read)."""
-
-    def __init__(self, source: ValSource, batch_size: int) -> None:
-        self.source, self.batch_size = source, batch_size
-        if source.n is None:  # an IterableDataset: one pass to count its points
-            for _ in source.batches(batch_size):
-                pass
-        self.dataset = range(source.count)
-
-    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
-        for _, x, y in self.source.batches(self.batch_size):
-            if not isinstance(x, Tensor):
-                raise TypeError(
-                    f"{self.source.name}: laplace-torch takes tensor inputs, got batches of "
-                    f"{describe_inputs(x)}"
-                )
-            yield x, y
 
 
 class Laplace(ModulePredictor):
@@ -139,13 +105,13 @@ class Laplace(ModulePredictor):
             the same covariance to float rounding, in every GLM link and the grid search.
             Other posteriors always use laplace-torch's; `meta_["fast_variance"]` says which ran.
 
-    After `fit(model, data)`: `laplace_` (the laplace-torch object), `prior_precision_`, `meta_`,
+    After `fit(model, val)`: `laplace_` (the laplace-torch object), `prior_precision_`, `meta_`,
     `model_` (laplace-torch's copy of the model; the caller's is never changed),
     `member_logits(X)`: for the deterministic links `[1, N, C]`, the log of the predictive
     probabilities floored at the dtype's smallest normal number (log 0 would be -inf); for "mc"
     `[S, N, C]`, the log of the S sampled softmax outputs, so metrics treat them as an
     ensemble's members; `predict_proba(X) -> [N, C]` (their average: the predictive),
-    `predict(X) -> [N]`, `save(path)` and `Laplace.load(path, model)`.
+    `predict(X) -> [N]`, `save(path)` (read back by `peg.load(path, model)`).
 
     Cost: fit = one pass over `data` computing the last layer's GGN factors (forward and the
     output Jacobians) plus the prior optimisation (marglik: 100 steps on the Kronecker
@@ -209,59 +175,82 @@ class Laplace(ModulePredictor):
 
     # ---------------------------------------------------------------- fitting
     def fit(
-        self, model: nn.Module, data: Data, *, val: Data | None = None, bn_data: Data | None = None
+        self,
+        model: nn.Module,
+        val: Data | None = None,
+        *,
+        bn_data: Data | None = None,
+        train_data: Data | None = None,
     ) -> Laplace:
-        """Fit the Laplace approximation around `model`'s weights on labelled `data`.
+        """Fit the Laplace approximation around `model`'s weights.
 
         Args:
             model: a trained nn.Module whose forward returns logits `[B, C]` (a Tensor; wrap other
                 outputs with `peg.with_output`), ending in an nn.Linear for the last layer.
-            data: labelled data, `(X, y)` tensors or arrays, a Dataset or a DataLoader of
-                `(x, y, ...)` batches (or `batch_fn`'s): the points of the likelihood, N of them
-                (the training data in the paper; see the module doc).
-            val: labelled validation data for `prior_optimization="gridsearch"` (required there,
-                refused otherwise).
+            val: labelled data, `(X, y)` tensors or arrays, a Dataset or a DataLoader of
+                `(x, y, ...)` batches (or `batch_fn`'s): the points of the likelihood, N of them,
+                unless `train_data` is given; the grid search's for
+                `prior_optimization="gridsearch"`.
             bn_data: unused (accepted as by every post-hoc method).
+            train_data: labelled data for the likelihood instead of `val` (the training data
+                in the paper; see the module doc). With it, `val` is for the grid search only.
         """
         if not isinstance(model, nn.Module):
             raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
-        if data is None:
-            raise ValueError("data: the Laplace approximation needs labelled data (X, y)")
-        if self.prior_optimization == "gridsearch" and val is None:
-            raise ValueError("val: prior_optimization='gridsearch' needs labelled validation data")
-        if self.prior_optimization != "gridsearch" and val is not None:
+        gridsearch = self.prior_optimization == "gridsearch"
+        if val is None and (gridsearch or train_data is None):
             raise ValueError(
-                "val: only used by prior_optimization='gridsearch', got prior_optimization="
-                f"{self.prior_optimization!r}"
+                "val: prior_optimization='gridsearch' needs labelled validation data"
+                if gridsearch
+                else "val: the Laplace approximation needs labelled data (X, y)"
+            )
+        if train_data is not None and val is not None and not gridsearch:
+            raise ValueError(
+                "val: with train_data, only used by prior_optimization='gridsearch', got "
+                f"prior_optimization={self.prior_optimization!r}"
             )
         device = model_device(model)
         split = check_batch_fn(self.batch_fn)
-        source = ValSource(data, "data", split, device)
-        val_source = None if val is None else ValSource(val, "val", split, device)
+        name = "train_data" if train_data is not None else "val"
+        source = ValSource(train_data if train_data is not None else val, name, split, device)
+        grid = ValSource(val, "val", split, device) if gridsearch else None
         laplace = require_laplace()
         network = copy.deepcopy(model).eval()  # laplace-torch runs it; the caller's is untouched
+        self._check_sources(network, source, grid)
+        la = self._new(laplace, network)
+        with _torch.quiet(), _torch.seeded(int(self.seed), device):
+            la.fit(_torch.Batches(source, int(self.batch_size)))
+            self._optimize_prior(la, grid)
+        self._set_fitted(la)
+        return self
+
+    def _check_sources(self, network: nn.Module, source: ValSource, grid: ValSource | None) -> None:
+        """The classes from one forward pass on two rows; a pair checked whole (it is read
+        unchecked batch by batch), before laplace-torch runs."""
         classes = self._probe_model(network, source)
-        for s in (source, val_source):
+        for s in (source, grid):
             if s is not None:
                 s.classes = classes
                 if s.X is not None and s.y is not None:
-                    s.check(s.X, s.y, "all points")  # a pair is read unchecked batch by batch
-        la = self._new(laplace, network)
-        size = int(self.batch_size)
-        with _quiet(), _seeded(int(self.seed), device):
-            la.fit(_Batches(source, size))
-            if self.prior_optimization is not None:
-                with self._variance(la):  # the grid search's 100 predictive passes
-                    la.optimize_prior_precision(
-                        pred_type=self.pred_type,
-                        method=self.prior_optimization,
-                        init_prior_prec=float(self.prior_precision),
-                        val_loader=None if val_source is None else _Batches(val_source, size),
-                        link_approx=self.link_approx,
-                        n_samples=int(self.n_members),
-                    )
-        self._set_fitted(la)
-        return self
+                    s.check(s.X, s.y, "all points")
+
+    def _optimize_prior(self, la: Any, grid: ValSource | None) -> None:
+        """The prior precision: marglik or the grid search on `grid` (explicitly through the
+        Kronecker structure where `_fast`, else laplace-torch's), or kept."""
+        if self.prior_optimization is None:
+            return
+        batches = None if grid is None else _torch.Batches(grid, int(self.batch_size))
+        if batches is not None and self._fast(la):
+            _variance.gridsearch(la, batches, self.link_approx, int(self.n_members))
+            return
+        la.optimize_prior_precision(
+            pred_type=self.pred_type,
+            method=self.prior_optimization,
+            init_prior_prec=float(self.prior_precision),
+            val_loader=batches,
+            link_approx=self.link_approx,
+            n_samples=int(self.n_members),
+        )
 
     def _probe_model(self, network: nn.Module, source: ValSource) -> int:
         """The model's number of classes, from one forward pass on two rows of the data (a clear
@@ -269,11 +258,12 @@ class Laplace(ModulePredictor):
         x, _ = source.first()
         if not isinstance(x, Tensor):
             raise TypeError(
-                f"data: laplace-torch takes tensor inputs, got batches of {describe_inputs(x)}"
+                f"{source.name}: laplace-torch takes tensor inputs, got batches of "
+                f"{describe_inputs(x)}"
             )
-        x = move(x, model_device(network), "data")
+        x = move(x, model_device(network), source.name)
         with torch.no_grad():
-            out = diagnose(lambda rows: call_model(network, rows), x, "data")
+            out = diagnose(lambda rows: call_model(network, rows), x, source.name)
         if not isinstance(out, Tensor) or out.ndim != 2:
             got = f"shape {tuple(out.shape)}" if isinstance(out, Tensor) else type(out).__name__
             raise TypeError(
@@ -302,7 +292,7 @@ class Laplace(ModulePredictor):
         self.model_.eval()
         prior = la.prior_precision
         self.prior_precision_ = float(prior.reshape(-1)[0]) if isinstance(prior, Tensor) else prior
-        fast = self.fast_variance and self.pred_type == "glm" and _variance.supported(la)
+        self._fast_ = self._fast(la)
         self.meta_: dict[str, Any] = {
             "method": self.method,
             "subset_of_weights": self.subset_of_weights,
@@ -316,35 +306,36 @@ class Laplace(ModulePredictor):
             "last_layer": _state.last_layer(la),
             "data_points": int(la.n_data),
             "backend": la._backend_cls.__name__,
-            "fast_variance": fast,
+            "fast_variance": self._fast_,
             "laplace_torch": importlib.metadata.version("laplace-torch"),
         }
 
     # ---------------------------------------------------------------- predicting
     def _check_fitted(self) -> None:
         if "laplace_" not in self.__dict__:
-            raise NotFittedError("Laplace: call fit(model, data) before predicting")
+            raise NotFittedError("Laplace: call fit(model, val) before predicting")
+
+    def _fast(self, la: Any) -> bool:
+        """Whether the GLM predictive goes through the Kronecker structure (`_laplace_variance`:
+        `fast_variance`, a GLM predictive, laplace-torch 0.3 and a last-layer KFAC posterior)."""
+        return bool(self.fast_variance) and self.pred_type == "glm" and _variance.usable(la)
 
     def _batch_logits(self, x: Any, j: int) -> Tensor:
         """Members of batch j, `[M, B, C]`: log predictive probabilities (see the class doc)."""
         if not isinstance(x, Tensor):
             raise TypeError(f"X: laplace-torch takes tensor inputs, got {describe_inputs(x)}")
-        la = self.laplace_
-        with self._variance(la):
-            if self._sampled():
-                draws = torch.Generator(device=self._device())
-                draws.manual_seed(int(generator(int(self.seed), j).initial_seed()))
-                probs = la.predictive_samples(
-                    x, pred_type=self.pred_type, n_samples=int(self.n_members), generator=draws
-                )
-            else:
-                probs = la(x, pred_type=self.pred_type, link_approx=self.link_approx)[None]
+        la, n = self.laplace_, int(self.n_members)
+        draws = None
+        if self._sampled():
+            draws = torch.Generator(device=self._device())
+            draws.manual_seed(int(generator(int(self.seed), j).initial_seed()))
+        probs = _variance.predictive(la, x, self.link_approx, n, draws) if self._fast_ else None
+        if probs is None and draws is not None:  # laplace-torch's own predictive
+            probs = la.predictive_samples(x, pred_type=self.pred_type, n_samples=n, generator=draws)
+        elif probs is None:
+            probs = la(x, pred_type=self.pred_type, link_approx=self.link_approx)
+        probs = probs if draws is not None else probs[None]
         return probs.clamp_min(torch.finfo(probs.dtype).tiny).log()
-
-    def _variance(self, la: Any) -> AbstractContextManager[Any]:
-        """The GLM covariance by the Kronecker structure (`_laplace_variance`) where
-        `fast_variance` and the posterior allows it; laplace-torch's own otherwise."""
-        return _variance.kronecker(la) if self.fast_variance else nullcontext()
 
     def __len__(self) -> int:
         self._check_fitted()
@@ -364,7 +355,7 @@ class Laplace(ModulePredictor):
         """Write the fitted approximation to `path` (safetensors + JSON, atomic; no pickle):
         the options, the model's weights (the MAP) and laplace-torch's `state_dict()` (posterior
         mean, Hessian factors, prior precision, N, ...), no data (`_laplace_state.write`). Read
-        it back with `Laplace.load(path, model)`; `peg.load` reads ensemble archives only."""
+        it back with `peg.load(path, model)`."""
         self._check_fitted()
         params = {k: v for k, v in self.get_params().items() if k != "batch_fn"}
         return _state.write(path, self.laplace_, params, self.meta_)
@@ -377,30 +368,25 @@ class Laplace(ModulePredictor):
         device: str | torch.device = "cpu",
         batch_fn: BatchFn | None = None,
     ) -> Laplace:
-        """A fitted `Laplace` from a file `save` wrote. `model`: any instance of the saved
-        architecture (deep-copied; its weights are replaced by the saved ones)."""
-        tree = _state.read(path)
-        network = _state.weights(model, tree, device)
-        fitted = cls(**tree["params"], batch_fn=batch_fn)
-        la = fitted._new(require_laplace(), network, tree["last_layer"])
-        with _quiet():
-            la.load_state_dict(_state.to_device(tree["laplace"], torch.device(device)))
-        fitted._set_fitted(la)
-        return fitted
+        """`peg.load(path, model, device, batch_fn=batch_fn)` for a file `save` wrote (the same
+        reader); any other file is refused (`_laplace_state.read`)."""
+        return _read(Path(path), model, device, batch_fn)
 
 
-@contextmanager
-def _quiet() -> Iterator[None]:
-    """laplace-torch's link-approximation reminder silenced (see `_LINK_WARNING`)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_LINK_WARNING)
-        yield
+def _read(
+    path: Path, model: nn.Module, device: str | torch.device, batch_fn: BatchFn | None
+) -> Laplace:
+    """A fitted `Laplace` from a file `save` wrote (`peg.load`'s reader for the format).
+    `model`: any instance of the saved architecture (deep-copied; its weights are replaced by
+    the saved ones)."""
+    tree = _state.read(path)
+    network = _state.weights(model, tree, device)
+    fitted = Laplace(**tree["params"], batch_fn=batch_fn)
+    la = fitted._new(require_laplace(), network, tree["last_layer"])
+    with _torch.quiet():
+        la.load_state_dict(_state.to_device(tree["laplace"], torch.device(device)))
+    fitted._set_fitted(la)
+    return fitted
 
 
-@contextmanager
-def _seeded(seed: int, device: torch.device) -> Iterator[None]:
-    """The global RNG, which laplace-torch's own random steps draw from (none for the default
-    options; MC grid search), reseeded from the stream (seed, LAPLACE_FIT) and restored after."""
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(int(generator(seed, LAPLACE_FIT).initial_seed()))
-        yield
+register_format(_state.FORMAT, _read)
