@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import colorsys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from scipy import ndimage
 
 from peg.data import _corruption_functions as functions
 from peg.data import corruptions as cc
+from peg.data._corruption_records import BY_NAME, table
 
 NOISES = ("gaussian_noise", "shot_noise", "impulse_noise", "speckle_noise")
 RANDOM = (
@@ -86,7 +88,8 @@ def grey() -> torch.Tensor:
 def test_names_and_parameter_table() -> None:
     assert set(REQUIRED) <= set(cc.CORRUPTIONS)
     assert len(set(cc.CORRUPTIONS)) == len(cc.CORRUPTIONS)
-    assert all(len(cc._PARAMS[name]) == 5 for name in cc.CORRUPTIONS)
+    assert tuple(BY_NAME) == cc.CORRUPTIONS
+    assert all(len(v) == 5 for r in BY_NAME.values() for v in r.parameters.values())
     assert cc.applicable(3) == cc.CORRUPTIONS
     assert cc.applicable(1) == tuple(n for n in cc.CORRUPTIONS if n != "saturate")
     assert cc.ROTATION_ANGLES == (0, 15, 30, 45, 60, 75, 90, 105, 120, 135, 150, 165, 180)
@@ -298,3 +301,13 @@ def test_bad_input_lists_known_names_and_checks_key_and_degrees(grey, tmp_path) 
         cc.rotate(grey, "90")
     with pytest.raises(ValueError, match=r"^degrees:"):
         cc.rotate(grey, float("inf"))
+
+
+def test_the_parameter_table_is_rendered_from_the_records():
+    """One record per corruption: the docstring's table and docs/data.md's are its rendering."""
+    rendered = table()
+    assert rendered in (cc.__doc__ or "") and "{table}" not in (cc.__doc__ or "")
+    docs = Path(__file__).resolve().parents[2] / "docs" / "data.md"
+    assert rendered in docs.read_text(encoding="utf-8"), "paste _corruption_records.table()"
+    assert len(rendered.splitlines()) == 2 + len(cc.CORRUPTIONS)
+    assert "| saturate | HSV saturation S·a + b: a, b | .3, 0 |" in rendered

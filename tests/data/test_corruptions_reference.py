@@ -20,6 +20,7 @@ from scipy import ndimage
 from peg.data import _corruption_blur as blur
 from peg.data import _corruption_weather as weather
 from peg.data import corruptions as cc
+from peg.data._corruption_records import BY_NAME
 
 NEW = (
     "glass_blur",
@@ -58,7 +59,8 @@ def _generators(name: str, severity: int, n: int, seed: int = 0) -> list[np.rand
 def _check(name: str, severity: int, x: np.ndarray, port, atol: float = 1e-5) -> None:
     """corrupt(x) against `port(image [H, W, C] float64, parameter, generator)` per image."""
     got = cc.corrupt(torch.from_numpy(x), name, severity).numpy()
-    param = cc._PARAMS[name][severity - 1]
+    values = tuple(BY_NAME[name].at(severity).values())  # in the record's order
+    param = values[0] if len(values) == 1 else values
     gens = _generators(name, severity, len(x))
     want = [
         port(img.transpose(1, 2, 0).astype(np.float64), param, g)

@@ -158,13 +158,12 @@ def _gaussian(x: Array, sigma: float) -> Array:
 
 
 def glass_blur(
-    x: Array, param: tuple[float, int, int], rng: np.random.Generator, scale: float
+    x: Array, rng: np.random.Generator, scale: float, *, sigma: float, delta: int, iterations: int
 ) -> Array:
     # Blur, then `iterations` scans from the bottom-right pixel to (delta + 1, delta + 1), each
     # pixel taking the value of the one (dy, dx) away, dy, dx uniform in [-delta, delta): the
     # reference's tuple "swap" of numpy views copies (numpy/numpy#14428), so that is what
     # CIFAR-10-C holds. The scan runs in the reference order, one step for all images at once.
-    sigma, delta, iterations = param
     sigma, delta = sigma * scale, max(1, round(delta * scale))
     n, c, h, w = x.shape
     rows, cols = range(h - delta, delta, -1), range(w - delta, delta, -1)
@@ -184,14 +183,13 @@ def glass_blur(
 
 
 def motion_blur(
-    x: Array, param: tuple[float, float], rng: np.random.Generator, scale: float
+    x: Array, rng: np.random.Generator, scale: float, *, radius: float, sigma: float
 ) -> Array:
-    radius, sigma = param
     angles = [g.uniform(-45, 45) for g in image_generators(rng, x.shape[0])]
     return line_blur(x, radius * scale, sigma * scale, np.asarray(angles))
 
 
-def zoom_blur(x: Array, end: float, rng: np.random.Generator, scale: float) -> Array:
+def zoom_blur(x: Array, rng: np.random.Generator, scale: float, *, end: float) -> Array:
     # The mean of the image and its clipped zooms by 1, 1.01, ... (the reference's
     # np.arange(1, end, 0.01), floating-point end effects included): factors are relative.
     factors = np.arange(1, end, 0.01)
@@ -202,7 +200,7 @@ def zoom_blur(x: Array, end: float, rng: np.random.Generator, scale: float) -> A
 
 
 def elastic_transform(
-    x: Array, param: tuple[float, float, float], rng: np.random.Generator, scale: float
+    x: Array, rng: np.random.Generator, scale: float, *, alpha: float, sigma: float, shift: float
 ) -> Array:
     # The parameters are fractions of the image side (the reference's IMSIZE): a random affine
     # warp moving three points around the centre (OpenCV getAffineTransform + warpAffine,
@@ -210,7 +208,7 @@ def elastic_transform(
     # Gaussian (border reflect, truncated at 3σ) times alpha, read bilinearly (border reflect).
     n, _, h, w = x.shape
     side = min(h, w)
-    alpha, sigma, shift = (p * side for p in param)
+    alpha, sigma, shift = (p * side for p in (alpha, sigma, shift))
     # Points are (x, y); `half` at least 1 px, so tiny images still get three distinct points.
     centre, half = np.array([w // 2, h // 2], np.float64), max(1, side // 3)
     src = np.array([centre + half, [centre[0] + half, centre[1] - half], centre - half])

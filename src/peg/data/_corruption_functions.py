@@ -2,44 +2,37 @@
 defocus, Gaussian and box blurs, photometric (contrast, brightness, saturation) and the Pillow
 ones (pixelate, JPEG); glass, motion and zoom blur and the elastic transform in
 `peg.data._corruption_blur`; frost, fog, snow and spatter in `peg.data._corruption_weather`.
-`FUNCTIONS` maps every name to its function.
+`peg.data._corruption_records` names every function with its parameters.
 
-Every function takes (images `[N, C, H, W]` float32 in [0, 1], its parameter at one severity,
-a NumPy generator, the spatial scale s = min(H, W) / 32) and returns the corrupted images
-before clipping. The parameters, the scaling to other image sizes and the deviations from the
-reference code are described in `peg.data.corruptions`.
+Every function takes (images `[N, C, H, W]` float32 in [0, 1], a NumPy generator, the spatial
+scale s = min(H, W) / 32, and its parameters at one severity by name) and returns the corrupted
+images before clipping. The parameters, the scaling to other image sizes and the deviations
+from the reference code are described in `peg.data.corruptions`.
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 from PIL import Image
 from scipy import ndimage
 
-from peg.data import _corruption_blur as blur
-from peg.data import _corruption_weather as weather
-
 Array = np.ndarray
-# (images [N, C, H, W] float32, parameter, generator, spatial scale) -> images
-Corruption = Callable[[Array, Any, np.random.Generator, float], Array]
 
 
 # ---------------------------------------------------------------- noise (vectorised)
 
 
-def gaussian_noise(x: Array, sigma: float, rng: np.random.Generator, scale: float) -> Array:
+def gaussian_noise(x: Array, rng: np.random.Generator, scale: float, *, sigma: float) -> Array:
     return x + sigma * rng.standard_normal(x.shape, dtype=np.float32)
 
 
-def shot_noise(x: Array, photons: float, rng: np.random.Generator, scale: float) -> Array:
+def shot_noise(x: Array, rng: np.random.Generator, scale: float, *, photons: float) -> Array:
     return (rng.poisson(x * np.float64(photons)) / photons).astype(np.float32)
 
 
-def impulse_noise(x: Array, amount: float, rng: np.random.Generator, scale: float) -> Array:
+def impulse_noise(x: Array, rng: np.random.Generator, scale: float, *, amount: float) -> Array:
     # One uniform per value (skimage's s&p draws two arrays, which would tie each image's
     # noise to N): below amount/2 salt, up to amount pepper.
     u = rng.random(x.shape, dtype=np.float32)
@@ -49,7 +42,7 @@ def impulse_noise(x: Array, amount: float, rng: np.random.Generator, scale: floa
     return out
 
 
-def speckle_noise(x: Array, sigma: float, rng: np.random.Generator, scale: float) -> Array:
+def speckle_noise(x: Array, rng: np.random.Generator, scale: float, *, sigma: float) -> Array:
     return x + x * (sigma * rng.standard_normal(x.shape, dtype=np.float32))
 
 
@@ -98,13 +91,13 @@ def resample_kernel(kernel: Array, scale: float) -> Array:
 
 
 def defocus_blur(
-    x: Array, param: tuple[float, float], rng: np.random.Generator, scale: float
+    x: Array, rng: np.random.Generator, scale: float, *, radius: float, alias_blur: float
 ) -> Array:
-    kernel = resample_kernel(reference_disk(*param), scale).astype(np.float32)
+    kernel = resample_kernel(reference_disk(radius, alias_blur), scale).astype(np.float32)
     return ndimage.correlate(x, kernel[None, None], mode="mirror")
 
 
-def gaussian_blur(x: Array, sigma: float, rng: np.random.Generator, scale: float) -> Array:
+def gaussian_blur(x: Array, rng: np.random.Generator, scale: float, *, sigma: float) -> Array:
     return ndimage.gaussian_filter(x, sigma=(0, 0, sigma * scale, sigma * scale), mode="nearest")
 
 
@@ -117,7 +110,7 @@ def box_taps(width: float) -> Array:
     return (w / w.sum()).astype(np.float32)
 
 
-def box_blur(x: Array, width: float, rng: np.random.Generator, scale: float) -> Array:
+def box_blur(x: Array, rng: np.random.Generator, scale: float, *, width: float) -> Array:
     taps = box_taps(width * scale)
     out = ndimage.correlate1d(x, taps, axis=2, mode="reflect")
     return ndimage.correlate1d(out, taps, axis=3, mode="reflect")
@@ -126,12 +119,12 @@ def box_blur(x: Array, width: float, rng: np.random.Generator, scale: float) -> 
 # ---------------------------------------------------------------- photometric (vectorised)
 
 
-def contrast(x: Array, factor: float, rng: np.random.Generator, scale: float) -> Array:
+def contrast(x: Array, rng: np.random.Generator, scale: float, *, factor: float) -> Array:
     means = x.mean(axis=(2, 3), keepdims=True)
     return (x - means) * np.float32(factor) + means
 
 
-def brightness(x: Array, shift: float, rng: np.random.Generator, scale: float) -> Array:
+def brightness(x: Array, rng: np.random.Generator, scale: float, *, shift: float) -> Array:
     # HSV: V = max over channels. Same H and S with V' = min(V + c, 1) is the pixel scaled by
     # V'/V (black pixels, S = 0, become grey V'). For one channel this is x + c.
     v = x.max(axis=1, keepdims=True)
@@ -140,11 +133,10 @@ def brightness(x: Array, shift: float, rng: np.random.Generator, scale: float) -
     return np.where(v > 0, x * ratio, v_new)
 
 
-def saturate(x: Array, param: tuple[float, float], rng: np.random.Generator, scale: float) -> Array:
+def saturate(x: Array, rng: np.random.Generator, scale: float, *, a: float, b: float) -> Array:
     # HSV with V = max, S = (V - min) / V. Keeping H and V, each channel's distance below V is
     # proportional to S, so it is scaled by S'/S. Grey pixels (S = 0) have hue 0 in skimage:
     # they become (V, V(1 - S'), V(1 - S')), as in CIFAR-10-C.
-    a, b = param
     v = x.max(axis=1, keepdims=True)
     delta = v - x.min(axis=1, keepdims=True)
     s = np.divide(delta, v, out=np.zeros_like(v), where=v > 0)
@@ -158,7 +150,7 @@ def saturate(x: Array, param: tuple[float, float], rng: np.random.Generator, sca
 # ---------------------------------------------------------------- Pillow (per image)
 
 
-def pixelate(x: Array, factor: float, rng: np.random.Generator, scale: float) -> Array:
+def pixelate(x: Array, rng: np.random.Generator, scale: float, *, factor: float) -> Array:
     n, c, h, w = x.shape
     small = (max(1, int(w * factor)), max(1, int(h * factor)))  # Pillow sizes are (W, H)
     out = np.empty_like(x)
@@ -170,7 +162,7 @@ def pixelate(x: Array, factor: float, rng: np.random.Generator, scale: float) ->
     return out
 
 
-def jpeg_compression(x: Array, quality: int, rng: np.random.Generator, scale: float) -> Array:
+def jpeg_compression(x: Array, rng: np.random.Generator, scale: float, *, quality: int) -> Array:
     pixels = np.round(x * 255.0).astype(np.uint8)
     pixels = pixels[:, 0] if x.shape[1] == 1 else pixels.transpose(0, 2, 3, 1)  # Pillow layout
     out = np.empty(pixels.shape, dtype=np.uint8)
@@ -182,27 +174,3 @@ def jpeg_compression(x: Array, quality: int, rng: np.random.Generator, scale: fl
             out[i] = np.asarray(decoded)
     out = out[:, None] if x.shape[1] == 1 else out.transpose(0, 3, 1, 2)
     return out.astype(np.float32) / 255.0
-
-
-FUNCTIONS: dict[str, Corruption] = {
-    "gaussian_noise": gaussian_noise,
-    "shot_noise": shot_noise,
-    "impulse_noise": impulse_noise,
-    "speckle_noise": speckle_noise,
-    "defocus_blur": defocus_blur,
-    "glass_blur": blur.glass_blur,
-    "motion_blur": blur.motion_blur,
-    "zoom_blur": blur.zoom_blur,
-    "gaussian_blur": gaussian_blur,
-    "box_blur": box_blur,
-    "snow": weather.snow,
-    "frost": weather.frost,
-    "fog": weather.fog,
-    "spatter": weather.spatter,
-    "contrast": contrast,
-    "brightness": brightness,
-    "saturate": saturate,
-    "elastic_transform": blur.elastic_transform,
-    "pixelate": pixelate,
-    "jpeg_compression": jpeg_compression,
-}

@@ -34,7 +34,8 @@ from peg.data._corruption_blur import (
 )
 
 Array = np.ndarray
-Corruption = Callable[[Array, Any, np.random.Generator, float], Array]
+# (images [N, C, H, W] float32, generator, spatial scale, **parameters) -> images
+Corruption = Callable[..., Array]
 
 LUMA = np.array([0.299, 0.587, 0.114], np.float32)  # ITU-R BT.601
 WATER = np.array([175, 238, 238], np.float32) / 255  # pale turquoise (RGB)
@@ -64,10 +65,10 @@ def via_rgb(corruption: Corruption) -> Corruption:
     """`corruption` for 1 or 3 channels: grey images go through their RGB copy and luma."""
 
     @functools.wraps(corruption)
-    def wrapped(x: Array, param: Any, rng: np.random.Generator, scale: float) -> Array:
+    def wrapped(x: Array, rng: np.random.Generator, scale: float, **parameters: Any) -> Array:
         if x.shape[1] == 3:
-            return corruption(x, param, rng, scale)
-        rgb = corruption(np.repeat(x, 3, axis=1), param, rng, scale)
+            return corruption(x, rng, scale, **parameters)
+        rgb = corruption(np.repeat(x, 3, axis=1), rng, scale, **parameters)
         return luma(np.clip(rgb, 0.0, 1.0))
 
     return wrapped
@@ -114,10 +115,9 @@ def frost_photos() -> tuple[Array, ...]:
 
 
 @via_rgb
-def frost(x: Array, param: tuple[float, float], rng: np.random.Generator, scale: float) -> Array:
+def frost(x: Array, rng: np.random.Generator, scale: float, *, keep: float, add: float) -> Array:
     # c0·x + c1·frost, the frost a random crop of a random photograph (of 5: the reference
     # lists 6 files but draws randint(5), the first 5; here the package's 5).
-    keep, add = param
     photos = frost_photos()
     n, _, h, w = x.shape
     h0, w0 = reference_shape(h, w, scale)
@@ -170,9 +170,8 @@ def plasma_fractal(noise: Array, size: int, decay: float) -> Array:
 
 
 @via_rgb
-def fog(x: Array, param: tuple[float, float], rng: np.random.Generator, scale: float) -> Array:
+def fog(x: Array, rng: np.random.Generator, scale: float, *, amount: float, decay: float) -> Array:
     # (x + c0·fractal) · max / (max + c0), max the image's largest value.
-    amount, decay = param
     n, _, h, w = x.shape
     h0, w0 = reference_shape(h, w, scale)
     size = 1 << max(1, int(np.ceil(np.log2(max(h0, w0)))))
@@ -187,11 +186,22 @@ def fog(x: Array, param: tuple[float, float], rng: np.random.Generator, scale: f
 
 
 @via_rgb
-def snow(x: Array, param: tuple[float, ...], rng: np.random.Generator, scale: float) -> Array:
+def snow(
+    x: Array,
+    rng: np.random.Generator,
+    scale: float,
+    *,
+    loc: float,
+    spread: float,
+    zoom: float,
+    threshold: float,
+    radius: float,
+    sigma: float,
+    mix: float,
+) -> Array:
     # Flakes: N(loc, spread) noise, clipped_zoom by `zoom`, values below `threshold` cleared,
     # motion-blurred (radius, sigma, angle U(-135°, -45°)); added with its half-turn rotation
     # to the image brightened towards max(x, 1.5·grey + 0.5) by 1 - mix.
-    loc, spread, zoom, threshold, radius, sigma, mix = param
     n, _, h, w = x.shape
     h0, w0 = reference_shape(h, w, scale)
     flakes, angles = [], []
@@ -286,11 +296,21 @@ def water(liquid: Array) -> Array:
 
 
 @via_rgb
-def spatter(x: Array, param: tuple[float, ...], rng: np.random.Generator, scale: float) -> Array:
+def spatter(
+    x: Array,
+    rng: np.random.Generator,
+    scale: float,
+    *,
+    loc: float,
+    spread: float,
+    sigma: float,
+    threshold: float,
+    strength: float,
+    is_mud: int,
+) -> Array:
     # Liquid: N(loc, spread) noise, Gaussian-blurred (σ), values below `threshold` cleared.
     # Severities 1-3: water, x + strength · drops · pale turquoise; 4-5: mud, the liquid mask
     # blurred (σ = strength), below 0.8 cleared, blended over x in mud brown.
-    loc, spread, sigma, threshold, strength, is_mud = param
     n, _, h, w = x.shape
     h0, w0 = reference_shape(h, w, scale)
     liquid = np.stack([g.normal(loc, spread, size=(h0, w0)) for g in image_generators(rng, n)])

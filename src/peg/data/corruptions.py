@@ -10,37 +10,11 @@
 Written with NumPy, SciPy and Pillow only, after Hendrycks & Dietterich (2019), "Benchmarking
 neural network robustness to common corruptions and perturbations", and its reference code
 (`hendrycks/robustness`, `ImageNet-C/create_c/make_cifar_c.py`). The 32×32 parameters are the
-CIFAR-10-C ones from that script (all 19 of its corruptions), plus our `box_blur`:
+CIFAR-10-C ones from that script (all 19 of its corruptions), plus our `box_blur`; each
+corruption is one record of `peg.data._corruption_records` (its function, its parameters by
+name, its channels), and this table is rendered from them:
 
-| name | parameter (32×32) | 1 | 2 | 3 | 4 | 5 |
-|---|---|---|---|---|---|---|
-| gaussian_noise | σ of x + N(0, σ²) | .04 | .06 | .08 | .09 | .10 |
-| shot_noise | photons λ: Poisson(λx)/λ | 500 | 250 | 100 | 75 | 50 |
-| impulse_noise | salt-and-pepper fraction | .01 | .02 | .03 | .05 | .07 |
-| speckle_noise | σ of x + x·N(0, σ²) | .06 | .10 | .12 | .16 | .20 |
-| defocus_blur | disk radius, anti-alias σ (px) | .3, .4 | .4, .5 | .5, .6 | 1, .2 | 1.5, .1 |
-| glass_blur | σ, max shift δ (px), passes | .05,1,1 | .25,1,1 | .4,1,1 | .25,1,2 | .4,1,2 |
-| motion_blur | radius, σ (px); angle U(±45°) | 6, 1 | 6, 1.5 | 6, 2 | 8, 2 | 9, 2.5 |
-| zoom_blur | zooms 1, 1.01, .. up to | 1.06 | 1.11 | 1.15 | 1.20 | 1.25 |
-| gaussian_blur | σ (px) | .4 | .6 | .7 | .8 | 1 |
-| box_blur | box width (px) | 2 | 2.5 | 3 | 4 | 5 |
-| snow, spatter | see the table below | | | | | |
-| frost | c0·x + c1·frost: c0, c1 | 1, .2 | 1, .3 | .9, .4 | .85, .4 | .75, .45 |
-| fog | amount, fractal decay | .2, 3 | .5, 3 | .75, 2.5 | 1, 2 | 1.5, 1.75 |
-| contrast | factor c: (x − mean)·c + mean | .75 | .5 | .4 | .3 | .15 |
-| brightness | added to HSV value | .05 | .1 | .15 | .2 | .3 |
-| saturate | HSV saturation S·a + b: a, b | .3, 0 | .1, 0 | 1.5, 0 | 2, .1 | 2.5, .2 |
-| elastic_transform | α, σ, affine, % of side | 0, 0, 8 | 5, 20, 7 | 8, 6, 6 | 10, 4, 5 | 10, 3, 3 |
-| pixelate | size factor (BOX down, NEAREST up) | .95 | .9 | .85 | .75 | .65 |
-| jpeg_compression | Pillow JPEG quality | 80 | 65 | 58 | 50 | 40 |
-
-| sev. | snow: loc, scale, zoom, threshold, radius, σ, mix | spatter: loc, scale, σ, threshold, c |
-|---|---|---|
-| 1 | .1, .2, 1, .6, 8, 3, .95 | .62, .1, .7, .7, .5 (water: c·drops) |
-| 2 | .1, .2, 1, .5, 10, 4, .9 | .65, .1, .8, .7, .5 (water) |
-| 3 | .15, .3, 1.75, .55, 10, 4, .9 | .65, .3, 1, .69, .5 (water) |
-| 4 | .25, .3, 2.25, .6, 12, 6, .85 | .65, .1, .7, .69, .6 (mud: c = its blur σ) |
-| 5 | .3, .3, 1.25, .65, 14, 12, .8 | .65, .1, .5, .68, .6 (mud) |
+{table}
 
 Other image sizes (28×28 for the MNIST family) scale the *spatial* parameters by
 s = min(H, W) / 32 (0.875 for 28×28), so a corruption covers the same fraction of the image:
@@ -97,8 +71,8 @@ Caching: `corrupted` and `shifted_sets(cache=True)` keep results as `.npy` files
 hash of X, name, severity, seed, a code version); writes are atomic (temporary file, rename).
 
 The corruption functions are in `peg.data._corruption_functions` (with `_corruption_blur` and
-`_corruption_weather`); this module holds their parameters, the argument checks, the cache and
-the iterators over shifted sets.
+`_corruption_weather`), their records in `peg.data._corruption_records`; this module holds the
+argument checks (one place: `_arguments`), the cache and the iterators over shifted sets.
 """
 
 from __future__ import annotations
@@ -107,7 +81,7 @@ import os
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -122,8 +96,9 @@ from peg.data._corruption_cache import (
     read_cache,
     write_cache,
 )
-from peg.data._corruption_functions import FUNCTIONS, Array
-from peg.data._corruption_weather import frost_photos
+from peg.data._corruption_records import BY_NAME, RECORDS, Array, table
+
+__doc__ = (__doc__ or "").replace("{table}", table())
 
 #: Severities of every corruption.
 SEVERITIES: tuple[int, ...] = (1, 2, 3, 4, 5)
@@ -134,54 +109,8 @@ _REFERENCE_SIZE = 32  # the parameters below are CIFAR-10-C's, for 32×32 images
 # Bump when any corruption changes: it is part of every cache file's name.
 _CACHE_VERSION = 1
 
-# name: per-severity parameters at 32×32 (see the module docstring's table)
-_PARAMS: dict[str, tuple[Any, ...]] = {
-    "gaussian_noise": (0.04, 0.06, 0.08, 0.09, 0.10),
-    "shot_noise": (500, 250, 100, 75, 50),
-    "impulse_noise": (0.01, 0.02, 0.03, 0.05, 0.07),
-    "speckle_noise": (0.06, 0.10, 0.12, 0.16, 0.20),
-    "defocus_blur": ((0.3, 0.4), (0.4, 0.5), (0.5, 0.6), (1.0, 0.2), (1.5, 0.1)),
-    # sigma, max_delta, iterations
-    "glass_blur": ((0.05, 1, 1), (0.25, 1, 1), (0.4, 1, 1), (0.25, 1, 2), (0.4, 1, 2)),
-    "motion_blur": ((6, 1.0), (6, 1.5), (6, 2.0), (8, 2.0), (9, 2.5)),  # radius, sigma
-    "zoom_blur": (1.06, 1.11, 1.16, 1.21, 1.26),  # zoom factors np.arange(1, end, 0.01)
-    "gaussian_blur": (0.4, 0.6, 0.7, 0.8, 1.0),
-    "box_blur": (2.0, 2.5, 3.0, 4.0, 5.0),
-    # loc, scale, zoom, threshold, motion radius, motion sigma, mix
-    "snow": (
-        (0.1, 0.2, 1.0, 0.6, 8, 3, 0.95),
-        (0.1, 0.2, 1.0, 0.5, 10, 4, 0.9),
-        (0.15, 0.3, 1.75, 0.55, 10, 4, 0.9),
-        (0.25, 0.3, 2.25, 0.6, 12, 6, 0.85),
-        (0.3, 0.3, 1.25, 0.65, 14, 12, 0.8),
-    ),
-    "frost": ((1.0, 0.2), (1.0, 0.3), (0.9, 0.4), (0.85, 0.4), (0.75, 0.45)),  # image, frost
-    "fog": ((0.2, 3.0), (0.5, 3.0), (0.75, 2.5), (1.0, 2.0), (1.5, 1.75)),  # amount, decay
-    # loc, scale, sigma, threshold, strength (water) or mud sigma, mud
-    "spatter": (
-        (0.62, 0.1, 0.7, 0.7, 0.5, 0),
-        (0.65, 0.1, 0.8, 0.7, 0.5, 0),
-        (0.65, 0.3, 1.0, 0.69, 0.5, 0),
-        (0.65, 0.1, 0.7, 0.69, 0.6, 1),
-        (0.65, 0.1, 0.5, 0.68, 0.6, 1),
-    ),
-    "contrast": (0.75, 0.5, 0.4, 0.3, 0.15),
-    "brightness": (0.05, 0.1, 0.15, 0.2, 0.3),
-    "saturate": ((0.3, 0.0), (0.1, 0.0), (1.5, 0.0), (2.0, 0.1), (2.5, 0.2)),
-    # alpha, sigma, affine shift, as fractions of the image side (the reference's IMSIZE · c)
-    "elastic_transform": (
-        (0.0, 0.0, 0.08),
-        (0.05, 0.2, 0.07),
-        (0.08, 0.06, 0.06),
-        (0.1, 0.04, 0.05),
-        (0.1, 0.03, 0.03),
-    ),
-    "pixelate": (0.95, 0.9, 0.85, 0.75, 0.65),
-    "jpeg_compression": (80, 65, 58, 50, 40),
-}
 #: Names of the corruptions, in a fixed order.
-CORRUPTIONS: tuple[str, ...] = tuple(_PARAMS)
-_RGB_ONLY = frozenset({"saturate"})
+CORRUPTIONS: tuple[str, ...] = tuple(r.name for r in RECORDS)
 
 
 # ---------------------------------------------------------------- argument checks
@@ -209,7 +138,7 @@ def _check_images(X: Any) -> tuple[Array, torch.dtype, torch.device]:
 
 
 def _check_name(name: Any) -> str:
-    if not isinstance(name, str) or name not in _PARAMS:
+    if not isinstance(name, str) or name not in BY_NAME:
         raise ValueError(f"name: unknown corruption {name!r}; known: {', '.join(CORRUPTIONS)}")
     return name
 
@@ -222,14 +151,37 @@ def _check_severity(severity: Any) -> int:
     return int(severity)
 
 
-def _check_applicable(name: str, channels: int) -> None:
-    if name in _RGB_ONLY and channels != 3:
-        raise ValueError(
-            f"X: {name} needs RGB images (3 channels), got {channels}; grey images have no "
-            "saturation to change"
-        )
-    if name == "frost":
-        frost_photos()  # its photographs are a package: missing, it fails here, before work
+class _Arguments(NamedTuple):
+    x: Array  # float32 [N, C, H, W]
+    dtype: torch.dtype
+    device: torch.device
+    names: tuple[str, ...]
+    severities: tuple[int, ...]
+    seed: int
+
+
+def _arguments(
+    X: Any, names: str | Iterable[str] | None, severities: Iterable[int], seed: Any
+) -> _Arguments:
+    """Every argument of `corrupt`, `corrupted` and `shifted_sets` checked, in one place, before
+    any work: the images, the corruptions (default: all that apply to X's channels), whether
+    each applies (and has what it needs: frost its photographs), the severities, the seed."""
+    x, dtype, device = _check_images(X)
+    channels = x.shape[1]
+    names = (names,) if isinstance(names, str) else names
+    chosen = applicable(channels) if names is None else tuple(_check_name(n) for n in names)
+    levels = tuple(_check_severity(s) for s in severities)
+    seed = check_seed(seed)
+    for name in chosen:
+        record = BY_NAME[name]
+        if channels not in record.channels:
+            raise ValueError(
+                f"X: {name} needs RGB images (3 channels), got {channels}; grey images have no "
+                "saturation to change"
+            )
+        if record.needs is not None:
+            record.needs()  # e.g. frost's photographs, a package: missing, it fails here
+    return _Arguments(x, dtype, device, chosen, levels, seed)
 
 
 def _to_tensor(x: Array, dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -245,7 +197,8 @@ def _compute(x: Array, name: str, severity: int, seed: int) -> Array:
         return x.copy()
     rng = np.random.default_rng([seed, zlib.crc32(name.encode()), severity])
     scale = min(x.shape[2], x.shape[3]) / _REFERENCE_SIZE
-    out = FUNCTIONS[name](x, _PARAMS[name][severity - 1], rng, scale)
+    record = BY_NAME[name]
+    out = record.function(x, rng, scale, **record.at(severity))
     return np.clip(out, 0.0, 1.0).astype(np.float32, copy=False)
 
 
@@ -266,10 +219,8 @@ def corrupt(X: Tensor | Array, name: str, severity: int, seed: int = 0) -> Tenso
             negative seed, X not 4-D floating point in [0, 1] with 1 or 3 channels, or
             `saturate` on grey images.
     """
-    x, dtype, device = _check_images(X)
-    name, severity, seed = _check_name(name), _check_severity(severity), check_seed(seed)
-    _check_applicable(name, x.shape[1])
-    return _to_tensor(_compute(x, name, severity, seed), dtype, device)
+    a = _arguments(X, (name,), (severity,), seed)
+    return _to_tensor(_compute(a.x, name, a.severities[0], a.seed), a.dtype, a.device)
 
 
 def images_key(X: Tensor | Array) -> str:
@@ -314,19 +265,17 @@ def corrupted(
     Returns:
         The corrupted images `[N, C, H, W]` in [0, 1], with X's dtype and device.
     """
-    x, dtype, device = _check_images(X)
-    name, severity, seed = _check_name(name), _check_severity(severity), check_seed(seed)
-    _check_applicable(name, x.shape[1])
-    key = images_digest(x) if key is None else check_key(key)
-    out, _ = _corrupted(x, name, severity, seed, cache_root(cache_dir), key)
-    return _to_tensor(out, dtype, device)
+    a = _arguments(X, (name,), (severity,), seed)
+    key = images_digest(a.x) if key is None else check_key(key)
+    out, _ = _corrupted(a.x, name, a.severities[0], a.seed, cache_root(cache_dir), key)
+    return _to_tensor(out, a.dtype, a.device)
 
 
 def applicable(channels: int) -> tuple[str, ...]:
     """The corruptions that apply to images with `channels` channels (1: all but saturate)."""
     if channels not in (1, 3):
         raise ValueError(f"channels: expected 1 or 3, got {channels!r}")
-    return tuple(n for n in CORRUPTIONS if channels == 3 or n not in _RGB_ONLY)
+    return tuple(r.name for r in RECORDS if channels in r.channels)
 
 
 def shifted_sets(
@@ -350,26 +299,20 @@ def shifted_sets(
     Yields:
         `(name, severity, X_shifted)`, X_shifted `[N, C, H, W]` with X's dtype and device.
     """
-    x, dtype, device = _check_images(X)
-    names = (names,) if isinstance(names, str) else names
-    chosen = applicable(x.shape[1]) if names is None else tuple(_check_name(n) for n in names)
-    for name in chosen:
-        _check_applicable(name, x.shape[1])
-    levels = tuple(_check_severity(s) for s in severities)
-    seed = check_seed(seed)
+    a = _arguments(X, names, severities, seed)
     use_cache = cache or cache_dir is not None
     if use_cache:
-        key = images_digest(x) if key is None else check_key(key)
+        key = images_digest(a.x) if key is None else check_key(key)
     folder = cache_root(cache_dir)
 
     def generate() -> Iterator[tuple[str, int, Tensor]]:
-        for name in chosen:
-            for severity in levels:
+        for name in a.names:
+            for severity in a.severities:
                 if use_cache:
-                    out, _ = _corrupted(x, name, severity, seed, folder, str(key))
+                    out, _ = _corrupted(a.x, name, severity, a.seed, folder, str(key))
                 else:
-                    out = _compute(x, name, severity, seed)
-                yield name, severity, _to_tensor(out, dtype, device)
+                    out = _compute(a.x, name, severity, a.seed)
+                yield name, severity, _to_tensor(out, a.dtype, a.device)
 
     return generate()
 
