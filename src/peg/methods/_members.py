@@ -28,10 +28,11 @@ import torch
 from torch import Tensor, nn
 
 from peg._heads import find_split
-from peg._inputs import Data, check_positive_int
+from peg._inputs import Data
 from peg._params import entry_views, module_like, refresh_bn
 from peg._progress import counter
 from peg._rows import ValSource
+from peg._scalars import check_positive_int
 from peg.batches import BatchFn, Tapped
 from peg.ensemble import STRATEGIES, Ensemble, Strategy, autocast_dtype
 from peg.errors import NotStreamable

@@ -21,14 +21,11 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from peg._inputs import (
-    Data,
-    check_number,
-    check_positive_int,
-    weights_device,
-)
+from peg._devices import weights_device
+from peg._inputs import Data
 from peg._params import check_param_filter, module_like, param_label, select_parameters
 from peg._rows import InputBatches, ValSource, read_in_order, split_points
+from peg._scalars import check_number, check_positive_int
 from peg.batches import check_batch_fn
 from peg.ensemble import Ensemble, Strategy
 from peg.errors import ArchiveError, NonFiniteError, NotFittedError
