@@ -13,6 +13,15 @@ cost 5× more forward passes but no more memory per N once N ≥ 2 × cap).
 
     python benchmarks/streaming_memory.py                 # N = 10k, 40k, 160k; 3×16×16
     python benchmarks/streaming_memory.py --sizes 2000 8000 --side 32 --score-points 10000
+
+`--loader-case` measures the case of issue 22 instead: PEG-15 with a fixed η (no search: the
+pass in order, then the gradients) on a DataLoader over 40,000 images of 3×64×64 (1.97 GB made
+on the fly, batch_size=256), in 5 fresh processes; the target is a peak RSS growth within
++0.3 GB in every one. Before the fix (the pass in order kept each batch's labels as a small
+tensor allocated after the batch, pinning glibc's heap once its dynamic mmap threshold had
+risen past the batch size) it grew +1.0 to +1.9 GB.
+
+    python benchmarks/streaming_memory.py --loader-case   # ~2 minutes on 2 cores
 """
 
 from __future__ import annotations
@@ -65,32 +74,38 @@ def _status(key: str) -> int:
     raise KeyError(key)
 
 
-def child(n: int, side: int, score_points: int) -> None:
+def child(n: int, side: int, score_points: int, eta: float | None = None) -> None:
     import peg
 
     model = tiny_cnn()
     loader = DataLoader(Images(n, side), batch_size=256)
     before = _status("VmRSS")
     start = time.perf_counter()
-    fitted = peg.PEG(n_members=15, eta="search", max_score_points=score_points, progress=False).fit(
-        model, loader
-    )
+    search = dict(eta="search", max_score_points=score_points) if eta is None else dict(eta=eta)
+    fitted = peg.PEG(n_members=15, progress=False, **search).fit(model, loader)
     seconds = time.perf_counter() - start
     grown = _status("VmHWM") - before
     points = fitted.meta_["validation_points"]
     print(json.dumps({"n": n, "grown": grown, "seconds": seconds, "points": points}))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 40_000, 160_000])
-    parser.add_argument("--side", type=int, default=16)
-    parser.add_argument("--score-points", type=int, default=2000)
-    parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child is not None:
-        child(args.child, args.side, args.score_points)
-        return
+def _run_child(n: int, side: int, score_points: int, eta: float | None = None) -> dict:
+    extra = [] if eta is None else ["--eta", str(eta)]
+    out = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            *("--child", str(n), "--side", str(side), "--score-points", str(score_points)),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _header() -> None:
     commit = subprocess.run(
         ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
@@ -100,6 +115,46 @@ def main() -> None:
         f"machine: {platform.system()} {platform.machine()}, {os.cpu_count()} cores, "
         f"torch {torch.__version__} ({torch.get_num_threads()} threads)"
     )
+
+
+def loader_case(n: int = 40_000, side: int = 64, runs: int = 5, limit_gb: float = 0.3) -> None:
+    """Issue 22's case: PEG-15, fixed η, on a 1.97 GB loader, `runs` fresh processes."""
+    _header()
+    print(
+        f"PEG-15, eta=0.01 (fixed: the pass in order, then the gradients), tiny CNN, {n} images "
+        f"3×{side}×{side} made on the fly ({n * 3 * side * side * 4 / 1e9:.2f} GB), "
+        "DataLoader(batch_size=256, workers=0); peak RSS growth over fit (VmHWM − VmRSS "
+        "before), one fresh process per run"
+    )
+    print(f"{'run':>4} {'peak growth (GB)':>17} {'fit (s)':>8}")
+    grown = []
+    for run in range(runs):
+        r = _run_child(n, side, 0, eta=0.01)
+        grown.append(r["grown"] / 1e9)
+        print(f"{run + 1:>4} {grown[-1]:>17.2f} {r['seconds']:>8.1f}", flush=True)
+    ok = max(grown) <= limit_gb
+    print(
+        f"largest peak growth: +{max(grown):.2f} GB (target ≤ +{limit_gb} GB in every run: "
+        f"{'met' if ok else 'MISSED'})"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 40_000, 160_000])
+    parser.add_argument("--side", type=int, default=16)
+    parser.add_argument("--score-points", type=int, default=2000)
+    parser.add_argument("--loader-case", action="store_true", help="issue 22's case (see above)")
+    parser.add_argument("--eta", type=float, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child is not None:
+        child(args.child, args.side, args.score_points, args.eta)
+        return
+    if args.loader_case:
+        loader_case()
+        return
+    _header()
     gb = 3 * args.side * args.side * 4 / 1e9
     print(
         f"PEG-15, eta='search' (eta_holdout=0.5, max_score_points={args.score_points}), tiny CNN, "
@@ -109,22 +164,7 @@ def main() -> None:
     print(f"{'N':>8} {'set (GB)':>9} {'scoring':>8} {'peak growth (MB)':>17} {'fit (s)':>8}")
     rows = []
     for n in args.sizes:
-        out = (
-            subprocess.run(
-                [
-                    sys.executable,
-                    __file__,
-                    *("--child", str(n), "--side", str(args.side)),
-                    *("--score-points", str(args.score_points)),
-                ],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            .stdout.strip()
-            .splitlines()[-1]
-        )
-        r = json.loads(out)
+        r = _run_child(n, args.side, args.score_points)
         rows.append(r)
         print(
             f"{n:>8} {n * gb:>9.2f} {r['points']['scoring']:>8} {r['grown'] / 2**20:>17.0f} "

@@ -14,7 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from peg._inputs import iter_inputs, weights_device
+from peg._devices import weights_device
+from peg._inputs import iter_inputs
 from peg.batches import BatchFn, call_model, move
 
 

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from peg._inputs import training_modules
+from peg._forward import training_modules
 from peg._params import module_like
 from peg.batches import batch_rows, call_functional, take_rows
 from peg.output import logits_of, model_output

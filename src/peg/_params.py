@@ -31,6 +31,8 @@ from torch import Tensor, nn
 from torch.nn.utils import parameters_to_vector
 
 from peg._bn import update_bn
+from peg._forward import eval_mode
+from peg.batches import call_model
 
 ParamFilter = (
     Literal["all", "weights", "last_layer"] | Sequence[str] | Callable[[str, nn.Parameter], bool]
@@ -107,32 +109,62 @@ def param_label(params: ParamFilter) -> str | list[str]:
     return getattr(params, "__name__", "callable")
 
 
-def last_layer(model: nn.Module) -> str:
-    """The name of the last Linear or Conv module (in `named_modules()` order) with trainable
-    parameters: the layer producing the outputs in a feed-forward model."""
+def last_layer(model: nn.Module, x: Any = None) -> str:
+    """The name of the layer producing the outputs: the last Linear or Conv module with
+    trainable parameters to run in a forward pass on `x` (two rows suffice: the structure of
+    the computation, whatever the modules are called: `classifier`, `score`, `fc`, `head`...),
+    or, without `x` or when no such module runs (weights used functionally), the last one in
+    `named_modules()` order. A ValueError naming the modules seen and the `params=` override
+    when there is none."""
     found = [
         name
         for name, m in model.named_modules()
         if isinstance(m, _LAYERS) and any(p.requires_grad for p in m.parameters(recurse=False))
     ]
     if not found:
+        seen = [f"{n} ({type(m).__name__})" for n, m in model.named_modules() if n][:8]
         raise ValueError(
             "params: 'last_layer' found no Linear or Conv module with trainable parameters in "
-            f"the model ({type(model).__name__}); name the modules instead, params=['name', ...]"
+            f"the model ({type(model).__name__}; modules seen: {seen}); name the head's "
+            "modules instead, params=['name', ...]"
         )
+    if x is not None:
+        ran = _run_order(model, [n for n in found], x)
+        if ran:
+            return ran[-1]
     return found[-1]
 
 
-def select_parameters(model: nn.Module, params: ParamFilter) -> list[str]:
+def _run_order(model: nn.Module, names: list[str], x: Any) -> list[str]:
+    """Modules `names` of `model` in the order a forward pass on `x` runs them (no gradient,
+    eval mode, every mode restored); [] if the pass fails (the caller's checks report it)."""
+    modules = dict(model.named_modules())
+    order: list[str] = []
+    hooks = [
+        modules[n].register_forward_hook(lambda m, i, o, n=n: order.append(n)) for n in names
+    ]
+    try:
+        with torch.no_grad(), eval_mode(model):
+            call_model(model, x)
+    except Exception:
+        return []
+    finally:
+        for h in hooks:
+            h.remove()
+    return order
+
+
+def select_parameters(model: nn.Module, params: ParamFilter, x: Any = None) -> list[str]:
     """Names of the trainable parameters to perturb, in `named_parameters()` order.
 
     `params`: "all"; "weights" (tensors with ndim ≥ 2: conv/linear weights); "last_layer" (the
     parameters of `last_layer(model)`); a list of module names (every trainable parameter in
-    those modules and their submodules); or a callable (name, parameter) -> bool.
+    those modules and their submodules); or a callable (name, parameter) -> bool. `x`: a
+    few rows of inputs for "last_layer" to find the layer by running the model (`last_layer`).
     """
     check_param_filter(params)
     if isinstance(params, str) and params == "last_layer":
-        params = [last_layer(model)]
+        params = [last_layer(model, x)]
     if params == "all":
         keep = lambda name, p: True  # noqa: E731
     elif params == "weights":  # conv / linear weight tensors, as the original PEP code

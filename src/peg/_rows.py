@@ -30,21 +30,13 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torch.utils.data._utils.collate import default_collate
 
 from peg import streams
-from peg._inputs import as_xy, check_finite, checked_labels, iter_batches
+from peg._inputs import as_xy, is_pair, iter_batches
+from peg._values import check_finite, checked_labels
 from peg.batches import BatchFn, batch_rows, split_batch, take_rows, tensors
 from peg.batches import check_data_device as _check_device
 from peg.recipe import DataHasher
 
 ORDER_BATCH = 512  # rows per batch of the pass in order when the data has no batch size of its own
-
-
-def is_pair(data: Any) -> bool:
-    """A tuple `(X, y)` of tensors or arrays (what `as_xy` takes as it is)."""
-    return (
-        isinstance(data, (tuple, list))
-        and len(data) == 2
-        and isinstance(data[0], (Tensor, np.ndarray))
-    )
 
 
 def cat_rows(parts: Sequence[Any]) -> Any:
@@ -297,7 +289,6 @@ __all__ = [
     "InputBatches",
     "ValSource",
     "cat_rows",
-    "is_pair",
     "read_in_order",
     "split_points",
     "take_rows",

@@ -22,8 +22,8 @@ from torch.func import vmap
 from torch.utils.flop_counter import FlopCounterMode
 
 from peg._folded import Folded, fold
+from peg._forward import diagnose
 from peg._heads import checked, find_split
-from peg._inputs import diagnose
 from peg.batches import batch_rows, call_functional, call_model, signature, take_rows
 from peg.errors import NotFoldable
 from peg.output import logits_of, model_output

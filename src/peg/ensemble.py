@@ -20,8 +20,10 @@ import torch
 from torch import Tensor, nn
 
 from peg import archive
-from peg._inputs import Data, check_positive_int, iter_inputs, num_batches, training_modules
+from peg._forward import training_modules
+from peg._inputs import Data, iter_inputs, num_batches
 from peg._progress import bar
+from peg._scalars import check_positive_int
 from peg._strategies import AUTO_VECTORISE_FLOPS as AUTO_VECTORISE_FLOPS
 from peg._strategies import AUTO_VECTORISE_FLOPS_CONV as AUTO_VECTORISE_FLOPS_CONV
 from peg._strategies import AUTO_VECTORISE_ROWS_CONV as AUTO_VECTORISE_ROWS_CONV

@@ -9,11 +9,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from peg._inputs import Data, as_xy, check_data_device, check_finite, checked_labels
-from peg.batches import BatchFn, Tapped, batch_rows, check_batch_fn
+from peg._inputs import Data, as_xy, is_pair
+from peg._values import check_finite, checked_labels
+from peg.batches import BatchFn, Tapped, batch_rows, check_batch_fn, check_data_device
 from peg.errors import NotStreamable
 from peg.methods.temperature import (
-    in_memory,
     iter_member_logits_of,
     member_logits_of,
     predictor_device,
@@ -77,7 +77,7 @@ def evaluate(
     device = predictor_device(predictor)
     batch_fn = check_batch_fn(batch_fn)
     tapped: Tapped | None = None
-    if y is None and in_memory(X):
+    if y is None and is_pair(X):
         X, y = as_xy(X, "X", device=device)
     elif y is None:
         if isinstance(X, (tuple, list)):

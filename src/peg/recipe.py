@@ -62,32 +62,74 @@ class DataHasher:
         self.n, self.h = n, hashlib.sha256()
         self.started = False
         self.leaves: dict[str, tuple[Any, str, int]] = {}  # path → (hasher, header, rows)
-        self.ys: list[Tensor] = []
+        self.ys = _Labels(n)
 
     def update(self, inputs: Any, y: Tensor) -> None:
+        # the buffers are hashed in place (no `tobytes()` copy of every batch: see `_Labels`)
         if isinstance(inputs, Tensor) and self.n is not None and not self.leaves:
             t = inputs.detach().cpu().contiguous()
             if not self.started:
                 self.h.update(f"{t.dtype}{(self.n, *t.shape[1:])}".encode())
                 self.started = True
-            self.h.update(t.numpy().tobytes())
+            self.h.update(_buffer(t))
         else:
             for path, t in leaves(inputs):
                 t = t.detach().cpu().contiguous()
                 hasher, head, rows = self.leaves.get(
                     path, (hashlib.sha256(), f"{path}{t.dtype}{tuple(t.shape[1:])}", 0)
                 )
-                hasher.update(t.numpy().tobytes())
+                hasher.update(_buffer(t))
                 self.leaves[path] = (hasher, head, rows + (len(t) if t.ndim else 1))
         self.ys.append(y.detach().cpu())
 
     def hexdigest(self) -> str:
         for hasher, head, rows in self.leaves.values():
             self.h.update(f"{head}{rows}{hasher.hexdigest()}".encode())
-        y = torch.cat(self.ys).contiguous()
+        y = self.ys.all().contiguous()
         self.h.update(f"{y.dtype}{tuple(y.shape)}".encode())
-        self.h.update(y.numpy().tobytes())
+        self.h.update(_buffer(y))
         return self.h.hexdigest()
+
+
+def _buffer(t: Tensor) -> Any:
+    """The bytes of a contiguous CPU tensor, without a copy (a flat uint8 view)."""
+    return t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b""
+
+
+class _Labels:
+    """The labels of a pass in order, kept until its end in ONE buffer of `n` rows when `n` is
+    known (a doubling one otherwise), not a list of small per-batch tensors.
+
+    Why: each batch of a pass is a large short-lived allocation (megabytes) that glibc serves
+    from the heap once its dynamic mmap threshold has risen past the batch size; a small
+    long-lived tensor allocated after each one (the batch's labels) pins the heap above the
+    freed batch, so the heap cannot shrink and the process grew by gigabytes over a pass on a
+    DataLoader (benchmarks/streaming_memory.py, `--loader-case`). A buffer allocated once (and
+    hashing without `tobytes()` copies) leaves nothing behind between batches.
+    """
+
+    def __init__(self, n: int | None) -> None:
+        self.n, self.buf, self.rows = n, None, 0
+
+    def append(self, y: Tensor) -> None:
+        if self.buf is None or self.buf.dtype != y.dtype or self.buf.shape[1:] != y.shape[1:]:
+            if self.buf is not None:  # another dtype or shape: let torch.cat say what it says
+                self.buf = torch.cat([self.buf[: self.rows], y])
+                self.rows = len(self.buf)
+                return
+            size = self.n if self.n is not None and self.n >= len(y) else max(1024, 2 * len(y))
+            self.buf = y.new_empty((size, *y.shape[1:]))
+        if self.rows + len(y) > len(self.buf):
+            grown = y.new_empty((max(2 * len(self.buf), self.rows + len(y)), *y.shape[1:]))
+            grown[: self.rows] = self.buf[: self.rows]
+            self.buf = grown
+        self.buf[self.rows : self.rows + len(y)] = y
+        self.rows += len(y)
+
+    def all(self) -> Tensor:
+        if self.buf is None:
+            return torch.empty(0, dtype=torch.long)
+        return self.buf[: self.rows]
 
 
 def fingerprint_probe(P: int) -> Tensor:

@@ -88,7 +88,7 @@ import torch
 from scipy import ndimage
 from torch import Tensor
 
-from peg._inputs import check_seed
+from peg._scalars import check_seed
 from peg.data._corruption_cache import (
     cache_root,
     check_key,

@@ -50,7 +50,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from peg._inputs import check_seed
+from peg._scalars import check_seed
 from peg.data import toy
 from peg.data.cifar import load_cifar10, load_cifar100
 from peg.data.mnist import IDX_SETS, load_idx_set, load_mnist_5k

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from peg._inputs import check_seed
+from peg._scalars import check_seed
 
 
 def _split_counts(counts: np.ndarray, total: int) -> np.ndarray:

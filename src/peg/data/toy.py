@@ -14,7 +14,7 @@ import torch
 from sklearn.datasets import make_moons
 from torch import Tensor
 
-from peg._inputs import check_number, check_positive_int, check_seed
+from peg._scalars import check_number, check_positive_int, check_seed
 
 
 def _counts(n: int, classes: int) -> list[int]:

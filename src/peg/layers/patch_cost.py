@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from peg._inputs import check_number
+from peg._scalars import check_number
 from peg.layers.patched_module import patched_modules
 
 

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from peg._inputs import check_number
+from peg._scalars import check_number
 from peg.layers.patch_cost import emp_loss, overhead, patch_regularizer
 from peg.layers.patched_layers import BN_TYPES, PatchedBatchNorm, PatchedConv, PatchedLinear
 from peg.layers.patched_module import MODES as MODES

@@ -29,8 +29,9 @@ import numpy as np
 from torch import Tensor
 
 from peg import archive
-from peg._inputs import Data, Tapped, check_positive_int
-from peg.batches import BatchFn, check_batch_fn
+from peg._inputs import Data
+from peg._scalars import check_positive_int
+from peg.batches import BatchFn, Tapped, check_batch_fn
 from peg.ensemble import Ensemble
 from peg.errors import ArchiveError, NotFittedError
 from peg.loading import register_calibrator

@@ -28,13 +28,15 @@ import torch
 from torch import Tensor, nn
 
 from peg._heads import find_split
-from peg._inputs import Data, check_positive_int
+from peg._inputs import Data
 from peg._params import entry_views, module_like, refresh_bn
 from peg._progress import counter
 from peg._rows import ValSource
-from peg.batches import BatchFn, Tapped
+from peg._scalars import check_positive_int
+from peg.batches import BatchFn, Tapped, batch_rows, call_model, take_rows
 from peg.ensemble import STRATEGIES, Ensemble, Strategy, autocast_dtype
 from peg.errors import NotStreamable
+from peg.output import logits_of
 from peg.recipe import displacement_fingerprints, fingerprint_probe, fingerprint_rows
 
 # Members regenerated at a time by a lazy ensemble when `chunk_size` is not given.
@@ -109,6 +111,18 @@ class Bases:
                 yield r, members, D
                 del D
 
+    def head(self, x: Any) -> str | None:
+        """The module holding every perturbed entry after a trunk the members share (run once
+        per batch: `peg._heads`), checked on inputs `x`; None when every member runs whole."""
+        if self.bn_batches is not None:  # per-member BatchNorm statistics: no shared trunk
+            return None
+        split = find_split(self.skeleton, set(self.names), self.states, x)
+        if split is None:
+            return None
+        if split.prefix:
+            return split.prefix[:-1]
+        return f"{next(iter(split.head._modules))}:"  # a Sequential's tail, from that child
+
     def base_ensemble(self) -> Ensemble:
         """The base models as an `Ensemble` (scale 0 of every member; BatchNorm statistics
         re-estimated when the members' are)."""
@@ -143,7 +157,7 @@ class SearchTarget:
     at scale 0 (the bases themselves), `member_base[j]` the base of member j."""
 
     at: Callable[[float], Ensemble]
-    inputs: Tensor
+    inputs: Any  # a tensor [N, ...] or a mapping of them
     bases: Callable[[], Ensemble]
     member_base: list[int]
 
@@ -183,7 +197,7 @@ class StackedMembers:
         return self.ensemble(scale).iter_member_logits(X, batch_size, **kwargs)
 
     @torch.no_grad()
-    def search_target(self, X: Tensor, batch_size: int) -> SearchTarget:
+    def search_target(self, X: Any, batch_size: int) -> SearchTarget:
         """What the scale search scores (`SearchTarget`).
 
         With one base, no per-member BatchNorm statistics, and the perturbed entries in a head
@@ -201,7 +215,13 @@ class StackedMembers:
             return SearchTarget(self.ensemble_at, X, bases.base_ensemble, member_base)
         base, D = bases.states[0], self.directions[0]
         trunk = split.trunk_module(base)
-        features = torch.cat([trunk(x) for x in X.split(batch_size)])
+        rows = batch_rows(X, "val")  # X: a tensor or a mapping of them (dict batches)
+        features = torch.cat(
+            [
+                logits_of(call_model(trunk, take_rows(X, a, a + batch_size)))
+                for a in range(0, rows, batch_size)
+            ]
+        )
         kept = torch.tensor(bases.kept(0), device=D.device)
         shapes = [base[n].shape for n in bases.names]
 

@@ -21,15 +21,12 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from peg._inputs import (
-    Data,
-    check_number,
-    check_positive_int,
-    weights_device,
-)
+from peg._devices import weights_device
+from peg._inputs import Data
 from peg._params import check_param_filter, module_like, param_label, select_parameters
 from peg._rows import InputBatches, ValSource, read_in_order, split_points
-from peg.batches import check_batch_fn
+from peg._scalars import check_number, check_positive_int
+from peg.batches import check_batch_fn, take_rows
 from peg.ensemble import Ensemble, Strategy
 from peg.errors import ArchiveError, NonFiniteError, NotFittedError
 from peg.methods._criteria import CRITERIA, check_task, is_regression
@@ -207,6 +204,7 @@ class PerturbationEnsemble(Recipes, FittedEnsemble):
         X1, y1 = source.first(self.batch_size)
         source.classes = check_task(models, X1, y1, self.criterion)
         source.regression = is_regression(y1)
+        probe = take_rows(X1, 0, 2)  # finds the last layer, the head (meta_["head"])
         del X1, y1
         fingerprint, head = read_in_order(source, self.batch_size, self.max_score_points)
         expected = self.__dict__.pop("_expected_fingerprint", None)
@@ -215,7 +213,7 @@ class PerturbationEnsemble(Recipes, FittedEnsemble):
                 "val: not the validation data this ensemble was built from (its fingerprint "
                 "differs); pass the same data, in the same order"
             )
-        names = select_parameters(models[0], self.params)
+        names = select_parameters(models[0], self.params, probe)
         data, score = self._split(source)
         n_score = len(score) if score is not None else len(head[1]) if head is not None else 0
         need = self._min_direction_points()
@@ -297,6 +295,7 @@ class PerturbationEnsemble(Recipes, FittedEnsemble):
             self.searches if self._split_as_searched is None else self._split_as_searched
         )
         self._fitted_meta = self._meta(best, len(models), source.count, len(data), n_score)
+        self._fitted_meta["head"] = bases.head(probe)
         if self.lazy:
 
             def regenerate() -> list[RowSource]:

@@ -11,12 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
-from peg._inputs import Data, Tapped, as_xy, checked_labels, model_device, weights_device
-from peg.batches import BatchFn
+from peg._devices import model_device, weights_device
+from peg._inputs import Data, as_xy, is_pair
+from peg._values import checked_labels
+from peg.batches import BatchFn, Tapped
 from peg.ensemble import Ensemble
 from peg.errors import NotStreamable
 from peg.methods.base import FittedEnsemble, ModulePredictor
@@ -75,15 +76,6 @@ def iter_member_logits_of(
     return predictor.iter_member_logits(X, batch_size, **extra)
 
 
-def in_memory(data: Data) -> bool:
-    """Whether `data` is tensors or arrays already in memory (a pair `(X, y)` of them)."""
-    return (
-        isinstance(data, (tuple, list))
-        and len(data) == 2
-        and all(isinstance(t, (Tensor, np.ndarray)) for t in data)
-    )
-
-
 def logits_and_labels(
     predictor: Any, data: Data, batch_size: int, batch_fn: BatchFn | None, name: str
 ) -> tuple[Tensor, Tensor]:
@@ -93,7 +85,7 @@ def logits_and_labels(
     of any shape, `peg.batches`) is handed to the predictor as a `Tapped` stream, which records
     each batch's labels as the predictor reads it: the inputs are never gathered, and the
     logits are those `predictor.member_logits(data)` gives (same batches, same bits)."""
-    if in_memory(data):
+    if is_pair(data):
         X, y = as_xy(data, name, device=predictor_device(predictor))
         assert y is not None
         return member_logits_of(predictor, X, batch_size), y

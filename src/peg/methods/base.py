@@ -20,8 +20,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from peg._inputs import Data, check_positive_int, diagnose, iter_inputs, model_device, num_batches
+from peg._devices import model_device
+from peg._forward import diagnose
+from peg._inputs import Data, iter_inputs, num_batches
 from peg._progress import bar
+from peg._scalars import check_positive_int
 from peg.batches import BatchFn, call_model, check_batch_fn, move
 from peg.ensemble import Ensemble, _cat_batches, autocast_dtype
 from peg.errors import NotFittedError

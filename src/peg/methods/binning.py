@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from peg._inputs import check_number, check_positive_int
+from peg._scalars import check_number, check_positive_int
 from peg.batches import BatchFn
 from peg.errors import ArchiveError
 from peg.methods._calibrator import Calibrator, stored

@@ -20,8 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from peg._inputs import Data, check_positive_int, weights_device
+from peg._devices import weights_device
+from peg._inputs import Data
 from peg._io import save_tree
+from peg._scalars import check_positive_int
 from peg.batches import BatchFn, check_batch_fn
 from peg.ensemble import Ensemble
 from peg.methods.base import FittedEnsemble, store_arguments

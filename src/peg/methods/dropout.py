@@ -21,7 +21,8 @@ from typing import Any
 
 from torch import nn
 
-from peg._inputs import Data, check_positive_int, probe_inputs
+from peg._inputs import Data, probe_inputs
+from peg._scalars import check_positive_int
 from peg.batches import BatchFn, check_batch_fn
 from peg.methods.base import SampledPredictor, store_arguments
 

@@ -43,15 +43,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from peg._inputs import (
-    Data,
-    check_number,
-    check_positive_int,
-    check_seed,
-    diagnose,
-    model_device,
-)
+from peg._devices import model_device
+from peg._forward import diagnose
+from peg._inputs import Data
 from peg._rows import ValSource
+from peg._scalars import check_number, check_positive_int, check_seed
 from peg.batches import BatchFn, call_model, check_batch_fn, describe_inputs, move
 from peg.errors import NotFittedError
 from peg.loading import register_format

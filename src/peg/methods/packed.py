@@ -22,7 +22,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from peg._inputs import Data, check_positive_int, diagnose, probe_inputs
+from peg._forward import diagnose
+from peg._inputs import Data, probe_inputs
+from peg._scalars import check_positive_int
 from peg.batches import BatchFn, call_model, check_batch_fn, move
 from peg.losses import packed_gaussian_nll, packed_loss
 from peg.methods.base import ModulePredictor, store_arguments

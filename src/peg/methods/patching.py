@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from peg._inputs import Data, check_positive_int, probe_inputs
+from peg._inputs import Data, probe_inputs
+from peg._scalars import check_positive_int
 from peg.batches import BatchFn, check_batch_fn
 from peg.layers.patching import overhead, patched_modules, set_sampling
 from peg.methods.base import SampledPredictor, store_arguments

@@ -56,9 +56,9 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor, nn
 
-from peg._inputs import check_positive_int
 from peg._params import ParamFilter, entry_views, flatten_state
 from peg._progress import bar
+from peg._scalars import check_positive_int
 from peg.batches import BatchFn, call_model, move
 from peg.errors import NonFiniteError
 from peg.losses import cross_entropy_per_point, gaussian_nll_per_point

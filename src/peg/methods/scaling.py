@@ -33,7 +33,7 @@ from typing import Any
 
 from torch import Tensor
 
-from peg._inputs import check_number, check_positive_int
+from peg._scalars import check_number, check_positive_int
 from peg.batches import BatchFn
 from peg.methods._affine import affine, fit_affine
 from peg.methods._calibrator import Calibrator, stored

@@ -32,9 +32,11 @@ from torch import Tensor, nn
 from torch.optim.swa_utils import AveragedModel
 
 from peg._bn import InputBatches, update_bn
-from peg._inputs import Data, check_number, check_positive_int, weights_device
+from peg._devices import weights_device
+from peg._inputs import Data
 from peg._params import parameter_vector, refresh_bn, unflatten_state
 from peg._progress import bar
+from peg._scalars import check_number, check_positive_int
 from peg.batches import BatchFn, check_batch_fn
 from peg.ensemble import Ensemble
 from peg.errors import NotFittedError

@@ -16,14 +16,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from peg._inputs import check_positive_int
+from peg._scalars import check_positive_int
 from peg.batches import BatchFn
 from peg.errors import ArchiveError
 from peg.methods._calibrator import Calibrator
 
 # the predictor plumbing lived here first; its callers import it from here too
 from peg.methods._predictors import (
-    in_memory,
     iter_member_logits_of,
     logits_and_labels,
     member_logits_of,
@@ -34,7 +33,6 @@ from peg.methods.base import store_arguments
 __all__ = [
     "TemperatureScaling",
     "fit_temperature",
-    "in_memory",
     "iter_member_logits_of",
     "logits_and_labels",
     "member_logits_of",

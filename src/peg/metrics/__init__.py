@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from peg._inputs import check_positive_int
+from peg._scalars import check_positive_int
 from peg.metrics._inputs import check_labels, ensemble_log_probs, ensemble_probs
 from peg.metrics._keys import CLASSIFICATION_METRICS, DEFAULT_METRICS, check_metrics
 from peg.metrics._predictive import Predictive

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from peg._inputs import as_tensor
+from peg._values import as_tensor
 
 PROB_ATOL = 1e-3  # how far a row of 2-D `pred` may sum from 1
 

@@ -28,8 +28,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from peg._inputs import as_tensor
 from peg._params import flatten_state
+from peg._values import as_tensor
 from peg.metrics._inputs import check_labels
 from peg.metrics.classification import error, nll
 from peg.metrics.ood import mutual_information as _mi_per_point

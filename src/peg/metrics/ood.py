@@ -35,7 +35,7 @@ import torch
 from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 from torch import Tensor
 
-from peg._inputs import as_tensor
+from peg._values import as_tensor
 from peg.metrics._inputs import as_pred, ensemble_log_probs, ensemble_probs
 
 __all__ = [

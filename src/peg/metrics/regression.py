@@ -37,7 +37,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from peg._inputs import as_tensor, check_positive_int
+from peg._scalars import check_positive_int
+from peg._values import as_tensor
 from peg.losses import gaussian_nll_elementwise
 
 Predictive = Literal["moment", "mixture"]

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from peg._inputs import as_tensor
+from peg._values import as_tensor
 from peg.metrics._predictive import Predictive, Ranked, ranked
 
 

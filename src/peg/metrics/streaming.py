@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from peg._inputs import check_positive_int
+from peg._scalars import check_positive_int
 from peg.metrics._inputs import as_pred
 from peg.metrics._keys import RANKED, check_metrics
 from peg.metrics._predictive import Predictive, ranked

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from peg._inputs import check_positive_int
+from peg._scalars import check_positive_int
 from peg.metrics.calibration import binned_ece
 from peg.plots._figure import check_path, figure, save, to_numpy
 

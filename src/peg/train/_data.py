@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
-from peg._inputs import as_xy
+from peg._inputs import as_xy, is_pair
 from peg.batches import BatchFn, split_batch
 
 LOADER_OPTIONS = ("num_workers", "pin_memory", "worker_init_fn", "timeout")
@@ -63,20 +63,12 @@ def _rows(y: Any) -> int:
     return int(y.shape[0]) if isinstance(y, Tensor) and y.ndim > 0 else 1
 
 
-def _is_pair(data: Any) -> bool:
-    return (
-        isinstance(data, (tuple, list))
-        and len(data) == 2
-        and isinstance(data[0], (Tensor, np.ndarray))
-    )
-
-
 def check_labelled(data: Any, name: str, device: torch.device | None) -> None:
     """For methods that pass `data` on to `train`: tensors checked as a whole now, with errors
     naming `name` (a Dataset or stream is checked batch by batch by `train`)."""
     if isinstance(data, (Tensor, np.ndarray)):
         raise ValueError(f"{name}: training needs labels, got inputs only")
-    if _is_pair(data):
+    if is_pair(data):
         as_xy(data, name, device=device)
 
 
@@ -100,7 +92,7 @@ class TrainingData:
                 "data: training needs labels, got inputs only; pass (X, y) or a Dataset or "
                 "DataLoader yielding (x, y) or mappings with 'labels'"
             )
-        if _is_pair(data):
+        if is_pair(data):
             self.kind = "tensors"
             if batch_fn is not None:
                 raise ValueError(

@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from peg._inputs import check_positive_int, eval_mode
+from peg._forward import eval_mode
+from peg._scalars import check_positive_int
 from peg.batches import batch_rows, call_model, move, take_rows
 from peg.output import logits_of
 

@@ -22,20 +22,20 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.flop_counter import FlopCounterMode
 
-from peg._inputs import Data
+from peg._inputs import Data, is_pair
 from peg.batches import BatchFn, split_batch, take_rows
 from peg.ensemble import Ensemble
 from peg.methods._calibrator import Calibrator
 from peg.methods.base import FittedEnsemble, ModulePredictor
 from peg.methods.laplace import Laplace
-from peg.methods.temperature import in_memory, member_logits_of
+from peg.methods.temperature import member_logits_of
 
 PROBE_ROWS = 2
 
 
 def probe_rows(data: Data, batch_fn: BatchFn | None = None) -> Any:
     """The inputs of the first `PROBE_ROWS` rows of labelled or unlabelled data."""
-    if in_memory(data):
+    if is_pair(data):
         return data[0][:PROBE_ROWS]
     if isinstance(data, Tensor):
         return data[:PROBE_ROWS]

@@ -22,7 +22,8 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
 from peg import metrics
-from peg._inputs import Data, as_xy, check_positive_int, check_seed
+from peg._inputs import Data, as_xy, is_pair
+from peg._scalars import check_positive_int, check_seed
 from peg.apps import registry
 from peg.apps.bench.spec import MethodSpec
 from peg.apps.chain import as_base, chained_seconds
@@ -32,7 +33,7 @@ from peg.apps.compare.report import TEST, Comparison, check_shown, column
 from peg.apps.scores import labelled_metrics, ood_detection
 from peg.batches import BatchFn, check_batch_fn, split_batch
 from peg.methods._perturb import MAX_SCORE_POINTS
-from peg.methods.temperature import in_memory, logits_and_labels, member_logits_of
+from peg.methods.temperature import logits_and_labels, member_logits_of
 from peg.metrics.ood import OOD_SCORES
 
 Say = Callable[[str], None]
@@ -194,7 +195,7 @@ def _named(data: Any, default: str) -> dict[str, Data]:
 def _labelled(data: Data, name: str, batch_fn: BatchFn | None) -> Data:
     """`data` checked as labelled classification data: tensors as they are (a pair of arrays
     as tensors), a Dataset or DataLoader by its first batch."""
-    if in_memory(data):
+    if is_pair(data):
         X, y = as_xy(data, name)
         labels = y
     elif isinstance(data, (Dataset, DataLoader)):
@@ -210,12 +211,12 @@ def _labelled(data: Data, name: str, batch_fn: BatchFn | None) -> Data:
         )
     if torch.is_floating_point(labels):
         raise ValueError(f"{name}: expected integer class labels (compare is for classifiers)")
-    return (X, labels) if in_memory(data) else data
+    return (X, labels) if is_pair(data) else data
 
 
 def _inputs(data: Data, name: str) -> Data:
     """OOD inputs: a tensor or array, the inputs of a pair, a Dataset or a DataLoader."""
-    if in_memory(data):
+    if is_pair(data):
         return as_xy(data, name)[0]
     if isinstance(data, (Tensor, np.ndarray)):
         return as_xy(data, name, need_labels=False)[0]

@@ -9,8 +9,9 @@ import torch
 from torch import Tensor, nn
 
 from peg._bn import InputBatches
-from peg._inputs import Data, check_positive_int
+from peg._inputs import Data
 from peg._params import refresh_bn
+from peg._scalars import check_positive_int
 from peg.methods.base import FittedEnsemble
 from peg.streams import SUBSPACE_BN, generator
 

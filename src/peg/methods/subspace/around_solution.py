@@ -12,15 +12,9 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from peg._inputs import (
-    Data,
-    check_finite,
-    check_number,
-    diagnose,
-    eval_mode,
-    iter_batches,
-    model_device,
-)
+from peg._devices import model_device
+from peg._forward import diagnose, eval_mode
+from peg._inputs import Data, iter_batches
 from peg._params import (
     ParamFilter,
     check_param_filter,
@@ -30,6 +24,8 @@ from peg._params import (
     unflatten_state,
 )
 from peg._progress import bar
+from peg._scalars import check_number
+from peg._values import check_finite
 from peg.batches import batch_rows, call_model, move
 from peg.ensemble import Ensemble, model_output
 from peg.methods.base import store_arguments

@@ -11,9 +11,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from peg._inputs import Data, check_number, check_positive_int
+from peg._inputs import Data
 from peg._params import flatten_state, unflatten_state
 from peg._progress import bar
+from peg._scalars import check_number, check_positive_int
 from peg.ensemble import Ensemble
 from peg.methods.base import FittedEnsemble, store_arguments
 from peg.methods.subspace._sampler import Sampler, SubspaceBN

@@ -1,0 +1,62 @@
+"""Checks of the values users pass: numbers, finite inputs, labels (errors naming the argument)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from peg.batches import check_data_device, tensors
+
+
+def as_tensor(
+    a: Any, name: str, device: torch.device | None = None, owner: str = "the model"
+) -> Tensor:
+    """`torch.as_tensor(a)` (detached) for metric inputs, refusing what is not numbers and what
+    is on the `meta` device with an error naming `name` (see `check_data_device`)."""
+    try:
+        t = torch.as_tensor(a)
+    except TypeError as e:
+        raise TypeError(
+            f"{name}: expected a Tensor or an array of numbers, got {type(a).__name__} ({e})"
+        ) from None
+    except (ValueError, RuntimeError) as e:
+        raise ValueError(f"{name}: not a rectangular array of numbers ({e})") from None
+    check_data_device(t, name, device, owner)
+    return t.detach()
+
+
+def checked_labels(
+    y: Tensor, name: str, rows: int | None = None, device: torch.device | None = None
+) -> Tensor:
+    """Labels `[N]` checked (`rows` of them if given; finite; not on `meta`), int64 where
+    they are integral; a ValueError naming `name` otherwise."""
+    check_data_device(y, f"{name} labels", device)
+    if y.ndim == 0:
+        raise ValueError(f"{name}: expected labels [N], got a scalar")
+    if rows is not None and y.shape[0] != rows:
+        raise ValueError(f"{name}: {rows} inputs but {y.shape[0]} labels")
+    if torch.is_floating_point(y):
+        if not torch.isfinite(y).all():
+            bad = int((~torch.isfinite(y)).sum())
+            raise ValueError(f"{name}: the labels contain NaN or inf ({bad} values)")
+    elif y.is_complex():
+        raise ValueError(f"{name}: expected integer labels or float targets, got {y.dtype}")
+    else:
+        y = y.long()
+    return y
+
+
+def check_finite(X: Any, name: str) -> None:
+    """Raise a ValueError naming `name` if floating-point inputs hold NaN or inf (every tensor
+    of structured inputs)."""
+    if not isinstance(X, Tensor):
+        for t in tensors(X):
+            check_finite(t, name)
+        return
+    if (torch.is_floating_point(X) or X.is_complex()) and not torch.isfinite(X).all():
+        rows = int((~torch.isfinite(X)).reshape(len(X), -1).any(1).sum()) if X.ndim else 1
+        raise ValueError(
+            f"{name}: the inputs contain NaN or inf ({rows} of {len(X) if X.ndim else 1} samples)"
+        )

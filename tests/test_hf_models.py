@@ -1,0 +1,215 @@
+"""HuggingFace vision and text models as users bring them: dict batches from a DataLoader,
+every method that takes data, `peg.compare`, and the head found by running the model.
+
+The models are transformers' `ViTForImageClassification`, `ResNetForImageClassification` and
+`BertForSequenceClassification` built from tiny configurations (random weights, a few thousand
+parameters: the code paths and the batch shapes are what is tested, in well under a second per
+fit). Batches are HuggingFace's: `{"pixel_values", "labels"}` or `{"input_ids",
+"attention_mask", "labels"}`; peg needs neither a `batch_fn` nor a `with_output`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import pytest
+import torch
+import transformers  # peg[hf], installed by scripts/setup.sh: CI runs these tests
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+import peg
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may be fetched
+CLASSES = 3
+
+
+class Items(Dataset):
+    """Items are dicts of tensors, as a HuggingFace dataset with `set_format("torch")`."""
+
+    def __init__(self, data: dict[str, torch.Tensor]) -> None:
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(next(iter(self.data.values())))
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {k: v[i] for k, v in self.data.items()}
+
+
+def vit() -> nn.Module:
+    config = transformers.ViTConfig(
+        image_size=16,
+        patch_size=8,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        num_labels=CLASSES,
+    )
+    return transformers.ViTForImageClassification(config)
+
+
+def resnet() -> nn.Module:
+    config = transformers.ResNetConfig(
+        embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=CLASSES
+    )
+    return transformers.ResNetForImageClassification(config)
+
+
+def bert() -> nn.Module:
+    config = transformers.BertConfig(
+        vocab_size=20,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=16,
+        num_labels=CLASSES,
+    )
+    return transformers.BertForSequenceClassification(config)
+
+
+def images(n: int, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "pixel_values": torch.randn(n, 3, 16, 16, generator=g),
+        "labels": torch.randint(0, CLASSES, (n,), generator=g),
+    }
+
+
+def tokens(n: int, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(4, 9, (n,), generator=g)
+    mask = (torch.arange(8)[None] < lengths[:, None]).long()
+    return {
+        "input_ids": torch.randint(1, 20, (n, 8), generator=g) * mask,
+        "attention_mask": mask,
+        "labels": torch.randint(0, CLASSES, (n,), generator=g),
+    }
+
+
+# name -> (model builder, batch maker, the head the last layer is found in)
+MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[..., dict], str]] = {
+    "vit": (vit, images, "classifier"),
+    "resnet": (resnet, images, "classifier.1"),  # Sequential(Flatten, Linear)
+    "bert": (bert, tokens, "classifier"),
+}
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def case(request) -> tuple[str, nn.Module, DataLoader, DataLoader]:
+    build, make, _ = MODELS[request.param]
+    torch.manual_seed(0)
+    model = build().eval()
+    val = DataLoader(Items(make(260, 1)), batch_size=32)  # compare's PEG holds out half
+    test = DataLoader(Items(make(40, 2)), batch_size=16)
+    return request.param, model, val, test
+
+
+def inputs_of(loader: DataLoader) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in loader.dataset.data.items() if k != "labels"}
+
+
+def test_last_layer_peg_finds_the_head_and_shares_the_trunk(case):
+    name, model, val, test = case
+    ens = peg.PEG(n_members=3, eta="search", grad_batch_size=16, params="last_layer", seed=0)
+    ens.fit(model, val)
+    head = MODELS[name][2]
+    assert ens.meta_["head"] == head
+    assert all(n.startswith(f"{head}.") for n in ens.param_names_)
+    logits = ens.member_logits(test)
+    assert logits.shape == (3, 40, CLASSES) and torch.isfinite(logits).all()
+    # the shared-trunk path gives the members' own logits: member 0 run whole
+    member = ens.ensemble_.member_model(0).eval()
+    with torch.no_grad():
+        whole = member(**inputs_of(test)).logits
+    torch.testing.assert_close(logits[0], whole, rtol=1e-4, atol=1e-5)
+    assert len(set(ens.search_)) >= 2  # η searched on the heads alone
+
+
+def test_full_peg_on_dict_batches_matches_the_tensor_mapping(case):
+    _, model, val, test = case
+    kw = dict(n_members=2, eta=0.01, grad_batch_size=16, seed=0)
+    ens = peg.PEG(**kw).fit(model, val)
+    assert ens.meta_["head"] is None  # every entry perturbed: members run whole
+    logits = ens.member_logits(test)
+    assert logits.shape == (2, 40, CLASSES)
+    assert not torch.equal(logits[0], logits[1])
+    again = peg.PEG(**kw).fit(model, val).member_logits(inputs_of(test))
+    torch.testing.assert_close(again, logits)  # a mapping of tensors, sliced like a loader
+
+
+def test_the_other_methods_take_dict_batches(case):
+    name, model, val, test = case
+    methods = [
+        peg.PEP(n_members=2, seed=0),
+        peg.PEG(n_members=2, eta=0.01, grad_batch_size=16, variant="unbiased", seed=0),
+        peg.PEG(n_members=2, eta=0.01, grad_batch_size=16, params="last_layer", lazy=True),
+        peg.TemperatureScaling(),
+        peg.VectorScaling(),
+        peg.MCDropout(n_members=2, seed=0, insert=0.1 if name == "resnet" else None),
+    ]
+    for method in methods:
+        logits = method.fit(model, val).member_logits(test)
+        assert logits.shape[1:] == (40, CLASSES), type(method).__name__
+        assert torch.isfinite(logits).all(), type(method).__name__
+    metrics = peg.evaluate(methods[0], test)
+    assert 0 <= metrics["error"] <= 1
+
+
+def test_compare_with_the_default_methods(case):
+    name, model, val, test = case
+    result = peg.compare(model, val, test, say=None, progress=False)
+    rows = [row["method"] for row in result.table]
+    assert {"Model", "TS", "PEP", "PEG", "Last-layer PEG"} <= set(rows)
+    assert ("MC dropout" in rows) == (name != "resnet")  # ResNet has no dropout: skipped
+    for row in result.table:
+        assert 0 <= row["error"] <= 1 and row["nll"] > 0, row
+
+
+class Functional(nn.Module):
+    """Weights used through torch.nn.functional only: no Linear or Conv module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(CLASSES, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, self.weight)
+
+
+def _unlabelled_loader() -> DataLoader:
+    data = images(64, 0)
+    return DataLoader(Items({"pixel_values": data["pixel_values"], "target": data["labels"]}))
+
+
+# (area, what, call, kind, regex): collected into docs/errors.md after the merge
+ERROR_CASES: list[tuple[str, str, Callable[[], object], type[Exception], str]] = [
+    (
+        "PEG",
+        "params='last_layer' on a model without a Linear or Conv layer",
+        lambda: peg.PEG(params="last_layer", eta=0.1).fit(
+            Functional(), (torch.randn(64, 4), torch.randint(0, CLASSES, (64,)))
+        ),
+        ValueError,
+        r"params: 'last_layer' found no Linear or Conv.*modules seen.*params=\['name', \.\.\.\]",
+    ),
+    (
+        "PEG",
+        "dict batches without 'labels' in fit",
+        lambda: peg.PEG(eta=0.1).fit(vit().eval(), _unlabelled_loader()),
+        ValueError,
+        r"val: the batch is a mapping without 'labels' or 'label' \(keys: \['pixel_values', "
+        r"'target'\]\)",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "area, what, call, kind, pattern", ERROR_CASES, ids=[c[1] for c in ERROR_CASES]
+)
+def test_bad_input_raises_a_clear_error(area, what, call, kind, pattern):
+    with pytest.raises(kind, match=pattern):
+        call()
