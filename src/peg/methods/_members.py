@@ -35,13 +35,37 @@ from peg._rows import ValSource
 from peg.batches import BatchFn, Tapped
 from peg.ensemble import STRATEGIES, Ensemble, Strategy, autocast_dtype
 from peg.errors import NotStreamable
+from peg.methods.base import FittedEnsemble
 from peg.recipe import displacement_fingerprints, fingerprint_probe, fingerprint_rows
 
 # Members regenerated at a time by a lazy ensemble when `chunk_size` is not given.
 LAZY_CHUNK_SIZE = 5
 
+# what PEG/PEP are fitted around: one model, a list of models, an `Ensemble`, a fitted method
+Models = nn.Module | Sequence[nn.Module] | Ensemble
+
 # member indices i (k of them) -> their direction rows D[i], `[k, P]`
 RowSource = Callable[[Sequence[int]], Tensor]
+
+
+def base_models(model: Models) -> list[nn.Module]:
+    """One model, a list of models (an ensemble, PEG's Algorithm 2), or an `Ensemble`."""
+    if isinstance(model, FittedEnsemble):  # a fitted SWAG, DeepEnsemble, PEG, ...
+        model = model.ensemble()
+    if isinstance(model, Ensemble):
+        return [model.member_model(i) for i in range(len(model))]
+    if isinstance(model, nn.Module):
+        return [model]
+    if (
+        isinstance(model, Sequence)
+        and len(model) > 0
+        and all(isinstance(m, nn.Module) for m in model)
+    ):
+        return list(model)
+    raise TypeError(
+        "model: expected an nn.Module, a non-empty list of nn.Modules or a peg.Ensemble, "
+        f"got {type(model).__name__}"
+    )
 
 
 @dataclass(frozen=True)
