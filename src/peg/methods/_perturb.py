@@ -40,6 +40,7 @@ from peg.batches import check_batch_fn
 from peg.errors import NonFiniteError
 from peg.methods._criteria import CRITERIA, check_task, is_regression
 from peg.methods._fitted_members import FittedMembers
+from peg.methods._lazy import LazyRows, check_lazy, choose_store, collect_rows, lazy_members
 from peg.methods._members import (
     Bases,
     DirectionData,
@@ -69,8 +70,7 @@ class PerturbationEnsemble(Recipes, FittedMembers, FittedEnsemble):
         """The checks PEG and PEP share; the arguments are stored as given (see `Method`)."""
         check_positive_int(self.n_members, "n_members")
         check_number(self.race, "race", allow_zero=True)
-        if not isinstance(self.lazy, bool):
-            raise TypeError(f"lazy: expected True or False, got {self.lazy!r}")
+        check_lazy(self.lazy, self.lazy_store, self.memory_budget)
         check_number(self.search_tol, "search_tol", allow_zero=True)
         if self.search not in SEARCHES:
             raise ValueError(f"search: expected one of {SEARCHES}, got {self.search!r}")
@@ -198,7 +198,9 @@ class PerturbationEnsemble(Recipes, FittedMembers, FittedEnsemble):
         self.param_names_ = names
         for stale in ("members_", "ensemble_", "dropped_"):
             self.__dict__.pop(stale, None)  # a refit replaces everything
-        stacked = self._directions(models, bases, data)
+        store = choose_store(self, bases)  # None: eager
+        rows = self._directions(models, bases, data, store)
+        stacked = rows if isinstance(rows, StackedMembers) else None
         best = self._choose_scale(stacked, source, head, score)
         n_score = len(score) if score is not None else len(head[1]) if head is not None else 0
         self._data_fingerprint, self._data_points, self._searched = (
@@ -207,7 +209,7 @@ class PerturbationEnsemble(Recipes, FittedMembers, FittedEnsemble):
             searched,
         )
         self._fitted_meta = self._meta(best, len(models), source.count, len(data), n_score)
-        self._hold(stacked, bases, models[0], data, best)
+        self._hold(rows, bases, models[0], data, best, store)
         return self
 
     # ---------------------------------------------------------------- the stages of fit
@@ -259,34 +261,27 @@ class PerturbationEnsemble(Recipes, FittedMembers, FittedEnsemble):
         return InputBatches(bn_data, self.batch_size, self.batch_fn, "bn_data")
 
     def _directions(
-        self, models: list[nn.Module], bases: Bases, data: DirectionData
-    ) -> StackedMembers | None:
+        self, models: list[nn.Module], bases: Bases, data: DirectionData, store: str | None
+    ) -> StackedMembers | LazyRows:
         """Every base's rows, checked (non-finite ones raise or are dropped: `dropped_`):
-        stacked, or (lazy, the scale given) computed one at a time, checked and let go."""
+        stacked, or (lazy, the scale given) computed one at a time (`collect_rows`)."""
         names = bases.names
         sources = [self._row_source(m, r, names, data) for r, m in enumerate(models)]
-        if self.lazy and not self.searches:  # chunk by chunk: never all S·R rows at once
-            bad = []  # only checked: the fingerprints are taken by save()
-            for r, members, D in bases.chunks(sources, 1):
-                oks = finite_rows(D)
-                bad += [
-                    r * self.n_members + i for i, ok in zip(members, oks, strict=True) if not ok
-                ]
-                del D
-            self._check_directions(bad, len(models))
-            bases.dropped = set(bad)
-            return None
-        directions = [source(range(self.n_members)) for source in sources]
+        if store is not None and not self.searches:  # never all S·R rows at once
+            rows, bad = collect_rows(bases, sources, store, float(self._scale_arg))
+        else:
+            rows = StackedMembers(bases, [source(range(self.n_members)) for source in sources])
+            S = self.n_members
+            bad = [
+                r * S + i
+                for r, D in enumerate(rows.directions)
+                for i, ok in enumerate(finite_rows(D))
+                if not ok
+            ]
         del sources
-        bad = [
-            r * self.n_members + i
-            for r, D in enumerate(directions)
-            for i, ok in enumerate(finite_rows(D))
-            if not ok
-        ]
         self._check_directions(bad, len(models))
         bases.dropped = set(bad)
-        return StackedMembers(bases, directions)
+        return rows
 
     def _choose_scale(
         self,
@@ -325,16 +320,18 @@ class PerturbationEnsemble(Recipes, FittedMembers, FittedEnsemble):
 
     def _hold(
         self,
-        stacked: StackedMembers | None,
+        rows: StackedMembers | LazyRows,
         bases: Bases,
         model: nn.Module,
         data: DirectionData,
         scale: float,
+        store: str | None,
     ) -> None:
-        """Keep the members: stacked (`members_`, `ensemble_`), or lazily (`lazy`)."""
-        if not self.lazy:
-            assert stacked is not None
-            self.members_: StackedMembers | RegeneratedMembers = stacked
+        """Keep the members: stacked (`members_`, `ensemble_`), or lazily (`lazy_store`)."""
+        self.lazy_store_ = store
+        if store is None:
+            assert isinstance(rows, StackedMembers)
+            self.members_: StackedMembers | RegeneratedMembers = rows
             self.ensemble_ = self.ensemble()
             return
 
@@ -346,8 +343,7 @@ class PerturbationEnsemble(Recipes, FittedMembers, FittedEnsemble):
                     for r, base in enumerate(bases.states)
                 ]
 
-        known = stacked.fingerprints(scale) if stacked is not None else None  # rows at hand
-        self.members_ = RegeneratedMembers(bases, regenerate, known)
+        self.members_ = lazy_members(rows, bases, store, scale, regenerate)
 
     def _meta(self, scale: float, R: int, n_val: int, n_dir: int, n_score: int) -> dict[str, Any]:
         crit = (
