@@ -2,12 +2,12 @@
 
 Targets: (issue 7) predicting with PEG-30 and the "chunked" strategy adds at most chunk size ×
 member size + activations to what the process already holds, and a lazy PEG-30
-(`PEG(lazy=True)`, which keeps no members and regenerates them a chunk at a time) grows the
-process by at most base + chunk size × member size + activations + output from before `fit`
-(model and validation data already held) through predicting; (issue 8) a 10⁵-sample stream
-through a 30-member ensemble runs in bounded memory (the same peak for 10⁴ and 10⁵ samples)
-when metrics are accumulated batch by batch (`peg.metrics.StreamingMetrics`) instead of
-materialising the member logits `[M, N, C]`.
+(`PEG(lazy=True, lazy_store="regenerate")`, which keeps no members and regenerates them a
+chunk at a time) grows the process by at most base + chunk size × member size + activations +
+output from before `fit` (model and validation data already held) through predicting; (issue 8)
+a 10⁵-sample stream through a 30-member ensemble runs in bounded memory (the same peak for 10⁴
+and 10⁵ samples) when metrics are accumulated batch by batch (`peg.metrics.StreamingMetrics`)
+instead of materialising the member logits `[M, N, C]`.
 
 Each case runs in a fresh child process, which resets its peak resident set size (Linux:
 /proc/self/clear_refs) right before the measured call and reads VmHWM after it, so the figure
@@ -78,15 +78,17 @@ def child(case: str, args: argparse.Namespace) -> dict[str, float]:
         X = torch.randn(args.rows, 784)
         tiny = build("mlp", in_features=784, num_classes=10, hidden=(8, 8)).eval()
         with torch.enable_grad():  # warm-up on a tiny model: one-time allocations excluded
-            warm = peg.PEG(n_members=2, eta=0.01, lazy=True, progress=False).fit(tiny, val)
+            warm = peg.PEG(
+                n_members=2, eta=0.01, lazy=True, lazy_store="regenerate", progress=False
+            ).fit(tiny, val)
         warm.member_logits(X[: args.batch], args.batch, strategy="chunked", chunk_size=2)
         del warm, tiny
         _reset_peak()
         before = _status("VmRSS")
         with torch.enable_grad():
-            lazy = peg.PEG(n_members=args.members, eta=0.01, lazy=True, progress=False).fit(
-                model, val
-            )
+            lazy = peg.PEG(
+                n_members=args.members, eta=0.01, lazy=True, lazy_store="regenerate", progress=False
+            ).fit(model, val)
         after_fit = _status("VmHWM") - before
         logits = lazy.member_logits(X, args.batch, strategy="chunked", chunk_size=args.chunk)
         extra_peak = _status("VmHWM") - before

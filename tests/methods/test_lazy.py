@@ -148,22 +148,28 @@ def _tensor_bytes(obj, seen=None) -> int:
 
 
 @pytest.mark.parametrize("eta", [0.05, [0.01, 0.1]], ids=["fixed", "searched"])
-def test_a_lazy_peg_holds_no_members(eta):
+@pytest.mark.parametrize(
+    ("store", "row_bytes"), [("regenerate", 0), ("full", 4), ("bfloat16", 2), ("float16", 2)]
+)
+def test_a_lazy_peg_holds_no_members(eta, store, row_bytes):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(2, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU())
-    model.append(nn.Linear(256, 3))
+    model.append(nn.Linear(256, 3)).eval()
     X, y = torch.randn(300, 2), torch.randint(0, 3, (300,))
     base = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     data = X.numel() * 4 + y.numel() * 8
     S = 20
+    rows = S * sum(p.numel() for p in model.parameters()) * row_bytes  # the rows it keeps
     options = {"n_members": S, "grad_batch_size": 32, "eta": eta, "progress": False}
     eager = peg.PEG(**options).fit(model, (X, y))
-    lazy = peg.PEG(lazy=True, **options).fit(model, (X, y))
+    lazy = peg.PEG(lazy=True, lazy_store=store, **options).fit(model, (X, y))
     assert not hasattr(lazy, "directions_") and not hasattr(lazy, "ensemble_")
+    assert lazy.lazy_store_ == store and eager.lazy_store_ is None
     seen = {t.untyped_storage().data_ptr() for t in model.state_dict().values()}  # the caller's
     held = _tensor_bytes(lazy, set(seen))
-    assert held < 2 * base + 2 * data  # the stored base (+ the validation data, a reference)
-    assert _tensor_bytes(eager, set(seen)) > S * base  # the stacked ensemble, for contrast
+    # the stored base, the rows kept (+ the validation data, a reference, + the float16 scales)
+    assert rows <= held < 2 * base + 2 * data + rows
+    assert _tensor_bytes(eager, set(seen)) > 2 * S * base  # rows + stacked members, for contrast
     # predicting leaves nothing behind
     lazy.member_logits(torch.randn(50, 2), chunk_size=3)
     assert _tensor_bytes(lazy, set(seen)) == held

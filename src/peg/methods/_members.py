@@ -9,10 +9,11 @@ Both hold the base weights θ_r (`Bases`) and answer the same four questions: ho
   are built once and kept. When the perturbed entries form a head after a fixed trunk
   (`peg._heads`), `search_target` gives the search the trunk's features of the scoring points,
   computed once, and the heads alone at each scale.
-- `RegeneratedMembers` (`lazy=True`) keeps no row: each prediction regenerates the members
+- `RegeneratedMembers` (`lazy=True`) holds no member: each prediction builds the members
   `chunk_size` at a time (a `[k, P]` block of rows, the members stacked as views of it),
-  predicts every batch with them and frees them, so memory holds the bases plus one chunk
-  instead of all S·R members. Regenerating means recomputing the rows (PEG: the gradients).
+  predicts every batch with them and frees them, so memory holds the bases, the rows as
+  `lazy_store` keeps them (in full, rounded to 16 bits, or none: recomputed, PEG's gradients)
+  and one chunk instead of all S·R stacked members (`peg.methods._lazy`).
 
 A `RowSource` computes any subset of one base's rows; the method (PEG or PEP) supplies them.
 """
@@ -36,14 +37,38 @@ from peg._scalars import check_positive_int
 from peg.batches import BatchFn, Tapped, batch_rows, call_model, take_rows
 from peg.ensemble import STRATEGIES, Ensemble, Strategy, autocast_dtype
 from peg.errors import NotStreamable
+from peg.methods.base import FittedEnsemble
 from peg.output import logits_of
-from peg.recipe import displacement_fingerprints, fingerprint_probe, fingerprint_rows
+from peg.recipe import displacement_fingerprints
 
 # Members regenerated at a time by a lazy ensemble when `chunk_size` is not given.
 LAZY_CHUNK_SIZE = 5
 
+# what PEG/PEP are fitted around: one model, a list of models, an `Ensemble`, a fitted method
+Models = nn.Module | Sequence[nn.Module] | Ensemble
+
 # member indices i (k of them) -> their direction rows D[i], `[k, P]`
 RowSource = Callable[[Sequence[int]], Tensor]
+
+
+def base_models(model: Models) -> list[nn.Module]:
+    """One model, a list of models (an ensemble, PEG's Algorithm 2), or an `Ensemble`."""
+    if isinstance(model, FittedEnsemble):  # a fitted SWAG, DeepEnsemble, PEG, ...
+        model = model.ensemble()
+    if isinstance(model, Ensemble):
+        return [model.member_model(i) for i in range(len(model))]
+    if isinstance(model, nn.Module):
+        return [model]
+    if (
+        isinstance(model, Sequence)
+        and len(model) > 0
+        and all(isinstance(m, nn.Module) for m in model)
+    ):
+        return list(model)
+    raise TypeError(
+        "model: expected an nn.Module, a non-empty list of nn.Modules or a peg.Ensemble, "
+        f"got {type(model).__name__}"
+    )
 
 
 @dataclass(frozen=True)
@@ -242,17 +267,18 @@ class StackedMembers:
 
 
 class RegeneratedMembers:
-    """No row held: `sources()` recomputes them (a chunk at a time) whenever members are needed.
+    """No member held: `sources()` gives the rows (a chunk at a time) whenever members are
+    needed, decoded from a stored copy or recomputed (`lazy_store`, `peg.methods._lazy`).
 
-    `skeleton` runs on the meta device (no memory); `fingerprints` may be given when the rows
-    were at hand during `fit` (a searched scale), else they are computed on first use and kept.
+    `skeleton` runs on the meta device (no memory); `fingerprints` are every member's, taken
+    from the full-precision rows during `fit`.
     """
 
     def __init__(
         self,
         bases: Bases,
         sources: Callable[[], list[RowSource]],
-        fingerprints: list[list[float]] | None = None,
+        fingerprints: list[list[float]],
     ) -> None:
         self.bases, self.sources, self._fingerprints = bases, sources, fingerprints
         self.skeleton = _meta_like(bases.skeleton, bases.states[0])
@@ -261,7 +287,7 @@ class RegeneratedMembers:
         return len(self.bases)
 
     def ensemble_at(self, scale: float) -> Ensemble:
-        """Every member at `scale` (S·R × member size of memory), its rows regenerated."""
+        """Every member at `scale` (S·R × member size of memory), from its rows."""
         _check_scale(scale)
         with torch.enable_grad():
             directions = [source(range(self.bases.n_members)) for source in self.sources()]
@@ -270,18 +296,8 @@ class RegeneratedMembers:
     ensemble = ensemble_at  # nothing is kept: each call builds every member
 
     def fingerprints(self, scale: float) -> list[list[float]]:
-        """Every member's fingerprint (`displacement_fingerprints`; NaN for dropped ones), from
-        regenerated rows, a chunk at a time; kept (they are small)."""
-        if self._fingerprints is None:
-            found: dict[int, list[float]] = {i: [math.nan, math.nan] for i in self.bases.dropped}
-            probe: Tensor | None = None
-            S = self.bases.n_members
-            for r, members, D in self.bases.chunks(self.sources(), LAZY_CHUNK_SIZE):
-                probe = fingerprint_probe(D.shape[1]) if probe is None else probe
-                for i, fp in zip(members, fingerprint_rows(D, scale, probe), strict=True):
-                    found[r * S + i] = fp
-                del D
-            self._fingerprints = [found[i] for i in range(len(found))]
+        """Every member's fingerprint (`displacement_fingerprints`; NaN for dropped ones) at the
+        scale `fit` chose (`scale` is that one)."""
         return self._fingerprints
 
     def _chunk_ensemble(self, r: int, D: Tensor, scale: float) -> Ensemble:

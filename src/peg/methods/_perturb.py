@@ -6,16 +6,23 @@ this class validates the inputs, splits the validation data, chooses the scale o
 validation points, and builds the `Ensemble`. Because the directions are computed once, trying
 another scale costs forward passes only.
 
+`fit` runs in named stages: the validation data read and checked (`_validation_source`, then
+one pass in order for its fingerprint), the split into direction and scoring points (`_split`),
+the rows (`_directions`: stacked, or checked and let go when lazy), the scale (`_choose_scale`),
+the meta, and how the members are kept (`_hold`). A recipe being rebuilt passes what it expects
+(`peg.methods._recipes.Expected`) to `_fit` explicitly.
+
 How the members are held after `fit` is `peg.methods._members`' job: every row stacked, or
-(`lazy=True`) none, the members regenerated a chunk at a time for each prediction. The scale
-search is `peg.methods._search`'s, the criteria `peg.methods._criteria`'s.
+(`lazy=True`) none, the members regenerated a chunk at a time for each prediction; predicting
+through them is `peg.methods._fitted_members`'. The scale search is `peg.methods._search`'s, the
+criteria `peg.methods._criteria`'s.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
@@ -27,48 +34,30 @@ from peg._params import check_param_filter, module_like, param_label, select_par
 from peg._rows import InputBatches, ValSource, read_in_order, split_points
 from peg._scalars import check_number, check_positive_int
 from peg.batches import check_batch_fn, take_rows
-from peg.ensemble import Ensemble, Strategy
-from peg.errors import ArchiveError, NonFiniteError, NotFittedError
+from peg.errors import NonFiniteError
 from peg.methods._criteria import CRITERIA, check_task, is_regression
+from peg.methods._fitted_members import FittedMembers
+from peg.methods._lazy import LazyRows, check_lazy, choose_store, collect_rows, lazy_members
 from peg.methods._members import (
     Bases,
     DirectionData,
+    Models,
     RegeneratedMembers,
     RowSource,
     StackedMembers,
+    base_models,
     finite_rows,
 )
-from peg.methods._recipes import Recipes
+from peg.methods._recipes import Expected, Recipes
 from peg.methods._scale_search import SEARCHES, ScaleSearch
 from peg.methods.base import FittedEnsemble
 
 BNMode = Literal["eval", "batch", "refresh"]
 # Default cap on the points a scale is scored on: a larger validation set costs no more to search
 MAX_SCORE_POINTS = 10_000
-Models = nn.Module | Sequence[nn.Module] | Ensemble
 
 
-def base_models(model: Models) -> list[nn.Module]:
-    """One model, a list of models (an ensemble, PEG's Algorithm 2), or an `Ensemble`."""
-    if isinstance(model, FittedEnsemble):  # a fitted SWAG, DeepEnsemble, PEG, ...
-        model = model.ensemble()
-    if isinstance(model, Ensemble):
-        return [model.member_model(i) for i in range(len(model))]
-    if isinstance(model, nn.Module):
-        return [model]
-    if (
-        isinstance(model, Sequence)
-        and len(model) > 0
-        and all(isinstance(m, nn.Module) for m in model)
-    ):
-        return list(model)
-    raise TypeError(
-        "model: expected an nn.Module, a non-empty list of nn.Modules or a peg.Ensemble, "
-        f"got {type(model).__name__}"
-    )
-
-
-class PerturbationEnsemble(Recipes, FittedEnsemble):
+class PerturbationEnsemble(Recipes, FittedMembers, FittedEnsemble):
     """Base class of PEG and PEP (not used directly)."""
 
     default_grid: tuple[float, ...] = ()
@@ -78,8 +67,7 @@ class PerturbationEnsemble(Recipes, FittedEnsemble):
         """The checks PEG and PEP share; the arguments are stored as given (see `Method`)."""
         check_positive_int(self.n_members, "n_members")
         check_number(self.race, "race", allow_zero=True)
-        if not isinstance(self.lazy, bool):
-            raise TypeError(f"lazy: expected True or False, got {self.lazy!r}")
+        check_lazy(self.lazy, self.lazy_store, self.memory_budget)
         check_number(self.search_tol, "search_tol", allow_zero=True)
         if self.search not in SEARCHES:
             raise ValueError(f"search: expected one of {SEARCHES}, got {self.search!r}")
@@ -147,9 +135,12 @@ class PerturbationEnsemble(Recipes, FittedEnsemble):
         """Whether the scale is chosen from several candidates."""
         return not isinstance(self._scale_arg, (int, float))
 
-    def _split(self, source: ValSource) -> tuple[DirectionData, Tensor | None]:
-        """(direction data, indices of the scoring points): `peg._rows.split_points`."""
-        searched = self.searches if self._split_as_searched is None else self._split_as_searched
+    def _split(
+        self, source: ValSource, searched: bool | None = None
+    ) -> tuple[DirectionData, Tensor | None]:
+        """(direction data, indices of the scoring points): `peg._rows.split_points`; points
+        are held out for scoring only when the scale is `searched` (None: `self.searches`)."""
+        searched = self.searches if searched is None else searched
         holdout = self._holdout if searched and self.uses_direction_data else 0.0
         direction, score = split_points(
             source, self.seed, holdout, self.max_score_points, self.scale_name
@@ -184,7 +175,47 @@ class PerturbationEnsemble(Recipes, FittedEnsemble):
         Checked before any work: the first batch against the model (a forward on two rows),
         then every batch as one pass in order reads it (taking the data's fingerprint).
         """
+        return self._fit(model, val, bn_data, Expected())
+
+    def _fit(
+        self, model: Models, val: Data | None, bn_data: Data | None, expect: Expected
+    ) -> PerturbationEnsemble:
+        """`fit`, stage by stage; `expect` is what a recipe being rebuilt expects (the data's
+        fingerprint, how its validation set was split), checked or followed on the way."""
         models = base_models(model)
+        source, probe = self._validation_source(models, val)
+        fingerprint, head = read_in_order(source, self.batch_size, self.max_score_points)
+        expect.check_data(fingerprint)  # before any gradient
+        searched = self.searches if expect.searched is None else expect.searched
+        names = select_parameters(models[0], self.params, probe)
+        data, score = self._split(source, searched)
+        self._check_direction_points(data, source)
+        states = [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in models]
+        bases = Bases(states, models[0], names, self.n_members, self._bn_batches(bn_data))
+        self.param_names_ = names
+        for stale in ("members_", "ensemble_", "dropped_"):
+            self.__dict__.pop(stale, None)  # a refit replaces everything
+        store = choose_store(self, bases)  # None: eager
+        rows = self._directions(models, bases, data, store)
+        stacked = rows if isinstance(rows, StackedMembers) else None
+        best = self._choose_scale(stacked, source, head, score)
+        n_score = len(score) if score is not None else len(head[1]) if head is not None else 0
+        self._data_fingerprint, self._data_points, self._searched = (
+            fingerprint,
+            source.count,
+            searched,
+        )
+        self._fitted_meta = self._meta(best, len(models), source.count, len(data), n_score)
+        self._fitted_meta["head"] = bases.head(probe)
+        self._hold(rows, bases, models[0], data, best, store)
+        return self
+
+    # ---------------------------------------------------------------- the stages of fit
+    def _validation_source(
+        self, models: list[nn.Module], val: Data | None
+    ) -> tuple[ValSource, Any]:
+        """`val` as a `ValSource`, its first batch checked against the model (the task), and
+        two of its inputs (the probe that finds the last layer and the head, `meta_["head"]`)."""
         if val is None:
             raise ValueError(
                 f"val: {self.method} needs labelled validation data: fit(model, (X_val, y_val))"
@@ -193,7 +224,7 @@ class PerturbationEnsemble(Recipes, FittedEnsemble):
             warnings.warn(
                 "model: in training mode; the members are built and predicted in eval mode "
                 "(BatchNorm running statistics, dropout off) and the model is left as it is",
-                stacklevel=2,
+                stacklevel=4,  # the caller of fit
             )
         source = ValSource(val, "val", self.batch_fn, weights_device(models[0]))
         if self.uses_direction_data and not source.indexable:
@@ -204,18 +235,9 @@ class PerturbationEnsemble(Recipes, FittedEnsemble):
         X1, y1 = source.first(self.batch_size)
         source.classes = check_task(models, X1, y1, self.criterion)
         source.regression = is_regression(y1)
-        probe = take_rows(X1, 0, 2)  # finds the last layer, the head (meta_["head"])
-        del X1, y1
-        fingerprint, head = read_in_order(source, self.batch_size, self.max_score_points)
-        expected = self.__dict__.pop("_expected_fingerprint", None)
-        if expected is not None and fingerprint != expected:
-            raise ArchiveError(
-                "val: not the validation data this ensemble was built from (its fingerprint "
-                "differs); pass the same data, in the same order"
-            )
-        names = select_parameters(models[0], self.params, probe)
-        data, score = self._split(source)
-        n_score = len(score) if score is not None else len(head[1]) if head is not None else 0
+        return source, take_rows(X1, 0, 2)
+
+    def _check_direction_points(self, data: DirectionData, source: ValSource) -> None:
         need = self._min_direction_points()
         if len(data) < need:
             where = (
@@ -227,45 +249,54 @@ class PerturbationEnsemble(Recipes, FittedEnsemble):
                 f"val: {len(data)} points{where}; {self.method} needs at least {need} "
                 f"(the mini-batch size); lower grad_batch_size or pass more validation data"
             )
-        bn_batches = None
-        if self.bn == "refresh":
-            if bn_data is None:
-                raise ValueError(
-                    "bn_data: bn='refresh' re-estimates BatchNorm statistics and needs "
-                    "training inputs: fit(model, val, bn_data=train_loader)"
-                )
-            bn_batches = InputBatches(bn_data, self.batch_size, self.batch_fn, "bn_data")
 
-        states = [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in models]
-        bases = Bases(states, models[0], names, self.n_members, bn_batches)
-        self.param_names_ = names
-        for stale in ("members_", "ensemble_", "dropped_"):
-            self.__dict__.pop(stale, None)  # a refit replaces everything
+    def _bn_batches(self, bn_data: Data | None) -> InputBatches | None:
+        """bn="refresh": the training inputs that re-estimate every member's statistics."""
+        if self.bn != "refresh":
+            return None
+        if bn_data is None:
+            raise ValueError(
+                "bn_data: bn='refresh' re-estimates BatchNorm statistics and needs "
+                "training inputs: fit(model, val, bn_data=train_loader)"
+            )
+        return InputBatches(bn_data, self.batch_size, self.batch_fn, "bn_data")
+
+    def _directions(
+        self, models: list[nn.Module], bases: Bases, data: DirectionData, store: str | None
+    ) -> StackedMembers | LazyRows:
+        """Every base's rows, checked (non-finite ones raise or are dropped: `dropped_`):
+        stacked, or (lazy, the scale given) computed one at a time (`collect_rows`)."""
+        names = bases.names
         sources = [self._row_source(m, r, names, data) for r, m in enumerate(models)]
-        if self.lazy and not self.searches:  # chunk by chunk: never all S·R rows at once
-            directions = None
-            bad = []  # one row at a time, only checked: the fingerprints are taken by save()
-            for r, members, D in bases.chunks(sources, 1):
-                bad += [
-                    r * self.n_members + i
-                    for i, ok in zip(members, finite_rows(D), strict=True)
-                    if not ok
-                ]
-                del D
+        if store is not None and not self.searches:  # never all S·R rows at once
+            rows, bad = collect_rows(bases, sources, store, float(self._scale_arg))
         else:
-            directions = [source(range(self.n_members)) for source in sources]
+            rows = StackedMembers(bases, [source(range(self.n_members)) for source in sources])
+            S = self.n_members
             bad = [
-                r * self.n_members + i
-                for r, D in enumerate(directions)
+                r * S + i
+                for r, D in enumerate(rows.directions)
                 for i, ok in enumerate(finite_rows(D))
                 if not ok
             ]
         del sources
         self._check_directions(bad, len(models))
         bases.dropped = set(bad)
-        stacked = StackedMembers(bases, directions) if directions is not None else None
+        return rows
 
-        if stacked is not None and self.searches:
+    def _choose_scale(
+        self,
+        stacked: StackedMembers | None,
+        source: ValSource,
+        head: tuple[Any, Tensor] | None,
+        score: Tensor | None,
+    ) -> float:
+        """The scale: the one given, or the best of the search on the scoring points (`score`,
+        else the first points read, `head`); sets `<scale>_` and the `search_*` attributes."""
+        if stacked is None or not self.searches:
+            best, self.search_, self.search_stopped_ = float(self._scale_arg), {}, []
+            self.search_points_, self.search_predicted_ = {}, {}
+        else:
             grid = self.default_grid if self._scale_arg == "search" else self._scale_arg
             Xs, ys = head if score is None else source.gather(score, self.batch_size)
             target = stacked.search_target(Xs, self.batch_size)  # a head: its features
@@ -285,36 +316,35 @@ class PerturbationEnsemble(Recipes, FittedEnsemble):
             best = search.run(grid, refine=self._scale_arg == "search")
             self.search_, self.search_points_ = search.scores, search.points
             self.search_stopped_, self.search_predicted_ = search.stopped, search.predicted
-        else:
-            best, self.search_, self.search_stopped_ = float(self._scale_arg), {}, []
-            self.search_points_, self.search_predicted_ = {}, {}
         setattr(self, f"{self.scale_name}_", best)
-        self._data_fingerprint = fingerprint
-        self._data_points = source.count
-        self._searched = (
-            self.searches if self._split_as_searched is None else self._split_as_searched
-        )
-        self._fitted_meta = self._meta(best, len(models), source.count, len(data), n_score)
-        self._fitted_meta["head"] = bases.head(probe)
-        if self.lazy:
+        return best
 
-            def regenerate() -> list[RowSource]:
-                """Row sources of the stored bases (run in place: weights not copied)."""
-                with torch.enable_grad():
-                    return [
-                        self._row_source(module_like(models[0], base), r, names, data)
-                        for r, base in enumerate(bases.states)
-                    ]
+    def _hold(
+        self,
+        rows: StackedMembers | LazyRows,
+        bases: Bases,
+        model: nn.Module,
+        data: DirectionData,
+        scale: float,
+        store: str | None,
+    ) -> None:
+        """Keep the members: stacked (`members_`, `ensemble_`), or lazily (`lazy_store`)."""
+        self.lazy_store_ = store
+        if store is None:
+            assert isinstance(rows, StackedMembers)
+            self.members_: StackedMembers | RegeneratedMembers = rows
+            self.ensemble_ = self.ensemble()
+            return
 
-            known = stacked.fingerprints(best) if stacked is not None else None  # rows at hand
-            self.members_: StackedMembers | RegeneratedMembers = RegeneratedMembers(
-                bases, regenerate, known
-            )
-            return self
-        assert stacked is not None
-        self.members_ = stacked
-        self.ensemble_ = self.ensemble()
-        return self
+        def regenerate() -> list[RowSource]:
+            """Row sources of the stored bases (run in place: weights not copied)."""
+            with torch.enable_grad():
+                return [
+                    self._row_source(module_like(model, base), r, bases.names, data)
+                    for r, base in enumerate(bases.states)
+                ]
+
+        self.members_ = lazy_members(rows, bases, store, scale, regenerate)
 
     def _meta(self, scale: float, R: int, n_val: int, n_dir: int, n_score: int) -> dict[str, Any]:
         crit = (
@@ -355,75 +385,3 @@ class PerturbationEnsemble(Recipes, FittedEnsemble):
                 + "; pass on_nonfinite='drop' to leave them out"
             )
         self.dropped_ = bad
-
-    # ---------------------------------------------------------------- the fitted members
-    @property
-    def _scale(self) -> float:
-        """The scale chosen by `fit` (`eta_` / `sigma_`)."""
-        return float(getattr(self, f"{self.scale_name}_"))
-
-    @property
-    def directions_(self) -> list[Tensor]:
-        """The direction rows, `[S, P]` per base (not kept by a lazy ensemble)."""
-        members = self.members_
-        if not isinstance(members, StackedMembers):
-            raise AttributeError(f"{type(self).__name__}: a lazy ensemble keeps no directions_")
-        return members.directions
-
-    @property
-    def meta_(self) -> dict[str, Any]:
-        """What was fitted: method, scale, hyper-parameters, search, ... (saved with it)."""
-        self.members_  # noqa: B018  (NotFittedError before fit)
-        return self._fitted_meta
-
-    def __len__(self) -> int:
-        return len(self.members_)
-
-    def ensemble(self) -> Ensemble:
-        """The fitted `Ensemble`.
-
-        A lazy ensemble holds no members: this builds every one of them (S·R × member size of
-        memory), each time it is called; prefer `member_logits` / `predict_proba`, which hold
-        one chunk of members at a time.
-        """
-        if "members_" not in self.__dict__:
-            raise NotFittedError(f"{type(self).__name__}: call fit(...) before predicting")
-        ensemble = self.members_.ensemble(self._scale)
-        ensemble.meta = dict(self._fitted_meta)
-        return ensemble
-
-    def member_logits(
-        self,
-        X: Data,
-        batch_size: int = 512,
-        strategy: Strategy = "auto",
-        progress: bool | None = None,
-        chunk_size: int | None = None,
-        autocast: str | torch.dtype | None = None,
-    ) -> Tensor:
-        """Logits of every member, `[M, N, C]` (M = S·R less `dropped_`, base-major).
-
-        Arguments as `Ensemble.member_logits`. A lazy ensemble loops over chunks of
-        `chunk_size` members (default `LAZY_CHUNK_SIZE`) outside and batches inside (see
-        `peg.methods._members.RegeneratedMembers`).
-        """
-        if "members_" not in self.__dict__:
-            raise NotFittedError(f"{type(self).__name__}: call fit(...) before predicting")
-        options = dict(strategy=strategy, progress=progress, chunk_size=chunk_size)
-        return self.members_.member_logits(X, self._scale, batch_size, autocast=autocast, **options)
-
-    def iter_member_logits(self, X: Data, batch_size: int = 512, **kwargs: Any) -> Iterator[Tensor]:
-        """`member_logits` batch by batch, `[M, B_j, C]`: stacked members only (a lazy ensemble
-        has chunks of members outside its batches: `NotStreamable`; `peg.evaluate` falls back)."""
-        return self.members_.iter_member_logits(X, self._scale, batch_size, **kwargs)
-
-    def ensemble_at(self, scale: float) -> Ensemble:
-        """The members at another scale, from the stored directions (no gradient is recomputed).
-
-        Members are θ_r + scale·D_r[i] for every base r and member i, base-major; scale 0 gives
-        copies of the base models. Used by the scale search, and to plot a metric against it.
-        A lazy ensemble regenerates its directions for this (and builds every member).
-        """
-        if "members_" not in self.__dict__:
-            raise NotFittedError(f"{type(self).__name__}: call fit(...) before ensemble_at(...)")
-        return self.members_.ensemble_at(scale)

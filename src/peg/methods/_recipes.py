@@ -9,6 +9,7 @@ under its `method` name when it is defined). The format is `peg.recipe`'s.
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from peg import recipe
@@ -25,12 +26,31 @@ from peg.recipe import (
 )
 
 
+@dataclass(frozen=True)
+class Expected:
+    """What a recipe being rebuilt expects of `fit` (`PerturbationEnsemble._fit`): the
+    validation data's fingerprint (`data`; None: anything goes) and whether the scale was
+    searched when it was made (`searched`, which fixes how the validation set is split: the
+    rebuilt ensemble is given the scale, yet must split as the search did; None: as `fit`
+    would)."""
+
+    data: str | None = None
+    searched: bool | None = None
+
+    def check_data(self, fingerprint: str) -> None:
+        """ArchiveError unless `fingerprint` (of the data `fit` was given) is the one expected."""
+        if self.data is not None and fingerprint != self.data:
+            raise ArchiveError(
+                "val: not the validation data this ensemble was built from (its fingerprint "
+                "differs); pass the same data, in the same order"
+            )
+
+
 class Recipes:
     """Saving as a recipe and rebuilding from one (mixed into `PerturbationEnsemble`)."""
 
     method = "perturbation"
     scale_name = "scale"
-    _split_as_searched: bool | None = None  # a rebuilt recipe splits val as its search did
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -59,9 +79,9 @@ class Recipes:
         options.setdefault("max_score_points", None)
         scale = {recipe["scale_name"]: recipe["scale"]}
         rebuilt = cls(**options, **scale, progress=False, batch_fn=batch_fn)
-        rebuilt._split_as_searched = bool(recipe["searched"])
-        rebuilt._expected_fingerprint = recipe["data"]  # checked by fit before any work
-        rebuilt.fit(bases, val)
+        # the data checked before any work; val split as the search that made it split it
+        expect = Expected(data=recipe["data"], searched=bool(recipe["searched"]))
+        rebuilt._fit(bases, val, None, expect)  # type: ignore[attr-defined]
         got = displacement_fingerprints(rebuilt.directions_, recipe["scale"])
         bad = fingerprints_match(got, recipe["fingerprints"])
         if bad:

@@ -147,17 +147,18 @@ class PEG(PerturbationEnsemble):
             3 steps) only while a step improves the criterion by more than this (default 1e-4:
             a flat curve, e.g. a well-calibrated base whose score keeps falling by 1e-5 nats
             as η → 0, stops after one step); 0 extends while the score improves at all.
-        lazy: keep no members after `fit`: only the base weights, η, a reference to the
-            validation data and the members' fingerprints. Each `member_logits` /
-            `predict_proba` call regenerates the members `chunk_size` at a time (default
-            `LAZY_CHUNK_SIZE`), predicts every batch with a chunk and frees it, so prediction
-            holds the base + one chunk of members instead of all S·R (`[S, P]` per base).
-            The price: every predict call recomputes the S gradients (2S + `val_batches` for
-            the unbiased variant), cheap next to predicting many rows but not for a few.
-            `ensemble()` builds all members on demand (not cached); `save()` still writes a
-            recipe (and `materialize=True` builds the members to write them). With η searched,
-            `fit` holds every direction while searching, then drops them. The validation
-            tensors are kept by reference: do not modify them in place while it is in use.
+        lazy: keep no stacked members after `fit`: each predict call builds them `chunk_size`
+            at a time from their rows, kept as `lazy_store` says, and frees each chunk.
+            "auto": lazy when the eager ensemble (its rows and stacked members, 2·S·R·P
+            entries) would exceed `memory_budget`; `lazy_store_` says what was chosen (None:
+            eager). `save()` writes the eager ensemble's recipe (docs/peg.md, Memory).
+        lazy_store: what a lazy ensemble keeps of its rows: "full" (default: the eager members
+            bit for bit, at the eager ensemble's predicting cost, in half its memory),
+            "bfloat16" / "float16" (8 / 11 significant bits, a quarter; the displacements
+            from the base rounded) or "regenerate" (nothing: every call recomputes the S
+            gradients; the validation tensors are kept by reference, not to be modified).
+        memory_budget: `lazy="auto"`: bytes the eager ensemble may take (default: half the
+            memory available on the model's device when `fit` starts).
     """
 
     method = "PEG"
@@ -192,7 +193,9 @@ class PEG(PerturbationEnsemble):
         on_nonfinite: Literal["raise", "drop"] = "raise",
         early_stop: bool = True,
         search_tol: float = 1e-4,
-        lazy: bool = False,
+        lazy: bool | Literal["auto"] = False,
+        lazy_store: Literal["full", "bfloat16", "float16", "regenerate"] = "full",
+        memory_budget: float | None = None,
         race: float = 3.0,
         batch_fn: BatchFn | None = None,
         search: Literal["surrogate", "golden"] = "surrogate",

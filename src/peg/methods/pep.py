@@ -61,10 +61,13 @@ class PEP(PerturbationEnsemble):
             (criterion "nll" or "brier"; exact, see `PEG`); False scores every σ on every point.
         search_tol: extend the grid past its edge only while that gains more than this (see
             `PEG`).
-        lazy: keep no members after `fit`, only the base weights, σ and the seed: each predict
-            call redraws the noise `chunk_size` members at a time and frees each chunk, so
-            prediction holds the base + one chunk of members instead of all of them (redrawing
-            costs little next to predicting; see `PEG` for `ensemble()` and `save()`).
+        lazy: keep no stacked members after `fit`, build them a chunk at a time at each
+            predict call from what `lazy_store` keeps of the noise ("full": as drawn, the
+            eager members bit for bit; "bfloat16" / "float16": rounded; "regenerate": redrawn
+            at every call, cheap next to predicting); "auto": lazy when the eager ensemble would
+            exceed `memory_budget` (see `PEG`).
+        lazy_store: see `lazy` and `PEG`.
+        memory_budget: `lazy="auto"`: bytes the eager ensemble may take (see `PEG`).
 
     PEP has no gradient step, so the validation set (up to `max_score_points` of it) scores σ;
     it may be an IterableDataset (read once in order: checks, fingerprint, and the first
@@ -91,7 +94,9 @@ class PEP(PerturbationEnsemble):
         on_nonfinite: Literal["raise", "drop"] = "raise",
         early_stop: bool = True,
         search_tol: float = 1e-4,
-        lazy: bool = False,
+        lazy: bool | Literal["auto"] = False,
+        lazy_store: Literal["full", "bfloat16", "float16", "regenerate"] = "full",
+        memory_budget: float | None = None,
         race: float = 3.0,
         batch_fn: BatchFn | None = None,
         search: Literal["surrogate", "golden"] = "surrogate",

@@ -1,0 +1,226 @@
+"""What a lazy PEG/PEP (`lazy=True` or `"auto"`) keeps of its members, and when it is lazy.
+
+A lazy ensemble never stacks its members: each prediction builds them a chunk at a time from
+their direction rows (`peg.methods._members.RegeneratedMembers`). Where those rows come from is
+`lazy_store`'s choice:
+
+- `"full"` (default): every row kept as computed, `[S, P]` per base (float32 for a float32
+  model). The members built from them are the eager ones bit for bit, and predicting costs what
+  the eager ensemble's does plus one copy of the rows per call; memory holds S·P entries where
+  the eager ensemble holds 2·S·P (its rows and its stacked members).
+- `"bfloat16"` / `"float16"`: the rows rounded to 16 bits (half that memory). bfloat16 keeps
+  float32's range and 8 significant bits (each entry of a displacement η·D_i within 2⁻⁹ of its
+  value, relative); float16 keeps 11 bits (2⁻¹²), each parameter tensor of a row scaled by a
+  power of two so its largest entry sits near 2¹⁵ (no underflow, and the scaling is exact).
+  The members differ from the eager ones by that rounding of their displacement from the base,
+  a small fraction of how far apart the members are.
+- `"regenerate"`: no row kept: each prediction recomputes them (PEG: the S gradients), the least
+  memory (the bases and one chunk) at the price of that computation at every call.
+
+`lazy="auto"` is eager when the stacked members fit in `memory_budget` bytes (default
+`MEMORY_FRACTION` of the memory available on the model's device when `fit` starts); else lazy
+with `lazy_store`, or `"regenerate"` when even those rows would not fit.
+
+Every store's fingerprints are taken from the full-precision rows during `fit`, so a recipe
+saved from a lazy ensemble is the eager one's, and rebuilds the eager members.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from peg._params import entry_views
+from peg.methods._members import Bases, RegeneratedMembers, RowSource, StackedMembers, finite_rows
+from peg.recipe import fingerprint_probe, fingerprint_rows
+
+LAZY_STORES = ("full", "bfloat16", "float16", "regenerate")
+# lazy="auto" without memory_budget: this fraction of the memory available when fit starts
+MEMORY_FRACTION = 0.5
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+_FP16_TOP = 15  # float16 rows: each tensor's largest entry scaled into [2^14, 2^15)
+
+
+def check_lazy(lazy: Any, store: Any, budget: Any) -> None:
+    """The lazy options' checks (`_check_params`)."""
+    if not (isinstance(lazy, bool) or lazy == "auto"):
+        raise TypeError(f"lazy: expected True, False or 'auto', got {lazy!r}")
+    if store not in LAZY_STORES:
+        raise ValueError(f"lazy_store: expected one of {LAZY_STORES}, got {store!r}")
+    if budget is not None and not (
+        isinstance(budget, (int, float))
+        and not isinstance(budget, bool)
+        and math.isfinite(budget)
+        and budget > 0
+    ):
+        raise ValueError(f"memory_budget: expected a number of bytes > 0 or None, got {budget!r}")
+
+
+def available_memory(device: torch.device) -> int:
+    """Bytes free for new tensors on `device`: CUDA's free memory, else the system's available
+    RAM (`MemAvailable`, or free pages where /proc/meminfo is missing)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def choose_store(method: Any, bases: Bases) -> str | None:
+    """How `method` (a PEG/PEP being fitted) holds the members of `bases`: None (stacked,
+    eager) or a `lazy_store` value.
+
+    The eager ensemble holds its rows and its stacked members, 2·S·R·P entries of the
+    parameters' size; `lazy="auto"` takes that when it fits in `memory_budget`, else the rows in
+    `lazy_store` when they fit, else `"regenerate"`.
+    """
+    lazy, store, budget = method.lazy, method.lazy_store, method.memory_budget
+    if lazy is False:
+        return None
+    if lazy is True:
+        return store
+    base = bases.states[0]
+    entries = bases.n_members * len(bases.states) * sum(base[n].numel() for n in bases.names)
+    itemsize = max(base[n].element_size() for n in bases.names)
+    if budget is None:
+        budget = MEMORY_FRACTION * available_memory(base[bases.names[0]].device)
+    if 2 * entries * itemsize <= budget:
+        return None
+    kept = itemsize if store == "full" else 2  # bytes an entry of the stored rows takes
+    if store != "regenerate" and entries * kept <= budget:
+        return store
+    return "regenerate"
+
+
+class StoredRows:
+    """Every row of one base, `[S, P]`, kept in a `lazy_store` precision; `rows(members)`
+    gives rows back in the precision they were computed in, `[k, P]` (a `RowSource`): a new
+    tensor, which the caller may consume."""
+
+    def __init__(self, S: int, shapes: Sequence[torch.Size], store: str) -> None:
+        self.S, self.shapes, self.store = S, list(shapes), store
+        self.data: Tensor | None = None  # [S, P], allocated by the first `put`
+        self.unscale: Tensor | None = None  # float16: row i's tensor t was stored × 1/unscale[i, t]
+
+    def put(self, members: Sequence[int], D: Tensor) -> None:
+        """Store rows D `[k, P]` as those of `members`."""
+        if self.data is None:
+            self.dtype = D.dtype  # what `rows` gives back
+            kept = D.dtype if self.store == "full" else _DTYPES[self.store]
+            self.data = torch.zeros(self.S, D.shape[1], dtype=kept, device=D.device)
+            if kept == torch.float16:
+                self.unscale = torch.ones(self.S, len(self.shapes), device=D.device)
+        idx = torch.as_tensor(list(members), device=D.device)
+        if self.unscale is None:
+            self.data[idx] = D.to(self.data.dtype)
+            return
+        parts = []
+        for t, part in enumerate(entry_views(D, self.shapes)):
+            flat = part.reshape(len(D), -1).float()
+            _, exp = torch.frexp(flat.abs().amax(1).nan_to_num(0.0, 1.0, 1.0))
+            shift = (_FP16_TOP - exp).clamp(-126, 126)  # a power of two: exact both ways
+            one = torch.ones_like(flat[:, 0])
+            parts.append(flat * torch.ldexp(one, shift)[:, None])
+            self.unscale[idx, t] = torch.ldexp(one, -shift)
+        self.data[idx] = torch.cat(parts, 1).to(torch.float16)
+
+    def rows(self, members: Sequence[int]) -> Tensor:
+        assert self.data is not None, "rows before put"
+        idx = torch.as_tensor(list(members), device=self.data.device)
+        D = self.data.index_select(0, idx).to(self.dtype)  # a copy, even when kept in full
+        if self.unscale is not None:
+            for t, part in enumerate(entry_views(D, self.shapes)):
+                part.mul_(self.unscale[idx, t].to(D.dtype).view(-1, *[1] * (part.dim() - 1)))
+        return D
+
+
+@dataclass
+class LazyRows:
+    """What a lazy `fit` keeps of the rows: `stored` (one `StoredRows` per base; None with
+    "regenerate") and every member's fingerprint, taken from the full-precision rows."""
+
+    stored: list[StoredRows] | None
+    fingerprints: list[list[float]]
+
+
+class LazySources:
+    """The row sources of a lazy ensemble: stored rows (`StoredRows`, one per base) or, with
+    `"regenerate"`, `regenerate()` (the methods' own row sources, recomputing every row). Called
+    by `RegeneratedMembers` whenever members are needed."""
+
+    def __init__(
+        self, stored: list[StoredRows] | None, regenerate: Callable[[], list[RowSource]]
+    ) -> None:
+        self.stored, self.regenerate = stored, regenerate
+
+    def __call__(self) -> list[RowSource]:
+        if self.stored is None:
+            return self.regenerate()
+        return [s.rows for s in self.stored]
+
+
+def collect_rows(
+    bases: Bases, sources: list[RowSource], store: str, scale: float
+) -> tuple[LazyRows, list[int]]:
+    """Every row computed one at a time (never all S·R at once), checked, fingerprinted at
+    `scale` and, unless `store` is "regenerate", stored: (`LazyRows`, the members whose rows
+    are not finite, base-major)."""
+    S = bases.n_members
+    shapes = [bases.states[0][n].shape for n in bases.names]
+    keep = store != "regenerate"
+    stored = [StoredRows(S, shapes, store) for _ in sources] if keep else None
+    bad: list[int] = []
+    found: dict[int, list[float]] = {}
+    probe: Tensor | None = None
+    for r, members, D in bases.chunks(sources, 1):
+        probe = fingerprint_probe(D.shape[1]) if probe is None else probe
+        fps = fingerprint_rows(D, scale, probe)
+        for i, ok, fp in zip(members, finite_rows(D), fps, strict=True):
+            found[r * S + i] = fp
+            bad += [] if ok else [r * S + i]
+        if stored is not None:
+            stored[r].put(members, D.detach())
+        del D
+    return LazyRows(stored, [found[i] for i in range(len(found))]), bad
+
+
+def lazy_members(
+    rows: StackedMembers | LazyRows,
+    bases: Bases,
+    store: str,
+    scale: float,
+    regenerate: Callable[[], list[RowSource]],
+) -> RegeneratedMembers:
+    """The members of a lazy ensemble: from `rows` (stacked ones, as the search left them, are
+    fingerprinted and stored in `store`, then let go) or from `regenerate()`."""
+    if isinstance(rows, StackedMembers):
+        keep = store != "regenerate"
+        stored = store_directions(rows.directions, store, bases) if keep else None
+        rows = LazyRows(stored, rows.fingerprints(scale))
+    return RegeneratedMembers(bases, LazySources(rows.stored, regenerate), rows.fingerprints)
+
+
+def store_directions(directions: list[Tensor], store: str, bases: Bases) -> list[StoredRows]:
+    """Stacked rows (`[S, P]` per base) as `StoredRows`: kept as they are in full precision,
+    else rounded one base at a time."""
+    shapes = [bases.states[0][n].shape for n in bases.names]
+    out = []
+    for D in directions:
+        rows = StoredRows(len(D), shapes, store)
+        if store == "full":
+            rows.data, rows.dtype = D, D.dtype
+        else:
+            rows.put(range(len(D)), D)
+        out.append(rows)
+    return out
