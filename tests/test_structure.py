@@ -1,5 +1,6 @@
-"""The library's structure holds: no import circle between its modules, and no source file
-much over 400 lines (the applications' own bound is in tests/apps/test_layout.py)."""
+"""The library's structure holds: no import circle between its modules, no source file over 400
+lines and no function over 80 (its docstring not counted; the applications' own file bound is
+also in tests/apps/test_layout.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,16 @@ from pathlib import Path
 import peg
 
 SRC = Path(peg.__file__).resolve().parent
-MAX_LINES = 430  # ~400; methods/_perturb.py (fit's orchestration) is the largest
+MAX_LINES = 400
+MAX_FUNCTION_LINES = 80  # without the docstring
+# Functions allowed to be longer, each for a reason written beside it. Data tables (a literal
+# mapping or list a function returns) would go here; none is longer today.
+LONG_FUNCTIONS: dict[str, str] = {}
+# being cut on a parallel branch: the lead removes these once it is merged
+BEING_CUT = {
+    "methods/_perturb.py": "PerturbationEnsemble.fit",  # 430 lines; fit 132
+    "_inputs.py": None,  # 408 lines
+}
 
 
 def _module(path: Path) -> str:
@@ -64,10 +74,52 @@ def test_the_scan_sees_imports():
     assert "peg.recipe" in _edges(MODULES["peg.loading"])
 
 
-def test_no_source_file_is_much_over_400_lines():
+def test_no_source_file_is_over_400_lines():
     long = {
-        str(p.relative_to(SRC)): n
+        name: n
         for p in SRC.rglob("*.py")
         if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+        and (name := p.relative_to(SRC).as_posix()) not in BEING_CUT
     }
     assert not long
+
+
+def _function_lengths(path: Path) -> dict[str, int]:
+    """`{qualified name: lines}` of every function in a file, its docstring not counted."""
+    found: dict[str, int] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = child.end_lineno - child.lineno + 1  # type: ignore[operator]
+                first = child.body[0]
+                if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                    docstring = isinstance(first.value.value, str)
+                    n -= (first.end_lineno - first.lineno + 1) if docstring else 0  # type: ignore[operator]
+                found[prefix + child.name] = n
+                visit(child, f"{prefix}{child.name}.")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(path.read_text(encoding="utf-8"), str(path)), "")
+    return found
+
+
+def test_no_function_is_over_80_lines():
+    long = {}
+    for p in SRC.rglob("*.py"):
+        name = p.relative_to(SRC).as_posix()
+        for function, n in _function_lengths(p).items():
+            allowed = f"{name}:{function}" in LONG_FUNCTIONS or BEING_CUT.get(name) == function
+            if n > MAX_FUNCTION_LINES and not allowed:
+                long[f"{name}:{function}"] = n
+    assert not long, f"cut these into named steps (or list a data table): {long}"
+
+
+def test_the_function_count_sees_long_functions(tmp_path):
+    body = "".join(f"        x{i} = {i}\n" for i in range(81))
+    path = tmp_path / "m.py"
+    path.write_text('class A:\n    def f(self):\n        """Doc.\n\n        More."""\n' + body)
+    assert _function_lengths(path) == {"A.f": 82}  # the def line and 81 statements

@@ -1,4 +1,9 @@
-"""The `peg` command (`[project.scripts]`; also `python -m peg.apps`)."""
+"""The `peg` command (`[project.scripts]`; also `python -m peg.apps`).
+
+Each command is one `Command` in `COMMANDS`: its help, its arguments (`_<name>_arguments`) and
+the function that runs it (`_<name>`, which imports its application only then). Adding a
+command is adding those two functions and one entry.
+"""
 
 from __future__ import annotations
 
@@ -8,169 +13,41 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from peg import distributed
 
+Parser = argparse.ArgumentParser
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="peg", description="Cheap, well-calibrated ensembles from a trained PyTorch model."
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser(
-        "demo",
-        help="train a base model and compare Base, Temp-scaled, PEP-15 and PEG-15",
-        description="Train a base model, build PEG and PEP ensembles and a temperature-scaled "
-        "base on the validation split, print the paper-style table on the test set, and write "
-        "results.json, results.md and figures.",
-    )
-    demo.add_argument(
+
+@dataclass(frozen=True)
+class Command:
+    """One `peg` command: `help` (in `peg -h`), `description` (in `peg NAME -h`), `arguments`
+    (adds its options to its parser) and `run(args, command, progress) -> exit status`."""
+
+    help: str
+    description: str
+    arguments: Callable[[Parser], None]
+    run: Callable[[argparse.Namespace, str, bool | None], int]
+
+
+def _no_progress(p: Parser) -> None:
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+# ---------------------------------------------------------------- peg demo
+def _demo_arguments(p: Parser) -> None:
+    p.add_argument(
         "--data",
         default="fashion-mnist",
         choices=["fashion-mnist", "digits", "moons", "two-moons", "three-moons", "linear"],
         help="data set (fashion-mnist falls back to digits when not installed); toy sets also "
         "draw the decision-boundary figure (default: fashion-mnist)",
     )
-    demo.add_argument("--quick", action="store_true", help="a smaller run (under a minute)")
-    demo.add_argument("--out", default="peg-demo", help="output folder (default: peg-demo)")
-    demo.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    demo.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    tables = sub.add_parser(
-        "paper-tables",
-        help="reproduce the structure of the PEG paper's Tables 1, 3, 5, 7 and 12",
-        description="Train SGD models, a deep ensemble and SWA/SWAG per seed, build PEG and PEP "
-        "on top of each as the PEG paper does, and write the tables (mean ± std over seeds) as "
-        "markdown and JSON. Trained models and test logits are cached: a rerun resumes.",
-    )
-    tables.add_argument(
-        "--preset",
-        default="fashion-mnist",
-        choices=["fashion-mnist", "fashion-mnist-overfit", "digits"],
-        help="data, model and recipes (default: fashion-mnist)",
-    )
-    tables.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="default: 0 1 2")
-    tables.add_argument("--tables", nargs="+", help="a subset, e.g. 1 3 (default: all)")
-    tables.add_argument("--out", default="results", help="output folder (default: results)")
-    tables.add_argument(
-        "--cache",
-        default=".peg-cache/paper-tables",
-        help="checkpoints and cached logits (default: .peg-cache/paper-tables)",
-    )
-    tables.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    bench = sub.add_parser(
-        "bench",
-        help="run a benchmark spec (YAML) or a preset: quick, fashion-mnist, cifar10-cpu, cifar10",
-        description="Train or load base models, build every method of the spec, evaluate on the "
-        "test, shifted and OOD sets, and write results/<name>/results.{json,md}. Member logits "
-        "are cached, so a rerun or an interrupted run resumes.",
-    )
-    bench.add_argument(
-        "spec", help="a YAML file, or the name of a preset (peg/apps/configs/NAME.yaml)"
-    )
-    bench.add_argument("--seeds", type=int, nargs="+", help="override the spec's seeds")
-    bench.add_argument("--out", default="results", help="output folder (default: results)")
-    bench.add_argument(
-        "--cache", default=".peg-cache/bench", help="cache folder (default: .peg-cache/bench)"
-    )
-    bench.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    compare = sub.add_parser(
-        "compare",
-        help="which post-hoc method for your model? fit TS, PEP, PEG, ... on its validation "
-        "data and compare them on its test data",
-        description="Fit post-hoc methods on a trained model and validation data, evaluate them "
-        "on test data (and shifted and OOD sets), and print one table: fit time, forwards per "
-        "input and memory beside every metric; writes results.{json,md} and reliability "
-        "diagrams to --out. Data: a data set name (NAME or NAME:SPLIT), a .npz file (arrays x, "
-        "y), a .pt file of tensors (a dict with x, y or a pair), or module:function returning "
-        "a Dataset, DataLoader or (X, y). See docs/compare.md.",
-    )
-    compare.add_argument(
-        "--model", required=True, help="module:function returning the trained nn.Module"
-    )
-    compare.add_argument("--val", required=True, help="validation data the methods are fitted on")
-    compare.add_argument("--test", required=True, help="test data")
-    compare.add_argument("--shifted", nargs="+", help="shifted labelled sets, [NAME=]DATA each")
-    compare.add_argument("--ood", nargs="+", help="out-of-distribution inputs, [NAME=]DATA each")
-    compare.add_argument(
-        "--methods", nargs="+", help="named methods, e.g. TS PEG 'PEG + TS' (default: all of "
-        "Model, TS, PEP, PEG, 'PEG + TS', 'MC dropout' if the model has dropout, "
-        "'Last-layer PEG')",
-    )  # fmt: skip
-    compare.add_argument("--ood-score", default="entropy", help="OOD score (default: entropy)")
-    compare.add_argument(
-        "--metrics", nargs="+", help="metric columns of the tables, e.g. nll error ece aurc "
-        "(default: nll error brier ece adaptive_ece classwise_ece aurc augrc)",
-    )  # fmt: skip
-    compare.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    compare.add_argument("--batch-size", type=int, default=512, help="default: 512")
-    compare.add_argument(
-        "--out", default="peg-compare", help="output folder (default: peg-compare)"
-    )
-    compare.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    # ---- peg diversity (Fort et al. 2019 loss-landscape analyses; see peg.apps.diversity)
-    diversity = sub.add_parser(
-        "diversity",
-        help="function-space diversity: trajectories, t-SNE, diversity-accuracy plane, "
-        "radial landscape cut, with PEG, PEP, SWAG-Diag and subspace samplers",
-        description="Train models from several random initialisations (cached), build every "
-        "method around their solutions, and write figures and JSON (cosine similarity, "
-        "disagreement, t-SNE, diversity vs accuracy, ensemble size, radial landscape cut) plus "
-        "a table of diversity and ensemble accuracy/NLL per method. Fashion-MNIST by default "
-        "(scikit-learn digits when it is not installed).",
-    )
-    diversity.add_argument(
-        "spec",
-        nargs="?",
-        help="a YAML file of settings, or a preset's name (default: built-in settings)",
-    )
-    diversity.add_argument(
-        "--quick", action="store_true", help="digits, few epochs (well under a minute)"
-    )
-    diversity.add_argument(
-        "--out", default="results/diversity", help="output folder (default: results/diversity)"
-    )
-    diversity.add_argument(
-        "--cache",
-        default=".peg-cache/diversity",
-        help="cached trajectories (default: .peg-cache/diversity)",
-    )
-    diversity.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    # ---- end peg diversity
-    perf = sub.add_parser(
-        "bench-perf",
-        help="run the performance benchmarks (benchmarks/*.py of a checkout) and keep the output",
-        description="Run the scripts in the checkout's benchmarks/ folder one after another "
-        "(inference strategies, PEG creation cost, streaming metrics, memory, Packed speed), "
-        "show their output and write each to results/benchmarks/<name>.txt with the command and "
-        "commit. Every figure is a ratio measured in one run, on the machine it names.",
-    )
-    perf.add_argument("names", nargs="*", help="benchmarks to run (default: all)")
-    perf.add_argument("--quick", action="store_true", help="smoke runs; writes no files")
-    perf.add_argument("--dir", default="benchmarks", help="scripts folder (default: benchmarks)")
-    perf.add_argument(
-        "--out", help="output folder (default: results/benchmarks; none with --quick)"
-    )
-    args = parser.parse_args(argv)
-    command = " ".join(["peg", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        status = _run(args, command)
-    except (FileNotFoundError, NotADirectoryError, ValueError) as e:
-        # bad input named by the library (specs, presets, folders, options): a message, not a
-        # traceback (PEG_TRACEBACK=1 shows it); exit status 2 as argparse's own errors
-        if os.environ.get("PEG_TRACEBACK") and not distributed.joined():
-            raise
-        if not distributed.joined():
-            parser.exit(2, f"peg {args.command}: error: {e}\n")
-        sys.stderr.write(f"peg {args.command}: error: {e}\n")
-        status = 2
-    except Exception:
-        if not distributed.joined():
-            raise
-        traceback.print_exc()  # e.g. a RankFailure naming the rank that failed
-        status = 1
-    if distributed.joined():  # under torchrun: end without the teardown that can abort
-        distributed.end_process(status)
-    return status
+    p.add_argument("--quick", action="store_true", help="a smaller run (under a minute)")
+    p.add_argument("--out", default="peg-demo", help="output folder (default: peg-demo)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    _no_progress(p)
 
 
 def _demo(args: argparse.Namespace, command: str, progress: bool | None) -> int:
@@ -186,6 +63,51 @@ def _demo(args: argparse.Namespace, command: str, progress: bool | None) -> int:
         command=command,
     )
     return 0
+
+
+# ---------------------------------------------------------------- peg paper-tables
+def _paper_tables_arguments(p: Parser) -> None:
+    p.add_argument(
+        "--preset",
+        default="fashion-mnist",
+        choices=["fashion-mnist", "fashion-mnist-overfit", "digits"],
+        help="data, model and recipes (default: fashion-mnist)",
+    )
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="default: 0 1 2")
+    p.add_argument("--tables", nargs="+", help="a subset, e.g. 1 3 (default: all)")
+    p.add_argument("--out", default="results", help="output folder (default: results)")
+    p.add_argument(
+        "--cache",
+        default=".peg-cache/paper-tables",
+        help="checkpoints and cached logits (default: .peg-cache/paper-tables)",
+    )
+    _no_progress(p)
+
+
+def _paper_tables(args: argparse.Namespace, command: str, progress: bool | None) -> int:
+    from peg.apps.bench.paper import run
+
+    run(
+        preset=args.preset,
+        seeds=args.seeds,
+        out=args.out,
+        cache=args.cache,
+        tables=args.tables,
+        progress=progress,
+        command=command,
+    )
+    return 0
+
+
+# ---------------------------------------------------------------- peg bench
+def _bench_arguments(p: Parser) -> None:
+    p.add_argument("spec", help="a YAML file, or the name of a preset (peg/apps/configs/NAME.yaml)")
+    p.add_argument("--seeds", type=int, nargs="+", help="override the spec's seeds")
+    p.add_argument("--out", default="results", help="output folder (default: results)")
+    p.add_argument(
+        "--cache", default=".peg-cache/bench", help="cache folder (default: .peg-cache/bench)"
+    )
+    _no_progress(p)
 
 
 def _bench(args: argparse.Namespace, command: str, progress: bool | None) -> int:
@@ -205,19 +127,27 @@ def _bench(args: argparse.Namespace, command: str, progress: bool | None) -> int
     return 0
 
 
-def _paper_tables(args: argparse.Namespace, command: str, progress: bool | None) -> int:
-    from peg.apps.bench.paper import run
-
-    run(
-        preset=args.preset,
-        seeds=args.seeds,
-        out=args.out,
-        cache=args.cache,
-        tables=args.tables,
-        progress=progress,
-        command=command,
-    )
-    return 0
+# ---------------------------------------------------------------- peg compare
+def _compare_arguments(p: Parser) -> None:
+    p.add_argument("--model", required=True, help="module:function returning the trained nn.Module")
+    p.add_argument("--val", required=True, help="validation data the methods are fitted on")
+    p.add_argument("--test", required=True, help="test data")
+    p.add_argument("--shifted", nargs="+", help="shifted labelled sets, [NAME=]DATA each")
+    p.add_argument("--ood", nargs="+", help="out-of-distribution inputs, [NAME=]DATA each")
+    p.add_argument(
+        "--methods", nargs="+", help="named methods, e.g. TS PEG 'PEG + TS' (default: all of "
+        "Model, TS, PEP, PEG, 'PEG + TS', 'MC dropout' if the model has dropout, "
+        "'Last-layer PEG')",
+    )  # fmt: skip
+    p.add_argument("--ood-score", default="entropy", help="OOD score (default: entropy)")
+    p.add_argument(
+        "--metrics", nargs="+", help="metric columns of the tables, e.g. nll error ece aurc "
+        "(default: nll error brier ece adaptive_ece classwise_ece aurc augrc)",
+    )  # fmt: skip
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    p.add_argument("--batch-size", type=int, default=512, help="default: 512")
+    p.add_argument("--out", default="peg-compare", help="output folder (default: peg-compare)")
+    _no_progress(p)
 
 
 def _compare(args: argparse.Namespace, command: str, progress: bool | None) -> int:
@@ -245,12 +175,39 @@ def _compare(args: argparse.Namespace, command: str, progress: bool | None) -> i
     return 0
 
 
+# ---------------------------------------------------------------- peg diversity
+def _diversity_arguments(p: Parser) -> None:
+    p.add_argument(
+        "spec",
+        nargs="?",
+        help="a YAML file of settings, or a preset's name (default: built-in settings)",
+    )
+    p.add_argument("--quick", action="store_true", help="digits, few epochs (well under a minute)")
+    p.add_argument(
+        "--out", default="results/diversity", help="output folder (default: results/diversity)"
+    )
+    p.add_argument(
+        "--cache",
+        default=".peg-cache/diversity",
+        help="cached trajectories (default: .peg-cache/diversity)",
+    )
+    _no_progress(p)
+
+
 def _diversity(args: argparse.Namespace, command: str, progress: bool | None) -> int:
     from peg.apps.diversity import study
 
     config = study.load_config(args.spec, quick=args.quick)
     study.run(config, out=args.out, cache=args.cache, progress=progress, command=command)
     return 0
+
+
+# ---------------------------------------------------------------- peg bench-perf
+def _bench_perf_arguments(p: Parser) -> None:
+    p.add_argument("names", nargs="*", help="benchmarks to run (default: all)")
+    p.add_argument("--quick", action="store_true", help="smoke runs; writes no files")
+    p.add_argument("--dir", default="benchmarks", help="scripts folder (default: benchmarks)")
+    p.add_argument("--out", help="output folder (default: results/benchmarks; none with --quick)")
 
 
 def _bench_perf(args: argparse.Namespace, command: str, progress: bool | None) -> int:
@@ -261,21 +218,108 @@ def _bench_perf(args: argparse.Namespace, command: str, progress: bool | None) -
     return 1 if any(status.values()) else 0
 
 
-# each command's handler; the applications are imported only when their command runs
-COMMANDS: dict[str, Callable[[argparse.Namespace, str, bool | None], int]] = {
-    "demo": _demo,
-    "bench": _bench,
-    "paper-tables": _paper_tables,
-    "compare": _compare,
-    "diversity": _diversity,
-    "bench-perf": _bench_perf,
+# ---------------------------------------------------------------- the commands, in `peg -h` order
+COMMANDS: dict[str, Command] = {
+    "demo": Command(
+        help="train a base model and compare Base, Temp-scaled, PEP-15 and PEG-15",
+        description="Train a base model, build PEG and PEP ensembles and a temperature-scaled "
+        "base on the validation split, print the paper-style table on the test set, and write "
+        "results.json, results.md and figures.",
+        arguments=_demo_arguments,
+        run=_demo,
+    ),
+    "paper-tables": Command(
+        help="reproduce the structure of the PEG paper's Tables 1, 3, 5, 7 and 12",
+        description="Train SGD models, a deep ensemble and SWA/SWAG per seed, build PEG and PEP "
+        "on top of each as the PEG paper does, and write the tables (mean ± std over seeds) as "
+        "markdown and JSON. Trained models and test logits are cached: a rerun resumes.",
+        arguments=_paper_tables_arguments,
+        run=_paper_tables,
+    ),
+    "bench": Command(
+        help="run a benchmark spec (YAML) or a preset: quick, fashion-mnist, cifar10-cpu, cifar10",
+        description="Train or load base models, build every method of the spec, evaluate on the "
+        "test, shifted and OOD sets, and write results/<name>/results.{json,md}. Member logits "
+        "are cached, so a rerun or an interrupted run resumes.",
+        arguments=_bench_arguments,
+        run=_bench,
+    ),
+    "compare": Command(
+        help="which post-hoc method for your model? fit TS, PEP, PEG, ... on its validation "
+        "data and compare them on its test data",
+        description="Fit post-hoc methods on a trained model and validation data, evaluate them "
+        "on test data (and shifted and OOD sets), and print one table: fit time, forwards per "
+        "input and memory beside every metric; writes results.{json,md} and reliability "
+        "diagrams to --out. Data: a data set name (NAME or NAME:SPLIT), a .npz file (arrays x, "
+        "y), a .pt file of tensors (a dict with x, y or a pair), or module:function returning "
+        "a Dataset, DataLoader or (X, y). See docs/compare.md.",
+        arguments=_compare_arguments,
+        run=_compare,
+    ),
+    "diversity": Command(  # Fort et al. 2019's loss-landscape analyses (peg.apps.diversity)
+        help="function-space diversity: trajectories, t-SNE, diversity-accuracy plane, "
+        "radial landscape cut, with PEG, PEP, SWAG-Diag and subspace samplers",
+        description="Train models from several random initialisations (cached), build every "
+        "method around their solutions, and write figures and JSON (cosine similarity, "
+        "disagreement, t-SNE, diversity vs accuracy, ensemble size, radial landscape cut) plus "
+        "a table of diversity and ensemble accuracy/NLL per method. Fashion-MNIST by default "
+        "(scikit-learn digits when it is not installed).",
+        arguments=_diversity_arguments,
+        run=_diversity,
+    ),
+    "bench-perf": Command(
+        help="run the performance benchmarks (benchmarks/*.py of a checkout) and keep the output",
+        description="Run the scripts in the checkout's benchmarks/ folder one after another "
+        "(inference strategies, PEG creation cost, streaming metrics, memory, Packed speed), "
+        "show their output and write each to results/benchmarks/<name>.txt with the command and "
+        "commit. Every figure is a ratio measured in one run, on the machine it names.",
+        arguments=_bench_perf_arguments,
+        run=_bench_perf,
+    ),
 }
+
+
+def parser() -> Parser:
+    """The `peg` argument parser: one sub-command per entry of `COMMANDS`."""
+    top = Parser(
+        prog="peg", description="Cheap, well-calibrated ensembles from a trained PyTorch model."
+    )
+    sub = top.add_subparsers(dest="command", required=True)
+    for name, command in COMMANDS.items():
+        command.arguments(sub.add_parser(name, help=command.help, description=command.description))
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run `peg ARGV` (default: the process's arguments); returns the exit status."""
+    top = parser()
+    args = top.parse_args(argv)
+    command = " ".join(["peg", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        status = _run(args, command)
+    except (FileNotFoundError, NotADirectoryError, ValueError) as e:
+        # bad input named by the library (specs, presets, folders, options): a message, not a
+        # traceback (PEG_TRACEBACK=1 shows it); exit status 2 as argparse's own errors
+        if os.environ.get("PEG_TRACEBACK") and not distributed.joined():
+            raise
+        if not distributed.joined():
+            top.exit(2, f"peg {args.command}: error: {e}\n")
+        sys.stderr.write(f"peg {args.command}: error: {e}\n")
+        status = 2
+    except Exception:
+        if not distributed.joined():
+            raise
+        traceback.print_exc()  # e.g. a RankFailure naming the rank that failed
+        status = 1
+    if distributed.joined():  # under torchrun: end without the teardown that can abort
+        distributed.end_process(status)
+    return status
 
 
 def _run(args: argparse.Namespace, command: str) -> int:
     """Carry out one parsed `peg` command."""
     progress = False if getattr(args, "no_progress", False) else None
-    return COMMANDS[args.command](args, command, progress)
+    return COMMANDS[args.command].run(args, command, progress)
 
 
 if __name__ == "__main__":

@@ -90,6 +90,83 @@ PRESETS: dict[tuple[str, bool], Preset] = {
 }
 
 
+class _Timer:
+    """The wall time of each step of the demo, said as the step ends."""
+
+    def __init__(self, say: Any) -> None:
+        self.say, self.times = say, {}
+
+    def __call__(self, label: str, fn: Any) -> Any:
+        t0 = time.perf_counter()
+        result = fn()
+        self.times[label] = round(time.perf_counter() - t0, 2)
+        self.say(f"  {label}: {self.times[label]:.1f} s")
+        return result
+
+
+@dataclass
+class _Data:
+    """The demo's data: its name, the train/validation/test splits (subsampled by the preset)
+    and whether it is a 2-D toy set."""
+
+    name: str
+    train: tuple[torch.Tensor, torch.Tensor]
+    val: tuple[torch.Tensor, torch.Tensor]
+    test: tuple[torch.Tensor, torch.Tensor]
+    classes: int
+    toy: bool
+
+
+def _data(data: str, quick: bool, seed: int, say: Any) -> tuple[_Data, Preset]:
+    """The data set (Fashion-MNIST falling back to digits) split 80/20 and subsampled, and the
+    preset of sizes for it."""
+    data, (X_all, y_all), (X_test, y_test) = load_or_digits(
+        data, say, seed=seed, **TOY_OPTIONS.get(data, {})
+    )
+    toy = data in TOY_DATA
+    preset = PRESETS[("toy" if toy else data, quick)]
+    X_train, y_train, X_val, y_val = datasets.train_val_split(X_all, y_all, 0.2, seed=seed)
+    train = subsample(X_train, y_train, preset.train_points, seed)
+    test = subsample(X_test, y_test, preset.test_points, seed)
+    return _Data(data, train, (X_val, y_val), test, int(y_all.max()) + 1, toy), preset
+
+
+def _base(d: _Data, preset: Preset) -> nn.Module:
+    """The untrained base: the paper's §5.6 MLP for toy data, a SmallCNN for images."""
+    features = d.train[0].shape[1]
+    if d.toy:
+        return models.MLP(features, d.classes, hidden=(20,))
+    return models.SmallCNN(in_channels=features, num_classes=d.classes, width=preset.width)
+
+
+def _proba(predictor: Any) -> Any:
+    """`points -> [N, C]` probabilities of any predictor (for the decision boundaries)."""
+    return lambda points: member_logits_of(predictor, points).softmax(-1).mean(0)
+
+
+def _figures(d: _Data, logits: dict[str, Any], drawn: dict[str, Any], out: Path) -> list[str]:
+    """reliability.png (every column), and for toy data decision_boundaries.png (the
+    predictors `drawn`: the base, PEP and PEG)."""
+    y_test = d.test[1]
+    figures = [
+        str(
+            plots.reliability_diagram(
+                {n: metrics.reliability(lg, y_test, bins=10) for n, lg in logits.items()},
+                out / "reliability.png",
+                title=f"Reliability on {d.name} test data (10 bins)",
+            )
+        )
+    ]
+    if d.toy:
+        pep, peg_ = list(drawn)[1:]
+        boundaries = plots.decision_boundaries(
+            {n: _proba(p) for n, p in drawn.items()}, *d.test, out / "decision_boundaries.png",
+            title=f"{d.name}: base MLP vs {pep} vs {peg_}",
+        )  # fmt: skip
+        figures.append(str(boundaries))
+    return figures
+
+
 def run(
     data: str = "fashion-mnist",
     quick: bool = False,
@@ -108,102 +185,42 @@ def run(
     out = Path(out)
     t_start = time.perf_counter()
     torch.manual_seed(seed)
-    times: dict[str, float] = {}
-
-    def timed(label: str, fn: Any) -> Any:
-        t0 = time.perf_counter()
-        result = fn()
-        times[label] = round(time.perf_counter() - t0, 2)
-        say(f"  {label}: {times[label]:.1f} s")
-        return result
-
-    data, (X_all, y_all), (X_test, y_test) = load_or_digits(
-        data, say, seed=seed, **TOY_OPTIONS.get(data, {})
-    )
-    toy = data in TOY_DATA
-    preset = PRESETS[("toy" if toy else data, quick)]
-    X_train, y_train, X_val, y_val = datasets.train_val_split(X_all, y_all, 0.2, seed=seed)
-    X_train, y_train = subsample(X_train, y_train, preset.train_points, seed)
-    X_test, y_test = subsample(X_test, y_test, preset.test_points, seed)
-    C = int(y_all.max()) + 1
-    if toy:
-        base: nn.Module = models.MLP(X_all.shape[1], C, hidden=(20,))
-    else:
-        base = models.SmallCNN(in_channels=X_all.shape[1], num_classes=C, width=preset.width)
-    S = preset.members
+    timed = _Timer(say)
+    d, preset = _data(data, quick, seed, say)
+    base, S = _base(d, preset), preset.members
     say(
-        f"peg demo: {data}, {len(X_train)} train / {len(X_val)} validation / {len(X_test)} test, "
-        f"{type(base).__name__} ({sum(p.numel() for p in base.parameters()):,} parameters), "
-        f"{machine()}"
+        f"peg demo: {d.name}, {len(d.train[0])} train / {len(d.val[0])} validation / "
+        f"{len(d.test[0])} test, {type(base).__name__} "
+        f"({sum(p.numel() for p in base.parameters()):,} parameters), {machine()}"
     )
-
+    fit = {"epochs": preset.epochs, "lr": preset.lr, "optimizer": preset.optimizer}
+    fit |= {"weight_decay": preset.weight_decay, "batch_size": preset.batch_size}
     base, history = timed(
-        "train base model",
-        lambda: train(
-            base,
-            (X_train, y_train),
-            epochs=preset.epochs,
-            lr=preset.lr,
-            optimizer=preset.optimizer,
-            weight_decay=preset.weight_decay,
-            batch_size=preset.batch_size,
-            seed=seed,
-            progress=progress,
-        ),
+        "train base model", lambda: train(base, d.train, seed=seed, progress=progress, **fit)
     )
     # the methods, through the registry (peg.apps.registry), on the base and validation set
     site = Site(
-        seed=seed,
-        progress=progress,
-        base=lambda: base,
-        val=(X_val, y_val),
-        score_points=preset.score_points,
+        seed=seed, progress=progress, base=lambda: base, val=d.val, score_points=preset.score_points
     )
     ts = timed("temperature scaling", lambda: build("temperature", site))
     pep = timed(f"PEP-{S} (σ search)", lambda: build("pep", site, n_members=S))
-    peg_ = timed(
-        f"PEG-{S} (η search)",
-        lambda: build("peg", site, n_members=S, grad_batch_size=min(128, len(X_val) // 4)),
-    )
-
+    K = min(128, len(d.val[0]) // 4)  # PEG's mini-batch size
+    peg_ = timed(f"PEG-{S} (η search)", lambda: build("peg", site, n_members=S, grad_batch_size=K))
     predictors = {"Base": base, "Temp-scaled": ts, f"PEP-{S}": pep, f"PEG-{S}": peg_}
+    X_test, y_test = d.test
     logits = {name: member_logits_of(p, X_test) for name, p in predictors.items()}
     columns = {name: metrics.classification_metrics(lg, y_test) for name, lg in logits.items()}
     table = markdown_table(columns)
-
     out.mkdir(parents=True, exist_ok=True)
-    figures = [
-        str(
-            plots.reliability_diagram(
-                {n: metrics.reliability(lg, y_test, bins=10) for n, lg in logits.items()},
-                out / "reliability.png",
-                title=f"Reliability on {data} test data (10 bins)",
-            )
-        )
-    ]
-    if toy:
-
-        def proba(p: Any) -> Any:
-            return lambda pts: member_logits_of(p, pts).softmax(-1).mean(0)
-
-        figures.append(
-            str(
-                plots.decision_boundaries(
-                    {"Base": proba(base), f"PEP-{S}": proba(pep), f"PEG-{S}": proba(peg_)},
-                    X_test,
-                    y_test,
-                    out / "decision_boundaries.png",
-                    title=f"{data}: base MLP vs PEP-{S} vs PEG-{S}",
-                )
-            )
-        )
-    times["total"] = round(time.perf_counter() - t_start, 2)
+    drawn = {"Base": base, f"PEP-{S}": pep, f"PEG-{S}": peg_}
+    figures = _figures(d, logits, drawn, out)
+    timed.times["total"] = round(time.perf_counter() - t_start, 2)
     result = {
-        "command": command or f"peg.apps.demo.run(data={data!r}, quick={quick}, seed={seed})",
+        "command": command or f"peg.apps.demo.run(data={d.name!r}, quick={quick}, seed={seed})",
         "commit": git_commit(),
         "machine": machine(),
-        "data": data,
-        "sizes": {"train": len(X_train), "validation": len(X_val), "test": len(X_test)},
+        "data": d.name,
+        "sizes": {"train": len(d.train[0]), "validation": len(d.val[0]), "test": len(X_test)},
         "preset": asdict(preset),
         "base_history": history,
         "chosen": {
@@ -214,12 +231,12 @@ def run(
             "eta_search": peg_.search_,
         },
         "metrics": columns,
-        "seconds": times,
+        "seconds": timed.times,
         "figures": figures,
         "note": "error and ece are fractions (the table prints them as %)",
     }
     markdown = (
-        f"{data} test set ({len(X_test)} points); command: "
+        f"{d.name} test set ({len(X_test)} points); command: "
         f"`{result['command']}`; machine: {result['machine']}\n\n{table}\n"
     )
     write_results(out, result, markdown, default=str)
@@ -228,7 +245,7 @@ def run(
     say("")
     say(
         f"T = {ts.temperature_:.3f}, σ = {pep.sigma_:.3g}, η = {peg_.eta_:.3g}; "
-        f"total {times['total']:.1f} s; wrote {out}/results.json, results.md, "
+        f"total {timed.times['total']:.1f} s; wrote {out}/results.json, results.md, "
         + ", ".join(Path(f).name for f in figures)
     )
     return result

@@ -110,42 +110,11 @@ def train(
     training loss, training accuracy and the learning rate used (and `val_nll` with early
     stopping).
     """
-    recipe = (recipe or Recipe()).replace(**recipe_fields) if recipe_fields else recipe or Recipe()
-    if not isinstance(recipe, Recipe):
-        raise TypeError(f"recipe: expected a peg.train.Recipe, got {type(recipe).__name__}")
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
-    if not callable(loss):
-        raise TypeError(f"loss: expected a callable loss(outputs, y), got {type(loss).__name__}")
-    batch_fn = check_batch_fn(batch_fn)
-    if recipe.patience is not None:
-        if val is None:
-            raise ValueError("val: recipe.patience (early stopping) needs validation data (X, y)")
-        callbacks = [*callbacks, EarlyStopping(val, recipe.patience)]
-    elif val is not None:
-        raise ValueError("val: given without recipe.patience; set patience to stop early")
-    source = TrainingData(data, recipe.batch_size, batch_fn, weights_device(model), seed)
-    if source.in_memory:
-        X, y = source.X, source.y
-        if y is None:
-            raise ValueError("data: training needs labels, got inputs only")
-        if len(X) == 0:
-            raise ValueError("data: the training set is empty")
-        device = model_device(model, "model", ("data", X))
-    else:
-        if source.n == 0:
-            raise ValueError("data: the training set is empty")
-        device = model_device(model, "model")
-    if not any(p.requires_grad for p in model.parameters()):
-        raise ValueError("model: has no trainable parameters (requires_grad=True) to train")
-    classes = check_training_data(model, X, y, loss, device) if source.in_memory else None
+    recipe, batch_fn, callbacks = _arguments(
+        model, recipe, recipe_fields, loss, batch_fn, val, callbacks
+    )
+    source, device, classes = _data(model, data, recipe, batch_fn, seed, loss)
     steps_per_epoch = source.steps_per_epoch()
-    if steps_per_epoch is None and recipe.schedule == "cosine":
-        raise ValueError(
-            "data: schedule='cosine' needs the number of batches per epoch, and this stream "
-            "does not say (its loader has no len()); give the IterableDataset a __len__ or use "
-            "schedule='constant' or 'swa'"
-        )
     opt = make_optimizer(model, recipe)
     schedules = Schedules(opt, recipe, steps_per_epoch or 1)
     gen = torch.Generator().manual_seed(seed)
@@ -182,6 +151,69 @@ def train(
         if callable(getattr(callback, "restore", None)):
             callback.restore(model)
     return model.eval(), history
+
+
+def _arguments(
+    model: Any,
+    recipe: Any,
+    recipe_fields: dict[str, Any],
+    loss: Any,
+    batch_fn: Any,
+    val: Any,
+    callbacks: Sequence[Callback],
+) -> tuple[Recipe, BatchFn | None, Sequence[Callback]]:
+    """`train`'s arguments checked: the recipe with `recipe_fields` applied, the batch_fn, and
+    the callbacks with early stopping on `val` added (`recipe.patience`)."""
+    recipe = (recipe or Recipe()).replace(**recipe_fields) if recipe_fields else recipe or Recipe()
+    if not isinstance(recipe, Recipe):
+        raise TypeError(f"recipe: expected a peg.train.Recipe, got {type(recipe).__name__}")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
+    if not callable(loss):
+        raise TypeError(f"loss: expected a callable loss(outputs, y), got {type(loss).__name__}")
+    batch_fn = check_batch_fn(batch_fn)
+    if recipe.patience is not None:
+        if val is None:
+            raise ValueError("val: recipe.patience (early stopping) needs validation data (X, y)")
+        callbacks = [*callbacks, EarlyStopping(val, recipe.patience)]
+    elif val is not None:
+        raise ValueError("val: given without recipe.patience; set patience to stop early")
+    return recipe, batch_fn, callbacks
+
+
+def _data(
+    model: nn.Module,
+    data: Data,
+    recipe: Recipe,
+    batch_fn: BatchFn | None,
+    seed: int,
+    loss: Callable[[Tensor, Tensor], Tensor],
+) -> tuple[TrainingData, torch.device, int | None]:
+    """The training data as a `TrainingData` source, checked before the first epoch (labels,
+    not empty, a model that can run on it, a known epoch length for a cosine schedule), the
+    device the batches go to, and the number of classes (None for a stream)."""
+    source = TrainingData(data, recipe.batch_size, batch_fn, weights_device(model), seed)
+    if source.in_memory:
+        X, y = source.X, source.y
+        if y is None:
+            raise ValueError("data: training needs labels, got inputs only")
+        if len(X) == 0:
+            raise ValueError("data: the training set is empty")
+        device = model_device(model, "model", ("data", X))
+    else:
+        if source.n == 0:
+            raise ValueError("data: the training set is empty")
+        device = model_device(model, "model")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError("model: has no trainable parameters (requires_grad=True) to train")
+    classes = check_training_data(model, X, y, loss, device) if source.in_memory else None
+    if source.steps_per_epoch() is None and recipe.schedule == "cosine":
+        raise ValueError(
+            "data: schedule='cosine' needs the number of batches per epoch, and this stream "
+            "does not say (its loader has no len()); give the IterableDataset a __len__ or use "
+            "schedule='constant' or 'swa'"
+        )
+    return source, device, classes
 
 
 def _stopped(callbacks: Sequence[Callback]) -> bool:

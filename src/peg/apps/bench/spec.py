@@ -41,7 +41,8 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,15 @@ import yaml
 
 from peg import data as datasets
 from peg.apps import presets
-from peg.apps.bench.names import denoted
+from peg.apps.bench.columns import (
+    BASE_PATTERN,
+    METHODS,
+    SWAG_BASES,
+    MethodSpec,
+    method_column,
+    root_base,
+    standard_method,
+)
 from peg.apps.bench.tables import DEFAULT_METRICS, ROWS
 from peg.data import corruptions
 from peg.errors import SpecError
@@ -57,62 +66,21 @@ from peg.metrics.ood import OOD_SCORES
 from peg.models import REGISTRY, check_arguments
 from peg.train import Recipe
 
-# the registry keys (`peg.apps.registry`) a spec's `method:` may name
-METHODS = (
-    "base",
-    "temperature",
-    "peg",
-    "pep",
-    "mc-dropout",
-    "random-subspace",
-    "dropout-subspace",
-    "packed",
-    "emp",
-    "ecmp",
-    "laplace",
-    "vector-scaling",
-    "matrix-scaling",
-    "dirichlet",
-    "histogram-binning",
-    "isotonic",
-)
-SWAG_BASES = ("swa", "swag", "swag-diag")  # the bases one SWAG run gives
-BASE_PATTERN = re.compile(r"^(single|swa|swag|swag-diag|deepens-(\d+))$")
-SPEC_FIELDS = {
-    "name",
-    "data",
-    "data_options",
-    "model",
-    "train",
-    "swa",
-    "seeds",
-    "val_fraction",
-    "train_points",
-    "test_points",
-    "score_points",
-    "methods",
-    "shift",
-    "ood",
-    "ood_score",
-    "swag_samples",
-    "metrics",
-    "figures",
-}
-
-
-@dataclass(frozen=True)
-class MethodSpec:
-    """One column: `method` built on `base` with `options`, shown as `name`."""
-
-    name: str
-    method: str
-    base: str
-    options: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def key(self) -> str:
-        """A file-name-safe identifier of the column (names the cache file)."""
-        return re.sub(r"[^A-Za-z0-9.+-]+", "_", self.name).strip("_")
+# re-exported: the bench modules take a spec's column types from here
+__all__ = [
+    "BASE_PATTERN",
+    "METHODS",
+    "SWAG_BASES",
+    "MethodSpec",
+    "Spec",
+    "SpecError",
+    "find_spec",
+    "load_specs",
+    "load_uci_spec",
+    "parse_spec",
+    "root_base",
+    "standard_method",
+]
 
 
 @dataclass(frozen=True)
@@ -155,58 +123,6 @@ class Spec:
         return root_base(self.methods, method)
 
 
-def standard_method(name: str, options: dict[str, Any]) -> MethodSpec | None:
-    """The method a table name denotes (`PEG-15 (DeepEns-3)`, `SWAG`, ...), or None."""
-    found = denoted(name)
-    if found is None:
-        return None
-    method, base, fixed = found
-    return MethodSpec(name, method, base, {**fixed, **options})
-
-
-def _method(entry: Any, where: str, earlier: list[str]) -> MethodSpec:
-    if isinstance(entry, str):
-        entry = {"name": entry}
-    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
-        raise SpecError(f"{where}: expected a method name or a mapping with 'name', got {entry!r}")
-    options = {k: v for k, v in entry.items() if k not in ("name", "method", "base")}
-    if "method" not in entry:
-        found = standard_method(entry["name"], options)
-        if found is None:
-            raise SpecError(
-                f"{where}: unknown method name {entry['name']!r}; use a table name (Single, "
-                "Temp-scaled, SWA, SWAG, SWAG-Diag, DeepEns-N, PEP-S, PEG-S, PEG-Unbiased, "
-                "'PEG-S (DeepEns-N)', 'PEG-S (SWAG-Diag)', MC-Dropout-S, 'Packed-(a,M,g)', EMP, "
-                "ECMP, 'PEG-S (ascent)', 'PEG-S (last layer)', 'PEG-S + TS', 'TS → PEG-S', "
-                "Vector-scaled, Matrix-scaled, Dirichlet, Hist-binned, Isotonic) or give "
-                "method: and base:"
-            )
-        if not BASE_PATTERN.match(found.base) and found.base not in earlier:
-            raise SpecError(
-                f"{where}: {found.name!r} is fitted on the column {found.base!r}; list "
-                f"{found.base!r} before it"
-            )
-        return found
-    method, base = entry["method"], entry.get("base", "single")
-    if method not in METHODS:
-        raise SpecError(f"{where}.method: unknown method {method!r}; known: {list(METHODS)}")
-    if not isinstance(base, str) or not (BASE_PATTERN.match(base) or base in earlier):
-        raise SpecError(
-            f"{where}.base: unknown base {base!r}; known: single, swa, swag, swag-diag, "
-            "deepens-N, or an earlier column's name"
-        )
-    return MethodSpec(entry["name"], method, base, options)
-
-
-def root_base(methods: tuple[MethodSpec, ...], method: MethodSpec) -> str:
-    """The base solution (`single`, `swa`, `deepens-N`, ...) under `method`, following bases
-    that name earlier columns."""
-    by_name = {m.name: m for m in methods}
-    while method.base in by_name and not BASE_PATTERN.match(method.base):
-        method = by_name[method.base]
-    return method.base
-
-
 def _recipe(value: Any, where: str) -> Recipe:
     if not isinstance(value, dict):
         raise SpecError(f"{where}: expected a mapping of peg.train.Recipe fields, got {value!r}")
@@ -232,6 +148,178 @@ def _list(value: Any, where: str) -> list[Any]:
     return value
 
 
+# ---------------------------------------------------------------- the fields of a spec file
+# Each YAML field has one parser, `parse(value, where, parsed) -> {Spec field: value}` (`parsed`:
+# the fields parsed before it, in this order); a field the file leaves out takes `Spec`'s
+# default, declared there only. Adding a field: a `Spec` field and an entry here.
+Parsed = dict[str, Any]
+
+
+def _default(name: str) -> Any:
+    """`Spec`'s default for its field `name`."""
+    found = next(f for f in fields(Spec) if f.name == name)
+    return found.default_factory() if found.default is MISSING else found.default  # type: ignore[misc]
+
+
+def _name(value: Any, where: str, _: Parsed) -> Parsed:
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9._-]+", value):
+        raise SpecError(f"{where}: expected a file-name-safe string, got {value!r}")
+    return {"name": value}
+
+
+def _data(value: Any, where: str, _: Parsed) -> Parsed:
+    if value not in datasets.names():
+        raise SpecError(f"{where}: unknown data set {value!r}; known: {datasets.names()}")
+    return {"data": value}
+
+
+def _data_options(value: Any, where: str, _: Parsed) -> Parsed:
+    value = value or {}
+    if not isinstance(value, dict):
+        raise SpecError(f"{where}: expected a mapping, got {value!r}")
+    return {"data_options": dict(value)}
+
+
+def _model(value: Any, where: str, _: Parsed) -> Parsed:
+    model = {"name": value} if isinstance(value, str) else value
+    if not isinstance(model, dict) or model.get("name") not in REGISTRY:
+        raise SpecError(f"{where}.name: unknown model {model!r}; known: {sorted(REGISTRY)}")
+    try:
+        check_arguments(model["name"], {k: v for k, v in model.items() if k != "name"})
+    except TypeError as e:
+        raise SpecError(f"{where}: {e}") from None
+    return {"model": dict(model)}
+
+
+def _methods(value: Any, where: str, _: Parsed) -> Parsed:
+    parsed: list[MethodSpec] = []
+    for i, m in enumerate(_list(value, where)):
+        parsed.append(method_column(m, f"{where}[{i}]", [p.name for p in parsed]))
+    if not parsed:
+        raise SpecError(f"{where}: expected at least one method")
+    names = [m.name for m in parsed]
+    if len(set(names)) != len(names):
+        raise SpecError(f"{where}: duplicate names {names}")
+    return {"methods": tuple(parsed)}
+
+
+def _swa(value: Any, where: str, _: Parsed) -> Parsed:
+    return {"swa": None if value is None else _recipe(value, where)}
+
+
+def _train(value: Any, where: str, _: Parsed) -> Parsed:
+    return {"train": _recipe(value, where)}
+
+
+def _seeds(value: Any, where: str, _: Parsed) -> Parsed:
+    seeds = _list(value, where)
+    if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        raise SpecError(f"{where}: expected a non-empty list of integers, got {seeds}")
+    return {"seeds": tuple(seeds)}
+
+
+def _val_fraction(value: Any, where: str, _: Parsed) -> Parsed:
+    if not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise SpecError(f"{where}: expected a number in (0, 1), got {value!r}")
+    return {"val_fraction": float(value)}
+
+
+def _shift(value: Any, where: str, _: Parsed) -> Parsed:
+    shift = value or {}
+    if not isinstance(shift, dict) or set(shift) - {"rotations", "corruptions", "severities"}:
+        raise SpecError(
+            f"{where}: expected a mapping with rotations, corruptions, severities; got {shift!r}"
+        )
+    rotations = _list(shift.get("rotations"), f"{where}.rotations")
+    if not all(isinstance(r, (int, float)) and math.isfinite(r) for r in rotations):
+        raise SpecError(f"{where}.rotations: expected angles in degrees, got {rotations}")
+    corrupt = _list(shift.get("corruptions"), f"{where}.corruptions")
+    bad = [c for c in corrupt if c not in corruptions.CORRUPTIONS]
+    if bad:
+        raise SpecError(
+            f"{where}.corruptions: unknown {bad}; known: {list(corruptions.CORRUPTIONS)}"
+        )
+    severities = _list(shift.get("severities", list(_default("severities"))), f"{where}.severities")
+    if not all(s in corruptions.SEVERITIES for s in severities):
+        raise SpecError(f"{where}.severities: expected values in 1..5, got {severities}")
+    return {
+        "rotations": tuple(float(r) for r in rotations),
+        "corruptions": tuple(corrupt),
+        "severities": tuple(severities),
+    }
+
+
+def _ood(value: Any, where: str, _: Parsed) -> Parsed:
+    ood = _list(value, where)
+    bad = [o for o in ood if o not in datasets.names()]
+    if bad:
+        raise SpecError(f"{where}: unknown data set(s) {bad}; known: {datasets.names()}")
+    return {"ood": tuple(ood)}
+
+
+def _ood_score(value: Any, where: str, _: Parsed) -> Parsed:
+    if value not in OOD_SCORES:
+        raise SpecError(f"{where}: expected one of {list(OOD_SCORES)}, got {value!r}")
+    return {"ood_score": value}
+
+
+def _metrics(value: Any, where: str, _: Parsed) -> Parsed:
+    chosen = _list(value, where)
+    known = [row[0] for row in ROWS]
+    bad = [m for m in chosen if m not in known]
+    if bad or not chosen or len(set(chosen)) != len(chosen):
+        problem = f"unknown {bad}" if bad else f"expected distinct keys, got {chosen}"
+        raise SpecError(f"{where}: {problem}; known: {known}")
+    return {"metrics": tuple(chosen)}
+
+
+def _figures(value: Any, where: str, parsed: Parsed) -> Parsed:
+    if value is None:
+        return {"figures": None}
+    figures = _list(value, where)
+    names = [m.name for m in parsed["methods"]]
+    bad = [f for f in figures if f not in names]
+    if bad or not figures:
+        raise SpecError(
+            f"{where}: expected a non-empty list of column names, unknown {bad}; columns: {names}"
+        )
+    return {"figures": tuple(figures)}
+
+
+def _points(name: str) -> Callable[[Any, str, Parsed], Parsed]:
+    """The parser of a count field (train_points, ...): an integer >= 1, or null for none."""
+    return lambda value, where, _: {name: _int_or_none(value, where)}
+
+
+def _swag_samples(value: Any, where: str, _: Parsed) -> Parsed:
+    return {"swag_samples": _int_or_none(value, where) or _default("swag_samples")}
+
+
+# in the order they are checked (figures after methods: it names their columns)
+FIELDS: dict[str, Callable[[Any, str, Parsed], Parsed]] = {
+    "name": _name,
+    "data": _data,
+    "data_options": _data_options,
+    "model": _model,
+    "methods": _methods,
+    "swa": _swa,
+    "seeds": _seeds,
+    "val_fraction": _val_fraction,
+    "shift": _shift,
+    "ood": _ood,
+    "ood_score": _ood_score,
+    "metrics": _metrics,
+    "figures": _figures,
+    "train": _train,
+    "train_points": _points("train_points"),
+    "test_points": _points("test_points"),
+    "score_points": _points("score_points"),
+    "swag_samples": _swag_samples,
+}
+REQUIRED = ("name", "data", "model", "train", "methods")
+SPEC_FIELDS = set(FIELDS)
+
+
 def parse_spec(raw: Any, source: str = "spec") -> Spec:
     """A validated `Spec` from a parsed YAML mapping (errors name the field)."""
     if not isinstance(raw, dict):
@@ -239,109 +327,16 @@ def parse_spec(raw: Any, source: str = "spec") -> Spec:
     unknown = sorted(set(raw) - SPEC_FIELDS)
     if unknown:
         raise SpecError(f"{source}: unknown field(s) {unknown}; known: {sorted(SPEC_FIELDS)}")
-    for required in ("name", "data", "model", "train", "methods"):
+    for required in REQUIRED:
         if required not in raw:
             raise SpecError(f"{source}.{required}: missing (required)")
-    name = raw["name"]
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9._-]+", name):
-        raise SpecError(f"{source}.name: expected a file-name-safe string, got {name!r}")
-    data = raw["data"]
-    if data not in datasets.names():
-        raise SpecError(f"{source}.data: unknown data set {data!r}; known: {datasets.names()}")
-    data_options = raw.get("data_options") or {}
-    if not isinstance(data_options, dict):
-        raise SpecError(f"{source}.data_options: expected a mapping, got {data_options!r}")
-    model = raw["model"]
-    model = {"name": model} if isinstance(model, str) else model
-    if not isinstance(model, dict) or model.get("name") not in REGISTRY:
-        raise SpecError(f"{source}.model.name: unknown model {model!r}; known: {sorted(REGISTRY)}")
-    try:
-        check_arguments(model["name"], {k: v for k, v in model.items() if k != "name"})
-    except TypeError as e:
-        raise SpecError(f"{source}.model: {e}") from None
-    parsed: list[MethodSpec] = []
-    for i, m in enumerate(_list(raw["methods"], f"{source}.methods")):
-        parsed.append(_method(m, f"{source}.methods[{i}]", [p.name for p in parsed]))
-    methods = tuple(parsed)
-    if not methods:
-        raise SpecError(f"{source}.methods: expected at least one method")
-    names = [m.name for m in methods]
-    if len(set(names)) != len(names):
-        raise SpecError(f"{source}.methods: duplicate names {names}")
-    swa = _recipe(raw["swa"], f"{source}.swa") if raw.get("swa") is not None else None
-    spec_seeds = _list(raw.get("seeds", [0]), f"{source}.seeds")
-    integers = all(isinstance(s, int) and not isinstance(s, bool) for s in spec_seeds)
-    if not spec_seeds or not integers:
-        raise SpecError(f"{source}.seeds: expected a non-empty list of integers, got {spec_seeds}")
-    val_fraction = raw.get("val_fraction", 0.2)
-    if not isinstance(val_fraction, (int, float)) or not 0 < val_fraction < 1:
-        raise SpecError(f"{source}.val_fraction: expected a number in (0, 1), got {val_fraction!r}")
-    shift = raw.get("shift") or {}
-    if not isinstance(shift, dict) or set(shift) - {"rotations", "corruptions", "severities"}:
-        raise SpecError(
-            f"{source}.shift: expected a mapping with rotations, corruptions, severities; "
-            f"got {shift!r}"
-        )
-    rotations = _list(shift.get("rotations"), f"{source}.shift.rotations")
-    if not all(isinstance(r, (int, float)) and math.isfinite(r) for r in rotations):
-        raise SpecError(f"{source}.shift.rotations: expected angles in degrees, got {rotations}")
-    corrupt = _list(shift.get("corruptions"), f"{source}.shift.corruptions")
-    bad = [c for c in corrupt if c not in corruptions.CORRUPTIONS]
-    if bad:
-        raise SpecError(
-            f"{source}.shift.corruptions: unknown {bad}; known: {list(corruptions.CORRUPTIONS)}"
-        )
-    severities = _list(shift.get("severities", [3]), f"{source}.shift.severities")
-    if not all(s in (1, 2, 3, 4, 5) for s in severities):
-        raise SpecError(f"{source}.shift.severities: expected values in 1..5, got {severities}")
-    ood = _list(raw.get("ood"), f"{source}.ood")
-    bad = [o for o in ood if o not in datasets.names()]
-    if bad:
-        raise SpecError(f"{source}.ood: unknown data set(s) {bad}; known: {datasets.names()}")
-    ood_score = raw.get("ood_score", "entropy")
-    if ood_score not in OOD_SCORES:
-        raise SpecError(
-            f"{source}.ood_score: expected one of {list(OOD_SCORES)}, got {ood_score!r}"
-        )
-    spec_metrics = _list(raw.get("metrics", list(DEFAULT_METRICS)), f"{source}.metrics")
-    known = [row[0] for row in ROWS]
-    bad = [m for m in spec_metrics if m not in known]
-    if bad or not spec_metrics or len(set(spec_metrics)) != len(spec_metrics):
-        problem = f"unknown {bad}" if bad else f"expected distinct keys, got {spec_metrics}"
-        raise SpecError(f"{source}.metrics: {problem}; known: {known}")
-    figures = raw.get("figures")
-    if figures is not None:
-        figures = _list(figures, f"{source}.figures")
-        bad = [f for f in figures if f not in names]
-        if bad or not figures:
-            raise SpecError(
-                f"{source}.figures: expected a non-empty list of column names, unknown {bad}; "
-                f"columns: {names}"
-            )
-    spec = Spec(
-        name=name,
-        data=data,
-        model=dict(model),
-        train=_recipe(raw["train"], f"{source}.train"),
-        methods=methods,
-        seeds=tuple(spec_seeds),
-        swa=swa,
-        val_fraction=float(val_fraction),
-        train_points=_int_or_none(raw.get("train_points"), f"{source}.train_points"),
-        test_points=_int_or_none(raw.get("test_points"), f"{source}.test_points"),
-        score_points=_int_or_none(raw.get("score_points", 2000), f"{source}.score_points"),
-        rotations=tuple(float(r) for r in rotations),
-        corruptions=tuple(corrupt),
-        severities=tuple(severities),
-        ood=tuple(ood),
-        ood_score=ood_score,
-        swag_samples=_int_or_none(raw.get("swag_samples", 15), f"{source}.swag_samples") or 15,
-        data_options=dict(data_options),
-        metrics=tuple(spec_metrics),
-        figures=None if figures is None else tuple(figures),
-    )
+    parsed: Parsed = {}
+    for key, parse in FIELDS.items():
+        if key in raw:
+            parsed |= parse(raw[key], f"{source}.{key}", parsed)
+    spec = Spec(**parsed)
     if spec.needs_swag and spec.swa is None:
-        users = [m.name for m in methods if m.base in SWAG_BASES]
+        users = [m.name for m in spec.methods if m.base in SWAG_BASES]
         raise SpecError(f"{source}.swa: methods {users} need an SWA recipe (swa: {{...}})")
     if spec.swa is not None and spec.swa.patience is not None:
         raise SpecError(f"{source}.swa.patience: SWA and SWAG runs do not stop early")

@@ -121,6 +121,49 @@ def run(
         torch.set_num_threads(threads)
 
 
+class _Laps:
+    """Wall time per step: `lap(label)` records the time since the previous lap."""
+
+    def __init__(self) -> None:
+        self.start = self.last = time.perf_counter()
+        self.times: dict[str, float] = {}
+
+    def __call__(self, label: str) -> None:
+        now = time.perf_counter()
+        self.times[label] = round(now - self.last, 2)
+        self.last = now
+
+
+def _draw(figures: Figures, lap: _Laps) -> None:
+    """Every figure, each timed under its own label."""
+    for draw, label in (
+        (figures.similarity, "similarity"),
+        (figures.tsne, "tsne"),
+        (figures.plane, "diversity_accuracy"),
+        (figures.ensemble_size, "ensemble_size"),
+        (figures.radial_landscape, "radial_landscape"),
+    ):
+        draw()
+        lap(label)
+
+
+def _table(
+    figures: Figures, trajs: list[Any], around: list[dict[str, Members]], y_test: Tensor, k: int
+) -> tuple[dict[str, Any], str, dict[str, float]]:
+    """The table of ensembles of k members (independent inits, then every method around
+    trajectory 0's solution), its markdown, and the single model's accuracy and NLL."""
+    finals, final_states = figures.finals, [t.final for t in trajs]
+    rows = {INDEPENDENT: summary(finals[:k], y_test, weights=final_states[:k])}
+    for name, members in around[0].items():
+        weights = members.states[:k] if members.states is not None else None
+        rows[name] = summary(members.logits[:k], y_test, weights=weights)
+    single = {
+        "accuracy": float((finals[0].argmax(-1) == y_test).double().mean()),
+        "nll": float(torch.nn.functional.cross_entropy(finals[0].double(), y_test)),
+    }
+    return rows, format_table(rows, k), single
+
+
 def _run(
     config: DiversityConfig,
     out: Path,
@@ -129,15 +172,7 @@ def _run(
     say: Say,
     command: str | None,
 ) -> dict[str, Any]:
-    times: dict[str, float] = {}
-    t_start = time.perf_counter()
-    clock = [t_start]
-
-    def lap(label: str) -> None:
-        now = time.perf_counter()
-        times[label] = round(now - clock[0], 2)
-        clock[0] = now
-
+    lap = _Laps()
     splits = load_data(config, say)
     X_test, y_test = splits["test"]
     factory = _factory(config, splits["train"][0].shape[1], splits["classes"])
@@ -153,7 +188,6 @@ def _run(
         factory, splits["train"], config.recipe(), seeds, cache, progress, say
     )
     lap("trajectories")
-
     ckpt_logits = [
         _logits(skeleton, t.states, X_test)
         for t in bar(trajs, "checkpoint predictions", len(trajs), progress)
@@ -164,45 +198,15 @@ def _run(
         for t in bar(range(config.tsne_trajectories), "methods", config.tsne_trajectories, progress)
     ]
     lap("methods")
-
     figures = Figures(
-        config,
-        out,
-        splits["name"],
-        trajs,
-        seeds,
-        ckpt_logits,
-        around,
-        skeleton,
-        (X_test, y_test),
-        splits["classes"],
-        progress,
-    )
-    figures.similarity()
-    lap("similarity")
-    figures.tsne()
-    lap("tsne")
-    figures.plane()
-    lap("diversity_accuracy")
-    figures.ensemble_size()
-    lap("ensemble_size")
-    figures.radial_landscape()
-    lap("radial_landscape")
-
-    # the table: ensembles of k members
-    finals, final_states = figures.finals, [t.final for t in trajs]
+        config, out, splits["name"], trajs, seeds, ckpt_logits, around, skeleton,
+        (X_test, y_test), splits["classes"], progress,
+    )  # fmt: skip
+    _draw(figures, lap)
     k = config.ensemble_size
-    rows = {INDEPENDENT: summary(finals[:k], y_test, weights=final_states[:k])}
-    for name, members in around[0].items():
-        weights = members.states[:k] if members.states is not None else None
-        rows[name] = summary(members.logits[:k], y_test, weights=weights)
-    table = format_table(rows, k)
-    single = {
-        "accuracy": float((finals[0].argmax(-1) == y_test).double().mean()),
-        "nll": float(torch.nn.functional.cross_entropy(finals[0].double(), y_test)),
-    }
+    rows, table, single = _table(figures, trajs, around, y_test, k)
     lap("table")
-    times["total"] = round(time.perf_counter() - t_start, 2)
+    lap.times["total"] = round(time.perf_counter() - lap.start, 2)
     result = {
         "command": command or "peg.apps.diversity.study.run(...)",
         "commit": git_commit(),
@@ -216,7 +220,7 @@ def _run(
         "ensemble_size": k,
         "trajectory_history": {t.seed: t.history for t in trajs},
         "from_cache": {t.seed: t.from_cache for t in trajs},
-        "seconds": times,
+        "seconds": lap.times,
         "figures": figures.written,
     }
     markdown = (
@@ -231,8 +235,8 @@ def _run(
     say(
         f"single model (trajectory 0): accuracy {100 * single['accuracy']:.2f}%, NLL "
         f"{single['nll']:.4f}; PEG η = {chosen.get('eta', float('nan')):.3g}, PEP σ = "
-        f"{chosen.get('sigma', float('nan')):.3g}; total {times['total']:.1f} s; wrote {out}/"
-        "results.json, results.md, " + ", ".join(Path(f).name for f in figures.written)
+        f"{chosen.get('sigma', float('nan')):.3g}; total {lap.times['total']:.1f} s; wrote "
+        f"{out}/results.json, results.md, " + ", ".join(Path(f).name for f in figures.written)
     )
     return result
 
