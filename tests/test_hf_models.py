@@ -20,6 +20,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 import peg
+from peg.subspace import RandomSubspace
+from peg.train import Recipe
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may be fetched
 CLASSES = 3
@@ -157,6 +159,20 @@ def test_the_other_methods_take_dict_batches(case):
         assert torch.isfinite(logits).all(), type(method).__name__
     metrics = peg.evaluate(methods[0], test)
     assert 0 <= metrics["error"] <= 1
+
+
+def test_training_methods_and_samplers_take_dict_batches(case):
+    _, model, val, test = case
+    recipe = Recipe(epochs=3, lr=0.01, batch_size=64, schedule="swa", swa_start=1, swa_lr=0.01)
+    methods = [
+        peg.DeepEnsemble(n_members=2, recipe=Recipe(epochs=1, lr=0.01, batch_size=64)),
+        peg.SWAG(recipe=recipe, n_members=3),
+        RandomSubspace(n_members=3),
+    ]
+    for method in methods:
+        logits = method.fit(model, val).member_logits(test)
+        assert logits.shape[1:] == (40, CLASSES), type(method).__name__
+        assert torch.isfinite(logits).all(), type(method).__name__
 
 
 def test_compare_with_the_default_methods(case):

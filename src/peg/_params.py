@@ -140,9 +140,7 @@ def _run_order(model: nn.Module, names: list[str], x: Any) -> list[str]:
     eval mode, every mode restored); [] if the pass fails (the caller's checks report it)."""
     modules = dict(model.named_modules())
     order: list[str] = []
-    hooks = [
-        modules[n].register_forward_hook(lambda m, i, o, n=n: order.append(n)) for n in names
-    ]
+    hooks = [modules[n].register_forward_hook(lambda m, i, o, n=n: order.append(n)) for n in names]
     try:
         with torch.no_grad(), eval_mode(model):
             call_model(model, x)

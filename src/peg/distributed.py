@@ -39,12 +39,13 @@ from torch.utils.data import (
     default_collate,
 )
 
-from peg._inputs import Data, iter_inputs
-from peg.batches import BatchFn, check_batch_fn, split_batch
+from peg._inputs import Data, as_xy, is_pair, iter_inputs
+from peg._values import checked_labels
+from peg.batches import BatchFn, Tapped, check_batch_fn, split_batch
 from peg.ensemble import Ensemble
 from peg.errors import RankFailure
 from peg.methods._calibrator import Calibrator
-from peg.methods._predictors import member_logits_of
+from peg.methods._predictors import logits_and_labels, member_logits_of
 from peg.methods.base import FittedEnsemble, ModulePredictor, SampledPredictor
 
 T = TypeVar("T")
@@ -275,3 +276,21 @@ def member_logits(
         "member_logits",
     )
     return whole[0].cpu()
+
+
+def labelled_member_logits(
+    predictor: Any, data: Data, batch_size: int, batch_fn: BatchFn | None, name: str
+) -> tuple[Tensor, Tensor]:
+    """Member logits `[M, N, C]` and labels `[N]` of labelled data, computed by all ranks
+    together (`member_logits`: each rank its batches; the same bits as one process), every rank
+    getting both. One process: `logits_and_labels`, unchanged. Used by `peg compare` under
+    torchrun."""
+    if world()[1] == 1:
+        return logits_and_labels(predictor, data, batch_size, batch_fn, name)
+    if is_pair(data):
+        X, y = as_xy(data, name)
+        assert y is not None
+        return member_logits(predictor, X, batch_size, batch_fn), y
+    tapped = Tapped(data, batch_fn, name)  # every rank reads the labels of every batch
+    logits = member_logits(predictor, tapped, batch_size)
+    return logits, checked_labels(tapped.labels(), name, logits.shape[1])

@@ -162,3 +162,22 @@ def test_errors_before_fit_and_bad_model(moons_data):
 
     with pytest.raises(TypeError, match="val"):  # not logits: caught at fit, not at predict
         MCDropout().fit(Pair(), val=moons_data["val"])
+
+
+def test_sampled_dropout_draws_the_masks_of_nn_dropout_cheaply():
+    from peg.methods.dropout import SampledDropout, sampled_dropout
+
+    drop = SampledDropout(0.3).train()
+    x = torch.ones(200, 500)
+    torch.manual_seed(0)
+    out = drop(x)
+    kept = out != 0
+    assert abs(kept.float().mean().item() - 0.7) < 0.01  # each entry kept with 1 − p
+    torch.testing.assert_close(out[kept], torch.full_like(out[kept], 1 / 0.7))
+    torch.manual_seed(0)
+    assert torch.equal(drop(x), out)  # seeded by the global RNG, as MC dropout keys it
+    assert torch.equal(drop.eval()(x), x)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.2), nn.Dropout2d(0.2))
+    sampled_dropout(model)
+    assert type(model[1]) is SampledDropout and model[1].p == 0.2
+    assert type(model[2]) is nn.Dropout2d  # channel masks are small: left as they are

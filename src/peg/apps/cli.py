@@ -170,8 +170,9 @@ def _compare(args: argparse.Namespace, command: str, progress: bool | None) -> i
         out=args.out,
         command=command,
     )
-    print()
-    print(result.to_markdown())
+    if distributed.world()[0] == 0:  # under torchrun every rank has the table: one prints it
+        print()
+        print(result.to_markdown())
     return 0
 
 

@@ -20,6 +20,7 @@ A `RowSource` computes any subset of one base's rows; the method (PEG or PEP) su
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -146,7 +147,10 @@ class Bases:
             return None
         if split.prefix:
             return split.prefix[:-1]
-        return f"{next(iter(split.head._modules))}:"  # a Sequential's tail, from that child
+        paths = [n.split(".")[:-1] for n in self.names]  # a Sequential's tail: the module
+        same = itertools.takewhile(lambda p: len(set(p)) == 1, zip(*paths, strict=False))
+        common = [p[0] for p in same]  # holding them all, else the tail's first child
+        return ".".join(common) or next(iter(split.head._modules))
 
     def base_ensemble(self) -> Ensemble:
         """The base models as an `Ensemble` (scale 0 of every member; BatchNorm statistics

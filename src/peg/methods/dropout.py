@@ -19,7 +19,8 @@ import math
 import warnings
 from typing import Any
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 from peg._inputs import Data, probe_inputs
 from peg._scalars import check_positive_int
@@ -66,6 +67,31 @@ def insert_dropout(model: nn.Module, p: float) -> str:
     parent = model.get_submodule(parent_name) if parent_name else model
     setattr(parent, child, nn.Sequential(nn.Dropout(p), module))
     return name
+
+
+class SampledDropout(nn.Dropout):
+    """`nn.Dropout` whose mask on a CPU is drawn as `rand >= p`: the same distribution (each
+    entry kept with probability 1 − p, kept entries scaled by 1 / (1 − p)) from vectorised
+    uniform draws, about 3× cheaper than `bernoulli_`, which drew one element at a time and
+    cost a sixth of each sampled forward of a small CNN (and more with several threads, the
+    draw being serial). On other devices, `nn.Dropout` itself (a fused kernel)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0 or x.device.type != "cpu":
+            return super().forward(x)
+        if self.p == 1:
+            return x * 0.0
+        out = x * (torch.rand_like(x) >= self.p)
+        return out.mul_(1.0 / (1.0 - self.p))
+
+
+def sampled_dropout(model: nn.Module) -> None:
+    """Every `nn.Dropout` (that exact type) of `model` replaced, in place, by a
+    `SampledDropout` of the same probability (same names, no state: the state dict is
+    unchanged)."""
+    for name, m in list(model.named_modules()):
+        if type(m) is nn.Dropout and name:
+            model.set_submodule(name, SampledDropout(m.p))
 
 
 class MCDropout(SampledPredictor):
@@ -155,6 +181,7 @@ class MCDropout(SampledPredictor):
                 UserWarning,
                 stacklevel=2,
             )
+        sampled_dropout(copied)  # masks drawn at the cost of a forward's small part
         self.model_ = copied
         self._prepare()
         if val is not None:

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-from peg import metrics
+from peg import distributed, metrics
 from peg._inputs import Data, as_xy, is_pair
 from peg._scalars import check_positive_int, check_seed
 from peg.apps import registry
@@ -33,7 +33,6 @@ from peg.apps.compare.report import TEST, Comparison, check_shown, column
 from peg.apps.scores import labelled_metrics, ood_detection
 from peg.batches import BatchFn, check_batch_fn, split_batch
 from peg.methods._perturb import MAX_SCORE_POINTS
-from peg.methods.temperature import logits_and_labels, member_logits_of
 from peg.metrics.ood import OOD_SCORES
 
 Say = Callable[[str], None]
@@ -89,7 +88,8 @@ def compare(
     Returns:
         a `Comparison`: `.table` (a row per method), `.predictors`, `.to_markdown()`, ...
     """
-    say = say or (lambda _: None)
+    rank = distributed.world()[0]  # under torchrun: the ranks share the predictions
+    say = (say if rank == 0 else None) or (lambda _: None)
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a trained nn.Module, got {type(model).__name__}")
     specs, skipped = resolve(methods, model)
@@ -131,7 +131,7 @@ def compare(
         say(_line(i, len(specs), table[-1]))
     sets = {n: {"points": p, "kind": k} for n, (p, k) in evaluation.sizes.items()}
     result = Comparison(table, fitted, evaluation.curves, skipped, sets, ood_score, metrics=shown)
-    if out is not None:
+    if out is not None and rank == 0:
         paths = result.write(out, command or _command(specs, out))
         say(f"compare: wrote {', '.join(str(p) for p in paths)} and {len(result.figures)} figures")
     return result
@@ -168,7 +168,9 @@ class Evaluation:
         test_logits = None
         for name, data in self.labelled.items():
             started = time.perf_counter()
-            logits, y = logits_and_labels(predictor, data, self.batch_size, self.batch_fn, name)
+            logits, y = distributed.labelled_member_logits(
+                predictor, data, self.batch_size, self.batch_fn, name
+            )
             if name == TEST:
                 row["predict_seconds"] = time.perf_counter() - started
                 test_logits = logits
@@ -177,7 +179,7 @@ class Evaluation:
             self.curves[name][spec.name] = metrics.reliability(logits, y, self.bins)
         assert test_logits is not None
         for name, data in self.unlabelled.items():
-            logits = member_logits_of(predictor, data, self.batch_size, self.batch_fn)
+            logits = distributed.member_logits(predictor, data, self.batch_size, self.batch_fn)
             self.sizes[name] = (logits.shape[1], "ood")
             scores = ood_detection(test_logits, logits, self.ood_score)
             row |= {column(k, name): v for k, v in scores.items()}
