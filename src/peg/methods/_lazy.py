@@ -135,6 +135,19 @@ class StoredRows:
             self.unscale[idx, t] = torch.ldexp(one, -shift)
         self.data[idx] = torch.cat(parts, 1).to(torch.float16)
 
+    def entries(self, members: Sequence[int]) -> list[Tensor]:
+        """The rows of `members` per parameter tensor, `[k, *shape]` each, contiguous (new
+        tensors, in the precision the rows were computed in)."""
+        assert self.data is not None, "entries before put"
+        idx = torch.as_tensor(list(members), device=self.data.device)
+        out = []
+        for t, view in enumerate(entry_views(self.data, self.shapes)):
+            e = view.index_select(0, idx).to(self.dtype)
+            if self.unscale is not None:
+                e.mul_(self.unscale[idx, t].to(e.dtype).view(-1, *[1] * (e.dim() - 1)))
+            out.append(e)
+        return out
+
     def rows(self, members: Sequence[int]) -> Tensor:
         assert self.data is not None, "rows before put"
         idx = torch.as_tensor(list(members), device=self.data.device)
@@ -152,22 +165,6 @@ class LazyRows:
 
     stored: list[StoredRows] | None
     fingerprints: list[list[float]]
-
-
-class LazySources:
-    """The row sources of a lazy ensemble: stored rows (`StoredRows`, one per base) or, with
-    `"regenerate"`, `regenerate()` (the methods' own row sources, recomputing every row). Called
-    by `RegeneratedMembers` whenever members are needed."""
-
-    def __init__(
-        self, stored: list[StoredRows] | None, regenerate: Callable[[], list[RowSource]]
-    ) -> None:
-        self.stored, self.regenerate = stored, regenerate
-
-    def __call__(self) -> list[RowSource]:
-        if self.stored is None:
-            return self.regenerate()
-        return [s.rows for s in self.stored]
 
 
 def collect_rows(
@@ -208,7 +205,10 @@ def lazy_members(
         keep = store != "regenerate"
         stored = store_directions(rows.directions, store, bases) if keep else None
         rows = LazyRows(stored, rows.fingerprints(scale))
-    return RegeneratedMembers(bases, LazySources(rows.stored, regenerate), rows.fingerprints)
+    stored = rows.stored
+    if stored is None:
+        return RegeneratedMembers(bases, regenerate, rows.fingerprints)
+    return RegeneratedMembers(bases, lambda: [s.rows for s in stored], rows.fingerprints, stored)
 
 
 def store_directions(directions: list[Tensor], store: str, bases: Bases) -> list[StoredRows]:

@@ -271,11 +271,13 @@ class StackedMembers:
 
 
 class RegeneratedMembers:
-    """No member held: `sources()` gives the rows (a chunk at a time) whenever members are
-    needed, decoded from a stored copy or recomputed (`lazy_store`, `peg.methods._lazy`).
+    """No member held: the rows of a chunk of members are read from `stored` or recomputed by
+    `sources()` whenever members are needed (`lazy_store`, `peg.methods._lazy`).
 
     `skeleton` runs on the meta device (no memory); `fingerprints` are every member's, taken
-    from the full-precision rows during `fit`.
+    from the full-precision rows during `fit`. With `stored` rows, predicting reads each
+    parameter's entries of a chunk straight from them (`entries(members)`, `[k, *shape]`,
+    contiguous, as the eager ensemble's stacked weights are), never a `[k, P]` block.
     """
 
     def __init__(
@@ -283,8 +285,10 @@ class RegeneratedMembers:
         bases: Bases,
         sources: Callable[[], list[RowSource]],
         fingerprints: list[list[float]],
+        stored: Sequence[Any] | None = None,
     ) -> None:
         self.bases, self.sources, self._fingerprints = bases, sources, fingerprints
+        self.stored = stored  # the rows kept (`peg.methods._lazy.StoredRows`, one per base)
         self.skeleton = _meta_like(bases.skeleton, bases.states[0])
 
     def __len__(self) -> int:
@@ -301,22 +305,46 @@ class RegeneratedMembers:
 
     def fingerprints(self, scale: float) -> list[list[float]]:
         """Every member's fingerprint (`displacement_fingerprints`; NaN for dropped ones) at the
-        scale `fit` chose (`scale` is that one)."""
+        scale `fit` chose (`scale` is that one), taken by `fit`."""
         return self._fingerprints
 
-    def _chunk_ensemble(self, r: int, D: Tensor, scale: float) -> Ensemble:
-        """Members θ_r + scale·D[j] of base r as an `Ensemble` of len(D) members.
+    def _chunks(self, k: int, scale: float) -> Iterator[tuple[list[int], Ensemble]]:
+        """(members, their `Ensemble`), base-major, at most k at a time, dropped ones left out:
+        from the stored rows' entries, or from rows regenerated. A chunk is let go before the
+        next is built, once the caller has dropped it too."""
+        if self.stored is None or self.bases.bn_batches is not None:
+            for r, members, D in self.bases.chunks(self.sources(), k):
+                chunk = self._chunk_ensemble(r, D, scale)
+                del D
+                yield members, chunk
+                del chunk
+            return
+        for r, stored in enumerate(self.stored):
+            kept = self.bases.kept(r)
+            for start in range(0, len(kept), k):
+                members = kept[start : start + k]
+                chunk = self._stack(r, stored.entries(members), scale)
+                yield members, chunk
+                del chunk
 
-        D `[k, P]` is consumed: scaled and shifted in place, the stacked weights are views of
-        it (nothing of size k·P is allocated), the skeleton lives on the meta device.
-        """
+    def _chunk_ensemble(self, r: int, D: Tensor, scale: float) -> Ensemble:
+        """Members θ_r + scale·D[j] of base r as an `Ensemble` of len(D) members: D `[k, P]` is
+        consumed (`_stack` of its views: nothing of size k·P is allocated)."""
         base, names = self.bases.states[r], self.bases.names
-        if self.bases.bn_batches is not None or any(base[n].dtype != D.dtype for n in names):
+        if self.bases.bn_batches is not None:
             one = Bases([base], self.bases.skeleton, names, len(D), self.bases.bn_batches)
             return one.ensemble([D], scale)
-        D.mul_(scale)
-        views = entry_views(D, [base[n].shape for n in names])  # [k, *shape] each
-        stacked = {n: part.add_(base[n]) for n, part in zip(names, views, strict=True)}
+        return self._stack(r, entry_views(D, [base[n].shape for n in names]), scale)
+
+    def _stack(self, r: int, entries: list[Tensor], scale: float) -> Ensemble:
+        """Members θ_r + scale·entries of base r (one `[k, *shape]` per perturbed parameter,
+        consumed: scaled and shifted in place), the skeleton on the meta device. The same
+        arithmetic as `Bases.ensemble`, so the same weights bit for bit."""
+        base, names = self.bases.states[r], self.bases.names
+        stacked = {
+            n: e.mul_(scale).to(base[n].dtype).add_(base[n])
+            for n, e in zip(names, entries, strict=True)
+        }
         shared = {k: v for k, v in base.items() if k not in stacked}
         return Ensemble(self.skeleton, stacked, shared)
 
@@ -350,7 +378,6 @@ class RegeneratedMembers:
             raise ValueError(f"strategy: expected one of {STRATEGIES}, got {strategy!r}")
         batch_size = check_positive_int(batch_size, "batch_size")
         k = LAZY_CHUNK_SIZE if chunk_size is None else check_positive_int(chunk_size, "chunk_size")
-        sources = self.sources()
         if isinstance(X, Tapped):  # records labels: only on the first pass
             later: tuple[Data, BatchFn | None] = (X.data, X.batch_fn)
         else:
@@ -360,10 +387,9 @@ class RegeneratedMembers:
         start = 0
         shown = counter(f"predict ({M} members, {k} at a time)", progress)
         # no bar around the chunks: its iterator would hold the last chunk while making the next
-        for r, members, D in self.bases.chunks(sources, k):
+        # (`_chunks` lets go of one when asked for the next, after `del ensemble` here)
+        for members, ensemble in self._chunks(k, scale):
             shown.update(len(members))
-            ensemble = self._chunk_ensemble(r, D, scale)
-            del D
             data, fn = (X, None) if out is None else later
             logits = ensemble.member_logits(
                 data, batch_size, strategy, False, len(members), autocast, batch_fn=fn
