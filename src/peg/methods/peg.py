@@ -61,6 +61,7 @@ from peg.errors import NonFiniteError
 from peg.methods._constraints import (
     Check,
     fraction,
+    number,
     one_of,
     optional_callable,
     positive_int,
@@ -70,11 +71,13 @@ from peg.methods._gradients import (
     GradientPass,
     LossFn,
     draw_batch,
+    preconditioned,
     unbiased_step,
     vanilla_step,
 )
 from peg.methods._members import DirectionData, RowSource
 from peg.methods._perturb import MAX_SCORE_POINTS, BNMode, PerturbationEnsemble
+from peg.methods._precondition import DEFAULT_DAMPING, PRECONDITIONERS, preconditioner
 from peg.methods.base import store_arguments
 from peg.streams import MEMBER, VALIDATION, generator
 
@@ -178,6 +181,15 @@ class PEG(PerturbationEnsemble):
             recipe (and `materialize=True` builds the members to write them). With η searched,
             `fit` holds every direction while searching, then drops them. The validation
             tensors are kept by reference: do not modify them in place while it is in use.
+        precondition: None (default: plain PEG), "kfac" or "diag": each member's gradient row g
+            becomes λ·(F + λ)⁻¹·g, F the Fisher of the perturbed parameters estimated from
+            `val_batches` mini-batches of the gradient part: Kronecker-factored per Linear /
+            Conv2d layer ("kfac"; another layer type among the perturbed ones is an error
+            naming it) or its diagonal, as Adam's second moment ("diag"). The members then
+            spread less in the sharpest directions, more like a Laplace posterior
+            (`peg.methods._precondition`, docs/peg.md#preconditioned-steps).
+        damping: λ relative to F's mean eigenvalue (> 0, default 0.1): large → plain PEG's
+            members at the same η; small → a stronger reshaping. η is searched as without.
     """
 
     method = "PEG"
@@ -217,6 +229,8 @@ class PEG(PerturbationEnsemble):
         batch_fn: BatchFn | None = None,
         search: Literal["surrogate", "golden"] = "surrogate",
         direction: Literal["descent", "ascent"] = "descent",
+        precondition: Literal["diag", "kfac"] | None = None,
+        damping: float = DEFAULT_DAMPING,
     ) -> None:
         store_arguments(self, locals())
 
@@ -231,6 +245,8 @@ class PEG(PerturbationEnsemble):
         "val_batches": positive_int(),
         "beta": fraction(what="a momentum weight"),
         "momentum": _momentum,
+        "precondition": one_of(*PRECONDITIONERS),
+        "damping": number(),
     }
     parameter_rules: ClassVar[tuple[Callable[[Any], None], ...]] = (_ascent_vanilla_only,)
 
@@ -255,6 +271,8 @@ class PEG(PerturbationEnsemble):
             "val_batches": self.val_batches,
             "beta": self.beta,
             "momentum": self.momentum,
+            "precondition": self.precondition,
+            "damping": self.damping,
         }
 
     def _hyperparameters(self) -> dict[str, Any]:
@@ -264,6 +282,11 @@ class PEG(PerturbationEnsemble):
             "direction": self.direction,
             "reduction": self.reduction,
             "loss": getattr(self.loss, "__name__", "callable") if self.loss else "default",
+            **(
+                {"precondition": self.precondition, "damping": self.damping}
+                if self.precondition is not None
+                else {}
+            ),
             **(
                 {
                     "val_batches": self.val_batches,
@@ -295,6 +318,11 @@ class PEG(PerturbationEnsemble):
         else:
             step = unbiased_step(grad, self.seed, MEMBER, self._drift(grad, r, names))
             label = "PEG unbiased steps"
+        if self.precondition is not None:  # the curvature, from `val_batches` mini-batches
+            apply = preconditioner(
+                self.precondition, grad, names, self.seed, self.val_batches, self.damping
+            )
+            step = preconditioned(step, apply)
 
         def rows(members: Sequence[int]) -> Tensor:
             D = torch.empty(len(members), grad.P, dtype=grad.dtype, device=grad.device)
