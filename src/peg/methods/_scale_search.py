@@ -25,6 +25,8 @@ from peg.methods._search import RACE_FIRST, PairedRace, select_scale
 from peg.methods._surrogate import surrogate_search
 
 SEARCHES = ("surrogate", "golden")
+SEARCH_MEMBERS: int | None = None  # members per base the surrogate search scores (None: all)
+SEARCH_POINTS: int | None = None  # scoring points it scores (None: all)
 
 
 class ScaleSearch:
@@ -135,18 +137,25 @@ class ScaleSearch:
         return value
 
     def _surrogate(self, grid: Sequence[float], show: Callable[[float, float], None]) -> float:
-        """`surrogate_search` on every scoring point."""
-        y = self.y
-        zero = self.target.bases().member_logits(self.X, self.batch_size, progress=False)
-        at_zero = zero[torch.tensor(self.target.member_base, device=zero.device)]
+        """`surrogate_search` on `search_subset`'s members and points."""
+        members, n = self.search_subset()
+        X, y = take_rows(self.X, 0, n), self.y[:n]
+        zero = self.target.bases().member_logits(X, self.batch_size, progress=False)
+        base_of = [self.target.member_base[j] for j in members]
+        at_zero = zero[torch.tensor(base_of, device=zero.device)]
         point_loss = self.point_loss
+        every = len(members) == len(self.target.member_base)
+
+        def exact(scale: float) -> Tensor | None:
+            ensemble = self.target.at(scale)
+            return self._logits(ensemble if every else ensemble.subset(members), 0, n)
 
         def scored(scale: float, value: float) -> None:
-            self.points[scale] = len(y)
+            self.points[scale] = n
             show(scale, value)
 
         result = surrogate_search(
-            lambda scale: self._logits(self.target.at(scale)),
+            exact,
             at_zero,
             lambda logits: self.criterion(logits, y),
             None if point_loss is None else lambda logits: point_loss(logits, y),
@@ -155,6 +164,20 @@ class ScaleSearch:
         )
         self.scores, self.predicted = result.scores, result.predicted
         return result.scale
+
+    def search_subset(self) -> tuple[list[int], int]:
+        """(members, points) the surrogate search scores: every member (or, beyond
+        `SEARCH_MEMBERS`, an evenly spread subset of each base's) on the first `n` scoring
+        points (all of them, or `SEARCH_POINTS` when there are more)."""
+        base_of = self.target.member_base
+        members = list(range(len(base_of)))
+        if SEARCH_MEMBERS is not None:
+            per_base: dict[int, list[int]] = {}
+            for j, r in enumerate(base_of):
+                per_base.setdefault(r, []).append(j)
+            members = [j for rows in per_base.values() for j in rows[:SEARCH_MEMBERS]]
+        n = len(self.y) if SEARCH_POINTS is None else min(len(self.y), SEARCH_POINTS)
+        return members, n
 
     def run(self, grid: Sequence[float], refine: bool) -> float:
         """The chosen scale; fills `scores`, `points`, `stopped` and `predicted`."""
