@@ -25,8 +25,14 @@ from peg.methods._search import RACE_FIRST, PairedRace, select_scale
 from peg.methods._surrogate import surrogate_search
 
 SEARCHES = ("surrogate", "golden")
-SEARCH_MEMBERS: int | None = None  # members per base the surrogate search scores (None: all)
-SEARCH_POINTS: int | None = None  # scoring points it scores (None: all)
+# What the surrogate search scores exactly: every member (or this many per base: None, as the
+# fewer members' ensemble prefers another scale), on the first SEARCH_POINTS scoring points (a
+# seeded random subset already): each exact scoring costs S forwards of each point, and on a
+# Fashion-MNIST CNN three of them on 2000 points were 83% of PEG-15's fit (8.6 × temperature
+# scaling's); on 1024 the choice stayed within one SE of the one on every point
+# (results/benchmarks/peg_cost.txt).
+SEARCH_MEMBERS: int | None = None
+SEARCH_POINTS: int | None = 1024
 
 
 class ScaleSearch:
@@ -36,7 +42,8 @@ class ScaleSearch:
     costs forward passes only; `peg.methods._members.SearchTarget`). Two searches:
 
     - "surrogate" (the default): at most 3 exact scorings, guided by the members' outputs
-      interpolated along the scale (`peg.methods._surrogate`).
+      interpolated along the scale (`peg.methods._surrogate`), on the first `SEARCH_POINTS`
+      scoring points.
     - "golden": a grid, extended past its edges, then golden section (`select_scale`). A
       criterion that is a mean of per-point losses ("nll", "brier") is raced (`PairedRace`,
       `race` > 0) or, with `race=0`, scored batch by batch and stopped once its partial mean

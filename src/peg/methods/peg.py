@@ -147,7 +147,9 @@ class PEG(PerturbationEnsemble):
             scored ones (and the base's own, at η = 0), the criterion is minimised on that
             interpolant, and its minimiser is scored exactly, at most 3 exact scorings in all,
             fewer once the predicted gain is under half a standard error; the choice is the
-            best η scored exactly (`peg.methods._surrogate`). "golden": the grid, extended
+            best η scored exactly (`peg.methods._surrogate`), on the first 1024 scoring points
+            (`peg.methods._scale_search.SEARCH_POINTS`: the cost of a scoring is S forwards of
+            each point). "golden": the grid, extended
             past its edges, then golden section, raced (`race`, `early_stop`, `search_tol`);
             12–15 scorings. A list of η is always scored η by η.
         race: "golden" search or a list of η: with criterion "nll" or "brier" (means of
