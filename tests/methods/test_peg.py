@@ -392,3 +392,25 @@ def test_a_raced_eta_search_picks_the_exhaustive_eta_on_fewer_points(
     assert raced.ensemble_.meta["search_points"] == {
         f"{e:.6g}": k for e, k in raced.search_points_.items()
     }
+
+
+def test_the_surrogate_search_scores_a_prefix_of_the_scoring_points(
+    overfit_mlp, moons_data, monkeypatch
+):
+    monkeypatch.setattr(search_module, "SEARCH_POINTS", 40)
+    options = {"n_members": 4, "grad_batch_size": 32, "eta": "search", "progress": False}
+    fitted = peg.PEG(**options).fit(overfit_mlp, moons_data["val"])
+    n = fitted.meta_["validation_points"]["scoring"]
+    assert n > 40 and set(fitted.search_points_.values()) == {40}
+    assert fitted.search_stopped_ == list(fitted.search_)  # every scale on fewer than all
+    _, score = fitted._split(ValSource(moons_data["val"]))
+    Xs, ys = (t[score[:40]] for t in moons_data["val"])
+    for eta, value in fitted.search_.items():  # scored on exactly those 40 points
+        expected = peg.metrics.nll(fitted.ensemble_at(eta).member_logits(Xs), ys)
+        assert value == pytest.approx(float(expected), rel=1e-6)
+    monkeypatch.setattr(search_module, "SEARCH_MEMBERS", 2)  # 2 of the 4 members score
+    fewer = peg.PEG(**options).fit(overfit_mlp, moons_data["val"])
+    assert len(fewer) == 4 and math.isfinite(fewer.eta_)
+    for eta, value in fewer.search_.items():
+        expected = peg.metrics.nll(fewer.ensemble_at(eta).member_logits(Xs)[:2], ys)
+        assert value == pytest.approx(float(expected), rel=1e-6)

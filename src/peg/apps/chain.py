@@ -2,8 +2,10 @@
 `peg.compare`: a column or row whose base names an earlier method ("PEG + TS": temperature
 scaling of the PEG ensemble's averaged prediction; "TS → PEG": PEG around the temperature-scaled
 model) gets that method's predictor through `as_base`, which hands each method the base it can
-fit on (`Scaled`: a temperature-scaled model as a module). The fit time of such a method counts
-its base's (`chained_seconds`): "TS → PEG" costs temperature scaling plus PEG.
+fit on (`Scaled`: a temperature-scaled model as a module; `peg.methods.composed`: a model with
+its vector / matrix scaling or Dirichlet map as the last layer, "Dirichlet → PEG"). The fit
+time of such a method counts its base's (`chained_seconds`): "TS → PEG" costs temperature
+scaling plus PEG.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from torch import nn
 
 from peg.ensemble import Ensemble
 from peg.methods.base import FittedEnsemble
+from peg.methods.composed import calibrated_module, composable
 from peg.methods.temperature import TemperatureScaling
 from peg.output import logits_of
 
@@ -51,6 +54,8 @@ def as_base(fitted: Any, key: str, name: str) -> Any:
         return fitted
     if isinstance(fitted, TemperatureScaling) and isinstance(fitted.predictor_, nn.Module):
         return Scaled(fitted.predictor_, fitted.temperature_)
+    if composable(fitted):
+        return calibrated_module(fitted)  # "Dirichlet → PEG": the map as the last layer
     if isinstance(fitted, FittedEnsemble):
         return fitted.ensemble()
     raise ValueError(

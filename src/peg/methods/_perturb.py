@@ -22,19 +22,31 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
 
 from peg._devices import weights_device
 from peg._inputs import Data
-from peg._params import check_param_filter, module_like, param_label, select_parameters
+from peg._params import module_like, param_label, select_parameters
 from peg._rows import InputBatches, ValSource, read_in_order, split_points
-from peg._scalars import check_number, check_positive_int
-from peg.batches import check_batch_fn, take_rows
+from peg.batches import take_rows
 from peg.errors import NonFiniteError
+from peg.methods._constraints import (
+    Check,
+    batch_fn,
+    boolean,
+    check_constraints,
+    choice_or_callable,
+    member_of,
+    number,
+    one_of,
+    param_filter,
+    positive_int,
+    scale,
+)
 from peg.methods._criteria import CRITERIA, check_task, is_regression
 from peg.methods._fitted_members import FittedMembers
 from peg.methods._lazy import LazyRows, check_lazy, choose_store, collect_rows, lazy_members
@@ -63,46 +75,32 @@ class PerturbationEnsemble(Recipes, FittedMembers, FittedEnsemble):
     default_grid: tuple[float, ...] = ()
     uses_direction_data = True
 
+    # the checks PEG and PEP share, one per argument (`peg.methods._constraints`); the scale
+    # (`scale_name`) is checked first, then these, then `parameter_rules` (between arguments)
+    parameter_constraints: ClassVar[dict[str, Check]] = {
+        "n_members": positive_int(),
+        "race": number(allow_zero=True),
+        "search_tol": number(allow_zero=True),
+        "search": member_of(SEARCHES),
+        "early_stop": boolean,
+        "on_nonfinite": one_of("raise", "drop"),
+        "seed": positive_int(minimum=0),
+        "bn": one_of("eval", "batch", "refresh"),
+        "params": param_filter,
+        "criterion": choice_or_callable(CRITERIA, "a callable"),
+        "batch_size": positive_int(),
+        "max_score_points": positive_int(optional=True),
+        "batch_fn": batch_fn,
+    }
+    parameter_rules: ClassVar[tuple[Callable[[Any], None], ...]] = ()
+
     def _check_params(self) -> None:
-        """The checks PEG and PEP share; the arguments are stored as given (see `Method`)."""
-        check_positive_int(self.n_members, "n_members")
-        check_number(self.race, "race", allow_zero=True)
+        """Every constraint of the table, then the lazy options and the rules; the arguments
+        are stored as given."""
+        check_constraints(self, {self.scale_name: scale, **self.parameter_constraints})
         check_lazy(self.lazy, self.lazy_store, self.memory_budget)
-        check_number(self.search_tol, "search_tol", allow_zero=True)
-        if self.search not in SEARCHES:
-            raise ValueError(f"search: expected one of {SEARCHES}, got {self.search!r}")
-        if not isinstance(self.early_stop, bool):
-            raise TypeError(f"early_stop: expected True or False, got {self.early_stop!r}")
-        if self.on_nonfinite not in ("raise", "drop"):
-            raise ValueError(f"on_nonfinite: expected 'raise' or 'drop', got {self.on_nonfinite!r}")
-        check_positive_int(self.seed, "seed", minimum=0)
-        scale = self._scale_arg
-        if isinstance(scale, str):
-            if scale != "search":
-                raise ValueError(
-                    f"{self.scale_name}: expected a number > 0, a list or 'search', got {scale!r}"
-                )
-        else:
-            values = [scale] if isinstance(scale, (int, float)) else list(scale)
-            if not values or not all(
-                isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in values
-            ):
-                raise ValueError(
-                    f"{self.scale_name}: expected a number > 0, a non-empty list of numbers > 0 "
-                    f"or 'search', got {scale!r}"
-                )
-        if self.bn not in ("eval", "batch", "refresh"):
-            raise ValueError(f"bn: expected 'eval', 'batch' or 'refresh', got {self.bn!r}")
-        check_param_filter(self.params)
-        if not (self.criterion in CRITERIA or callable(self.criterion)):
-            raise ValueError(
-                f"criterion: expected one of {sorted(CRITERIA)} or a callable, "
-                f"got {self.criterion!r}"
-            )
-        check_positive_int(self.batch_size, "batch_size")
-        if self.max_score_points is not None:
-            check_positive_int(self.max_score_points, "max_score_points")
-        check_batch_fn(self.batch_fn)
+        for rule in self.parameter_rules:
+            rule(self)
 
     @property
     def _scale_arg(self) -> float | Sequence[float] | str:

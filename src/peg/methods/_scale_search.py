@@ -25,6 +25,14 @@ from peg.methods._search import RACE_FIRST, PairedRace, select_scale
 from peg.methods._surrogate import surrogate_search
 
 SEARCHES = ("surrogate", "golden")
+# What the surrogate search scores exactly: every member (or this many per base: None, as the
+# fewer members' ensemble prefers another scale), on the first SEARCH_POINTS scoring points (a
+# seeded random subset already): each exact scoring costs S forwards of each point, and on a
+# Fashion-MNIST CNN three of them on 2000 points were 83% of PEG-15's fit (8.6 × temperature
+# scaling's); on 1024 the choice stayed within one SE of the one on every point
+# (results/benchmarks/peg_cost.txt).
+SEARCH_MEMBERS: int | None = None
+SEARCH_POINTS: int | None = 1024
 
 
 class ScaleSearch:
@@ -34,7 +42,8 @@ class ScaleSearch:
     costs forward passes only; `peg.methods._members.SearchTarget`). Two searches:
 
     - "surrogate" (the default): at most 3 exact scorings, guided by the members' outputs
-      interpolated along the scale (`peg.methods._surrogate`).
+      interpolated along the scale (`peg.methods._surrogate`), on the first `SEARCH_POINTS`
+      scoring points.
     - "golden": a grid, extended past its edges, then golden section (`select_scale`). A
       criterion that is a mean of per-point losses ("nll", "brier") is raced (`PairedRace`,
       `race` > 0) or, with `race=0`, scored batch by batch and stopped once its partial mean
@@ -135,18 +144,25 @@ class ScaleSearch:
         return value
 
     def _surrogate(self, grid: Sequence[float], show: Callable[[float, float], None]) -> float:
-        """`surrogate_search` on every scoring point."""
-        y = self.y
-        zero = self.target.bases().member_logits(self.X, self.batch_size, progress=False)
-        at_zero = zero[torch.tensor(self.target.member_base, device=zero.device)]
+        """`surrogate_search` on `search_subset`'s members and points."""
+        members, n = self.search_subset()
+        X, y = take_rows(self.X, 0, n), self.y[:n]
+        zero = self.target.bases().member_logits(X, self.batch_size, progress=False)
+        base_of = [self.target.member_base[j] for j in members]
+        at_zero = zero[torch.tensor(base_of, device=zero.device)]
         point_loss = self.point_loss
+        every = len(members) == len(self.target.member_base)
+
+        def exact(scale: float) -> Tensor | None:
+            ensemble = self.target.at(scale)
+            return self._logits(ensemble if every else ensemble.subset(members), 0, n)
 
         def scored(scale: float, value: float) -> None:
-            self.points[scale] = len(y)
+            self.points[scale] = n
             show(scale, value)
 
         result = surrogate_search(
-            lambda scale: self._logits(self.target.at(scale)),
+            exact,
             at_zero,
             lambda logits: self.criterion(logits, y),
             None if point_loss is None else lambda logits: point_loss(logits, y),
@@ -155,6 +171,20 @@ class ScaleSearch:
         )
         self.scores, self.predicted = result.scores, result.predicted
         return result.scale
+
+    def search_subset(self) -> tuple[list[int], int]:
+        """(members, points) the surrogate search scores: every member (or, beyond
+        `SEARCH_MEMBERS`, an evenly spread subset of each base's) on the first `n` scoring
+        points (all of them, or `SEARCH_POINTS` when there are more)."""
+        base_of = self.target.member_base
+        members = list(range(len(base_of)))
+        if SEARCH_MEMBERS is not None:
+            per_base: dict[int, list[int]] = {}
+            for j, r in enumerate(base_of):
+                per_base.setdefault(r, []).append(j)
+            members = [j for rows in per_base.values() for j in rows[:SEARCH_MEMBERS]]
+        n = len(self.y) if SEARCH_POINTS is None else min(len(self.y), SEARCH_POINTS)
+        return members, n
 
     def run(self, grid: Sequence[float], refine: bool) -> float:
         """The chosen scale; fills `scores`, `points`, `stopped` and `predicted`."""

@@ -47,8 +47,6 @@ Choices the paper leaves open (each an option, recorded in the saved ensemble):
 
 from __future__ import annotations
 
-import copy
-import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Literal
@@ -56,26 +54,51 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor, nn
 
-from peg._params import ParamFilter, entry_views, flatten_state
+from peg._params import ParamFilter, flatten_state
 from peg._progress import bar
-from peg._scalars import check_positive_int
-from peg.batches import BatchFn, call_model, move
+from peg.batches import BatchFn
 from peg.errors import NonFiniteError
-from peg.losses import cross_entropy_per_point, gaussian_nll_per_point
+from peg.methods._constraints import (
+    Check,
+    fraction,
+    number,
+    one_of,
+    optional_callable,
+    positive_int,
+)
 from peg.methods._criteria import Criterion
+from peg.methods._gradients import (
+    GradientPass,
+    LossFn,
+    draw_batch,
+    preconditioned,
+    unbiased_step,
+    vanilla_step,
+)
 from peg.methods._members import DirectionData, RowSource
 from peg.methods._perturb import MAX_SCORE_POINTS, BNMode, PerturbationEnsemble
+from peg.methods._precondition import DEFAULT_DAMPING, PRECONDITIONERS, preconditioner
 from peg.methods.base import store_arguments
-from peg.output import logits_of
 from peg.streams import MEMBER, VALIDATION, generator
 
-LossFn = Callable[[Tensor, Tensor], Tensor]
+__all__ = ["PEG", "LossFn", "Momentum", "draw_batch"]
+
 Momentum = Literal["validation", "none"] | Mapping[str, Tensor] | Sequence[Mapping[str, Tensor]]
 
 
-def draw_batch(gen: torch.Generator, n: int, k: int) -> Tensor:
-    """K distinct indices in [0, n), uniformly at random."""
-    return torch.randperm(n, generator=gen)[:k]
+def _momentum(value: Any, name: str) -> None:
+    if isinstance(value, str) and value not in ("validation", "none"):
+        raise ValueError(
+            f"{name}: expected 'validation', 'none' or a dict of tensors, got {value!r}"
+        )
+
+
+def _ascent_vanilla_only(peg: PEG) -> None:
+    if peg.variant == "unbiased" and peg.direction != "descent":
+        raise ValueError(
+            f"direction: {peg.direction!r} applies to variant='vanilla' only; the unbiased "
+            "variant's step is symmetric in sign (pass direction='descent')"
+        )
 
 
 class PEG(PerturbationEnsemble):
@@ -124,7 +147,9 @@ class PEG(PerturbationEnsemble):
             scored ones (and the base's own, at η = 0), the criterion is minimised on that
             interpolant, and its minimiser is scored exactly, at most 3 exact scorings in all,
             fewer once the predicted gain is under half a standard error; the choice is the
-            best η scored exactly (`peg.methods._surrogate`). "golden": the grid, extended
+            best η scored exactly (`peg.methods._surrogate`), on the first 1024 scoring points
+            (`peg.methods._scale_search.SEARCH_POINTS`: the cost of a scoring is S forwards of
+            each point). "golden": the grid, extended
             past its edges, then golden section, raced (`race`, `early_stop`, `search_tol`);
             12–15 scorings. A list of η is always scored η by η.
         race: "golden" search or a list of η: with criterion "nll" or "brier" (means of
@@ -159,6 +184,15 @@ class PEG(PerturbationEnsemble):
             gradients; the validation tensors are kept by reference, not to be modified).
         memory_budget: `lazy="auto"`: bytes the eager ensemble may take (default: half the
             memory available on the model's device when `fit` starts).
+        precondition: None (default: plain PEG), "kfac" or "diag": each member's gradient row g
+            becomes λ·(F + λ)⁻¹·g, F the Fisher of the perturbed parameters estimated from
+            `val_batches` mini-batches of the gradient part: Kronecker-factored per Linear /
+            Conv2d layer ("kfac"; another layer type among the perturbed ones is an error
+            naming it) or its diagonal, as Adam's second moment ("diag"). The members then
+            spread less in the sharpest directions, more like a Laplace posterior
+            (`peg.methods._precondition`, docs/peg.md#preconditioned-steps).
+        damping: λ relative to F's mean eigenvalue (> 0, default 0.1): large → plain PEG's
+            members at the same η; small → a stronger reshaping. η is searched as without.
     """
 
     method = "PEG"
@@ -200,38 +234,26 @@ class PEG(PerturbationEnsemble):
         batch_fn: BatchFn | None = None,
         search: Literal["surrogate", "golden"] = "surrogate",
         direction: Literal["descent", "ascent"] = "descent",
+        precondition: Literal["diag", "kfac"] | None = None,
+        damping: float = DEFAULT_DAMPING,
     ) -> None:
         store_arguments(self, locals())
 
-    def _check_params(self) -> None:
-        super()._check_params()
-        check_positive_int(self.grad_batch_size, "grad_batch_size")
-        if self.variant not in ("vanilla", "unbiased"):
-            raise ValueError(f"variant: expected 'vanilla' or 'unbiased', got {self.variant!r}")
-        if self.direction not in ("descent", "ascent"):
-            raise ValueError(f"direction: expected 'descent' or 'ascent', got {self.direction!r}")
-        if self.variant == "unbiased" and self.direction != "descent":
-            raise ValueError(
-                f"direction: {self.direction!r} applies to variant='vanilla' only; the unbiased "
-                "variant's step is symmetric in sign (pass direction='descent')"
-            )
-        if self.reduction not in ("mean", "sum"):
-            raise ValueError(f"reduction: expected 'mean' or 'sum', got {self.reduction!r}")
-        if self.loss is not None and not callable(self.loss):
-            raise ValueError(
-                f"loss: expected a callable (outputs, y) -> per-sample losses, got {self.loss!r}"
-            )
-        holdout = self.eta_holdout
-        if not (isinstance(holdout, (int, float)) and 0 <= holdout < 1):
-            raise ValueError(f"eta_holdout: expected a fraction in [0, 1), got {holdout!r}")
-        check_positive_int(self.val_batches, "val_batches")
-        if not (isinstance(self.beta, (int, float)) and 0 <= self.beta < 1):
-            raise ValueError(f"beta: expected a momentum weight in [0, 1), got {self.beta!r}")
-        if isinstance(self.momentum, str) and self.momentum not in ("validation", "none"):
-            raise ValueError(
-                "momentum: expected 'validation', 'none' or a dict of tensors, "
-                f"got {self.momentum!r}"
-            )
+    parameter_constraints: ClassVar[dict[str, Check]] = {
+        **PerturbationEnsemble.parameter_constraints,
+        "grad_batch_size": positive_int(),
+        "variant": one_of("vanilla", "unbiased"),
+        "direction": one_of("descent", "ascent"),
+        "reduction": one_of("mean", "sum"),
+        "loss": optional_callable("a callable (outputs, y) -> per-sample losses"),
+        "eta_holdout": fraction(),
+        "val_batches": positive_int(),
+        "beta": fraction(what="a momentum weight"),
+        "momentum": _momentum,
+        "precondition": one_of(*PRECONDITIONERS),
+        "damping": number(),
+    }
+    parameter_rules: ClassVar[tuple[Callable[[Any], None], ...]] = (_ascent_vanilla_only,)
 
     @property
     def _holdout(self) -> float:
@@ -254,6 +276,8 @@ class PEG(PerturbationEnsemble):
             "val_batches": self.val_batches,
             "beta": self.beta,
             "momentum": self.momentum,
+            "precondition": self.precondition,
+            "damping": self.damping,
         }
 
     def _hyperparameters(self) -> dict[str, Any]:
@@ -263,6 +287,11 @@ class PEG(PerturbationEnsemble):
             "direction": self.direction,
             "reduction": self.reduction,
             "loss": getattr(self.loss, "__name__", "callable") if self.loss else "default",
+            **(
+                {"precondition": self.precondition, "damping": self.damping}
+                if self.precondition is not None
+                else {}
+            ),
             **(
                 {
                     "val_batches": self.val_batches,
@@ -275,93 +304,33 @@ class PEG(PerturbationEnsemble):
         }
 
     # ---------------------------------------------------------------- gradients
-    def _gradient_model(self, model: nn.Module) -> nn.Module:
-        """A private copy of `model` in the mode the gradient pass runs in.
-
-        The copy shares `model`'s parameters (they are only read: gradients are taken with
-        `torch.autograd.grad`) and owns its buffers (bn="batch" moves them, then restores them).
-        """
-        work = copy.deepcopy(model, {id(p): p for p in model.parameters()}).eval()
-        if self.bn == "batch":
-            for m in work.modules():
-                if isinstance(m, nn.modules.batchnorm._BatchNorm):
-                    m.train()
-        return work
-
     def _row_source(
         self, model: nn.Module, r: int, names: list[str], data: DirectionData
     ) -> RowSource:
         """Displacements per unit η of base model r's members, on demand: member i is θ + η·D[i].
 
         Returns `rows(members) -> [k, P]`, row j computed for member `members[j]` alone from its
-        stream (seed, MEMBER, r, i) (`peg.streams`). What all members share (the unbiased
+        stream (seed, MEMBER, r, i) (`peg.streams`) by the variant's step
+        (`peg.methods._gradients`), chosen here once. What all members share (the unbiased
         variant's ∇L(V) and momentum buffer, `[P]` each) is computed here, once.
         """
-        work = self._gradient_model(model)
-        params = dict(work.named_parameters())
-        selected = [params[n] for n in names]
-        buffers = {k: v.clone() for k, v in work.named_buffers()}
-        device = selected[0].device
-        dtype = functools.reduce(torch.promote_types, (p.dtype for p in selected))
-        P = sum(p.numel() for p in selected)
-        shapes = [p.shape for p in selected]
-        K = self.grad_batch_size
-        loss_fn = self.loss or (
-            gaussian_nll_per_point if data.regression else cross_entropy_per_point
+        grad = GradientPass(
+            model, r, names, data, self.grad_batch_size, self.loss, self.reduction, self.bn
         )
-
-        def grad(gen: torch.Generator, what: str, out: Tensor | None = None) -> Tensor:
-            """∇L on the mini-batch drawn from `gen`, `[P]` (written into `out` if given)."""
-            xb, yb = data.rows(draw_batch(gen, len(data), K))
-            outputs = call_model(work, move(xb, device, "val"))
-            losses = loss_fn(logits_of(outputs), yb.to(device))
-            loss = losses.mean() if self.reduction == "mean" else losses.sum()
-            if not torch.isfinite(loss):
-                raise NonFiniteError(f"{what} (base model {r}): the loss is {loss.item()}")
-            gs = list(torch.autograd.grad(loss, selected))
-            if self.bn == "batch":  # the train-mode pass moved the running statistics: undo it
-                with torch.no_grad():
-                    for k, b in work.named_buffers():
-                        b.copy_(buffers[k])
-            # each gradient copied into its slice of g and freed at once: no [P] temporaries
-            g = torch.empty(P, dtype=dtype, device=device) if out is None else out
-            finite = True
-            for j, part in enumerate(entry_views(g, shapes)):
-                part.copy_(gs[j])
-                gs[j] = None  # type: ignore[call-overload]
-                finite = finite and bool(torch.isfinite(part).all())
-            if not finite:
-                raise NonFiniteError(
-                    f"{what} (base model {r}): the gradient has NaN or inf entries"
-                )
-            return g
-
-        buf = g_val = torch.zeros(0)
-        if self.variant == "unbiased":  # ∇L(V) and the momentum buffer from `val_batches`
-            buf = torch.zeros(P, dtype=dtype, device=device)
-            g_val = torch.zeros_like(buf)
-            for j in bar(range(self.val_batches), f"PEG ∇L(V) (base {r})", enabled=self.progress):
-                g = grad(generator(self.seed, VALIDATION, r, j), f"validation batch {j}")
-                buf = self.beta * buf + g
-                g_val += g / self.val_batches
-            buf = self._given_momentum(r, names, selected, buf)
-
-        def step(i: int, out: Tensor) -> None:
-            """Member i's row, written into `out` `[P]`."""
-            gen = generator(self.seed, MEMBER, r, i)
-            if self.variant == "vanilla":
-                g = grad(gen, f"member {i}", out=out)
-                if self.direction == "descent":
-                    g.neg_()
-                return
-            g1, g2 = grad(gen, f"member {i}"), grad(gen, f"member {i}")
-            a = torch.randn((), generator=gen).item()
-            out.copy_(-((g1 - g2) / math.sqrt(2) + a * (self.beta * buf + g_val)))
-
-        label = "PEG gradients" if self.variant == "vanilla" else "PEG unbiased steps"
+        if self.variant == "vanilla":
+            step = vanilla_step(grad, self.seed, MEMBER, self.direction == "descent")
+            label = "PEG gradients"
+        else:
+            step = unbiased_step(grad, self.seed, MEMBER, self._drift(grad, r, names))
+            label = "PEG unbiased steps"
+        if self.precondition is not None:  # the curvature, from `val_batches` mini-batches
+            apply = preconditioner(
+                self.precondition, grad, names, self.seed, self.val_batches, self.damping
+            )
+            step = preconditioned(step, apply)
 
         def rows(members: Sequence[int]) -> Tensor:
-            D = torch.empty(len(members), P, dtype=dtype, device=device)
+            D = torch.empty(len(members), grad.P, dtype=grad.dtype, device=grad.device)
             for j, i in enumerate(bar(members, f"{label} (base {r})", enabled=self.progress)):
                 try:
                     step(i, D[j])
@@ -372,6 +341,18 @@ class PEG(PerturbationEnsemble):
             return D
 
         return rows
+
+    def _drift(self, grad: GradientPass, r: int, names: list[str]) -> Tensor:
+        """The unbiased variant's shared term β·buf + ∇L(V), `[P]`: ∇L(V) the mean of
+        `val_batches` mini-batch gradients, buf their heavy-ball momentum (or the given one)."""
+        buf = grad.empty().zero_()
+        g_val = torch.zeros_like(buf)
+        for j in bar(range(self.val_batches), f"PEG ∇L(V) (base {r})", enabled=self.progress):
+            g = grad(generator(self.seed, VALIDATION, r, j), f"validation batch {j}")
+            buf = self.beta * buf + g
+            g_val += g / self.val_batches
+        buf = self._given_momentum(r, names, grad.selected, buf)
+        return self.beta * buf + g_val
 
     def _given_momentum(
         self, r: int, names: list[str], selected: list[Tensor], buf: Tensor

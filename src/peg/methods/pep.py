@@ -15,18 +15,34 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
 
 from peg._params import ParamFilter
 from peg.batches import BatchFn
+from peg.methods._constraints import Check
 from peg.methods._criteria import Criterion
 from peg.methods._members import DirectionData, RowSource
 from peg.methods._perturb import MAX_SCORE_POINTS, PerturbationEnsemble
 from peg.methods.base import store_arguments
 from peg.streams import MEMBER, generator
+
+
+def _pep_bn(value: Any, name: str) -> None:
+    if value not in ("eval", "refresh"):
+        raise ValueError(f"{name}: expected 'eval' or 'refresh' for PEP, got {value!r}")
+
+
+def _bracket(value: Any, name: str) -> None:
+    try:
+        lo, hi = value
+        ok = 0 < lo < hi and math.isfinite(hi)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(f"{name}: expected (low, high) with 0 < low < high, got {value!r}")
 
 
 class PEP(PerturbationEnsemble):
@@ -103,19 +119,11 @@ class PEP(PerturbationEnsemble):
     ) -> None:
         store_arguments(self, locals())
 
-    def _check_params(self) -> None:
-        if self.bn not in ("eval", "refresh"):
-            raise ValueError(f"bn: expected 'eval' or 'refresh' for PEP, got {self.bn!r}")
-        super()._check_params()
-        try:
-            lo, hi = self.bracket
-            ok = 0 < lo < hi and math.isfinite(hi)
-        except (TypeError, ValueError):
-            ok = False
-        if not ok:
-            raise ValueError(
-                f"bracket: expected (low, high) with 0 < low < high, got {self.bracket!r}"
-            )
+    parameter_constraints: ClassVar[dict[str, Check]] = {
+        **PerturbationEnsemble.parameter_constraints,
+        "bn": _pep_bn,
+        "bracket": _bracket,
+    }
 
     @property
     def default_grid(self) -> tuple[float, ...]:  # type: ignore[override]

@@ -22,6 +22,18 @@ any other (e.g. `method("PEG-30", "peg", n_members=30)`)::
     Dirichlet       Dirichlet calibration (ODIR)            dirichlet
     Hist. binning   histogram binning, one-vs-rest          histogram-binning
     Isotonic        isotonic regression, one-vs-rest        isotonic
+    PEG (kfac)      PEG, K-FAC-preconditioned steps         peg, precondition="kfac"
+    PEG (diag)      PEG, diagonal-Fisher-preconditioned     peg, precondition="diag"
+    Last-layer PEG (kfac)   the same on the last layer      peg, params="last_layer", ...
+    Last-layer PEG + TS     TS of last-layer PEG            temperature on Last-layer PEG
+    PEG → Matrix scaling    matrix scaling of PEG           matrix-scaling on PEG
+    PEG → Dirichlet         Dirichlet calibration of PEG    dirichlet on PEG
+    PEG → Vector scaling    vector scaling of PEG           vector-scaling on PEG
+    Dirichlet → PEG PEG around the model with its Dirichlet peg on Dirichlet
+                    map as last layer (`peg.methods.composed`)
+    Matrix scaling → PEG    the same with matrix scaling    peg on Matrix scaling
+    Dirichlet → last-layer PEG  PEG of the Dirichlet map    peg on Dirichlet, params=
+                    alone                                   "last_layer"
 
 Laplace and the calibrators after it are not in the default list: name them in `methods=`.
 Laplace is fitted on the validation data here (compare has no training data); the defaults do
@@ -60,6 +72,18 @@ CATALOGUE: dict[str, MethodSpec] = {
         MethodSpec("Dirichlet", "dirichlet", MODEL),
         MethodSpec("Hist. binning", "histogram-binning", MODEL),
         MethodSpec("Isotonic", "isotonic", MODEL),
+        MethodSpec("PEG (kfac)", "peg", MODEL, {"precondition": "kfac"}),
+        MethodSpec("PEG (diag)", "peg", MODEL, {"precondition": "diag"}),
+        MethodSpec(
+            "Last-layer PEG (kfac)", "peg", MODEL, {"params": "last_layer", "precondition": "kfac"}
+        ),
+        MethodSpec("Last-layer PEG + TS", "temperature", "Last-layer PEG"),
+        MethodSpec("PEG → Matrix scaling", "matrix-scaling", "PEG"),
+        MethodSpec("PEG → Dirichlet", "dirichlet", "PEG"),
+        MethodSpec("PEG → Vector scaling", "vector-scaling", "PEG"),
+        MethodSpec("Dirichlet → PEG", "peg", "Dirichlet"),
+        MethodSpec("Matrix scaling → PEG", "peg", "Matrix scaling"),
+        MethodSpec("Dirichlet → last-layer PEG", "peg", "Dirichlet", {"params": "last_layer"}),
     )
 }
 # the default list (the issue's): MC dropout only where the model has dropout

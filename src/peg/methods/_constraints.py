@@ -1,0 +1,129 @@
+"""Argument checks as a table (scikit-learn's `_parameter_constraints`): one check per name.
+
+A method class declares `parameter_constraints = {name: check}`, each check a callable
+`check(value, name)` raising a ValueError (or TypeError) naming `name` and what was expected;
+`check_constraints(method, table)` runs every check on the stored arguments. Constraints
+between arguments (e.g. PEG's direction only with the vanilla variant) are plain functions of
+the method, listed beside the table. The messages are the ones the constructors raised before
+the table existed: the error table (docs/errors.md) does not change.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from peg._scalars import check_number, check_positive_int
+from peg._params import check_param_filter
+from peg.batches import check_batch_fn
+
+Check = Callable[[Any, str], None]
+
+
+def one_of(*choices: Any) -> Check:
+    """The value is one of `choices` (compared with ==)."""
+    shown = ", ".join(repr(c) for c in choices[:-1]) + f" or {choices[-1]!r}"
+
+    def check(value: Any, name: str) -> None:
+        if not any(value == c and type(value) is type(c) for c in choices):
+            raise ValueError(f"{name}: expected {shown}, got {value!r}")
+
+    return check
+
+
+def member_of(choices: tuple[Any, ...]) -> Check:
+    """The value is in the tuple `choices` (named as the tuple in the error)."""
+
+    def check(value: Any, name: str) -> None:
+        if value not in choices:
+            raise ValueError(f"{name}: expected one of {choices}, got {value!r}")
+
+    return check
+
+
+def boolean(value: Any, name: str) -> None:
+    """True or False."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: expected True or False, got {value!r}")
+
+
+def positive_int(minimum: int = 1, optional: bool = False) -> Check:
+    """An int ≥ `minimum` (or None when `optional`)."""
+
+    def check(value: Any, name: str) -> None:
+        if not (optional and value is None):
+            check_positive_int(value, name, minimum=minimum)
+
+    return check
+
+
+def number(allow_zero: bool = False) -> Check:
+    """A finite number > 0 (≥ 0 with `allow_zero`)."""
+
+    def check(value: Any, name: str) -> None:
+        check_number(value, name, allow_zero=allow_zero)
+
+    return check
+
+
+def fraction(below: float = 1.0, what: str = "a fraction") -> Check:
+    """A number in [0, `below`)."""
+
+    def check(value: Any, name: str) -> None:
+        if not (isinstance(value, (int, float)) and 0 <= value < below):
+            raise ValueError(f"{name}: expected {what} in [0, {below:g}), got {value!r}")
+
+    return check
+
+
+def choice_or_callable(choices: Any, what: str) -> Check:
+    """One of `choices` or a callable (`what` describes the callable)."""
+
+    def check(value: Any, name: str) -> None:
+        if not (callable(value) or (isinstance(value, str) and value in choices)):
+            raise ValueError(f"{name}: expected one of {sorted(choices)} or {what}, got {value!r}")
+
+    return check
+
+
+def optional_callable(what: str) -> Check:
+    """None or a callable (`what` describes it)."""
+
+    def check(value: Any, name: str) -> None:
+        if value is not None and not callable(value):
+            raise ValueError(f"{name}: expected {what}, got {value!r}")
+
+    return check
+
+
+def scale(value: Any, name: str) -> None:
+    """A scale (PEG's η, PEP's σ): a number > 0, a non-empty list of them or "search"."""
+    if isinstance(value, str):
+        if value != "search":
+            raise ValueError(f"{name}: expected a number > 0, a list or 'search', got {value!r}")
+        return
+    values = [value] if isinstance(value, (int, float)) else list(value)
+    if not values or not all(
+        isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in values
+    ):
+        raise ValueError(
+            f"{name}: expected a number > 0, a non-empty list of numbers > 0 "
+            f"or 'search', got {value!r}"
+        )
+
+
+def param_filter(value: Any, name: str) -> None:
+    """A `params` choice (`peg._params.ParamFilter`)."""
+    check_param_filter(value)
+
+
+def batch_fn(value: Any, name: str) -> None:
+    """None or a callable batch_fn(batch) -> (inputs, y)."""
+    check_batch_fn(value, name)
+
+
+def check_constraints(method: Any, table: Mapping[str, Check]) -> None:
+    """Run every check of `table` on `method`'s stored argument of that name, in table order."""
+    for name, check in table.items():
+        check(getattr(method, name), name)

@@ -1,0 +1,136 @@
+"""PEG composed with the calibrators both ways: a calibrator after PEG (PEG → Dirichlet, ...) and
+PEG around a calibrated model (the map as the last layer: Dirichlet → PEG), through save/load."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+import peg
+from peg.apps.chain import as_base
+from peg.methods import (
+    DirichletCalibration,
+    HistogramBinning,
+    MatrixScaling,
+    TemperatureScaling,
+    VectorScaling,
+)
+from peg.methods.composed import CalibratedModel, calibrated_module
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 4)).eval()
+
+
+def _data(n: int = 240, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, 3, generator=g)
+    return X, (X[:, 0] > 0).long() + 2 * (X[:, 1] > 0).long()
+
+
+@pytest.mark.parametrize("cls", [VectorScaling, MatrixScaling, DirichletCalibration])
+def test_the_map_as_last_layer_predicts_as_the_calibrator(cls: type) -> None:
+    calibrator = cls().fit(_net(), _data())
+    module = calibrated_module(calibrator)
+    X = _data(50, seed=2)[0]
+    with torch.no_grad():
+        torch.testing.assert_close(
+            module(X).softmax(-1), calibrator.predict_proba(X), atol=1e-5, rtol=0
+        )
+    assert [n for n, _ in module.named_parameters()][-2:] == ["map.weight", "map.bias"]
+
+
+def test_temperature_scaling_as_a_layer_needs_the_classes() -> None:
+    ts = TemperatureScaling().fit(_net(), _data())
+    X = _data(50, seed=2)[0]
+    with torch.no_grad():
+        p = calibrated_module(ts, n_classes=4)(X).softmax(-1)
+    torch.testing.assert_close(p, ts.predict_proba(X), atol=1e-6, rtol=0)
+
+
+def test_dirichlet_then_last_layer_peg_perturbs_the_map_alone_and_round_trips(tmp_path) -> None:
+    module = calibrated_module(DirichletCalibration().fit(_net(), _data()))
+    val = _data(seed=3)
+    fitted = peg.PEG(n_members=4, grad_batch_size=32, params="last_layer", progress=False)
+    fitted.fit(module, val)
+    assert fitted.param_names_ == ["map.weight", "map.bias"]
+    X = _data(60, seed=4)[0]
+    expected = fitted.member_logits(X)
+    skeleton = CalibratedModel(_net(), 4, log_probs=True)  # its map weights are replaced
+    loaded = peg.load(fitted.save(str(tmp_path / "recipe")), skeleton, val=val)
+    assert torch.equal(loaded.member_logits(X), expected)
+    whole = peg.load(fitted.save(str(tmp_path / "members"), materialize=True), skeleton)
+    assert torch.equal(whole.member_logits(X), expected)
+
+
+@pytest.mark.parametrize("cls", [VectorScaling, MatrixScaling, DirichletCalibration])
+def test_a_calibrator_after_peg_round_trips(tmp_path, cls: type) -> None:
+    ensemble = peg.PEG(n_members=3, grad_batch_size=32, eta=0.1, progress=False)
+    ensemble.fit(_net(), _data(seed=3))
+    calibrator = cls().fit(ensemble, _data(seed=5))
+    assert calibrator.scores_ == "log_probs"  # an ensemble has no single logits
+    X = _data(60, seed=4)[0]
+    loaded = peg.load(calibrator.save(str(tmp_path / "calibrated")), _net())
+    torch.testing.assert_close(loaded.predict_proba(X), calibrator.predict_proba(X))
+
+
+def test_the_apps_hand_peg_the_calibrated_model() -> None:
+    dirichlet = DirichletCalibration().fit(_net(), _data())
+    assert isinstance(as_base(dirichlet, "peg", "Dirichlet"), CalibratedModel)
+    assert (
+        as_base(dirichlet, "temperature", "Dirichlet") is dirichlet
+    )  # a calibrator takes it as is
+
+
+def _binning() -> HistogramBinning:
+    return HistogramBinning().fit(_net(), _data())
+
+
+ERROR_CASES: list[tuple[str, str, Callable[[], object], type[Exception], str]] = [
+    (
+        "composed",
+        "a calibrator without an affine map",
+        lambda: calibrated_module(_binning()),
+        ValueError,
+        r"calibrator: expected a fitted temperature, vector or matrix scaling",
+    ),
+    (
+        "composed",
+        "an unfitted calibrator",
+        lambda: calibrated_module(DirichletCalibration()),
+        ValueError,
+        "calibrator: DirichletCalibration is not fitted",
+    ),
+    (
+        "composed",
+        "temperature scaling without n_classes",
+        lambda: calibrated_module(TemperatureScaling().fit(_net(), _data())),
+        ValueError,
+        "n_classes",
+    ),
+    (
+        "composed",
+        "a calibrator fitted on an ensemble",
+        lambda: calibrated_module(
+            DirichletCalibration().fit(
+                peg.PEG(n_members=2, grad_batch_size=32, eta=0.1, progress=False).fit(
+                    _net(), _data()
+                ),
+                _data(),
+            )
+        ),
+        ValueError,
+        "calibrator: fitted on a PEG",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", ERROR_CASES, ids=[f"{c[0]}: {c[1]}" for c in ERROR_CASES])
+def test_bad_input_raises_a_clear_error(case) -> None:  # type: ignore[no-untyped-def]
+    _, _, call, kind, regex = case
+    with pytest.raises(kind, match=regex):
+        call()
