@@ -106,6 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     compare.add_argument(
         "--out", default="peg-compare", help="output folder (default: peg-compare)"
     )
+    compare.add_argument(
+        "--resume",
+        action="store_true",
+        help="take back the methods an earlier run with the same arguments saved in --out",
+    )
     compare.add_argument("--no-progress", action="store_true", help="hide progress bars")
     # ---- peg diversity (Fort et al. 2019 loss-landscape analyses; see peg.apps.diversity)
     diversity = sub.add_parser(
@@ -239,10 +244,19 @@ def _compare(args: argparse.Namespace, command: str, progress: bool | None) -> i
         progress=progress,
         out=args.out,
         command=command,
+        resume=args.resume,
     )
     print()
     print(result.to_markdown())
-    return 0
+    return _compare_status(result)
+
+
+def _compare_status(result: object) -> int:
+    """0, or 3 when some methods failed (each said on stderr; the table has the others)."""
+    failed = getattr(result, "failed", {})
+    for name, error in failed.items():
+        sys.stderr.write(f"peg compare: {name} failed: {error['type']}: {error['message']}\n")
+    return 3 if failed else 0
 
 
 def _diversity(args: argparse.Namespace, command: str, progress: bool | None) -> int:
