@@ -112,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         help="take back the methods an earlier run with the same arguments saved in --out",
     )
     compare.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    # ---- peg select (peg.apps.select.command)
+    _select_parser(sub)
     # ---- peg diversity (Fort et al. 2019 loss-landscape analyses; see peg.apps.diversity)
     diversity = sub.add_parser(
         "diversity",
@@ -259,6 +261,37 @@ def _compare_status(result: object) -> int:
     return 3 if failed else 0
 
 
+def _select_parser(sub: argparse._SubParsersAction) -> None:
+    select = sub.add_parser(
+        "select",
+        help="the best post-hoc predictor for your model, chosen by cross-validation on its "
+        "validation data only (peg.AutoSelect)",
+        description="Cross-fit TS, vector/matrix scaling, Dirichlet, PEG, PEP, ... on K folds "
+        "of the validation data, keep the cheapest within one paired SE of the best, refit it, "
+        "print the report; --save DIR writes results.{json,md} and chosen.peg. See "
+        "docs/select.md.",
+    )
+    select.add_argument("--model", required=True, help="module:function returning the model")
+    select.add_argument("--val", required=True, help="validation data (as peg compare's)")
+    select.add_argument("--candidates", nargs="+", help="named methods (default: see the guide)")
+    select.add_argument("--cv", type=int, default=5, help="folds (default: 5)")
+    select.add_argument("--criterion", default="nll", help="nll or brier (default: nll)")
+    select.add_argument("--max-forwards", type=float, help="prediction budget, forwards/input")
+    select.add_argument("--max-fit-seconds", type=float, help="fit budget in seconds")
+    select.add_argument("--best", action="store_true", help="the best CV score, not one-SE")
+    select.add_argument("--nested", action="store_true", help="nested-CV estimate (cv x cost)")
+    select.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    select.add_argument("--batch-size", type=int, default=512, help="default: 512")
+    select.add_argument("--save", help="folder for results.json, results.md and chosen.peg")
+    select.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+def _select(args: argparse.Namespace, command: str, progress: bool | None) -> int:
+    from peg.apps.select.command import run
+
+    return run(args, command, progress)
+
+
 def _diversity(args: argparse.Namespace, command: str, progress: bool | None) -> int:
     from peg.apps.diversity import study
 
@@ -281,6 +314,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, str, bool | None], int]] = {
     "bench": _bench,
     "paper-tables": _paper_tables,
     "compare": _compare,
+    "select": _select,
     "diversity": _diversity,
     "bench-perf": _bench_perf,
 }
