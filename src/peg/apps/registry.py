@@ -26,6 +26,7 @@ data); samplers fitted to a trajectory's checkpoints: "diagonal-gaussian", "low-
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
@@ -136,12 +137,19 @@ def register(key: str) -> Callable[[B], B]:
     return add
 
 
+# keys registered by an application module that itself builds through the registry (it cannot
+# be imported here: a circle), imported by name on first use
+ELSEWHERE = {"auto-select": "peg.apps.select"}
+
+
 def entry(key: str) -> type[Builder]:
     """The builder registered under `key` (a ValueError naming the known keys otherwise)."""
+    if key not in REGISTRY and key in ELSEWHERE:
+        importlib.import_module(ELSEWHERE[key])
     try:
         return REGISTRY[key]
     except KeyError:
-        raise ValueError(f"method: unknown {key!r}; known: {list(REGISTRY)}") from None
+        raise ValueError(f"method: unknown {key!r}; known: {[*REGISTRY, *ELSEWHERE]}") from None
 
 
 def configure(key: str, site: Site, options: Mapping[str, Any] | None = None) -> Builder:

@@ -75,6 +75,7 @@ METHODS = (
     "dirichlet",
     "histogram-binning",
     "isotonic",
+    "auto-select",
 )
 SWAG_BASES = ("swa", "swag", "swag-diag")  # the bases one SWAG run gives
 BASE_PATTERN = re.compile(r"^(single|swa|swag|swag-diag|deepens-(\d+))$")

@@ -2,6 +2,7 @@
 its validation data only (`auto`), from cross-fitted per-point scores (`cross`, `folds`) with a
 report (`report`). Guide: docs/select.md."""
 
+from peg.apps.select import builder  # noqa: F401  (registers "auto-select")
 from peg.apps.select.auto import DEFAULT_CANDIDATES, AutoSelect
 
 __all__ = ["DEFAULT_CANDIDATES", "AutoSelect"]
