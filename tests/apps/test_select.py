@@ -191,3 +191,15 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[Exception], str]] =
 def test_bad_input(area, what, call, kind, regex):
     with pytest.raises(kind, match=regex):
         call()
+
+
+def test_a_chosen_ts_then_peg_loads_around_the_scaled_model(tmp_path):
+    from peg.apps.chain import Scaled
+
+    model, val = problem(600, 3, [3.0] * 3)
+    sel = AutoSelect(candidates=["TS → PEG"], cv=2, progress=False).fit(model, val)
+    path = sel.save(tmp_path / "chosen.peg")
+    T = read_header(path)["meta"]["auto_select"]["scales"]["TS"]["T"]
+    loaded = peg.load(path, Scaled(nn.Linear(3, 3), T), val=val)
+    X = val[0][:40]
+    assert torch.allclose(loaded.predict_proba(X), sel.predict_proba(X), atol=1e-5)

@@ -147,7 +147,8 @@ class AutoSelect(Method):
         cross = self._cross(model, source, logits, y, specs, rows)
         cross.run(folds, self._budget)
         report, chosen = choose(cross, specs, everything, self.one_se, skipped)
-        self.predictor_ = self._refit(cross, specs, chosen, everything)
+        chain = self._refit(cross, specs, chosen, everything)
+        self.predictor_ = chain[chosen]
         row = next(r for r in report if r["candidate"] == chosen)
         self.score_ = {"criterion": self.criterion, "mean": row["cv_mean"], "se": row["cv_se"]}
         self.nested_ = self._nested(cross, specs, skipped, y) if self.nested else None
@@ -160,6 +161,9 @@ class AutoSelect(Method):
             "one_se": self.one_se,
             "seed": self.seed,
             "score": self.score_,
+            # the scales fitted along the chosen chain (T of "TS → PEG"'s base: its archive is
+            # of `Scaled(model, T)`)
+            "scales": {n: registry.scales(p) for n, p in chain.items()},
             "nested": self.nested_,
             "report": report,
         }
@@ -197,8 +201,8 @@ class AutoSelect(Method):
                 what = "forwards / input" if label == "max_forwards" else "s to fit, estimated"
                 cross.dropped[n] = f"over budget: {c:.3g} {what} > {label}={limit}"
 
-    def _refit(self, cross: CrossFit, specs: list[Any], name: str, idx: Tensor) -> Any:
-        """Candidate `name` (and its base) fitted on the points `idx`."""
+    def _refit(self, cross: CrossFit, specs: list[Any], name: str, idx: Tensor) -> dict[str, Any]:
+        """Candidate `name` and its bases fitted on the points `idx` (name → predictor)."""
         by_name = {s.name: s for s in specs}
         chain = [by_name[name]]
         while chain[0].base in by_name:
@@ -206,7 +210,7 @@ class AutoSelect(Method):
         fitted: dict[str, Any] = {}
         for spec in chain:
             fitted[spec.name] = cross.fit(spec, idx, fitted)[0]
-        return fitted[name]
+        return fitted
 
     def _nested(self, cross: CrossFit, specs: list[Any], skipped: dict[str, str],
                 y: Tensor) -> dict[str, Any]:  # fmt: skip
@@ -222,7 +226,8 @@ class AutoSelect(Method):
             sub.run(inner, self._budget)
             name = choose(sub, specs, rest, self.one_se, skipped)[1]
             by_name = {s.name: s for s in specs}
-            points[held] = sub.score(by_name[name], self._refit(sub, specs, name, rest), held)
+            refit = self._refit(sub, specs, name, rest)[name]
+            points[held] = sub.score(by_name[name], refit, held)
             chosen.append(name)
         mean, se = mean_se(points)
         return {"mean": mean, "se": se, "chosen": chosen}
