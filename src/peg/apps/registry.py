@@ -121,6 +121,8 @@ class Builder:
 
 
 REGISTRY: dict[str, type[Builder]] = {}
+# keys registered by an application module that builds through the registry (imported when named)
+ELSEWHERE = {"auto-select": "peg.apps.select"}
 B = TypeVar("B", bound=type[Builder])
 
 
@@ -135,11 +137,6 @@ def register(key: str) -> Callable[[B], B]:
         return cls
 
     return add
-
-
-# keys registered by an application module that itself builds through the registry (it cannot
-# be imported here: a circle), imported by name on first use
-ELSEWHERE = {"auto-select": "peg.apps.select"}
 
 
 def entry(key: str) -> type[Builder]:

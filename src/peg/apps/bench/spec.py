@@ -51,6 +51,7 @@ from peg import data as datasets
 from peg.apps import presets
 from peg.apps.bench.names import denoted
 from peg.apps.bench.tables import DEFAULT_METRICS, ROWS
+from peg.apps.registry import ELSEWHERE
 from peg.data import corruptions
 from peg.errors import SpecError
 from peg.metrics.ood import OOD_SCORES
@@ -75,7 +76,6 @@ METHODS = (
     "dirichlet",
     "histogram-binning",
     "isotonic",
-    "auto-select",
 )
 SWAG_BASES = ("swa", "swag", "swag-diag")  # the bases one SWAG run gives
 BASE_PATTERN = re.compile(r"^(single|swa|swag|swag-diag|deepens-(\d+))$")
@@ -189,8 +189,10 @@ def _method(entry: Any, where: str, earlier: list[str]) -> MethodSpec:
             )
         return found
     method, base = entry["method"], entry.get("base", "single")
-    if method not in METHODS:
-        raise SpecError(f"{where}.method: unknown method {method!r}; known: {list(METHODS)}")
+    if method not in (*METHODS, *ELSEWHERE):  # ELSEWHERE: "auto-select", registered when named
+        raise SpecError(
+            f"{where}.method: unknown method {method!r}; known: {[*METHODS, *ELSEWHERE]}"
+        )
     if not isinstance(base, str) or not (BASE_PATTERN.match(base) or base in earlier):
         raise SpecError(
             f"{where}.base: unknown base {base!r}; known: single, swa, swag, swag-diag, "

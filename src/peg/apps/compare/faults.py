@@ -14,7 +14,7 @@ from torch import nn
 from peg.apps import registry
 from peg.apps.bench.spec import MethodSpec
 from peg.methods.dropout import MCDropout, dropout_modules
-from peg.methods.laplace import INSTALL
+from peg.methods.laplace import INSTALL, Laplace
 
 # (a piece of the message, what the user can do); the first match wins
 HINTS: tuple[tuple[str, str], ...] = (
@@ -45,7 +45,7 @@ def precheck(spec: MethodSpec, model: nn.Module) -> str | None:
             "the model has no dropout layer (give the method insert=p to put one before its "
             "last layer)"
         )
-    if spec.method == "laplace":
+    if method is Laplace:
         if importlib.util.find_spec("laplace") is None:
             return f"laplace-torch is not installed ({INSTALL})"
         last_layer = spec.options.get("subset_of_weights", "last_layer") == "last_layer"

@@ -116,7 +116,7 @@ class CrossFit:
 
     def score(self, spec: MethodSpec, predictor: Any, idx: Tensor) -> Tensor:
         """Per-point scores `[len(idx)]` of `predictor` on the points `idx`."""
-        if spec.method == "base" and spec.base == MODEL:
+        if registry.entry(spec.method) is registry.Base and spec.base == MODEL:
             logits = self.logits[:, idx]
         elif spec.base == MODEL and spec.method in ON_LOGITS:
             logits = predictor.scale(self.logits[:, idx])
