@@ -4,6 +4,7 @@ import peg
 ens = peg.PEG(n_members=15, eta="search").fit(model, (X_val, y_val))
 peg.evaluate(ens, X_test, y_test)   # {'nll': ..., 'error': ..., 'brier': ..., 'ece': ..., ...}
 peg.compare(model, (X_val, y_val), (X_test, y_test))   # which post-hoc method? one table
+peg.AutoSelect().fit(model, (X_val, y_val))   # the best of them, chosen on validation data only
 """
 
 import importlib
@@ -34,6 +35,7 @@ __all__ = [
     "SWA",
     "SWAG",
     "ArchiveError",
+    "AutoSelect",
     "DeepEnsemble",
     "DirichletCalibration",
     "Ensemble",
@@ -62,12 +64,15 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """`peg.compare`, the application `peg.apps.compare.compare`, imported on first use (PEP
-    562): `import peg` loads no application (tests/apps/test_layout.py)."""
+    """`peg.compare` and `peg.AutoSelect`, the applications `peg.apps.compare.compare` and
+    `peg.apps.select.AutoSelect`, imported on first use (PEP 562): `import peg` loads no
+    application (tests/apps/test_layout.py)."""
     if name == "compare":
         return importlib.import_module("peg.apps.compare").compare
+    if name == "AutoSelect":
+        return importlib.import_module("peg.apps.select").AutoSelect
     raise AttributeError(f"module 'peg' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | {"compare"})
+    return sorted(set(globals()) | {"compare", "AutoSelect"})

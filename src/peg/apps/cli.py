@@ -147,6 +147,11 @@ def _compare_arguments(p: Parser) -> None:
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     p.add_argument("--batch-size", type=int, default=512, help="default: 512")
     p.add_argument("--out", default="peg-compare", help="output folder (default: peg-compare)")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="take back the methods an earlier run with the same arguments saved in --out",
+    )
     _no_progress(p)
 
 
@@ -169,11 +174,44 @@ def _compare(args: argparse.Namespace, command: str, progress: bool | None) -> i
         progress=progress,
         out=args.out,
         command=command,
+        resume=args.resume,
     )
-    if distributed.world()[0] == 0:  # under torchrun every rank has the table: one prints it
-        print()
-        print(result.to_markdown())
-    return 0
+    if distributed.world()[0] != 0:  # under torchrun every rank has the table: one prints it
+        return 0
+    print()
+    print(result.to_markdown())
+    return _compare_status(result)
+
+
+def _compare_status(result: object) -> int:
+    """0, or 3 when some methods failed (each said on stderr; the table has the others)."""
+    failed = getattr(result, "failed", {})
+    for name, error in failed.items():
+        sys.stderr.write(f"peg compare: {name} failed: {error['type']}: {error['message']}\n")
+    return 3 if failed else 0
+
+
+# ---------------------------------------------------------------- peg select
+def _select_arguments(p: Parser) -> None:
+    p.add_argument("--model", required=True, help="module:function returning the model")
+    p.add_argument("--val", required=True, help="validation data (as peg compare's)")
+    p.add_argument("--candidates", nargs="+", help="named methods (default: see the guide)")
+    p.add_argument("--cv", type=int, default=5, help="folds (default: 5)")
+    p.add_argument("--criterion", default="nll", help="nll or brier (default: nll)")
+    p.add_argument("--max-forwards", type=float, help="prediction budget, forwards/input")
+    p.add_argument("--max-fit-seconds", type=float, help="fit budget in seconds")
+    p.add_argument("--best", action="store_true", help="the best CV score, not one-SE")
+    p.add_argument("--nested", action="store_true", help="nested-CV estimate (cv x cost)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    p.add_argument("--batch-size", type=int, default=512, help="default: 512")
+    p.add_argument("--save", help="folder for results.json, results.md and chosen.peg")
+    _no_progress(p)
+
+
+def _select(args: argparse.Namespace, command: str, progress: bool | None) -> int:
+    from peg.apps.select.command import run
+
+    return run(args, command, progress)
 
 
 # ---------------------------------------------------------------- peg diversity
@@ -256,6 +294,16 @@ COMMANDS: dict[str, Command] = {
         "a Dataset, DataLoader or (X, y). See docs/compare.md.",
         arguments=_compare_arguments,
         run=_compare,
+    ),
+    "select": Command(
+        help="the best post-hoc predictor for your model, chosen by cross-validation on its "
+        "validation data only (peg.AutoSelect)",
+        description="Cross-fit TS, vector/matrix scaling, Dirichlet, PEG, PEP, ... on K folds "
+        "of the validation data, keep the cheapest within one paired SE of the best, refit it, "
+        "print the report; --save DIR writes results.{json,md} and chosen.peg. See "
+        "docs/select.md.",
+        arguments=_select_arguments,
+        run=_select,
     ),
     "diversity": Command(  # Fort et al. 2019's loss-landscape analyses (peg.apps.diversity)
         help="function-space diversity: trajectories, t-SNE, diversity-accuracy plane, "

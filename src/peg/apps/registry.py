@@ -26,6 +26,7 @@ data); samplers fitted to a trajectory's checkpoints: "diagonal-gaussian", "low-
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar, TypeVar
 
@@ -73,6 +74,8 @@ class Builder:
 
 
 REGISTRY: dict[str, type[Builder]] = {}
+# keys registered by an application module that builds through the registry (imported when named)
+ELSEWHERE = {"auto-select": "peg.apps.select"}
 B = TypeVar("B", bound=type[Builder])
 
 
@@ -91,10 +94,12 @@ def register(key: str) -> Callable[[B], B]:
 
 def entry(key: str) -> type[Builder]:
     """The builder registered under `key` (a ValueError naming the known keys otherwise)."""
+    if key not in REGISTRY and key in ELSEWHERE:
+        importlib.import_module(ELSEWHERE[key])
     try:
         return REGISTRY[key]
     except KeyError:
-        raise ValueError(f"method: unknown {key!r}; known: {list(REGISTRY)}") from None
+        raise ValueError(f"method: unknown {key!r}; known: {[*REGISTRY, *ELSEWHERE]}") from None
 
 
 def configure(key: str, site: Site, options: Mapping[str, Any] | None = None) -> Builder:

@@ -14,8 +14,8 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from peg._scalars import check_number, check_positive_int
 from peg._params import check_param_filter
+from peg._scalars import check_number, check_positive_int
 from peg.batches import check_batch_fn
 
 Check = Callable[[Any, str], None]

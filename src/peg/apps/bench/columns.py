@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from peg.apps.bench.names import denoted
+from peg.apps.registry import ELSEWHERE
 from peg.errors import SpecError
 
 # the registry keys (`peg.apps.registry`) a spec's `method:` may name
@@ -84,8 +85,10 @@ def method_column(entry: Any, where: str, earlier: list[str]) -> MethodSpec:
             )
         return found
     method, base = entry["method"], entry.get("base", "single")
-    if method not in METHODS:
-        raise SpecError(f"{where}.method: unknown method {method!r}; known: {list(METHODS)}")
+    if method not in (*METHODS, *ELSEWHERE):  # ELSEWHERE: "auto-select", registered when named
+        raise SpecError(
+            f"{where}.method: unknown method {method!r}; known: {[*METHODS, *ELSEWHERE]}"
+        )
     if not isinstance(base, str) or not (BASE_PATTERN.match(base) or base in earlier):
         raise SpecError(
             f"{where}.base: unknown base {base!r}; known: single, swa, swag, swag-diag, "

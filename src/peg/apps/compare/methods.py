@@ -50,7 +50,8 @@ from torch import nn
 from peg.apps import registry
 from peg.apps.bench.spec import MethodSpec
 from peg.apps.chain import AS_IS, Scaled, as_base
-from peg.methods.dropout import MCDropout, dropout_modules
+from peg.apps.compare.faults import precheck
+from peg.methods.dropout import dropout_modules
 
 MODEL = "model"  # the base of a method fitted on the user's model itself
 
@@ -168,14 +169,28 @@ def resolve(
                 f"{where}: {spec.method!r} is not a post-hoc method (compare fits methods on "
                 "the model it is given, it trains none)"
             )
-        samples_dropout = getattr(builder, "method", None) is MCDropout
-        if samples_dropout and "insert" not in spec.options and not has_dropout(model):
-            raise ValueError(
-                f"{where}: the model has no dropout layer; give the method insert=p to put one "
-                "before its last layer, or leave MC dropout out"
-            )
         out.append(spec)
-    return out, skipped
+    return _applicable(out, skipped, model)
+
+
+def _applicable(
+    specs: list[MethodSpec], skipped: dict[str, str], model: nn.Module
+) -> tuple[list[MethodSpec], dict[str, str]]:
+    """The methods that can apply to `model` (`faults.precheck`, no fitting), the others (and
+    those fitted on them) added to `skipped`; a ValueError when none is left."""
+    kept: list[MethodSpec] = []
+    for spec in specs:
+        reason = precheck(spec, model)
+        if reason is None and spec.base in skipped:
+            reason = f"its base, {spec.base}, is left out"
+        if reason is None:
+            kept.append(spec)
+        else:
+            skipped[spec.name] = reason
+    if not kept:
+        reasons = "; ".join(f"{k}: {v}" for k, v in skipped.items())
+        raise ValueError(f"methods: every method is left out ({reasons})")
+    return kept, skipped
 
 
 def options(spec: MethodSpec, batch_size: int, batch_fn: Any) -> dict[str, Any]:

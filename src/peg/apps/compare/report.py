@@ -13,6 +13,7 @@ from torch import Tensor
 from peg import plots
 from peg._env import git_commit, machine
 from peg.apps.bench.tables import HIGHER_IS_BETTER, OOD_ROWS, ROWS, metric_rows
+from peg.apps.compare.faults import describe
 from peg.apps.results import write_results
 
 TEST = "test"
@@ -63,10 +64,11 @@ class Comparison:
             "error", "brier", "ece", "mce", "adaptive_ece", "classwise_ece", "aurc", "augrc"
             (`peg.apps.scores`), the same as `"nll (name)"` per shifted set, and
             "auroc (name)", "aupr (name)", "aupr_in (name)", "fpr95 (name)" per OOD set);
-            `pandas.DataFrame(comparison.table)` makes it a data frame.
+            `pandas.DataFrame(comparison.table)` makes it a data frame. A method that failed
+            has "method", "base" and "failed" (the error) only.
         predictors: method name → fitted predictor (anything `peg.evaluate` takes).
         curves: data set → method name → `peg.metrics.reliability` data (labelled sets).
-        skipped: default methods left out → why.
+        skipped: methods left out before any fitting → why.
         sets: data set → {"points": N, "kind": "test" | "shifted" | "ood"}.
         ood_score: the OOD score (`peg.metrics.ood`).
         figures: the reliability diagrams written by `plot` or `write`.
@@ -82,6 +84,11 @@ class Comparison:
     ood_score: str = "entropy"
     figures: list[Path] = field(default_factory=list)
     metrics: tuple[str, ...] = SHOWN
+
+    @property
+    def failed(self) -> dict[str, dict[str, Any]]:
+        """Methods that failed → their error: `{"type", "message", "hint"}` (what to do)."""
+        return {r["method"]: r["failed"] for r in self.table if "failed" in r}
 
     def row(self, name: str) -> dict[str, Any]:
         """The table's row of method `name`."""
@@ -104,6 +111,8 @@ class Comparison:
                 self.table, spec))  # fmt: skip
         if self.skipped:
             parts.append("Left out: " + "; ".join(f"{k}: {v}" for k, v in self.skipped.items()))
+        if self.failed:
+            parts.append("Failed: " + "; ".join(describe(k, e) for k, e in self.failed.items()))
         return "\n\n".join(parts) + "\n"
 
     def plot(self, folder: str | Path) -> list[Path]:
@@ -128,6 +137,7 @@ class Comparison:
             "sets": self.sets,
             "ood": {"positive": "ood", "score": self.ood_score, "against": TEST},
             "skipped": self.skipped,
+            "failed": self.failed,
             "table": self.table,
             "figures": [p.name for p in figures],
             "note": NOTE,

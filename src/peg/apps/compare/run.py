@@ -26,10 +26,12 @@ from peg._inputs import Data, as_xy, is_pair
 from peg._scalars import check_positive_int, check_seed
 from peg.apps import registry
 from peg.apps.bench.spec import MethodSpec
-from peg.apps.chain import as_base, chained_seconds
 from peg.apps.compare.costs import forwards, held_bytes, probe_rows
-from peg.apps.compare.methods import MODEL, options, resolve
+from peg.apps.compare.faults import describe
+from peg.apps.compare.fitting import Fitting
+from peg.apps.compare.methods import options, resolve
 from peg.apps.compare.report import TEST, Comparison, check_shown, column
+from peg.apps.compare.state import State, fingerprint
 from peg.apps.scores import labelled_metrics, ood_detection
 from peg.batches import BatchFn, check_batch_fn, split_batch
 from peg.methods._perturb import MAX_SCORE_POINTS
@@ -56,6 +58,7 @@ def compare(
     out: str | Path | None = None,
     say: Say | None = print,
     command: str | None = None,
+    resume: bool = False,
 ) -> Comparison:
     """Fit post-hoc methods on `model` with `val`; compare them on `test` (and shifted, OOD).
 
@@ -84,6 +87,14 @@ def compare(
         out: a folder to write results.json, results.md and the reliability diagrams to.
         say: where the progress lines go (None: nowhere).
         command: recorded in results.json (default: this call, abridged).
+        resume: take back the methods a previous run with the same arguments saved in `out`
+            (each method's row is saved there as it finishes, `peg.apps.compare.state`) and
+            fit only the others; a saved method's predictor is loaded from its archive.
+
+    A method that fails (raises) is a row with its `"failed"` entry (type, message, what to do) and
+    no metrics, listed in `Comparison.failed`; the others go on. Methods that cannot apply
+    (Laplace on a model whose last module is not nn.Linear, MC dropout without dropout) are
+    left out before any fitting, in `skipped`.
 
     Returns:
         a `Comparison`: `.table` (a row per method), `.predictors`, `.to_markdown()`, ...
@@ -110,27 +121,23 @@ def compare(
     val = labelled.pop("val")
     evaluation = Evaluation(model, labelled, unlabelled, batch_size, batch_fn, bins, ood_score)
 
-    fitted: dict[str, Any] = {}
-    seconds: dict[str, float] = {MODEL: 0.0}
+    run_key = {"seed": seed, "batch_size": batch_size, "bins": bins, "ood_score": ood_score,
+               "model": fingerprint(model), "val": fingerprint(val),
+               "sets": {n: fingerprint(d) for n, d in (labelled | unlabelled).items()}}  # fmt: skip
+    if resume and out is None:
+        raise ValueError("resume: needs out=, the folder of the run to resume")
+    state = State(out, run_key, resume, write=rank == 0)
+    fitting = Fitting(model, val, evaluation, state, seed=seed, progress=progress,
+                      batch_size=batch_size, batch_fn=batch_fn)  # fmt: skip
     table: list[dict[str, Any]] = []
     for i, spec in enumerate(specs):
-        base = model if spec.base == MODEL else as_base(fitted[spec.base], spec.method, spec.base)
-        site = registry.Site(
-            seed=seed,
-            progress=progress,
-            base=lambda base=base: base,
-            val=val,
-            score_points=MAX_SCORE_POINTS,
-        )
-        started = time.perf_counter()
-        predictor = registry.build(spec.method, site, **options(spec, batch_size, batch_fn))
-        seconds[spec.name] = chained_seconds(time.perf_counter() - started, spec.base, seconds)
-        fitted[spec.name] = predictor
-        row = {"method": spec.name, "base": spec.base, "fit_seconds": seconds[spec.name]}
-        table.append(row | evaluation(spec, predictor))
+        table.append(fitting.run(i, spec))
         say(_line(i, len(specs), table[-1]))
+    predictors = fitting.predictors()
     sets = {n: {"points": p, "kind": k} for n, (p, k) in evaluation.sizes.items()}
-    result = Comparison(table, fitted, evaluation.curves, skipped, sets, ood_score, metrics=shown)
+    result = Comparison(
+        table, predictors, evaluation.curves, skipped, sets, ood_score, metrics=shown
+    )
     if out is not None and rank == 0:
         paths = result.write(out, command or _command(specs, out))
         say(f"compare: wrote {', '.join(str(p) for p in paths)} and {len(result.figures)} figures")
@@ -165,7 +172,7 @@ class Evaluation:
             "memory_mb": None if size is None else size / 1e6,
             "chosen": ", ".join(f"{k} = {v:.3g}" for k, v in registry.scales(predictor).items()),
         }
-        test_logits = None
+        test_logits, curves, sizes = None, {}, {}
         for name, data in self.labelled.items():
             started = time.perf_counter()
             logits, y = distributed.labelled_member_logits(
@@ -174,16 +181,27 @@ class Evaluation:
             if name == TEST:
                 row["predict_seconds"] = time.perf_counter() - started
                 test_logits = logits
-            self.sizes[name] = (len(y), TEST if name == TEST else "shifted")
+            sizes[name] = (len(y), TEST if name == TEST else "shifted")
             row |= {column(k, name): v for k, v in labelled_metrics(logits, y).items()}
-            self.curves[name][spec.name] = metrics.reliability(logits, y, self.bins)
+            curves[name] = metrics.reliability(logits, y, self.bins)
         assert test_logits is not None
         for name, data in self.unlabelled.items():
             logits = distributed.member_logits(predictor, data, self.batch_size, self.batch_fn)
-            self.sizes[name] = (logits.shape[1], "ood")
+            sizes[name] = (logits.shape[1], "ood")
             scores = ood_detection(test_logits, logits, self.ood_score)
             row |= {column(k, name): v for k, v in scores.items()}
+        self.restore(spec.name, curves, sizes)  # kept once the whole row is made
         return row
+
+    def saved(self, method: str) -> dict[str, dict[str, Tensor]]:
+        """Method `method`'s reliability data per labelled set (what `restore` takes back)."""
+        return {n: c[method] for n, c in self.curves.items() if method in c}
+
+    def restore(self, method: str, curves: Mapping[str, Any], sizes: Mapping[str, Any]) -> None:
+        """Keep a method's reliability data and the sets' sizes (a saved method's)."""
+        for name, curve in curves.items():
+            self.curves[name][method] = dict(curve)
+        self.sizes |= {n: (int(p), str(k)) for n, (p, k) in sizes.items()}
 
 
 def _named(data: Any, default: str) -> dict[str, Data]:
@@ -231,6 +249,8 @@ def _inputs(data: Data, name: str) -> Data:
 
 
 def _line(i: int, n: int, row: dict[str, Any]) -> str:
+    if "failed" in row:
+        return f"compare [{i + 1}/{n}] {describe(row['method'], row['failed'])}"
     cost = "" if row["forwards"] is None else f", {row['forwards']:.3g} forwards/input"
     return (
         f"compare [{i + 1}/{n}] {row['method']}: fit {row['fit_seconds']:.1f} s{cost}; test "

@@ -79,8 +79,7 @@ def data(spec: str, what: str, labelled: bool = True) -> Any:
         if not path.is_file():
             raise FileNotFoundError(f"{what}: no file at {path}")
         if suffix == ".npz":
-            with np.load(path, allow_pickle=False) as f:
-                held: Any = {k: torch.from_numpy(_single(f[k])) for k in f.files}
+            held: Any = _npz(path, what)
         else:
             try:
                 held = torch.load(path, weights_only=True, map_location="cpu")
@@ -99,6 +98,16 @@ def data(spec: str, what: str, labelled: bool = True) -> Any:
         f"{what}: {spec!r} is neither a data set ({', '.join(datasets.names())}), a .npz or .pt "
         "file, nor module:function"
     )
+
+
+def _npz(path: Path, what: str) -> dict[str, Tensor]:
+    """The arrays of a `.npz` file (never a pickle); a ValueError naming `what` for a damaged,
+    truncated or foreign file (NumPy raises BadZipFile, EOFError, OSError or ValueError)."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            return {k: torch.from_numpy(_single(f[k])) for k in f.files}
+    except Exception as e:  # a truncated zip, a bad member, a planted pickle
+        raise ValueError(f"{what}: {path} is not a readable .npz file of arrays ({e})") from None
 
 
 def _single(a: np.ndarray) -> np.ndarray:

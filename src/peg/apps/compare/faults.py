@@ -1,0 +1,88 @@
+"""What `peg.compare` does when a method cannot run: found before any fitting where that is cheap
+(`precheck`: the reason the method is left out, listed in `Comparison.skipped`), or caught when
+it fails (`failure`: a table row's `"failed"`: the exception's type and message, and what the user
+can do), so that one failing method never loses the others' work.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from torch import nn
+
+from peg.apps import registry
+from peg.apps.bench.spec import MethodSpec
+from peg.methods._laplace_torch import INSTALL
+from peg.methods.dropout import MCDropout, dropout_modules
+from peg.methods.laplace import Laplace
+
+# (a piece of the message, what the user can do); the first match wins
+HINTS: tuple[tuple[str, str], ...] = (
+    (
+        "linear last layer",
+        "laplace-torch needs the model's output to come from an nn.Linear layer (its last "
+        "module): end the model with the Linear layer (an activation after it, e.g. a ReLU, "
+        "has to go), give last_layer_name=, or leave Laplace out",
+    ),
+    ("out of memory", "give a smaller batch_size (--batch-size)"),
+    ("laplace-torch", f"install laplace-torch: {INSTALL}"),
+)
+
+
+def last_module(model: nn.Module) -> nn.Module:
+    """The model's last leaf module in registration order (the one laplace-torch's last-layer
+    approximation takes for the output layer)."""
+    leaves = [m for m in model.modules() if not list(m.children())]
+    return leaves[-1] if leaves else model
+
+
+def precheck(spec: MethodSpec, model: nn.Module) -> str | None:
+    """Why `spec` cannot apply to `model`, found without fitting anything; None if it may."""
+    builder = registry.entry(spec.method)
+    method = getattr(builder, "method", None)
+    if method is MCDropout and "insert" not in spec.options and not dropout_modules(model):
+        return (
+            "the model has no dropout layer (give the method insert=p to put one before its "
+            "last layer)"
+        )
+    if method is Laplace:
+        if importlib.util.find_spec("laplace") is None:
+            return f"laplace-torch is not installed ({INSTALL})"
+        last_layer = spec.options.get("subset_of_weights", "last_layer") == "last_layer"
+        if last_layer and spec.options.get("last_layer_name") is None:
+            last = last_module(model)
+            if not isinstance(last, nn.Linear):
+                return (
+                    f"the model's last module is a {type(last).__name__}, not nn.Linear: "
+                    "laplace-torch's last-layer approximation needs the output to come from a "
+                    "Linear layer (give last_layer_name=, or end the model with the Linear)"
+                )
+    return None
+
+
+def hint(error: BaseException) -> str:
+    """What the user can do about `error` (empty when nothing specific is known)."""
+    text = str(error).lower()
+    for piece, advice in HINTS:
+        if piece in text:
+            return advice
+    if isinstance(error, ImportError):
+        return "install the missing package, or leave the method out"
+    return ""
+
+
+def failure(error: BaseException) -> dict[str, Any]:
+    """A failed method's `"failed"` entry: `{"type", "message", "hint"}` (JSON)."""
+    message = str(error).strip().splitlines()
+    return {
+        "type": type(error).__name__,
+        "message": (message[0] if message else "")[:500],
+        "hint": hint(error),
+    }
+
+
+def describe(name: str, error: dict[str, Any]) -> str:
+    """One line: `name: Type: message (hint)`."""
+    advice = f" ({error['hint']})" if error.get("hint") else ""
+    return f"{name}: {error['type']}: {error['message']}{advice}"

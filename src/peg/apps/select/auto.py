@@ -1,0 +1,308 @@
+"""`AutoSelect`: the best post-hoc predictor for a trained model, chosen by cross-fitting on its
+validation data only, under a cost budget (`peg.AutoSelect`; guide: docs/select.md).
+
+It lives among the applications because its candidates are `peg.compare`'s methods (named as in
+`peg.apps.compare.CATALOGUE`, built through the method registry); `peg.AutoSelect` imports it on
+first use, as `peg.compare`. Its archive is the chosen predictor's own (`save`), with the report
+in the archive's meta under `"auto_select"`: `peg.load(path, model)` gives the chosen predictor
+back (a `TemperatureScaling`, an `Ensemble`, ...), and nothing in the core knows AutoSelect.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from peg import archive
+from peg._inputs import Data
+from peg._rows import ValSource
+from peg._scalars import check_number, check_positive_int, check_seed
+from peg.apps import registry
+from peg.apps.compare.costs import probe_rows
+from peg.apps.compare.methods import _spec, options, resolve
+from peg.apps.select.cross import CrossFit
+from peg.apps.select.folds import CRITERIA, mean_se, stratified_folds
+from peg.apps.select.report import choose, to_markdown
+from peg.batches import BatchFn, check_batch_fn
+from peg.errors import NotFittedError
+from peg.methods._predictors import logits_and_labels, member_logits_of
+from peg.methods.base import Method, store_arguments
+
+# the default candidates (Laplace and MC dropout only where they apply: `faults.precheck`)
+DEFAULT_CANDIDATES = (
+    "TS",
+    "Vector scaling",
+    "Matrix scaling",
+    "Dirichlet",
+    "PEG",
+    "Last-layer PEG",
+    "TS → PEG",
+    "PEG + TS",
+    "PEP",
+    "Laplace",
+    "MC dropout",
+)
+
+
+class AutoSelect(Method):
+    """Choose, fit and report the best post-hoc predictor for `model` on validation data.
+
+    `fit(model, val)` cross-fits every candidate on `cv` stratified, seeded folds of `val` (the
+    same folds for all: paired per-point scores), drops the candidates over budget, picks the
+    best mean `criterion` (with `one_se`, the cheapest within one paired SE of it: see
+    `peg.apps.select.report`), refits it on all of `val`, and then predicts as it does.
+
+    Args:
+        candidates: names from `peg.apps.compare.CATALOGUE` ("TS", "Vector scaling", "PEG",
+            "PEG + TS", ...), `peg.apps.compare.method(...)` specs or mappings; a chained
+            candidate's base is added before it (and is a candidate too). None:
+            `DEFAULT_CANDIDATES` (Laplace only with laplace-torch and a Linear last module, MC
+            dropout only on a model with dropout).
+        cv: folds (≥ 2; every class needs at least `cv` validation points).
+        criterion: "nll" or "brier" (per point, lower is better).
+        max_forwards: drop candidates predicting with more forwards of the model per input
+            (measured as `peg.compare` does, on the first fold's predictor). None: no limit.
+        max_fit_seconds: drop candidates whose fit on all of `val` would take longer (estimated
+            from the first fold: its seconds × cv / (cv − 1)). None: no limit.
+        one_se: take the cheapest candidate within one paired SE of the best (else the best).
+        seed: the folds' and every candidate's seed.
+        progress: progress bar (None: only on a terminal).
+        nested: also estimate the whole procedure's score by nested cross-validation (`cv`
+            outer folds, each running the selection on the rest): `nested_` (`cv` × the cost).
+        batch_size, batch_fn: rows per forward pass; how to split loader batches.
+
+    Attributes (after `fit`):
+        predictor_: the chosen candidate refitted on all of `val`.
+        chosen_: its name.
+        report_: a row per candidate (dicts: "candidate", "cv_mean", "cv_se", "diff", "diff_se"
+            (paired, to the best), "forwards", "fit_seconds" (mean per fold), "status" ("chosen",
+            "kept", "dropped") and "why"); `to_markdown()` shows it.
+        score_: `{"criterion", "mean", "se"}`: the chosen candidate's CV score, optimistically
+            biased (it won on these folds); `nested_` is the honest estimate.
+        nested_: `{"mean", "se", "chosen"}` (the outer folds' choices) with `nested=True`, else
+            None.
+        meta_: what was fitted (method "auto-select", the choice, the settings).
+    """
+
+    def __init__(
+        self,
+        *,
+        candidates: Sequence[Any] | None = None,
+        cv: int = 5,
+        criterion: str = "nll",
+        max_forwards: float | None = None,
+        max_fit_seconds: float | None = None,
+        one_se: bool = True,
+        seed: int = 0,
+        progress: bool | None = None,
+        nested: bool = False,
+        batch_size: int = 512,
+        batch_fn: BatchFn | None = None,
+    ) -> None:
+        store_arguments(self, locals())
+
+    def _check_params(self) -> None:
+        check_positive_int(self.cv, "cv", minimum=2)
+        if self.criterion not in CRITERIA:
+            raise ValueError(f"criterion: expected one of {list(CRITERIA)}, got {self.criterion!r}")
+        for name in ("max_forwards", "max_fit_seconds"):
+            if getattr(self, name) is not None:
+                check_number(getattr(self, name), name)
+        check_seed(self.seed)
+        check_positive_int(self.batch_size, "batch_size")
+        check_batch_fn(self.batch_fn)
+        if self.candidates is not None:
+            if isinstance(self.candidates, (str, Mapping)) or not isinstance(
+                self.candidates, Sequence
+            ):
+                raise TypeError(f"candidates: expected a list, got {self.candidates!r}")
+            if not self.candidates:
+                raise ValueError("candidates: expected at least one candidate")
+            for i, entry in enumerate(self.candidates):
+                _named(lambda e=entry, i=i: _spec(e, f"candidates[{i}]"))
+
+    # ---------------------------------------------------------------- fitting
+    def fit(self, model: nn.Module, val: Data) -> AutoSelect:
+        """Cross-fit the candidates on `val`, choose, refit the choice on all of `val`."""
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model: expected a trained nn.Module, got {type(model).__name__}")
+        batch_fn = check_batch_fn(self.batch_fn)
+        source = ValSource(val, "val", batch_fn)
+        if not source.indexable:
+            raise TypeError("val: AutoSelect reads folds by index; an IterableDataset cannot be")
+        entries = list(DEFAULT_CANDIDATES if self.candidates is None else self.candidates)
+        specs, skipped = _named(lambda: resolve(entries, model))
+        site = registry.Site(seed=self.seed, progress=False)
+        made = ((s.name, s.method, options(s, self.batch_size, batch_fn)) for s in specs)
+        _named(lambda: registry.check_all(made, site))
+        logits, y = logits_and_labels(model, val, self.batch_size, batch_fn, "val")  # once
+        everything = torch.arange(len(y))
+        folds = stratified_folds(y, self.cv, self.seed)  # class counts checked before fitting
+        rows = probe_rows(val, batch_fn)
+        cross = self._cross(model, source, logits, y, specs, rows)
+        cross.run(folds, self._budget)
+        report, chosen = choose(cross, specs, everything, self.one_se, skipped)
+        chain = self._refit(cross, specs, chosen, everything)
+        self.predictor_ = chain[chosen]
+        row = next(r for r in report if r["candidate"] == chosen)
+        self.score_ = {"criterion": self.criterion, "mean": row["cv_mean"], "se": row["cv_se"]}
+        self.nested_ = self._nested(cross, specs, skipped, y) if self.nested else None
+        self.chosen_, self.report_ = chosen, report
+        self.meta_ = {
+            "method": "auto-select",
+            "chosen": chosen,
+            "criterion": self.criterion,
+            "cv": self.cv,
+            "one_se": self.one_se,
+            "seed": self.seed,
+            "score": self.score_,
+            # the scales fitted along the chosen chain (T of "TS → PEG"'s base: its archive is
+            # of `Scaled(model, T)`)
+            "scales": {n: registry.scales(p) for n, p in chain.items()},
+            "nested": self.nested_,
+            "report": report,
+        }
+        return self
+
+    def _cross(self, model: nn.Module, source: ValSource, logits: Tensor, y: Tensor,
+               specs: list[Any], rows: Any) -> CrossFit:  # fmt: skip
+        return CrossFit(
+            model, source, logits, y, specs, criterion=self.criterion, seed=self.seed,
+            batch_size=self.batch_size, batch_fn=check_batch_fn(self.batch_fn), rows=rows,
+            progress=self.progress,
+        )  # fmt: skip
+
+    def _budget(self, cross: CrossFit) -> None:
+        """After the first fold: drop the candidates over budget; a ValueError naming the
+        cheapest candidate's cost when none is left."""
+        scale = self.cv / (self.cv - 1)  # a fit on all points, from one on (cv − 1) / cv
+        fitted = [s.name for s in cross.specs if s.name not in cross.dropped]
+        for limit, label, cost in (
+            (self.max_forwards, "max_forwards", lambda n: cross.forwards.get(n)),
+            (self.max_fit_seconds, "max_fit_seconds", lambda n: cross.seconds[n][0] * scale),
+        ):
+            if limit is None or not fitted:
+                continue
+            costs = {n: cost(n) for n in fitted}
+            over = {n: c for n, c in costs.items() if c is not None and c > limit}
+            if len(over) == len(fitted):
+                name = min(over, key=lambda n: over[n])
+                unit = "forwards per input" if label == "max_forwards" else "s to fit (estimated)"
+                raise ValueError(
+                    f"{label}={limit}: every candidate is over the budget; the cheapest, {name}, "
+                    f"costs {over[name]:.3g} {unit}"
+                )
+            for n, c in over.items():
+                what = "forwards / input" if label == "max_forwards" else "s to fit, estimated"
+                cross.dropped[n] = f"over budget: {c:.3g} {what} > {label}={limit}"
+
+    def _refit(self, cross: CrossFit, specs: list[Any], name: str, idx: Tensor) -> dict[str, Any]:
+        """Candidate `name` and its bases fitted on the points `idx` (name → predictor)."""
+        by_name = {s.name: s for s in specs}
+        chain = [by_name[name]]
+        while chain[0].base in by_name:
+            chain.insert(0, by_name[chain[0].base])
+        fitted: dict[str, Any] = {}
+        for spec in chain:
+            fitted[spec.name] = cross.fit(spec, idx, fitted)[0]
+        return fitted
+
+    def _nested(self, cross: CrossFit, specs: list[Any], skipped: dict[str, str],
+                y: Tensor) -> dict[str, Any]:  # fmt: skip
+        """The whole selection scored by nested CV: per outer fold, select on the rest (inner
+        folds of it), refit the choice there, score it on the outer fold."""
+        outer = stratified_folds(y, self.cv, self.seed + 1)
+        points = torch.full((len(y),), float("nan"), dtype=torch.float64)
+        chosen: list[str] = []
+        for o, held in enumerate(outer):
+            rest = torch.cat([outer[j] for j in range(len(outer)) if j != o]).sort().values
+            inner = [rest[f] for f in stratified_folds(y[rest], self.cv, self.seed)]
+            sub = self._cross(cross.model, cross.source, cross.logits, y, specs, cross.rows)
+            sub.run(inner, self._budget)
+            name = choose(sub, specs, rest, self.one_se, skipped)[1]
+            by_name = {s.name: s for s in specs}
+            refit = self._refit(sub, specs, name, rest)[name]
+            points[held] = sub.score(by_name[name], refit, held)
+            chosen.append(name)
+        mean, se = mean_se(points)
+        return {"mean": mean, "se": se, "chosen": chosen}
+
+    # ---------------------------------------------------------------- predicting
+    def _fitted(self) -> Any:
+        if "predictor_" not in self.__dict__:
+            raise NotFittedError("AutoSelect: call fit(model, val) before predicting")
+        return self.predictor_
+
+    def member_logits(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:
+        """The chosen predictor's member logits `[M, N, C]`."""
+        size = self.batch_size if batch_size is None else batch_size
+        return member_logits_of(self._fitted(), X, size, kwargs.get("batch_fn", self.batch_fn))
+
+    def iter_member_logits(self, X: Data, batch_size: int | None = None,
+                           **kwargs: Any) -> Iterator[Tensor]:  # fmt: skip
+        """`member_logits` batch by batch (the chosen predictor's)."""
+        size = self.batch_size if batch_size is None else batch_size
+        return self._fitted().iter_member_logits(X, size, **kwargs)
+
+    def predict_proba(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:
+        """Averaged probabilities `[N, C]`."""
+        return self.member_logits(X, batch_size, **kwargs).softmax(-1).mean(0)
+
+    def predict(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:
+        """Predicted classes `[N]`."""
+        return self.predict_proba(X, batch_size, **kwargs).argmax(-1)
+
+    def __len__(self) -> int:
+        return len(self._fitted())
+
+    def to_markdown(self) -> str:
+        """`report_` as a markdown table, then the choice and its scores."""
+        self._fitted()
+        text = to_markdown(self.report_, self.criterion)
+        s = self.score_
+        text += (f"\nChosen: {self.chosen_} (CV {s['criterion']} {s['mean']:.4f} ± {s['se']:.4f}, "
+                 "optimistically biased: it won on these folds)")  # fmt: skip
+        if self.nested_ is not None:
+            n = self.nested_
+            text += f"; nested CV: {n['mean']:.4f} ± {n['se']:.4f}"
+        return text + "\n"
+
+    def save(self, path: str | os.PathLike[str]) -> str:
+        """The chosen predictor's archive (its own `save`) with the report in the meta under
+        `"auto_select"`; `peg.load(path, model)` gives the chosen predictor back."""
+        predictor = self._fitted()
+        if not callable(getattr(predictor, "save", None)):
+            raise TypeError(f"AutoSelect: the chosen {self.chosen_} cannot be saved")
+        with tempfile.TemporaryDirectory() as folder:
+            tmp = Path(folder) / "chosen.peg"
+            saved = predictor.save(str(tmp))
+            header = archive.read_header(saved)
+            stacked, shared = archive.read_tensors(saved, header)
+            calibration = archive.read_calibration(saved, header)
+        meta = {**header["meta"], "auto_select": _json(self.meta_)}
+        return archive.write(path, stacked, shared, meta, header["architecture"], calibration)
+
+
+def _named(call: Any) -> Any:
+    """`call()`, its errors naming `candidates` (compare's name them `methods`)."""
+    try:
+        return call()
+    except (TypeError, ValueError) as e:
+        raise type(e)(str(e).replace("methods", "candidates")) from None
+
+
+def _json(value: Any) -> Any:
+    """`value` with non-finite floats as None (archive meta is strict JSON)."""
+    if isinstance(value, float):
+        return value if value == value and abs(value) != float("inf") else None
+    if isinstance(value, dict):
+        return {k: _json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json(v) for v in value]
+    return value

@@ -1,0 +1,168 @@
+"""`CrossFit`: every candidate of `AutoSelect` fitted on K − 1 folds and scored on the held-out
+fold, the same folds for every candidate (paired per-point scores), under the budgets.
+
+Shared work is done once: the model's logits on the validation set are computed once (by
+`AutoSelect.fit`) and every calibrator fitted on the model itself (temperature, vector and
+matrix scaling, Dirichlet, binning, isotonic) is fitted on the fold's rows of those logits and
+scores the held-out rows of them, with no forward pass; a chained candidate ("PEG + TS") is
+fitted on its base's predictor of the same fold. The other candidates (PEG, PEP, Laplace, MC
+dropout) are fitted through the method registry on a view of the fold (`folds.view`: indices
+over the validation data, nothing gathered) and predict the held-out view.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from peg._progress import bar
+from peg._rows import ValSource
+from peg.apps import registry
+from peg.apps.bench.spec import MethodSpec
+from peg.apps.chain import as_base
+from peg.apps.compare.costs import forwards
+from peg.apps.compare.faults import failure
+from peg.apps.compare.methods import MODEL, options
+from peg.apps.select.folds import point_scores, view
+from peg.methods._perturb import MAX_SCORE_POINTS
+from peg.methods._predictors import logits_and_labels
+
+# registry keys fitted on the model's cached validation logits
+ON_LOGITS = (
+    "temperature",
+    "vector-scaling",
+    "matrix-scaling",
+    "dirichlet",
+    "histogram-binning",
+    "isotonic",
+)
+
+
+class Logits(nn.Module):
+    """The identity on logits, as a model (a calibrator fitted on cached logits reads them
+    through it; its empty parameter tells where the logits live)."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        self.anchor = nn.Parameter(torch.zeros(0, device=device), requires_grad=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x
+
+
+class CrossFit:
+    """Cross-fit `specs` on `model` (see the module doc): `run(folds)` fills `points` (name →
+    out-of-fold scores `[N]`), `seconds` (name → fit seconds per fold, a chained candidate's
+    base's included), `forwards` (name → prediction cost, measured on the first fold's
+    predictor) and `dropped` (name → why)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        source: ValSource,
+        logits: Tensor,
+        y: Tensor,
+        specs: list[MethodSpec],
+        *,
+        criterion: str,
+        seed: int,
+        batch_size: int,
+        batch_fn: Any,
+        rows: Any,
+        progress: bool | None = None,
+    ) -> None:
+        self.model, self.source, self.logits, self.y = model, source, logits, y
+        self.specs, self.criterion, self.seed = specs, criterion, seed
+        self.batch_size, self.batch_fn, self.rows = batch_size, batch_fn, rows
+        self.progress = progress
+        n = len(y)
+        self.points = {s.name: torch.full((n,), float("nan"), dtype=torch.float64) for s in specs}
+        self.seconds: dict[str, list[float]] = {s.name: [] for s in specs}
+        self.forwards: dict[str, float | None] = {}
+        self.dropped: dict[str, str] = {}
+        self._fold_seconds: dict[str, float] = {}  # this fold's, chained
+
+    # ---------------------------------------------------------------- one candidate
+    def fit(self, spec: MethodSpec, idx: Tensor, fitted: dict[str, Any]) -> tuple[Any, float]:
+        """`spec` fitted on the points `idx` (its base: `fitted[spec.base]`, of the same
+        points); returns the predictor and its own fit seconds."""
+        on_logits = spec.base == MODEL and spec.method in ON_LOGITS
+        if on_logits:
+            base: Any = Logits(self.logits.device)  # the logits are the inputs
+            val: Any = (self.logits[0][idx], self.y[idx])
+            made = options(spec, self.batch_size, None)
+        else:
+            base = self.model
+            if spec.base != MODEL:
+                base = as_base(fitted[spec.base], spec.method, spec.base)
+            val = view(self.source, idx)
+            made = options(spec, self.batch_size, self.batch_fn)
+        site = registry.Site(
+            seed=self.seed,
+            progress=False,
+            base=lambda: base,
+            val=val,
+            score_points=MAX_SCORE_POINTS,
+        )
+        started = time.perf_counter()
+        predictor = registry.build(spec.method, site, **made)
+        seconds = time.perf_counter() - started
+        if on_logits:  # the map acts on the model's logits: predict through the model
+            predictor._set_fitted(self.model, {})
+        return predictor, seconds
+
+    def score(self, spec: MethodSpec, predictor: Any, idx: Tensor) -> Tensor:
+        """Per-point scores `[len(idx)]` of `predictor` on the points `idx`."""
+        if registry.entry(spec.method) is registry.Base and spec.base == MODEL:
+            logits = self.logits[:, idx]
+        elif spec.base == MODEL and spec.method in ON_LOGITS:
+            logits = predictor.scale(self.logits[:, idx])
+        else:
+            data = view(self.source, idx)
+            logits, _ = logits_and_labels(predictor, data, self.batch_size, self.batch_fn, "val")
+        return point_scores(logits, self.y[idx], self.criterion)
+
+    # ---------------------------------------------------------------- every candidate, every fold
+    def run(self, folds: list[Tensor], budget: Any) -> None:
+        """Cross-fit every candidate over `folds`; `budget(self)` is called after the first
+        fold (it drops what is over budget, or raises)."""
+        steps = [(f, s) for f in range(len(folds)) for s in self.specs]
+        fitted: dict[str, Any] = {}
+        for f, spec in bar(steps, "AutoSelect: cross-fitting", len(steps), self.progress):
+            if spec is self.specs[0]:
+                fitted, self._fold_seconds = {}, {}  # a new fold: its own predictors
+            held = folds[f]
+            train = torch.cat([folds[j] for j in range(len(folds)) if j != f]).sort().values
+            self._one(spec, f, train, held, fitted)
+            if f == 0 and spec is self.specs[-1]:
+                budget(self)
+
+    def _needed(self) -> set[str]:
+        active = [s for s in self.specs if s.name not in self.dropped]
+        return {s.name for s in active} | {s.base for s in active}
+
+    def _one(
+        self, spec: MethodSpec, f: int, train: Tensor, held: Tensor, fitted: dict[str, Any]
+    ) -> None:
+        name = spec.name
+        if name not in self._needed():
+            return
+        if spec.base != MODEL and spec.base not in fitted:
+            self.dropped.setdefault(name, f"its base, {spec.base}, failed")
+            return
+        try:
+            predictor, own = self.fit(spec, train, fitted)
+            fitted[name] = predictor
+            self._fold_seconds[name] = own + self._fold_seconds.get(spec.base, 0.0)
+            if name in self.dropped:
+                return  # fitted as the base of a kept candidate only
+            self.points[name][held] = self.score(spec, predictor, held)
+            self.seconds[name].append(self._fold_seconds[name])
+            if f == 0:
+                self.forwards[name] = forwards(predictor, self.model, self.rows)
+        except Exception as e:  # a failing candidate is dropped; the others go on
+            error = failure(e)
+            self.dropped[name] = f"failed: {error['type']}: {error['message']}"

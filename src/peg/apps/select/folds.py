@@ -1,0 +1,77 @@
+"""The pieces of `AutoSelect`'s cross-fitting that know nothing of methods: stratified, seeded
+folds as index sets (`stratified_folds`), a view of labelled data at some indices that reads
+nothing until it is used (`view`), per-point scores (`point_scores`) and the paired statistics
+of the selection (`mean_se`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Subset
+
+from peg._rows import ValSource
+from peg.metrics._inputs import ensemble_log_probs
+
+CRITERIA = ("nll", "brier")
+
+
+def stratified_folds(y: Tensor, k: int, seed: int) -> list[Tensor]:
+    """`k` disjoint index sets `[n_i]` covering `range(len(y))`, each class spread evenly over
+    them (its points shuffled with `seed`, then dealt out in turn); every class with at least
+    `k` points is in every fold, so a fold's complement has every class the data has. A
+    ValueError naming the class when one has fewer than `k` points."""
+    classes, counts = torch.unique(y, return_counts=True)
+    short = [(int(c), int(n)) for c, n in zip(classes, counts, strict=True) if n < k]
+    if short:
+        c, n = short[0]
+        raise ValueError(
+            f"cv: {k} folds need at least {k} validation points of every class; class {c} has "
+            f"{n} (a fold would miss it: give a smaller cv or more validation data)"
+        )
+    g = torch.Generator().manual_seed(int(seed))
+    folds: list[list[Tensor]] = [[] for _ in range(k)]
+    start = 0  # the fold the next class starts at, so that fold sizes stay within one point
+    for c in classes:
+        members = torch.nonzero(y == c).flatten()
+        members = members[torch.randperm(len(members), generator=g)]
+        for j in range(k):
+            folds[(start + j) % k].append(members[j::k])
+        start = (start + len(members)) % k
+    return [torch.sort(torch.cat(parts)).values for parts in folds]
+
+
+def view(source: ValSource, idx: Tensor) -> Any:
+    """The labelled data of `source` at indices `idx`, as methods take data: a pair of tensors
+    for a pair (indexed), a `Subset` of a Dataset, a DataLoader over the `Subset` with the
+    loader's batch size and `collate_fn` (nothing is read until the view is)."""
+    if source.X is not None and source.y is not None:
+        return source.X[idx], source.y[idx]
+    subset = Subset(source.dataset, idx.tolist())
+    if source.loader is None:
+        return subset
+    loader = source.loader
+    return DataLoader(subset, batch_size=loader.batch_size, collate_fn=loader.collate_fn)
+
+
+def point_scores(logits: Tensor, y: Tensor, criterion: str) -> Tensor:
+    """Per-point scores `[N]` (float64, lower is better) of member logits `[M, N, C]`: the NLL
+    of the averaged prediction, or its Brier score (summed over classes)."""
+    log_p = ensemble_log_probs(logits)
+    y = y.to(log_p.device).long()
+    if criterion == "nll":
+        return -log_p.gather(1, y[:, None])[:, 0]
+    p = log_p.exp()
+    p[torch.arange(len(y)), y] -= 1.0
+    return (p * p).sum(1)
+
+
+def mean_se(points: Tensor) -> tuple[float, float]:
+    """Mean and standard error (sample std / √n) of per-point values `[N]`."""
+    n = points.numel()
+    mean = float(points.mean())
+    se = float(points.std(unbiased=True)) / math.sqrt(n) if n > 1 else float("nan")
+    return mean, se

@@ -1,0 +1,209 @@
+"""`peg.AutoSelect` on constructed problems whose right answer is known, its budgets, the data it
+reads, save / load, the command line and bad input.
+
+The bases are logits-level: the inputs are true logits z (labels drawn from softmax(z)) and the
+model is a Linear layer that miscalibrates them in a known way (z·T: exactly temperature-
+miscalibrated; z·diag(t): every class differently), so the candidates that can undo it are known.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+
+import pytest
+import torch
+from sklearn.base import clone
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import peg
+from peg.apps.cli import main
+from peg.apps.select import AutoSelect
+from peg.archive import read_header
+from peg.errors import NotFittedError
+
+SCALERS = ["TS", "Vector scaling", "Matrix scaling"]
+
+
+def problem(n: int, classes: int, scale: list[float], seed: int = 0):
+    """Inputs z `[n, C]` (true logits), labels drawn from softmax(z), and the model
+    z → z·diag(scale)."""
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(n, classes, generator=g) * 2.0
+    y = torch.multinomial(z.softmax(-1), 1, generator=g)[:, 0]
+    model = nn.Linear(classes, classes)
+    with torch.no_grad():
+        model.weight.copy_(torch.diag(torch.tensor(scale)))
+        model.bias.zero_()
+    return model.eval(), (z, y)
+
+
+def test_an_exactly_temperature_miscalibrated_base_keeps_ts_by_one_se():
+    model, val = problem(1500, 4, [3.0] * 4)
+    sel = AutoSelect(candidates=SCALERS, cv=5, progress=False).fit(model, val)
+    rows = {r["candidate"]: r for r in sel.report_}
+    assert sel.chosen_ == "TS" and rows["TS"]["within_1se"]
+    # the richer scalers are no better than TS beyond the noise
+    best = min(rows.values(), key=lambda r: r["cv_mean"])
+    assert rows["TS"]["cv_mean"] - best["cv_mean"] <= rows["TS"]["diff_se"] + 1e-12
+    assert sel.predictor_.temperature_ == pytest.approx(3.0, rel=0.15)
+    assert sel.score_["mean"] == rows["TS"]["cv_mean"]
+
+
+def test_classes_miscalibrated_differently_choose_vector_or_matrix_scaling():
+    model, val = problem(2000, 4, [0.4, 1.0, 3.0, 6.0])
+    sel = AutoSelect(candidates=SCALERS, cv=5, progress=False).fit(model, val)
+    rows = {r["candidate"]: r for r in sel.report_}
+    assert sel.chosen_ in ("Vector scaling", "Matrix scaling")
+    assert not rows["TS"]["within_1se"]  # TS is worse by more than a paired SE
+
+
+def test_150_points_do_not_choose_unregularised_matrix_scaling():
+    model, val = problem(150, 10, [3.0] * 10)
+    sel = AutoSelect(candidates=["TS", "Matrix scaling"], cv=3, one_se=False, progress=False)
+    sel.fit(model, val)
+    rows = {r["candidate"]: r for r in sel.report_}
+    assert sel.chosen_ != "Matrix scaling"
+    assert rows["Matrix scaling"]["cv_mean"] > rows["TS"]["cv_mean"]
+
+
+def test_the_validation_logits_are_computed_once_for_the_calibrators():
+    model, val = problem(400, 3, [2.0] * 3)
+    seen: list[int] = []
+    model.register_forward_hook(lambda m, i, o: seen.append(len(i[0])))
+    AutoSelect(candidates=SCALERS, cv=4, progress=False).fit(model, val)
+    assert [n for n in seen if n > 2] == [400]  # one pass; the cost probes read 2 rows
+
+
+def test_the_budgets_drop_candidates_and_say_why():
+    model, val = problem(1200, 3, [2.0] * 3)
+    sel = AutoSelect(candidates=["TS", "PEG"], cv=2, max_forwards=2, progress=False)
+    rows = {r["candidate"]: r for r in sel.fit(model, val).report_}
+    assert rows["PEG"]["status"] == "dropped" and "max_forwards=2" in rows["PEG"]["why"]
+    assert rows["PEG"]["forwards"] == pytest.approx(15) and sel.chosen_ == "TS"
+
+
+def test_a_loader_is_read_by_index_and_gives_the_pairs_scores():
+    model, (X, y) = problem(600, 3, [2.0] * 3)
+    kw = {"candidates": ["TS", "PEG"], "cv": 2, "progress": False}
+    pair = AutoSelect(**kw).fit(model, (X, y))
+    loader = AutoSelect(**kw).fit(model, DataLoader(TensorDataset(X, y), batch_size=64))
+    for a, b in zip(pair.report_, loader.report_, strict=True):
+        assert a["cv_mean"] == pytest.approx(b["cv_mean"], rel=1e-5), a["candidate"]
+
+
+def test_nested_cv_gives_the_honest_estimate():
+    model, val = problem(600, 3, [3.0] * 3)
+    sel = AutoSelect(candidates=["TS", "Vector scaling"], cv=3, nested=True, progress=False)
+    sel.fit(model, val)
+    assert len(sel.nested_["chosen"]) == 3 and sel.nested_["se"] > 0
+    assert "nested CV" in sel.to_markdown()
+
+
+def test_save_and_load_give_the_chosen_predictor_back(tmp_path):
+    model, val = problem(500, 3, [3.0] * 3)
+    sel = AutoSelect(candidates=SCALERS, cv=3, progress=False).fit(model, val)
+    path = sel.save(tmp_path / "chosen.peg")
+    loaded = peg.load(path, nn.Linear(3, 3))
+    X = val[0][:50]
+    assert torch.allclose(loaded.predict_proba(X), sel.predict_proba(X), atol=1e-6)
+    assert read_header(path)["meta"]["auto_select"]["chosen"] == sel.chosen_
+
+
+def test_the_method_contract():
+    sel = AutoSelect(candidates=["TS"], cv=3)
+    assert clone(sel).get_params() == sel.get_params() and "cv=3" in repr(sel)
+    with pytest.raises(NotFittedError):
+        sel.predict_proba(torch.zeros(2, 3))
+    with pytest.raises(NotFittedError):
+        _ = sel.chosen_
+    model, val = problem(90, 3, [2.0] * 3)
+    assert sel.fit(model, val) is sel and len(sel) == 1
+    assert sel.member_logits(val[0]).shape == (1, 90, 3)
+    assert peg.AutoSelect is AutoSelect
+
+
+def test_peg_select_prints_the_report_and_saves(tmp_path, monkeypatch, capsys):
+    model, (X, y) = problem(300, 3, [3.0] * 3)
+    torch.save({"x": X, "y": y}, tmp_path / "val.pt")
+    torch.save(model.state_dict(), tmp_path / "w.pt")
+    (tmp_path / "selmodel.py").write_text(
+        "import torch\nfrom torch import nn\ndef build():\n    m = nn.Linear(3, 3)\n"
+        "    m.load_state_dict(torch.load('w.pt', weights_only=True))\n    return m\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "selmodel", raising=False)
+    argv = ["select", "--model", "selmodel:build", "--val", "val.pt", "--candidates", "TS",
+            "Vector scaling", "--cv", "3", "--save", "out", "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    assert "| TS |" in capsys.readouterr().out
+    written = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert (
+        written["chosen"] in ("TS", "Vector scaling")
+        and (tmp_path / "out" / "chosen.peg").is_file()
+    )
+
+
+def _fit(candidates=("TS",), n=200, classes=3, **kw) -> Callable[[], object]:
+    def call() -> object:
+        model, val = problem(n, classes, [2.0] * classes)
+        return AutoSelect(candidates=list(candidates), progress=False, **kw).fit(model, val)
+
+    return call
+
+
+def _one_point_class() -> object:
+    model, (X, y) = problem(60, 3, [2.0] * 3)
+    y = y.clone()
+    y[y == 2] = 0
+    y[0] = 2  # class 2: one point; a 2-fold split leaves it out of one fold's training part
+    return AutoSelect(candidates=["TS"], cv=2, progress=False).fit(model, (X, y))
+
+
+ERROR_CASES: list[tuple[str, str, Callable[[], object], type[Exception], str]] = [
+    ("select", "unknown candidate", lambda: AutoSelect(candidates=["TS", "Platt"]),
+     ValueError, r"candidates\[1\]: unknown method 'Platt'"),
+    ("select", "candidates not a list", lambda: AutoSelect(candidates="TS"),
+     TypeError, r"candidates: expected a list"),
+    ("select", "cv below 2", lambda: AutoSelect(cv=1), ValueError, r"cv"),
+    ("select", "unknown criterion", lambda: AutoSelect(criterion="ece"),
+     ValueError, r"criterion: expected one of \['nll', 'brier'\]"),
+    ("select", "a forwards budget that excludes everything", _fit(("TS",), max_forwards=0.5),
+     ValueError, r"max_forwards=0.5: every candidate is over the budget; the cheapest, TS, "
+     r"costs 1 forwards per input"),
+    ("select", "a fit budget that excludes everything",
+     _fit(("TS", "Vector scaling"), max_fit_seconds=1e-12),
+     ValueError, r"max_fit_seconds=1e-12: every candidate is over the budget; the cheapest, "
+     r".* s to fit"),
+    ("select", "cv larger than a class's count", _fit(n=12, cv=5),
+     ValueError, r"cv: 5 folds need at least 5 validation points of every class; class \d has"),
+    ("select", "folds with a class missing (a class of one point)", _one_point_class,
+     ValueError, r"cv: 2 folds need at least 2 .* class 2 has 1"),
+    ("select", "model not a module",
+     lambda: AutoSelect(candidates=["TS"]).fit("model", problem(20, 2, [1.0, 1.0])[1]),
+     TypeError, r"model: expected a trained nn.Module"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("area", "what", "call", "kind", "regex"), ERROR_CASES)
+def test_bad_input(area, what, call, kind, regex):
+    with pytest.raises(kind, match=regex):
+        call()
+
+
+def test_a_chosen_ts_then_peg_loads_around_the_scaled_model(tmp_path, monkeypatch):
+    from peg.apps.chain import Scaled
+    from peg.apps.select import auto
+
+    choose = auto.choose  # TS, its base, is a candidate too and may win: make TS → PEG win
+    monkeypatch.setattr(auto, "choose", lambda *a, **k: (choose(*a, **k)[0], "TS → PEG"))
+    model, val = problem(600, 3, [3.0] * 3)
+    sel = AutoSelect(candidates=["TS → PEG"], cv=2, progress=False).fit(model, val)
+    assert sel.chosen_ == "TS → PEG"
+    path = sel.save(tmp_path / "chosen.peg")
+    T = read_header(path)["meta"]["auto_select"]["scales"]["TS"]["T"]
+    loaded = peg.load(path, Scaled(nn.Linear(3, 3), T), val=val)
+    X = val[0][:40]
+    assert torch.allclose(loaded.predict_proba(X), sel.predict_proba(X), atol=1e-5)
