@@ -1,0 +1,147 @@
+"""What split conformal prediction is made of, as pure functions of tensors (Vovk et al. 2005;
+Angelopoulos & Bates 2021), and the one pass over labelled data that fitting takes.
+
+- `check_alpha`, `quantile_rank(n, alpha)`: the finite-sample rank k = ⌈(n + 1)(1 − α)⌉,
+  computed exactly on α's binary value (`fractions.Fraction`), so that n = 99, α = 0.1 gives
+  k = 90 (a float product gives 90.00000000000001 and k = 91);
+- `conformal_quantile(scores, alpha)`: the k-th smallest score (k / n as a quantile level);
+- `class_scores(probs, score, ...)`: the nonconformity score of every class `[N, C]`, float64:
+  LAC 1 − p̂_c, APS the probability mass of the classes ranked before c plus p̂_c (times u, the
+  randomised variant's uniform draw), RAPS the APS score plus λ·(rank − k_reg)⁺; a set is
+  `{c : score_c ≤ q̂}` (`sets_from_scores`), so a label is in its set exactly when its score,
+  the calibration score of that point, is at most q̂, which is what the guarantee needs;
+- `labelled_batches(predictor, data, ...)`: `(member logits [M, B, C], labels [B])` batch by
+  batch, one pass, the inputs never gathered (loaders through a `peg.batches.Tapped` stream).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from peg._inputs import Data, as_xy, checked_labels
+from peg.batches import BatchFn, Tapped
+from peg.errors import NotStreamable
+from peg.methods._predictors import (
+    in_memory,
+    iter_member_logits_of,
+    member_logits_of,
+    predictor_device,
+)
+
+SCORES = ("lac", "aps", "raps")
+
+
+def check_alpha(alpha: Any, name: str = "alpha") -> float:
+    """`alpha` as a float if it is a number in (0, 1), else a ValueError naming `name`."""
+    ok = isinstance(alpha, (int, float, np.integer, np.floating)) and not isinstance(alpha, bool)
+    if not ok or not math.isfinite(float(alpha)) or not 0 < float(alpha) < 1:
+        raise ValueError(f"{name}: expected a miscoverage level in (0, 1), got {alpha!r}")
+    return float(alpha)
+
+
+def quantile_rank(n: int, alpha: float, what: str = "val") -> int:
+    """k = ⌈(n + 1)(1 − α)⌉, exactly; a ValueError naming `what` when k > n (n < 1/α − 1:
+    too few points for a finite quantile)."""
+    k = math.ceil((n + 1) * (1 - Fraction(alpha)))
+    if k > n:
+        need = min_points(alpha)
+        raise ValueError(
+            f"{what}: {n} calibration points are too few for alpha={alpha:g}: split conformal "
+            f"needs n >= 1/alpha - 1 = {need} (the ⌈(n+1)(1-alpha)⌉-th score must exist)"
+        )
+    return max(k, 1)
+
+
+def min_points(alpha: float) -> int:
+    """The fewest points the quantile at level α exists for: ⌈1/α − 1⌉ (at least 1)."""
+    return max(1, math.ceil(1 / Fraction(alpha) - 1))
+
+
+def conformal_quantile(scores: Tensor, alpha: float, what: str = "val") -> float:
+    """The ⌈(n + 1)(1 − α)⌉-th smallest of `scores` `[n]` (a selection, O(n))."""
+    k = quantile_rank(int(scores.numel()), alpha, what)
+    return float(torch.kthvalue(scores.double().cpu(), k).values)
+
+
+def ensemble_probs(logits: Tensor) -> Tensor:
+    """The averaged probabilities `[B, C]` of member logits `[M, B, C]`, float64, computed as
+    every peg predictor's `predict_proba` does (softmax, then the mean over members)."""
+    return logits.softmax(-1).mean(0).double()
+
+
+def class_scores(
+    probs: Tensor, score: str, k_reg: int = 1, lam: float = 0.0, u: Tensor | None = None
+) -> Tensor:
+    """The nonconformity score of every class, `[B, C]` float64, from probabilities `[B, C]`
+    (see the module doc); `u` `[B]`, uniform in [0, 1), randomises APS/RAPS (None: u = 1)."""
+    p = probs.double()
+    if score == "lac":
+        return 1 - p
+    # classes by decreasing probability; ties in index order, so fit and predict agree
+    order = p.argsort(dim=-1, descending=True, stable=True)
+    sorted_p = p.gather(-1, order)
+    cum = sorted_p.cumsum(-1)
+    if u is not None:  # mass before the class plus u times its own
+        cum = cum - (1 - u.double()[:, None]) * sorted_p
+    if score == "raps" and lam > 0:
+        rank = torch.arange(1, p.shape[-1] + 1, dtype=torch.float64, device=p.device)
+        cum = cum + lam * (rank - k_reg).clamp_min(0)
+    return torch.empty_like(cum).scatter_(-1, order, cum)
+
+
+def check_scores(scores: Tensor, what: str) -> None:
+    """A ValueError naming `what` when scores are NaN (the predictor gave NaN probabilities)."""
+    if torch.isnan(scores).any():
+        bad = int(torch.isnan(scores).reshape(len(scores), -1).any(-1).sum())
+        raise ValueError(
+            f"{what}: NaN nonconformity scores for {bad} points (the predictor's probabilities "
+            "are NaN there)"
+        )
+
+
+def sets_from_scores(scores: Tensor, q: Tensor | float) -> Tensor:
+    """Prediction sets `[B, C]` bool: class c is in when its score is at most q̂ (a number, or
+    `[C]` per class for class-conditional quantiles)."""
+    return scores <= (q.to(scores.device) if isinstance(q, Tensor) else q)
+
+
+def labelled_batches(
+    predictor: Any, data: Data, batch_size: int, batch_fn: BatchFn | None, name: str
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """`(member logits [M, B, C], labels [B])` per batch of labelled `data`, in one pass (a
+    predictor that cannot stream, a lazy PEG/PEP or a foreign object, gives one batch)."""
+    device = predictor_device(predictor)
+    tapped: Tapped | None = None
+    y: Tensor | None = None
+    if in_memory(data):
+        X, y = as_xy(data, name, device=device)
+    elif isinstance(data, (tuple, list)):
+        raise TypeError(
+            f"{name}: expected a pair (X, y) of tensors or arrays, a mapping, a Dataset or a "
+            f"DataLoader, got a {type(data).__name__} of {len(data)}"
+        )
+    else:
+        X = tapped = Tapped(data, batch_fn, name)
+        batch_fn = None  # the stream carries its own
+    try:
+        batches = iter_member_logits_of(predictor, X, batch_size, batch_fn)
+    except NotStreamable:
+        batches = iter([member_logits_of(predictor, X, batch_size, batch_fn)])
+    n = 0
+    for logits in batches:
+        rows = logits.shape[1]
+        if tapped is not None:
+            labels, tapped.labels_seen = tapped.labels(), []
+            labels = checked_labels(labels, name, rows, device)
+        else:
+            assert y is not None
+            labels = y[n : n + rows]
+        n += rows
+        yield logits, labels
