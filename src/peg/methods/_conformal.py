@@ -2,8 +2,9 @@
 Angelopoulos & Bates 2021), and the one pass over labelled data that fitting takes.
 
 - `check_alpha`, `quantile_rank(n, alpha)`: the finite-sample rank k = ⌈(n + 1)(1 − α)⌉,
-  computed exactly on α's binary value (`fractions.Fraction`), so that n = 99, α = 0.1 gives
-  k = 90 (a float product gives 90.00000000000001 and k = 91);
+  computed exactly on α as written (the shortest decimal of the float, `fractions.Fraction`),
+  so that n = 99, α = 0.45 gives k = 55 (the float product 100 · 0.55 is 55.00000000000001,
+  whose ceiling is 56);
 - `conformal_quantile(scores, alpha)`: the k-th smallest score (k / n as a quantile level);
 - `class_scores(probs, score, ...)`: the nonconformity score of every class `[N, C]`, float64:
   LAC 1 − p̂_c, APS the probability mass of the classes ranked before c plus p̂_c (times u, the
@@ -49,7 +50,7 @@ def check_alpha(alpha: Any, name: str = "alpha") -> float:
 def quantile_rank(n: int, alpha: float, what: str = "val") -> int:
     """k = ⌈(n + 1)(1 − α)⌉, exactly; a ValueError naming `what` when k > n (n < 1/α − 1:
     too few points for a finite quantile)."""
-    k = math.ceil((n + 1) * (1 - Fraction(alpha)))
+    k = math.ceil((n + 1) * (1 - _decimal(alpha)))
     if k > n:
         need = min_points(alpha)
         raise ValueError(
@@ -59,9 +60,14 @@ def quantile_rank(n: int, alpha: float, what: str = "val") -> int:
     return max(k, 1)
 
 
+def _decimal(alpha: float) -> Fraction:
+    """α exactly as written: the shortest decimal that gives the float back (0.1 is 1/10)."""
+    return Fraction(repr(float(alpha)))
+
+
 def min_points(alpha: float) -> int:
     """The fewest points the quantile at level α exists for: ⌈1/α − 1⌉ (at least 1)."""
-    return max(1, math.ceil(1 / Fraction(alpha) - 1))
+    return max(1, math.ceil(1 / _decimal(alpha) - 1))
 
 
 def conformal_quantile(scores: Tensor, alpha: float, what: str = "val") -> float:
