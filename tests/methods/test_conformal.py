@@ -144,7 +144,7 @@ def test_class_conditional_quantiles_are_per_class():
     p = torch.from_numpy(_probs(model, XC))
     s = class_scores(p, "lac").gather(1, YC[:, None])[:, 0]
     for c in range(2):
-        assert float(cp.quantile_[c]) == conformal_quantile(s[YC == c], 0.1)
+        assert float(cp.quantile_[c]) == conformal_quantile(s[torch.eq(YC, c)], 0.1)
     sets = cp.predict_set(XT)
     scores = class_scores(torch.from_numpy(_probs(model, XT)), "lac")
     assert torch.equal(sets, scores <= cp.quantile_)

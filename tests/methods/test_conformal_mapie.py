@@ -23,10 +23,10 @@ import peg
 from peg.methods._conformal import class_scores, conformal_quantile
 
 pytest.importorskip("mapie")
-from mapie.classification import SplitConformalClassifier  # noqa: E402
-from mapie.conformity_scores import APSConformityScore  # noqa: E402
-from mapie.regression import SplitConformalRegressor  # noqa: E402
-from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin  # noqa: E402
+from mapie.classification import SplitConformalClassifier
+from mapie.conformity_scores import APSConformityScore
+from mapie.regression import SplitConformalRegressor
+from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 
 C = 5
 
