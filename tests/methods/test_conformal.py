@@ -37,15 +37,14 @@ def _probs(model: nn.Module, x: torch.Tensor) -> np.ndarray:
 # ------------------------------------------------------------------ literal references
 def ref_score(p: np.ndarray, c: int, score: str, u: float = 1.0, k_reg=1, lam=0.0) -> float:
     """The nonconformity score of class c for one row of probabilities, from the papers'
-    formulas, one class at a time (ties: the lower index ranks first)."""
+    formulas, one class at a time: the mass of the classes more probable than c, plus u·p̂_c
+    (equal probabilities share a rank)."""
     if score == "lac":
         return 1.0 - p[c]
-    order = sorted(range(len(p)), key=lambda j: (-p[j], j))
-    rank = order.index(c) + 1  # 1-based
-    before = sum(p[j] for j in order[: rank - 1])
-    s = before + u * p[c]
+    above = [j for j in range(len(p)) if p[j] > p[c]]
+    s = sum(p[j] for j in above) + u * p[c]
     if score == "raps":
-        s += lam * max(0, rank - k_reg)
+        s += lam * max(0, len(above) + 1 - k_reg)
     return s
 
 
@@ -103,6 +102,22 @@ def test_sets_match_the_literal_reference(score, randomized, lam):
             s = ref_score(p_test[i], c, score, u, 1, lam)
             if abs(s - q) > 1e-9:  # away from the threshold: rounding cannot decide
                 assert bool(sets[i, c]) == (s <= q), (i, c)
+
+
+@pytest.mark.parametrize("score", ["aps", "raps"])
+@pytest.mark.parametrize("scale", [0.0, 0.3, 3.0, 30.0])
+def test_sets_ranking_only_candidates_equal_the_full_scores(score, scale):
+    """`class_sets` (top-k of the classes that can be in a set) equals thresholding every
+    class's score, ties (scale 0: uniform rows) and saturated rows included."""
+    from peg.methods._conformal import class_sets, sets_from_scores
+
+    g = torch.Generator().manual_seed(0)
+    p = (scale * torch.randn(300, 20, generator=g)).softmax(-1).double()
+    u = torch.rand(300, generator=g, dtype=torch.float64)
+    for q in [0.05, 0.5, 0.9, 0.99, 1.2, torch.rand(20, generator=g, dtype=torch.float64)]:
+        for draws in (None, u):
+            full = sets_from_scores(class_scores(p, score, 2, 0.05, draws), q)
+            assert torch.equal(class_sets(p, q, score, 2, 0.05, draws), full)
 
 
 def test_randomized_aps_sets_are_nested_and_smaller():

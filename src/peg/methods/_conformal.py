@@ -7,10 +7,11 @@ Angelopoulos & Bates 2021), and the one pass over labelled data that fitting tak
   whose ceiling is 56);
 - `conformal_quantile(scores, alpha)`: the k-th smallest score (k / n as a quantile level);
 - `class_scores(probs, score, ...)`: the nonconformity score of every class `[N, C]`, float64:
-  LAC 1 − p̂_c, APS the probability mass of the classes ranked before c plus p̂_c (times u, the
-  randomised variant's uniform draw), RAPS the APS score plus λ·(rank − k_reg)⁺; a set is
-  `{c : score_c ≤ q̂}` (`sets_from_scores`), so a label is in its set exactly when its score,
-  the calibration score of that point, is at most q̂, which is what the guarantee needs;
+  LAC 1 − p̂_c, APS the probability mass of the classes more probable than c plus p̂_c (times
+  u, the randomised variant's uniform draw), RAPS the APS score plus λ·(rank − k_reg)⁺; a set
+  is `{c : score_c ≤ q̂}` (`sets_from_scores`; `class_sets` computes the same sets ranking only
+  the classes that can be in one), so a label is in its set exactly when its score, the
+  calibration score of that point, is at most q̂, which is what the guarantee needs;
 - `labelled_batches(predictor, data, ...)`: `(member logits [M, B, C], labels [B])` batch by
   batch, one pass, the inputs never gathered (loaders through a `peg.batches.Tapped` stream).
 """
@@ -82,6 +83,24 @@ def ensemble_probs(logits: Tensor) -> Tensor:
     return logits.softmax(-1).mean(0).double()
 
 
+def _ranked_scores(
+    v: Tensor, score: str, k_reg: int, lam: float, u: Tensor | None
+) -> Tensor:
+    """APS/RAPS scores `[B, K]` of probabilities sorted in decreasing order `v` `[B, K]` (the
+    first K of a row: a prefix of its sorted values). The mass before a class is that of the
+    classes strictly more probable (equal ones share it, and a rank), so the scores depend on
+    the sorted values only, never on how a sort orders ties."""
+    cum = v.cumsum(-1)
+    start = torch.ones_like(v, dtype=torch.bool)
+    start[:, 1:] = v[:, 1:] != v[:, :-1]  # the first of each run of equal values
+    index = torch.arange(v.shape[-1], device=v.device).expand_as(v)
+    first = torch.where(start, index, 0).cummax(-1).values
+    s = (cum - v).gather(-1, first) + (v if u is None else u.double()[:, None] * v)
+    if score == "raps" and lam > 0:
+        s = s + lam * (first + 1 - k_reg).clamp_min(0).double()
+    return s
+
+
 def class_scores(
     probs: Tensor, score: str, k_reg: int = 1, lam: float = 0.0, u: Tensor | None = None
 ) -> Tensor:
@@ -90,16 +109,37 @@ def class_scores(
     p = probs.double()
     if score == "lac":
         return 1 - p
-    # classes by decreasing probability; ties in index order, so fit and predict agree
-    order = p.argsort(dim=-1, descending=True, stable=True)
-    sorted_p = p.gather(-1, order)
-    cum = sorted_p.cumsum(-1)
-    if u is not None:  # mass before the class plus u times its own
-        cum = cum - (1 - u.double()[:, None]) * sorted_p
-    if score == "raps" and lam > 0:
-        rank = torch.arange(1, p.shape[-1] + 1, dtype=torch.float64, device=p.device)
-        cum = cum + lam * (rank - k_reg).clamp_min(0)
-    return torch.empty_like(cum).scatter_(-1, order, cum)
+    v, order = p.sort(dim=-1, descending=True)
+    return torch.empty_like(v).scatter_(-1, order, _ranked_scores(v, score, k_reg, lam, u))
+
+
+def class_sets(
+    probs: Tensor,
+    q: Tensor | float,
+    score: str,
+    k_reg: int = 1,
+    lam: float = 0.0,
+    u: Tensor | None = None,
+) -> Tensor:
+    """`sets_from_scores(class_scores(probs, ...), q)` `[B, C]` bool, without sorting the
+    classes that cannot be in a set: an APS/RAPS score is at least 1 − C·p̂_c (the classes
+    after c hold at most p̂_c each), so only the classes with p̂_c >= (1 − q̂)/C (a margin
+    for rows summing to 1 in float32) are ranked, by `topk`, when they are fewer than C."""
+    p = probs.double()
+    if score == "lac":
+        return sets_from_scores(1 - p, q)
+    classes = p.shape[-1]
+    top = float(q.max()) if isinstance(q, Tensor) else float(q)
+    bound = (1 - top - 1e-5) / classes
+    k = int((p >= bound).sum(-1).max()) if bound > 0 and len(p) else classes
+    if k >= classes:
+        v, order = p.sort(dim=-1, descending=True)
+    else:
+        v, order = p.topk(max(k, 1), dim=-1, sorted=True)
+    s = _ranked_scores(v, score, k_reg, lam, u)
+    limit = q.to(p.device)[order] if isinstance(q, Tensor) else q
+    inside = s <= limit
+    return torch.zeros(p.shape, dtype=torch.bool, device=p.device).scatter_(-1, order, inside)
 
 
 def check_scores(scores: Tensor, what: str) -> None:

@@ -27,12 +27,12 @@ from peg.methods._conformal import (
     check_alpha,
     check_scores,
     class_scores,
+    class_sets,
     conformal_quantile,
     ensemble_probs,
     labelled_batches,
     min_points,
     quantile_rank,
-    sets_from_scores,
 )
 from peg.methods._conformal_base import ConformalBase, known_rows
 from peg.methods._predictors import check_predictor
@@ -103,11 +103,15 @@ class ConformalClassifier(ConformalBase):
         super()._check_params()
 
     # ---------------------------------------------------------------- scores
-    def _scores(self, logits: Tensor, u: torch.Generator | None) -> Tensor:
-        """Every class's score `[B, C]` from member logits `[M, B, C]`."""
+    def _probs_and_draws(
+        self, logits: Tensor, u: torch.Generator | None, what: str
+    ) -> tuple[Tensor, Tensor | None]:
+        """The averaged probabilities `[B, C]` of member logits `[M, B, C]` (checked: no NaN)
+        and the randomised scores' uniform draws `[B]` (None when not randomised)."""
         probs = ensemble_probs(logits)
+        check_scores(probs, what)
         draws = None if u is None else torch.rand(len(probs), generator=u, dtype=torch.float64)
-        return class_scores(probs, self.score, int(self.k_reg), float(self.lam), draws)
+        return probs, None if draws is None else draws.to(probs.device)
 
     def _stream(self, key: int) -> torch.Generator | None:
         return generator(int(self.seed), key) if self.randomized else None
@@ -136,8 +140,9 @@ class ConformalClassifier(ConformalBase):
                 )
             classes = logits.shape[-1]
             y = check_labels(y, logits.shape[1], classes, "val labels", logits.device)
-            s = self._scores(logits, u).gather(1, y[:, None])[:, 0]
-            check_scores(s, "val")
+            probs, draws = self._probs_and_draws(logits, u, "val")
+            every = class_scores(probs, self.score, int(self.k_reg), float(self.lam), draws)
+            s = every.gather(1, y[:, None])[:, 0]
             scores.append(s.cpu())
             labels.append(y.cpu())
         assert classes is not None
@@ -180,9 +185,9 @@ class ConformalClassifier(ConformalBase):
             raise ValueError(
                 f"X: the predictor gives {logits.shape[-1]} classes, fitted on {self.n_classes_}"
             )
-        scores = self._scores(logits, self._stream(1) if u is None else u)
-        check_scores(scores, "X")
-        return sets_from_scores(scores, self.quantile_)
+        probs, draws = self._probs_and_draws(logits, self._stream(1) if u is None else u, "X")
+        k_reg, lam = int(self.k_reg), float(self.lam)
+        return class_sets(probs, self.quantile_, self.score, k_reg, lam, draws)
 
     def sets_fn(self) -> Callable[[Tensor], Tensor]:
         """`logits [M, B, C] -> sets [B, C]` for consecutive batches, drawing the randomised
