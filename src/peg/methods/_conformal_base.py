@@ -131,3 +131,17 @@ class ConformalBase(Calibrator):
         state = fitted._restore(calibration, tensors)
         fitted._set_fitted(predictor, {**state, "scores_": "log_probs"})
         return fitted
+
+
+class CachedLogits:
+    """A predictor whose inputs are its own member logits, rows first: `X` `[N, M, C]` gives
+    `member_logits(X) = X.transpose(0, 1)` `[M, N, C]`. Conformal prediction from logits
+    already computed (the bench's and `peg.compare`'s caches) without running a model:
+    `ConformalClassifier().fit(CachedLogits(), (logits.transpose(0, 1), y))`."""
+
+    def member_logits(self, X: Tensor, batch_size: int = 512, **_: Any) -> Tensor:
+        return X.transpose(0, 1)
+
+    def iter_member_logits(self, X: Tensor, batch_size: int = 512, **_: Any) -> Iterator[Tensor]:
+        for start in range(0, len(X), batch_size):
+            yield X[start : start + batch_size].transpose(0, 1)

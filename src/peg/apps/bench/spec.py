@@ -18,12 +18,16 @@ what was expected. Example::
     ood: [mnist, notmnist]
     metrics: [nll, error, brier, ece, aurc]                    # table rows (optional)
     figures: [Single, Temp-scaled, PEG-15]                     # columns drawn (optional)
+    conformal: {alpha: [0.1, 0.05], score: aps, columns: [Single, PEG-15]}   # (optional)
 
 `metrics:` chooses the rows of the labelled sets' tables in results.md, by metric key (`ROWS`
 of `peg.apps.bench.tables`: nll, error, brier, ece, mce, adaptive_ece, classwise_ece, aurc,
 augrc; default nll, error, brier, ece); results.json holds every one of them whatever the
 choice. `figures:` names the columns drawn in `reliability-test.png` and
 `risk-coverage-test.png` (test set, first seed; default: every column).
+
+`conformal:` adds coverage and set-size rows (conformal prediction calibrated on half the test
+set, `peg.apps.conformal`) to the labelled sets' tables, for the chosen columns (default all).
 
 Methods are written by their names in the papers' tables (`Single`, `PEG-15 (DeepEns-3)`,
 `TS → PEG-15`, `Dirichlet`, `Laplace`, ...: `peg.apps.bench.names` lists them), or defined with
@@ -51,6 +55,7 @@ from peg import data as datasets
 from peg.apps import presets
 from peg.apps.bench.names import denoted
 from peg.apps.bench.tables import DEFAULT_METRICS, ROWS
+from peg.apps.conformal import ConformalSpec, parse_conformal
 from peg.data import corruptions
 from peg.errors import SpecError
 from peg.metrics.ood import OOD_SCORES
@@ -97,6 +102,7 @@ SPEC_FIELDS = {
     "swag_samples",
     "metrics",
     "figures",
+    "conformal",
 }
 
 
@@ -139,6 +145,7 @@ class Spec:
     data_options: dict[str, Any] = field(default_factory=dict)
     metrics: tuple[str, ...] = DEFAULT_METRICS
     figures: tuple[str, ...] | None = None  # columns drawn (None: all)
+    conformal: ConformalSpec | None = None  # coverage / set-size rows (`peg.apps.conformal`)
 
     @property
     def deep_ensemble_size(self) -> int:
@@ -339,6 +346,7 @@ def parse_spec(raw: Any, source: str = "spec") -> Spec:
         data_options=dict(data_options),
         metrics=tuple(spec_metrics),
         figures=None if figures is None else tuple(figures),
+        conformal=parse_conformal(raw.get("conformal"), f"{source}.conformal", names),
     )
     if spec.needs_swag and spec.swa is None:
         users = [m.name for m in methods if m.base in SWAG_BASES]
