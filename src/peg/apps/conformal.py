@@ -129,10 +129,15 @@ def conformal_table(columns: Mapping[str, Mapping[str, Any]], spec: ConformalSpe
     chosen = {n: c for n, c in columns.items() if key("coverage", spec.alphas[0]) in c}
     if not chosen:
         return []
+    # the smallest sets are bold; coverage has no best (it should be >= 1 − α, no more)
+    rows = [
+        line.replace("**", "") if line.startswith("| Coverage") else line
+        for line in markdown_table(chosen, spec.rows()).splitlines()
+    ]
     return [
         f"Conformal prediction ({spec.score}), calibrated on half the test set, scored on the "
         "other half's rows:",
         "",
-        markdown_table(chosen, spec.rows()),
+        *rows,
         "",
     ]
