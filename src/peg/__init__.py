@@ -17,6 +17,8 @@ from peg.errors import ArchiveError, NonFiniteError, NotFittedError
 from peg.evaluate import evaluate
 from peg.loading import load
 from peg.methods.binning import HistogramBinning, IsotonicCalibration
+from peg.methods.conformal import ConformalClassifier
+from peg.methods.conformal_regression import ConformalRegressor
 from peg.methods.deep_ensemble import DeepEnsemble
 from peg.methods.dropout import MCDropout
 from peg.methods.laplace import Laplace
@@ -36,6 +38,8 @@ __all__ = [
     "SWAG",
     "ArchiveError",
     "AutoSelect",
+    "ConformalClassifier",
+    "ConformalRegressor",
     "DeepEnsemble",
     "DirichletCalibration",
     "Ensemble",

@@ -18,6 +18,7 @@ from peg.methods.temperature import (
     member_logits_of,
     predictor_device,
 )
+from peg.metrics.conformal import split_selection
 from peg.metrics.regression import regression_metrics, split_gaussian
 from peg.metrics.streaming import StreamingMetrics
 
@@ -55,7 +56,9 @@ def evaluate(
         metrics: classification metrics by key (`peg.metrics.CLASSIFICATION_METRICS`: "nll",
             "error", "brier", "ece", "mce", "gibbs_nll", "adaptive_ece", "classwise_ece",
             "aurc", "augrc"), returned in that order; None: the default set above. Not for
-            regression targets, which have their own set.
+            regression targets, which have their own set. A `peg.ConformalClassifier` adds
+            the metrics of its prediction sets (`peg.metrics.CONFORMAL_METRICS`: "coverage",
+            "set_size", "worst_class_coverage", "worst_size_coverage").
 
     Error and ECE are fractions in [0, 1] (tables print them as %).
 
@@ -73,7 +76,9 @@ def evaluate(
     evaluated on their whole `[M, N, C]`, as before. Regression keeps every prediction: it is
     computed by `peg.metrics.regression_metrics`, which takes all of them at once.
     """
-    stream = StreamingMetrics(bins, min_count, metrics)  # checks its arguments before any work
+    metrics, keys, conformal = split_selection(metrics, predictor)
+    # checks its arguments before any work
+    stream = StreamingMetrics(bins, min_count, metrics) if metrics != () else None
     device = predictor_device(predictor)
     batch_fn = check_batch_fn(batch_fn)
     tapped: Tapped | None = None
@@ -119,16 +124,22 @@ def evaluate(
                 )
             held.append((logits, labels))
         else:
-            stream.update(logits, labels)
+            if stream is not None:
+                stream.update(logits, labels)
+            if conformal is not None:
+                conformal.update(logits, labels)
     if y is not None:
         _check_count(y, n)
     if held:
         targets = torch.cat([t for _, t in held]) if y is None else y
         logits = torch.cat([p for p, _ in held], dim=1)
         return regression_metrics(*split_gaussian(logits), targets, y_scale)
-    out = stream.compute()
+    out = {} if stream is None else stream.compute()
     if members == 1:
         out.pop("gibbs_nll", None)  # one member: Gibbs NLL is the NLL
+    if conformal is not None:
+        out |= conformal.compute()
+        out = {k: out[k] for k in keys if k in out}
     return out
 
 

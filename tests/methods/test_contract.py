@@ -173,6 +173,20 @@ CASES = [
         ("floor", 1.0),
     ),
 ]
+CASES += [
+    Case(
+        peg.ConformalClassifier,
+        {"alpha": 0.2, "score": "raps", "randomized": True, "seed": 3},
+        lambda m: m.fit(_tiny(), (X, y)),
+        ("alpha", 1.0),
+    ),
+    Case(
+        peg.ConformalRegressor,
+        {"alpha": 0.2, "score": "absolute", "batch_size": 16},
+        lambda m: m.fit(_tiny(), (X, X[:, 0])),  # a Gaussian head: (mean, log-variance)
+        ("score", "quantile"),
+    ),
+]
 IDS = [case.id for case in CASES]
 
 

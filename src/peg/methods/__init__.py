@@ -1,6 +1,8 @@
 """Methods: each turns a model (and data) into an `Ensemble` or a predictor with `member_logits`."""
 
 from peg.methods.binning import HistogramBinning, IsotonicCalibration
+from peg.methods.conformal import ConformalClassifier
+from peg.methods.conformal_regression import ConformalRegressor
 from peg.methods.deep_ensemble import DeepEnsemble
 from peg.methods.dropout import MCDropout
 from peg.methods.laplace import Laplace
@@ -18,6 +20,8 @@ __all__ = [
     "PEP",
     "SWA",
     "SWAG",
+    "ConformalClassifier",
+    "ConformalRegressor",
     "DeepEnsemble",
     "DiagonalGaussian",
     "DirichletCalibration",

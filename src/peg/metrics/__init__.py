@@ -18,6 +18,9 @@ probabilities); `y` is integer labels `[N]`. Tensors or numpy arrays.
   number, targets `[N]`; Gaussian head outputs `[..., 2]` = (mean, log-variance) via
   `split_gaussian`): `rmse`, `log_predictive_density` (mixture), `gaussian_nll`
   (moment-matched), `interval_coverage`, `regression_calibration_error`, `regression_metrics`.
+- Conformal prediction (`peg.metrics.conformal`; sets bool `[N, C]` or intervals `[N, 2]`):
+  `coverage`, `mean_size`, `size_stratified_coverage`, `class_coverage`,
+  `worst_class_coverage`, `conformal_metrics(sets, y, metrics)` (`CONFORMAL_METRICS`).
 - OOD detection (`peg.metrics.ood`; higher score = more likely OOD, OOD is the positive class):
   scores `max_softmax`, `max_logit`, `entropy`, `mutual_information`, `variation_ratio`;
   metrics `auroc`, `aupr`, `fpr_at_tpr`, `ood_metrics(pred_in, pred_out, score)`.
@@ -56,6 +59,16 @@ from peg.metrics.classification import (
     nll,
     nll_of,
 )
+from peg.metrics.conformal import (
+    CONFORMAL_METRICS,
+    ConformalStream,
+    class_coverage,
+    conformal_metrics,
+    coverage,
+    mean_size,
+    size_stratified_coverage,
+    worst_class_coverage,
+)
 from peg.metrics.ood import (
     OOD_SCORES,
     aupr,
@@ -89,8 +102,10 @@ from peg.metrics.selective import (
 
 __all__ = [
     "CLASSIFICATION_METRICS",
+    "CONFORMAL_METRICS",
     "DEFAULT_METRICS",
     "OOD_SCORES",
+    "ConformalStream",
     "accuracy",
     "adaptive_ece",
     "augrc",
@@ -99,8 +114,11 @@ __all__ = [
     "auroc",
     "brier",
     "check_labels",
+    "class_coverage",
     "classification_metrics",
     "classwise_ece",
+    "conformal_metrics",
+    "coverage",
     "ece",
     "ensemble_log_probs",
     "ensemble_probs",
@@ -114,6 +132,7 @@ __all__ = [
     "max_logit",
     "max_softmax",
     "mce",
+    "mean_size",
     "member_nll",
     "moment_match",
     "mutual_information",
@@ -125,8 +144,10 @@ __all__ = [
     "risk_at_coverage",
     "risk_coverage_curve",
     "rmse",
+    "size_stratified_coverage",
     "split_gaussian",
     "variation_ratio",
+    "worst_class_coverage",
 ]
 
 
@@ -146,7 +167,9 @@ def classification_metrics(
             "adaptive_ece" and "classwise_ece".
         metrics: keys of `CLASSIFICATION_METRICS`: "nll", "error", "brier", "ece", "mce",
             "gibbs_nll" (member logits only: left out for probabilities), "adaptive_ece",
-            "classwise_ece", "aurc", "augrc" (confidence: the max averaged probability).
+            "classwise_ece",
+    "conformal_metrics",
+    "coverage", "aurc", "augrc" (confidence: the max averaged probability).
             None: `DEFAULT_METRICS`, the first six.
     """
     keys = check_metrics(metrics)

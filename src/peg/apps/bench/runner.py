@@ -35,6 +35,7 @@ from peg.apps import registry
 from peg.apps.bench.seed import SeedRun, fit_images
 from peg.apps.bench.spec import BASE_PATTERN, SWAG_BASES, MethodSpec, Spec
 from peg.apps.bench.tables import COST_ROWS, OOD_ROWS, markdown_table, metric_rows
+from peg.apps.conformal import conformal_cells, conformal_table
 from peg.apps.results import write_results
 from peg.apps.scores import labelled_metrics, ood_detection
 from peg.metrics import reliability, risk_coverage_curve
@@ -191,6 +192,10 @@ def _per_seed(
                     m = labelled_metrics(value, y)
                 for k, v in m.items():
                     cell.setdefault(k, []).append(v)
+            if spec.conformal is not None and spec.conformal.applies(method.name):
+                for name, m in conformal_cells(logits, y, spec.conformal).items():
+                    for k, v in m.items():
+                        per_seed[name][method.name].setdefault(k, []).append(v)
         roots = {spec.root(m) for m in spec.methods}
         if any(r == "single" or r.startswith("deepens-") for r in roots):
             bases[f"seed-{seed}"] = run.bases.training()
@@ -247,6 +252,8 @@ def report(results: dict[str, Any], spec: Spec) -> str:
     for dataset, methods in results["per_seed"].items():
         rows = OOD_ROWS if dataset.endswith("(OOD)") else metric_rows(spec.metrics)
         lines += [f"## {dataset}", "", markdown_table(methods, rows), ""]
+        if spec.conformal is not None and not dataset.endswith("(OOD)"):
+            lines += conformal_table(methods, spec.conformal)
     if results.get("costs"):
         lines += [
             "## costs",

@@ -18,12 +18,16 @@ what was expected. Example::
     ood: [mnist, notmnist]
     metrics: [nll, error, brier, ece, aurc]                    # table rows (optional)
     figures: [Single, Temp-scaled, PEG-15]                     # columns drawn (optional)
+    conformal: {alpha: [0.1, 0.05], score: aps, columns: [Single, PEG-15]}   # (optional)
 
 `metrics:` chooses the rows of the labelled sets' tables in results.md, by metric key (`ROWS`
 of `peg.apps.bench.tables`: nll, error, brier, ece, mce, adaptive_ece, classwise_ece, aurc,
 augrc; default nll, error, brier, ece); results.json holds every one of them whatever the
 choice. `figures:` names the columns drawn in `reliability-test.png` and
 `risk-coverage-test.png` (test set, first seed; default: every column).
+
+`conformal:` adds coverage and set-size rows (conformal prediction calibrated on half the test
+set, `peg.apps.conformal`) to the labelled sets' tables, for the chosen columns (default all).
 
 Methods are written by their names in the papers' tables (`Single`, `PEG-15 (DeepEns-3)`,
 `TS → PEG-15`, `Dirichlet`, `Laplace`, ...: `peg.apps.bench.names` lists them), or defined with
@@ -60,6 +64,7 @@ from peg.apps.bench.columns import (
     standard_method,
 )
 from peg.apps.bench.tables import DEFAULT_METRICS, ROWS
+from peg.apps.conformal import ConformalSpec, parse_conformal
 from peg.data import corruptions
 from peg.errors import SpecError
 from peg.metrics.ood import OOD_SCORES
@@ -107,6 +112,7 @@ class Spec:
     data_options: dict[str, Any] = field(default_factory=dict)
     metrics: tuple[str, ...] = DEFAULT_METRICS
     figures: tuple[str, ...] | None = None  # columns drawn (None: all)
+    conformal: ConformalSpec | None = None  # coverage / set-size rows (`peg.apps.conformal`)
 
     @property
     def deep_ensemble_size(self) -> int:
@@ -286,6 +292,11 @@ def _figures(value: Any, where: str, parsed: Parsed) -> Parsed:
     return {"figures": tuple(figures)}
 
 
+def _conformal(value: Any, where: str, parsed: Parsed) -> Parsed:
+    names = [m.name for m in parsed["methods"]]
+    return {"conformal": parse_conformal(value, where, names)}
+
+
 def _points(name: str) -> Callable[[Any, str, Parsed], Parsed]:
     """The parser of a count field (train_points, ...): an integer >= 1, or null for none."""
     return lambda value, where, _: {name: _int_or_none(value, where)}
@@ -295,7 +306,7 @@ def _swag_samples(value: Any, where: str, _: Parsed) -> Parsed:
     return {"swag_samples": _int_or_none(value, where) or _default("swag_samples")}
 
 
-# in the order they are checked (figures after methods: it names their columns)
+# in the order they are checked (figures and conformal after methods: they name its columns)
 FIELDS: dict[str, Callable[[Any, str, Parsed], Parsed]] = {
     "name": _name,
     "data": _data,
@@ -310,6 +321,7 @@ FIELDS: dict[str, Callable[[Any, str, Parsed], Parsed]] = {
     "ood_score": _ood_score,
     "metrics": _metrics,
     "figures": _figures,
+    "conformal": _conformal,
     "train": _train,
     "train_points": _points("train_points"),
     "test_points": _points("test_points"),

@@ -32,6 +32,7 @@ from peg.apps.compare.fitting import Fitting
 from peg.apps.compare.methods import options, resolve
 from peg.apps.compare.report import TEST, Comparison, check_shown, column
 from peg.apps.compare.state import State, fingerprint
+from peg.apps.conformal import ConformalSpec, parse_conformal, scorer
 from peg.apps.scores import labelled_metrics, ood_detection
 from peg.batches import BatchFn, check_batch_fn, split_batch
 from peg.methods._perturb import MAX_SCORE_POINTS
@@ -54,6 +55,7 @@ def compare(
     batch_fn: BatchFn | None = None,
     bins: int = 15,
     metrics: Sequence[str] | None = None,
+    conformal: Mapping[str, Any] | None = None,
     progress: bool | None = None,
     out: str | Path | None = None,
     say: Say | None = print,
@@ -83,6 +85,9 @@ def compare(
         metrics: the metric columns of the markdown tables, keys of
             `peg.apps.bench.tables.ROWS` (None: nll, error, brier, ece, adaptive_ece,
             classwise_ece, aurc, augrc); `.table` and results.json hold every metric.
+        conformal: `{alpha: [0.1, 0.05], score: "aps", columns: [...]}` adds coverage and
+            set size per α (`coverage@0.1`, `set_size@0.1`, ...; `peg.apps.conformal`:
+            calibrated on half the test set, scored on the other half and the shifted sets).
         progress: progress bars (None: only on a terminal).
         out: a folder to write results.json, results.md and the reliability diagrams to.
         say: where the progress lines go (None: nowhere).
@@ -120,10 +125,12 @@ def compare(
     registry.check_all(((s.name, s.method, options(s, batch_size, batch_fn)) for s in specs), check)
     val = labelled.pop("val")
     evaluation = Evaluation(model, labelled, unlabelled, batch_size, batch_fn, bins, ood_score)
+    evaluation.conformal = parse_conformal(conformal, "conformal", [s.name for s in specs])
 
     run_key = {"seed": seed, "batch_size": batch_size, "bins": bins, "ood_score": ood_score,
                "model": fingerprint(model), "val": fingerprint(val),
-               "sets": {n: fingerprint(d) for n, d in (labelled | unlabelled).items()}}  # fmt: skip
+               "sets": {n: fingerprint(d) for n, d in (labelled | unlabelled).items()},
+               "conformal": repr(evaluation.conformal)}  # fmt: skip
     if resume and out is None:
         raise ValueError("resume: needs out=, the folder of the run to resume")
     state = State(out, run_key, resume, write=rank == 0)
@@ -164,6 +171,7 @@ class Evaluation:
         self.rows = probe_rows(labelled[TEST], batch_fn)
         self.curves: dict[str, dict[str, dict[str, Tensor]]] = {n: {} for n in labelled}
         self.sizes: dict[str, tuple[int, str]] = {}
+        self.conformal: ConformalSpec | None = None
 
     def __call__(self, spec: MethodSpec, predictor: Any) -> dict[str, Any]:
         size = held_bytes(predictor)
@@ -183,6 +191,13 @@ class Evaluation:
                 test_logits = logits
             sizes[name] = (len(y), TEST if name == TEST else "shifted")
             row |= {column(k, name): v for k, v in labelled_metrics(logits, y).items()}
+            if self.conformal is not None and self.conformal.applies(spec.name):
+                if name == TEST:  # the first set: calibrated on half of it
+                    conformal_sets = scorer(logits, y, self.conformal)
+                row |= {
+                    column(k, name): v
+                    for k, v in conformal_sets(logits, y, name == TEST).items()
+                }
             curves[name] = metrics.reliability(logits, y, self.bins)
         assert test_logits is not None
         for name, data in self.unlabelled.items():

@@ -1,0 +1,229 @@
+"""Split conformal classification on any predictor (Vovk et al. 2005; Angelopoulos & Bates
+2021): prediction sets that hold the true label with probability >= 1 - alpha for exchangeable
+data, whatever the model.
+
+`ConformalClassifier(alpha, score).fit(predictor, val)` reads the calibration data once,
+keeping one score per point (the label's nonconformity score under the predictor's averaged
+probabilities), and takes their ⌈(n + 1)(1 − α)⌉-th smallest as the threshold q̂ (`quantile_`;
+per class for `class_conditional=True`). `predict_set(X)` is `{c : score_c(x) ≤ q̂}`; the
+scores and the quantile are `peg.methods._conformal`'s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from peg._inputs import Data
+from peg._scalars import check_positive_int, check_seed
+from peg.batches import BatchFn
+from peg.errors import ArchiveError
+from peg.methods._calibrator import stored
+from peg.methods._conformal import (
+    SCORES,
+    check_alpha,
+    check_scores,
+    class_scores,
+    class_sets,
+    conformal_quantile,
+    ensemble_probs,
+    labelled_batches,
+    min_points,
+    quantile_rank,
+)
+from peg.methods._conformal_base import ConformalBase, known_rows
+from peg.methods._predictors import check_predictor
+from peg.methods.base import store_arguments
+from peg.metrics._inputs import check_labels
+from peg.streams import generator
+
+
+class ConformalClassifier(ConformalBase):
+    """Split conformal prediction sets for a classifier.
+
+    Args:
+        alpha: the miscoverage level in (0, 1): sets hold the label with probability >= 1 - α.
+        score: "lac" (1 − p̂_y: the smallest sets on average), "aps" (the mass of the classes
+            ranked up to y: adaptive sets, better conditional coverage) or "raps" (APS plus
+            `lam`·(rank − `k_reg`)⁺: APS without its long tails).
+        class_conditional: one quantile per class (Mondrian conformal): coverage >= 1 − α
+            for every class, not only on average; each class needs >= 1/α − 1 points.
+        k_reg, lam: RAPS's regularisation (the rank from which a class is penalised, and the
+            penalty per rank); unused by LAC and APS.
+        randomized: APS/RAPS with the uniform draw u (score = mass before y + u·p̂_y): exact
+            coverage 1 − α in expectation and smaller sets; the draws come from `seed`.
+        seed: the random stream of the randomised scores (calibration and each `predict_set`
+            call start from it, so a prediction is reproducible for the same rows in order).
+        batch_size, batch_fn: how the predictor reads data (`peg.batches`).
+
+    After `fit(predictor, val)`: `quantile_` (q̂, a float, or `[C]` per class),
+    `n_calib_`, `n_classes_`, `predictor_`, `meta_`; `predict_set(X) -> bool [N, C]`;
+    `member_logits` / `predict_proba` / `predict` are the predictor's; `save(path)` /
+    `peg.load(path, model)` as every calibrator.
+    """
+
+    method = "conformal"
+    label = "conformal prediction"
+
+    def __init__(
+        self,
+        *,
+        alpha: float = 0.1,
+        score: str = "lac",
+        class_conditional: bool = False,
+        k_reg: int = 1,
+        lam: float = 0.01,
+        randomized: bool = False,
+        seed: int = 0,
+        batch_size: int = 512,
+        batch_fn: BatchFn | None = None,
+    ) -> None:
+        store_arguments(self, locals())
+
+    def _check_params(self) -> None:
+        check_alpha(self.alpha)
+        if self.score not in SCORES:
+            raise ValueError(f"score: expected one of {list(SCORES)}, got {self.score!r}")
+        for name in ("class_conditional", "randomized"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: expected True or False, got {getattr(self, name)!r}")
+        if self.randomized and self.score == "lac":
+            raise ValueError(
+                "randomized: LAC has no randomised variant (its score has no mass to split); "
+                "use score='aps' or 'raps'"
+            )
+        check_positive_int(self.k_reg, "k_reg", minimum=0)
+        lam_ok = isinstance(self.lam, (int, float)) and not isinstance(self.lam, bool)
+        if not lam_ok or not math.isfinite(self.lam) or self.lam < 0:
+            raise ValueError(f"lam: expected a finite number >= 0, got {self.lam!r}")
+        check_seed(self.seed)
+        super()._check_params()
+
+    # ---------------------------------------------------------------- scores
+    def _probs_and_draws(
+        self, logits: Tensor, u: torch.Generator | None, what: str
+    ) -> tuple[Tensor, Tensor | None]:
+        """The averaged probabilities `[B, C]` of member logits `[M, B, C]` (checked: no NaN)
+        and the randomised scores' uniform draws `[B]` (None when not randomised)."""
+        probs = ensemble_probs(logits)
+        check_scores(probs, what)
+        draws = None if u is None else torch.rand(len(probs), generator=u, dtype=torch.float64)
+        return probs, None if draws is None else draws.to(probs.device)
+
+    def _stream(self, key: int) -> torch.Generator | None:
+        return generator(int(self.seed), key) if self.randomized else None
+
+    # ---------------------------------------------------------------- fitting
+    def fit(
+        self, predictor: Any, val: Data | None = None, *, bn_data: Data | None = None
+    ) -> ConformalClassifier:
+        """Fit q̂ on labelled calibration data `val` ((X, y), Dataset or DataLoader), read
+        once (one score per point is kept); returns self. `bn_data` is unused."""
+        self._check_params()
+        check_predictor(predictor)
+        if val is None:
+            raise ValueError("val: conformal prediction needs labelled calibration data (X, y)")
+        rows = known_rows(val)
+        if rows is not None:  # too few points: said before reading them
+            quantile_rank(rows, float(self.alpha))
+        u = self._stream(0)
+        scores, labels, classes = [], [], None
+        size = int(self.batch_size)
+        for logits, y in labelled_batches(predictor, val, size, self.batch_fn, "val"):
+            if logits.ndim != 3 or (classes is not None and logits.shape[-1] != classes):
+                raise ValueError(
+                    f"predictor: expected member logits [M, B, {classes or 'C'}], got "
+                    f"{tuple(logits.shape)}"
+                )
+            classes = logits.shape[-1]
+            y = check_labels(y, logits.shape[1], classes, "val labels", logits.device)
+            probs, draws = self._probs_and_draws(logits, u, "val")
+            every = class_scores(probs, self.score, int(self.k_reg), float(self.lam), draws)
+            s = every.gather(1, y[:, None])[:, 0]
+            scores.append(s.cpu())
+            labels.append(y.cpu())
+        assert classes is not None
+        score, y = torch.cat(scores), torch.cat(labels)
+        self._set_fitted(
+            predictor,
+            {
+                "quantile_": self._quantiles(score, y, classes),
+                "n_calib_": len(score),
+                "n_classes_": classes,
+                "scores_": "log_probs",
+            },
+        )
+        return self
+
+    def _quantiles(self, score: Tensor, y: Tensor, classes: int) -> float | Tensor:
+        alpha = float(self.alpha)
+        if not self.class_conditional:
+            return conformal_quantile(score, alpha)
+        counts = torch.bincount(y, minlength=classes)
+        need = min_points(alpha)
+        few = [c for c in range(classes) if int(counts[c]) < need]
+        if few:
+            shown = ", ".join(f"class {c}: {int(counts[c])}" for c in few[:5])
+            raise ValueError(
+                f"val: class_conditional=True needs >= {need} calibration points per class "
+                f"for alpha={alpha:g}; too few for {len(few)} of {classes} classes ({shown})"
+            )
+        return torch.tensor(
+            [conformal_quantile(score[y == c], alpha) for c in range(classes)],
+            dtype=torch.float64,
+        )
+
+    # ---------------------------------------------------------------- predicting
+    def sets_of(self, logits: Tensor, u: torch.Generator | None = None) -> Tensor:
+        """Prediction sets `[B, C]` bool of member logits `[M, B, C]` (`u`: the random stream
+        of a randomised score, drawn from in row order; None: a fresh one from `seed`)."""
+        self._check_fitted()
+        if logits.shape[-1] != self.n_classes_:
+            raise ValueError(
+                f"X: the predictor gives {logits.shape[-1]} classes, fitted on {self.n_classes_}"
+            )
+        probs, draws = self._probs_and_draws(logits, self._stream(1) if u is None else u, "X")
+        k_reg, lam = int(self.k_reg), float(self.lam)
+        return class_sets(probs, self.quantile_, self.score, k_reg, lam, draws)
+
+    def sets_fn(self) -> Callable[[Tensor], Tensor]:
+        """`logits [M, B, C] -> sets [B, C]` for consecutive batches, drawing the randomised
+        scores in row order as `predict_set` does (what `peg.evaluate` streams)."""
+        self._check_fitted()
+        u = self._stream(1)
+        return lambda logits: self.sets_of(logits, u)
+
+    def predict_set(
+        self, X: Data, batch_size: int | None = None, batch_fn: BatchFn | None = None
+    ) -> Tensor:
+        """Prediction sets `[N, C]` bool: `sets[n, c]` says class c is in the set of row n."""
+        make = self.sets_fn()
+        return torch.cat([make(b) for b in self._batches(X, batch_size, batch_fn)])
+
+    # ---------------------------------------------------------------- persistence
+    def _entry(self) -> dict[str, Any]:
+        q = self.quantile_
+        return {
+            "quantile": None if isinstance(q, Tensor) else float(q),
+            "n_calib": int(self.n_calib_),
+            "n_classes": int(self.n_classes_),
+        }
+
+    def _tensors(self) -> dict[str, Tensor]:
+        q = self.quantile_
+        return {"quantiles": q} if isinstance(q, Tensor) else {}
+
+    def _restore(self, entry: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> dict[str, Any]:
+        n, c = entry.get("n_calib"), entry.get("n_classes")
+        if not all(isinstance(v, int) and v >= 1 for v in (n, c)):
+            raise ArchiveError(f"calibration: bad n_calib / n_classes {n!r} / {c!r}")
+        q: Any = entry.get("quantile")
+        if self.class_conditional:
+            q = stored(tensors, "quantiles", (c,))
+        elif not isinstance(q, (int, float)) or isinstance(q, bool) or not math.isfinite(q):
+            raise ArchiveError(f"calibration: expected a finite quantile, got {q!r}")
+        return {"quantile_": q, "n_calib_": n, "n_classes_": c}
