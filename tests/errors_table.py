@@ -45,7 +45,8 @@ before any long work starts and names the argument at fault.
 - **Models returning a tuple or a dict** are wrapped with the `output_fn` hook,
   `peg.with_output(model, output_fn)` (a key, an index or a callable).
 - `(RuntimeError: ...)` stands for torch's own account of why the model could not run on
-  the inputs (its wording changes between torch versions); `$TMP` for a temporary folder.
+  the inputs (its wording changes between torch versions); `$TMP` for a temporary folder;
+  `$SECONDS` for a time measured when the error is raised.
 - `peg` on the command line: a `SystemExit` row shows the exit status and what argparse
   printed; other rows are the exception `peg` ends with.
 
@@ -109,6 +110,8 @@ def render(tmp: Path) -> str:
         message = message.replace(str(tmp), "$TMP")
         # torch's own words for why a forward failed change between versions: not pinned here
         message = re.sub(r"\((\w+): .*\); pass inputs", r"(\1: ...); pass inputs", message)
+        # a time measured on this machine: not pinned either
+        message = re.sub(r"\b\d[\d.e+-]* s to fit", "$SECONDS s to fit", message)
         message = message.replace("|", "\\|")
         lines.append(f"| {area} | {what} | `{kind.__name__}` | {message} |")
     return "\n".join(lines) + "\n"

@@ -72,7 +72,7 @@ class FittedMembers:
 
         Arguments as `Ensemble.member_logits`. A lazy ensemble loops over chunks of
         `chunk_size` members (default `LAZY_CHUNK_SIZE`) outside and batches inside (see
-        `peg.methods._members.RegeneratedMembers`).
+        `peg.methods._lazy.RegeneratedMembers`).
         """
         if "members_" not in self.__dict__:
             raise NotFittedError(f"{type(self).__name__}: call fit(...) before predicting")

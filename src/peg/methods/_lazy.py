@@ -1,7 +1,7 @@
 """What a lazy PEG/PEP (`lazy=True` or `"auto"`) keeps of its members, and when it is lazy.
 
 A lazy ensemble never stacks its members: each prediction builds them a chunk at a time from
-their direction rows (`peg.methods._members.RegeneratedMembers`). Where those rows come from is
+their direction rows (`RegeneratedMembers` below). Where those rows come from is
 `lazy_store`'s choice:
 
 - `"full"` (default): every row kept as computed, `[S, P]` per base (float32 for a float32
@@ -29,16 +29,29 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from peg._params import entry_views
-from peg.methods._members import Bases, RegeneratedMembers, RowSource, StackedMembers, finite_rows
+from peg._inputs import Data
+from peg._params import entry_views, module_like
+from peg._progress import counter
+from peg._scalars import check_positive_int
+from peg.batches import BatchFn, Tapped
+from peg.ensemble import STRATEGIES, Ensemble, Strategy, autocast_dtype
+from peg.errors import NotStreamable
+from peg.methods._members import (
+    LAZY_CHUNK_SIZE,
+    Bases,
+    RowSource,
+    StackedMembers,
+    _check_scale,
+    finite_rows,
+)
 from peg.recipe import fingerprint_probe, fingerprint_rows
 
 LAZY_STORES = ("full", "bfloat16", "float16", "regenerate")
@@ -224,3 +237,149 @@ def store_directions(directions: list[Tensor], store: str, bases: Bases) -> list
             rows.put(range(len(D)), D)
         out.append(rows)
     return out
+
+
+class RegeneratedMembers:
+    """No member held: the rows of a chunk of members are read from `stored` or recomputed by
+    `sources()` whenever members are needed (`lazy_store`, `peg.methods._lazy`).
+
+    `skeleton` runs on the meta device (no memory); `fingerprints` are every member's, taken
+    from the full-precision rows during `fit`. With `stored` rows, predicting reads each
+    parameter's entries of a chunk straight from them (`entries(members)`, `[k, *shape]`,
+    contiguous, as the eager ensemble's stacked weights are), never a `[k, P]` block.
+    """
+
+    def __init__(
+        self,
+        bases: Bases,
+        sources: Callable[[], list[RowSource]],
+        fingerprints: list[list[float]],
+        stored: Sequence[Any] | None = None,
+    ) -> None:
+        self.bases, self.sources, self._fingerprints = bases, sources, fingerprints
+        self.stored = stored  # the rows kept (`peg.methods._lazy.StoredRows`, one per base)
+        self.skeleton = _meta_like(bases.skeleton, bases.states[0])
+
+    def __len__(self) -> int:
+        return len(self.bases)
+
+    def ensemble_at(self, scale: float) -> Ensemble:
+        """Every member at `scale` (S·R × member size of memory), from its rows."""
+        _check_scale(scale)
+        with torch.enable_grad():
+            directions = [source(range(self.bases.n_members)) for source in self.sources()]
+        return self.bases.ensemble(directions, scale)
+
+    ensemble = ensemble_at  # nothing is kept: each call builds every member
+
+    def fingerprints(self, scale: float) -> list[list[float]]:
+        """Every member's fingerprint (`displacement_fingerprints`; NaN for dropped ones) at the
+        scale `fit` chose (`scale` is that one), taken by `fit`."""
+        return self._fingerprints
+
+    def _chunks(self, k: int, scale: float) -> Iterator[tuple[list[int], Ensemble]]:
+        """(members, their `Ensemble`), base-major, at most k at a time, dropped ones left out:
+        from the stored rows' entries, or from rows regenerated. A chunk is let go before the
+        next is built, once the caller has dropped it too."""
+        if self.stored is None or self.bases.bn_batches is not None:
+            for r, members, D in self.bases.chunks(self.sources(), k):
+                chunk = self._chunk_ensemble(r, D, scale)
+                del D
+                yield members, chunk
+                del chunk
+            return
+        for r, stored in enumerate(self.stored):
+            kept = self.bases.kept(r)
+            for start in range(0, len(kept), k):
+                members = kept[start : start + k]
+                chunk = self._stack(r, stored.entries(members), scale)
+                yield members, chunk
+                del chunk
+
+    def _chunk_ensemble(self, r: int, D: Tensor, scale: float) -> Ensemble:
+        """Members θ_r + scale·D[j] of base r as an `Ensemble` of len(D) members: D `[k, P]` is
+        consumed (`_stack` of its views: nothing of size k·P is allocated)."""
+        base, names = self.bases.states[r], self.bases.names
+        if self.bases.bn_batches is not None:
+            one = Bases([base], self.bases.skeleton, names, len(D), self.bases.bn_batches)
+            return one.ensemble([D], scale)
+        return self._stack(r, entry_views(D, [base[n].shape for n in names]), scale)
+
+    def _stack(self, r: int, entries: list[Tensor], scale: float) -> Ensemble:
+        """Members θ_r + scale·entries of base r (one `[k, *shape]` per perturbed parameter,
+        consumed: scaled and shifted in place), the skeleton on the meta device. The same
+        arithmetic as `Bases.ensemble`, so the same weights bit for bit."""
+        base, names = self.bases.states[r], self.bases.names
+        stacked = {
+            n: e.mul_(scale).to(base[n].dtype).add_(base[n])
+            for n, e in zip(names, entries, strict=True)
+        }
+        shared = {k: v for k, v in base.items() if k not in stacked}
+        return Ensemble(self.skeleton, stacked, shared)
+
+    def iter_member_logits(self, *_: Any, **__: Any) -> Iterator[Tensor]:
+        """Never: every batch needs every chunk of members, regenerated (see `member_logits`)."""
+        raise NotStreamable(
+            "a lazy ensemble regenerates chunks of members outside its batches: it cannot give "
+            "the members of one batch at a time without regenerating every chunk per batch; use "
+            "member_logits"
+        )
+
+    @torch.no_grad()
+    def member_logits(
+        self,
+        X: Data,
+        scale: float,
+        batch_size: int = 512,
+        strategy: Strategy = "auto",
+        progress: bool | None = None,
+        chunk_size: int | None = None,
+        autocast: str | torch.dtype | None = None,
+    ) -> Tensor:
+        """Logits `[M, N, C]`: chunks of `chunk_size` members (default `LAZY_CHUNK_SIZE`)
+        outside, batches inside. A chunk is regenerated, predicts every batch of X (`strategy`
+        within the chunk), and is freed. A Dataset or DataLoader is read once per chunk, never
+        gathered (⌈M / chunk_size⌉ passes over it: cheap next to the forward passes when the
+        data is in memory, a cost to weigh when each item is loaded or made anew); it must
+        yield the same rows on every pass (no shuffling), which is checked by their number."""
+        autocast_dtype(autocast)  # checked before any member is built
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy: expected one of {STRATEGIES}, got {strategy!r}")
+        batch_size = check_positive_int(batch_size, "batch_size")
+        k = LAZY_CHUNK_SIZE if chunk_size is None else check_positive_int(chunk_size, "chunk_size")
+        if isinstance(X, Tapped):  # records labels: only on the first pass
+            later: tuple[Data, BatchFn | None] = (X.data, X.batch_fn)
+        else:
+            later = (X, None)
+        M = len(self)
+        out: Tensor | None = None
+        start = 0
+        shown = counter(f"predict ({M} members, {k} at a time)", progress)
+        # no bar around the chunks: its iterator would hold the last chunk while making the next
+        # (`_chunks` lets go of one when asked for the next, after `del ensemble` here)
+        for members, ensemble in self._chunks(k, scale):
+            shown.update(len(members))
+            data, fn = (X, None) if out is None else later
+            logits = ensemble.member_logits(
+                data, batch_size, strategy, False, len(members), autocast, batch_fn=fn
+            )
+            del ensemble
+            if out is None:
+                out = logits.new_empty((M, *logits.shape[1:]))
+            elif logits.shape[1:] != out.shape[1:]:
+                raise ValueError(
+                    f"X: {out.shape[1]} rows on the first pass, {logits.shape[1]} on a later one; "
+                    "a lazy ensemble reads X once per chunk of members: pass data that yields "
+                    "the same rows on every pass (no shuffling)"
+                )
+            out[start : start + len(members)] = logits
+            start += len(members)
+            del logits
+        shown.close()
+        assert out is not None and start == M
+        return out
+
+
+def _meta_like(skeleton: nn.Module, state: dict[str, Tensor]) -> nn.Module:
+    """A copy of `skeleton` with meta-device tensors: structure without memory."""
+    return module_like(skeleton, {k: torch.empty_like(v, device="meta") for k, v in state.items()})

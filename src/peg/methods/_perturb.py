@@ -49,12 +49,18 @@ from peg.methods._constraints import (
 )
 from peg.methods._criteria import CRITERIA, check_task, is_regression
 from peg.methods._fitted_members import FittedMembers
-from peg.methods._lazy import LazyRows, check_lazy, choose_store, collect_rows, lazy_members
+from peg.methods._lazy import (
+    LazyRows,
+    RegeneratedMembers,
+    check_lazy,
+    choose_store,
+    collect_rows,
+    lazy_members,
+)
 from peg.methods._members import (
     Bases,
     DirectionData,
     Models,
-    RegeneratedMembers,
     RowSource,
     StackedMembers,
     base_models,
