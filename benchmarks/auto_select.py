@@ -91,8 +91,10 @@ def main() -> None:
         shown = "–" if per_fold is None else f"{per_fold:.2f}"
         print(f"  {name:<16} {s:7.2f}   cross-fit, per fold: {shown}")
     per_fold = {r["candidate"]: r.get("fit_seconds") or 0.0 for r in sel.report_}
-    own = {r["candidate"]: per_fold[r["candidate"]] - per_fold.get(r.get("base"), 0.0)
-           for r in sel.report_}  # fmt: skip  (a chained candidate's row counts its base's)
+    own = {
+        r["candidate"]: per_fold[r["candidate"]] - per_fold.get(r.get("base"), 0.0)
+        for r in sel.report_
+    }  # fmt: skip  (a chained candidate's row counts its base's)
     fits = sum(own.values()) * args.cv
     print(f"\nK x sum of single fits: {args.cv * total_single:.2f} s")
     print(f"AutoSelect.fit:         {auto:.2f} s = {auto / (args.cv * total_single):.2f} x that")
