@@ -26,7 +26,7 @@ def one_of(*choices: Any) -> Check:
     shown = ", ".join(repr(c) for c in choices[:-1]) + f" or {choices[-1]!r}"
 
     def check(value: Any, name: str) -> None:
-        if not any(value == c and type(value) is type(c) for c in choices):
+        if not any(type(value) is type(c) and value == c for c in choices):
             raise ValueError(f"{name}: expected {shown}, got {value!r}")
 
     return check
