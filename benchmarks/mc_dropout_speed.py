@@ -30,11 +30,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--samples", type=int, default=15)
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default: torch's)"
+    )
+    parser.add_argument(
+        "--clock", choices=("wall", "cpu"), default="wall", help="cpu: process time"
+    )
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    clock = time.perf_counter if args.clock == "wall" else time.process_time
     commit = subprocess.run(
         ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
-    print(f"$ python benchmarks/mc_dropout_speed.py --rounds {args.rounds}")
+    extra = (f" --threads {args.threads}" if args.threads else "") + f" --clock {args.clock}"
+    print(f"$ python benchmarks/mc_dropout_speed.py --rounds {args.rounds}{extra}")
     print(f"commit: {commit}")
     print(
         f"machine: {platform.system()} {platform.machine()}, {os.cpu_count()} cores (shared with "
@@ -62,9 +72,9 @@ def main() -> None:
         f()  # warm-up
     for _ in range(args.rounds):
         for k, f in calls.items():
-            started = time.perf_counter()
+            started = clock()
             f()
-            runs[k].append(time.perf_counter() - started)
+            runs[k].append(clock() - started)
     base = statistics.median(runs["one forward"])
     print(
         f"SmallCNN, {len(X)} inputs, batches of 512, MC dropout-{args.samples}; medians of "

@@ -81,8 +81,8 @@ class SampledDropout(nn.Dropout):
             return super().forward(x)
         if self.p == 1:
             return x * 0.0
-        out = x * (torch.rand_like(x) >= self.p)
-        return out.mul_(1.0 / (1.0 - self.p))
+        mask = torch.rand_like(x).ge_(self.p)  # 1.0 kept, 0.0 dropped: in place, no bool copy
+        return mask.mul_(x).mul_(1.0 / (1.0 - self.p))
 
 
 def sampled_dropout(model: nn.Module) -> None:
