@@ -81,8 +81,11 @@ class SampledDropout(nn.Dropout):
             return super().forward(x)
         if self.p == 1:
             return x * 0.0
-        mask = torch.rand_like(x).ge_(self.p)  # 1.0 kept, 0.0 dropped: in place, no bool copy
-        return mask.mul_(x).mul_(1.0 / (1.0 - self.p))
+        # drawn in float32 whatever x's dtype, so that autocast keeps the masks of float32
+        mask = torch.rand(x.shape, device=x.device).ge_(self.p)  # 1.0 kept, 0.0 dropped
+        if x.dtype != mask.dtype:
+            return x * mask.to(x.dtype) * (1.0 / (1.0 - self.p))
+        return mask.mul_(x).mul_(1.0 / (1.0 - self.p))  # in place: no bool-to-float copy
 
 
 def sampled_dropout(model: nn.Module) -> None:
