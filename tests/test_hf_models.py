@@ -185,6 +185,27 @@ def test_compare_with_the_default_methods(case):
         assert 0 <= row["error"] <= 1 and row["nll"] > 0, row
 
 
+class HeadFirst(nn.Module):
+    """The head registered before the trunk: registration order would pick the trunk's layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.score = nn.Linear(8, CLASSES)
+        self.body = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.score(self.body(x))
+
+
+def test_the_last_layer_is_the_last_to_run_not_the_last_registered():
+    torch.manual_seed(0)
+    X, y = torch.randn(200, 4), torch.randint(0, CLASSES, (200,))
+    ens = peg.PEG(n_members=3, eta=0.01, grad_batch_size=16, params="last_layer")
+    ens.fit(HeadFirst().eval(), (X, y))
+    assert ens.param_names_ == ["score.weight", "score.bias"]
+    assert ens.meta_["head"] == "score"
+
+
 class Functional(nn.Module):
     """Weights used through torch.nn.functional only: no Linear or Conv module."""
 

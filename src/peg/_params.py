@@ -31,8 +31,9 @@ from torch import Tensor, nn
 from torch.nn.utils import parameters_to_vector
 
 from peg._bn import update_bn
+from peg._devices import weights_device
 from peg._forward import eval_mode
-from peg.batches import call_model
+from peg.batches import call_model, move
 
 ParamFilter = (
     Literal["all", "weights", "last_layer"] | Sequence[str] | Callable[[str, nn.Parameter], bool]
@@ -143,7 +144,7 @@ def _run_order(model: nn.Module, names: list[str], x: Any) -> list[str]:
     hooks = [modules[n].register_forward_hook(lambda m, i, o, n=n: order.append(n)) for n in names]
     try:
         with torch.no_grad(), eval_mode(model):
-            call_model(model, x)
+            call_model(model, move(x, weights_device(model)))  # data follows the model
     except Exception:
         return []
     finally:

@@ -74,18 +74,18 @@ class SampledDropout(nn.Dropout):
     entry kept with probability 1 − p, kept entries scaled by 1 / (1 − p)) from vectorised
     uniform draws, about 3× cheaper than `bernoulli_`, which drew one element at a time and
     cost a sixth of each sampled forward of a small CNN (and more with several threads, the
-    draw being serial). The uniforms are float32 whatever the input's dtype. On other devices,
-    `nn.Dropout` itself (a fused kernel)."""
+    draw being serial). On other devices, `nn.Dropout` itself (a fused kernel)."""
 
     def forward(self, x: Tensor) -> Tensor:
         if not self.training or self.p == 0 or x.device.type != "cpu":
             return super().forward(x)
         if self.p == 1:
             return x * 0.0
-        # the uniforms in float32 whatever x's dtype: a bf16 draw (autocast) would round them
-        # and change the masks, and the same seed must give the same members at any precision
-        out = x * (torch.rand(x.shape, device=x.device) >= self.p)
-        return out.mul_(1.0 / (1.0 - self.p))
+        # drawn in float32 whatever x's dtype, so that autocast keeps the masks of float32
+        mask = torch.rand(x.shape, device=x.device).ge_(self.p)  # 1.0 kept, 0.0 dropped
+        if x.dtype != mask.dtype:
+            return x * mask.to(x.dtype) * (1.0 / (1.0 - self.p))
+        return mask.mul_(x).mul_(1.0 / (1.0 - self.p))  # in place: no bool-to-float copy
 
 
 def sampled_dropout(model: nn.Module) -> None:
