@@ -132,7 +132,7 @@ class StoredRows:
             self.dtype = D.dtype  # what `rows` gives back
             kept = D.dtype if self.store == "full" else _DTYPES[self.store]
             self.data = torch.zeros(self.S, D.shape[1], dtype=kept, device=D.device)
-            if kept == torch.float16:
+            if self.store == "float16":  # its narrow range: each tensor scaled
                 self.unscale = torch.ones(self.S, len(self.shapes), device=D.device)
         idx = torch.as_tensor(list(members), device=D.device)
         if self.unscale is None:

@@ -175,7 +175,8 @@ class PerturbationEnsemble(Recipes, FittedMembers, FittedEnsemble):
             on fewer than all). A raced scale's value is the incumbent's + the mean paired
             difference on the points raced (an estimate that ranks as the race decided);
             with `race=0` a stopped scale's value is a lower bound above the best.
-            A lazy ensemble keeps no `ensemble_` (nor `directions_`): see `lazy`.
+            A lazy ensemble keeps no `ensemble_` (nor `directions_`): see `lazy`;
+            `lazy_store_` says how the members are held (None: stacked).
         Checked before any work: the first batch against the model (a forward on two rows),
         then every batch as one pass in order reads it (taking the data's fingerprint).
         """
