@@ -3,13 +3,41 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
 import peg
 from peg.train import Recipe
+
+
+def raises_test(cases: Sequence[tuple[Any, ...]], files: bool = False) -> Callable[..., None]:
+    """The test a module with error cases runs over them: each `(area, what, call, kind,
+    regex)` raises `kind` matching `regex` (`call(tmp_path)` with `files=True`, the
+    `FILE_ERROR_CASES`). Bound to a `test_*` name in the module::
+
+        test_bad_input_raises_a_clear_error = raises_test(ERROR_CASES)
+    """
+    ids = [f"{area}: {what}" for area, what, *_ in cases]
+    parametrize = pytest.mark.parametrize("case", cases, ids=ids)
+
+    @parametrize
+    def test(case: tuple[Any, ...]) -> None:
+        _, _, call, kind, regex = case
+        with pytest.raises(kind, match=regex):
+            call()
+
+    @parametrize
+    def test_files(case: tuple[Any, ...], tmp_path: Path) -> None:
+        _, _, call, kind, regex = case
+        with pytest.raises(kind, match=regex):
+            call(tmp_path)
+
+    return test_files if files else test
 
 
 def _mlp() -> nn.Module:

@@ -2,8 +2,9 @@
 
 Any test module under tests/ may define `ERROR_CASES` (tuples `(area, what, call, kind,
 regex)`, `call()` takes no arguments) and `FILE_ERROR_CASES` (the same, `call(tmp_path)`),
-and parametrize its own test over them. This module finds those modules by scanning
-`tests/**/test_*.py`, runs every case and renders the table, grouped by area.
+and binds a test name to `bad_inputs.raises_test(ERROR_CASES)` (and to
+`raises_test(FILE_ERROR_CASES, files=True)`), which runs them. This module finds those modules
+by scanning `tests/**/test_*.py`, runs every case and renders the table, grouped by area.
 `python tests/errors_table.py` rewrites docs/errors.md; tests/test_errors_table.py fails
 when it is out of date, so the documentation cannot drift from what the library does.
 """

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 from torch import nn
 
 import peg
@@ -16,6 +15,7 @@ from bad_inputs import (
     _mlp,
     _TupleOut,
     _val,
+    raises_test,
 )
 from peg.archive import ArchiveError
 
@@ -137,7 +137,4 @@ FILE_ERROR_CASES: list[tuple[str, str, Callable[[Path], object], type[BaseExcept
 ]
 
 
-@pytest.mark.parametrize(("area", "what", "call", "kind", "pattern"), FILE_ERROR_CASES)
-def test_bad_files_raise_a_clear_error(area, what, call, kind, pattern, tmp_path):
-    with pytest.raises(kind, match=pattern):
-        call(tmp_path)
+test_bad_files_raise_a_clear_error = raises_test(FILE_ERROR_CASES, files=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import pytest
 import torch
 from torch import nn
 
@@ -18,6 +17,7 @@ from bad_inputs import (
     _TupleOut,
     _val,
     _wide,
+    raises_test,
 )
 
 
@@ -256,7 +256,4 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str
 ]
 
 
-@pytest.mark.parametrize(("area", "what", "call", "kind", "pattern"), ERROR_CASES)
-def test_bad_input_raises_a_clear_error(area, what, call, kind, pattern):
-    with pytest.raises(kind, match=pattern):
-        call()
+test_bad_input_raises_a_clear_error = raises_test(ERROR_CASES)

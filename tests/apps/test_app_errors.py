@@ -9,13 +9,12 @@ import io
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 import peg
 from bad_inputs import (
     _mlp,
     _val,
     _write,
+    raises_test,
 )
 from peg.apps.bench.runner import check_methods
 from peg.apps.bench.spec import SpecError, load_specs, parse_spec
@@ -256,13 +255,5 @@ FILE_ERROR_CASES: list[tuple[str, str, Callable[[Path], object], type[BaseExcept
 ]
 
 
-@pytest.mark.parametrize(("area", "what", "call", "kind", "pattern"), ERROR_CASES)
-def test_bad_input_raises_a_clear_error(area, what, call, kind, pattern):
-    with pytest.raises(kind, match=pattern):
-        call()
-
-
-@pytest.mark.parametrize(("area", "what", "call", "kind", "pattern"), FILE_ERROR_CASES)
-def test_bad_files_raise_a_clear_error(area, what, call, kind, pattern, tmp_path):
-    with pytest.raises(kind, match=pattern):
-        call(tmp_path)
+test_bad_input_raises_a_clear_error = raises_test(ERROR_CASES)
+test_bad_files_raise_a_clear_error = raises_test(FILE_ERROR_CASES, files=True)

@@ -18,6 +18,7 @@ import pytest
 import torch
 from torch import nn
 
+from bad_inputs import raises_test
 from peg.apps import registry
 from peg.apps.cli import main
 from peg.apps.compare import compare, sources
@@ -230,13 +231,5 @@ FILE_ERROR_CASES: list[tuple[str, str, Callable[[Path], object], type[Exception]
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("area", "what", "call", "kind", "regex"), ERROR_CASES)
-def test_bad_input(area, what, call, kind, regex):
-    with pytest.raises(kind, match=regex):
-        call()
-
-
-@pytest.mark.parametrize(("area", "what", "call", "kind", "regex"), FILE_ERROR_CASES)
-def test_bad_files(area, what, call, kind, regex, tmp_path):
-    with pytest.raises(kind, match=regex):
-        call(tmp_path)
+test_bad_input = raises_test(ERROR_CASES)
+test_bad_files = raises_test(FILE_ERROR_CASES, files=True)

@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-import pytest
 import torch
 
 import peg
+from bad_inputs import raises_test
 from peg.apps.bench.spec import parse_spec
 from peg.apps.conformal import ConformalSpec, conformal_cells, halves, parse_conformal
 from peg.errors import SpecError
@@ -112,7 +112,4 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[Exception], str]] =
 ]
 
 
-@pytest.mark.parametrize(("area", "what", "call", "kind", "pattern"), ERROR_CASES)
-def test_bad_input_raises_a_clear_error(area, what, call, kind, pattern):
-    with pytest.raises(kind, match=pattern):
-        call()
+test_bad_input_raises_a_clear_error = raises_test(ERROR_CASES)

@@ -19,6 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import peg
+from bad_inputs import raises_test
 from peg.apps.cli import main
 from peg.apps.select import AutoSelect
 from peg.archive import read_header
@@ -187,12 +188,6 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[Exception], str]] =
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("area", "what", "call", "kind", "regex"), ERROR_CASES)
-def test_bad_input(area, what, call, kind, regex):
-    with pytest.raises(kind, match=regex):
-        call()
-
-
 def test_a_chosen_ts_then_peg_loads_around_the_scaled_model(tmp_path, monkeypatch):
     from peg.apps.chain import Scaled
     from peg.apps.select import auto
@@ -207,3 +202,6 @@ def test_a_chosen_ts_then_peg_loads_around_the_scaled_model(tmp_path, monkeypatc
     loaded = peg.load(path, Scaled(nn.Linear(3, 3), T), val=val)
     X = val[0][:40]
     assert torch.allclose(loaded.predict_proba(X), sel.predict_proba(X), atol=1e-5)
+
+
+test_bad_input = raises_test(ERROR_CASES)

@@ -10,12 +10,12 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import pytest
 import torch
 
 from bad_inputs import (
     _val,
     _write,
+    raises_test,
 )
 from peg import data
 from peg.data import corruptions
@@ -171,13 +171,5 @@ FILE_ERROR_CASES: list[tuple[str, str, Callable[[Path], object], type[BaseExcept
 ]
 
 
-@pytest.mark.parametrize(("area", "what", "call", "kind", "pattern"), ERROR_CASES)
-def test_bad_input_raises_a_clear_error(area, what, call, kind, pattern):
-    with pytest.raises(kind, match=pattern):
-        call()
-
-
-@pytest.mark.parametrize(("area", "what", "call", "kind", "pattern"), FILE_ERROR_CASES)
-def test_bad_files_raise_a_clear_error(area, what, call, kind, pattern, tmp_path):
-    with pytest.raises(kind, match=pattern):
-        call(tmp_path)
+test_bad_input_raises_a_clear_error = raises_test(ERROR_CASES)
+test_bad_files_raise_a_clear_error = raises_test(FILE_ERROR_CASES, files=True)

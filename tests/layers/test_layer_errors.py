@@ -6,11 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import pytest
-
 from bad_inputs import (
     _bn_mlp,
     _mlp,
+    raises_test,
 )
 from peg.layers import patch
 from peg.models._packed import Packing, as_packing
@@ -38,7 +37,4 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str
 ]
 
 
-@pytest.mark.parametrize(("area", "what", "call", "kind", "pattern"), ERROR_CASES)
-def test_bad_input_raises_a_clear_error(area, what, call, kind, pattern):
-    with pytest.raises(kind, match=pattern):
-        call()
+test_bad_input_raises_a_clear_error = raises_test(ERROR_CASES)

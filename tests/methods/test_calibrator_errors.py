@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 import torch
 from torch import nn
 
@@ -15,6 +14,7 @@ import peg
 from bad_inputs import (
     _mlp,
     _val,
+    raises_test,
 )
 
 # (area, bad input, call, error type, regex the message must match)
@@ -164,13 +164,5 @@ FILE_ERROR_CASES: list[tuple[str, str, Callable[[Path], object], type[BaseExcept
 ]
 
 
-@pytest.mark.parametrize(("area", "what", "call", "kind", "pattern"), ERROR_CASES)
-def test_bad_input_raises_a_clear_error(area, what, call, kind, pattern):
-    with pytest.raises(kind, match=pattern):
-        call()
-
-
-@pytest.mark.parametrize(("area", "what", "call", "kind", "pattern"), FILE_ERROR_CASES)
-def test_bad_files_raise_a_clear_error(area, what, call, kind, pattern, tmp_path):
-    with pytest.raises(kind, match=pattern):
-        call(tmp_path)
+test_bad_input_raises_a_clear_error = raises_test(ERROR_CASES)
+test_bad_files_raise_a_clear_error = raises_test(FILE_ERROR_CASES, files=True)

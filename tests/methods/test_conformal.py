@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import peg
+from bad_inputs import raises_test
 from peg.errors import NotFittedError
 from peg.methods._conformal import class_scores, conformal_quantile, quantile_rank
 from peg.metrics import conformal as cm
@@ -382,7 +383,4 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[Exception], str]] =
 ]
 
 
-@pytest.mark.parametrize(("area", "what", "call", "kind", "pattern"), ERROR_CASES)
-def test_bad_input_raises_a_clear_error(area, what, call, kind, pattern):
-    with pytest.raises(kind, match=pattern):
-        call()
+test_bad_input_raises_a_clear_error = raises_test(ERROR_CASES)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import peg
+from bad_inputs import raises_test
 from peg.archive import read_header
 from peg.methods._lazy import StoredRows, available_memory
 
@@ -41,12 +42,6 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[Exception], str]] =
         "memory_budget",
     ),
 ]
-
-
-@pytest.mark.parametrize(("area", "what", "call", "kind", "pattern"), ERROR_CASES)
-def test_bad_lazy_options_raise_a_clear_error(area, what, call, kind, pattern):
-    with pytest.raises(kind, match=pattern):
-        call()
 
 
 def _fit(model, val, **options):
@@ -146,3 +141,6 @@ def test_lazy_pep_stores_its_noise(overfit_mlp, moons_data):
             assert torch.equal(got, want)
         else:
             torch.testing.assert_close(got, want, rtol=0, atol=1e-3 * want.abs().max().item())
+
+
+test_bad_lazy_options_raise_a_clear_error = raises_test(ERROR_CASES)

@@ -8,7 +8,6 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 import torch
 from torch import nn
 
@@ -21,6 +20,7 @@ from bad_inputs import (
     _val,
     _wide,
     _write,
+    raises_test,
 )
 from peg import models
 from peg.subspace import DropoutSubspace, RandomSubspace
@@ -442,13 +442,5 @@ FILE_ERROR_CASES: list[tuple[str, str, Callable[[Path], object], type[BaseExcept
 ]
 
 
-@pytest.mark.parametrize(("area", "what", "call", "kind", "pattern"), ERROR_CASES)
-def test_bad_input_raises_a_clear_error(area, what, call, kind, pattern):
-    with pytest.raises(kind, match=pattern):
-        call()
-
-
-@pytest.mark.parametrize(("area", "what", "call", "kind", "pattern"), FILE_ERROR_CASES)
-def test_bad_files_raise_a_clear_error(area, what, call, kind, pattern, tmp_path):
-    with pytest.raises(kind, match=pattern):
-        call(tmp_path)
+test_bad_input_raises_a_clear_error = raises_test(ERROR_CASES)
+test_bad_files_raise_a_clear_error = raises_test(FILE_ERROR_CASES, files=True)

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import peg
+from bad_inputs import raises_test
 from peg.methods.peg import draw_batch
 from peg.streams import VALIDATION, generator
 
@@ -165,8 +166,4 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[Exception], str]] =
 ]
 
 
-@pytest.mark.parametrize("case", ERROR_CASES, ids=[f"{c[0]}: {c[1]}" for c in ERROR_CASES])
-def test_bad_input_raises_a_clear_error(case) -> None:  # type: ignore[no-untyped-def]
-    _, _, call, kind, regex = case
-    with pytest.raises(kind, match=regex):
-        call()
+test_bad_input_raises_a_clear_error = raises_test(ERROR_CASES)

@@ -7,13 +7,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-import pytest
 import torch
 from torch import nn
 
 from bad_inputs import (
     _mlp,
     logits,
+    raises_test,
 )
 from peg import metrics
 from peg.metrics import diversity, ood, regression
@@ -321,7 +321,4 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str
 ]
 
 
-@pytest.mark.parametrize(("area", "what", "call", "kind", "pattern"), ERROR_CASES)
-def test_bad_input_raises_a_clear_error(area, what, call, kind, pattern):
-    with pytest.raises(kind, match=pattern):
-        call()
+test_bad_input_raises_a_clear_error = raises_test(ERROR_CASES)

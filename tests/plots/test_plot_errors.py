@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import pytest
-
 from bad_inputs import (
     logits,
+    raises_test,
 )
 from peg import metrics, plots
 
@@ -34,7 +33,4 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str
 ]
 
 
-@pytest.mark.parametrize(("area", "what", "call", "kind", "pattern"), ERROR_CASES)
-def test_bad_input_raises_a_clear_error(area, what, call, kind, pattern):
-    with pytest.raises(kind, match=pattern):
-        call()
+test_bad_input_raises_a_clear_error = raises_test(ERROR_CASES)

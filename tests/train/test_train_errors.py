@@ -7,8 +7,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from bad_inputs import (
     R1,
     _bad_batch_3,
@@ -21,6 +19,7 @@ from bad_inputs import (
     _TupleOut,
     _val,
     _wide,
+    raises_test,
 )
 from peg.train import Recipe, train
 
@@ -158,13 +157,5 @@ FILE_ERROR_CASES: list[tuple[str, str, Callable[[Path], object], type[BaseExcept
 ]
 
 
-@pytest.mark.parametrize(("area", "what", "call", "kind", "pattern"), ERROR_CASES)
-def test_bad_input_raises_a_clear_error(area, what, call, kind, pattern):
-    with pytest.raises(kind, match=pattern):
-        call()
-
-
-@pytest.mark.parametrize(("area", "what", "call", "kind", "pattern"), FILE_ERROR_CASES)
-def test_bad_files_raise_a_clear_error(area, what, call, kind, pattern, tmp_path):
-    with pytest.raises(kind, match=pattern):
-        call(tmp_path)
+test_bad_input_raises_a_clear_error = raises_test(ERROR_CASES)
+test_bad_files_raise_a_clear_error = raises_test(FILE_ERROR_CASES, files=True)
