@@ -180,6 +180,7 @@ class PerturbationEnsemble(Recipes, FittedMembers, FittedEnsemble):
         Checked before any work: the first batch against the model (a forward on two rows),
         then every batch as one pass in order reads it (taking the data's fingerprint).
         """
+        self._check_params()  # as the constructor did: catches an attribute set directly
         return self._fit(model, val, bn_data, Expected())
 
     def _fit(
