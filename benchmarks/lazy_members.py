@@ -14,14 +14,19 @@ validation set; one test batch of `--batch` images. Times are medians of round-r
 (every variant timed in turn in each round, after a warm-up call; "regenerate", which
 recomputes the gradients, once after them); every number is a ratio measured in this run, on
 this machine (printed), with the largest difference of each one's logits from the eager ones.
+"CPU × eager" is the process's CPU time (user + system) of one more call, against the eager
+call's: what the call costs whatever the other jobs on a shared machine do to wall time.
 
-    python benchmarks/lazy_members.py [--batch 16] [--repeats 5] [--quick]
+    python benchmarks/lazy_members.py [--batch 16] [--repeats 5] [--model NAME] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from _timing import median_time, round_robin
@@ -44,6 +49,15 @@ def _held(fitted: peg.PEG) -> int:
         return rows + sum(t.numel() * t.element_size() for t in stacked)
     stored = members.stored or []
     return sum(s.data.numel() * s.data.element_size() for s in stored if s.data is not None)
+
+
+def _cpu_seconds(run: Callable[[], Any]) -> float:
+    """CPU seconds (user + system) of this process for one `run()`: what the call costs,
+    whatever else the shared machine runs (wall time grows with the other jobs' load)."""
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    run()
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def run(name: str, S: int, B: int, K: int, repeats: int) -> None:
@@ -73,12 +87,14 @@ def run(name: str, S: int, B: int, K: int, repeats: int) -> None:
         times = {k: statistics.median(v) for k, v in round_robin(runs, repeats, 0.0).items()}
         for k, f in slow.items():  # once: it recomputes the gradients at every call
             times[k] = median_time(f, 1)[0]
+        cpu = {k: _cpu_seconds(f) for k, f in {**runs, **slow}.items()}
     forward, stacked = times["base model, one forward"], times[f"eager PEG-{S} (stacked)"]
     print(
         f"\n{name} ({n_params / 1e6:.1f} M parameters), PEG-{S}, one batch of {B} images at 224 px"
     )
     print(
-        f"  {'':44s} {'× forward':>10s} {'× eager':>9s} {'held (MiB)':>11s} {'max |Δ logit|':>14s}"
+        f"  {'':44s} {'× forward':>10s} {'× eager':>9s} {'CPU × eager':>12s} {'held (MiB)':>11s}"
+        f" {'max |Δ logit|':>14s}"
     )
     for label, t in times.items():
         fitted = eager if label.startswith("eager") else None
@@ -88,7 +104,8 @@ def run(name: str, S: int, B: int, K: int, repeats: int) -> None:
         diff = ""
         if fitted is not None:
             diff = f"{(fitted.member_logits(X, B) - want).abs().max().item():14.2e}"
-        print(f"  {label:44s} {t / forward:10.2f} {t / stacked:9.2f} {held} {diff}")
+        ratio = cpu[label] / cpu[f"eager PEG-{S} (stacked)"]
+        print(f"  {label:44s} {t / forward:10.2f} {t / stacked:9.2f} {ratio:12.2f} {held} {diff}")
     print(f"  (one forward: {forward * 1e3:.0f} ms; base weights {n_params * 4 / 2**20:.0f} MiB)")
 
 
@@ -99,13 +116,14 @@ def main() -> None:
     parser.add_argument("--grad-batch", type=int, default=8, help="K, images per gradient")
     parser.add_argument("--repeats", type=int, default=5, help="round-robin rounds")
     parser.add_argument("--quick", action="store_true", help="ViT-Ti only, batch 4, 1 repeat")
+    parser.add_argument("--model", choices=list(CONFIGS), help="this one only")
     args = parser.parse_args()
     print(f"machine: {machine()}; torch threads: {torch.get_num_threads()}")
     S, K = args.members, args.grad_batch
     if args.quick:
         run("ViT-Ti/16", S, 4, K, 1)
         return
-    for name in CONFIGS:
+    for name in [args.model] if args.model else CONFIGS:
         run(name, S, args.batch, K, args.repeats)
 
 
