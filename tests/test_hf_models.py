@@ -306,6 +306,15 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[Exception], str]] =
         ValueError,
         r"val: pred_type='nn' is laplace-torch's sampled networks, which take tensor inputs",
     ),
+    (
+        "Laplace",
+        "dict inputs to a Laplace fitted on tensors",
+        lambda: peg.Laplace()
+        .fit(Pixels(vit().eval()), (images(16, 0)["pixel_values"], images(16, 0)["labels"]))
+        .predict_proba({"pixel_values": images(4, 1)["pixel_values"]}),
+        TypeError,
+        r"X: this Laplace was fitted on tensor inputs, got dict \{\['pixel_values'\]",
+    ),
 ]
 
 

@@ -22,6 +22,12 @@ given: `train_data` when passed (`peg bench` passes its training split), else `v
 (`peg.compare`, which has only validation data: a posterior from fewer points, wider, so more
 cautious).
 
+Dict batches (HuggingFace-style: labels under "labels"/"label", the rest the model's keyword
+inputs): laplace-torch gets the model wrapped in `_laplace_torch.Keywords` (the logits of
+`model(**inputs)`) and mapping batches with its `dict_key_x`/`dict_key_y`; everything above
+works on them but `pred_type="nn"` (laplace-torch's sampled networks move their inputs with
+`x.to(device)`, which a dict lacks), refused in `fit`. `meta_["keyword_inputs"]` says which.
+
 `save` writes the posterior (no data); `peg.load(path, model)` reads it back (`Laplace.load` is
 the same call).
 
@@ -185,9 +191,9 @@ class Laplace(ModulePredictor):
             model: a trained nn.Module whose forward returns logits `[B, C]` (a Tensor; wrap other
                 outputs with `peg.with_output`), ending in an nn.Linear for the last layer.
             val: labelled data, `(X, y)` tensors or arrays, a Dataset or a DataLoader of
-                `(x, y, ...)` batches (or `batch_fn`'s): the points of the likelihood, N of them,
-                unless `train_data` is given; the grid search's for
-                `prior_optimization="gridsearch"`.
+                `(x, y, ...)` batches, dict batches (see the module doc) or `batch_fn`'s: the
+                points of the likelihood, N of them, unless `train_data` is given; the grid
+                search's for `prior_optimization="gridsearch"`.
             bn_data: unused (accepted as by every post-hoc method).
             train_data: labelled data for the likelihood instead of `val` (the training data
                 in the paper; see the module doc). With it, `val` is for the grid search only.
@@ -336,6 +342,15 @@ class Laplace(ModulePredictor):
         if name is not None and self.keywords_ and name.startswith(_torch.PREFIX):
             name = name[len(_torch.PREFIX) :]
         return name
+
+    def _forward(self, x: Any) -> Any:
+        """One forward pass as laplace-torch runs it: `model_(x)`, a mapping whole (`Keywords`)."""
+        return self.model_(x)
+
+    def _probe(self, x: Any, name: str = "X") -> None:
+        if isinstance(x, Mapping) and not self.keywords_:
+            return  # `_batch_logits`' TypeError says it all
+        super()._probe(x, name)
 
     def _batch_logits(self, x: Any, j: int) -> Tensor:
         """Members of batch j, `[M, B, C]`: log predictive probabilities (see the class doc)."""
