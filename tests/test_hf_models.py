@@ -17,7 +17,7 @@ import pytest
 import torch
 import transformers  # peg[hf], installed by scripts/setup.sh: CI runs these tests
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import peg
 from peg.subspace import RandomSubspace
@@ -185,6 +185,62 @@ def test_compare_with_the_default_methods(case):
         assert 0 <= row["error"] <= 1 and row["nll"] > 0, row
 
 
+class Pixels(nn.Module):
+    """An image model taking `pixel_values` as a tensor and returning its logits."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(pixel_values=x).logits
+
+
+def test_laplace_fits_and_predicts_on_dict_batches(case, tmp_path):
+    name, model, val, test = case
+    fitted = peg.Laplace().fit(model, val)
+    assert fitted.meta_["last_layer"] == MODELS[name][2] and fitted.meta_["keyword_inputs"]
+    assert fitted.meta_["fast_variance"]  # the Kronecker path, on the wrapped model's features
+    probs = fitted.predict_proba(test)
+    assert probs.shape == (40, CLASSES) and torch.isfinite(probs).all()
+    torch.testing.assert_close(probs.sum(1), torch.ones(40))
+    torch.testing.assert_close(fitted.predict_proba(inputs_of(test)), probs)  # a mapping whole
+    # laplace-torch's own predictive on the same mappings gives the same numbers
+    own = peg.Laplace(fast_variance=False).fit(model, val).predict_proba(test)
+    torch.testing.assert_close(own, probs, rtol=1e-4, atol=1e-5)
+    if name != "bert":  # the same model taking the pixels as a tensor: the same fit
+        data = val.dataset.data
+        pairs = DataLoader(TensorDataset(data["pixel_values"], data["labels"]), batch_size=32)
+        tensors = peg.Laplace().fit(Pixels(model), pairs)
+        assert tensors.prior_precision_ == pytest.approx(fitted.prior_precision_, rel=1e-4)
+        pixels = test.dataset.data["pixel_values"]
+        torch.testing.assert_close(tensors.predict_proba(pixels), probs, rtol=1e-4, atol=1e-5)
+    path = fitted.save(tmp_path / "la.safetensors")
+    torch.manual_seed(1)
+    loaded = peg.load(path, MODELS[name][0]())  # another instance: its weights are replaced
+    assert loaded.meta_ == fitted.meta_
+    torch.testing.assert_close(loaded.member_logits(test), fitted.member_logits(test))
+
+
+def test_laplace_grid_search_and_mc_on_dict_batches(case):
+    _, model, val, test = case
+    for options in ({"prior_optimization": "gridsearch"}, {"link_approx": "mc", "n_members": 3}):
+        fast = peg.Laplace(**options).fit(model, val)
+        own = peg.Laplace(fast_variance=False, **options).fit(model, val)
+        assert fast.prior_precision_ == pytest.approx(own.prior_precision_, rel=1e-4)
+        torch.testing.assert_close(
+            fast.member_logits(test), own.member_logits(test), rtol=1e-4, atol=1e-4
+        )
+
+
+def test_compare_with_laplace_on_dict_batches(case):
+    _, model, val, test = case
+    result = peg.compare(model, val, test, methods=["Model", "Laplace"], say=None, progress=False)
+    assert not result.failed and [row["method"] for row in result.table] == ["Model", "Laplace"]
+    for row in result.table:
+        assert 0 <= row["error"] <= 1 and row["nll"] > 0, row
+
+
 class HeadFirst(nn.Module):
     """The head registered before the trunk: registration order would pick the trunk's layer."""
 
@@ -240,6 +296,24 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[Exception], str]] =
         ValueError,
         r"val: the batch is a mapping without 'labels' or 'label' \(keys: \['pixel_values', "
         r"'target'\]\)",
+    ),
+    (
+        "Laplace",
+        "pred_type='nn' on dict batches",
+        lambda: peg.Laplace(pred_type="nn", link_approx="mc").fit(
+            vit().eval(), DataLoader(Items(images(16, 0)), batch_size=8)
+        ),
+        ValueError,
+        r"val: pred_type='nn' is laplace-torch's sampled networks, which take tensor inputs",
+    ),
+    (
+        "Laplace",
+        "dict inputs to a Laplace fitted on tensors",
+        lambda: peg.Laplace()
+        .fit(Pixels(vit().eval()), (images(16, 0)["pixel_values"], images(16, 0)["labels"]))
+        .predict_proba({"pixel_values": images(4, 1)["pixel_values"]}),
+        TypeError,
+        r"X: this Laplace was fitted on tensor inputs, got dict \{\['pixel_values'\]",
     ),
 ]
 

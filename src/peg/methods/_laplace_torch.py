@@ -1,19 +1,30 @@
 """How `peg.Laplace` talks to laplace-torch: importing it (optional, `INSTALL`), the batches
-its `fit` and grid search read, its warnings, and the global RNG its random steps draw from."""
+its `fit` and grid search read, its warnings, and the global RNG its random steps draw from.
+
+Mapping inputs (HuggingFace-style `{"input_ids": ..., "attention_mask": ...}`): laplace-torch
+0.3 passes a `MutableMapping` batch whole to the model (`model(batch)`, no `[:1]` slice, no
+move to the device) and reads its labels at `dict_key_y` and its number of rows at
+`dict_key_x` (curvlinops' `batch_size_fn`, its non-empty check). So peg hands it the model
+wrapped in `Keywords` (`forward(x)` = the logits of `model(**inputs)`, the entry `ROWS` left
+out) and batches `{**inputs, ROWS: y}` on the model's device, with `dict_key_x = dict_key_y =
+ROWS`: the labels, whose first dimension is the batch's rows. At prediction `ROWS` holds zeros.
+"""
 
 from __future__ import annotations
 
 import importlib
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from types import ModuleType
+from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from peg._rows import ValSource
-from peg.batches import describe_inputs
+from peg.batches import call_model, describe_inputs, move
+from peg.output import logits_of
 from peg.streams import LAPLACE_FIT, generator
 
 INSTALL = (
@@ -36,26 +47,74 @@ def require_laplace() -> ModuleType:
         ) from e
 
 
+ROWS = "__peg_rows__"  # laplace-torch's dict_key_x and dict_key_y for mapping batches
+PREFIX = "model."  # module names inside `Keywords`
+
+
+class Keywords(nn.Module):
+    """`model` for laplace-torch on mapping inputs: `forward(x)` is the logits (`logits_of`) of
+    `model(**x)` without the entry `ROWS` (of `model(x)` for a tensor). A child `model`: names
+    gain the prefix `model.`."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: Any) -> Any:
+        if isinstance(x, Mapping):
+            x = {k: v for k, v in x.items() if k != ROWS}
+        return logits_of(call_model(self.model, x))
+
+
+def keyed(x: Mapping[str, Any], rows: Tensor) -> dict[str, Any]:
+    """A mapping batch as laplace-torch reads it (see the module doc)."""
+    return {**x, ROWS: rows}
+
+
+def check_inputs(x: Any, name: str) -> None:
+    """Tensors or mappings: laplace-torch takes nothing else (tuples, lists)."""
+    if not isinstance(x, (Tensor, Mapping)):
+        raise TypeError(
+            f"{name}: laplace-torch takes tensor or mapping inputs, got batches of "
+            f"{describe_inputs(x)}"
+        )
+
+
 class Batches:
     """What laplace-torch's `fit` and grid search read of a DataLoader: `len(dataset)` (N, the
-    likelihood's weight) and `(x, y)` batches, here those of a `ValSource` (any labelled data
-    peg takes, each batch checked as it is read)."""
+    likelihood's weight) and `(x, y)` batches (mappings `keyed` with the labels for mapping
+    inputs), here those of a `ValSource` (any labelled data peg takes, each batch checked as it
+    is read), on `device`."""
 
-    def __init__(self, source: ValSource, batch_size: int) -> None:
-        self.source, self.batch_size = source, batch_size
+    def __init__(self, source: ValSource, batch_size: int, device: torch.device) -> None:
+        self.source, self.batch_size, self.device = source, batch_size, device
         if source.n is None:  # an IterableDataset: one pass to count its points
             for _ in source.batches(batch_size):
                 pass
         self.dataset = range(source.count)
 
-    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+    def pairs(self) -> Iterator[tuple[Any, Tensor]]:
+        """`(x, y)` on the device, x a tensor or a `keyed` mapping."""
         for _, x, y in self.source.batches(self.batch_size):
-            if not isinstance(x, Tensor):
-                raise TypeError(
-                    f"{self.source.name}: laplace-torch takes tensor inputs, got batches of "
-                    f"{describe_inputs(x)}"
-                )
-            yield x, y
+            check_inputs(x, self.source.name)
+            x, y = move(x, self.device, self.source.name), y.to(self.device)
+            yield (keyed(x, y) if isinstance(x, Mapping) else x), y
+
+    def paired(self) -> Iterable[tuple[Any, Tensor]]:
+        """`pairs` as an iterable read again at every iteration (the grid search's)."""
+        return _Pairs(self)
+
+    def __iter__(self) -> Iterator[Any]:
+        for x, y in self.pairs():
+            yield x if isinstance(x, Mapping) else (x, y)
+
+
+class _Pairs:
+    def __init__(self, batches: Batches) -> None:
+        self.batches = batches
+
+    def __iter__(self) -> Iterator[tuple[Any, Tensor]]:
+        return self.batches.pairs()
 
 
 @contextmanager

@@ -106,7 +106,7 @@ def usable(la: Any) -> bool:
     return tested_version() and supported(la)
 
 
-def glm_predictive_distribution(la: Any, X: Tensor) -> tuple[Tensor, Tensor] | None:
+def glm_predictive_distribution(la: Any, X: Any) -> tuple[Tensor, Tensor] | None:
     """What laplace-torch's `LLLaplace._glm_predictive_distribution(X)` returns for a
     `usable` posterior: the logits `f_mu [B, C]` and their covariance `[B, C, C]`, the covariance
     by `kron_functional_variance`; None where the features are not `[B, D]` (the caller then
@@ -144,7 +144,7 @@ def link(f_mu: Tensor, f_var: Tensor, link_approx: str) -> Tensor:
 
 
 def predictive(
-    la: Any, x: Tensor, link_approx: str, n_samples: int, generator: torch.Generator | None
+    la: Any, x: Any, link_approx: str, n_samples: int, generator: torch.Generator | None
 ) -> Tensor | None:
     """The GLM predictive of a `usable` posterior on `x`: `[S, B, C]` sampled softmax outputs
     for "mc" (`la.predictive_samples`'), else `[B, C]` (`la(x, link_approx=...)`'s); None where
@@ -160,7 +160,7 @@ def predictive(
 
 
 def gridsearch(
-    la: Any, batches: Iterable[tuple[Tensor, Tensor]], link_approx: str, n_samples: int
+    la: Any, batches: Iterable[tuple[Any, Tensor]], link_approx: str, n_samples: int
 ) -> None:
     """laplace-torch 0.3's `optimize_prior_precision(method="gridsearch")` for a `usable`
     posterior, its predictive computed by `predictive`: the prior precision among 100 values
@@ -177,8 +177,7 @@ def gridsearch(
     for prior in grid:
         la.prior_precision = prior
         try:
-            for x, y in batches:
-                x, y = x.to(la._device), y.to(la._device)
+            for x, y in batches:  # on the device (`_laplace_torch.Batches.pairs`)
                 probs = predictive(la, x, link_approx, n_samples, None)
                 if probs is None:
                     probs = la(x, pred_type="glm", link_approx=link_approx, n_samples=n_samples)

@@ -22,6 +22,12 @@ given: `train_data` when passed (`peg bench` passes its training split), else `v
 (`peg.compare`, which has only validation data: a posterior from fewer points, wider, so more
 cautious).
 
+Dict batches (HuggingFace-style: labels under "labels"/"label", the rest the model's keyword
+inputs): laplace-torch gets the model wrapped in `_laplace_torch.Keywords` (the logits of
+`model(**inputs)`) and mapping batches with its `dict_key_x`/`dict_key_y`; everything above
+works on them but `pred_type="nn"` (laplace-torch's sampled networks move their inputs with
+`x.to(device)`, which a dict lacks), refused in `fit`. `meta_["keyword_inputs"]` says which.
+
 `save` writes the posterior (no data); `peg.load(path, model)` reads it back (`Laplace.load` is
 the same call).
 
@@ -36,6 +42,7 @@ import copy
 import importlib
 import importlib.metadata
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -48,7 +55,7 @@ from peg._forward import diagnose
 from peg._inputs import Data
 from peg._rows import ValSource
 from peg._scalars import check_number, check_positive_int, check_seed
-from peg.batches import BatchFn, call_model, check_batch_fn, describe_inputs, move
+from peg.batches import BatchFn, batch_rows, check_batch_fn, describe_inputs, move
 from peg.errors import NotFittedError
 from peg.loading import register_format
 from peg.methods import _laplace_state as _state
@@ -184,9 +191,9 @@ class Laplace(ModulePredictor):
             model: a trained nn.Module whose forward returns logits `[B, C]` (a Tensor; wrap other
                 outputs with `peg.with_output`), ending in an nn.Linear for the last layer.
             val: labelled data, `(X, y)` tensors or arrays, a Dataset or a DataLoader of
-                `(x, y, ...)` batches (or `batch_fn`'s): the points of the likelihood, N of them,
-                unless `train_data` is given; the grid search's for
-                `prior_optimization="gridsearch"`.
+                `(x, y, ...)` batches, dict batches (see the module doc) or `batch_fn`'s: the
+                points of the likelihood, N of them, unless `train_data` is given; the grid
+                search's for `prior_optimization="gridsearch"`.
             bn_data: unused (accepted as by every post-hoc method).
             train_data: labelled data for the likelihood instead of `val` (the training data
                 in the paper; see the module doc). With it, `val` is for the grid search only.
@@ -212,11 +219,22 @@ class Laplace(ModulePredictor):
         grid = ValSource(val, "val", split, device) if gridsearch else None
         laplace = require_laplace()
         network = copy.deepcopy(model).eval()  # laplace-torch runs it; the caller's is untouched
+        x, _ = source.first()
+        _torch.check_inputs(x, source.name)
+        self.keywords_ = isinstance(x, Mapping)
+        if self.keywords_:
+            if self.pred_type == "nn":
+                raise ValueError(
+                    f"{source.name}: pred_type='nn' is laplace-torch's sampled networks, which "
+                    "take tensor inputs only (it moves them with x.to(device)); use "
+                    "pred_type='glm' for mapping batches"
+                )
+            network = _torch.Keywords(network).eval()
         self._check_sources(network, source, grid)
         la = self._new(laplace, network)
         with _torch.quiet(), _torch.seeded(int(self.seed), device):
-            la.fit(_torch.Batches(source, int(self.batch_size)))
-            self._optimize_prior(la, grid)
+            la.fit(_torch.Batches(source, int(self.batch_size), device))
+            self._optimize_prior(la, grid, device)
         self._set_fitted(la)
         return self
 
@@ -230,14 +248,14 @@ class Laplace(ModulePredictor):
                 if s.X is not None and s.y is not None:
                     s.check(s.X, s.y, "all points")
 
-    def _optimize_prior(self, la: Any, grid: ValSource | None) -> None:
+    def _optimize_prior(self, la: Any, grid: ValSource | None, device: torch.device) -> None:
         """The prior precision: marglik or the grid search on `grid` (explicitly through the
         Kronecker structure where `_fast`, else laplace-torch's), or kept."""
         if self.prior_optimization is None:
             return
-        batches = None if grid is None else _torch.Batches(grid, int(self.batch_size))
+        batches = None if grid is None else _torch.Batches(grid, int(self.batch_size), device)
         if batches is not None and self._fast(la):
-            _variance.gridsearch(la, batches, self.link_approx, int(self.n_members))
+            _variance.gridsearch(la, batches.paired(), self.link_approx, int(self.n_members))
             return
         la.optimize_prior_precision(
             pred_type=self.pred_type,
@@ -252,14 +270,10 @@ class Laplace(ModulePredictor):
         """The model's number of classes, from one forward pass on two rows of the data (a clear
         error for inputs it cannot take or an output that is not a logits Tensor)."""
         x, _ = source.first()
-        if not isinstance(x, Tensor):
-            raise TypeError(
-                f"{source.name}: laplace-torch takes tensor inputs, got batches of "
-                f"{describe_inputs(x)}"
-            )
         x = move(x, model_device(network), source.name)
         with torch.no_grad():
-            out = diagnose(lambda rows: call_model(network, rows), x, source.name)
+            # laplace-torch calls the model as network(x), a mapping x whole (`Keywords`)
+            out = diagnose(lambda rows: network(rows), x, source.name)
         if not isinstance(out, Tensor) or out.ndim != 2:
             got = f"shape {tuple(out.shape)}" if isinstance(out, Tensor) else type(out).__name__
             raise TypeError(
@@ -270,9 +284,14 @@ class Laplace(ModulePredictor):
 
     def _new(self, laplace: ModuleType, network: nn.Module, last_layer: str | None = None) -> Any:
         """laplace-torch's object for these options around `network` (not fitted)."""
-        extra = {}
+        extra: dict[str, Any] = {}
         if self.subset_of_weights == "last_layer":
-            extra["last_layer_name"] = last_layer or self.last_layer_name
+            name = self.last_layer_name
+            if name is not None and self.keywords_:
+                name = _torch.PREFIX + name  # inside the Keywords wrapper
+            extra["last_layer_name"] = last_layer or name
+        if self.keywords_:  # mapping batches: see `_laplace_torch`
+            extra.update(dict_key_x=_torch.ROWS, dict_key_y=_torch.ROWS)
         return laplace.Laplace(
             network,
             "classification",
@@ -299,7 +318,8 @@ class Laplace(ModulePredictor):
             "link_approx": self.link_approx,
             "n_members": len(self),
             "seed": int(self.seed),
-            "last_layer": _state.last_layer(la),
+            "last_layer": self._last_layer_name(la),
+            "keyword_inputs": bool(self.keywords_),
             "data_points": int(la.n_data),
             "backend": la._backend_cls.__name__,
             "fast_variance": self._fast_,
@@ -316,10 +336,32 @@ class Laplace(ModulePredictor):
         `fast_variance`, a GLM predictive, laplace-torch 0.3 and a last-layer KFAC posterior)."""
         return bool(self.fast_variance) and self.pred_type == "glm" and _variance.usable(la)
 
+    def _last_layer_name(self, la: Any) -> str | None:
+        """The last layer's name in the caller's model (without `Keywords`' prefix)."""
+        name = _state.last_layer(la)
+        if name is not None and self.keywords_ and name.startswith(_torch.PREFIX):
+            name = name[len(_torch.PREFIX) :]
+        return name
+
+    def _forward(self, x: Any) -> Any:
+        """One forward pass as laplace-torch runs it: `model_(x)`, a mapping whole (`Keywords`)."""
+        return self.model_(x)
+
+    def _probe(self, x: Any, name: str = "X") -> None:
+        if isinstance(x, Mapping) and not self.keywords_:
+            return  # `_batch_logits`' TypeError says it all
+        super()._probe(x, name)
+
     def _batch_logits(self, x: Any, j: int) -> Tensor:
         """Members of batch j, `[M, B, C]`: log predictive probabilities (see the class doc)."""
-        if not isinstance(x, Tensor):
-            raise TypeError(f"X: laplace-torch takes tensor inputs, got {describe_inputs(x)}")
+        _torch.check_inputs(x, "X")
+        if isinstance(x, Mapping):
+            if not self.keywords_:
+                raise TypeError(
+                    f"X: this Laplace was fitted on tensor inputs, got {describe_inputs(x)}; "
+                    "fit it on mapping batches to predict on them"
+                )
+            x = _torch.keyed(x, torch.zeros(batch_rows(x), device=self._device()))
         la, n = self.laplace_, int(self.n_members)
         draws = None
         if self._sampled():
@@ -376,8 +418,12 @@ def _read(
     `model`: any instance of the saved architecture (deep-copied; its weights are replaced by
     the saved ones)."""
     tree = _state.read(path)
+    keywords = bool(tree["meta"].get("keyword_inputs", False))
+    if keywords:  # fitted on mapping batches: the weights are saved as `Keywords`' (see fit)
+        model = _torch.Keywords(model) if isinstance(model, nn.Module) else model
     network = _state.weights(model, tree, device)
     fitted = Laplace(**tree["params"], batch_fn=batch_fn)
+    fitted.keywords_ = keywords
     la = fitted._new(require_laplace(), network, tree["last_layer"])
     with _torch.quiet():
         la.load_state_dict(_state.to_device(tree["laplace"], torch.device(device)))
