@@ -42,6 +42,17 @@ def member_of(choices: tuple[Any, ...]) -> Check:
     return check
 
 
+def listed(choices: tuple[Any, ...]) -> Check:
+    """The value is one of `choices` (a string compared with ==, anything else by identity;
+    named as a list in the error)."""
+
+    def check(value: Any, name: str) -> None:
+        if not any(value is c or (isinstance(value, str) and value == c) for c in choices):
+            raise ValueError(f"{name}: expected one of {list(choices)}, got {value!r}")
+
+    return check
+
+
 def boolean(value: Any, name: str) -> None:
     """True or False."""
     if not isinstance(value, bool):

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from peg._rows import ValSource
-from peg.batches import call_model, describe_inputs, move
+from peg.batches import batch_rows, call_model, describe_inputs, move
 from peg.output import logits_of
 from peg.streams import LAPLACE_FIT, generator
 
@@ -132,3 +132,47 @@ def seeded(seed: int, device: torch.device) -> Iterator[None]:
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(int(generator(seed, LAPLACE_FIT).initial_seed()))
         yield
+
+
+def wrapped(network: nn.Module, source: ValSource, pred_type: str) -> tuple[nn.Module, bool]:
+    """The network laplace-torch runs, and whether it takes mapping inputs: `Keywords(network)`
+    when `source`'s batches are mappings (refused for `pred_type="nn"`: laplace-torch's sampled
+    networks move their inputs with `x.to(device)`, which a dict lacks)."""
+    x, _ = source.first()
+    check_inputs(x, source.name)
+    if not isinstance(x, Mapping):
+        return network, False
+    if pred_type == "nn":
+        raise ValueError(
+            f"{source.name}: pred_type='nn' is laplace-torch's sampled networks, which take "
+            "tensor inputs only (it moves them with x.to(device)); use pred_type='glm' for "
+            "mapping batches"
+        )
+    return Keywords(network).eval(), True
+
+
+def inner_name(name: str | None, keywords: bool) -> str | None:
+    """A module name of the caller's model as laplace-torch sees it (inside `Keywords`)."""
+    return PREFIX + name if name is not None and keywords else name
+
+
+def outer_name(name: str | None, keywords: bool) -> str | None:
+    """laplace-torch's module name in the caller's model (without `Keywords`' prefix)."""
+    if name is not None and keywords and name.startswith(PREFIX):
+        return name[len(PREFIX) :]
+    return name
+
+
+def predict_inputs(x: Any, keywords: bool, device: torch.device) -> Any:
+    """Inputs to predict on as laplace-torch takes them: a mapping `keyed` with placeholder
+    labels (its paths count rows through them); a TypeError for a mapping when the fit took
+    tensors."""
+    check_inputs(x, "X")
+    if not isinstance(x, Mapping):
+        return x
+    if not keywords:
+        raise TypeError(
+            f"X: this Laplace was fitted on tensor inputs, got {describe_inputs(x)}; fit it on "
+            "mapping batches to predict on them"
+        )
+    return keyed(x, torch.zeros(batch_rows(x), device=device))

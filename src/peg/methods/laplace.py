@@ -16,20 +16,14 @@ grid search's, are computed explicitly through the Kronecker structure (`fast_va
 `_laplace_variance.predictive`): the same numbers as laplace-torch's, without forming the
 Jacobians; anything else goes through laplace-torch's own calls above.
 
-Which data: laplace-torch fits the Hessian on the training data (the paper's setting), with N =
-the number of points as the likelihood's weight; this method takes whatever labelled data it is
-given: `train_data` when passed (`peg bench` passes its training split), else `val`
-(`peg.compare`, which has only validation data: a posterior from fewer points, wider, so more
-cautious).
+Which data: laplace-torch fits the Hessian on the training data (the paper's setting), N points
+weighing the likelihood; here `train_data` when passed (`peg bench` passes its training split),
+else `val` (`peg.compare`, which has only validation data: a wider, more cautious posterior).
 
-Dict batches (HuggingFace-style: labels under "labels"/"label", the rest the model's keyword
-inputs): laplace-torch gets the model wrapped in `_laplace_torch.Keywords` (the logits of
-`model(**inputs)`) and mapping batches with its `dict_key_x`/`dict_key_y`; everything above
-works on them but `pred_type="nn"` (laplace-torch's sampled networks move their inputs with
-`x.to(device)`, which a dict lacks), refused in `fit`. `meta_["keyword_inputs"]` says which.
+Dict batches (HuggingFace-style) work as tensors do, but for `pred_type="nn"`
+(`_laplace_torch.Keywords`); `meta_["keyword_inputs"]` says which the fit took.
 
-`save` writes the posterior (no data); `peg.load(path, model)` reads it back (`Laplace.load` is
-the same call).
+`save` writes the posterior (no data); `peg.load(path, model)` (or `Laplace.load`) reads it.
 
 laplace-torch is optional: `pip install "peg[laplace]"`, then `pip install --no-deps` the three
 packages of `INSTALL` (their metadata asks for torchvision, which would replace a CPU torch; they
@@ -45,7 +39,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -54,13 +48,14 @@ from peg._devices import model_device
 from peg._forward import diagnose
 from peg._inputs import Data
 from peg._rows import ValSource
-from peg._scalars import check_number, check_positive_int, check_seed
-from peg.batches import BatchFn, batch_rows, check_batch_fn, describe_inputs, move
+from peg._scalars import check_seed
+from peg.batches import BatchFn, check_batch_fn, move
 from peg.errors import NotFittedError
 from peg.loading import register_format
 from peg.methods import _laplace_state as _state
 from peg.methods import _laplace_torch as _torch
 from peg.methods import _laplace_variance as _variance
+from peg.methods._constraints import Check, check_constraints, listed, number, positive_int
 from peg.methods._laplace_torch import require_laplace
 from peg.methods.base import ModulePredictor, store_arguments
 from peg.streams import generator
@@ -70,11 +65,6 @@ STRUCTURES = ("kron", "diag", "full")
 PRIORS = ("marglik", "gridsearch", None)
 PRED_TYPES = ("glm", "nn")
 LINKS = ("probit", "bridge", "bridge_norm", "mc")
-
-
-def _choice(value: Any, name: str, allowed: tuple[Any, ...]) -> None:
-    if not any(value is a or (isinstance(value, str) and value == a) for a in allowed):
-        raise ValueError(f"{name}: expected one of {list(allowed)}, got {value!r}")
 
 
 class Laplace(ModulePredictor):
@@ -147,19 +137,26 @@ class Laplace(ModulePredictor):
     ) -> None:
         store_arguments(self, locals())
 
+    parameter_constraints: ClassVar[dict[str, Check]] = {
+        "subset_of_weights": listed(SUBSETS),
+        "hessian_structure": listed(STRUCTURES),
+        "prior_optimization": listed(PRIORS),
+        "prior_precision": number(),
+        "pred_type": listed(PRED_TYPES),
+        "link_approx": listed(LINKS),
+        "n_members": positive_int(),
+        "fast_variance": listed((True, False)),
+        "batch_size": positive_int(),
+        "batch_fn": check_batch_fn,
+    }
+
     def _check_params(self) -> None:
-        _choice(self.subset_of_weights, "subset_of_weights", SUBSETS)
-        _choice(self.hessian_structure, "hessian_structure", STRUCTURES)
-        _choice(self.prior_optimization, "prior_optimization", PRIORS)
-        check_number(self.prior_precision, "prior_precision")
-        _choice(self.pred_type, "pred_type", PRED_TYPES)
-        _choice(self.link_approx, "link_approx", LINKS)
+        check_constraints(self, self.parameter_constraints)
         if self.pred_type == "nn" and self.link_approx != "mc":
             raise ValueError(
                 f"link_approx: pred_type='nn' samples networks, so it needs link_approx='mc', "
                 f"got {self.link_approx!r}"
             )
-        check_positive_int(self.n_members, "n_members")
         name = self.last_layer_name
         if name is not None and not (isinstance(name, str) and name):
             raise ValueError(f"last_layer_name: expected a module name or None, got {name!r}")
@@ -169,9 +166,6 @@ class Laplace(ModulePredictor):
                 f"subset_of_weights={self.subset_of_weights!r}"
             )
         check_seed(self.seed)
-        check_positive_int(self.batch_size, "batch_size")
-        check_batch_fn(self.batch_fn)
-        _choice(self.fast_variance, "fast_variance", (True, False))
 
     def _sampled(self) -> bool:
         return self.link_approx == "mc"  # pred_type="nn" implies it
@@ -219,17 +213,7 @@ class Laplace(ModulePredictor):
         grid = ValSource(val, "val", split, device) if gridsearch else None
         laplace = require_laplace()
         network = copy.deepcopy(model).eval()  # laplace-torch runs it; the caller's is untouched
-        x, _ = source.first()
-        _torch.check_inputs(x, source.name)
-        self.keywords_ = isinstance(x, Mapping)
-        if self.keywords_:
-            if self.pred_type == "nn":
-                raise ValueError(
-                    f"{source.name}: pred_type='nn' is laplace-torch's sampled networks, which "
-                    "take tensor inputs only (it moves them with x.to(device)); use "
-                    "pred_type='glm' for mapping batches"
-                )
-            network = _torch.Keywords(network).eval()
+        network, self.keywords_ = _torch.wrapped(network, source, self.pred_type)
         self._check_sources(network, source, grid)
         la = self._new(laplace, network)
         with _torch.quiet(), _torch.seeded(int(self.seed), device):
@@ -286,9 +270,7 @@ class Laplace(ModulePredictor):
         """laplace-torch's object for these options around `network` (not fitted)."""
         extra: dict[str, Any] = {}
         if self.subset_of_weights == "last_layer":
-            name = self.last_layer_name
-            if name is not None and self.keywords_:
-                name = _torch.PREFIX + name  # inside the Keywords wrapper
+            name = _torch.inner_name(self.last_layer_name, self.keywords_)
             extra["last_layer_name"] = last_layer or name
         if self.keywords_:  # mapping batches: see `_laplace_torch`
             extra.update(dict_key_x=_torch.ROWS, dict_key_y=_torch.ROWS)
@@ -318,7 +300,7 @@ class Laplace(ModulePredictor):
             "link_approx": self.link_approx,
             "n_members": len(self),
             "seed": int(self.seed),
-            "last_layer": self._last_layer_name(la),
+            "last_layer": _torch.outer_name(_state.last_layer(la), self.keywords_),
             "keyword_inputs": bool(self.keywords_),
             "data_points": int(la.n_data),
             "backend": la._backend_cls.__name__,
@@ -336,32 +318,17 @@ class Laplace(ModulePredictor):
         `fast_variance`, a GLM predictive, laplace-torch 0.3 and a last-layer KFAC posterior)."""
         return bool(self.fast_variance) and self.pred_type == "glm" and _variance.usable(la)
 
-    def _last_layer_name(self, la: Any) -> str | None:
-        """The last layer's name in the caller's model (without `Keywords`' prefix)."""
-        name = _state.last_layer(la)
-        if name is not None and self.keywords_ and name.startswith(_torch.PREFIX):
-            name = name[len(_torch.PREFIX) :]
-        return name
-
     def _forward(self, x: Any) -> Any:
         """One forward pass as laplace-torch runs it: `model_(x)`, a mapping whole (`Keywords`)."""
         return self.model_(x)
 
     def _probe(self, x: Any, name: str = "X") -> None:
-        if isinstance(x, Mapping) and not self.keywords_:
-            return  # `_batch_logits`' TypeError says it all
-        super()._probe(x, name)
+        if not isinstance(x, Mapping) or self.keywords_:  # else `_batch_logits`' TypeError
+            super()._probe(x, name)
 
     def _batch_logits(self, x: Any, j: int) -> Tensor:
         """Members of batch j, `[M, B, C]`: log predictive probabilities (see the class doc)."""
-        _torch.check_inputs(x, "X")
-        if isinstance(x, Mapping):
-            if not self.keywords_:
-                raise TypeError(
-                    f"X: this Laplace was fitted on tensor inputs, got {describe_inputs(x)}; "
-                    "fit it on mapping batches to predict on them"
-                )
-            x = _torch.keyed(x, torch.zeros(batch_rows(x), device=self._device()))
+        x = _torch.predict_inputs(x, self.keywords_, self._device())
         la, n = self.laplace_, int(self.n_members)
         draws = None
         if self._sampled():
@@ -418,12 +385,11 @@ def _read(
     `model`: any instance of the saved architecture (deep-copied; its weights are replaced by
     the saved ones)."""
     tree = _state.read(path)
-    keywords = bool(tree["meta"].get("keyword_inputs", False))
-    if keywords:  # fitted on mapping batches: the weights are saved as `Keywords`' (see fit)
+    fitted = Laplace(**tree["params"], batch_fn=batch_fn)
+    fitted.keywords_ = bool(tree["meta"].get("keyword_inputs", False))
+    if fitted.keywords_:  # fitted on mapping batches: the weights saved are `Keywords`'
         model = _torch.Keywords(model) if isinstance(model, nn.Module) else model
     network = _state.weights(model, tree, device)
-    fitted = Laplace(**tree["params"], batch_fn=batch_fn)
-    fitted.keywords_ = keywords
     la = fitted._new(require_laplace(), network, tree["last_layer"])
     with _torch.quiet():
         la.load_state_dict(_state.to_device(tree["laplace"], torch.device(device)))
