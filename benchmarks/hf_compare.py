@@ -14,9 +14,9 @@ each method's costs depend on the shapes, not on the values. Tensor pairs, the m
 same data as every other method. The methods: compare's defaults plus Laplace, with the scales
 of full PEG and PEP fixed (η = 1e-3, σ = 1e-3: a search costs ~10 × 15 members × the scoring
 points, hours at this size on a shared CPU; last-layer PEG searches η, on the heads alone) and
-PEG's mini-batches of `--grad-batch` points (the validation set is small); on BERT-base, PEP
-is lazy (`lazy=True`: compare holds every fitted predictor, and two eager 15-member ensembles
-of 110 M parameters would hold 13 GB).
+PEG's mini-batches of `--grad-batch` points (the validation set is small); PEG and PEP with
+`lazy="auto"` (compare holds every fitted predictor, and two eager 15-member ensembles of
+BERT-base's 110 M parameters would hold 13 GB: lazy when they would not fit half the free memory).
 
 Columns: fit seconds; `forwards` = FLOPs of predicting over the model's own FLOPs
 (`peg.apps.compare.costs`, counted, not timed); `predict ×` = the method's test prediction
@@ -103,10 +103,11 @@ def child(name: str, val: int, test: int, tokens: int, grad_batch: int) -> None:
     methods = [
         "Model",
         "TS",
-        # BERT-base: 15 eager members are 6.6 GB, and compare keeps every fitted predictor;
-        # PEP's members are cheap to regenerate (noise, no gradients): lazy there
-        method("PEP", "pep", sigma=1e-3, lazy=name == "bert-base"),
-        method("PEG", "peg", eta=1e-3, grad_batch_size=grad_batch),
+        # compare keeps every fitted predictor: lazy="auto" keeps PEP's and PEG's members as
+        # rows (or regenerates them) when the stacked members would not fit half the free
+        # memory (BERT-base: 15 eager members are 6.6 GB, their rows as much again)
+        method("PEP", "pep", sigma=1e-3, lazy="auto"),
+        method("PEG", "peg", eta=1e-3, grad_batch_size=grad_batch, lazy="auto"),
         method("PEG + TS", "temperature", on="PEG"),
         method("Last-layer PEG", "peg", params="last_layer", grad_batch_size=grad_batch),
         "Laplace",
