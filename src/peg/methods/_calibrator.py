@@ -231,13 +231,37 @@ class Calibrator(Method):
         this class with the same `member_logits`.
         """
         self._check_fitted()
-        ensemble = ensemble_of(self.predictor_)
-        meta = {**ensemble.meta, "calibration": self._archived()}
+        return self._write(path, self.predictor_, self._archived(), self._tensors())
+
+    @staticmethod
+    def _write(
+        path: str | os.PathLike[str],
+        base: Any,
+        entry: dict[str, Any],
+        tensors: Mapping[str, Tensor],
+    ) -> str:
+        """`base`'s ensemble archive with `entry` as its meta's "calibration" and `tensors`
+        beside the members (the one writer of calibrated predictors)."""
+        ensemble = ensemble_of(base)
+        meta = {**ensemble.meta, "calibration": entry}
         arch = type(ensemble.skeleton).__name__
-        tensors = self._tensors()
         return archive.write(
-            os.fspath(path), ensemble.stacked, ensemble.shared, meta, arch, tensors
+            os.fspath(path), ensemble.stacked, ensemble.shared, meta, arch, dict(tensors)
         )
+
+    @classmethod
+    def _unfitted(cls, calibration: dict[str, Any]) -> Any:
+        """A new instance from an archive's "calibration" entry's arguments (`ArchiveError`
+        when they are not a mapping or do not fit the class)."""
+        params = calibration.get("params", {})
+        if not isinstance(params, dict):
+            raise ArchiveError(f"calibration: params must be a mapping, got {params!r}")
+        try:
+            return cls(**params)
+        except (TypeError, ValueError) as e:
+            raise ArchiveError(
+                f"calibration: the archive's arguments do not fit {cls.__name__}: {e}"
+            ) from e
 
     @classmethod
     def _from_archive(
@@ -247,15 +271,7 @@ class Calibrator(Method):
         tensors: Mapping[str, Tensor] | None = None,
     ) -> Any:
         """A fitted calibrator around a loaded ensemble (`peg.load`'s calibrator)."""
-        params = calibration.get("params", {})
-        if not isinstance(params, dict):
-            raise ArchiveError(f"calibration: params must be a mapping, got {params!r}")
-        try:
-            fitted = cls(**params)
-        except (TypeError, ValueError) as e:
-            raise ArchiveError(
-                f"calibration: the archive's arguments do not fit {cls.__name__}: {e}"
-            ) from e
+        fitted = cls._unfitted(calibration)
         kind = calibration.get("fitted_on", "log_probs")
         if kind not in SCORES:
             raise ArchiveError(f"calibration: fitted_on must be one of {SCORES}, got {kind!r}")

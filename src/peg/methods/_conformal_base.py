@@ -17,14 +17,13 @@ from typing import Any
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from peg import archive
 from peg._inputs import Data
 from peg.batches import BatchFn
 from peg.ensemble import Ensemble
 from peg.errors import ArchiveError, NotStreamable
 from peg.loading import _calibrator
 from peg.methods._calibrator import Calibrator
-from peg.methods._predictors import ensemble_of, iter_member_logits_of, member_logits_of
+from peg.methods._predictors import iter_member_logits_of, member_logits_of
 
 INNER = "inner/"  # the prefix of a wrapped calibrator's arrays in the archive
 
@@ -96,12 +95,7 @@ class ConformalBase(Calibrator):
             entry["inner"] = base._archived()
             tensors |= {INNER + k: v for k, v in base._tensors().items()}
             base = base.predictor_
-        ensemble = ensemble_of(base)
-        meta = {**ensemble.meta, "calibration": entry}
-        arch = type(ensemble.skeleton).__name__
-        return archive.write(
-            os.fspath(path), ensemble.stacked, ensemble.shared, meta, arch, tensors
-        )
+        return self._write(path, base, entry, tensors)
 
     @classmethod
     def _from_archive(
@@ -119,15 +113,7 @@ class ConformalBase(Calibrator):
                 raise ArchiveError(f"calibration: inner must be a calibrator entry, got {inner!r}")
             own = {k[len(INNER) :]: v for k, v in tensors.items() if k.startswith(INNER)}
             predictor = _calibrator(inner)(ensemble, inner, own)
-        params = calibration.get("params", {})
-        if not isinstance(params, dict):
-            raise ArchiveError(f"calibration: params must be a mapping, got {params!r}")
-        try:
-            fitted = cls(**params)
-        except (TypeError, ValueError) as e:
-            raise ArchiveError(
-                f"calibration: the archive's arguments do not fit {cls.__name__}: {e}"
-            ) from e
+        fitted = cls._unfitted(calibration)
         state = fitted._restore(calibration, tensors)
         fitted._set_fitted(predictor, {**state, "scores_": "log_probs"})
         return fitted
