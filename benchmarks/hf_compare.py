@@ -27,6 +27,7 @@ prediction ≤ 15.5 forwards.
 
     python benchmarks/hf_compare.py                      # the three models, ~1 hour on 2 busy cores
     python benchmarks/hf_compare.py --models vit-s16 --val 32 --test 8
+    python benchmarks/hf_compare.py --models resnet50 --methods TS "Last-layer PEG"
 """
 
 from __future__ import annotations
@@ -93,7 +94,9 @@ def _status(key: str) -> int:
     raise KeyError(key)
 
 
-def child(name: str, val: int, test: int, tokens: int, grad_batch: int) -> None:
+def child(
+    name: str, val: int, test: int, tokens: int, grad_batch: int, only: list[str] | None
+) -> None:
     import peg
     from peg.apps.compare import method
 
@@ -114,6 +117,8 @@ def child(name: str, val: int, test: int, tokens: int, grad_batch: int) -> None:
     ]
     if name != "resnet50":  # ResNet-50 has no dropout layer: compare leaves MC dropout out
         methods.insert(5, "MC dropout")
+    if only:
+        methods = [m for m in methods if (m if isinstance(m, str) else m.name) in {"Model", *only}]
     before = _status("VmRSS")
     started = time.perf_counter()
     result = peg.compare(
@@ -179,10 +184,16 @@ def main() -> None:
     parser.add_argument("--test", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--grad-batch", type=int, default=8)
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=None,
+        help="only these rows (and Model), e.g. TS 'Last-layer PEG'",
+    )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
-        child(args.child, args.val, args.test, args.tokens, args.grad_batch)
+        child(args.child, args.val, args.test, args.tokens, args.grad_batch, args.methods)
         return
     commit = subprocess.run(
         ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
@@ -200,6 +211,7 @@ def main() -> None:
                 __file__,
                 *("--child", name, "--val", str(args.val), "--test", str(args.test)),
                 *("--tokens", str(args.tokens), "--grad-batch", str(args.grad_batch)),
+                *(("--methods", *args.methods) if args.methods else ()),
             ],
             capture_output=True,
             text=True,

@@ -25,10 +25,10 @@ without the shortcut.
 
 from __future__ import annotations
 
-import contextlib
 import copy
+import functools
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,19 +99,19 @@ def _replaced(skeleton: nn.Module, name: str, per_member: set[str]) -> Split | N
     return _split(trunk, modules[name], f"{name}.", per_member)
 
 
-def candidates(skeleton: nn.Module, per_member: set[str]) -> list[Split]:
-    """The splits to check, in order (see the module doc)."""
-    found: list[Split | None] = []
+def candidates(skeleton: nn.Module, per_member: set[str]) -> list[Callable[[], Split | None]]:
+    """The splits to check, in order (see the module doc), each built only when called (a
+    build copies the model's structure: find_split builds the one it needs)."""
+    found: list[Callable[[], Split | None]] = []
     declared = getattr(skeleton, "peg_head", None)
     if isinstance(declared, str):
-        found.append(_replaced(skeleton, declared, per_member))
+        found.append(functools.partial(_replaced, skeleton, declared, per_member))
     if isinstance(skeleton, nn.Sequential):
         children = list(skeleton._modules)
         holds = [any(n.startswith(f"{c}.") for n in per_member) for c in children]
         k = holds.index(True) if True in holds else 0
         if k > 0:
-            with contextlib.suppress(Exception):  # a Sequential subclass that cannot be sliced
-                found.append(_split(skeleton[:k], skeleton[k:], "", per_member))
+            found.append(functools.partial(_sliced, skeleton, k, per_member))
     paths = [n.split(".")[:-1] for n in per_member]
     common = []
     for parts in zip(*paths, strict=False):
@@ -119,8 +119,17 @@ def candidates(skeleton: nn.Module, per_member: set[str]) -> list[Split]:
             break
         common.append(parts[0])
     for depth in range(len(common), 0, -1):  # the deepest module holding every entry first
-        found.append(_replaced(skeleton, ".".join(common[:depth]), per_member))
-    return [s for s in found if s is not None]
+        name = ".".join(common[:depth])
+        found.append(functools.partial(_replaced, skeleton, name, per_member))
+    return found
+
+
+def _sliced(skeleton: nn.Sequential, k: int, per_member: set[str]) -> Split | None:
+    """Children [0, k) as the trunk, the rest as the head."""
+    try:
+        return _split(skeleton[:k], skeleton[k:], "", per_member)
+    except Exception:  # a Sequential subclass that cannot be sliced
+        return None
 
 
 def _key(skeleton: nn.Module, per_member: set[str]) -> tuple[str, str, Any, frozenset[str]]:
@@ -144,7 +153,7 @@ def find_split(
     key = _key(skeleton, per_member)
     if key in _SPLITS:
         index = _SPLITS[key]
-        return None if index is None else candidates(skeleton, per_member)[index]
+        return None if index is None else candidates(skeleton, per_member)[index]()
     found = candidates(skeleton, per_member)
     if not found:
         _SPLITS[key] = None
@@ -160,8 +169,9 @@ def find_split(
             except Exception:  # bad inputs: no verdict (the caller's own path reports them)
                 return None
             _SPLITS[key] = None
-            for index, split in enumerate(found):
-                if _agrees(split, states, rows, reference):
+            for index, build in enumerate(found):
+                split = build()
+                if split is not None and _agrees(split, states, rows, reference):
                     _SPLITS[key] = index
                     return split
             return None

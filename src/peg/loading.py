@@ -27,7 +27,7 @@ from peg.ensemble import Ensemble
 from peg.errors import ArchiveError
 from peg.output import PREFIX
 
-__all__ = ["load", "register_calibrator", "register_format"]
+__all__ = ["calibrator_for", "load", "register_calibrator", "register_format"]
 
 # ------------------------------------------------------------------------- calibrators
 # name → `rebuild(ensemble, params, tensors)`: the fitted calibrator around a loaded ensemble,
@@ -56,7 +56,9 @@ def register_format(name: str, read: Reader) -> None:
     _FORMATS[name] = read
 
 
-def _calibrator(calibration: Any) -> Calibrator:
+def calibrator_for(calibration: Any) -> Calibrator:
+    """The registered `rebuild` for an archive meta's `"calibration"` entry (ArchiveError if
+    its kind is unknown)."""
     name = calibration.get("method") if isinstance(calibration, dict) else None
     if not isinstance(name, str) or name not in _CALIBRATORS:
         raise ArchiveError(
@@ -134,7 +136,7 @@ def load(
     if made is not None and val is None:
         raise ArchiveError(_needs_val(path, header))
     calibration = (header.get("meta") or {}).get("calibration")
-    calibrate = _calibrator(calibration) if calibration is not None else None
+    calibrate = calibrator_for(calibration) if calibration is not None else None
     stacked, shared = archive.read_tensors(path, header, device)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     got = {k: tuple(v.shape[1:]) for k, v in stacked.items()} | {

@@ -250,6 +250,41 @@ def test_the_search_computes_the_trunk_features_once():
     )
 
 
+# ---------------------------------------------------------------- the gradient pass
+@pytest.mark.parametrize("precondition", [None, "kfac"])
+def test_the_gradients_run_the_trunk_once_per_drawn_point(monkeypatch, precondition):
+    """15 members' batches of 32 drawn from 100 direction points: the trunk runs on each
+    distinct point once (not 15 × 32 times), and the rows are the unshortcut ones."""
+    from peg.methods import _gradients
+
+    kwargs = {"n_members": 15, "eta": "search", "eta_holdout": 0.75, "precondition": precondition}
+    _fitted(**kwargs)  # the split checked once (this process)
+    rows, counted = [], []
+    for shortcut in (True, False):
+        if not shortcut:
+            monkeypatch.setattr(_gradients, "find_split", lambda *_: None)
+        calls = []
+
+        def first_layer(m, args, _out, calls=calls):
+            if isinstance(m, nn.Linear) and (m.in_features, m.out_features) == (2, 16):
+                calls.append(len(args[0]))
+
+        hook = nn.modules.module.register_module_forward_hook(first_layer)
+        try:
+            _, _, p = _fitted(**kwargs)
+        finally:
+            hook.remove()
+        rows.append(dict(p.ensemble_.stacked))
+        counted.append(sum(calls))
+    assert p.meta_["validation_points"]["directions"] == 100
+    # the search's trunk passes are the same both ways; the gradients' differ
+    saved = counted[1] - counted[0]
+    drawn = 15 * 32 + (10 * 32 if precondition else 0)  # members' (and K-FAC's) batches
+    assert drawn - 100 <= saved < drawn
+    for a, b in zip(rows[0].values(), rows[1].values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)  # K-FAC inverts: rounding grows
+
+
 # ---------------------------------------------------------------- archives and recipes
 @pytest.mark.parametrize("params", ["last_layer", ["fc"]])
 def test_archive_and_recipe_round_trip(tmp_path, params):

@@ -21,7 +21,7 @@ from peg._inputs import Data
 from peg.batches import BatchFn
 from peg.ensemble import Ensemble
 from peg.errors import ArchiveError, NotStreamable
-from peg.loading import _calibrator
+from peg.loading import calibrator_for
 from peg.methods._calibrator import Calibrator
 from peg.methods._predictors import iter_member_logits_of, member_logits_of
 
@@ -112,7 +112,7 @@ class ConformalBase(Calibrator):
             if not isinstance(inner, dict) or inner.get("method") in (None, cls.method):
                 raise ArchiveError(f"calibration: inner must be a calibrator entry, got {inner!r}")
             own = {k[len(INNER) :]: v for k, v in tensors.items() if k.startswith(INNER)}
-            predictor = _calibrator(inner)(ensemble, inner, own)
+            predictor = calibrator_for(inner)(ensemble, inner, own)
         fitted = cls._unfitted(calibration)
         state = fitted._restore(calibration, tensors)
         fitted._set_fitted(predictor, {**state, "scores_": "log_probs"})

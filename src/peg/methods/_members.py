@@ -119,6 +119,18 @@ class Bases:
         """Indices i of base r's members that are not dropped."""
         return [i for i in range(self.n_members) if r * self.n_members + i not in self.dropped]
 
+    def perturbed(self, r: int, D: Tensor, scale: float) -> dict[str, Tensor]:
+        """The perturbed entries of base r's kept members: θ_r[n] + scale·D[kept] per entry
+        `[k, *shape]` (D `[S, P]`)."""
+        base = self.states[r]
+        kept = self.kept(r)
+        if len(kept) < len(D):
+            D = D.index_select(0, torch.tensor(kept, device=D.device))
+        steps = entry_views(scale * D, [base[n].shape for n in self.names])
+        return {
+            n: base[n] + step.to(base[n].dtype) for n, step in zip(self.names, steps, strict=True)
+        }
+
     def chunks(
         self, sources: Sequence[RowSource], k: int
     ) -> Iterator[tuple[int, list[int], Tensor]]:
@@ -159,7 +171,13 @@ class Bases:
 
     def ensemble(self, directions: Sequence[Tensor], scale: float) -> Ensemble:
         """Members θ_r + scale·D_r[i] for every base r (D_r `[S, P]`), base-major, but the
-        dropped ones, from one state dict per member."""
+        dropped ones. One base and no BatchNorm refresh: the perturbed entries stacked, the
+        rest shared (θ's own tensors, which the fit owns); otherwise from one state dict per
+        member."""
+        if len(self.states) == 1 and self.bn_batches is None:
+            base, stacked = self.states[0], self.perturbed(0, directions[0], scale)
+            shared = {k: v for k, v in base.items() if k not in stacked}
+            return Ensemble(self.skeleton, stacked, shared)
         shapes = [self.states[0][n].shape for n in self.names]
         states = []
         for r, (base, D) in enumerate(zip(self.states, directions, strict=True)):
@@ -248,20 +266,20 @@ class StackedMembers:
                 for a in range(0, rows, batch_size)
             ]
         )
-        kept = torch.tensor(bases.kept(0), device=D.device)
-        shapes = [base[n].shape for n in bases.names]
+
+        shared = split.head_entries({k: v for k, v in base.items() if k not in bases.names})
+
+        def heads(stacked: dict[str, Tensor]) -> Ensemble:
+            return Ensemble(split.head, split.head_entries(stacked), shared)
 
         def heads_at(scale: float) -> Ensemble:
             _check_scale(scale)
-            steps = entry_views(scale * D.index_select(0, kept), shapes)  # [k, *shape] each
-            stacked = {
-                n: base[n] + step.to(base[n].dtype)
-                for n, step in zip(bases.names, steps, strict=True)
-            }
-            shared = {k: v for k, v in base.items() if k not in stacked}
-            return Ensemble(split.head, split.head_entries(stacked), split.head_entries(shared))
+            return heads(bases.perturbed(0, D, scale))
 
-        return SearchTarget(heads_at, features, lambda: heads_at(0.0).subset([0]), member_base)
+        def base_head() -> Ensemble:
+            return heads({n: base[n].unsqueeze(0) for n in bases.names})
+
+        return SearchTarget(heads_at, features, base_head, member_base)
 
     def fingerprints(self, scale: float) -> list[list[float]]:
         return displacement_fingerprints(self.directions, scale)
