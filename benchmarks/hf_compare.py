@@ -36,6 +36,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -198,7 +199,7 @@ def main() -> None:
     commit = subprocess.run(
         ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
-    print(f"$ python benchmarks/hf_compare.py {' '.join(sys.argv[1:])}".rstrip())
+    print(f"$ python benchmarks/hf_compare.py {shlex.join(sys.argv[1:])}".rstrip())
     print(f"commit: {commit}")
     print(
         f"machine: {platform.system()} {platform.machine()}, {os.cpu_count()} cores (shared with "
