@@ -100,15 +100,13 @@ class GradientPass:
             gaussian_nll_per_point if data.regression else cross_entropy_per_point
         )
         self.reduction = reduction
-        # the shared trunk (None: none found; False: not looked for yet) and its features
-        self.split: Split | bool | None = False if bn != "batch" else None
+        # the shared trunk (None: the model runs whole) and the features computed so far
+        self.split = self._find_split() if bn != "batch" else None
         self.kept: dict[int, tuple[Tensor, Tensor]] = {}  # point -> (features, label)
 
     def losses(self, gen: torch.Generator) -> Tensor:
         """Per-sample losses `[K]` of the mini-batch drawn from `gen` (graph kept)."""
         idx = draw_batch(gen, len(self.data), self.K)
-        if self.split is False:  # the first batch: look for a shared trunk
-            self.split = self._find_split(idx)
         if self.split is None:
             xb, yb = self.data.rows(idx)
             outputs = call_model(self.work, move(xb, self.device, "val"))
@@ -117,10 +115,11 @@ class GradientPass:
             outputs = self.split.head(features)
         return self.loss_fn(logits_of(outputs), yb.to(self.device))
 
-    def _find_split(self, idx: Tensor) -> Split | None:
+    def _find_split(self) -> Split | None:
+        """The trunk before every perturbed parameter, checked on the first two points."""
         if not candidates(self.work, set(self.names)):  # e.g. every parameter perturbed
             return None
-        xb, _ = self.data.rows(idx[:2])  # the check's two rows
+        xb, _ = self.data.rows(torch.arange(min(2, len(self.data))))
         state = dict(self.work.state_dict())
         return find_split(self.work, set(self.names), [state], move(xb, self.device, "val"))
 
