@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from peg._devices import weights_device
+from peg._devices import move, weights_device
 from peg._inputs import iter_inputs
-from peg.batches import BatchFn, call_model, move
+from peg.batches import BatchFn, call_model
 
 
 class InputBatches:

@@ -1,6 +1,27 @@
-"""Where a model's inputs go: the device rule every entry point applies (`model_device`)."""
+"""Where data goes: the one device rule of peg, and the one function that applies it.
+
+*Data follows the model; labels follow the scores.* Every consumer of user data gets its
+batches from `peg._inputs.iter_batches(..., device=)` (or `iter_inputs`), which calls `move`
+here on inputs and labels alike, with `device` the device of what consumes them:
+
+- a model or an ensemble: where its weights are (`model_device`);
+- a calibrator, a metric, a conformal predictor: where its scores are (the predictor's logits
+  come out on the predictor's device, and the labels are moved there: `peg.metrics._inputs.
+  check_labels(..., device=scores.device)`).
+
+So CPU data (what a `DataLoader` yields) works with a model on a GPU without a copy of the whole
+set on the device, GPU data works with a CPU model, and a tensor made to index another (a mask,
+an index) is made on the device of the tensor it indexes. Moves out of pinned memory are
+non-blocking (the copy overlaps the previous batch's compute; the stream orders it before any
+use). What no move can fix is refused before any work, with an error naming the argument and
+both devices: data on the `meta` device (shapes without values) and a model whose weights are
+on `meta` (not loaded).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -9,23 +30,11 @@ from torch import Tensor, nn
 def model_device(
     model: nn.Module, name: str = "model", data: tuple[str, Tensor] | None = None
 ) -> torch.device:
-    """The device inputs are moved to for `model`: where its weights are.
+    """The device inputs are moved to for `model`: where its weights are (`weights_device`),
+    after refusing weights on `meta`. `data` (argument name, tensor) is only for the message.
 
-    The device rule, the same at every entry point (fit, `member_logits`, `evaluate`, `train`,
-    temperature scaling), is *data follows the model*:
-
-    - inputs and labels are moved to this device batch by batch (tensors, numpy arrays, the
-      batches of a Dataset or DataLoader), so CPU data works with a model on a GPU without a
-      copy of the whole set on the device, and data on another device is moved too;
-    - what no move can fix is refused before any work, with an error naming the argument and
-      both devices: data on the `meta` device (shapes without values, `check_data_device`) and a
-      model with weights on `meta` (not loaded; this function);
-    - metrics have no model: labels follow the predictions, `pred`'s device.
-
-    The device is that of the first parameter (or buffer); a model without either counts as on
-    the CPU. A model spread over several devices gets its inputs on the first one's.
-    `data` (argument name, tensor) is only used in the message.
-    """
+    A model without parameters or buffers counts as on the CPU; a model spread over several
+    devices gets its inputs on the first one's."""
     tensors = [*model.named_parameters(), *model.named_buffers()]
     empty = [n for n, t in tensors if t.device.type == "meta"]
     if empty:
@@ -44,3 +53,45 @@ def weights_device(model: nn.Module) -> torch.device:
     if first is None:
         first = next(model.buffers(), None)
     return first.device if first is not None else torch.device("cpu")
+
+
+def check_data_device(
+    t: Tensor, name: str, device: torch.device | None = None, owner: str = "the model"
+) -> None:
+    """Refuse data on the `meta` device (shapes only: nothing to compute with or to move).
+
+    `device` is where the data would go, the device of `owner` (the model, or the predictions
+    for labels), named in the message.
+    """
+    if t.device.type == "meta":
+        where = (
+            f" and {owner} is on {device}; pass real values, on any device (they are moved to "
+            f"{owner}'s device)"
+            if device is not None
+            else "; pass real values"
+        )
+        raise ValueError(f"{name}: on the meta device (shapes without values){where}")
+
+
+def to_device(t: Tensor, device: torch.device, name: str = "X") -> Tensor:
+    """`t` on `device` (itself if it is there already), after `check_data_device`; a move out
+    of pinned memory does not block."""
+    if t.device == device:
+        return t
+    check_data_device(t, name, device)
+    return t.to(device, non_blocking=t.device.type == "cpu" and t.is_pinned())
+
+
+def move(inputs: Any, device: torch.device | None, name: str = "X") -> Any:
+    """`inputs` with every tensor (inside mappings, tuples, lists) on `device` (`to_device`);
+    None leaves them where they are."""
+    if device is None:
+        return inputs
+    if isinstance(inputs, Tensor):
+        return to_device(inputs, device, name)
+    if isinstance(inputs, Mapping):
+        return {k: move(v, device, f"{name}[{k!r}]") for k, v in inputs.items()}
+    if isinstance(inputs, (tuple, list)):
+        moved = [move(v, device, f"{name}[{i}]") for i, v in enumerate(inputs)]
+        return moved if isinstance(inputs, list) else tuple(moved)
+    return inputs

@@ -15,12 +15,12 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from peg._devices import check_data_device, move
 from peg._values import check_finite, checked_labels
 from peg.batches import (
     BatchFn,
     Tapped,
     batch_rows,
-    check_data_device,
     describe_inputs,
     split_batch,
     take_rows,
@@ -118,14 +118,25 @@ def iter_batches(
     batch_fn: BatchFn | None = None,
     name: str = "X",
     need_labels: bool = False,
+    device: torch.device | None = None,
 ) -> Iterator[tuple[Any, Tensor | None]]:
-    """Yield `(inputs, y)` per batch (`y` None where there are none; `peg.batches`' conventions).
+    """Yield `(inputs, y)` per batch (`y` None where there are none; `peg.batches`' conventions),
+    both on `device`: the one path from what users pass to the device of what consumes it
+    (`peg._devices`; None: where they are).
 
     A tensor or array is sliced into `batch_size` rows (no labels), a tuple `(X, y)` of them
     too; a mapping of tensors (`{"input_ids": [N, L], ..., "labels": [N]}`) is sliced alike;
     a Dataset is batched by a `DataLoader(batch_size=batch_size)`; a DataLoader (or a `Tapped`)
     gives its own batches, split by `split_batch(batch, batch_fn)`.
     """
+    for inputs, y in _batches(data, batch_size, batch_fn, name, need_labels):
+        yield move(inputs, device, name), (None if y is None else move(y, device, f"{name} labels"))
+
+
+def _batches(
+    data: Data, batch_size: int, batch_fn: BatchFn | None, name: str, need_labels: bool
+) -> Iterator[tuple[Any, Tensor | None]]:
+    """`iter_batches` where the data are."""
     if isinstance(data, (Tensor, np.ndarray)) or is_pair(data):
         X, y = (data, None) if isinstance(data, (Tensor, np.ndarray)) else data
         X = _tensor(X, name)
@@ -154,7 +165,7 @@ def iter_batches(
             yield split_batch(batch, batch_fn, name=name, index=j, need_labels=need_labels)
         return
     if isinstance(data, (tuple, list)) and len(data) == 2:
-        for inputs, _ in iter_batches(data[0], batch_size, batch_fn, name):
+        for inputs, _ in _batches(data[0], batch_size, batch_fn, name, False):
             yield inputs, None
         return
     raise TypeError(
@@ -163,11 +174,16 @@ def iter_batches(
     )
 
 
-def iter_inputs(X: Data, batch_size: int, batch_fn: BatchFn | None = None) -> Iterator[Any]:
-    """Yield input batches `[B, ...]` (or structured inputs) of `X` (see `iter_batches`);
-    a `Tapped` records each batch's labels as it passes."""
+def iter_inputs(
+    X: Data,
+    batch_size: int,
+    batch_fn: BatchFn | None = None,
+    device: torch.device | None = None,
+) -> Iterator[Any]:
+    """Yield input batches `[B, ...]` (or structured inputs) of `X` on `device` (see
+    `iter_batches`); a `Tapped` records each batch's labels as it passes, on `device` too."""
     if isinstance(X, Tapped):
-        batches = iter_batches(X.data, batch_size, X.batch_fn, X.name, need_labels=True)
+        batches = iter_batches(X.data, batch_size, X.batch_fn, X.name, True, device)
         for j, (inputs, y) in enumerate(batches):
             rows = batch_rows(inputs, X.name)
             if y is None or y.ndim == 0 or len(y) != rows:
@@ -176,7 +192,7 @@ def iter_inputs(X: Data, batch_size: int, batch_fn: BatchFn | None = None) -> It
             X.labels_seen.append(y)
             yield inputs
         return
-    for inputs, _ in iter_batches(X, batch_size, batch_fn, "X"):
+    for inputs, _ in iter_batches(X, batch_size, batch_fn, "X", device=device):
         yield inputs
 
 

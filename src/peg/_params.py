@@ -31,9 +31,9 @@ from torch import Tensor, nn
 from torch.nn.utils import parameters_to_vector
 
 from peg._bn import update_bn
-from peg._devices import weights_device
+from peg._devices import move, weights_device
 from peg._forward import eval_mode
-from peg.batches import call_model, move
+from peg.batches import call_model
 
 ParamFilter = (
     Literal["all", "weights", "last_layer"] | Sequence[str] | Callable[[str, nn.Parameter], bool]

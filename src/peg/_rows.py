@@ -30,10 +30,11 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torch.utils.data._utils.collate import default_collate
 
 from peg import streams
+from peg._devices import check_data_device as _check_device
+from peg._devices import move
 from peg._inputs import as_xy, is_pair, iter_batches
 from peg._values import check_finite, checked_labels
 from peg.batches import BatchFn, batch_rows, split_batch, take_rows, tensors
-from peg.batches import check_data_device as _check_device
 from peg.recipe import DataHasher
 
 ORDER_BATCH = 512  # rows per batch of the pass in order when the data has no batch size of its own
@@ -115,29 +116,36 @@ class ValSource:
         return self.n
 
     # ---------------------------------------------------------------- by index
+    def on_device(self, inputs: Any, y: Tensor) -> tuple[Any, Tensor]:
+        """Inputs and labels on `device`, the model's (`peg._devices`; None: where they are)."""
+        return move(inputs, self.device, self.name), move(y, self.device, f"{self.name} labels")
+
     def rows(self, idx: Tensor | Sequence[int]) -> tuple[Any, Tensor]:
-        """Points `idx`: inputs (`[B, ...]`, or a mapping of such) and labels `[B]`, checked."""
+        """Points `idx`: inputs (`[B, ...]`, or a mapping of such) and labels `[B]`, checked,
+        on `device`."""
         if self.X is not None and self.y is not None:
             i = idx if isinstance(idx, Tensor) else torch.as_tensor(list(idx), dtype=torch.long)
-            return self.X[i], self.y[i]
+            return self.on_device(self.X[i.to(self.X.device)], self.y[i.to(self.y.device)])
         if not self.indexable:
             raise TypeError(f"{self.name}: an IterableDataset cannot be read by index")
         items = [self.dataset[int(i)] for i in idx]
         inputs, y = split_batch(
             self.collate(items), self.batch_fn, name=self.name, need_labels=True
         )
-        return inputs, self.check(inputs, y, f"points {_shown(idx)}")
+        return self.on_device(inputs, self.check(inputs, y, f"points {_shown(idx)}"))
 
     def gather(self, idx: Tensor, chunk: int) -> tuple[Any, Tensor]:
-        """Points `idx` gathered `chunk` at a time (at most len(idx) rows held: a capped subset)."""
+        """Points `idx` gathered `chunk` at a time (at most len(idx) rows held: a capped
+        subset), on `device`."""
         if self.X is not None and self.y is not None:
-            return self.X[idx], self.y[idx]
+            return self.rows(idx)
         parts = [self.rows(idx[a : a + chunk]) for a in range(0, len(idx), chunk)]
         return cat_rows([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
     # ---------------------------------------------------------------- in order
     def batches(self, batch_size: int = ORDER_BATCH) -> Iterator[tuple[int, Any, Tensor]]:
-        """`(start, inputs, y)` over every point in order, each batch checked (`check`) and
+        """`(start, inputs, y)` over every point in order, where the data are (this pass checks
+        and fingerprints them), each batch checked (`check`) and
         named `batch j (points a–b)` in errors. A loader's own batch size and workers are
         used (not its sampler: always in index order); a Dataset's batches are `batch_size`."""
         if self.X is not None and self.y is not None:
@@ -173,14 +181,15 @@ class ValSource:
         return loader.drop_last or not isinstance(sampler, torch.utils.data.SequentialSampler)
 
     def first(self, batch_size: int = ORDER_BATCH) -> tuple[Any, Tensor]:
-        """The inputs and labels of the first batch in order (the model is probed on it)."""
+        """The inputs and labels of the first batch in order (the model is probed on it), on
+        `device`."""
         if self.X is not None and self.y is not None:
-            return self.X, self.y
+            return self.on_device(self.X, self.y)
         if self.indexable:  # batch 0 of the pass in order (`batches`)
             size = self.loader.batch_size if self.loader is not None else None
             return self.rows(range(min(size or batch_size, len(self))))
         for _, inputs, y in self.batches(batch_size):
-            return inputs, y
+            return self.on_device(inputs, y)
         raise ValueError(f"{self.name}: the data is empty (0 samples)")  # pragma: no cover
 
     # ---------------------------------------------------------------- checks
@@ -251,7 +260,9 @@ def read_in_order(
             kept += take
     if not head:
         return hasher.hexdigest(), None
-    return hasher.hexdigest(), (cat_rows([x for x, _ in head]), torch.cat([y for _, y in head]))
+    return hasher.hexdigest(), source.on_device(
+        cat_rows([x for x, _ in head]), torch.cat([y for _, y in head])
+    )
 
 
 class InputBatches:

@@ -7,7 +7,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from peg.batches import check_data_device, tensors
+from peg._devices import check_data_device
+from peg.batches import tensors
 
 
 def as_tensor(

@@ -12,9 +12,10 @@ The conventions, with zero configuration (HuggingFace's for mappings):
   no labels are needed), accepted by `Ensemble.member_logits`, `evaluate` and, as a constructor
   argument (kept by `sklearn.base.clone`), by the methods that take data.
 
-Inputs are moved to the model's device recursively (`move`: tensors inside mappings, tuples and
-lists); their number of rows is the first dimension of their tensors, which must agree
-(`batch_rows`); `take_rows` slices every tensor of structured inputs alike.
+Where batches go is `peg._devices`' rule (data follows the model, labels follow the scores),
+applied by `peg._inputs.iter_batches`. The number of rows of inputs is the first dimension of
+their tensors, which must agree (`batch_rows`); `take_rows` slices every tensor of structured
+inputs alike.
 
     loader = DataLoader(tokenized, batch_size=32)        # yields dicts with "labels"
     probs = ensemble.predict_proba(loader)                # model(**inputs), labels ignored
@@ -43,7 +44,6 @@ __all__ = [
     "call_model",
     "check_batch_fn",
     "describe_inputs",
-    "move",
     "split_batch",
     "take_rows",
 ]
@@ -194,19 +194,6 @@ def tensors(inputs: Any) -> list[Tensor]:
     return [t for _, t in leaves(inputs)]
 
 
-def move(inputs: Any, device: torch.device, name: str = "X") -> Any:
-    """`inputs` with every tensor (inside mappings, tuples, lists) on `device`; data on the
-    `meta` device is refused (`check_data_device`)."""
-    if isinstance(inputs, Tensor):
-        return to_device(inputs, device, name)
-    if isinstance(inputs, Mapping):
-        return {k: move(v, device, f"{name}[{k!r}]") for k, v in inputs.items()}
-    if isinstance(inputs, (tuple, list)):
-        moved = [move(v, device, f"{name}[{i}]") for i, v in enumerate(inputs)]
-        return moved if isinstance(inputs, list) else tuple(moved)
-    return inputs
-
-
 def batch_rows(inputs: Any, name: str = "X") -> int:
     """The number of rows of `inputs`: the first dimension of its tensors, which must agree."""
     rows = {path: int(t.shape[0]) for path, t in leaves(inputs) if t.ndim > 0}
@@ -234,32 +221,6 @@ def take_rows(inputs: Any, start: int, stop: int) -> Any:
         taken = [take_rows(v, start, stop) for v in inputs]
         return taken if isinstance(inputs, list) else tuple(taken)
     return inputs
-
-
-def check_data_device(
-    t: Tensor, name: str, device: torch.device | None = None, owner: str = "the model"
-) -> None:
-    """Refuse data on the `meta` device (shapes only: nothing to compute with or to move).
-
-    `device` is where the data would go, the device of `owner` (the model, or the predictions
-    for labels), named in the message.
-    """
-    if t.device.type == "meta":
-        where = (
-            f" and {owner} is on {device}; pass real values, on any device (they are moved to "
-            f"{owner}'s device)"
-            if device is not None
-            else "; pass real values"
-        )
-        raise ValueError(f"{name}: on the meta device (shapes without values){where}")
-
-
-def to_device(t: Tensor, device: torch.device, name: str) -> Tensor:
-    """`t` moved to `device` (the model's), after `check_data_device`."""
-    if t.device != device:
-        check_data_device(t, name, device)
-        t = t.to(device)
-    return t
 
 
 def describe_inputs(inputs: Any) -> str:

@@ -28,7 +28,7 @@ from peg._strategies import AUTO_VECTORISE_FLOPS as AUTO_VECTORISE_FLOPS
 from peg._strategies import AUTO_VECTORISE_FLOPS_CONV as AUTO_VECTORISE_FLOPS_CONV
 from peg._strategies import AUTO_VECTORISE_ROWS_CONV as AUTO_VECTORISE_ROWS_CONV
 from peg._strategies import STRATEGIES, MemberStrategies, Strategy
-from peg.batches import BatchFn, check_batch_fn, move
+from peg.batches import BatchFn, check_batch_fn
 from peg.output import model_output
 
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -275,12 +275,11 @@ class Ensemble(MemberStrategies):
         seen = False
         try:
             for x in bar(
-                iter_inputs(X, batch_size, batch_fn),
+                iter_inputs(X, batch_size, batch_fn, device),
                 f"predict ({len(self)} members)",
                 total=num_batches(X, batch_size),
                 enabled=progress,
             ):
-                x = move(x, device, "X")
                 chosen = self._choose(x, chunk_size) if strategy == "auto" else strategy
                 if amp is None:
                     logits = self._predict(x, chosen, strategy == "auto", chunk_size)

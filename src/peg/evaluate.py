@@ -9,9 +9,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from peg._devices import check_data_device
 from peg._inputs import Data, as_xy, is_pair
 from peg._values import check_finite, checked_labels
-from peg.batches import BatchFn, Tapped, batch_rows, check_batch_fn, check_data_device
+from peg.batches import BatchFn, Tapped, batch_rows, check_batch_fn
 from peg.errors import NotStreamable
 from peg.methods.temperature import (
     iter_member_logits_of,

@@ -151,7 +151,7 @@ class Calibrator(Method):
         )
         kind = self._score_kind(logits)
         scores = scores_of(logits, kind)
-        y = check_labels(y, *scores.shape, name="val labels")
+        y = check_labels(y, *scores.shape, name="val labels", device=scores.device)
         self._check_classes(scores.shape[1])
         state = self._fit_map(scores, y)
         self._set_fitted(predictor, {**state, "scores_": kind})

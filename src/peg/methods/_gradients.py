@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from peg._heads import Split, candidates, find_split
 from peg._params import entry_views
-from peg.batches import call_model, move
+from peg.batches import call_model
 from peg.errors import NonFiniteError
 from peg.losses import cross_entropy_per_point, gaussian_nll_per_point
 from peg.methods._members import DirectionData
@@ -109,11 +109,11 @@ class GradientPass:
         idx = draw_batch(gen, len(self.data), self.K)
         if self.split is None:
             xb, yb = self.data.rows(idx)
-            outputs = call_model(self.work, move(xb, self.device, "val"))
+            outputs = call_model(self.work, xb)  # rows come on the model's device (`ValSource`)
         else:
             features, yb = self._features(self.split, idx)
             outputs = self.split.head(features)
-        return self.loss_fn(logits_of(outputs), yb.to(self.device))
+        return self.loss_fn(logits_of(outputs), yb)
 
     def _find_split(self) -> Split | None:
         """The trunk before every perturbed parameter, checked on the first two points."""
@@ -121,7 +121,7 @@ class GradientPass:
             return None
         xb, _ = self.data.rows(torch.arange(min(2, len(self.data))))
         state = dict(self.work.state_dict())
-        return find_split(self.work, set(self.names), [state], move(xb, self.device, "val"))
+        return find_split(self.work, set(self.names), [state], xb)
 
     @torch.no_grad()
     def _features(self, split: Split, idx: Tensor) -> tuple[Tensor, Tensor]:
@@ -131,7 +131,7 @@ class GradientPass:
         new = [i for i in dict.fromkeys(points) if i not in self.kept]
         if new:
             xb, yb = self.data.rows(torch.tensor(new))
-            features = logits_of(call_model(split.trunk, move(xb, self.device, "val")))
+            features = logits_of(call_model(split.trunk, xb))
             self.kept.update((i, (f, y)) for i, f, y in zip(new, features, yb, strict=True))
         rows = [self.kept[i] for i in points]
         return torch.stack([f for f, _ in rows]), torch.stack([y for _, y in rows])

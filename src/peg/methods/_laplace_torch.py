@@ -22,8 +22,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from peg._devices import move
 from peg._rows import ValSource
-from peg.batches import batch_rows, call_model, describe_inputs, move
+from peg.batches import batch_rows, call_model, describe_inputs
 from peg.output import logits_of
 from peg.streams import LAPLACE_FIT, generator
 

@@ -20,12 +20,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from peg._devices import model_device
+from peg._devices import model_device, move
 from peg._forward import diagnose
 from peg._inputs import Data, iter_inputs, num_batches
 from peg._progress import bar
 from peg._scalars import check_positive_int
-from peg.batches import BatchFn, call_model, check_batch_fn, move
+from peg.batches import BatchFn, call_model, check_batch_fn
 from peg.ensemble import Ensemble, _cat_batches, autocast_dtype
 from peg.errors import NotFittedError
 from peg.output import model_output
@@ -229,14 +229,13 @@ class ModulePredictor(Method):
         self._prepare()  # in case model_ was switched to train/eval by someone since fit
         device = self._device()
         batches = bar(
-            iter_inputs(X, size, split),
+            iter_inputs(X, size, split, device),
             self.label,
             total=num_batches(X, size),
             enabled=self.progress if progress is None else progress,
         )
         seen = False
         for j, x in enumerate(batches):
-            x = move(x, device, "X")
             try:
                 if amp is None:
                     logits = self._batch_logits(x, j)

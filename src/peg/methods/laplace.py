@@ -44,12 +44,12 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from peg._devices import model_device
+from peg._devices import model_device, move
 from peg._forward import diagnose
 from peg._inputs import Data
 from peg._rows import ValSource
 from peg._scalars import check_seed
-from peg.batches import BatchFn, check_batch_fn, move
+from peg.batches import BatchFn, check_batch_fn
 from peg.errors import NotFittedError
 from peg.loading import register_format
 from peg.methods import _laplace_state as _state

@@ -22,10 +22,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from peg._devices import move
 from peg._forward import diagnose
 from peg._inputs import Data, probe_inputs
 from peg._scalars import check_positive_int
-from peg.batches import BatchFn, call_model, check_batch_fn, move
+from peg.batches import BatchFn, call_model, check_batch_fn
 from peg.losses import packed_gaussian_nll, packed_loss
 from peg.methods.base import ModulePredictor, store_arguments
 

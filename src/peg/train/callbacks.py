@@ -12,9 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from peg._devices import move
 from peg._forward import eval_mode
 from peg._scalars import check_positive_int
-from peg.batches import batch_rows, call_model, move, take_rows
+from peg.batches import batch_rows, call_model, take_rows
 from peg.output import logits_of
 
 Callback = Callable[[int, nn.Module], None]

@@ -14,12 +14,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from peg._devices import model_device, weights_device
+from peg._devices import model_device, move, weights_device
 from peg._forward import diagnose, eval_mode
 from peg._inputs import Data
 from peg._progress import bar
 from peg._values import check_finite, checked_labels
-from peg.batches import BatchFn, batch_rows, call_model, check_batch_fn, move, take_rows
+from peg.batches import BatchFn, batch_rows, call_model, check_batch_fn, take_rows
 from peg.data.transforms import random_crop, random_hflip
 from peg.losses import packed_loss
 from peg.output import logits_of, model_output

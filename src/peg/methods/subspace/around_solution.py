@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from peg._devices import model_device
+from peg._devices import model_device, move
 from peg._forward import diagnose, eval_mode
 from peg._inputs import Data, iter_batches
 from peg._params import (
@@ -26,7 +26,7 @@ from peg._params import (
 from peg._progress import bar
 from peg._scalars import check_number
 from peg._values import check_finite
-from peg.batches import batch_rows, call_model, move
+from peg.batches import batch_rows, call_model
 from peg.ensemble import Ensemble, model_output
 from peg.methods.base import store_arguments
 from peg.methods.subspace._sampler import Sampler, SubspaceBN

@@ -1,0 +1,136 @@
+"""Every method, calibrator and application with the model and the data on different devices.
+
+Three placements, as users hit them: CPU data with the model on the GPU (what a `DataLoader`
+yields), GPU data with a GPU model, GPU data with a CPU model. On a machine with CUDA the GPU is
+the real one; elsewhere (CI) it is `fakegpu` (tests/fake_gpu.py): a second device that keeps
+its values on the CPU and raises where CUDA would, so placement is checked everywhere and the
+numbers must equal the CPU's exactly. On CUDA they agree within `GPU_TOL`: TF32 convolutions
+and matrix products (on by default for convolutions) round to 10 bits of mantissa, which moved
+PEG-5's probabilities by up to 2e-3 on a CIFAR-10 CNN; these tests switch TF32 off, leaving the
+order of reductions, 1e-4 on probabilities over a few hundred float32 terms.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import peg
+from fake_gpu import fake_gpu
+
+CUDA = torch.cuda.is_available()
+GPU_TOL = 1e-4 if CUDA else 1e-6
+PLACEMENTS = ["cpu-data+gpu-model", "gpu-data+gpu-model", "gpu-data+cpu-model"]
+
+
+@pytest.fixture()
+def gpu():
+    """The second device: CUDA where there is one (TF32 off), `fakegpu` elsewhere."""
+    if CUDA:
+        before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        yield torch.device("cuda")
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+        return
+    with fake_gpu() as device:
+        yield device
+
+
+class Net(nn.Module):
+    """A small CNN with BatchNorm and dropout: every layer kind peg treats specially."""
+
+    def __init__(self, classes: int = 3) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(2)
+        )
+        self.head = nn.Sequential(nn.Flatten(), nn.Dropout(0.2), nn.Linear(16, classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+def data(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, 3, (n,), generator=g)
+    X = torch.randn(n, 1, 6, 6, generator=g) + y[:, None, None, None].float()
+    return X, y
+
+
+@pytest.fixture(scope="module")
+def trained() -> nn.Module:
+    torch.manual_seed(0)
+    model = Net()
+    X, y = data(96, 0)
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    for _ in range(30):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(X), y).backward()
+        opt.step()
+    return model.eval()
+
+
+def place(placement: str, model: nn.Module, device: torch.device, *sets: Any) -> list[Any]:
+    """The model and the data sets where `placement` puts them (copies; the CPU originals stay)."""
+    model_on, data_on = placement.split("+")[1], placement.split("+")[0]
+    model = copy.deepcopy(model).to(device if model_on == "gpu-model" else "cpu")
+    where = device if data_on == "gpu-data" else torch.device("cpu")
+    return [model, *[tuple(t.to(where) for t in s) for s in sets]]
+
+
+def cpu(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to("cpu")
+
+
+def pegs(**options: Any) -> Callable[[nn.Module, Any], Any]:
+    return lambda m, v: peg.PEG(n_members=4, grad_batch_size=8, seed=0, **options).fit(m, v)
+
+
+FITS: dict[str, Callable[[nn.Module, Any], Any]] = {
+    "TS": lambda m, v: peg.TemperatureScaling().fit(m, v),
+    "Vector scaling": lambda m, v: peg.VectorScaling().fit(m, v),
+    "Matrix scaling": lambda m, v: peg.MatrixScaling().fit(m, v),
+    "Dirichlet": lambda m, v: peg.DirichletCalibration().fit(m, v),
+    "Hist. binning": lambda m, v: peg.HistogramBinning().fit(m, v),
+    "Isotonic": lambda m, v: peg.IsotonicCalibration().fit(m, v),
+    "PEG-4": pegs(eta=0.01),
+    "PEG-4 search": pegs(),
+    "PEG-4 diag": pegs(precondition="diag"),
+    "PEG-4 kfac weights": pegs(precondition="kfac", params="weights"),
+    "PEG-4 unbiased": pegs(variant="unbiased"),
+    "PEG-4 lazy": pegs(lazy=True),
+    "Last-layer PEG-4": pegs(params="last_layer"),
+    "Last-layer PEG-4 kfac": pegs(params="last_layer", precondition="kfac"),
+    "PEP-4": lambda m, v: peg.PEP(n_members=4, seed=0).fit(m, v),
+    "MC dropout-4": lambda m, v: peg.MCDropout(n_members=4, seed=0).fit(m, v),
+    "Conformal APS": lambda m, v: peg.ConformalClassifier(alpha=0.2, score="aps").fit(m, v),
+}
+
+
+STOCHASTIC = {"MC dropout-4"}  # SampledDropout draws its masks by another kernel off the CPU
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+@pytest.mark.parametrize("name", list(FITS))
+def test_every_method_fits_and_predicts_in_every_placement(name, placement, gpu, trained):
+    val, test = data(64, 1), data(32, 2)
+    model, val_on, test_on = place(placement, trained, gpu, val, test)
+    if name in STOCHASTIC:  # masks drawn on another device differ: compare on the model's
+        reference = FITS[name](*place("gpu-data+gpu-model", trained, gpu, val)).predict_proba
+        if placement.endswith("cpu-model"):
+            reference = FITS[name](copy.deepcopy(trained), val).predict_proba
+        expected = cpu(reference(test_on[0]))
+    else:
+        expected = FITS[name](copy.deepcopy(trained), val).predict_proba(test[0])
+    fitted = FITS[name](model, val_on)
+    loader = DataLoader(TensorDataset(*test_on), batch_size=10)
+    for X in (test_on[0],) if name in STOCHASTIC else (test_on[0], loader):  # masks per batch
+        probs = fitted.predict_proba(X)
+        assert probs.shape == (32, 3)
+        torch.testing.assert_close(cpu(probs), expected, atol=GPU_TOL, rtol=0)
