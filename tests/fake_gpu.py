@@ -132,8 +132,10 @@ class _Mode(TorchFunctionMode):
             return args[0]
         if func is torch.Tensor.is_pinned:
             return False
-        if func is torch.Tensor.tolist and isinstance(args[0], FakeGpu):
-            return args[0].elem.tolist()
+        if func in (torch.Tensor.tolist, torch.Tensor.untyped_storage) and isinstance(
+            args[0], FakeGpu
+        ):  # the values' own (a wrapper has no storage)
+            return func(args[0].elem)
         if func in (torch.Tensor.numpy, torch.Tensor.__array__) and isinstance(args[0], FakeGpu):
             raise TypeError(
                 "can't convert fakegpu:0 device type tensor to numpy. Use Tensor.cpu() to copy the "
@@ -147,11 +149,12 @@ class _Mode(TorchFunctionMode):
 
 def _move(args: Any, kwargs: Any) -> Any:
     """`tensor.to(...)`: onto the fake device here, anything else dispatched as usual."""
-    self = args[0]
-    device, dtype, _, _ = torch._C._nn._parse_to(*args[1:], **kwargs)
+    self, options = args[0], dict(kwargs)
+    copy = options.pop("copy", False)
+    options.pop("non_blocking", None)
+    device, dtype, _, _ = torch._C._nn._parse_to(*args[1:], **options)
     if not _is_gpu(device):
         return torch.Tensor.to(*args, **kwargs)
-    copy = kwargs.get("copy", False)
     if isinstance(self, FakeGpu):
         return self.to(dtype=dtype, copy=copy) if dtype is not None or copy else self
     moved = self.detach().to(dtype=dtype or self.dtype).clone()  # a move copies

@@ -134,3 +134,78 @@ def test_every_method_fits_and_predicts_in_every_placement(name, placement, gpu,
         probs = fitted.predict_proba(X)
         assert probs.shape == (32, 3)
         torch.testing.assert_close(cpu(probs), expected, atol=GPU_TOL, rtol=0)
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_evaluate_and_conformal_sets_in_every_placement(placement, gpu, trained):
+    val, test = data(64, 1), data(32, 2)
+    model, val_on, test_on = place(placement, trained, gpu, val, test)
+    expected = peg.evaluate(peg.TemperatureScaling().fit(copy.deepcopy(trained), val), *test)
+    got = peg.evaluate(peg.TemperatureScaling().fit(model, val_on), *test_on)
+    assert got == pytest.approx(expected, abs=1e-5)
+    loader = DataLoader(TensorDataset(*test_on), batch_size=10)
+    assert peg.evaluate(model, loader) == pytest.approx(peg.evaluate(trained, *test), abs=1e-5)
+    conformal = peg.ConformalClassifier(alpha=0.2, score="lac").fit(model, val_on)
+    reference = peg.ConformalClassifier(alpha=0.2, score="lac").fit(trained, val)
+    assert torch.equal(cpu(conformal.predict_set(test_on[0])), reference.predict_set(test[0]))
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_training_time_methods_in_every_placement(placement, gpu):
+    train = data(64, 3)
+    recipe = peg.train.Recipe(epochs=3, batch_size=32, lr=0.01, schedule="swa", swa_start=1,
+                              swa_lr=0.01)  # fmt: skip
+    model, train_on, test_on = place(placement, Net(), gpu, train, data(16, 4))
+    for method in (
+        peg.SWAG(recipe=recipe, n_members=3, max_num_models=2, batch_size=16),
+        peg.SWAG(recipe=recipe, n_members=3, diag=True, batch_size=16),
+        peg.DeepEnsemble(n_members=2, recipe=recipe),
+    ):
+        fitted = method.fit(copy.deepcopy(model), train_on)
+        probs = fitted.predict_proba(test_on[0])
+        assert probs.shape == (16, 3) and torch.isfinite(cpu(probs)).all()
+
+
+def archives() -> dict[str, Callable[[nn.Module, Any], Any]]:
+    return {
+        "PEG recipe": pegs(eta=0.01),
+        "PEG materialized": pegs(eta=0.01),
+        "TS": FITS["TS"],
+        "Dirichlet": FITS["Dirichlet"],
+        "Conformal APS": FITS["Conformal APS"],
+    }
+
+
+@pytest.mark.parametrize("load_on", ["cpu", "gpu"])
+@pytest.mark.parametrize("save_on", ["cpu", "gpu"])
+@pytest.mark.parametrize("name", list(archives()))
+def test_archives_load_on_the_device_of_the_model_given(name, save_on, load_on, gpu, trained,
+                                                        tmp_path):  # fmt: skip
+    val, test = data(64, 1), data(32, 2)
+    where = {"cpu": torch.device("cpu"), "gpu": gpu}
+    model = copy.deepcopy(trained).to(where[save_on])
+    val_on = tuple(t.to(where[save_on]) for t in val)
+    fitted = archives()[name](model, val_on)
+    path = fitted.save(str(tmp_path / "a"), **({"materialize": True} if "mater" in name else {}))
+    target = copy.deepcopy(trained).to(where[load_on])
+    back = peg.load(path, target, val=tuple(t.to(where[load_on]) for t in val))
+    probs = back.predict_proba(test[0])
+    assert probs.device == where[load_on]
+    torch.testing.assert_close(cpu(probs), cpu(fitted.predict_proba(test[0])), atol=GPU_TOL,
+                               rtol=0)  # fmt: skip
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_compare_and_autoselect_in_every_placement(placement, gpu, trained, tmp_path):
+    val, test = data(300, 1), data(32, 2)
+    model, val_on, test_on = place(placement, trained, gpu, val, test)
+    loader = DataLoader(TensorDataset(*val_on), batch_size=50)
+    methods = ["TS", "PEG", "Last-layer PEG", "MC dropout", "PEG + TS"]
+    table = peg.compare(model, loader, test_on, methods, out=tmp_path / "c", say=None,
+                        batch_fn=lambda b: (b[0], b[1]))  # fmt: skip
+    failed = {r["method"]: r["failed"] for r in table.table if "failed" in r}
+    assert not failed
+    chosen = peg.AutoSelect(candidates=["TS", "Vector scaling", "PEG"], cv=2,
+                            batch_fn=lambda b: (b[0], b[1])).fit(model, loader)  # fmt: skip
+    assert chosen.predict_proba(test_on[0]).shape == (32, 3)
+

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from peg import _io, archive, recipe
+from peg._devices import model_device, move
 from peg.batches import BatchFn
 from peg.ensemble import Ensemble
 from peg.errors import ArchiveError
@@ -95,7 +96,7 @@ def _needs_val(path: Path, header: dict[str, Any]) -> str:
 def load(
     path: str | os.PathLike[str],
     model: nn.Module,
-    device: str | torch.device = "cpu",
+    device: str | torch.device | None = None,
     val: Any = None,
     batch_fn: BatchFn | None = None,
 ) -> Any:
@@ -111,7 +112,9 @@ def load(
             forward pass (its weights are not used). Its state-dict names and shapes must match.
             A model wrapped with `peg.with_output` loads archives saved from the same wrapper,
             or from the bare model (whose entries then get the wrapper's `model.` prefix).
-        device: where to put the member weights.
+        device: where to put the member weights; None (default): the device of `model`'s
+            weights, so an archive written on a GPU loads on the CPU and the reverse (the
+            calibration map and everything predicted follow).
         val: for a PEG/PEP recipe (the default way those save: base weights + how the members
             were made), the validation data the ensemble was built from, as it was given to
             `fit`: the members are rebuilt from it and checked against the recorded
@@ -128,6 +131,7 @@ def load(
             f"{type(model).__name__}"
         )
     path = Path(path)
+    device = model_device(model) if device is None else torch.device(device)
     kind = _io.tree_format(path) if path.is_file() else None
     if kind in _FORMATS:
         return _FORMATS[kind](path, model, device, batch_fn)
@@ -137,7 +141,7 @@ def load(
         raise ArchiveError(_needs_val(path, header))
     calibration = (header.get("meta") or {}).get("calibration")
     calibrate = calibrator_for(calibration) if calibration is not None else None
-    stacked, shared = archive.read_tensors(path, header, device)
+    stacked, shared = archive.read_tensors(path, header)  # CPU; moved below with the model
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     got = {k: tuple(v.shape[1:]) for k, v in stacked.items()} | {
         k: tuple(v.shape) for k, v in shared.items()
@@ -168,4 +172,4 @@ def load(
         loaded.meta = {k: v for k, v in ensemble.meta.items() if k != "recipe"}
     if calibrate is None:
         return loaded
-    return calibrate(loaded, calibration, archive.read_calibration(path, header))
+    return calibrate(loaded, calibration, move(archive.read_calibration(path, header), device))

@@ -163,16 +163,26 @@ def displacement_fingerprints(directions: list[Tensor], scale: float) -> list[li
     return [fp for D in directions for fp in fingerprint_rows(D, scale, probe)]
 
 
-def fingerprints_match(a: list[list[float]], b: list[list[float]]) -> list[int]:
-    """Indices of the members whose fingerprints differ beyond the tolerance."""
+def fingerprints_match(a: list[list[float]], b: list[list[float]], P: int) -> list[int]:
+    """Indices of the members whose fingerprints (`displacement_fingerprints` over `P`
+    parameters) differ beyond the arithmetic's tolerance.
+
+    A displacement's norm must agree to `TOLERANCE` relatively. Its projection on the probe is
+    compared on the scale of the largest projection that norm allows, norm · ‖probe‖
+    (Cauchy–Schwarz), not relatively to itself: a projection sums P terms that cancel, so its
+    own relative error grows like √P times the entries'. Rounding in another order (a GPU's
+    non-deterministic kernels, another thread count) moves the entries by ~1e-7 relatively,
+    which made the projections of a GPU-rebuilt recipe miss a relative 1e-4; on this scale it is
+    ~1e-7, while a member built from another mini-batch or scale differs by O(1).
+    """
     if len(a) != len(b):
         return list(range(max(len(a), len(b))))
+    probe_norm = float(fingerprint_probe(P).double().norm())
     return [
         i
-        for i, (u, v) in enumerate(zip(a, b, strict=True))
-        if not all(
-            math.isclose(p, q, rel_tol=TOLERANCE, abs_tol=1e-12) for p, q in zip(u, v, strict=True)
-        )
+        for i, ((pa, na), (pb, nb)) in enumerate(zip(a, b, strict=True))
+        if not math.isclose(na, nb, rel_tol=TOLERANCE, abs_tol=1e-12)
+        or abs(pa - pb) > TOLERANCE * max(na, nb) * probe_norm + 1e-12
     ]
 
 

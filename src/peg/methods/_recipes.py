@@ -83,12 +83,12 @@ class Recipes:
         expect = Expected(data=recipe["data"], searched=bool(recipe["searched"]))
         rebuilt._fit(bases, val, None, expect)  # type: ignore[attr-defined]
         got = displacement_fingerprints(rebuilt.directions_, recipe["scale"])
-        bad = fingerprints_match(got, recipe["fingerprints"])
+        bad = fingerprints_match(got, recipe["fingerprints"], rebuilt.directions_[0].shape[1])
         if bad:
             raise ArchiveError(
-                f"recipe: rebuilt members {bad[:5]} differ from the ones saved (relative "
-                f"tolerance {TOLERANCE}): the code or the library version changed since; save "
-                "with materialize=True to keep the members themselves"
+                f"recipe: rebuilt members {bad[:5]} differ from the ones saved (tolerance "
+                f"{TOLERANCE}, see docs/determinism.md): the code or the library version changed "
+                "since; save with materialize=True to keep the members themselves"
             )
         return rebuilt
 

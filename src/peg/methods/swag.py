@@ -336,7 +336,8 @@ class SWAG(SWA):
         """`n` parameter vectors `[n, P]` drawn from the SWAG Gaussian (no BatchNorm refresh).
 
         Sample i uses the random stream (seed, SWAG_SAMPLE, i), so the first n samples do not
-        depend on how many are drawn.
+        depend on how many are drawn. Draws are made on the CPU (the same numbers on every
+        device) and moved to the moments' device.
         """
         if "mean_" not in self.__dict__:
             raise NotFittedError("SWAG: call fit(...) before sampling")
@@ -351,10 +352,10 @@ class SWAG(SWA):
         out = []
         for i in range(n):
             gen = generator(seed, SWAG_SAMPLE, i)
-            z1 = torch.randn(P, generator=gen)
+            z1 = torch.randn(P, generator=gen).to(std.device)
             step = std * z1
             if not diag:
-                z2 = torch.randn(K, generator=gen)
+                z2 = torch.randn(K, generator=gen).to(std.device)
                 step = step + self.deviations_.T @ z2 / math.sqrt(K - 1)
             out.append(self.mean_ + math.sqrt(scale) * step)
         return torch.stack(out)
