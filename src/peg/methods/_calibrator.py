@@ -31,7 +31,7 @@ from torch import Tensor
 from peg import archive
 from peg._inputs import Data
 from peg._scalars import check_positive_int
-from peg.batches import BatchFn, Tapped, check_batch_fn
+from peg.batches import BatchFn, check_batch_fn
 from peg.ensemble import Ensemble
 from peg.errors import ArchiveError, NotFittedError
 from peg.loading import register_calibrator
@@ -173,33 +173,28 @@ class Calibrator(Method):
             )
 
     # ---------------------------------------------------------------- predicting
-    def _reading(
-        self, batch_size: int | None, batch_fn: BatchFn | None, X: Data
-    ) -> tuple[int, BatchFn | None]:
-        size = int(self.batch_size) if batch_size is None else batch_size
-        split = check_batch_fn(getattr(self, "batch_fn", None) if batch_fn is None else batch_fn)
-        return size, None if isinstance(X, Tapped) else split  # a stream carries its own
-
     def member_logits(
-        self, X: Data, batch_size: int | None = None, batch_fn: BatchFn | None = None, **_: Any
-    ) -> Tensor:
+        self, X: Data, batch_size: int | None = None, batch_fn: BatchFn | None = None,
+        **options: Any,
+    ) -> Tensor:  # fmt: skip
         """Calibrated scores `[1, N, C]` (one "member": the calibrated predictor), whose softmax
         is the calibrated prediction."""
         self._check_fitted()
         size, split = self._reading(batch_size, batch_fn, X)
         # mapped whole (not the concatenated `iter_member_logits`): `peg.distributed` gathers
         # the predictor's logits and maps them as one process does, on the same shapes
-        return self.scale(member_logits_of(self.predictor_, X, size, split))
+        return self.scale(member_logits_of(self.predictor_, X, size, split, **options))
 
     def iter_member_logits(
-        self, X: Data, batch_size: int | None = None, batch_fn: BatchFn | None = None, **_: Any
-    ) -> Iterator[Tensor]:
+        self, X: Data, batch_size: int | None = None, batch_fn: BatchFn | None = None,
+        **options: Any,
+    ) -> Iterator[Tensor]:  # fmt: skip
         """`member_logits` batch by batch, `[1, B_j, C]`: the map is a per-row transform, here
         of the predictor's batches (equal to `member_logits` up to rounding: the same per-row
         operations on other shapes); `NotStreamable` if the predictor cannot give them."""
         self._check_fitted()
         size, split = self._reading(batch_size, batch_fn, X)
-        batches = iter_member_logits_of(self.predictor_, X, size, split)
+        batches = iter_member_logits_of(self.predictor_, X, size, split, **options)
         return (self.scale(logits) for logits in batches)
 
     def scale(self, logits: Tensor) -> Tensor:

@@ -47,20 +47,22 @@ class ConformalBase(Calibrator):
     """A `Calibrator` whose map is the identity: the predictor's outputs pass through."""
 
     def member_logits(
-        self, X: Data, batch_size: int | None = None, batch_fn: BatchFn | None = None, **_: Any
-    ) -> Tensor:
+        self, X: Data, batch_size: int | None = None, batch_fn: BatchFn | None = None,
+        **options: Any,
+    ) -> Tensor:  # fmt: skip
         """The predictor's member outputs `[M, N, C]`, unchanged."""
         self._check_fitted()
         size, split = self._reading(batch_size, batch_fn, X)
-        return member_logits_of(self.predictor_, X, size, split)
+        return member_logits_of(self.predictor_, X, size, split, **options)
 
     def iter_member_logits(
-        self, X: Data, batch_size: int | None = None, batch_fn: BatchFn | None = None, **_: Any
-    ) -> Iterator[Tensor]:
+        self, X: Data, batch_size: int | None = None, batch_fn: BatchFn | None = None,
+        **options: Any,
+    ) -> Iterator[Tensor]:  # fmt: skip
         """The predictor's member outputs batch by batch, `[M, B_j, C]`."""
         self._check_fitted()
         size, split = self._reading(batch_size, batch_fn, X)
-        return iter_member_logits_of(self.predictor_, X, size, split)
+        return iter_member_logits_of(self.predictor_, X, size, split, **options)
 
     def _batches(
         self, X: Data, batch_size: int | None, batch_fn: BatchFn | None

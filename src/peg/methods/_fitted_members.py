@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from peg._inputs import Data
+from peg.batches import BatchFn
 from peg.ensemble import Ensemble, Strategy
 from peg.errors import NotFittedError
 from peg.methods._members import StackedMembers
@@ -62,27 +63,37 @@ class FittedMembers:
     def member_logits(
         self,
         X: Data,
-        batch_size: int = 512,
-        strategy: Strategy = "auto",
+        batch_size: int | None = None,
+        *,
+        batch_fn: BatchFn | None = None,
         progress: bool | None = None,
-        chunk_size: int | None = None,
         autocast: str | torch.dtype | None = None,
+        strategy: Strategy = "auto",
+        chunk_size: int | None = None,
     ) -> Tensor:
         """Logits of every member, `[M, N, C]` (M = S·R less `dropped_`, base-major).
 
-        Arguments as `Ensemble.member_logits`. A lazy ensemble loops over chunks of
-        `chunk_size` members (default `LAZY_CHUNK_SIZE`) outside and batches inside (see
+        The predictor protocol (`peg.methods.base`; `batch_size` and `batch_fn` default to the
+        constructor's); the rest as `Ensemble.member_logits`. A lazy ensemble loops over chunks
+        of `chunk_size` members (default `LAZY_CHUNK_SIZE`) outside and batches inside (see
         `peg.methods._lazy.RegeneratedMembers`).
         """
         if "members_" not in self.__dict__:
             raise NotFittedError(f"{type(self).__name__}: call fit(...) before predicting")
+        size, split = self._reading(batch_size, batch_fn, X)  # type: ignore[attr-defined]
         options = dict(strategy=strategy, progress=progress, chunk_size=chunk_size)
-        return self.members_.member_logits(X, self._scale, batch_size, autocast=autocast, **options)
+        return self.members_.member_logits(
+            X, self._scale, size, autocast=autocast, batch_fn=split, **options
+        )
 
-    def iter_member_logits(self, X: Data, batch_size: int = 512, **kwargs: Any) -> Iterator[Tensor]:
+    def iter_member_logits(
+        self, X: Data, batch_size: int | None = None, *, batch_fn: BatchFn | None = None,
+        **options: Any,
+    ) -> Iterator[Tensor]:  # fmt: skip
         """`member_logits` batch by batch, `[M, B_j, C]`: stacked members only (a lazy ensemble
         has chunks of members outside its batches: `NotStreamable`; `peg.evaluate` falls back)."""
-        return self.members_.iter_member_logits(X, self._scale, batch_size, **kwargs)
+        size, split = self._reading(batch_size, batch_fn, X)  # type: ignore[attr-defined]
+        return self.members_.iter_member_logits(X, self._scale, size, batch_fn=split, **options)
 
     def ensemble_at(self, scale: float) -> Ensemble:
         """The members at another scale, from the stored directions (no gradient is recomputed).

@@ -343,6 +343,7 @@ class RegeneratedMembers:
         progress: bool | None = None,
         chunk_size: int | None = None,
         autocast: str | torch.dtype | None = None,
+        batch_fn: BatchFn | None = None,
     ) -> Tensor:
         """Logits `[M, N, C]`: chunks of `chunk_size` members (default `LAZY_CHUNK_SIZE`)
         outside, batches inside. A chunk is regenerated, predicts every batch of X (`strategy`
@@ -358,7 +359,7 @@ class RegeneratedMembers:
         if isinstance(X, Tapped):  # records labels: only on the first pass
             later: tuple[Data, BatchFn | None] = (X.data, X.batch_fn)
         else:
-            later = (X, None)
+            later = (X, batch_fn)
         M = len(self)
         out: Tensor | None = None
         start = 0
@@ -367,7 +368,7 @@ class RegeneratedMembers:
         # (`_chunks` lets go of one when asked for the next, after `del ensemble` here)
         for members, ensemble in self._chunks(k, scale):
             shown.update(len(members))
-            data, fn = (X, None) if out is None else later
+            data, fn = (X, batch_fn) if out is None else later
             logits = ensemble.member_logits(
                 data, batch_size, strategy, False, len(members), autocast, batch_fn=fn
             )

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from peg._devices import model_device, weights_device
+from peg._devices import model_device, move, weights_device
 from peg._inputs import Data, as_xy, is_pair
 from peg._values import checked_labels
 from peg.batches import BatchFn, Tapped
@@ -44,15 +44,23 @@ def predictor_device(predictor: Any) -> torch.device | None:
     return None
 
 
-def member_logits_of(
-    predictor: Any, X: Data, batch_size: int = 512, batch_fn: BatchFn | None = None
-) -> Tensor:
-    """`[M, N, C]` from anything that predicts: an object with `member_logits`, or an nn.Module.
+def _protocol(batch_fn: BatchFn | None, options: dict[str, Any]) -> dict[str, Any]:
+    """The keywords of the predictor protocol that were given (None ones left out, so that a
+    foreign object whose `member_logits(X, batch_size)` takes no more keeps working)."""
+    return {k: v for k, v in {"batch_fn": batch_fn, **options}.items() if v is not None}
 
-    `batch_fn` (`peg.batches`) is passed on only when given, so objects whose `member_logits`
-    does not take it keep working."""
+
+def member_logits_of(
+    predictor: Any,
+    X: Data,
+    batch_size: int = 512,
+    batch_fn: BatchFn | None = None,
+    **options: Any,
+) -> Tensor:
+    """`[M, N, C]` from anything that predicts: an object with `member_logits`, or an nn.Module
+    (the predictor protocol's keywords passed on, `peg.methods.base`)."""
     check_predictor(predictor)
-    extra = {} if batch_fn is None else {"batch_fn": batch_fn}
+    extra = _protocol(batch_fn, options)
     if hasattr(predictor, "member_logits"):
         return predictor.member_logits(X, batch_size, **extra)
     model_device(predictor, "predictor")
@@ -60,14 +68,18 @@ def member_logits_of(
 
 
 def iter_member_logits_of(
-    predictor: Any, X: Data, batch_size: int = 512, batch_fn: BatchFn | None = None
+    predictor: Any,
+    X: Data,
+    batch_size: int = 512,
+    batch_fn: BatchFn | None = None,
+    **options: Any,
 ) -> Iterator[Tensor]:
     """`member_logits_of` batch by batch: `[M, B_j, C]` per batch j, from the predictor's
     `iter_member_logits` (an nn.Module through a one-member `Ensemble`). `NotStreamable`, raised
     here, before any batch is read, for a predictor without one (a foreign object that only has
     `member_logits`) or that cannot (a lazy PEG/PEP)."""
     check_predictor(predictor)
-    extra = {} if batch_fn is None else {"batch_fn": batch_fn}
+    extra = _protocol(batch_fn, options)
     if isinstance(predictor, nn.Module) and not hasattr(predictor, "member_logits"):
         model_device(predictor, "predictor")
         return Ensemble.from_models([predictor]).iter_member_logits(X, batch_size, **extra)
@@ -79,7 +91,8 @@ def iter_member_logits_of(
 def logits_and_labels(
     predictor: Any, data: Data, batch_size: int, batch_fn: BatchFn | None, name: str
 ) -> tuple[Tensor, Tensor]:
-    """Member logits `[M, N, C]` and labels `[N]` of labelled data in one pass over it.
+    """Member logits `[M, N, C]` and labels `[N]` of labelled data in one pass over it, the
+    labels on the logits' device (labels follow the scores, `peg._devices`).
 
     A pair `(X, y)` of tensors is predicted as it is (`as_xy`); a loader or a Dataset (batches
     of any shape, `peg.batches`) is handed to the predictor as a `Tapped` stream, which records
@@ -88,7 +101,8 @@ def logits_and_labels(
     if is_pair(data):
         X, y = as_xy(data, name, device=predictor_device(predictor))
         assert y is not None
-        return member_logits_of(predictor, X, batch_size), y
+        logits = member_logits_of(predictor, X, batch_size)
+        return logits, move(y, logits.device, f"{name} labels")  # labels follow the scores
     if isinstance(data, (tuple, list)):
         raise TypeError(
             f"{name}: expected a pair (X, y) of tensors or arrays, a mapping, a Dataset or a "
@@ -97,7 +111,7 @@ def logits_and_labels(
     tapped = Tapped(data, batch_fn, name)
     logits = member_logits_of(predictor, tapped, batch_size)
     y = checked_labels(tapped.labels(), name, logits.shape[1], predictor_device(predictor))
-    return logits, y
+    return logits, move(y, logits.device, f"{name} labels")
 
 
 def predictor_meta(predictor: Any) -> dict[str, Any] | None:

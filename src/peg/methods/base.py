@@ -9,6 +9,14 @@ its own per batch (MC dropout, MC patching, Packed-Ensembles).
 
 Names shared by every class: `n_members` (members made, per base model for PEG/PEP),
 `batch_size` (rows per forward pass), `seed`, `progress`.
+
+The predictor protocol, the same on every fitted object (methods, calibrators, conformal
+predictors, `AutoSelect`; `peg.Ensemble` takes the same keywords):
+`member_logits(X, batch_size=None, *, batch_fn=None, progress=None, autocast=None, **options)`
+`-> [M, N, C]`, `iter_member_logits(...)` with the same arguments `-> [M, B_j, C]` per batch,
+`predict_proba(X, batch_size=None, **same) -> [N, C]`, `predict -> [N]`. `batch_size` and
+`batch_fn` left None are the constructor's (`Method._reading`); `options` are what the
+predictor's `Ensemble` takes beyond them (`strategy`, `chunk_size`).
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from peg._forward import diagnose
 from peg._inputs import Data, iter_inputs, num_batches
 from peg._progress import bar
 from peg._scalars import check_positive_int
-from peg.batches import BatchFn, call_model, check_batch_fn
+from peg.batches import BatchFn, Tapped, call_model, check_batch_fn
 from peg.ensemble import Ensemble, _cat_batches, autocast_dtype
 from peg.errors import NotFittedError
 from peg.output import model_output
@@ -45,6 +53,17 @@ class Method:
 
     def _check_params(self) -> None:
         """Raise a clear error for a bad argument; never change one (clone compares them)."""
+
+    def _reading(
+        self, batch_size: int | None, batch_fn: BatchFn | None, X: Data = None
+    ) -> tuple[int, BatchFn | None]:
+        """The predictor protocol's `batch_size` and `batch_fn` for one call: those given win,
+        None means the constructor's (512 and `peg.batches`' conventions for a class without
+        them); a `Tapped` stream carries its own `batch_fn`."""
+        own = self.__dict__.get("batch_size", 512)
+        size = check_positive_int(own if batch_size is None else batch_size, "batch_size")
+        split = check_batch_fn(self.__dict__.get("batch_fn") if batch_fn is None else batch_fn)
+        return size, None if isinstance(X, Tapped) else split
 
     @classmethod
     def _param_names(cls) -> list[str]:
@@ -118,19 +137,28 @@ class FittedEnsemble(Method):
         """What was fitted: method, hyper-parameters, seed, ... (saved with the ensemble)."""
         return self.ensemble().meta
 
-    def member_logits(self, X: Data, batch_size: int = 512, **kwargs: Any) -> Tensor:
-        """Logits of every member, `[M, N, C]` (see `Ensemble.member_logits`)."""
-        return self.ensemble().member_logits(X, batch_size, **kwargs)
+    def member_logits(
+        self, X: Data, batch_size: int | None = None, *, batch_fn: BatchFn | None = None,
+        **options: Any,
+    ) -> Tensor:  # fmt: skip
+        """Logits of every member, `[M, N, C]` (the predictor protocol; `progress`, `autocast`,
+        `strategy`, `chunk_size` as `Ensemble.member_logits`)."""
+        size, split = self._reading(batch_size, batch_fn, X)
+        return self.ensemble().member_logits(X, size, batch_fn=split, **options)
 
-    def iter_member_logits(self, X: Data, batch_size: int = 512, **kwargs: Any) -> Iterator[Tensor]:
+    def iter_member_logits(
+        self, X: Data, batch_size: int | None = None, *, batch_fn: BatchFn | None = None,
+        **options: Any,
+    ) -> Iterator[Tensor]:  # fmt: skip
         """`member_logits` batch by batch, `[M, B_j, C]` (see `Ensemble.iter_member_logits`)."""
-        return self.ensemble().iter_member_logits(X, batch_size, **kwargs)
+        size, split = self._reading(batch_size, batch_fn, X)
+        return self.ensemble().iter_member_logits(X, size, batch_fn=split, **options)
 
-    def predict_proba(self, X: Data, batch_size: int = 512, **kwargs: Any) -> Tensor:
+    def predict_proba(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:
         """Averaged member probabilities, `[N, C]` (through `member_logits`)."""
         return self.member_logits(X, batch_size, **kwargs).softmax(-1).mean(0)
 
-    def predict(self, X: Data, batch_size: int = 512, **kwargs: Any) -> Tensor:
+    def predict(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:
         """Predicted classes, `[N]`."""
         return self.predict_proba(X, batch_size, **kwargs).argmax(-1)
 

@@ -31,7 +31,7 @@ from peg.apps.select.folds import CRITERIA, mean_se, stratified_folds
 from peg.apps.select.report import choose, to_markdown
 from peg.batches import BatchFn, check_batch_fn
 from peg.errors import NotFittedError
-from peg.methods._predictors import logits_and_labels, member_logits_of
+from peg.methods._predictors import iter_member_logits_of, logits_and_labels, member_logits_of
 from peg.methods.base import Method, store_arguments
 
 # the default candidates (Laplace and MC dropout only where they apply: `faults.precheck`)
@@ -239,16 +239,21 @@ class AutoSelect(Method):
             raise NotFittedError("AutoSelect: call fit(model, val) before predicting")
         return self.predictor_
 
-    def member_logits(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:
-        """The chosen predictor's member logits `[M, N, C]`."""
-        size = self.batch_size if batch_size is None else batch_size
-        return member_logits_of(self._fitted(), X, size, kwargs.get("batch_fn", self.batch_fn))
+    def member_logits(
+        self, X: Data, batch_size: int | None = None, *, batch_fn: BatchFn | None = None,
+        **options: Any,
+    ) -> Tensor:  # fmt: skip
+        """The chosen predictor's member logits `[M, N, C]` (the predictor protocol)."""
+        size, split = self._reading(batch_size, batch_fn, X)
+        return member_logits_of(self._fitted(), X, size, split, **options)
 
-    def iter_member_logits(self, X: Data, batch_size: int | None = None,
-                           **kwargs: Any) -> Iterator[Tensor]:  # fmt: skip
+    def iter_member_logits(
+        self, X: Data, batch_size: int | None = None, *, batch_fn: BatchFn | None = None,
+        **options: Any,
+    ) -> Iterator[Tensor]:  # fmt: skip
         """`member_logits` batch by batch (the chosen predictor's)."""
-        size = self.batch_size if batch_size is None else batch_size
-        return self._fitted().iter_member_logits(X, size, **kwargs)
+        size, split = self._reading(batch_size, batch_fn, X)
+        return iter_member_logits_of(self._fitted(), X, size, split, **options)
 
     def predict_proba(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:
         """Averaged probabilities `[N, C]`."""

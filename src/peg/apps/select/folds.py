@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Subset
 
+from peg._devices import move
 from peg._rows import ValSource
 from peg.metrics._inputs import ensemble_log_probs
 
@@ -23,7 +24,10 @@ def stratified_folds(y: Tensor, k: int, seed: int) -> list[Tensor]:
     """`k` disjoint index sets `[n_i]` covering `range(len(y))`, each class spread evenly over
     them (its points shuffled with `seed`, then dealt out in turn); every class with at least
     `k` points is in every fold, so a fold's complement has every class the data has. A
-    ValueError naming the class when one has fewer than `k` points."""
+    ValueError naming the class when one has fewer than `k` points. The folds are CPU index
+    sets, whatever `y`'s device: CPU indices index tensors on any device (the data's, the
+    cached logits')."""
+    y = y.cpu()
     classes, counts = torch.unique(y, return_counts=True)
     short = [(int(c), int(n)) for c, n in zip(classes, counts, strict=True) if n < k]
     if short:
@@ -58,15 +62,16 @@ def view(source: ValSource, idx: Tensor) -> Any:
 
 
 def point_scores(logits: Tensor, y: Tensor, criterion: str) -> Tensor:
-    """Per-point scores `[N]` (float64, lower is better) of member logits `[M, N, C]`: the NLL
-    of the averaged prediction, or its Brier score (summed over classes)."""
+    """Per-point scores `[N]` (float64, lower is better, on the CPU where the selection's
+    statistics are taken) of member logits `[M, N, C]`: the NLL of the averaged prediction, or
+    its Brier score (summed over classes). `y` follows the logits."""
     log_p = ensemble_log_probs(logits)
-    y = y.to(log_p.device).long()
+    y = move(y, log_p.device, "val labels").long()
     if criterion == "nll":
-        return -log_p.gather(1, y[:, None])[:, 0]
+        return (-log_p.gather(1, y[:, None])[:, 0]).cpu()
     p = log_p.exp()
-    p[torch.arange(len(y)), y] -= 1.0
-    return (p * p).sum(1)
+    p[torch.arange(len(y), device=p.device), y] -= 1.0
+    return (p * p).sum(1).cpu()
 
 
 def mean_se(points: Tensor) -> tuple[float, float]:
