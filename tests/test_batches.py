@@ -11,7 +11,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 import peg
-from peg.batches import batch_rows, call_model, move, split_batch, take_rows
+from peg._devices import move
+from peg.batches import batch_rows, call_model, split_batch, take_rows
 
 N, L, V, C = 40, 6, 11, 3
 

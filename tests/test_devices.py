@@ -209,3 +209,54 @@ def test_compare_and_autoselect_in_every_placement(placement, gpu, trained, tmp_
                             batch_fn=lambda b: (b[0], b[1])).fit(model, loader)  # fmt: skip
     assert chosen.predict_proba(test_on[0]).shape == (32, 3)
 
+
+
+class CudnnRefuses(nn.Module):
+    """A model whose forward fails under vmap as cuDNN does on ResNet-50 (batched convolutions
+    CUDNN_STATUS_NOT_SUPPORTED), and runs otherwise."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch._C._functorch.is_batchedtensor(self.linear.weight):
+            raise RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED.")
+        return self.linear(x)
+
+
+def test_vmap_refused_by_cudnn_is_a_clear_error_and_auto_loops():
+    torch.manual_seed(0)
+    ensemble = peg.Ensemble.from_models([CudnnRefuses(), CudnnRefuses()])
+    X = torch.randn(5, 4)
+    with pytest.raises(ValueError, match=r"strategy='vmap': cuDNN cannot run .*'loop'"):
+        ensemble.member_logits(X, strategy="vmap")
+    expected = ensemble.member_logits(X, strategy="loop")
+    torch.testing.assert_close(ensemble.member_logits(X, strategy="auto"), expected)
+
+
+def test_a_recipe_rebuilt_with_rounding_in_another_order_passes_its_check():
+    """What non-deterministic kernels do to a rebuilt recipe: every entry of a member's
+    displacement moved by a relative 1e-6 (float32 rounding in another order). A member almost
+    orthogonal to the fingerprint's probe has a projection whose terms nearly cancel: relatively
+    to itself it moves by more than 1e-4 (the old check refused it), on the scale of its norm
+    by ~1e-6. Members made from other mini-batches are still refused, and TF32 rounding
+    (~1e-3) passes only where the recipe or the rebuild used TF32."""
+    from peg.recipe import TOLERANCE, fingerprint_probe, fingerprints_match, tolerance
+    from peg.recipe import displacement_fingerprints as fingerprints
+
+    g = torch.Generator().manual_seed(0)
+    P = 100_000
+    probe = fingerprint_probe(P)
+    D = torch.randn(3, P, generator=g)
+    D -= (1 - 1e-5) * (D @ probe)[:, None] * probe / probe.dot(probe)  # nearly orthogonal
+    noisy = D * (1 + 1e-6 * torch.randn(3, P, generator=g))
+    saved, rebuilt = fingerprints([D], 0.01), fingerprints([noisy], 0.01)
+    relative = max(abs(a[0] - b[0]) / abs(a[0]) for a, b in zip(saved, rebuilt, strict=True))
+    assert relative > TOLERANCE  # the old, relative check refused these members
+    assert fingerprints_match(rebuilt, saved, P) == []
+    other = fingerprints([torch.randn(3, P, generator=g)], 0.01)
+    assert fingerprints_match(other, saved, P) == [0, 1, 2]
+    tf32 = fingerprints([D * (1 + 1e-3 * torch.randn(3, P, generator=g))], 0.01)
+    assert fingerprints_match(tf32, saved, P, tolerance("fp32", "fp32")) != []
+    assert fingerprints_match(tf32, saved, P, tolerance("tf32", "fp32")) == []

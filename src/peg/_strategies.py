@@ -267,6 +267,12 @@ class MemberStrategies:
         except Exception as e:
             self._diagnose(x)  # the inputs or the model's output at fault: a clear error
             vectorising = chosen == "folded" or isinstance(e, (RuntimeError, NotImplementedError))
+            if not fall_back and chosen in ("vmap", "chunked") and "CUDNN" in str(e).upper():
+                raise ValueError(
+                    f"strategy={chosen!r}: cuDNN cannot run this model's layers vectorised over "
+                    f"members ({str(e).splitlines()[0][:120]}); use strategy='loop' or 'auto' "
+                    "(which falls back to the loop by itself)"
+                ) from e
             if not fall_back or chosen == "loop" or not vectorising:
                 raise
             arch = type(self.skeleton).__qualname__

@@ -34,7 +34,8 @@ from peg.errors import ArchiveError
 
 RECIPE_VERSION = 2  # 2: option names of the method contract (n_members, batch_size, ...)
 FINGERPRINT_SEED = 20_241_121
-TOLERANCE = 1e-4
+TOLERANCE = 1e-4  # float32 gradients rebuilt with rounding in another order
+TF32_TOLERANCE = 1e-2  # TF32 products (10-bit mantissa) on either side: see docs/determinism.md
 
 
 def data_fingerprint(X: Tensor, y: Tensor) -> str:
@@ -163,31 +164,48 @@ def displacement_fingerprints(directions: list[Tensor], scale: float) -> list[li
     return [fp for D in directions for fp in fingerprint_rows(D, scale, probe)]
 
 
-def fingerprints_match(a: list[list[float]], b: list[list[float]], P: int) -> list[int]:
-    """Indices of the members whose fingerprints (`displacement_fingerprints` over `P`
-    parameters) differ beyond the arithmetic's tolerance.
+def arithmetic(device: torch.device) -> str:
+    """How a recipe's gradients were computed, as far as rounding goes: "tf32" on a CUDA device
+    where TF32 is allowed (PyTorch's default for cuDNN convolutions: 10 bits of mantissa in the
+    products), "fp32" elsewhere."""
+    tf32 = torch.backends.cudnn.allow_tf32 or torch.backends.cuda.matmul.allow_tf32
+    return "tf32" if device.type == "cuda" and tf32 else "fp32"
 
-    A displacement's norm must agree to `TOLERANCE` relatively. Its projection on the probe is
-    compared on the scale of the largest projection that norm allows, norm · ‖probe‖
-    (Cauchy–Schwarz), not relatively to itself: a projection sums P terms that cancel, so its
-    own relative error grows like √P times the entries'. Rounding in another order (a GPU's
-    non-deterministic kernels, another thread count) moves the entries by ~1e-7 relatively,
-    which made the projections of a GPU-rebuilt recipe miss a relative 1e-4; on this scale it is
-    ~1e-7, while a member built from another mini-batch or scale differs by O(1).
+
+def tolerance(*kinds: str) -> float:
+    """The fingerprint tolerance between members computed in the `arithmetic` kinds given:
+    `TOLERANCE` in float32, `TF32_TOLERANCE` where either side rounded products to TF32."""
+    return TF32_TOLERANCE if "tf32" in kinds else TOLERANCE
+
+
+def fingerprints_match(
+    a: list[list[float]], b: list[list[float]], P: int, tol: float = TOLERANCE
+) -> list[int]:
+    """Indices of the members whose fingerprints (`displacement_fingerprints` over `P`
+    parameters) differ by more than `tol`.
+
+    A displacement's norm must agree to `tol` relatively. Its projection on the probe (standard
+    normal entries) is compared on the scale of a typical projection of a vector of that norm,
+    the norm itself (E[(v·probe)²] = ‖v‖²), not relatively to itself: a projection is a sum of
+    P terms of both signs, and where they nearly cancel (a member almost orthogonal to the
+    probe) rounding in another order (a GPU's non-deterministic kernels, another thread count)
+    moves it by far more than its own size times `tol`. A change of the displacement by a
+    relative ε moves the projection by ~ε·norm: rounding passes, a member built from another
+    mini-batch (ε ~ 1) does not.
     """
     if len(a) != len(b):
         return list(range(max(len(a), len(b))))
-    probe_norm = float(fingerprint_probe(P).double().norm())
     return [
         i
         for i, ((pa, na), (pb, nb)) in enumerate(zip(a, b, strict=True))
-        if not math.isclose(na, nb, rel_tol=TOLERANCE, abs_tol=1e-12)
-        or abs(pa - pb) > TOLERANCE * max(na, nb) * probe_norm + 1e-12
+        if not math.isclose(na, nb, rel_tol=tol, abs_tol=1e-12)
+        or abs(pa - pb) > tol * max(na, nb) + 1e-12
     ]
 
 
 __all__ = [
     "DataHasher",
+    "arithmetic",
     "data_fingerprint",
     "displacement_fingerprints",
     "fingerprint_probe",
@@ -195,6 +213,7 @@ __all__ = [
     "fingerprints_match",
     "rebuilder",
     "register",
+    "tolerance",
 ]
 
 

@@ -330,3 +330,27 @@ def test_what_save_writes_peg_load_reads_back(case, tmp_path):
     torch.testing.assert_close(loaded.member_logits(X), method.member_logits(X))
     if isinstance(loaded, Method):
         assert type(loaded) is case.cls and loaded.meta_ == method.meta_
+
+
+PROTOCOL = ("batch_size", "batch_fn", "progress", "autocast")
+
+
+def test_the_predictor_protocol_is_one_signature(case):
+    """`member_logits` / `iter_member_logits` / `predict_proba` take the protocol's arguments
+    (`peg.methods.base`) on every class: `batch_size` second, the rest by keyword."""
+    for verb in ("member_logits", "iter_member_logits", "predict_proba", "predict"):
+        signature = inspect.signature(getattr(case.cls, verb))
+        bound = signature.bind(None, X, 8, batch_fn=None, progress=False, autocast=None)
+        assert bound.arguments["batch_size"] == 8, verb
+
+
+def test_batch_fn_reaches_every_predictor(case):
+    """A loader of another batch shape, read through `batch_fn` (the constructor's unless
+    given), gives the logits of the tensors themselves."""
+    method = case.cls(**case.kwargs)
+    case.fit(method)
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader([{"inputs": x} for x in X], batch_size=16)
+    shaped = method.member_logits(loader, 16, batch_fn=lambda b: (b["inputs"], None))
+    torch.testing.assert_close(shaped, method.member_logits(X, 16), atol=1e-6, rtol=0)

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from peg._devices import move
 from peg._params import flatten_state, unflatten_state
 from peg._progress import bar
 from peg._scalars import check_positive_int
@@ -92,9 +93,9 @@ def _scores(
     device = next(iter(state.values())).device
     preds, nll_sum = [], 0.0
     for start in range(0, len(X), EVAL_BATCH_SIZE):
-        xb = X[start : start + EVAL_BATCH_SIZE].to(device)
+        xb = move(X[start : start + EVAL_BATCH_SIZE], device)
         out = model_output(functional_call(model, dict(state), (xb,)), "radial_cut").double()
-        yb = y[start : start + EVAL_BATCH_SIZE].to(device)
+        yb = move(y[start : start + EVAL_BATCH_SIZE], device, "y")
         nll_sum += float(torch.nn.functional.cross_entropy(out, yb, reduction="sum"))
         preds.append(out.argmax(-1).cpu())
     return torch.cat(preds), nll_sum / len(X)

@@ -98,7 +98,7 @@ class Batches:
         """`(x, y)` on the device, x a tensor or a `keyed` mapping."""
         for _, x, y in self.source.batches(self.batch_size):
             check_inputs(x, self.source.name)
-            x, y = move(x, self.device, self.source.name), y.to(self.device)
+            x, y = move(x, self.device, self.source.name), move(y, self.device, "labels")
             yield (keyed(x, y) if isinstance(x, Mapping) else x), y
 
     def paired(self) -> Iterable[tuple[Any, Tensor]]:

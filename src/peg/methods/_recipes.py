@@ -20,9 +20,10 @@ from peg.ensemble import Ensemble
 from peg.errors import ArchiveError, NotFittedError
 from peg.recipe import (
     RECIPE_VERSION,
-    TOLERANCE,
+    arithmetic,
     displacement_fingerprints,
     fingerprints_match,
+    tolerance,
 )
 
 
@@ -83,12 +84,14 @@ class Recipes:
         expect = Expected(data=recipe["data"], searched=bool(recipe["searched"]))
         rebuilt._fit(bases, val, None, expect)  # type: ignore[attr-defined]
         got = displacement_fingerprints(rebuilt.directions_, recipe["scale"])
-        bad = fingerprints_match(got, recipe["fingerprints"], rebuilt.directions_[0].shape[1])
+        # recipes of peg < 0.3 record no arithmetic: they were made in float32
+        tol = tolerance(recipe.get("arithmetic", "fp32"), arithmetic(bases.device))
+        bad = fingerprints_match(got, recipe["fingerprints"], rebuilt.directions_[0].shape[1], tol)
         if bad:
             raise ArchiveError(
-                f"recipe: rebuilt members {bad[:5]} differ from the ones saved (tolerance "
-                f"{TOLERANCE}, see docs/determinism.md): the code or the library version changed "
-                "since; save with materialize=True to keep the members themselves"
+                f"recipe: rebuilt members {bad[:5]} differ from the ones saved (tolerance {tol}, "
+                "see docs/determinism.md): the code or the library version changed since; save "
+                "with materialize=True to keep the members themselves"
             )
         return rebuilt
 
@@ -144,6 +147,7 @@ class Recipes:
         meta = self._fitted_meta
         scale = float(getattr(self, f"{self.scale_name}_"))
         fingerprints = self.members_.fingerprints(scale)
+        held = self.members_.bases
         recipe = {
             "kind": "recipe",
             "recipe_version": RECIPE_VERSION,
@@ -156,8 +160,8 @@ class Recipes:
             "data_points": self._data_points,
             "members": len(self),
             "fingerprints": fingerprints,
+            "arithmetic": arithmetic(held.states[0][held.names[0]].device),
         }
-        held = self.members_.bases
         bases = Ensemble.from_state_dicts(held.skeleton, held.states)
         bases.meta = {**meta, "recipe": recipe}
         return bases.save(path)

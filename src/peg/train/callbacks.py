@@ -115,7 +115,7 @@ class EarlyStopping:
             for start in range(0, rows, self.batch_size):
                 xb = move(take_rows(X, start, start + self.batch_size), device, "val")
                 logits = logits_of(call_model(model, xb))
-                yb = y[start : start + self.batch_size].to(logits.device)
+                yb = move(y[start : start + self.batch_size], logits.device, "val labels")
                 total += float(F.cross_entropy(logits, yb, reduction="sum"))
         return total / rows
 

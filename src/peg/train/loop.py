@@ -321,7 +321,7 @@ class _Run:
                 xb, yb = self.check(batch, epoch)
             if recipe.augment:
                 xb = random_hflip(random_crop(xb, 4, gen), 0.5, gen)
-            xb, yb = move(xb, self.device, "data"), yb.to(self.device)
+            xb, yb = move(xb, self.device, "data"), move(yb, self.device, "data labels")
             out = call_model(model, xb)
             if loss in CLASSIFICATION_LOSSES:  # a custom loss gets the forward's output as is
                 out = logits_of(out)
