@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -173,8 +174,12 @@ class _Factories(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+def _no_grad(mode: bool = True) -> Any:
+    return torch.no_grad() if mode else contextlib.nullcontext()
+
+
 @contextlib.contextmanager
 def fake_gpu() -> Iterator[torch.device]:
     """A context in which `fakegpu:0` works as a second device; yields it."""
-    with _Mode(), _Factories():
+    with _Mode(), _Factories(), mock.patch("torch.inference_mode", _no_grad):
         yield GPU

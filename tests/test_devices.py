@@ -260,3 +260,53 @@ def test_a_recipe_rebuilt_with_rounding_in_another_order_passes_its_check():
     tf32 = fingerprints([D * (1 + 1e-3 * torch.randn(3, P, generator=g))], 0.01)
     assert fingerprints_match(tf32, saved, P, tolerance("fp32", "fp32")) != []
     assert fingerprints_match(tf32, saved, P, tolerance("tf32", "fp32")) == []
+
+
+def test_a_pinned_multi_worker_loader_feeds_a_gpu_model(gpu, trained):
+    """What a training script hands peg: a DataLoader with workers and pinned memory (CPU
+    tensors, pinned where CUDA is), for fitting and predicting."""
+    val, test = data(64, 1), data(32, 2)
+    model = copy.deepcopy(trained).to(gpu)
+    loader = DataLoader(TensorDataset(*val), batch_size=16, num_workers=2, pin_memory=CUDA)
+    fitted = pegs(eta=0.01)(model, loader)
+    expected = pegs(eta=0.01)(copy.deepcopy(trained), val).predict_proba(test[0])
+    tests = DataLoader(TensorDataset(*test), batch_size=8, num_workers=2, pin_memory=CUDA)
+    torch.testing.assert_close(cpu(fitted.predict_proba(tests)), expected, atol=GPU_TOL, rtol=0)
+    assert peg.evaluate(fitted, tests)["nll"] == pytest.approx(
+        peg.evaluate(fitted, test_on_cpu := test[0], test[1])["nll"], abs=1e-5
+    ) and test_on_cpu.device.type == "cpu"
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_huggingface_dict_batches_in_every_placement(placement, gpu):
+    """A tiny ViT and BERT from transformers with HuggingFace's dict batches: TS, last-layer
+    PEG and compare, the batches' tensors moved whole."""
+    from test_hf_models import Items, bert, images, tokens, vit
+
+    for build, make in ((vit, images), (bert, tokens)):
+        torch.manual_seed(0)
+        base = build().eval()
+        val_items, test_items = make(64, 1), make(16, 2)
+        model = copy.deepcopy(base).to(gpu if placement.endswith("gpu-model") else "cpu")
+        where = gpu if placement.startswith("gpu-data") else torch.device("cpu")
+        val = DataLoader(Items({k: v.to(where) for k, v in val_items.items()}), batch_size=16)
+        test = DataLoader(Items({k: v.to(where) for k, v in test_items.items()}), batch_size=8)
+        for fit in (FITS["TS"], pegs(params="last_layer")):
+            reference = fit(copy.deepcopy(base), DataLoader(Items(val_items), batch_size=16))
+            expected = reference.predict_proba(DataLoader(Items(test_items), batch_size=8))
+            probs = fit(model, val).predict_proba(test)
+            torch.testing.assert_close(cpu(probs), expected, atol=GPU_TOL, rtol=0)
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_laplace_in_every_placement(placement, gpu):
+    pytest.importorskip("laplace")
+    if not CUDA and placement.endswith("gpu-model"):
+        pytest.skip("laplace-torch's backends take no FakeGpu parameters (checked on CUDA)")
+    torch.manual_seed(0)  # laplace-torch's backends take Linear/Conv layers, not BatchNorm
+    mlp = nn.Sequential(nn.Flatten(), nn.Linear(36, 16), nn.ReLU(), nn.Linear(16, 3)).eval()
+    val, test = data(64, 1), data(32, 2)
+    model, val_on, test_on = place(placement, mlp, gpu, val, test)
+    probs = peg.Laplace().fit(model, val_on).predict_proba(test_on[0])
+    expected = peg.Laplace().fit(copy.deepcopy(mlp), val).predict_proba(test[0])
+    torch.testing.assert_close(cpu(probs), expected, atol=max(GPU_TOL, 1e-5), rtol=0)

@@ -75,8 +75,9 @@ def check_data_device(
 
 def to_device(t: Tensor, device: torch.device, name: str = "X") -> Tensor:
     """`t` on `device` (itself if it is there already), after `check_data_device`; a move out
-    of pinned memory does not block."""
-    if t.device == device:
+    of pinned memory does not block. Nothing is moved to `meta` (no values to compute with:
+    the model's own check, `model_device`, names it)."""
+    if t.device == device or device.type == "meta":
         return t
     check_data_device(t, name, device)
     return t.to(device, non_blocking=t.device.type == "cpu" and t.is_pinned())
