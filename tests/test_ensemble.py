@@ -190,6 +190,25 @@ def test_the_loop_runs_member_modules_that_share_the_stacked_storage(bn_net):
     assert ens._member_modules() is not modules
 
 
+def test_the_loop_builds_member_modules_only_for_an_ensemble_used_on_many_batches(
+    bn_net, monkeypatch
+):
+    """A scale search predicts a few batches per ensemble: those run by functional_call,
+    without a module copy per member; from batch LOOP_MODULES_AFTER on, the member modules
+    (the same logits)."""
+    from peg import _strategies
+
+    monkeypatch.setattr(_strategies, "LOOP_MODULES_AFTER", 2)
+    ens = peg.Ensemble.from_models(members(bn_net, 3))
+    X = torch.randn(8, 2)
+    built = []
+    real = ens._member_modules
+    monkeypatch.setattr(ens, "_member_modules", lambda: built.append(1) or real())
+    batches = [ens.member_logits(X[i : i + 2], strategy="loop") for i in range(0, 8, 2)]
+    assert len(built) == 2  # batches 3 and 4
+    torch.testing.assert_close(torch.cat(batches, 1), ens.member_logits(X, strategy="loop"))
+
+
 @pytest.mark.parametrize("autocast", ["bf16", torch.bfloat16, "fp16"])
 @pytest.mark.parametrize("strategy", ["loop", "folded", "vmap"])
 def test_autocast_runs_the_forward_in_low_precision_and_returns_float32(autocast, strategy):
