@@ -31,7 +31,25 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
-torch.utils.backend_registration._setup_privateuseone_for_python_backend("fakegpu")
+
+class _Backend(torch.utils.backend_registration._DummyBackendModule):
+    """`torch.fakegpu`: one device whose random numbers are the CPU's (its operators run there),
+    so that `torch.random.fork_rng()`, which forks the accelerator's state too once one is
+    registered, keeps working everywhere in the process."""
+
+    def get_rng_state(self, device: Any = None) -> torch.Tensor:
+        return torch.get_rng_state()
+
+    def set_rng_state(self, state: torch.Tensor, device: Any = None) -> None:
+        torch.set_rng_state(state)
+
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+
+torch.utils.backend_registration._setup_privateuseone_for_python_backend(
+    "fakegpu", backend_module=_Backend()
+)
 GPU = torch.device("fakegpu", 0)
 CPU = torch.device("cpu")
 _INDEXING = {
