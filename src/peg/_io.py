@@ -112,9 +112,13 @@ def load_tree(path: str | os.PathLike[str]) -> Any:
         with safe_open(str(path), framework="pt") as f:
             structure = json.loads((f.metadata() or {})[TREE_KEY])
             tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
-    except Exception as e:  # damaged, truncated or foreign file
+    except Exception as e:  # damaged, truncated or foreign file (RecursionError included)
         raise ValueError(f"{path}: not a readable peg checkpoint ({e})") from e
-    return _decode(structure, tensors)
+    try:
+        return _decode(structure, tensors)
+    except (KeyError, TypeError, ValueError, RecursionError) as e:  # a tampered structure
+        detail = f"damaged structure, {type(e).__name__}: {e}"
+        raise ValueError(f"{path}: not a readable peg checkpoint ({detail})") from None
 
 
 def tree_format(path: str | os.PathLike[str]) -> str | None:
