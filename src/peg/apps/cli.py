@@ -152,6 +152,11 @@ def _compare_arguments(p: Parser) -> None:
         action="store_true",
         help="take back the methods an earlier run with the same arguments saved in --out",
     )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into --out even if it is a non-empty folder peg compare did not make",
+    )
     _no_progress(p)
 
 
@@ -175,6 +180,7 @@ def _compare(args: argparse.Namespace, command: str, progress: bool | None) -> i
         out=args.out,
         command=command,
         resume=args.resume,
+        overwrite=args.overwrite,
     )
     if distributed.world()[0] != 0:  # under torchrun every rank has the table: one prints it
         return 0
