@@ -197,6 +197,26 @@ def test_a_folder_of_the_users_is_refused_unless_overwrite(model, data, tmp_path
     _run(model, data, tmp_path, methods=["TS"], say=None)  # now peg's: a rerun writes
 
 
+def test_peg_compare_refuses_a_folder_of_the_users_with_exit_2(tmp_path, monkeypatch, capsys):
+    X, y = moons(60, 1)
+    np.savez(tmp_path / "val.npz", x=X.numpy(), y=y.numpy())
+    (tmp_path / "usersdir_cmp.py").write_text(
+        "from torch import nn\ndef build():\n    return nn.Linear(2, 2)\n"
+    )
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "results.md").write_text("my own")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "usersdir_cmp", raising=False)
+    argv = ["compare", "--model", "usersdir_cmp:build", "--val", "val.npz", "--test", "val.npz",
+            "--methods", "TS", "--out", "out", "--no-progress"]  # fmt: skip
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and "--overwrite" in err and len(err.strip().splitlines()) == 1
+    assert (tmp_path / "out" / "results.md").read_text() == "my own"
+    assert main([*argv, "--overwrite"]) == 0
+
+
 # --- bad data is refused once, before any fitting ------------------------------------------------
 
 

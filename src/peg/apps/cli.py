@@ -352,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(["peg", *(sys.argv[1:] if argv is None else argv)])
     try:
         status = _run(args, command)
-    except (FileNotFoundError, NotADirectoryError, ValueError) as e:
+    except (FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError,
+            ValueError) as e:  # fmt: skip
         # bad input named by the library (specs, presets, folders, options): a message, not a
         # traceback (PEG_TRACEBACK=1 shows it); exit status 2 as argparse's own errors
         if os.environ.get("PEG_TRACEBACK") and not distributed.joined():

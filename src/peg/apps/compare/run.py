@@ -148,7 +148,7 @@ def compare(
     if not isinstance(overwrite, bool):
         raise TypeError(f"overwrite: expected True or False, got {overwrite!r}")
     state = State(out, run_key, resume, write=rank == 0, say=say)
-    state.prepare(overwrite)
+    distributed.guarded(lambda: state.prepare(overwrite), "out")  # rank 0's refusal: every rank's
     fitting = Fitting(model, val, evaluation, state, seed=seed, progress=progress,
                       batch_size=batch_size, batch_fn=batch_fn)  # fmt: skip
     table: list[dict[str, Any]] = []
