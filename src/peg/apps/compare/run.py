@@ -122,11 +122,13 @@ def compare(
     seed, batch_size = check_seed(seed), check_positive_int(batch_size, "batch_size")
     bins, batch_fn = check_positive_int(bins, "bins"), check_batch_fn(batch_fn)
     shown = check_shown(metrics)
+    if not isinstance(overwrite, bool):
+        raise TypeError(f"overwrite: expected True or False, got {overwrite!r}")
     if ood_score not in OOD_SCORES:
         raise ValueError(f"ood_score: expected one of {list(OOD_SCORES)}, got {ood_score!r}")
-    labelled = {"val": _labelled(val, "val", batch_fn), TEST: _labelled(test, TEST, batch_fn)}
+    labelled = {"val": _labelled(val, "val"), TEST: _labelled(test, TEST)}
     for name, data in _named(shifted, "shifted").items():
-        labelled[name] = _labelled(data, f"shifted[{name!r}]", batch_fn)
+        labelled[name] = _labelled(data, f"shifted[{name!r}]")
     unlabelled = {n: _inputs(d, f"ood[{n!r}]") for n, d in _named(ood, "ood").items()}
     clash = sorted(set(labelled) & set(unlabelled))
     if clash:
@@ -145,8 +147,6 @@ def compare(
                "conformal": repr(evaluation.conformal)}  # fmt: skip
     if resume and out is None:
         raise ValueError("resume: needs out=, the folder of the run to resume")
-    if not isinstance(overwrite, bool):
-        raise TypeError(f"overwrite: expected True or False, got {overwrite!r}")
     state = State(out, run_key, resume, write=rank == 0, say=say)
     distributed.guarded(lambda: state.prepare(overwrite), "out")  # rank 0's refusal: every rank's
     fitting = Fitting(model, val, evaluation, state, seed=seed, progress=progress,
@@ -242,7 +242,7 @@ def _named(data: Any, default: str) -> dict[str, Data]:
     return {default: data}
 
 
-def _labelled(data: Data, name: str, batch_fn: BatchFn | None) -> Data:
+def _labelled(data: Data, name: str) -> Data:
     """`data` as labelled data: a pair as tensors (checked: `as_xy`), a Dataset or DataLoader
     as it is (its first batch is read by `faults.check_data`)."""
     if is_pair(data):
