@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -120,3 +121,34 @@ def _fitted_peg() -> peg.PEG:
 
 
 logits = torch.randn(2, 4, 3)
+
+
+# ------------------------------------------------------------- tampered files (probes)
+def tamper(path: str | Path, change: Callable[[Any], Any], key: str = "peg") -> str:
+    """Rewrite the JSON under metadata `key` of safetensors file `path` with `change(parsed)`
+    (its return value, or the parsed value changed in place; a str is written as it is)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(path), framework="pt") as f:
+        metadata = dict(f.metadata() or {})
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    parsed = json.loads(metadata[key])
+    new = change(parsed)
+    new = parsed if new is None else new
+    metadata[key] = new if isinstance(new, str) else json.dumps(new)
+    save_file(tensors, str(path), metadata=metadata)
+    return str(path)
+
+
+def retensor(path: str | Path, change: Callable[[str, torch.Tensor], torch.Tensor]) -> str:
+    """Rewrite every tensor of safetensors file `path` with `change(name, tensor)`, keeping
+    its metadata."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(path), framework="pt") as f:
+        metadata = dict(f.metadata() or {})
+        tensors = {k: change(k, f.get_tensor(k)).contiguous() for k in f.keys()}  # noqa: SIM118
+    save_file(tensors, str(path), metadata=metadata)
+    return str(path)

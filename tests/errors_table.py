@@ -29,7 +29,7 @@ AREA_ORDER = [
     "batches", "with_output", "evaluate", "TemperatureScaling", "Laplace", "calibrators",
     "train", "MCPatched", "PackedEnsemble", "patch()", "Packing", "RandomSubspace",
     "DropoutSubspace", "streaming metrics", "selective", "plots", "streaming OOD", "peg (CLI)",
-    "peg.compare", "load",
+    "peg.compare", "load", "load (tampered)",
 ]  # fmt: skip
 
 HEADER = """\

@@ -168,13 +168,14 @@ def test_a_writer_killed_mid_write_leaves_the_previous_archive_intact(tmp_path, 
         with contextlib.suppress(ArchiveError):  # truncated: refused; else complete
             assert read_header(leftovers[0])["members"] == members
 
-    # A later save over the same path is unaffected by the leftover.
+    # A later save over the same path is unaffected by the leftover, and removes it (its
+    # writer's process is gone: `peg._io.remove_stale`).
     replacement = peg.Ensemble.from_models([mlp(3), mlp(4)], meta={"method": "replacement"})
     replacement.save(str(path))
     again = peg.load(path, mlp(9))
     assert len(again) == 2 and again.meta["method"] == "replacement"
     assert torch.equal(again.member_logits(X), replacement.member_logits(X))
-    assert temporaries() == leftovers  # the new save left no temporary file of its own
+    assert temporaries() == []  # the killed writer's removed; the new save left none
 
 
 # --- (b) `peg bench` killed and resumed ----------------------------------------------------------

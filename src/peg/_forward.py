@@ -3,6 +3,7 @@ failed batch (`input_error`), and its train/eval modes."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -11,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from peg.batches import describe_inputs, take_rows
-from peg.output import OutputFnError
+from peg.output import OutputFnError, logits_of
 
 
 def input_error(error: BaseException, x: Any, name: str) -> ValueError:
@@ -32,6 +33,24 @@ def input_error(error: BaseException, x: Any, name: str) -> ValueError:
         f"({type(error).__name__}: {detail}); pass inputs of the shape and dtype the model "
         "expects" + "".join(f"; {h}" for h in hints)
     )
+
+
+def warn_probabilities(out: Any) -> None:
+    """Warn, naming `model`, when a forward's outputs `[B, C]` look like probabilities (every
+    row in [0, 1], summing to 1) where peg expects logits: fitted as logits, they give a
+    calibration that means nothing (a temperature of 0.25 for a softmax output)."""
+    if not isinstance(out, Tensor) or out.ndim != 2 or out.shape[1] < 2 or not len(out):
+        return
+    if not torch.is_floating_point(out) or out.device.type == "meta":
+        return
+    rows = out[:2].detach().double()
+    if bool((rows >= 0).all() & (rows <= 1).all() & ((rows.sum(1) - 1).abs() < 1e-4).all()):
+        warnings.warn(
+            "model: its outputs look like probabilities (every row in [0, 1], summing to 1), "
+            "not logits; peg expects logits (or log-probabilities): drop the final softmax, "
+            "or wrap the model with peg.with_output(model, torch.log)",
+            stacklevel=3,
+        )
 
 
 def training_modules(model: nn.Module) -> list[nn.Module]:
@@ -71,6 +90,7 @@ def diagnose(forward: Callable[[Any], Any], x: Any, name: str) -> Any:
         raise
     except Exception as e:
         raise input_error(e, x, name) from e
+    warn_probabilities(logits_of(out))
     if isinstance(x, Tensor) and x.ndim == 1 and isinstance(out, Tensor) and out.ndim != 2:
         raise ValueError(
             f"{name}: 1-D inputs [N] gave outputs of shape {tuple(out.shape)}, not logits "

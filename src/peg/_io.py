@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,6 +26,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 TREE_KEY = "peg-tree"
+STALE_SECONDS = 3600  # a temporary file without a pid this old is a killed writer's
 
 
 def _usual_mode(path: str) -> None:
@@ -38,11 +41,14 @@ def atomic_target(path: str | os.PathLike[str]) -> Iterator[str]:
     """A temporary file beside `path` to write; afterwards fsynced and renamed over `path`.
 
     Missing parent folders are created. A crash or an exception mid-write leaves the previous
-    file at `path` intact (and, for an exception, no temporary file).
+    file at `path` intact (and, for an exception, no temporary file; for a SIGKILL, one the
+    next write of `path` removes: `remove_stale`).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    remove_stale(path)
+    prefix = f".{path.name}.{os.getpid()}."
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
         yield tmp
@@ -53,6 +59,44 @@ def atomic_target(path: str | os.PathLike[str]) -> Iterator[str]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def remove_stale(path: Path) -> None:
+    """Remove the temporary files of `path` that a writer killed mid-write left behind (peg's
+    own naming, `.<name>.<pid>.<random>.tmp`, of a process no longer running; without a pid,
+    as an earlier peg named them, older than `STALE_SECONDS`). A live writer's is left."""
+    head = f".{path.name}."
+    try:
+        found = [e for e in os.scandir(path.parent) if e.name.startswith(head)]
+    except OSError:
+        return
+    for entry in found:
+        named = re.fullmatch(r"(?:(\d+)\.)?[a-z0-9_]{8}\.tmp", entry.name[len(head) :])
+        if named is None or not entry.is_file(follow_symlinks=False):
+            continue  # not a temporary file of `path` (e.g. of `path.bak`)
+        pid = named.group(1)
+        try:
+            if pid is not None:
+                stale = int(pid) != os.getpid() and not _running(int(pid))
+            else:
+                stale = time.time() - entry.stat().st_mtime > STALE_SECONDS
+            if stale:
+                os.unlink(entry.path)
+        except OSError:  # gone meanwhile, or not ours to remove
+            continue
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` runs on this machine (where that cannot be asked: assumed so)."""
+    if os.name != "posix":
+        return True
+    try:
+        os.kill(pid, 0)  # signal 0: asks, sends nothing
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process
+        return True
+    return True
 
 
 @contextmanager
@@ -112,9 +156,13 @@ def load_tree(path: str | os.PathLike[str]) -> Any:
         with safe_open(str(path), framework="pt") as f:
             structure = json.loads((f.metadata() or {})[TREE_KEY])
             tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
-    except Exception as e:  # damaged, truncated or foreign file
+    except Exception as e:  # damaged, truncated or foreign file (RecursionError included)
         raise ValueError(f"{path}: not a readable peg checkpoint ({e})") from e
-    return _decode(structure, tensors)
+    try:
+        return _decode(structure, tensors)
+    except (KeyError, TypeError, ValueError, RecursionError) as e:  # a tampered structure
+        detail = f"damaged structure, {type(e).__name__}: {e}"
+        raise ValueError(f"{path}: not a readable peg checkpoint ({detail})") from None
 
 
 def tree_format(path: str | os.PathLike[str]) -> str | None:

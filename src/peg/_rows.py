@@ -209,8 +209,11 @@ class ValSource:
             raise ValueError(f"{name}: labels must be a vector [N], got shape {tuple(y.shape)}")
         if self.classes is not None:
             if torch.is_floating_point(y) != self.regression:
-                want = "float targets (regression)" if self.regression else "integer labels"
-                raise ValueError(f"{name}: {y.dtype} labels where the first batch had {want}")
+                if self.regression:
+                    raise ValueError(f"{name}: {y.dtype} labels where the first batch had float "
+                                     "targets (regression)")  # fmt: skip
+                raise ValueError(f"{name}: expected integer class labels, got {y.dtype}; pass "
+                                 "y.long()")  # fmt: skip
             if not self.regression and len(y) and (y.min() < 0 or y.max() >= self.classes):
                 raise ValueError(
                     f"{name}: labels must lie in [0, {self.classes}) for a model with "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -47,6 +48,18 @@ def checked_labels(
     else:
         y = y.long()
     return y
+
+
+def warn_one_class(y: Tensor, name: str) -> None:
+    """Warn, naming `name`, when classification labels `y` `[N]` hold one class only: a
+    calibration fitted on them is meaningless (a temperature or a scale without bound)."""
+    if len(y) > 1 and not torch.is_floating_point(y) and bool(y.min() == y.max()):
+        warnings.warn(
+            f"{name}: every label is {int(y.min())} (one class only): calibrating on it makes "
+            "no sense (the fitted temperature or scale grows without bound); pass validation "
+            "data with every class",
+            stacklevel=3,
+        )
 
 
 def check_finite(X: Any, name: str) -> None:

@@ -30,6 +30,7 @@ from safetensors import safe_open
 from torch import Tensor
 
 from peg._io import atomic_save_file
+from peg._schema import Fields, parse_json
 from peg._version import __version__
 from peg.errors import ArchiveError
 
@@ -87,17 +88,35 @@ def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:
             metadata = f.metadata() or {}
     except Exception as e:  # safetensors raises its own error types for damaged files
         raise ArchiveError(f"{path}: not a peg archive (unreadable safetensors header: {e})") from e
-    try:
-        header = json.loads(metadata["peg"])
-    except (KeyError, json.JSONDecodeError) as e:
-        raise ArchiveError(f"{path}: not a peg archive (no 'peg' JSON header)") from e
+    if not isinstance(metadata.get("peg"), str):
+        raise ArchiveError(f"{path}: not a peg archive (no 'peg' JSON header)")
+    return check_header(parse_json(metadata["peg"], str(path)), str(path))
+
+
+def check_header(header: Any, where: str) -> dict[str, Any]:
+    """`header` checked against the format (`where`: the file, for the errors): every field
+    `read_tensors`, `peg.load` and `Ensemble` use, of its type and range, before any is used."""
+    fields = Fields(header, where)
     if header.get("format") != FORMAT:
-        raise ArchiveError(f"{path}: not a peg archive (format {header.get('format')!r})")
-    if header.get("format_version", 0) > FORMAT_VERSION:
+        raise ArchiveError(f"{where}: not a peg archive (format {header.get('format')!r})")
+    version = fields.integer("format_version", minimum=1, optional=True, default=1)
+    if version > FORMAT_VERSION:
         raise ArchiveError(
-            f"{path}: archive format version {header['format_version']} is newer than this "
-            f"peg reads ({FORMAT_VERSION}); upgrade peg"
+            f"{where}: archive format version {version} is newer than this peg reads "
+            f"({FORMAT_VERSION}); upgrade peg"
         )
+    fields.integer("members", minimum=1)
+    stacked, shared = fields.names("stacked", non_empty=True), fields.names("shared")
+    if len(set(stacked) | set(shared)) != len(stacked) + len(shared):
+        raise fields.error("stacked", "names that appear once in 'stacked' and 'shared'", stacked)
+    fields.names("calibration", optional=True)
+    for key in ("architecture", "peg_version", "torch_version"):
+        fields.text(key, optional=True)
+    meta = fields.object("meta", optional=True)
+    if meta is not None:
+        meta.object("calibration", optional=True)
+        if meta.obj.get("recipe") is not None:  # a PEG/PEP recipe, or a `peg.train.Recipe`
+            meta.object("recipe")
     return header
 
 
@@ -117,6 +136,19 @@ def read_tensors(
     lost = [k for k, v in (stacked | shared).items() if v is None]
     if lost:
         raise ArchiveError(f"{path}: damaged peg archive (tensors missing: {lost[:5]})")
+    members = header["members"]
+    wrong = [k for k, v in stacked.items() if v is not None and (v.ndim == 0 or len(v) != members)]
+    if wrong:
+        raise ArchiveError(
+            f"{path}: damaged peg archive (stacked tensors {wrong[:5]} do not hold the header's "
+            f"{members} members)"
+        )
+    for kind, entries in (("stacked", stacked), ("shared", shared)):
+        for k, v in entries.items():
+            if v is not None and v.is_floating_point() and not bool(torch.isfinite(v).all()):
+                raise ArchiveError(
+                    f"{path}: damaged peg archive ({kind} tensor {k!r} holds NaN or inf weights)"
+                )
     return stacked, shared  # type: ignore[return-value]
 
 

@@ -137,6 +137,8 @@ def load(
         return _FORMATS[kind](path, model, device, batch_fn)
     header = archive.read_header(path)
     made = _build_recipe(header.get("meta") or {})
+    if made is not None:
+        recipe.check(made, str(path))
     if made is not None and val is None:
         raise ArchiveError(_needs_val(path, header))
     calibration = (header.get("meta") or {}).get("calibration")
@@ -163,13 +165,33 @@ def load(
             f"model: does not match the archive's architecture ({header.get('architecture')}); "
             f"entries differing in name or shape: {diff[:5]}"
         )
+    _check_dtypes(path, model, stacked, shared)
     meta = {k: v for k, v in (header.get("meta") or {}).items() if k != "calibration"}
     ensemble = Ensemble(model, stacked, shared, meta)
     if made is None:
         loaded = ensemble.to(device)
     else:
-        loaded = recipe.rebuilder(made)(ensemble.to(device), made, val, batch_fn).ensemble()
+        rebuild = recipe.rebuilder(made, ensemble, str(path))  # the recipe's own checks first
+        loaded = rebuild(ensemble.to(device), made, val, batch_fn).ensemble()
         loaded.meta = {k: v for k, v in ensemble.meta.items() if k != "recipe"}
     if calibrate is None:
         return loaded
     return calibrate(loaded, calibration, move(archive.read_calibration(path, header), device))
+
+
+def _check_dtypes(
+    path: Path, model: nn.Module, stacked: dict[str, Tensor], shared: dict[str, Tensor]
+) -> None:
+    """ArchiveError unless every entry has the dtype of the model's (F64 or I32 where F32 was
+    saved would load, and fail later blaming the inputs)."""
+    wrong = [
+        f"{k} ({tensors[k].dtype} in the archive, {v.dtype} in the model)"
+        for k, v in model.state_dict().items()
+        for tensors in (stacked, shared)
+        if k in tensors and tensors[k].dtype != v.dtype
+    ]
+    if wrong:
+        raise ArchiveError(
+            f"{path}: tensors of another dtype than the model's: {wrong[:3]}; load it with a "
+            "model of the dtype it was saved from (e.g. model.float())"
+        )

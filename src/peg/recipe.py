@@ -29,12 +29,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from peg._schema import Fields, in_range
 from peg.batches import leaves
 from peg.errors import ArchiveError
 
 RECIPE_VERSION = 2  # 2: option names of the method contract (n_members, batch_size, ...)
 FINGERPRINT_SEED = 20_241_121
 TOLERANCE = 1e-4  # float32 gradients rebuilt with rounding in another order
+ARITHMETIC = ("fp32", "tf32")  # what `arithmetic` records
 TF32_TOLERANCE = 1e-2  # TF32 products (10-bit mantissa) on either side: see docs/determinism.md
 
 
@@ -206,6 +208,7 @@ def fingerprints_match(
 __all__ = [
     "DataHasher",
     "arithmetic",
+    "check",
     "data_fingerprint",
     "displacement_fingerprints",
     "fingerprint_probe",
@@ -218,21 +221,59 @@ __all__ = [
 
 
 # ------------------------------------------------------------------------- the registry
-# method name → `rebuild(bases, recipe, val)`: the fitted method, its members checked. A class
-# joins when it is defined (`PerturbationEnsemble.__init_subclass__`), so loading an archive
-# needs no import of any method.
+# method name → (`rebuild(bases, recipe, val, batch_fn)`: the fitted method, its members checked;
+# `check(bases, recipe)`: the recipe's method-specific fields checked before any work, an
+# ArchiveError naming the field). A class joins when it is defined
+# (`PerturbationEnsemble.__init_subclass__`), so loading an archive needs no import of any method.
 Rebuild = Callable[[Any, dict[str, Any], Any, Any], Any]
-_REBUILDERS: dict[str, Rebuild] = {}
+Check = Callable[[Any, dict[str, Any]], None]
+_REBUILDERS: dict[str, tuple[Rebuild, Check]] = {}
 
 
-def register(method: str, rebuild: Rebuild) -> None:
-    """Make recipes of `method` loadable with `rebuild(bases: Ensemble, recipe, val, batch_fn)`."""
-    _REBUILDERS[method] = rebuild
+def register(method: str, rebuild: Rebuild, check: Check) -> None:
+    """Make recipes of `method` loadable with `rebuild(bases: Ensemble, recipe, val, batch_fn)`,
+    once `check(bases, recipe)` has passed."""
+    _REBUILDERS[method] = (rebuild, check)
 
 
-def rebuilder(recipe: dict[str, Any]) -> Rebuild:
-    """The rebuild function for a recipe; ArchiveError for an unknown method or a newer version."""
-    method = recipe.get("method")
-    if recipe.get("recipe_version", 0) > RECIPE_VERSION or method not in _REBUILDERS:
-        raise ArchiveError(f"recipe: unknown kind {method!r} or newer version")
-    return _REBUILDERS[method]
+def check(made: Any, where: str) -> dict[str, Any]:
+    """The recipe of archive `where` (the header's `meta.recipe`) checked against the format:
+    types, ranges and counts that agree (as many fingerprints as members), before any work."""
+    fields = Fields(made, where, "meta.recipe.")
+    version = fields.integer("recipe_version", minimum=1, optional=True, default=1)
+    method = fields.text("method")
+    if version > RECIPE_VERSION or method not in _REBUILDERS:
+        raise ArchiveError(
+            f"{where}: recipe of an unknown kind {method!r} (known: {sorted(_REBUILDERS)}) or a "
+            f"newer version ({version}; this peg reads {RECIPE_VERSION}); upgrade peg"
+        )
+    fields.object("options")
+    fields.text("scale_name")
+    fields.number("scale", positive=True)
+    fields.boolean("searched")
+    fields.get("data", lambda v: v is None or isinstance(v, str), "a hex digest or null")
+    fields.integer("data_points", minimum=1, optional=True, nullable=True)
+    members = fields.integer("members", minimum=1)
+    fields.get(
+        "fingerprints",
+        lambda v: isinstance(v, list) and len(v) == members and all(_pair(p) for p in v),
+        f"a list of {members} [projection, norm] pairs of finite numbers (one per member)",
+    )
+    fields.get("arithmetic", lambda v: v in ARITHMETIC, f"one of {list(ARITHMETIC)}", True)
+    return made
+
+
+def _pair(p: Any) -> bool:
+    finite = (in_range(x, None, None, (int, float)) for x in p) if isinstance(p, list) else ()
+    return isinstance(p, list) and len(p) == 2 and all(finite)
+
+
+def rebuilder(made: dict[str, Any], bases: Any, where: str) -> Rebuild:
+    """The rebuild function for a recipe checked by `check`, once its method's own `check` has
+    passed on `bases` (an ArchiveError naming `where` and the field otherwise)."""
+    rebuild, check_method = _REBUILDERS[made["method"]]
+    try:
+        check_method(bases, made)
+    except ArchiveError as e:
+        raise ArchiveError(f"{where}: {e}") from None
+    return rebuild

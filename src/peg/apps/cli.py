@@ -152,6 +152,11 @@ def _compare_arguments(p: Parser) -> None:
         action="store_true",
         help="take back the methods an earlier run with the same arguments saved in --out",
     )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into --out even if it is a non-empty folder peg compare did not make",
+    )
     _no_progress(p)
 
 
@@ -175,6 +180,7 @@ def _compare(args: argparse.Namespace, command: str, progress: bool | None) -> i
         out=args.out,
         command=command,
         resume=args.resume,
+        overwrite=args.overwrite,
     )
     if distributed.world()[0] != 0:  # under torchrun every rank has the table: one prints it
         return 0
@@ -346,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(["peg", *(sys.argv[1:] if argv is None else argv)])
     try:
         status = _run(args, command)
-    except (FileNotFoundError, NotADirectoryError, ValueError) as e:
+    except (FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError,
+            ValueError) as e:  # fmt: skip
         # bad input named by the library (specs, presets, folders, options): a message, not a
         # traceback (PEG_TRACEBACK=1 shows it); exit status 2 as argparse's own errors
         if os.environ.get("PEG_TRACEBACK") and not distributed.joined():

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from peg import archive
 from peg._io import load_tree, save_tree
+from peg._schema import Fields
 from peg._version import __version__
 from peg.errors import ArchiveError
 
@@ -97,7 +98,40 @@ def read(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ArchiveError(f"{e}; expected a file peg.Laplace.save wrote") from None
     if not isinstance(tree, dict) or tree.get("format") != FORMAT:
         raise ArchiveError(f"{path}: not a saved peg.Laplace (format {FORMAT!r} expected)")
+    fields = Fields(tree, str(path), what="Laplace file")
+    fields.integer("format_version", minimum=1, maximum=1)
+    fields.object("params")
+    fields.object("meta")
+    fields.get("last_layer", lambda v: v is None or isinstance(v, str), "a module name or null")
+    fields.get(
+        "weights",
+        lambda v: isinstance(v, dict) and all(isinstance(t, Tensor) for t in v.values()),
+        "a state dict of tensors",
+    )
+    fields.object("laplace")
+    weights = tree["weights"].items()
+    bad = [k for k, t in weights if t.is_floating_point() and not t.isfinite().all()]
+    if bad:
+        raise ArchiveError(f"{path}: Laplace file field 'weights': {bad[:3]} hold NaN or inf")
     return tree
+
+
+def rebuilt(cls: type, tree: dict[str, Any], path: Path, batch_fn: Any) -> Any:
+    """The method `cls` with the file's options (an ArchiveError naming the field for options
+    it refuses)."""
+    try:
+        return cls(**tree["params"], batch_fn=batch_fn)
+    except (TypeError, ValueError) as e:
+        raise ArchiveError(f"{path}: Laplace file field 'params': {e}") from None
+
+
+def restore(la: Any, tree: dict[str, Any], device: torch.device, path: Path) -> None:
+    """laplace-torch's state put back into `la` (an ArchiveError for a state it refuses)."""
+    try:
+        la.load_state_dict(to_device(tree["laplace"], device))
+    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as e:
+        detail = f"{type(e).__name__}: {e}"
+        raise ArchiveError(f"{path}: Laplace file field 'laplace': {detail}") from None
 
 
 def weights(model: nn.Module, tree: dict[str, Any], device: str | torch.device) -> nn.Module:

@@ -32,6 +32,7 @@ from peg._devices import weights_device
 from peg._inputs import Data
 from peg._params import module_like, param_label, select_parameters
 from peg._rows import InputBatches, ValSource, read_in_order, split_points
+from peg._values import warn_one_class
 from peg.batches import take_rows
 from peg.errors import NonFiniteError
 from peg.methods._constraints import (
@@ -241,6 +242,8 @@ class PerturbationEnsemble(Recipes, FittedMembers, FittedEnsemble):
         X1, y1 = source.first(self.batch_size)
         source.classes = check_task(models, X1, y1, self.criterion)
         source.regression = is_regression(y1)
+        if source.y is not None:  # a pair: every label at hand (one class is worth a warning)
+            warn_one_class(source.y, "val")
         return source, take_rows(X1, 0, 2)
 
     def _check_direction_points(self, data: DirectionData, source: ValSource) -> None:

@@ -15,8 +15,9 @@ import torch
 from torch import Tensor, nn
 
 from peg._devices import model_device, move, weights_device
+from peg._forward import warn_probabilities
 from peg._inputs import Data, as_xy, is_pair
-from peg._values import checked_labels
+from peg._values import checked_labels, warn_one_class
 from peg.batches import BatchFn, Tapped
 from peg.ensemble import Ensemble
 from peg.errors import NotStreamable
@@ -102,7 +103,9 @@ def logits_and_labels(
         X, y = as_xy(data, name, device=predictor_device(predictor))
         assert y is not None
         logits = member_logits_of(predictor, X, batch_size)
-        return logits, move(y, logits.device, f"{name} labels")  # labels follow the scores
+        y = move(y, logits.device, f"{name} labels")  # labels follow the scores
+        _warn(logits, y, name)
+        return logits, y
     if isinstance(data, (tuple, list)):
         raise TypeError(
             f"{name}: expected a pair (X, y) of tensors or arrays, a mapping, a Dataset or a "
@@ -111,7 +114,16 @@ def logits_and_labels(
     tapped = Tapped(data, batch_fn, name)
     logits = member_logits_of(predictor, tapped, batch_size)
     y = checked_labels(tapped.labels(), name, logits.shape[1], predictor_device(predictor))
-    return logits, move(y, logits.device, f"{name} labels")
+    y = move(y, logits.device, f"{name} labels")
+    _warn(logits, y, name)
+    return logits, y
+
+
+def _warn(logits: Tensor, y: Tensor, name: str) -> None:
+    """What is accepted yet meaningless to fit on: probabilities for logits, one class in val."""
+    warn_probabilities(logits[0])
+    if name == "val":
+        warn_one_class(y, name)
 
 
 def predictor_meta(predictor: Any) -> dict[str, Any] | None:

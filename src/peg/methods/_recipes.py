@@ -8,13 +8,14 @@ under its `method` name when it is defined). The format is `peg.recipe`'s.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from peg import recipe
 from peg._inputs import Data
-from peg._params import param_label
+from peg._params import param_label, select_parameters
 from peg.batches import BatchFn
 from peg.ensemble import Ensemble
 from peg.errors import ArchiveError, NotFittedError
@@ -56,7 +57,7 @@ class Recipes:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "method" in cls.__dict__:  # a concrete method (PEG, PEP): `peg.load` finds it by name
-            recipe.register(cls.method, cls.from_recipe)
+            recipe.register(cls.method, cls.from_recipe, cls.check_recipe)
 
     # renamed constructor options: a recipe of version 1 (peg 0.1) is read through this map
     RENAMED_OPTIONS: ClassVar[dict[str, str]] = {
@@ -73,13 +74,7 @@ class Recipes:
         Raises ArchiveError (a ValueError) if `val` is not the data the ensemble was made from,
         or if the rebuilt members differ from the recorded fingerprints (the code changed).
         """
-        options = recipe["options"]
-        if recipe.get("recipe_version", 1) < 2:  # peg 0.1's option names
-            options = {cls.RENAMED_OPTIONS.get(k, k): v for k, v in options.items()}
-        # a recipe records the cap it was made with; peg 0.1's had none (all points)
-        options.setdefault("max_score_points", None)
-        scale = {recipe["scale_name"]: recipe["scale"]}
-        rebuilt = cls(**options, **scale, progress=False, batch_fn=batch_fn)
+        rebuilt = cls._from_options(recipe, batch_fn)
         # the data checked before any work; val split as the search that made it split it
         expect = Expected(data=recipe["data"], searched=bool(recipe["searched"]))
         rebuilt._fit(bases, val, None, expect)  # type: ignore[attr-defined]
@@ -94,6 +89,61 @@ class Recipes:
                 "with materialize=True to keep the members themselves"
             )
         return rebuilt
+
+    @classmethod
+    def _options(cls, recipe: dict[str, Any]) -> dict[str, Any]:
+        """The constructor options of a recipe, by this version's names."""
+        options = dict(recipe["options"])
+        if recipe.get("recipe_version", 1) < 2:  # peg 0.1's option names
+            options = {cls.RENAMED_OPTIONS.get(k, k): v for k, v in options.items()}
+        # a recipe records the cap it was made with; peg 0.1's had none (all points)
+        options.setdefault("max_score_points", None)
+        return options
+
+    @classmethod
+    def _from_options(cls, recipe: dict[str, Any], batch_fn: BatchFn | None) -> Recipes:
+        """The unfitted method a recipe describes (its options refused as the archive's)."""
+        options = cls._options(recipe)
+        scale = {recipe["scale_name"]: recipe["scale"]}
+        try:
+            return cls(**options, **scale, progress=False, batch_fn=batch_fn)
+        except (TypeError, ValueError) as e:
+            raise ArchiveError(f"recipe field 'meta.recipe.options': {e}") from None
+
+    @classmethod
+    def check_recipe(cls, bases: Ensemble, recipe: dict[str, Any]) -> None:
+        """A recipe's method-specific fields, before any work (`peg.recipe.check` has checked
+        its types): the scale's name, option names of the constructor, counts that agree
+        (members = n_members per base, fewer only where members were dropped) and `params`
+        naming parameters of the model; an ArchiveError naming the field otherwise."""
+        field = "recipe field 'meta.recipe."
+        if recipe["scale_name"] != cls.scale_name:
+            raise ArchiveError(
+                f"{field}scale_name': expected {cls.scale_name!r} for {cls.method}, got "
+                f"{recipe['scale_name']!r}"
+            )
+        options = cls._options(recipe)
+        known = set(inspect.signature(cls.__init__).parameters) - {
+            "self", "progress", "batch_fn", cls.scale_name,
+        }  # fmt: skip
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ArchiveError(f"{field}options': unknown options {unknown[:5]} for {cls.method}")
+        S = options.get("n_members")
+        if isinstance(S, bool) or not isinstance(S, int) or S < 1:
+            raise ArchiveError(f"{field}options.n_members': expected an integer >= 1, got {S!r}")
+        made, most = recipe["members"], S * len(bases)
+        if made > most or (made < most and options.get("on_nonfinite") != "drop"):
+            raise ArchiveError(
+                f"{field}members': {made} members recorded where options.n_members = {S} and "
+                f"{len(bases)} base(s) make {most}: the recipe's counts disagree"
+            )
+        params = options.get("params", "all")
+        try:
+            select_parameters(bases.skeleton, params)
+        except (TypeError, ValueError) as e:
+            raise ArchiveError(f"{field}options.params': {e}") from None
+        cls._from_options(recipe, None)
 
     def _recipe_options(self) -> dict[str, Any] | None:
         """Constructor arguments that rebuild this ensemble (None: not expressible as a recipe)."""

@@ -385,14 +385,14 @@ def _read(
     `model`: any instance of the saved architecture (deep-copied; its weights are replaced by
     the saved ones)."""
     tree = _state.read(path)
-    fitted = Laplace(**tree["params"], batch_fn=batch_fn)
+    fitted = _state.rebuilt(Laplace, tree, path, batch_fn)
     fitted.keywords_ = bool(tree["meta"].get("keyword_inputs", False))
     if fitted.keywords_:  # fitted on mapping batches: the weights saved are `Keywords`'
         model = _torch.Keywords(model) if isinstance(model, nn.Module) else model
     network = _state.weights(model, tree, device)
     la = fitted._new(require_laplace(), network, tree["last_layer"])
     with _torch.quiet():
-        la.load_state_dict(_state.to_device(tree["laplace"], torch.device(device)))
+        _state.restore(la, tree, torch.device(device), path)
     fitted._set_fitted(la)
     return fitted
 

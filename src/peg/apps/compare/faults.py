@@ -1,21 +1,31 @@
 """What `peg.compare` does when a method cannot run: found before any fitting where that is cheap
 (`precheck`: the reason the method is left out, listed in `Comparison.skipped`), or caught when
 it fails (`failure`: a table row's `"failed"`: the exception's type and message, and what the user
-can do), so that one failing method never loses the others' work.
+can do), so that one failing method never loses the others' work. Data that no method can run
+on is refused once, before any fitting (`check_data`), not by every method in turn.
 """
 
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Sequence
 from typing import Any
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
+from peg._devices import model_device, move
+from peg._forward import diagnose, eval_mode
+from peg._inputs import Data, is_pair, iter_batches
+from peg._values import warn_one_class
 from peg.apps import registry
 from peg.apps.bench.spec import MethodSpec
+from peg.batches import BatchFn, call_model, take_rows
 from peg.methods._laplace_torch import INSTALL
 from peg.methods.dropout import MCDropout, dropout_modules
 from peg.methods.laplace import Laplace
+from peg.metrics._inputs import check_labels
+from peg.output import model_output
 
 # (a piece of the message, what the user can do); the first match wins
 HINTS: tuple[tuple[str, str], ...] = (
@@ -86,3 +96,49 @@ def describe(name: str, error: dict[str, Any]) -> str:
     """One line: `name: Type: message (hint)`."""
     advice = f" ({error['hint']})" if error.get("hint") else ""
     return f"{name}: {error['type']}: {error['message']}{advice}"
+
+
+def check_data(
+    model: nn.Module, sets: Sequence[tuple[str, Data, bool]], batch_fn: BatchFn | None
+) -> None:
+    """What every method checks on its own, checked once before any fitting, for each
+    `(name, data, labelled)`: its first batch can be read, the model runs on two of its rows and
+    returns logits `[B, C]`, and the labels are integers in [0, C) (every label of a tensor
+    pair, the first batch's of a loader); a clear error naming the set otherwise. One class
+    only in `val` is a warning (the methods' scales are meaningless there)."""
+    device = model_device(model)
+    for name, data, labelled in sets:
+        inputs, y = _first_batch(data, name, batch_fn, labelled)
+        x = move(take_rows(inputs, 0, 2), device, name)
+        with eval_mode(model), torch.no_grad():
+            out = model_output(diagnose(lambda rows: call_model(model, rows), x, name), "model")
+        if not labelled:
+            continue
+        assert y is not None
+        if torch.is_floating_point(y):
+            raise ValueError(
+                f"{name}: expected integer class labels (compare is for classifiers), got {y.dtype}"
+            )
+        check_labels(y, len(y), out.shape[1], name=f"{name} labels")
+        if name == "val" and is_pair(data):
+            warn_one_class(y, "val")
+
+
+def _first_batch(
+    data: Data, name: str, batch_fn: BatchFn | None, labelled: bool
+) -> tuple[Any, Tensor | None]:
+    """The inputs of `data`'s first batch, and its labels (every label of a tensor pair); a
+    loader that raises is a ValueError naming `name`."""
+    if is_pair(data):
+        return data[0], data[1]
+    try:
+        return next(iter_batches(data, 2, batch_fn, name, need_labels=labelled))
+    except StopIteration:
+        raise ValueError(f"{name}: the data is empty (0 samples)") from None
+    except Exception as e:
+        if str(e).startswith(name):  # peg's own account of the batch: as it is
+            raise
+        raise ValueError(
+            f"{name}: reading its first batch failed ({type(e).__name__}: {e}); every method "
+            "would fail on it"
+        ) from e

@@ -2,7 +2,7 @@
 that raises becomes a row with its error (`faults.failure`) and the run goes on (a method on a
 failed base fails too, saying so); a finished method's row is saved at once (`state.State`),
 and a resumed run takes the saved rows back and loads (or refits) a saved method's predictor only
-when it is needed.
+when it is needed (loaded only where its archive is the one the row recorded).
 """
 
 from __future__ import annotations
@@ -81,7 +81,10 @@ class Fitting:
             return head | {"failed": self.errors[spec.name]}
         self.seconds[spec.name], self.fitted[spec.name] = seconds, predictor
         sizes = self.evaluation.sizes
-        self.state.save(i, spec, row, self.evaluation.saved(spec.name), sizes, predictor)
+        warning = self.state.save(i, spec, row, self.evaluation.saved(spec.name), sizes, predictor)
+        if warning is not None:  # the row stands: a failed save loses no work of this run
+            self.state.say(f"compare: {spec.name}: {warning}")
+            row["warning"] = warning
         return row
 
     def _fit(self, spec: MethodSpec) -> tuple[Any, float]:
@@ -128,7 +131,7 @@ class Fitting:
 
     def _load(self, name: str) -> Any:
         path = self.state.archive(name)
-        if path is None or not path.is_file():
+        if path is None or not self.state.reusable(name):  # the archive its row recorded
             return None
         try:
             return load(path, self.model, val=self.val, batch_fn=self.batch_fn)

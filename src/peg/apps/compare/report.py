@@ -113,13 +113,18 @@ class Comparison:
             parts.append("Left out: " + "; ".join(f"{k}: {v}" for k, v in self.skipped.items()))
         if self.failed:
             parts.append("Failed: " + "; ".join(describe(k, e) for k, e in self.failed.items()))
+        warned = [f"{r['method']}: {r['warning']}" for r in self.table if "warning" in r]
+        if warned:
+            parts.append("Warnings: " + "; ".join(warned))
         return "\n\n".join(parts) + "\n"
 
     def plot(self, folder: str | Path) -> list[Path]:
-        """Reliability diagrams (`peg.plots.reliability_diagram`), one figure per labelled set:
-        `folder/reliability-<set>.png`; returns the paths."""
+        """Reliability diagrams (`peg.plots.reliability_diagram`), one figure per labelled set
+        some method was scored on: `folder/reliability-<set>.png`; returns the paths."""
         paths = []
         for name, curves in self.curves.items():
+            if not curves or name not in self.sets:  # every method failed: no figure to draw
+                continue
             path = Path(folder) / f"reliability-{_file_name(name)}.png"
             title = f"Reliability on {name} ({self.sets[name]['points']} points)"
             paths.append(plots.reliability_diagram(curves, path, title=title))

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -27,14 +26,14 @@ from peg._scalars import check_positive_int, check_seed
 from peg.apps import registry
 from peg.apps.bench.spec import MethodSpec
 from peg.apps.compare.costs import forwards, held_bytes, probe_rows
-from peg.apps.compare.faults import describe
+from peg.apps.compare.faults import check_data, describe
 from peg.apps.compare.fitting import Fitting
 from peg.apps.compare.methods import options, resolve
 from peg.apps.compare.report import TEST, Comparison, check_shown, column
 from peg.apps.compare.state import State, fingerprint
 from peg.apps.conformal import ConformalSpec, parse_conformal, scorer
 from peg.apps.scores import labelled_metrics, ood_detection
-from peg.batches import BatchFn, check_batch_fn, split_batch
+from peg.batches import BatchFn, check_batch_fn
 from peg.methods._perturb import MAX_SCORE_POINTS
 from peg.metrics.ood import OOD_SCORES
 
@@ -61,6 +60,7 @@ def compare(
     say: Say | None = print,
     command: str | None = None,
     resume: bool = False,
+    overwrite: bool = False,
 ) -> Comparison:
     """Fit post-hoc methods on `model` with `val`; compare them on `test` (and shifted, OOD).
 
@@ -94,7 +94,17 @@ def compare(
         command: recorded in results.json (default: this call, abridged).
         resume: take back the methods a previous run with the same arguments saved in `out`
             (each method's row is saved there as it finishes, `peg.apps.compare.state`) and
-            fit only the others; a saved method's predictor is loaded from its archive.
+            fit only the others; a saved method's predictor is loaded from its archive (where
+            it is the archive the row recorded). A saved row or archive that does not check
+            is fitted again, and said.
+        overwrite: write into `out` even where it is a non-empty folder peg compare did not
+            make (refused otherwise: its results.json, results.md, figures and predictors/
+            would replace the user's files of the same names).
+
+    Before any fitting, the data is checked once (each set's first batch read, the model run
+    on two of its rows, the labels in [0, C)) and `out` must be writable; a method whose save
+    fails (a full disk) keeps its row, with a `"warning"`. The table and results are always
+    written, even when every method failed.
 
     A method that fails (raises) is a row with its `"failed"` entry (type, message, what to do) and
     no metrics, listed in `Comparison.failed`; the others go on. Methods that cannot apply
@@ -112,15 +122,19 @@ def compare(
     seed, batch_size = check_seed(seed), check_positive_int(batch_size, "batch_size")
     bins, batch_fn = check_positive_int(bins, "bins"), check_batch_fn(batch_fn)
     shown = check_shown(metrics)
+    if not isinstance(overwrite, bool):
+        raise TypeError(f"overwrite: expected True or False, got {overwrite!r}")
     if ood_score not in OOD_SCORES:
         raise ValueError(f"ood_score: expected one of {list(OOD_SCORES)}, got {ood_score!r}")
-    labelled = {"val": _labelled(val, "val", batch_fn), TEST: _labelled(test, TEST, batch_fn)}
+    labelled = {"val": _labelled(val, "val"), TEST: _labelled(test, TEST)}
     for name, data in _named(shifted, "shifted").items():
-        labelled[name] = _labelled(data, f"shifted[{name!r}]", batch_fn)
+        labelled[name] = _labelled(data, f"shifted[{name!r}]")
     unlabelled = {n: _inputs(d, f"ood[{n!r}]") for n, d in _named(ood, "ood").items()}
     clash = sorted(set(labelled) & set(unlabelled))
     if clash:
         raise ValueError(f"ood: names {clash} are taken by val, test or a shifted set")
+    check_data(model, [(_argument(n), d, True) for n, d in labelled.items()]
+               + [(f"ood[{n!r}]", d, False) for n, d in unlabelled.items()], batch_fn)  # fmt: skip
     check = registry.Site(seed=seed, progress=False, score_points=MAX_SCORE_POINTS)
     registry.check_all(((s.name, s.method, options(s, batch_size, batch_fn)) for s in specs), check)
     val = labelled.pop("val")
@@ -133,7 +147,8 @@ def compare(
                "conformal": repr(evaluation.conformal)}  # fmt: skip
     if resume and out is None:
         raise ValueError("resume: needs out=, the folder of the run to resume")
-    state = State(out, run_key, resume, write=rank == 0)
+    state = State(out, run_key, resume, write=rank == 0, say=say)
+    distributed.guarded(lambda: state.prepare(overwrite), "out")  # rank 0's refusal: every rank's
     fitting = Fitting(model, val, evaluation, state, seed=seed, progress=progress,
                       batch_size=batch_size, batch_fn=batch_fn)  # fmt: skip
     table: list[dict[str, Any]] = []
@@ -227,26 +242,22 @@ def _named(data: Any, default: str) -> dict[str, Data]:
     return {default: data}
 
 
-def _labelled(data: Data, name: str, batch_fn: BatchFn | None) -> Data:
-    """`data` checked as labelled classification data: tensors as they are (a pair of arrays
-    as tensors), a Dataset or DataLoader by its first batch."""
+def _labelled(data: Data, name: str) -> Data:
+    """`data` as labelled data: a pair as tensors (checked: `as_xy`), a Dataset or DataLoader
+    as it is (its first batch is read by `faults.check_data`)."""
     if is_pair(data):
-        X, y = as_xy(data, name)
-        labels = y
-    elif isinstance(data, (Dataset, DataLoader)):
-        loader = data if isinstance(data, DataLoader) else DataLoader(data, batch_size=2)
-        first = next(iter(loader), None)
-        if first is None:
-            raise ValueError(f"{name}: the data is empty (0 samples)")
-        labels = split_batch(first, batch_fn, name=name, index=0, need_labels=True)[1]
-    else:
-        raise TypeError(
-            f"{name}: expected labelled data: a pair (X, y) of tensors or arrays, a Dataset or "
-            f"a DataLoader, got {type(data).__name__}"
-        )
-    if torch.is_floating_point(labels):
-        raise ValueError(f"{name}: expected integer class labels (compare is for classifiers)")
-    return (X, labels) if is_pair(data) else data
+        return as_xy(data, name)
+    if isinstance(data, (Dataset, DataLoader)):
+        return data
+    raise TypeError(
+        f"{name}: expected labelled data: a pair (X, y) of tensors or arrays, a Dataset or "
+        f"a DataLoader, got {type(data).__name__}"
+    )
+
+
+def _argument(name: str) -> str:
+    """The argument a labelled set came from: val, test or shifted[name]."""
+    return name if name in ("val", TEST) else f"shifted[{name!r}]"
 
 
 def _inputs(data: Data, name: str) -> Data:

@@ -33,6 +33,7 @@ from peg.batches import BatchFn, check_batch_fn
 from peg.errors import NotFittedError
 from peg.methods._predictors import iter_member_logits_of, logits_and_labels, member_logits_of
 from peg.methods.base import Method, store_arguments
+from peg.metrics._inputs import check_labels
 
 # the default candidates (Laplace and MC dropout only where they apply: `faults.precheck`)
 DEFAULT_CANDIDATES = (
@@ -142,6 +143,7 @@ class AutoSelect(Method):
         made = ((s.name, s.method, options(s, self.batch_size, batch_fn)) for s in specs)
         _named(lambda: registry.check_all(made, site))
         logits, y = logits_and_labels(model, val, self.batch_size, batch_fn, "val")  # once
+        y = check_labels(y, len(y), logits.shape[-1], name="val labels")  # before any candidate
         everything = torch.arange(len(y))
         folds = stratified_folds(y, self.cv, self.seed)  # class counts checked before fitting
         rows = probe_rows(val, batch_fn)
