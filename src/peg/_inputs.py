@@ -22,6 +22,7 @@ from peg.batches import (
     Tapped,
     batch_rows,
     describe_inputs,
+    from_numpy,
     split_batch,
     take_rows,
     tensors,
@@ -44,7 +45,7 @@ def _tensor(a: Any, name: str) -> Tensor:
     if isinstance(a, Tensor):
         return a
     if isinstance(a, np.ndarray):
-        return torch.from_numpy(a)
+        return from_numpy(a)
     raise TypeError(f"{name}: expected a Tensor or numpy array, got {type(a).__name__}")
 
 

@@ -25,6 +25,7 @@ inputs alike.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -82,9 +83,18 @@ def check_batch_fn(batch_fn: Any, name: str = "batch_fn") -> BatchFn | None:
     return batch_fn
 
 
+def from_numpy(a: np.ndarray) -> Tensor:
+    """`a` as a tensor sharing its memory, read-only arrays too (a memory-mapped `.npy` of saved
+    logits is read batch by batch, never copied whole): peg never writes into users' data, so
+    PyTorch's warning about non-writable arrays does not apply."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(a)
+
+
 def _leaf(x: Any) -> Any:
     """Numpy arrays become tensors (shared memory); anything else is left as it is."""
-    return torch.from_numpy(x) if isinstance(x, np.ndarray) else x
+    return from_numpy(x) if isinstance(x, np.ndarray) else x
 
 
 def _inputs(x: Any, where: str) -> Any:

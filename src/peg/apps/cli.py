@@ -199,8 +199,11 @@ def _compare_status(result: object) -> int:
 
 # ---------------------------------------------------------------- peg select
 def _select_arguments(p: Parser) -> None:
-    p.add_argument("--model", required=True, help="module:function returning the model")
-    p.add_argument("--val", required=True, help="validation data (as peg compare's)")
+    p.add_argument("--model", help="module:function returning the model")
+    p.add_argument("--val", help="validation data (as peg compare's)")
+    p.add_argument("--logits", help="saved validation logits [N, C], a .npy (instead of "
+                   "--model and --val)")  # fmt: skip
+    p.add_argument("--labels", help="their integer labels [N], a .npy (with --logits)")
     p.add_argument("--candidates", nargs="+", help="named methods (default: see the guide)")
     p.add_argument("--cv", type=int, default=5, help="folds (default: 5)")
     p.add_argument("--criterion", default="nll", help="nll or brier (default: nll)")

@@ -16,12 +16,13 @@ from torch import Tensor, nn
 
 from peg._devices import model_device, move, weights_device
 from peg._forward import warn_probabilities
-from peg._inputs import Data, as_xy, is_pair
+from peg._inputs import Data, as_xy, is_pair, iter_inputs
 from peg._values import checked_labels, warn_one_class
-from peg.batches import BatchFn, Tapped
+from peg.batches import BatchFn, Tapped, call_model
 from peg.ensemble import Ensemble
 from peg.errors import NotStreamable
 from peg.methods.base import FittedEnsemble, ModulePredictor
+from peg.output import model_output
 
 
 def check_predictor(predictor: Any) -> None:
@@ -32,8 +33,31 @@ def check_predictor(predictor: Any) -> None:
         )
 
 
+def stateless(predictor: Any) -> bool:
+    """Whether `predictor` is a model without parameters or buffers: saved logits read through
+    `nn.Identity()`, or any fixed function of its inputs. It is one member, run where its inputs
+    are (`_stateless_batches`), wherever a model is taken."""
+    return (
+        isinstance(predictor, nn.Module)
+        and not hasattr(predictor, "member_logits")
+        and next(predictor.parameters(), None) is None
+        and next(predictor.buffers(), None) is None
+    )
+
+
+def _stateless_batches(
+    model: nn.Module, X: Data, batch_size: int, batch_fn: BatchFn | None = None, **_: Any
+) -> Iterator[Tensor]:
+    """`[1, B_j, C]` per batch of a `stateless` model, computed on the inputs' own device."""
+    for x in iter_inputs(X, batch_size, batch_fn):
+        yield model_output(call_model(model, x), "member_logits").unsqueeze(0)
+
+
 def predictor_device(predictor: Any) -> torch.device | None:
-    """Where `predictor` computes (its inputs are moved there), when it can be told cheaply."""
+    """Where `predictor` computes (its inputs are moved there), when it can be told cheaply;
+    None for a `stateless` model, which computes where its inputs are."""
+    if stateless(predictor):
+        return None
     if isinstance(predictor, nn.Module):
         return weights_device(predictor)
     if isinstance(predictor, Ensemble):
@@ -62,6 +86,11 @@ def member_logits_of(
     (the predictor protocol's keywords passed on, `peg.methods.base`)."""
     check_predictor(predictor)
     extra = _protocol(batch_fn, options)
+    if stateless(predictor):
+        batches = list(_stateless_batches(predictor, X, batch_size, **extra))
+        if not batches:
+            raise ValueError("X: no inputs to predict (0 samples)")
+        return torch.cat(batches, 1)
     if hasattr(predictor, "member_logits"):
         return predictor.member_logits(X, batch_size, **extra)
     model_device(predictor, "predictor")
@@ -81,6 +110,8 @@ def iter_member_logits_of(
     `member_logits`) or that cannot (a lazy PEG/PEP)."""
     check_predictor(predictor)
     extra = _protocol(batch_fn, options)
+    if stateless(predictor):
+        return _stateless_batches(predictor, X, batch_size, **extra)
     if isinstance(predictor, nn.Module) and not hasattr(predictor, "member_logits"):
         model_device(predictor, "predictor")
         return Ensemble.from_models([predictor]).iter_member_logits(X, batch_size, **extra)
@@ -143,6 +174,12 @@ def ensemble_of(predictor: Any) -> Ensemble:
         return predictor
     if isinstance(predictor, FittedEnsemble):
         return predictor.ensemble()
+    if stateless(predictor):
+        raise TypeError(
+            "predictor: a model without parameters (saved logits read through nn.Identity) has "
+            "no weights to archive; keep the fitted map's attributes (e.g. temperature_) or fit "
+            "the calibrator on the model that made the logits"
+        )
     if isinstance(predictor, nn.Module):
         return Ensemble.from_models([predictor])
     raise TypeError(

@@ -11,6 +11,8 @@
   - a `.pt` file read with `torch.load(weights_only=True)` (tensors, never pickled objects):
     a dict with `x` (or `X`) and `y`, a pair `(x, y)`, or a tensor of inputs (OOD sets);
   - `module:function` returning a Dataset, a DataLoader or a pair `(X, y)`.
+- Saved logits (`saved_logits`, `peg select --logits --labels`): two `.npy` files, logits
+  `[N, C]` memory-mapped (read batch by batch, never loaded whole) and integer labels `[N]`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
 from peg import data as datasets
+from peg.batches import from_numpy
 
 SPLITS = ("train", "test")
 
@@ -98,6 +101,35 @@ def data(spec: str, what: str, labelled: bool = True) -> Any:
         f"{what}: {spec!r} is neither a data set ({', '.join(datasets.names())}), a .npz or .pt "
         "file, nor module:function"
     )
+
+
+def saved_logits(logits: str, labels: str) -> tuple[Tensor, Tensor]:
+    """Validation logits `[N, C]` (float16/32/64, memory-mapped) and labels `[N]` (integers)
+    from two `.npy` files, read without pickles and checked before any work; a ValueError
+    naming `--logits` or `--labels` otherwise."""
+    X, y = _npy(logits, "--logits", mmap=True), _npy(labels, "--labels", mmap=False)
+    if X.ndim != 2 or X.dtype.kind != "f" or X.shape[1] < 2:
+        raise ValueError(
+            f"--logits: expected floating-point logits [N, C] with C >= 2, got an array of "
+            f"shape {X.shape} and dtype {X.dtype} in {logits}"
+        )
+    if y.ndim != 1 or y.dtype.kind not in "iu":
+        raise ValueError(
+            f"--labels: expected integer class labels [N], got an array of shape {y.shape} and "
+            f"dtype {y.dtype} in {labels}"
+        )
+    if len(y) != len(X):
+        raise ValueError(f"--labels: {len(y)} labels for {len(X)} rows of --logits")
+    return from_numpy(X), from_numpy(y)
+
+
+def _npy(path: str, what: str, mmap: bool) -> np.ndarray:
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{what}: no file at {path}")
+    try:
+        return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except Exception as e:  # a truncated file, a planted pickle, not a .npy
+        raise ValueError(f"{what}: {path} is not a readable .npy array ({e})") from None
 
 
 def _npz(path: Path, what: str) -> dict[str, Tensor]:

@@ -31,7 +31,12 @@ from peg.apps.select.folds import CRITERIA, mean_se, stratified_folds
 from peg.apps.select.report import choose, to_markdown
 from peg.batches import BatchFn, check_batch_fn
 from peg.errors import NotFittedError
-from peg.methods._predictors import iter_member_logits_of, logits_and_labels, member_logits_of
+from peg.methods._predictors import (
+    iter_member_logits_of,
+    logits_and_labels,
+    member_logits_of,
+    stateless,
+)
 from peg.methods.base import Method, store_arguments
 from peg.metrics._inputs import check_labels
 
@@ -49,6 +54,8 @@ DEFAULT_CANDIDATES = (
     "Laplace",
     "MC dropout",
 )
+# the default candidates for saved logits (a model without parameters, `nn.Identity()`)
+LOGIT_CANDIDATES = ("TS", "Vector scaling", "Matrix scaling", "Dirichlet")
 
 
 class AutoSelect(Method):
@@ -64,7 +71,8 @@ class AutoSelect(Method):
             "PEG + TS", ...), `peg.apps.compare.method(...)` specs or mappings; a chained
             candidate's base is added before it (and is a candidate too). None:
             `DEFAULT_CANDIDATES` (Laplace only with laplace-torch and a Linear last module, MC
-            dropout only on a model with dropout).
+            dropout only on a model with dropout); `LOGIT_CANDIDATES` for a model without
+            parameters (saved logits through `nn.Identity()`).
         cv: folds (≥ 2; every class needs at least `cv` validation points).
         criterion: "nll" or "brier" (per point, lower is better).
         max_forwards: drop candidates predicting with more forwards of the model per input
@@ -137,7 +145,8 @@ class AutoSelect(Method):
         source = ValSource(val, "val", batch_fn)
         if not source.indexable:
             raise TypeError("val: AutoSelect reads folds by index; an IterableDataset cannot be")
-        entries = list(DEFAULT_CANDIDATES if self.candidates is None else self.candidates)
+        defaults = LOGIT_CANDIDATES if stateless(model) else DEFAULT_CANDIDATES
+        entries = list(defaults if self.candidates is None else self.candidates)
         specs, skipped = _named(lambda: resolve(entries, model))
         site = registry.Site(seed=self.seed, progress=False)
         made = ((s.name, s.method, options(s, self.batch_size, batch_fn)) for s in specs)

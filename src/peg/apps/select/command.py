@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
+
+from torch import nn
 
 from peg._env import git_commit, machine
 from peg.apps.compare import sources
@@ -14,8 +17,7 @@ from peg.apps.select.auto import AutoSelect
 
 
 def run(args: argparse.Namespace, command: str, progress: bool | None) -> int:
-    model = sources.model(args.model)
-    val = sources.data(args.val, "--val")
+    model, val = _model_and_data(args)
     selector = AutoSelect(
         candidates=args.candidates, cv=args.cv, criterion=args.criterion,
         max_forwards=args.max_forwards, max_fit_seconds=args.max_fit_seconds,
@@ -30,6 +32,23 @@ def run(args: argparse.Namespace, command: str, progress: bool | None) -> int:
                    **selector.meta_}  # fmt: skip
         markdown = f"Command: `{command}`; machine: {results['machine']}\n\n{text}"
         paths = write_results(folder, results, markdown)
+        if args.logits:  # no model, no weights: the choice and its map are in results.json
+            print(f"select: wrote {', '.join(str(p) for p in paths)}")
+            return 0
         archive = selector.save(folder / "chosen.peg")
         print(f"select: wrote {', '.join(str(p) for p in paths)} and {archive}")
     return 0
+
+
+def _model_and_data(args: argparse.Namespace) -> tuple[nn.Module, Any]:
+    """(`--model`, `--val`), or saved logits (`--logits`, `--labels`) read through
+    `nn.Identity()`; a ValueError naming the options otherwise."""
+    if args.logits is not None or args.labels is not None:
+        if args.logits is None or args.labels is None or args.model or args.val:
+            raise ValueError(
+                "--logits: give --logits and --labels together, without --model and --val"
+            )
+        return nn.Identity(), sources.saved_logits(args.logits, args.labels)
+    if args.model is None or args.val is None:
+        raise ValueError("--model: give --model and --val (or --logits and --labels)")
+    return sources.model(args.model), sources.data(args.val, "--val")

@@ -41,18 +41,6 @@ ON_LOGITS = (
 )
 
 
-class Logits(nn.Module):
-    """The identity on logits, as a model (a calibrator fitted on cached logits reads them
-    through it; its empty parameter tells where the logits live)."""
-
-    def __init__(self, device: torch.device) -> None:
-        super().__init__()
-        self.anchor = nn.Parameter(torch.zeros(0, device=device), requires_grad=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return x
-
-
 class CrossFit:
     """Cross-fit `specs` on `model` (see the module doc): `run(folds)` fills `points` (name →
     out-of-fold scores `[N]`), `seconds` (name → fit seconds per fold, a chained candidate's
@@ -91,7 +79,7 @@ class CrossFit:
         points); returns the predictor and its own fit seconds."""
         on_logits = spec.base == MODEL and spec.method in ON_LOGITS
         if on_logits:
-            base: Any = Logits(self.logits.device)  # the logits are the inputs
+            base: Any = nn.Identity()  # the logits are the inputs, the map fitted where they are
             val: Any = (self.logits[0][idx], self.y[idx])
             made = options(spec, self.batch_size, None)
         else:

@@ -1,0 +1,108 @@
+"""Saved logits, no model: `nn.Identity()` (any model without parameters) wherever a model is
+taken. Logits `[N, C]` saved once from a big model are calibrated, evaluated, made conformal and
+selected among, from tensors, NumPy arrays or a memory-mapped `.npy`, on the device they are on.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import peg
+from fake_gpu import fake_gpu
+
+C = 5
+
+
+def saved(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, C, (n,), generator=g)
+    return torch.randn(n, C, generator=g) * 2 + 3 * nn.functional.one_hot(y, C), y
+
+
+def identity_linear() -> nn.Module:
+    """A model with parameters whose output is its input: what made the logits."""
+    linear = nn.Linear(C, C, bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(torch.eye(C))
+    return linear.eval()
+
+
+CALIBRATORS = {
+    "TS": peg.TemperatureScaling,
+    "Vector scaling": peg.VectorScaling,
+    "Matrix scaling": peg.MatrixScaling,
+    "Dirichlet": peg.DirichletCalibration,
+    "Hist. binning": peg.HistogramBinning,
+    "Isotonic": peg.IsotonicCalibration,
+    "Conformal APS": lambda: peg.ConformalClassifier(alpha=0.1, score="aps"),
+}
+
+
+@pytest.mark.parametrize("name", list(CALIBRATORS))
+def test_every_calibrator_fits_on_saved_logits_as_on_the_model_that_made_them(name):
+    val, test = saved(300, 0), saved(100, 1)
+    on_logits = CALIBRATORS[name]().fit(nn.Identity(), val)
+    on_model = CALIBRATORS[name]().fit(identity_linear(), val)
+    torch.testing.assert_close(
+        on_logits.predict_proba(test[0]), on_model.predict_proba(test[0]), atol=1e-5, rtol=0
+    )
+
+
+def test_arrays_and_a_memory_mapped_npy_give_the_tensors_results(tmp_path):
+    (X, y), (Xt, yt) = saved(300, 0), saved(100, 1)
+    np.save(tmp_path / "logits.npy", X.numpy())
+    mapped = np.load(tmp_path / "logits.npy", mmap_mode="r")
+    expected = peg.TemperatureScaling().fit(nn.Identity(), (X, y)).temperature_
+    for val in ((X.numpy(), y.numpy()), (mapped, y.numpy())):
+        assert peg.TemperatureScaling().fit(nn.Identity(), val).temperature_ == expected
+    reference = peg.evaluate(identity_linear(), Xt, yt)
+    assert peg.evaluate(nn.Identity(), Xt.numpy(), yt.numpy()) == pytest.approx(reference)
+
+
+def test_autoselect_takes_the_logits_only_candidates_by_default():
+    chosen = peg.AutoSelect(cv=3).fit(nn.Identity(), saved(300, 0))
+    assert [r["candidate"] for r in chosen.report_] == list(peg.apps.select.auto.LOGIT_CANDIDATES)
+    assert chosen.predict_proba(saved(50, 1)[0]).shape == (50, C)
+
+
+def test_a_model_without_parameters_runs_where_its_inputs_are():
+    (X, y), (Xt, _) = saved(300, 0), saved(100, 1)
+    expected = peg.TemperatureScaling().fit(nn.Identity(), (X, y)).predict_proba(Xt)
+    with fake_gpu() as gpu:
+        probs = peg.TemperatureScaling().fit(nn.Identity(), (X.to(gpu), y.to(gpu)))
+        out = probs.predict_proba(Xt.to(gpu))
+        assert out.device == gpu
+        torch.testing.assert_close(out.to("cpu"), expected)
+
+
+def test_saving_a_calibrator_of_saved_logits_says_why_it_cannot():
+    ts = peg.TemperatureScaling().fit(nn.Identity(), saved(100, 0))
+    with pytest.raises(TypeError, match="without parameters .* temperature_"):
+        ts.save("unused")
+
+
+def test_peg_select_on_saved_logits(tmp_path):
+    (X, y) = saved(300, 0)
+    np.save(tmp_path / "val.npy", X.numpy())
+    np.save(tmp_path / "labels.npy", y.numpy())
+    np.save(tmp_path / "floats.npy", y.numpy().astype(np.float32))
+    peg_cli = [sys.executable, "-m", "peg.apps", "select", "--no-progress"]
+    ran = subprocess.run(
+        [*peg_cli, "--logits", str(tmp_path / "val.npy"), "--labels", str(tmp_path / "labels.npy"),
+         "--cv", "3", "--save", str(tmp_path / "out")],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["chosen"] in ran.stdout
+    bad = subprocess.run(
+        [*peg_cli, "--logits", str(tmp_path / "val.npy"), "--labels", str(tmp_path / "floats.npy")],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert bad.returncode != 0 and "--labels: expected integer class labels" in bad.stderr
