@@ -70,7 +70,24 @@ def _check_same_architecture(states: Sequence[Mapping[str, Tensor]]) -> None:
             )
 
 
-class Ensemble(MemberStrategies):
+class Predicts:
+    """`predict_proba` and `predict` from `member_logits`: the verbs of the predictor protocol
+    (`peg.methods.base`) that every predictor derives the same way."""
+
+    def member_logits(self, X: Data, batch_size: int | None = None, **options: Any) -> Tensor:
+        raise NotImplementedError
+
+    def predict_proba(self, X: Data, batch_size: int | None = None, **options: Any) -> Tensor:
+        """Predictive probabilities `[N, C]`: the members' softmax outputs averaged (arguments
+        as `member_logits`)."""
+        return self.member_logits(X, batch_size, **options).softmax(-1).mean(0)
+
+    def predict(self, X: Data, batch_size: int | None = None, **options: Any) -> Tensor:
+        """Predicted class per input `[N]` (argmax of `predict_proba`)."""
+        return self.predict_proba(X, batch_size, **options).argmax(-1)
+
+
+class Ensemble(Predicts, MemberStrategies):
     """M members of one architecture, predicted with one skeleton module.
 
     Args:
@@ -198,7 +215,7 @@ class Ensemble(MemberStrategies):
     def member_logits(
         self,
         X: Data,
-        batch_size: int = 512,
+        batch_size: int | None = None,
         strategy: Strategy = "auto",
         progress: bool | None = None,
         chunk_size: int | None = None,
@@ -214,7 +231,7 @@ class Ensemble(MemberStrategies):
                 on any device: each batch is moved to the members' device, recursively
                 (`peg._inputs.model_device` gives the rule; `meta` data is refused). Inputs the
                 model cannot run on get an error naming X, from two of their rows.
-            batch_size: rows per forward pass when X is a tensor.
+            batch_size: rows per forward pass when X is a tensor (None: 512).
             strategy: "loop" runs members one after another on each batch; "vmap" runs all of
                 them in one vectorised call (`torch.func.vmap` over the stacked weights);
                 "folded" runs them as one model whose batch holds every member's rows
@@ -244,7 +261,7 @@ class Ensemble(MemberStrategies):
     def iter_member_logits(
         self,
         X: Data,
-        batch_size: int = 512,
+        batch_size: int | None = None,
         strategy: Strategy = "auto",
         progress: bool | None = None,
         chunk_size: int | None = None,
@@ -258,7 +275,7 @@ class Ensemble(MemberStrategies):
         batch_fn = check_batch_fn(batch_fn)
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy: expected one of {STRATEGIES}, got {strategy!r}")
-        batch_size = check_positive_int(batch_size, "batch_size")
+        batch_size = check_positive_int(512 if batch_size is None else batch_size, "batch_size")
         device = self.device
         if device.type == "meta":
             raise ValueError(
@@ -294,14 +311,6 @@ class Ensemble(MemberStrategies):
                 m.training = True
         if not seen:
             raise ValueError("X: no inputs to predict (0 samples)")
-
-    def predict_proba(self, X: Data, batch_size: int = 512, **kwargs: Any) -> Tensor:
-        """Ensemble predictive probabilities `[N, C]`: member softmax outputs averaged."""
-        return self.member_logits(X, batch_size, **kwargs).softmax(-1).mean(0)
-
-    def predict(self, X: Data, batch_size: int = 512, **kwargs: Any) -> Tensor:
-        """Predicted class per input `[N]` (argmax of the averaged probabilities)."""
-        return self.predict_proba(X, batch_size, **kwargs).argmax(-1)
 
     # ---------------------------------------------------------------- persistence
     def save(self, path: str) -> str:

@@ -32,7 +32,7 @@ from peg import archive
 from peg._inputs import Data
 from peg._scalars import check_positive_int
 from peg.batches import BatchFn, check_batch_fn
-from peg.ensemble import Ensemble
+from peg.ensemble import Ensemble, Predicts
 from peg.errors import ArchiveError, NotFittedError
 from peg.loading import register_calibrator
 from peg.methods._predictors import (
@@ -62,7 +62,7 @@ def scores_of(logits: Tensor, kind: str) -> Tensor:
     return logits[0].double()
 
 
-class Calibrator(Method):
+class Calibrator(Predicts, Method):
     """Base of the post-hoc calibrators (see the module doc): `fit(predictor, val)`,
     `member_logits(X) -> [1, N, C]`, `iter_member_logits`, `scale(logits)`, `predict_proba`,
     `predict`, `save(path)`; `peg.load(path, model)` gives a fitted one back."""
@@ -201,14 +201,6 @@ class Calibrator(Method):
         """Calibrated scores `[1, N, C]` (float32) from the predictor's logits `[M, N, C]`."""
         self._check_fitted()
         return self._apply(scores_of(logits, self.scores_)).float().unsqueeze(0)
-
-    def predict_proba(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:
-        """Calibrated probabilities `[N, C]`."""
-        return self.member_logits(X, batch_size, **kwargs)[0].softmax(-1)
-
-    def predict(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:
-        """Predicted classes `[N]` (the argmax of the calibrated probabilities)."""
-        return self.predict_proba(X, batch_size, **kwargs).argmax(-1)
 
     def __len__(self) -> int:
         self._check_fitted()

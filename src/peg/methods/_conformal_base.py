@@ -77,10 +77,6 @@ class ConformalBase(Calibrator):
     def scale(self, logits: Tensor) -> Tensor:
         return logits
 
-    def predict_proba(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:
-        """The predictor's probabilities `[N, C]` (member softmax outputs averaged)."""
-        return self.member_logits(X, batch_size, **kwargs).softmax(-1).mean(0)
-
     def __len__(self) -> int:
         self._check_fitted()
         base = self.predictor_  # an nn.Module is one member (a Sequential's len is its layers)

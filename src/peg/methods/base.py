@@ -34,7 +34,7 @@ from peg._inputs import Data, iter_inputs, num_batches
 from peg._progress import bar
 from peg._scalars import check_positive_int
 from peg.batches import BatchFn, Tapped, call_model, check_batch_fn
-from peg.ensemble import Ensemble, _cat_batches, autocast_dtype
+from peg.ensemble import Ensemble, Predicts, _cat_batches, autocast_dtype
 from peg.errors import NotFittedError
 from peg.output import model_output
 from peg.streams import generator
@@ -121,7 +121,7 @@ class Method:
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
-class FittedEnsemble(Method):
+class FittedEnsemble(Predicts, Method):
     """`member_logits`, `predict_proba`, `predict` and `save` delegate to `ensemble_`."""
 
     ensemble_: Ensemble
@@ -154,14 +154,6 @@ class FittedEnsemble(Method):
         size, split = self._reading(batch_size, batch_fn, X)
         return self.ensemble().iter_member_logits(X, size, batch_fn=split, **options)
 
-    def predict_proba(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:
-        """Averaged member probabilities, `[N, C]` (through `member_logits`)."""
-        return self.member_logits(X, batch_size, **kwargs).softmax(-1).mean(0)
-
-    def predict(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:
-        """Predicted classes, `[N]`."""
-        return self.predict_proba(X, batch_size, **kwargs).argmax(-1)
-
     def save(self, path: str) -> str:
         """Save the fitted ensemble (safetensors + JSON); load it with `peg.load(path, model)`."""
         return self.ensemble().save(path)
@@ -170,7 +162,7 @@ class FittedEnsemble(Method):
         return len(self.ensemble())
 
 
-class ModulePredictor(Method):
+class ModulePredictor(Predicts, Method):
     """Base of the predictors that run one module of their own per batch, not stacked weights.
 
     MC dropout, MC patching (EMP/ECMP) and Packed-Ensembles keep a copy `model_` and produce all
@@ -277,14 +269,6 @@ class ModulePredictor(Method):
             yield logits
         if not seen:
             raise ValueError("X: no inputs to predict (0 samples)")
-
-    def predict_proba(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:
-        """Predictive probabilities `[N, C]`: the member softmax outputs averaged."""
-        return self.member_logits(X, batch_size, **kwargs).softmax(-1).mean(0)
-
-    def predict(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:
-        """Predicted class per input `[N]`."""
-        return self.predict_proba(X, batch_size, **kwargs).argmax(-1)
 
 
 class SampledPredictor(ModulePredictor):

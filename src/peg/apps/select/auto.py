@@ -30,6 +30,7 @@ from peg.apps.select.cross import CrossFit
 from peg.apps.select.folds import CRITERIA, mean_se, stratified_folds
 from peg.apps.select.report import choose, to_markdown
 from peg.batches import BatchFn, check_batch_fn
+from peg.ensemble import Predicts
 from peg.errors import NotFittedError
 from peg.methods._predictors import (
     iter_member_logits_of,
@@ -58,7 +59,7 @@ DEFAULT_CANDIDATES = (
 LOGIT_CANDIDATES = ("TS", "Vector scaling", "Matrix scaling", "Dirichlet")
 
 
-class AutoSelect(Method):
+class AutoSelect(Predicts, Method):
     """Choose, fit and report the best post-hoc predictor for `model` on validation data.
 
     `fit(model, val)` cross-fits every candidate on `cv` stratified, seeded folds of `val` (the
@@ -265,14 +266,6 @@ class AutoSelect(Method):
         """`member_logits` batch by batch (the chosen predictor's)."""
         size, split = self._reading(batch_size, batch_fn, X)
         return iter_member_logits_of(self._fitted(), X, size, split, **options)
-
-    def predict_proba(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:
-        """Averaged probabilities `[N, C]`."""
-        return self.member_logits(X, batch_size, **kwargs).softmax(-1).mean(0)
-
-    def predict(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:
-        """Predicted classes `[N]`."""
-        return self.predict_proba(X, batch_size, **kwargs).argmax(-1)
 
     def __len__(self) -> int:
         return len(self._fitted())
