@@ -72,7 +72,7 @@ def test_predictions_are_in_eval_mode_and_leave_the_skeleton_mode(bn_net):
 def test_member_model_and_errors():
     models = [mlp(0), mlp(1)]
     ens = peg.Ensemble.from_models(models)
-    assert len(ens) == ens.size == 2
+    assert len(ens) == 2 and not hasattr(ens, "size")  # one name: len
     m = ens.member_model(1)
     X = torch.randn(5, 2)
     with torch.no_grad():
@@ -239,3 +239,34 @@ def test_module_predictors_take_autocast_too():
     low = peg.MCDropout(n_members=4, seed=0).fit(net).member_logits(X, autocast="bf16")
     assert low.dtype == torch.float32 and not torch.equal(low, full)
     torch.testing.assert_close(low, full, rtol=0.05, atol=0.05)
+
+
+class ItemInside(nn.Module):
+    """An MLP whose forward calls .item(), which vmap cannot run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(2, 4), nn.Linear(4, 2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x) * (1.0 + 0.0 * float(self.body[0].weight.sum().item()))
+
+
+def test_a_verdict_of_vmap_is_kept_for_one_architecture_not_every_sequential():
+    """A model vmap cannot run is looped from then on; another model of the same class name
+    but another structure (here: any other nn.Sequential) is still vectorised."""
+    from peg import _strategies
+
+    torch.manual_seed(0)
+    failing = peg.Ensemble.from_models([nn.Sequential(ItemInside()) for _ in range(3)])
+    X = torch.randn(4, 2)
+    failing.member_logits(X, strategy="auto")  # vmap fails, remembered
+    assert _heads_arch(failing) in _strategies._NOT_VMAPPABLE
+    other = peg.Ensemble.from_models([nn.Sequential(nn.Linear(2, 2)) for _ in range(3)])
+    assert other._choose(X, None) != "loop"
+
+
+def _heads_arch(ensemble: peg.Ensemble) -> tuple[str, str, str]:
+    from peg._heads import architecture
+
+    return architecture(ensemble.skeleton)

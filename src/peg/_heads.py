@@ -42,7 +42,7 @@ from peg.batches import batch_rows, call_functional, take_rows
 from peg.output import logits_of, model_output
 
 # (architecture, declared head, per-member entries) -> the candidate that passed the check, or None
-_SPLITS: dict[tuple[str, str, Any, frozenset[str]], int | None] = {}
+_SPLITS: dict[tuple[Any, ...], int | None] = {}
 
 
 @dataclass(frozen=True)
@@ -132,9 +132,16 @@ def _sliced(skeleton: nn.Sequential, k: int, per_member: set[str]) -> Split | No
         return None
 
 
-def _key(skeleton: nn.Module, per_member: set[str]) -> tuple[str, str, Any, frozenset[str]]:
+def architecture(module: nn.Module) -> tuple[str, str, str]:
+    """What a verdict about running `module` is cached under, in this process: its class (the
+    defining module and name: two classes of one name may differ in `forward`) and its structure
+    (`str(module)`: two `nn.Sequential`s are not one architecture)."""
+    return type(module).__module__, type(module).__qualname__, str(module)
+
+
+def _key(skeleton: nn.Module, per_member: set[str]) -> tuple[Any, ...]:
     declared = getattr(skeleton, "peg_head", None)
-    return type(skeleton).__qualname__, str(skeleton), declared, frozenset(per_member)
+    return *architecture(skeleton), declared, frozenset(per_member)
 
 
 def checked(skeleton: nn.Module, per_member: set[str]) -> bool:

@@ -23,7 +23,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from peg._folded import Folded, fold
 from peg._forward import diagnose
-from peg._heads import checked, find_split
+from peg._heads import architecture, checked, find_split
 from peg.batches import batch_rows, call_functional, call_model, signature, take_rows
 from peg.errors import NotFoldable
 from peg.output import logits_of, model_output
@@ -44,9 +44,9 @@ AUTO_VECTORISE_FLOPS = 6.4e7
 AUTO_VECTORISE_FLOPS_CONV = 2e7
 AUTO_VECTORISE_ROWS_CONV = 4
 _FLOPS: dict[tuple[Any, ...], tuple[int, bool]] = {}  # (architecture, row shape) -> FLOP/row, conv
-_NOT_VMAPPABLE: set[str] = set()  # architectures vmap failed on (this process)
+_NOT_VMAPPABLE: set[tuple[str, str, str]] = set()  # architectures vmap failed on (this process)
 # (architecture, per-member entries) -> whether folding agreed with functional_call (this process)
-_FOLDS: dict[tuple[str, str, frozenset[str]], bool] = {}
+_FOLDS: dict[tuple[Any, ...], bool] = {}
 # "loop" runs each member by `functional_call` (its tensors swapped into the skeleton per call)
 # on an ensemble's first batches, and builds one module per member (`_member_modules`) from
 # this batch on: a module copy costs what ~45 swaps do (ResNet-50: 64 ms against 1.4 ms), and
@@ -244,9 +244,9 @@ class MemberStrategies:
         return _FOLDS[key]
 
     @functools.cached_property
-    def _fold_key(self) -> tuple[str, str, frozenset[str]]:
+    def _fold_key(self) -> tuple[Any, ...]:
         """What folding depends on: the architecture and which entries are per member."""
-        return type(self.skeleton).__qualname__, str(self.skeleton), frozenset(self.stacked)
+        return *architecture(self.skeleton), frozenset(self.stacked)
 
     def _member_output(self, i: int, x: Any) -> Tensor:
         """Member `i`'s logits `[B, C]` on one batch (`functional_call`)."""
@@ -283,7 +283,7 @@ class MemberStrategies:
                 ) from e
             if not fall_back or chosen == "loop" or not vectorising:
                 raise
-            arch = type(self.skeleton).__qualname__
+            arch = architecture(self.skeleton)
             if chosen == "folded":
                 _FOLDS[self._fold_key] = False
                 following = "loop" if arch in _NOT_VMAPPABLE else "vmap"

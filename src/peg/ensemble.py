@@ -170,11 +170,6 @@ class Ensemble(Predicts, MemberStrategies):
         return int(next(iter(self.stacked.values())).shape[0])
 
     @property
-    def size(self) -> int:
-        """Number of members M."""
-        return len(self)
-
-    @property
     def device(self) -> torch.device:
         return next(iter(self.stacked.values())).device
 

@@ -354,3 +354,13 @@ def test_batch_fn_reaches_every_predictor(case):
     loader = DataLoader([{"inputs": x} for x in X], batch_size=16)
     shaped = method.member_logits(loader, 16, batch_fn=lambda b: (b["inputs"], None))
     torch.testing.assert_close(shaped, method.member_logits(X, 16), atol=1e-6, rtol=0)
+
+
+def test_a_property_failing_on_a_fitted_method_says_its_own_message():
+    """`Method.__getattr__` (a fitted attribute asked before fit) must not hide the
+    AttributeError a property raises itself: a fitted lazy PEG keeps no directions."""
+    lazy = peg.PEG(n_members=2, grad_batch_size=16, eta=0.1, lazy=True).fit(_tiny().eval(), (X, y))
+    with pytest.raises(AttributeError, match="a lazy ensemble keeps no directions_"):
+        lazy.directions_  # noqa: B018
+    with pytest.raises(NotFittedError, match="call fit"):
+        peg.PEG().eta_  # noqa: B018

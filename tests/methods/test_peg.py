@@ -408,9 +408,3 @@ def test_the_surrogate_search_scores_a_prefix_of_the_scoring_points(
     for eta, value in fitted.search_.items():  # scored on exactly those 40 points
         expected = peg.metrics.nll(fitted.ensemble_at(eta).member_logits(Xs), ys)
         assert value == pytest.approx(float(expected), rel=1e-6)
-    monkeypatch.setattr(search_module, "SEARCH_MEMBERS", 2)  # 2 of the 4 members score
-    fewer = peg.PEG(**options).fit(overfit_mlp, moons_data["val"])
-    assert len(fewer) == 4 and math.isfinite(fewer.eta_)
-    for eta, value in fewer.search_.items():
-        expected = peg.metrics.nll(fewer.ensemble_at(eta).member_logits(Xs)[:2], ys)
-        assert value == pytest.approx(float(expected), rel=1e-6)

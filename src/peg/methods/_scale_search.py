@@ -25,13 +25,12 @@ from peg.methods._search import RACE_FIRST, PairedRace, select_scale
 from peg.methods._surrogate import surrogate_search
 
 SEARCHES = ("surrogate", "golden")
-# What the surrogate search scores exactly: every member (or this many per base: None, as the
-# fewer members' ensemble prefers another scale), on the first SEARCH_POINTS scoring points (a
+# What the surrogate search scores exactly: every member (fewer members' ensemble prefers
+# another scale), on the first SEARCH_POINTS scoring points (a
 # seeded random subset already): each exact scoring costs S forwards of each point, and on a
 # Fashion-MNIST CNN three of them on 2000 points were 83% of PEG-15's fit (8.6 × temperature
 # scaling's); on 1024 the choice stayed within one SE of the one on every point
 # (results/benchmarks/peg_cost.txt).
-SEARCH_MEMBERS: int | None = None
 SEARCH_POINTS: int | None = 1024
 
 
@@ -173,16 +172,9 @@ class ScaleSearch:
         return result.scale
 
     def search_subset(self) -> tuple[list[int], int]:
-        """(members, points) the surrogate search scores: every member (or, beyond
-        `SEARCH_MEMBERS`, an evenly spread subset of each base's) on the first `n` scoring
+        """(members, points) the surrogate search scores: every member on the first `n` scoring
         points (all of them, or `SEARCH_POINTS` when there are more)."""
-        base_of = self.target.member_base
-        members = list(range(len(base_of)))
-        if SEARCH_MEMBERS is not None:
-            per_base: dict[int, list[int]] = {}
-            for j, r in enumerate(base_of):
-                per_base.setdefault(r, []).append(j)
-            members = [j for rows in per_base.values() for j in rows[:SEARCH_MEMBERS]]
+        members = list(range(len(self.target.member_base)))
         n = len(self.y) if SEARCH_POINTS is None else min(len(self.y), SEARCH_POINTS)
         return members, n
 

@@ -113,7 +113,11 @@ class Method:
         return f"{type(self).__name__}({', '.join(shown)})"
 
     def __getattr__(self, name: str) -> Any:
-        # only reached when normal lookup failed: a fitted attribute before `fit`
+        # only reached when normal lookup failed: a fitted attribute before `fit`, or a property
+        # that raised AttributeError itself (run again, so that its own message is the one seen)
+        prop = getattr(type(self), name, None)
+        if isinstance(prop, property) and prop.fget is not None:
+            return prop.fget(self)
         if name.endswith("_") and not name.startswith("__"):
             raise NotFittedError(
                 f"{type(self).__name__}: {name} is set by fit(...); call fit before using it"
