@@ -7,7 +7,8 @@ clean; `PEG_PROGRESS=1` / `PEG_PROGRESS=0` forces bars on or off globally.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+import sys
+from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
 from tqdm.auto import tqdm
@@ -47,3 +48,12 @@ def bar(
 def counter(desc: str, enabled: bool | None = None) -> tqdm:
     """A bar without a known length, advanced by hand (`.update(1)`, `.set_postfix_str`)."""
     return tqdm(desc=desc, disable=_disable(enabled), leave=False, dynamic_ncols=True)
+
+
+def lines(enabled: bool | None = None) -> Callable[[str], None]:
+    """Where the steps of long work are said when no bar shows them: one flushed line each on
+    stderr when output is not a terminal (a log, a notebook) and progress is left to the
+    default; nowhere when a bar shows them or progress is off."""
+    if _disable(enabled) is not None or sys.stderr.isatty():
+        return lambda line: None
+    return lambda line: print(line, file=sys.stderr, flush=True)

@@ -205,3 +205,18 @@ def test_a_chosen_ts_then_peg_loads_around_the_scaled_model(tmp_path, monkeypatc
 
 
 test_bad_input = raises_test(ERROR_CASES)
+
+
+def test_autoselect_says_each_step_in_a_log(capsys):
+    """Output that is not a terminal (a log) gets a line per candidate and fold, as compare
+    prints a line per method; progress=False keeps it silent."""
+    import peg
+
+    g = torch.Generator().manual_seed(0)
+    y = torch.randint(0, 3, (90,), generator=g)
+    logits = torch.randn(90, 3, generator=g) + 2 * torch.nn.functional.one_hot(y, 3)
+    peg.AutoSelect(candidates=["TS", "Vector scaling"], cv=3).fit(torch.nn.Identity(), (logits, y))
+    said = capsys.readouterr().err
+    assert "AutoSelect [fold 1/3] TS:" in said and "AutoSelect [fold 3/3] Vector scaling:" in said
+    peg.AutoSelect(candidates=["TS"], cv=3, progress=False).fit(torch.nn.Identity(), (logits, y))
+    assert "AutoSelect" not in capsys.readouterr().err

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from peg import distributed
+from peg.apps import presets
 
 Parser = argparse.ArgumentParser
 
@@ -101,7 +102,7 @@ def _paper_tables(args: argparse.Namespace, command: str, progress: bool | None)
 
 # ---------------------------------------------------------------- peg bench
 def _bench_arguments(p: Parser) -> None:
-    p.add_argument("spec", help="a YAML file, or the name of a preset (peg/apps/configs/NAME.yaml)")
+    p.add_argument("spec", help=f"a YAML file, or a preset: {', '.join(presets.names())}")
     p.add_argument("--seeds", type=int, nargs="+", help="override the spec's seeds")
     p.add_argument("--out", default="results", help="output folder (default: results)")
     p.add_argument(
@@ -128,6 +129,12 @@ def _bench(args: argparse.Namespace, command: str, progress: bool | None) -> int
 
 
 # ---------------------------------------------------------------- peg compare
+def _method_names() -> str:
+    from peg.apps.compare.methods import CATALOGUE
+
+    return ", ".join(f"'{n}'" if " " in n else n for n in CATALOGUE)
+
+
 def _compare_arguments(p: Parser) -> None:
     p.add_argument("--model", required=True, help="module:function returning the trained nn.Module")
     p.add_argument("--val", required=True, help="validation data the methods are fitted on")
@@ -135,9 +142,9 @@ def _compare_arguments(p: Parser) -> None:
     p.add_argument("--shifted", nargs="+", help="shifted labelled sets, [NAME=]DATA each")
     p.add_argument("--ood", nargs="+", help="out-of-distribution inputs, [NAME=]DATA each")
     p.add_argument(
-        "--methods", nargs="+", help="named methods, e.g. TS PEG 'PEG + TS' (default: all of "
-        "Model, TS, PEP, PEG, 'PEG + TS', 'MC dropout' if the model has dropout, "
-        "'Last-layer PEG')",
+        "--methods", nargs="+", help="named methods (any case, '->' for '→'): "
+        f"{_method_names()} (default: Model, TS, PEP, PEG, 'PEG + TS', 'MC dropout' if the "
+        "model has dropout, 'Last-layer PEG')",
     )  # fmt: skip
     p.add_argument("--ood-score", default="entropy", help="OOD score (default: entropy)")
     p.add_argument(
@@ -204,7 +211,8 @@ def _select_arguments(p: Parser) -> None:
     p.add_argument("--logits", help="saved validation logits [N, C], a .npy (instead of "
                    "--model and --val)")  # fmt: skip
     p.add_argument("--labels", help="their integer labels [N], a .npy (with --logits)")
-    p.add_argument("--candidates", nargs="+", help="named methods (default: see the guide)")
+    p.add_argument("--candidates", nargs="+", help="named methods (any case, '->' for '→'): "
+                   f"{_method_names()} (default: see the guide)")  # fmt: skip
     p.add_argument("--cv", type=int, default=5, help="folds (default: 5)")
     p.add_argument("--criterion", default="nll", help="nll or brier (default: nll)")
     p.add_argument("--max-forwards", type=float, help="prediction budget, forwards/input")
@@ -285,7 +293,7 @@ COMMANDS: dict[str, Command] = {
         run=_paper_tables,
     ),
     "bench": Command(
-        help="run a benchmark spec (YAML) or a preset: quick, fashion-mnist, cifar10-cpu, cifar10",
+        help=f"run a benchmark spec (YAML) or a preset: {', '.join(presets.names())}",
         description="Train or load base models, build every method of the spec, evaluate on the "
         "test, shifted and OOD sets, and write results/<name>/results.{json,md}. Member logits "
         "are cached, so a rerun or an interrupted run resumes.",

@@ -31,6 +31,7 @@ from peg.methods.temperature import member_logits_of
 from peg.train import train
 
 IMAGE_DATA = ("fashion-mnist", "digits")
+BINS = 15  # the confidence bins of the table's ECE and of the reliability figure alike
 TOY_DATA = ("two-moons", "three-moons", "linear")
 # Toy sets noisy enough that the classes overlap (the paper's bases reach 98% and 89%).
 TOY_OPTIONS: dict[str, dict[str, Any]] = {
@@ -151,9 +152,9 @@ def _figures(d: _Data, logits: dict[str, Any], drawn: dict[str, Any], out: Path)
     figures = [
         str(
             plots.reliability_diagram(
-                {n: metrics.reliability(lg, y_test, bins=10) for n, lg in logits.items()},
+                {n: metrics.reliability(lg, y_test, bins=BINS) for n, lg in logits.items()},
                 out / "reliability.png",
-                title=f"Reliability on {d.name} test data (10 bins)",
+                title=f"Reliability on {d.name} test data ({BINS} bins, as the table's ECE)",
             )
         )
     ]
@@ -209,7 +210,9 @@ def run(
     predictors = {"Base": base, "Temp-scaled": ts, f"PEP-{S}": pep, f"PEG-{S}": peg_}
     X_test, y_test = d.test
     logits = {name: member_logits_of(p, X_test) for name, p in predictors.items()}
-    columns = {name: metrics.classification_metrics(lg, y_test) for name, lg in logits.items()}
+    columns = {
+        name: metrics.classification_metrics(lg, y_test, bins=BINS) for name, lg in logits.items()
+    }
     table = markdown_table(columns)
     out.mkdir(parents=True, exist_ok=True)
     drawn = {"Base": base, f"PEP-{S}": pep, f"PEG-{S}": peg_}

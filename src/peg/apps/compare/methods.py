@@ -110,16 +110,26 @@ def method(name: str, key: str, *, on: str = MODEL, **options: Any) -> MethodSpe
     return MethodSpec(name, key, on, dict(options))
 
 
+def _normal(name: str) -> str:
+    """A method name as typed on a command line: any case, `->` for `→`, any spacing."""
+    return " ".join(name.replace("->", "→").lower().split())
+
+
+_BY_NORMAL = {_normal(name): name for name in CATALOGUE}
+
+
 def _spec(entry: Any, where: str) -> MethodSpec:
     if isinstance(entry, MethodSpec):
         return entry
     if isinstance(entry, str):
-        if entry not in CATALOGUE:
+        name = _BY_NORMAL.get(_normal(entry))
+        if name is None:
             raise ValueError(
-                f"{where}: unknown method {entry!r}; named methods: {list(CATALOGUE)} (others: "
-                "peg.apps.compare.method(name, key, on=..., **options))"
+                f"{where}: unknown method {entry!r}; named methods: {list(CATALOGUE)} (any "
+                "case, '->' for '→'; in Python also peg.apps.compare.method(name, key, on=..., "
+                "**options))"
             )
-        return CATALOGUE[entry]
+        return CATALOGUE[name]
     if isinstance(entry, Mapping) and isinstance(entry.get("name"), str) and "method" in entry:
         options = {k: v for k, v in entry.items() if k not in ("name", "method", "on")}
         return method(entry["name"], entry["method"], on=entry.get("on", MODEL), **options)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from peg._progress import bar
+from peg._progress import bar, lines
 from peg._rows import ValSource
 from peg.apps import registry
 from peg.apps.bench.spec import MethodSpec
@@ -119,12 +119,15 @@ class CrossFit:
         fold (it drops what is over budget, or raises)."""
         steps = [(f, s) for f in range(len(folds)) for s in self.specs]
         fitted: dict[str, Any] = {}
+        say = lines(self.progress)  # a line per step in a log, where no bar shows
         for f, spec in bar(steps, "AutoSelect: cross-fitting", len(steps), self.progress):
             if spec is self.specs[0]:
                 fitted, self._fold_seconds = {}, {}  # a new fold: its own predictors
             held = folds[f]
             train = torch.cat([folds[j] for j in range(len(folds)) if j != f]).sort().values
             self._one(spec, f, train, held, fitted)
+            done = self.dropped.get(spec.name) or f"{self._fold_seconds.get(spec.name, 0):.1f} s"
+            say(f"AutoSelect [fold {f + 1}/{len(folds)}] {spec.name}: {done}")
             if f == 0 and spec is self.specs[-1]:
                 budget(self)
 
