@@ -34,6 +34,14 @@ def test_every_top_level_module_is_in_the_map():
     assert not missing, f"docs/architecture.md: add {missing} to a line of the map"
 
 
+def test_every_method_module_is_in_the_map():
+    """`methods/`, private modules included: the map says what each holds."""
+    modules = {f"methods/{p.name}" for p in (SRC / "methods").glob("*.py")}
+    modules.discard("methods/__init__.py")
+    missing = sorted(modules - _named())
+    assert not missing, f"docs/architecture.md: add {missing} to the methods/ table"
+
+
 def test_the_map_names_nothing_that_is_gone():
     """A folder or top-level module named in the map's table exists."""
     lines = DOC.read_text(encoding="utf-8").splitlines()
