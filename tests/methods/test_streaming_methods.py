@@ -43,7 +43,7 @@ class Keyword(nn.Module):
 
 
 def states(ensemble):
-    return [ensemble.member_state(i) for i in range(ensemble.size)]
+    return [ensemble.member_state(i) for i in range(len(ensemble))]
 
 
 def same(a, b):
