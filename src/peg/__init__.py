@@ -21,6 +21,7 @@ from peg.methods.conformal import ConformalClassifier
 from peg.methods.conformal_regression import ConformalRegressor
 from peg.methods.deep_ensemble import DeepEnsemble
 from peg.methods.dropout import MCDropout
+from peg.methods.label_shift import LabelShift
 from peg.methods.laplace import Laplace
 from peg.methods.packed import PackedEnsemble
 from peg.methods.patching import MCPatched
@@ -45,6 +46,7 @@ __all__ = [
     "Ensemble",
     "HistogramBinning",
     "IsotonicCalibration",
+    "LabelShift",
     "Laplace",
     "MCDropout",
     "MCPatched",
