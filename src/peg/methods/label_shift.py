@@ -17,11 +17,11 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from peg._inputs import Data, is_pair
+from peg._features import check_target_shape
+from peg._inputs import Data
 from peg._scalars import check_positive_int
 from peg.batches import BatchFn, check_batch_fn
 from peg.errors import ArchiveError, NotStreamable
@@ -127,7 +127,7 @@ class LabelShift(WrapsCalibrator, Calibrator):
             raise ValueError(f"val: {self.label} needs labelled validation data (X, y)")
         if target is None:
             raise ValueError(f"target: {self.label} needs unlabelled target inputs")
-        _check_target_shape(val, target)
+        check_target_shape(val, target)
         size, split = int(self.batch_size), check_batch_fn(self.batch_fn)
         logits, y = logits_and_labels(predictor, val, size, split, "val")
         scores = scores_of(logits, "log_probs")
@@ -253,15 +253,3 @@ class LabelShift(WrapsCalibrator, Calibrator):
             "converged_": bool(entry.get("converged", False)),
             "n_target_": int(entry.get("n_target", 0)),
         }
-
-
-def _check_target_shape(val: Data, target: Data) -> None:
-    """A clear error when in-memory target inputs have other features than val's."""
-    if not is_pair(val) or not isinstance(target, (Tensor, np.ndarray)):
-        return
-    want, got = tuple(val[0].shape[1:]), tuple(target.shape[1:])
-    if want != got:
-        raise ValueError(
-            f"target: expected inputs of shape [N, {', '.join(map(str, want))}] like val's, "
-            f"got {tuple(target.shape)}"
-        )
