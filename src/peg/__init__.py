@@ -12,6 +12,7 @@ from typing import Any
 
 from peg import distributed, layers, models, subspace, train
 from peg._version import __version__
+from peg.detectors import OODDetector
 from peg.ensemble import Ensemble
 from peg.errors import ArchiveError, NonFiniteError, NotFittedError
 from peg.evaluate import evaluate
@@ -53,6 +54,7 @@ __all__ = [
     "MatrixScaling",
     "NonFiniteError",
     "NotFittedError",
+    "OODDetector",
     "PackedEnsemble",
     "TemperatureScaling",
     "VectorScaling",

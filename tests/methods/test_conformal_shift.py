@@ -4,14 +4,13 @@ coverage on a constructed shift where split conformal loses it, and its bad inpu
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
 import peg
+from bad_inputs import raises_test
 from peg.methods._conformal import conformal_quantile
 from peg.methods._conformal_shift import label_thresholds, sorted_weighted, weighted_thresholds
 from peg.train import Recipe, train
@@ -164,44 +163,83 @@ def test_covariate_regression_intervals():
     assert wider  # the target sits where the noise is larger
 
 
-def test_a_separable_target_is_refused():
-    far = TARGET + 50.0  # no overlap: the likelihood ratios are unbounded
-    with pytest.raises(ValueError, match="target: the domain classifier separates"):
-        peg.ConformalClassifier(shift="covariate", features="inputs").fit(MODEL, CALIB, target=far)
+def _covariate(target: object, **kwargs: object) -> object:
+    cp = peg.ConformalClassifier(**({"shift": "covariate", "features": "inputs"} | kwargs))
+    return cp.fit(MODEL, CALIB, target=target)
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "target", "match"),
-    [
-        (
-            {"shift": "covariate", "features": "inputs"},
-            TARGET[:20],
-            "target: 20 points are too few",
-        ),
-        (
-            {"shift": "covariate", "features": "inputs"},
-            torch.zeros(100, 3),
-            r"target: expected inputs of shape \[N, 2\]",
-        ),
-        ({}, TARGET, "target: only used with shift="),
-        ({"shift": "covariate"}, None, "target: shift='covariate' needs unlabelled inputs"),
-    ],
-)
-def test_bad_target_is_named(kwargs, target, match):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with pytest.raises((ValueError, RuntimeError), match=match):
-            peg.ConformalClassifier(**kwargs).fit(MODEL, CALIB, target=target)
+ERROR_CASES = [
+    (
+        "conformal under shift",
+        "unknown shift",
+        lambda: peg.ConformalClassifier(shift="concept"),
+        ValueError,
+        "shift: expected one of",
+    ),
+    (
+        "conformal under shift",
+        "unknown features",
+        lambda: peg.ConformalClassifier(shift="covariate", features="pixels"),
+        ValueError,
+        "features: expected one of",
+    ),
+    (
+        "conformal under shift",
+        "label shift for regression",
+        lambda: peg.ConformalRegressor(shift="label"),
+        ValueError,
+        "shift: 'label' is for classes",
+    ),
+    (
+        "conformal under shift",
+        "n_folds < 2",
+        lambda: peg.ConformalClassifier(shift="covariate", n_folds=1),
+        ValueError,
+        "n_folds",
+    ),
+    (
+        "conformal under shift",
+        "target too small",
+        lambda: _covariate(TARGET[:20]),
+        ValueError,
+        "target: 20 points are too few",
+    ),
+    (
+        "conformal under shift",
+        "target with other features",
+        lambda: _covariate(torch.zeros(100, 3)),
+        ValueError,
+        r"target: expected inputs of shape \[N, 2\]",
+    ),
+    (
+        "conformal under shift",
+        "target without shift",
+        lambda: _covariate(TARGET, shift=None),
+        ValueError,
+        "target: only used with shift=",
+    ),
+    (
+        "conformal under shift",
+        "shift without target",
+        lambda: _covariate(None),
+        ValueError,
+        "target: shift='covariate' needs unlabelled inputs",
+    ),
+    (
+        "conformal under shift",
+        "domains that do not overlap (unbounded weights)",
+        lambda: _covariate(TARGET + 50.0),
+        ValueError,
+        "target: the domain classifier separates",
+    ),
+]
+test_bad_input_raises_a_clear_error = raises_test(ERROR_CASES)
 
 
-def test_bad_arguments():
-    with pytest.raises(ValueError, match="shift: expected one of"):
-        peg.ConformalClassifier(shift="concept")
-    with pytest.raises(ValueError, match="features: expected one of"):
-        peg.ConformalClassifier(shift="covariate", features="pixels")
-    with pytest.raises(ValueError, match="shift: 'label' is for classes"):
-        peg.ConformalRegressor(shift="label")
+def test_sets_fn_and_save_are_refused_under_covariate_shift(tmp_path):
     cp = peg.ConformalClassifier(shift="covariate", features="inputs")
     cp.fit(MODEL, CALIB, target=TARGET)
     with pytest.raises(TypeError, match="use predict_set"):
         cp.sets_fn()
+    with pytest.raises(TypeError, match="save: a covariate-shift conformal predictor"):
+        cp.save(str(tmp_path / "cp"))

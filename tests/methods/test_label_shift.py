@@ -5,11 +5,11 @@ in 2-D, the model their exact Bayes posterior under the source priors."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 from torch import nn
 
 import peg
+from bad_inputs import raises_test
 
 MEANS = np.array([[0.0, 0.0], [2.0, 0.0], [0.0, 2.0]])
 SOURCE = np.array([1 / 3, 1 / 3, 1 / 3])
@@ -148,16 +148,48 @@ def test_save_load_with_a_calibrator_underneath(tmp_path):
     assert loaded.meta_ == shift.meta_ and shift.meta_["method"] == "label_shift"
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "match"),
-    [
-        ({"target": torch.zeros(50, 3)}, r"target: expected inputs of shape \[N, 2\]"),
-        ({"target": X_T[:5]}, "target: 5 points are too few"),
-        ({"target": None}, "target: label-shift adaptation needs unlabelled target inputs"),
-        ({"val": (VAL[0][:20], torch.zeros(20, dtype=torch.long))}, r"val: no validation point"),
-    ],
-)
-def test_bad_input_is_named(kwargs, match):
+def _fit(**kwargs) -> object:
     args = {"val": VAL, "target": X_T} | kwargs
-    with pytest.raises(ValueError, match=match):
-        peg.LabelShift().fit(_bayes(), args["val"], target=args["target"])
+    return peg.LabelShift().fit(_bayes(), args["val"], target=args["target"])
+
+
+ERROR_CASES = [
+    ("LabelShift", "unknown method", lambda: peg.LabelShift(method="ml"), ValueError, "method"),
+    (
+        "LabelShift",
+        "unknown calibrate",
+        lambda: peg.LabelShift(calibrate="dirichlet"),
+        ValueError,
+        "calibrate",
+    ),
+    ("LabelShift", "tol <= 0", lambda: peg.LabelShift(tol=0), ValueError, "tol"),
+    (
+        "LabelShift",
+        "target with other features",
+        lambda: _fit(target=torch.zeros(50, 3)),
+        ValueError,
+        r"target: expected inputs of shape \[N, 2\]",
+    ),
+    (
+        "LabelShift",
+        "target too small",
+        lambda: _fit(target=X_T[:5]),
+        ValueError,
+        "target: 5 points are too few",
+    ),
+    (
+        "LabelShift",
+        "no target",
+        lambda: _fit(target=None),
+        ValueError,
+        "target: label-shift adaptation needs unlabelled target inputs",
+    ),
+    (
+        "LabelShift",
+        "a class missing from val",
+        lambda: _fit(val=(VAL[0][:20], torch.zeros(20, dtype=torch.long))),
+        ValueError,
+        "val: no validation point",
+    ),
+]
+test_bad_input_raises_a_clear_error = raises_test(ERROR_CASES)
