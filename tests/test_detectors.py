@@ -110,3 +110,11 @@ def test_compare_takes_the_feature_scores(ood_score):
         assert row["auroc (far)"] > 0.9
     with pytest.raises(ValueError, match="ood_score: expected one of"):
         peg.compare(model, moons(300, 1), moons(200, 2), ["TS"], ood_score="odin", say=None)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_model_on_cuda_with_data_on_the_cpu():
+    for score in ("mahalanobis", "knn"):
+        a = peg.OODDetector(score=score, k=10).fit(_model().cuda(), VAL)
+        b = peg.OODDetector(score=score, k=10).fit(_model(), VAL)
+        torch.testing.assert_close(a.ood_score(FAR), b.ood_score(FAR), rtol=1e-4, atol=1e-4)
