@@ -121,8 +121,10 @@ def conformal(run: SeedRun, model, logits: dict, args) -> list[dict]:
                 row |= {"coverage": cov, "size": size, "auroc": cp.domain_auroc_,
                         "n_eff": cp.n_eff_, "warned": bool(caught)}  # fmt: skip
             except ValueError as e:
-                row |= {"refused": str(e).split(":")[1].strip()[:60],
-                        "auroc": float(str(e).split("AUROC ")[1].split(",")[0])}  # fmt: skip
+                text = str(e)
+                row |= {"refused": text.split(":")[1].strip()[:60],
+                        "auroc": float(text.split("AUROC ")[1].split(",")[0]),
+                        "n_eff": float(text.split("weights ")[1].split(" of")[0])}  # fmt: skip
             rows.append(row)
     # label shift: Dirichlet(1) resamples of the second half, the first half as calibration
     z = logits["Single"]["test"]
@@ -210,7 +212,7 @@ def render(out: dict, title: str) -> str:
             for m in methods:
                 r = next(r for r in rows if r["set"] == name and r["method"] == m)
                 if "refused" in r:
-                    cells.append(f"refused (AUROC {r['auroc']:.3f})")
+                    cells.append(f"refused (AUROC {r['auroc']:.3f}, n_eff {r['n_eff']:.0f})")
                     continue
                 cell = f"{100 * r['coverage']:.1f} / {r['size']:.2f}"
                 if "auroc" in r:

@@ -6,8 +6,9 @@ the threshold for a test point x is the level-(1 − α) quantile of Σᵢ pᵢ(
 p_{n+1}(x) δ_{+∞}, pᵢ(x) = w(xᵢ) / (Σⱼ w(xⱼ) + w(x)), p_{n+1}(x) = w(x) / (...): the smallest
 calibration score sᵢ whose cumulative weight reaches (1 − α)(W + w(x)), or +∞ (the full set, the
 whole line) when none does. w is estimated by a domain classifier (`DomainWeights`, logistic
-regression on standardised features, `peg._features`) cross-fitted on calibration vs target
-points: w(x) = (n / m) · P(target | x) / P(source | x), each calibration point's weight from the
+regression on standardised features, `peg._features`, wider ones reduced to their first 32
+principal components) cross-fitted on calibration vs target points:
+w(x) = (n / m) · P(target | x) / P(source | x), each calibration point's weight from the
 classifiers that did not see it.
 
 Label shift (Podkopaev & Ramdas 2021): w(y) = q(y) / p(y) (`peg.LabelShift`'s weights), so the
@@ -36,6 +37,8 @@ from peg.methods.label_shift import LabelShift
 
 MIN_TARGET = 50  # target points the domain classifier needs at the least
 SEPARABLE = 0.99  # out-of-fold AUROC from which the weights are taken as unbounded
+CONCENTRATED = 20  # refused when the weights' effective sample size is below n / this
+COMPONENTS = 32  # wider features are reduced to their first principal components
 
 
 def joint_batches(
@@ -65,6 +68,7 @@ class DomainWeights:
     weights' effective sample size (Σw)² / Σw²."""
 
     def __init__(self, source: np.ndarray, target: np.ndarray, n_folds: int, seed: int) -> None:
+        from sklearn.decomposition import PCA
         from sklearn.linear_model import LogisticRegression
         from sklearn.metrics import roc_auc_score
         from sklearn.model_selection import StratifiedKFold
@@ -88,7 +92,10 @@ class DomainWeights:
         self.models = []
         folds = StratifiedKFold(n_folds, shuffle=True, random_state=seed)
         for train, held in folds.split(x, d):
-            clf = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000))
+            steps: list[Any] = [StandardScaler()]
+            if x.shape[1] > COMPONENTS:  # 1568 conv features on 4k points: LR over-fits
+                steps.append(PCA(COMPONENTS, random_state=seed))
+            clf = make_pipeline(*steps, LogisticRegression(max_iter=2000))
             clf.fit(x[train], d[train])
             logit[held] = clf.decision_function(x[held])
             self.models.append(clf)
@@ -103,10 +110,12 @@ class DomainWeights:
         return np.exp(np.clip(logit + self.log_ratio, -700, 700))
 
     def check(self, alpha: float) -> None:
-        """A ValueError when the weights are unbounded (the classifier separates the domains:
-        no overlap, no guarantee), a warning when they are heavy."""
+        """A ValueError when the weights are unbounded: the classifier separates the domains
+        (out-of-fold AUROC >= 0.99: no overlap, no guarantee) or the weights concentrate on a
+        few calibration points (effective sample size below n / 20, or below 1/α − 1); a
+        warning when they are heavy (below n / 5)."""
         n, need = len(self.calib_), min_points(alpha)
-        if self.auroc_ >= SEPARABLE or self.n_eff_ < need:
+        if self.auroc_ >= SEPARABLE or self.n_eff_ < max(need, n / CONCENTRATED):
             raise ValueError(
                 f"target: the domain classifier separates calibration and target points "
                 f"(out-of-fold AUROC {self.auroc_:.3f}, effective sample size of the weights "
@@ -114,7 +123,7 @@ class DomainWeights:
                 "domains do not overlap, and weighted conformal prediction would return "
                 "meaningless (mostly full) sets; this shift is outside what it can correct"
             )
-        if self.n_eff_ < n / 10:
+        if self.n_eff_ < n / 5:
             warnings.warn(
                 f"target: heavy weights (effective sample size {self.n_eff_:.0f} of {n}, "
                 f"domain AUROC {self.auroc_:.3f}): the sets will be wide and variable",
