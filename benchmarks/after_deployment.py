@@ -244,6 +244,51 @@ def render(out: dict, title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def summary(paths: list[Path]) -> str:
+    """Label shift and conformal over several runs' JSON (seeds): means over seeds and draws."""
+    runs = [json.loads(p.read_text()) for p in paths]
+    rows = [r for run in runs for r in run.get("label_shift", [])]
+    lines = [f"# After deployment: summary of {', '.join(p.stem for p in paths)}", "",
+             *(f"- {p.stem}: `{run['command']}` (commit {run.get('commit')}, {run['machine']})"
+               for p, run in zip(paths, runs, strict=True)), "",
+             "## Label shift: prior error (L1) and NLL after adaptation, mean over seeds and "
+             "draws (NLL before in the first column)", "",
+             "| α | calibration step | NLL before | EM | EM + BCTS | BBSE |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for alpha in sorted({r["alpha"] for r in rows}):
+        for col in dict.fromkeys(r["column"] for r in rows):
+            sub = [r for r in rows if r["alpha"] == alpha and r["column"] == col]
+            before = np.mean([r["nll_before"] for r in sub if r["estimator"] == "EM"])
+            cells = []
+            for est in ("EM", "EM + BCTS", "BBSE"):
+                e = [r for r in sub if r["estimator"] == est]
+                cells.append(f"{np.mean([r['prior_l1'] for r in e]):.3f} / "
+                             f"{np.mean([r['nll_after'] for r in e]):.3f}")  # fmt: skip
+            lines.append(f"| {alpha:g} | {col} | {before:.3f} | {' | '.join(cells)} |")
+    rows = [r for run in runs for r in run.get("conformal", [])]
+    lines += ["", "## Conformal (APS, α = 0.1): coverage % / set size, mean over seeds; "
+              "refused: how many seeds refused", "",
+              "| set | split | weighted (penultimate) | weighted (logits) |", "|---|---|---|---|"]
+    for name in dict.fromkeys(r["set"] for r in rows if not r["set"].startswith("dir")):
+        cells = []
+        for m in ("split", "weighted (penultimate)", "weighted (logits)"):
+            sub = [r for r in rows if r["set"] == name and r["method"] == m]
+            done = [r for r in sub if "coverage" in r]
+            cell = (f"{100 * np.mean([r['coverage'] for r in done]):.1f} / "
+                    f"{np.mean([r['size'] for r in done]):.2f}") if done else "—"  # fmt: skip
+            if len(done) < len(sub):
+                cell += f" (refused {len(sub) - len(done)} of {len(sub)})"
+            cells.append(cell)
+        lines.append(f"| {name} | {' | '.join(cells)} |")
+    dirichlet = [r for r in rows if r["set"].startswith("dir")]
+    for m in ("split", "label"):
+        cov = [100 * r["coverage"] for r in dirichlet if r["method"] == m]
+        if cov:
+            lines.append(f"\nDirichlet(1) label shift, {m}: coverage mean {np.mean(cov):.1f}, "
+                         f"min {min(cov):.1f}, max {max(cov):.1f} ({len(cov)} resamples)")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--preset", default="fashion-mnist-adam")
@@ -255,7 +300,12 @@ def main() -> None:
     p.add_argument("--target-size", type=int, default=1000)
     p.add_argument("--parts", nargs="+", default=["label", "conformal", "ood"])
     p.add_argument("--render", help="a run's JSON: write its markdown report beside it, only")
+    p.add_argument("--summary", nargs="+", help="runs' JSON: write summary.md beside them, only")
     args = p.parse_args()
+    if args.summary:
+        paths = [Path(s) for s in args.summary]
+        (paths[0].parent / "summary.md").write_text(summary(paths))
+        return
     if args.render:
         path = Path(args.render)
         path.with_suffix(".md").write_text(render(json.loads(path.read_text()), path.stem))
@@ -268,7 +318,8 @@ def main() -> None:
     model = run.bases.get("single").eval()
     out = {"command": "OMP_NUM_THREADS=1 python benchmarks/after_deployment.py " + " ".join(
         f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
-        for k, v in vars(args).items()), "machine": machine(), "commit": git_commit()}  # fmt: skip
+        for k, v in vars(args).items() if k not in ("render", "summary")),
+        "machine": machine(), "commit": git_commit()}  # fmt: skip
     if "label" in args.parts:
         out["label_shift"] = label_shift(logits, run.test[1], args)
         print(f"label shift done: {time.time() - started:.0f} s", flush=True)
