@@ -286,6 +286,17 @@ def summary(paths: list[Path]) -> str:
         if cov:
             lines.append(f"\nDirichlet(1) label shift, {m}: coverage mean {np.mean(cov):.1f}, "
                          f"min {min(cov):.1f}, max {max(cov):.1f} ({len(cov)} resamples)")
+    rows = [r for run in runs for r in run.get("ood", [])]
+    sets = list(dict.fromkeys(r["ood"] for r in rows))
+    lines += ["", "## OOD: AUROC % / FPR95 %, mean ± std over seeds", "",
+              "| score | " + " | ".join(sets) + " |", "|---|" + "---|" * len(sets)]
+    for score in dict.fromkeys(r["score"] for r in rows):
+        cells = []
+        for o in sets:
+            sub = [r for r in rows if r["score"] == score and r["ood"] == o]
+            cells.append(f"{_ms([r['auroc'] for r in sub], 100, 1)} / "
+                         f"{_ms([r['fpr95'] for r in sub], 100, 1)}")  # fmt: skip
+        lines.append(f"| {score} | {' | '.join(cells)} |")
     return "\n".join(lines) + "\n"
 
 
