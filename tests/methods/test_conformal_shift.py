@@ -161,6 +161,14 @@ def test_covariate_regression_intervals():
         plain.predict_interval(TEST[0][:100]).diff(dim=1).mean()
     )
     assert wider  # the target sits where the noise is larger
+    # the half-widths, recomputed in NumPy from the residuals and the fitted weights
+    with torch.no_grad():
+        mu_cal = head(x)[:, 0].double().numpy()
+    s_cal = np.abs(yr.float().double().numpy() - mu_cal)
+    w_test = reg.domain_(TEST[0][:100].double().numpy())
+    q = [_numpy_weighted_threshold(s_cal, reg.domain_.calib_, v, ALPHA) for v in w_test]
+    half = (intervals[:, 1] - intervals[:, 0]).numpy() / 2
+    np.testing.assert_allclose(half, q, rtol=1e-6)
 
 
 def _covariate(target: object, **kwargs: object) -> object:
