@@ -264,3 +264,17 @@ def test_a_model_on_cuda_with_data_on_the_cpu():
         sets_a, sets_b = a.predict_set(TEST[0][:300]), b.predict_set(TEST[0][:300])
         assert sets_a.device.type == "cuda"
         assert (sets_a.cpu() != sets_b).float().mean() < 0.01  # float rounding near a threshold
+
+
+def test_the_label_shift_version_saves_and_loads(tmp_path):
+    cp = peg.ConformalClassifier(shift="label", score="aps").fit(MODEL, CALIB, target=TARGET)
+    loaded = peg.load(cp.save(str(tmp_path / "cp")), _model_like())
+    assert isinstance(loaded, peg.ConformalClassifier) and loaded.shift == "label"
+    torch.testing.assert_close(loaded.quantile_, cp.quantile_)
+    assert torch.equal(loaded.predict_set(TEST[0][:200]), cp.predict_set(TEST[0][:200]))
+    evaluated = peg.evaluate(loaded, *TEST, metrics=["coverage", "set_size"])
+    assert 0 < evaluated["coverage"] <= 1
+
+
+def _model_like() -> nn.Module:
+    return nn.Sequential(nn.Linear(2, 32), nn.Tanh(), nn.Linear(32, 3))

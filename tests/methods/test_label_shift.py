@@ -205,3 +205,9 @@ def test_a_model_on_cuda_with_data_on_the_cpu():
         probs = on_gpu.predict_proba(X_T[:20])
         assert probs.device.type == "cuda"
         torch.testing.assert_close(probs.cpu(), on_cpu.predict_proba(X_T[:20]), atol=1e-4, rtol=0)
+
+
+def test_evaluate_reads_the_adapted_predictor():
+    shift = peg.LabelShift().fit(_bayes(), VAL, target=X_T)
+    before, after = peg.evaluate(_bayes(), X_T, Y_T), peg.evaluate(shift, X_T, Y_T)
+    assert after["nll"] < before["nll"] and after["error"] <= before["error"]
