@@ -45,9 +45,9 @@ from peg.metrics import ood
 COLUMNS = ["Single", "Temp-scaled", "Vector-scaled", "Dirichlet", "PEG-15", "PEG-15 + TS"]
 
 
-def _spec(preset: str, seed: int):
+def _spec(preset: str, seed: int, columns: list[str]):
     raw = yaml.safe_load(presets.find(preset).read_text())
-    raw |= {"name": f"{raw['name']}-after-deployment", "seeds": [seed], "methods": COLUMNS,
+    raw |= {"name": f"{raw['name']}-after-deployment", "seeds": [seed], "methods": columns,
             "figures": ["Single"]}  # fmt: skip
     raw.pop("conformal", None)
     return parse_spec(raw, preset)
@@ -72,7 +72,7 @@ def label_shift(logits: dict, y: torch.Tensor, args) -> list[dict]:
             idx = torch.tensor([int(rng.choice(by_class[c])) for c in labels])
             y_t = y_pool[idx]
             q_emp = torch.bincount(y_t, minlength=classes).double() / len(y_t)
-            for col in COLUMNS:
+            for col in args.columns:
                 z = logits[col]["test"]
                 src, tgt = z[:, :n].transpose(0, 1), z[:, n:][:, idx].transpose(0, 1)
                 before = CachedLogits().member_logits(tgt)
@@ -310,6 +310,7 @@ def main() -> None:
     p.add_argument("--draws", type=int, default=5)
     p.add_argument("--target-size", type=int, default=1000)
     p.add_argument("--parts", nargs="+", default=["label", "conformal", "ood"])
+    p.add_argument("--columns", nargs="+", default=COLUMNS, help="calibration steps, Single first")
     p.add_argument("--render", help="a run's JSON: write its markdown report beside it, only")
     p.add_argument("--summary", nargs="+", help="runs' JSON: write summary.md beside them, only")
     args = p.parse_args()
@@ -322,7 +323,7 @@ def main() -> None:
         path.with_suffix(".md").write_text(render(json.loads(path.read_text()), path.stem))
         return
     started = time.time()
-    spec = _spec(args.preset, args.seed)
+    spec = _spec(args.preset, args.seed, args.columns)
     run = SeedRun(spec, args.seed, Path(args.cache), progress=False)
     logits = {m.name: run.logits(m) for m in spec.methods}
     print(f"logits ready: {time.time() - started:.0f} s", flush=True)
