@@ -109,7 +109,7 @@ class DomainWeights:
         logit = np.mean([clf.decision_function(features) for clf in self.models], axis=0)
         return np.exp(np.clip(logit + self.log_ratio, -700, 700))
 
-    def check(self, alpha: float) -> None:
+    def check(self, alpha: float, stacklevel: int = 2) -> None:
         """A ValueError when the weights are unbounded: the classifier separates the domains
         (out-of-fold AUROC >= 0.99: no overlap, no guarantee) or the weights concentrate on a
         few calibration points (effective sample size below n / 20, or below 1/α − 1); a
@@ -127,7 +127,7 @@ class DomainWeights:
             warnings.warn(
                 f"target: heavy weights (effective sample size {self.n_eff_:.0f} of {n}, "
                 f"domain AUROC {self.auroc_:.3f}): the sets will be wide and variable",
-                stacklevel=4,
+                stacklevel=stacklevel,
             )
 
 
@@ -206,12 +206,18 @@ def fit_shifted(cp: Any, predictor: Any, val: Data, target: Data) -> dict[str, A
             yield logits, y
 
     score, _, classes = cp.label_scores(labelled())
-    state = fit_weights(predictor, target, score, torch.cat(kept), features, cp)
+    state = fit_weights(predictor, target, score, torch.cat(kept), features, cp, stacklevel=4)
     return state | {"quantile_": None, "n_classes_": classes}
 
 
 def fit_weights(
-    predictor: Any, target: Data, score: Tensor, source: Tensor, features: Features, cp: Any
+    predictor: Any,
+    target: Data,
+    score: Tensor,
+    source: Tensor,
+    features: Features,
+    cp: Any,
+    stacklevel: int = 3,
 ) -> dict[str, Any]:
     """The covariate-shift state shared by the classifier and the regressor: the domain
     classifier fitted on the calibration features `source` `[n, D]` and the target's, checked,
@@ -222,7 +228,7 @@ def fit_weights(
     domain = DomainWeights(
         source.numpy(), target_features, int(cp.n_folds), int(getattr(cp, "seed", 0))
     )
-    domain.check(float(cp.alpha))
+    domain.check(float(cp.alpha), stacklevel + 1)  # a warning names the user's fit call
     s, cum = sorted_weighted(score, torch.from_numpy(domain.calib_))
     return {
         "quantile_": None,

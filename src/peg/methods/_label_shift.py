@@ -109,7 +109,7 @@ def bbse_priors(
             f"val: the confusion matrix is singular or nearly so (condition number {cond:.3g}: "
             "some class is never predicted, or two are confused alike); BBSE's weights are a "
             "least-squares solution and unreliable",
-            stacklevel=3,
+            stacklevel=4,  # bbse_priors <- _estimate <- fit <- the caller
         )
         w = torch.linalg.lstsq(c, mu[:, None], driver="gelsd").solution[:, 0]
         inverse = torch.linalg.pinv(c)

@@ -68,7 +68,8 @@ class ConformalClassifier(ConformalBase):
             a deployment whose inputs (covariate shift, Tibshirani et al. 2019) or class priors
             (label shift, Podkopaev & Ramdas 2021) differ from the calibration data's; `fit`
             then needs `target=` unlabelled deployment inputs (`peg.methods._conformal_shift`;
-            docs/shift.md says when the guarantee holds).
+            docs/shift.md says when the guarantee holds). Label shift reads `val` a second
+            time, to fit `peg.LabelShift` (EM after BCTS) for the priors (`priors_`).
         features: what the covariate-shift domain classifier reads: "penultimate" (the
             model's trunk; the logits, with a warning, for a model without one), "logits"
             (log p̄) or "inputs" (flattened).
