@@ -2,6 +2,9 @@
 on one seed of a bench preset (its base model and the calibrators' member logits cached by the
 bench's own `SeedRun`, under `--cache`).
 
+The test set is put in a random order first (the bench keeps the files' order, which is by
+class for CIFAR-10), so that its halves are exchangeable.
+
 1. Label shift (Alexandari et al. 2020's protocol): the test set is split in half; the first
    half (natural priors, labelled) is the source data the estimators and BCTS are fitted on,
    target sets of `--target-size` points are drawn with replacement from the second half with
@@ -58,7 +61,15 @@ def _nll_acc(log_probs: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
     return float(-lp[torch.arange(len(y)), y].mean()), float((lp.argmax(-1) == y).double().mean())
 
 
+def _order(n: int, seed: int) -> torch.Tensor:
+    """A random order of the test set (the bench keeps its file order, by class for CIFAR-10):
+    its halves are then exchangeable."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(1000 + seed))
+
+
 def label_shift(logits: dict, y: torch.Tensor, args) -> list[dict]:
+    order = _order(len(y), args.seed)
+    y = y[order]
     n = len(y) // 2
     y_src, y_pool = y[:n], y[n:]
     classes = int(y.max()) + 1
@@ -68,12 +79,14 @@ def label_shift(logits: dict, y: torch.Tensor, args) -> list[dict]:
         for draw in range(args.draws):
             rng = np.random.default_rng([args.seed, int(alpha * 1000), draw])
             q = rng.dirichlet(np.full(classes, alpha))
+            q = q * np.array([len(b) > 0 for b in by_class])  # a class absent from the pool
+            q = q / q.sum()
             labels = rng.choice(classes, size=args.target_size, p=q)
             idx = torch.tensor([int(rng.choice(by_class[c])) for c in labels])
             y_t = y_pool[idx]
             q_emp = torch.bincount(y_t, minlength=classes).double() / len(y_t)
             for col in args.columns:
-                z = logits[col]["test"]
+                z = logits[col]["test"][:, order]
                 src, tgt = z[:, :n].transpose(0, 1), z[:, n:][:, idx].transpose(0, 1)
                 before = CachedLogits().member_logits(tgt)
                 nll0, acc0 = _nll_acc(peg.metrics.ensemble_log_probs(before), y_t)
@@ -95,7 +108,8 @@ def _coverage(sets: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
 
 
 def conformal(run: SeedRun, model, logits: dict, args) -> list[dict]:
-    X, y = run.test
+    order = _order(len(run.test[1]), args.seed)
+    X, y = run.test[0][order], run.test[1][order]
     n = len(y) // 2
     q = n + (len(y) - n) // 2
     calib = (X[:n], y[:n])
@@ -104,7 +118,7 @@ def conformal(run: SeedRun, model, logits: dict, args) -> list[dict]:
     for name, make in sets_by_name.items():
         if name.endswith("(OOD)"):
             continue
-        Xs = make()
+        Xs = make()[order]
         target, X_eval, y_eval = Xs[n:q], Xs[q:], y[q:]
         split = peg.ConformalClassifier(alpha=0.1, score="aps").fit(model, calib)
         cov, size = _coverage(split.predict_set(X_eval), y_eval)
@@ -127,13 +141,14 @@ def conformal(run: SeedRun, model, logits: dict, args) -> list[dict]:
                         "n_eff": float(text.split("weights ")[1].split(" of")[0])}  # fmt: skip
             rows.append(row)
     # label shift: Dirichlet(1) resamples of the second half, the first half as calibration
-    z = logits["Single"]["test"]
+    z = logits["Single"]["test"][:, order]
     src = (z[:, :n].transpose(0, 1), y[:n])
     classes = int(y.max()) + 1
     by_class = [torch.nonzero(y[n:] == c)[:, 0] + n for c in range(classes)]
     for draw in range(args.draws):
         rng = np.random.default_rng([args.seed, 7, draw])
-        labels = rng.choice(classes, size=2 * args.target_size, p=rng.dirichlet(np.ones(classes)))
+        q = rng.dirichlet(np.ones(classes)) * np.array([len(b) > 0 for b in by_class])
+        labels = rng.choice(classes, size=2 * args.target_size, p=q / q.sum())
         idx = torch.tensor([int(rng.choice(by_class[c])) for c in labels])
         unl, ev = idx[: args.target_size], idx[args.target_size :]
         tgt = z[:, unl].transpose(0, 1)
