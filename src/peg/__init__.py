@@ -12,6 +12,7 @@ from typing import Any
 
 from peg import distributed, layers, models, subspace, train
 from peg._version import __version__
+from peg.detectors import OODDetector
 from peg.ensemble import Ensemble
 from peg.errors import ArchiveError, NonFiniteError, NotFittedError
 from peg.evaluate import evaluate
@@ -21,6 +22,7 @@ from peg.methods.conformal import ConformalClassifier
 from peg.methods.conformal_regression import ConformalRegressor
 from peg.methods.deep_ensemble import DeepEnsemble
 from peg.methods.dropout import MCDropout
+from peg.methods.label_shift import LabelShift
 from peg.methods.laplace import Laplace
 from peg.methods.packed import PackedEnsemble
 from peg.methods.patching import MCPatched
@@ -45,12 +47,14 @@ __all__ = [
     "Ensemble",
     "HistogramBinning",
     "IsotonicCalibration",
+    "LabelShift",
     "Laplace",
     "MCDropout",
     "MCPatched",
     "MatrixScaling",
     "NonFiniteError",
     "NotFittedError",
+    "OODDetector",
     "PackedEnsemble",
     "TemperatureScaling",
     "VectorScaling",

@@ -186,6 +186,12 @@ CASES += [
         lambda m: m.fit(_tiny(), (X, X[:, 0])),  # a Gaussian head: (mean, log-variance)
         ("score", "quantile"),
     ),
+    Case(
+        peg.LabelShift,
+        {"calibrate": "ts", "tol": 1e-5, "batch_size": 16},
+        lambda m: m.fit(_tiny(), (X, y), target=X[:40]),
+        ("method", "ml"),
+    ),
 ]
 IDS = [case.id for case in CASES]
 
@@ -315,6 +321,8 @@ def test_fit_signatures_share_one_shape(case):
         assert keyword == {"skeleton": None, "bn_data": None}
     else:
         extra = {"train_data": None} if case.cls is peg.Laplace else {}
+        after = (peg.LabelShift, peg.ConformalClassifier, peg.ConformalRegressor)
+        extra |= {"target": None} if case.cls in after else {}
         assert positional[1:] == ["val"] and fit[1].default is None
         assert keyword == {"bn_data": None} | extra
 

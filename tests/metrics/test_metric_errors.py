@@ -245,7 +245,7 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str
         ValueError,
         r"coverage: expected a number in \(0, 1\]",
     ),
-    ("streaming OOD", "unknown score", lambda: StreamingOOD("energy"), ValueError, "score"),
+    ("streaming OOD", "unknown score", lambda: StreamingOOD("odin"), ValueError, "score"),
     (
         "streaming OOD",
         "compute without OOD batches",
@@ -263,7 +263,7 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str
     (
         "ood",
         "unknown score",
-        lambda: ood.ood_metrics(logits, logits, "energy"),
+        lambda: ood.ood_metrics(logits, logits, "odin"),
         ValueError,
         "score",
     ),

@@ -14,6 +14,7 @@ from peg.metrics import (
     OOD_SCORES,
     aupr,
     auroc,
+    energy,
     entropy,
     fpr_at_tpr,
     max_logit,
@@ -179,9 +180,24 @@ def test_max_softmax_and_max_logit_values_and_ordering() -> None:
     assert max_softmax(z)[0].item() == pytest.approx(-0.5)
 
 
+def test_energy_is_the_members_mean_negative_logsumexp() -> None:
+    """Liu et al. 2020 with T = 1: E = -log Σ_c exp z_c; for members, their energies averaged."""
+    z = torch.tensor([[[1.0, 3.0], [5.0, 0.0]], [[3.0, 1.0], [9.0, 0.0]]])
+    expected = -torch.tensor(
+        [
+            [np.log(np.e + np.e**3), np.log(np.e**5 + 1)],
+            [np.log(np.e**3 + np.e), np.log(np.e**9 + 1)],
+        ]
+    ).mean(0)
+    assert torch.allclose(energy(z), expected.double())
+    assert energy(z).dtype == torch.float64
+    big = torch.tensor([[[1000.0, 999.0]]])  # no overflow
+    assert torch.isfinite(energy(big)).all()
+
+
 def test_scores_that_need_members_reject_probabilities() -> None:
     p = torch.full((3, 4), 0.25)
-    for fn in (max_logit, mutual_information, variation_ratio):
+    for fn in (energy, max_logit, mutual_information, variation_ratio):
         with pytest.raises(ValueError, match=r"^pred: .*member logits \[M, N, C\]"):
             fn(p)
     with pytest.raises(ValueError, match="pred"):
@@ -251,8 +267,8 @@ def test_bad_options() -> None:
         with pytest.raises(ValueError, match="^tpr: "):
             fpr_at_tpr(s, s, tpr=tpr)
     p = torch.full((3, 2), 0.5)
-    with pytest.raises(ValueError, match="^score: .*'energy'"):
-        ood_metrics(p, p, score="energy")
+    with pytest.raises(ValueError, match="^score: .*'odin'"):
+        ood_metrics(p, p, score="odin")
     with pytest.raises(ValueError, match="^pred_out: expected C = 2"):
         ood_metrics(p, torch.full((3, 4), 0.25))
     with pytest.raises(ValueError, match="^pred_in: mutual_information needs member logits"):

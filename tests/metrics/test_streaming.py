@@ -57,7 +57,7 @@ def test_mixing_kinds_or_empty_streams_are_errors():
     with pytest.raises(ValueError, match="same kind"):
         stream.update(torch.randn(4, 5).softmax(-1), torch.tensor([0, 1, 2, 0]))
     with pytest.raises(ValueError, match="score"):
-        StreamingOOD("energy")
+        StreamingOOD("odin")
     with pytest.raises(ValueError, match="both"):
         StreamingOOD().compute()
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from peg import metrics
-from peg.metrics.ood import ood_metrics
+from peg.metrics.ood import aupr, auroc, fpr_at_tpr, ood_metrics
 
 CLASSIFICATION = (
     "nll", "error", "brier", "ece", "mce", "adaptive_ece", "classwise_ece", "aurc", "augrc"
@@ -29,3 +29,11 @@ def ood_detection(test_logits: Tensor, ood_logits: Tensor, score: str) -> dict[s
     m = ood_metrics(test_logits, ood_logits, score)
     return {"auroc": m["auroc"], "aupr": m["aupr_out"], "aupr_in": m["aupr_in"],
             "fpr95": m["fpr95"]}  # fmt: skip
+
+
+def scored_detection(scores_in: Tensor, scores_out: Tensor) -> dict[str, float]:
+    """`OOD` from a detector's scores `[N_in]`, `[N_out]` (`peg.OODDetector.ood_score`; higher =
+    more likely OOD) instead of a score of the logits."""
+    return {"auroc": auroc(scores_in, scores_out), "aupr": aupr(scores_in, scores_out, "ood"),
+            "aupr_in": aupr(scores_in, scores_out, "in"),
+            "fpr95": fpr_at_tpr(scores_in, scores_out)}  # fmt: skip

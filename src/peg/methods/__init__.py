@@ -5,6 +5,7 @@ from peg.methods.conformal import ConformalClassifier
 from peg.methods.conformal_regression import ConformalRegressor
 from peg.methods.deep_ensemble import DeepEnsemble
 from peg.methods.dropout import MCDropout
+from peg.methods.label_shift import LabelShift
 from peg.methods.laplace import Laplace
 from peg.methods.packed import PackedEnsemble
 from peg.methods.patching import MCPatched
@@ -28,6 +29,7 @@ __all__ = [
     "DropoutSubspace",
     "HistogramBinning",
     "IsotonicCalibration",
+    "LabelShift",
     "Laplace",
     "LowRankGaussian",
     "MCDropout",

@@ -111,7 +111,7 @@ class Calibrator(Predicts, Method):
         """The archive's `"calibration"` entry: method, constructor arguments (`params`), what
         the map acts on (`fitted_on`) and the map's scalars."""
         return {
-            "method": self.method,
+            "method": type(self).method,  # an argument may be called `method` too
             "params": self._json_params(),
             "fitted_on": self.scores_,
             **self._entry(),
@@ -160,7 +160,7 @@ class Calibrator(Predicts, Method):
     def _set_fitted(self, predictor: Any, state: Mapping[str, Any]) -> None:
         self.__dict__.update(state)
         self.predictor_ = predictor
-        meta: dict[str, Any] = {"method": self.method, **self._described()}
+        meta: dict[str, Any] = {"method": type(self).method, **self._described()}
         described = predictor_meta(predictor)
         if described is not None:
             meta["predictor"] = described

@@ -43,7 +43,47 @@ def known_rows(data: Data) -> int | None:
     return None
 
 
-class ConformalBase(Calibrator):
+class WrapsCalibrator:
+    """`save` / `_from_archive` of a map over a predictor that may itself be a calibrator
+    (the conformal predictors, `peg.LabelShift`): the inner calibrator's entry is saved under
+    `"inner"`, its arrays under `inner/`, and `peg.load` rebuilds both."""
+
+    # ---------------------------------------------------------------- persistence
+    def save(self, path: str | os.PathLike[str]) -> str:
+        """Write the predictor's ensemble with the fitted map (and the calibrator under it, if
+        any); `peg.load(path, model)` gives this fitted predictor back."""
+        self._check_fitted()
+        entry, tensors = self._archived(), dict(self._tensors())
+        base = self.predictor_
+        if isinstance(base, Calibrator):
+            entry["inner"] = base._archived()
+            tensors |= {INNER + k: v for k, v in base._tensors().items()}
+            base = base.predictor_
+        return self._write(path, base, entry, tensors)  # type: ignore[attr-defined]
+
+    @classmethod
+    def _from_archive(
+        cls,
+        ensemble: Ensemble,
+        calibration: dict[str, Any],
+        tensors: Mapping[str, Tensor] | None = None,
+    ) -> Any:
+        """The fitted predictor around a loaded ensemble (and its inner calibrator)."""
+        tensors = dict(tensors or {})
+        predictor: Any = ensemble
+        inner = calibration.get("inner")
+        if inner is not None:
+            if not isinstance(inner, dict) or inner.get("method") in (None, cls.method):
+                raise ArchiveError(f"calibration: inner must be a calibrator entry, got {inner!r}")
+            own = {k[len(INNER) :]: v for k, v in tensors.items() if k.startswith(INNER)}
+            predictor = calibrator_for(inner)(ensemble, inner, own)
+        fitted = cls._unfitted(calibration)
+        state = fitted._restore(calibration, tensors)
+        fitted._set_fitted(predictor, {**state, "scores_": "log_probs"})
+        return fitted
+
+
+class ConformalBase(WrapsCalibrator, Calibrator):
     """A `Calibrator` whose map is the identity: the predictor's outputs pass through."""
 
     def member_logits(
@@ -81,40 +121,6 @@ class ConformalBase(Calibrator):
         self._check_fitted()
         base = self.predictor_  # an nn.Module is one member (a Sequential's len is its layers)
         return len(base) if hasattr(base, "member_logits") and hasattr(base, "__len__") else 1
-
-    # ---------------------------------------------------------------- persistence
-    def save(self, path: str | os.PathLike[str]) -> str:
-        """Write the predictor's ensemble with the fitted quantiles (and the calibrator under
-        it, if any); `peg.load(path, model)` gives this conformal predictor back."""
-        self._check_fitted()
-        entry, tensors = self._archived(), dict(self._tensors())
-        base = self.predictor_
-        if isinstance(base, Calibrator):
-            entry["inner"] = base._archived()
-            tensors |= {INNER + k: v for k, v in base._tensors().items()}
-            base = base.predictor_
-        return self._write(path, base, entry, tensors)
-
-    @classmethod
-    def _from_archive(
-        cls,
-        ensemble: Ensemble,
-        calibration: dict[str, Any],
-        tensors: Mapping[str, Tensor] | None = None,
-    ) -> Any:
-        """The fitted conformal predictor around a loaded ensemble (and its inner calibrator)."""
-        tensors = dict(tensors or {})
-        predictor: Any = ensemble
-        inner = calibration.get("inner")
-        if inner is not None:
-            if not isinstance(inner, dict) or inner.get("method") in (None, cls.method):
-                raise ArchiveError(f"calibration: inner must be a calibrator entry, got {inner!r}")
-            own = {k[len(INNER) :]: v for k, v in tensors.items() if k.startswith(INNER)}
-            predictor = calibrator_for(inner)(ensemble, inner, own)
-        fitted = cls._unfitted(calibration)
-        state = fitted._restore(calibration, tensors)
-        fitted._set_fitted(predictor, {**state, "scores_": "log_probs"})
-        return fitted
 
 
 class CachedLogits:

@@ -12,7 +12,7 @@ scores and the quantile are `peg.methods._conformal`'s.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -36,6 +36,12 @@ from peg.methods._conformal import (
     quantile_rank,
 )
 from peg.methods._conformal_base import ConformalBase, known_rows
+from peg.methods._conformal_shift import (
+    check_shift,
+    check_target,
+    covariate_sets,
+    fit_shifted,
+)
 from peg.methods._predictors import check_predictor
 from peg.methods.base import store_arguments
 from peg.metrics._inputs import check_labels
@@ -58,9 +64,20 @@ class ConformalClassifier(ConformalBase):
             coverage 1 − α in expectation and smaller sets; the draws come from `seed`.
         seed: the random stream of the randomised scores (calibration and each `predict_set`
             call start from it, so a prediction is reproducible for the same rows in order).
+        shift: None (exchangeable data), "covariate" or "label": weighted split conformal for
+            a deployment whose inputs (covariate shift, Tibshirani et al. 2019) or class priors
+            (label shift, Podkopaev & Ramdas 2021) differ from the calibration data's; `fit`
+            then needs `target=` unlabelled deployment inputs (`peg.methods._conformal_shift`;
+            docs/shift.md says when the guarantee holds). Label shift reads `val` a second
+            time, to fit `peg.LabelShift` (EM after BCTS) for the priors (`priors_`).
+        features: what the covariate-shift domain classifier reads: "penultimate" (the
+            model's trunk; the logits, with a warning, for a model without one), "logits"
+            (log p̄) or "inputs" (flattened).
+        n_folds: the domain classifier's cross-fitting folds.
         batch_size, batch_fn: how the predictor reads data (`peg.batches`).
 
-    After `fit(predictor, val)`: `quantile_` (q̂, a float, or `[C]` per class),
+    After `fit(predictor, val)`: `quantile_` (q̂, a float, or `[C]` per class; label shift:
+    `[C]` per candidate class; covariate shift: None, the threshold is per test point),
     `n_calib_`, `n_classes_`, `predictor_`, `meta_`; `predict_set(X) -> bool [N, C]`;
     `member_logits` / `predict_proba` / `predict` are the predictor's; `save(path)` /
     `peg.load(path, model)` as every calibrator.
@@ -79,6 +96,9 @@ class ConformalClassifier(ConformalBase):
         lam: float = 0.01,
         randomized: bool = False,
         seed: int = 0,
+        shift: str | None = None,
+        features: str = "penultimate",
+        n_folds: int = 5,
         batch_size: int = 512,
         batch_fn: BatchFn | None = None,
     ) -> None:
@@ -101,6 +121,9 @@ class ConformalClassifier(ConformalBase):
         if not lam_ok or not math.isfinite(self.lam) or self.lam < 0:
             raise ValueError(f"lam: expected a finite number >= 0, got {self.lam!r}")
         check_seed(self.seed)
+        check_shift(self.shift, self.features, self.n_folds)
+        if self.shift is not None and self.class_conditional:
+            raise ValueError("class_conditional: not available with shift (one weighting)")
         super()._check_params()
 
     # ---------------------------------------------------------------- scores
@@ -119,35 +142,30 @@ class ConformalClassifier(ConformalBase):
 
     # ---------------------------------------------------------------- fitting
     def fit(
-        self, predictor: Any, val: Data | None = None, *, bn_data: Data | None = None
+        self,
+        predictor: Any,
+        val: Data | None = None,
+        *,
+        target: Data | None = None,
+        bn_data: Data | None = None,
     ) -> ConformalClassifier:
         """Fit q̂ on labelled calibration data `val` ((X, y), Dataset or DataLoader), read
-        once (one score per point is kept); returns self. `bn_data` is unused."""
+        once (one score per point is kept); returns self. `target`: unlabelled deployment
+        inputs, with `shift` only. `bn_data` is unused."""
         self._check_params()
         check_predictor(predictor)
         if val is None:
             raise ValueError("val: conformal prediction needs labelled calibration data (X, y)")
+        check_target(self.shift, target, val)
+        if self.shift is not None:
+            self._set_fitted(predictor, fit_shifted(self, predictor, val, target))
+            return self
         rows = known_rows(val)
         if rows is not None:  # too few points: said before reading them
             quantile_rank(rows, float(self.alpha))
-        u = self._stream(0)
-        scores, labels, classes = [], [], None
         size = int(self.batch_size)
-        for logits, y in labelled_batches(predictor, val, size, self.batch_fn, "val"):
-            if logits.ndim != 3 or (classes is not None and logits.shape[-1] != classes):
-                raise ValueError(
-                    f"predictor: expected member logits [M, B, {classes or 'C'}], got "
-                    f"{tuple(logits.shape)}"
-                )
-            classes = logits.shape[-1]
-            y = check_labels(y, logits.shape[1], classes, "val labels", logits.device)
-            probs, draws = self._probs_and_draws(logits, u, "val")
-            every = class_scores(probs, self.score, int(self.k_reg), float(self.lam), draws)
-            s = every.gather(1, y[:, None])[:, 0]
-            scores.append(s.cpu())
-            labels.append(y.cpu())
-        assert classes is not None
-        score, y = torch.cat(scores), torch.cat(labels)
+        batches = labelled_batches(predictor, val, size, self.batch_fn, "val")
+        score, y, classes = self.label_scores(batches)
         self._set_fitted(
             predictor,
             {
@@ -158,6 +176,27 @@ class ConformalClassifier(ConformalBase):
             },
         )
         return self
+
+    def label_scores(self, batches: Iterable[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor, int]:
+        """The scores of the labels `[n]` (float64, CPU), the labels `[n]` and the number of
+        classes, from `(member logits [M, B, C], labels [B])` batches of calibration data."""
+        u = self._stream(0)
+        scores, labels, classes = [], [], None
+        for logits, y in batches:
+            if logits.ndim != 3 or (classes is not None and logits.shape[-1] != classes):
+                raise ValueError(
+                    f"predictor: expected member logits [M, B, {classes or 'C'}], got "
+                    f"{tuple(logits.shape)}"
+                )
+            classes = logits.shape[-1]
+            y = check_labels(y, logits.shape[1], classes, "val labels", logits.device)
+            probs, draws = self._probs_and_draws(logits, u, "val")
+            every = class_scores(probs, self.score, int(self.k_reg), float(self.lam), draws)
+            scores.append(every.gather(1, y[:, None])[:, 0].cpu())
+            labels.append(y.cpu())
+        if classes is None:
+            raise ValueError("val: no calibration points (0 samples)")
+        return torch.cat(scores), torch.cat(labels), classes
 
     def _quantiles(self, score: Tensor, y: Tensor, classes: int) -> float | Tensor:
         alpha = float(self.alpha)
@@ -194,6 +233,11 @@ class ConformalClassifier(ConformalBase):
         """`logits [M, B, C] -> sets [B, C]` for consecutive batches, drawing the randomised
         scores in row order as `predict_set` does (what `peg.evaluate` streams)."""
         self._check_fitted()
+        if self.shift == "covariate":
+            raise TypeError(
+                "shift='covariate': a set's threshold depends on the input's weight, not on its "
+                "logits alone; use predict_set(X)"
+            )
         u = self._stream(1)
         return lambda logits: self.sets_of(logits, u)
 
@@ -201,6 +245,8 @@ class ConformalClassifier(ConformalBase):
         self, X: Data, batch_size: int | None = None, batch_fn: BatchFn | None = None
     ) -> Tensor:
         """Prediction sets `[N, C]` bool: `sets[n, c]` says class c is in the set of row n."""
+        if self.shift == "covariate":
+            return covariate_sets(self, X, batch_size, batch_fn)
         make = self.sets_fn()
         return torch.cat([make(b) for b in self._batches(X, batch_size, batch_fn)])
 
@@ -208,12 +254,17 @@ class ConformalClassifier(ConformalBase):
     def _entry(self) -> dict[str, Any]:
         q = self.quantile_
         return {
-            "quantile": None if isinstance(q, Tensor) else float(q),
+            "quantile": None if q is None or isinstance(q, Tensor) else float(q),
             "n_calib": int(self.n_calib_),
             "n_classes": int(self.n_classes_),
         }
 
     def _tensors(self) -> dict[str, Tensor]:
+        if self.shift == "covariate":
+            raise TypeError(
+                "save: a covariate-shift conformal predictor holds a domain classifier, which "
+                "peg does not save yet; refit it from the calibration and target data"
+            )
         q = self.quantile_
         return {"quantiles": q} if isinstance(q, Tensor) else {}
 
@@ -222,7 +273,7 @@ class ConformalClassifier(ConformalBase):
         if not all(isinstance(v, int) and v >= 1 for v in (n, c)):
             raise ArchiveError(f"calibration: bad n_calib / n_classes {n!r} / {c!r}")
         q: Any = entry.get("quantile")
-        if self.class_conditional:
+        if self.class_conditional or self.shift == "label":
             q = stored(tensors, "quantiles", (c,))
         elif not isinstance(q, (int, float)) or isinstance(q, bool) or not math.isfinite(q):
             raise ArchiveError(f"calibration: expected a finite quantile, got {q!r}")

@@ -12,12 +12,13 @@ residual |y − μ| (intervals of one width everywhere) or the normalised residu
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from peg._features import Features
 from peg._inputs import Data
 from peg.batches import BatchFn
 from peg.errors import ArchiveError
@@ -29,6 +30,13 @@ from peg.methods._conformal import (
     quantile_rank,
 )
 from peg.methods._conformal_base import ConformalBase, known_rows
+from peg.methods._conformal_shift import (
+    check_shift,
+    check_target,
+    fit_weights,
+    joint_batches,
+    weighted_thresholds,
+)
 from peg.methods._predictors import check_predictor
 from peg.methods.base import store_arguments
 from peg.metrics.regression import moment_match, split_gaussian
@@ -48,6 +56,11 @@ def mean_and_std(outputs: Tensor) -> tuple[Tensor, Tensor]:
     return mu, var.sqrt()
 
 
+def _mean_outputs(outputs: Tensor) -> Tensor:
+    """The members' mean outputs `[B, 2]`: a regressor's "logits" features."""
+    return outputs.double().mean(0)
+
+
 class ConformalRegressor(ConformalBase):
     """Split conformal prediction intervals for a Gaussian-head regressor or ensemble.
 
@@ -55,9 +68,16 @@ class ConformalRegressor(ConformalBase):
         alpha: the miscoverage level in (0, 1): intervals hold y with probability >= 1 − α.
         score: "absolute" (|y − μ|: one width everywhere) or "normalized" (|y − μ| / σ, σ the
             mixture's predictive std: adaptive widths).
+        shift: None (exchangeable data) or "covariate": weighted split conformal (Tibshirani
+            et al. 2019) for deployment inputs that differ from the calibration data's; `fit`
+            then needs `target=` unlabelled deployment inputs, and each interval's q̂ depends
+            on its input's likelihood ratio (`peg.methods._conformal_shift`).
+        features, n_folds: the covariate-shift domain classifier's inputs ("penultimate",
+            "logits": the mean outputs, "inputs") and cross-fitting folds.
         batch_size, batch_fn: how the predictor reads data (`peg.batches`).
 
-    After `fit(predictor, val)` (float targets): `quantile_` (q̂), `n_calib_`;
+    After `fit(predictor, val)` (float targets): `quantile_` (q̂; None under covariate shift),
+    `n_calib_`;
     `predict_interval(X) -> [N, 2]` (lower, upper), `predict(X) -> [N]` (μ);
     `member_logits` is the predictor's; `save(path)` / `peg.load(path, model)`.
     """
@@ -70,6 +90,9 @@ class ConformalRegressor(ConformalBase):
         *,
         alpha: float = 0.1,
         score: str = "normalized",
+        shift: str | None = None,
+        features: str = "penultimate",
+        n_folds: int = 5,
         batch_size: int = 512,
         batch_fn: BatchFn | None = None,
     ) -> None:
@@ -79,23 +102,59 @@ class ConformalRegressor(ConformalBase):
         check_alpha(self.alpha)
         if self.score not in REG_SCORES:
             raise ValueError(f"score: expected one of {list(REG_SCORES)}, got {self.score!r}")
+        if self.shift == "label":
+            raise ValueError("shift: 'label' is for classes; regression takes None or 'covariate'")
+        check_shift(self.shift, self.features, self.n_folds)
         super()._check_params()
 
     def fit(
-        self, predictor: Any, val: Data | None = None, *, bn_data: Data | None = None
+        self,
+        predictor: Any,
+        val: Data | None = None,
+        *,
+        target: Data | None = None,
+        bn_data: Data | None = None,
     ) -> ConformalRegressor:
         """Fit q̂ on calibration data `val` (X, y) with float targets y, read once; returns
-        self. `bn_data` is unused."""
+        self. `target`: unlabelled deployment inputs, with `shift` only. `bn_data` is unused."""
         self._check_params()
         check_predictor(predictor)
         if val is None:
             raise ValueError("val: conformal regression needs calibration data (X, y)")
+        check_target(self.shift, target, val)
         rows = known_rows(val)
-        if rows is not None:
+        if rows is not None and self.shift is None:
             quantile_rank(rows, float(self.alpha))
-        scores = []
         size = int(self.batch_size)
-        for outputs, y in labelled_batches(predictor, val, size, self.batch_fn, "val"):
+        if self.shift == "covariate":
+            features = Features(predictor, self.features, _mean_outputs)
+            kept: list[Tensor] = []
+            batches = self._kept(predictor, val, size, features, kept)
+            score = self._scores(batches)
+            state = fit_weights(predictor, target, score, torch.cat(kept), features, self)
+            self._set_fitted(predictor, state)
+            return self
+        score = self._scores(labelled_batches(predictor, val, size, self.batch_fn, "val"))
+        q = conformal_quantile(score, float(self.alpha))
+        self._set_fitted(
+            predictor, {"quantile_": q, "n_calib_": len(score), "scores_": "log_probs"}
+        )
+        return self
+
+    def _kept(
+        self, predictor: Any, val: Data, size: int, features: Features, kept: list[Tensor]
+    ) -> Iterator[tuple[Tensor, Tensor]]:
+        for outputs, y, f in joint_batches(
+            predictor, val, size, self.batch_fn, features, "val", True
+        ):
+            assert y is not None and f is not None
+            kept.append(f)
+            yield outputs, y
+
+    def _scores(self, batches: Iterable[tuple[Tensor, Tensor]]) -> Tensor:
+        """The calibration scores `[n]` float64 of `(outputs [M, B, 2], y [B])` batches."""
+        scores = []
+        for outputs, y in batches:
             if not torch.is_floating_point(y):
                 raise ValueError(
                     f"val: conformal regression needs float targets, got {y.dtype} labels "
@@ -107,12 +166,9 @@ class ConformalRegressor(ConformalBase):
                 s = s / std
             check_scores(s, "val")
             scores.append(s.cpu())
-        score = torch.cat(scores)
-        q = conformal_quantile(score, float(self.alpha))
-        self._set_fitted(
-            predictor, {"quantile_": q, "n_calib_": len(score), "scores_": "log_probs"}
-        )
-        return self
+        if not scores:
+            raise ValueError("val: no calibration points (0 samples)")
+        return torch.cat(scores)
 
     def predict_interval(
         self, X: Data, batch_size: int | None = None, batch_fn: BatchFn | None = None
@@ -120,9 +176,23 @@ class ConformalRegressor(ConformalBase):
         """Intervals `[N, 2]` float64: (μ − q̂·w, μ + q̂·w), w = 1 or σ."""
         self._check_fitted()
         parts = []
-        for outputs in self._batches(X, batch_size, batch_fn):
+        if self.shift == "covariate":
+            size = int(self.batch_size if batch_size is None else batch_size)
+            split = self.batch_fn if batch_fn is None else batch_fn
+            features = Features(self.predictor_, self.features_, _mean_outputs)
+            batches = joint_batches(self.predictor_, X, size, split, features, "X", False)
+        else:
+            batches = ((outputs, None, None) for outputs in self._batches(X, batch_size, batch_fn))
+        for outputs, _, f in batches:
             mu, std = mean_and_std(outputs)
-            half = self.quantile_ * (std if self.score == "normalized" else torch.ones_like(mu))
+            q: Any = self.quantile_
+            if f is not None:
+                w = torch.from_numpy(self.domain_(f.numpy()))
+                q = weighted_thresholds(
+                    self.calib_scores_, self.calib_weights_, w, float(self.alpha)
+                )
+                q = q.to(mu.device)
+            half = q * (std if self.score == "normalized" else torch.ones_like(mu))
             parts.append(torch.stack([mu - half, mu + half], dim=-1))
         return torch.cat(parts)
 
@@ -132,7 +202,16 @@ class ConformalRegressor(ConformalBase):
 
     # ---------------------------------------------------------------- persistence
     def _entry(self) -> dict[str, Any]:
-        return {"quantile": float(self.quantile_), "n_calib": int(self.n_calib_)}
+        q = None if self.quantile_ is None else float(self.quantile_)
+        return {"quantile": q, "n_calib": int(self.n_calib_)}
+
+    def _tensors(self) -> dict[str, Tensor]:
+        if self.shift == "covariate":
+            raise TypeError(
+                "save: a covariate-shift conformal predictor holds a domain classifier, which "
+                "peg does not save yet; refit it from the calibration and target data"
+            )
+        return {}
 
     def _restore(self, entry: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> dict[str, Any]:
         q, n = entry.get("quantile"), entry.get("n_calib")

@@ -22,7 +22,7 @@ probabilities); `y` is integer labels `[N]`. Tensors or numpy arrays.
   `coverage`, `mean_size`, `size_stratified_coverage`, `class_coverage`,
   `worst_class_coverage`, `conformal_metrics(sets, y, metrics)` (`CONFORMAL_METRICS`).
 - OOD detection (`peg.metrics.ood`; higher score = more likely OOD, OOD is the positive class):
-  scores `max_softmax`, `max_logit`, `entropy`, `mutual_information`, `variation_ratio`;
+  scores `max_softmax`, `max_logit`, `energy`, `entropy`, `mutual_information`, `variation_ratio`;
   metrics `auroc`, `aupr`, `fpr_at_tpr`, `ood_metrics(pred_in, pred_out, score)`.
 """
 
@@ -73,6 +73,7 @@ from peg.metrics.ood import (
     OOD_SCORES,
     aupr,
     auroc,
+    energy,
     entropy,
     fpr_at_tpr,
     max_logit,
@@ -120,6 +121,7 @@ __all__ = [
     "conformal_metrics",
     "coverage",
     "ece",
+    "energy",
     "ensemble_log_probs",
     "ensemble_probs",
     "entropy",

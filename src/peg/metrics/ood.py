@@ -9,6 +9,7 @@ Scores take `pred`, probabilities `[N, C]` or member logits `[M, N, C]` (as ever
 
 - `max_softmax`: minus the largest predictive probability, -max_c p̄_c (negated MSP).
 - `max_logit`: minus the largest mean logit, -max_c (1/M) Σ_m z_mc; needs logits.
+- `energy`: the free energy -logsumexp_c z_c (Liu et al. 2020), the members' mean; needs logits.
 - `entropy`: predictive entropy H[p̄] (nats) of the averaged distribution.
 - `mutual_information`: H[p̄] - (1/M) Σ_m H[p_m] (epistemic part); needs members.
 - `variation_ratio`: 1 - (votes for the modal class) / M; needs members.
@@ -42,6 +43,7 @@ __all__ = [
     "OOD_SCORES",
     "aupr",
     "auroc",
+    "energy",
     "entropy",
     "fpr_at_tpr",
     "max_logit",
@@ -104,6 +106,22 @@ def max_logit(pred: Any) -> Tensor:
     return -z.mean(0).max(-1).values
 
 
+def energy(pred: Any) -> Tensor:
+    """Free energy (Liu et al. 2020, T = 1), `[N]`: E(x) = -log Σ_c exp z_c.
+
+    Args:
+        pred: member logits `[M, N, C]` (a single model: `[1, N, C]`). Probabilities `[N, C]`
+            are an error: the score reads the logits' scale, which softmax removes.
+
+    Returns:
+        -(1/M) Σ_m logsumexp_c z_mnc `[N]` float64: the members' energies averaged (for one
+        model, Liu et al.'s score); higher (a smaller logsumexp) = more likely OOD. Like
+        `max_logit`, it depends on each member's logit offset.
+    """
+    z = _members(pred, "pred", "energy")
+    return -z.double().logsumexp(-1).mean(0)
+
+
 def entropy(pred: Any) -> Tensor:
     """Predictive entropy H[p̄] = -Σ_c p̄_c log p̄_c in nats, `[N]` in [0, log C].
 
@@ -155,6 +173,7 @@ def variation_ratio(pred: Any) -> Tensor:
 
 
 OOD_SCORES: dict[str, Callable[[Any], Tensor]] = {
+    "energy": energy,
     "entropy": entropy,
     "max_softmax": max_softmax,
     "max_logit": max_logit,
@@ -163,7 +182,7 @@ OOD_SCORES: dict[str, Callable[[Any], Tensor]] = {
 }
 """Score functions by name, as accepted by `ood_metrics(score=...)`."""
 
-_NEEDS_MEMBERS = frozenset({"max_logit", "mutual_information", "variation_ratio"})
+_NEEDS_MEMBERS = frozenset({"energy", "max_logit", "mutual_information", "variation_ratio"})
 
 # --- metrics --------------------------------------------------------------------------------
 
@@ -270,8 +289,8 @@ def ood_metrics(pred_in: Any, pred_out: Any, score: str = "entropy") -> dict[str
         pred_in: in-distribution predictions, probabilities `[N_in, C]` or member logits
             `[M, N_in, C]`.
         pred_out: OOD predictions, `[N_out, C]` or `[M', N_out, C]` (same C).
-        score: a name in `OOD_SCORES`: "entropy", "max_softmax", "max_logit",
-            "mutual_information" or "variation_ratio" (the last three need member logits).
+        score: a name in `OOD_SCORES`: "entropy", "max_softmax", "max_logit", "energy",
+            "mutual_information" or "variation_ratio" (all but the first two need logits).
 
     Returns:
         {"auroc", "aupr_out" (OOD positive), "aupr_in" (in-distribution positive),

@@ -32,8 +32,9 @@ from peg.apps.compare.methods import options, resolve
 from peg.apps.compare.report import TEST, Comparison, check_shown, column
 from peg.apps.compare.state import State, fingerprint
 from peg.apps.conformal import ConformalSpec, parse_conformal, scorer
-from peg.apps.scores import labelled_metrics, ood_detection
+from peg.apps.scores import labelled_metrics, ood_detection, scored_detection
 from peg.batches import BatchFn, check_batch_fn
+from peg.detectors import DETECTOR_SCORES, OODDetector
 from peg.methods._perturb import MAX_SCORE_POINTS
 from peg.metrics.ood import OOD_SCORES
 
@@ -78,7 +79,10 @@ def compare(
             `skipped` otherwise) and "Last-layer PEG".
         shifted: labelled shifted sets, `{name: data}` (one set alone is named "shifted").
         ood: out-of-distribution inputs, `{name: data}` (labels, if any, are ignored; one set
-            alone is named "ood"); scored by `ood_score` against the test set.
+            alone is named "ood"); scored by `ood_score` against the test set: a score of the
+            logits (`peg.metrics.ood.OOD_SCORES`), or "mahalanobis" / "knn", a
+            `peg.OODDetector` fitted on `val` for each method (on its model's penultimate
+            features, so rows over the same model differ only where the model does).
         seed: every method's seed.
         batch_size, batch_fn: rows per forward pass; how to split loader batches.
         bins: ECE and reliability bins.
@@ -124,8 +128,10 @@ def compare(
     shown = check_shown(metrics)
     if not isinstance(overwrite, bool):
         raise TypeError(f"overwrite: expected True or False, got {overwrite!r}")
-    if ood_score not in OOD_SCORES:
-        raise ValueError(f"ood_score: expected one of {list(OOD_SCORES)}, got {ood_score!r}")
+    if ood_score not in (*OOD_SCORES, *DETECTOR_SCORES):
+        raise ValueError(
+            f"ood_score: expected one of {[*OOD_SCORES, *DETECTOR_SCORES]}, got {ood_score!r}"
+        )
     labelled = {"val": _labelled(val, "val"), TEST: _labelled(test, TEST)}
     for name, data in _named(shifted, "shifted").items():
         labelled[name] = _labelled(data, f"shifted[{name!r}]")
@@ -139,6 +145,7 @@ def compare(
     registry.check_all(((s.name, s.method, options(s, batch_size, batch_fn)) for s in specs), check)
     val = labelled.pop("val")
     evaluation = Evaluation(model, labelled, unlabelled, batch_size, batch_fn, bins, ood_score)
+    evaluation.val = val  # what a feature OOD detector ("mahalanobis", "knn") is fitted on
     evaluation.conformal = parse_conformal(conformal, "conformal", [s.name for s in specs])
 
     run_key = {"seed": seed, "batch_size": batch_size, "bins": bins, "ood_score": ood_score,
@@ -187,6 +194,7 @@ class Evaluation:
         self.curves: dict[str, dict[str, dict[str, Tensor]]] = {n: {} for n in labelled}
         self.sizes: dict[str, tuple[int, str]] = {}
         self.conformal: ConformalSpec | None = None
+        self.val: Data = None
 
     def __call__(self, spec: MethodSpec, predictor: Any) -> dict[str, Any]:
         size = held_bytes(predictor)
@@ -215,10 +223,19 @@ class Evaluation:
                 }
             curves[name] = metrics.reliability(logits, y, self.bins)
         assert test_logits is not None
+        detector = None
+        if self.ood_score in DETECTOR_SCORES and self.unlabelled:  # per predictor: its model
+            detector = OODDetector(score=self.ood_score, batch_size=self.batch_size,
+                                   batch_fn=self.batch_fn).fit(predictor, self.val)  # fmt: skip
+            scores_in = detector.ood_score(self.labelled[TEST])
         for name, data in self.unlabelled.items():
             logits = distributed.member_logits(predictor, data, self.batch_size, self.batch_fn)
             sizes[name] = (logits.shape[1], "ood")
-            scores = ood_detection(test_logits, logits, self.ood_score)
+            scores = (
+                ood_detection(test_logits, logits, self.ood_score)
+                if detector is None
+                else scored_detection(scores_in, detector.ood_score(data))
+            )
             row |= {column(k, name): v for k, v in scores.items()}
         self.restore(spec.name, curves, sizes)  # kept once the whole row is made
         return row

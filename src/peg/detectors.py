@@ -1,0 +1,143 @@
+"""OOD detectors that read features: Mahalanobis distance to the nearest class mean under a
+tied covariance (Lee et al. 2018) and the distance to the k-th nearest validation point on
+normalised features (Sun et al. 2022), fitted on (labelled) validation data.
+
+`OODDetector(score="mahalanobis" | "knn").fit(predictor, val)` reads `val` once through the
+predictor's model (`peg._features`: the penultimate features by default) and keeps the class
+means `[C, D]` and the precision `[D, D]` (Mahalanobis) or the normalised features `[N, D]`
+(k-NN, the bank); `ood_score(X)` `[N]` float64 follows `peg.metrics.ood`'s sign: higher = more
+likely OOD, so its output goes straight into `peg.metrics.ood.auroc(in, out)`.
+
+What is left out of the papers: Lee et al.'s input preprocessing and their ensemble of layers
+(one layer here, the penultimate), Sun et al.'s contrastive training (any model here).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from peg._features import Features, check_features
+from peg._inputs import Data
+from peg._scalars import check_positive_int
+from peg.batches import BatchFn, check_batch_fn
+from peg.errors import NotFittedError
+from peg.methods._conformal_shift import joint_batches
+from peg.methods._predictors import check_predictor
+from peg.methods.base import Method, store_arguments
+from peg.metrics._inputs import check_labels
+
+DETECTOR_SCORES = ("mahalanobis", "knn")
+
+
+class OODDetector(Method):
+    """An OOD detector on a predictor's features, fitted on validation data.
+
+    Args:
+        score: "mahalanobis" (min over classes of the Mahalanobis distance to the class mean,
+            shared covariance: needs labels) or "knn" (Euclidean distance to the k-th nearest
+            validation point, features L2-normalised; labels unused).
+        k: the neighbour whose distance is the k-NN score (at most the validation points).
+        features: "penultimate" (the model's trunk; the logits, with a warning, for a model
+            without one), "logits" (log p̄) or "inputs".
+        ridge: added to the covariance's diagonal, times its mean variance, before inverting.
+        batch_size, batch_fn: how the predictor reads data (`peg.batches`).
+
+    After `fit(predictor, val)`: `means_` `[C, D]` and `precision_` `[D, D]` (Mahalanobis) or
+    `bank_` `[N, D]` (k-NN), `features_` (what was read), `n_fit_`; `ood_score(X)` `[N]`.
+    """
+
+    def __init__(
+        self,
+        *,
+        score: str = "mahalanobis",
+        k: int = 50,
+        features: str = "penultimate",
+        ridge: float = 1e-6,
+        batch_size: int = 512,
+        batch_fn: BatchFn | None = None,
+    ) -> None:
+        store_arguments(self, locals())
+
+    def _check_params(self) -> None:
+        if self.score not in DETECTOR_SCORES:
+            raise ValueError(f"score: expected one of {list(DETECTOR_SCORES)}, got {self.score!r}")
+        check_positive_int(self.k, "k")
+        check_features(self.features)
+        ok = isinstance(self.ridge, (int, float)) and not isinstance(self.ridge, bool)
+        if not ok or not self.ridge >= 0:
+            raise ValueError(f"ridge: expected a number >= 0, got {self.ridge!r}")
+        check_positive_int(self.batch_size, "batch_size")
+        check_batch_fn(self.batch_fn)
+
+    def fit(self, predictor: Any, val: Data | None = None) -> OODDetector:
+        """Fit on validation data `val` ((X, y), a Dataset or a DataLoader; k-NN also takes
+        inputs without labels); returns self."""
+        self._check_params()
+        check_predictor(predictor)
+        if val is None:
+            raise ValueError("val: an OOD detector is fitted on validation data")
+        labelled = self.score == "mahalanobis"
+        features = Features(predictor, self.features)
+        size, split = int(self.batch_size), check_batch_fn(self.batch_fn)
+        feats, labels, classes = [], [], 0
+        for logits, y, f in joint_batches(predictor, val, size, split, features, "val", labelled):
+            assert f is not None
+            classes = logits.shape[-1]
+            feats.append(f)
+            if y is not None:
+                labels.append(check_labels(y, len(f), classes, "val labels").cpu())
+        if not feats:
+            raise ValueError("val: no points (0 samples)")
+        f = torch.cat(feats)
+        state: dict[str, Any] = {"features_": features.kind_, "n_fit_": len(f)}
+        if labelled:
+            state |= _gaussian(f, torch.cat(labels), classes, float(self.ridge))
+        else:
+            if int(self.k) > len(f):
+                raise ValueError(f"k: {self.k} neighbours, but val has only {len(f)} points")
+            state["bank_"] = _normalised(f)
+        self.__dict__.update(state)
+        self.predictor_ = predictor  # last: its presence says the detector is fitted
+        return self
+
+    @torch.no_grad()
+    def ood_score(self, X: Data, batch_size: int | None = None) -> Tensor:
+        """OOD scores `[N]` float64 of inputs `X` (higher = more likely OOD)."""
+        if "predictor_" not in self.__dict__:
+            raise NotFittedError("OODDetector: call fit(predictor, val) before ood_score")
+        size = int(self.batch_size if batch_size is None else batch_size)
+        features = Features(self.predictor_, self.features_)
+        out = []
+        for _, _, f in joint_batches(self.predictor_, X, size, self.batch_fn, features, "X", False):
+            assert f is not None
+            out.append(self._score(f))
+        return torch.cat(out)
+
+    def _score(self, f: Tensor) -> Tensor:
+        if self.score == "knn":
+            d = torch.cdist(_normalised(f), self.bank_)
+            return d.topk(int(self.k), dim=1, largest=False).values[:, -1]
+        # (f − μ)ᵀ P (f − μ) expanded: [B, C] without a [B, C, D] difference
+        fp, mp = f @ self.precision_, self.means_ @ self.precision_
+        d = (fp * f).sum(1, keepdim=True) - 2 * fp @ self.means_.T + (mp * self.means_).sum(1)
+        return d.min(1).values
+
+
+def _normalised(f: Tensor) -> Tensor:
+    return f / f.norm(dim=1, keepdim=True).clamp_min(1e-12)
+
+
+def _gaussian(f: Tensor, y: Tensor, classes: int, ridge: float) -> dict[str, Tensor]:
+    """Class means `[C, D]` and the precision of the tied covariance `[D, D]` (Lee et al.:
+    Σ = (1/N) Σᵢ (fᵢ − μ_yᵢ)(fᵢ − μ_yᵢ)ᵀ), the means of classes absent from `val` left out."""
+    counts = torch.bincount(y, minlength=classes)
+    present = torch.nonzero(counts > 0)[:, 0]
+    sums = torch.zeros(classes, f.shape[1], dtype=f.dtype).index_add_(0, y, f)
+    means = sums / counts.clamp_min(1)[:, None]
+    centred = f - means[y]
+    cov = centred.T @ centred / len(f)
+    cov = cov + ridge * float(cov.diagonal().mean().clamp_min(1e-12)) * torch.eye(len(cov)).to(cov)
+    return {"means_": means[present], "precision_": torch.linalg.pinv(cov, hermitian=True)}

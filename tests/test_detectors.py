@@ -1,0 +1,120 @@
+"""`peg.OODDetector` (Mahalanobis, Lee et al. 2018; k-NN, Sun et al. 2022) against direct
+NumPy / scikit-learn computations, on its own and as `peg.compare(..., ood_score=...)`."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from sklearn.neighbors import NearestNeighbors
+from torch import nn
+
+import peg
+from bad_inputs import raises_test
+from peg.metrics.ood import auroc
+
+from conftest import moons, overfit
+
+
+def _blobs(n: int, seed: int, shift: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Three Gaussian classes in 3-D, moved by `shift` along every axis."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, n)
+    x = np.array([[0, 0, 0], [3, 0, 1], [0, 3, -1]])[y] + rng.standard_normal((n, 3)) + shift
+    return torch.tensor(x, dtype=torch.float32), torch.tensor(y)
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, 16), nn.ReLU(), nn.Linear(16, 3)).eval()
+
+
+VAL, TEST = _blobs(400, 0), _blobs(200, 1)
+FAR = _blobs(200, 2, shift=-6.0)[0]  # away from every class (k-NN reads directions only)
+
+
+def test_mahalanobis_matches_numpy():
+    det = peg.OODDetector(score="mahalanobis", features="inputs", ridge=0.0).fit(_model(), VAL)
+    x, y = VAL[0].double().numpy(), VAL[1].numpy()
+    means = np.stack([x[y == c].mean(0) for c in range(3)])
+    centred = x - means[y]
+    precision = np.linalg.inv(centred.T @ centred / len(x))
+    t = TEST[0].double().numpy()
+    d = np.stack([np.einsum("nd,de,ne->n", t - m, precision, t - m) for m in means], 1)
+    np.testing.assert_allclose(det.ood_score(TEST[0]).numpy(), d.min(1), rtol=1e-8)
+    assert det.means_.shape == (3, 3) and det.features_ == "inputs"
+
+
+def test_knn_matches_sklearn():
+    det = peg.OODDetector(score="knn", k=7, features="inputs").fit(_model(), VAL[0])
+    bank = VAL[0].double().numpy()
+    bank /= np.linalg.norm(bank, axis=1, keepdims=True)
+    t = TEST[0].double().numpy()
+    t /= np.linalg.norm(t, axis=1, keepdims=True)
+    dist, _ = NearestNeighbors(n_neighbors=7).fit(bank).kneighbors(t)
+    np.testing.assert_allclose(det.ood_score(TEST[0]).numpy(), dist[:, -1], rtol=1e-8)
+
+
+@pytest.mark.parametrize("score", ["mahalanobis", "knn"])
+def test_penultimate_features_flag_far_points(score):
+    det = peg.OODDetector(score=score, k=10).fit(_model(), VAL)
+    assert det.features_ == "penultimate"
+    assert auroc(det.ood_score(TEST[0]), det.ood_score(FAR)) > 0.9
+
+
+ERROR_CASES = [
+    (
+        "OODDetector",
+        "unknown score",
+        lambda: peg.OODDetector(score="odin"),
+        ValueError,
+        "score: expected one of",
+    ),
+    ("OODDetector", "k < 1", lambda: peg.OODDetector(k=0), ValueError, "k: "),
+    (
+        "OODDetector",
+        "scores before fit",
+        lambda: peg.OODDetector().ood_score(TEST[0]),
+        peg.NotFittedError,
+        "fit",
+    ),
+    (
+        "OODDetector",
+        "k above the validation points",
+        lambda: peg.OODDetector(score="knn", k=500).fit(_model(), VAL),
+        ValueError,
+        "k: 500 neighbours, but val has only 400",
+    ),
+    (
+        "OODDetector",
+        "Mahalanobis without labels",
+        lambda: peg.OODDetector().fit(_model(), VAL[0]),
+        ValueError,
+        "labels",
+    ),
+]
+test_bad_input_raises_a_clear_error = raises_test(ERROR_CASES)
+
+
+@pytest.mark.parametrize("ood_score", ["mahalanobis", "knn", "energy"])
+def test_compare_takes_the_feature_scores(ood_score):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(2, 20), nn.ReLU(), nn.Linear(20, 2))
+    model = overfit(net, *moons(200, 0), steps=200)
+    far = torch.randn(100, 2, generator=torch.Generator().manual_seed(1)) * 5 + 8
+    done = peg.compare(model, moons(300, 1), moons(200, 2), ["TS"], ood={"far": far},
+                       ood_score=ood_score, say=None)  # fmt: skip
+    row = done.table[0]
+    assert 0 <= row["auroc (far)"] <= 1 and 0 <= row["fpr95 (far)"] <= 1
+    if ood_score != "energy":
+        assert row["auroc (far)"] > 0.9
+    with pytest.raises(ValueError, match="ood_score: expected one of"):
+        peg.compare(model, moons(300, 1), moons(200, 2), ["TS"], ood_score="odin", say=None)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_model_on_cuda_with_data_on_the_cpu():
+    for score in ("mahalanobis", "knn"):
+        a = peg.OODDetector(score=score, k=10).fit(_model().cuda(), VAL)
+        b = peg.OODDetector(score=score, k=10).fit(_model(), VAL)
+        torch.testing.assert_close(a.ood_score(FAR), b.ood_score(FAR), rtol=1e-4, atol=1e-4)
