@@ -11,8 +11,12 @@ import torch
 from sklearn.datasets import make_moons
 from torch import nn
 
+# registers `fakegpu` before autograd's engine starts (its device queues are sized then)
+from fake_gpu import fake_gpu
+
 # The test models are tiny: one thread is faster than two and immune to a busy machine.
 torch.set_num_threads(1)
+CUDA = torch.cuda.is_available()
 
 
 def run_bench(spec: Any, out: Path) -> dict[str, Any]:
@@ -80,3 +84,17 @@ def bn_net() -> BNNet:
 def _seed() -> None:
     torch.manual_seed(0)
     np.random.seed(0)
+
+
+@pytest.fixture()
+def gpu():
+    """The second device: CUDA where there is one (TF32 off), `fakegpu` elsewhere
+    (tests/fake_gpu.py: CUDA's placement rules, the CPU's numbers)."""
+    if CUDA:
+        before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        yield torch.device("cuda")
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+        return
+    with fake_gpu() as device:
+        yield device

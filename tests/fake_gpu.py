@@ -162,8 +162,15 @@ class _Mode(TorchFunctionMode):
             )
         if _is_gpu(kwargs.get("device")):
             kwargs["device"] = CPU
-            return tree_map(_wrap, func(*args, **kwargs))
+            return tree_map(_leaf, func(*args, **kwargs))
         return func(*args, **kwargs)
+
+
+def _leaf(t: Any) -> Any:
+    """A factory's result on the fake device, a leaf that requires grad if it did."""
+    if not isinstance(t, torch.Tensor) or isinstance(t, FakeGpu):
+        return t
+    return FakeGpu(t.detach(), requires_grad=t.requires_grad)
 
 
 def _move(args: Any, kwargs: Any) -> Any:

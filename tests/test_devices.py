@@ -22,24 +22,11 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import peg
-from fake_gpu import fake_gpu
 
-CUDA = torch.cuda.is_available()
+from conftest import CUDA
+
 GPU_TOL = 1e-4 if CUDA else 1e-6
 PLACEMENTS = ["cpu-data+gpu-model", "gpu-data+gpu-model", "gpu-data+cpu-model"]
-
-
-@pytest.fixture()
-def gpu():
-    """The second device: CUDA where there is one (TF32 off), `fakegpu` elsewhere."""
-    if CUDA:
-        before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-        yield torch.device("cuda")
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
-        return
-    with fake_gpu() as device:
-        yield device
 
 
 class Net(nn.Module):
