@@ -147,6 +147,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.n, args.size, args.classes = min(args.n, 64), 32, min(args.classes, 4)
     device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("benchmarks/gpu.py: no CUDA device here, nothing measured (it is for the GPU "
+              "machine; --device cpu --quick is a smoke run)")  # fmt: skip
+        return
     lines: list[str] = []
 
     def say(line: str) -> None:

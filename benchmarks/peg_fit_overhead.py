@@ -1,0 +1,71 @@
+"""PEG-15's fit over temperature scaling's where the forwards are cheap and peg's own work shows
+(issue 30): a small transformers ResNet (`benchmarks/gpu.py --quick`'s, 10 classes) on 512
+validation images at 32 px, one thread. On a GPU the forwards are cheap too, so what this
+measures is what PEG-15 spends besides them: a profile of PEG-15 on ResNet-50 on an H200 found
+2.5 of its 11.9 s in building member modules (`_strategies._member_modules`), which the loop
+now builds only for an ensemble used on many batches (`LOOP_MODULES_AFTER`).
+
+    OMP_NUM_THREADS=1 python benchmarks/peg_fit_overhead.py            # ratios in one run
+    OMP_NUM_THREADS=1 python benchmarks/peg_fit_overhead.py --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import peg
+from peg import _strategies
+from peg._env import machine
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu import build
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--n", type=int, default=512)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: one round, 256 images")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.rounds, args.n = 1, 256
+    torch.set_num_threads(1)
+    model = build("resnet50", 32, True, 10)
+    g = torch.Generator().manual_seed(0)
+    images = torch.randn(args.n, 3, 32, 32, generator=g)
+    val = (images, torch.randint(0, 10, (args.n,), generator=g))
+    after = _strategies.LOOP_MODULES_AFTER
+    runs = {
+        "TS": lambda: peg.TemperatureScaling().fit(model, val),
+        "PEG-15": lambda: peg.PEG(n_members=15, seed=0).fit(model, val),
+        "PEG-15, modules from batch 0": lambda: peg.PEG(n_members=15, seed=0).fit(model, val),
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in runs}
+    for name, run in runs.items():  # warm: the first call pays set-up
+        _strategies.LOOP_MODULES_AFTER = 0 if "batch 0" in name else after
+        run()
+    for _ in range(args.rounds):  # round robin: a slow spell touches every run of a round alike
+        for name, run in runs.items():
+            _strategies.LOOP_MODULES_AFTER = 0 if "batch 0" in name else after
+            start = time.perf_counter()
+            run()
+            seconds[name].append(time.perf_counter() - start)
+    _strategies.LOOP_MODULES_AFTER = after
+    command = shlex.join(["benchmarks/peg_fit_overhead.py", *(argv or sys.argv[1:])])
+    print(f"$ OMP_NUM_THREADS=1 python {command}")
+    print(machine())
+    ts = statistics.median(seconds["TS"])
+    for name, values in seconds.items():
+        median = statistics.median(values)
+        print(f"{name}: {median:.3f} s (median of {args.rounds}) = {median / ts:.1f} x TS")
+
+
+if __name__ == "__main__":
+    main()
