@@ -81,7 +81,7 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str
         "unknown direction",
         lambda: peg.PEG(direction="up"),
         ValueError,
-        r"direction: expected 'descent' or 'ascent'",
+        r"direction: expected one of \['descent', 'ascent'\]",
     ),
     (
         "PEG",
@@ -95,7 +95,7 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str
         "unknown search",
         lambda: peg.PEG(search="grid"),
         ValueError,
-        r"search: expected one of \('surrogate', 'golden'\)",
+        r"search: expected one of \['surrogate', 'golden'\]",
     ),
     (
         "PEG",

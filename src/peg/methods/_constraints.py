@@ -4,8 +4,8 @@ A method class declares `parameter_constraints = {name: check}`, each check a ca
 `check(value, name)` raising a ValueError (or TypeError) naming `name` and what was expected;
 `check_constraints(method, table)` runs every check on the stored arguments. Constraints
 between arguments (e.g. PEG's direction only with the vanilla variant) are plain functions of
-the method, listed beside the table. The messages are the ones the constructors raised before
-the table existed: the error table (docs/errors.md) does not change.
+the method, listed beside the table. Every message names the argument and what was expected
+(docs/errors.md lists them).
 """
 
 from __future__ import annotations
@@ -22,32 +22,11 @@ Check = Callable[[Any, str], None]
 
 
 def one_of(*choices: Any) -> Check:
-    """The value is one of `choices` (compared with ==)."""
-    shown = ", ".join(repr(c) for c in choices[:-1]) + f" or {choices[-1]!r}"
+    """The value is one of `choices`: equal and of the same type (`True` is not `1`, `"1"` not
+    `1`); the error lists them."""
 
     def check(value: Any, name: str) -> None:
         if not any(type(value) is type(c) and value == c for c in choices):
-            raise ValueError(f"{name}: expected {shown}, got {value!r}")
-
-    return check
-
-
-def member_of(choices: tuple[Any, ...]) -> Check:
-    """The value is in the tuple `choices` (named as the tuple in the error)."""
-
-    def check(value: Any, name: str) -> None:
-        if value not in choices:
-            raise ValueError(f"{name}: expected one of {choices}, got {value!r}")
-
-    return check
-
-
-def listed(choices: tuple[Any, ...]) -> Check:
-    """The value is one of `choices` (a string compared with ==, anything else by identity;
-    named as a list in the error)."""
-
-    def check(value: Any, name: str) -> None:
-        if not any(value is c or (isinstance(value, str) and value == c) for c in choices):
             raise ValueError(f"{name}: expected one of {list(choices)}, got {value!r}")
 
     return check

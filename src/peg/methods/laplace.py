@@ -55,7 +55,7 @@ from peg.loading import register_format
 from peg.methods import _laplace_state as _state
 from peg.methods import _laplace_torch as _torch
 from peg.methods import _laplace_variance as _variance
-from peg.methods._constraints import Check, check_constraints, listed, number, positive_int
+from peg.methods._constraints import Check, check_constraints, number, one_of, positive_int
 from peg.methods._laplace_torch import require_laplace
 from peg.methods.base import ModulePredictor, store_arguments
 from peg.streams import generator
@@ -138,14 +138,14 @@ class Laplace(ModulePredictor):
         store_arguments(self, locals())
 
     parameter_constraints: ClassVar[dict[str, Check]] = {
-        "subset_of_weights": listed(SUBSETS),
-        "hessian_structure": listed(STRUCTURES),
-        "prior_optimization": listed(PRIORS),
+        "subset_of_weights": one_of(*SUBSETS),
+        "hessian_structure": one_of(*STRUCTURES),
+        "prior_optimization": one_of(*PRIORS),
         "prior_precision": number(),
-        "pred_type": listed(PRED_TYPES),
-        "link_approx": listed(LINKS),
+        "pred_type": one_of(*PRED_TYPES),
+        "link_approx": one_of(*LINKS),
         "n_members": positive_int(),
-        "fast_variance": listed((True, False)),
+        "fast_variance": one_of(True, False),
         "batch_size": positive_int(),
         "batch_fn": check_batch_fn,
     }
