@@ -220,3 +220,20 @@ def test_autoselect_says_each_step_in_a_log(capsys):
     assert "AutoSelect [fold 1/3] TS:" in said and "AutoSelect [fold 3/3] Vector scaling:" in said
     peg.AutoSelect(candidates=["TS"], cv=3, progress=False).fit(torch.nn.Identity(), (logits, y))
     assert "AutoSelect" not in capsys.readouterr().err
+
+
+def test_the_command_line_takes_names_as_typed_and_names_its_options(tmp_path, capsys):
+    """Any case and '->' for '→' (as `peg bench` takes chains); errors name `--candidates`."""
+    import numpy as np
+
+    from peg.apps.compare.methods import _spec
+
+    assert _spec("ts -> peg", "x").name == "TS → PEG" and _spec("pEg + Ts", "x").name == "PEG + TS"
+    g = np.random.default_rng(0)
+    np.save(tmp_path / "l.npy", g.normal(size=(60, 3)).astype(np.float32))
+    np.save(tmp_path / "y.npy", g.integers(0, 3, 60))
+    with pytest.raises(SystemExit) as e:
+        main(["select", "--logits", str(tmp_path / "l.npy"), "--labels", str(tmp_path / "y.npy"),
+              "--candidates", "TS", "Platt"])  # fmt: skip
+    assert e.value.code == 2
+    assert "peg select: error: --candidates[1]: unknown method 'Platt'" in capsys.readouterr().err

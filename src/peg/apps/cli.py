@@ -369,9 +369,10 @@ def main(argv: list[str] | None = None) -> int:
         # traceback (PEG_TRACEBACK=1 shows it); exit status 2 as argparse's own errors
         if os.environ.get("PEG_TRACEBACK") and not distributed.joined():
             raise
+        said = _as_typed(str(e))
         if not distributed.joined():
-            top.exit(2, f"peg {args.command}: error: {e}\n")
-        sys.stderr.write(f"peg {args.command}: error: {e}\n")
+            top.exit(2, f"peg {args.command}: error: {said}\n")
+        sys.stderr.write(f"peg {args.command}: error: {said}\n")
         status = 2
     except Exception:
         if not distributed.joined():
@@ -381,6 +382,15 @@ def main(argv: list[str] | None = None) -> int:
     if distributed.joined():  # under torchrun: end without the teardown that can abort
         distributed.end_process(status)
     return status
+
+
+def _as_typed(message: str) -> str:
+    """A library error in the words typed: `methods[0]` is the first of `--methods` (compare's
+    and select's names for the same list)."""
+    for name in ("methods", "candidates"):
+        if message.startswith(f"{name}["):
+            return f"--{message}"
+    return message
 
 
 def _run(args: argparse.Namespace, command: str) -> int:
