@@ -178,6 +178,13 @@ def _tensors(tmp: Path, change: Callable[[str, object], object], model: nn.Modul
     peg.load(path, model if model is not None else _mlp())
 
 
+def _nan_map(tmp: Path) -> None:
+    path = str(tmp / "vector.peg")
+    peg.VectorScaling().fit(_mlp(), _val()).save(path)
+    retensor(path, lambda k, t: t * float("nan") if k.startswith("calibration/") else t)
+    peg.load(path, _mlp())
+
+
 def _pop(key: str) -> Callable[[dict], None]:
     return lambda d: d.pop(key) and None
 
@@ -285,6 +292,8 @@ TAMPERED: list[tuple[str, Callable[[Path], object], str]] = [
      r"laplace\.peg: Laplace file field 'meta': expected a JSON object"),
     ("Laplace file nesting 100,000 lists", lambda t: _laplace(t, None),
      r"laplace\.peg: not a peg archive"),
+    ("a vector scaling whose map holds NaN", _nan_map,
+     r"calibration: 'bias' holds NaN"),
 ]  # fmt: skip
 FILE_ERROR_CASES += [(LOAD, what, call, ArchiveError, regex) for what, call, regex in TAMPERED]
 

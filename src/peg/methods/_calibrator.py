@@ -276,11 +276,13 @@ def _plain(value: Any) -> Any:
 def stored(
     tensors: Mapping[str, Tensor], name: str, shape: tuple[int, ...] | None = None
 ) -> Tensor:
-    """The archive's array `name` as float64 (`ArchiveError` when missing, non-finite where
-    values are expected, or of another shape than `shape`)."""
+    """The archive's array `name` as float64 (`ArchiveError` when missing, of another shape than
+    `shape`, or holding NaN: a map's arrays are finite, but for the infinite edges of bins)."""
     t = tensors.get(name)
     if t is None:
         raise ArchiveError(f"calibration: the archive has no {name!r} tensor")
     if shape is not None and tuple(t.shape) != shape:
         raise ArchiveError(f"calibration: {name!r} has shape {tuple(t.shape)}, expected {shape}")
+    if t.is_floating_point() and bool(t.isnan().any()):
+        raise ArchiveError(f"calibration: {name!r} holds NaN")
     return t.double()

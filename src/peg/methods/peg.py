@@ -199,6 +199,8 @@ class PEG(PerturbationEnsemble):
     scale_name = "eta"
     default_grid = (1e-3, 1e-2, 1e-1, 1.0)
 
+    # peg 0.1's PEG called the gradient mini-batch `batch_size` (now `grad_batch_size`) and
+    # the prediction batch `eval_batch_size` (now `batch_size`): version-1 recipes only
     RENAMED_OPTIONS: ClassVar[dict[str, str]] = {
         **PerturbationEnsemble.RENAMED_OPTIONS,
         "batch_size": "grad_batch_size",

@@ -133,9 +133,9 @@ def compare(
             f"ood_score: expected one of {[*OOD_SCORES, *DETECTOR_SCORES]}, got {ood_score!r}"
         )
     labelled = {"val": _labelled(val, "val"), TEST: _labelled(test, TEST)}
-    for name, data in _named(shifted, "shifted").items():
+    for name, data in _by_name(shifted, "shifted").items():
         labelled[name] = _labelled(data, f"shifted[{name!r}]")
-    unlabelled = {n: _inputs(d, f"ood[{n!r}]") for n, d in _named(ood, "ood").items()}
+    unlabelled = {n: _inputs(d, f"ood[{n!r}]") for n, d in _by_name(ood, "ood").items()}
     clash = sorted(set(labelled) & set(unlabelled))
     if clash:
         raise ValueError(f"ood: names {clash} are taken by val, test or a shifted set")
@@ -251,7 +251,7 @@ class Evaluation:
         self.sizes |= {n: (int(p), str(k)) for n, (p, k) in sizes.items()}
 
 
-def _named(data: Any, default: str) -> dict[str, Data]:
+def _by_name(data: Any, default: str) -> dict[str, Data]:
     if data is None:
         return {}
     if isinstance(data, Mapping) and all(isinstance(k, str) for k in data):

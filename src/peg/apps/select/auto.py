@@ -135,7 +135,7 @@ class AutoSelect(Predicts, Method):
             if not self.candidates:
                 raise ValueError("candidates: expected at least one candidate")
             for i, entry in enumerate(self.candidates):
-                _named(lambda e=entry, i=i: _spec(e, f"candidates[{i}]"))
+                _as_candidates(lambda e=entry, i=i: _spec(e, f"candidates[{i}]"))
 
     # ---------------------------------------------------------------- fitting
     def fit(self, model: nn.Module, val: Data) -> AutoSelect:
@@ -148,10 +148,10 @@ class AutoSelect(Predicts, Method):
             raise TypeError("val: AutoSelect reads folds by index; an IterableDataset cannot be")
         defaults = LOGIT_CANDIDATES if stateless(model) else DEFAULT_CANDIDATES
         entries = list(defaults if self.candidates is None else self.candidates)
-        specs, skipped = _named(lambda: resolve(entries, model))
+        specs, skipped = _as_candidates(lambda: resolve(entries, model))
         site = registry.Site(seed=self.seed, progress=False)
         made = ((s.name, s.method, options(s, self.batch_size, batch_fn)) for s in specs)
-        _named(lambda: registry.check_all(made, site))
+        _as_candidates(lambda: registry.check_all(made, site))
         logits, y = logits_and_labels(model, val, self.batch_size, batch_fn, "val")  # once
         y = check_labels(y, len(y), logits.shape[-1], name="val labels")  # before any candidate
         everything = torch.arange(len(y))
@@ -298,7 +298,7 @@ class AutoSelect(Predicts, Method):
         return archive.write(path, stacked, shared, meta, header["architecture"], calibration)
 
 
-def _named(call: Any) -> Any:
+def _as_candidates(call: Any) -> Any:
     """`call()`, its errors naming `candidates` (compare's name them `methods`)."""
     try:
         return call()
