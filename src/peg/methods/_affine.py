@@ -37,6 +37,7 @@ NEWTON_FLOPS = 2e9  # ... and N P², what forming it costs, up to which Newton i
 # standard error of a validation NLL
 CG_STEPS = 50
 DECREMENT_TOL = 1e-10
+GAIN_TOL = 1e-5  # ... and the decrease of a step (relative above 1) at which a crawl stops
 # log of the smallest positive float64: a probability that underflowed to 0 (log p̄ = -inf) is
 # scored as this, so a weight times it stays finite
 LOG_TINY = math.log(torch.finfo(torch.float64).tiny)
@@ -153,12 +154,15 @@ def _newton(theta: Tensor, s: Tensor, y: Tensor, coef: Tensor, full: bool, max_i
 Linear = Callable[[Tensor], Tensor]
 
 
-def _curvature(p: Tensor, s: Tensor, coef: Tensor, full: bool) -> tuple[Linear, Linear]:
+def _curvature(
+    p: Tensor, s: Tensor, coef: Tensor, full: bool, basis: tuple[Tensor, Tensor] | None = None
+) -> tuple[Linear, Linear]:
     """(v ↦ H v, r ↦ M⁻¹ r) at probabilities p: Hessian-vector products without forming H,
     and CG's preconditioner M, H's blocks without the coupling of the classes.
 
     The logits are linear in θ, so H = Jᵀ (diag(p) - p pᵀ) J / N + 2 diag(coef), J the map's
-    Jacobian. For a full W, H v costs two products with the scores and M is H's diagonal. For
+    Jacobian. For a full W, H v costs two products with the scores and M is a_c E[x xᵀ] + κ I
+    for class row c (x = [s, 1]; `basis`: E[x xᵀ]'s eigenvalues and eigenvectors). For
     a diagonal W, H = D - Vᵀ V / N with D block-diagonal (class c's 2 × 2 block of (w_c, b_c):
     Σ_n p_nc φ φᵀ, φ = (s_nc, 1)) and V = [p ⊙ s, p] `[N, 2C]`: H v is four passes over
     `[N, C]` (matrix-vector products, nothing written), and M is D's and VᵀV's 2 × 2 blocks,
@@ -171,10 +175,13 @@ def _curvature(p: Tensor, s: Tensor, coef: Tensor, full: bool) -> tuple[Linear, 
             r = p * (u - (p * u).sum(1, keepdim=True)) / n
             return torch.cat([r.T @ s, r.sum(0)[:, None]], 1) + 2 * coef * v
 
-        w = p * (1 - p) / n
-        d = torch.cat([w.T @ s.square(), w.sum(0)[:, None]], 1) + 2 * coef
-        d = d + 1e-10 * float(d.max()) + 1e-300
-        return hvp_full, lambda r: r / d
+        # M = a_c E[x xᵀ] + κ I per class row c (a_c = mean p_c(1 - p_c), κ the mean penalty):
+        # the scores' columns are strongly correlated (log p̄ shares the log-normaliser), which
+        # a diagonal misses; inverted through E[x xᵀ]'s eigenvectors (`basis`), two products
+        lam, Q = basis  # type: ignore[misc]
+        a = (p * (1 - p)).mean(0)
+        inverse = 1.0 / (a[:, None] * lam[None, :] + float(2 * coef.mean()) + 1e-300)
+        return hvp_full, lambda r: ((r @ Q) * inverse) @ Q.T
     ps = p * s
     pss, pc, pc2 = (ps * s).sum(0) / n, p.sum(0) / n, p.square().sum(0) / n
     psum, ps2, pps = ps.sum(0) / n, ps.square().sum(0) / n, (ps * p).sum(0) / n
@@ -229,12 +236,18 @@ def _newton_cg(
     to a relative accuracy min(0.5, √‖∇‖) (superlinear near the optimum), then a backtracking
     line search. Exact curvature where L-BFGS would have to learn it from gradients."""
     value, grad, p = _gradient(theta, s, y, coef, full)
+    gain = math.inf
+    basis = None
+    if full:
+        x = torch.cat([s, torch.ones_like(s[:, :1])], 1)
+        basis = torch.linalg.eigh(x.T @ x / len(s))
+        basis = (basis[0].clamp_min(0), basis[1])
     for _ in range(max_iter):
         gnorm = float(grad.norm())
         if float(grad.abs().max()) <= 1e-10:
             break
         tol = min(0.5, gnorm**0.5) * gnorm
-        step = _cg(*_curvature(p, s, coef, full), grad, tol, CG_STEPS)
+        step = _cg(*_curvature(p, s, coef, full, basis), grad, tol, CG_STEPS)
         slope = float((grad * step).sum())
         if not slope > 0:
             break
@@ -249,6 +262,11 @@ def _newton_cg(
         if not improved:
             break
         theta = trial
+        gain, last = float(value - new), gain
+        if gain <= GAIN_TOL * max(1.0, abs(float(value))) and gain > 0.1 * last:
+            break  # an objective without a finite minimum (a class absent from the labels, or
+            # separable data, unregularised) creeps down forever: stop where it no longer moves
+            # (converging, each gain is far below the last)
         # Newton's predicted decrease (the decrement, slope / 2) of the step just taken: below
         # the tolerance, what is left is smaller still (quadratic convergence): done
         if slope <= 2 * DECREMENT_TOL * max(1.0, abs(float(value))):
