@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
@@ -29,7 +30,7 @@ import numpy as np
 from torch import Tensor
 
 from peg import archive
-from peg._inputs import Data
+from peg._inputs import Data, is_pair
 from peg._scalars import check_positive_int
 from peg.batches import BatchFn, Tapped, check_batch_fn
 from peg.ensemble import Ensemble
@@ -47,6 +48,23 @@ from peg.methods.base import Method
 from peg.metrics._inputs import check_labels, ensemble_log_probs
 
 SCORES = ("log_probs", "logits")  # what a map acts on (`scores_`)
+
+
+def warn_if_probabilities(logits: Tensor, name: str = "val") -> None:
+    """Warn when member outputs `[M, N, C]` look like probabilities (every entry >= 0 and every
+    row summing to 1), not logits: a calibrator reads them as logits, whose softmax is then
+    nearly uniform, and quietly fits the wrong thing."""
+    if logits.numel() == 0 or logits.shape[-1] < 2 or not logits.is_floating_point():
+        return
+    sums = logits.double().sum(-1)
+    if bool((logits >= 0).all()) and bool(((sums - 1).abs() <= 1e-3).all()):
+        warnings.warn(
+            f"{name}: the predictor's outputs look like probabilities (non-negative, every row "
+            "summing to 1), not logits; calibrators and conformal scores read them as logits. "
+            "Pass a model returning logits, or the log of the probabilities",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def scores_of(logits: Tensor, kind: str) -> Tensor:
@@ -88,6 +106,10 @@ class Calibrator(Method):
 
     def _check_classes(self, classes: int) -> None:
         """A clear error for arguments that do not suit C classes (checked before fitting)."""
+
+    def _fitted_classes(self) -> int | None:
+        """C of the fitted map, where it has one (None: any C, as temperature scaling)."""
+        return None
 
     def _fit_map(self, scores: Tensor, y: Tensor) -> dict[str, Any]:
         raise NotImplementedError
@@ -146,9 +168,14 @@ class Calibrator(Method):
         check_predictor(predictor)
         if val is None:
             raise ValueError(f"val: {self.label} needs labelled validation data (X, y)")
+        labels = val[1] if is_pair(val) else None  # type: ignore[index]
+        if isinstance(labels, (Tensor, np.ndarray)) and labels.ndim >= 1:
+            # labels that cannot be labels (floats, a wrong shape): said before the forwards
+            check_labels(labels, len(labels), 2**62, name="val labels")
         logits, y = logits_and_labels(
             predictor, val, int(self.batch_size), check_batch_fn(self.batch_fn), "val"
         )
+        warn_if_probabilities(logits)
         kind = self._score_kind(logits)
         scores = scores_of(logits, kind)
         y = check_labels(y, *scores.shape, name="val labels")
@@ -205,6 +232,13 @@ class Calibrator(Method):
     def scale(self, logits: Tensor) -> Tensor:
         """Calibrated scores `[1, N, C]` (float32) from the predictor's logits `[M, N, C]`."""
         self._check_fitted()
+        classes = self._fitted_classes()
+        if classes is not None and logits.shape[-1] != classes:
+            raise ValueError(
+                f"logits: this {type(self).__name__} was fitted on {classes} classes, got "
+                f"logits with {logits.shape[-1]} columns (shape {tuple(logits.shape)}); the "
+                "predictor or the saved logits are not the ones it was fitted on"
+            )
         return self._apply(scores_of(logits, self.scores_)).float().unsqueeze(0)
 
     def predict_proba(self, X: Data, batch_size: int | None = None, **kwargs: Any) -> Tensor:

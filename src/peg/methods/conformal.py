@@ -22,7 +22,7 @@ from peg._inputs import Data
 from peg._scalars import check_positive_int, check_seed
 from peg.batches import BatchFn
 from peg.errors import ArchiveError
-from peg.methods._calibrator import stored
+from peg.methods._calibrator import stored, warn_if_probabilities
 from peg.methods._conformal import (
     SCORES,
     check_alpha,
@@ -139,6 +139,8 @@ class ConformalClassifier(ConformalBase):
                     f"predictor: expected member logits [M, B, {classes or 'C'}], got "
                     f"{tuple(logits.shape)}"
                 )
+            if classes is None:
+                warn_if_probabilities(logits)
             classes = logits.shape[-1]
             y = check_labels(y, logits.shape[1], classes, "val labels", logits.device)
             probs, draws = self._probs_and_draws(logits, u, "val")
