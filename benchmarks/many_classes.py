@@ -22,7 +22,7 @@ refitted on all of it. The held-out NLL ± SE (paired, per point) of every map a
 the test logits.
 
     OMP_NUM_THREADS=1 python benchmarks/many_classes.py [--val 5000] [--test 5000]
-        [--grid 1e4 1e5 1e6] [--torch-uncertainty DIR]
+        [--grid 1e4 1e5 1e6] [--torch-uncertainty DIR] [--quick]
 """
 
 from __future__ import annotations
@@ -164,7 +164,10 @@ def main() -> None:
     parser.add_argument("--test", type=int, default=5000)
     parser.add_argument("--grid", type=float, nargs="+", default=[1e4, 1e5, 1e6])
     parser.add_argument("--torch-uncertainty", default=None)
+    parser.add_argument("--quick", action="store_true", help="1000 points, one λ (a smoke run)")
     args = parser.parse_args()
+    if args.quick:
+        args.val, args.test, args.grid = 1000, 1000, [1e5]
     torch.set_num_threads(1)
     print(f"Machine: {machine()}")
     print(f"Command: {' '.join(sys.argv)}")
