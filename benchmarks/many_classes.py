@@ -4,9 +4,10 @@ NLL of every map against TS, and conformal APS vs RAPS set sizes (issue 31, part
 The logits are SYNTHETIC (no 1000-class logits or model exist offline here): `synthetic_logits`
 draws, for each point, a true class k, latent scores z* = 5.5·e_k + 3·[same superclass as k] +
 N(0, 0.5²) over 1000 classes in 100 random superclasses (k's own included), and the label y
-from softmax(z*) (y = k for ~79% of the points: an accuracy near ResNet-50's on ImageNet); the "model" reports α_c·(z* + N(0, 0.8²)) + β_c: per-class
-over-confidence α_c ∈ [1.3, 2.1] and biases β_c ~ N(0, 0.3²) (what vector scaling can fix,
-temperature scaling only on average). Validation and test sets are independent draws.
+from softmax(z*) (y = k for ~79% of the points: an accuracy near ResNet-50's on ImageNet);
+the "model" reports α_c·(z* + N(0, 0.8²)) + β_c: per-class over-confidence α_c ∈ [1.3, 2.1]
+and biases β_c ~ N(0, 0.3²) (what vector scaling can fix, temperature scaling only on
+average). Validation and test sets are independent draws.
 
 Timed on the same validation logits, one after the other in this run (one thread): peg's
 `fit_temperature`, vector scaling (`fit_affine`, diagonal) and matrix scaling / Dirichlet
