@@ -123,8 +123,12 @@ def choose_odir(s: Tensor, y: Tensor, grid: list[float], full: bool) -> tuple[fl
     fit_idx, held = perm[:cut], perm[cut:]
     scores = {}
     for lam in grid:
+        start = time.perf_counter()
         w, b = fit_affine(s[fit_idx], y[fit_idx], full=full, reg_lambda=lam, reg_mu=lam)
         scores[lam] = float(F.cross_entropy(affine(s[held], w, b), y[held]))
+        seconds = time.perf_counter() - start
+        print(f"  λ = μ = {lam:g}: held-out NLL {scores[lam]:.4f} (fit {seconds:.0f} s)")
+        sys.stdout.flush()
     return min(scores, key=scores.get), scores  # type: ignore[arg-type]
 
 
@@ -179,7 +183,9 @@ def main() -> None:
         f"test accuracy {float((zt.argmax(-1) == yt).double().mean()):.3f}"
     )
     sv = zv.log_softmax(-1)  # Dirichlet's scores: log p
+    print("ODIR strength, matrix scaling (logits):", flush=True)
     lam_m, grid_m = choose_odir(zv, yv, args.grid, full=True)
+    print("ODIR strength, Dirichlet calibration (log p):", flush=True)
     lam_d, grid_d = choose_odir(sv, yv, args.grid, full=True)
     print(f"ODIR λ = μ, held-out NLL on 20% of the validation set: matrix {grid_m} → {lam_m:g}")
     print(f"  Dirichlet {grid_d} → {lam_d:g}")
