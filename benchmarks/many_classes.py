@@ -23,7 +23,7 @@ refitted on all of it. The held-out NLL ± SE (paired, per point) of every map a
 the test logits.
 
     OMP_NUM_THREADS=1 python benchmarks/many_classes.py [--val 5000] [--test 5000]
-        [--grid 1e4 1e5 1e6] [--torch-uncertainty DIR] [--quick]
+        [--grid 1e4 1e5 1e6] [--dirichlet-grid ...] [--torch-uncertainty DIR] [--quick]
 """
 
 from __future__ import annotations
@@ -168,6 +168,7 @@ def main() -> None:
     parser.add_argument("--val", type=int, default=5000)
     parser.add_argument("--test", type=int, default=5000)
     parser.add_argument("--grid", type=float, nargs="+", default=[1e4, 1e5, 1e6])
+    parser.add_argument("--dirichlet-grid", type=float, nargs="+", default=None)
     parser.add_argument("--torch-uncertainty", default=None)
     parser.add_argument("--quick", action="store_true", help="1000 points, one λ (a smoke run)")
     args = parser.parse_args()
@@ -186,7 +187,7 @@ def main() -> None:
     print("ODIR strength, matrix scaling (logits):", flush=True)
     lam_m, grid_m = choose_odir(zv, yv, args.grid, full=True)
     print("ODIR strength, Dirichlet calibration (log p):", flush=True)
-    lam_d, grid_d = choose_odir(sv, yv, args.grid, full=True)
+    lam_d, grid_d = choose_odir(sv, yv, args.dirichlet_grid or args.grid, full=True)
     print(f"ODIR λ = μ, held-out NLL on 20% of the validation set: matrix {grid_m} → {lam_m:g}")
     print(f"  Dirichlet {grid_d} → {lam_d:g}")
     fits: dict[str, tuple[float, Callable[[Tensor], Tensor]]] = {}
