@@ -185,6 +185,46 @@ def test_compare_with_the_default_methods(case):
         assert 0 <= row["error"] <= 1 and row["nll"] > 0, row
 
 
+# what K-FAC PEG gives Kronecker factors (layer types) and what the diagonal (parameters'
+# layer types), per model: BatchNorm, LayerNorm, class token and position embeddings diagonal
+CURVATURE = {
+    "vit": ({"Conv2d", "Linear"}, {"LayerNorm", "ViTEmbeddings"}),
+    "resnet": ({"Conv2d", "Linear"}, {"BatchNorm2d"}),
+    "bert": ({"Embedding", "Linear"}, {"LayerNorm"}),
+}
+
+
+def test_kfac_peg_on_every_parameter_of_vit_resnet_and_bert(case):
+    name, model, val, test = case
+    ens = peg.PEG(n_members=3, eta=0.01, grad_batch_size=16, precondition="kfac", seed=0)
+    ens.fit(model, val)
+    layout = ens.meta_["curvature"]
+    kfac, diagonal = CURVATURE[name]
+    assert set(layout["kfac"].values()) == kfac
+    assert set(layout["diagonal"].values()) == diagonal
+    if name == "vit":
+        assert layout["diagonal"]["vit.embeddings.cls_token"] == "ViTEmbeddings"
+        assert layout["kfac"]["vit.embeddings.patch_embeddings.projection"] == "Conv2d"
+    if name == "bert":
+        assert layout["kfac"]["bert.embeddings.word_embeddings"] == "Embedding"
+    logits = ens.member_logits(test)
+    assert logits.shape == (3, 40, CLASSES) and torch.isfinite(logits).all()
+    plain = peg.PEG(n_members=3, eta=0.01, grad_batch_size=16, seed=0).fit(model, val)
+    D, D0 = ens.directions_[0], plain.directions_[0]
+    assert (D.norm(dim=1) < D0.norm(dim=1)).all()  # λ(F + λ)⁻¹ shrinks every step
+
+
+def test_compare_and_autoselect_run_kfac_peg(case):
+    _, model, val, test = case
+    methods = ["Model", "TS", "PEG", "PEG (kfac)"]
+    result = peg.compare(model, val, test, methods=methods, say=None, progress=False)
+    rows = {row["method"]: row for row in result.table}
+    assert set(rows) == set(methods)
+    assert "failed" not in rows["PEG (kfac)"] and 0 < rows["PEG (kfac)"]["nll"] < 10
+    sel = peg.AutoSelect(candidates=["TS", "PEG (kfac)"], cv=2, progress=False).fit(model, val)
+    assert {r["candidate"] for r in sel.report_} == {"TS", "PEG (kfac)"}
+
+
 class Pixels(nn.Module):
     """An image model taking `pixel_values` as a tensor and returning its logits."""
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -16,6 +18,18 @@ from bad_inputs import (
     _val,
     raises_test,
 )
+
+
+class _Refusing(nn.Module):
+    """A model that fails if it runs: the error must come before any forward pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("the model ran before the bad input was reported")
+
 
 # (area, bad input, call, error type, regex the message must match)
 ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str]] = [
@@ -146,10 +160,50 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str
         ValueError,
         "val: histogram binning needs at least 2 classes, got 1",
     ),
+    (
+        "calibrators",
+        "logits with another number of columns than the fitted map's",
+        lambda: peg.VectorScaling().fit(_mlp(), _val()).scale(torch.randn(1, 5, 4)),
+        ValueError,
+        r"logits: this VectorScaling was fitted on 3 classes, got logits with 4 columns",
+    ),
+    (
+        "calibrators",
+        "labels as a matrix (one-hot), before the forward passes",
+        lambda: peg.DirichletCalibration().fit(_Refusing(), (_val()[0], torch.eye(3)[_val()[1]])),
+        ValueError,
+        r"val labels: expected integer labels of shape \[200\], got shape \(200, 3\)",
+    ),
 ]
+
+
+def _saved(tmp: Path, name: str, array: np.ndarray) -> np.ndarray:
+    """`array` saved as `.npy` and opened memory-mapped, as saved logits or labels are."""
+    np.save(tmp / name, array)
+    return np.load(tmp / name, mmap_mode="r")
+
 
 # the same, for calls that take a temporary folder
 FILE_ERROR_CASES: list[tuple[str, str, Callable[[Path], object], type[BaseException], str]] = [
+    (
+        "calibrators",
+        "a memory-mapped .npy of float labels that are not integers",
+        lambda tmp: peg.MatrixScaling().fit(
+            _Refusing(),
+            (_val()[0], _saved(tmp, "y.npy", _val()[1].numpy().astype(np.float32) + 0.5)),
+        ),
+        ValueError,
+        "val labels: expected integer labels, got non-integer float values",
+    ),
+    (
+        "calibrators",
+        "a memory-mapped .npy of labels of the wrong shape",
+        lambda tmp: peg.TemperatureScaling().fit(
+            _Refusing(), (_val()[0], _saved(tmp, "y.npy", _val()[1].numpy()[:, None]))
+        ),
+        ValueError,
+        r"val labels: expected integer labels of shape \[200\], got shape \(200, 1\)",
+    ),
     (
         "TemperatureScaling",
         "save of a predictor without stacked weights (MC dropout)",
@@ -166,3 +220,12 @@ FILE_ERROR_CASES: list[tuple[str, str, Callable[[Path], object], type[BaseExcept
 
 test_bad_input_raises_a_clear_error = raises_test(ERROR_CASES)
 test_bad_files_raise_a_clear_error = raises_test(FILE_ERROR_CASES, files=True)
+
+
+@pytest.mark.parametrize(
+    "make", [lambda: peg.TemperatureScaling(), lambda: peg.ConformalClassifier(score="aps")]
+)
+def test_probabilities_passed_as_logits_warn(make: Callable[[], object]) -> None:
+    probs = nn.Sequential(_mlp(), nn.Softmax(-1))
+    with pytest.warns(UserWarning, match="model: its outputs look like probabilities"):
+        make().fit(probs, _val())  # type: ignore[attr-defined]

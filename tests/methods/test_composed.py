@@ -87,6 +87,38 @@ def test_the_apps_hand_peg_the_calibrated_model() -> None:
     )  # a calibrator takes it as is
 
 
+CALIBRATORS = [TemperatureScaling, VectorScaling, MatrixScaling, DirichletCalibration]
+
+
+@pytest.mark.parametrize("cls", CALIBRATORS)
+def test_peg_around_a_fitted_calibrator_is_peg_around_the_calibrated_module(cls: type) -> None:
+    calibrator = cls().fit(_net(), _data())
+    options = dict(n_members=4, grad_batch_size=32, eta=0.05, seed=3, progress=False)
+    fitted = peg.PEG(**options).fit(calibrator, _data(seed=3))  # type: ignore[arg-type]
+    module = as_base(calibrator, "peg", cls.__name__)
+    reference = peg.PEG(**options).fit(module, _data(seed=3))  # type: ignore[arg-type]
+    X = _data(50, seed=2)[0]
+    torch.testing.assert_close(fitted.member_logits(X), reference.member_logits(X))
+    # at a tiny η the members are the calibrated model: the calibrator's prediction
+    still = peg.PEG(**{**options, "eta": 1e-9}).fit(calibrator, _data(seed=3))  # type: ignore[arg-type]
+    torch.testing.assert_close(
+        still.predict_proba(X), calibrator.predict_proba(X), atol=1e-5, rtol=0
+    )
+
+
+@pytest.mark.parametrize("cls", [TemperatureScaling, DirichletCalibration])
+def test_pep_and_mc_dropout_around_a_fitted_calibrator(cls: type) -> None:
+    calibrator = cls().fit(_net(), _data())
+    X = _data(50, seed=2)[0]
+    pep = peg.PEP(n_members=3, sigma=1e-9, seed=0, progress=False).fit(calibrator, _data(seed=3))
+    torch.testing.assert_close(pep.predict_proba(X), calibrator.predict_proba(X), atol=1e-5, rtol=0)
+    mc = peg.MCDropout(n_members=3, insert=0.2, seed=0).fit(calibrator, _data(seed=3))
+    assert mc.meta_["insert"] == 0.2 and mc.member_logits(X).shape == (3, 50, 4)
+    # the dropout sits inside the model, before its last layer, not before the map
+    names = [n for n, m in mc.model_.named_modules() if isinstance(m, nn.Dropout)]
+    assert names and all(n.startswith("model.") for n in names)
+
+
 def _binning() -> HistogramBinning:
     return HistogramBinning().fit(_net(), _data())
 
@@ -126,6 +158,40 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[Exception], str]] =
         ),
         ValueError,
         "calibrator: fitted on a PEG",
+    ),
+    (
+        "PEG",
+        "a histogram binning as the base",
+        lambda: peg.PEG(n_members=2, eta=0.1, progress=False).fit(_binning(), _data()),
+        ValueError,
+        r"model: a HistogramBinning cannot be the base .*piecewise constant \(not "
+        r"differentiable, not an affine map of the logits\)",
+    ),
+    (
+        "PEP",
+        "an isotonic regression as the base",
+        lambda: peg.PEP(n_members=2, sigma=0.1, progress=False).fit(
+            peg.IsotonicCalibration().fit(_net(), _data()), _data()
+        ),
+        ValueError,
+        "model: a IsotonicCalibration cannot be the base",
+    ),
+    (
+        "MCDropout",
+        "an unfitted calibrator as the base",
+        lambda: peg.MCDropout(n_members=2, insert=0.1).fit(DirichletCalibration()),
+        ValueError,
+        "model: DirichletCalibration is not fitted",
+    ),
+    (
+        "PEG",
+        "a calibrator fitted on an ensemble as the base",
+        lambda: peg.PEG(n_members=2, eta=0.1, progress=False).fit(
+            TemperatureScaling().fit(peg.Ensemble.from_models([_net(), _net()]), _data()),
+            _data(),
+        ),
+        ValueError,
+        "model: this TemperatureScaling was fitted on a Ensemble, not on an nn.Module",
     ),
 ]
 

@@ -2,7 +2,7 @@
 `peg.compare`: a column or row whose base names an earlier method ("PEG + TS": temperature
 scaling of the PEG ensemble's averaged prediction; "TS → PEG": PEG around the temperature-scaled
 model) gets that method's predictor through `as_base`, which hands each method the base it can
-fit on (`Scaled`: a temperature-scaled model as a module; `peg.methods.composed`: a model with
+fit on (`peg.methods.composed`: `Scaled`, a temperature-scaled model as a module; a model with
 its vector / matrix scaling or Dirichlet map as the last layer, "Dirichlet → PEG"). The fit
 time of such a method counts its base's (`chained_seconds`): "TS → PEG" costs temperature
 scaling plus PEG.
@@ -17,9 +17,8 @@ from torch import nn
 
 from peg.ensemble import Ensemble
 from peg.methods.base import FittedEnsemble
-from peg.methods.composed import calibrated_module, composable
+from peg.methods.composed import Scaled, calibrated_module, composable
 from peg.methods.temperature import TemperatureScaling
-from peg.output import logits_of
 
 # registry keys whose method takes any predictor as it is (the calibrators); the others need a
 # module or ensemble
@@ -32,20 +31,6 @@ AS_IS = (
     "histogram-binning",
     "isotonic",
 )
-
-
-class Scaled(nn.Module):
-    """`model(x) / T`: a temperature-scaled model as a module (its softmax is temperature
-    scaling's), for methods that start from a module (PEG, PEP, MC dropout: "TS → PEG")."""
-
-    def __init__(self, model: nn.Module, temperature: float) -> None:
-        super().__init__()
-        self.model = model
-        self.temperature = float(temperature)
-        self.train(model.training)  # the model's mode (a new module starts in training mode)
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return logits_of(self.model(*args, **kwargs)) / self.temperature
 
 
 def as_base(fitted: Any, key: str, name: str) -> Any:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from peg import distributed
 from peg.apps import presets
+from peg.apps.compare.methods import typed_names
 
 Parser = argparse.ArgumentParser
 
@@ -129,12 +130,6 @@ def _bench(args: argparse.Namespace, command: str, progress: bool | None) -> int
 
 
 # ---------------------------------------------------------------- peg compare
-def _method_names() -> str:
-    from peg.apps.compare.methods import CATALOGUE
-
-    return ", ".join(f"'{n}'" if " " in n else n for n in CATALOGUE)
-
-
 def _compare_arguments(p: Parser) -> None:
     p.add_argument("--model", required=True, help="module:function returning the trained nn.Module")
     p.add_argument("--val", required=True, help="validation data the methods are fitted on")
@@ -143,7 +138,7 @@ def _compare_arguments(p: Parser) -> None:
     p.add_argument("--ood", nargs="+", help="out-of-distribution inputs, [NAME=]DATA each")
     p.add_argument(
         "--methods", nargs="+", help="named methods (any case, '->' for '→'): "
-        f"{_method_names()} (default: Model, TS, PEP, PEG, 'PEG + TS', 'MC dropout' if the "
+        f"{typed_names()} (default: Model, TS, PEP, PEG, 'PEG + TS', 'MC dropout' if the "
         "model has dropout, 'Last-layer PEG')",
     )  # fmt: skip
     p.add_argument("--ood-score", default="entropy", help="OOD score (default: entropy)")
@@ -212,7 +207,7 @@ def _select_arguments(p: Parser) -> None:
                    "--model and --val)")  # fmt: skip
     p.add_argument("--labels", help="their integer labels [N], a .npy (with --logits)")
     p.add_argument("--candidates", nargs="+", help="named methods (any case, '->' for '→'): "
-                   f"{_method_names()} (default: see the guide)")  # fmt: skip
+                   f"{typed_names()} (default: see the guide)")  # fmt: skip
     p.add_argument("--cv", type=int, default=5, help="folds (default: 5)")
     p.add_argument("--criterion", default="nll", help="nll or brier (default: nll)")
     p.add_argument("--max-forwards", type=float, help="prediction budget, forwards/input")
@@ -385,12 +380,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _as_typed(message: str) -> str:
-    """A library error in the words typed: `methods[0]` is the first of `--methods` (compare's
-    and select's names for the same list)."""
-    for name in ("methods", "candidates"):
-        if message.startswith(f"{name}["):
-            return f"--{message}"
-    return message
+    """A library error in the words typed: `methods[0]` is the first of `--methods`."""
+    return f"--{message}" if message.startswith(("methods[", "candidates[")) else message
 
 
 def _run(args: argparse.Namespace, command: str) -> int:

@@ -12,21 +12,32 @@ Two deterministic float64 optimisers, both from the identity map (W = I, b = 0):
   Hessian costs at most `NEWTON_FLOPS` (N P²: C = 10 up to N = 165k): it converges in about
   ten iterations whatever the conditioning (log p̄ spans tens of nats, and the scores of
   different classes are nearly collinear through their shared log-normaliser);
-- L-BFGS otherwise (the Hessian would be too large or too slow to form), preconditioned by
-  an average block of the Hessian (`_preconditioner`) and with the penalty taken at its
-  minimum over the maps that predict alike (`_preferred`): slower, bounded by `max_iter`.
+- truncated Newton otherwise (the Hessian would be too large or too slow to form, e.g. 1000
+  classes): conjugate gradients on exact Hessian-vector products (`_newton_cg`), a full W
+  started from the best diagonal one (`_diagonal_start`). At C = 1000 a diagonal map's step
+  costs a few passes over the `[N, C]` scores (L-BFGS, which learnt the curvature from
+  gradients, took ~30 × temperature scaling's time: issue 31).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from peg.methods.temperature import fit_temperature
+
 NEWTON_MAX = 1200  # parameters up to which the Hessian `[P, P]` is formed...
 NEWTON_FLOPS = 2e9  # ... and N P², what forming it costs, up to which Newton is faster
+# truncated Newton (larger maps): CG steps per Newton step at most, and the predicted decrease
+# of the objective (nats a point, relative above 1) below which it stops: far below any
+# standard error of a validation NLL
+CG_STEPS = 50
+DECREMENT_TOL = 1e-10
+GAIN_TOL = 1e-5  # ... and the decrease of a step (relative above 1) at which a crawl stops
 # log of the smallest positive float64: a probability that underflowed to 0 (log p̄ = -inf) is
 # scored as this, so a weight times it stays finite
 LOG_TINY = math.log(torch.finfo(torch.float64).tiny)
@@ -140,66 +151,144 @@ def _newton(theta: Tensor, s: Tensor, y: Tensor, coef: Tensor, full: bool, max_i
     return theta
 
 
-def _preferred(theta: Tensor, coef: Tensor, full: bool) -> Tensor:
-    """Of the maps predicting as θ does, the one the penalty is least on: softmax ignores a
-    constant added to every class, so (W - 1 v^T, b - c 1) predicts as (W, b) for any v, c,
-    and the penalty's minimum over them is a weighted mean (closed form)."""
-    weights, bias = split(theta, full)
-    cw, cb = split(coef, full)
+Linear = Callable[[Tensor], Tensor]
+
+
+def _curvature(
+    p: Tensor, s: Tensor, coef: Tensor, full: bool, basis: tuple[Tensor, Tensor] | None = None
+) -> tuple[Linear, Linear]:
+    """(v ↦ H v, r ↦ M⁻¹ r) at probabilities p: Hessian-vector products without forming H,
+    and CG's preconditioner M, H's blocks without the coupling of the classes.
+
+    The logits are linear in θ, so H = Jᵀ (diag(p) - p pᵀ) J / N + 2 diag(coef), J the map's
+    Jacobian. For a full W, H v costs two products with the scores and M is a_c E[x xᵀ] + κ I
+    for class row c (x = [s, 1]; `basis`: E[x xᵀ]'s eigenvalues and eigenvectors). For
+    a diagonal W, H = D - Vᵀ V / N with D block-diagonal (class c's 2 × 2 block of (w_c, b_c):
+    Σ_n p_nc φ φᵀ, φ = (s_nc, 1)) and V = [p ⊙ s, p] `[N, 2C]`: H v is four passes over
+    `[N, C]` (matrix-vector products, nothing written), and M is D's and VᵀV's 2 × 2 blocks,
+    inverted in closed form (w_c and b_c are strongly coupled through the scores' mean)."""
+    n = len(s)
     if full:
-        total = cw.sum(0)
-        shift = torch.where(total > 0, (cw * weights).sum(0) / total.clamp_min(1e-300), 0.0)
-        weights = weights - shift
-    total = cb.sum()
-    if float(total) > 0:
-        bias = bias - (cb * bias).sum() / total
-    return torch.cat([weights, bias[:, None]], 1) if full else torch.stack([weights, bias], 1)
+
+        def hvp_full(v: Tensor) -> Tensor:
+            u = s @ v[:, :-1].T + v[:, -1]  # J v, [N, C]
+            r = p * (u - (p * u).sum(1, keepdim=True)) / n
+            return torch.cat([r.T @ s, r.sum(0)[:, None]], 1) + 2 * coef * v
+
+        # M = a_c E[x xᵀ] + κ I per class row c (a_c = mean p_c(1 - p_c), κ the mean penalty):
+        # the scores' columns are strongly correlated (log p̄ shares the log-normaliser), which
+        # a diagonal misses; inverted through E[x xᵀ]'s eigenvectors (`basis`), two products
+        lam, Q = basis  # type: ignore[misc]
+        a = (p * (1 - p)).mean(0)
+        inverse = 1.0 / (a[:, None] * lam[None, :] + float(2 * coef.mean()) + 1e-300)
+        return hvp_full, lambda r: ((r @ Q) * inverse) @ Q.T
+    ps = p * s
+    pss, pc, pc2 = (ps * s).sum(0) / n, p.sum(0) / n, p.square().sum(0) / n
+    psum, ps2, pps = ps.sum(0) / n, ps.square().sum(0) / n, (ps * p).sum(0) / n
+
+    def hvp(v: Tensor) -> Tensor:
+        t = (ps @ v[:, 0] + p @ v[:, 1]) / n  # V v / N, [N]
+        w = pss * v[:, 0] + psum * v[:, 1] - ps.T @ t
+        b = psum * v[:, 0] + pc * v[:, 1] - p.T @ t
+        return torch.stack([w, b], 1) + 2 * coef * v
+
+    a = pss - ps2 + 2 * coef[:, 0]
+    b = psum - pps
+    c = pc - pc2 + 2 * coef[:, 1]
+    ridge = 1e-10 * float(torch.maximum(a, c).max()) + 1e-300
+    a, c = a + ridge, c + ridge
+    det = (a * c - b.square()).clamp_min(ridge * ridge)
+
+    def precondition(r: Tensor) -> Tensor:
+        return torch.stack([c * r[:, 0] - b * r[:, 1], a * r[:, 1] - b * r[:, 0]], 1) / det[:, None]
+
+    return hvp, precondition
 
 
-def _preconditioner(theta: Tensor, s: Tensor, coef: Tensor, full: bool) -> Tensor:
-    """A factor L `[K, K]` with L L^T ≈ the Hessian's block of one class row of θ at the
-    start: a E[x x^T] + 2 diag(coef), a = E[p (1 - p)] (the rows' blocks, averaged): L-BFGS
-    runs in φ = θ L, where the NLL (log p̄ spans tens of nats, the classes' scores are nearly
-    collinear through their shared log-normaliser) and the penalty are alike conditioned."""
-    p = _logits(theta, s, full).softmax(-1)
-    a = float((p * (1 - p)).mean())
+def _cg(hvp: Linear, precondition: Linear, b: Tensor, tol: float, steps: int) -> Tensor:
+    """x ≈ H⁻¹ b by preconditioned conjugate gradients (H ⪰ 0)."""
+    x = torch.zeros_like(b)
+    r = b.clone()
+    z = precondition(r)
+    d = z.clone()
+    rz = float((r * z).sum())
+    for _ in range(steps):
+        hd = hvp(d)
+        curv = float((d * hd).sum())
+        if curv <= 0:  # a flat direction (softmax's invariance, no penalty): stop there
+            break
+        a = rz / curv
+        x += a * d
+        r -= a * hd
+        if float(r.norm()) <= tol:
+            break
+        z = precondition(r)
+        rz, old = float((r * z).sum()), rz
+        d = z + (rz / old) * d
+    return x
+
+
+def _newton_cg(
+    theta: Tensor, s: Tensor, y: Tensor, coef: Tensor, full: bool, max_iter: int
+) -> Tensor:
+    """Truncated Newton: each step solves H step = ∇ by preconditioned CG on Hessian-vector
+    products (`_hvp`: O(N C) a product for a diagonal W, two N×C×C products for a full one),
+    to a relative accuracy min(0.5, √‖∇‖) (superlinear near the optimum), then a backtracking
+    line search. Exact curvature where L-BFGS would have to learn it from gradients."""
+    value, grad, p = _gradient(theta, s, y, coef, full)
+    gain = math.inf
+    basis = None
     if full:
         x = torch.cat([s, torch.ones_like(s[:, :1])], 1)
-        second = x.T @ x / len(s)
-    else:
-        second = torch.stack(
-            [torch.stack([s.square().mean(), s.mean()]), torch.stack([s.mean(), s.new_ones(())])]
-        )
-    m = a * second + torch.diag(2 * coef.mean(0))
-    m.diagonal().add_(1e-10 * float(m.diagonal().abs().max()) + 1e-300)
-    factor, info = torch.linalg.cholesky_ex(m)
-    return factor if int(info) == 0 else torch.eye(len(m), dtype=s.dtype, device=s.device)
+        basis = torch.linalg.eigh(x.T @ x / len(s))
+        basis = (basis[0].clamp_min(0), basis[1])
+    for _ in range(max_iter):
+        gnorm = float(grad.norm())
+        if float(grad.abs().max()) <= 1e-10:
+            break
+        tol = min(0.5, gnorm**0.5) * gnorm
+        step = _cg(*_curvature(p, s, coef, full, basis), grad, tol, CG_STEPS)
+        slope = float((grad * step).sum())
+        if not slope > 0:
+            break
+        t, improved = 1.0, False
+        while t > 1e-10:
+            trial = theta - t * step
+            new = _value(trial, s, y, coef, full)
+            if float(new) <= float(value) - 1e-4 * t * slope:
+                improved = True
+                break
+            t /= 2
+        if not improved:
+            break
+        theta = trial
+        gain, last = float(value - new), gain
+        if gain <= GAIN_TOL * max(1.0, abs(float(value))) and gain > 0.1 * last:
+            break  # an objective without a finite minimum (a class absent from the labels, or
+            # separable data, unregularised) creeps down forever: stop where it no longer moves
+            # (converging, each gain is far below the last)
+        # Newton's predicted decrease (the decrement, slope / 2) of the step just taken: below
+        # the tolerance, what is left is smaller still (quadratic convergence): done
+        if slope <= 2 * DECREMENT_TOL * max(1.0, abs(float(value))):
+            break
+        value, grad, p = _gradient(theta, s, y, coef, full)
+    return theta
 
 
-def _lbfgs(theta: Tensor, s: Tensor, y: Tensor, coef: Tensor, full: bool, max_iter: int) -> Tensor:
-    """L-BFGS in preconditioned coordinates (`_preconditioner`), the penalty at `_preferred`
-    (the directions only the penalty curves are flat there, not nearly flat)."""
-    factor = _preconditioner(theta, s, coef, full)
-    inverse = torch.linalg.inv(factor)
-    phi = (theta @ factor).contiguous().requires_grad_()
-    opt = torch.optim.LBFGS(
-        [phi],
-        max_iter=max_iter,
-        tolerance_grad=1e-10,
-        tolerance_change=1e-15,
-        history_size=20,
-        line_search_fn="strong_wolfe",
-    )
+def _temperature_start(s: Tensor, y: Tensor) -> Tensor:
+    """A diagonal map's start `[C, 2]`: temperature scaling's (w = 1/T, b = 0; one
+    parameter, a few passes). From the identity, the classes the model is sure of have almost
+    no curvature and Newton's first steps overshoot (line searches cut them 30- to 100-fold)."""
+    w = 1.0 / fit_temperature(s, y)
+    return torch.cat([torch.full_like(s[0, :, None], w), torch.zeros_like(s[0, :, None])], 1)
 
-    def closure() -> Tensor:
-        opt.zero_grad()
-        loss = _value(_preferred(phi @ inverse, coef, full), s, y, coef, full)
-        loss.backward()
-        return loss
 
-    opt.step(closure)
-    with torch.no_grad():
-        return _preferred(phi @ inverse, coef, full)
+def _diagonal_start(s: Tensor, y: Tensor, coef: Tensor, max_iter: int) -> Tensor:
+    """A full map's start: the best diagonal map under the same penalty on its entries (W's
+    diagonal and b; cheap), embedded in θ `[C, C + 1]`; ODIR pulls the full map towards it."""
+    diag_coef = torch.stack([coef[:, :-1].diagonal(), coef[:, -1]], 1)
+    d = _newton_cg(_temperature_start(s, y), s, y, diag_coef, False, max_iter)
+    return torch.cat([torch.diag(d[:, 0]), d[:, 1:]], 1)
 
 
 def fit_affine(
@@ -225,8 +314,11 @@ def fit_affine(
     zero = torch.zeros_like(eye[:, :1])
     theta = torch.cat([eye, zero], 1) if full else torch.cat([torch.ones_like(zero), zero], 1)
     size = theta.numel()
-    fit = _newton if size <= NEWTON_MAX and len(s) * size**2 <= NEWTON_FLOPS else _lbfgs
-    theta = fit(theta, s, y, coef, full, max_iter)
+    if size <= NEWTON_MAX and len(s) * size**2 <= NEWTON_FLOPS:
+        theta = _newton(theta, s, y, coef, full, max_iter)
+    else:
+        theta = _diagonal_start(s, y, coef, max_iter) if full else _temperature_start(s, y)
+        theta = _newton_cg(theta, s, y, coef, full, max_iter)
     if not torch.isfinite(theta).all():
         raise FloatingPointError("calibration map diverged (non-finite weights)")
     weights, bias = split(theta.detach(), full)

@@ -29,7 +29,7 @@ import numpy as np
 from torch import Tensor
 
 from peg import archive
-from peg._inputs import Data
+from peg._inputs import Data, is_pair
 from peg._scalars import check_positive_int
 from peg.batches import BatchFn, check_batch_fn
 from peg.ensemble import Ensemble, Predicts
@@ -89,6 +89,10 @@ class Calibrator(Predicts, Method):
     def _check_classes(self, classes: int) -> None:
         """A clear error for arguments that do not suit C classes (checked before fitting)."""
 
+    def _fitted_classes(self) -> int | None:
+        """C of the fitted map, where it has one (None: any C, as temperature scaling)."""
+        return None
+
     def _fit_map(self, scores: Tensor, y: Tensor) -> dict[str, Any]:
         raise NotImplementedError
 
@@ -146,6 +150,10 @@ class Calibrator(Predicts, Method):
         check_predictor(predictor)
         if val is None:
             raise ValueError(f"val: {self.label} needs labelled validation data (X, y)")
+        labels = val[1] if is_pair(val) else None  # type: ignore[index]
+        if isinstance(labels, (Tensor, np.ndarray)) and labels.ndim >= 1:
+            # labels that cannot be labels (floats, a wrong shape): said before the forwards
+            check_labels(labels, len(labels), 2**62, name="val labels")
         logits, y = logits_and_labels(
             predictor, val, int(self.batch_size), check_batch_fn(self.batch_fn), "val"
         )
@@ -200,6 +208,13 @@ class Calibrator(Predicts, Method):
     def scale(self, logits: Tensor) -> Tensor:
         """Calibrated scores `[1, N, C]` (float32) from the predictor's logits `[M, N, C]`."""
         self._check_fitted()
+        classes = self._fitted_classes()
+        if classes is not None and logits.shape[-1] != classes:
+            raise ValueError(
+                f"logits: this {type(self).__name__} was fitted on {classes} classes, got "
+                f"logits with {logits.shape[-1]} columns (shape {tuple(logits.shape)}); the "
+                "predictor or the saved logits are not the ones it was fitted on"
+            )
         return self._apply(scores_of(logits, self.scores_)).float().unsqueeze(0)
 
     def __len__(self) -> int:
@@ -274,15 +289,19 @@ def _plain(value: Any) -> Any:
 
 
 def stored(
-    tensors: Mapping[str, Tensor], name: str, shape: tuple[int, ...] | None = None
+    tensors: Mapping[str, Tensor],
+    name: str,
+    shape: tuple[int, ...] | None = None,
+    empty: bool = False,
 ) -> Tensor:
     """The archive's array `name` as float64 (`ArchiveError` when missing, of another shape than
-    `shape`, or holding NaN: a map's arrays are finite, but for the infinite edges of bins)."""
+    `shape`, or holding NaN, which only `empty` arrays may: histogram binning's bins that no
+    validation point fell in)."""
     t = tensors.get(name)
     if t is None:
         raise ArchiveError(f"calibration: the archive has no {name!r} tensor")
     if shape is not None and tuple(t.shape) != shape:
         raise ArchiveError(f"calibration: {name!r} has shape {tuple(t.shape)}, expected {shape}")
-    if t.is_floating_point() and bool(t.isnan().any()):
+    if not empty and t.is_floating_point() and bool(t.isnan().any()):
         raise ArchiveError(f"calibration: {name!r} holds NaN")
     return t.double()

@@ -69,6 +69,7 @@ from peg.methods._members import (
 from peg.methods._recipes import Expected, Recipes
 from peg.methods._scale_search import SEARCHES, ScaleSearch
 from peg.methods.base import FittedEnsemble
+from peg.methods.composed import base_module
 
 BNMode = Literal["eval", "batch", "refresh"]
 # Default cap on the points a scale is scored on: a larger validation set costs no more to search
@@ -158,7 +159,9 @@ class PerturbationEnsemble(Recipes, FittedMembers, FittedEnsemble):
 
         Args:
             model: a trained nn.Module, a list of them or a `peg.Ensemble` (one set of `n_members`
-                members is built around each, `n_members * R` in all).
+                members is built around each, `n_members * R` in all); or a temperature,
+                vector or matrix scaling or Dirichlet calibration fitted on a module: the
+                members are built around the calibrated module (`peg.methods.composed`).
             val: validation data: a tuple (X, y), a map-style Dataset or a DataLoader (its
                 dataset read by index, collated with its `collate_fn`); PEP also takes an
                 IterableDataset (PEG's mini-batches need indexing). Never gathered: see
@@ -188,7 +191,7 @@ class PerturbationEnsemble(Recipes, FittedMembers, FittedEnsemble):
     ) -> PerturbationEnsemble:
         """`fit`, stage by stage; `expect` is what a recipe being rebuilt expects (the data's
         fingerprint, how its validation set was split), checked or followed on the way."""
-        models = base_models(model)
+        models = base_models(base_module(model))  # a fitted TS / Dirichlet: its module
         source, probe = self._validation_source(models, val)
         fingerprint, head = read_in_order(source, self.batch_size, self.max_score_points)
         expect.check_data(fingerprint)  # before any gradient

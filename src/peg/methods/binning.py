@@ -136,7 +136,7 @@ class HistogramBinning(_OneVsRest):
         return {"bin_edges": self.bin_edges_, "bin_values": self.bin_values_}
 
     def _restore(self, entry: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> dict[str, Any]:
-        values = stored(tensors, "bin_values")
+        values = stored(tensors, "bin_values", empty=True)
         if values.ndim != 2 or values.shape[1] != self.n_bins:
             raise ArchiveError(
                 f"calibration: bin_values has shape {tuple(values.shape)}, expected [C, "

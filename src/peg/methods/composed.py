@@ -15,6 +15,12 @@ in float64). The map is the module's last Linear, so PEG perturbs it with the re
 factors for it. A recipe archive of PEG around it loads with `peg.load(path,
 CalibratedModel(model, C, log_probs=...), val=val)`: the skeleton's map weights are replaced.
 Histogram binning and isotonic regression are piecewise constant (no gradient): refused.
+
+`base_module(model)` is what PEG, PEP and MC dropout call on the model they are given: a fitted
+temperature scaling on a module becomes `Scaled(model, T)`, a fitted vector / matrix scaling or
+Dirichlet calibration on a module its `CalibratedModel` (as `peg.compare` chains them: "TS →
+PEG", "Dirichlet → PEG"), anything else is returned as it is; binning and isotonic regression,
+or a calibrator fitted on an ensemble, are a clear error naming `model`.
 """
 
 from __future__ import annotations
@@ -24,9 +30,25 @@ from typing import Any
 import torch
 from torch import nn
 
+from peg.methods._calibrator import Calibrator
 from peg.methods.scaling import _Affine
 from peg.methods.temperature import TemperatureScaling
 from peg.output import logits_of
+
+
+class Scaled(nn.Module):
+    """`model(x) / T`: a temperature-scaled model as a module (its softmax is temperature
+    scaling's), for methods that start from a module (PEG, PEP, MC dropout: "TS → PEG"). T is
+    a constant, not a parameter: PEG perturbs the model's own weights."""
+
+    def __init__(self, model: nn.Module, temperature: float) -> None:
+        super().__init__()
+        self.model = model
+        self.temperature = float(temperature)
+        self.train(model.training)  # the model's mode (a new module starts in training mode)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return logits_of(self.model(*args, **kwargs)) / self.temperature
 
 
 class CalibratedModel(nn.Module):
@@ -103,3 +125,29 @@ def calibrated_module(calibrator: Any, n_classes: int | None = None) -> Calibrat
             out.map.weight.copy_(w.to(out.map.weight))
             out.map.bias.copy_(bias.to(out.map.bias))
     return out
+
+
+def base_module(model: Any) -> Any:
+    """`model` as the base of PEG, PEP or MC dropout (see the module doc): a fitted affine
+    calibrator on an nn.Module → the calibrated module; any other calibrator → ValueError
+    naming `model` and why; anything else unchanged."""
+    if not isinstance(model, Calibrator):
+        return model
+    name = type(model).__name__
+    if not isinstance(model, (_Affine, TemperatureScaling)):
+        raise ValueError(
+            f"model: a {name} cannot be the base of a perturbation or sampling method: its map "
+            "is piecewise constant (not differentiable, not an affine map of the logits), so no "
+            "gradient step or weight noise can move it; build the ensemble on the model, then "
+            f"calibrate it: peg.{name}().fit(ensemble, val)"
+        )
+    if "meta_" not in model.__dict__:
+        raise ValueError(f"model: {name} is not fitted; call fit(model, val) first")
+    if not isinstance(model.predictor_, nn.Module):
+        raise ValueError(
+            f"model: this {name} was fitted on a {type(model.predictor_).__name__}, not on an "
+            "nn.Module; its map becomes a model's last layer only when it was fitted on one"
+        )
+    if isinstance(model, TemperatureScaling):
+        return Scaled(model.predictor_, model.temperature_)
+    return calibrated_module(model)

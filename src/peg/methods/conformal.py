@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from peg._forward import warn_probabilities
 from peg._inputs import Data
 from peg._scalars import check_positive_int, check_seed
 from peg.batches import BatchFn
@@ -188,6 +189,8 @@ class ConformalClassifier(ConformalBase):
                     f"predictor: expected member logits [M, B, {classes or 'C'}], got "
                     f"{tuple(logits.shape)}"
                 )
+            if classes is None:
+                warn_probabilities(logits[0])
             classes = logits.shape[-1]
             y = check_labels(y, logits.shape[1], classes, "val labels", logits.device)
             probs, draws = self._probs_and_draws(logits, u, "val")

@@ -26,6 +26,7 @@ from peg._inputs import Data, probe_inputs
 from peg._scalars import check_positive_int
 from peg.batches import BatchFn, check_batch_fn
 from peg.methods.base import SampledPredictor, store_arguments
+from peg.methods.composed import CalibratedModel, Scaled, base_module
 
 DROPOUT_TYPES: tuple[type[nn.Module], ...] = (
     nn.Dropout,
@@ -159,12 +160,16 @@ class MCDropout(SampledPredictor):
         """Copy `model` (adding a dropout layer if `insert` says so) and get it ready to sample.
 
         Args:
-            model: a trained nn.Module returning logits `[B, C]`.
+            model: a trained nn.Module returning logits `[B, C]`, or a temperature, vector or
+                matrix scaling or Dirichlet calibration fitted on one (its calibrated module,
+                `peg.methods.composed`; `insert` puts the dropout inside the model, before the
+                calibration map).
             val: optional inputs ((X, y), a tensor or a loader); only used to check, with one
                 forward pass on two rows, that the model accepts them and returns `[B, C]`.
             bn_data: unused (accepted as by every post-hoc method): BatchNorm keeps the
                 model's running statistics.
         """
+        model = base_module(model)  # a fitted TS / Dirichlet: the calibrated module
         if not isinstance(model, nn.Module):
             raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
         insert = self._insert()
@@ -177,7 +182,10 @@ class MCDropout(SampledPredictor):
                     f"({', '.join(t.__name__ for t in DROPOUT_TYPES)}); pass insert=p to put "
                     "nn.Dropout(p) before its last Linear/Conv layer, e.g. MCDropout(insert=0.2)"
                 )
-            inserted_at = insert_dropout(copied, insert)
+            # a calibrated module: before the model's last layer, not before the map
+            inner = isinstance(copied, (CalibratedModel, Scaled))
+            inserted_at = insert_dropout(copied.model if inner else copied, insert)
+            inserted_at = f"model.{inserted_at}" if inner else inserted_at
         elif insert is not None:
             warnings.warn(
                 f"insert={insert} ignored: the model already has dropout layers",

@@ -295,6 +295,11 @@ class PEG(PerturbationEnsemble):
                 else {}
             ),
             **(
+                {"curvature": self._curvature}
+                if self.precondition == "kfac" and getattr(self, "_curvature", None)
+                else {}
+            ),
+            **(
                 {
                     "val_batches": self.val_batches,
                     "beta": self.beta,
@@ -326,9 +331,10 @@ class PEG(PerturbationEnsemble):
             step = unbiased_step(grad, self.seed, MEMBER, self._drift(grad, r, names))
             label = "PEG unbiased steps"
         if self.precondition is not None:  # the curvature, from `val_batches` mini-batches
-            apply = preconditioner(
+            apply, layout = preconditioner(
                 self.precondition, grad, names, self.seed, self.val_batches, self.damping
             )
+            self._curvature = layout  # meta_["curvature"]: which layer got which
             step = preconditioned(step, apply)
 
         def rows(members: Sequence[int]) -> Tensor:

@@ -118,6 +118,11 @@ def _normal(name: str) -> str:
 _BY_NORMAL = {_normal(name): name for name in CATALOGUE}
 
 
+def typed_names() -> str:
+    """The named methods as a command line takes them (quoted where they hold spaces)."""
+    return ", ".join(f"'{n}'" if " " in n else n for n in CATALOGUE)
+
+
 def _spec(entry: Any, where: str) -> MethodSpec:
     if isinstance(entry, MethodSpec):
         return entry
