@@ -29,7 +29,7 @@ import peg
 from peg import distributed, models
 from peg.apps.bench.runner import run_spec, work_units
 from peg.apps.bench.spec import parse_spec
-from peg.methods.temperature import member_logits_of
+from peg.methods._predictors import member_logits_of
 
 from conftest import mlp, moons
 

@@ -14,7 +14,7 @@ from peg._inputs import Data, as_xy, is_pair
 from peg._values import check_finite, checked_labels
 from peg.batches import BatchFn, Tapped, batch_rows, check_batch_fn
 from peg.errors import NotStreamable
-from peg.methods.temperature import (
+from peg.methods._predictors import (
     iter_member_logits_of,
     member_logits_of,
     predictor_device,

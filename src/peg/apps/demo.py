@@ -27,7 +27,7 @@ from peg.apps.bench.tables import markdown_table
 from peg.apps.data import load_or_digits, subsample
 from peg.apps.registry import Site, build
 from peg.apps.results import write_results
-from peg.methods.temperature import member_logits_of
+from peg.methods._predictors import member_logits_of
 from peg.train import train
 
 IMAGE_DATA = ("fashion-mnist", "digits")

@@ -19,23 +19,11 @@ from peg._scalars import check_positive_int
 from peg.batches import BatchFn
 from peg.errors import ArchiveError
 from peg.methods._calibrator import Calibrator
-
-# the predictor plumbing lived here first; its callers import it from here too
-from peg.methods._predictors import (
-    iter_member_logits_of,
-    logits_and_labels,
-    member_logits_of,
-    predictor_device,
-)
 from peg.methods.base import store_arguments
 
 __all__ = [
     "TemperatureScaling",
     "fit_temperature",
-    "iter_member_logits_of",
-    "logits_and_labels",
-    "member_logits_of",
-    "predictor_device",
 ]
 
 

@@ -22,7 +22,7 @@ from peg.apps.chain import as_base, chained_seconds
 from peg.apps.data import subsample
 from peg.data import corruptions, transforms
 from peg.errors import SpecError
-from peg.methods.temperature import member_logits_of
+from peg.methods._predictors import member_logits_of
 from peg.train import instantiate, train
 
 # what a seed's cached bases and logits depend on besides the spec's name, recipes and methods

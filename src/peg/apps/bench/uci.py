@@ -39,8 +39,8 @@ from peg.apps.results import write_results
 from peg.data.uci import UCI_SETS, uci_n_splits, uci_normalise
 from peg.ensemble import Ensemble
 from peg.losses import gaussian_nll_loss, packed_gaussian_nll
+from peg.methods._predictors import member_logits_of
 from peg.methods.deep_ensemble import DeepEnsemble
-from peg.methods.temperature import member_logits_of
 from peg.metrics.regression import log_predictive_density, rmse, split_gaussian
 from peg.models import MLP
 from peg.models.gaussian import RegressionMLP
