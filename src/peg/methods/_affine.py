@@ -122,6 +122,22 @@ def _hessian(p: Tensor, s: Tensor, coef: Tensor, full: bool) -> Tensor:
     return h
 
 
+def _backtrack(
+    theta: Tensor, step: Tensor, slope: float, value: Tensor, s: Tensor, y: Tensor,
+    coef: Tensor, full: bool,
+) -> tuple[Tensor, Tensor] | None:  # fmt: skip
+    """(θ − t·step, its objective) for the first t = 1, 1/2, ... meeting Armijo's condition
+    (a decrease of at least 1e-4·t·slope); None when no t > 1e-10 does."""
+    t = 1.0
+    while t > 1e-10:
+        trial = theta - t * step
+        new = _value(trial, s, y, coef, full)
+        if float(new) <= float(value) - 1e-4 * t * slope:
+            return trial, new
+        t /= 2
+    return None
+
+
 def _newton(theta: Tensor, s: Tensor, y: Tensor, coef: Tensor, full: bool, max_iter: int) -> Tensor:
     value, grad, p = _gradient(theta, s, y, coef, full)
     for _ in range(max_iter):
@@ -133,16 +149,10 @@ def _newton(theta: Tensor, s: Tensor, y: Tensor, coef: Tensor, full: bool, max_i
         h.diagonal().add_(1e-10 * float(h.diagonal().abs().max()) + 1e-300)
         step = torch.linalg.solve(h, grad.reshape(-1)).reshape(theta.shape)
         slope = float((grad * step).sum())
-        t, improved = 1.0, False
-        while t > 1e-10:
-            trial = theta - t * step
-            new = _value(trial, s, y, coef, full)
-            if float(new) <= float(value) - 1e-4 * t * slope:
-                improved = True
-                break
-            t /= 2
-        if not improved:
+        found = _backtrack(theta, step, slope, value, s, y, coef, full)
+        if found is None:
             break
+        trial, new = found
         gain = float(value - new)
         theta = trial
         value, grad, p = _gradient(theta, s, y, coef, full)
@@ -251,16 +261,10 @@ def _newton_cg(
         slope = float((grad * step).sum())
         if not slope > 0:
             break
-        t, improved = 1.0, False
-        while t > 1e-10:
-            trial = theta - t * step
-            new = _value(trial, s, y, coef, full)
-            if float(new) <= float(value) - 1e-4 * t * slope:
-                improved = True
-                break
-            t /= 2
-        if not improved:
+        found = _backtrack(theta, step, slope, value, s, y, coef, full)
+        if found is None:
             break
+        trial, new = found
         theta = trial
         gain, last = float(value - new), gain
         if gain <= GAIN_TOL * max(1.0, abs(float(value))) and gain > 0.1 * last:
