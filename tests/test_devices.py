@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import peg
 
-from conftest import CUDA
+from conftest import CUDA, overfit
 
 GPU_TOL = 1e-4 if CUDA else 1e-6
 PLACEMENTS = ["cpu-data+gpu-model", "gpu-data+gpu-model", "gpu-data+cpu-model"]
@@ -53,14 +53,7 @@ def data(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.fixture(scope="module")
 def trained() -> nn.Module:
     torch.manual_seed(0)
-    model = Net()
-    X, y = data(96, 0)
-    opt = torch.optim.Adam(model.parameters(), lr=0.05)
-    for _ in range(30):
-        opt.zero_grad()
-        nn.functional.cross_entropy(model(X), y).backward()
-        opt.step()
-    return model.eval()
+    return overfit(Net(), *data(96, 0), steps=30)
 
 
 def place(placement: str, model: nn.Module, device: torch.device, *sets: Any) -> list[Any]:
