@@ -241,7 +241,7 @@ def test_lazy_errors():
         len(lazy)
     with pytest.raises(peg.NotFittedError):
         lazy.ensemble()
-    with pytest.raises(TypeError, match="lazy"):
+    with pytest.raises(ValueError, match="lazy"):
         peg.PEP(lazy="yes")  # type: ignore[arg-type]
 
 

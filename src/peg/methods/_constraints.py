@@ -4,8 +4,9 @@ A method class declares `parameter_constraints = {name: check}`, each check a ca
 `check(value, name)` raising a ValueError (or TypeError) naming `name` and what was expected;
 `check_constraints(method, table)` runs every check on the stored arguments. Constraints
 between arguments (e.g. PEG's direction only with the vanilla variant) are plain functions of
-the method, listed beside the table. Every message names the argument and what was expected
-(docs/errors.md lists them).
+the method, its `parameter_rules`, listed beside the table. `peg.methods.base.Params` runs
+both at construction, in `set_params` and at `fit`. Every message names the argument and what
+was expected (docs/errors.md lists them).
 """
 
 from __future__ import annotations
@@ -32,10 +33,15 @@ def one_of(*choices: Any) -> Check:
     return check
 
 
-def boolean(value: Any, name: str) -> None:
-    """True or False."""
-    if not isinstance(value, bool):
-        raise TypeError(f"{name}: expected True or False, got {value!r}")
+def boolean(optional: bool = False) -> Check:
+    """True or False (or None when `optional`, e.g. `progress`: None means "on a terminal")."""
+
+    def check(value: Any, name: str) -> None:
+        if not (isinstance(value, bool) or (optional and value is None)):
+            expected = "True, False or None" if optional else "True or False"
+            raise TypeError(f"{name}: expected {expected}, got {value!r}")
+
+    return check
 
 
 def positive_int(minimum: int = 1, optional: bool = False) -> Check:
@@ -48,11 +54,12 @@ def positive_int(minimum: int = 1, optional: bool = False) -> Check:
     return check
 
 
-def number(allow_zero: bool = False) -> Check:
-    """A finite number > 0 (≥ 0 with `allow_zero`)."""
+def number(allow_zero: bool = False, optional: bool = False) -> Check:
+    """A finite number > 0 (≥ 0 with `allow_zero`; or None when `optional`)."""
 
     def check(value: Any, name: str) -> None:
-        check_number(value, name, allow_zero=allow_zero)
+        if not (optional and value is None):
+            check_number(value, name, allow_zero=allow_zero)
 
     return check
 

@@ -27,7 +27,6 @@ saved from a lazy ensemble is the eager one's, and rebuilds the eager members.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -59,21 +58,6 @@ LAZY_STORES = ("full", "bfloat16", "float16", "regenerate")
 MEMORY_FRACTION = 0.5
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 _FP16_TOP = 15  # float16 rows: each tensor's largest entry scaled into [2^14, 2^15)
-
-
-def check_lazy(lazy: Any, store: Any, budget: Any) -> None:
-    """The lazy options' checks (`_check_params`)."""
-    if not (isinstance(lazy, bool) or lazy == "auto"):
-        raise TypeError(f"lazy: expected True, False or 'auto', got {lazy!r}")
-    if store not in LAZY_STORES:
-        raise ValueError(f"lazy_store: expected one of {LAZY_STORES}, got {store!r}")
-    if budget is not None and not (
-        isinstance(budget, (int, float))
-        and not isinstance(budget, bool)
-        and math.isfinite(budget)
-        and budget > 0
-    ):
-        raise ValueError(f"memory_budget: expected a number of bytes > 0 or None, got {budget!r}")
 
 
 def available_memory(device: torch.device) -> int:

@@ -39,20 +39,18 @@ from peg.methods._constraints import (
     Check,
     batch_fn,
     boolean,
-    check_constraints,
     choice_or_callable,
     number,
     one_of,
     param_filter,
     positive_int,
-    scale,
 )
 from peg.methods._criteria import CRITERIA, check_task, is_regression
 from peg.methods._fitted_members import FittedMembers
 from peg.methods._lazy import (
+    LAZY_STORES,
     LazyRows,
     RegeneratedMembers,
-    check_lazy,
     choose_store,
     collect_rows,
     lazy_members,
@@ -89,7 +87,7 @@ class PerturbationEnsemble(Recipes, FittedMembers, FittedEnsemble):
         "race": number(allow_zero=True),
         "search_tol": number(allow_zero=True),
         "search": one_of(*SEARCHES),
-        "early_stop": boolean,
+        "early_stop": boolean(),
         "on_nonfinite": one_of("raise", "drop"),
         "seed": positive_int(minimum=0),
         "bn": one_of("eval", "batch", "refresh"),
@@ -98,16 +96,12 @@ class PerturbationEnsemble(Recipes, FittedMembers, FittedEnsemble):
         "batch_size": positive_int(),
         "max_score_points": positive_int(optional=True),
         "batch_fn": batch_fn,
+        "progress": boolean(optional=True),
+        "lazy": one_of(False, True, "auto"),
+        "lazy_store": one_of(*LAZY_STORES),
+        "memory_budget": number(optional=True),
     }
     parameter_rules: ClassVar[tuple[Callable[[Any], None], ...]] = ()
-
-    def _check_params(self) -> None:
-        """Every constraint of the table, then the lazy options and the rules; the arguments
-        are stored as given."""
-        check_constraints(self, {self.scale_name: scale, **self.parameter_constraints})
-        check_lazy(self.lazy, self.lazy_store, self.memory_budget)
-        for rule in self.parameter_rules:
-            rule(self)
 
     @property
     def _scale_arg(self) -> float | Sequence[float] | str:

@@ -22,8 +22,8 @@ predictor's `Ensemble` takes beyond them (`strategy`, `chunk_size`).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -36,34 +36,36 @@ from peg._scalars import check_positive_int
 from peg.batches import BatchFn, Tapped, call_model, check_batch_fn
 from peg.ensemble import Ensemble, Predicts, _cat_batches, autocast_dtype
 from peg.errors import NotFittedError
+from peg.methods._constraints import Check, check_constraints
 from peg.output import model_output
 from peg.streams import generator
 
 
-def store_arguments(method: Method, arguments: dict[str, Any]) -> None:
+def store_arguments(owner: Params, arguments: dict[str, Any]) -> None:
     """Store a constructor's arguments (its `locals()`) under their own names, unchanged, then
-    check them (`_check_params`): the one line every method's `__init__` ends with."""
-    for name in type(method)._param_names():
-        setattr(method, name, arguments[name])
-    method._check_params()
+    check them (`_check_params`): the one line every constructor ends with."""
+    for name in type(owner)._param_names():
+        setattr(owner, name, arguments[name])
+    owner._check_params()
 
 
-class Method:
-    """The contract of every method class (see the module doc)."""
+class Params:
+    """The argument protocol (scikit-learn's): keyword arguments stored as given under their own
+    names, one check per argument in `parameter_constraints` (`peg.methods._constraints`;
+    a test requires every constructor argument to have one) and the checks between arguments
+    in `parameter_rules`, run in that order by `_check_params` at construction, in
+    `set_params` and (for a `Method`) at `fit`; `get_params` (nested objects' parameters as
+    `name__param` with `deep=True`), `set_params` (`name__param` too) and a `repr` of the
+    arguments that differ from their defaults."""
+
+    parameter_constraints: ClassVar[Mapping[str, Check]] = {}
+    parameter_rules: ClassVar[tuple[Callable[[Any], None], ...]] = ()
 
     def _check_params(self) -> None:
         """Raise a clear error for a bad argument; never change one (clone compares them)."""
-
-    def _reading(
-        self, batch_size: int | None, batch_fn: BatchFn | None, X: Data = None
-    ) -> tuple[int, BatchFn | None]:
-        """The predictor protocol's `batch_size` and `batch_fn` for one call: those given win,
-        None means the constructor's (512 and `peg.batches`' conventions for a class without
-        them); a `Tapped` stream carries its own `batch_fn`."""
-        own = self.__dict__.get("batch_size", 512)
-        size = check_positive_int(own if batch_size is None else batch_size, "batch_size")
-        split = check_batch_fn(self.__dict__.get("batch_fn") if batch_fn is None else batch_fn)
-        return size, None if isinstance(X, Tapped) else split
+        check_constraints(self, self.parameter_constraints)
+        for rule in self.parameter_rules:
+            rule(self)
 
     @classmethod
     def _param_names(cls) -> list[str]:
@@ -75,13 +77,24 @@ class Method:
         ]
 
     def get_params(self, deep: bool = True) -> dict[str, Any]:
-        """The constructor arguments, `{name: value}` (scikit-learn's protocol)."""
-        return {name: getattr(self, name) for name in self._param_names()}
+        """The constructor arguments, `{name: value}`; with `deep`, an argument's own parameters
+        too, as `name__param` (scikit-learn's protocol)."""
+        params = {name: getattr(self, name) for name in self._param_names()}
+        if deep:
+            for name, value in list(params.items()):
+                if isinstance(value, Params):
+                    params.update({f"{name}__{k}": v for k, v in value.get_params().items()})
+        return params
 
-    def set_params(self, **params: Any) -> Method:
-        """Change constructor arguments (checked as the constructor checks them); returns self."""
+    def set_params(self, **params: Any) -> Params:
+        """Change constructor arguments (`name__param` changes one of an argument's own), checked
+        as the constructor checks them (nothing is changed when a check fails); returns self."""
         valid = self._param_names()
-        unknown = sorted(set(params) - set(valid))
+        nested: dict[str, dict[str, Any]] = {}
+        for key in [k for k in params if "__" in k]:
+            name, sub = key.split("__", 1)
+            nested.setdefault(name, {})[sub] = params.pop(key)
+        unknown = sorted((set(params) | set(nested)) - set(valid))
         if unknown:
             raise ValueError(
                 f"{type(self).__name__}.set_params: unknown argument(s) {unknown}; valid: {valid}"
@@ -90,6 +103,14 @@ class Method:
         for name, value in params.items():
             setattr(self, name, value)
         try:
+            for name, sub in nested.items():
+                owner = getattr(self, name)
+                if not isinstance(owner, Params):
+                    raise ValueError(
+                        f"{name}__{next(iter(sub))}: {name} is {owner!r}, which has no "
+                        f"parameters of its own; set {name} itself"
+                    )
+                owner.set_params(**sub)
             self._check_params()
         except Exception:
             for name, value in old.items():
@@ -102,7 +123,7 @@ class Method:
             p.name: p.default for p in inspect.signature(type(self).__init__).parameters.values()
         }
         shown = []
-        for name, value in self.get_params().items():
+        for name, value in self.get_params(deep=False).items():
             default = defaults.get(name, inspect.Parameter.empty)
             try:
                 same = value is default or bool(value == default)
@@ -111,6 +132,21 @@ class Method:
             if not same:
                 shown.append(f"{name}={value!r}")
         return f"{type(self).__name__}({', '.join(shown)})"
+
+
+class Method(Params):
+    """The contract of every method class (see the module doc)."""
+
+    def _reading(
+        self, batch_size: int | None, batch_fn: BatchFn | None, X: Data = None
+    ) -> tuple[int, BatchFn | None]:
+        """The predictor protocol's `batch_size` and `batch_fn` for one call: those given win,
+        None means the constructor's (512 and `peg.batches`' conventions for a class without
+        them); a `Tapped` stream carries its own `batch_fn`."""
+        own = self.__dict__.get("batch_size", 512)
+        size = check_positive_int(own if batch_size is None else batch_size, "batch_size")
+        split = check_batch_fn(self.__dict__.get("batch_fn") if batch_fn is None else batch_fn)
+        return size, None if isinstance(X, Tapped) else split
 
     def __getattr__(self, name: str) -> Any:
         # only reached when normal lookup failed: a fitted attribute before `fit`, or a property

@@ -65,6 +65,7 @@ from peg.methods._constraints import (
     one_of,
     optional_callable,
     positive_int,
+    scale,
 )
 from peg.methods._criteria import Criterion
 from peg.methods._gradients import (
@@ -242,6 +243,7 @@ class PEG(PerturbationEnsemble):
         store_arguments(self, locals())
 
     parameter_constraints: ClassVar[dict[str, Check]] = {
+        "eta": scale,
         **PerturbationEnsemble.parameter_constraints,
         "grad_batch_size": positive_int(),
         "variant": one_of("vanilla", "unbiased"),

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from peg._params import ParamFilter
 from peg.batches import BatchFn
-from peg.methods._constraints import Check
+from peg.methods._constraints import Check, scale
 from peg.methods._criteria import Criterion
 from peg.methods._members import DirectionData, RowSource
 from peg.methods._perturb import MAX_SCORE_POINTS, PerturbationEnsemble
@@ -120,6 +120,7 @@ class PEP(PerturbationEnsemble):
         store_arguments(self, locals())
 
     parameter_constraints: ClassVar[dict[str, Check]] = {
+        "sigma": scale,
         **PerturbationEnsemble.parameter_constraints,
         "bn": _pep_bn,
         "bracket": _bracket,
