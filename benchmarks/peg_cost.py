@@ -27,6 +27,7 @@ from torch import Tensor
 from peg._env import machine
 from peg.apps.bench.spec import find_spec, load_specs
 from peg.methods import _scale_search
+from peg.methods._scale_search import ScaleSearch
 from peg.methods.peg import PEG
 from peg.methods.pep import PEP
 from peg.methods.temperature import TemperatureScaling
@@ -61,7 +62,7 @@ def _reference(fitted: PEG | PEP, losses: Any) -> tuple[float, Tensor]:
 def _compare(case: Any, method: str, ts: float) -> None:
     make = PEG if method == "PEG" else PEP
     options: dict[str, Any] = {"n_members": 15, "seed": 0, "progress": False}
-    options["max_score_points"] = case.score_points
+    options["search"] = ScaleSearch(max_points=case.score_points)
     fixed_s, _ = _timed(lambda: make(**options, **{make.scale_name: 0.01}).fit(case.base, case.val))
     fits = {}
     for label, points in (("before: every scoring point", None), ("after: first 1024", 1024)):

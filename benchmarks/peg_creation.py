@@ -5,14 +5,14 @@ less than one epoch of training the base model, because the S gradients are comp
 reused for every η, each η is scored with forward passes only. The default search (issue 15,
 `peg.methods._surrogate`) scores at most 3 η exactly; the golden search (`search="golden"`,
 the default before) races each new η against the best so far on a growing prefix of the
-scoring points (`race`, see `peg.methods._search.PairedRace`), or, without racing, stops as soon
+scoring points (`race`, see `peg.methods._golden.PairedRace`), or, without racing, stops as soon
 as it cannot beat the best (`early_stop`, exact), the grid stops growing once the score is flat
-(`search_tol`), and scoring may use a fixed subsample (`max_score_points`). How close the
-surrogate search's η comes to the best: benchmarks/scale_search.py. Each setting's η is
-compared with the same search scored on every point; "points used" is the share of the
-scoring points an exhaustive search would score. One epoch is timed on the preset's training
-subset and on the full training split (48k images); also reported: the ratio to training Deep
-Ensembles-15 with the same recipe (15 × epochs × the measured epoch).
+(`tol`), and scoring may use a fixed subsample (`max_points`): all options of `ScaleSearch`.
+How close the surrogate search's η comes to the best: benchmarks/scale_search.py. Each
+setting's η is compared with the same search scored on every point; "points used" is the
+share of the scoring points an exhaustive search would score. One epoch is timed on the
+preset's training subset and on the full training split (48k images); also reported: the ratio
+to training Deep Ensembles-15 with the same recipe (15 × epochs × the measured epoch).
 
 Set-up: SmallCNN width 16 on Fashion-MNIST with 12k validation images; two bases: the
 `fashion-mnist` preset of `peg bench` (24k training images, weight decay: well calibrated, so
@@ -37,6 +37,7 @@ from peg._env import machine
 from peg.apps.bench.paper import PRESETS
 from peg.apps.bench.seed import SeedRun
 from peg.apps.bench.spec import Spec, find_spec, load_specs
+from peg.methods._scale_search import ScaleSearch
 from peg.methods.peg import PEG
 from peg.train import train
 
@@ -74,8 +75,8 @@ def main() -> None:
 
 PAPER_GRID = [1e-3, 1e-2, 1e-1, 1.0]
 EVERY = {"race": 0, "early_stop": False}  # every η scored on every point
-SUBSAMPLE = {"race": 0, "max_score_points": 1000}  # early stop on a fixed 1000-point subsample
-GOLDEN = {"eta": "search", "search": "golden"}
+SUBSAMPLE = {"race": 0, "max_points": 1000}  # early stop on a fixed 1000-point subsample
+GOLDEN = {"eta": "search", "method": "golden"}
 # (setting, PEG options, index of the exhaustively scored setting it must agree with)
 SETTINGS = [
     ("golden search, every point scored", {**GOLDEN, **EVERY}, None),
@@ -114,7 +115,8 @@ def _benchmark(label: str, spec: Spec, cache: Path, repeats: int) -> None:
     print(f"{'':42} {'':>7} {'preset':>7} {'full':>7} {'':>7} {'':>6} {'used':>6}")
     etas: list[float] = []
     for setting, options, reference in SETTINGS:
-        peg = PEG(n_members=15, seed=0, progress=False, **options)
+        search = ScaleSearch(**{k: v for k, v in options.items() if k != "eta"})
+        peg = PEG(n_members=15, seed=0, progress=False, eta=options["eta"], search=search)
         seconds, fitted = median_time(lambda peg=peg: peg.fit(base, run.val), repeats)
         etas.append(fitted.eta_)
         same = "" if reference is None else f"{fitted.eta_ == etas[reference]}"

@@ -51,6 +51,7 @@ from peg.apps.data import subsample
 from peg.apps.demo import PRESETS as DEMO_PRESETS
 from peg.losses import gaussian_nll_loss
 from peg.methods._criteria import POINT_LOSSES
+from peg.methods._scale_search import ScaleSearch
 from peg.methods.peg import PEG
 from peg.methods.pep import PEP
 from peg.methods.temperature import TemperatureScaling
@@ -179,7 +180,7 @@ def _scoring_points(fitted: PEG | PEP, val: tuple[Tensor, Tensor]) -> tuple[Tens
     X, y = val
     _, score = fitted._split(ValSource(val))
     if score is None:
-        cap = fitted.max_score_points or len(y)
+        cap = fitted._search().max_points or len(y)
         return X[:cap], y[:cap]
     return X[score], y[score]
 
@@ -191,7 +192,7 @@ def _best(scores: dict[float, Tensor]) -> float:
 def _compare(case: Case, method: str, repeats: int, ts_seconds: float, epoch: float) -> None:
     make = PEG if method == "PEG" else PEP
     options: dict[str, Any] = {"n_members": 15, "seed": 0, "progress": False}
-    options["max_score_points"] = case.score_points
+    points = case.score_points
     if method == "PEG":
         options["grad_batch_size"] = case.grad_batch_size
     warm = {"eta" if method == "PEG" else "sigma": 0.01, "n_members": 2}
@@ -200,7 +201,10 @@ def _compare(case: Case, method: str, repeats: int, ts_seconds: float, epoch: fl
     seconds = {}
     for search in ("golden", "surrogate"):
         seconds[search], fits[search] = median_time(
-            lambda s=search: make(**options, search=s).fit(case.base, case.val), repeats
+            lambda s=search: make(**options, search=ScaleSearch(method=s, max_points=points)).fit(
+                case.base, case.val
+            ),
+            repeats,
         )
     after = fits["surrogate"]
     Xs, ys = _scoring_points(after, case.val)

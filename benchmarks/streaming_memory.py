@@ -81,7 +81,8 @@ def child(n: int, side: int, score_points: int, eta: float | None = None) -> Non
     loader = DataLoader(Images(n, side), batch_size=256)
     before = _status("VmRSS")
     start = time.perf_counter()
-    search = dict(eta="search", max_score_points=score_points) if eta is None else dict(eta=eta)
+    points = peg.ScaleSearch(max_points=score_points)
+    search = dict(eta="search", search=points) if eta is None else dict(eta=eta)
     fitted = peg.PEG(n_members=15, progress=False, **search).fit(model, loader)
     seconds = time.perf_counter() - start
     grown = _status("VmHWM") - before
@@ -157,7 +158,7 @@ def main() -> None:
     _header()
     gb = 3 * args.side * args.side * 4 / 1e9
     print(
-        f"PEG-15, eta='search' (eta_holdout=0.5, max_score_points={args.score_points}), tiny CNN, "
+        f"PEG-15, eta='search' (holdout=0.5, max_points={args.score_points}), tiny CNN, "
         f"images 3×{args.side}×{args.side} made on the fly, DataLoader(batch_size=256, "
         "workers=0); peak RSS growth over fit (VmHWM − VmRSS before), fresh process per N"
     )

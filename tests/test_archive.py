@@ -213,7 +213,7 @@ def test_a_recipe_detects_members_that_no_longer_match(
     "options",
     [
         {"params": lambda n, p: True},
-        {"criterion": lambda logits, y: 0.0, "eta": [0.1, 0.2]},
+        {"search": peg.ScaleSearch(criterion=lambda logits, y: 0.0), "eta": [0.1, 0.2]},
         {"loss": lambda out, y: torch.nn.functional.cross_entropy(out, y, reduction="none")},
         {"variant": "unbiased", "momentum": "given"},
     ],

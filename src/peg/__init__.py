@@ -17,6 +17,7 @@ from peg.ensemble import Ensemble
 from peg.errors import ArchiveError, NonFiniteError, NotFittedError
 from peg.evaluate import evaluate
 from peg.loading import load
+from peg.methods._scale_search import ScaleSearch
 from peg.methods.binning import HistogramBinning, IsotonicCalibration
 from peg.methods.conformal import ConformalClassifier
 from peg.methods.conformal_regression import ConformalRegressor
@@ -56,6 +57,7 @@ __all__ = [
     "NotFittedError",
     "OODDetector",
     "PackedEnsemble",
+    "ScaleSearch",
     "TemperatureScaling",
     "VectorScaling",
     "__version__",

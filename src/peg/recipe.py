@@ -33,7 +33,9 @@ from peg._schema import Fields, in_range
 from peg.batches import leaves
 from peg.errors import ArchiveError
 
-RECIPE_VERSION = 2  # 2: option names of the method contract (n_members, batch_size, ...)
+# 2: option names of the method contract (n_members, batch_size, ...); 3: the search's options
+# in one `search` object (`peg.ScaleSearch`)
+RECIPE_VERSION = 3
 FINGERPRINT_SEED = 20_241_121
 TOLERANCE = 1e-4  # float32 gradients rebuilt with rounding in another order
 ARITHMETIC = ("fp32", "tf32")  # what `arithmetic` records

@@ -70,9 +70,13 @@ def test_configure_checks_the_options_and_trains_nothing(key, options, match):
 
 def test_post_hoc_methods_take_the_sites_seed_and_score_points(site):
     made = configure("peg", Site(seed=7, score_points=50), {"n_members": 3})
-    assert (made.unfitted.seed, made.unfitted.max_score_points) == (7, 50)
-    given = configure("pep", Site(seed=7, score_points=50), {"max_score_points": None, "seed": 1})
-    assert (given.unfitted.seed, given.unfitted.max_score_points) == (1, None)
+    assert (made.unfitted.seed, made.unfitted.search.max_points) == (7, 50)
+    given = configure(
+        "pep", Site(seed=7, score_points=50), {"search": {"max_points": None}, "seed": 1}
+    )
+    assert (given.unfitted.seed, given.unfitted.search.max_points) == (1, None)
+    golden = configure("pep", Site(score_points=50), {"search": "golden"}).unfitted.search
+    assert (golden.method, golden.max_points) == ("golden", 50)
 
 
 def test_build_fits_on_the_sites_base_and_validation_data(site):

@@ -22,7 +22,7 @@ from torch import nn
 import peg
 from peg.errors import NotFittedError
 from peg.layers import patch
-from peg.methods.base import Method
+from peg.methods.base import Method, Params
 from peg.models import MLP
 from peg.subspace import DiagonalGaussian, DropoutSubspace, LowRankGaussian, RandomSubspace
 from peg.train import Recipe
@@ -75,9 +75,14 @@ CASES = [
     ),
     Case(
         peg.PEP,
-        {"n_members": 3, "sigma": [0.01, 0.1], "bracket": (1e-3, 1e-2), "progress": False},
+        {
+            "n_members": 3,
+            "sigma": [0.01, 0.1],
+            "search": peg.ScaleSearch(grid=[1e-3, 1e-2]),
+            "progress": False,
+        },
         lambda m: m.fit(_tiny().eval(), (X, y)),
-        ("bracket", (1.0, 0.1)),
+        ("search", "exhaustive"),
     ),
     Case(
         peg.DeepEnsemble,
@@ -197,7 +202,10 @@ IDS = [case.id for case in CASES]
 
 
 def _parameters(cls: type) -> list[inspect.Parameter]:
-    return list(inspect.signature(cls.__init__).parameters.values())[1:]  # without self
+    """The constructor's arguments, without self and without PEG/PEP's `**moved` (the former
+    options now the search's, refused with a message saying where they went)."""
+    parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    return [p for p in parameters if p.kind is not p.VAR_KEYWORD]
 
 
 @pytest.fixture(params=CASES, ids=IDS)
@@ -222,7 +230,7 @@ def test_constructor_arguments_are_keyword_only(case):
 
 def test_get_params_returns_the_arguments_as_given(case):
     method = case.cls(**case.kwargs)
-    params = method.get_params()
+    params = method.get_params(deep=False)
     assert list(params) == [p.name for p in _parameters(case.cls)]
     for name, value in case.kwargs.items():
         assert params[name] is value, name  # stored unchanged, never converted
@@ -231,14 +239,22 @@ def test_get_params_returns_the_arguments_as_given(case):
         assert params[name] is defaults[name], name
 
 
+def _plain(method: Method) -> dict[str, object]:
+    """`get_params(deep=True)` with a nested object (PEP's ScaleSearch) by its class: the
+    nested parameters compare by value, the object itself is a copy."""
+    return {
+        k: type(v) if isinstance(v, Params) else v for k, v in method.get_params(deep=True).items()
+    }
+
+
 def test_clone_gives_an_equal_unfitted_method(case):
     method = case.cls(**case.kwargs)
     copied = clone(method)
     assert type(copied) is case.cls and copied is not method
-    assert copied.get_params() == method.get_params()
+    assert _plain(copied) == _plain(method)
     fitted = case.fit(case.cls(**case.kwargs))
     again = clone(fitted)  # clone takes the arguments only, never the fitted state
-    assert again.get_params() == fitted.get_params()
+    assert _plain(again) == _plain(fitted)
     with pytest.raises(NotFittedError):
         _ = again.meta_
 
@@ -256,7 +272,7 @@ def test_set_params_checks_names_and_values(case):
     method = case.cls(**case.kwargs)
     with pytest.raises(ValueError, match=r"unknown argument\(s\) \['bad'\]; valid: \[") as error:
         method.set_params(bad=1)
-    for name in method.get_params():
+    for name in method.get_params(deep=False):
         assert repr(name) in str(error.value)
     name, invalid = case.invalid
     old = method.get_params()[name]

@@ -203,9 +203,10 @@ def _without_split(monkeypatch):
 
 @pytest.mark.parametrize("race", [0.0, 3.0])
 def test_the_search_on_the_heads_chooses_the_unshortcut_eta(monkeypatch, race):
-    _, _, fast = _fitted(eta="search", race=race)
+    search = peg.ScaleSearch(method="golden", race=race)
+    _, _, fast = _fitted(eta="search", search=search)
     _without_split(monkeypatch)
-    _, _, slow = _fitted(eta="search", race=race)
+    _, _, slow = _fitted(eta="search", search=search)
     assert fast.eta_ == slow.eta_ and fast.search_.keys() == slow.search_.keys()
     for eta in fast.search_:
         assert fast.search_[eta] == pytest.approx(slow.search_[eta], rel=1e-5)
@@ -215,7 +216,8 @@ def test_the_search_runs_the_trunk_once_per_scoring_batch(monkeypatch):
     from peg.methods import _members
 
     grid = [1e-3, 1e-2, 0.1, 1.0, 10.0]
-    kwargs = {"eta": grid, "race": 0.0, "early_stop": False, "eta_holdout": 0.5, "batch_size": 50}
+    search = peg.ScaleSearch(race=0.0, early_stop=False, holdout=0.5)
+    kwargs = {"eta": grid, "search": search, "batch_size": 50}
     _fitted(**kwargs)  # the split checked once (this process)
     counted = []
     for shortcut in (True, False):
@@ -257,7 +259,8 @@ def test_the_gradients_run_the_trunk_once_per_drawn_point(monkeypatch, precondit
     distinct point once (not 15 × 32 times), and the rows are the unshortcut ones."""
     from peg.methods import _gradients
 
-    kwargs = {"n_members": 15, "eta": "search", "eta_holdout": 0.75, "precondition": precondition}
+    search = peg.ScaleSearch(holdout=0.75)
+    kwargs = {"n_members": 15, "eta": "search", "search": search, "precondition": precondition}
     _fitted(**kwargs)  # the split checked once (this process)
     rows, counted = [], []
     for shortcut in (True, False):

@@ -53,7 +53,12 @@ def _pair(cls, model, val, **options):
             "variant": "unbiased",
             "val_batches": 3,
         },
-        {"n_members": 5, "grad_batch_size": 32, "eta": [0.01, 0.1], "max_score_points": 200},
+        {
+            "n_members": 5,
+            "grad_batch_size": 32,
+            "eta": [0.01, 0.1],
+            "search": peg.ScaleSearch(max_points=200),
+        },
     ],
     ids=["vanilla", "unbiased", "searched"],
 )

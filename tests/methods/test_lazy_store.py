@@ -16,7 +16,13 @@ from peg.archive import read_header
 from peg.methods._lazy import StoredRows, available_memory
 
 ERROR_CASES: list[tuple[str, str, Callable[[], object], type[Exception], str]] = [
-    ("PEG", "lazy neither a bool nor 'auto'", lambda: peg.PEG(lazy="sometimes"), ValueError, "lazy"),
+    (
+        "PEG",
+        "lazy neither a bool nor 'auto'",
+        lambda: peg.PEG(lazy="sometimes"),
+        ValueError,
+        "lazy",
+    ),
     ("PEP", "lazy neither a bool nor 'auto'", lambda: peg.PEP(lazy=1), ValueError, "lazy"),
     (
         "PEG",

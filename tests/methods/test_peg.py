@@ -99,9 +99,9 @@ def test_the_ascent_step_is_the_descent_step_negated(overfit_mlp, moons_data, tm
 
 
 def test_gradient_reuse_equals_members_built_one_at_a_time(overfit_mlp, moons_data):
-    searched = peg.PEG(n_members=4, grad_batch_size=32, eta=[0.01, 0.1, 1.0], eta_holdout=0.0).fit(
-        overfit_mlp, moons_data["val"]
-    )
+    searched = peg.PEG(
+        n_members=4, grad_batch_size=32, eta=[0.01, 0.1, 1.0], search=peg.ScaleSearch(holdout=0.0)
+    ).fit(overfit_mlp, moons_data["val"])
     assert searched.eta_ in (0.01, 0.1, 1.0) and len(searched.search_) == 3
     direct = peg.PEG(n_members=4, grad_batch_size=32, eta=searched.eta_).fit(
         overfit_mlp, moons_data["val"]
@@ -243,8 +243,7 @@ def test_dataloader_validation_input(overfit_mlp, moons_data):
         ({"variant": "biased"}, "variant"),
         ({"reduction": "max"}, "reduction"),
         ({"bn": "train"}, "bn"),
-        ({"criterion": "auroc"}, "criterion"),
-        ({"eta_holdout": 1.0}, "holdout"),
+        ({"search": "exhaustive"}, "search"),
         ({"beta": 1.0}, "beta"),
         ({"momentum": "adam"}, "momentum"),
         ({"params": "biases"}, "params"),
@@ -343,9 +342,11 @@ def test_a_model_in_training_mode_gets_a_warning_and_is_left_alone(bn_net, moons
 
 
 def test_early_stopped_eta_search_picks_the_exhaustive_eta(overfit_mlp, moons_data):
-    options = {"n_members": 4, "grad_batch_size": 32, "eta": "search", "search": "golden"}
-    fast = peg.PEG(**options, batch_size=32, race=0).fit(overfit_mlp, moons_data["val"])
-    full = peg.PEG(**options, batch_size=32, race=0, early_stop=False)
+    options = {"n_members": 4, "grad_batch_size": 32, "eta": "search"}
+    fast = peg.PEG(**options, batch_size=32, search=peg.ScaleSearch(method="golden", race=0))
+    fast.fit(overfit_mlp, moons_data["val"])
+    every = peg.ScaleSearch(method="golden", race=0, early_stop=False)
+    full = peg.PEG(**options, batch_size=32, search=every)
     full.fit(overfit_mlp, moons_data["val"])
     assert fast.eta_ == full.eta_ and fast.search_.keys() == full.search_.keys()
     assert fast.search_stopped_ and not full.search_stopped_
@@ -359,14 +360,19 @@ def test_early_stopped_eta_search_picks_the_exhaustive_eta(overfit_mlp, moons_da
 def test_whole_set_criteria_are_scored_as_themselves(overfit_mlp, moons_data):
     """ECE is not a mean of per-point losses: scored in one piece, its values are ECEs."""
     X, y = moons_data["val"]
-    p = peg.PEG(n_members=4, grad_batch_size=32, eta=[0.01, 0.1], criterion="ece", eta_holdout=0.0)
+    p = peg.PEG(
+        n_members=4,
+        grad_batch_size=32,
+        eta=[0.01, 0.1],
+        search=peg.ScaleSearch(criterion="ece", holdout=0.0),
+    )
     p.fit(overfit_mlp, (X, y))
     # The search scored the points in its own (seeded) order, batch_size rows at a time: the same
     # computation here, since logits of other batches may differ in the last bits on another CPU,
     # which moves an ECE by ~1e-7 (or a whole bin's gap when a confidence crosses an edge).
     _, score = p._split(ValSource((X, y)))  # the scoring points' indices
     Xs, ys = X[score], y[score]
-    assert len(Xs) == len(X)  # eta_holdout=0: every point scores
+    assert len(Xs) == len(X)  # holdout=0: every point scores
     for eta, value in p.search_.items():
         logits = p.ensemble_at(eta).member_logits(Xs, p.batch_size, progress=False)
         expected = peg.metrics.ece(logits, ys)
@@ -378,10 +384,11 @@ def test_a_raced_eta_search_picks_the_exhaustive_eta_on_fewer_points(
     overfit_mlp, moons_data, monkeypatch, criterion
 ):
     monkeypatch.setattr(search_module, "RACE_FIRST", 32)  # 300 scoring points: looks at 32, 64, ...
-    options = {"n_members": 4, "grad_batch_size": 32, "eta": "search", "criterion": criterion}
-    options["search"] = "golden"
-    raced = peg.PEG(**options).fit(overfit_mlp, moons_data["val"])
-    full = peg.PEG(**options, race=0, early_stop=False).fit(overfit_mlp, moons_data["val"])
+    options = {"n_members": 4, "grad_batch_size": 32, "eta": "search"}
+    raced_search = peg.ScaleSearch(method="golden", criterion=criterion)
+    raced = peg.PEG(**options, search=raced_search).fit(overfit_mlp, moons_data["val"])
+    every = raced_search.set_params(race=0, early_stop=False)
+    full = peg.PEG(**options, search=every).fit(overfit_mlp, moons_data["val"])
     assert raced.eta_ == full.eta_ and raced.search_.keys() == full.search_.keys()
     n = full.ensemble_.meta["validation_points"]["scoring"]
     assert set(full.search_points_.values()) == {n} and not full.search_stopped_

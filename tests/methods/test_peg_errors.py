@@ -69,13 +69,23 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str
     ("PEG", "seed not an integer", lambda: peg.PEG(seed="a"), ValueError, "seed"),
     ("PEG", "negative seed", lambda: peg.PEG(seed=-1), ValueError, "seed"),
     (
-        "PEG",
+        "ScaleSearch",
         "race < 0",
-        lambda: peg.PEG(race=-1.0),
+        lambda: peg.ScaleSearch(race=-1.0),
         ValueError,
         r"race: expected a finite number >= 0",
     ),
-    ("PEP", "race not a number", lambda: peg.PEP(race="z"), ValueError, "race"),
+    ("ScaleSearch", "race not a number", lambda: peg.ScaleSearch(race="z"), ValueError, "race"),
+    ("ScaleSearch", "holdout of 1", lambda: peg.ScaleSearch(holdout=1.0), ValueError, "holdout"),
+    ("ScaleSearch", "a grid with 0", lambda: peg.ScaleSearch(grid=[0, 1]), ValueError, "grid"),
+    ("PEG", "unknown search", lambda: peg.PEG(search="exhaustive"), ValueError, "search"),
+    (
+        "PEP",
+        "a search option given to the method",
+        lambda: peg.PEP(criterion="ece"),
+        TypeError,
+        r"criterion: now an option of the scale search; pass search=peg.ScaleSearch",
+    ),
     (
         "PEG",
         "unknown direction",
@@ -264,9 +274,9 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str
     (
         "PEG",
         "classification criterion for regression",
-        lambda: peg.PEG(n_members=2, grad_batch_size=8, eta=0.1, criterion="ece").fit(
-            nn.Linear(2, 2).eval(), (_val()[0], torch.randn(200))
-        ),
+        lambda: peg.PEG(
+            n_members=2, grad_batch_size=8, eta=0.1, search=peg.ScaleSearch(criterion="ece")
+        ).fit(nn.Linear(2, 2).eval(), (_val()[0], torch.randn(200))),
         ValueError,
         "criterion: 'ece' is for classification",
     ),
@@ -280,16 +290,22 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str
         "bn_data",
     ),
     ("PEG", "unknown eta string", lambda: peg.PEG(eta="grid"), ValueError, "eta"),
-    ("PEG", "unknown criterion", lambda: peg.PEG(criterion="auc"), ValueError, "criterion"),
+    (
+        "ScaleSearch",
+        "unknown criterion",
+        lambda: peg.ScaleSearch(criterion="auc"),
+        ValueError,
+        "criterion",
+    ),
     ("PEG", "unknown params filter", lambda: peg.PEG(params="bias"), ValueError, "params"),
     ("PEG", "n_members not an integer", lambda: peg.PEG(n_members=2.5), ValueError, "n_members"),
     ("PEG", "batch_size < 1", lambda: peg.PEG(batch_size=0), ValueError, "batch_size"),
     (
-        "PEG",
-        "max_score_points < 1",
-        lambda: peg.PEG(max_score_points=0),
+        "ScaleSearch",
+        "max_points < 1",
+        lambda: peg.ScaleSearch(max_points=0),
         ValueError,
-        "max_score_points",
+        "max_points",
     ),
     ("PEG", "loss not callable", lambda: peg.PEG(loss="mse"), ValueError, "loss"),
     ("PEG", "unknown reduction", lambda: peg.PEG(reduction="max"), ValueError, "reduction"),

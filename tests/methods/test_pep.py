@@ -11,7 +11,7 @@ from conftest import mlp
 
 
 def test_same_noise_for_every_sigma(overfit_mlp, moons_data):
-    p = peg.PEP(n_members=6, sigma="search", bracket=(1e-3, 1e-1)).fit(
+    p = peg.PEP(n_members=6, sigma="search", search=peg.ScaleSearch(grid=[1e-3, 1e-2, 1e-1])).fit(
         overfit_mlp, moons_data["val"]
     )
     assert len(p) == 6 and 1e-3 in p.search_ and 1 <= len(p.search_) <= 3
@@ -48,7 +48,7 @@ def test_pep_on_an_ensemble(moons_data):
     [
         ({"n_members": 0}, "n_members"),
         ({"sigma": 0}, "sigma"),
-        ({"bracket": (1e-2, 1e-3)}, "bracket"),
+        ({"search": "bracket"}, "search"),
         ({"bn": "batch"}, "bn"),
     ],
 )

@@ -71,9 +71,9 @@ def test_regression_needs_a_gaussian_head_and_a_regression_criterion(regressor):
     with pytest.raises(ValueError, match=r"Gaussian head"):
         peg.PEG(n_members=2, grad_batch_size=16, eta=0.1).fit(one_output, _sine(100, 1))
     with pytest.raises(ValueError, match="criterion"):
-        peg.PEG(n_members=2, grad_batch_size=16, eta=[0.1, 1], criterion="ece").fit(
-            regressor, _sine(100, 1)
-        )
+        peg.PEG(
+            n_members=2, grad_batch_size=16, eta=[0.1, 1], search=peg.ScaleSearch(criterion="ece")
+        ).fit(regressor, _sine(100, 1))
     bad = _sine(100, 1)
     bad[1][3] = float("nan")
     with pytest.raises(ValueError, match="NaN"):
@@ -119,15 +119,19 @@ def test_a_scale_whose_variance_overflows_scores_worst_instead_of_failing(regres
 
 def test_the_regression_search_records_the_mixture_nll(regressor):
     X, y = _sine(400, 1)
-    p = peg.PEG(n_members=4, grad_batch_size=64, eta=[0.01, 0.1], seed=0, eta_holdout=0.0).fit(
-        regressor, (X, y)
-    )
+    p = peg.PEG(
+        n_members=4,
+        grad_batch_size=64,
+        eta=[0.01, 0.1],
+        seed=0,
+        search=peg.ScaleSearch(holdout=0.0),
+    ).fit(regressor, (X, y))
     # The search scored the points in its own (seeded) order, batch_size rows at a time: the same
     # computation here (rows in other positions of a batch may get other last bits of their
     # outputs from the CPU's kernels, which would move the NLL by ~1e-7 relative).
     _, score = p._split(ValSource((X, y)))  # the scoring points' indices
     Xs, ys = X[score], y[score]
-    assert len(Xs) == len(X)  # eta_holdout=0: every point scores
+    assert len(Xs) == len(X)  # holdout=0: every point scores
     for eta, value in p.search_.items():
         out = p.ensemble_at(eta).member_logits(Xs, p.batch_size, progress=False)
         mean, var = peg.metrics.regression.split_gaussian(out)

@@ -104,18 +104,27 @@ def test_an_iterable_dataset_is_refused_by_peg_and_scored_on_its_head_by_pep():
     with pytest.raises(TypeError, match="cannot be indexed"):
         _fit(peg.PEG, Stream(), eta=0.1)
     pep = _fit(
-        peg.PEP, DataLoader(Stream(), batch_size=32), sigma=[0.01, 0.1], max_score_points=100
+        peg.PEP,
+        DataLoader(Stream(), batch_size=32),
+        sigma=[0.01, 0.1],
+        search=peg.ScaleSearch(max_points=100),
     )
     assert pep.meta_["validation_points"] == {"total": 300, "directions": 300, "scoring": 100}
-    pair = _fit(peg.PEP, (X[:100], Y[:100]), sigma=[0.01, 0.1], max_score_points=None)
+    pair = _fit(
+        peg.PEP, (X[:100], Y[:100]), sigma=[0.01, 0.1], search=peg.ScaleSearch(max_points=None)
+    )
     assert pep.search_ == pair.search_  # the first 100 points, in order, as σ's scoring set
 
 
 def test_the_scoring_cap():
-    assert peg.PEG().max_score_points == peg.PEP().max_score_points == 10_000
-    capped = _fit(peg.PEG, TensorDataset(X, Y), eta=[0.01, 0.1], max_score_points=40)
+    assert peg.ScaleSearch().max_points == 10_000
+    capped = _fit(
+        peg.PEG, TensorDataset(X, Y), eta=[0.01, 0.1], search=peg.ScaleSearch(max_points=40)
+    )
     assert capped.meta_["validation_points"]["scoring"] == 40
-    whole = _fit(peg.PEG, TensorDataset(X, Y), eta=[0.01, 0.1], max_score_points=None)
+    whole = _fit(
+        peg.PEG, TensorDataset(X, Y), eta=[0.01, 0.1], search=peg.ScaleSearch(max_points=None)
+    )
     assert whole.meta_["validation_points"]["scoring"] == 150
     for a, b in zip(capped.directions_, whole.directions_, strict=True):
         assert torch.equal(a, b)  # the cap changes the scoring, never the gradient steps

@@ -52,6 +52,7 @@ from peg.methods import (
     TemperatureScaling,
     VectorScaling,
 )
+from peg.methods._scale_search import ScaleSearch
 from peg.methods.laplace import require_laplace
 from peg.methods.swag import has_batchnorm
 from peg.models._packed import Packing
@@ -155,13 +156,13 @@ class PostHoc(Builder):
 
     method: ClassVar[type]
     seeded: ClassVar[bool] = True  # takes seed= and progress= (the site's, unless given)
-    scored: ClassVar[bool] = False  # takes max_score_points= (default: the site's)
+    scored: ClassVar[bool] = False  # takes search= (its max_points by default the site's)
     single: ClassVar[bool] = False  # needs a single model as base, not an Ensemble
 
     def __init__(self, site: Site, options: Mapping[str, Any]) -> None:
         o = dict(options)
         if self.scored:
-            o.setdefault("max_score_points", site.score_points)
+            o["search"] = scale_search(o.get("search", {}), site.score_points)
         if self.seeded:
             o = {"seed": site.seed, "progress": site.progress} | o
         self.unfitted = self.method(**o)
@@ -177,6 +178,16 @@ class PostHoc(Builder):
                 f"{self.key}: needs a single model as base, got an ensemble of {len(base)}"
             )
         return base
+
+
+def scale_search(given: Any, score_points: int | None) -> ScaleSearch:
+    """PEG/PEP's `search` option of a spec: a ScaleSearch, a search method's name or a mapping
+    of ScaleSearch's options (`{holdout: 0}`), scoring at most the site's `score_points` unless
+    it says otherwise."""
+    if isinstance(given, ScaleSearch):
+        return given
+    options = {"method": given} if isinstance(given, str) else dict(given)
+    return ScaleSearch(**{"max_points": score_points, **options})
 
 
 @register("temperature")

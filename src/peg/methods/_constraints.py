@@ -110,6 +110,23 @@ def scale(value: Any, name: str) -> None:
         )
 
 
+def positive_numbers(optional: bool = False) -> Check:
+    """A non-empty list (or tuple) of finite numbers > 0 (or None when `optional`)."""
+
+    def check(value: Any, name: str) -> None:
+        if optional and value is None:
+            return
+        ok = isinstance(value, (list, tuple)) and len(value) > 0
+        if not ok or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+            for v in value
+        ):
+            what = "a non-empty list of numbers > 0" + (" or None" if optional else "")
+            raise ValueError(f"{name}: expected {what}, got {value!r}")
+
+    return check
+
+
 def param_filter(value: Any, name: str) -> None:
     """A `params` choice (`peg._params.ParamFilter`)."""
     check_param_filter(value)

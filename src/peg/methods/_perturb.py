@@ -14,8 +14,8 @@ the meta, and how the members are kept (`_hold`). A recipe being rebuilt passes 
 
 How the members are held after `fit` is `peg.methods._members`' job: every row stacked, or
 (`lazy=True`) none, the members regenerated a chunk at a time for each prediction; predicting
-through them is `peg.methods._fitted_members`'. The scale search is `peg.methods._search`'s, the
-criteria `peg.methods._criteria`'s.
+through them is `peg.methods._fitted_members`'. The scale search's options and run are
+`peg.methods._scale_search`'s (`search=`, a `ScaleSearch`), the criteria `peg.methods._criteria`'s.
 """
 
 from __future__ import annotations
@@ -39,13 +39,12 @@ from peg.methods._constraints import (
     Check,
     batch_fn,
     boolean,
-    choice_or_callable,
     number,
     one_of,
     param_filter,
     positive_int,
 )
-from peg.methods._criteria import CRITERIA, check_task, is_regression
+from peg.methods._criteria import check_task, is_regression
 from peg.methods._fitted_members import FittedMembers
 from peg.methods._lazy import (
     LAZY_STORES,
@@ -64,14 +63,27 @@ from peg.methods._members import (
     base_models,
     finite_rows,
 )
-from peg.methods._recipes import Expected, Recipes
-from peg.methods._scale_search import SEARCHES, ScaleSearch
+from peg.methods._recipes import SEARCH_OPTIONS, Expected, Recipes
+from peg.methods._scale_search import ScaleSearch, SearchRun, search_option
 from peg.methods.base import FittedEnsemble
 from peg.methods.composed import base_module
 
 BNMode = Literal["eval", "batch", "refresh"]
-# Default cap on the points a scale is scored on: a larger validation set costs no more to search
-MAX_SCORE_POINTS = 10_000
+
+
+# PEG/PEP's former options that are now the scale search's (`search=ScaleSearch(...)`)
+MOVED_TO_SEARCH = {**SEARCH_OPTIONS, "bracket": "grid"}
+
+
+def refuse_moved(given: dict[str, Any]) -> None:
+    """A TypeError for PEG/PEP arguments that are not theirs: naming where a moved one went."""
+    for name in given:
+        if name in MOVED_TO_SEARCH and name != "search":
+            raise TypeError(
+                f"{name}: now an option of the scale search; pass "
+                f"search=peg.ScaleSearch({MOVED_TO_SEARCH[name]}=...)"
+            )
+        raise TypeError(f"unexpected keyword argument {name!r}")
 
 
 class PerturbationEnsemble(Recipes, FittedMembers, FittedEnsemble):
@@ -84,17 +96,12 @@ class PerturbationEnsemble(Recipes, FittedMembers, FittedEnsemble):
     # (`scale_name`) is checked first, then these, then `parameter_rules` (between arguments)
     parameter_constraints: ClassVar[dict[str, Check]] = {
         "n_members": positive_int(),
-        "race": number(allow_zero=True),
-        "search_tol": number(allow_zero=True),
-        "search": one_of(*SEARCHES),
-        "early_stop": boolean(),
+        "search": search_option,
         "on_nonfinite": one_of("raise", "drop"),
         "seed": positive_int(minimum=0),
         "bn": one_of("eval", "batch", "refresh"),
         "params": param_filter,
-        "criterion": choice_or_callable(CRITERIA, "a callable"),
         "batch_size": positive_int(),
-        "max_score_points": positive_int(optional=True),
         "batch_fn": batch_fn,
         "progress": boolean(optional=True),
         "lazy": one_of(False, True, "auto"),
@@ -108,9 +115,14 @@ class PerturbationEnsemble(Recipes, FittedMembers, FittedEnsemble):
         """The scale setting as given: PEG's `eta`, PEP's `sigma`."""
         return getattr(self, self.scale_name)
 
+    def _search(self) -> ScaleSearch:
+        """The search's options: `search`, or a ScaleSearch of that method."""
+        return ScaleSearch.of(self.search)
+
     @property
     def _holdout(self) -> float:
-        """Fraction of the validation set held out for scoring the scale (PEG's `eta_holdout`)."""
+        """Fraction of the validation set held out for scoring the scale (PEG's
+        `search.holdout`; PEP scores on every point)."""
         return 0.0
 
     # ---------------------------------------------------------------- to override
@@ -142,7 +154,7 @@ class PerturbationEnsemble(Recipes, FittedMembers, FittedEnsemble):
         searched = self.searches if searched is None else searched
         holdout = self._holdout if searched and self.uses_direction_data else 0.0
         direction, score = split_points(
-            source, self.seed, holdout, self.max_score_points, self.scale_name
+            source, self.seed, holdout, self._search().max_points, self.scale_name
         )
         return DirectionData(source, direction), score
 
@@ -187,7 +199,7 @@ class PerturbationEnsemble(Recipes, FittedMembers, FittedEnsemble):
         fingerprint, how its validation set was split), checked or followed on the way."""
         models = base_models(base_module(model))  # a fitted TS / Dirichlet: its module
         source, probe = self._validation_source(models, val)
-        fingerprint, head = read_in_order(source, self.batch_size, self.max_score_points)
+        fingerprint, head = read_in_order(source, self.batch_size, self._search().max_points)
         expect.check_data(fingerprint)  # before any gradient
         searched = self.searches if expect.searched is None else expect.searched
         names = select_parameters(models[0], self.params, probe)
@@ -236,7 +248,7 @@ class PerturbationEnsemble(Recipes, FittedMembers, FittedEnsemble):
                 "cannot be indexed; pass a map-style Dataset (or a DataLoader over one)"
             )
         X1, y1 = source.first(self.batch_size)
-        source.classes = check_task(models, X1, y1, self.criterion)
+        source.classes = check_task(models, X1, y1, self._search().criterion)
         source.regression = is_regression(y1)
         if source.y is not None:  # a pair: every label at hand (one class is worth a warning)
             warn_one_class(source.y, "val")
@@ -302,18 +314,17 @@ class PerturbationEnsemble(Recipes, FittedMembers, FittedEnsemble):
             best, self.search_, self.search_stopped_ = float(self._scale_arg), {}, []
             self.search_points_, self.search_predicted_ = {}, {}
         else:
-            grid = self.default_grid if self._scale_arg == "search" else self._scale_arg
+            options = self._search()
+            grid = options.grid or self.default_grid
+            if self._scale_arg != "search":
+                grid = self._scale_arg
             Xs, ys = head if score is None else source.gather(score, self.batch_size)
             target = stacked.search_target(Xs, self.batch_size)  # a head: its features
-            search = ScaleSearch(
+            search = SearchRun(
                 target,
                 ys,
-                self.criterion,
-                method=self.search,
+                options,
                 batch_size=self.batch_size,
-                race=self.race,
-                early_stop=self.early_stop,
-                tol=self.search_tol,
                 label=self.method,
                 name=self.scale_name,
                 progress=self.progress,
@@ -352,11 +363,7 @@ class PerturbationEnsemble(Recipes, FittedMembers, FittedEnsemble):
         self.members_ = lazy_members(rows, bases, store, scale, regenerate)
 
     def _meta(self, scale: float, R: int, n_val: int, n_dir: int, n_score: int) -> dict[str, Any]:
-        crit = (
-            self.criterion
-            if isinstance(self.criterion, str)
-            else getattr(self.criterion, "__name__", "callable")
-        )
+        options = self._search()
         params = param_label(self.params)
         return {
             "method": self.method,
@@ -366,8 +373,8 @@ class PerturbationEnsemble(Recipes, FittedMembers, FittedEnsemble):
             "seed": self.seed,
             "bn": self.bn,
             "params": params,
-            "criterion": crit,
-            "search": self.search if self._scale_arg == "search" else "grid",
+            "criterion": options.criterion_name(),
+            "search": options.method if self._scale_arg == "search" else "grid",
             "holdout": self._holdout,
             "dropped": list(getattr(self, "dropped_", [])),
             "validation_points": {"total": n_val, "directions": n_dir, "scoring": n_score},

@@ -9,6 +9,7 @@ under its `method` name when it is defined). The format is `peg.recipe`'s.
 from __future__ import annotations
 
 import inspect
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -19,6 +20,7 @@ from peg._params import param_label, select_parameters
 from peg.batches import BatchFn
 from peg.ensemble import Ensemble
 from peg.errors import ArchiveError, NotFittedError
+from peg.methods._scale_search import ScaleSearch
 from peg.recipe import (
     RECIPE_VERSION,
     arithmetic,
@@ -26,6 +28,27 @@ from peg.recipe import (
     fingerprints_match,
     tolerance,
 )
+
+# recipe version 2's names of the search options, now ScaleSearch's
+SEARCH_OPTIONS = {
+    "search": "method",
+    "criterion": "criterion",
+    "eta_holdout": "holdout",
+    "max_score_points": "max_points",
+    "race": "race",
+    "early_stop": "early_stop",
+    "search_tol": "tol",
+}
+
+
+def searched_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The search's options of a recipe of version 1 or 2 (taken out of `options`), by
+    ScaleSearch's names: PEP's `bracket` (low, high) became the grid (low, √(low·high), high)."""
+    search = {new: options.pop(old) for old, new in SEARCH_OPTIONS.items() if old in options}
+    if "bracket" in options:
+        low, high = options.pop("bracket")
+        search["grid"] = [low, math.sqrt(low * high), high]
+    return search
 
 
 @dataclass(frozen=True)
@@ -58,6 +81,12 @@ class Recipes:
         super().__init_subclass__(**kwargs)
         if "method" in cls.__dict__:  # a concrete method (PEG, PEP): `peg.load` finds it by name
             recipe.register(cls.method, cls.from_recipe, cls.check_recipe)
+
+    # the constructor options a recipe records (PEG adds its own); the others say how the
+    # members are held or shown (progress, batch_fn, lazy, ...), and the scale is recorded apart
+    recorded_options: ClassVar[tuple[str, ...]] = (
+        "n_members", "seed", "bn", "params", "batch_size", "on_nonfinite", "search",
+    )  # fmt: skip
 
     # renamed constructor options: a recipe of version 1 (peg 0.1) is read through this map
     RENAMED_OPTIONS: ClassVar[dict[str, str]] = {
@@ -94,10 +123,16 @@ class Recipes:
     def _options(cls, recipe: dict[str, Any]) -> dict[str, Any]:
         """The constructor options of a recipe, by this version's names."""
         options = dict(recipe["options"])
-        if recipe.get("recipe_version", 1) < 2:  # peg 0.1's option names
+        version = recipe.get("recipe_version", 1)
+        if version < 2:  # peg 0.1's option names
             options = {cls.RENAMED_OPTIONS.get(k, k): v for k, v in options.items()}
-        # a recipe records the cap it was made with; peg 0.1's had none (all points)
-        options.setdefault("max_score_points", None)
+            options.setdefault("max_score_points", None)  # peg 0.1 scored on every point
+        if version < 3:  # the search's options were the method's own before ScaleSearch
+            options["search"] = searched_options(options)
+        try:
+            options["search"] = ScaleSearch(**options["search"])
+        except (TypeError, ValueError) as e:
+            raise ArchiveError(f"recipe field 'meta.recipe.options.search': {e}") from None
         return options
 
     @classmethod
@@ -145,24 +180,22 @@ class Recipes:
             raise ArchiveError(f"{field}options.params': {e}") from None
         cls._from_options(recipe, None)
 
+    def _expressible(self) -> bool:
+        """Whether a recipe can rebuild this ensemble: no callable (`params`, the criterion), no
+        training data (bn="refresh"); PEG adds its own conditions."""
+        return not callable(self.params) and self.bn != "refresh" and (  # type: ignore[attr-defined]
+            self._search().recorded() is not None  # type: ignore[attr-defined]
+        )
+
     def _recipe_options(self) -> dict[str, Any] | None:
-        """Constructor arguments that rebuild this ensemble (None: not expressible as a recipe)."""
-        if callable(self.params) or callable(self.criterion) or self.bn == "refresh":
+        """The constructor options that rebuild this ensemble, as JSON (`recorded_options`; None:
+        not expressible as a recipe)."""
+        if not self._expressible():
             return None
-        return {
-            "n_members": self.n_members,
-            "seed": self.seed,
-            "bn": self.bn,
-            "params": param_label(self.params),
-            "criterion": self.criterion,
-            "batch_size": self.batch_size,
-            "max_score_points": self.max_score_points,
-            "on_nonfinite": self.on_nonfinite,
-            "early_stop": self.early_stop,
-            "race": self.race,
-            "search_tol": self.search_tol,
-            "search": self.search,
-        }
+        options = {name: getattr(self, name) for name in self.recorded_options}
+        options["params"] = param_label(options["params"])
+        options["search"] = self._search().recorded()  # type: ignore[attr-defined]
+        return options
 
     def save(self, path: str, materialize: bool = False) -> str:
         """Save the ensemble as a recipe (default), or every member with `materialize=True`.

@@ -1,16 +1,33 @@
-"""`ScaleSearch`: the search for PEG's η / PEP's σ on held-out points, one object per `fit`."""
+"""How PEG's η / PEP's σ is chosen: the options (`ScaleSearch`, public) and one run of the
+search on held-out points (`SearchRun`, one per `fit`).
+
+`ScaleSearch` is the one place that lists the search's options, their defaults and checks
+(its `parameter_constraints`), and what a recipe records of them (`recorded`); PEG and PEP take
+one as `search=` (scikit-learn's estimators take a `cv` splitter the same way), and
+`get_params(deep=True)` shows its options as `search__<option>`.
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor
 
 from peg._progress import counter
 from peg.batches import take_rows
+from peg.methods._constraints import (
+    Check,
+    boolean,
+    choice_or_callable,
+    fraction,
+    number,
+    one_of,
+    positive_int,
+    positive_numbers,
+)
 from peg.methods._criteria import (
     CRITERIA,
     PER_POINT,
@@ -20,9 +37,10 @@ from peg.methods._criteria import (
     Criterion,
     is_regression,
 )
+from peg.methods._golden import RACE_FIRST, PairedRace, select_scale
 from peg.methods._members import SearchTarget
-from peg.methods._search import RACE_FIRST, PairedRace, select_scale
 from peg.methods._surrogate import surrogate_search
+from peg.methods.base import Params, store_arguments
 
 SEARCHES = ("surrogate", "golden")
 # What the surrogate search scores exactly: every member (fewer members' ensemble prefers
@@ -32,9 +50,109 @@ SEARCHES = ("surrogate", "golden")
 # scaling's); on 1024 the choice stayed within one SE of the one on every point
 # (results/benchmarks/peg_cost.txt).
 SEARCH_POINTS: int | None = 1024
+# Default cap on the points a scale is scored on: a larger validation set costs no more to search
+MAX_SCORE_POINTS = 10_000
 
 
-class ScaleSearch:
+class ScaleSearch(Params):
+    """How a perturbation scale (PEG's η, PEP's σ) is chosen, when it is searched (`eta` /
+    `sigma` = "search") or given as a list of candidates: `PEG(search=ScaleSearch(...))`.
+
+    Args (all keyword-only):
+        method: "surrogate" (default): the grid's lowest scale is scored exactly, the members'
+            outputs are interpolated along the scale through the exactly scored ones (and the
+            base's own, at scale 0), the criterion is minimised on that interpolant, and its
+            minimiser is scored exactly, at most 3 exact scorings in all, fewer once the
+            predicted gain is under half a standard error; the choice is the best scale scored
+            exactly (`peg.methods._surrogate`), on the first 1024 scoring points
+            (`SEARCH_POINTS`: the cost of a scoring is S forwards of each point). "golden":
+            the grid, extended past its edges, then golden section, raced (`race`,
+            `early_stop`, `tol`; `peg.methods._golden`); 12–15 scorings. A list of scales is
+            always scored one by one, as "golden" scores its grid.
+        criterion: what the scale minimises on held-out validation points: "nll" (default),
+            "ece", "brier" or a callable (member_logits [M, N, C], y [N]) -> float.
+        holdout: PEG: the fraction of the validation set held out for scoring η (default 0.5;
+            the other part feeds the gradient steps); 0 scores on the points that feed the
+            steps, as the paper does. PEP has no gradient step and scores σ on every point.
+        max_points: score on a seeded random subset of at most this many held-out points
+            (default 10,000, so a large validation set does not multiply the search's cost, nor
+            its memory: the scoring points are gathered; None: all of them; from an
+            IterableDataset, its first `max_points` points).
+        race: "golden" or a list: with criterion "nll" or "brier" (means of per-point losses),
+            score each new scale against the best so far on the same points, a growing prefix
+            of them (1024, then doubling), and stop once the mean paired difference is more
+            than `race` standard errors from 0 (`PairedRace`): the choice is the one scoring
+            every point would make unless a comparison is settled wrongly by chance (at the
+            default z = 3, < 0.14% per look when the two tie; the PEG-creation benchmark
+            checks it). 0 turns racing off: every scale is scored on every point, with
+            `early_stop`.
+        early_stop: "golden" or a list, with `race=0` and criterion "nll" or "brier": stop
+            scoring a scale once its partial sum already exceeds the best score so far; exact
+            (the choice an exhaustive search makes), only cheaper. False scores every scale
+            on every point.
+        tol: "golden": when the best scale lies on an edge of the grid, the grid is extended
+            (at most 3 steps) only while a step improves the criterion by more than this
+            (default 1e-4: a flat curve, e.g. a well-calibrated base whose score keeps falling
+            by 1e-5 nats as η → 0, stops after one step); 0 extends while it improves at all.
+        grid: the scales a search starts from (None, the default: the method's own, PEG's
+            paper grid (0.001, 0.01, 0.1, 1), PEP's (5e-4, 1.58e-3, 5e-3) around the PEG
+            paper's σ bracket).
+    """
+
+    parameter_constraints: ClassVar[dict[str, Check]] = {
+        "method": one_of(*SEARCHES),
+        "criterion": choice_or_callable(CRITERIA, "a callable"),
+        "holdout": fraction(),
+        "max_points": positive_int(optional=True),
+        "race": number(allow_zero=True),
+        "early_stop": boolean(),
+        "tol": number(allow_zero=True),
+        "grid": positive_numbers(optional=True),
+    }
+
+    def __init__(
+        self,
+        *,
+        method: Literal["surrogate", "golden"] = "surrogate",
+        criterion: Criterion = "nll",
+        holdout: float = 0.5,
+        max_points: int | None = MAX_SCORE_POINTS,
+        race: float = 3.0,
+        early_stop: bool = True,
+        tol: float = 1e-4,
+        grid: Sequence[float] | None = None,
+    ) -> None:
+        store_arguments(self, locals())
+
+    @classmethod
+    def of(cls, search: ScaleSearch | str) -> ScaleSearch:
+        """`search` as given to PEG/PEP: a ScaleSearch, or a method's name for one with that
+        method and the other options' defaults."""
+        return search if isinstance(search, ScaleSearch) else cls(method=search)  # type: ignore[arg-type]
+
+    def recorded(self) -> dict[str, Any] | None:
+        """The options as a recipe records them (JSON; None: a callable criterion, which a
+        recipe cannot express)."""
+        if callable(self.criterion):
+            return None
+        options = self.get_params(deep=False)
+        options["grid"] = None if self.grid is None else [float(g) for g in self.grid]
+        return options
+
+    def criterion_name(self) -> str:
+        """The criterion's name as the fitted meta records it."""
+        if isinstance(self.criterion, str):
+            return self.criterion
+        return getattr(self.criterion, "__name__", "callable")
+
+
+def search_option(value: Any, name: str) -> None:
+    """PEG/PEP's `search`: a ScaleSearch, or one of `SEARCHES` (a ScaleSearch with that method)."""
+    if not isinstance(value, ScaleSearch):
+        one_of(*SEARCHES)(value, name)
+
+
+class SearchRun:
     """The search for a perturbation scale on held-out points: one object per `fit`.
 
     `target.at(scale)` gives the ensemble at a scale (its directions computed once, so a scale
@@ -62,20 +180,17 @@ class ScaleSearch:
         self,
         target: SearchTarget,
         y: Tensor,
-        criterion: Criterion,
+        options: ScaleSearch,
         *,
-        method: str,
         batch_size: int,
-        race: float,
-        early_stop: bool,
-        tol: float,
         label: str,
         name: str,
         progress: bool | None,
     ) -> None:
         self.target, self.X, self.y = target, target.inputs, y
-        self.method, self.batch_size = method, batch_size
-        self.early_stop, self.tol = early_stop, tol
+        self.method, self.batch_size = options.method, batch_size
+        self.early_stop, self.tol = options.early_stop, options.tol
+        criterion, race = options.criterion, options.race
         regression = is_regression(self.y)
         table = REGRESSION_CRITERIA if regression else CRITERIA
         self.criterion = table.get(criterion, criterion)  # type: ignore[call-overload]

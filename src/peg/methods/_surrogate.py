@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from peg.methods._search import select_scale
+from peg.methods._golden import select_scale
 
 TRUST = 4.0  # how far past its largest node a polynomial of degree >= 2 is minimised
 NEAR = 1.05  # a minimiser within this factor of a scored scale is that scale

@@ -39,9 +39,11 @@ Choices the paper leaves open (each an option, recorded in the saved ensemble):
   1e-6…1e3, guided by the members' outputs interpolated along η (`search="surrogate"`,
   `peg.methods._surrogate`), or the paper's grid (0.001, 0.01, 0.1, 1) extended past its edges
   and refined by golden section in log space (`search="golden"`). Scored by validation NLL of
-  the whole ensemble (`criterion`). The gradients are computed once and reused for every η.
+  the whole ensemble (`search=peg.ScaleSearch(criterion=...)`, every option of the search
+  there). The gradients are computed once and reused for every η.
   By default half of the validation set is held out for scoring η and the other half feeds the
-  gradient steps (`eta_holdout=0.5`; 0 uses the same points for both, as the paper does).
+  gradient steps (`ScaleSearch(holdout=0.5)`; 0 uses the same points for both, as the paper
+  does).
   The chosen members are the ones scored (built from the gradient half).
 """
 
@@ -67,7 +69,6 @@ from peg.methods._constraints import (
     positive_int,
     scale,
 )
-from peg.methods._criteria import Criterion
 from peg.methods._gradients import (
     GradientPass,
     LossFn,
@@ -77,8 +78,9 @@ from peg.methods._gradients import (
     vanilla_step,
 )
 from peg.methods._members import DirectionData, RowSource
-from peg.methods._perturb import MAX_SCORE_POINTS, BNMode, PerturbationEnsemble
+from peg.methods._perturb import BNMode, PerturbationEnsemble, refuse_moved
 from peg.methods._precondition import DEFAULT_DAMPING, PRECONDITIONERS, preconditioner
+from peg.methods._scale_search import ScaleSearch
 from peg.methods.base import store_arguments
 from peg.streams import MEMBER, VALIDATION, generator
 
@@ -92,6 +94,13 @@ def _momentum(value: Any, name: str) -> None:
         raise ValueError(
             f"{name}: expected 'validation', 'none' or a dict of tensors, got {value!r}"
         )
+
+
+def _shown(value: Any) -> Any:
+    """An option as the meta shows it: a callable by its name, momentum buffers as "given"."""
+    if callable(value):
+        return getattr(value, "__name__", "callable")
+    return value if value is None or isinstance(value, (str, int, float)) else "given"
 
 
 def _ascent_vanilla_only(peg: PEG) -> None:
@@ -125,54 +134,21 @@ class PEG(PerturbationEnsemble):
             (their trainable parameters) or a callable (name, parameter) -> bool. When the
             perturbed parameters form a head after a fixed trunk (see `peg._heads`), the trunk
             runs once per batch, in the η search and in prediction.
-        criterion: what η minimises on held-out validation data: "nll", "ece", "brier" or a
-            callable (member_logits [M, N, C], y [N]) -> float.
-        eta_holdout: fraction of the validation set held out for scoring η (when η is
-            searched); 0 scores on the same points that feed the gradient steps.
         val_batches: unbiased variant: mini-batches averaged to estimate ∇L(V).
         beta: unbiased variant: momentum weight β (paper: 0.9).
         momentum: unbiased variant: where v comes from: "validation" (default), "none", or
             momentum buffers keyed by parameter name (one mapping, or one per base model).
         batch_size: rows per forward pass (scoring η, predicting).
         progress: show progress bars (None: only on a terminal).
-        max_score_points: score η on a seeded random subset of at most this many held-out
-            points (default 10,000, so a large validation set does not multiply the search's
-            cost, nor its memory: the scoring points are gathered; None: all of them); the
-            gradient steps still draw from the whole gradient part.
         batch_fn: `batch_fn(batch) -> (inputs, y)` for validation batches (or items) that are
             neither `(x, y, ...)` tuples nor mappings with "labels"/"label" (`peg.batches`).
         on_nonfinite: a member whose loss or gradient is NaN/inf: "raise" (default,
             NonFiniteError naming it) or "drop" (left out; its index in `dropped_`).
-        search: how η="search" is searched: "surrogate" (default): the grid's lowest η is
-            scored exactly, the members' outputs are interpolated along η through the exactly
-            scored ones (and the base's own, at η = 0), the criterion is minimised on that
-            interpolant, and its minimiser is scored exactly, at most 3 exact scorings in all,
-            fewer once the predicted gain is under half a standard error; the choice is the
-            best η scored exactly (`peg.methods._surrogate`), on the first 1024 scoring points
-            (`peg.methods._scale_search.SEARCH_POINTS`: the cost of a scoring is S forwards of
-            each point). "golden": the grid, extended
-            past its edges, then golden section, raced (`race`, `early_stop`, `search_tol`);
-            12–15 scorings. A list of η is always scored η by η.
-        race: "golden" search or a list of η: with criterion "nll" or "brier" (means of
-            per-point losses), score each new η
-            against the best so far on the same points, a growing prefix of them (1024, then
-            doubling), and stop once the mean paired difference is more than `race` standard
-            errors from 0 (`peg.methods._search.PairedRace`): most comparisons are settled on
-            a fraction of the points, and the choice is the one scoring every point would make
-            unless a comparison is settled wrongly by chance (at the default z = 3, < 0.14% per
-            look when the two η tie, less otherwise; the PEG-creation benchmark checks it).
-            0 turns racing off: every η is scored on every point, with `early_stop`.
-        early_stop: "golden" search or a list of η: with `race=0` and criterion "nll" or
-            "brier" (means of non-negative
-            per-point losses), stop scoring an η as soon as its partial sum over the scoring
-            points already exceeds the best score so far; exact: the chosen η is the one an
-            exhaustive search picks (`peg.methods._search`), only cheaper. False (with
-            `race=0`) scores every η on every point.
-        search_tol: "golden" search: when the best η lies on an edge of the grid, the grid is
-            extended (at most
-            3 steps) only while a step improves the criterion by more than this (default 1e-4:
-            a flat curve, e.g. a well-calibrated base whose score keeps falling by 1e-5 nats
-            as η → 0, stops after one step); 0 extends while the score improves at all.
+        search: how η is chosen when searched or given as a list: a `peg.ScaleSearch` (its
+            method, criterion, held-out fraction, scoring points, racing, grid), or its method's
+            name: "surrogate" (default: at most 3 exact scorings) or "golden" (the grid,
+            extended, then golden section, raced; 12–15 scorings). By default η minimises the
+            validation NLL on the half of the validation set held out from the gradient steps.
         lazy: keep no stacked members after `fit`: each predict call builds them `chunk_size`
             at a time from their rows, kept as `lazy_store` says, and frees each chunk.
             "auto": lazy when the eager ensemble (its rows and stacked members, 2·S·R·P
@@ -219,27 +195,23 @@ class PEG(PerturbationEnsemble):
         bn: BNMode = "eval",
         loss: LossFn | None = None,
         params: ParamFilter = "all",
-        criterion: Criterion = "nll",
-        eta_holdout: float = 0.5,
         val_batches: int = 10,
         beta: float = 0.9,
         momentum: Momentum = "validation",
         batch_size: int = 512,
         progress: bool | None = None,
-        max_score_points: int | None = MAX_SCORE_POINTS,
         on_nonfinite: Literal["raise", "drop"] = "raise",
-        early_stop: bool = True,
-        search_tol: float = 1e-4,
         lazy: bool | Literal["auto"] = False,
         lazy_store: Literal["full", "bfloat16", "float16", "regenerate"] = "full",
         memory_budget: float | None = None,
-        race: float = 3.0,
         batch_fn: BatchFn | None = None,
-        search: Literal["surrogate", "golden"] = "surrogate",
+        search: ScaleSearch | Literal["surrogate", "golden"] = "surrogate",
         direction: Literal["descent", "ascent"] = "descent",
         precondition: Literal["diag", "kfac"] | None = None,
         damping: float = DEFAULT_DAMPING,
+        **moved: Any,
     ) -> None:
+        refuse_moved(moved)
         store_arguments(self, locals())
 
     parameter_constraints: ClassVar[dict[str, Check]] = {
@@ -250,7 +222,6 @@ class PEG(PerturbationEnsemble):
         "direction": one_of("descent", "ascent"),
         "reduction": one_of("mean", "sum"),
         "loss": optional_callable("a callable (outputs, y) -> per-sample losses"),
-        "eta_holdout": fraction(),
         "val_batches": positive_int(),
         "beta": fraction(what="a momentum weight"),
         "momentum": _momentum,
@@ -259,58 +230,35 @@ class PEG(PerturbationEnsemble):
     }
     parameter_rules: ClassVar[tuple[Callable[[Any], None], ...]] = (_ascent_vanilla_only,)
 
+    recorded_options: ClassVar[tuple[str, ...]] = (
+        *PerturbationEnsemble.recorded_options,
+        "grad_batch_size", "variant", "direction", "reduction", "loss", "val_batches", "beta",
+        "momentum", "precondition", "damping",
+    )  # fmt: skip
+
     @property
     def _holdout(self) -> float:
-        return float(self.eta_holdout)
+        return float(self._search().holdout)
 
     def _min_direction_points(self) -> int:
         return self.grad_batch_size
 
-    def _recipe_options(self) -> dict[str, Any] | None:
-        options = super()._recipe_options()
-        if options is None or self.loss is not None or not isinstance(self.momentum, str):
-            return None
-        return {
-            **options,
-            "grad_batch_size": self.grad_batch_size,
-            "variant": self.variant,
-            "direction": self.direction,
-            "reduction": self.reduction,
-            "eta_holdout": self._holdout,
-            "val_batches": self.val_batches,
-            "beta": self.beta,
-            "momentum": self.momentum,
-            "precondition": self.precondition,
-            "damping": self.damping,
-        }
+    def _expressible(self) -> bool:
+        return super()._expressible() and self.loss is None and isinstance(self.momentum, str)
 
     def _hyperparameters(self) -> dict[str, Any]:
-        return {
-            "grad_batch_size": self.grad_batch_size,
-            "variant": self.variant,
-            "direction": self.direction,
-            "reduction": self.reduction,
-            "loss": getattr(self.loss, "__name__", "callable") if self.loss else "default",
-            **(
-                {"precondition": self.precondition, "damping": self.damping}
-                if self.precondition is not None
-                else {}
-            ),
-            **(
-                {"curvature": self._curvature}
-                if self.precondition == "kfac" and getattr(self, "_curvature", None)
-                else {}
-            ),
-            **(
-                {
-                    "val_batches": self.val_batches,
-                    "beta": self.beta,
-                    "momentum": self.momentum if isinstance(self.momentum, str) else "given",
-                }
-                if self.variant == "unbiased"
-                else {}
-            ),
+        """PEG's own options as the meta shows them (a callable by its name, given momentum
+        buffers as "given"), and with "kfac" which layer got which curvature."""
+        shown = {
+            name: _shown(getattr(self, name))
+            for name in self.recorded_options
+            if name not in PerturbationEnsemble.recorded_options
         }
+        if shown["loss"] is None:
+            shown["loss"] = "default"
+        if self.precondition == "kfac" and getattr(self, "_curvature", None):
+            shown["curvature"] = self._curvature
+        return shown
 
     # ---------------------------------------------------------------- gradients
     def _row_source(

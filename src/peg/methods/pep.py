@@ -23,9 +23,9 @@ from torch import Tensor, nn
 from peg._params import ParamFilter
 from peg.batches import BatchFn
 from peg.methods._constraints import Check, scale
-from peg.methods._criteria import Criterion
 from peg.methods._members import DirectionData, RowSource
-from peg.methods._perturb import MAX_SCORE_POINTS, PerturbationEnsemble
+from peg.methods._perturb import PerturbationEnsemble, refuse_moved
+from peg.methods._scale_search import ScaleSearch
 from peg.methods.base import store_arguments
 from peg.streams import MEMBER, generator
 
@@ -35,48 +35,27 @@ def _pep_bn(value: Any, name: str) -> None:
         raise ValueError(f"{name}: expected 'eval' or 'refresh' for PEP, got {value!r}")
 
 
-def _bracket(value: Any, name: str) -> None:
-    try:
-        lo, hi = value
-        ok = 0 < lo < hi and math.isfinite(hi)
-    except (TypeError, ValueError):
-        ok = False
-    if not ok:
-        raise ValueError(f"{name}: expected (low, high) with 0 < low < high, got {value!r}")
-
-
 class PEP(PerturbationEnsemble):
     """Parameter Ensembling by Perturbation: Gaussian noise of scale σ around each base model.
 
     Args (all keyword-only):
         n_members: members per base model.
-        sigma: a number > 0, a list of candidates, or "search" (around `bracket`, see `search`).
-        bracket: (low, high) σ range the search starts from (paper: 5e-4 to 5e-3).
+        sigma: a number > 0, a list of candidates, or "search" (see `search`).
         seed: seeds the noise.
         params: "all" trainable parameters (default), "weights" (conv/linear weights only, as
             the original PEP code), "last_layer", a list of module names or a callable
             (name, parameter) -> bool (as PEG's).
         bn: "eval" (default) or "refresh" (re-estimate BatchNorm statistics per member on
             `fit(..., bn_data=...)`).
-        criterion: "nll" (default), "ece", "brier" or a callable (member_logits, y) -> float.
         batch_size: rows per forward pass (scoring σ, predicting).
         progress: show progress bars (None: only on a terminal).
-        max_score_points: score σ on a seeded random subset of at most this many validation
-            points (default 10,000; None: all of them); from an IterableDataset, on its first
-            `max_score_points` points.
         batch_fn: `batch_fn(batch) -> (inputs, y)` for validation batches of another shape
             (`peg.batches`).
         on_nonfinite: "raise" (default) or "drop" members whose weights are NaN/inf.
-        search: how σ="search" is searched: "surrogate" (default, at most 3 exact scorings,
-            see `PEG`) or "golden" (the grid extended and refined by golden section, raced).
-        race: "golden" search or a list of σ: settle each comparison of a new σ with the best
-            so far on part of the scoring
-            points once the answer is clear (z threshold; criterion "nll" or "brier"; see
-            `PEG`); 0 scores every σ on every point, with `early_stop`.
-        early_stop: with `race=0`, stop scoring a σ once it cannot beat the best so far
-            (criterion "nll" or "brier"; exact, see `PEG`); False scores every σ on every point.
-        search_tol: extend the grid past its edge only while that gains more than this (see
-            `PEG`).
+        search: how σ is chosen when searched or given as a list: a `peg.ScaleSearch` or its
+            method's name, "surrogate" (default, at most 3 exact scorings, see `PEG`) or
+            "golden" (the grid extended and refined by golden section, raced). Its default grid
+            is (5e-4, 1.58e-3, 5e-3), the PEG paper's σ bracket and its geometric mean.
         lazy: keep no stacked members after `fit`, build them a chunk at a time at each
             predict call from what `lazy_store` keeps of the noise ("full": as drawn, the
             eager members bit for bit; "bfloat16" / "float16": rounded; "regenerate": redrawn
@@ -85,9 +64,9 @@ class PEP(PerturbationEnsemble):
         lazy_store: see `lazy` and `PEG`.
         memory_budget: `lazy="auto"`: bytes the eager ensemble may take (see `PEG`).
 
-    PEP has no gradient step, so the validation set (up to `max_score_points` of it) scores σ;
-    it may be an IterableDataset (read once in order: checks, fingerprint, and the first
-    `max_score_points` points kept for scoring).
+    PEP has no gradient step, so the validation set (up to the search's `max_points` of it)
+    scores σ; it may be an IterableDataset (read once in order: checks, fingerprint, and the
+    first `max_points` points kept for scoring).
     """
 
     method = "PEP"
@@ -99,45 +78,30 @@ class PEP(PerturbationEnsemble):
         *,
         n_members: int = 15,
         sigma: float | Sequence[float] | str = "search",
-        bracket: tuple[float, float] = (5e-4, 5e-3),
         seed: int = 0,
         params: ParamFilter = "all",
         bn: Literal["eval", "refresh"] = "eval",
-        criterion: Criterion = "nll",
         batch_size: int = 512,
         progress: bool | None = None,
-        max_score_points: int | None = MAX_SCORE_POINTS,
         on_nonfinite: Literal["raise", "drop"] = "raise",
-        early_stop: bool = True,
-        search_tol: float = 1e-4,
         lazy: bool | Literal["auto"] = False,
         lazy_store: Literal["full", "bfloat16", "float16", "regenerate"] = "full",
         memory_budget: float | None = None,
-        race: float = 3.0,
         batch_fn: BatchFn | None = None,
-        search: Literal["surrogate", "golden"] = "surrogate",
+        search: ScaleSearch | Literal["surrogate", "golden"] = "surrogate",
+        **moved: Any,
     ) -> None:
+        refuse_moved(moved)
         store_arguments(self, locals())
 
     parameter_constraints: ClassVar[dict[str, Check]] = {
         "sigma": scale,
         **PerturbationEnsemble.parameter_constraints,
         "bn": _pep_bn,
-        "bracket": _bracket,
     }
 
-    @property
-    def default_grid(self) -> tuple[float, ...]:  # type: ignore[override]
-        lo, hi = (float(v) for v in self.bracket)
-        return (lo, math.sqrt(lo * hi), hi)
-
-    def _hyperparameters(self) -> dict[str, Any]:
-        return {"bracket": [float(v) for v in self.bracket]}
-
-    def _recipe_options(self) -> dict[str, Any] | None:
-        options = super()._recipe_options()
-        bracket = [float(v) for v in self.bracket]
-        return None if options is None else {**options, "bracket": bracket}
+    # the PEG paper's σ bracket (5e-4, 5e-3) and its geometric mean
+    default_grid = (5e-4, math.sqrt(5e-4 * 5e-3), 5e-3)
 
     def _row_source(
         self, model: nn.Module, r: int, names: list[str], data: DirectionData

@@ -54,7 +54,7 @@ def _m(key: str, method: str, base: str, **options: Any) -> MethodSpec:
     return MethodSpec(key, method, base, options)
 
 
-PAPER = {"eta": list(PAPER_GRID), "eta_holdout": 0.0}
+PAPER = {"eta": list(PAPER_GRID), "search": {"holdout": 0.0}}
 # Every column of every table, named "<base>/<method>-<members>" (base "single" is the SGD
 # solution, the deep ensemble's first member).
 METHODS: tuple[MethodSpec, ...] = (

@@ -34,7 +34,7 @@ Methods are written by their names in the papers' tables (`Single`, `PEG-15 (Dee
 `method:` (a key of the method registry `peg.apps.registry`) and `base:` (`single`, `swa`,
 `deepens-N`, `swag`, `swag-diag`, or the name of an earlier column: the method is then fitted
 on that column's fitted predictor, `peg.apps.chain`, as `peg.compare` does); a mapping adds
-options (`{name: PEG-15, eta: [0.001, 0.01, 0.1, 1], eta_holdout: 0}`).
+options (`{name: PEG-15, eta: [0.001, 0.01, 0.1, 1], search: {holdout: 0}}`).
 
 `train: {..., patience: P}` trains the bases until the validation loss rises: at most `epochs`,
 stopping after P epochs without a lower validation NLL (on the spec's validation split) and

@@ -35,7 +35,7 @@ from peg.apps.conformal import ConformalSpec, parse_conformal, scorer
 from peg.apps.scores import labelled_metrics, ood_detection, scored_detection
 from peg.batches import BatchFn, check_batch_fn
 from peg.detectors import DETECTOR_SCORES, OODDetector
-from peg.methods._perturb import MAX_SCORE_POINTS
+from peg.methods._scale_search import MAX_SCORE_POINTS
 from peg.metrics.ood import OOD_SCORES
 
 Say = Callable[[str], None]

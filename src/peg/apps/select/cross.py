@@ -27,8 +27,8 @@ from peg.apps.compare.costs import forwards
 from peg.apps.compare.faults import failure
 from peg.apps.compare.methods import MODEL, options
 from peg.apps.select.folds import point_scores, view
-from peg.methods._perturb import MAX_SCORE_POINTS
 from peg.methods._predictors import logits_and_labels
+from peg.methods._scale_search import MAX_SCORE_POINTS
 
 # registry keys fitted on the model's cached validation logits
 ON_LOGITS = (

@@ -1,0 +1,113 @@
+"""`peg.ScaleSearch`: the search's options as one object, nested in PEG/PEP's parameters and
+recorded in their recipes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from sklearn.base import clone
+
+import peg
+from peg import archive
+from peg.methods._recipes import searched_options
+
+from conftest import mlp
+
+
+def test_the_search_is_one_nested_parameter():
+    search = peg.ScaleSearch(method="golden", criterion="brier", race=0.0)
+    made = peg.PEG(n_members=3, search=search)
+    params = made.get_params(deep=True)
+    assert params["search"] is search
+    assert (params["search__criterion"], params["search__race"]) == ("brier", 0.0)
+    assert "search__race" not in made.get_params(deep=False)
+    assert (
+        repr(made)
+        == "PEG(n_members=3, search=ScaleSearch(method='golden', criterion='brier', race=0.0))"
+    )
+    twin = clone(made)
+    assert twin.search is not search and twin.search.get_params() == search.get_params()
+    made.set_params(search__race=2.0, n_members=4)
+    assert (search.race, made.n_members) == (2.0, 4)
+
+
+def test_a_bad_nested_value_changes_nothing():
+    search = peg.ScaleSearch()
+    made = peg.PEP(search=search)
+    with pytest.raises(ValueError, match="holdout"):
+        made.set_params(search__holdout=1.5)
+    assert search.holdout == 0.5
+    with pytest.raises(ValueError, match="unknown argument"):
+        made.set_params(search__grid=[1e-3], searching=1)
+    short = peg.PEG(search="golden")
+    with pytest.raises(ValueError, match="search__race: search is 'golden'"):
+        short.set_params(search__race=1.0)
+
+
+def test_every_option_has_a_check_and_the_method_name_is_a_short_form():
+    names = peg.ScaleSearch._param_names()
+    assert list(peg.ScaleSearch.parameter_constraints) == names
+    golden = peg.ScaleSearch.of("golden")
+    assert golden.get_params() == {**peg.ScaleSearch().get_params(), "method": "golden"}
+
+
+@pytest.mark.parametrize("old", ["criterion", "eta_holdout", "race", "search_tol", "bracket"])
+def test_an_option_that_moved_says_where(old):
+    with pytest.raises(TypeError, match=rf"{old}: now an option of the scale search"):
+        peg.PEP(**{old: 1})
+
+
+def test_the_grid_is_where_a_search_starts(overfit_mlp, moons_data):
+    grid = [1e-3, 1e-2]
+    made = peg.PEP(n_members=3, search=peg.ScaleSearch(method="golden", grid=grid, race=0))
+    made.fit(overfit_mlp, moons_data["val"])
+    assert set(grid) <= set(made.search_)  # the golden search scores its grid first
+    default = peg.PEP(n_members=3, search=peg.ScaleSearch(method="golden", race=0))
+    default.fit(overfit_mlp, moons_data["val"])
+    assert set(peg.PEP.default_grid) <= set(default.search_)
+    assert math.isclose(peg.PEP.default_grid[1], math.sqrt(5e-4 * 5e-3))
+
+
+def test_a_recipe_records_the_search_and_rebuilds_it(overfit_mlp, moons_data, tmp_path):
+    search = peg.ScaleSearch(criterion="brier", holdout=0.25, max_points=200, grid=[0.01, 0.1])
+    fitted = peg.PEG(n_members=4, grad_batch_size=32, search=search).fit(
+        overfit_mlp, moons_data["val"]
+    )
+    path = fitted.save(str(tmp_path / "recipe"))
+    made = archive.read_header(path)["meta"]["recipe"]
+    assert made["recipe_version"] == 3
+    assert made["options"]["search"] == {**search.get_params(), "grid": [0.01, 0.1]}
+    rebuilt = peg.PEG._from_options(made, None)
+    assert rebuilt.search.get_params() == {**search.get_params(), "grid": [0.01, 0.1]}
+    loaded = peg.load(path, mlp(9), val=moons_data["val"])  # split as the search split it
+    X = moons_data["test"][0]
+    torch.testing.assert_close(loaded.member_logits(X), fitted.member_logits(X))
+
+
+def test_a_callable_criterion_is_saved_as_members(overfit_mlp, moons_data, tmp_path):
+    def nll(logits, y):
+        return peg.metrics.nll(logits, y)
+
+    fitted = peg.PEG(n_members=2, grad_batch_size=32, eta=[0.01, 0.1])
+    fitted.set_params(search=peg.ScaleSearch(criterion=nll)).fit(overfit_mlp, moons_data["val"])
+    assert fitted.meta_["criterion"] == "nll"
+    with pytest.warns(UserWarning, match="cannot be stored as a recipe"):
+        path = fitted.save(str(tmp_path / "members"))
+    assert "recipe" not in archive.read_header(path)["meta"]
+
+
+def test_a_version_2_recipe_is_read_through_the_old_names():
+    options = {
+        "n_members": 4, "search": "golden", "criterion": "ece", "eta_holdout": 0.0,
+        "max_score_points": None, "race": 0.0, "early_stop": False, "search_tol": 0.0,
+    }  # fmt: skip
+    search = searched_options(options)
+    assert options == {"n_members": 4}
+    assert peg.ScaleSearch(**search).get_params() == {
+        "method": "golden", "criterion": "ece", "holdout": 0.0, "max_points": None,
+        "race": 0.0, "early_stop": False, "tol": 0.0, "grid": None,
+    }  # fmt: skip
+    pep = {"bracket": [1e-3, 1e-1]}
+    assert searched_options(pep) == {"grid": [1e-3, pytest.approx(1e-2), 1e-1]}
