@@ -10,8 +10,10 @@ defaults, so the repr shows some), a quick fit on tiny data, and an invalid valu
 from __future__ import annotations
 
 import inspect
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -194,6 +196,23 @@ CASES += [
     ),
 ]
 IDS = [case.id for case in CASES]
+# classes with the argument protocol but not the predictor protocol: the argument tests only
+ARGUMENT_CASES = [
+    *CASES,
+    Case(
+        peg.OODDetector,
+        {"score": "knn", "k": 5, "batch_size": 32},
+        lambda m: m.fit(_tiny(), (X, y)),
+        ("k", 0),
+    ),
+    Case(
+        peg.AutoSelect,
+        {"candidates": ["TS"], "cv": 2, "progress": False},
+        lambda m: m.fit(_tiny(), (X, y)),
+        ("cv", 1),
+    ),
+]
+SRC = Path(peg.__file__).parent
 
 
 def _parameters(cls: type) -> list[inspect.Parameter]:
@@ -372,3 +391,39 @@ def test_a_property_failing_on_a_fitted_method_says_its_own_message():
         lazy.directions_  # noqa: B018
     with pytest.raises(NotFittedError, match="call fit"):
         peg.PEG().eta_  # noqa: B018
+
+
+@pytest.mark.parametrize("case", ARGUMENT_CASES, ids=[c.id for c in ARGUMENT_CASES])
+def test_every_argument_has_a_check(case):
+    """One mechanism checks arguments: every constructor argument has its entry in the class's
+    `parameter_constraints` (checks between arguments are its `parameter_rules`)."""
+    missing = [n for n in case.cls._param_names() if n not in case.cls.parameter_constraints]
+    assert not missing, f"{case.id}: no check in parameter_constraints for {missing}"
+
+
+def test_only_params_defines_check_params():
+    """No class writes its own `_check_params`: `Params._check_params` runs the table and the
+    rules for every class."""
+    defined = [
+        p.relative_to(SRC).as_posix()
+        for p in sorted(SRC.rglob("*.py"))
+        for line in p.read_text(encoding="utf-8").splitlines()
+        if line.strip().startswith("def _check_params(")
+    ]
+    assert defined == ["methods/base.py"], defined
+
+
+@pytest.mark.parametrize("case", ARGUMENT_CASES, ids=[c.id for c in ARGUMENT_CASES])
+def test_fit_checks_an_argument_set_directly(case):
+    """An argument set on the object after construction (not through `set_params`) is checked
+    by `fit` before any work: the table's error, raised from `_check_params`."""
+    if case.needs is not None:
+        pytest.importorskip(case.needs)
+    name, invalid = case.invalid
+    method = case.cls(**case.kwargs)
+    setattr(method, name, invalid)
+    with pytest.raises(ValueError, match=name) as error:
+        case.fit(method)
+    frames = [frame.name for frame in traceback.extract_tb(error.value.__traceback__)]
+    assert "_check_params" in frames, frames
+    assert frames.index("_check_params") == frames.index("fit") + 1, frames  # by fit itself

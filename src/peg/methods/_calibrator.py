@@ -30,11 +30,11 @@ from torch import Tensor
 
 from peg import archive
 from peg._inputs import Data, is_pair
-from peg._scalars import check_positive_int
 from peg.batches import BatchFn, check_batch_fn
 from peg.ensemble import Ensemble, Predicts
 from peg.errors import ArchiveError, NotFittedError
 from peg.loading import register_calibrator
+from peg.methods import _constraints as checks
 from peg.methods._predictors import (
     check_predictor,
     ensemble_of,
@@ -77,9 +77,10 @@ class Calibrator(Predicts, Method):
         if "method" in cls.__dict__:  # a concrete calibrator: its archives load as it
             register_calibrator(cls.method, cls._from_archive)
 
-    def _check_params(self) -> None:
-        check_positive_int(self.batch_size, "batch_size")
-        check_batch_fn(self.batch_fn)
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
+        "batch_size": checks.positive_int(),
+        "batch_fn": checks.batch_fn,
+    }
 
     # ---------------------------------------------------------------- subclass hooks
     def _score_kind(self, logits: Tensor) -> str:
@@ -147,6 +148,7 @@ class Calibrator(Predicts, Method):
                 it goes (`logits_and_labels`).
             bn_data: unused (accepted as by every post-hoc method).
         """
+        self._check_params()  # as the constructor did: catches an attribute set directly
         check_predictor(predictor)
         if val is None:
             raise ValueError(f"val: {self.label} needs labelled validation data (X, y)")

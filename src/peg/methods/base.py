@@ -22,7 +22,7 @@ predictor's `Ensemble` takes beyond them (`strategy`, `chunk_size`).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -36,7 +36,7 @@ from peg._scalars import check_positive_int
 from peg.batches import BatchFn, Tapped, call_model, check_batch_fn
 from peg.ensemble import Ensemble, Predicts, _cat_batches, autocast_dtype
 from peg.errors import NotFittedError
-from peg.methods._constraints import Check, check_constraints
+from peg.methods import _constraints as checks
 from peg.output import model_output
 from peg.streams import generator
 
@@ -58,12 +58,12 @@ class Params:
     `name__param` with `deep=True`), `set_params` (`name__param` too) and a `repr` of the
     arguments that differ from their defaults."""
 
-    parameter_constraints: ClassVar[Mapping[str, Check]] = {}
-    parameter_rules: ClassVar[tuple[Callable[[Any], None], ...]] = ()
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {}
+    parameter_rules: ClassVar[tuple[checks.Rule, ...]] = ()
 
     def _check_params(self) -> None:
         """Raise a clear error for a bad argument; never change one (clone compares them)."""
-        check_constraints(self, self.parameter_constraints)
+        checks.check_constraints(self, self.parameter_constraints)
         for rule in self.parameter_rules:
             rule(self)
 
@@ -217,6 +217,11 @@ class ModulePredictor(Predicts, Method):
     progress: bool | None
     batch_fn: BatchFn | None
     label = "predict"
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
+        "batch_size": checks.positive_int(),
+        "progress": checks.boolean(optional=True),
+        "batch_fn": checks.batch_fn,
+    }
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "model_"):
@@ -322,6 +327,11 @@ class SampledPredictor(ModulePredictor):
 
     n_members: int
     seed: int
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
+        "n_members": checks.positive_int(),
+        "seed": checks.positive_int(minimum=0),
+        **ModulePredictor.parameter_constraints,
+    }
 
     def _batch_logits(self, x: Any, j: int) -> Tensor:
         device = self._device()

@@ -23,8 +23,8 @@ from __future__ import annotations
 import math
 import os
 from collections import deque
-from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -37,9 +37,10 @@ from peg._inputs import Data
 from peg._params import parameter_vector, refresh_bn, unflatten_state
 from peg._progress import bar
 from peg._scalars import check_number, check_positive_int
-from peg.batches import BatchFn, check_batch_fn
+from peg.batches import BatchFn
 from peg.ensemble import Ensemble
 from peg.errors import NotFittedError
+from peg.methods import _constraints as checks
 from peg.methods.base import FittedEnsemble, store_arguments
 from peg.streams import SWAG_SAMPLE, generator
 from peg.train import Callback, ModelSource, Recipe, instantiate, train
@@ -108,6 +109,28 @@ class _Moments:
         self.deviations.extend(d.clone() for d in state["deviations"])
 
 
+def _swa_schedule(swa: SWA) -> None:
+    """The recipe (or the default one) sets swa_start and swa_lr and trains after swa_start."""
+    recipe = swa._recipe()
+    if recipe.swa_start is None or recipe.swa_lr is None:
+        raise ValueError("recipe: SWA needs swa_start and swa_lr (e.g. schedule='swa')")
+    if recipe.swa_start >= recipe.epochs:
+        raise ValueError(
+            f"swa_start: {recipe.swa_start} leaves no epoch to collect "
+            f"(epochs={recipe.epochs}); weights are collected after swa_start"
+        )
+
+
+def _two_collected(swag: SWAG) -> None:
+    """SWAG's variance (and its low-rank term) need two collected epochs."""
+    if swag.collected < 2:
+        recipe, what = swag._recipe(), "a variance" if swag.diag else "SWAG's low-rank term"
+        raise ValueError(
+            f"swa_start: {what} needs at least 2 collected epochs, this recipe collects "
+            f"{swag.collected} (epochs={recipe.epochs}, swa_start={recipe.swa_start})"
+        )
+
+
 class SWA(FittedEnsemble):
     """Stochastic Weight Averaging with `torch.optim.swa_utils` (AveragedModel, SWALR, update_bn).
 
@@ -147,22 +170,16 @@ class SWA(FittedEnsemble):
     ) -> None:
         store_arguments(self, locals())
 
-    def _check_params(self) -> None:
-        if self.recipe is not None and not isinstance(self.recipe, Recipe):
-            raise TypeError(
-                f"recipe: expected a peg.train.Recipe, got {type(self.recipe).__name__}"
-            )
-        recipe = self._recipe()
-        if recipe.swa_start is None or recipe.swa_lr is None:
-            raise ValueError("recipe: SWA needs swa_start and swa_lr (e.g. schedule='swa')")
-        if recipe.swa_start >= recipe.epochs:
-            raise ValueError(
-                f"swa_start: {recipe.swa_start} leaves no epoch to collect "
-                f"(epochs={recipe.epochs}); weights are collected after swa_start"
-            )
-        check_positive_int(self.seed, "seed", minimum=0)
-        check_positive_int(self.batch_size, "batch_size")
-        check_batch_fn(self.batch_fn)
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
+        "recipe": checks.instance_of(Recipe, "a peg.train.Recipe", optional=True),
+        "seed": checks.positive_int(minimum=0),
+        "batch_size": checks.positive_int(),
+        "checkpoint": checks.instance_of((str, os.PathLike), "a file path", optional=True),
+        "progress": checks.boolean(optional=True),
+        "loss": checks.function("a callable loss(outputs, y)"),
+        "batch_fn": checks.batch_fn,
+    }
+    parameter_rules: ClassVar[tuple[checks.Rule, ...]] = (_swa_schedule,)
 
     def _recipe(self) -> Recipe:
         """The recipe used: `recipe`, or `default_recipe()` for None."""
@@ -195,10 +212,10 @@ class SWA(FittedEnsemble):
         batch (`batch_size` rows for tensors and Datasets, a loader's own batches); extra
         `callbacks(epoch, model)` run after the method's own, every epoch.
         """
+        self._check_params()  # as the constructor did: catches an attribute set directly
         device = weights_device(model) if isinstance(model, nn.Module) else None
         check_labelled(train_data, "train_data", device)
-        name = "bn_data" if bn_data is not None else "train_data"
-        source = bn_data if bn_data is not None else train_data
+        name, source = ("train_data", train_data) if bn_data is None else ("bn_data", bn_data)
         self._bn_batches = InputBatches(source, int(self.batch_size), self.batch_fn, name)
         seed = int(self.seed)
         net = instantiate(model, seed)
@@ -272,26 +289,15 @@ class SWAG(SWA):
     ) -> None:
         store_arguments(self, locals())
 
-    def _check_params(self) -> None:
-        super()._check_params()
-        check_positive_int(self.max_num_models, "max_num_models", minimum=2)
-        if self.scale is not None:
-            check_number(self.scale, "scale")
-        check_positive_int(self.n_members, "n_members")
-        if self.bn not in ("refresh", "eval"):
-            raise ValueError(f"bn: expected 'refresh' or 'eval', got {self.bn!r}")
-        recipe = self._recipe()
-        if not self.diag and self.collected < 2:
-            raise ValueError(
-                f"swa_start: SWAG's low-rank term needs at least 2 collected epochs, this recipe "
-                f"collects {self.collected} (epochs={recipe.epochs}, "
-                f"swa_start={recipe.swa_start})"
-            )
-        if self.diag and self.collected < 2:
-            raise ValueError(
-                f"swa_start: a variance needs at least 2 collected epochs, this recipe collects "
-                f"{self.collected}"
-            )
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
+        **SWA.parameter_constraints,
+        "diag": checks.boolean(),
+        "max_num_models": checks.positive_int(minimum=2),
+        "scale": checks.number(optional=True),
+        "n_members": checks.positive_int(),
+        "bn": checks.one_of("refresh", "eval"),
+    }
+    parameter_rules: ClassVar[tuple[checks.Rule, ...]] = (_swa_schedule, _two_collected)
 
     def _scale(self) -> float:
         """The covariance scale used: `scale`, or 1.0 (SWAG-Diag) / 0.5 (SWAG) for None."""
