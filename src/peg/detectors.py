@@ -23,7 +23,6 @@ from torch import Tensor
 from peg._features import Features, check_features
 from peg._inputs import Data
 from peg.batches import BatchFn, check_batch_fn
-from peg.errors import NotFittedError
 from peg.methods import _constraints as checks
 from peg.methods._conformal_shift import joint_batches
 from peg.methods._predictors import check_predictor
@@ -62,6 +61,7 @@ class OODDetector(Method):
     ) -> None:
         store_arguments(self, locals())
 
+    fitted_attribute: ClassVar[str] = "predictor_"
     parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
         "score": checks.one_of(*DETECTOR_SCORES),
         "k": checks.positive_int(),
@@ -99,14 +99,13 @@ class OODDetector(Method):
                 raise ValueError(f"k: {self.k} neighbours, but val has only {len(f)} points")
             state["bank_"] = _normalised(f)
         self.__dict__.update(state)
-        self.predictor_ = predictor  # last: its presence says the detector is fitted
+        self.predictor_ = predictor  # last: `fitted_attribute`
         return self
 
     @torch.no_grad()
     def ood_score(self, X: Data, batch_size: int | None = None) -> Tensor:
         """OOD scores `[N]` float64 of inputs `X` (higher = more likely OOD)."""
-        if "predictor_" not in self.__dict__:
-            raise NotFittedError("OODDetector: call fit(predictor, val) before ood_score")
+        self._check_fitted("ood_score")
         size = int(self.batch_size if batch_size is None else batch_size)
         features = Features(self.predictor_, self.features_)
         out = []

@@ -32,7 +32,7 @@ from peg import archive
 from peg._inputs import Data, is_pair
 from peg.batches import BatchFn, check_batch_fn
 from peg.ensemble import Ensemble, Predicts
-from peg.errors import ArchiveError, NotFittedError
+from peg.errors import ArchiveError
 from peg.loading import register_calibrator
 from peg.methods import _constraints as checks
 from peg.methods._predictors import (
@@ -174,13 +174,7 @@ class Calibrator(Predicts, Method):
         described = predictor_meta(predictor)
         if described is not None:
             meta["predictor"] = described
-        self.meta_ = meta  # last: its presence says the calibrator is fitted
-
-    def _check_fitted(self) -> None:
-        if "meta_" not in self.__dict__:
-            raise NotFittedError(
-                f"{type(self).__name__}: call fit(predictor, val) before predicting"
-            )
+        self.meta_ = meta  # last: `fitted_attribute`
 
     # ---------------------------------------------------------------- predicting
     def member_logits(
@@ -234,7 +228,7 @@ class Calibrator(Predicts, Method):
         tensors beside the members. `peg.load(path, model)` gives back a fitted calibrator of
         this class with the same `member_logits`.
         """
-        self._check_fitted()
+        self._check_fitted("saving")
         return self._write(path, self.predictor_, self._archived(), self._tensors())
 
     @staticmethod

@@ -41,6 +41,11 @@ from peg.output import model_output
 from peg.streams import generator
 
 
+def is_fitted(obj: Any) -> bool:
+    """Whether `obj` is a fitted method (False for anything else: a module, an `Ensemble`, ...)."""
+    return isinstance(obj, Method) and obj.__sklearn_is_fitted__()
+
+
 def store_arguments(owner: Params, arguments: dict[str, Any]) -> None:
     """Store a constructor's arguments (its `locals()`) under their own names, unchanged, then
     check them (`_check_params`): the one line every constructor ends with."""
@@ -135,7 +140,29 @@ class Params:
 
 
 class Method(Params):
-    """The contract of every method class (see the module doc)."""
+    """The contract of every method class (see the module doc).
+
+    Fitted or not is one question, asked one way: `fit` sets the attribute named
+    `fitted_attribute` last, so its presence means fitted (`__sklearn_is_fitted__`, which
+    scikit-learn's `check_is_fitted` asks; `is_fitted(obj)` from outside), and `_check_fitted`
+    raises `NotFittedError` before it is there."""
+
+    fitted_attribute: ClassVar[str] = "meta_"
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return self.fitted_attribute in self.__dict__
+
+    def __sklearn_tags__(self) -> Any:
+        """scikit-learn's estimator tags (`check_is_fitted` reads them): no estimator type, no
+        target required; imported here, for whoever asks has scikit-learn loaded."""
+        from sklearn.utils import Tags, TargetTags
+
+        return Tags(estimator_type=None, target_tags=TargetTags(required=False))
+
+    def _check_fitted(self, doing: str = "predicting") -> None:
+        """Raise `NotFittedError` (saying what was attempted, `doing`) before `fit`."""
+        if not self.__sklearn_is_fitted__():
+            raise NotFittedError(f"{type(self).__name__}: call fit(...) before {doing}")
 
     def _reading(
         self, batch_size: int | None, batch_fn: BatchFn | None, X: Data = None
@@ -165,11 +192,11 @@ class FittedEnsemble(Predicts, Method):
     """`member_logits`, `predict_proba`, `predict` and `save` delegate to `ensemble_`."""
 
     ensemble_: Ensemble
+    fitted_attribute: ClassVar[str] = "ensemble_"
 
     def ensemble(self) -> Ensemble:
         """The fitted `Ensemble` (raises NotFittedError before `fit`)."""
-        if "ensemble_" not in self.__dict__:
-            raise NotFittedError(f"{type(self).__name__}: call fit(...) before predicting")
+        self._check_fitted()
         return self.ensemble_
 
     @property
@@ -222,10 +249,6 @@ class ModulePredictor(Predicts, Method):
         "progress": checks.boolean(optional=True),
         "batch_fn": checks.batch_fn,
     }
-
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "model_"):
-            raise NotFittedError(f"{type(self).__name__}: call fit(model) before predicting")
 
     def _device(self) -> torch.device:
         return model_device(self.model_)

@@ -49,7 +49,6 @@ from peg._forward import diagnose
 from peg._inputs import Data
 from peg._rows import ValSource
 from peg.batches import BatchFn
-from peg.errors import NotFittedError
 from peg.loading import register_format
 from peg.methods import _constraints as checks
 from peg.methods import _laplace_state as _state
@@ -298,7 +297,7 @@ class Laplace(ModulePredictor):
             "prior_precision": self.prior_precision_,
             "pred_type": self.pred_type,
             "link_approx": self.link_approx,
-            "n_members": len(self),
+            "n_members": int(self.n_members) if self._sampled() else 1,
             "seed": int(self.seed),
             "last_layer": _torch.outer_name(_state.last_layer(la), self.keywords_),
             "keyword_inputs": bool(self.keywords_),
@@ -309,10 +308,6 @@ class Laplace(ModulePredictor):
         }
 
     # ---------------------------------------------------------------- predicting
-    def _check_fitted(self) -> None:
-        if "laplace_" not in self.__dict__:
-            raise NotFittedError("Laplace: call fit(model, val) before predicting")
-
     def _fast(self, la: Any) -> bool:
         """Whether the GLM predictive goes through the Kronecker structure (`_laplace_variance`:
         `fast_variance`, a GLM predictive, laplace-torch 0.3 and a last-layer KFAC posterior)."""
@@ -344,12 +339,12 @@ class Laplace(ModulePredictor):
 
     def __len__(self) -> int:
         self._check_fitted()
-        return int(self.n_members) if self._sampled() else 1
+        return self.meta_["n_members"]
 
     def posterior_tensors(self) -> list[Tensor]:
         """The tensors of the posterior laplace-torch holds besides the model: its state (mean,
         Hessian factors, prior) and the factors' eigendecomposition (Kronecker structure)."""
-        self._check_fitted()
+        self._check_fitted("reading the posterior")
         la = self.laplace_
         state = {k: v for k, v in la.state_dict().items() if k != "data"}
         decomposed = [getattr(la.H, "eigenvectors", []), getattr(la.H, "eigenvalues", [])]
@@ -361,7 +356,7 @@ class Laplace(ModulePredictor):
         the options, the model's weights (the MAP) and laplace-torch's `state_dict()` (posterior
         mean, Hessian factors, prior precision, N, ...), no data (`_laplace_state.write`). Read
         it back with `peg.load(path, model)`."""
-        self._check_fitted()
+        self._check_fitted("saving")
         params = {k: v for k, v in self.get_params().items() if k != "batch_fn"}
         return _state.write(path, self.laplace_, params, self.meta_)
 

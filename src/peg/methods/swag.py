@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import math
 import os
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.optim.swa_utils import AveragedModel
 
 from peg._bn import InputBatches, update_bn
 from peg._devices import weights_device
@@ -39,8 +37,8 @@ from peg._progress import bar
 from peg._scalars import check_number, check_positive_int
 from peg.batches import BatchFn
 from peg.ensemble import Ensemble
-from peg.errors import NotFittedError
 from peg.methods import _constraints as checks
+from peg.methods._swa_callbacks import Averager, Moments
 from peg.methods.base import FittedEnsemble, store_arguments
 from peg.streams import SWAG_SAMPLE, generator
 from peg.train import Callback, ModelSource, Recipe, instantiate, train
@@ -56,57 +54,6 @@ def default_recipe() -> Recipe:
 
 def has_batchnorm(model: nn.Module) -> bool:
     return any(isinstance(m, BN_TYPES) for m in model.modules())
-
-
-class _Averager:
-    """Callback: `AveragedModel.update_parameters` once per epoch after swa_start (resumable)."""
-
-    def __init__(self, model: nn.Module, swa_start: int) -> None:
-        self.averaged = AveragedModel(model)
-        self.swa_start = swa_start
-
-    def __call__(self, epoch: int, model: nn.Module) -> None:
-        if epoch > self.swa_start:
-            self.averaged.update_parameters(model)
-
-    @property
-    def count(self) -> int:
-        return int(self.averaged.n_averaged)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.averaged.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.averaged.load_state_dict(state)
-
-
-class _Moments:
-    """Callback: SWAG's second moment and deviation matrix, read off the `_Averager`'s mean."""
-
-    def __init__(self, averager: _Averager, max_num_models: int, diag: bool) -> None:
-        self.averager = averager
-        self.diag = diag
-        mean = parameter_vector(averager.averaged.module)
-        self.sq_mean = torch.zeros_like(mean)
-        self.deviations: deque[Tensor] = deque(maxlen=max_num_models)
-
-    def __call__(self, epoch: int, model: nn.Module) -> None:
-        if epoch <= self.averager.swa_start:
-            return
-        n = self.averager.count  # already includes this epoch's weights
-        w = parameter_vector(model)
-        self.sq_mean += (w * w - self.sq_mean) / n
-        if not self.diag:
-            mean = parameter_vector(self.averager.averaged.module)
-            self.deviations.append((w - mean).clone())
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"sq_mean": self.sq_mean, "deviations": list(self.deviations)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.sq_mean = state["sq_mean"].clone()
-        self.deviations.clear()
-        self.deviations.extend(d.clone() for d in state["deviations"])
 
 
 def _swa_schedule(swa: SWA) -> None:
@@ -195,7 +142,7 @@ class SWA(FittedEnsemble):
     def _callbacks(self, model: nn.Module) -> list[Callback]:
         swa_start = self._recipe().swa_start
         assert swa_start is not None
-        self._averager = _Averager(model, swa_start)
+        self._averager = Averager(model, swa_start)
         return [self._averager]
 
     def fit(
@@ -311,7 +258,7 @@ class SWAG(SWA):
 
     def _callbacks(self, model: nn.Module) -> list[Callback]:
         averager = super()._callbacks(model)[0]
-        self._moments = _Moments(self._averager, self.max_num_models, bool(self.diag))
+        self._moments = Moments(self._averager, self.max_num_models, bool(self.diag))
         return [averager, self._moments]
 
     def _meta(self) -> dict[str, Any]:
@@ -334,7 +281,7 @@ class SWAG(SWA):
             if self._moments.deviations
             else self.mean_.new_zeros(0, self.mean_.numel())
         )
-        self.ensemble_ = self.ensemble(n=self.n_members)
+        self.ensemble_ = self._draw(self.n_members)  # last: `fitted_attribute`
 
     def sample_vectors(
         self, n: int, scale: float | None = None, diag: bool | None = None, seed: int | None = None
@@ -345,8 +292,11 @@ class SWAG(SWA):
         depend on how many are drawn. Draws are made on the CPU (the same numbers on every
         device) and moved to the moments' device.
         """
-        if "mean_" not in self.__dict__:
-            raise NotFittedError("SWAG: call fit(...) before sampling")
+        self._check_fitted("sampling")
+        return self._vectors(n, scale, diag, seed)
+
+    def _vectors(self, n: int, scale: float | None, diag: bool | None, seed: int | None) -> Tensor:
+        """`sample_vectors`, unchecked: `fit` draws the members before it is fitted."""
         n = check_positive_int(n, "n")
         scale = self._scale() if scale is None else check_number(scale, "scale")
         diag = bool(self.diag) if diag is None else bool(diag)
@@ -380,8 +330,14 @@ class SWAG(SWA):
         """
         if n is None and scale is None and diag is None and seed is None:
             return super().ensemble()
-        n = self.n_members if n is None else n
-        vectors = self.sample_vectors(n, scale, diag, seed)
+        self._check_fitted("sampling")
+        return self._draw(self.n_members if n is None else n, scale, diag, seed)
+
+    def _draw(
+        self, n: int, scale: float | None = None, diag: bool | None = None, seed: int | None = None
+    ) -> Ensemble:
+        """`ensemble(n, ...)`, unchecked: `fit` draws the members before it is fitted."""
+        vectors = self._vectors(n, scale, diag, seed)
         model = self._skeleton
         refresh = self.bn == "refresh" and has_batchnorm(model)
         batches = self._bn_batches if refresh else []

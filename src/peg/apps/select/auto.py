@@ -30,7 +30,6 @@ from peg.apps.select.folds import CRITERIA, mean_se, stratified_folds
 from peg.apps.select.report import choose, to_markdown
 from peg.batches import BatchFn, check_batch_fn
 from peg.ensemble import Predicts
-from peg.errors import NotFittedError
 from peg.methods import _constraints as checks
 from peg.methods._predictors import (
     iter_member_logits_of,
@@ -254,8 +253,7 @@ class AutoSelect(Predicts, Method):
 
     # ---------------------------------------------------------------- predicting
     def _fitted(self) -> Any:
-        if "predictor_" not in self.__dict__:
-            raise NotFittedError("AutoSelect: call fit(model, val) before predicting")
+        self._check_fitted()
         return self.predictor_
 
     def member_logits(
@@ -279,7 +277,7 @@ class AutoSelect(Predicts, Method):
 
     def to_markdown(self) -> str:
         """`report_` as a markdown table, then the choice and its scores."""
-        self._fitted()
+        self._check_fitted("to_markdown")
         text = to_markdown(self.report_, self.criterion)
         s = self.score_
         text += (f"\nChosen: {self.chosen_} (CV {s['criterion']} {s['mean']:.4f} ± {s['se']:.4f}, "
@@ -292,7 +290,8 @@ class AutoSelect(Predicts, Method):
     def save(self, path: str | os.PathLike[str]) -> str:
         """The chosen predictor's archive (its own `save`) with the report in the meta under
         `"auto_select"`; `peg.load(path, model)` gives the chosen predictor back."""
-        predictor = self._fitted()
+        self._check_fitted("saving")
+        predictor = self.predictor_
         if not callable(getattr(predictor, "save", None)):
             raise TypeError(f"AutoSelect: the chosen {self.chosen_} cannot be saved")
         with tempfile.TemporaryDirectory() as folder:
