@@ -431,6 +431,26 @@ def test_fit_checks_an_argument_set_directly(case):
     assert frames.index("_check_params") == frames.index("fit") + 1, frames  # by fit itself
 
 
+# (class, a valid constructor, arguments set directly that break a rule between arguments,
+#  regex): `parameter_rules` run at fit as the table does
+ONE_EPOCH = Recipe(epochs=1, schedule="swa", swa_start=0, swa_lr=0.01)
+RULES = [
+    (peg.ConformalClassifier, {}, {"randomized": True}, "randomized: LAC has no randomised"),
+    (peg.ConformalClassifier, {"shift": "covariate"}, {"class_conditional": True}, "one weighting"),
+    (peg.SWA, {"recipe": SWA_RECIPE}, {"recipe": SGD}, "recipe: SWA needs swa_start"),
+    (peg.SWAG, {"recipe": SWA_RECIPE}, {"recipe": ONE_EPOCH}, "low-rank term needs at least 2"),
+    (peg.Laplace, {}, {"pred_type": "nn"}, "link_approx: pred_type='nn' samples networks"),
+]
+
+
+@pytest.mark.parametrize("cls, kwargs, broken, message", RULES, ids=[r[-1] for r in RULES])
+def test_fit_checks_the_rules_between_arguments(cls, kwargs, broken, message):
+    method = cls(**kwargs)
+    method.__dict__.update(broken)
+    with pytest.raises(ValueError, match=message):
+        method.fit(_tiny(), (X, y))
+
+
 @pytest.mark.parametrize("case", ARGUMENT_CASES, ids=[c.id for c in ARGUMENT_CASES])
 def test_fitted_is_one_question(case):
     """Unfitted before `fit`, fitted after, asked one way: the attribute `fit` sets last
