@@ -9,7 +9,9 @@ defaults, so the repr shows some), a quick fit on tiny data, and an invalid valu
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import pkgutil
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +28,7 @@ from torch import nn
 import peg
 from peg.errors import NotFittedError
 from peg.layers import patch
-from peg.methods.base import Method, is_fitted
+from peg.methods.base import Method, Params, is_fitted
 from peg.models import MLP
 from peg.subspace import DiagonalGaussian, DropoutSubspace, LowRankGaussian, RandomSubspace
 from peg.train import Recipe
@@ -395,12 +397,30 @@ def test_a_property_failing_on_a_fitted_method_says_its_own_message():
         peg.PEG().eta_  # noqa: B018
 
 
-@pytest.mark.parametrize("case", ARGUMENT_CASES, ids=[c.id for c in ARGUMENT_CASES])
-def test_every_argument_has_a_check(case):
-    """One mechanism checks arguments: every constructor argument has its entry in the class's
-    `parameter_constraints` (checks between arguments are its `parameter_rules`)."""
-    missing = [n for n in case.cls._param_names() if n not in case.cls.parameter_constraints]
-    assert not missing, f"{case.id}: no check in parameter_constraints for {missing}"
+def _protocol_classes() -> list[type[Params]]:
+    """Every class of peg's with the argument protocol (`Params`): methods, calibrators, the
+    detectors, AutoSelect, and argument objects such as a search's."""
+    for module in pkgutil.walk_packages(peg.methods.__path__, "peg.methods."):
+        importlib.import_module(module.name)
+    importlib.import_module("peg.detectors")
+    importlib.import_module("peg.apps.select.auto")
+    found, todo = [], [Params]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            todo.append(sub)
+            if sub.__module__.startswith("peg.") and sub not in found:
+                found.append(sub)
+    return found
+
+
+def test_every_argument_has_a_check():
+    """One mechanism checks arguments: every constructor argument of every class has its entry
+    in the class's `parameter_constraints` (checks between arguments: its `parameter_rules`)."""
+    classes = _protocol_classes()
+    assert {case.cls for case in ARGUMENT_CASES} <= set(classes)
+    for cls in classes:
+        missing = [n for n in cls._param_names() if n not in cls.parameter_constraints]
+        assert not missing, f"{cls.__name__}: no check in parameter_constraints for {missing}"
 
 
 def test_only_params_defines_check_params():
