@@ -14,16 +14,16 @@ What is left out of the papers: Lee et al.'s input preprocessing and their ensem
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from peg._features import Features, check_features
 from peg._inputs import Data
-from peg._scalars import check_positive_int
 from peg.batches import BatchFn, check_batch_fn
-from peg.errors import NotFittedError
+from peg.methods import _constraints as checks
 from peg.methods._conformal_shift import joint_batches
 from peg.methods._predictors import check_predictor
 from peg.methods.base import Method, store_arguments
@@ -61,16 +61,15 @@ class OODDetector(Method):
     ) -> None:
         store_arguments(self, locals())
 
-    def _check_params(self) -> None:
-        if self.score not in DETECTOR_SCORES:
-            raise ValueError(f"score: expected one of {list(DETECTOR_SCORES)}, got {self.score!r}")
-        check_positive_int(self.k, "k")
-        check_features(self.features)
-        ok = isinstance(self.ridge, (int, float)) and not isinstance(self.ridge, bool)
-        if not ok or not self.ridge >= 0:
-            raise ValueError(f"ridge: expected a number >= 0, got {self.ridge!r}")
-        check_positive_int(self.batch_size, "batch_size")
-        check_batch_fn(self.batch_fn)
+    fitted_attribute: ClassVar[str] = "predictor_"
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
+        "score": checks.one_of(*DETECTOR_SCORES),
+        "k": checks.positive_int(),
+        "features": check_features,
+        "ridge": checks.number(allow_zero=True),
+        "batch_size": checks.positive_int(),
+        "batch_fn": checks.batch_fn,
+    }
 
     def fit(self, predictor: Any, val: Data | None = None) -> OODDetector:
         """Fit on validation data `val` ((X, y), a Dataset or a DataLoader; k-NN also takes
@@ -100,14 +99,13 @@ class OODDetector(Method):
                 raise ValueError(f"k: {self.k} neighbours, but val has only {len(f)} points")
             state["bank_"] = _normalised(f)
         self.__dict__.update(state)
-        self.predictor_ = predictor  # last: its presence says the detector is fitted
+        self.predictor_ = predictor  # last: `fitted_attribute`
         return self
 
     @torch.no_grad()
     def ood_score(self, X: Data, batch_size: int | None = None) -> Tensor:
         """OOD scores `[N]` float64 of inputs `X` (higher = more likely OOD)."""
-        if "predictor_" not in self.__dict__:
-            raise NotFittedError("OODDetector: call fit(predictor, val) before ood_score")
+        self._check_fitted("ood_score")
         size = int(self.batch_size if batch_size is None else batch_size)
         features = Features(self.predictor_, self.features_)
         out = []

@@ -46,7 +46,7 @@ from peg.ensemble import Ensemble
 from peg.errors import RankFailure
 from peg.methods._calibrator import Calibrator
 from peg.methods._predictors import logits_and_labels, member_logits_of
-from peg.methods.base import FittedEnsemble, ModulePredictor, SampledPredictor
+from peg.methods.base import FittedEnsemble, ModulePredictor, SampledPredictor, is_fitted
 
 T = TypeVar("T")
 TIMEOUT_ENV = "PEG_DIST_TIMEOUT"
@@ -257,7 +257,7 @@ def member_logits(
     check_batch_fn(batch_fn)
     if size == 1:
         return member_logits_of(predictor, X, batch_size, batch_fn)
-    if isinstance(predictor, Calibrator) and hasattr(predictor, "predictor_"):
+    if isinstance(predictor, Calibrator) and is_fitted(predictor):
         # the calibrated predictor's logits shared out, then mapped whole, as one process does
         inner, split = predictor.predictor_, batch_fn or predictor.batch_fn
         return predictor.scale(member_logits(inner, X, batch_size or predictor.batch_size, split))

@@ -95,7 +95,7 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str
         "vector scaling on unknown scores",
         lambda: peg.VectorScaling(scores="probs"),
         ValueError,
-        r"scores: expected one of \('auto', 'log_probs'\), got 'probs'",
+        r"scores: expected one of \['auto', 'log_probs'\], got 'probs'",
     ),
     (
         "calibrators",

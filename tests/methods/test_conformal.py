@@ -340,7 +340,7 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[Exception], str]] =
         "predict_set before fit",
         lambda: peg.ConformalClassifier().predict_set(XT),
         NotFittedError,
-        r"ConformalClassifier: call fit\(predictor, val\) before predicting",
+        r"ConformalClassifier: call fit\(\.\.\.\) before predicting",
     ),
     (
         "conformal",

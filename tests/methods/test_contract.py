@@ -9,20 +9,26 @@ defaults, so the repr shows some), a quick fit on tiny data, and an invalid valu
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import pkgutil
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from sklearn.base import clone
+from sklearn.exceptions import NotFittedError as SklearnNotFitted
+from sklearn.utils.validation import check_is_fitted
 from torch import nn
 
 import peg
 from peg.errors import NotFittedError
 from peg.layers import patch
-from peg.methods.base import Method, Params
+from peg.methods.base import Method, Params, is_fitted
 from peg.models import MLP
 from peg.subspace import DiagonalGaussian, DropoutSubspace, LowRankGaussian, RandomSubspace
 from peg.train import Recipe
@@ -199,6 +205,23 @@ CASES += [
     ),
 ]
 IDS = [case.id for case in CASES]
+# classes with the argument protocol but not the predictor protocol: the argument tests only
+ARGUMENT_CASES = [
+    *CASES,
+    Case(
+        peg.OODDetector,
+        {"score": "knn", "k": 5, "batch_size": 32},
+        lambda m: m.fit(_tiny(), (X, y)),
+        ("k", 0),
+    ),
+    Case(
+        peg.AutoSelect,
+        {"candidates": ["TS"], "cv": 2, "progress": False},
+        lambda m: m.fit(_tiny(), (X, y)),
+        ("cv", 1),
+    ),
+]
+SRC = Path(peg.__file__).parent
 
 
 def _parameters(cls: type) -> list[inspect.Parameter]:
@@ -388,3 +411,100 @@ def test_a_property_failing_on_a_fitted_method_says_its_own_message():
         lazy.directions_  # noqa: B018
     with pytest.raises(NotFittedError, match="call fit"):
         peg.PEG().eta_  # noqa: B018
+
+
+def _protocol_classes() -> list[type[Params]]:
+    """Every class of peg's with the argument protocol (`Params`): methods, calibrators, the
+    detectors, AutoSelect, and argument objects such as a search's."""
+    for module in pkgutil.walk_packages(peg.methods.__path__, "peg.methods."):
+        importlib.import_module(module.name)
+    importlib.import_module("peg.detectors")
+    importlib.import_module("peg.apps.select.auto")
+    found, todo = [], [Params]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            todo.append(sub)
+            if sub.__module__.startswith("peg.") and sub not in found:
+                found.append(sub)
+    return found
+
+
+def test_every_argument_has_a_check():
+    """One mechanism checks arguments: every constructor argument of every class has its entry
+    in the class's `parameter_constraints` (checks between arguments: its `parameter_rules`)."""
+    classes = _protocol_classes()
+    assert {case.cls for case in ARGUMENT_CASES} <= set(classes)
+    for cls in classes:
+        missing = [n for n in cls._param_names() if n not in cls.parameter_constraints]
+        assert not missing, f"{cls.__name__}: no check in parameter_constraints for {missing}"
+
+
+def test_only_params_defines_check_params():
+    """No class writes its own `_check_params`: `Params._check_params` runs the table and the
+    rules for every class."""
+    defined = [
+        p.relative_to(SRC).as_posix()
+        for p in sorted(SRC.rglob("*.py"))
+        for line in p.read_text(encoding="utf-8").splitlines()
+        if line.strip().startswith("def _check_params(")
+    ]
+    assert defined == ["methods/base.py"], defined
+
+
+@pytest.mark.parametrize("case", ARGUMENT_CASES, ids=[c.id for c in ARGUMENT_CASES])
+def test_fit_checks_an_argument_set_directly(case):
+    """An argument set on the object after construction (not through `set_params`) is checked
+    by `fit` before any work: the table's error, raised from `_check_params`."""
+    if case.needs is not None:
+        pytest.importorskip(case.needs)
+    name, invalid = case.invalid
+    method = case.cls(**case.kwargs)
+    setattr(method, name, invalid)
+    with pytest.raises(ValueError, match=name) as error:
+        case.fit(method)
+    frames = [frame.name for frame in traceback.extract_tb(error.value.__traceback__)]
+    assert "_check_params" in frames, frames
+    assert frames.index("_check_params") == frames.index("fit") + 1, frames  # by fit itself
+
+
+# (class, a valid constructor, arguments set directly that break a rule between arguments,
+#  regex): `parameter_rules` run at fit as the table does
+ONE_EPOCH = Recipe(epochs=1, schedule="swa", swa_start=0, swa_lr=0.01)
+RULES = [
+    (peg.ConformalClassifier, {}, {"randomized": True}, "randomized: LAC has no randomised"),
+    (peg.ConformalClassifier, {"shift": "covariate"}, {"class_conditional": True}, "one weighting"),
+    (peg.SWA, {"recipe": SWA_RECIPE}, {"recipe": SGD}, "recipe: SWA needs swa_start"),
+    (peg.SWAG, {"recipe": SWA_RECIPE}, {"recipe": ONE_EPOCH}, "low-rank term needs at least 2"),
+    (peg.Laplace, {}, {"pred_type": "nn"}, "link_approx: pred_type='nn' samples networks"),
+]
+
+
+@pytest.mark.parametrize("cls, kwargs, broken, message", RULES, ids=[r[-1] for r in RULES])
+def test_fit_checks_the_rules_between_arguments(cls, kwargs, broken, message):
+    method = cls(**kwargs)
+    method.__dict__.update(broken)
+    with pytest.raises(ValueError, match=message):
+        method.fit(_tiny(), (X, y))
+
+
+@pytest.mark.parametrize("case", ARGUMENT_CASES, ids=[c.id for c in ARGUMENT_CASES])
+def test_fitted_is_one_question(case):
+    """Unfitted before `fit`, fitted after, asked one way: the attribute `fit` sets last
+    (`fitted_attribute`), which scikit-learn's `check_is_fitted` and `is_fitted` read."""
+    if case.needs is not None:
+        pytest.importorskip(case.needs)
+    method = case.cls(**case.kwargs)
+    assert not is_fitted(method)
+    with pytest.raises(SklearnNotFitted):
+        check_is_fitted(method)
+    with pytest.raises(NotFittedError, match=rf"^{case.id}: call fit\(\.\.\.\) before saving$"):
+        method._check_fitted("saving")
+    case.fit(method)
+    check_is_fitted(method)
+    assert is_fitted(method) and case.cls.fitted_attribute in vars(method)
+    assert not is_fitted(case.cls) and not is_fitted(_tiny())
+
+
+def test_a_lazy_peg_is_fitted():
+    lazy = peg.PEG(n_members=2, grad_batch_size=16, eta=0.1, lazy=True).fit(_tiny().eval(), (X, y))
+    check_is_fitted(lazy)

@@ -137,8 +137,8 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str
         "Laplace",
         "fast_variance not a bool",
         lambda: peg.Laplace(fast_variance="yes"),
-        ValueError,
-        r"fast_variance: expected one of \[True, False\]",
+        TypeError,
+        r"fast_variance: expected True or False, got 'yes'",
     ),
     (
         "Laplace",

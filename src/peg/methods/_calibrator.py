@@ -30,11 +30,11 @@ from torch import Tensor
 
 from peg import archive
 from peg._inputs import Data, is_pair
-from peg._scalars import check_positive_int
 from peg.batches import BatchFn, check_batch_fn
 from peg.ensemble import Ensemble, Predicts
-from peg.errors import ArchiveError, NotFittedError
+from peg.errors import ArchiveError
 from peg.loading import register_calibrator
+from peg.methods import _constraints as checks
 from peg.methods._predictors import (
     check_predictor,
     ensemble_of,
@@ -77,9 +77,10 @@ class Calibrator(Predicts, Method):
         if "method" in cls.__dict__:  # a concrete calibrator: its archives load as it
             register_calibrator(cls.method, cls._from_archive)
 
-    def _check_params(self) -> None:
-        check_positive_int(self.batch_size, "batch_size")
-        check_batch_fn(self.batch_fn)
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
+        "batch_size": checks.positive_int(),
+        "batch_fn": checks.batch_fn,
+    }
 
     # ---------------------------------------------------------------- subclass hooks
     def _score_kind(self, logits: Tensor) -> str:
@@ -147,6 +148,7 @@ class Calibrator(Predicts, Method):
                 it goes (`logits_and_labels`).
             bn_data: unused (accepted as by every post-hoc method).
         """
+        self._check_params()  # as the constructor did: catches an attribute set directly
         check_predictor(predictor)
         if val is None:
             raise ValueError(f"val: {self.label} needs labelled validation data (X, y)")
@@ -172,13 +174,7 @@ class Calibrator(Predicts, Method):
         described = predictor_meta(predictor)
         if described is not None:
             meta["predictor"] = described
-        self.meta_ = meta  # last: its presence says the calibrator is fitted
-
-    def _check_fitted(self) -> None:
-        if "meta_" not in self.__dict__:
-            raise NotFittedError(
-                f"{type(self).__name__}: call fit(predictor, val) before predicting"
-            )
+        self.meta_ = meta  # last: `fitted_attribute`
 
     # ---------------------------------------------------------------- predicting
     def member_logits(
@@ -232,7 +228,7 @@ class Calibrator(Predicts, Method):
         tensors beside the members. `peg.load(path, model)` gives back a fitted calibrator of
         this class with the same `member_logits`.
         """
-        self._check_fitted()
+        self._check_fitted("saving")
         return self._write(path, self.predictor_, self._archived(), self._tensors())
 
     @staticmethod

@@ -52,7 +52,7 @@ class WrapsCalibrator:
     def save(self, path: str | os.PathLike[str]) -> str:
         """Write the predictor's ensemble with the fitted map (and the calibrator under it, if
         any); `peg.load(path, model)` gives this fitted predictor back."""
-        self._check_fitted()
+        self._check_fitted("saving")
         entry, tensors = self._archived(), dict(self._tensors())
         base = self.predictor_
         if isinstance(base, Calibrator):

@@ -27,9 +27,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from peg._features import Features, check_features, check_target_shape
+from peg._features import Features, check_target_shape
 from peg._inputs import Data, iter_batches
-from peg._scalars import check_positive_int
 from peg.batches import BatchFn
 from peg.methods._conformal import class_scores, labelled_batches, min_points
 from peg.methods._predictors import member_logits_of
@@ -160,13 +159,6 @@ def label_thresholds(scores: Tensor, y: Tensor, w_class: Tensor, alpha: float) -
 
 # ------------------------------------------------------------ ConformalClassifier(shift=...)
 SHIFTS = (None, "covariate", "label")
-
-
-def check_shift(shift: Any, features: Any, n_folds: Any) -> None:
-    if shift not in SHIFTS:
-        raise ValueError(f"shift: expected one of {list(SHIFTS)}, got {shift!r}")
-    check_features(features)
-    check_positive_int(n_folds, "n_folds", minimum=2)
 
 
 def check_target(shift: str | None, target: Data | None, val: Data) -> None:

@@ -15,11 +15,14 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
+
 from peg._params import check_param_filter
 from peg._scalars import check_number, check_positive_int
 from peg.batches import check_batch_fn
 
-Check = Callable[[Any, str], None]
+Check = Callable[[Any, str], None]  # check(value, name): one argument
+Rule = Callable[[Any], None]  # rule(method): between arguments (`parameter_rules`)
 
 
 def one_of(*choices: Any) -> Check:
@@ -64,12 +67,45 @@ def number(allow_zero: bool = False, optional: bool = False) -> Check:
     return check
 
 
-def fraction(below: float = 1.0, what: str = "a fraction") -> Check:
-    """A number in [0, `below`)."""
+def interval(
+    low: float, high: float, what: str = "a number", closed: str = "()", optional: bool = False
+) -> Check:
+    """A finite number between `low` and `high`, each end included where `closed` says ("[)":
+    low included, high not; ...), or None when `optional`; the error shows the interval."""
+    left, right = closed
 
     def check(value: Any, name: str) -> None:
-        if not (isinstance(value, (int, float)) and 0 <= value < below):
-            raise ValueError(f"{name}: expected {what} in [0, {below:g}), got {value!r}")
+        if optional and value is None:
+            return
+        real = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+            value, bool
+        )
+        inside = real and math.isfinite(float(value))
+        if inside:
+            inside = (low <= value if left == "[" else low < value) and (
+                value <= high if right == "]" else value < high
+            )
+        if not inside:
+            none = " or None" if optional else ""
+            raise ValueError(
+                f"{name}: expected {what} in {left}{low:g}, {high:g}{right}{none}, got {value!r}"
+            )
+
+    return check
+
+
+def fraction(below: float = 1.0, what: str = "a fraction") -> Check:
+    """A number in [0, `below`)."""
+    return interval(0, below, what, closed="[)")
+
+
+def instance_of(types: type | tuple[type, ...], what: str, optional: bool = False) -> Check:
+    """An instance of `types` (`what` names it), or None when `optional` (a TypeError)."""
+
+    def check(value: Any, name: str) -> None:
+        if not (isinstance(value, types) or (optional and value is None)):
+            none = " or None" if optional else ""
+            raise TypeError(f"{name}: expected {what}{none}, got {type(value).__name__}")
 
     return check
 
@@ -84,12 +120,28 @@ def choice_or_callable(choices: Any, what: str) -> Check:
     return check
 
 
-def optional_callable(what: str) -> Check:
-    """None or a callable (`what` describes it)."""
+def function(what: str, optional: bool = False) -> Check:
+    """A callable (`what` describes it), or None when `optional`."""
 
     def check(value: Any, name: str) -> None:
-        if value is not None and not callable(value):
+        if not (callable(value) or (optional and value is None)):
             raise ValueError(f"{name}: expected {what}, got {value!r}")
+
+    return check
+
+
+def optional_callable(what: str) -> Check:
+    """None or a callable (`what` describes it)."""
+    return function(what, optional=True)
+
+
+def text(what: str, optional: bool = False) -> Check:
+    """A non-empty string (`what` names it), or None when `optional`."""
+
+    def check(value: Any, name: str) -> None:
+        if not ((isinstance(value, str) and value) or (optional and value is None)):
+            none = " or None" if optional else ""
+            raise ValueError(f"{name}: expected {what}{none}, got {value!r}")
 
     return check
 

@@ -16,7 +16,6 @@ from torch import Tensor
 from peg._inputs import Data
 from peg.batches import BatchFn
 from peg.ensemble import Ensemble, Strategy
-from peg.errors import NotFittedError
 from peg.methods._members import StackedMembers
 
 
@@ -41,7 +40,7 @@ class FittedMembers:
     @property
     def meta_(self) -> dict[str, Any]:
         """What was fitted: method, scale, hyper-parameters, search, ... (saved with it)."""
-        self.members_  # noqa: B018  (NotFittedError before fit)
+        self._check_fitted("reading meta_")  # type: ignore[attr-defined]
         return self._fitted_meta
 
     def __len__(self) -> int:
@@ -54,8 +53,7 @@ class FittedMembers:
         memory), each time it is called; prefer `member_logits` / `predict_proba`, which hold
         one chunk of members at a time.
         """
-        if "members_" not in self.__dict__:
-            raise NotFittedError(f"{type(self).__name__}: call fit(...) before predicting")
+        self._check_fitted()  # type: ignore[attr-defined]
         ensemble = self.members_.ensemble(self._scale)
         ensemble.meta = dict(self._fitted_meta)
         return ensemble
@@ -78,8 +76,7 @@ class FittedMembers:
         of `chunk_size` members (default `LAZY_CHUNK_SIZE`) outside and batches inside (see
         `peg.methods._lazy.RegeneratedMembers`).
         """
-        if "members_" not in self.__dict__:
-            raise NotFittedError(f"{type(self).__name__}: call fit(...) before predicting")
+        self._check_fitted()  # type: ignore[attr-defined]
         size, split = self._reading(batch_size, batch_fn, X)  # type: ignore[attr-defined]
         options = dict(strategy=strategy, progress=progress, chunk_size=chunk_size)
         return self.members_.member_logits(
@@ -102,6 +99,5 @@ class FittedMembers:
         copies of the base models. Used by the scale search, and to plot a metric against it.
         A lazy ensemble regenerates its directions for this (and builds every member).
         """
-        if "members_" not in self.__dict__:
-            raise NotFittedError(f"{type(self).__name__}: call fit(...) before ensemble_at(...)")
+        self._check_fitted("ensemble_at(...)")  # type: ignore[attr-defined]
         return self.members_.ensemble_at(scale)

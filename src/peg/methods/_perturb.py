@@ -91,6 +91,7 @@ class PerturbationEnsemble(Recipes, FittedMembers, FittedEnsemble):
 
     default_grid: tuple[float, ...] = ()
     uses_direction_data = True
+    fitted_attribute: ClassVar[str] = "members_"  # a lazy ensemble holds no ensemble_
 
     # the checks PEG and PEP share, one per argument (`peg.methods._constraints`); the scale
     # (`scale_name`) is checked first, then these, then `parameter_rules` (between arguments)

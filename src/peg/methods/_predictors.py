@@ -21,7 +21,7 @@ from peg._values import checked_labels, warn_one_class
 from peg.batches import BatchFn, Tapped, call_model
 from peg.ensemble import Ensemble
 from peg.errors import NotStreamable
-from peg.methods.base import FittedEnsemble, ModulePredictor
+from peg.methods.base import FittedEnsemble, ModulePredictor, is_fitted
 from peg.output import model_output
 
 
@@ -62,9 +62,9 @@ def predictor_device(predictor: Any) -> torch.device | None:
         return weights_device(predictor)
     if isinstance(predictor, Ensemble):
         return predictor.device
-    if isinstance(predictor, FittedEnsemble) and hasattr(predictor, "ensemble_"):
-        return predictor.ensemble_.device
-    if isinstance(predictor, ModulePredictor) and hasattr(predictor, "model_"):
+    if isinstance(predictor, FittedEnsemble) and "ensemble_" in predictor.__dict__:
+        return predictor.ensemble_.device  # stacked members held (a lazy PEG/PEP holds none)
+    if isinstance(predictor, ModulePredictor) and is_fitted(predictor):
         return weights_device(predictor.model_)
     return None
 

@@ -19,7 +19,7 @@ from peg._inputs import Data
 from peg._params import param_label, select_parameters
 from peg.batches import BatchFn
 from peg.ensemble import Ensemble
-from peg.errors import ArchiveError, NotFittedError
+from peg.errors import ArchiveError
 from peg.methods._scale_search import ScaleSearch
 from peg.recipe import (
     RECIPE_VERSION,
@@ -214,8 +214,7 @@ class Recipes:
         """
         if not isinstance(materialize, bool):
             raise TypeError(f"materialize: expected True or False, got {materialize!r}")
-        if "members_" not in self.__dict__:
-            raise NotFittedError(f"{type(self).__name__}: call fit(...) before saving")
+        self._check_fitted("saving")  # type: ignore[attr-defined]
         options = None if materialize else self._recipe_options()
         if options is None:
             ensemble = self.ensemble()  # a lazy ensemble builds its members here

@@ -22,7 +22,7 @@ predictor's `Ensemble` takes beyond them (`strategy`, `chunk_size`).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -36,9 +36,14 @@ from peg._scalars import check_positive_int
 from peg.batches import BatchFn, Tapped, call_model, check_batch_fn
 from peg.ensemble import Ensemble, Predicts, _cat_batches, autocast_dtype
 from peg.errors import NotFittedError
-from peg.methods._constraints import Check, check_constraints
+from peg.methods import _constraints as checks
 from peg.output import model_output
 from peg.streams import generator
+
+
+def is_fitted(obj: Any) -> bool:
+    """Whether `obj` is a fitted method (False for anything else: a module, an `Ensemble`, ...)."""
+    return isinstance(obj, Method) and obj.__sklearn_is_fitted__()
 
 
 def store_arguments(owner: Params, arguments: dict[str, Any]) -> None:
@@ -58,12 +63,12 @@ class Params:
     `name__param` with `deep=True`), `set_params` (`name__param` too) and a `repr` of the
     arguments that differ from their defaults."""
 
-    parameter_constraints: ClassVar[Mapping[str, Check]] = {}
-    parameter_rules: ClassVar[tuple[Callable[[Any], None], ...]] = ()
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {}
+    parameter_rules: ClassVar[tuple[checks.Rule, ...]] = ()
 
     def _check_params(self) -> None:
         """Raise a clear error for a bad argument; never change one (clone compares them)."""
-        check_constraints(self, self.parameter_constraints)
+        checks.check_constraints(self, self.parameter_constraints)
         for rule in self.parameter_rules:
             rule(self)
 
@@ -135,7 +140,29 @@ class Params:
 
 
 class Method(Params):
-    """The contract of every method class (see the module doc)."""
+    """The contract of every method class (see the module doc).
+
+    Fitted or not is one question, asked one way: `fit` sets the attribute named
+    `fitted_attribute` last, so its presence means fitted (`__sklearn_is_fitted__`, which
+    scikit-learn's `check_is_fitted` asks; `is_fitted(obj)` from outside), and `_check_fitted`
+    raises `NotFittedError` before it is there."""
+
+    fitted_attribute: ClassVar[str] = "meta_"
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return self.fitted_attribute in self.__dict__
+
+    def __sklearn_tags__(self) -> Any:
+        """scikit-learn's estimator tags (`check_is_fitted` reads them): no estimator type, no
+        target required; imported here, for whoever asks has scikit-learn loaded."""
+        from sklearn.utils import Tags, TargetTags
+
+        return Tags(estimator_type=None, target_tags=TargetTags(required=False))
+
+    def _check_fitted(self, doing: str = "predicting") -> None:
+        """Raise `NotFittedError` (saying what was attempted, `doing`) before `fit`."""
+        if not self.__sklearn_is_fitted__():
+            raise NotFittedError(f"{type(self).__name__}: call fit(...) before {doing}")
 
     def _reading(
         self, batch_size: int | None, batch_fn: BatchFn | None, X: Data = None
@@ -165,11 +192,11 @@ class FittedEnsemble(Predicts, Method):
     """`member_logits`, `predict_proba`, `predict` and `save` delegate to `ensemble_`."""
 
     ensemble_: Ensemble
+    fitted_attribute: ClassVar[str] = "ensemble_"
 
     def ensemble(self) -> Ensemble:
         """The fitted `Ensemble` (raises NotFittedError before `fit`)."""
-        if "ensemble_" not in self.__dict__:
-            raise NotFittedError(f"{type(self).__name__}: call fit(...) before predicting")
+        self._check_fitted()
         return self.ensemble_
 
     @property
@@ -217,10 +244,11 @@ class ModulePredictor(Predicts, Method):
     progress: bool | None
     batch_fn: BatchFn | None
     label = "predict"
-
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "model_"):
-            raise NotFittedError(f"{type(self).__name__}: call fit(model) before predicting")
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
+        "batch_size": checks.positive_int(),
+        "progress": checks.boolean(optional=True),
+        "batch_fn": checks.batch_fn,
+    }
 
     def _device(self) -> torch.device:
         return model_device(self.model_)
@@ -322,6 +350,11 @@ class SampledPredictor(ModulePredictor):
 
     n_members: int
     seed: int
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
+        "n_members": checks.positive_int(),
+        "seed": checks.positive_int(minimum=0),
+        **ModulePredictor.parameter_constraints,
+    }
 
     def _batch_logits(self, x: Any, j: int) -> Tensor:
         device = self._device()

@@ -14,15 +14,15 @@ log of the calibrated, renormalised probabilities (there are no logits), whose s
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from peg._scalars import check_number, check_positive_int
 from peg.batches import BatchFn
 from peg.errors import ArchiveError
+from peg.methods import _constraints as checks
 from peg.methods._calibrator import Calibrator, stored
 from peg.methods.base import store_arguments
 
@@ -48,11 +48,10 @@ class _OneVsRest(Calibrator):
 
     floor: float
 
-    def _check_params(self) -> None:
-        floor = check_number(self.floor, "floor")
-        if floor >= 1:
-            raise ValueError(f"floor: expected a number in (0, 1), got {self.floor!r}")
-        super()._check_params()
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
+        "floor": checks.interval(0, 1),
+        **Calibrator.parameter_constraints,
+    }
 
     def _check_classes(self, classes: int) -> None:
         if classes < 2:
@@ -102,11 +101,11 @@ class HistogramBinning(_OneVsRest):
     ) -> None:
         store_arguments(self, locals())
 
-    def _check_params(self) -> None:
-        check_positive_int(self.n_bins, "n_bins")
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"strategy: expected one of {STRATEGIES}, got {self.strategy!r}")
-        super()._check_params()
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
+        "n_bins": checks.positive_int(),
+        "strategy": checks.one_of(*STRATEGIES),
+        **_OneVsRest.parameter_constraints,
+    }
 
     def _fit_map(self, scores: Tensor, y: Tensor) -> dict[str, Any]:
         p, y = _labelled_rows(scores, y)

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from peg.methods._calibrator import Calibrator
+from peg.methods.base import is_fitted
 from peg.methods.scaling import _Affine
 from peg.methods.temperature import TemperatureScaling
 from peg.output import logits_of
@@ -82,7 +83,7 @@ def composable(calibrator: Any) -> bool:
     nn.Module (its map can become the module's last layer without being told C)."""
     return (
         isinstance(calibrator, _Affine)
-        and "meta_" in calibrator.__dict__
+        and is_fitted(calibrator)
         and isinstance(calibrator.predictor_, nn.Module)
     )
 

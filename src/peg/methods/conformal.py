@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
+from peg._features import check_features
 from peg._forward import warn_probabilities
 from peg._inputs import Data
-from peg._scalars import check_positive_int, check_seed
 from peg.batches import BatchFn
 from peg.errors import ArchiveError
+from peg.methods import _constraints as checks
 from peg.methods._calibrator import stored
 from peg.methods._conformal import (
     SCORES,
@@ -38,7 +39,7 @@ from peg.methods._conformal import (
 )
 from peg.methods._conformal_base import ConformalBase, known_rows
 from peg.methods._conformal_shift import (
-    check_shift,
+    SHIFTS,
     check_target,
     covariate_sets,
     fit_shifted,
@@ -47,6 +48,19 @@ from peg.methods._predictors import check_predictor
 from peg.methods.base import store_arguments
 from peg.metrics._inputs import check_labels
 from peg.streams import generator
+
+
+def _randomized_needs_mass(cp: Any) -> None:
+    if cp.randomized and cp.score == "lac":
+        raise ValueError(
+            "randomized: LAC has no randomised variant (its score has no mass to split); "
+            "use score='aps' or 'raps'"
+        )
+
+
+def _one_weighting(cp: Any) -> None:
+    if cp.shift is not None and cp.class_conditional:
+        raise ValueError("class_conditional: not available with shift (one weighting)")
 
 
 class ConformalClassifier(ConformalBase):
@@ -105,27 +119,23 @@ class ConformalClassifier(ConformalBase):
     ) -> None:
         store_arguments(self, locals())
 
-    def _check_params(self) -> None:
-        check_alpha(self.alpha)
-        if self.score not in SCORES:
-            raise ValueError(f"score: expected one of {list(SCORES)}, got {self.score!r}")
-        for name in ("class_conditional", "randomized"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name}: expected True or False, got {getattr(self, name)!r}")
-        if self.randomized and self.score == "lac":
-            raise ValueError(
-                "randomized: LAC has no randomised variant (its score has no mass to split); "
-                "use score='aps' or 'raps'"
-            )
-        check_positive_int(self.k_reg, "k_reg", minimum=0)
-        lam_ok = isinstance(self.lam, (int, float)) and not isinstance(self.lam, bool)
-        if not lam_ok or not math.isfinite(self.lam) or self.lam < 0:
-            raise ValueError(f"lam: expected a finite number >= 0, got {self.lam!r}")
-        check_seed(self.seed)
-        check_shift(self.shift, self.features, self.n_folds)
-        if self.shift is not None and self.class_conditional:
-            raise ValueError("class_conditional: not available with shift (one weighting)")
-        super()._check_params()
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
+        "alpha": check_alpha,
+        "score": checks.one_of(*SCORES),
+        "class_conditional": checks.boolean(),
+        "k_reg": checks.positive_int(minimum=0),
+        "lam": checks.number(allow_zero=True),
+        "randomized": checks.boolean(),
+        "seed": checks.positive_int(minimum=0),
+        "shift": checks.one_of(*SHIFTS),
+        "features": check_features,
+        "n_folds": checks.positive_int(minimum=2),
+        **ConformalBase.parameter_constraints,
+    }
+    parameter_rules: ClassVar[tuple[checks.Rule, ...]] = (
+        _randomized_needs_mass,
+        _one_weighting,
+    )
 
     # ---------------------------------------------------------------- scores
     def _probs_and_draws(

@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
-from peg._features import Features
+from peg._features import Features, check_features
 from peg._inputs import Data
 from peg.batches import BatchFn
 from peg.errors import ArchiveError
+from peg.methods import _constraints as checks
 from peg.methods._conformal import (
     check_alpha,
     check_scores,
@@ -31,7 +32,6 @@ from peg.methods._conformal import (
 )
 from peg.methods._conformal_base import ConformalBase, known_rows
 from peg.methods._conformal_shift import (
-    check_shift,
     check_target,
     fit_weights,
     joint_batches,
@@ -59,6 +59,12 @@ def mean_and_std(outputs: Tensor) -> tuple[Tensor, Tensor]:
 def _mean_outputs(outputs: Tensor) -> Tensor:
     """The members' mean outputs `[B, 2]`: a regressor's "logits" features."""
     return outputs.double().mean(0)
+
+
+def _regression_shift(value: Any, name: str) -> None:
+    if isinstance(value, str) and value == "label":
+        raise ValueError(f"{name}: 'label' is for classes; regression takes None or 'covariate'")
+    checks.one_of(None, "covariate")(value, name)
 
 
 class ConformalRegressor(ConformalBase):
@@ -98,14 +104,14 @@ class ConformalRegressor(ConformalBase):
     ) -> None:
         store_arguments(self, locals())
 
-    def _check_params(self) -> None:
-        check_alpha(self.alpha)
-        if self.score not in REG_SCORES:
-            raise ValueError(f"score: expected one of {list(REG_SCORES)}, got {self.score!r}")
-        if self.shift == "label":
-            raise ValueError("shift: 'label' is for classes; regression takes None or 'covariate'")
-        check_shift(self.shift, self.features, self.n_folds)
-        super()._check_params()
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
+        "alpha": check_alpha,
+        "score": checks.one_of(*REG_SCORES),
+        "shift": _regression_shift,
+        "features": check_features,
+        "n_folds": checks.positive_int(minimum=2),
+        **ConformalBase.parameter_constraints,
+    }
 
     def fit(
         self,

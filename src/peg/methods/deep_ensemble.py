@@ -11,9 +11,9 @@ the same members as an uninterrupted run.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -23,9 +23,9 @@ from torch import Tensor, nn
 from peg._devices import weights_device
 from peg._inputs import Data
 from peg._io import save_tree
-from peg._scalars import check_positive_int
-from peg.batches import BatchFn, check_batch_fn
+from peg.batches import BatchFn
 from peg.ensemble import Ensemble
+from peg.methods import _constraints as checks
 from peg.methods.base import FittedEnsemble, store_arguments
 from peg.train import Callback, ModelSource, Recipe, instantiate, load_checked, train
 from peg.train._data import check_labelled
@@ -77,14 +77,16 @@ class DeepEnsemble(FittedEnsemble):
     ) -> None:
         store_arguments(self, locals())
 
-    def _check_params(self) -> None:
-        check_positive_int(self.n_members, "n_members")
-        if self.recipe is not None and not isinstance(self.recipe, Recipe):
-            raise TypeError(
-                f"recipe: expected a peg.train.Recipe, got {type(self.recipe).__name__}"
-            )
-        check_positive_int(self.seed, "seed", minimum=0)
-        check_batch_fn(self.batch_fn)
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
+        "n_members": checks.positive_int(),
+        "recipe": checks.instance_of(Recipe, "a peg.train.Recipe", optional=True),
+        "seed": checks.positive_int(minimum=0),
+        "reinit": checks.boolean(),
+        "checkpoint_dir": checks.instance_of((str, os.PathLike), "a folder path", optional=True),
+        "progress": checks.boolean(optional=True),
+        "loss": checks.function("a callable loss(outputs, y)"),
+        "batch_fn": checks.batch_fn,
+    }
 
     @staticmethod
     def _device(model: ModelSource) -> torch.device | None:
@@ -130,6 +132,7 @@ class DeepEnsemble(FittedEnsemble):
         model)` run after every epoch of every member. `val_data` `(X, y)`: validation data
         for early stopping (`recipe.patience`; each member stops on its own, `peg.train.train`).
         """
+        self._check_params()  # as the constructor did: catches an attribute set directly
         check_labelled(train_data, "train_data", self._device(model))
         folder = self._checkpoint_dir()
         if folder is not None and folder.is_file():

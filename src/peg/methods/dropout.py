@@ -15,16 +15,16 @@ other (equally valid) masks.
 from __future__ import annotations
 
 import copy
-import math
 import warnings
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from peg._inputs import Data, probe_inputs
-from peg._scalars import check_positive_int
-from peg.batches import BatchFn, check_batch_fn
+from peg.batches import BatchFn
+from peg.methods import _constraints as checks
 from peg.methods.base import SampledPredictor, store_arguments
 from peg.methods.composed import CalibratedModel, Scaled, base_module
 
@@ -134,21 +134,10 @@ class MCDropout(SampledPredictor):
     ) -> None:
         store_arguments(self, locals())
 
-    def _check_params(self) -> None:
-        check_positive_int(self.n_members, "n_members")
-        check_positive_int(self.seed, "seed", minimum=0)
-        insert = self.insert
-        if insert is not None and not (
-            isinstance(insert, (int, float))
-            and not isinstance(insert, bool)
-            and math.isfinite(insert)
-            and 0 < insert < 1
-        ):
-            raise ValueError(
-                f"insert: expected a dropout probability in (0, 1) or None, got {insert!r}"
-            )
-        check_positive_int(self.batch_size, "batch_size")
-        check_batch_fn(self.batch_fn)
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
+        **SampledPredictor.parameter_constraints,
+        "insert": checks.interval(0, 1, "a dropout probability", optional=True),
+    }
 
     def _insert(self) -> float | None:
         return None if self.insert is None else float(self.insert)
@@ -169,6 +158,7 @@ class MCDropout(SampledPredictor):
             bn_data: unused (accepted as by every post-hoc method): BatchNorm keeps the
                 model's running statistics.
         """
+        self._check_params()  # as the constructor did: catches an attribute set directly
         model = base_module(model)  # a fitted TS / Dirichlet: the calibrated module
         if not isinstance(model, nn.Module):
             raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")

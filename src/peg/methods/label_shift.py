@@ -12,19 +12,18 @@ adapted prediction is q(y | x) ∝ p̂(y | x) · q̂(y) / p̂(y), a per-row map 
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from peg._features import check_target_shape
 from peg._inputs import Data
-from peg._scalars import check_positive_int
 from peg.batches import BatchFn, check_batch_fn
 from peg.errors import ArchiveError, NotStreamable
+from peg.methods import _constraints as checks
 from peg.methods._calibrator import Calibrator, scores_of, stored
 from peg.methods._conformal_base import WrapsCalibrator
 from peg.methods._label_shift import (
@@ -90,18 +89,13 @@ class LabelShift(WrapsCalibrator, Calibrator):
     ) -> None:
         store_arguments(self, locals())
 
-    def _check_params(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(f"method: expected one of {list(METHODS)}, got {self.method!r}")
-        if self.calibrate not in CALIBRATIONS:
-            raise ValueError(
-                f"calibrate: expected one of {list(CALIBRATIONS)}, got {self.calibrate!r}"
-            )
-        check_positive_int(self.max_iter, "max_iter")
-        ok = isinstance(self.tol, (int, float)) and not isinstance(self.tol, bool)
-        if not ok or not math.isfinite(self.tol) or self.tol <= 0:
-            raise ValueError(f"tol: expected a number > 0, got {self.tol!r}")
-        super()._check_params()
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
+        "method": checks.one_of(*METHODS),
+        "calibrate": checks.one_of(*CALIBRATIONS),
+        "max_iter": checks.positive_int(),
+        "tol": checks.number(),
+        **Calibrator.parameter_constraints,
+    }
 
     # ---------------------------------------------------------------- fitting
     def fit(  # type: ignore[override]

@@ -48,14 +48,12 @@ from peg._devices import model_device, move
 from peg._forward import diagnose
 from peg._inputs import Data
 from peg._rows import ValSource
-from peg._scalars import check_seed
-from peg.batches import BatchFn, check_batch_fn
-from peg.errors import NotFittedError
+from peg.batches import BatchFn
 from peg.loading import register_format
+from peg.methods import _constraints as checks
 from peg.methods import _laplace_state as _state
 from peg.methods import _laplace_torch as _torch
 from peg.methods import _laplace_variance as _variance
-from peg.methods._constraints import Check, check_constraints, number, one_of, positive_int
 from peg.methods._laplace_torch import require_laplace
 from peg.methods.base import ModulePredictor, store_arguments
 from peg.streams import generator
@@ -65,6 +63,20 @@ STRUCTURES = ("kron", "diag", "full")
 PRIORS = ("marglik", "gridsearch", None)
 PRED_TYPES = ("glm", "nn")
 LINKS = ("probit", "bridge", "bridge_norm", "mc")
+
+
+def _combined(la: Laplace) -> None:
+    """The combinations laplace-torch refuses or ignores."""
+    if la.pred_type == "nn" and la.link_approx != "mc":
+        raise ValueError(
+            f"link_approx: pred_type='nn' samples networks, so it needs link_approx='mc', "
+            f"got {la.link_approx!r}"
+        )
+    if la.last_layer_name is not None and la.subset_of_weights != "last_layer":
+        raise ValueError(
+            "last_layer_name: only used with subset_of_weights='last_layer', got "
+            f"subset_of_weights={la.subset_of_weights!r}"
+        )
 
 
 class Laplace(ModulePredictor):
@@ -137,35 +149,22 @@ class Laplace(ModulePredictor):
     ) -> None:
         store_arguments(self, locals())
 
-    parameter_constraints: ClassVar[dict[str, Check]] = {
-        "subset_of_weights": one_of(*SUBSETS),
-        "hessian_structure": one_of(*STRUCTURES),
-        "prior_optimization": one_of(*PRIORS),
-        "prior_precision": number(),
-        "pred_type": one_of(*PRED_TYPES),
-        "link_approx": one_of(*LINKS),
-        "n_members": positive_int(),
-        "fast_variance": one_of(True, False),
-        "batch_size": positive_int(),
-        "batch_fn": check_batch_fn,
+    parameter_constraints: ClassVar[dict[str, checks.Check]] = {
+        "subset_of_weights": checks.one_of(*SUBSETS),
+        "hessian_structure": checks.one_of(*STRUCTURES),
+        "prior_optimization": checks.one_of(*PRIORS),
+        "prior_precision": checks.number(),
+        "pred_type": checks.one_of(*PRED_TYPES),
+        "link_approx": checks.one_of(*LINKS),
+        "n_members": checks.positive_int(),
+        "last_layer_name": checks.text("a module name", optional=True),
+        "seed": checks.positive_int(minimum=0),
+        "batch_size": checks.positive_int(),
+        "progress": checks.boolean(optional=True),
+        "batch_fn": checks.batch_fn,
+        "fast_variance": checks.boolean(),
     }
-
-    def _check_params(self) -> None:
-        check_constraints(self, self.parameter_constraints)
-        if self.pred_type == "nn" and self.link_approx != "mc":
-            raise ValueError(
-                f"link_approx: pred_type='nn' samples networks, so it needs link_approx='mc', "
-                f"got {self.link_approx!r}"
-            )
-        name = self.last_layer_name
-        if name is not None and not (isinstance(name, str) and name):
-            raise ValueError(f"last_layer_name: expected a module name or None, got {name!r}")
-        if name is not None and self.subset_of_weights != "last_layer":
-            raise ValueError(
-                "last_layer_name: only used with subset_of_weights='last_layer', got "
-                f"subset_of_weights={self.subset_of_weights!r}"
-            )
-        check_seed(self.seed)
+    parameter_rules: ClassVar[tuple[checks.Rule, ...]] = (_combined,)
 
     def _sampled(self) -> bool:
         return self.link_approx == "mc"  # pred_type="nn" implies it
@@ -192,6 +191,7 @@ class Laplace(ModulePredictor):
             train_data: labelled data for the likelihood instead of `val` (the training data
                 in the paper; see the module doc). With it, `val` is for the grid search only.
         """
+        self._check_params()  # as the constructor did: catches an attribute set directly
         if not isinstance(model, nn.Module):
             raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
         gridsearch = self.prior_optimization == "gridsearch"
@@ -206,8 +206,7 @@ class Laplace(ModulePredictor):
                 "val: with train_data, only used by prior_optimization='gridsearch', got "
                 f"prior_optimization={self.prior_optimization!r}"
             )
-        device = model_device(model)
-        split = check_batch_fn(self.batch_fn)
+        device, split = model_device(model), self.batch_fn  # checked by _check_params
         name = "train_data" if train_data is not None else "val"
         source = ValSource(train_data if train_data is not None else val, name, split, device)
         grid = ValSource(val, "val", split, device) if gridsearch else None
@@ -298,7 +297,7 @@ class Laplace(ModulePredictor):
             "prior_precision": self.prior_precision_,
             "pred_type": self.pred_type,
             "link_approx": self.link_approx,
-            "n_members": len(self),
+            "n_members": int(self.n_members) if self._sampled() else 1,
             "seed": int(self.seed),
             "last_layer": _torch.outer_name(_state.last_layer(la), self.keywords_),
             "keyword_inputs": bool(self.keywords_),
@@ -309,10 +308,6 @@ class Laplace(ModulePredictor):
         }
 
     # ---------------------------------------------------------------- predicting
-    def _check_fitted(self) -> None:
-        if "laplace_" not in self.__dict__:
-            raise NotFittedError("Laplace: call fit(model, val) before predicting")
-
     def _fast(self, la: Any) -> bool:
         """Whether the GLM predictive goes through the Kronecker structure (`_laplace_variance`:
         `fast_variance`, a GLM predictive, laplace-torch 0.3 and a last-layer KFAC posterior)."""
@@ -344,12 +339,12 @@ class Laplace(ModulePredictor):
 
     def __len__(self) -> int:
         self._check_fitted()
-        return int(self.n_members) if self._sampled() else 1
+        return self.meta_["n_members"]
 
     def posterior_tensors(self) -> list[Tensor]:
         """The tensors of the posterior laplace-torch holds besides the model: its state (mean,
         Hessian factors, prior) and the factors' eigendecomposition (Kronecker structure)."""
-        self._check_fitted()
+        self._check_fitted("reading the posterior")
         la = self.laplace_
         state = {k: v for k, v in la.state_dict().items() if k != "data"}
         decomposed = [getattr(la.H, "eigenvectors", []), getattr(la.H, "eigenvalues", [])]
@@ -361,7 +356,7 @@ class Laplace(ModulePredictor):
         the options, the model's weights (the MAP) and laplace-torch's `state_dict()` (posterior
         mean, Hessian factors, prior precision, N, ...), no data (`_laplace_state.write`). Read
         it back with `peg.load(path, model)`."""
-        self._check_fitted()
+        self._check_fitted("saving")
         params = {k: v for k, v in self.get_params().items() if k != "batch_fn"}
         return _state.write(path, self.laplace_, params, self.meta_)
 

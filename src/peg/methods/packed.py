@@ -25,8 +25,7 @@ from torch import Tensor, nn
 from peg._devices import move
 from peg._forward import diagnose
 from peg._inputs import Data, probe_inputs
-from peg._scalars import check_positive_int
-from peg.batches import BatchFn, call_model, check_batch_fn
+from peg.batches import BatchFn, call_model
 from peg.losses import packed_gaussian_nll, packed_loss
 from peg.methods.base import ModulePredictor, store_arguments
 
@@ -58,10 +57,6 @@ class PackedEnsemble(ModulePredictor):
     ) -> None:
         store_arguments(self, locals())
 
-    def _check_params(self) -> None:
-        check_positive_int(self.batch_size, "batch_size")
-        check_batch_fn(self.batch_fn)
-
     def fit(
         self, model: nn.Module, val: Data | None = None, *, bn_data: Data | None = None
     ) -> PackedEnsemble:
@@ -74,6 +69,7 @@ class PackedEnsemble(ModulePredictor):
             bn_data: unused (accepted as by every post-hoc method): BatchNorm keeps the
                 model's running statistics.
         """
+        self._check_params()  # as the constructor did: catches an attribute set directly
         if not isinstance(model, nn.Module):
             raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
         if not callable(getattr(model, "member_forward", None)) or (

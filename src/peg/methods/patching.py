@@ -17,12 +17,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-import numpy as np
 from torch import nn
 
 from peg._inputs import Data, probe_inputs
-from peg._scalars import check_positive_int
-from peg.batches import BatchFn, check_batch_fn
+from peg.batches import BatchFn
 from peg.layers.patching import overhead, patched_modules, set_sampling
 from peg.methods.base import SampledPredictor, store_arguments
 
@@ -57,13 +55,6 @@ class MCPatched(SampledPredictor):
     ) -> None:
         store_arguments(self, locals())
 
-    def _check_params(self) -> None:
-        check_positive_int(self.n_members, "n_members")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)):
-            raise ValueError(f"seed: expected an integer, got {self.seed!r}")
-        check_positive_int(self.batch_size, "batch_size")
-        check_batch_fn(self.batch_fn)
-
     # ---------------------------------------------------------------- fitting
     def fit(
         self, model: nn.Module, val: Data | None = None, *, bn_data: Data | None = None
@@ -78,6 +69,7 @@ class MCPatched(SampledPredictor):
             bn_data: unused (accepted as by every post-hoc method): BatchNorm keeps the
                 model's running statistics.
         """
+        self._check_params()  # as the constructor did: catches an attribute set directly
         if not isinstance(model, nn.Module):
             raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
         layers = patched_modules(model)

@@ -29,12 +29,12 @@ validation NLL is never above it (up to the optimiser's tolerance).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import Tensor
 
-from peg._scalars import check_number, check_positive_int
 from peg.batches import BatchFn
+from peg.methods import _constraints as checks
 from peg.methods._affine import affine, fit_affine
 from peg.methods._calibrator import Calibrator, stored
 from peg.methods.base import store_arguments
@@ -51,14 +51,6 @@ class _Affine(Calibrator):
     reg_mu: float = 0.0
     l2: float = 0.0
     max_iter: int
-
-    def _check_params(self) -> None:
-        if self.scores not in SCORE_OPTIONS:
-            raise ValueError(f"scores: expected one of {SCORE_OPTIONS}, got {self.scores!r}")
-        for name in ("reg_lambda", "reg_mu", "l2"):
-            check_number(getattr(self, name), name, allow_zero=True)
-        check_positive_int(self.max_iter, "max_iter")
-        super()._check_params()
 
     def _score_kind(self, logits: Tensor) -> str:
         one = self.scores == "auto" and logits.shape[0] == 1
@@ -123,6 +115,12 @@ class VectorScaling(_Affine):
     ) -> None:
         store_arguments(self, locals())
 
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
+        "scores": checks.one_of(*SCORE_OPTIONS),
+        "max_iter": checks.positive_int(),
+        **Calibrator.parameter_constraints,
+    }
+
 
 class MatrixScaling(_Affine):
     """Matrix scaling (Guo et al. 2017): softmax(s W^T + b), W `[C, C]`, on validation NLL,
@@ -158,6 +156,12 @@ class MatrixScaling(_Affine):
         batch_fn: BatchFn | None = None,
     ) -> None:
         store_arguments(self, locals())
+
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
+        "reg_lambda": checks.number(allow_zero=True),
+        "reg_mu": checks.number(allow_zero=True),
+        **VectorScaling.parameter_constraints,
+    }
 
 
 class DirichletCalibration(_Affine):
@@ -197,3 +201,11 @@ class DirichletCalibration(_Affine):
         batch_fn: BatchFn | None = None,
     ) -> None:
         store_arguments(self, locals())
+
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
+        "reg_lambda": checks.number(allow_zero=True),
+        "reg_mu": checks.number(allow_zero=True),
+        "l2": checks.number(allow_zero=True),
+        "max_iter": checks.positive_int(),
+        **Calibrator.parameter_constraints,
+    }

@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import math
 import os
-from collections import deque
-from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.optim.swa_utils import AveragedModel
 
 from peg._bn import InputBatches, update_bn
 from peg._devices import weights_device
@@ -37,9 +35,10 @@ from peg._inputs import Data
 from peg._params import parameter_vector, refresh_bn, unflatten_state
 from peg._progress import bar
 from peg._scalars import check_number, check_positive_int
-from peg.batches import BatchFn, check_batch_fn
+from peg.batches import BatchFn
 from peg.ensemble import Ensemble
-from peg.errors import NotFittedError
+from peg.methods import _constraints as checks
+from peg.methods._swa_callbacks import Averager, Moments
 from peg.methods.base import FittedEnsemble, store_arguments
 from peg.streams import SWAG_SAMPLE, generator
 from peg.train import Callback, ModelSource, Recipe, instantiate, train
@@ -57,55 +56,26 @@ def has_batchnorm(model: nn.Module) -> bool:
     return any(isinstance(m, BN_TYPES) for m in model.modules())
 
 
-class _Averager:
-    """Callback: `AveragedModel.update_parameters` once per epoch after swa_start (resumable)."""
-
-    def __init__(self, model: nn.Module, swa_start: int) -> None:
-        self.averaged = AveragedModel(model)
-        self.swa_start = swa_start
-
-    def __call__(self, epoch: int, model: nn.Module) -> None:
-        if epoch > self.swa_start:
-            self.averaged.update_parameters(model)
-
-    @property
-    def count(self) -> int:
-        return int(self.averaged.n_averaged)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.averaged.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.averaged.load_state_dict(state)
+def _swa_schedule(swa: SWA) -> None:
+    """The recipe (or the default one) sets swa_start and swa_lr and trains after swa_start."""
+    recipe = swa._recipe()
+    if recipe.swa_start is None or recipe.swa_lr is None:
+        raise ValueError("recipe: SWA needs swa_start and swa_lr (e.g. schedule='swa')")
+    if recipe.swa_start >= recipe.epochs:
+        raise ValueError(
+            f"swa_start: {recipe.swa_start} leaves no epoch to collect "
+            f"(epochs={recipe.epochs}); weights are collected after swa_start"
+        )
 
 
-class _Moments:
-    """Callback: SWAG's second moment and deviation matrix, read off the `_Averager`'s mean."""
-
-    def __init__(self, averager: _Averager, max_num_models: int, diag: bool) -> None:
-        self.averager = averager
-        self.diag = diag
-        mean = parameter_vector(averager.averaged.module)
-        self.sq_mean = torch.zeros_like(mean)
-        self.deviations: deque[Tensor] = deque(maxlen=max_num_models)
-
-    def __call__(self, epoch: int, model: nn.Module) -> None:
-        if epoch <= self.averager.swa_start:
-            return
-        n = self.averager.count  # already includes this epoch's weights
-        w = parameter_vector(model)
-        self.sq_mean += (w * w - self.sq_mean) / n
-        if not self.diag:
-            mean = parameter_vector(self.averager.averaged.module)
-            self.deviations.append((w - mean).clone())
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"sq_mean": self.sq_mean, "deviations": list(self.deviations)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.sq_mean = state["sq_mean"].clone()
-        self.deviations.clear()
-        self.deviations.extend(d.clone() for d in state["deviations"])
+def _two_collected(swag: SWAG) -> None:
+    """SWAG's variance (and its low-rank term) need two collected epochs."""
+    if swag.collected < 2:
+        recipe, what = swag._recipe(), "a variance" if swag.diag else "SWAG's low-rank term"
+        raise ValueError(
+            f"swa_start: {what} needs at least 2 collected epochs, this recipe collects "
+            f"{swag.collected} (epochs={recipe.epochs}, swa_start={recipe.swa_start})"
+        )
 
 
 class SWA(FittedEnsemble):
@@ -147,22 +117,16 @@ class SWA(FittedEnsemble):
     ) -> None:
         store_arguments(self, locals())
 
-    def _check_params(self) -> None:
-        if self.recipe is not None and not isinstance(self.recipe, Recipe):
-            raise TypeError(
-                f"recipe: expected a peg.train.Recipe, got {type(self.recipe).__name__}"
-            )
-        recipe = self._recipe()
-        if recipe.swa_start is None or recipe.swa_lr is None:
-            raise ValueError("recipe: SWA needs swa_start and swa_lr (e.g. schedule='swa')")
-        if recipe.swa_start >= recipe.epochs:
-            raise ValueError(
-                f"swa_start: {recipe.swa_start} leaves no epoch to collect "
-                f"(epochs={recipe.epochs}); weights are collected after swa_start"
-            )
-        check_positive_int(self.seed, "seed", minimum=0)
-        check_positive_int(self.batch_size, "batch_size")
-        check_batch_fn(self.batch_fn)
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
+        "recipe": checks.instance_of(Recipe, "a peg.train.Recipe", optional=True),
+        "seed": checks.positive_int(minimum=0),
+        "batch_size": checks.positive_int(),
+        "checkpoint": checks.instance_of((str, os.PathLike), "a file path", optional=True),
+        "progress": checks.boolean(optional=True),
+        "loss": checks.function("a callable loss(outputs, y)"),
+        "batch_fn": checks.batch_fn,
+    }
+    parameter_rules: ClassVar[tuple[checks.Rule, ...]] = (_swa_schedule,)
 
     def _recipe(self) -> Recipe:
         """The recipe used: `recipe`, or `default_recipe()` for None."""
@@ -178,7 +142,7 @@ class SWA(FittedEnsemble):
     def _callbacks(self, model: nn.Module) -> list[Callback]:
         swa_start = self._recipe().swa_start
         assert swa_start is not None
-        self._averager = _Averager(model, swa_start)
+        self._averager = Averager(model, swa_start)
         return [self._averager]
 
     def fit(
@@ -195,10 +159,10 @@ class SWA(FittedEnsemble):
         batch (`batch_size` rows for tensors and Datasets, a loader's own batches); extra
         `callbacks(epoch, model)` run after the method's own, every epoch.
         """
+        self._check_params()  # as the constructor did: catches an attribute set directly
         device = weights_device(model) if isinstance(model, nn.Module) else None
         check_labelled(train_data, "train_data", device)
-        name = "bn_data" if bn_data is not None else "train_data"
-        source = bn_data if bn_data is not None else train_data
+        name, source = ("train_data", train_data) if bn_data is None else ("bn_data", bn_data)
         self._bn_batches = InputBatches(source, int(self.batch_size), self.batch_fn, name)
         seed = int(self.seed)
         net = instantiate(model, seed)
@@ -272,26 +236,15 @@ class SWAG(SWA):
     ) -> None:
         store_arguments(self, locals())
 
-    def _check_params(self) -> None:
-        super()._check_params()
-        check_positive_int(self.max_num_models, "max_num_models", minimum=2)
-        if self.scale is not None:
-            check_number(self.scale, "scale")
-        check_positive_int(self.n_members, "n_members")
-        if self.bn not in ("refresh", "eval"):
-            raise ValueError(f"bn: expected 'refresh' or 'eval', got {self.bn!r}")
-        recipe = self._recipe()
-        if not self.diag and self.collected < 2:
-            raise ValueError(
-                f"swa_start: SWAG's low-rank term needs at least 2 collected epochs, this recipe "
-                f"collects {self.collected} (epochs={recipe.epochs}, "
-                f"swa_start={recipe.swa_start})"
-            )
-        if self.diag and self.collected < 2:
-            raise ValueError(
-                f"swa_start: a variance needs at least 2 collected epochs, this recipe collects "
-                f"{self.collected}"
-            )
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
+        **SWA.parameter_constraints,
+        "diag": checks.boolean(),
+        "max_num_models": checks.positive_int(minimum=2),
+        "scale": checks.number(optional=True),
+        "n_members": checks.positive_int(),
+        "bn": checks.one_of("refresh", "eval"),
+    }
+    parameter_rules: ClassVar[tuple[checks.Rule, ...]] = (_swa_schedule, _two_collected)
 
     def _scale(self) -> float:
         """The covariance scale used: `scale`, or 1.0 (SWAG-Diag) / 0.5 (SWAG) for None."""
@@ -305,7 +258,7 @@ class SWAG(SWA):
 
     def _callbacks(self, model: nn.Module) -> list[Callback]:
         averager = super()._callbacks(model)[0]
-        self._moments = _Moments(self._averager, self.max_num_models, bool(self.diag))
+        self._moments = Moments(self._averager, self.max_num_models, bool(self.diag))
         return [averager, self._moments]
 
     def _meta(self) -> dict[str, Any]:
@@ -328,7 +281,7 @@ class SWAG(SWA):
             if self._moments.deviations
             else self.mean_.new_zeros(0, self.mean_.numel())
         )
-        self.ensemble_ = self.ensemble(n=self.n_members)
+        self.ensemble_ = self._draw(self.n_members)  # last: `fitted_attribute`
 
     def sample_vectors(
         self, n: int, scale: float | None = None, diag: bool | None = None, seed: int | None = None
@@ -339,8 +292,11 @@ class SWAG(SWA):
         depend on how many are drawn. Draws are made on the CPU (the same numbers on every
         device) and moved to the moments' device.
         """
-        if "mean_" not in self.__dict__:
-            raise NotFittedError("SWAG: call fit(...) before sampling")
+        self._check_fitted("sampling")
+        return self._vectors(n, scale, diag, seed)
+
+    def _vectors(self, n: int, scale: float | None, diag: bool | None, seed: int | None) -> Tensor:
+        """`sample_vectors`, unchecked: `fit` draws the members before it is fitted."""
         n = check_positive_int(n, "n")
         scale = self._scale() if scale is None else check_number(scale, "scale")
         diag = bool(self.diag) if diag is None else bool(diag)
@@ -374,8 +330,14 @@ class SWAG(SWA):
         """
         if n is None and scale is None and diag is None and seed is None:
             return super().ensemble()
-        n = self.n_members if n is None else n
-        vectors = self.sample_vectors(n, scale, diag, seed)
+        self._check_fitted("sampling")
+        return self._draw(self.n_members if n is None else n, scale, diag, seed)
+
+    def _draw(
+        self, n: int, scale: float | None = None, diag: bool | None = None, seed: int | None = None
+    ) -> Ensemble:
+        """`ensemble(n, ...)`, unchecked: `fit` draws the members before it is fitted."""
+        vectors = self._vectors(n, scale, diag, seed)
         model = self._skeleton
         refresh = self.bn == "refresh" and has_batchnorm(model)
         batches = self._bn_batches if refresh else []

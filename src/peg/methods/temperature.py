@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
-from peg._scalars import check_positive_int
 from peg.batches import BatchFn
 from peg.errors import ArchiveError
+from peg.methods import _constraints as checks
 from peg.methods._calibrator import Calibrator
 from peg.methods.base import store_arguments
 
@@ -53,9 +53,10 @@ class TemperatureScaling(Calibrator):
     ) -> None:
         store_arguments(self, locals())
 
-    def _check_params(self) -> None:
-        check_positive_int(self.max_iter, "max_iter")
-        super()._check_params()
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
+        "max_iter": checks.positive_int(),
+        **Calibrator.parameter_constraints,
+    }
 
     def _fit_map(self, scores: Tensor, y: Tensor) -> dict[str, Any]:
         return {"temperature_": fit_temperature(scores, y, int(self.max_iter))}

@@ -72,7 +72,7 @@ def _tensors(predictor: Any) -> list[Tensor]:
     if isinstance(predictor, Calibrator):
         return _tensors(predictor.predictor_)
     if isinstance(predictor, FittedEnsemble) and "ensemble_" in predictor.__dict__:
-        return _tensors(predictor.ensemble_)
+        return _tensors(predictor.ensemble_)  # stacked members held (a lazy PEG/PEP holds none)
     if isinstance(predictor, Laplace):  # the model and the posterior's factors
         return [*_tensors(predictor.model_), *predictor.posterior_tensors()]
     if isinstance(predictor, ModulePredictor):

@@ -14,7 +14,7 @@ import os
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -22,7 +22,6 @@ from torch import Tensor, nn
 from peg import archive
 from peg._inputs import Data
 from peg._rows import ValSource
-from peg._scalars import check_number, check_positive_int, check_seed
 from peg.apps import registry
 from peg.apps.compare.costs import probe_rows
 from peg.apps.compare.methods import _spec, options, resolve
@@ -31,7 +30,7 @@ from peg.apps.select.folds import CRITERIA, mean_se, stratified_folds
 from peg.apps.select.report import choose, to_markdown
 from peg.batches import BatchFn, check_batch_fn
 from peg.ensemble import Predicts
-from peg.errors import NotFittedError
+from peg.methods import _constraints as checks
 from peg.methods._predictors import (
     iter_member_logits_of,
     logits_and_labels,
@@ -57,6 +56,18 @@ DEFAULT_CANDIDATES = (
 )
 # the default candidates for saved logits (a model without parameters, `nn.Identity()`)
 LOGIT_CANDIDATES = ("TS", "Vector scaling", "Matrix scaling", "Dirichlet")
+
+
+def _candidate_list(value: Any, name: str) -> None:
+    """None (the defaults) or a non-empty list of candidates, each one compare knows."""
+    if value is None:
+        return
+    if isinstance(value, (str, Mapping)) or not isinstance(value, Sequence):
+        raise TypeError(f"{name}: expected a list, got {value!r}")
+    if not value:
+        raise ValueError(f"{name}: expected at least one candidate")
+    for i, entry in enumerate(value):
+        _as_candidates(lambda e=entry, i=i: _spec(e, f"{name}[{i}]"))
 
 
 class AutoSelect(Predicts, Method):
@@ -117,29 +128,24 @@ class AutoSelect(Predicts, Method):
     ) -> None:
         store_arguments(self, locals())
 
-    def _check_params(self) -> None:
-        check_positive_int(self.cv, "cv", minimum=2)
-        if self.criterion not in CRITERIA:
-            raise ValueError(f"criterion: expected one of {list(CRITERIA)}, got {self.criterion!r}")
-        for name in ("max_forwards", "max_fit_seconds"):
-            if getattr(self, name) is not None:
-                check_number(getattr(self, name), name)
-        check_seed(self.seed)
-        check_positive_int(self.batch_size, "batch_size")
-        check_batch_fn(self.batch_fn)
-        if self.candidates is not None:
-            if isinstance(self.candidates, (str, Mapping)) or not isinstance(
-                self.candidates, Sequence
-            ):
-                raise TypeError(f"candidates: expected a list, got {self.candidates!r}")
-            if not self.candidates:
-                raise ValueError("candidates: expected at least one candidate")
-            for i, entry in enumerate(self.candidates):
-                _as_candidates(lambda e=entry, i=i: _spec(e, f"candidates[{i}]"))
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
+        "candidates": _candidate_list,
+        "cv": checks.positive_int(minimum=2),
+        "criterion": checks.one_of(*CRITERIA),
+        "max_forwards": checks.number(optional=True),
+        "max_fit_seconds": checks.number(optional=True),
+        "one_se": checks.boolean(),
+        "seed": checks.positive_int(minimum=0),
+        "progress": checks.boolean(optional=True),
+        "nested": checks.boolean(),
+        "batch_size": checks.positive_int(),
+        "batch_fn": checks.batch_fn,
+    }
 
     # ---------------------------------------------------------------- fitting
     def fit(self, model: nn.Module, val: Data) -> AutoSelect:
         """Cross-fit the candidates on `val`, choose, refit the choice on all of `val`."""
+        self._check_params()  # as the constructor did: catches an attribute set directly
         if not isinstance(model, nn.Module):
             raise TypeError(f"model: expected a trained nn.Module, got {type(model).__name__}")
         batch_fn = check_batch_fn(self.batch_fn)
@@ -247,8 +253,7 @@ class AutoSelect(Predicts, Method):
 
     # ---------------------------------------------------------------- predicting
     def _fitted(self) -> Any:
-        if "predictor_" not in self.__dict__:
-            raise NotFittedError("AutoSelect: call fit(model, val) before predicting")
+        self._check_fitted()
         return self.predictor_
 
     def member_logits(
@@ -272,7 +277,7 @@ class AutoSelect(Predicts, Method):
 
     def to_markdown(self) -> str:
         """`report_` as a markdown table, then the choice and its scores."""
-        self._fitted()
+        self._check_fitted("to_markdown")
         text = to_markdown(self.report_, self.criterion)
         s = self.score_
         text += (f"\nChosen: {self.chosen_} (CV {s['criterion']} {s['mean']:.4f} ± {s['se']:.4f}, "
@@ -285,7 +290,8 @@ class AutoSelect(Predicts, Method):
     def save(self, path: str | os.PathLike[str]) -> str:
         """The chosen predictor's archive (its own `save`) with the report in the meta under
         `"auto_select"`; `peg.load(path, model)` gives the chosen predictor back."""
-        predictor = self._fitted()
+        self._check_fitted("saving")
+        predictor = self.predictor_
         if not callable(getattr(predictor, "save", None)):
             raise TypeError(f"AutoSelect: the chosen {self.chosen_} cannot be saved")
         with tempfile.TemporaryDirectory() as folder:

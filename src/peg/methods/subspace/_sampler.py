@@ -3,7 +3,8 @@ the metadata its `Ensemble` carries, and the BatchNorm refresh per sample (bn="r
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
@@ -11,17 +12,12 @@ from torch import Tensor, nn
 from peg._bn import InputBatches
 from peg._inputs import Data
 from peg._params import refresh_bn
-from peg._scalars import check_positive_int
+from peg.methods import _constraints as checks
 from peg.methods.base import FittedEnsemble
 from peg.streams import SUBSPACE_BN, generator
 
 SubspaceBN = Literal["eval", "refresh"]
 BN_BATCH_SIZE = 256  # rows per batch when bn_data is a tensor (a loader keeps its own batches)
-
-
-def _check_bn(bn: Any) -> None:
-    if bn not in ("eval", "refresh"):
-        raise ValueError(f"bn: expected 'eval' or 'refresh', got {bn!r}")
 
 
 class Sampler(FittedEnsemble):
@@ -36,11 +32,12 @@ class Sampler(FittedEnsemble):
     bn: SubspaceBN
     progress: bool | None
 
-    def _check_params(self) -> None:
-        check_positive_int(self.n_members, "n_members")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"seed: expected an integer, got {self.seed!r}")
-        _check_bn(self.bn)
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
+        "n_members": checks.positive_int(),
+        "seed": checks.positive_int(minimum=0),
+        "bn": checks.one_of("eval", "refresh"),
+        "progress": checks.boolean(optional=True),
+    }
 
     def _hyperparameters(self) -> dict[str, Any]:
         return {}

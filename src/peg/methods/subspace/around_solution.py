@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -17,17 +17,16 @@ from peg._forward import diagnose, eval_mode
 from peg._inputs import Data, iter_batches
 from peg._params import (
     ParamFilter,
-    check_param_filter,
     flatten_state,
     param_label,
     select_parameters,
     unflatten_state,
 )
 from peg._progress import bar
-from peg._scalars import check_number
 from peg._values import check_finite
 from peg.batches import batch_rows, call_model
 from peg.ensemble import Ensemble, model_output
+from peg.methods import _constraints as checks
 from peg.methods.base import store_arguments
 from peg.methods.subspace._sampler import Sampler, SubspaceBN
 from peg.metrics._inputs import check_labels
@@ -85,18 +84,11 @@ class _AroundSolution(Sampler):
     params: ParamFilter
     min_accuracy: float | None
 
-    def _check_params(self) -> None:
-        super()._check_params()
-        params, min_accuracy = self.params, self.min_accuracy
-        check_param_filter(params)
-        if min_accuracy is not None and not (
-            isinstance(min_accuracy, (int, float))
-            and not isinstance(min_accuracy, bool)
-            and 0 <= min_accuracy <= 1
-        ):
-            raise ValueError(
-                f"min_accuracy: expected an accuracy in [0, 1] or None, got {min_accuracy!r}"
-            )
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
+        **Sampler.parameter_constraints,
+        "params": checks.param_filter,
+        "min_accuracy": checks.interval(0, 1, "an accuracy", closed="[]", optional=True),
+    }
 
     def _min_accuracy(self) -> float | None:
         return None if self.min_accuracy is None else float(self.min_accuracy)
@@ -128,6 +120,7 @@ class _AroundSolution(Sampler):
             self, with `ensemble_`, `param_names_`, `draws_` (draws made, rejected ones
             included) and the per-sample values of the subclass (`ts_` or `keeps_`).
         """
+        self._check_params()  # as the constructor did: catches an attribute set directly
         if not isinstance(model, nn.Module):
             raise TypeError(f"model: expected an nn.Module, got {type(model).__name__}")
         names = select_parameters(model, self.params)
@@ -215,9 +208,11 @@ class RandomSubspace(_AroundSolution):
     ) -> None:
         store_arguments(self, locals())
 
-    def _check_params(self) -> None:
-        super()._check_params()
-        check_number(self.radius, "radius")
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
+        **_AroundSolution.parameter_constraints,
+        "radius": checks.number(),
+        "relative": checks.boolean(),
+    }
 
     def _hyperparameters(self) -> dict[str, Any]:
         return {"radius": float(self.radius), "relative": bool(self.relative)}
@@ -234,6 +229,22 @@ class RandomSubspace(_AroundSolution):
 
     def _record(self, values: list[float]) -> None:
         self.ts_ = torch.tensor(values, dtype=torch.float64)
+
+
+def _keep_range(keep: Any, name: str) -> None:
+    """A keep probability in (0, 1], or a range (low, high) of them with low <= high."""
+    try:
+        pair = (keep, keep) if isinstance(keep, (int, float)) else tuple(keep)
+    except TypeError:  # not iterable
+        pair = ()
+    if not (
+        len(pair) == 2
+        and all(isinstance(p, (int, float)) and not isinstance(p, bool) for p in pair)
+        and 0 < pair[0] <= pair[1] <= 1
+    ):
+        raise ValueError(
+            f"{name}: expected a range (low, high) with 0 < low <= high <= 1, got {keep!r}"
+        )
 
 
 class DropoutSubspace(_AroundSolution):
@@ -269,21 +280,11 @@ class DropoutSubspace(_AroundSolution):
     ) -> None:
         store_arguments(self, locals())
 
-    def _check_params(self) -> None:
-        super()._check_params()
-        keep = self.keep
-        try:
-            pair = (keep, keep) if isinstance(keep, (int, float)) else tuple(keep)
-        except TypeError:  # not iterable
-            pair = ()
-        if not (
-            len(pair) == 2
-            and all(isinstance(p, (int, float)) and not isinstance(p, bool) for p in pair)
-            and 0 < pair[0] <= pair[1] <= 1
-        ):
-            raise ValueError(
-                f"keep: expected a range (low, high) with 0 < low <= high <= 1, got {keep!r}"
-            )
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
+        **_AroundSolution.parameter_constraints,
+        "keep": _keep_range,
+        "rescale": checks.boolean(),
+    }
 
     def _keep(self) -> tuple[float, float]:
         """`keep` as a range (low, high) of floats (a single number: (keep, keep))."""

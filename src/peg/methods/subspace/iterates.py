@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -14,8 +14,8 @@ from torch import Tensor, nn
 from peg._inputs import Data
 from peg._params import flatten_state, unflatten_state
 from peg._progress import bar
-from peg._scalars import check_number, check_positive_int
 from peg.ensemble import Ensemble
+from peg.methods import _constraints as checks
 from peg.methods.base import FittedEnsemble, store_arguments
 from peg.methods.subspace._sampler import Sampler, SubspaceBN
 from peg.streams import generator
@@ -88,9 +88,10 @@ class _IterateGaussian(Sampler):
 
     scale: float
 
-    def _check_params(self) -> None:
-        super()._check_params()
-        check_number(self.scale, "scale")
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
+        **Sampler.parameter_constraints,
+        "scale": checks.number(),
+    }
 
     def _fit_moments(self, A: Tensor) -> None:
         """Fit the distribution to the iterates `A` `[K, P]` (float64)."""
@@ -119,6 +120,7 @@ class _IterateGaussian(Sampler):
         Returns:
             self, with `ensemble_`, `param_names_` and the fitted moments.
         """
+        self._check_params()  # as the constructor did: catches an attribute set directly
         skeleton, states = _iterate_states(iterates, skeleton)
         names = _sampled_names(skeleton)
         batches = self._bn_batches(bn_data)
@@ -218,9 +220,10 @@ class LowRankGaussian(_IterateGaussian):
     ) -> None:
         store_arguments(self, locals())
 
-    def _check_params(self) -> None:
-        super()._check_params()
-        check_positive_int(self.rank, "rank")
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
+        **_IterateGaussian.parameter_constraints,
+        "rank": checks.positive_int(),
+    }
 
     def _hyperparameters(self) -> dict[str, Any]:
         return {"rank": int(self.rank), "scale": float(self.scale)}
