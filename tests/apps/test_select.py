@@ -113,6 +113,30 @@ def test_save_and_load_give_the_chosen_predictor_back(tmp_path):
     assert read_header(path)["meta"]["auto_select"]["chosen"] == sel.chosen_
 
 
+def test_save_writes_the_archive_once_and_refuses_a_format_without_the_report(
+    tmp_path, monkeypatch
+):
+    from peg import archive
+    from peg._io import save_tree
+
+    model, val = problem(300, 3, [3.0] * 3)
+    sel = AutoSelect(candidates=SCALERS, cv=3, progress=False).fit(model, val)
+    writes: list[object] = []
+    write = archive.atomic_save_file
+    monkeypatch.setattr(archive, "atomic_save_file", lambda *a: writes.append(a) or write(*a))
+    monkeypatch.setattr(archive, "read_tensors", None)  # nothing read back
+    path = sel.save(tmp_path / "chosen.peg")
+    assert len(writes) == 1 and read_header(path)["meta"]["auto_select"]["chosen"] == sel.chosen_
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chosen.peg"]  # no temporary left
+    before = (tmp_path / "chosen.peg").read_bytes()
+    # a save in a format of its own (as Laplace's) cannot carry the report: refused, path kept
+    monkeypatch.setattr(sel.predictor_, "save", lambda p: save_tree(p, {"w": torch.ones(1)}))
+    with pytest.raises(TypeError, match="format of its own"):
+        sel.save(path)
+    assert (tmp_path / "chosen.peg").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chosen.peg"]
+
+
 def test_the_method_contract():
     sel = AutoSelect(candidates=["TS"], cv=3)
     assert clone(sel).get_params() == sel.get_params() and "cv=3" in repr(sel)
