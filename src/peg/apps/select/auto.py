@@ -90,8 +90,10 @@ class AutoSelect(Predicts, Method):
         predictor_: the chosen candidate refitted on all of `val`.
         chosen_: its name.
         report_: a row per candidate (dicts: "candidate", "cv_mean", "cv_se", "diff", "diff_se"
-            (paired, to the best), "forwards", "fit_seconds" (mean per fold), "status" ("chosen",
-            "kept", "dropped") and "why"); `to_markdown()` shows it.
+            (paired, to the best), "forwards", "vs_base" (`peg.apps.compare.collapse`: a
+            candidate indistinguishable from its base is left out of the choice unless better
+            beyond noise), "fit_seconds" (mean per fold), "status" ("chosen", "kept",
+            "dropped") and "why"); `to_markdown()` shows it.
         score_: `{"criterion", "mean", "se"}`: the chosen candidate's CV score, optimistically
             biased (it won on these folds); `nested_` is the honest estimate.
         nested_: `{"mean", "se", "chosen"}` (the outer folds' choices) with `nested=True`, else
