@@ -103,7 +103,7 @@ def test_nested_cv_gives_the_honest_estimate():
     assert "nested CV" in sel.to_markdown()
 
 
-def test_a_candidate_indistinguishable_from_its_base_gives_nothing_over_it():
+def test_a_candidate_indistinguishable_from_its_base_gives_nothing_over_it(capsys):
     """A scale that leaves the members on the base (η = σ = 1e-9) is measured on the held-out
     outputs and left out of the choice unless better beyond noise than the others; its row
     says why. With `one_se=False`, the best mean alone took TS → PEG (here 6e-10 below TS)."""
@@ -112,8 +112,10 @@ def test_a_candidate_indistinguishable_from_its_base_gives_nothing_over_it():
     tiny_pep = method("PEP-3 (σ=1e-9)", "pep", n_members=3, sigma=1e-9)
     tiny_chain = method("TS → PEG-3 (η=1e-9)", "peg", on="TS", n_members=3, eta=1e-9)
     model, val = problem(600, 3, [3.0] * 3)
-    sel = AutoSelect(candidates=[tiny_pep, "TS", tiny_chain], cv=3, one_se=False, progress=False)
-    sel.fit(model, val)
+    sel = AutoSelect(candidates=[tiny_pep, "TS", tiny_chain], cv=3, one_se=False).fit(model, val)
+    said = capsys.readouterr().err  # a log: a line per candidate and fold
+    assert "AutoSelect [fold 3/3] PEP-3 (σ=1e-9): " in said
+    assert "indistinguishable from its base (model)" in said
     rows = {r["candidate"]: r for r in sel.report_}
     assert sel.chosen_ == "TS" and rows["TS"]["vs_base"] is None
     for name, base in (("PEP-3 (σ=1e-9)", "model"), ("TS → PEG-3 (η=1e-9)", "TS")):
