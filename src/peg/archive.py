@@ -15,13 +15,20 @@ as ``calibration/<name>``, listed under the header's ``"calibration"`` (absent w
 none; readers that do not know the key load the ensemble as it is). Writes go to
 a temporary file in the same folder, then `os.replace`, so a crash never leaves half an archive
 where a good one was.
+
+`with_meta(entries)` is the one way for an application to store its own record with a
+predictor's archive: inside the block, `write` adds `entries` to the meta of what it writes, so
+the predictor's own `save` (whatever its kind: ensemble, recipe, calibrator) writes the archive
+once, record included (`AutoSelect.save`'s report).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +43,21 @@ from peg.errors import ArchiveError
 
 FORMAT = "peg-ensemble"
 FORMAT_VERSION = 1
+# what `with_meta` adds to the meta of the archives written in its block, and where they went
+_ADDED: ContextVar[tuple[dict[str, Any], list[str]] | None] = ContextVar("added", default=None)
+
+
+@contextmanager
+def with_meta(entries: Mapping[str, Any]) -> Iterator[list[str]]:
+    """Archives `write` writes inside the block gain `entries` in their meta (over keys of the
+    same name); yields the list of the paths written with them (a `save` that does not go
+    through `write`, Laplace's own format, adds none)."""
+    written: list[str] = []
+    token = _ADDED.set((dict(entries), written))
+    try:
+        yield written
+    finally:
+        _ADDED.reset(token)
 
 
 def write(
@@ -50,6 +72,9 @@ def write(
     and a calibration map's arrays (`calibration`, read back by `read_calibration`); returns the
     path as a string."""
     path = Path(path)
+    added = _ADDED.get()
+    if added is not None:
+        meta = {**meta, **added[0]}
     tensors = {f"stacked/{k}": v.detach().cpu().contiguous() for k, v in stacked.items()}
     tensors |= {f"shared/{k}": v.detach().cpu().contiguous().clone() for k, v in shared.items()}
     extra = {
@@ -75,6 +100,8 @@ def write(
     except (TypeError, ValueError) as e:
         raise ValueError(f"ensemble.meta: must be JSON-serialisable (finite numbers): {e}") from e
     atomic_save_file(tensors, {"peg": text}, path)
+    if added is not None:
+        added[1].append(str(path))
     return str(path)
 
 

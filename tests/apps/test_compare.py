@@ -135,6 +135,46 @@ def test_methods_built_from_names_and_options(overfit_mlp, moons_data):
     assert CATALOGUE["PEG (ascent)"].options == {"direction": "ascent"}
 
 
+def test_an_ensemble_indistinguishable_from_its_base_is_noted(
+    overfit_mlp, moons_data, monkeypatch
+):
+    """A scale that leaves the members on the base (PEP at σ = 1e-9; PEG at η = 1e-9 around the
+    temperature-scaled model) is a note on the row, measured on the outputs already held: with
+    "Model" listed, one test pass per method; without it, the model's once more."""
+    from peg.apps.compare import collapse, run
+
+    methods = [
+        method("PEP-3 (σ=1e-9)", "pep", n_members=3, sigma=1e-9),
+        method("PEG-3", "peg", n_members=3),
+        method("PEG-3 + TS", "temperature", on="PEG-3"),
+        "TS",
+        method("TS → PEG-3 (η=1e-9)", "peg", on="TS", n_members=3, eta=1e-9),
+    ]
+    passes = []
+    counted = run.distributed.labelled_member_logits
+    monkeypatch.setattr(run.distributed, "labelled_member_logits",
+                        lambda *a, **k: passes.append(a[0]) or counted(*a, **k))  # fmt: skip
+    lines: list[str] = []
+    val, test = moons_data["val"], moons_data["test"]
+    done = compare(overfit_mlp, val, test, ["Model", *methods], say=lines.append)
+    assert len(passes) == 6  # one test pass per method: the bases' outputs were at hand
+    rows = {r["method"]: r for r in done.table}
+    assert rows["Model"]["vs_base"] is None and rows["TS"]["vs_base"] is None
+    assert rows["PEG-3 + TS"]["vs_base"] is None  # no more members than PEG-3, its base
+    assert rows["PEG-3"]["vs_base"] > 100 * collapse.INDISTINGUISHABLE
+    assert "note" not in rows["PEG-3"]
+    for name, base in (("PEP-3 (σ=1e-9)", "model"), ("TS → PEG-3 (η=1e-9)", "TS")):
+        assert rows[name]["vs_base"] < collapse.INDISTINGUISHABLE
+        assert rows[name]["note"].startswith(f"indistinguishable from its base ({base})")
+        assert any(name in line and "indistinguishable" in line for line in lines)
+    assert rows["PEP-3 (σ=1e-9)"]["nll"] == pytest.approx(rows["Model"]["nll"], abs=1e-6)
+    assert "Notes: PEP-3 (σ=1e-9): indistinguishable" in done.to_markdown()
+    passes.clear()
+    alone = compare(overfit_mlp, val, test, methods[:1], say=None)  # no "Model" row
+    assert passes == [alone.predictors["PEP-3 (σ=1e-9)"], overfit_mlp]  # the model's pass, once
+    assert alone.table[0]["vs_base"] == pytest.approx(rows["PEP-3 (σ=1e-9)"]["vs_base"], rel=1e-3)
+
+
 def test_laplace_by_name_on_the_validation_data(overfit_mlp, moons_data):
     pytest.importorskip("laplace")
     done = compare(overfit_mlp, moons_data["val"], moons_data["test"], ["Model", "Laplace"])

@@ -103,6 +103,38 @@ def test_nested_cv_gives_the_honest_estimate():
     assert "nested CV" in sel.to_markdown()
 
 
+def test_a_candidate_indistinguishable_from_its_base_gives_nothing_over_it(capsys):
+    """A scale that leaves the members on the base (η = σ = 1e-9) is measured on the held-out
+    outputs and left out of the choice unless better beyond noise than the others; its row
+    says why. With `one_se=False`, the best mean alone took TS → PEG (here 6e-10 below TS)."""
+    from peg.apps.compare import collapse, method
+
+    tiny_pep = method("PEP-3 (σ=1e-9)", "pep", n_members=3, sigma=1e-9)
+    tiny_chain = method("TS → PEG-3 (η=1e-9)", "peg", on="TS", n_members=3, eta=1e-9)
+    model, val = problem(600, 3, [3.0] * 3)
+    sel = AutoSelect(candidates=[tiny_pep, "TS", tiny_chain], cv=3, one_se=False).fit(model, val)
+    said = capsys.readouterr().err  # a log: a line per candidate and fold
+    assert "AutoSelect [fold 3/3] PEP-3 (σ=1e-9): " in said
+    assert "indistinguishable from its base (model)" in said
+    rows = {r["candidate"]: r for r in sel.report_}
+    assert sel.chosen_ == "TS" and rows["TS"]["vs_base"] is None
+    for name, base in (("PEP-3 (σ=1e-9)", "model"), ("TS → PEG-3 (η=1e-9)", "TS")):
+        assert rows[name]["vs_base"] < collapse.INDISTINGUISHABLE and rows[name]["forwards"] == 3
+        assert rows[name]["why"].startswith(f"indistinguishable from its base ({base})")
+        assert "left out of the choice: not better than TS beyond noise" in rows[name]["why"]
+    assert rows["TS → PEG-3 (η=1e-9)"]["cv_mean"] == pytest.approx(rows["TS"]["cv_mean"])
+    assert "left out of the choice" in sel.to_markdown()
+    # a well-calibrated model: the collapsed PEP (the model's predictions) beats TS beyond
+    # noise and stays in the choice, said; with "Model" listed, the model itself is taken
+    model, val = problem(600, 3, [1.0] * 3)
+    sel = AutoSelect(candidates=[tiny_pep, "TS"], cv=3, progress=False).fit(model, val)
+    rows = {r["candidate"]: r for r in sel.report_}
+    assert sel.chosen_ == "PEP-3 (σ=1e-9)" and rows["TS"]["diff"] > rows["TS"]["diff_se"]
+    assert 'the model as it is ("Model" as a candidate) gives the same' in rows[sel.chosen_]["why"]
+    sel = AutoSelect(candidates=[tiny_pep, "Model", "TS"], cv=3, progress=False).fit(model, val)
+    assert sel.chosen_ == "Model"
+
+
 def test_save_and_load_give_the_chosen_predictor_back(tmp_path):
     model, val = problem(500, 3, [3.0] * 3)
     sel = AutoSelect(candidates=SCALERS, cv=3, progress=False).fit(model, val)
@@ -111,6 +143,30 @@ def test_save_and_load_give_the_chosen_predictor_back(tmp_path):
     X = val[0][:50]
     assert torch.allclose(loaded.predict_proba(X), sel.predict_proba(X), atol=1e-6)
     assert read_header(path)["meta"]["auto_select"]["chosen"] == sel.chosen_
+
+
+def test_save_writes_the_archive_once_and_refuses_a_format_without_the_report(
+    tmp_path, monkeypatch
+):
+    from peg import archive
+    from peg._io import save_tree
+
+    model, val = problem(300, 3, [3.0] * 3)
+    sel = AutoSelect(candidates=SCALERS, cv=3, progress=False).fit(model, val)
+    writes: list[object] = []
+    write = archive.atomic_save_file
+    monkeypatch.setattr(archive, "atomic_save_file", lambda *a: writes.append(a) or write(*a))
+    monkeypatch.setattr(archive, "read_tensors", None)  # nothing read back
+    path = sel.save(tmp_path / "chosen.peg")
+    assert len(writes) == 1 and read_header(path)["meta"]["auto_select"]["chosen"] == sel.chosen_
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chosen.peg"]  # no temporary left
+    before = (tmp_path / "chosen.peg").read_bytes()
+    # a save in a format of its own (as Laplace's) cannot carry the report: refused, path kept
+    monkeypatch.setattr(sel.predictor_, "save", lambda p: save_tree(p, {"w": torch.ones(1)}))
+    with pytest.raises(TypeError, match="format of its own"):
+        sel.save(path)
+    assert (tmp_path / "chosen.peg").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chosen.peg"]
 
 
 def test_the_method_contract():

@@ -29,7 +29,7 @@ PENDING = object()  # a resumed method's predictor, not loaded yet
 class Fitting:
     """Fit methods on `model` with `val`: `run(i, spec)` returns the method's table row;
     `predictors()` every fitted predictor (resumed ones loaded from their archives, or refitted
-    where they have none). `evaluation(spec, predictor)` gives a row's costs and metrics and
+    where they have none). `evaluation(spec, predictor, base)` gives a row's costs and metrics and
     keeps its reliability data (`evaluation.saved(name)`, `evaluation.restore(...)`)."""
 
     def __init__(
@@ -75,7 +75,9 @@ class Fitting:
         try:
             predictor, own = self._fit(spec)
             seconds = chained_seconds(own, spec.base, self.seconds)
-            row = head | {"fit_seconds": seconds} | self.evaluation(spec, predictor)
+            base = (lambda: self.model) if spec.base == MODEL else (
+                lambda: self.predictor(spec.base))  # fmt: skip
+            row = head | {"fit_seconds": seconds} | self.evaluation(spec, predictor, base)
         except Exception as e:  # one method's failure is its row; the others go on
             self.errors[spec.name] = failure(e)
             return head | {"failed": self.errors[spec.name]}

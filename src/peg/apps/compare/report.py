@@ -33,7 +33,9 @@ NOTE = (
     "(ensembles: members; last-layer PEG: one trunk and S heads). Memory MB: the tensors the "
     "predictor holds to predict (10^6 bytes). Predict s: wall seconds to predict the test set. "
     "Error, the ECEs, AURC and AUGRC as % (fractions in the table's rows and the JSON); OOD: "
-    "OOD is the positive class, scored against the test set. Bold: the best of a column."
+    "OOD is the positive class, scored against the test set. Bold: the best of a column. "
+    "Notes: ensembles indistinguishable from their base (every test log-probability within "
+    "10^-4 of the base's: `vs_base` in the JSON), whose forwards buy nothing."
 )
 
 
@@ -60,7 +62,11 @@ class Comparison:
 
     Attributes:
         table: one row per method (a dict: "method", "base", "fit_seconds", "forwards",
-            "memory_mb", "predict_seconds", "chosen" (T, η or σ), the test metrics "nll",
+            "memory_mb", "predict_seconds", "chosen" (T, η or σ), "vs_base" (the largest
+            |log p − log p_base| on the test set, against the base's prediction, for a method
+            with more members than its base, else None: `peg.apps.compare.collapse`), "note"
+            (only where that is under `collapse.INDISTINGUISHABLE`: the members collapsed onto
+            the base, whose predictions it gives at its own cost), the test metrics "nll",
             "error", "brier", "ece", "mce", "adaptive_ece", "classwise_ece", "aurc", "augrc"
             (`peg.apps.scores`), the same as `"nll (name)"` per shifted set, and
             "auroc (name)", "aupr (name)", "aupr_in (name)", "fpr95 (name)" per OOD set);
@@ -113,6 +119,9 @@ class Comparison:
             parts.append("Left out: " + "; ".join(f"{k}: {v}" for k, v in self.skipped.items()))
         if self.failed:
             parts.append("Failed: " + "; ".join(describe(k, e) for k, e in self.failed.items()))
+        noted = [f"{r['method']}: {r['note']}" for r in self.table if "note" in r]
+        if noted:
+            parts.append("Notes: " + "; ".join(noted))
         warned = [f"{r['method']}: {r['warning']}" for r in self.table if "warning" in r]
         if warned:
             parts.append("Warnings: " + "; ".join(warned))

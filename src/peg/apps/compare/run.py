@@ -5,8 +5,8 @@ Every argument is checked before anything is fitted (errors name it). Then, meth
 (`peg.apps.compare.methods`; built through the method registry `peg.apps.registry`, as the
 bench builds its methods): fit on `val` (timed), predict every evaluation set once (member
 logits `[M, N, C]` of one set held at a time, as the bench's cache holds them), score them with
-the bench's metrics (`peg.apps.scores`), measure the costs (`peg.apps.compare.costs`), and say
-one line.
+the bench's metrics (`peg.apps.scores`), measure the costs (`peg.apps.compare.costs`), note an
+ensemble indistinguishable from its base (`peg.apps.compare.collapse`), and say one line.
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ from peg._inputs import Data, as_xy, is_pair
 from peg._scalars import check_positive_int, check_seed
 from peg.apps import registry
 from peg.apps.bench.spec import MethodSpec
+from peg.apps.compare.collapse import indistinguishable, log_probs, note, vs_base
 from peg.apps.compare.costs import forwards, held_bytes, probe_rows
 from peg.apps.compare.faults import check_data, describe
 from peg.apps.compare.fitting import Fitting
-from peg.apps.compare.methods import options, resolve
+from peg.apps.compare.methods import MODEL, options, resolve
 from peg.apps.compare.report import TEST, Comparison, check_shown, column
 from peg.apps.compare.state import State, fingerprint
 from peg.apps.conformal import ConformalSpec, parse_conformal, scorer
@@ -146,6 +147,7 @@ def compare(
     val = labelled.pop("val")
     evaluation = Evaluation(model, labelled, unlabelled, batch_size, batch_fn, bins, ood_score)
     evaluation.val = val  # what a feature OOD detector ("mahalanobis", "knn") is fitted on
+    evaluation.bases = {s.base for s in specs}  # whose test outputs a later row compares with
     evaluation.conformal = parse_conformal(conformal, "conformal", [s.name for s in specs])
 
     run_key = {"seed": seed, "batch_size": batch_size, "bins": bins, "ood_score": ood_score,
@@ -174,8 +176,10 @@ def compare(
 
 
 class Evaluation:
-    """Every evaluation set of one comparison: `self(spec, predictor)` predicts each once and
-    returns the predictor's costs and metrics (a table row's); reliability data in `curves`."""
+    """Every evaluation set of one comparison: `self(spec, predictor, base)` predicts each once
+    and returns the predictor's costs and metrics (a table row's), and how far it is from its
+    base (`"vs_base"`, a `"note"` where indistinguishable; `base()`: the base predictor, run
+    on the test set only where its outputs are not held yet); reliability data in `curves`."""
 
     def __init__(
         self,
@@ -195,8 +199,13 @@ class Evaluation:
         self.sizes: dict[str, tuple[int, str]] = {}
         self.conformal: ConformalSpec | None = None
         self.val: Data = None
+        self.bases: set[str] = set()
+        # base name → (members, test log-probabilities `[N, C]`) of the bases met so far
+        self.base_outputs: dict[str, tuple[int, Tensor]] = {}
 
-    def __call__(self, spec: MethodSpec, predictor: Any) -> dict[str, Any]:
+    def __call__(
+        self, spec: MethodSpec, predictor: Any, base: Callable[[], Any] | None = None
+    ) -> dict[str, Any]:
         size = held_bytes(predictor)
         row: dict[str, Any] = {
             "forwards": forwards(predictor, self.model, self.rows),
@@ -223,6 +232,7 @@ class Evaluation:
                 }
             curves[name] = metrics.reliability(logits, y, self.bins)
         assert test_logits is not None
+        row |= self.vs_base(spec, test_logits, base, row["forwards"])
         detector = None
         if self.ood_score in DETECTOR_SCORES and self.unlabelled:  # per predictor: its model
             detector = OODDetector(score=self.ood_score, batch_size=self.batch_size,
@@ -239,6 +249,28 @@ class Evaluation:
             row |= {column(k, name): v for k, v in scores.items()}
         self.restore(spec.name, curves, sizes)  # kept once the whole row is made
         return row
+
+    def vs_base(self, spec: MethodSpec, logits: Tensor, base: Callable[[], Any] | None,
+                forwards: float | None) -> dict[str, Any]:  # fmt: skip
+        """`{"vs_base": gap}` of the method `spec` with test member logits `logits` `[M, N, C]`
+        (`collapse.vs_base`; None where it has no more members than its base), and its `"note"`
+        where it is indistinguishable from the base."""
+        members = logits.shape[0]
+        if registry.entry(spec.method) is registry.Base and spec.base == MODEL:
+            self.base_outputs.setdefault(MODEL, (members, log_probs(logits)))  # the model's
+        known = self.base_outputs.get(spec.base)
+        if known is None and members > 1 and base is not None:  # not held: the base, once
+            outputs, _ = distributed.labelled_member_logits(
+                base(), self.labelled[TEST], self.batch_size, self.batch_fn, TEST
+            )
+            known = self.base_outputs[spec.base] = (outputs.shape[0], log_probs(outputs))
+        if spec.name in self.bases:
+            self.base_outputs[spec.name] = (members, log_probs(logits))
+        gap = None if known is None else vs_base(logits, *known)
+        if not indistinguishable(gap):
+            return {"vs_base": gap}
+        assert gap is not None
+        return {"vs_base": gap, "note": note(gap, spec.base, forwards, "the test set")}
 
     def saved(self, method: str) -> dict[str, dict[str, Tensor]]:
         """Method `method`'s reliability data per labelled set (what `restore` takes back)."""
@@ -295,9 +327,10 @@ def _line(i: int, n: int, row: dict[str, Any]) -> str:
     if "failed" in row:
         return f"compare [{i + 1}/{n}] {describe(row['method'], row['failed'])}"
     cost = "" if row["forwards"] is None else f", {row['forwards']:.3g} forwards/input"
+    said = "" if "note" not in row else f"; {row['note']}"
     return (
         f"compare [{i + 1}/{n}] {row['method']}: fit {row['fit_seconds']:.1f} s{cost}; test "
-        f"NLL {row['nll']:.4f}, error {100 * row['error']:.2f}%, ECE {100 * row['ece']:.2f}%"
+        f"NLL {row['nll']:.4f}, error {100 * row['error']:.2f}%, ECE {100 * row['ece']:.2f}%{said}"
     )
 
 

@@ -11,9 +11,7 @@ back (a `TemperatureScaling`, an `Ensemble`, ...), and nothing in the core knows
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -21,6 +19,7 @@ from torch import Tensor, nn
 
 from peg import archive
 from peg._inputs import Data
+from peg._io import atomic_target
 from peg._rows import ValSource
 from peg.apps import registry
 from peg.apps.compare.costs import probe_rows
@@ -102,8 +101,10 @@ class AutoSelect(Predicts, Method):
         predictor_: the chosen candidate refitted on all of `val`.
         chosen_: its name.
         report_: a row per candidate (dicts: "candidate", "cv_mean", "cv_se", "diff", "diff_se"
-            (paired, to the best), "forwards", "fit_seconds" (mean per fold), "status" ("chosen",
-            "kept", "dropped") and "why"); `to_markdown()` shows it.
+            (paired, to the best), "forwards", "vs_base" (`peg.apps.compare.collapse`: a
+            candidate indistinguishable from its base is left out of the choice unless better
+            beyond noise), "fit_seconds" (mean per fold), "status" ("chosen", "kept",
+            "dropped") and "why"); `to_markdown()` shows it.
         score_: `{"criterion", "mean", "se"}`: the chosen candidate's CV score, optimistically
             biased (it won on these folds); `nested_` is the honest estimate.
         nested_: `{"mean", "se", "chosen"}` (the outer folds' choices) with `nested=True`, else
@@ -289,19 +290,24 @@ class AutoSelect(Predicts, Method):
 
     def save(self, path: str | os.PathLike[str]) -> str:
         """The chosen predictor's archive (its own `save`) with the report in the meta under
-        `"auto_select"`; `peg.load(path, model)` gives the chosen predictor back."""
+        `"auto_select"`; `peg.load(path, model)` gives the chosen predictor back.
+
+        Written once, atomically: the predictor's `save` writes it, the report added by
+        `peg.archive.with_meta`; a predictor whose archive cannot carry the report (Laplace's
+        own format) is a TypeError, `path` left as it was."""
         self._check_fitted("saving")
         predictor = self.predictor_
         if not callable(getattr(predictor, "save", None)):
             raise TypeError(f"AutoSelect: the chosen {self.chosen_} cannot be saved")
-        with tempfile.TemporaryDirectory() as folder:
-            tmp = Path(folder) / "chosen.peg"
-            saved = predictor.save(str(tmp))
-            header = archive.read_header(saved)
-            stacked, shared = archive.read_tensors(saved, header)
-            calibration = archive.read_calibration(saved, header)
-        meta = {**header["meta"], "auto_select": _json(self.meta_)}
-        return archive.write(path, stacked, shared, meta, header["architecture"], calibration)
+        report = {"auto_select": _json(self.meta_)}
+        with atomic_target(path) as tmp, archive.with_meta(report) as written:
+            predictor.save(tmp)
+            if written != [tmp]:
+                raise TypeError(
+                    f"AutoSelect: the chosen {self.chosen_} saves in a format of its own, "
+                    "which cannot carry the report; save predictor_ itself"
+                )
+        return str(path)
 
 
 def _as_candidates(call: Any) -> Any:

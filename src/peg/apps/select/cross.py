@@ -8,6 +8,10 @@ scores the held-out rows of them, with no forward pass; a chained candidate ("PE
 fitted on its base's predictor of the same fold. The other candidates (PEG, PEP, Laplace, MC
 dropout) are fitted through the method registry on a view of the fold (`folds.view`: indices
 over the validation data, nothing gathered) and predict the held-out view.
+
+From the same held-out outputs (no forward pass of its own), a candidate with more members than
+its base is measured against it (`peg.apps.compare.collapse.vs_base`: against the cached logits
+for the model, the base's own held-out outputs for a chained one): `gaps`, which the choice reads.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from peg._rows import ValSource
 from peg.apps import registry
 from peg.apps.bench.spec import MethodSpec
 from peg.apps.chain import as_base
+from peg.apps.compare.collapse import indistinguishable, log_probs, vs_base
 from peg.apps.compare.costs import forwards
 from peg.apps.compare.faults import failure
 from peg.apps.compare.methods import MODEL, options
@@ -45,7 +50,8 @@ class CrossFit:
     """Cross-fit `specs` on `model` (see the module doc): `run(folds)` fills `points` (name →
     out-of-fold scores `[N]`), `seconds` (name → fit seconds per fold, a chained candidate's
     base's included), `forwards` (name → prediction cost, measured on the first fold's
-    predictor) and `dropped` (name → why)."""
+    predictor), `gaps` (name → `collapse.vs_base` on the held-out points, the largest over the
+    folds; None where not measured: no more members than its base) and `dropped` (name → why)."""
 
     def __init__(
         self,
@@ -71,7 +77,10 @@ class CrossFit:
         self.seconds: dict[str, list[float]] = {s.name: [] for s in specs}
         self.forwards: dict[str, float | None] = {}
         self.dropped: dict[str, str] = {}
+        self.gaps: dict[str, float | None] = {}
         self._fold_seconds: dict[str, float] = {}  # this fold's, chained
+        self._bases = {s.base for s in specs}
+        self._held: dict[str, tuple[int, Tensor]] = {}  # this fold's bases: members, log-probs
 
     # ---------------------------------------------------------------- one candidate
     def fit(self, spec: MethodSpec, idx: Tensor, fitted: dict[str, Any]) -> tuple[Any, float]:
@@ -102,16 +111,33 @@ class CrossFit:
             predictor._set_fitted(self.model, {})
         return predictor, seconds
 
+    def outputs(self, spec: MethodSpec, predictor: Any, idx: Tensor) -> Tensor:
+        """Member logits `[M, len(idx), C]` of `predictor` on the points `idx`."""
+        if registry.entry(spec.method) is registry.Base and spec.base == MODEL:
+            return self.logits[:, idx]
+        if spec.base == MODEL and spec.method in ON_LOGITS:
+            return predictor.scale(self.logits[:, idx])
+        data = view(self.source, idx)
+        return logits_and_labels(predictor, data, self.batch_size, self.batch_fn, "val")[0]
+
     def score(self, spec: MethodSpec, predictor: Any, idx: Tensor) -> Tensor:
         """Per-point scores `[len(idx)]` of `predictor` on the points `idx`."""
-        if registry.entry(spec.method) is registry.Base and spec.base == MODEL:
-            logits = self.logits[:, idx]
-        elif spec.base == MODEL and spec.method in ON_LOGITS:
-            logits = predictor.scale(self.logits[:, idx])
-        else:
-            data = view(self.source, idx)
-            logits, _ = logits_and_labels(predictor, data, self.batch_size, self.batch_fn, "val")
-        return point_scores(logits, self.y[idx], self.criterion)
+        return point_scores(self.outputs(spec, predictor, idx), self.y[idx], self.criterion)
+
+    def measure(self, spec: MethodSpec, logits: Tensor, held: Tensor) -> float | None:
+        """`collapse.vs_base` of `spec`'s held-out member logits `[M, n, C]` against its base's
+        outputs on the same points, held already (None where the base has as many members, or
+        its outputs are not held: a base fitted but not scored)."""
+        members = logits.shape[0]
+        if spec.name in self._bases:
+            self._held[spec.name] = (members, log_probs(logits))
+        if spec.base == MODEL:
+            known = (self.logits.shape[0], self.logits[:, held])
+            if members <= known[0]:
+                return None
+            return vs_base(logits, known[0], log_probs(known[1]))
+        held_base = self._held.get(spec.base)
+        return None if held_base is None else vs_base(logits, *held_base)
 
     # ---------------------------------------------------------------- every candidate, every fold
     def run(self, folds: list[Tensor], budget: Any) -> None:
@@ -121,12 +147,14 @@ class CrossFit:
         fitted: dict[str, Any] = {}
         say = lines(self.progress)  # a line per step in a log, where no bar shows
         for f, spec in bar(steps, "AutoSelect: cross-fitting", len(steps), self.progress):
-            if spec is self.specs[0]:
-                fitted, self._fold_seconds = {}, {}  # a new fold: its own predictors
+            if spec is self.specs[0]:  # a new fold: its own predictors
+                fitted, self._fold_seconds, self._held = {}, {}, {}
             held = folds[f]
             train = torch.cat([folds[j] for j in range(len(folds)) if j != f]).sort().values
             self._one(spec, f, train, held, fitted)
             done = self.dropped.get(spec.name) or f"{self._fold_seconds.get(spec.name, 0):.1f} s"
+            if spec.name not in self.dropped and indistinguishable(self.gaps.get(spec.name)):
+                done += f"; indistinguishable from its base ({spec.base}) so far"
             say(f"AutoSelect [fold {f + 1}/{len(folds)}] {spec.name}: {done}")
             if f == 0 and spec is self.specs[-1]:
                 budget(self)
@@ -150,7 +178,12 @@ class CrossFit:
             self._fold_seconds[name] = own + self._fold_seconds.get(spec.base, 0.0)
             if name in self.dropped:
                 return  # fitted as the base of a kept candidate only
-            self.points[name][held] = self.score(spec, predictor, held)
+            logits = self.outputs(spec, predictor, held)
+            self.points[name][held] = point_scores(logits, self.y[held], self.criterion)
+            gap, before = self.measure(spec, logits, held), self.gaps.get(name)
+            if f > 0:  # the largest over the folds; not measured on one fold: not measured
+                gap = None if gap is None or before is None else max(gap, before)
+            self.gaps[name] = gap
             self.seconds[name].append(self._fold_seconds[name])
             if f == 0:
                 self.forwards[name] = forwards(predictor, self.model, self.rows)

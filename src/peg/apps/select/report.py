@@ -5,6 +5,12 @@ to the best candidate (mean and SE of the per-point differences, on the same fol
 the lowest mean; with `one_se`, the cheapest candidate whose paired difference to the best is
 within one SE of it: cheapest by prediction cost (forwards per input, to 0.1), then by
 simplicity (`SIMPLICITY`: fewer fitted parameters first), then by fit seconds.
+
+A candidate indistinguishable from its base (`peg.apps.compare.collapse`: a searched scale that
+left the members on the base, measured on the held-out points) costs what it costs and gives
+its base's predictions: it is left out of the choice, and says so, unless it is better beyond
+noise (by more than one paired SE) than the best of the others; the choice is made among the
+rest (TS, or its base where that is a candidate, costs less for the same predictions).
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from typing import Any
 import torch
 
 from peg.apps.bench.spec import MethodSpec
+from peg.apps.compare.collapse import indistinguishable, note
+from peg.apps.compare.methods import MODEL
 from peg.apps.select.folds import mean_se
 
 # the named candidates from the simplest to the richest (others after them, in their order)
@@ -55,6 +63,7 @@ def choose(
         row: dict[str, Any] = {"candidate": name, "base": spec.base, "method": spec.method}
         seconds = cross.seconds.get(name) or []
         row["forwards"] = cross.forwards.get(name)
+        row["vs_base"] = cross.gaps.get(name)
         row["fit_seconds"] = sum(seconds) / len(seconds) if seconds else None
         if name in cross.dropped:
             row |= {"status": "dropped", "why": cross.dropped[name]}
@@ -67,21 +76,56 @@ def choose(
     if not kept:
         raise ValueError("candidates: every candidate failed or was dropped: " + "; ".join(
             f"{r['candidate']}: {r['why']}" for r in rows))  # fmt: skip
-    best = min(kept, key=lambda r: r["cv_mean"])
+    pool = _pool(kept, cross, covered)
+    best = min(pool, key=lambda r: r["cv_mean"])
     for r in kept:
         diff = cross.points[r["candidate"]][covered] - cross.points[best["candidate"]][covered]
         r["diff"], r["diff_se"] = mean_se(diff)
         r["within_1se"] = r is best or r["diff"] <= r["diff_se"]
     chosen = best
     if one_se:
-        within = [(i, r) for i, r in enumerate(kept) if r["within_1se"]]
+        within = [(kept.index(r), r) for r in pool if r["within_1se"]]
         chosen = min(within, key=lambda ir: _cost(ir[1], ir[0]))[1]
     chosen["status"] = "chosen"
     if chosen is not best:
         chosen["why"] = f"the cheapest within one paired SE of the best ({best['candidate']})"
     else:
         chosen["why"] = "the best CV score"
+    for r in kept:  # in the choice (better beyond noise than the others), said all the same
+        if indistinguishable(r["vs_base"]) and "left out of the choice" not in r["why"]:
+            said = f"{r['why']}; " if r["why"] else ""
+            base = 'the model as it is ("Model" as a candidate)' if r["base"] == MODEL else (
+                f"its base, {r['base']},")  # fmt: skip
+            r["why"] = f"{said}{_note(r)}: {base} gives the same predictions for less"
     return rows, chosen["candidate"]
+
+
+def _note(row: dict[str, Any]) -> str:
+    return note(row["vs_base"], row["base"], row["forwards"], "the held-out points")
+
+
+def _pool(kept: list[dict[str, Any]], cross: Any, covered: torch.Tensor) -> list[dict[str, Any]]:
+    """The candidates the choice is made among: the kept ones, less those indistinguishable
+    from their base that are not better beyond noise (their paired difference to the best of
+    the others within one SE); each one left out says why."""
+    others = [r for r in kept if not indistinguishable(r["vs_base"])]
+    if not others:
+        return kept
+    rival = min(others, key=lambda r: r["cv_mean"])
+    left = []
+    for r in kept:
+        if r in others:
+            continue
+        points = cross.points
+        diff, se = mean_se(points[r["candidate"]][covered] - points[rival["candidate"]][covered])
+        if -diff > se:
+            continue  # better beyond noise than every other candidate: its own merit
+        r["why"] = (
+            f"{_note(r)}; left out of the choice: not better than {rival['candidate']} beyond "
+            f"noise (paired difference {diff:+.4f} ± {se:.4f})"
+        )
+        left.append(r)
+    return [r for r in kept if r not in left]
 
 
 def _num(value: Any, fmt: str) -> str:
