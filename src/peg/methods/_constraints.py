@@ -146,22 +146,6 @@ def text(what: str, optional: bool = False) -> Check:
     return check
 
 
-def scale(value: Any, name: str) -> None:
-    """A scale (PEG's η, PEP's σ): a number > 0, a non-empty list of them or "search"."""
-    if isinstance(value, str):
-        if value != "search":
-            raise ValueError(f"{name}: expected a number > 0, a list or 'search', got {value!r}")
-        return
-    values = [value] if isinstance(value, (int, float)) else list(value)
-    if not values or not all(
-        isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in values
-    ):
-        raise ValueError(
-            f"{name}: expected a number > 0, a non-empty list of numbers > 0 "
-            f"or 'search', got {value!r}"
-        )
-
-
 def positive_numbers(optional: bool = False) -> Check:
     """A non-empty list (or tuple) of finite numbers > 0 (or None when `optional`)."""
 
@@ -177,6 +161,20 @@ def positive_numbers(optional: bool = False) -> Check:
             raise ValueError(f"{name}: expected {what}, got {value!r}")
 
     return check
+
+
+def scale(value: Any, name: str) -> None:
+    """A scale (PEG's η, PEP's σ): a number > 0, a non-empty list of them or "search"."""
+    if isinstance(value, str) and value == "search":
+        return
+    single = isinstance(value, (int, float)) and not isinstance(value, bool)
+    try:
+        positive_numbers()([value] if single else value, name)
+    except ValueError:
+        raise ValueError(
+            f"{name}: expected a number > 0, a non-empty list of numbers > 0 "
+            f"or 'search', got {value!r}"
+        ) from None
 
 
 def param_filter(value: Any, name: str) -> None:

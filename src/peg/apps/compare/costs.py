@@ -19,7 +19,7 @@ import itertools
 from typing import Any
 
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 from torch.utils.flop_counter import FlopCounterMode
 
 from peg._inputs import Data, is_pair
@@ -88,7 +88,3 @@ def held_bytes(predictor: Any) -> int | None:
         s = t.untyped_storage()
         storages[(s.device, s.data_ptr())] = s.nbytes()
     return sum(storages.values()) if storages else None
-
-
-def is_dataset(data: Any) -> bool:
-    return isinstance(data, (Dataset, DataLoader))
