@@ -63,27 +63,12 @@ from peg.methods._members import (
     base_models,
     finite_rows,
 )
-from peg.methods._recipes import SEARCH_OPTIONS, Expected, Recipes
+from peg.methods._recipes import Expected, Recipes
 from peg.methods._scale_search import ScaleSearch, SearchRun, search_option
 from peg.methods.base import FittedEnsemble
 from peg.methods.composed import base_module
 
 BNMode = Literal["eval", "batch", "refresh"]
-
-
-# PEG/PEP's former options that are now the scale search's (`search=ScaleSearch(...)`)
-MOVED_TO_SEARCH = {**SEARCH_OPTIONS, "bracket": "grid"}
-
-
-def refuse_moved(given: dict[str, Any]) -> None:
-    """A TypeError for PEG/PEP arguments that are not theirs: naming where a moved one went."""
-    for name in given:
-        if name in MOVED_TO_SEARCH and name != "search":
-            raise TypeError(
-                f"{name}: now an option of the scale search; pass "
-                f"search=peg.ScaleSearch({MOVED_TO_SEARCH[name]}=...)"
-            )
-        raise TypeError(f"unexpected keyword argument {name!r}")
 
 
 class PerturbationEnsemble(Recipes, FittedMembers, FittedEnsemble):

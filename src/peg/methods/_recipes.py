@@ -20,7 +20,7 @@ from peg._params import param_label, select_parameters
 from peg.batches import BatchFn
 from peg.ensemble import Ensemble
 from peg.errors import ArchiveError
-from peg.methods._scale_search import ScaleSearch
+from peg.methods._scale_search import SEARCH_OPTIONS, ScaleSearch
 from peg.recipe import (
     RECIPE_VERSION,
     arithmetic,
@@ -28,17 +28,6 @@ from peg.recipe import (
     fingerprints_match,
     tolerance,
 )
-
-# recipe version 2's names of the search options, now ScaleSearch's
-SEARCH_OPTIONS = {
-    "search": "method",
-    "criterion": "criterion",
-    "eta_holdout": "holdout",
-    "max_score_points": "max_points",
-    "race": "race",
-    "early_stop": "early_stop",
-    "search_tol": "tol",
-}
 
 
 def searched_options(options: dict[str, Any]) -> dict[str, Any]:

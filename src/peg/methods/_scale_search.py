@@ -152,6 +152,33 @@ def search_option(value: Any, name: str) -> None:
         one_of(*SEARCHES)(value, name)
 
 
+# the search's options by their former names, PEG/PEP's own (and recipe version 2's)
+SEARCH_OPTIONS = {
+    "search": "method",
+    "criterion": "criterion",
+    "eta_holdout": "holdout",
+    "max_score_points": "max_points",
+    "race": "race",
+    "early_stop": "early_stop",
+    "search_tol": "tol",
+}
+
+
+# PEG/PEP's former options that are now the scale search's (`search=ScaleSearch(...)`)
+MOVED_TO_SEARCH = {**SEARCH_OPTIONS, "bracket": "grid"}
+
+
+def refuse_moved(given: dict[str, Any]) -> None:
+    """A TypeError for PEG/PEP arguments that are not theirs: naming where a moved one went."""
+    for name in given:
+        if name in MOVED_TO_SEARCH and name != "search":
+            raise TypeError(
+                f"{name}: now an option of the scale search; pass "
+                f"search=peg.ScaleSearch({MOVED_TO_SEARCH[name]}=...)"
+            )
+        raise TypeError(f"unexpected keyword argument {name!r}")
+
+
 class SearchRun:
     """The search for a perturbation scale on held-out points: one object per `fit`.
 

@@ -78,9 +78,9 @@ from peg.methods._gradients import (
     vanilla_step,
 )
 from peg.methods._members import DirectionData, RowSource
-from peg.methods._perturb import BNMode, PerturbationEnsemble, refuse_moved
+from peg.methods._perturb import BNMode, PerturbationEnsemble
 from peg.methods._precondition import DEFAULT_DAMPING, PRECONDITIONERS, preconditioner
-from peg.methods._scale_search import ScaleSearch
+from peg.methods._scale_search import ScaleSearch, refuse_moved
 from peg.methods.base import store_arguments
 from peg.streams import MEMBER, VALIDATION, generator
 

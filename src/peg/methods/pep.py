@@ -24,8 +24,8 @@ from peg._params import ParamFilter
 from peg.batches import BatchFn
 from peg.methods._constraints import Check, scale
 from peg.methods._members import DirectionData, RowSource
-from peg.methods._perturb import PerturbationEnsemble, refuse_moved
-from peg.methods._scale_search import ScaleSearch
+from peg.methods._perturb import PerturbationEnsemble
+from peg.methods._scale_search import ScaleSearch, refuse_moved
 from peg.methods.base import store_arguments
 from peg.streams import MEMBER, generator
 
