@@ -8,7 +8,6 @@ under its `method` name when it is defined). The format is `peg.recipe`'s.
 
 from __future__ import annotations
 
-import inspect
 import math
 import warnings
 from dataclasses import dataclass
@@ -147,9 +146,7 @@ class Recipes:
                 f"{recipe['scale_name']!r}"
             )
         options = cls._options(recipe)
-        known = set(inspect.signature(cls.__init__).parameters) - {
-            "self", "progress", "batch_fn", cls.scale_name,
-        }  # fmt: skip
+        known = set(cls.recorded_options)
         unknown = sorted(set(options) - known)
         if unknown:
             raise ArchiveError(f"{field}options': unknown options {unknown[:5]} for {cls.method}")
