@@ -22,17 +22,12 @@ from torch import Tensor, nn
 
 from peg._params import ParamFilter
 from peg.batches import BatchFn
-from peg.methods._constraints import Check, scale
+from peg.methods._constraints import Check, one_of, scale
 from peg.methods._members import DirectionData, RowSource
 from peg.methods._perturb import PerturbationEnsemble
 from peg.methods._scale_search import ScaleSearch, refuse_moved
 from peg.methods.base import store_arguments
 from peg.streams import MEMBER, generator
-
-
-def _pep_bn(value: Any, name: str) -> None:
-    if value not in ("eval", "refresh"):
-        raise ValueError(f"{name}: expected 'eval' or 'refresh' for PEP, got {value!r}")
 
 
 class PEP(PerturbationEnsemble):
@@ -97,7 +92,7 @@ class PEP(PerturbationEnsemble):
     parameter_constraints: ClassVar[dict[str, Check]] = {
         "sigma": scale,
         **PerturbationEnsemble.parameter_constraints,
-        "bn": _pep_bn,
+        "bn": one_of("eval", "refresh"),  # no gradient pass: no batch statistics to use
     }
 
     # the PEG paper's σ bracket (5e-4, 5e-3) and its geometric mean
