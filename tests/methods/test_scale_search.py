@@ -111,3 +111,20 @@ def test_a_version_2_recipe_is_read_through_the_old_names():
     }  # fmt: skip
     pep = {"bracket": [1e-3, 1e-1]}
     assert searched_options(pep) == {"grid": [1e-3, pytest.approx(1e-2), 1e-1]}
+
+
+@pytest.mark.parametrize(
+    ("version", "search", "match"),
+    [
+        (3, {"race": -1}, "race"),
+        (3, "golden", "search"),
+        (2, None, "grid"),
+    ],
+)
+def test_a_malformed_recorded_search_is_an_archive_error(version, search, match):
+    options = {"n_members": 2} if search is None else {"n_members": 2, "search": search}
+    if version == 2:
+        options["bracket"] = [1e-3]  # not a (low, high) pair
+    recipe = {"recipe_version": version, "options": options, "scale_name": "sigma", "scale": 0.1}
+    with pytest.raises(peg.ArchiveError, match=rf"meta\.recipe\.options\.search': .*{match}"):
+        peg.PEP._from_options(recipe, None)

@@ -34,7 +34,12 @@ def searched_options(options: dict[str, Any]) -> dict[str, Any]:
     ScaleSearch's names: PEP's `bracket` (low, high) became the grid (low, √(low·high), high)."""
     search = {new: options.pop(old) for old, new in SEARCH_OPTIONS.items() if old in options}
     if "bracket" in options:
-        low, high = options.pop("bracket")
+        bracket = options.pop("bracket")
+        if not (isinstance(bracket, list) and len(bracket) == 2 and all(
+            isinstance(v, (int, float)) and v > 0 for v in bracket
+        )):  # fmt: skip
+            raise ValueError(f"grid: PEP's bracket, expected [low, high] > 0, got {bracket!r}")
+        low, high = bracket
         search["grid"] = [low, math.sqrt(low * high), high]
     return search
 
@@ -115,10 +120,10 @@ class Recipes:
         if version < 2:  # peg 0.1's option names
             options = {cls.RENAMED_OPTIONS.get(k, k): v for k, v in options.items()}
             options.setdefault("max_score_points", None)  # peg 0.1 scored on every point
-        if version < 3:  # the search's options were the method's own before ScaleSearch
-            options["search"] = searched_options(options)
         try:
-            options["search"] = ScaleSearch(**options["search"])
+            if version < 3:  # the search's options were the method's own before ScaleSearch
+                options["search"] = searched_options(options)
+            options["search"] = ScaleSearch(**options.get("search", {}))
         except (TypeError, ValueError) as e:
             raise ArchiveError(f"recipe field 'meta.recipe.options.search': {e}") from None
         return options
