@@ -62,6 +62,25 @@ def warn_one_class(y: Tensor, name: str) -> None:
         )
 
 
+def warn_absent_classes(y: Tensor, classes: int, name: str, what: str) -> None:
+    """Warn, naming `name`, when some of the `classes` never appear in the labels `y` `[N]`: a
+    calibrator with parameters per class (`what`) learns nothing of them and drives their
+    probability down (tests/methods/test_calibrators.py: the NLL of a test point of the absent
+    class rises from about 0.5 to 2-22 nats, to infinity with unregularised Dirichlet)."""
+    seen = torch.zeros(classes, dtype=torch.bool, device=y.device)
+    seen[y.long()] = True
+    absent = torch.nonzero(~seen).flatten().tolist()
+    if absent and len(absent) < classes - 1:  # one class only: `warn_one_class`
+        shown = f"{absent[:10]}" + (" ..." if len(absent) > 10 else "")
+        warnings.warn(
+            f"{name}: classes {shown} ({len(absent)} of {classes}) never appear in the labels; "
+            f"{what} fits parameters per class and drives their probability down (a test point "
+            "of one may get a very large, even infinite, NLL): pass validation data with every "
+            "class, or use temperature scaling (one parameter for all classes)",
+            stacklevel=3,
+        )
+
+
 def check_finite(X: Any, name: str) -> None:
     """Raise a ValueError naming `name` if floating-point inputs hold NaN or inf (every tensor
     of structured inputs)."""

@@ -5,6 +5,8 @@ SciPy / scikit-learn fits, on ensembles and a fitted PEG, saved and loaded, stre
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -69,6 +71,23 @@ def ts() -> peg.TemperatureScaling:
 @pytest.fixture(scope="module", params=list(CALIBRATORS))
 def fitted(request) -> tuple[str, object]:
     return request.param, CALIBRATORS[request.param]().fit(MODEL, VAL)
+
+
+@pytest.mark.parametrize("name", list(CALIBRATORS))
+def test_a_class_absent_from_the_labels_is_warned_of(name):
+    """Per-class parameters learn nothing of a class the labels never show: its probability
+    goes towards 0 (Dirichlet's test NLL is then infinite on a point of it), so fit says so."""
+    X, y = VAL
+    kept = y != C - 1
+    with pytest.warns(UserWarning, match=rf"val: classes \[{C - 1}\] \(1 of {C}\) never appear"):
+        fitted = CALIBRATORS[name]().fit(MODEL, (X[kept], y[kept]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # one parameter for all classes: nothing to say
+        peg.TemperatureScaling().fit(MODEL, (X[kept], y[kept]))
+        every = CALIBRATORS[name]().fit(MODEL, VAL)  # every class: nothing to say
+    absent = TEST[1] == C - 1  # what it warns of: their NLL > 3 x the one fitted on them
+    Xa = TEST[0][absent]
+    assert nll(fitted, (Xa, TEST[1][absent])) > 3 * nll(every, (Xa, TEST[1][absent]))
 
 
 # ---------------------------------------------------------------- against the uncalibrated and TS

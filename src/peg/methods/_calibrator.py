@@ -30,6 +30,7 @@ from torch import Tensor
 
 from peg import archive
 from peg._inputs import Data, is_pair
+from peg._values import warn_absent_classes
 from peg.batches import BatchFn, check_batch_fn
 from peg.ensemble import Ensemble, Predicts
 from peg.errors import ArchiveError
@@ -69,6 +70,9 @@ class Calibrator(Predicts, Method):
 
     method: ClassVar[str] = ""
     label: ClassVar[str] = ""
+    # parameters per class (vector / matrix scaling, Dirichlet, binning): a class absent from
+    # the labels is warned of at fit (`peg._values.warn_absent_classes`)
+    class_wise: ClassVar[bool] = False
     batch_size: int
     batch_fn: BatchFn | None
 
@@ -163,6 +167,8 @@ class Calibrator(Predicts, Method):
         scores = scores_of(logits, kind)
         y = check_labels(y, *scores.shape, name="val labels", device=scores.device)
         self._check_classes(scores.shape[1])
+        if self.class_wise:
+            warn_absent_classes(y, scores.shape[1], "val", self.label)
         state = self._fit_map(scores, y)
         self._set_fitted(predictor, {**state, "scores_": kind})
         return self

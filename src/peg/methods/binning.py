@@ -46,6 +46,8 @@ def _labelled_rows(scores: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
 class _OneVsRest(Calibrator):
     """What histogram binning and isotonic regression share: `floor`, the renormalisation."""
 
+    class_wise = True
+
     floor: float
 
     parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {

@@ -45,6 +45,8 @@ SCORE_OPTIONS = ("auto", "log_probs")
 class _Affine(Calibrator):
     """What vector, matrix scaling and Dirichlet calibration share: `weights_`, `bias_`."""
 
+    class_wise = True
+
     full = True
     scores: str = "log_probs"
     reg_lambda: float = 0.0
