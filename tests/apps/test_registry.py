@@ -77,6 +77,10 @@ def test_post_hoc_methods_take_the_sites_seed_and_score_points(site):
     assert (given.unfitted.seed, given.unfitted.search.max_points) == (1, None)
     golden = configure("pep", Site(score_points=50), {"search": "golden"}).unfitted.search
     assert (golden.method, golden.max_points) == ("golden", 50)
+    from peg.apps.bench.paper import PAPER  # the paper's grid, scored on the gradient points
+
+    paper = configure("peg", Site(score_points=50), PAPER).unfitted
+    assert (paper.eta, paper.search.holdout, paper.search.max_points) == (PAPER["eta"], 0.0, 50)
 
 
 def test_build_fits_on_the_sites_base_and_validation_data(site):
