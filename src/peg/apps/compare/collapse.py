@@ -24,20 +24,14 @@ from peg.metrics._inputs import ensemble_log_probs
 INDISTINGUISHABLE = 1e-4
 
 
-def log_probs(logits: Tensor) -> Tensor:
-    """The predictive log-probabilities `[N, C]` (float64) of member logits `[M, N, C]`: what
-    `vs_base` compares, kept for a method that is the base of another."""
-    return ensemble_log_probs(logits)
-
-
 def vs_base(logits: Tensor, base_members: int, base_log_probs: Tensor) -> float | None:
     """max over points and classes of |log p̄ − log p̄_base|, for member logits `[M, N, C]`
-    against the base's log-probabilities `[N, C]` (of `base_members` members) on the same
-    points; None where the method has no more members than its base (a calibrator: one
-    member; PEG + TS over PEG): nothing to collapse."""
+    against the base's log-probabilities `[N, C]` (`ensemble_log_probs`, of `base_members`
+    members) on the same points; None where the method has no more members than its base (a
+    calibrator: one member; PEG + TS over PEG): nothing to collapse."""
     if logits.shape[0] <= base_members:
         return None
-    mine = log_probs(logits)
+    mine = ensemble_log_probs(logits)
     base = base_log_probs.to(mine.device, mine.dtype)
     gap = torch.where(mine == base, 0.0, (mine - base).abs())  # equal −inf: no gap (not NaN)
     return float(gap.max())

@@ -25,7 +25,7 @@ from peg._inputs import Data, as_xy, is_pair
 from peg._scalars import check_positive_int, check_seed
 from peg.apps import registry
 from peg.apps.bench.spec import MethodSpec
-from peg.apps.compare.collapse import indistinguishable, log_probs, note, vs_base
+from peg.apps.compare.collapse import indistinguishable, note, vs_base
 from peg.apps.compare.costs import forwards, held_bytes, probe_rows
 from peg.apps.compare.faults import check_data, describe
 from peg.apps.compare.fitting import Fitting
@@ -37,6 +37,7 @@ from peg.apps.scores import labelled_metrics, ood_detection, scored_detection
 from peg.batches import BatchFn, check_batch_fn
 from peg.detectors import DETECTOR_SCORES, OODDetector
 from peg.methods._scale_search import MAX_SCORE_POINTS
+from peg.metrics._inputs import ensemble_log_probs
 from peg.metrics.ood import OOD_SCORES
 
 Say = Callable[[str], None]
@@ -257,15 +258,16 @@ class Evaluation:
         where it is indistinguishable from the base."""
         members = logits.shape[0]
         if registry.entry(spec.method) is registry.Base and spec.base == MODEL:
-            self.base_outputs.setdefault(MODEL, (members, log_probs(logits)))  # the model's
+            model = (members, ensemble_log_probs(logits))
+            self.base_outputs.setdefault(MODEL, model)  # the model's
         known = self.base_outputs.get(spec.base)
         if known is None and members > 1 and base is not None:  # not held: the base, once
             outputs, _ = distributed.labelled_member_logits(
                 base(), self.labelled[TEST], self.batch_size, self.batch_fn, TEST
             )
-            known = self.base_outputs[spec.base] = (outputs.shape[0], log_probs(outputs))
+            known = self.base_outputs[spec.base] = (outputs.shape[0], ensemble_log_probs(outputs))
         if spec.name in self.bases:
-            self.base_outputs[spec.name] = (members, log_probs(logits))
+            self.base_outputs[spec.name] = (members, ensemble_log_probs(logits))
         gap = None if known is None else vs_base(logits, *known)
         if not indistinguishable(gap):
             return {"vs_base": gap}

@@ -27,13 +27,14 @@ from peg._rows import ValSource
 from peg.apps import registry
 from peg.apps.bench.spec import MethodSpec
 from peg.apps.chain import as_base
-from peg.apps.compare.collapse import indistinguishable, log_probs, vs_base
+from peg.apps.compare.collapse import indistinguishable, vs_base
 from peg.apps.compare.costs import forwards
 from peg.apps.compare.faults import failure
 from peg.apps.compare.methods import MODEL, options
 from peg.apps.select.folds import point_scores, view
 from peg.methods._predictors import logits_and_labels
 from peg.methods._scale_search import MAX_SCORE_POINTS
+from peg.metrics._inputs import ensemble_log_probs
 
 # registry keys fitted on the model's cached validation logits
 ON_LOGITS = (
@@ -130,12 +131,12 @@ class CrossFit:
         its outputs are not held: a base fitted but not scored)."""
         members = logits.shape[0]
         if spec.name in self._bases:
-            self._held[spec.name] = (members, log_probs(logits))
+            self._held[spec.name] = (members, ensemble_log_probs(logits))
         if spec.base == MODEL:
             known = (self.logits.shape[0], self.logits[:, held])
             if members <= known[0]:
                 return None
-            return vs_base(logits, known[0], log_probs(known[1]))
+            return vs_base(logits, known[0], ensemble_log_probs(known[1]))
         held_base = self._held.get(spec.base)
         return None if held_base is None else vs_base(logits, *held_base)
 
