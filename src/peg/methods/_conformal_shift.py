@@ -178,9 +178,8 @@ class DomainWeights:
                 f"the domain classifier does not tell the domains apart (out-of-fold AUROC "
                 f"{self.auroc_:.3f}), so these weights are noise it fits in {self.dims} features "
                 f"of {len(self.calib_)} points, not a shift; pass more calibration and target "
-                "points or "
-                "fewer features (features='logits'), or use shift=None if the data are "
-                "exchangeable"
+                "points or fewer features (features='logits'), or use shift=None if the data "
+                "are exchangeable"
             )
         return (
             f"the domains differ (out-of-fold AUROC {self.auroc_:.3f}) and a few calibration "
