@@ -3,6 +3,8 @@ NumPy / scikit-learn computations, on its own and as `peg.compare(..., ood_score
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -92,8 +94,58 @@ ERROR_CASES = [
         ValueError,
         "labels",
     ),
+    # issue 40, defect 12: a NaN reached the covariance (a raw _LinAlgError from eigh)
+    (
+        "OODDetector",
+        "a NaN in val",
+        lambda: peg.OODDetector().fit(_model(), (_with_nan(VAL[0]), VAL[1])),
+        ValueError,
+        r"val: the inputs contain NaN or inf \(1 of 400 samples\)",
+    ),
+    (
+        "OODDetector",
+        "a model that overflows on val",
+        lambda: peg.OODDetector().fit(_overflowing(), VAL),
+        ValueError,
+        r"val: the model's outputs are NaN or inf for \d+ of 400 samples \(their inputs are "
+        r"finite",
+    ),
 ]
 test_bad_input_raises_a_clear_error = raises_test(ERROR_CASES)
+
+
+def _with_nan(x: torch.Tensor) -> torch.Tensor:
+    x = x.clone()
+    x[3, 1] = float("nan")
+    return x
+
+
+def _overflowing() -> nn.Module:
+    model = _model()
+    with torch.no_grad():
+        model[0].weight.mul_(1e38)
+    return model
+
+
+# issue 40's silent gap: Mahalanobis on a singular covariance (4 points in 64 dimensions gave
+# scores of ~1e8 without a word). Chosen: a warning at fit naming the rank and why (too few
+# points, constant features), not a refusal: a feature constant at test time too changes no score.
+def test_mahalanobis_warns_of_a_singular_covariance():
+    g = torch.Generator().manual_seed(0)
+    model = nn.Linear(64, 2)
+    few = torch.randn(4, 64, generator=g), torch.tensor([0, 1, 0, 1])
+    with pytest.warns(UserWarning, match=r"rank 2 of 64 \(4 points in 2 classes span at most 2"):
+        det = peg.OODDetector(features="inputs").fit(model, few)
+    assert det.ood_score(torch.randn(5, 64, generator=g)).min() > 1e6  # what the warning says
+    X = torch.randn(400, 64, generator=g)
+    X[:, :3], X[:, 5] = 0.0, 2.0  # three zero features and a constant one
+    y = torch.randint(0, 2, (400,), generator=g)
+    with pytest.warns(UserWarning, match=r"rank 60 of 64 \(4 features are constant on val"):
+        peg.OODDetector(features="inputs").fit(model, (X, y))
+    X[:, :6] = torch.randn(400, 6, generator=g)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # full rank: no warning
+        peg.OODDetector(features="inputs").fit(model, (X, y))
 
 
 @pytest.mark.parametrize("ood_score", ["mahalanobis", "knn", "energy"])

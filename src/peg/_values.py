@@ -46,8 +46,19 @@ def checked_labels(
     elif y.is_complex():
         raise ValueError(f"{name}: expected integer labels or float targets, got {y.dtype}")
     else:
+        refuse_bool_labels(y, name)
         y = y.long()
     return y
+
+
+def refuse_bool_labels(y: Tensor, name: str) -> None:
+    """A ValueError naming `name` for bool labels: as class indices they can only say 0 or 1,
+    so with more classes the others collapse silently (the command line refuses them too)."""
+    if y.dtype == torch.bool:
+        raise ValueError(
+            f"{name}: expected integer class indices, got bool labels (they can only say class "
+            "0 or 1); convert them with y.long() if True means class 1"
+        )
 
 
 def warn_one_class(y: Tensor, name: str) -> None:

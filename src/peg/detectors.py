@@ -14,6 +14,7 @@ What is left out of the papers: Lee et al.'s input preprocessing and their ensem
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -137,5 +138,36 @@ def _gaussian(f: Tensor, y: Tensor, classes: int, ridge: float) -> dict[str, Ten
     means = sums / counts.clamp_min(1)[:, None]
     centred = f - means[y]
     cov = centred.T @ centred / len(f)
+    _warn_degenerate(cov, len(f), len(present), ridge)
     cov = cov + ridge * float(cov.diagonal().mean().clamp_min(1e-12)) * torch.eye(len(cov)).to(cov)
     return {"means_": means[present], "precision_": torch.linalg.pinv(cov, hermitian=True)}
+
+
+def _warn_degenerate(cov: Tensor, n: int, classes: int, ridge: float) -> None:
+    """Warn where the tied covariance `[D, D]` is singular: fewer class-centred points than
+    features (n − C < D: 4 points in 64 dimensions) or features constant on val (zero ones
+    included). In the directions val does not span only the ridge is left, so a test point
+    off them scores up to ~1/ridge times its offset² (≈ 1e8 for 4 points in 64 dimensions):
+    the score then measures that offset, not a distance to the classes. Warned, not refused:
+    a feature constant at test time too (a dead ReLU unit) changes no score."""
+    dims = len(cov)
+    variances = cov.diagonal()
+    constant = int((variances <= 1e-12 * float(variances.mean().clamp_min(1e-300))).sum())
+    eig = torch.linalg.eigvalsh(cov)
+    rank = int((eig > dims * 1e-12 * float(eig[-1].clamp_min(1e-300))).sum())
+    if rank == dims:
+        return
+    why = []
+    if n - classes < dims:
+        why.append(f"{n} points in {classes} classes span at most {max(n - classes, 0)}")
+    if constant:
+        why.append(f"{constant} features are constant on val (zero ones included)")
+    warnings.warn(
+        f"val: the features' tied covariance has rank {rank} of {dims} ("
+        + ("; ".join(why) or "features that are combinations of others")
+        + f"): in the other {dims - rank} directions only the ridge ({ridge:g} of the mean "
+        "variance) is left, so a test point off them scores up to ~1/ridge times its offset "
+        "squared; pass more validation points than features (n > D + C), raise ridge, or use "
+        "score='knn'",
+        stacklevel=4,
+    )

@@ -159,7 +159,7 @@ class Calibrator(Predicts, Method):
         labels = val[1] if is_pair(val) else None  # type: ignore[index]
         if isinstance(labels, (Tensor, np.ndarray)) and labels.ndim >= 1:
             # labels that cannot be labels (floats, a wrong shape): said before the forwards
-            check_labels(labels, len(labels), 2**62, name="val labels")
+            check_labels(labels, len(labels), None, name="val labels")
         logits, y = logits_and_labels(
             predictor, val, int(self.batch_size), check_batch_fn(self.batch_fn), "val"
         )

@@ -29,15 +29,26 @@ from torch import Tensor
 
 from peg._features import Features, check_target_shape
 from peg._inputs import Data, iter_batches
+from peg._values import check_finite
 from peg.batches import BatchFn
+from peg.methods import _constraints as checks
 from peg.methods._conformal import class_scores, labelled_batches, min_points
 from peg.methods._predictors import member_logits_of
 from peg.methods.label_shift import LabelShift
 
 MIN_TARGET = 50  # target points the domain classifier needs at the least
-SEPARABLE = 0.99  # out-of-fold AUROC from which the weights are taken as unbounded
-CONCENTRATED = 20  # refused when the weights' effective sample size is below n / this
+SEPARABLE = 0.99  # `max_auroc`: out-of-fold AUROC from which the weights are taken as unbounded
+HEAVY = 0.2  # `warn_ess`: a warning when the effective sample size is below n times this
+CONCENTRATED = 20  # below n / this, the warning says "very heavy"
+NOISE = 0.6  # an AUROC below this: the classifier does not tell the domains apart
 COMPONENTS = 32  # wider features are reduced to their first principal components
+
+# the cut-offs of `DomainWeights.check`, options of both conformal predictors
+WEIGHT_CUTOFFS: dict[str, checks.Check] = {
+    "max_auroc": checks.interval(0.5, 1, "an AUROC", closed="(]"),
+    "min_ess": checks.number(allow_zero=True, optional=True),
+    "warn_ess": checks.interval(0, 1, "a fraction of the calibration points", closed="[]"),
+}
 
 
 def joint_batches(
@@ -53,11 +64,27 @@ def joint_batches(
     `data`, one pass (the inputs and their features from the same batch, so a shuffled loader
     keeps them aligned)."""
     for inputs, y in iter_batches(data, batch_size, batch_fn, name, need_labels=labelled):
+        check_finite(inputs, name)
         logits = member_logits_of(predictor, inputs, batch_size)
         if logits.ndim != 3:
             raise ValueError(f"predictor: expected member logits [M, B, C] on {name}")
+        _check_outputs(logits.transpose(0, 1), name, "outputs")
         feats = None if features is None else features(inputs, logits).cpu()
+        if feats is not None:
+            _check_outputs(feats, name, f"{features.kind_} features")
         yield logits, y, feats
+
+
+def _check_outputs(t: Tensor, name: str, what: str) -> None:
+    """A ValueError naming `name` where the model's `what` `[B, ...]` are not finite (its
+    inputs are: the model overflows on them), before a covariance or a classifier fails on
+    them with a linear-algebra error."""
+    bad = ~torch.isfinite(t).flatten(1).all(1)
+    if bad.any():
+        raise ValueError(
+            f"{name}: the model's {what} are NaN or inf for {int(bad.sum())} of {len(t)} "
+            "samples (their inputs are finite: the model overflows on them)"
+        )
 
 
 class DomainWeights:
@@ -102,32 +129,62 @@ class DomainWeights:
         self.calib_ = np.exp(np.clip(logit[:n] + self.log_ratio, -700, 700))
         self.auroc_ = float(roc_auc_score(d, logit))
         self.n_eff_ = float(self.calib_.sum() ** 2 / np.square(self.calib_).sum())
+        self.dims = x.shape[1]
 
     def __call__(self, features: np.ndarray) -> np.ndarray:
         """w(x) `[B]` of new points: the fold classifiers' log-odds averaged."""
         logit = np.mean([clf.decision_function(features) for clf in self.models], axis=0)
         return np.exp(np.clip(logit + self.log_ratio, -700, 700))
 
-    def check(self, alpha: float, stacklevel: int = 2) -> None:
-        """A ValueError when the weights are unbounded: the classifier separates the domains
-        (out-of-fold AUROC >= 0.99: no overlap, no guarantee) or the weights concentrate on a
-        few calibration points (effective sample size below n / 20, or below 1/α − 1); a
-        warning when they are heavy (below n / 5)."""
-        n, need = len(self.calib_), min_points(alpha)
-        if self.auroc_ >= SEPARABLE or self.n_eff_ < max(need, n / CONCENTRATED):
+    def check(self, alpha: float, cp: Any = None, stacklevel: int = 2) -> None:
+        """A ValueError where the weights are unbounded: the classifier separates the domains
+        (out-of-fold AUROC >= `cp.max_auroc`, 0.99: no overlap, no guarantee) or the weights'
+        effective sample size is below `cp.min_ess` (None: 1/α − 1, the fewest points a split
+        conformal quantile needs: fewer, and the sets are mostly full); a warning below
+        `cp.warn_ess` · n (0.2). Between these the weights are heavy but bounded and weighted
+        conformal prediction restores coverage (tests/methods/test_conformal_shift_cutoffs.py:
+        ≈ 0.9 at α = 0.1 with an effective sample size of 20-160 of 1,000)."""
+        n, a, e = len(self.calib_), self.auroc_, self.n_eff_
+        max_auroc = float(getattr(cp, "max_auroc", SEPARABLE))
+        floor = getattr(cp, "min_ess", None)
+        floor, why = (min_points(alpha), "1/alpha - 1") if floor is None else (floor, "min_ess")
+        if a >= max_auroc:
             raise ValueError(
                 f"target: the domain classifier separates calibration and target points "
-                f"(out-of-fold AUROC {self.auroc_:.3f}, effective sample size of the weights "
-                f"{self.n_eff_:.1f} of {n}): the likelihood ratios are unbounded where the "
-                "domains do not overlap, and weighted conformal prediction would return "
+                f"(out-of-fold AUROC {a:.3f} >= max_auroc={max_auroc:g}; effective sample "
+                f"size of the weights {e:.1f} of {n}): the likelihood ratios are unbounded where "
+                "the domains do not overlap, and weighted conformal prediction would return "
                 "meaningless (mostly full) sets; this shift is outside what it can correct"
             )
-        if self.n_eff_ < n / 5:
+        if e < float(floor):
+            raise ValueError(
+                f"target: the weights concentrate on a few calibration points (effective sample "
+                f"size {e:.1f} of {n}, below {why} = {float(floor):g}): {self._cause()}; "
+                "weighted conformal prediction would return mostly full sets"
+            )
+        if e < float(getattr(cp, "warn_ess", HEAVY)) * n:
+            very = "very " if e < n / CONCENTRATED else ""
             warnings.warn(
-                f"target: heavy weights (effective sample size {self.n_eff_:.0f} of {n}, "
-                f"domain AUROC {self.auroc_:.3f}): the sets will be wide and variable",
+                f"target: {very}heavy weights (effective sample size {e:.0f} of {n}, domain "
+                f"AUROC {a:.3f}): the sets will be wide and vary from one calibration set to "
+                f"another (coverage holds on average); {self._cause()}",
                 stacklevel=stacklevel,
             )
+
+    def _cause(self) -> str:
+        """Why the weights are heavy: a shift the classifier sees, or noise it fits."""
+        if self.auroc_ < NOISE:
+            return (
+                f"the domain classifier does not tell the domains apart (out-of-fold AUROC "
+                f"{self.auroc_:.3f}), so these weights are noise it fits in {self.dims} features "
+                f"of {len(self.calib_)} points, not a shift; pass more calibration and target "
+                "points or fewer features (features='logits'), or use shift=None if the data "
+                "are exchangeable"
+            )
+        return (
+            f"the domains differ (out-of-fold AUROC {self.auroc_:.3f}) and a few calibration "
+            "points carry most of the weight; more calibration points like the target's help"
+        )
 
 
 def weighted_thresholds(
@@ -169,6 +226,10 @@ def check_target(shift: str | None, target: Data | None, val: Data) -> None:
         raise ValueError("target: only used with shift='covariate' or shift='label'")
     if shift is not None and target is None:
         raise ValueError(f"target: shift={shift!r} needs unlabelled inputs from the deployment")
+    if isinstance(target, (Tensor, np.ndarray)):  # a loader's batches: checked as they are read
+        if target.ndim == 0 or len(target) == 0:
+            raise ValueError(f"target: no inputs (shape {tuple(target.shape)})")
+        check_finite(torch.as_tensor(target), "target")
 
 
 def fit_shifted(cp: Any, predictor: Any, val: Data, target: Data) -> dict[str, Any]:
@@ -216,11 +277,14 @@ def fit_weights(
     and the calibration scores `[n]` sorted with their cumulative weights."""
     size = int(cp.batch_size)
     unlabelled = joint_batches(predictor, target, size, cp.batch_fn, features, "target", False)
-    target_features = np.concatenate([f.numpy() for _, _, f in unlabelled if f is not None])
+    read = [f.numpy() for _, _, f in unlabelled if f is not None]
+    if not read:
+        raise ValueError(f"target: no inputs (0 samples); the domain classifier needs {MIN_TARGET}")
+    target_features = np.concatenate(read)
     domain = DomainWeights(
         source.numpy(), target_features, int(cp.n_folds), int(getattr(cp, "seed", 0))
     )
-    domain.check(float(cp.alpha), stacklevel + 1)  # a warning names the user's fit call
+    domain.check(float(cp.alpha), cp, stacklevel + 1)  # a warning names the user's fit call
     s, cum = sorted_weighted(score, torch.from_numpy(domain.calib_))
     return {
         "quantile_": None,

@@ -15,10 +15,8 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import numpy as np
-
 from peg._params import check_param_filter
-from peg._scalars import check_number, check_positive_int
+from peg._scalars import check_number, check_positive_int, is_real
 from peg.batches import check_batch_fn
 
 Check = Callable[[Any, str], None]  # check(value, name): one argument
@@ -77,10 +75,7 @@ def interval(
     def check(value: Any, name: str) -> None:
         if optional and value is None:
             return
-        real = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
-            value, bool
-        )
-        inside = real and math.isfinite(float(value))
+        inside = is_real(value) and math.isfinite(float(value))
         if inside:
             inside = (low <= value if left == "[" else low < value) and (
                 value <= high if right == "]" else value < high
@@ -153,10 +148,7 @@ def positive_numbers(optional: bool = False) -> Check:
         if optional and value is None:
             return
         ok = isinstance(value, (list, tuple)) and len(value) > 0
-        if not ok or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
-            for v in value
-        ):
+        if not ok or not all(is_real(v) and math.isfinite(float(v)) and v > 0 for v in value):
             what = "a non-empty list of numbers > 0" + (" or None" if optional else "")
             raise ValueError(f"{name}: expected {what}, got {value!r}")
 
@@ -167,7 +159,7 @@ def scale(value: Any, name: str) -> None:
     """A scale (PEG's η, PEP's σ): a number > 0, a non-empty list of them or "search"."""
     if isinstance(value, str) and value == "search":
         return
-    single = isinstance(value, (int, float)) and not isinstance(value, bool)
+    single = is_real(value)
     try:
         positive_numbers()([value] if single else value, name)
     except ValueError:

@@ -32,6 +32,7 @@ from peg._devices import weights_device
 from peg._inputs import Data
 from peg._params import module_like, param_label, select_parameters
 from peg._rows import InputBatches, ValSource, read_in_order, split_points
+from peg._scalars import is_real
 from peg._values import warn_one_class
 from peg.batches import take_rows
 from peg.errors import NonFiniteError
@@ -130,7 +131,7 @@ class PerturbationEnsemble(Recipes, FittedMembers, FittedEnsemble):
     @property
     def searches(self) -> bool:
         """Whether the scale is chosen from several candidates."""
-        return not isinstance(self._scale_arg, (int, float))
+        return not is_real(self._scale_arg)  # NumPy scalars are one scale too
 
     def _split(
         self, source: ValSource, searched: bool | None = None

@@ -101,6 +101,7 @@ class Params:
             nested.setdefault(name, {})[sub] = params.pop(key)
         unknown = sorted((set(params) | set(nested)) - set(valid))
         if unknown:
+            self._refuse_as_constructed({k: params[k] for k in unknown if k in params})
             raise ValueError(
                 f"{type(self).__name__}.set_params: unknown argument(s) {unknown}; valid: {valid}"
             )
@@ -122,6 +123,22 @@ class Params:
                 setattr(self, name, value)
             raise
         return self
+
+    @classmethod
+    def _refuse_as_constructed(cls, extra: dict[str, Any]) -> None:
+        """The constructor's own refusal of an argument it takes under `**kwargs` only to refuse
+        it (PEG's `eta_holdout`: a TypeError saying where it went), so that `set_params` and
+        the constructor agree; a refusal that does not name the argument (Python's "unexpected
+        keyword argument") is left to `set_params`'s error, which lists the valid names."""
+        takes_extra = any(
+            p.kind is p.VAR_KEYWORD for p in inspect.signature(cls.__init__).parameters.values()
+        )
+        for name, value in extra.items() if takes_extra else ():
+            try:
+                cls(**{name: value})
+            except TypeError as e:
+                if str(e).startswith(f"{name}:"):
+                    raise TypeError(str(e)) from None
 
     def __repr__(self) -> str:
         defaults = {

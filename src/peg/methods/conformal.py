@@ -39,7 +39,10 @@ from peg.methods._conformal import (
 )
 from peg.methods._conformal_base import ConformalBase, known_rows
 from peg.methods._conformal_shift import (
+    HEAVY,
+    SEPARABLE,
     SHIFTS,
+    WEIGHT_CUTOFFS,
     check_target,
     covariate_sets,
     fit_shifted,
@@ -89,6 +92,12 @@ class ConformalClassifier(ConformalBase):
             model's trunk; the logits, with a warning, for a model without one), "logits"
             (log p̄) or "inputs" (flattened).
         n_folds: the domain classifier's cross-fitting folds.
+        max_auroc, min_ess, warn_ess: the cut-offs of the covariate-shift weights
+            (`peg.methods._conformal_shift.DomainWeights.check`, docs/shift.md): `fit` refuses
+            where the domain classifier's out-of-fold AUROC is >= `max_auroc` (no overlap:
+            unbounded weights) or the weights' effective sample size (Σw)² / Σw² is below
+            `min_ess` (None: 1/α − 1, the fewest points a conformal quantile needs), and warns
+            below `warn_ess` · n (heavy weights: wide sets that vary between calibration sets).
         batch_size, batch_fn: how the predictor reads data (`peg.batches`).
 
     After `fit(predictor, val)`: `quantile_` (q̂, a float, or `[C]` per class; label shift:
@@ -114,6 +123,9 @@ class ConformalClassifier(ConformalBase):
         shift: str | None = None,
         features: str = "penultimate",
         n_folds: int = 5,
+        max_auroc: float = SEPARABLE,
+        min_ess: float | None = None,
+        warn_ess: float = HEAVY,
         batch_size: int = 512,
         batch_fn: BatchFn | None = None,
     ) -> None:
@@ -130,6 +142,7 @@ class ConformalClassifier(ConformalBase):
         "shift": checks.one_of(*SHIFTS),
         "features": check_features,
         "n_folds": checks.positive_int(minimum=2),
+        **WEIGHT_CUTOFFS,
         **ConformalBase.parameter_constraints,
     }
     parameter_rules: ClassVar[tuple[checks.Rule, ...]] = (

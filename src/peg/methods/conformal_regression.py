@@ -32,6 +32,9 @@ from peg.methods._conformal import (
 )
 from peg.methods._conformal_base import ConformalBase, known_rows
 from peg.methods._conformal_shift import (
+    HEAVY,
+    SEPARABLE,
+    WEIGHT_CUTOFFS,
     check_target,
     fit_weights,
     joint_batches,
@@ -80,6 +83,12 @@ class ConformalRegressor(ConformalBase):
             on its input's likelihood ratio (`peg.methods._conformal_shift`).
         features, n_folds: the covariate-shift domain classifier's inputs ("penultimate",
             "logits": the mean outputs, "inputs") and cross-fitting folds.
+        max_auroc, min_ess, warn_ess: the cut-offs of the covariate-shift weights
+            (`peg.methods._conformal_shift.DomainWeights.check`, docs/shift.md): `fit` refuses
+            where the domain classifier's out-of-fold AUROC is >= `max_auroc` (no overlap:
+            unbounded weights) or the weights' effective sample size (Σw)² / Σw² is below
+            `min_ess` (None: 1/α − 1, the fewest points a conformal quantile needs), and warns
+            below `warn_ess` · n (heavy weights: wide sets that vary between calibration sets).
         batch_size, batch_fn: how the predictor reads data (`peg.batches`).
 
     After `fit(predictor, val)` (float targets): `quantile_` (q̂; None under covariate shift),
@@ -99,6 +108,9 @@ class ConformalRegressor(ConformalBase):
         shift: str | None = None,
         features: str = "penultimate",
         n_folds: int = 5,
+        max_auroc: float = SEPARABLE,
+        min_ess: float | None = None,
+        warn_ess: float = HEAVY,
         batch_size: int = 512,
         batch_fn: BatchFn | None = None,
     ) -> None:
@@ -110,6 +122,7 @@ class ConformalRegressor(ConformalBase):
         "shift": _regression_shift,
         "features": check_features,
         "n_folds": checks.positive_int(minimum=2),
+        **WEIGHT_CUTOFFS,
         **ConformalBase.parameter_constraints,
     }
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from peg._values import as_tensor
+from peg._values import as_tensor, refuse_bool_labels
 
 PROB_ATOL = 1e-3  # how far a row of 2-D `pred` may sum from 1
 
@@ -127,9 +127,11 @@ def ensemble_probs(pred: Any) -> Tensor:
 
 
 def check_labels(
-    y: Any, n: int, c: int, name: str = "y", device: torch.device | None = None
+    y: Any, n: int, c: int | None, name: str = "y", device: torch.device | None = None
 ) -> Tensor:
-    """Validate labels `y` `[n]` with integer values in [0, c); return them as int64.
+    """Validate labels `y` `[n]` with integer values in [0, c); return them as int64. `c`
+    None: the number of classes is not known yet (labels checked before the forwards), so
+    only >= 0 is.
 
     `device`: the predictions' device, where the labels are moved to (labels follow the
     predictions; labels on the `meta` device are refused, see `peg._inputs.model_device`).
@@ -145,6 +147,7 @@ def check_labels(
         raise ValueError(f"{name}: expected at least one label (N >= 1), got none")
     if t.is_complex():
         raise ValueError(f"{name}: expected integer labels, got dtype {t.dtype}")
+    refuse_bool_labels(t, name)
     if t.is_floating_point():
         bad = ~torch.isfinite(t) | (t != t.round())
         if bad.any():
@@ -154,7 +157,9 @@ def check_labels(
             )
     t = t.long()
     lo, hi = torch.stack(torch.aminmax(t)).tolist()  # one synchronisation
-    if lo < 0 or hi >= c:
+    if c is None and lo < 0:
+        raise ValueError(f"{name}: expected class indices >= 0, got min {lo}")
+    if c is not None and (lo < 0 or hi >= c):
         raise ValueError(
             f"{name}: expected labels in [0, {c}) (C = {c}), got min {lo} and max {hi}"
         )
