@@ -186,9 +186,10 @@ def test_peg_demo_out_refuses_a_folder_of_the_users_before_training(tmp_path, mo
     assert results.is_marked(tmp_path, "demo")
 
 
-def test_the_repositorys_demo_folder_is_peg_demos():
+@pytest.mark.parametrize("folder", ["demo", "demo-moons"])
+def test_the_repositorys_demo_folders_are_peg_demos(folder):
     """`peg demo --out docs/demo` (how README's figures are made) reruns without --overwrite."""
-    assert results.is_marked(Path(__file__).resolve().parents[2] / "docs" / "demo", "demo")
+    assert results.is_marked(Path(__file__).resolve().parents[2] / "docs" / folder, "demo")
 
 
 @pytest.mark.parametrize(
@@ -289,11 +290,12 @@ def _cli(tmp: Path, *argv: str) -> None:
 
 
 def _in_folder(tmp: Path, name: str, *argv: str) -> None:
-    """`peg ARGV` where `out/<name>` (a file peg writes) is a folder, in a folder peg made."""
-    folder = tmp / "made"
+    """`peg ARGV` with `--out made-<application>` (`--save` for select), a folder peg made,
+    where `<name>` (a file peg writes there) is a folder."""
+    application = argv[0]
+    folder = tmp / f"made-{application}"
     folder.mkdir(exist_ok=True)
     (folder / name).mkdir(exist_ok=True)
-    application = argv[0]
     (folder / f".peg-{application}").write_text(f"made by peg {application}\n")
     _cli(tmp, *argv)
 
@@ -354,15 +356,15 @@ FILE_ERROR_CASES: list[tuple[str, str, Callable[[Path], object], type[BaseExcept
      lambda tmp: _uci(tmp, "uci: {sets: [yacht], splits: x}\n"),
      SystemExit, r"exit 2: peg bench: error: splits: expected an integer >= 1, got 'x'"),
     ("peg (CLI)", "peg compare: results.json a folder",
-     lambda tmp: _in_folder(tmp, "results.json", *_COMPARE, "--out", "made"),
-     SystemExit, r"exit 2: peg compare: error: out: made/results.json is a folder, where peg "
-     r"compare writes its results.json: move it away or give another folder"),
+     lambda tmp: _in_folder(tmp, "results.json", *_COMPARE, "--out", "made-compare"),
+     SystemExit, r"exit 2: peg compare: error: out: made-compare/results\.json is a folder, "
+     r"where peg compare writes its results\.json: move it away or give another folder"),
     ("peg (CLI)", "peg select --save: results.json a folder",
-     lambda tmp: _in_folder(tmp, "results.json", *_select("--save", "made")),
-     SystemExit, r"exit 2: peg select: error: --save: made/results.json is a folder"),
+     lambda tmp: _in_folder(tmp, "results.json", *_select("--save", "made-select")),
+     SystemExit, r"exit 2: peg select: error: --save: made-select/results\.json is a folder"),
     ("peg (CLI)", "peg demo --out: results.md a folder",
-     lambda tmp: _in_folder(tmp, "results.md", "demo", "--data", "moons", "--out", "made"),
-     SystemExit, r"exit 2: peg demo: error: out: made/results.md is a folder"),
+     lambda tmp: _in_folder(tmp, "results.md", "demo", "--data", "moons", "--out", "made-demo"),
+     SystemExit, r"exit 2: peg demo: error: out: made-demo/results\.md is a folder"),
     ("peg (CLI)", "peg select --save: a folder of the user's",
      lambda tmp: _cli(tmp, *_select("--save", "sub")),
      SystemExit, r"exit 2: peg select: error: --save: sub is a non-empty folder peg select did "
