@@ -104,7 +104,7 @@ def test_resume_refits_when_data_or_weights_changed_with_the_same_sums(
     again = _ts(net, data["val"], test, tmp_path, resume=True, say=said.append)
     fresh = _ts(net, data["val"], test)
     assert _untimed(again.table) == _untimed(fresh.table)
-    other = "weights" if change == "weights permuted" else "test, shifted or OOD data"
+    other = "weights" if change == "weights permuted" else "test data"
     assert any(f"made by a run with other {other}; fitting it again" in s for s in said), said
 
 
@@ -128,6 +128,8 @@ def test_the_fingerprint_streams_a_loader_and_sees_every_byte(monkeypatch):
     assert fingerprint((X, y)) == whole
     assert fingerprint(X.double()) != fingerprint(X)  # the dtype counts
     assert fingerprint(np.asarray(X)[::-1]) == fingerprint(X.flip(0))  # a reversed view
+    meta = [fingerprint(nn.Linear(2, k, device="meta")) for k in (2, 3)]  # shapes only
+    assert meta[0] != meta[1]
 
 
 # --- 4. never a folder of the user's; only the mark proves a folder is peg's -------------------

@@ -87,6 +87,8 @@ def _add(h: Any, x: Any) -> None:
         t = x.detach()
         t = t.to_dense() if t.layout != torch.strided else t
         h.update(f"{tuple(t.shape)}{t.dtype}".encode())
+        if t.device.type == "meta":  # shapes without values: nothing more to read
+            return
         t = t.reshape(1, -1) if t.ndim < 2 else t
         rows = max(1, CHUNK // max(1, t[0].numel() * t.element_size()))
         for start in range(0, t.shape[0], rows):
@@ -228,7 +230,9 @@ def _differing(saved: Any, key: str) -> str:
     except Exception:  # no key, or not a key: nothing to compare
         return "arguments (its key is missing or not readable)"
     now = json.loads(key)
-    words = {"model": "weights", "val": "val data", "sets": "test, shifted or OOD data"}
+    sets, before = now.get("sets", {}), was.get("sets")
+    sets = [n for n in sets if not isinstance(before, dict) or before.get(n) != sets[n]]
+    words = {"model": "weights", "val": "val data", "sets": f"{', '.join(sets)} data"}
     differ = [words.get(k, k) for k in now if was.get(k) != now[k]]
     return ", ".join(differ) or "arguments"
 
