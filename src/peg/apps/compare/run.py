@@ -156,10 +156,8 @@ def compare(
     distributed.guarded(lambda: state.prepare(overwrite, (*RESULTS, *figures)), "out")
     if out is not None:  # what the saved rows were made of (one read of each set, hashed)
         state.run_key = {"seed": seed, "batch_size": batch_size, "bins": bins,
-                         "ood_score": ood_score, "model": fingerprint(model),
-                         "val": fingerprint(val, batch_size), "conformal": repr(
-                             evaluation.conformal), "sets": {n: fingerprint(d, batch_size)
-                         for n, d in (labelled | unlabelled).items()}}  # fmt: skip
+                         "ood_score": ood_score, "conformal": repr(evaluation.conformal),
+                         **_fingerprints(model, val, labelled | unlabelled, batch_size)}
     fitting = Fitting(model, val, evaluation, state, seed=seed, progress=progress,
                       batch_size=batch_size, batch_fn=batch_fn)  # fmt: skip
     table: list[dict[str, Any]] = []
@@ -300,6 +298,15 @@ def _sets(val: Data, test: Data, shifted: Any, ood: Any) -> tuple[dict[str, Data
     if clash:
         raise ValueError(f"ood: names {clash} are taken by val, test or a shifted set")
     return labelled, unlabelled
+
+
+def _fingerprints(
+    model: nn.Module, val: Data, sets: Mapping[str, Data], batch_size: int
+) -> dict[str, Any]:
+    """The fingerprints of the weights, of `val` and of every other set (`state.fingerprint`:
+    SHA-256 of their bytes, one streamed read of each set)."""
+    return {"model": fingerprint(model), "val": fingerprint(val, batch_size),
+            "sets": {n: fingerprint(d, batch_size) for n, d in sets.items()}}  # fmt: skip
 
 
 def _by_name(data: Any, default: str) -> dict[str, Data]:

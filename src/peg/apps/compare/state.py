@@ -5,8 +5,9 @@ Under the output folder:
 
 - `.compare/NNN-<name>.safetensors` (`peg._io.save_tree`, atomic): a finished method's table
   row, reliability data and set sizes, with the key of what produced it (the method, its
-  options and base, the seed, batch size, bins and OOD score, and fingerprints of the model and
-  of every data set): a saved method whose key differs is fitted again;
+  options and base, the seed, batch size, bins and OOD score, and `fingerprint`s, SHA-256 of
+  the bytes, of the weights and of every data set): a saved method whose key differs is fitted
+  again, and said;
 - `predictors/<name>.peg`: the fitted predictor's own archive (`save`), written before the row,
   where the predictor can be saved; a resumed run loads it (`peg.load`) instead of fitting the
   method again when the predictor is needed (in `Comparison.predictors`, or as the base of a
