@@ -49,6 +49,8 @@ def _demo_arguments(p: Parser) -> None:
     p.add_argument("--quick", action="store_true", help="a smaller run (under a minute)")
     p.add_argument("--out", default="peg-demo", help="output folder (default: peg-demo)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into --out even if it is a non-empty folder peg demo did not make")
     _no_progress(p)
 
 
@@ -63,6 +65,7 @@ def _demo(args: argparse.Namespace, command: str, progress: bool | None) -> int:
         seed=args.seed,
         progress=progress,
         command=command,
+        overwrite=args.overwrite,
     )
     return 0
 
@@ -217,6 +220,8 @@ def _select_arguments(p: Parser) -> None:
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     p.add_argument("--batch-size", type=int, default=512, help="default: 512")
     p.add_argument("--save", help="folder for results.json, results.md and chosen.peg")
+    p.add_argument("--overwrite", action="store_true", help="write into --save even if it is a "
+                   "non-empty folder peg select did not make")  # fmt: skip
     _no_progress(p)
 
 
@@ -358,8 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(["peg", *(sys.argv[1:] if argv is None else argv)])
     try:
         status = _run(args, command)
-    except (FileNotFoundError, FileExistsError, NotADirectoryError, PermissionError,
-            ValueError) as e:  # fmt: skip
+    except (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
+            PermissionError, ValueError) as e:  # fmt: skip
         # bad input named by the library (specs, presets, folders, options): a message, not a
         # traceback (PEG_TRACEBACK=1 shows it); exit status 2 as argparse's own errors
         if os.environ.get("PEG_TRACEBACK") and not distributed.joined():

@@ -26,13 +26,14 @@ from peg._env import git_commit, machine
 from peg.apps.bench.tables import markdown_table
 from peg.apps.data import load_or_digits, subsample
 from peg.apps.registry import Site, build
-from peg.apps.results import write_results
+from peg.apps.results import RESULTS, claim, write_results
 from peg.methods._predictors import member_logits_of
 from peg.train import train
 
 IMAGE_DATA = ("fashion-mnist", "digits")
 BINS = 15  # the confidence bins of the table's ECE and of the reliability figure alike
 TOY_DATA = ("two-moons", "three-moons", "linear")
+FILES = (*RESULTS, "reliability.png", "decision_boundaries.png")  # what a run writes to `out`
 # Toy sets noisy enough that the classes overlap (the paper's bases reach 98% and 89%).
 TOY_OPTIONS: dict[str, dict[str, Any]] = {
     "two-moons": {"n": 2000, "noise": 0.25},
@@ -176,14 +177,17 @@ def run(
     progress: bool | None = None,
     say: Any = print,
     command: str | None = None,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Run the demo; returns what it writes to `out/results.json`.
 
-    `command` is recorded in the results (the CLI passes its own command line).
+    `command` is recorded in the results (the CLI passes its own command line). `out` is
+    refused before any work where it is a non-empty folder peg demo did not make (its files
+    would replace the user's of the same names), unless `overwrite` (`--overwrite`).
     """
     if data not in IMAGE_DATA + TOY_DATA:
         raise ValueError(f"data: expected one of {list(IMAGE_DATA + TOY_DATA)}, got {data!r}")
-    out = Path(out)
+    out = claim(out, "demo", overwrite, writes="results.json, results.md and figures", files=FILES)
     t_start = time.perf_counter()
     torch.manual_seed(seed)
     timed = _Timer(say)
@@ -214,7 +218,6 @@ def run(
         name: metrics.classification_metrics(lg, y_test, bins=BINS) for name, lg in logits.items()
     }
     table = markdown_table(columns)
-    out.mkdir(parents=True, exist_ok=True)
     drawn = {"Base": base, f"PEP-{S}": pep, f"PEG-{S}": peg_}
     figures = _figures(d, logits, drawn, out)
     timed.times["total"] = round(time.perf_counter() - t_start, 2)

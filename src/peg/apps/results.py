@@ -1,11 +1,19 @@
 """The results writer of the applications: JSON and markdown, each written atomically
-(`peg._io.atomic_write_text`: a crash mid-write leaves the previous file intact)."""
+(`peg._io.atomic_write_text`: a crash mid-write leaves the previous file intact); and `claim`,
+which keeps them from overwriting a folder of the user's.
+
+A folder an application made holds its mark, `.peg-<application>` (`.peg-compare`,
+`.peg-select`, `.peg-demo`): a file whose text begins "made by peg <application>". Only that
+proves peg wrote the folder; a file or folder of another name (an empty `.compare/` included)
+does not, and a non-empty folder without the mark is the user's: refused unless overwritten.
+"""
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -69,3 +77,74 @@ def write_results(
         write_json(folder / f"{stem}.json", results, **options),
         write_text(folder / f"{stem}.md", markdown),
     )
+
+
+RESULTS = ("results.json", "results.md")
+MARK_BYTES = 200  # how much of a mark is read: its first line says who made the folder
+
+
+def mark(application: str) -> str:
+    """The name of the mark of a folder `application` made (`.peg-compare`, ...)."""
+    return f".peg-{application}"
+
+
+def is_marked(folder: str | Path, application: str) -> bool:
+    """Whether `folder` holds the mark of `application`: a file whose text begins
+    "made by peg <application>" (a folder or other file of that name does not count)."""
+    path = Path(folder) / mark(application)
+    if not path.is_file():
+        return False
+    with open(path, "rb") as f:
+        return f.read(MARK_BYTES).startswith(f"made by peg {application}".encode())
+
+
+def claim(
+    folder: str | Path,
+    application: str,
+    overwrite: bool,
+    *,
+    argument: str = "out",
+    override: str = "overwrite=True (--overwrite)",
+    writes: str = "results.json and results.md",
+    files: Iterable[str] = RESULTS,
+    ours: Callable[[Path], bool] = lambda _: False,
+) -> Path:
+    """Make `folder` the output folder of `application`, before any work: refused (a
+    FileExistsError naming `argument`) where it is a non-empty folder without the
+    application's mark (`is_marked`; or `ours(folder)`: an earlier version's sign) unless
+    `overwrite`; a NotADirectoryError where it is a file, an IsADirectoryError where one of
+    `files` in it is a folder, an OSError where it cannot be written. Then marked; returns it.
+    """
+    if not isinstance(overwrite, bool):
+        raise TypeError(f"overwrite: expected True or False, got {overwrite!r}")
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(f"{argument}: {folder} is a file, not a folder")
+    found = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+    marked = is_marked(folder, application) or (bool(found) and ours(folder))
+    if found and not marked and not overwrite:
+        raise FileExistsError(
+            f"{argument}: {folder} is a non-empty folder peg {application} did not make (it "
+            f"holds {found[:3]}{' ...' if len(found) > 3 else ''}); {writes} would replace "
+            f"files of the same names: give a new or empty folder, or {override} to write "
+            "into it"
+        )
+    for name in (*files, mark(application)):
+        if (folder / name).exists() and not (folder / name).is_file():
+            raise IsADirectoryError(
+                f"{argument}: {folder / name} is a folder, where peg {application} writes its "
+                f"{name}: move it away or give another folder"
+            )
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise type(e)(
+            f"{argument}: cannot write in {folder} ({e.strerror or e}); give a folder you can "
+            "write to"
+        ) from None
+    if not is_marked(folder, application):
+        write_text(folder / mark(application), f"made by peg {application}: a rerun may "
+                   "replace what is in this folder\n")  # fmt: skip
+    return folder

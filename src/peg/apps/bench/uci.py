@@ -193,6 +193,17 @@ def _se(values: list[float]) -> dict[str, Any]:
     return {"mean": statistics.fmean(values), "std": sd, "se": sd / math.sqrt(n), "n": n}
 
 
+def _names(given: Any, what: str, known: Sequence[str]) -> list[str]:
+    """`given` as a list of names among `known`; a ValueError naming `what` otherwise (a YAML
+    spec's `uci:` block is untrusted: a string, a number or nested lists are refused)."""
+    if not isinstance(given, (list, tuple)) or not all(isinstance(g, str) for g in given):
+        raise ValueError(f"{what}: expected a list of names among {list(known)}, got {given!r}")
+    unknown = [g for g in given if g not in known]
+    if unknown:
+        raise ValueError(f"{what}: unknown {unknown}; known: {list(known)}")
+    return list(given)
+
+
 def run_uci(
     sets: Sequence[str] | None = None,
     splits: int | None = None,
@@ -211,15 +222,12 @@ def run_uci(
         sets: UCI names (default: all nine); splits: use the first `splits` standard splits of
             each set (default: all); epochs: override every set's epochs (tests, smoke runs).
     """
-    sets = list(UCI_SETS) if sets is None else list(sets)
-    unknown = [s for s in sets if s not in UCI_SETS]
-    if unknown:
-        raise ValueError(f"sets: unknown {unknown}; known: {list(UCI_SETS)}")
-    bad = [m for m in methods if m not in METHODS]
-    if bad:
-        raise ValueError(f"methods: unknown {bad}; known: {list(METHODS)}")
-    if splits is not None and splits < 1:
-        raise ValueError(f"splits: expected a number of splits >= 1, got {splits}")
+    sets = list(UCI_SETS) if sets is None else _names(sets, "sets", UCI_SETS)
+    methods = _names(methods, "methods", METHODS)
+    for name, value in (("splits", splits), ("epochs", epochs)):  # a spec's uci: block
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 1):  # fmt: skip
+            raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
     started = time.perf_counter()
     per: dict[str, dict[str, dict[str, list[float]]]] = {}
     for name in sets:

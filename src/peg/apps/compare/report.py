@@ -134,7 +134,7 @@ class Comparison:
         for name, curves in self.curves.items():
             if not curves or name not in self.sets:  # every method failed: no figure to draw
                 continue
-            path = Path(folder) / f"reliability-{_file_name(name)}.png"
+            path = Path(folder) / figure_name(name)
             title = f"Reliability on {name} ({self.sets[name]['points']} points)"
             paths.append(plots.reliability_diagram(curves, path, title=title))
         self.figures = paths
@@ -183,5 +183,6 @@ def _markdown(table: Sequence[dict[str, Any]], spec: Sequence[tuple[str, str, fl
     return "\n".join(lines)
 
 
-def _file_name(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+def figure_name(name: str) -> str:
+    """The file name of the reliability diagram of set `name`."""
+    return "reliability-" + "".join(c if c.isalnum() or c in "-_." else "_" for c in name) + ".png"

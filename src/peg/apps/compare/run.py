@@ -30,9 +30,10 @@ from peg.apps.compare.costs import forwards, held_bytes, probe_rows
 from peg.apps.compare.faults import check_data, describe
 from peg.apps.compare.fitting import Fitting
 from peg.apps.compare.methods import MODEL, options, resolve
-from peg.apps.compare.report import TEST, Comparison, check_shown, column
+from peg.apps.compare.report import TEST, Comparison, check_shown, column, figure_name
 from peg.apps.compare.state import State, fingerprint
 from peg.apps.conformal import ConformalSpec, parse_conformal, scorer
+from peg.apps.results import RESULTS
 from peg.apps.scores import labelled_metrics, ood_detection, scored_detection
 from peg.batches import BatchFn, check_batch_fn
 from peg.detectors import DETECTOR_SCORES, OODDetector
@@ -79,7 +80,8 @@ def compare(
             `{"name", "method", "on", **options}`. None: "Model" (the reference row), "TS",
             "PEP", "PEG", "PEG + TS", "MC dropout" (only where the model has dropout: said in
             `skipped` otherwise) and "Last-layer PEG".
-        shifted: labelled shifted sets, `{name: data}` (one set alone is named "shifted").
+        shifted: labelled shifted sets, `{name: data}` (one set alone is named "shifted"; the
+            names "val" and "test" are refused: they are the validation and test sets).
         ood: out-of-distribution inputs, `{name: data}` (labels, if any, are ignored; one set
             alone is named "ood"); scored by `ood_score` against the test set: a score of the
             logits (`peg.metrics.ood.OOD_SCORES`), or "mahalanobis" / "knn", a
@@ -98,7 +100,8 @@ def compare(
         out: a folder to write results.json, results.md and the reliability diagrams to.
         say: where the progress lines go (None: nowhere).
         command: recorded in results.json (default: this call, abridged).
-        resume: take back the methods a previous run with the same arguments saved in `out`
+        resume: take back the methods a previous run with the same arguments and the same
+            data and weights (their bytes hashed, `state.fingerprint`) saved in `out`
             (each method's row is saved there as it finishes, `peg.apps.compare.state`) and
             fit only the others; a saved method's predictor is loaded from its archive (where
             it is the archive the row recorded). A saved row or archive that does not check
@@ -128,19 +131,14 @@ def compare(
     seed, batch_size = check_seed(seed), check_positive_int(batch_size, "batch_size")
     bins, batch_fn = check_positive_int(bins, "bins"), check_batch_fn(batch_fn)
     shown = check_shown(metrics)
-    if not isinstance(overwrite, bool):
-        raise TypeError(f"overwrite: expected True or False, got {overwrite!r}")
+    for flag, value in (("resume", resume), ("overwrite", overwrite)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{flag}: expected True or False, got {value!r}")
     if ood_score not in (*OOD_SCORES, *DETECTOR_SCORES):
         raise ValueError(
             f"ood_score: expected one of {[*OOD_SCORES, *DETECTOR_SCORES]}, got {ood_score!r}"
         )
-    labelled = {"val": _labelled(val, "val"), TEST: _labelled(test, TEST)}
-    for name, data in _by_name(shifted, "shifted").items():
-        labelled[name] = _labelled(data, f"shifted[{name!r}]")
-    unlabelled = {n: _inputs(d, f"ood[{n!r}]") for n, d in _by_name(ood, "ood").items()}
-    clash = sorted(set(labelled) & set(unlabelled))
-    if clash:
-        raise ValueError(f"ood: names {clash} are taken by val, test or a shifted set")
+    labelled, unlabelled = _sets(val, test, shifted, ood)
     check_data(model, [(_argument(n), d, True) for n, d in labelled.items()]
                + [(f"ood[{n!r}]", d, False) for n, d in unlabelled.items()], batch_fn)  # fmt: skip
     check = registry.Site(seed=seed, progress=False, score_points=MAX_SCORE_POINTS)
@@ -151,14 +149,15 @@ def compare(
     evaluation.bases = {s.base for s in specs}  # whose test outputs a later row compares with
     evaluation.conformal = parse_conformal(conformal, "conformal", [s.name for s in specs])
 
-    run_key = {"seed": seed, "batch_size": batch_size, "bins": bins, "ood_score": ood_score,
-               "model": fingerprint(model), "val": fingerprint(val),
-               "sets": {n: fingerprint(d) for n, d in (labelled | unlabelled).items()},
-               "conformal": repr(evaluation.conformal)}  # fmt: skip
     if resume and out is None:
         raise ValueError("resume: needs out=, the folder of the run to resume")
-    state = State(out, run_key, resume, write=rank == 0, say=say)
-    distributed.guarded(lambda: state.prepare(overwrite), "out")  # rank 0's refusal: every rank's
+    figures = tuple(figure_name(n) for n in labelled)
+    state = State(out, {}, resume, write=rank == 0, say=say)
+    distributed.guarded(lambda: state.prepare(overwrite, (*RESULTS, *figures)), "out")
+    if out is not None:  # what the saved rows were made of (one read of each set, hashed)
+        state.run_key = {"seed": seed, "batch_size": batch_size, "bins": bins,
+                         "ood_score": ood_score, "conformal": repr(evaluation.conformal),
+                         **_fingerprints(model, val, labelled | unlabelled, batch_size)}
     fitting = Fitting(model, val, evaluation, state, seed=seed, progress=progress,
                       batch_size=batch_size, batch_fn=batch_fn)  # fmt: skip
     table: list[dict[str, Any]] = []
@@ -283,6 +282,31 @@ class Evaluation:
         for name, curve in curves.items():
             self.curves[name][method] = dict(curve)
         self.sizes |= {n: (int(p), str(k)) for n, (p, k) in sizes.items()}
+
+
+def _sets(val: Data, test: Data, shifted: Any, ood: Any) -> tuple[dict[str, Data], dict[str, Data]]:
+    """The labelled sets `{"val", "test", shifted...}` and the OOD sets, checked; a shifted or
+    OOD set named as another set (a shifted "test" would replace the test set) is refused."""
+    labelled = {"val": _labelled(val, "val"), TEST: _labelled(test, TEST)}
+    for name, data in _by_name(shifted, "shifted").items():
+        if name in labelled:  # it would replace the validation or the test set
+            raise ValueError(f"shifted: the name {name!r} is taken by {name}; name the shifted "
+                             "set otherwise (NAME=DATA with --shifted)")  # fmt: skip
+        labelled[name] = _labelled(data, f"shifted[{name!r}]")
+    unlabelled = {n: _inputs(d, f"ood[{n!r}]") for n, d in _by_name(ood, "ood").items()}
+    clash = sorted(set(labelled) & set(unlabelled))
+    if clash:
+        raise ValueError(f"ood: names {clash} are taken by val, test or a shifted set")
+    return labelled, unlabelled
+
+
+def _fingerprints(
+    model: nn.Module, val: Data, sets: Mapping[str, Data], batch_size: int
+) -> dict[str, Any]:
+    """The fingerprints of the weights, of `val` and of every other set (`state.fingerprint`:
+    SHA-256 of their bytes, one streamed read of each set)."""
+    return {"model": fingerprint(model), "val": fingerprint(val, batch_size),
+            "sets": {n: fingerprint(d, batch_size) for n, d in sets.items()}}  # fmt: skip
 
 
 def _by_name(data: Any, default: str) -> dict[str, Data]:

@@ -1,8 +1,8 @@
 """What `peg compare` is given on the command line, turned into a model and data.
 
 - A model: `module:function`, imported (the current directory first on `sys.path`, so a file
-  `mymodel.py` there is `mymodel:build`) and called without arguments; it returns the trained
-  nn.Module.
+  `mymodel.py` there is `mymodel:build`; a dotted module name, never a path or a relative
+  name) and called without arguments; it returns the trained nn.Module.
 - Data, one of:
   - a registry name (`peg.data.load`), `NAME` (its test split) or `NAME:SPLIT` (`train`,
     `test`), e.g. `fashion-mnist` or `fashion-mnist:train`;
@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -38,8 +39,11 @@ SPLITS = ("train", "test")
 def call(spec: str, what: str) -> Any:
     """The value `function()` of `module:function`; a ValueError naming `what` otherwise."""
     module_name, _, function = spec.partition(":")
-    if not module_name or not function.isidentifier():
-        raise ValueError(f"{what}: expected module:function, got {spec!r}")
+    if not all(p.isidentifier() for p in module_name.split(".")) or not function.isidentifier():
+        raise ValueError(
+            f"{what}: expected module:function (a module name such as mymodel or pkg.mymodel, "
+            f"importable from the current folder; not a path), got {spec!r}"
+        )
     if os.getcwd() not in sys.path:  # the user's own module, next to where they run peg
         sys.path.insert(0, os.getcwd())
     try:
@@ -49,6 +53,12 @@ def call(spec: str, what: str) -> Any:
     fn: Callable[[], Any] | None = getattr(module, function, None)
     if not callable(fn):
         raise ValueError(f"{what}: {module_name!r} has no function {function!r}")
+    try:
+        inspect.signature(fn).bind()
+    except TypeError as e:  # it needs arguments: say so, rather than a traceback of the call
+        raise ValueError(f"{what}: {spec} must be callable without arguments ({e})") from None
+    except ValueError:  # no signature to read (a builtin): call it and see
+        pass
     return fn()
 
 
@@ -127,9 +137,13 @@ def _npy(path: str, what: str, mmap: bool) -> np.ndarray:
     if not Path(path).is_file():
         raise FileNotFoundError(f"{what}: no file at {path}")
     try:
-        return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+        held = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except Exception as e:  # a truncated file, a planted pickle, not a .npy
         raise ValueError(f"{what}: {path} is not a readable .npy array ({e})") from None
+    if not isinstance(held, np.ndarray):  # a .npz archive of several arrays
+        held.close()
+        raise ValueError(f"{what}: {path} is a .npz archive of arrays; expected one .npy array")
+    return held
 
 
 def _npz(path: Path, what: str) -> dict[str, Tensor]:
@@ -173,6 +187,9 @@ def named(specs: list[str] | None, what: str, labelled: bool) -> dict[str, Any]:
     for spec in specs or []:
         name, _, rest = spec.partition("=") if "=" in spec else ("", "", spec)
         name = name or (Path(rest).stem if Path(rest).suffix in (".npz", ".pt") else rest)
+        if name in ("val", "test"):  # a set of that name would replace --val's or --test's
+            raise ValueError(f"{what}: {spec} would be named {name!r}, as the --{name} set; "
+                             f"name it NAME={spec}")  # fmt: skip
         if name in out:
             raise ValueError(f"{what}: two sets named {name!r}; name them NAME=SPEC")
         out[name] = data(rest, what, labelled)

@@ -5,15 +5,19 @@ Under the output folder:
 
 - `.compare/NNN-<name>.safetensors` (`peg._io.save_tree`, atomic): a finished method's table
   row, reliability data and set sizes, with the key of what produced it (the method, its
-  options and base, the seed, batch size, bins and OOD score, and fingerprints of the model and
-  of every data set): a saved method whose key differs is fitted again;
+  options and base, the seed, batch size, bins and OOD score, and `fingerprint`s, SHA-256 of
+  the bytes, of the weights and of every data set): a saved method whose key differs is fitted
+  again, and said;
 - `predictors/<name>.peg`: the fitted predictor's own archive (`save`), written before the row,
   where the predictor can be saved; a resumed run loads it (`peg.load`) instead of fitting the
   method again when the predictor is needed (in `Comparison.predictors`, or as the base of a
   method still to fit), and refits it (same seed, same predictor) where it cannot be loaded.
 
-- `.peg-compare`: the mark of a folder `peg.compare` made: a non-empty folder without it (nor
-  an earlier version's `.compare/`) is the user's, and refused unless `overwrite=True`.
+- `.peg-compare`: the mark of a folder `peg.compare` made (`peg.apps.results.claim`: a file
+  whose text says so): a non-empty folder without it is the user's, and refused unless
+  `overwrite=True`. An earlier version's folder, without the mark, counts as peg's only where
+  its `.compare/` holds a saved row that loads with its key (an empty `.compare/` proves
+  nothing).
 
 Failed methods are not saved: a rerun tries them again. What is read back is checked first: a
 saved row that does not validate, or a predictor archive that is not the one its row recorded
@@ -26,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -34,51 +39,73 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
 
-from peg._io import atomic_write_text, load_tree, save_tree
+from peg._io import load_tree, save_tree
 from peg._schema import Fields, in_range
+from peg.apps.results import RESULTS, claim
 from peg.errors import ArchiveError
 
 FOLDER = ".compare"
 ARCHIVES = "predictors"
-MARKER = ".peg-compare"
+CHUNK = 1 << 24  # bytes of a weight tensor hashed at a time (a device tensor: copied so)
 Say = Callable[[str], None]
 
 
-def fingerprint(data: Any) -> str:
-    """A cheap fingerprint of data or a model: shapes and sums of tensors, lengths and types of
-    datasets (what changes when the data or the weights change, without reading a dataset)."""
+def fingerprint(data: Any, batch_size: int = 512) -> str:
+    """A fingerprint of data or a model: SHA-256 of every byte, streamed.
+
+    A model: the names, shapes, dtypes and bytes of its state dict. Tensors and arrays (a pair
+    `(X, y)`): shape, dtype and bytes, `CHUNK` bytes of rows at a time (a device tensor copied
+    to the host chunk by chunk). A Dataset (batched by `batch_size`, as a run reads it) or a
+    DataLoader: iterated once, batch by batch, never gathered; a batch's tensors by bytes,
+    anything else by its repr. Rolled labels, swapped rows or permuted weights change it (sums
+    did not). It costs one read of the data (SHA-256: about 0.5 GB/s on one core), less than
+    one forward pass of a model over it; a loader that shuffles or augments gives another
+    fingerprint each run, so its rows are fitted again rather than reused.
+    """
     h = hashlib.sha256()
+    if isinstance(data, nn.Module):
+        data = data.state_dict()
+    elif isinstance(data, Dataset) and not isinstance(data, DataLoader):
+        data = DataLoader(data, batch_size=batch_size)
+    if isinstance(data, DataLoader):
+        h.update(b"loader")
+        for batch in data:
+            _add(h, batch)
+    else:
+        _add(h, data)
+    return h.hexdigest()[:32]
 
-    def add(x: Any) -> None:
-        if isinstance(x, np.ndarray):
-            x = torch.from_numpy(np.ascontiguousarray(x))
-        if isinstance(x, Tensor):
-            t = x.detach().cpu()
-            h.update(f"{tuple(t.shape)}{t.dtype}".encode())
-            if t.numel():
-                h.update(repr(float(t.double().sum())).encode())
-                h.update(repr(float(t.double().abs().sum())).encode())
-        elif isinstance(x, nn.Module):
-            for k, v in x.state_dict().items():
-                h.update(k.encode())
-                add(v)
-        elif isinstance(x, Mapping):
-            for k, v in x.items():
-                h.update(str(k).encode())
-                add(v)
-        elif isinstance(x, (tuple, list)):
-            for v in x:
-                add(v)
-        else:
-            try:  # a DataLoader over an IterableDataset has __len__, and raises
-                size = len(x) if hasattr(x, "__len__") else None
-            except TypeError:
-                size = None
-            h.update(f"{type(x).__qualname__}:{size}".encode())
 
-    add(data)
-    return h.hexdigest()[:16]
+def _add(h: Any, x: Any) -> None:
+    """Hash `x` into `h`: a tensor's shape, dtype and bytes; containers element by element."""
+    if isinstance(x, np.ndarray):  # negative strides (a reversed view) are copied
+        numeric = x.dtype.kind in "biufc"
+        x = x.tolist() if not numeric else torch.from_numpy(x if min(x.strides, default=0) >= 0
+                                                           else x.copy())  # fmt: skip
+    if isinstance(x, Tensor):
+        t = x.detach()
+        t = t.to_dense() if t.layout != torch.strided else t
+        h.update(f"{tuple(t.shape)}{t.dtype}".encode())
+        if t.device.type == "meta":  # shapes without values: nothing more to read
+            return
+        t = t.reshape(1, -1) if t.ndim < 2 else t
+        rows = max(1, CHUNK // max(1, t[0].numel() * t.element_size()))
+        for start in range(0, t.shape[0], rows):
+            part = t[start : start + rows].cpu().contiguous().reshape(-1)
+            h.update(part.view(torch.uint8).numpy().data)
+    elif isinstance(x, Mapping):
+        h.update(f"{type(x).__name__}{len(x)}".encode())
+        for k, v in x.items():
+            h.update(repr(k).encode())
+            _add(h, v)
+    elif isinstance(x, (tuple, list)):
+        h.update(f"{type(x).__name__}{len(x)}".encode())
+        for v in x:
+            _add(h, v)
+    else:
+        h.update(f"{type(x).__qualname__}:{x!r}".encode())
 
 
 def _file_name(name: str) -> str:
@@ -102,24 +129,15 @@ class State:
         self.run_key, self.resume, self.write, self.say = dict(run_key), resume, write, say
         self.hashes: dict[str, str | None] = {}  # method → SHA-256 of the archive its row saved
 
-    def prepare(self, overwrite: bool) -> None:
-        """Before any fitting: refuse a non-empty folder peg did not make (unless `overwrite`),
-        check that every folder a run writes to can be written, and mark the folder as peg's."""
+    def prepare(self, overwrite: bool, files: tuple[str, ...] = RESULTS) -> None:
+        """Before any fitting: refuse a non-empty folder peg did not make (unless `overwrite`;
+        `results.claim`) or where one of `files` is a folder, check that every folder a run
+        writes to can be written, and mark the folder as peg's."""
         if self.folder is None or not self.write:
             return
-        folder = self.folder
-        if folder.exists() and not folder.is_dir():
-            raise NotADirectoryError(f"out: {folder} is a file, not a folder")
-        found = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
-        ours = MARKER in found or FOLDER in found  # `.compare/`: a run of an earlier version
-        if found and not ours and not overwrite:
-            raise FileExistsError(
-                f"out: {folder} is a non-empty folder peg compare did not make (it holds "
-                f"{found[:3]}{' ...' if len(found) > 3 else ''}); results.json, results.md, "
-                "the figures and predictors/ would replace files of the same names: give a new "
-                "or empty folder, or overwrite=True (--overwrite) to write into it"
-            )
-        for where in (folder, folder / FOLDER, folder / ARCHIVES):
+        claim(self.folder, "compare", overwrite, files=files, ours=_earlier_run,
+              writes="results.json, results.md, the figures and predictors/")  # fmt: skip
+        for where in (self.folder / FOLDER, self.folder / ARCHIVES):
             try:
                 where.mkdir(parents=True, exist_ok=True)
                 with tempfile.TemporaryFile(dir=where):
@@ -129,9 +147,6 @@ class State:
                     f"out: cannot write in {where} ({e.strerror or e}); give a folder you can "
                     "write to"
                 ) from None
-        if MARKER not in found:
-            atomic_write_text(folder / MARKER, "made by peg compare: a rerun may replace what "
-                              "is in this folder\n")  # fmt: skip
 
     def key(self, spec: Any) -> str:
         made = {"name": spec.name, "method": spec.method, "on": spec.base,
@@ -157,8 +172,11 @@ class State:
         try:
             saved = load_tree(path)
             if not isinstance(saved, dict) or saved.get("key") != self.key(spec):
+                self.say(f"compare: {spec.name}: its saved row was made by a run with other "
+                         f"{_differing(saved, self.key(spec))}; fitting it again")  # fmt: skip
                 return None  # another run's (or no key at all): not this method's row
-            check_saved(saved, spec.name, set(self.run_key.get("sets", {})), str(path))
+            check_saved(saved, spec.name, set(self.run_key.get("sets", {})), str(path),
+                        self.run_key.get("bins"))
         except (ValueError, ArchiveError) as e:  # ArchiveError is a ValueError
             self.say(f"compare: {spec.name}: its saved row is not usable ({e}); fitting it again")
             return None
@@ -205,45 +223,109 @@ class State:
         return None
 
 
+def _differing(saved: Any, key: str) -> str:
+    """What differs between a saved row's key and this run's, in words ("val data, weights")."""
+    try:
+        was = json.loads(saved["key"])
+        assert isinstance(was, dict)
+    except Exception:  # no key, or not a key: nothing to compare
+        return "arguments (its key is missing or not readable)"
+    now = json.loads(key)
+    sets, before = now.get("sets", {}), was.get("sets")
+    sets = [n for n in sets if not isinstance(before, dict) or before.get(n) != sets[n]]
+    words = {"model": "weights", "val": "val data", "sets": f"{', '.join(sets)} data"}
+    differ = [words.get(k, k) for k in now if was.get(k) != now[k]]
+    return ", ".join(differ) or "arguments"
+
+
 def file_hash(path: Path) -> str:
     """SHA-256 of a file's bytes."""
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def check_saved(saved: dict[str, Any], name: str, sets: set[str], where: str) -> None:
+def check_saved(
+    saved: dict[str, Any], name: str, sets: set[str], where: str, bins: int | None = None
+) -> None:
     """A saved row, its reliability data and set sizes checked before any is used (a file
-    damaged or edited by hand: an ArchiveError naming the field)."""
+    damaged or edited by hand: an ArchiveError naming the field): every number of the row a
+    non-negative number (NaN never; infinity only as an NLL), fractions within [0, 1]; each
+    set's reliability data the `bins` bins `peg.metrics.reliability` gives."""
     tree = Fields(saved, where, what="saved row")
     row = tree.object("row")
     assert row is not None
     row.get("method", lambda v: v == name, f"the method's name {name!r}")
     row.number("fit_seconds", minimum=0)
-    for key in ("nll", "error", "ece"):
-        row.get(key, _metric, "a number")
-    row.get("forwards", lambda v: v is None or _metric(v), "a number or null", optional=True)
     for key, value in row.obj.items():
-        if not (value is None or isinstance(value, str) or _metric(value)):
-            raise row.error(key, "a number, a string or null", value)
+        metric = key.split(" (")[0].split("@")[0]  # "nll (shifted)", "coverage@0.1"
+        needed = key in NEEDED
+        if (value is None or isinstance(value, str)) and not needed:
+            continue
+        if not _in_bounds(metric, value):
+            top = "1" if metric in FRACTIONS else "2" if metric == "brier" else "∞"
+            also = "" if needed else ", a string or null"
+            raise row.error(key, f"a number in [0, {top}]{also}", value)
+    for key in NEEDED:
+        row.get(key, lambda v: True, "a number")  # present (checked above where it is)
     curves = tree.object("curves")
     assert curves is not None
     for set_name in curves.obj:
         known = set_name in sets
-        curves.get(set_name, lambda v, known=known: known and _tensors(v),
-                   f"reliability data of one of the sets {sorted(sets)}")  # fmt: skip
+        curves.get(set_name, lambda v, known=known: known and _curve(v, bins),
+                   f"reliability data of one of the sets {sorted(sets)} ({bins} bins)")  # fmt: skip
     sizes = tree.object("sizes")
     assert sizes is not None
     for set_name in sizes.obj:
         sizes.get(set_name, lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and
-                  in_range(v[0], 0, None, int) and isinstance(v[1], str),
-                  "[points, kind]")  # fmt: skip
+                  in_range(v[0], 0, None, int) and v[1] in KINDS, "[points, kind]")  # fmt: skip
     tree.get("archive", lambda v: v is None or isinstance(v, str), "a SHA-256 or null",
              optional=True)  # fmt: skip
 
 
-def _metric(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+# the metrics that are fractions (rows hold them as such); Brier's score lies in [0, 2]
+FRACTIONS = {"error", "ece", "mce", "adaptive_ece", "classwise_ece", "aurc", "augrc", "auroc",
+             "aupr", "aupr_in", "fpr95", "coverage"}  # fmt: skip
+KINDS = ("test", "shifted", "ood")
+NEEDED = ("nll", "error", "ece")  # the test metrics a row shows in its line
+CURVE = ("edges", "confidence", "accuracy", "count")
 
 
-def _tensors(v: Any) -> bool:
-    return isinstance(v, Mapping) and all(isinstance(t, Tensor) for t in v.values())
+def _in_bounds(metric: str, v: Any) -> bool:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or v < 0:
+        return False
+    top = 1.0 if metric in FRACTIONS else 2.0 if metric == "brier" else math.inf
+    return v <= top and (math.isfinite(v) or metric == "nll")
+
+
+def _curve(v: Any, bins: int | None) -> bool:
+    """`peg.metrics.reliability` data of `bins` bins: edges `[bins + 1]` from 0 to 1;
+    confidence and accuracy `[bins]` in [0, 1] (NaN in empty bins); count `[bins]`, integers."""
+    if not (isinstance(v, Mapping) and sorted(v) == sorted(CURVE)
+            and all(isinstance(t, Tensor) and t.ndim == 1 for t in v.values())):  # fmt: skip
+        return False
+    n = len(v["count"]) if bins is None else bins
+    if len(v["edges"]) != n + 1 or any(len(v[k]) != n for k in CURVE[1:]):
+        return False
+    count = v["count"]
+    if count.dtype not in (torch.int64, torch.int32) or (count < 0).any():
+        return False
+    edges = v["edges"].double()
+    fractions = [v[k].double() for k in ("confidence", "accuracy")]
+    return bool(edges.isfinite().all() and (edges >= 0).all() and (edges <= 1).all()
+                and all(((f >= 0) & (f <= 1) | f.isnan()).all() for f in fractions))  # fmt: skip
+
+
+def _earlier_run(folder: Path) -> bool:
+    """Whether `folder`, without the mark, is an earlier version's run: its `.compare/` holds a
+    saved row that loads with its key (an empty `.compare/`, or one of foreign files, is not)."""
+    rows = folder / FOLDER
+    if not rows.is_dir():
+        return False
+    for path in sorted(rows.glob("[0-9][0-9][0-9]-*.safetensors"))[:3]:
+        try:
+            saved = load_tree(path)
+        except ValueError:
+            continue
+        if isinstance(saved, dict) and isinstance(saved.get("key"), str):
+            return True
+    return False

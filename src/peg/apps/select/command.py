@@ -1,6 +1,8 @@
 """`peg select`: `AutoSelect` on the command line: the report printed; with `--save DIR`,
 DIR/results.json (the report, the choice, its scores, provenance), DIR/results.md and the chosen
-predictor's archive DIR/chosen.peg (`peg.load(DIR/chosen.peg, model)`)."""
+predictor's archive DIR/chosen.peg (`peg.load(DIR/chosen.peg, model)`); DIR is refused
+where it is a non-empty folder peg select did not make, unless `--overwrite`
+(`peg.apps.results.claim`)."""
 
 from __future__ import annotations
 
@@ -12,11 +14,15 @@ from torch import nn
 
 from peg._env import git_commit, machine
 from peg.apps.compare import sources
-from peg.apps.results import write_results
+from peg.apps.results import RESULTS, claim, write_results
 from peg.apps.select.auto import AutoSelect
 
 
 def run(args: argparse.Namespace, command: str, progress: bool | None) -> int:
+    if args.save:  # before any work: never a folder of the user's (unless --overwrite)
+        claim(args.save, "select", getattr(args, "overwrite", False), argument="--save",
+              override="--overwrite", writes="results.json, results.md and chosen.peg",
+              files=(*RESULTS, "chosen.peg"))  # fmt: skip
     model, val = _model_and_data(args)
     selector = AutoSelect(
         candidates=args.candidates, cv=args.cv, criterion=args.criterion,
