@@ -24,8 +24,10 @@ once, record included (`AutoSelect.save`'s report).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -36,7 +38,7 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
-from peg._io import atomic_save_file
+from peg._io import atomic_save_file, target_path
 from peg._schema import Fields, parse_json
 from peg._version import __version__
 from peg.errors import ArchiveError
@@ -70,8 +72,8 @@ def write(
 ) -> str:
     """Write an archive atomically: `stacked` entries `[M, *shape]`, `shared` ones, `meta` (JSON)
     and a calibration map's arrays (`calibration`, read back by `read_calibration`); returns the
-    path as a string."""
-    path = Path(path)
+    path as a string (a ValueError naming `path` for "" or a folder, before any work)."""
+    path = target_path(path)
     added = _ADDED.get()
     if added is not None:
         meta = {**meta, **added[0]}
@@ -95,6 +97,7 @@ def write(
     }
     if extra:
         header["calibration"] = list(calibration or {})
+    header["tensors_sha256"] = tensors_digest(tensors)
     try:
         text = json.dumps(header, allow_nan=False)
     except (TypeError, ValueError) as e:
@@ -137,6 +140,10 @@ def check_header(header: Any, where: str) -> dict[str, Any]:
     if len(set(stacked) | set(shared)) != len(stacked) + len(shared):
         raise fields.error("stacked", "names that appear once in 'stacked' and 'shared'", stacked)
     fields.names("calibration", optional=True)
+    fields.get(
+        "tensors_sha256", lambda v: isinstance(v, str) and re.fullmatch("[0-9a-f]{64}", v),
+        "a SHA-256 hex digest", optional=True,
+    )  # fmt: skip
     for key in ("architecture", "peg_version", "torch_version"):
         fields.text(key, optional=True)
     meta = fields.object("meta", optional=True)
@@ -158,6 +165,12 @@ def read_tensors(
                 tensors[key] = f.get_tensor(key)
     except Exception as e:
         raise ArchiveError(f"{path}: damaged or truncated peg archive ({e})") from e
+    digest = header.get("tensors_sha256")
+    if digest is not None and tensors_digest(tensors) != digest:
+        raise ArchiveError(
+            f"{path}: damaged peg archive (its tensors' bytes do not match the SHA-256 its header "
+            "records: changed after it was written)"
+        )
     stacked = {k: tensors.get(f"stacked/{k}") for k in header["stacked"]}
     shared = {k: tensors.get(f"shared/{k}") for k in header["shared"]}
     lost = [k for k, v in (stacked | shared).items() if v is None]
@@ -177,6 +190,22 @@ def read_tensors(
                     f"{path}: damaged peg archive ({kind} tensor {k!r} holds NaN or inf weights)"
                 )
     return stacked, shared  # type: ignore[return-value]
+
+
+def tensors_digest(tensors: Mapping[str, Tensor]) -> str:
+    """SHA-256 of every tensor of an archive (name, dtype, shape, bytes; in name order).
+
+    Why: safetensors checks the layout, not the values: an archive whose bytes were zeroed
+    loaded and predicted uniform probabilities. Archives written before carry none (they load
+    unchecked); this guards against damage, not against a forger, who can rewrite the digest.
+    """
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        h.update(f"{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
 
 
 def read_calibration(path: str | os.PathLike[str], header: Mapping[str, Any]) -> dict[str, Tensor]:

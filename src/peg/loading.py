@@ -23,6 +23,12 @@ from torch import Tensor, nn
 
 from peg import _io, archive, recipe
 from peg._devices import model_device, move
+from peg._load_checks import (
+    check_calibrated,
+    check_calibration_entry,
+    check_calibration_tensors,
+    check_device,
+)
 from peg.batches import BatchFn
 from peg.ensemble import Ensemble
 from peg.errors import ArchiveError
@@ -67,13 +73,6 @@ def calibrator_for(calibration: Any) -> Calibrator:
             "was written by a calibrator this version of peg does not have"
         )
     return _CALIBRATORS[name]
-
-
-def _build_recipe(meta: dict[str, Any]) -> dict[str, Any] | None:
-    """The PEG/PEP recipe of a recipe archive, or None (meta["recipe"] of other archives, e.g.
-    a DeepEnsemble's or SWAG's, is the `peg.train.Recipe` they were trained with)."""
-    made = meta.get("recipe")
-    return made if isinstance(made, dict) and made.get("kind") == "recipe" else None
 
 
 def _needs_val(path: Path, header: dict[str, Any]) -> str:
@@ -131,18 +130,20 @@ def load(
             f"{type(model).__name__}"
         )
     path = Path(path)
-    device = model_device(model) if device is None else torch.device(device)
+    device = model_device(model) if device is None else check_device(device)
     kind = _io.tree_format(path) if path.is_file() else None
     if kind in _FORMATS:
         return _FORMATS[kind](path, model, device, batch_fn)
     header = archive.read_header(path)
-    made = _build_recipe(header.get("meta") or {})
+    made = recipe.of_meta(header.get("meta") or {}, str(path))
     if made is not None:
         recipe.check(made, str(path))
     if made is not None and val is None:
         raise ArchiveError(_needs_val(path, header))
     calibration = (header.get("meta") or {}).get("calibration")
     calibrate = calibrator_for(calibration) if calibration is not None else None
+    if calibration is not None:
+        check_calibration_entry(path, calibration)
     stacked, shared = archive.read_tensors(path, header)  # CPU; moved below with the model
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     got = {k: tuple(v.shape[1:]) for k, v in stacked.items()} | {
@@ -176,7 +177,11 @@ def load(
         loaded.meta = {k: v for k, v in ensemble.meta.items() if k != "recipe"}
     if calibrate is None:
         return loaded
-    return calibrate(loaded, calibration, move(archive.read_calibration(path, header), device))
+    tensors = archive.read_calibration(path, header)
+    check_calibration_tensors(path, tensors)
+    fitted = calibrate(loaded, calibration, move(tensors, device))
+    check_calibrated(path, fitted, device)
+    return fitted
 
 
 def _check_dtypes(
