@@ -80,17 +80,19 @@ def check_calibration_tensors(path: Path, tensors: Mapping[str, Tensor]) -> None
             )
 
 
-def check_calibrated(path: Path, fitted: Any, device: torch.device) -> None:
+def check_calibrated(
+    path: Path, fitted: Any, tensors: Mapping[str, Tensor], device: torch.device
+) -> None:
     """The loaded calibrator's prediction is a distribution on probe logits `[1, 3, C]`
     (uniform, moderate, saturated at 50): a degenerate map (T = 1e-300: every score -inf)
     is refused here rather than predicting NaN for every input.
 
-    C is the map's own (`_fitted_classes`) or, for a map of any C (temperature scaling),
-    3; a map of unknown C with arrays (binning, isotonic) is not probed (its arrays are
-    bounded by `check_calibration_tensors` and its own checks)."""
+    C is the map's own (`_fitted_classes`) or, for a map without arrays (temperature
+    scaling), 3; a map of unknown C with arrays (`tensors`, the archive's: binning, isotonic)
+    is not probed (its arrays are bounded by `check_calibration_tensors` and its own checks)."""
     classes = fitted._fitted_classes()
     if classes is None:
-        if fitted._tensors():
+        if tensors:
             return
         classes = 3
     grid = torch.arange(classes, dtype=torch.float32, device=device)

@@ -7,7 +7,11 @@ header's metadata key ``"peg"``::
 
     {"format": "peg-ensemble", "format_version": 1, "peg_version": ..., "torch_version": ...,
      "members": M, "stacked": [names], "shared": [names], "meta": {method, hyper-parameters,
-     seed, ...}}
+     seed, ...}, "tensors_sha256": hex}
+
+`tensors_sha256` (`tensors_digest`; absent from archives written before it) is checked when the
+tensors are read: bytes changed after the write (zeroed, flipped) are an `ArchiveError`, not a
+model that loads and predicts something else.
 
 Tensor keys are ``stacked/<state-dict name>`` (`[M, *shape]`) and ``shared/<name>``. A calibrated
 archive (`meta["calibration"]`, e.g. matrix scaling's) may also hold the calibration map's arrays

@@ -180,7 +180,7 @@ def load(
     tensors = archive.read_calibration(path, header)
     check_calibration_tensors(path, tensors)
     fitted = calibrate(loaded, calibration, move(tensors, device))
-    check_calibrated(path, fitted, device)
+    check_calibrated(path, fitted, tensors, device)
     return fitted
 
 
