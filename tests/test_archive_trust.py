@@ -133,7 +133,7 @@ FILE_ERROR_CASES: list[tuple[str, str, Callable[[Path], object], type[BaseExcept
      ArchiveError, r"recipe\.peg: header field 'meta\.recipe\.kind': expected 'recipe' for a "
      r"PEG/PEP recipe"),
     # defect 6 and YAML errors on one line
-    (SPEC, "a 396-byte YAML alias bomb", lambda t: _spec(t, BOMB),
+    (SPEC, "a 355-byte YAML alias bomb", lambda t: _spec(t, BOMB),
      SpecError, r"spec\.yaml: not valid YAML at line 2, column 8: alias \*a refused"),
     (SPEC, "YAML that does not parse", lambda t: _spec(t, "name: t\nmodel: {name: [\n"),
      SpecError, r"^[^\n]*spec\.yaml: not valid YAML at line 3, column 1: [^\n]*$"),
