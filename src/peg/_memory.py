@@ -15,10 +15,12 @@ import torch
 
 
 def available_memory(device: torch.device) -> int:
-    """Bytes free for new tensors on `device`: CUDA's free memory, else the system's available
-    RAM (`MemAvailable`, or free pages where /proc/meminfo is missing)."""
+    """Bytes free for new tensors on `device`: CUDA's free memory plus what torch's caching
+    allocator holds unused (reserved, not allocated: it serves new tensors from it), else the
+    system's available RAM (`MemAvailable`, or free pages where /proc/meminfo is missing)."""
     if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int(torch.cuda.mem_get_info(device)[0]) + max(int(cached), 0)
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
