@@ -113,7 +113,8 @@ def load(
             or from the bare model (whose entries then get the wrapper's `model.` prefix).
         device: where to put the member weights; None (default): the device of `model`'s
             weights, so an archive written on a GPU loads on the CPU and the reverse (the
-            calibration map and everything predicted follow).
+            calibration map and everything predicted follow). A device this process cannot
+            allocate on ("cuda" without a GPU, "CPU", "") is a ValueError naming `device`.
         val: for a PEG/PEP recipe (the default way those save: base weights + how the members
             were made), the validation data the ensemble was built from, as it was given to
             `fit`: the members are rebuilt from it and checked against the recorded
@@ -179,7 +180,10 @@ def load(
         return loaded
     tensors = archive.read_calibration(path, header)
     check_calibration_tensors(path, tensors)
-    fitted = calibrate(loaded, calibration, move(tensors, device))
+    try:
+        fitted = calibrate(loaded, calibration, move(tensors, device))
+    except ArchiveError as e:  # a calibrator's own checks name the field; here, the file too
+        raise ArchiveError(e.args[0] if str(path) in str(e) else f"{path}: {e}") from None
     check_calibrated(path, fitted, tensors, device)
     return fitted
 
