@@ -33,6 +33,7 @@ import json
 import os
 import re
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
@@ -196,19 +197,37 @@ def read_tensors(
     return stacked, shared  # type: ignore[return-value]
 
 
+# the digest hashes pieces of this many bytes on their own (in threads: hashlib releases the GIL),
+# then their digests in order: the same value whatever the number of threads
+DIGEST_PIECE = 1 << 26
+
+
 def tensors_digest(tensors: Mapping[str, Tensor]) -> str:
-    """SHA-256 of every tensor of an archive (name, dtype, shape, bytes; in name order).
+    """SHA-256 over every tensor of an archive: per tensor (in name order) its name, dtype and
+    shape, then the SHA-256 of each `DIGEST_PIECE`-byte piece of its bytes.
 
     Why: safetensors checks the layout, not the values: an archive whose bytes were zeroed
     loaded and predicted uniform probabilities. Archives written before carry none (they load
     unchecked); this guards against damage, not against a forger, who can rewrite the digest.
+    The pieces are hashed in parallel (SHA-256 runs at 0.3–2 GB/s a core).
     """
-    h = hashlib.sha256()
+    heads, pieces = [], []
     for name in sorted(tensors):
         t = tensors[name].detach().cpu().contiguous()
-        h.update(f"{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
-        if t.numel():
-            h.update(t.reshape(-1).view(torch.uint8).numpy())
+        flat = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b""
+        heads.append((f"{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode(), len(pieces)))
+        pieces += [flat[a : a + DIGEST_PIECE] for a in range(0, len(flat), DIGEST_PIECE)]
+    workers = min(len(pieces), os.cpu_count() or 1)
+    if workers > 1:
+        with ThreadPoolExecutor(workers) as pool:
+            digests = list(pool.map(lambda b: hashlib.sha256(b).digest(), pieces))
+    else:
+        digests = [hashlib.sha256(b).digest() for b in pieces]
+    h = hashlib.sha256()
+    for i, (head, first) in enumerate(heads):
+        h.update(head)
+        last = heads[i + 1][1] if i + 1 < len(heads) else len(digests)
+        h.update(b"".join(digests[first:last]))
     return h.hexdigest()
 
 
