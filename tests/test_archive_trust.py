@@ -172,26 +172,33 @@ def test_large_but_finite_temperature_still_loads(tmp_path):
 
 
 # --- defect 5: members and bins bounded before any allocation -----------------------------------
+# The memory available is fixed at 8 GB here: on a machine with more (the 128 GiB of a GPU
+# host), 10⁹ bins (96 GB) would fit and be allocated.
 
 
-def test_peg_with_1e9_members_names_n_members_and_the_memory():
+@pytest.fixture
+def eight_gb(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_memory, "available_memory", lambda device: 8 * 10**9)
+
+
+def test_peg_with_1e9_members_names_n_members_and_the_memory(eight_gb):
     with pytest.raises(ValueError, match=r"n_members: 1,000,000,000 would need \d+(\.\d+)? [GT]B "
                        r"\(the members' rows and stacked weights"):  # fmt: skip
         peg.PEG(n_members=10**9, eta=0.1, progress=False).fit(_mlp(), _val())
 
 
-def test_lazy_peg_with_1e9_members_is_bounded_too():
+def test_lazy_peg_with_1e9_members_is_bounded_too(eight_gb):
     with pytest.raises(ValueError, match=r"n_members: 1,000,000,000 would need .*lazy_store="):
         peg.PEG(n_members=10**9, eta=0.1, lazy=True, lazy_store="regenerate",
                 progress=False).fit(_mlp(), _val())  # fmt: skip
 
 
-def test_histogram_binning_with_1e9_bins_names_n_bins():
+def test_histogram_binning_with_1e9_bins_names_n_bins(eight_gb):
     with pytest.raises(ValueError, match=r"n_bins: 1,000,000,000 would need 96 GB"):
         peg.HistogramBinning(n_bins=10**9).fit(_mlp(), _val())
 
 
-def test_mc_dropout_with_1e9_members_is_refused_at_the_first_batch():
+def test_mc_dropout_with_1e9_members_is_refused_at_the_first_batch(eight_gb):
     mc = peg.MCDropout(n_members=10**9, insert=0.1, progress=False).fit(_mlp(), _val())
     with pytest.raises(ValueError, match=r"n_members: 1,000,000,000 would need .*\(one batch's "
                        r"member logits \[S, 200, 3\]"):  # fmt: skip

@@ -41,7 +41,7 @@ def _check_rebuild_memory(bases: Ensemble, names: list[str], S: int, field: str)
     entries: rows and stacked members) cannot fit in memory, before anything is built."""
     sizes = bases.skeleton.state_dict()
     P = sum(sizes[n].numel() for n in names)
-    itemsize = max(sizes[n].element_size() for n in names)
+    itemsize = max((sizes[n].element_size() for n in names), default=4)
     members = S * len(bases)
     need = 2 * members * P * itemsize + members * MEMBER_BOOKKEEPING
     try:
