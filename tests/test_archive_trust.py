@@ -68,6 +68,12 @@ def _spec(tmp: Path, text: str) -> object:
     return load_specs(path)
 
 
+def _spec_bytes(tmp: Path, data: bytes) -> object:
+    path = tmp / "spec.yaml"
+    path.write_bytes(data)
+    return load_specs(path)
+
+
 # 355 bytes (the was 396): nine levels of nine aliases, 9⁹ (387 million) entries
 # once expanded; before the fix the spec's check walked them (50 s, 2 GB)
 BOMB = "".join(
@@ -135,6 +141,8 @@ FILE_ERROR_CASES: list[tuple[str, str, Callable[[Path], object], type[BaseExcept
     # defect 6 and YAML errors on one line
     (SPEC, "a 355-byte YAML alias bomb", lambda t: _spec(t, BOMB),
      SpecError, r"spec\.yaml: not valid YAML at line 2, column 8: alias \*a refused"),
+    (SPEC, "a spec that is not UTF-8", lambda t: _spec_bytes(t, b"name: \xff\n"),
+     SpecError, r"spec\.yaml: not UTF-8 text \(byte 6: invalid start byte\)"),
     (SPEC, "YAML that does not parse", lambda t: _spec(t, "name: t\nmodel: {name: [\n"),
      SpecError, r"^[^\n]*spec\.yaml: not valid YAML at line 3, column 1: [^\n]*$"),
 ]  # fmt: skip

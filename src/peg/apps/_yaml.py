@@ -34,7 +34,10 @@ class _NoAliases(yaml.SafeLoader):
 def read_yaml(path: str | Path, error: type[Exception] = ValueError) -> Any:
     """The plain data of YAML file `path` (mappings, lists, scalars; no aliases); `error`
     (e.g. `SpecError`) with one line "<path>: not valid YAML at line L, column C: ..."."""
-    text = Path(path).read_text()
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
     loader = _NoAliases(text)
     try:
         return loader.get_single_data()
