@@ -143,12 +143,19 @@ def tamper(path: str | Path, change: Callable[[Any], Any], key: str = "peg") -> 
 
 def retensor(path: str | Path, change: Callable[[str, torch.Tensor], torch.Tensor]) -> str:
     """Rewrite every tensor of safetensors file `path` with `change(name, tensor)`, keeping
-    its metadata."""
+    its metadata; a peg archive's tensor digest is rewritten to match (a crafted file, which
+    the checks after the digest must refuse on their own)."""
     from safetensors import safe_open
     from safetensors.torch import save_file
+
+    from peg.archive import tensors_digest
 
     with safe_open(str(path), framework="pt") as f:
         metadata = dict(f.metadata() or {})
         tensors = {k: change(k, f.get_tensor(k)).contiguous() for k in f.keys()}  # noqa: SIM118
+    header = json.loads(metadata.get("peg", "null"))
+    if isinstance(header, dict) and "tensors_sha256" in header:
+        header["tensors_sha256"] = tensors_digest(tensors)
+        metadata["peg"] = json.dumps(header)
     save_file(tensors, str(path), metadata=metadata)
     return str(path)

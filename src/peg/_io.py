@@ -36,15 +36,33 @@ def _usual_mode(path: str) -> None:
     os.chmod(path, 0o666 & ~umask)
 
 
+def target_path(path: Any) -> Path:
+    """`path` as the `Path` of a file to write: a ValueError naming `path` for an empty one
+    (`""` is the current folder) or an existing folder (the rename would fail with a raw
+    IsADirectoryError after the whole file was written), a TypeError for a non-path."""
+    if not isinstance(path, (str, os.PathLike)):
+        kind = type(path).__name__
+        raise TypeError(f"path: expected a file path (str or os.PathLike), got {kind}")
+    text = os.fspath(path)
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"path: expected a file path, got {text!r}")
+    if Path(text).is_dir():
+        raise ValueError(
+            f"path: {text} is a folder; pass the path of a file in it, e.g. "
+            f"{Path(text) / 'model.peg'}"
+        )
+    return Path(text)
+
+
 @contextmanager
 def atomic_target(path: str | os.PathLike[str]) -> Iterator[str]:
     """A temporary file beside `path` to write; afterwards fsynced and renamed over `path`.
 
     Missing parent folders are created. A crash or an exception mid-write leaves the previous
     file at `path` intact (and, for an exception, no temporary file; for a SIGKILL, one the
-    next write of `path` removes: `remove_stale`).
+    next write of `path` removes: `remove_stale`). `path` is checked first (`target_path`).
     """
-    path = Path(path)
+    path = target_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(path)
     prefix = f".{path.name}.{os.getpid()}."
@@ -175,6 +193,16 @@ def tree_format(path: str | os.PathLike[str]) -> str | None:
     except Exception:  # not a tree: damaged, foreign, or another peg file
         return None
     return found if isinstance(found, str) else None
+
+
+def numpy_reason(e: BaseException) -> str:
+    """Why NumPy could not read an array file, for a message: its first line, except that the
+    account of pickled data (which suggests `allow_pickle=True`: loading it would run code from
+    the file) is replaced by peg's: such a file is refused, never loaded."""
+    text = str(e)
+    if "pickle" in text.lower():
+        return "it holds pickled Python objects, which peg never loads; save plain arrays"
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:

@@ -7,7 +7,11 @@ header's metadata key ``"peg"``::
 
     {"format": "peg-ensemble", "format_version": 1, "peg_version": ..., "torch_version": ...,
      "members": M, "stacked": [names], "shared": [names], "meta": {method, hyper-parameters,
-     seed, ...}}
+     seed, ...}, "tensors_sha256": hex}
+
+`tensors_sha256` (`tensors_digest`; absent from archives written before it) is checked when the
+tensors are read: bytes changed after the write (zeroed, flipped) are an `ArchiveError`, not a
+model that loads and predicts something else.
 
 Tensor keys are ``stacked/<state-dict name>`` (`[M, *shape]`) and ``shared/<name>``. A calibrated
 archive (`meta["calibration"]`, e.g. matrix scaling's) may also hold the calibration map's arrays
@@ -24,9 +28,12 @@ once, record included (`AutoSelect.save`'s report).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
@@ -36,7 +43,7 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
-from peg._io import atomic_save_file
+from peg._io import atomic_save_file, target_path
 from peg._schema import Fields, parse_json
 from peg._version import __version__
 from peg.errors import ArchiveError
@@ -70,8 +77,8 @@ def write(
 ) -> str:
     """Write an archive atomically: `stacked` entries `[M, *shape]`, `shared` ones, `meta` (JSON)
     and a calibration map's arrays (`calibration`, read back by `read_calibration`); returns the
-    path as a string."""
-    path = Path(path)
+    path as a string (a ValueError naming `path` for "" or a folder, before any work)."""
+    path = target_path(path)
     added = _ADDED.get()
     if added is not None:
         meta = {**meta, **added[0]}
@@ -95,6 +102,7 @@ def write(
     }
     if extra:
         header["calibration"] = list(calibration or {})
+    header["tensors_sha256"] = tensors_digest(tensors)
     try:
         text = json.dumps(header, allow_nan=False)
     except (TypeError, ValueError) as e:
@@ -137,6 +145,10 @@ def check_header(header: Any, where: str) -> dict[str, Any]:
     if len(set(stacked) | set(shared)) != len(stacked) + len(shared):
         raise fields.error("stacked", "names that appear once in 'stacked' and 'shared'", stacked)
     fields.names("calibration", optional=True)
+    fields.get(
+        "tensors_sha256", lambda v: isinstance(v, str) and re.fullmatch("[0-9a-f]{64}", v),
+        "a SHA-256 hex digest", optional=True,
+    )  # fmt: skip
     for key in ("architecture", "peg_version", "torch_version"):
         fields.text(key, optional=True)
     meta = fields.object("meta", optional=True)
@@ -158,6 +170,12 @@ def read_tensors(
                 tensors[key] = f.get_tensor(key)
     except Exception as e:
         raise ArchiveError(f"{path}: damaged or truncated peg archive ({e})") from e
+    digest = header.get("tensors_sha256")
+    if digest is not None and tensors_digest(tensors) != digest:
+        raise ArchiveError(
+            f"{path}: damaged peg archive (its tensors' bytes do not match the SHA-256 its header "
+            "records: changed after it was written)"
+        )
     stacked = {k: tensors.get(f"stacked/{k}") for k in header["stacked"]}
     shared = {k: tensors.get(f"shared/{k}") for k in header["shared"]}
     lost = [k for k, v in (stacked | shared).items() if v is None]
@@ -177,6 +195,40 @@ def read_tensors(
                     f"{path}: damaged peg archive ({kind} tensor {k!r} holds NaN or inf weights)"
                 )
     return stacked, shared  # type: ignore[return-value]
+
+
+# the digest hashes pieces of this many bytes on their own (in threads: hashlib releases the GIL),
+# then their digests in order: the same value whatever the number of threads
+DIGEST_PIECE = 1 << 26
+
+
+def tensors_digest(tensors: Mapping[str, Tensor]) -> str:
+    """SHA-256 over every tensor of an archive: per tensor (in name order) its name, dtype and
+    shape, then the SHA-256 of each `DIGEST_PIECE`-byte piece of its bytes.
+
+    Why: safetensors checks the layout, not the values: an archive whose bytes were zeroed
+    loaded and predicted uniform probabilities. Archives written before carry none (they load
+    unchecked); this guards against damage, not against a forger, who can rewrite the digest.
+    The pieces are hashed in parallel (SHA-256 runs at 0.3–2 GB/s a core).
+    """
+    heads, pieces = [], []
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        flat = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b""
+        heads.append((f"{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode(), len(pieces)))
+        pieces += [flat[a : a + DIGEST_PIECE] for a in range(0, len(flat), DIGEST_PIECE)]
+    workers = min(len(pieces), os.cpu_count() or 1)
+    if workers > 1:
+        with ThreadPoolExecutor(workers) as pool:
+            digests = list(pool.map(lambda b: hashlib.sha256(b).digest(), pieces))
+    else:
+        digests = [hashlib.sha256(b).digest() for b in pieces]
+    h = hashlib.sha256()
+    for i, (head, first) in enumerate(heads):
+        h.update(head)
+        last = heads[i + 1][1] if i + 1 < len(heads) else len(digests)
+        h.update(b"".join(digests[first:last]))
+    return h.hexdigest()
 
 
 def read_calibration(path: str | os.PathLike[str], header: Mapping[str, Any]) -> dict[str, Tensor]:

@@ -23,6 +23,12 @@ from torch import Tensor, nn
 
 from peg import _io, archive, recipe
 from peg._devices import model_device, move
+from peg._load_checks import (
+    check_calibrated,
+    check_calibration_entry,
+    check_calibration_tensors,
+    check_device,
+)
 from peg.batches import BatchFn
 from peg.ensemble import Ensemble
 from peg.errors import ArchiveError
@@ -69,13 +75,6 @@ def calibrator_for(calibration: Any) -> Calibrator:
     return _CALIBRATORS[name]
 
 
-def _build_recipe(meta: dict[str, Any]) -> dict[str, Any] | None:
-    """The PEG/PEP recipe of a recipe archive, or None (meta["recipe"] of other archives, e.g.
-    a DeepEnsemble's or SWAG's, is the `peg.train.Recipe` they were trained with)."""
-    made = meta.get("recipe")
-    return made if isinstance(made, dict) and made.get("kind") == "recipe" else None
-
-
 def _needs_val(path: Path, header: dict[str, Any]) -> str:
     """The message for a recipe archive loaded without its validation data."""
     meta = header.get("meta") or {}
@@ -114,7 +113,8 @@ def load(
             or from the bare model (whose entries then get the wrapper's `model.` prefix).
         device: where to put the member weights; None (default): the device of `model`'s
             weights, so an archive written on a GPU loads on the CPU and the reverse (the
-            calibration map and everything predicted follow).
+            calibration map and everything predicted follow). A device this process cannot
+            allocate on ("cuda" without a GPU, "CPU", "") is a ValueError naming `device`.
         val: for a PEG/PEP recipe (the default way those save: base weights + how the members
             were made), the validation data the ensemble was built from, as it was given to
             `fit`: the members are rebuilt from it and checked against the recorded
@@ -131,18 +131,20 @@ def load(
             f"{type(model).__name__}"
         )
     path = Path(path)
-    device = model_device(model) if device is None else torch.device(device)
+    device = model_device(model) if device is None else check_device(device)
     kind = _io.tree_format(path) if path.is_file() else None
     if kind in _FORMATS:
         return _FORMATS[kind](path, model, device, batch_fn)
     header = archive.read_header(path)
-    made = _build_recipe(header.get("meta") or {})
+    made = recipe.of_meta(header.get("meta") or {}, str(path))
     if made is not None:
         recipe.check(made, str(path))
     if made is not None and val is None:
         raise ArchiveError(_needs_val(path, header))
     calibration = (header.get("meta") or {}).get("calibration")
     calibrate = calibrator_for(calibration) if calibration is not None else None
+    if calibration is not None:
+        check_calibration_entry(path, calibration)
     stacked, shared = archive.read_tensors(path, header)  # CPU; moved below with the model
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     got = {k: tuple(v.shape[1:]) for k, v in stacked.items()} | {
@@ -176,7 +178,14 @@ def load(
         loaded.meta = {k: v for k, v in ensemble.meta.items() if k != "recipe"}
     if calibrate is None:
         return loaded
-    return calibrate(loaded, calibration, move(archive.read_calibration(path, header), device))
+    tensors = archive.read_calibration(path, header)
+    check_calibration_tensors(path, tensors)
+    try:
+        fitted = calibrate(loaded, calibration, move(tensors, device))
+    except ArchiveError as e:  # a calibrator's own checks name the field; here, the file too
+        raise ArchiveError(e.args[0] if str(path) in str(e) else f"{path}: {e}") from None
+    check_calibrated(path, fitted, tensors, device)
+    return fitted
 
 
 def _check_dtypes(

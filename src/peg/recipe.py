@@ -216,6 +216,7 @@ __all__ = [
     "fingerprint_probe",
     "fingerprint_rows",
     "fingerprints_match",
+    "of_meta",
     "rebuilder",
     "register",
     "tolerance",
@@ -236,6 +237,31 @@ def register(method: str, rebuild: Rebuild, check: Check) -> None:
     """Make recipes of `method` loadable with `rebuild(bases: Ensemble, recipe, val, batch_fn)`,
     once `check(bases, recipe)` has passed."""
     _REBUILDERS[method] = (rebuild, check)
+
+
+# the fields only a PEG/PEP recipe has (a `peg.train.Recipe`, which DeepEnsemble and SWAG record
+# under the same key, has none of them)
+RECIPE_FIELDS = ("fingerprints", "scale_name", "recipe_version")
+
+
+def of_meta(meta: Any, where: str) -> dict[str, Any] | None:
+    """The PEG/PEP recipe of archive `where` (its meta `meta`), or None: meta["recipe"] of
+    other archives (a DeepEnsemble's or SWAG's) is the `peg.train.Recipe` they were trained with.
+
+    A recipe is one by its fields, not by its `kind` alone: with `kind` edited, a PEG-3 recipe
+    loaded as its one base model, silently; it is an ArchiveError naming the field."""
+    made = meta.get("recipe") if isinstance(meta, dict) else None
+    if not isinstance(made, dict):
+        return None
+    if made.get("kind") == "recipe":
+        return made
+    found = [k for k in RECIPE_FIELDS if k in made]
+    if found:
+        raise ArchiveError(
+            f"{where}: header field 'meta.recipe.kind': expected 'recipe' for a PEG/PEP recipe "
+            f"(it has {found}), got {made.get('kind')!r}"
+        )
+    return None
 
 
 def check(made: Any, where: str) -> dict[str, Any]:

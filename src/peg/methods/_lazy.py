@@ -27,16 +27,15 @@ saved from a lazy ensemble is the eager one's, and rebuilds the eager members.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from peg._inputs import Data
+from peg._memory import available_memory, require_memory
 from peg._params import entry_views, module_like
 from peg._progress import counter
 from peg._scalars import check_positive_int
@@ -58,20 +57,6 @@ LAZY_STORES = ("full", "bfloat16", "float16", "regenerate")
 MEMORY_FRACTION = 0.5
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 _FP16_TOP = 15  # float16 rows: each tensor's largest entry scaled into [2^14, 2^15)
-
-
-def available_memory(device: torch.device) -> int:
-    """Bytes free for new tensors on `device`: CUDA's free memory, else the system's available
-    RAM (`MemAvailable`, or free pages where /proc/meminfo is missing)."""
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
 
 
 def choose_store(method: Any, bases: Bases) -> str | None:
@@ -98,6 +83,35 @@ def choose_store(method: Any, bases: Bases) -> str | None:
     if store != "regenerate" and entries * kept <= budget:
         return store
     return "regenerate"
+
+
+# bytes each member costs beyond its rows, whatever the store: its fingerprint, its index in
+# the bookkeeping lists (Python floats and ints), rounded up
+MEMBER_BOOKKEEPING = 128
+
+
+def check_memory(method: Any, bases: Bases, store: str | None) -> None:
+    """A ValueError naming `n_members` before any row is computed where what `fit` would hold
+    cannot fit in the memory available on the model's device: the eager ensemble's 2·S·R·P
+    entries (rows and stacked members), the S·R·P rows a search stacks, the rows a lazy store
+    keeps, and `MEMBER_BOOKKEEPING` bytes a member (issue 40: 10⁹ members gave the allocator's
+    raw "can't allocate 204000000000 bytes")."""
+    base = bases.states[0]
+    members = bases.n_members * len(bases.states)
+    entries = members * sum(base[n].numel() for n in bases.names)
+    itemsize = max(base[n].element_size() for n in bases.names)
+    if store is None:
+        per_entry, what = 2 * itemsize, "the members' rows and stacked weights"
+    elif method.searches:
+        per_entry, what = itemsize, "every member's row, stacked for the search"
+    else:
+        per_entry = {"full": itemsize, "regenerate": 0}.get(store, 2)
+        what = f"the rows a lazy_store={store!r} ensemble keeps"
+    need = entries * per_entry + members * MEMBER_BOOKKEEPING
+    advice = "lower n_members" + (", or pass lazy='auto'" if store is None else "")
+    device = base[bases.names[0]].device
+    require_memory("n_members", bases.n_members, need, device, f"{what}, for {members:,} members",
+                   advice)  # fmt: skip
 
 
 class StoredRows:

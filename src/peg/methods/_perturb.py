@@ -51,6 +51,7 @@ from peg.methods._lazy import (
     LAZY_STORES,
     LazyRows,
     RegeneratedMembers,
+    check_memory,
     choose_store,
     collect_rows,
     lazy_members,
@@ -198,6 +199,7 @@ class PerturbationEnsemble(Recipes, FittedMembers, FittedEnsemble):
         for stale in ("members_", "ensemble_", "dropped_"):
             self.__dict__.pop(stale, None)  # a refit replaces everything
         store = choose_store(self, bases)  # None: eager
+        check_memory(self, bases, store)  # n_members that cannot fit: refused before any row
         rows = self._directions(models, bases, data, store)
         stacked = rows if isinstance(rows, StackedMembers) else None
         best = self._choose_scale(stacked, source, head, score)

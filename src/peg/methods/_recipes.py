@@ -15,10 +15,12 @@ from typing import Any, ClassVar
 
 from peg import recipe
 from peg._inputs import Data
+from peg._memory import require_memory
 from peg._params import param_label, select_parameters
 from peg.batches import BatchFn
 from peg.ensemble import Ensemble
 from peg.errors import ArchiveError
+from peg.methods._lazy import MEMBER_BOOKKEEPING
 from peg.methods._scale_search import SEARCH_OPTIONS, ScaleSearch
 from peg.recipe import (
     RECIPE_VERSION,
@@ -27,6 +29,25 @@ from peg.recipe import (
     fingerprints_match,
     tolerance,
 )
+
+# a recipe with on_nonfinite="drop" may record fewer members than n_members·R; at most this many
+# more dropped than kept (issue 40: n_members edited to 20,000 with "drop" made the counts
+# agree, and the rebuild built 20,000 members, 21 s, before the fingerprints refused them)
+DROP_SLACK = 16
+
+
+def _check_rebuild_memory(bases: Ensemble, names: list[str], S: int, field: str) -> None:
+    """An ArchiveError naming `options.n_members` where the rebuilt eager ensemble (2·S·R·P
+    entries: rows and stacked members) cannot fit in memory, before anything is built."""
+    sizes = bases.skeleton.state_dict()
+    P = sum(sizes[n].numel() for n in names)
+    itemsize = max((sizes[n].element_size() for n in names), default=4)
+    members = S * len(bases)
+    need = 2 * members * P * itemsize + members * MEMBER_BOOKKEEPING
+    try:
+        require_memory("n_members", S, need, bases.device, f"{members:,} rebuilt members")
+    except ValueError as e:
+        raise ArchiveError(f"{field}options.n_members': {e}") from None
 
 
 def searched_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -159,16 +180,20 @@ class Recipes:
         if isinstance(S, bool) or not isinstance(S, int) or S < 1:
             raise ArchiveError(f"{field}options.n_members': expected an integer >= 1, got {S!r}")
         made, most = recipe["members"], S * len(bases)
-        if made > most or (made < most and options.get("on_nonfinite") != "drop"):
+        drops = options.get("on_nonfinite") == "drop"
+        if made > most or (made < most and not drops) or most - made > made + DROP_SLACK:
             raise ArchiveError(
                 f"{field}members': {made} members recorded where options.n_members = {S} and "
                 f"{len(bases)} base(s) make {most}: the recipe's counts disagree"
-            )
+                + (" (a rebuild builds every member to check the recorded ones: more dropped "
+                   f"than kept + {DROP_SLACK} is refused)" if drops and made < most else "")
+            )  # fmt: skip
         params = options.get("params", "all")
         try:
-            select_parameters(bases.skeleton, params)
+            names = select_parameters(bases.skeleton, params)
         except (TypeError, ValueError) as e:
             raise ArchiveError(f"{field}options.params': {e}") from None
+        _check_rebuild_memory(bases, names, S, field)
         cls._from_options(recipe, None)
 
     def _expressible(self) -> bool:

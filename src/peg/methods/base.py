@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from peg._devices import model_device, move
 from peg._forward import diagnose
 from peg._inputs import Data, iter_inputs, num_batches
+from peg._memory import require_memory
 from peg._progress import bar
 from peg._scalars import check_positive_int
 from peg.batches import BatchFn, Tapped, call_model, check_batch_fn
@@ -381,7 +382,17 @@ class SampledPredictor(ModulePredictor):
             for s in range(self.n_members):
                 torch.manual_seed(int(generator(int(self.seed), s, j).initial_seed()))
                 outs.append(model_output(self._forward(x), "member_logits"))
+                if s == 0:  # n_members = 10⁹ ran unbounded: refused once a batch's size is known
+                    self._check_members_memory(outs[0])
         return torch.stack(outs)
+
+    def _check_members_memory(self, out: Tensor) -> None:
+        """A ValueError naming `n_members` where one batch's member logits `[S, B, C]` (`out`:
+        member 0's `[B, C]`) cannot fit in the memory of their device."""
+        need = 2 * self.n_members * out.numel() * out.element_size()  # the list, then its stack
+        what = f"one batch's member logits [S, {len(out)}, {out.shape[-1]}], twice while stacked"
+        require_memory("n_members", self.n_members, need, out.device, what,
+                       "lower n_members or batch_size")  # fmt: skip
 
     def __len__(self) -> int:
         self._check_fitted()

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from peg._memory import require_memory
 from peg.batches import BatchFn
 from peg.errors import ArchiveError
 from peg.methods import _constraints as checks
@@ -108,6 +109,14 @@ class HistogramBinning(_OneVsRest):
         "strategy": checks.one_of(*STRATEGIES),
         **_OneVsRest.parameter_constraints,
     }
+
+    def _check_classes(self, classes: int) -> None:
+        """`n_bins` refused before fitting where the map's four float64 `[C, n_bins + 1]`
+        arrays cannot fit in memory (issue 40: 10⁹ bins allocated until the OOM killer)."""
+        super()._check_classes(classes)
+        need = 4 * 8 * classes * (int(self.n_bins) + 1)
+        what = f"four float64 [{classes}, n_bins + 1] arrays: edges, counts, values"
+        require_memory("n_bins", self.n_bins, need, torch.device("cpu"), what)
 
     def _fit_map(self, scores: Tensor, y: Tensor) -> dict[str, Any]:
         p, y = _labelled_rows(scores, y)

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from peg._features import check_target_shape
 from peg._inputs import Data
+from peg._schema import Fields
 from peg.batches import BatchFn, check_batch_fn
 from peg.errors import ArchiveError, NotStreamable
 from peg.methods import _constraints as checks
@@ -227,23 +228,51 @@ class LabelShift(WrapsCalibrator, Calibrator):
         out = {"priors": self.priors_, "source_priors": self.source_priors_, "bias": self.bias_}
         return out | ({} if self.priors_se_ is None else {"priors_se": self.priors_se_})
 
+    def _fitted_classes(self) -> int | None:
+        return int(self.priors_.shape[0])
+
     def _restore(self, entry: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> dict[str, Any]:
-        t = entry.get("temperature")
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
-            raise ArchiveError(f"calibration: expected a temperature > 0, got {t!r}")
-        priors = stored(tensors, "priors")
+        """Every field checked (issue 40: a string `n_iter`, an infinite temperature, negative
+        priors or priors of the wrong shape loaded and failed later, or predicted nonsense)."""
+        fields = Fields(entry, "calibration", "meta.calibration.")
+        temperature = fields.number("temperature", positive=True)
+        priors = _distribution(tensors, "priors", None)
         c = (len(priors),)
-        source = stored(tensors, "source_priors", c)
+        source = _distribution(tensors, "source_priors", c, positive=True)
         se = stored(tensors, "priors_se", c) if "priors_se" in tensors else None
+        bias = stored(tensors, "bias", c)
+        for name, t in (("bias", bias), ("priors_se", se)):
+            if t is not None and not bool(torch.isfinite(t).all()):
+                raise ArchiveError(f"calibration: {name!r} holds inf")
+        if se is not None and bool((se < 0).any()):
+            raise ArchiveError("calibration: 'priors_se' holds negative standard errors")
         return {
-            "temperature_": float(t),
-            "bias_": stored(tensors, "bias", c),
+            "temperature_": temperature,
+            "bias_": bias,
             "priors_": priors,
             "source_priors_": source,
             "weights_": priors / source,
             "priors_se_": se,
             "condition_": None,
-            "n_iter_": int(entry.get("n_iter", 0)),
-            "converged_": bool(entry.get("converged", False)),
-            "n_target_": int(entry.get("n_target", 0)),
+            "n_iter_": fields.integer("n_iter", minimum=0, optional=True, default=0),
+            "converged_": fields.boolean("converged", optional=True, default=False),
+            "n_target_": fields.integer("n_target", minimum=0, optional=True, default=0),
         }
+
+
+def _distribution(
+    tensors: Mapping[str, Tensor], name: str, shape: tuple[int, ...] | None, positive: bool = False
+) -> Tensor:
+    """Stored class priors `[C]`: finite, >= 0 (> 0 with `positive`: they divide), summing to 1
+    (an `ArchiveError` naming the tensor otherwise)."""
+    t = stored(tensors, name, shape)
+    if t.ndim != 1 or len(t) < 1:
+        raise ArchiveError(f"calibration: {name!r} has shape {tuple(t.shape)}, expected [C]")
+    low = bool((t <= 0).any()) if positive else bool((t < 0).any())
+    if not bool(torch.isfinite(t).all()) or low or abs(float(t.sum()) - 1.0) > 1e-6:
+        sign = "> 0" if positive else ">= 0"
+        raise ArchiveError(
+            f"calibration: {name!r}: expected class priors (finite, {sign}, summing to 1), got "
+            f"min {float(t.min()):.3g}, sum {float(t.sum()):.6g}"
+        )
+    return t

@@ -50,10 +50,9 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from peg import data as datasets
 from peg.apps import presets
+from peg.apps._yaml import read_yaml
 from peg.apps.bench.columns import (
     BASE_PATTERN,
     METHODS,
@@ -365,8 +364,8 @@ def find_spec(name_or_path: str | Path) -> Path:
 def load_uci_spec(path: str | Path) -> dict[str, Any] | None:
     """The options of a UCI regression spec (`uci: {sets, splits, methods, epochs}`), or None."""
     try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except yaml.YAMLError:
+        raw = read_yaml(path)
+    except ValueError:
         return None  # load_specs reports it
     if not (isinstance(raw, dict) and "uci" in raw):
         return None
@@ -378,14 +377,12 @@ def load_uci_spec(path: str | Path) -> dict[str, Any] | None:
 
 
 def load_specs(path: str | Path) -> list[Spec]:
-    """The benchmark(s) in a YAML file (`yaml.safe_load`: plain data only)."""
+    """The benchmark(s) in a YAML file (`peg.apps._yaml.read_yaml`: plain data only, no
+    aliases)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"spec: no file at {path}")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise SpecError(f"{path}: not valid YAML ({e})") from None
+    raw = read_yaml(path, SpecError)  # no aliases (a 396-byte bomb); errors on one line
     if isinstance(raw, dict) and "benchmarks" in raw:
         entries = _list(raw["benchmarks"], f"{path}.benchmarks")
         return [parse_spec(b, f"{path}.benchmarks[{i}]") for i, b in enumerate(entries)]

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
 from peg import data as datasets
+from peg._io import numpy_reason
 from peg.batches import from_numpy
 
 SPLITS = ("train", "test")
@@ -139,7 +140,8 @@ def _npy(path: str, what: str, mmap: bool) -> np.ndarray:
     try:
         held = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except Exception as e:  # a truncated file, a planted pickle, not a .npy
-        raise ValueError(f"{what}: {path} is not a readable .npy array ({e})") from None
+        reason = numpy_reason(e)
+        raise ValueError(f"{what}: {path} is not a readable .npy array ({reason})") from None
     if not isinstance(held, np.ndarray):  # a .npz archive of several arrays
         held.close()
         raise ValueError(f"{what}: {path} is a .npz archive of arrays; expected one .npy array")
@@ -153,7 +155,10 @@ def _npz(path: Path, what: str) -> dict[str, Tensor]:
         with np.load(path, allow_pickle=False) as f:
             return {k: torch.from_numpy(_single(f[k])) for k in f.files}
     except Exception as e:  # a truncated zip, a bad member, a planted pickle
-        raise ValueError(f"{what}: {path} is not a readable .npz file of arrays ({e})") from None
+        reason = numpy_reason(e)
+        raise ValueError(
+            f"{what}: {path} is not a readable .npz file of arrays ({reason})"
+        ) from None
 
 
 def _single(a: np.ndarray) -> np.ndarray:
