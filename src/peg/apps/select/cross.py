@@ -35,7 +35,7 @@ from peg.apps import registry
 from peg.apps.bench.spec import MethodSpec
 from peg.apps.chain import as_base
 from peg.apps.compare.collapse import indistinguishable, vs_base
-from peg.apps.compare.costs import forwards
+from peg.apps.compare.costs import flops
 from peg.apps.compare.faults import failure
 from peg.apps.compare.methods import MODEL, options
 from peg.apps.select.folds import point_scores, view
@@ -105,6 +105,7 @@ class CrossFit:
         self.steps: dict[str, list[float]] = {s.name: [] for s in specs}  # a fold's own seconds
         self.base_of = {s.name: s.base for s in specs}
         self.order = cheap_first(specs, self._on_logits)
+        self._model_flops: int | None = None
 
     # ---------------------------------------------------------------- one candidate
     def fit(
@@ -210,10 +211,8 @@ class CrossFit:
         for f, spec in bar(steps, "AutoSelect: cross-fitting", len(steps), self.progress):
             if spec is self.order[0]:  # a new fold: its own predictors
                 fitted, self._fold_seconds, self._held, self._raw = {}, {}, {}, {}
-            if f == 0 and plan is not None and spec.name not in self.dropped:
-                why = plan.admit(self, spec, len(folds))
-                if why is not None:
-                    self.dropped[spec.name] = why
+            if f == 0 and plan is not None:
+                self._admit(plan, spec, len(folds))
             held = folds[f]
             train = torch.cat([folds[j] for j in range(len(folds)) if j != f]).sort().values
             started = time.perf_counter()
@@ -233,6 +232,24 @@ class CrossFit:
                     budget(self)
                 if plan is not None:
                     plan.after_fold(self, folds, f)
+
+    def _forwards(self, predictor: Any) -> float | None:
+        """`compare.costs.forwards`, the model's FLOPs counted once for every candidate."""
+        if self._model_flops is None:
+            self._model_flops = flops(self.model, self.rows)
+        return flops(predictor, self.rows) / self._model_flops if self._model_flops else None
+
+    def _admit(self, plan: Plan, spec: MethodSpec, folds: int) -> None:
+        """Whether `spec` starts (`plan.admit`); not started, the candidates chained on it are
+        asked now too, so that it is not fitted as a base for candidates that will not start."""
+        for candidate in [spec] + [s for s in self.order if s.base == spec.name]:
+            if candidate.name in self.dropped:
+                continue
+            if candidate is not spec and spec.name not in self.dropped:
+                return  # it starts: its chained candidates are asked in their turn
+            why = plan.admit(self, candidate, folds)
+            if why is not None:
+                self.dropped[candidate.name] = why
 
     def _needed(self) -> set[str]:
         active = [s for s in self.specs if s.name not in self.dropped]
@@ -265,7 +282,7 @@ class CrossFit:
             self.gaps[name] = gap
             self.seconds[name].append(self._fold_seconds[name])
             if f == 0:
-                self.forwards[name] = forwards(predictor, self.model, self.rows)
+                self.forwards[name] = self._forwards(predictor)
         except Exception as e:  # a failing candidate is dropped; the others go on
             error = failure(e)
             self.dropped[name] = f"failed: {error['type']}: {error['message']}"

@@ -15,7 +15,9 @@ the folds and a time budget for the whole fit, relative to temperature scaling's
   the remaining folds (measured: their mean seconds a fold, fit and scoring) and the refit of
   the leader would pass the budget, the dearest one that is not the leader is dropped, saying
   so. The maps on the cached logits (no forward pass: temperature, vector and matrix scaling,
-  Dirichlet, ...) are not budgeted: they run on every fold, their seconds counted as spent.
+  Dirichlet, ...) always start (their seconds are measured on the first fold) and are trimmed
+  as the others; the first candidate in the order (temperature scaling by default) and the
+  leader never are.
 """
 
 from __future__ import annotations
@@ -134,6 +136,17 @@ class Plan:
             return 0.0
         return (self._per_fold(cross, leader) or 0.0) * folds / (folds - 1)
 
+    def _saving(self, cross: Any, name: str, kept: list[str]) -> float:
+        """Seconds a fold that dropping `name` saves: its own, unless a kept candidate is
+        chained on it, and its base's where nothing else kept needs that."""
+        others = [n for n in kept if n != name]
+        if any(cross.base_of[n] == name for n in others):
+            return 0.0  # still fitted as a base: drop what is chained on it first
+        base = cross.base_of[name]
+        shared = base in others or any(cross.base_of[n] == base for n in others)
+        return (self._per_fold(cross, name) or 0.0) + (
+            0.0 if shared else self._per_fold(cross, base) or 0.0)  # fmt: skip
+
     # ---------------------------------------------------------------- decisions
     def admit(self, cross: Any, spec: MethodSpec, folds: int) -> str | None:
         """Why `spec` is not started on the first fold (None: it is)."""
@@ -191,10 +204,11 @@ class Plan:
             cost = self._remaining(cross, kept, left) + self._refit(cross, leader, folds)
             if self.elapsed() + cost <= self.budget:
                 return
-            rivals = [n for n in kept if n != leader and not cross.cheap(n)]
-            if not rivals:
+            saving = {n: self._saving(cross, n, kept) for n in kept
+                      if n not in (leader, cross.order[0].name)}  # fmt: skip
+            if not saving or max(saving.values()) <= 0:
                 return
-            name = max(rivals, key=lambda n: self._per_fold(cross, n) or 0.0)
+            name = max(saving, key=lambda n: saving[n])
             cross.dropped[name] = (
                 f"over budget after fold {folds - left}: {left} more folds at "
                 f"{self._per_fold(cross, name):.3g} s would pass {self.budget:.3g} s "
