@@ -197,10 +197,13 @@ def test_peg_select_prints_the_report_and_saves(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delitem(sys.modules, "selmodel", raising=False)
     argv = ["select", "--model", "selmodel:build", "--val", "val.pt", "--candidates", "TS",
-            "Vector scaling", "--cv", "3", "--save", "out", "--no-progress"]  # fmt: skip
+            "Vector scaling", "--cv", "3", "--save", "out", "--no-progress",
+            "--max-fit-seconds", "none"]  # fmt: skip
     assert main(argv) == 0
-    assert "| TS |" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| TS |" in out and "no budget (max_fit_seconds=None)" in out  # the cost line
     written = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert written["cost"]["budget_seconds"] is None and written["cost"]["seconds"] > 0
     assert (
         written["chosen"] in ("TS", "Vector scaling")
         and (tmp_path / "out" / "chosen.peg").is_file()

@@ -211,7 +211,7 @@ def _select_arguments(p: Parser) -> None:
     p.add_argument("--cv", type=int, default=5, help="folds (default: 5)")
     p.add_argument("--criterion", default="nll", help="nll or brier (default: nll)")
     p.add_argument("--max-forwards", type=float, help="prediction budget, forwards/input")
-    p.add_argument("--max-fit-seconds", type=_fit_budget, default="auto",
+    p.add_argument("--max-fit-seconds", default="auto",
                    help="the whole fit's budget in seconds, 'auto' (25 x a TS fit, at least "
                    "5 s; the default) or 'none' (every candidate on every fold)")  # fmt: skip
     p.add_argument("--best", action="store_true", help="the best CV score, not one-SE")
@@ -220,20 +220,6 @@ def _select_arguments(p: Parser) -> None:
     p.add_argument("--batch-size", type=int, default=512, help="default: 512")
     p.add_argument("--save", help="folder for results.json, results.md and chosen.peg")
     _no_progress(p)
-
-
-def _fit_budget(text: str) -> float | str | None:
-    """`--max-fit-seconds`: 'auto', 'none' or seconds (checked by AutoSelect)."""
-    return {"auto": "auto", "none": None}.get(text.lower(), text) if not _is_float(text) else (
-        float(text))  # fmt: skip
-
-
-def _is_float(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _select(args: argparse.Namespace, command: str, progress: bool | None) -> int:
