@@ -10,9 +10,10 @@ it in the exhaustive run's report.
 Set-up: the bench presets' CNNs (src/peg/apps/configs: fashion-mnist's SmallCNN width 16,
 cifar10-cpu's SmallCNN width 32), trained briefly here (`--train` images, `--epochs`, Adam:
 this is a cost benchmark; the presets train longer), 2,000 validation and 2,000 test images
-from the test split. Printed per preset: each candidate's fit seconds per fold (a chained one
-with its base's), its status and why; the total as × TS; the choice and its test NLL; the same
-for the exhaustive run; the paired test-NLL difference of the two choices.
+from the test split (seeded random subsets: the CIFAR-10 archives are ordered by class).
+Printed per preset: each candidate's fit seconds per fold (a chained one with its base's), its
+status and why; the total as × TS; the choice and its test NLL; the same for the exhaustive
+run; the paired test-NLL difference of the two choices.
 
     python benchmarks/auto_select.py [--presets fashion-mnist cifar10] [--exhaustive ...]
         [--train 5000] [--epochs 3] [--val 2000] [--quick]
@@ -47,11 +48,14 @@ def _model(name: str, n_train: int, epochs: int) -> tuple[nn.Module, tuple, tupl
     data, channels, width = PRESETS[name]
     X, y = load(data, "train")
     Xt, yt = load(data, "test")
+    g = torch.Generator().manual_seed(0)  # seeded subsets: the CIFAR-10 archives are by class
+    train_idx = torch.randperm(len(y), generator=g)[:n_train]
+    val_idx, test_idx = torch.randperm(len(yt), generator=g)[: 2 * N_VAL].split(N_VAL)
     torch.manual_seed(0)
     model = build("small-cnn", in_channels=channels, num_classes=10, width=width)
-    model, _ = train(model, (X[:n_train], y[:n_train]), epochs=epochs, batch_size=128,
+    model, _ = train(model, (X[train_idx], y[train_idx]), epochs=epochs, batch_size=128,
                      optimizer="adam", lr=1e-3, seed=0)  # fmt: skip
-    return model.eval(), (Xt[:N_VAL], yt[:N_VAL]), (Xt[N_VAL : 2 * N_VAL], yt[N_VAL : 2 * N_VAL])
+    return model.eval(), (Xt[val_idx], yt[val_idx]), (Xt[test_idx], yt[test_idx])
 
 
 def _run(label: str, model: nn.Module, val: tuple, test: tuple, ts: float, **kw) -> AutoSelect:

@@ -106,6 +106,7 @@ class CrossFit:
         self.base_of = {s.name: s.base for s in specs}
         self.order = cheap_first(specs, self._on_logits)
         self._model_flops: int | None = None
+        self._probing = 0.0  # this step's seconds measuring the prediction cost
 
     # ---------------------------------------------------------------- one candidate
     def fit(
@@ -215,9 +216,9 @@ class CrossFit:
                 self._admit(plan, spec, len(folds))
             held = folds[f]
             train = torch.cat([folds[j] for j in range(len(folds)) if j != f]).sort().values
-            started = time.perf_counter()
-            if self._one(spec, f, train, held, fitted):
-                self.steps[spec.name].append(time.perf_counter() - started)
+            started, self._probing = time.perf_counter(), 0.0
+            if self._one(spec, f, train, held, fitted):  # its seconds, less the one-off probe
+                self.steps[spec.name].append(time.perf_counter() - started - self._probing)
                 done = f"{self._fold_seconds.get(spec.name, 0):.1f} s"
                 if spec.name not in self.dropped and indistinguishable(self.gaps.get(spec.name)):
                     done += f"; indistinguishable from its base ({spec.base}) so far"
@@ -235,9 +236,12 @@ class CrossFit:
 
     def _forwards(self, predictor: Any) -> float | None:
         """`compare.costs.forwards`, the model's FLOPs counted once for every candidate."""
+        started = time.perf_counter()
         if self._model_flops is None:
             self._model_flops = flops(self.model, self.rows)
-        return flops(predictor, self.rows) / self._model_flops if self._model_flops else None
+        own = flops(predictor, self.rows)
+        self._probing = time.perf_counter() - started  # once a candidate: not a fold's cost
+        return own / self._model_flops if self._model_flops else None
 
     def _admit(self, plan: Plan, spec: MethodSpec, folds: int) -> None:
         """Whether `spec` starts (`plan.admit`); not started, the candidates chained on it are
