@@ -92,6 +92,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.train, args.epochs, args.val = 600, 1, 600
+        args.presets = ["fashion-mnist"]  # CIFAR-10 needs its archives ($PEG_DATA)
     N_VAL = args.val
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     print(f"machine: {machine()}; torch threads: {torch.get_num_threads()}")
