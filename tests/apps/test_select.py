@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 from collections.abc import Callable
 
 import pytest
@@ -345,7 +346,7 @@ def test_a_time_budget_starts_no_candidate_it_cannot_finish_and_says_why():
     assert "budget 0.0 s (max_fit_seconds=0.001)" in sel.to_markdown()
 
 
-def test_a_chained_calibrator_reuses_its_base_s_held_out_outputs():
+def test_a_chained_calibrator_reuses_its_base_s_held_out_outputs(monkeypatch):
     """PEG + TS scores the held-out fold with PEG's member logits, scaled: the model reads
     the held-out points for PEG, not again for PEG + TS (its fit reads the training part)."""
     from peg.apps.select import cross
@@ -353,13 +354,62 @@ def test_a_chained_calibrator_reuses_its_base_s_held_out_outputs():
     model, val = problem(600, 3, [3.0] * 3)
     calls = []
     outputs = cross.CrossFit.outputs
-    cross_fit = cross.CrossFit
-    cross_fit.outputs = lambda self, spec, p, idx: calls.append(spec.name) or outputs(
-        self, spec, p, idx)  # fmt: skip
-    try:
-        sel = AutoSelect(candidates=["PEG + TS"], cv=2, max_fit_seconds=None, progress=False)
-        rows = {r["candidate"]: r for r in sel.fit(model, val).report_}
-    finally:
-        cross_fit.outputs = outputs
+    monkeypatch.setattr(cross.CrossFit, "outputs", lambda self, spec, p, idx: calls.append(
+        spec.name) or outputs(self, spec, p, idx))  # fmt: skip
+    sel = AutoSelect(candidates=["PEG + TS"], cv=2, max_fit_seconds=None, progress=False)
+    rows = {r["candidate"]: r for r in sel.fit(model, val).report_}
     assert rows["PEG + TS"]["status"] in ("kept", "chosen") and "cv_mean" in rows["PEG + TS"]
     assert "PEG + TS" not in calls and calls.count("PEG") == 2  # PEG's, once a fold
+
+
+class _Cross:
+    """What `race.Plan` reads of a `CrossFit`: candidates, their seconds a fold and scores."""
+
+    def __init__(self, seconds: dict[str, float], bases: dict[str, str], points) -> None:
+        from peg.apps.bench.spec import MethodSpec
+
+        self.order = [MethodSpec(name=n, method="peg", base=bases.get(n, "model"))
+                      for n in seconds]  # fmt: skip
+        self.steps = {n: [s] for n, s in seconds.items()}
+        self.base_of = {n: bases.get(n, "model") for n in seconds}
+        self.dropped: dict[str, str] = {}
+        self.points, self.gaps = points, {}
+
+    def cheap(self, name: str) -> bool:
+        return name == "TS"
+
+
+def test_the_budget_drops_the_candidate_that_saves_most_chained_ones_before_their_base():
+    """Over budget after a fold: the leader and the first candidate stay; a base still needed
+    by a kept chained candidate saves nothing, so the chain goes first, then its base."""
+    from peg.apps.select.race import Plan
+
+    n = 40
+    points = {"TS": torch.full((n,), 0.5, dtype=torch.float64),
+              "LL": torch.full((n,), 0.4, dtype=torch.float64),  # the leader
+              "PEG": torch.full((n,), 0.6, dtype=torch.float64),
+              "PEG + TS": torch.full((n,), 0.45, dtype=torch.float64)}  # fmt: skip
+    seconds = {"TS": 0.1, "LL": 1.0, "PEG": 10.0, "PEG + TS": 2.0}
+    cross = _Cross(seconds, {"PEG + TS": "PEG"}, points)
+    folds = list(torch.arange(n).chunk(4))
+    said: list[str] = []
+    # 3 folds left: all would take 3 × 13.1 s; without the chain and PEG 3 × 1.1 s (+ refit)
+    Plan(10.0, None, time.perf_counter(), said.append).after_fold(cross, folds, 0)
+    assert set(cross.dropped) == {"PEG + TS", "PEG"}
+    assert cross.dropped["PEG + TS"].startswith("over budget after fold 1: 3 more folds at 2 s")
+    assert said and "ETA 5 s" in said[0] and "leader LL" in said[0]  # 3 × 1.1 + LL's refit
+    cross = _Cross(seconds, {"PEG + TS": "PEG"}, points)
+    Plan(100.0, None, time.perf_counter(), said.append).after_fold(cross, folds, 0)
+    assert cross.dropped == {}  # within the budget: nothing dropped
+
+
+def test_cheap_candidates_go_first_and_a_chained_one_after_its_base():
+    from peg.apps.bench.spec import MethodSpec
+    from peg.apps.select.race import cheap_first
+
+    specs = [MethodSpec(name="TS → PEG", method="peg", base="PEP"),  # ranked before PEP
+             MethodSpec(name="PEP", method="pep", base="model"),
+             MethodSpec(name="PEG", method="peg", base="model"),
+             MethodSpec(name="Dirichlet", method="dirichlet", base="model")]  # fmt: skip
+    order = [s.name for s in cheap_first(specs, lambda s: s.method == "dirichlet")]
+    assert order == ["Dirichlet", "PEG", "PEP", "TS → PEG"]
