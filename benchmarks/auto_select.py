@@ -1,20 +1,22 @@
-"""What `AutoSelect` costs against fitting its candidates one by one.
+"""What `peg.AutoSelect()` costs with its defaults, against a temperature scaling fit on the same
+model and data, and what it chooses against the exhaustive run (issue 38).
 
-Target (issue 24): `AutoSelect` with the default candidates costs at most 1.5 × (K × the sum of
-the candidates' single fits on the whole validation set): cross-fitting fits every candidate K
-times on (K − 1)/K of the data, so K × the single fits is what the procedure must do; the rest
-is the selection's own overhead (the model's validation logits, computed once and shared by the
-calibrators; scoring the held-out folds; measuring each candidate's prediction cost; refitting
-the winner). The single fits are timed as a user would run them (`peg.compare`'s way: each
-candidate built through the method registry on the model and the whole validation set, a
-chained candidate counting its base's fit, every calibrator reading the model's logits itself).
+Target: `AutoSelect()` (defaults: cv = 5, `max_fit_seconds="auto"`: 25 × the TS fit, at least
+5 s, the race at 3 paired SE) costs ≤ 30 × `TemperatureScaling().fit(model, val)` (a forward
+pass of val and the fit of T), measured in this run, and chooses the exhaustive run's predictor
+(`max_fit_seconds=None`: every default candidate on every fold) or one within one paired SE of
+it in the exhaustive run's report.
 
-Set-up: Fashion-MNIST (the data set of the fashion-mnist preset), an MLP (784-128-10) trained
-for a few epochs with Adam on `--train` training images, `--val` validation images from the
-test split; the default candidates (no Laplace unless laplace-torch is installed; no MC dropout:
-the model has none), K = `--cv`. Every number is measured in this run, on this machine.
+Set-up: the bench presets' CNNs (src/peg/apps/configs: fashion-mnist's SmallCNN width 16,
+cifar10-cpu's SmallCNN width 32), trained briefly here (`--train` images, `--epochs`, Adam:
+this is a cost benchmark; the presets train longer), 2,000 validation and 2,000 test images
+from the test split (seeded random subsets: the CIFAR-10 archives are ordered by class).
+Printed per preset: each candidate's fit seconds per fold (a chained one with its base's), its
+status and why; the total as × TS; the choice and its test NLL; the same for the exhaustive
+run; the paired test-NLL difference of the two choices.
 
-    python benchmarks/auto_select.py [--train 5000] [--val 2000] [--cv 5] [--quick]
+    python benchmarks/auto_select.py [--presets fashion-mnist cifar10] [--exhaustive ...]
+        [--train 5000] [--epochs 3] [--val 2000] [--quick]
 """
 
 from __future__ import annotations
@@ -29,82 +31,98 @@ import torch
 from torch import nn
 
 from peg._env import machine
-from peg.apps import registry
-from peg.apps.chain import as_base
-from peg.apps.compare.methods import MODEL, options, resolve
-from peg.apps.select import DEFAULT_CANDIDATES, AutoSelect
+from peg.apps.select import AutoSelect
+from peg.apps.select.folds import mean_se, point_scores
 from peg.data import load
-from peg.methods._perturb import MAX_SCORE_POINTS
+from peg.methods import TemperatureScaling
+from peg.models import build
 from peg.train import train
 
+PRESETS = {  # name: (data set, input channels, SmallCNN width), as the bench presets
+    "fashion-mnist": ("fashion-mnist", 1, 16),
+    "cifar10": ("cifar10", 3, 32),
+}
 
-def _single_fits(model: nn.Module, val: tuple, seed: int) -> dict[str, float]:
-    """Each default candidate fitted once on all of `val` (seconds; chained: its base's too)."""
-    specs, _ = resolve(list(DEFAULT_CANDIDATES), model)
-    fitted, seconds = {}, {}
-    for spec in specs:
-        base = model if spec.base == MODEL else as_base(fitted[spec.base], spec.method, spec.base)
-        site = registry.Site(seed=seed, progress=False, base=lambda b=base: b, val=val,
-                             score_points=MAX_SCORE_POINTS)  # fmt: skip
-        start = time.perf_counter()
-        fitted[spec.name] = registry.build(spec.method, site, **options(spec, 512, None))
-        seconds[spec.name] = time.perf_counter() - start + seconds.get(spec.base, 0.0)
-    return seconds
+
+def _model(name: str, n_train: int, epochs: int) -> tuple[nn.Module, tuple, tuple]:
+    data, channels, width = PRESETS[name]
+    X, y = load(data, "train")
+    Xt, yt = load(data, "test")
+    g = torch.Generator().manual_seed(0)  # seeded subsets: the CIFAR-10 archives are by class
+    train_idx = torch.randperm(len(y), generator=g)[:n_train]
+    val_idx, test_idx = torch.randperm(len(yt), generator=g)[: 2 * N_VAL].split(N_VAL)
+    torch.manual_seed(0)
+    model = build("small-cnn", in_channels=channels, num_classes=10, width=width)
+    model, _ = train(model, (X[train_idx], y[train_idx]), epochs=epochs, batch_size=128,
+                     optimizer="adam", lr=1e-3, seed=0)  # fmt: skip
+    return model.eval(), (Xt[val_idx], yt[val_idx]), (Xt[test_idx], yt[test_idx])
+
+
+def _run(label: str, model: nn.Module, val: tuple, test: tuple, ts: float, **kw) -> AutoSelect:
+    start = time.perf_counter()
+    sel = AutoSelect(progress=False, **kw).fit(model, val)
+    total = time.perf_counter() - start
+    nll = _test_points(sel, test).mean()
+    print(f"\n{label}: {total:.1f} s = {total / ts:.1f} x TS; chosen: {sel.chosen_}; "
+          f"test NLL {nll:.4f}")  # fmt: skip
+    print(f"  {'candidate':<16} {'status':<8} per-fold fit s (a chain with its base's)  why")
+    for r in sel.report_:
+        folds = " ".join(f"{s:.2f}" for s in r.get("fold_seconds") or []) or "–"
+        print(f"  {r['candidate']:<16} {r['status']:<8} {folds:<38} {r.get('why', '')}")
+    for line in sel.to_markdown().splitlines():
+        if line.startswith(("Cost:", "Chosen:")):
+            print(line)
+    return sel
+
+
+def _test_points(sel: AutoSelect, test: tuple) -> torch.Tensor:
+    return point_scores(sel.member_logits(test[0]), test[1], "nll")
 
 
 def main() -> None:
+    global N_VAL
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--presets", nargs="+", default=list(PRESETS), choices=list(PRESETS))
+    parser.add_argument("--exhaustive", nargs="*", default=list(PRESETS), choices=list(PRESETS),
+                        help="presets also run exhaustively (max_fit_seconds=None)")
     parser.add_argument("--train", type=int, default=5000)
+    parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--val", type=int, default=2000)
-    parser.add_argument("--cv", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="a smoke run (small sizes)")
     args = parser.parse_args()
     if args.quick:
-        args.train, args.val, args.cv = 600, 600, 2
+        args.train, args.epochs, args.val = 600, 1, 600
+        args.presets = ["fashion-mnist"]  # CIFAR-10 needs its archives ($PEG_DATA)
+    N_VAL = args.val
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    X, y = load("fashion-mnist", "train")
-    Xt, yt = load("fashion-mnist", "test")
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 10))
-    model, _ = train(model, (X[: args.train], y[: args.train]), epochs=5, batch_size=128,
-                     optimizer="adam", lr=1e-3, seed=0)  # fmt: skip
-    model.eval()
-    val = (Xt[: args.val], yt[: args.val])
     print(f"machine: {machine()}; torch threads: {torch.get_num_threads()}")
-    print(f"Fashion-MNIST MLP 784-128-10, {args.val} validation images, K = {args.cv}\n")
-
     if importlib.util.find_spec("laplace") is not None:
         importlib.import_module("laplace")  # its import (seconds) is not a fit's cost
-    singles = _single_fits(model, val, seed=0)
-    specs, _ = resolve(list(DEFAULT_CANDIDATES), model)
-    bases = {s.name: s.base for s in specs}
-    # the single fits, each once (a chained one's time less its base's, counted at the base)
-    total_single = sum(v - singles.get(bases[k], 0.0) for k, v in singles.items())
-    start = time.perf_counter()
-    sel = AutoSelect(cv=args.cv, progress=False).fit(model, val)
-    auto = time.perf_counter() - start
+    for name in args.presets:
+        model, val, test = _model(name, args.train, args.epochs)
+        params = sum(p.numel() for p in model.parameters())
+        start = time.perf_counter()
+        TemperatureScaling().fit(model, val)
+        ts = time.perf_counter() - start
+        print(f"\n== {name}: SmallCNN width {PRESETS[name][2]} ({params:,} parameters), trained "
+              f"on {args.train} images for {args.epochs} epochs; {args.val} validation, "
+              f"{args.val} test images")  # fmt: skip
+        print(f"TS fit (TemperatureScaling().fit(model, val): a forward pass and T): {ts:.2f} s")
+        fast = _run("AutoSelect() (defaults)", model, val, test, ts)
+        if name not in args.exhaustive:
+            continue
+        full = _run("AutoSelect(max_fit_seconds=None) (exhaustive)", model, val, test, ts,
+                    max_fit_seconds=None)  # fmt: skip
+        row = next(r for r in full.report_ if r["candidate"] == fast.chosen_)
+        within = row.get("within_1se")
+        print(f"\nthe default run's choice in the exhaustive report: {row['status']}, paired "
+              f"CV difference to the best {row.get('diff', float('nan')):+.4f} ± "
+              f"{row.get('diff_se', float('nan')):.4f} (within one SE: {within})")  # fmt: skip
+        diff, se = mean_se(_test_points(fast, test) - _test_points(full, test))
+        print(f"test NLL, default − exhaustive choice (paired): {diff:+.4f} ± {se:.4f}")
 
-    print("single fits on the whole validation set (s; chained: with the base's)")
-    for name, s in singles.items():
-        cross = next(r for r in sel.report_ if r["candidate"] == name)
-        per_fold = cross.get("fit_seconds")
-        shown = "–" if per_fold is None else f"{per_fold:.2f}"
-        print(f"  {name:<16} {s:7.2f}   cross-fit, per fold: {shown}")
-    per_fold = {r["candidate"]: r.get("fit_seconds") or 0.0 for r in sel.report_}
-    own = {
-        r["candidate"]: per_fold[r["candidate"]] - per_fold.get(r.get("base"), 0.0)
-        for r in sel.report_
-    }  # fmt: skip  (a chained candidate's row counts its base's)
-    fits = sum(own.values()) * args.cv
-    print(f"\nK x sum of single fits: {args.cv * total_single:.2f} s")
-    print(f"AutoSelect.fit:         {auto:.2f} s = {auto / (args.cv * total_single):.2f} x that")
-    print(f"  of which the candidates' fits over the folds: {fits:.2f} s "
-          f"({100 * fits / auto:.0f}%); the rest (the validation logits once, scoring the "
-          "held-out folds, measuring forwards, refitting the winner): "
-          f"{auto - fits:.2f} s")  # fmt: skip
-    print(f"chosen: {sel.chosen_}\n")
-    print(sel.to_markdown())
 
+N_VAL = 2000
 
 if __name__ == "__main__":
     main()

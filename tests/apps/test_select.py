@@ -9,7 +9,9 @@ miscalibrated; z·diag(t): every class differently), so the candidates that can 
 from __future__ import annotations
 
 import json
+import re
 import sys
+import time
 from collections.abc import Callable
 
 import pytest
@@ -46,8 +48,8 @@ def test_an_exactly_temperature_miscalibrated_base_keeps_ts_by_one_se():
     sel = AutoSelect(candidates=SCALERS, cv=5, progress=False).fit(model, val)
     rows = {r["candidate"]: r for r in sel.report_}
     assert sel.chosen_ == "TS" and rows["TS"]["within_1se"]
-    # the richer scalers are no better than TS beyond the noise
-    best = min(rows.values(), key=lambda r: r["cv_mean"])
+    # the richer scalers are no better than TS beyond the noise (or raced out, worse)
+    best = min((r for r in rows.values() if "cv_mean" in r), key=lambda r: r["cv_mean"])
     assert rows["TS"]["cv_mean"] - best["cv_mean"] <= rows["TS"]["diff_se"] + 1e-12
     assert sel.predictor_.temperature_ == pytest.approx(3.0, rel=0.15)
     assert sel.score_["mean"] == rows["TS"]["cv_mean"]
@@ -55,7 +57,8 @@ def test_an_exactly_temperature_miscalibrated_base_keeps_ts_by_one_se():
 
 def test_classes_miscalibrated_differently_choose_vector_or_matrix_scaling():
     model, val = problem(2000, 4, [0.4, 1.0, 3.0, 6.0])
-    sel = AutoSelect(candidates=SCALERS, cv=5, progress=False).fit(model, val)
+    sel = AutoSelect(candidates=SCALERS, cv=5, max_fit_seconds=None, progress=False)
+    sel.fit(model, val)
     rows = {r["candidate"]: r for r in sel.report_}
     assert sel.chosen_ in ("Vector scaling", "Matrix scaling")
     assert not rows["TS"]["within_1se"]  # TS is worse by more than a paired SE
@@ -63,7 +66,8 @@ def test_classes_miscalibrated_differently_choose_vector_or_matrix_scaling():
 
 def test_150_points_do_not_choose_unregularised_matrix_scaling():
     model, val = problem(150, 10, [3.0] * 10)
-    sel = AutoSelect(candidates=["TS", "Matrix scaling"], cv=3, one_se=False, progress=False)
+    sel = AutoSelect(candidates=["TS", "Matrix scaling"], cv=3, one_se=False,
+                     max_fit_seconds=None, progress=False)  # fmt: skip
     sel.fit(model, val)
     rows = {r["candidate"]: r for r in sel.report_}
     assert sel.chosen_ != "Matrix scaling"
@@ -88,7 +92,7 @@ def test_the_budgets_drop_candidates_and_say_why():
 
 def test_a_loader_is_read_by_index_and_gives_the_pairs_scores():
     model, (X, y) = problem(600, 3, [2.0] * 3)
-    kw = {"candidates": ["TS", "PEG"], "cv": 2, "progress": False}
+    kw = {"candidates": ["TS", "PEG"], "cv": 2, "progress": False, "max_fit_seconds": None}
     pair = AutoSelect(**kw).fit(model, (X, y))
     loader = AutoSelect(**kw).fit(model, DataLoader(TensorDataset(X, y), batch_size=64))
     for a, b in zip(pair.report_, loader.report_, strict=True):
@@ -112,7 +116,8 @@ def test_a_candidate_indistinguishable_from_its_base_gives_nothing_over_it(capsy
     tiny_pep = method("PEP-3 (σ=1e-9)", "pep", n_members=3, sigma=1e-9)
     tiny_chain = method("TS → PEG-3 (η=1e-9)", "peg", on="TS", n_members=3, eta=1e-9)
     model, val = problem(600, 3, [3.0] * 3)
-    sel = AutoSelect(candidates=[tiny_pep, "TS", tiny_chain], cv=3, one_se=False).fit(model, val)
+    sel = AutoSelect(candidates=[tiny_pep, "TS", tiny_chain], cv=3, one_se=False,
+                     max_fit_seconds=None).fit(model, val)  # fmt: skip
     said = capsys.readouterr().err  # a log: a line per candidate and fold
     assert "AutoSelect [fold 3/3] PEP-3 (σ=1e-9): " in said
     assert "indistinguishable from its base (model)" in said
@@ -193,10 +198,13 @@ def test_peg_select_prints_the_report_and_saves(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delitem(sys.modules, "selmodel", raising=False)
     argv = ["select", "--model", "selmodel:build", "--val", "val.pt", "--candidates", "TS",
-            "Vector scaling", "--cv", "3", "--save", "out", "--no-progress"]  # fmt: skip
+            "Vector scaling", "--cv", "3", "--save", "out", "--no-progress",
+            "--max-fit-seconds", "none"]  # fmt: skip
     assert main(argv) == 0
-    assert "| TS |" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| TS |" in out and "no budget (max_fit_seconds=None)" in out  # the cost line
     written = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert written["cost"]["budget_seconds"] is None and written["cost"]["seconds"] > 0
     assert (
         written["chosen"] in ("TS", "Vector scaling")
         and (tmp_path / "out" / "chosen.peg").is_file()
@@ -230,10 +238,13 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[Exception], str]] =
     ("select", "a forwards budget that excludes everything", _fit(("TS",), max_forwards=0.5),
      ValueError, r"max_forwards=0.5: every candidate is over the budget; the cheapest, TS, "
      r"costs 1 forwards per input"),
-    ("select", "a fit budget that excludes everything",
-     _fit(("TS",), max_fit_seconds=1e-12),
-     ValueError, r"max_fit_seconds=1e-12: every candidate is over the budget; the cheapest, "
-     r"TS, costs .* s to fit"),
+    ("select", "a time budget that is not positive", lambda: AutoSelect(max_fit_seconds=0),
+     ValueError, r"max_fit_seconds: expected a finite number > 0, got 0"),
+    ("select", "a time budget neither seconds nor 'auto'",
+     lambda: AutoSelect(max_fit_seconds="fast"),
+     ValueError, r"max_fit_seconds: expected seconds > 0, 'auto' or None, got 'fast'"),
+    ("select", "a race bound that is not positive", lambda: AutoSelect(race=-1.0),
+     ValueError, r"race: expected a finite number > 0, got -1.0"),
     ("select", "cv larger than a class's count", _fit(n=12, cv=5),
      ValueError, r"cv: 5 folds need at least 5 validation points of every class; class \d has"),
     ("select", "folds with a class missing (a class of one point)", _one_point_class,
@@ -274,6 +285,9 @@ def test_autoselect_says_each_step_in_a_log(capsys):
     peg.AutoSelect(candidates=["TS", "Vector scaling"], cv=3).fit(torch.nn.Identity(), (logits, y))
     said = capsys.readouterr().err
     assert "AutoSelect [fold 1/3] TS:" in said and "AutoSelect [fold 3/3] Vector scaling:" in said
+    for f in (1, 2, 3):  # a line per fold, with what is spent of the budget and the ETA
+        assert re.search(rf"AutoSelect \[fold {f}/3\] done: [\d.]+ s of the [\d.]+ s budget; "
+                         r"\d candidates kept, leader .*; ETA \d+ s", said)  # fmt: skip
     peg.AutoSelect(candidates=["TS"], cv=3, progress=False).fit(torch.nn.Identity(), (logits, y))
     assert "AutoSelect" not in capsys.readouterr().err
 
@@ -293,3 +307,109 @@ def test_the_command_line_takes_names_as_typed_and_names_its_options(tmp_path, c
               "--candidates", "TS", "Platt"])  # fmt: skip
     assert e.value.code == 2
     assert "peg select: error: --candidates[1]: unknown method 'Platt'" in capsys.readouterr().err
+
+
+def test_a_race_drops_a_clearly_worse_candidate_and_says_why():
+    """The model as it is, three times over-confident, is worse than TS beyond 3 paired SE
+    after two folds: raced out, its row giving the difference and its score on those folds;
+    `max_fit_seconds=None` (the exhaustive run) fits every candidate on every fold."""
+    model, val = problem(1500, 4, [3.0] * 4)
+    sel = AutoSelect(candidates=["Model", "TS"], cv=5, progress=False).fit(model, val)
+    rows = {r["candidate"]: r for r in sel.report_}
+    assert sel.chosen_ == "TS" and rows["Model"]["status"] == "dropped"
+    assert rows["Model"]["why"].startswith("raced out after fold 2: worse than TS by +")
+    assert len(rows["Model"]["fold_seconds"]) == 2 and len(rows["TS"]["fold_seconds"]) == 5
+    assert rows["Model"]["partial_points"] == 600  # the two folds it was scored on
+    assert rows["Model"]["partial_mean"] > rows["TS"]["cv_mean"]
+    text = sel.to_markdown()
+    assert "raced out after fold 2" in text and "× a temperature scaling fit" in text
+    assert sel.cost_["race"] == 3.0 and sel.cost_["budget_seconds"] >= 5.0
+    full = AutoSelect(candidates=["Model", "TS"], cv=5, max_fit_seconds=None, progress=False)
+    rows = {r["candidate"]: r for r in full.fit(model, val).report_}
+    assert [len(r["fold_seconds"]) for r in rows.values()] == [5, 5]
+    assert rows["Model"]["status"] == "kept" and full.chosen_ == "TS"
+    assert full.cost_["budget_seconds"] is None and "no budget" in full.to_markdown()
+
+
+def test_a_time_budget_starts_no_candidate_it_cannot_finish_and_says_why():
+    """A budget spent by the validation pass: the maps on the cached logits still run (no
+    forward pass: not budgeted), the network candidates are not started, each saying why."""
+    model, val = problem(600, 3, [3.0] * 3)
+    sel = AutoSelect(candidates=["TS", "PEG", "PEG + TS"], cv=3, max_fit_seconds=1e-3,
+                     progress=False).fit(model, val)  # fmt: skip
+    rows = {r["candidate"]: r for r in sel.report_}
+    assert sel.chosen_ == "TS" and rows["TS"]["status"] == "chosen"
+    for name in ("PEG", "PEG + TS"):
+        assert rows[name]["status"] == "dropped" and rows[name]["fold_seconds"] == []
+        assert rows[name]["why"].startswith("not started: budget 0.001 s")
+    assert sel.cost_["budget_seconds"] == 1e-3 and sel.cost_["seconds"] > 1e-3
+    assert "budget 0.0 s (max_fit_seconds=0.001)" in sel.to_markdown()
+
+
+def test_a_chained_calibrator_reuses_its_base_s_held_out_outputs(monkeypatch):
+    """PEG + TS scores the held-out fold with PEG's member logits, scaled: the model reads
+    the held-out points for PEG, not again for PEG + TS (its fit reads the training part)."""
+    from peg.apps.select import cross
+
+    model, val = problem(600, 3, [3.0] * 3)
+    calls = []
+    outputs = cross.CrossFit.outputs
+    monkeypatch.setattr(cross.CrossFit, "outputs", lambda self, spec, p, idx: calls.append(
+        spec.name) or outputs(self, spec, p, idx))  # fmt: skip
+    sel = AutoSelect(candidates=["PEG + TS"], cv=2, max_fit_seconds=None, progress=False)
+    rows = {r["candidate"]: r for r in sel.fit(model, val).report_}
+    assert rows["PEG + TS"]["status"] in ("kept", "chosen") and "cv_mean" in rows["PEG + TS"]
+    assert "PEG + TS" not in calls and calls.count("PEG") == 2  # PEG's, once a fold
+
+
+class _Cross:
+    """What `race.Plan` reads of a `CrossFit`: candidates, their seconds a fold and scores."""
+
+    def __init__(self, seconds: dict[str, float], bases: dict[str, str], points) -> None:
+        from peg.apps.bench.spec import MethodSpec
+
+        self.order = [MethodSpec(name=n, method="peg", base=bases.get(n, "model"))
+                      for n in seconds]  # fmt: skip
+        self.steps = {n: [s] for n, s in seconds.items()}
+        self.base_of = {n: bases.get(n, "model") for n in seconds}
+        self.dropped: dict[str, str] = {}
+        self.points, self.gaps = points, {}
+
+    def cheap(self, name: str) -> bool:
+        return name == "TS"
+
+
+def test_the_budget_drops_the_candidate_that_saves_most_chained_ones_before_their_base():
+    """Over budget after a fold: the leader and the first candidate stay; a base still needed
+    by a kept chained candidate saves nothing, so the chain goes first, then its base."""
+    from peg.apps.select.race import Plan
+
+    n = 40
+    points = {"TS": torch.full((n,), 0.5, dtype=torch.float64),
+              "LL": torch.full((n,), 0.4, dtype=torch.float64),  # the leader
+              "PEG": torch.full((n,), 0.6, dtype=torch.float64),
+              "PEG + TS": torch.full((n,), 0.45, dtype=torch.float64)}  # fmt: skip
+    seconds = {"TS": 0.1, "LL": 1.0, "PEG": 10.0, "PEG + TS": 2.0}
+    cross = _Cross(seconds, {"PEG + TS": "PEG"}, points)
+    folds = list(torch.arange(n).chunk(4))
+    said: list[str] = []
+    # 3 folds left: all would take 3 × 13.1 s; without the chain and PEG 3 × 1.1 s (+ refit)
+    Plan(10.0, None, time.perf_counter(), said.append).after_fold(cross, folds, 0)
+    assert set(cross.dropped) == {"PEG + TS", "PEG"}
+    assert cross.dropped["PEG + TS"].startswith("over budget after fold 1: 3 more folds at 2 s")
+    assert said and "ETA 5 s" in said[0] and "leader LL" in said[0]  # 3 × 1.1 + LL's refit
+    cross = _Cross(seconds, {"PEG + TS": "PEG"}, points)
+    Plan(100.0, None, time.perf_counter(), said.append).after_fold(cross, folds, 0)
+    assert cross.dropped == {}  # within the budget: nothing dropped
+
+
+def test_cheap_candidates_go_first_and_a_chained_one_after_its_base():
+    from peg.apps.bench.spec import MethodSpec
+    from peg.apps.select.race import cheap_first
+
+    specs = [MethodSpec(name="TS → PEG", method="peg", base="PEP"),  # ranked before PEP
+             MethodSpec(name="PEP", method="pep", base="model"),
+             MethodSpec(name="PEG", method="peg", base="model"),
+             MethodSpec(name="Dirichlet", method="dirichlet", base="model")]  # fmt: skip
+    order = [s.name for s in cheap_first(specs, lambda s: s.method == "dirichlet")]
+    assert order == ["Dirichlet", "PEG", "PEP", "TS → PEG"]

@@ -11,6 +11,7 @@ back (a `TemperatureScaling`, an `Ensemble`, ...), and nothing in the core knows
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -26,7 +27,8 @@ from peg.apps.compare.costs import probe_rows
 from peg.apps.compare.methods import _spec, options, resolve
 from peg.apps.select.cross import CrossFit
 from peg.apps.select.folds import CRITERIA, mean_se, stratified_folds
-from peg.apps.select.report import choose, to_markdown
+from peg.apps.select.race import AUTO_BUDGET, MIN_BUDGET_SECONDS, Plan, fold_lines
+from peg.apps.select.report import choose, cost_line, to_markdown
 from peg.batches import BatchFn, check_batch_fn
 from peg.ensemble import Predicts
 from peg.methods import _constraints as checks
@@ -37,6 +39,7 @@ from peg.methods._predictors import (
     stateless,
 )
 from peg.methods.base import Method, store_arguments
+from peg.methods.temperature import TemperatureScaling
 from peg.metrics._inputs import check_labels
 
 # the default candidates (Laplace and MC dropout only where they apply: `faults.precheck`)
@@ -55,6 +58,15 @@ DEFAULT_CANDIDATES = (
 )
 # the default candidates for saved logits (a model without parameters, `nn.Identity()`)
 LOGIT_CANDIDATES = ("TS", "Vector scaling", "Matrix scaling", "Dirichlet")
+
+
+def _seconds(value: Any, name: str) -> None:
+    """"auto", None or a finite number of seconds > 0."""
+    if value is None or (isinstance(value, str) and value == "auto"):
+        return
+    if isinstance(value, str):
+        raise ValueError(f"{name}: expected seconds > 0, 'auto' or None, got {value!r}")
+    checks.number()(value, name)
 
 
 def _candidate_list(value: Any, name: str) -> None:
@@ -88,8 +100,15 @@ class AutoSelect(Predicts, Method):
         criterion: "nll" or "brier" (per point, lower is better).
         max_forwards: drop candidates predicting with more forwards of the model per input
             (measured as `peg.compare` does, on the first fold's predictor). None: no limit.
-        max_fit_seconds: drop candidates whose fit on all of `val` would take longer (estimated
-            from the first fold: its seconds × cv / (cv − 1)). None: no limit.
+        max_fit_seconds: the whole fit's time budget in seconds (`peg.apps.select.race`: a
+            candidate starts only where it and the kept ones can finish; after each fold the
+            dearest is dropped while the rest would pass it; what is skipped says why).
+            "auto": `AUTO_BUDGET` (25) × the measured temperature scaling fit (a forward pass
+            of `val` and the fit of T: `cost_["reference_seconds"]`), at least
+            `MIN_BUDGET_SECONDS` (5). None: no budget and no race,
+            every candidate on every fold (the exhaustive run).
+        race: under a budget, once two folds are in, drop a candidate whose paired difference
+            to the leader exceeds this many standard errors (None: no race).
         one_se: take the cheapest candidate within one paired SE of the best (else the best).
         seed: the folds' and every candidate's seed.
         progress: progress bar (None: only on a terminal).
@@ -109,7 +128,9 @@ class AutoSelect(Predicts, Method):
             biased (it won on these folds); `nested_` is the honest estimate.
         nested_: `{"mean", "se", "chosen"}` (the outer folds' choices) with `nested=True`, else
             None.
-        meta_: what was fitted (method "auto-select", the choice, the settings).
+        cost_: `{"seconds", "reference_seconds", "times_reference", "budget_seconds",
+            "max_fit_seconds", "race"}`: what the fit cost, against a TS fit on the same data.
+        meta_: what was fitted (method "auto-select", the choice, the settings, the cost).
     """
 
     def __init__(
@@ -119,7 +140,8 @@ class AutoSelect(Predicts, Method):
         cv: int = 5,
         criterion: str = "nll",
         max_forwards: float | None = None,
-        max_fit_seconds: float | None = None,
+        max_fit_seconds: float | str | None = "auto",
+        race: float | None = 3.0,
         one_se: bool = True,
         seed: int = 0,
         progress: bool | None = None,
@@ -134,7 +156,8 @@ class AutoSelect(Predicts, Method):
         "cv": checks.positive_int(minimum=2),
         "criterion": checks.one_of(*CRITERIA),
         "max_forwards": checks.number(optional=True),
-        "max_fit_seconds": checks.number(optional=True),
+        "max_fit_seconds": _seconds,
+        "race": checks.number(optional=True),
         "one_se": checks.boolean(),
         "seed": checks.positive_int(minimum=0),
         "progress": checks.boolean(optional=True),
@@ -147,6 +170,7 @@ class AutoSelect(Predicts, Method):
     def fit(self, model: nn.Module, val: Data) -> AutoSelect:
         """Cross-fit the candidates on `val`, choose, refit the choice on all of `val`."""
         self._check_params()  # as the constructor did: catches an attribute set directly
+        started = time.perf_counter()
         if not isinstance(model, nn.Module):
             raise TypeError(f"model: expected a trained nn.Module, got {type(model).__name__}")
         batch_fn = check_batch_fn(self.batch_fn)
@@ -160,19 +184,31 @@ class AutoSelect(Predicts, Method):
         made = ((s.name, s.method, options(s, self.batch_size, batch_fn)) for s in specs)
         _as_candidates(lambda: registry.check_all(made, site))
         logits, y = logits_and_labels(model, val, self.batch_size, batch_fn, "val")  # once
+        forward = time.perf_counter() - started
         y = check_labels(y, len(y), logits.shape[-1], name="val labels")  # before any candidate
+        reference = forward + _ts_seconds(logits, y)
+        budget = self._seconds(reference)
         everything = torch.arange(len(y))
         folds = stratified_folds(y, self.cv, self.seed)  # class counts checked before fitting
         rows = probe_rows(val, batch_fn)
         cross = self._cross(model, source, logits, y, specs, rows)
-        cross.run(folds, self._budget)
+        cross.run(folds, self._budget, self._plan(budget, cross, started))
         report, chosen = choose(cross, specs, everything, self.one_se, skipped)
         chain = self._refit(cross, specs, chosen, everything)
+        seconds = time.perf_counter() - started
         self.predictor_ = chain[chosen]
         row = next(r for r in report if r["candidate"] == chosen)
         self.score_ = {"criterion": self.criterion, "mean": row["cv_mean"], "se": row["cv_se"]}
-        self.nested_ = self._nested(cross, specs, skipped, y) if self.nested else None
+        self.nested_ = self._nested(cross, specs, skipped, y, budget) if self.nested else None
         self.chosen_, self.report_ = chosen, report
+        self.cost_ = {
+            "seconds": seconds,
+            "reference_seconds": reference,
+            "times_reference": seconds / reference if reference > 0 else float("nan"),
+            "budget_seconds": budget,
+            "max_fit_seconds": self.max_fit_seconds,
+            "race": None if budget is None else self.race,
+        }
         self.meta_ = {
             "method": "auto-select",
             "chosen": chosen,
@@ -185,6 +221,7 @@ class AutoSelect(Predicts, Method):
             # of `Scaled(model, T)`)
             "scales": {n: registry.scales(p) for n, p in chain.items()},
             "nested": self.nested_,
+            "cost": self.cost_,
             "report": report,
         }
         return self
@@ -197,29 +234,31 @@ class AutoSelect(Predicts, Method):
             progress=self.progress,
         )  # fmt: skip
 
+    def _seconds(self, reference: float) -> float | None:
+        """The time budget in seconds (None: none), "auto" from the reference TS fit."""
+        if self.max_fit_seconds == "auto":
+            return max(AUTO_BUDGET * reference, MIN_BUDGET_SECONDS)
+        return None if self.max_fit_seconds is None else float(self.max_fit_seconds)
+
+    def _plan(self, budget: float | None, cross: CrossFit, started: float) -> Plan:
+        return Plan(budget, self.race, started, fold_lines(cross.progress))
+
     def _budget(self, cross: CrossFit) -> None:
-        """After the first fold: drop the candidates over budget; a ValueError naming the
-        cheapest candidate's cost when none is left."""
-        scale = self.cv / (self.cv - 1)  # a fit on all points, from one on (cv − 1) / cv
+        """After the first fold: drop the candidates over the forwards budget; a ValueError
+        naming the cheapest candidate's cost when none is left."""
+        limit = self.max_forwards
         fitted = [s.name for s in cross.specs if s.name not in cross.dropped]
-        for limit, label, cost in (
-            (self.max_forwards, "max_forwards", lambda n: cross.forwards.get(n)),
-            (self.max_fit_seconds, "max_fit_seconds", lambda n: cross.seconds[n][0] * scale),
-        ):
-            if limit is None or not fitted:
-                continue
-            costs = {n: cost(n) for n in fitted}
-            over = {n: c for n, c in costs.items() if c is not None and c > limit}
-            if len(over) == len(fitted):
-                name = min(over, key=lambda n: over[n])
-                unit = "forwards per input" if label == "max_forwards" else "s to fit (estimated)"
-                raise ValueError(
-                    f"{label}={limit}: every candidate is over the budget; the cheapest, {name}, "
-                    f"costs {over[name]:.3g} {unit}"
-                )
-            for n, c in over.items():
-                what = "forwards / input" if label == "max_forwards" else "s to fit, estimated"
-                cross.dropped[n] = f"over budget: {c:.3g} {what} > {label}={limit}"
+        if limit is None or not fitted:
+            return
+        over = {n: c for n in fitted if (c := cross.forwards.get(n)) is not None and c > limit}
+        if len(over) == len(fitted):
+            name = min(over, key=lambda n: over[n])
+            raise ValueError(
+                f"max_forwards={limit}: every candidate is over the budget; the cheapest, {name}, "
+                f"costs {over[name]:.3g} forwards per input"
+            )
+        for n, c in over.items():
+            cross.dropped[n] = f"over budget: {c:.3g} forwards / input > max_forwards={limit}"
 
     def _refit(self, cross: CrossFit, specs: list[Any], name: str, idx: Tensor) -> dict[str, Any]:
         """Candidate `name` and its bases fitted on the points `idx` (name → predictor)."""
@@ -233,9 +272,10 @@ class AutoSelect(Predicts, Method):
         return fitted
 
     def _nested(self, cross: CrossFit, specs: list[Any], skipped: dict[str, str],
-                y: Tensor) -> dict[str, Any]:  # fmt: skip
+                y: Tensor, budget: float | None) -> dict[str, Any]:  # fmt: skip
         """The whole selection scored by nested CV: per outer fold, select on the rest (inner
-        folds of it), refit the choice there, score it on the outer fold."""
+        folds of it, under the same budget and race), refit the choice there, score it on the
+        outer fold."""
         outer = stratified_folds(y, self.cv, self.seed + 1)
         points = torch.full((len(y),), float("nan"), dtype=torch.float64)
         chosen: list[str] = []
@@ -243,7 +283,7 @@ class AutoSelect(Predicts, Method):
             rest = torch.cat([outer[j] for j in range(len(outer)) if j != o]).sort().values
             inner = [rest[f] for f in stratified_folds(y[rest], self.cv, self.seed)]
             sub = self._cross(cross.model, cross.source, cross.logits, y, specs, cross.rows)
-            sub.run(inner, self._budget)
+            sub.run(inner, self._budget, self._plan(budget, sub, time.perf_counter()))
             name = choose(sub, specs, rest, self.one_se, skipped)[1]
             by_name = {s.name: s for s in specs}
             refit = self._refit(sub, specs, name, rest)[name]
@@ -279,7 +319,7 @@ class AutoSelect(Predicts, Method):
     def to_markdown(self) -> str:
         """`report_` as a markdown table, then the choice and its scores."""
         self._check_fitted("to_markdown")
-        text = to_markdown(self.report_, self.criterion)
+        text = to_markdown(self.report_, self.criterion) + cost_line(self.cost_)
         s = self.score_
         text += (f"\nChosen: {self.chosen_} (CV {s['criterion']} {s['mean']:.4f} ± {s['se']:.4f}, "
                  "optimistically biased: it won on these folds)")  # fmt: skip
@@ -308,6 +348,13 @@ class AutoSelect(Predicts, Method):
                     "which cannot carry the report; save predictor_ itself"
                 )
         return str(path)
+
+
+def _ts_seconds(logits: Tensor, y: Tensor) -> float:
+    """Seconds to fit temperature scaling on the model's validation logits `[1, N, C]`."""
+    started = time.perf_counter()
+    TemperatureScaling().fit(nn.Identity(), (logits[0], y))
+    return time.perf_counter() - started
 
 
 def _as_candidates(call: Any) -> Any:

@@ -26,7 +26,7 @@ def run(args: argparse.Namespace, command: str, progress: bool | None) -> int:
     model, val = _model_and_data(args)
     selector = AutoSelect(
         candidates=args.candidates, cv=args.cv, criterion=args.criterion,
-        max_forwards=args.max_forwards, max_fit_seconds=args.max_fit_seconds,
+        max_forwards=args.max_forwards, max_fit_seconds=fit_budget(args.max_fit_seconds),
         one_se=not args.best, seed=args.seed, progress=progress, nested=args.nested,
         batch_size=args.batch_size,
     )  # fmt: skip
@@ -44,6 +44,16 @@ def run(args: argparse.Namespace, command: str, progress: bool | None) -> int:
         archive = selector.save(folder / "chosen.peg")
         print(f"select: wrote {', '.join(str(p) for p in paths)} and {archive}")
     return 0
+
+
+def fit_budget(text: str) -> float | str | None:
+    """`--max-fit-seconds`: "auto", "none" (None) or seconds (checked by AutoSelect)."""
+    if text.lower() in ("auto", "none"):
+        return None if text.lower() == "none" else "auto"
+    try:
+        return float(text)
+    except ValueError:
+        return text  # AutoSelect names it
 
 
 def _model_and_data(args: argparse.Namespace) -> tuple[nn.Module, Any]:

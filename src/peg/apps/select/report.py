@@ -25,6 +25,7 @@ from peg.apps.bench.spec import MethodSpec
 from peg.apps.compare.collapse import indistinguishable, note
 from peg.apps.compare.methods import MODEL
 from peg.apps.select.folds import mean_se
+from peg.apps.select.race import AUTO_BUDGET, MIN_BUDGET_SECONDS
 
 # the named candidates from the simplest to the richest (others after them, in their order)
 SIMPLICITY = (
@@ -65,8 +66,14 @@ def choose(
         row["forwards"] = cross.forwards.get(name)
         row["vs_base"] = cross.gaps.get(name)
         row["fit_seconds"] = sum(seconds) / len(seconds) if seconds else None
+        row["fold_seconds"] = list(seconds)
         if name in cross.dropped:
             row |= {"status": "dropped", "why": cross.dropped[name]}
+            scored = cross.points[name][covered]
+            scored = scored[~torch.isnan(scored)]
+            if len(scored) > 1:  # raced out or over budget after some folds: on those points
+                mean, se = mean_se(scored)
+                row |= {"partial_mean": mean, "partial_se": se, "partial_points": len(scored)}
         else:
             mean, se = mean_se(cross.points[name][covered])
             row |= {"cv_mean": mean, "cv_se": se, "status": "kept", "why": ""}
@@ -133,6 +140,24 @@ def _num(value: Any, fmt: str) -> str:
         fmt.format(value))  # fmt: skip
 
 
+def cost_line(cost: dict[str, Any]) -> str:
+    """What the fit cost against a temperature scaling fit, and the rule it ran under."""
+    text = (f"\nCost: {cost['seconds']:.1f} s = {cost['times_reference']:.1f} × a temperature "
+            f"scaling fit ({cost['reference_seconds']:.2f} s: a forward pass of val and the fit "
+            "of T); ")  # fmt: skip
+    if cost["budget_seconds"] is None:
+        return text + "no budget (max_fit_seconds=None): every candidate on every fold.\n"
+    given = cost["max_fit_seconds"]
+    budget = f"budget {cost['budget_seconds']:.1f} s (max_fit_seconds={given!r}"
+    auto = f", {AUTO_BUDGET:g} × the TS fit, at least {MIN_BUDGET_SECONDS:g} s)"
+    budget += auto if given == "auto" else ")"
+    race = cost["race"]
+    raced = "no race" if race is None else (
+        f"raced: dropped beyond {race:g} paired SE of the leader from the second fold")
+    return (text + f"{budget}; cheap candidates first; {raced}; a dropped candidate's row says "
+            "why.\n")  # fmt: skip
+
+
 def to_markdown(report: Sequence[dict[str, Any]], criterion: str) -> str:
     """The report as a markdown table (a row per candidate)."""
     lines = [
@@ -142,6 +167,8 @@ def to_markdown(report: Sequence[dict[str, Any]], criterion: str) -> str:
     ]
     for r in report:
         score = f"{r['cv_mean']:.4f} ± {r['cv_se']:.4f}" if "cv_mean" in r else "–"
+        if "partial_mean" in r:  # a dropped candidate's score on the folds it ran
+            score = f"({r['partial_mean']:.4f} ± {r['partial_se']:.4f}, {r['partial_points']} pts)"
         diff = f"{r['diff']:+.4f} ± {r['diff_se']:.4f}" if "diff" in r else "–"
         status = r["status"] + (f": {r['why']}" if r.get("why") else "")
         if r["status"] == "chosen":

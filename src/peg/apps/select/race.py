@@ -1,0 +1,216 @@
+"""The cost rule of `AutoSelect`'s cross-fitting (`Plan`): cheap candidates first, a race over
+the folds and a time budget for the whole fit, relative to temperature scaling's.
+
+- **Order** (`cheap_first`): the maps on the cached logits, then the candidates that touch the
+  network from the cheapest expected (MC dropout, Laplace, last-layer PEG) to the dearest
+  (PEG, its chains, PEP); a chained candidate always after its base. Every candidate is fitted
+  on fold k before any on fold k + 1, so every decision is made on paired scores.
+- **Race**: once two folds are in, after each fold, a candidate whose paired mean difference to
+  the leader (the best mean over the folds so far) exceeds `race` standard errors of that
+  difference is dropped, saying so (it cannot win, nor be within one SE of the winner).
+- **Budget** (seconds, for the whole `AutoSelect.fit`: the validation pass, every fold, the
+  refit of the choice): a candidate is started on the first fold only if the budget allows it
+  and every candidate already kept to finish (its cost estimated, before it has run, by the
+  dearest network candidate fitted so far); after each fold, while the kept candidates' cost of
+  the remaining folds (measured: their mean seconds a fold, fit and scoring) and the refit of
+  the leader would pass the budget, the dearest one that is not the leader is dropped, saying
+  so. The maps on the cached logits (no forward pass: temperature, vector and matrix scaling,
+  Dirichlet, ...) always start (their seconds are measured on the first fold) and are trimmed
+  as the others; the first candidate in the order (temperature scaling by default) and the
+  leader never are.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from peg._progress import _disable, lines
+from peg.apps.bench.spec import MethodSpec
+from peg.apps.compare.collapse import indistinguishable
+from peg.apps.compare.methods import MODEL
+from peg.apps.select.folds import mean_se
+
+# max_fit_seconds="auto": the whole fit's budget, in temperature scaling fits on the same model
+# and data (a forward pass of val and the one-parameter fit, measured in the run)
+AUTO_BUDGET = 25.0
+# ... and never less than this many seconds (a run of seconds is not worth cutting: on a tiny
+# model a fit's fixed costs, not its forward passes, would set the budget)
+MIN_BUDGET_SECONDS = 5.0
+# the order the candidates are fitted in within a fold (others after them, in their order)
+COST_ORDER = (
+    "TS",
+    "Vector scaling",
+    "Dirichlet",
+    "Matrix scaling",
+    "Hist. binning",
+    "Isotonic",
+    "MC dropout",
+    "Last-layer PEG",
+    "Laplace",
+    "PEG",
+    "PEG + TS",
+    "TS → PEG",
+    "PEP",
+)
+
+
+def fold_lines(progress: bool | None) -> Callable[[str], None]:
+    """Where a fold's line goes: stderr in a log (`peg._progress.lines`) and on a terminal
+    (above the bar); nowhere with progress off."""
+    log = lines(progress)
+    if _disable(progress) is True or not sys.stderr.isatty():
+        return log
+    return lambda line: tqdm.write(line, file=sys.stderr)
+
+
+def cheap_first(specs: list[MethodSpec], on_logits: Callable[[MethodSpec], bool]) -> list[Any]:
+    """`specs` in fitting order: the maps on the cached logits first, then `COST_ORDER`, others
+    after in their order; a chained candidate after its base."""
+
+    def rank(i_spec: tuple[int, MethodSpec]) -> tuple[int, int, int]:
+        i, spec = i_spec
+        named = COST_ORDER.index(spec.name) if spec.name in COST_ORDER else len(COST_ORDER)
+        return (0 if on_logits(spec) else 1, named, i)
+
+    order = [s for _, s in sorted(enumerate(specs), key=rank)]
+    placed: list[MethodSpec] = []
+    names = {s.name for s in specs}
+    while order:  # a chained candidate waits for its base (the bases come first: no cycles)
+        spec = next(s for s in order if s.base == MODEL or s.base not in names or any(
+            p.name == s.base for p in placed))  # fmt: skip
+        order.remove(spec)
+        placed.append(spec)
+    return placed
+
+
+class Plan:
+    """The budget and the race of one cross-fitting (see the module doc).
+
+    Args:
+        budget: seconds for the whole fit, from `started` (None: no budget, no race: every
+            candidate on every fold).
+        race: standard errors of the paired difference beyond which a candidate is dropped
+            (None: no race).
+        started: `time.perf_counter()` when the fit began.
+        say: where the fold lines go (`AutoSelect [fold 2/5] ...; ETA 40 s`).
+    """
+
+    def __init__(
+        self, budget: float | None, race: float | None, started: float, say: Callable[[str], None]
+    ) -> None:
+        self.budget, self.race, self.started, self.say = budget, race, started, say
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    # ---------------------------------------------------------------- estimates
+    def _per_fold(self, cross: Any, name: str) -> float | None:
+        """`name`'s measured seconds a fold (fit and scoring, its own), None before it ran."""
+        steps = cross.steps.get(name) or []
+        return sum(steps) / len(steps) if steps else None
+
+    def _prior(self, cross: Any) -> float:
+        """A candidate's seconds a fold before it has run: the dearest network candidate's so
+        far (0 before any: the first one always runs)."""
+        return max((max(v) for n, v in cross.steps.items() if v and not cross.cheap(n)),
+                   default=0.0)  # fmt: skip
+
+    def _kept(self, cross: Any) -> list[str]:
+        return [s.name for s in cross.order if s.name not in cross.dropped]
+
+    def _remaining(self, cross: Any, names: list[str], folds_left: int) -> float:
+        """Seconds to fit `names` (and the bases they need) on `folds_left` more folds."""
+        needed = set(names) | {cross.base_of[n] for n in names}
+        return folds_left * sum(self._per_fold(cross, n) or 0.0 for n in needed)
+
+    def _refit(self, cross: Any, leader: str | None, folds: int) -> float:
+        """The leader's refit on all points (a fold's seconds × folds / (folds − 1))."""
+        if leader is None:
+            return 0.0
+        return (self._per_fold(cross, leader) or 0.0) * folds / (folds - 1)
+
+    def _saving(self, cross: Any, name: str, kept: list[str]) -> float:
+        """Seconds a fold that dropping `name` saves: its own, unless a kept candidate is
+        chained on it, and its base's where nothing else kept needs that."""
+        others = [n for n in kept if n != name]
+        if any(cross.base_of[n] == name for n in others):
+            return 0.0  # still fitted as a base: drop what is chained on it first
+        base = cross.base_of[name]
+        shared = base in others or any(cross.base_of[n] == base for n in others)
+        return (self._per_fold(cross, name) or 0.0) + (
+            0.0 if shared else self._per_fold(cross, base) or 0.0)  # fmt: skip
+
+    # ---------------------------------------------------------------- decisions
+    def admit(self, cross: Any, spec: MethodSpec, folds: int) -> str | None:
+        """Why `spec` is not started on the first fold (None: it is)."""
+        if self.budget is None or cross.cheap(spec.name):
+            return None
+        guess = self._prior(cross)
+        kept = [n for n in self._kept(cross) if n != spec.name]
+        cost = self._remaining(cross, kept, folds - 1) + folds * guess
+        if self.elapsed() + cost <= self.budget:
+            return None
+        return (
+            f"not started: budget {self.budget:.3g} s ({self.elapsed():.3g} s spent; the kept "
+            f"candidates' remaining folds and {folds} folds of this one at an estimated "
+            f"{guess:.3g} s each would take {cost:.3g} s more)"
+        )
+
+    def after_fold(self, cross: Any, folds: list[Tensor], f: int) -> None:
+        """After fold `f`: the race (from the second fold), then the budget, then the fold's
+        line with its ETA."""
+        covered = torch.cat(folds[: f + 1])
+        leader = self._leader(cross, covered)
+        if self.budget is not None and self.race is not None and f >= 1 and leader is not None:
+            self._race(cross, covered, leader, f)
+        left = len(folds) - 1 - f
+        if self.budget is not None and left > 0:
+            self._trim(cross, leader, len(folds), left)
+        eta = self._remaining(cross, self._kept(cross), left)
+        eta += self._refit(cross, leader, len(folds))
+        budget = "" if self.budget is None else f" of the {self.budget:.3g} s budget"
+        self.say(
+            f"AutoSelect [fold {f + 1}/{len(folds)}] done: {self.elapsed():.1f} s{budget}; "
+            f"{len(self._kept(cross))} candidates kept, leader {leader}; ETA {eta:.0f} s"
+        )
+
+    def _leader(self, cross: Any, covered: Tensor) -> str | None:
+        scores = {n: cross.points[n][covered] for n in self._kept(cross)}
+        scores = {n: s for n, s in scores.items() if not bool(torch.isnan(s).any())}
+        return min(scores, key=lambda n: float(scores[n].mean()), default=None)
+
+    def _race(self, cross: Any, covered: Tensor, leader: str, f: int) -> None:
+        best = cross.points[leader][covered]
+        for name in self._kept(cross):
+            diff, se = mean_se(cross.points[name][covered] - best)
+            if name != leader and diff > self.race * se:
+                why = (f"raced out after fold {f + 1}: worse than {leader} by {diff:+.4f} ± "
+                       f"{se:.4f} (paired), beyond {self.race:g} SE")  # fmt: skip
+                if indistinguishable(cross.gaps.get(name)):  # still said (`collapse`)
+                    why += f"; indistinguishable from its base ({cross.base_of[name]}) so far"
+                cross.dropped[name] = why
+
+    def _trim(self, cross: Any, leader: str | None, folds: int, left: int) -> None:
+        """Drop the dearest kept candidates (not the leader) until the rest fit the budget."""
+        while True:
+            kept = self._kept(cross)
+            cost = self._remaining(cross, kept, left) + self._refit(cross, leader, folds)
+            if self.elapsed() + cost <= self.budget:
+                return
+            saving = {n: self._saving(cross, n, kept) for n in kept
+                      if n not in (leader, cross.order[0].name)}  # fmt: skip
+            if not saving or max(saving.values()) <= 0:
+                return
+            name = max(saving, key=lambda n: saving[n])
+            cross.dropped[name] = (
+                f"over budget after fold {folds - left}: {left} more folds at "
+                f"{self._per_fold(cross, name):.3g} s would pass {self.budget:.3g} s "
+                f"({self.elapsed():.3g} s spent, {cost:.3g} s more with it)"
+            )
