@@ -14,7 +14,7 @@ one untimed run of each, as an installed peg has it; one more row runs `import p
 environment does (`python -B`, the given environment: torch's bytecode read from site-packages,
 peg's compiled from source unless its `__pycache__` exists).
 
-    OMP_NUM_THREADS=1 python benchmarks/import_time.py [--rounds 3]
+    OMP_NUM_THREADS=1 python benchmarks/import_time.py [--rounds 3] [--quick]
 """
 
 from __future__ import annotations
@@ -47,7 +47,9 @@ def _seconds(name: str, command: list[str], env: dict[str, str]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="one round (a smoke run)")
     args = parser.parse_args()
+    args.rounds = 1 if args.quick else args.rounds
     print(f"commit: {git_commit()}")
     print(f"machine: {machine()}; best of {args.rounds} rounds, a fresh process per case")
     samples: dict[str, list[float]] = {name: [] for name in CASES}
