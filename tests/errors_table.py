@@ -43,6 +43,9 @@ before any long work starts and names the argument at fault.
   the device of the model's weights (labels to the predictions' device in the metrics);
   what no move can fix is refused, naming both devices. Here the `meta` device (shapes
   without values) stands for it, as the tests run on a CPU.
+- **A bad argument of a peg class** (constructor, `set_params`, or an argument set directly
+  and found at `fit`) is a `peg.InvalidParameterError`, a subclass of both ValueError and
+  TypeError; its message is `argument: expected what is accepted, got what was given`.
 - **Models returning a tuple or a dict** are wrapped with the `output_fn` hook,
   `peg.with_output(model, output_fn)` (a key, an index or a callable).
 - `(RuntimeError: ...)` stands for torch's own account of why the model could not run on

@@ -14,7 +14,7 @@ from peg import distributed, layers, models, subspace, train
 from peg._version import __version__
 from peg.detectors import OODDetector
 from peg.ensemble import Ensemble
-from peg.errors import ArchiveError, NonFiniteError, NotFittedError
+from peg.errors import ArchiveError, InvalidParameterError, NonFiniteError, NotFittedError
 from peg.evaluate import evaluate
 from peg.loading import load
 from peg.methods._scale_search import ScaleSearch
@@ -47,6 +47,7 @@ __all__ = [
     "DirichletCalibration",
     "Ensemble",
     "HistogramBinning",
+    "InvalidParameterError",
     "IsotonicCalibration",
     "LabelShift",
     "Laplace",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __all__ = [
     "ArchiveError",
+    "InvalidParameterError",
     "NonFiniteError",
     "NotFittedError",
     "NotFoldable",
@@ -16,6 +17,16 @@ __all__ = [
     "RankFailure",
     "SpecError",
 ]
+
+
+class InvalidParameterError(ValueError, TypeError):
+    """A bad argument of a peg class: the message names it, says what was expected and what was
+    given (`peg.methods._constraints`; every refusal of `Params._check_params`, at construction,
+    in `set_params` and at `fit`).
+
+    Both a ValueError and a TypeError, as scikit-learn's: a wrong type and a wrong value are one
+    mistake, and `except ValueError` or `except TypeError` written for either keeps catching it.
+    """
 
 
 class NotFittedError(RuntimeError, AttributeError):

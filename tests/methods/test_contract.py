@@ -26,7 +26,7 @@ from sklearn.utils.validation import check_is_fitted
 from torch import nn
 
 import peg
-from peg.errors import NotFittedError
+from peg.errors import InvalidParameterError, NotFittedError
 from peg.layers import patch
 from peg.methods.base import Method, Params, is_fitted
 from peg.models import MLP
@@ -293,16 +293,18 @@ def test_repr_shows_the_non_default_arguments(case):
 
 def test_set_params_checks_names_and_values(case):
     method = case.cls(**case.kwargs)
-    with pytest.raises(ValueError, match=r"unknown argument\(s\) \['bad'\]; valid: \[") as error:
+    with pytest.raises(
+        InvalidParameterError, match=r"unknown argument\(s\) \['bad'\]; valid: \["
+    ) as error:
         method.set_params(bad=1)
     for name in method.get_params(deep=False):
         assert repr(name) in str(error.value)
     name, invalid = case.invalid
     old = method.get_params()[name]
-    with pytest.raises(ValueError, match=name) as refused:
+    with pytest.raises(InvalidParameterError, match=name) as refused:
         method.set_params(**{name: invalid})
     assert method.get_params()[name] is old  # the old value is kept
-    with pytest.raises(ValueError) as constructor:
+    with pytest.raises(InvalidParameterError) as constructor:
         case.cls(**{**case.kwargs, name: invalid})
     assert str(refused.value) == str(constructor.value)  # the constructor's error
     assert method.set_params(**{name: old}) is method
@@ -460,7 +462,7 @@ def test_fit_checks_an_argument_set_directly(case):
     name, invalid = case.invalid
     method = case.cls(**case.kwargs)
     setattr(method, name, invalid)
-    with pytest.raises(ValueError, match=name) as error:
+    with pytest.raises(InvalidParameterError, match=name) as error:
         case.fit(method)
     frames = [frame.name for frame in traceback.extract_tb(error.value.__traceback__)]
     assert "_check_params" in frames, frames
@@ -483,7 +485,7 @@ RULES = [
 def test_fit_checks_the_rules_between_arguments(cls, kwargs, broken, message):
     method = cls(**kwargs)
     method.__dict__.update(broken)
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(InvalidParameterError, match=message):
         method.fit(_tiny(), (X, y))
 
 

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 from PIL import Image
-from scipy import ndimage
+
+from peg._imports import lazy_module
+
+ndimage = lazy_module("scipy.ndimage")  # imported on first use (peg._imports)
 
 Array = np.ndarray
 _CHUNK = 1024  # images per batch in the gathers below: bounds their temporaries

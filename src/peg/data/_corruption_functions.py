@@ -16,7 +16,10 @@ import io
 
 import numpy as np
 from PIL import Image
-from scipy import ndimage
+
+from peg._imports import lazy_module
+
+ndimage = lazy_module("scipy.ndimage")  # imported on first use (peg._imports)
 
 Array = np.ndarray
 

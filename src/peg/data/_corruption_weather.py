@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
-from scipy import ndimage
 
+from peg._imports import lazy_module
 from peg.data._corruption_blur import (
     clipped_zoom,
     image_generators,
@@ -32,6 +32,8 @@ from peg.data._corruption_blur import (
     resize,
     sample_bilinear,
 )
+
+ndimage = lazy_module("scipy.ndimage")  # imported on first use (peg._imports)
 
 Array = np.ndarray
 # (images [N, C, H, W] float32, generator, spatial scale, **parameters) -> images

@@ -85,9 +85,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from scipy import ndimage
 from torch import Tensor
 
+from peg._imports import lazy_module
 from peg._scalars import check_seed
 from peg.data._corruption_cache import (
     cache_root,
@@ -97,6 +97,8 @@ from peg.data._corruption_cache import (
     write_cache,
 )
 from peg.data._corruption_records import BY_NAME, RECORDS, Array, table
+
+ndimage = lazy_module("scipy.ndimage")  # imported on first use (peg._imports)
 
 __doc__ = (__doc__ or "").replace("{table}", table())
 

@@ -11,7 +11,6 @@ import math
 
 import numpy as np
 import torch
-from sklearn.datasets import make_moons
 from torch import Tensor
 
 from peg._scalars import check_number, check_positive_int, check_seed
@@ -80,6 +79,8 @@ def two_moons(n: int = 400, noise: float = 0.1, seed: int = 0) -> tuple[Tensor, 
     """
     n = check_positive_int(n, "n", minimum=2)
     noise = check_number(noise, "noise", allow_zero=True)
+    from sklearn.datasets import make_moons  # here: `import peg.data` stays light (issue 41)
+
     X, y = make_moons(n_samples=n, noise=noise, shuffle=True, random_state=check_seed(seed))
     return (
         torch.from_numpy(np.ascontiguousarray(X, dtype=np.float32)),

@@ -25,7 +25,6 @@ import math
 from collections.abc import Callable, Sequence
 
 import torch
-from scipy import optimize
 from torch import Tensor
 
 
@@ -83,6 +82,8 @@ def select_scale(
                 break
         i = min(range(len(us)), key=values.__getitem__)
         if 0 < i < len(us) - 1 and values[i] < min(values[i - 1], values[i + 1]):
+            from scipy import optimize  # here: `import peg` stays light (issue 41)
+
             optimize.minimize_scalar(
                 f,
                 bracket=(us[i - 1], us[i], us[i + 1]),

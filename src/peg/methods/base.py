@@ -36,7 +36,7 @@ from peg._progress import bar
 from peg._scalars import check_positive_int
 from peg.batches import BatchFn, Tapped, call_model, check_batch_fn
 from peg.ensemble import Ensemble, Predicts, _cat_batches, autocast_dtype
-from peg.errors import NotFittedError
+from peg.errors import InvalidParameterError, NotFittedError
 from peg.methods import _constraints as checks
 from peg.output import model_output
 from peg.streams import generator
@@ -62,16 +62,19 @@ class Params:
     in `parameter_rules`, run in that order by `_check_params` at construction, in
     `set_params` and (for a `Method`) at `fit`; `get_params` (nested objects' parameters as
     `name__param` with `deep=True`), `set_params` (`name__param` too) and a `repr` of the
-    arguments that differ from their defaults."""
+    arguments that differ from their defaults. Every refusal is a `peg.InvalidParameterError`
+    (a ValueError and a TypeError), whichever check or rule made it."""
 
     parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {}
     parameter_rules: ClassVar[tuple[checks.Rule, ...]] = ()
 
     def _check_params(self) -> None:
-        """Raise a clear error for a bad argument; never change one (clone compares them)."""
-        checks.check_constraints(self, self.parameter_constraints)
-        for rule in self.parameter_rules:
-            rule(self)
+        """Raise `InvalidParameterError` for a bad argument; never change one (clone compares
+        them)."""
+        with checks.refusals():
+            checks.check_constraints(self, self.parameter_constraints)
+            for rule in self.parameter_rules:
+                rule(self)
 
     @classmethod
     def _param_names(cls) -> list[str]:
@@ -103,7 +106,7 @@ class Params:
         unknown = sorted((set(params) | set(nested)) - set(valid))
         if unknown:
             self._refuse_as_constructed({k: params[k] for k in unknown if k in params})
-            raise ValueError(
+            raise InvalidParameterError(
                 f"{type(self).__name__}.set_params: unknown argument(s) {unknown}; valid: {valid}"
             )
         old = {name: getattr(self, name) for name in params}
@@ -113,7 +116,7 @@ class Params:
             for name, sub in nested.items():
                 owner = getattr(self, name)
                 if not isinstance(owner, Params):
-                    raise ValueError(
+                    raise InvalidParameterError(
                         f"{name}__{next(iter(sub))}: {name} is {owner!r}, which has no "
                         f"parameters of its own; set {name} itself"
                     )

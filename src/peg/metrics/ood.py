@@ -33,7 +33,6 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
 from torch import Tensor
 
 from peg._values import as_tensor
@@ -233,6 +232,8 @@ def auroc(scores_in: Any, scores_out: Any) -> float:
     ties counting 1/2: 1 = perfect, 0.5 = chance (or all scores equal), 0 = reversed. It is the
     same with either class as positive.
     """
+    from sklearn.metrics import roc_auc_score  # here: `import peg` stays light (issue 41)
+
     y, s = _labelled(scores_in, scores_out)
     return float(roc_auc_score(y, s))
 
@@ -250,6 +251,8 @@ def aupr(scores_in: Any, scores_out: Any, positive: Positive = "ood") -> float:
     interpolation). Chance level is the positive class's share of all samples, so the value
     depends on N_out / N_in; report which positive class it used.
     """
+    from sklearn.metrics import average_precision_score
+
     y, s = _labelled(scores_in, scores_out, positive)
     return float(average_precision_score(y, s))
 
@@ -275,6 +278,8 @@ def fpr_at_tpr(
     """
     if not isinstance(tpr, numbers.Real) or isinstance(tpr, bool) or not 0.0 < tpr <= 1.0:
         raise ValueError(f"tpr: expected a number in (0, 1], got {tpr!r}")
+    from sklearn.metrics import roc_curve
+
     y, s = _labelled(scores_in, scores_out, positive)
     # Keep every threshold: the first one with TPR >= tpr is then exact. TPR is non-decreasing
     # along the curve (thresholds decreasing) and ends at 1, so argmax finds it.
