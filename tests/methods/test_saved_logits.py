@@ -41,6 +41,9 @@ CALIBRATORS = {
     "Dirichlet": peg.DirichletCalibration,
     "Hist. binning": peg.HistogramBinning,
     "Isotonic": peg.IsotonicCalibration,
+    "Spline": peg.SplineCalibration,
+    "Ensemble TS": peg.EnsembleTemperatureScaling,
+    "Order-preserving": peg.OrderPreservingScaling,
     "Conformal APS": lambda: peg.ConformalClassifier(alpha=0.1, score="aps"),
 }
 
