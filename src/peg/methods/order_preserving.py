@@ -55,8 +55,8 @@ class OrderPreservingScaling(Calibrator):
     scaling (`peg.methods.order_preserving`).
 
     Args:
-        n_knots: knots of the piecewise-linear map (K + 1 slopes); 1 is a single slope,
-            temperature scaling.
+        n_knots: knots of the piecewise-linear map (at most: tied quantiles leave fewer;
+            K + 1 slopes).
         reg: weight of the smoothness penalty, mean squared difference of neighbouring log
             slopes (0: none; large: one slope, temperature scaling).
         scores: "auto" (the raw logits of a one-member predictor; log p̄ of an ensemble) or

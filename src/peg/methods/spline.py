@@ -16,15 +16,18 @@ interpolation between the (f_(i), γ_i) (constant beyond the ends), then clipped
 
 The paper recalibrates the top-label probability only. To predict a full distribution, peg
 renormalises the other classes proportionally: with q the calibrated top probability and p̂ the
-predictor's, p_top = q and p_c = p̂_c (1 - q) / (1 - p̂_top) for the others (computed in log
-space: 1 - p̂_top as the logsumexp of the others, exact when p̂ saturates). q is clipped to
-[max(floor, q_min), 1 - floor], q_min the value at which the second class would overtake the
-top one: the predicted class never changes, and every probability stays positive (a finite
-NLL; `floor` 1e-6 by default).
+predictor's, p_top = q and p_c = (1 - q) ((1 - ε) r_c + ε / (C - 1)) for the others, r_c =
+p̂_c / (1 - p̂_top) their proportions (in log space: 1 - p̂_top as the logsumexp of the others,
+exact when p̂ saturates), ε = `floor` (1e-6 by default) a sliver spread evenly so that a class
+the predictor gave a probability of e^-1000 is not scored 1000 nats. q is clipped to
+[a / (1 + a) + floor, 1 - floor], a the runner-up's share (at a / (1 + a) it would tie with the
+top class): the predicted class never changes, and every probability is at least
+floor² / (C - 1): the NLL stays finite, at most log((C - 1) / floor²) a point.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -71,21 +74,22 @@ def interpolate(x: Tensor, xs: Tensor, ys: Tensor) -> Tensor:
 
 
 def top_label_recalibrated(log_p: Tensor, q: Tensor, floor: float) -> Tensor:
-    """log p `[N, C]`: the top class given probability q `[N]` (clipped as the module doc says),
-    the others renormalised proportionally."""
+    """log p `[N, C]`: the top class given probability q `[N]`, the others sharing 1 - q in
+    proportion to the predictor's probabilities, a `floor` of it spread evenly (the module
+    doc); q clipped so that the top class stays the top."""
+    c = log_p.shape[1]
     top = log_p.argmax(-1, keepdim=True)
     others = log_p.scatter(1, top, float("-inf"))
-    log_rest = torch.logsumexp(others, -1)  # log(1 - p̂_top), exact under saturation
-    second = others.max(-1).values
-    # q ≥ q_min, q_min = p̂_2 / (1 - p̂_top + p̂_2): the second class never overtakes the top
-    q_min = (second - torch.logaddexp(log_rest, second)).exp()
-    q = torch.minimum(torch.maximum(q, q_min.clamp_min(floor)), torch.full_like(q, 1 - floor))
-    scaled = others + (torch.log1p(-q) - log_rest)[:, None]
-    # a row whose other classes all underflowed to 0: they share 1 - q equally
-    empty = torch.isinf(log_rest)[:, None]
-    even = (torch.log1p(-q) - torch.log(torch.tensor(max(log_p.shape[1] - 1, 1.0))))[:, None]
-    scaled = torch.where(empty, even.expand_as(scaled), scaled)
-    return scaled.scatter(1, top, q.log()[:, None])
+    log_rest = torch.logsumexp(others, -1, keepdim=True)  # log(1 - p̂_top), exact when saturated
+    # r_c = p̂_c / (1 - p̂_top); a row whose others all underflowed to 0: r uniform
+    log_r = torch.where(torch.isinf(log_rest), -math.log(c - 1), others - log_rest)
+    even = torch.full_like(log_r, math.log(floor / (c - 1)))
+    share = torch.logaddexp(log_r + math.log1p(-floor), even)  # (1 - ε) r_c + ε / (C - 1)
+    share = share.scatter(1, top, float("-inf"))
+    # the runner-up gets (1 - q) a, a its share: q ≥ a / (1 + a) + floor keeps the top the top
+    a = share.max(-1).values.exp()
+    q = torch.minimum(torch.maximum(q, a / (1 + a) + floor), torch.full_like(q, 1 - floor))
+    return (share + torch.log1p(-q)[:, None]).scatter(1, top, q.log()[:, None])
 
 
 class SplineCalibration(Calibrator):
@@ -95,8 +99,8 @@ class SplineCalibration(Calibrator):
     Args:
         n_knots: knots of the natural cubic spline, equally spaced in the fractile (the paper's
             code: 6); at least 2.
-        floor: the least probability of the top class and the least mass left to the others,
-            in (0, 0.5): a finite NLL.
+        floor: the top class's least margin over the runner-up and the least mass left to
+            the others, in (0, 0.1): the class kept, a finite NLL.
         batch_size: rows per forward pass.
         batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches of another shape
             (`peg.batches`).
@@ -122,7 +126,7 @@ class SplineCalibration(Calibrator):
 
     parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
         "n_knots": checks.positive_int(minimum=2),
-        "floor": checks.interval(0, 0.5),
+        "floor": checks.interval(0, 0.1),
         **Calibrator.parameter_constraints,
     }
 

@@ -45,6 +45,8 @@ DEFAULT_CANDIDATES = (
     "Vector scaling",
     "Matrix scaling",
     "Dirichlet",
+    "Ensemble TS",
+    "Order-preserving",
     "PEG",
     "Last-layer PEG",
     "TS → PEG",
@@ -54,7 +56,14 @@ DEFAULT_CANDIDATES = (
     "MC dropout",
 )
 # the default candidates for saved logits (a model without parameters, `nn.Identity()`)
-LOGIT_CANDIDATES = ("TS", "Vector scaling", "Matrix scaling", "Dirichlet")
+LOGIT_CANDIDATES = (
+    "TS",
+    "Vector scaling",
+    "Matrix scaling",
+    "Dirichlet",
+    "Ensemble TS",
+    "Order-preserving",
+)
 
 
 def _candidate_list(value: Any, name: str) -> None:
