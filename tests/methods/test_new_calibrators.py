@@ -176,3 +176,28 @@ def test_order_preserving_undoes_a_monotone_distortion_better_than_ts():
 def test_a_map_of_saturated_logits_has_a_finite_nll(cls):
     fitted = cls().fit(nn.Identity(), (VAL[0] * 50, VAL[1]))
     assert np.isfinite(peg.evaluate(fitted, TEST[0] * 50, TEST[1])["nll"])
+
+
+TAMPERED = [
+    (peg.SplineCalibration, "calibrated", lambda t: t * 2, "probabilities in"),
+    (peg.SplineCalibration, "confidences", lambda t: t.flip(0), "must be sorted"),
+    (peg.EnsembleTemperatureScaling, "weights", lambda t: t * 2, "summing to 1"),
+    (peg.EnsembleTemperatureScaling, "weights", lambda t: t[:2], "has shape"),
+    (peg.OrderPreservingScaling, "slopes", lambda t: -t, "finite and > 0"),
+    (peg.OrderPreservingScaling, "slopes", lambda t: t * float("inf"), "finite and > 0"),
+    (peg.OrderPreservingScaling, "knots", lambda t: t.flip(0), "increasing"),
+]
+
+
+@pytest.mark.parametrize(("cls", "name", "change", "message"), TAMPERED,
+                         ids=[f"{c.__name__}-{n}-{m}" for c, n, _, m in TAMPERED])  # fmt: skip
+def test_a_tampered_map_is_an_archive_error(cls, name, change, message, tmp_path):
+    """What `peg.load` reads is untrusted: each map's arrays are checked for shape, order,
+    range and finiteness before use."""
+    fitted = cls().fit(nn.Identity(), VAL)
+    tensors = dict(fitted._tensors())
+    tensors[name] = change(tensors[name])
+    meta = {"inputs": "logits", "calibration": fitted._archived()}
+    path = peg.archive.write(tmp_path / "map.peg", {}, {}, meta, "Identity", tensors)
+    with pytest.raises(peg.ArchiveError, match=message):
+        peg.load(path)
