@@ -18,12 +18,14 @@ The logits (SYNTHETIC, as no 100- or 1,000-class model or logits exist offline h
 - "distorted": the same z* and labels; the model reports h(z* + N(0, 0.8²)) with one monotone
   h(u) = 1.2·u + 0.12·u·|u| for every class: an over-confidence that grows with the logit (what
   an element-wise monotone map can undo and TS only on average).
+- "tempered": the same z* and labels; the model reports 2.5·z* (no noise): one temperature is
+  the whole miscalibration, T = 2.5 exactly (TS's own model: the others can only tie or lose).
 
 And one real model, "digits": an MLP (hidden 64) over-fitted on 600 of scikit-learn's 8×8
 digits (10 classes, 300 epochs of Adam), its logits on 600 validation and 597 test digits.
 
     OMP_NUM_THREADS=1 python benchmarks/new_calibrators.py [--val 5000] [--test 5000]
-        [--classes 10 100 1000] [--quick]
+        [--classes 10 100 1000] [--kinds superclass distorted tempered] [--no-digits] [--quick]
 """
 
 from __future__ import annotations
@@ -64,7 +66,11 @@ def synthetic(n: int, c: int, seed: int, kind: str) -> tuple[Tensor, Tensor]:
     z[torch.arange(n), k] += 5.5
     y = torch.multinomial(z.softmax(-1), 1, generator=g)[:, 0]
     u = z + 0.8 * torch.randn(n, c, generator=g)
-    out = alpha * u + beta if kind == "superclass" else 1.2 * u + 0.12 * u * u.abs()
+    out = {
+        "superclass": lambda: alpha * u + beta,
+        "distorted": lambda: 1.2 * u + 0.12 * u * u.abs(),
+        "tempered": lambda: 2.5 * z,
+    }[kind]()
     return out.float(), y
 
 
@@ -137,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--test", type=int, default=5000)
     p.add_argument("--classes", type=int, nargs="+", default=[10, 100, 1000])
     p.add_argument("--boot", type=int, default=200, help="bootstrap resamples of the ECE")
+    p.add_argument("--kinds", nargs="+", default=["superclass", "distorted"],
+                   choices=["superclass", "distorted", "tempered"], help="synthetic logits")
+    p.add_argument("--no-digits", action="store_true", help="skip the real digits model")
     p.add_argument("--quick", action="store_true", help="500 points, 10 classes, 20 resamples")
     args = p.parse_args(argv)
     if args.quick:
@@ -150,9 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     settings: list[tuple[str, Any]] = [
         (f"{kind}, {c} classes, {args.val} val / {args.test} test",
          (synthetic(args.val, c, 1, kind), synthetic(args.test, c, 2, kind)))
-        for kind in ("superclass", "distorted") for c in args.classes
+        for kind in args.kinds for c in args.classes
     ]  # fmt: skip
-    if not args.quick:
+    if not (args.quick or args.no_digits):
         settings.append(("digits MLP (real), 10 classes, 600 val / 597 test", digits()))
     for title, (val, test) in settings:
         print(f"### {title}\n\n{head}")

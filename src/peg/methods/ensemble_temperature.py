@@ -66,10 +66,10 @@ def fit_weights(true: Tensor, max_iter: int, tol: float) -> Tensor:
     best, weights = math.inf, None
     for size in range(1, k + 1):
         for face in itertools.combinations(range(k), size):
-            w, value = _face(p[:, list(face)], max_iter, tol)
+            cols = torch.tensor(face)  # CPU indices: they index a tensor on any device
+            w, value = _face(p[:, cols], max_iter, tol)
             if value < best:
-                best, weights = value, torch.zeros(k, dtype=p.dtype, device=p.device)
-                weights[list(face)] = w
+                best, weights = value, p.new_zeros(k).index_copy(0, cols.to(p.device), w)
     assert weights is not None
     return weights
 
