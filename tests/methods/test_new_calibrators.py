@@ -201,3 +201,40 @@ def test_a_tampered_map_is_an_archive_error(cls, name, change, message, tmp_path
     path = peg.archive.write(tmp_path / "map.peg", {}, {}, meta, "Identity", tensors)
     with pytest.raises(peg.ArchiveError, match=message):
         peg.load(path)
+
+
+# ---------------------------------------------------------------- any predictor, streamed
+NEW = [peg.SplineCalibration, peg.EnsembleTemperatureScaling, peg.OrderPreservingScaling]
+
+
+def _three() -> peg.Ensemble:
+    """Three linear members over the saved logits (an ensemble: no single logits)."""
+    members = []
+    for s in range(3):
+        g = torch.Generator().manual_seed(s)
+        linear = nn.Linear(C, C)
+        with torch.no_grad():
+            linear.weight.copy_(torch.eye(C) + 0.1 * torch.randn(C, C, generator=g))
+            linear.bias.zero_()
+        members.append(linear.eval())
+    return peg.Ensemble.from_models(members, meta={"method": "three"})
+
+
+@pytest.mark.parametrize("cls", NEW, ids=[c.__name__ for c in NEW])
+def test_on_an_ensemble_streamed_saved_and_loaded(cls, tmp_path):
+    """On an ensemble (log p̄), fitted from a loader as from tensors, predicting batch by batch
+    as whole, and saved with the members: `peg.load(path, model)` gives the same map."""
+    ensemble = _three()
+    fitted = cls().fit(ensemble, VAL)
+    assert fitted.scores_ == "log_probs" and fitted.meta_["predictor"] == {"method": "three"}
+    assert peg.evaluate(fitted, *TEST)["error"] == peg.evaluate(ensemble, *TEST)["error"]
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*VAL), batch_size=300)
+    streamed = cls().fit(ensemble, loader)
+    torch.testing.assert_close(streamed.member_logits(TEST[0]), fitted.member_logits(TEST[0]),
+                               atol=1e-5, rtol=0)  # fmt: skip
+    whole = fitted.member_logits(TEST[0], batch_size=256)
+    parts = torch.cat(list(fitted.iter_member_logits(TEST[0], batch_size=256)), dim=1)
+    torch.testing.assert_close(parts, whole, atol=1e-5, rtol=0)
+    loaded = peg.load(fitted.save(tmp_path / "map.peg"), nn.Linear(C, C))
+    assert loaded.meta_ == fitted.meta_
+    assert torch.equal(loaded.member_logits(TEST[0]), whole)
