@@ -26,6 +26,7 @@ digits (10 classes, 300 epochs of Adam), its logits on 600 validation and 597 te
 
     OMP_NUM_THREADS=1 python benchmarks/new_calibrators.py [--val 5000] [--test 5000]
         [--classes 10 100 1000] [--kinds superclass distorted tempered] [--no-digits] [--quick]
+        [--autoselect]  (AutoSelect's choice among TS, vector scaling, ETS, order-preserving)
 """
 
 from __future__ import annotations
@@ -137,6 +138,20 @@ def compare(val: tuple[Tensor, Tensor], test: tuple[Tensor, Tensor], boot: int) 
     return rows
 
 
+def autoselect(kinds: list[str], classes: list[int], n: int) -> None:
+    """`peg.AutoSelect` (cv 5, one-SE rule) among TS, vector scaling and the two new defaults
+    on `n` saved validation logits of each kind: which one its paired CV keeps."""
+    candidates = ["TS", "Vector scaling", "Ensemble TS", "Order-preserving"]
+    for kind in kinds:
+        for c in classes:
+            start = time.perf_counter()
+            chosen = peg.AutoSelect(cv=5, progress=False, candidates=candidates)
+            chosen.fit(nn.Identity(), synthetic(n, c, 1, kind))
+            took = time.perf_counter() - start
+            print(f"### AutoSelect, {kind}, {c} classes, {n} saved logits ({took:.0f} s)\n")
+            print(chosen.to_markdown(), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--val", type=int, default=5000)
@@ -146,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kinds", nargs="+", default=["superclass", "distorted"],
                    choices=["superclass", "distorted", "tempered"], help="synthetic logits")
     p.add_argument("--no-digits", action="store_true", help="skip the real digits model")
+    p.add_argument("--autoselect", action="store_true",
+                   help="instead: AutoSelect's choice on --val saved logits of each kind")
     p.add_argument("--quick", action="store_true", help="500 points, 10 classes, 20 resamples")
     args = p.parse_args(argv)
     if args.quick:
@@ -154,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     shown = ' '.join(sys.argv[1:] if argv is None else argv)
     print(f"$ python benchmarks/new_calibrators.py {shown}")
     print(f"machine: {machine()} (shared: compare ratios, not seconds)\n")
+    if args.autoselect:
+        autoselect(args.kinds, args.classes, args.val)
+        return 0
     head = ("| map | test NLL | − TS (± paired SE) | ECE % | − TS (± bootstrap SE) | fit × TS |\n"
             "|---|---|---|---|---|---|")  # fmt: skip
     settings: list[tuple[str, Any]] = [
