@@ -1,5 +1,6 @@
 """The one mechanism every post-hoc calibrator shares (temperature, vector and matrix scaling,
-Dirichlet calibration, histogram binning, isotonic regression).
+Dirichlet calibration, histogram binning, isotonic regression, spline calibration, ensemble
+temperature scaling, order-preserving scaling).
 
 A calibrator is fitted on a predictor (an nn.Module, a `peg.Ensemble`, any fitted method) and
 labelled validation data. `Calibrator.fit` reads the data once (`logits_and_labels`), turns the

@@ -17,11 +17,12 @@ family with positive increments that contains TS exactly:
 linear beyond the outer knots with the end slopes (K + 1 slopes; the v_j make g continuous;
 an additive constant is irrelevant to the softmax). The knots are fixed before fitting: half at
 quantiles of all the validation scores (the bulk, which sets the mass of the tail classes), half
-at quantiles of each row's largest score (the top, which sets the confidence), merged. The log
-slopes θ = log β are fitted on validation NLL plus `reg` × mean_j (θ_{j+1} - θ_j)² (a
-smoothness penalty whose limit, reg → ∞, is one slope: temperature scaling), by L-BFGS in
-float64 from θ = -log T, the fitted temperature: the map starts at TS and departs from it only
-where the NLL says so.
+at quantiles of each row's largest score (the top, which sets the confidence), merged. The
+slopes β are fitted on validation NLL plus `reg` × mean_j (T (β_{j+1} - β_j))² (a smoothness
+penalty on the slopes relative to TS's 1/T, whose limit, reg → ∞, is one slope: temperature
+scaling). g is linear in β, so the NLL is convex in β: Newton's method in float64
+(`peg.methods._monotone.fit_slopes`) from β = 1/T, the fitted temperature, keeping β > 0: the
+map starts at TS and departs from it only where the NLL says so.
 
 What the scores are: as vector scaling's (`scores="auto"`): the raw logits z of a one-member
 predictor (the paper's g acts on logits; log p̄ = z - logsumexp(z) differs by a per-row shift,
@@ -57,11 +58,11 @@ class OrderPreservingScaling(Calibrator):
     Args:
         n_knots: knots of the piecewise-linear map (at most: tied quantiles leave fewer;
             K + 1 slopes).
-        reg: weight of the smoothness penalty, mean squared difference of neighbouring log
-            slopes (0: none; large: one slope, temperature scaling).
+        reg: weight of the smoothness penalty, the mean squared difference of neighbouring
+            slopes times T² (0: none; large: one slope, temperature scaling).
         scores: "auto" (the raw logits of a one-member predictor; log p̄ of an ensemble) or
             "log_probs" (log p̄ always).
-        max_iter: L-BFGS iterations.
+        max_iter: Newton iterations (of temperature scaling's fit, then of the slopes').
         batch_size: rows per forward pass.
         batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches of another shape
             (`peg.batches`).
