@@ -89,3 +89,8 @@ def test_apply_refuses_bad_input_before_writing(tmp_path, fitted, capsys):
     none = ["apply", str(tmp_path / "none"), "--logits", str(tmp_path / "new.npy"), "--out",
             "o.npy"]
     assert "no saved map at" in _refused(none, capsys)
+    weights = peg.TemperatureScaling().fit(nn.Linear(C, C), saved(100, 3)).save(tmp_path / "w")
+    said = _refused(["apply", weights, "--logits", str(tmp_path / "new.npy"), "--out", str(out)],
+                    capsys)  # fmt: skip
+    assert "map: model: " in said and "holds the weights of a Linear" in said
+    assert not out.exists()
