@@ -50,6 +50,9 @@ from peg.errors import ArchiveError
 
 FORMAT = "peg-ensemble"
 FORMAT_VERSION = 1
+# meta["inputs"] of an archive without weights: a calibration map over saved logits (fitted
+# on `nn.Identity()`), whose `stacked` and `shared` are empty (`peg.load(path)`)
+LOGITS = "logits"
 # what `with_meta` adds to the meta of the archives written in its block, and where they went
 _ADDED: ContextVar[tuple[dict[str, Any], list[str]] | None] = ContextVar("added", default=None)
 
@@ -95,7 +98,8 @@ def write(
         "peg_version": __version__,
         "torch_version": torch.__version__,
         "architecture": architecture,
-        "members": len(next(iter(stacked.values()))),
+        # no stacked entries: a map over saved logits (`LOGITS`), one member, no weights
+        "members": len(next(iter(stacked.values()))) if stacked else 1,
         "stacked": list(stacked),
         "shared": list(shared),
         "meta": dict(meta),
@@ -140,8 +144,12 @@ def check_header(header: Any, where: str) -> dict[str, Any]:
             f"{where}: archive format version {version} is newer than this peg reads "
             f"({FORMAT_VERSION}); upgrade peg"
         )
-    fields.integer("members", minimum=1)
-    stacked, shared = fields.names("stacked", non_empty=True), fields.names("shared")
+    meta_obj = header.get("meta")
+    logits = isinstance(meta_obj, dict) and meta_obj.get("inputs") == LOGITS
+    fields.integer("members", minimum=1, maximum=1 if logits else None)
+    stacked, shared = fields.names("stacked", non_empty=not logits), fields.names("shared")
+    if logits and (stacked or shared):
+        raise fields.error("stacked", "no weights in a map over saved logits", stacked or shared)
     if len(set(stacked) | set(shared)) != len(stacked) + len(shared):
         raise fields.error("stacked", "names that appear once in 'stacked' and 'shared'", stacked)
     fields.names("calibration", optional=True)

@@ -94,7 +94,7 @@ def _needs_val(path: Path, header: dict[str, Any]) -> str:
 
 def load(
     path: str | os.PathLike[str],
-    model: nn.Module,
+    model: nn.Module | None = None,
     device: str | torch.device | None = None,
     val: Any = None,
     batch_fn: BatchFn | None = None,
@@ -103,12 +103,16 @@ def load(
 
     Returns an `Ensemble`; for a calibrated archive (`TemperatureScaling.save`, any calibrator's
     `save`), the fitted calibrator around it (a `TemperatureScaling`, a `DirichletCalibration`,
-    ...); for a file `Laplace.save` wrote, the fitted `Laplace`.
+    ...); for a file `Laplace.save` wrote, the fitted `Laplace`. A map fitted on saved logits
+    (a calibrator, a conformal predictor, AutoSelect's choice fitted on `nn.Identity()`) holds
+    no weights: `peg.load(path)` gives it back around `nn.Identity()` (or around `model`, when
+    given, a module without parameters), to apply to logits.
 
     Args:
         path: the archive.
         model: any instance of the architecture the ensemble was built from; it supplies the
-            forward pass (its weights are not used). Its state-dict names and shapes must match.
+            forward pass (its weights are not used). None: only for a map over saved logits.
+            Its state-dict names and shapes must match.
             A model wrapped with `peg.with_output` loads archives saved from the same wrapper,
             or from the bare model (whose entries then get the wrapper's `model.` prefix).
         device: where to put the member weights; None (default): the device of `model`'s
@@ -125,25 +129,30 @@ def load(
             another shape (`peg.batches`; a callable is not stored in the recipe); for a saved
             `Laplace`, the one it predicts with.
     """
-    if not isinstance(model, nn.Module):
+    if model is not None and not isinstance(model, nn.Module):
         raise TypeError(
             "model: expected an nn.Module of the archive's architecture, got "
             f"{type(model).__name__}"
         )
     path = Path(path)
-    device = model_device(model) if device is None else check_device(device)
+    device = None if device is None else check_device(device)  # before the file is read
     kind = _io.tree_format(path) if path.is_file() else None
     if kind in _FORMATS:
-        return _FORMATS[kind](path, model, device, batch_fn)
+        model = _need_model(model, path, kind)
+        return _FORMATS[kind](path, model, _device(model, device), batch_fn)
     header = archive.read_header(path)
+    if (header.get("meta") or {}).get("inputs") == archive.LOGITS:
+        return _logits_map(path, header, model, device)
+    model = _need_model(model, path, header.get("architecture"))
+    device = _device(model, device)
     made = recipe.of_meta(header.get("meta") or {}, str(path))
     if made is not None:
         recipe.check(made, str(path))
     if made is not None and val is None:
         raise ArchiveError(_needs_val(path, header))
     calibration = (header.get("meta") or {}).get("calibration")
-    calibrate = calibrator_for(calibration) if calibration is not None else None
-    if calibration is not None:
+    if calibration is not None:  # an unknown or malformed map refused before the tensors are read
+        calibrator_for(calibration)
         check_calibration_entry(path, calibration)
     stacked, shared = archive.read_tensors(path, header)  # CPU; moved below with the model
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
@@ -176,16 +185,62 @@ def load(
         rebuild = recipe.rebuilder(made, ensemble, str(path))  # the recipe's own checks first
         loaded = rebuild(ensemble.to(device), made, val, batch_fn).ensemble()
         loaded.meta = {k: v for k, v in ensemble.meta.items() if k != "recipe"}
-    if calibrate is None:
+    if calibration is None:
         return loaded
+    return _calibrated(path, header, calibration, loaded, device)
+
+
+def _calibrated(
+    path: Path, header: dict[str, Any], calibration: dict[str, Any], loaded: Any,
+    device: torch.device,
+) -> Any:  # fmt: skip
+    """The calibrator `calibration` names, fitted around `loaded` with the archive's map arrays
+    on `device`: the arrays and the rebuilt map checked (`_load_checks`) before it is returned."""
     tensors = archive.read_calibration(path, header)
     check_calibration_tensors(path, tensors)
     try:
-        fitted = calibrate(loaded, calibration, move(tensors, device))
+        fitted = calibrator_for(calibration)(loaded, calibration, move(tensors, device))
     except ArchiveError as e:  # a calibrator's own checks name the field; here, the file too
         raise ArchiveError(e.args[0] if str(path) in str(e) else f"{path}: {e}") from None
     check_calibrated(path, fitted, tensors, device)
     return fitted
+
+
+def _device(model: nn.Module, device: torch.device | None) -> torch.device:
+    return model_device(model) if device is None else device
+
+
+def _need_model(model: nn.Module | None, path: Path, what: Any) -> nn.Module:
+    """`model`, or a TypeError for an archive with weights loaded without one."""
+    if model is None:
+        raise TypeError(
+            f"model: {path} holds the weights of a {what or 'model'}; pass an instance of its "
+            "architecture: peg.load(path, model) (only a map fitted on saved logits loads "
+            "without one)"
+        )
+    return model
+
+
+def _logits_map(
+    path: Path, header: dict[str, Any], model: nn.Module | None, device: Any
+) -> Any:  # fmt: skip
+    """The fitted map of an archive without weights (`archive.LOGITS`) around `model`, a module
+    without parameters (None: `nn.Identity()`, what it was fitted on); its arrays on `device`
+    (None: the CPU; they follow the logits when applied)."""
+    if model is None:
+        model = nn.Identity()
+    if next(model.parameters(), None) is not None or next(model.buffers(), None) is not None:
+        raise ArchiveError(
+            f"model: {path} is a calibration map fitted on saved logits (no weights); load it "
+            f"with peg.load(path) and apply it to the logits, not to a {type(model).__name__} "
+            "with parameters"
+        )
+    calibration = header["meta"].get("calibration")
+    if calibration is None:
+        raise ArchiveError(f"{path}: an archive over saved logits without a calibration map")
+    check_calibration_entry(path, calibration)
+    where = torch.device("cpu") if device is None else device
+    return _calibrated(path, header, calibration, model, where)
 
 
 def _check_dtypes(

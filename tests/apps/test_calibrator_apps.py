@@ -23,6 +23,9 @@ KEYS = {
     "dirichlet": peg.DirichletCalibration,
     "histogram-binning": peg.HistogramBinning,
     "isotonic": peg.IsotonicCalibration,
+    "spline": peg.SplineCalibration,
+    "ensemble-temperature": peg.EnsembleTemperatureScaling,
+    "order-preserving": peg.OrderPreservingScaling,
 }
 NAMES = {
     "Vector-scaled": "vector-scaling",

@@ -183,6 +183,24 @@ CASES = [
         lambda m: m.fit(_tiny(), (X, y)),
         ("floor", 1.0),
     ),
+    Case(
+        peg.SplineCalibration,
+        {"n_knots": 4, "floor": 1e-4},
+        lambda m: m.fit(_tiny(), (X, y)),
+        ("n_knots", 1),
+    ),
+    Case(
+        peg.EnsembleTemperatureScaling,
+        {"max_iter": 50, "batch_size": 16},
+        lambda m: m.fit(_tiny(), (X, y)),
+        ("tol", 0.0),
+    ),
+    Case(
+        peg.OrderPreservingScaling,
+        {"n_knots": 4, "reg": 0.1, "scores": "log_probs"},
+        lambda m: m.fit(_tiny(), (X, y)),
+        ("reg", -1.0),
+    ),
 ]
 CASES += [
     Case(

@@ -41,6 +41,9 @@ CALIBRATORS = {
     "Dirichlet": peg.DirichletCalibration,
     "Hist. binning": peg.HistogramBinning,
     "Isotonic": peg.IsotonicCalibration,
+    "Spline": peg.SplineCalibration,
+    "Ensemble TS": peg.EnsembleTemperatureScaling,
+    "Order-preserving": peg.OrderPreservingScaling,
     "Conformal APS": lambda: peg.ConformalClassifier(alpha=0.1, score="aps"),
 }
 
@@ -82,10 +85,65 @@ def test_a_model_without_parameters_runs_where_its_inputs_are():
         torch.testing.assert_close(out.to("cpu"), expected)
 
 
-def test_saving_a_calibrator_of_saved_logits_says_why_it_cannot():
-    ts = peg.TemperatureScaling().fit(nn.Identity(), saved(100, 0))
-    with pytest.raises(TypeError, match="without parameters .* temperature_"):
-        ts.save("unused")
+@pytest.mark.parametrize("name", list(CALIBRATORS))
+def test_a_map_fitted_on_saved_logits_saves_alone_and_loads_without_a_model(name, tmp_path):
+    """The archive holds the map and no weights; `peg.load(path)` (or with `nn.Identity()`)
+    gives the same predictions, meta and class back."""
+    val, (Xt, _) = saved(300, 0), saved(100, 1)
+    fitted = CALIBRATORS[name]().fit(nn.Identity(), val)
+    path = fitted.save(tmp_path / "map.peg")
+    header = peg.archive.read_header(path)
+    assert header["stacked"] == [] and header["shared"] == [] and header["members"] == 1
+    assert header["meta"]["inputs"] == "logits"
+    for loaded in (peg.load(path), peg.load(path, nn.Identity())):
+        assert type(loaded) is type(fitted) and loaded.meta_ == fitted.meta_
+        assert isinstance(loaded.predictor_, nn.Identity)
+        torch.testing.assert_close(loaded.predict_proba(Xt), fitted.predict_proba(Xt))
+
+
+def test_a_conformal_predictor_on_a_map_of_saved_logits_saves_and_loads(tmp_path):
+    val, (Xt, _) = saved(300, 0), saved(100, 1)
+    ts = peg.TemperatureScaling().fit(nn.Identity(), val)
+    sets = peg.ConformalClassifier(alpha=0.1, score="aps").fit(ts, saved(300, 2))
+    loaded = peg.load(sets.save(tmp_path / "sets.peg"))
+    assert isinstance(loaded.predictor_, peg.TemperatureScaling)
+    assert loaded.predictor_.temperature_ == ts.temperature_
+    assert torch.equal(loaded.predict_set(Xt), sets.predict_set(Xt))
+
+
+def test_autoselects_choice_on_saved_logits_saves_and_loads(tmp_path):
+    chosen = peg.AutoSelect(cv=3, progress=False).fit(nn.Identity(), saved(300, 0))
+    loaded = peg.load(chosen.save(tmp_path / "chosen.peg"))
+    assert type(loaded) is type(chosen.predictor_)
+    Xt = saved(100, 1)[0]
+    torch.testing.assert_close(loaded.predict_proba(Xt), chosen.predict_proba(Xt))
+    assert peg.archive.read_header(tmp_path / "chosen.peg")["meta"]["auto_select"]["chosen"] == (
+        chosen.chosen_
+    )
+
+
+def test_a_map_of_saved_logits_refuses_a_model_with_weights_and_the_reverse(tmp_path):
+    path = peg.TemperatureScaling().fit(nn.Identity(), saved(100, 0)).save(tmp_path / "ts.peg")
+    with pytest.raises(peg.ArchiveError, match="fitted on saved logits .* Linear with parameters"):
+        peg.load(path, identity_linear())
+    weights = peg.TemperatureScaling().fit(identity_linear(), saved(100, 0)).save(tmp_path / "w")
+    with pytest.raises(TypeError, match="model: .* holds the weights of a Linear; pass"):
+        peg.load(weights)
+
+
+def test_a_tampered_map_of_saved_logits_is_refused(tmp_path):
+    """Loaded values are untrusted: weights smuggled into a logits archive, or a map's arrays
+    of the wrong shape, are ArchiveErrors naming the field."""
+    fitted = peg.VectorScaling().fit(nn.Identity(), saved(300, 0))
+    entry = fitted._archived()
+    meta = {"inputs": "logits", "calibration": entry}
+    bad = peg.archive.write(tmp_path / "a", {"w": torch.ones(1, 2)}, {}, meta, "Identity")
+    with pytest.raises(peg.ArchiveError, match="no weights in a map over saved logits"):
+        peg.load(bad)
+    short = {"weights": torch.ones(C - 1, dtype=torch.float64), "bias": torch.zeros(C)}
+    wrong = peg.archive.write(tmp_path / "b", {}, {}, meta, "Identity", short)
+    with pytest.raises(peg.ArchiveError, match="'weights' has shape"):
+        peg.load(wrong)
 
 
 def test_peg_select_on_saved_logits(tmp_path):
@@ -100,7 +158,13 @@ def test_peg_select_on_saved_logits(tmp_path):
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert ran.returncode == 0, ran.stderr
-    assert json.loads((tmp_path / "out" / "results.json").read_text())["chosen"] in ran.stdout
+    chosen = json.loads((tmp_path / "out" / "results.json").read_text())["chosen"]
+    assert chosen in ran.stdout
+    loaded = peg.load(tmp_path / "out" / "chosen.peg")  # the chosen map, no model
+    Xt = saved(50, 1)[0]
+    reference = peg.AutoSelect(cv=3, progress=False).fit(nn.Identity(), (X, y))
+    assert reference.chosen_ == chosen
+    torch.testing.assert_close(loaded.predict_proba(Xt), reference.predict_proba(Xt))
     bad = subprocess.run(
         [*peg_cli, "--logits", str(tmp_path / "val.npy"), "--labels", str(tmp_path / "floats.npy")],
         capture_output=True, text=True, check=False,

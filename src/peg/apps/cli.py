@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from peg import distributed
-from peg.apps import presets
+from peg.apps import apply, presets
 from peg.apps.compare.methods import typed_names
 
 Parser = argparse.ArgumentParser
@@ -323,6 +323,10 @@ COMMANDS: dict[str, Command] = {
         "docs/select.md.",
         arguments=_select_arguments,
         run=_select,
+    ),
+    "apply": Command(  # a map fitted on saved logits, on new logits (peg.apps.apply)
+        help="apply a calibration map fitted on saved logits to a new .npy of logits",
+        description=apply.DESCRIPTION, arguments=apply.arguments, run=apply.run,
     ),
     "diversity": Command(  # Fort et al. 2019's loss-landscape analyses (peg.apps.diversity)
         help="function-space diversity: trajectories, t-SNE, diversity-accuracy plane, "

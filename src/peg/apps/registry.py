@@ -19,7 +19,8 @@ Keys (in registration order): "base" (the site's base itself); post-hoc methods 
 train a model of their own with the site's recipe (`Builder.trains`): "packed", "emp", "ecmp";
 "laplace" (laplace-torch's Laplace approximation around the base, on the site's training data
 when it has them); the calibrators beside temperature scaling, post-hoc on the base:
-"vector-scaling", "matrix-scaling", "dirichlet", "histogram-binning", "isotonic";
+"vector-scaling", "matrix-scaling", "dirichlet", "histogram-binning", "isotonic", "spline",
+"ensemble-temperature", "order-preserving";
 "mc-dropout-trained" (trains); "swag" (SWAG moments collected from the base on the training
 data); samplers fitted to a trajectory's checkpoints: "diagonal-gaussian", "low-rank-gaussian".
 """
@@ -40,6 +41,7 @@ from peg.methods import (
     DiagonalGaussian,
     DirichletCalibration,
     DropoutSubspace,
+    EnsembleTemperatureScaling,
     HistogramBinning,
     IsotonicCalibration,
     Laplace,
@@ -47,8 +49,10 @@ from peg.methods import (
     MatrixScaling,
     MCDropout,
     MCPatched,
+    OrderPreservingScaling,
     PackedEnsemble,
     RandomSubspace,
+    SplineCalibration,
     TemperatureScaling,
     VectorScaling,
 )
@@ -333,6 +337,21 @@ class HistogramBinningBuilder(Calibration):
 @register("isotonic")
 class IsotonicBuilder(Calibration):
     method = IsotonicCalibration
+
+
+@register("spline")
+class SplineBuilder(Calibration):
+    method = SplineCalibration
+
+
+@register("ensemble-temperature")
+class EnsembleTemperatureBuilder(Calibration):
+    method = EnsembleTemperatureScaling
+
+
+@register("order-preserving")
+class OrderPreservingBuilder(Calibration):
+    method = OrderPreservingScaling
 
 
 @register("mc-dropout-trained")

@@ -5,13 +5,16 @@ from peg.methods.conformal import ConformalClassifier
 from peg.methods.conformal_regression import ConformalRegressor
 from peg.methods.deep_ensemble import DeepEnsemble
 from peg.methods.dropout import MCDropout
+from peg.methods.ensemble_temperature import EnsembleTemperatureScaling
 from peg.methods.label_shift import LabelShift
 from peg.methods.laplace import Laplace
+from peg.methods.order_preserving import OrderPreservingScaling
 from peg.methods.packed import PackedEnsemble
 from peg.methods.patching import MCPatched
 from peg.methods.peg import PEG
 from peg.methods.pep import PEP
 from peg.methods.scaling import DirichletCalibration, MatrixScaling, VectorScaling
+from peg.methods.spline import SplineCalibration
 from peg.methods.subspace import DiagonalGaussian, DropoutSubspace, LowRankGaussian, RandomSubspace
 from peg.methods.swag import SWA, SWAG
 from peg.methods.temperature import TemperatureScaling
@@ -27,6 +30,7 @@ __all__ = [
     "DiagonalGaussian",
     "DirichletCalibration",
     "DropoutSubspace",
+    "EnsembleTemperatureScaling",
     "HistogramBinning",
     "IsotonicCalibration",
     "LabelShift",
@@ -35,8 +39,10 @@ __all__ = [
     "MCDropout",
     "MCPatched",
     "MatrixScaling",
+    "OrderPreservingScaling",
     "PackedEnsemble",
     "RandomSubspace",
+    "SplineCalibration",
     "TemperatureScaling",
     "VectorScaling",
 ]

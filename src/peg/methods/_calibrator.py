@@ -1,5 +1,6 @@
 """The one mechanism every post-hoc calibrator shares (temperature, vector and matrix scaling,
-Dirichlet calibration, histogram binning, isotonic regression).
+Dirichlet calibration, histogram binning, isotonic regression, spline calibration, ensemble
+temperature scaling, order-preserving scaling).
 
 A calibrator is fitted on a predictor (an nn.Module, a `peg.Ensemble`, any fitted method) and
 labelled validation data. `Calibrator.fit` reads the data once (`logits_and_labels`), turns the
@@ -8,7 +9,8 @@ prediction, or the raw logits of a one-member predictor for the scalings that as
 and hands them to the subclass's `_fit_map`; `scale` applies the fitted map (`_apply`) to the
 predictor's logits, which `member_logits` / `iter_member_logits` / `predict_proba` go through.
 `save` writes the predictor's ensemble with the map in the archive: its scalars in the meta's
-`"calibration"` entry (JSON), its arrays as safetensors beside the members (`peg.archive`),
+`"calibration"` entry (JSON), its arrays as safetensors beside the members (`peg.archive`; a
+map fitted on saved logits, `nn.Identity()`, is saved alone and loads without a model),
 and every subclass is registered with `peg.loading.register_calibrator` under its `method`
 name, so `peg.load` gives the fitted calibrator back (`_restore`).
 
@@ -43,6 +45,7 @@ from peg.methods._predictors import (
     logits_and_labels,
     member_logits_of,
     predictor_meta,
+    stateless,
 )
 from peg.methods.base import Method
 from peg.metrics._inputs import check_labels, ensemble_log_probs
@@ -245,7 +248,13 @@ class Calibrator(Predicts, Method):
         tensors: Mapping[str, Tensor],
     ) -> str:
         """`base`'s ensemble archive with `entry` as its meta's "calibration" and `tensors`
-        beside the members (the one writer of calibrated predictors)."""
+        beside the members (the one writer of calibrated predictors). A `stateless` base (saved
+        logits read through `nn.Identity()`) has no weights: the archive holds the map alone,
+        its meta's `"inputs"` saying so (`archive.LOGITS`), and `peg.load(path)` needs no
+        model."""
+        if stateless(base):
+            meta = {"inputs": archive.LOGITS, "calibration": entry}
+            return archive.write(os.fspath(path), {}, {}, meta, type(base).__name__, dict(tensors))
         ensemble = ensemble_of(base)
         meta = {**ensemble.meta, "calibration": entry}
         arch = type(ensemble.skeleton).__name__

@@ -22,6 +22,9 @@ any other (e.g. `method("PEG-30", "peg", n_members=30)`)::
     Dirichlet       Dirichlet calibration (ODIR)            dirichlet
     Hist. binning   histogram binning, one-vs-rest          histogram-binning
     Isotonic        isotonic regression, one-vs-rest        isotonic
+    Spline          spline calibration, top label (Gupta)   spline
+    Ensemble TS     TS, uncalibrated and uniform mixed      ensemble-temperature
+    Order-preserving one monotone map of every logit (DIAG) order-preserving
     PEG (kfac)      PEG, K-FAC-preconditioned steps         peg, precondition="kfac"
     PEG (diag)      PEG, diagonal-Fisher-preconditioned     peg, precondition="diag"
     Last-layer PEG (kfac)   the same on the last layer      peg, params="last_layer", ...
@@ -73,6 +76,9 @@ CATALOGUE: dict[str, MethodSpec] = {
         MethodSpec("Dirichlet", "dirichlet", MODEL),
         MethodSpec("Hist. binning", "histogram-binning", MODEL),
         MethodSpec("Isotonic", "isotonic", MODEL),
+        MethodSpec("Spline", "spline", MODEL),
+        MethodSpec("Ensemble TS", "ensemble-temperature", MODEL),
+        MethodSpec("Order-preserving", "order-preserving", MODEL),
         MethodSpec("PEG (kfac)", "peg", MODEL, {"precondition": "kfac"}),
         MethodSpec("PEG (diag)", "peg", MODEL, {"precondition": "diag"}),
         MethodSpec(

@@ -48,6 +48,8 @@ DEFAULT_CANDIDATES = (
     "Vector scaling",
     "Matrix scaling",
     "Dirichlet",
+    "Ensemble TS",
+    "Order-preserving",
     "PEG",
     "Last-layer PEG",
     "TS → PEG",
@@ -57,7 +59,14 @@ DEFAULT_CANDIDATES = (
     "MC dropout",
 )
 # the default candidates for saved logits (a model without parameters, `nn.Identity()`)
-LOGIT_CANDIDATES = ("TS", "Vector scaling", "Matrix scaling", "Dirichlet")
+LOGIT_CANDIDATES = (
+    "TS",
+    "Vector scaling",
+    "Matrix scaling",
+    "Dirichlet",
+    "Ensemble TS",
+    "Order-preserving",
+)
 
 
 def _seconds(value: Any, name: str) -> None:

@@ -1,8 +1,9 @@
 """`peg select`: `AutoSelect` on the command line: the report printed; with `--save DIR`,
 DIR/results.json (the report, the choice, its scores, provenance), DIR/results.md and the chosen
-predictor's archive DIR/chosen.peg (`peg.load(DIR/chosen.peg, model)`); DIR is refused
-where it is a non-empty folder peg select did not make, unless `--overwrite`
-(`peg.apps.results.claim`)."""
+predictor's archive DIR/chosen.peg (`peg.load(DIR/chosen.peg, model)`; fitted on saved logits,
+`--logits`, the chosen map alone: `peg.load(DIR/chosen.peg)`, or `peg apply DIR --logits
+new.npy --out probs.npy` on the command line); DIR is refused where it is a non-empty folder
+peg select did not make, unless `--overwrite` (`peg.apps.results.claim`)."""
 
 from __future__ import annotations
 
@@ -38,9 +39,7 @@ def run(args: argparse.Namespace, command: str, progress: bool | None) -> int:
                    **selector.meta_}  # fmt: skip
         markdown = f"Command: `{command}`; machine: {results['machine']}\n\n{text}"
         paths = write_results(folder, results, markdown)
-        if args.logits:  # no model, no weights: the choice and its map are in results.json
-            print(f"select: wrote {', '.join(str(p) for p in paths)}")
-            return 0
+        # with --logits: the map alone (no weights), `peg.load(DIR/chosen.peg)` or `peg apply`
         archive = selector.save(folder / "chosen.peg")
         print(f"select: wrote {', '.join(str(p) for p in paths)} and {archive}")
     return 0
