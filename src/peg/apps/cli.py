@@ -37,6 +37,12 @@ def _no_progress(p: Parser) -> None:
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
+def _overwrite(p: Parser, option: str, app: str) -> None:
+    """`--overwrite`: write into OPTION's folder though peg APP did not make it."""
+    p.add_argument("--overwrite", action="store_true", help=f"write into {option} even if it is "
+                   f"a non-empty folder peg {app} did not make")  # fmt: skip
+
+
 # ---------------------------------------------------------------- peg demo
 def _demo_arguments(p: Parser) -> None:
     p.add_argument(
@@ -49,8 +55,7 @@ def _demo_arguments(p: Parser) -> None:
     p.add_argument("--quick", action="store_true", help="a smaller run (under a minute)")
     p.add_argument("--out", default="peg-demo", help="output folder (default: peg-demo)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="write into --out even if it is a non-empty folder peg demo did not make")
+    _overwrite(p, "--out", "demo")
     _no_progress(p)
 
 
@@ -157,11 +162,7 @@ def _compare_arguments(p: Parser) -> None:
         action="store_true",
         help="take back the methods an earlier run with the same arguments saved in --out",
     )
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="write into --out even if it is a non-empty folder peg compare did not make",
-    )
+    _overwrite(p, "--out", "compare")
     _no_progress(p)
 
 
@@ -171,22 +172,12 @@ def _compare(args: argparse.Namespace, command: str, progress: bool | None) -> i
     model = sources.model(args.model)
     val, test = sources.val_and_test(args.val, args.test, args.seed, print)
     result = compare(
-        model,
-        val,
-        test,
-        args.methods,
+        model, val, test, args.methods,
         shifted=sources.named(args.shifted, "--shifted", labelled=True),
-        ood=sources.named(args.ood, "--ood", labelled=False),
-        ood_score=args.ood_score,
-        metrics=args.metrics,
-        seed=args.seed,
-        batch_size=args.batch_size,
-        progress=progress,
-        out=args.out,
-        command=command,
-        resume=args.resume,
-        overwrite=args.overwrite,
-    )
+        ood=sources.named(args.ood, "--ood", labelled=False), ood_score=args.ood_score,
+        metrics=args.metrics, seed=args.seed, batch_size=args.batch_size, progress=progress,
+        out=args.out, command=command, resume=args.resume, overwrite=args.overwrite,
+    )  # fmt: skip
     if distributed.world()[0] != 0:  # under torchrun every rank has the table: one prints it
         return 0
     print()
@@ -222,8 +213,7 @@ def _select_arguments(p: Parser) -> None:
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     p.add_argument("--batch-size", type=int, default=512, help="default: 512")
     p.add_argument("--save", help="folder for results.json, results.md and chosen.peg")
-    p.add_argument("--overwrite", action="store_true", help="write into --save even if it is a "
-                   "non-empty folder peg select did not make")  # fmt: skip
+    _overwrite(p, "--save", "select")
     _no_progress(p)
 
 
