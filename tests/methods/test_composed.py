@@ -164,8 +164,8 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[Exception], str]] =
         "a histogram binning as the base",
         lambda: peg.PEG(n_members=2, eta=0.1, progress=False).fit(_binning(), _data()),
         ValueError,
-        r"model: a HistogramBinning cannot be the base .*piecewise constant \(not "
-        r"differentiable, not an affine map of the logits\)",
+        r"model: a HistogramBinning cannot be the base .*only temperature, vector, matrix "
+        r"scaling and Dirichlet maps become a model's last layer",
     ),
     (
         "PEP",

@@ -14,7 +14,8 @@ in float64). The map is the module's last Linear, so PEG perturbs it with the re
 (`params="all"`) or alone (`params="last_layer"`: "Dirichlet → last-layer PEG"), and K-FAC has
 factors for it. A recipe archive of PEG around it loads with `peg.load(path,
 CalibratedModel(model, C, log_probs=...), val=val)`: the skeleton's map weights are replaced.
-Histogram binning and isotonic regression are piecewise constant (no gradient): refused.
+Other maps (histogram binning, isotonic, spline: piecewise; ensemble TS: a mixture of
+probabilities; order-preserving: piecewise linear) are not an affine layer: refused.
 
 `base_module(model)` is what PEG, PEP and MC dropout call on the model they are given: a fitted
 temperature scaling on a module becomes `Scaled(model, T)`, a fitted vector / matrix scaling or
@@ -137,10 +138,11 @@ def base_module(model: Any) -> Any:
     name = type(model).__name__
     if not isinstance(model, (_Affine, TemperatureScaling)):
         raise ValueError(
-            f"model: a {name} cannot be the base of a perturbation or sampling method: its map "
-            "is piecewise constant (not differentiable, not an affine map of the logits), so no "
-            "gradient step or weight noise can move it; build the ensemble on the model, then "
-            f"calibrate it: peg.{name}().fit(ensemble, val)"
+            f"model: a {name} cannot be the base of a perturbation or sampling method: only "
+            "temperature, vector, matrix scaling and Dirichlet maps become a model's last layer "
+            "(an affine map of the logits; the others are piecewise or mixtures of "
+            "probabilities); build the ensemble on the model, then calibrate it: "
+            f"peg.{name}().fit(ensemble, val)"
         )
     if "meta_" not in model.__dict__:
         raise ValueError(f"model: {name} is not fitted; call fit(model, val) first")

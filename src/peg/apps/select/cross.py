@@ -52,6 +52,9 @@ ON_LOGITS = (
     "dirichlet",
     "histogram-binning",
     "isotonic",
+    "spline",
+    "ensemble-temperature",
+    "order-preserving",
 )
 # the most points a one-parameter map chained on a fitted base is cross-fitted on (a fold)
 ONE_PARAMETER_POINTS = 1000

@@ -31,6 +31,9 @@ from peg.apps.select.race import AUTO_BUDGET, MIN_BUDGET_SECONDS
 SIMPLICITY = (
     "Model",
     "TS",
+    "Ensemble TS",  # T and three mixture weights
+    "Order-preserving",  # one monotone map of a few knots, whatever C
+    "Spline",
     "Vector scaling",
     "Dirichlet",
     "Matrix scaling",
