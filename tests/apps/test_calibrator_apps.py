@@ -33,6 +33,9 @@ NAMES = {
     "Dirichlet": "dirichlet",
     "Hist-binned": "histogram-binning",
     "Isotonic": "isotonic",
+    "Spline": "spline",
+    "Ensemble-TS": "ensemble-temperature",
+    "Order-preserving": "order-preserving",
 }
 SPEC = {
     "name": "tiny-calibrators",
@@ -88,7 +91,7 @@ def test_the_fashion_mnist_preset_has_the_five_columns_after_temp_scaled():
     (spec,) = load_specs(find_spec("fashion-mnist"))
     names = [m.name for m in spec.methods]
     at = names.index("Temp-scaled")
-    assert names[at + 1 : at + 6] == list(NAMES)
+    assert names[at + 1 : at + 6] == list(NAMES)[:5]  # the three newer maps are not in it
     runner.check_methods(spec)
 
 

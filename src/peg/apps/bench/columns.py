@@ -30,6 +30,9 @@ METHODS = (
     "dirichlet",
     "histogram-binning",
     "isotonic",
+    "spline",
+    "ensemble-temperature",
+    "order-preserving",
 )
 SWAG_BASES = ("swa", "swag", "swag-diag")  # the bases one SWAG run gives
 BASE_PATTERN = re.compile(r"^(single|swa|swag|swag-diag|deepens-(\d+))$")
@@ -75,8 +78,8 @@ def method_column(entry: Any, where: str, earlier: list[str]) -> MethodSpec:
                 "Temp-scaled, SWA, SWAG, SWAG-Diag, DeepEns-N, PEP-S, PEG-S, PEG-Unbiased, "
                 "'PEG-S (DeepEns-N)', 'PEG-S (SWAG-Diag)', MC-Dropout-S, 'Packed-(a,M,g)', EMP, "
                 "ECMP, 'PEG-S (ascent)', 'PEG-S (last layer)', 'PEG-S + TS', 'TS → PEG-S', "
-                "Vector-scaled, Matrix-scaled, Dirichlet, Hist-binned, Isotonic) or give "
-                "method: and base:"
+                "Vector-scaled, Matrix-scaled, Dirichlet, Hist-binned, Isotonic, Spline, "
+                "Ensemble-TS, Order-preserving) or give method: and base:"
             )
         if not BASE_PATTERN.match(found.base) and found.base not in earlier:
             raise SpecError(

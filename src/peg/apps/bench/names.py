@@ -20,8 +20,9 @@ KFAC over the training split, prior precision by marginal likelihood, GLM probit
 `Laplace-MC-S`: the same with S Monte Carlo samples of the GLM predictive as members.
 The other post-hoc calibrators of the single model, beside `Temp-scaled`: `Vector-scaled`,
 `Matrix-scaled` (Guo et al. 2017), `Dirichlet` (Kull et al. 2019, ODIR), `Hist-binned` and
-`Isotonic` (Zadrozny & Elkan 2001, 2002); on an earlier column with `method:` and `base:`
-(`{name: "PEG-15 + Dirichlet", method: dirichlet, base: PEG-15}`).
+`Isotonic` (Zadrozny & Elkan 2001, 2002), `Spline` (Gupta et al. 2021), `Ensemble-TS` (Zhang
+et al. 2020) and `Order-preserving` (Rahimi et al. 2020); on an earlier column with `method:`
+and `base:` (`{name: "PEG-15 + Dirichlet", method: dirichlet, base: PEG-15}`).
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ TABLE_NAMES: tuple[tuple[str, Callable[[re.Match[str]], tuple[str, str, dict[str
     ("Dirichlet", lambda m: ("dirichlet", "single", {})),
     ("Hist-binned", lambda m: ("histogram-binning", "single", {})),
     ("Isotonic", lambda m: ("isotonic", "single", {})),
+    ("Spline", lambda m: ("spline", "single", {})),
+    ("Ensemble-TS", lambda m: ("ensemble-temperature", "single", {})),
+    ("Order-preserving", lambda m: ("order-preserving", "single", {})),
     ("SWA", lambda m: ("base", "swa", {})),
     ("SWAG", lambda m: ("base", "swag", {})),
     ("SWAG-Diag", lambda m: ("base", "swag-diag", {})),
