@@ -70,6 +70,26 @@ def _check_same_architecture(states: Sequence[Mapping[str, Tensor]]) -> None:
             )
 
 
+def _stack_states(
+    states: Sequence[Mapping[str, Tensor]],
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """(stacked, shared) entries of member state dicts: those identical in every member once."""
+    if len(states) == 0:
+        raise ValueError("states: expected at least one member state dict")
+    _check_same_architecture(states)
+    stacked, shared = {}, {}
+    for name in states[0]:
+        values = [s[name].detach() for s in states]
+        if all(torch.equal(values[0], v) for v in values[1:]):
+            shared[name] = values[0].clone()
+        else:
+            stacked[name] = torch.stack(values)
+    if not stacked:  # all members identical: still keep M copies of one entry to record M
+        name = next(iter(shared))
+        stacked[name] = shared.pop(name).unsqueeze(0).repeat_interleave(len(states), 0)
+    return stacked, shared
+
+
 class Predicts:
     """`predict_proba` and `predict` from `member_logits`: the verbs of the predictor protocol
     (`peg.methods.base`) that every predictor derives the same way."""
@@ -111,7 +131,36 @@ class Ensemble(Predicts, MemberStrategies):
         sizes = {int(t.shape[0]) for t in stacked.values()}
         if len(sizes) != 1:
             raise ValueError(f"stacked: entries disagree on the number of members: {sorted(sizes)}")
-        self.skeleton = copy.deepcopy(skeleton).eval()
+        self._hold(copy.deepcopy(skeleton).eval(), stacked, shared, meta)
+
+    @classmethod
+    def _sharing(
+        cls,
+        skeleton: nn.Module,
+        stacked: Mapping[str, Tensor] | None = None,
+        shared: Mapping[str, Tensor] | None = None,
+        states: Sequence[Mapping[str, Tensor]] | None = None,
+    ) -> Ensemble:
+        """An ensemble on `skeleton` itself, not a copy: for the short-lived ensembles a fit
+        builds (a scale search's, one per scale), on a skeleton the fit owns, in eval mode, that
+        nothing edits. A deep copy per ensemble cost PEG-15's fit about one temperature scaling
+        fit (docs/performance.md, the fit's profile). Given `states`, they are stacked as
+        `from_state_dicts` stacks them."""
+        if states is not None:
+            stacked, shared = _stack_states(states)
+        ensemble = cls.__new__(cls)
+        ensemble._hold(skeleton, stacked or {}, shared, None)
+        return ensemble
+
+    def _hold(
+        self,
+        skeleton: nn.Module,
+        stacked: Mapping[str, Tensor],
+        shared: Mapping[str, Tensor] | None,
+        meta: Mapping[str, Any] | None,
+    ) -> None:
+        """Keep the skeleton (as given) and the entries, checked against its state dict."""
+        self.skeleton = skeleton
         self.stacked = {k: v.detach() for k, v in stacked.items()}
         self.shared = {k: v.detach() for k, v in (shared or {}).items()}
         expected = set(self.skeleton.state_dict())
@@ -133,20 +182,7 @@ class Ensemble(Predicts, MemberStrategies):
         meta: Mapping[str, Any] | None = None,
     ) -> Ensemble:
         """Stack member state dicts; entries identical in every member are stored once."""
-        if len(states) == 0:
-            raise ValueError("states: expected at least one member state dict")
-        _check_same_architecture(states)
-        stacked, shared = {}, {}
-        for name in states[0]:
-            values = [s[name].detach() for s in states]
-            if all(torch.equal(values[0], v) for v in values[1:]):
-                shared[name] = values[0].clone()
-            else:
-                stacked[name] = torch.stack(values)
-        if not stacked:  # all members identical: still keep M copies of one entry to record M
-            name = next(iter(shared))
-            stacked[name] = shared.pop(name).unsqueeze(0).repeat_interleave(len(states), 0)
-        return cls(skeleton, stacked, shared, meta)
+        return cls(skeleton, *_stack_states(states), meta)
 
     @classmethod
     def from_models(
