@@ -12,6 +12,7 @@ members run on a batch, and which way "auto" picks, is `peg._strategies` (`Membe
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -20,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from peg import archive
+from peg._devices import move
 from peg._forward import training_modules
 from peg._inputs import Data, iter_inputs, num_batches
 from peg._progress import bar
@@ -282,6 +284,13 @@ class Ensemble(Predicts, MemberStrategies):
             batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches of another shape
                 (`peg.batches`); None: the conventions above.
         """
+        amp, batch_size, chunk_size = self._options(strategy, batch_size, chunk_size, autocast)
+        if isinstance(X, Tensor) and batch_fn is None and X.ndim and 0 < len(X) <= batch_size:
+            # one batch, as `iter_member_logits` would yield it, without its generators and
+            # progress bar: ~40 µs a call (docs/performance.md, member_logits' profile)
+            with self._eval():
+                logits = self._one(move(X, self.device, "X"), strategy, amp, chunk_size)
+            return logits.contiguous()
         return _cat_batches(
             self.iter_member_logits(
                 X, batch_size, strategy, progress, chunk_size, autocast, batch_fn
@@ -302,13 +311,34 @@ class Ensemble(Predicts, MemberStrategies):
         """`member_logits` batch by batch: `[M, B_j, C]` for batch j of X, in order (arguments
         as `member_logits`, which concatenates them: the same batches, the same bits). Holds one
         batch's logits at a time (`peg.evaluate` streams its metrics from it)."""
-        amp = autocast_dtype(autocast)
+        amp, batch_size, chunk_size = self._options(strategy, batch_size, chunk_size, autocast)
         batch_fn = check_batch_fn(batch_fn)
+        seen = False
+        with self._eval():
+            for x in bar(
+                iter_inputs(X, batch_size, batch_fn, self.device),
+                f"predict ({len(self)} members)",
+                total=num_batches(X, batch_size),
+                enabled=progress,
+            ):
+                seen = True
+                yield self._one(x, strategy, amp, chunk_size)
+        if not seen:
+            raise ValueError("X: no inputs to predict (0 samples)")
+
+    def _options(
+        self,
+        strategy: Strategy,
+        batch_size: int | None,
+        chunk_size: int | None,
+        autocast: str | torch.dtype | None,
+    ) -> tuple[torch.dtype | None, int, int | None]:
+        """The prediction options checked: (autocast dtype, batch size, chunk size)."""
+        amp = autocast_dtype(autocast)
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy: expected one of {STRATEGIES}, got {strategy!r}")
         batch_size = check_positive_int(512 if batch_size is None else batch_size, "batch_size")
-        device = self.device
-        if device.type == "meta":
+        if self.device.type == "meta":
             raise ValueError(
                 "ensemble: its weights are on the meta device (shapes without values); "
                 "load or build it with real weights"
@@ -317,31 +347,30 @@ class Ensemble(Predicts, MemberStrategies):
             chunk_size = check_positive_int(chunk_size, "chunk_size")
         elif strategy == "chunked":
             raise ValueError("chunk_size: strategy='chunked' needs chunk_size (members per call)")
-        training = training_modules(self.skeleton)  # cheaper than eval() and back
+        return amp, batch_size, chunk_size
+
+    @contextlib.contextmanager
+    def _eval(self) -> Iterator[None]:
+        """The skeleton's modules in eval mode inside the block (cheaper than eval() and back)."""
+        training = training_modules(self.skeleton)
         for m in training:
             m.training = False
-        seen = False
         try:
-            for x in bar(
-                iter_inputs(X, batch_size, batch_fn, device),
-                f"predict ({len(self)} members)",
-                total=num_batches(X, batch_size),
-                enabled=progress,
-            ):
-                chosen = self._choose(x, chunk_size) if strategy == "auto" else strategy
-                if amp is None:
-                    logits = self._predict(x, chosen, strategy == "auto", chunk_size)
-                else:
-                    with torch.autocast(device.type, dtype=amp):
-                        logits = self._predict(x, chosen, strategy == "auto", chunk_size)
-                    logits = logits.float()
-                seen = True
-                yield logits
+            yield
         finally:
             for m in training:
                 m.training = True
-        if not seen:
-            raise ValueError("X: no inputs to predict (0 samples)")
+
+    def _one(
+        self, x: Any, strategy: Strategy, amp: torch.dtype | None, chunk_size: int | None
+    ) -> Tensor:
+        """Every member's logits `[M, B, C]` on one batch `x` (on the members' device)."""
+        chosen = self._choose(x, chunk_size) if strategy == "auto" else strategy
+        if amp is None:
+            return self._predict(x, chosen, strategy == "auto", chunk_size)
+        with torch.autocast(self.device.type, dtype=amp):
+            logits = self._predict(x, chosen, strategy == "auto", chunk_size)
+        return logits.float()
 
     # ---------------------------------------------------------------- persistence
     def save(self, path: str) -> str:
