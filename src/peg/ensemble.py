@@ -152,6 +152,7 @@ class Ensemble(Predicts, MemberStrategies):
             stacked, shared = _stack_states(states)
         ensemble = cls.__new__(cls)
         ensemble._hold(skeleton, stacked or {}, shared, None)
+        ensemble._transient = True  # a few batches: the loop swaps tensors, builds no modules
         return ensemble
 
     def _hold(
