@@ -7,17 +7,28 @@ default strategy ("auto"; the column `auto` says what it chose). Every run is ti
 (round robin), the median kept. Targets: loop / peg >= 1.0 everywhere, and at batch 512
 peg / (S × one member's forward) <= 1.10. Models: a CNN (conv 3→32→64, BatchNorm; `SmallCNN`
 on 32×32), an MLP 64-256-256-10 and ResNet-20 (32×32), S = 8 and 15, batch 1, 8, 64, 512.
+With `--torch-uncertainty DIR` (`pip install --no-deps --target DIR torch-uncertainty`; its
+`methods/deep_ensembles.py` is loaded from its file, without the package's heavy imports) also
+torch-uncertainty's `deep_ensembles` wrapper over the same copies, under `no_grad`, and the
+column tu/peg (issue 38: >= 1.0 for the CNN and the MLP at batch 8 and 512).
 
     python benchmarks/ensemble_vs_loop.py [--threads 2] [--repeats 5] [--budget 1.5] [--quick]
-                                          [--models CNN MLP ResNet-20]
+                                          [--models CNN MLP ResNet-20] [--batches 8 512]
+                                          [--members 8 15]
+                                          [--torch-uncertainty DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
+import shlex
 import statistics
+import sys
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import torch
 from _timing import round_robin
@@ -55,6 +66,19 @@ def _members(model: nn.Module, S: int) -> list[dict[str, torch.Tensor]]:
     return states
 
 
+def deep_ensembles(path: str | None) -> Callable[[list[nn.Module]], nn.Module] | None:
+    """torch-uncertainty's `deep_ensembles` from its file under `path` (None: not asked for)."""
+    if path is None:
+        return None
+    file = Path(path) / "torch_uncertainty" / "methods" / "deep_ensembles.py"
+    spec = importlib.util.spec_from_file_location("tu_deep_ensembles", file)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"--torch-uncertainty: no {file}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.deep_ensembles
+
+
 def _row(name: str, model: nn.Module, S: int, x: torch.Tensor, args: argparse.Namespace) -> str:
     """Time the loop, its inference-mode twin, peg and one forward on `x`; one table row."""
     states = _members(model, S)
@@ -79,8 +103,16 @@ def _row(name: str, model: nn.Module, S: int, x: torch.Tensor, args: argparse.Na
     def peg() -> object:
         return ens.member_logits(x, len(x))
 
-    runs = {"no_grad": loop, "inference": loop_inference, "peg": peg}
-    if len(x) == BATCHES[-1]:
+    runs: dict[str, Callable[[], Any]] = {"no_grad": loop, "inference": loop_inference, "peg": peg}
+    if args.wrapper is not None:
+        wrapped = args.wrapper(copies).eval()
+
+        def tu() -> object:
+            with torch.no_grad():
+                return wrapped(x)
+
+        runs["tu"] = tu
+    if len(x) >= BATCHES[-1]:
         runs["one"] = one
     repeats = 3 if len(x) >= 512 and name == "ResNet-20" else args.repeats  # seconds per call
     samples = _time(runs, repeats, args.budget)
@@ -88,9 +120,10 @@ def _row(name: str, model: nn.Module, S: int, x: torch.Tensor, args: argparse.Na
     base = samples[min(("no_grad", "inference"), key=t.__getitem__)]  # the faster loop
     chosen = ens._choose(x, None)  # what "auto" ran
     bound = f"{_ratio(samples['peg'], samples['one'], S):9.2f}" if "one" in t else f"{'':9}"
+    tu = f" {t['tu'] * 1e3:9.2f} {_ratio(samples['tu'], samples['peg']):7.3f}" if "tu" in t else ""
     return (
         f"{name:9} {S:3d} {len(x):5d} {t['no_grad'] * 1e3:9.2f} {t['inference'] * 1e3:9.2f} "
-        f"{t['peg'] * 1e3:9.2f} {chosen:>7} {_ratio(base, samples['peg']):10.3f} {bound}"
+        f"{t['peg'] * 1e3:9.2f} {chosen:>7} {_ratio(base, samples['peg']):10.3f} {bound}{tu}"
     )
 
 
@@ -101,8 +134,13 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=1.5, help="seconds per row, about")
     parser.add_argument("--quick", action="store_true", help="S = 8, batches 1 and 8 only")
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    parser.add_argument("--batches", nargs="+", type=int, default=list(BATCHES))
+    parser.add_argument("--members", nargs="+", type=int, default=[8, 15], help="S values")
+    parser.add_argument("--torch-uncertainty", default=None, metavar="DIR")
     args = parser.parse_args()
+    args.wrapper = deep_ensembles(args.torch_uncertainty)
     torch.set_num_threads(args.threads)
+    print(f"$ python {shlex.join(['benchmarks/ensemble_vs_loop.py', *sys.argv[1:]])}")
     print(f"commit: {git_commit()}")
     print(f"machine: {machine()}; median of >= {args.repeats} round-robin rounds "
           "(3 for ResNet-20 at 512)")  # fmt: skip
@@ -112,11 +150,12 @@ def main() -> None:
           "peg/(S·1) = peg ÷ (S × one member's forward), batch 512; ratios: the median of the "
           "rounds' own ratios")  # fmt: skip
     print(f"{'model':9} {'S':>3} {'batch':>5} {'no_grad':>9} {'inference':>9} {'peg':>9} "
-          f"{'auto':>7} {'loop/peg':>10} {'peg/(S·1)':>9}")  # fmt: skip
+          f"{'auto':>7} {'loop/peg':>10} {'peg/(S·1)':>9}"
+          + (f" {'tu':>9} {'tu/peg':>7}" if args.wrapper else ""))  # fmt: skip
     for name in args.models:
         make, shape = MODELS[name]
-        for S in (8,) if args.quick else (8, 15):
-            for batch in BATCHES[:2] if args.quick else BATCHES:
+        for S in (8,) if args.quick else args.members:
+            for batch in BATCHES[:2] if args.quick else args.batches:
                 torch.manual_seed(0)
                 model = make().eval()
                 print(_row(name, model, S, torch.randn(batch, *shape), args), flush=True)

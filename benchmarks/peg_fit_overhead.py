@@ -5,13 +5,20 @@ measures is what PEG-15 spends besides them: a profile of PEG-15 on ResNet-50 on
 2.5 of its 11.9 s in building member modules (`_strategies._member_modules`), which the loop
 now builds only for an ensemble used on many batches (`LOOP_MODULES_AFTER`).
 
+Issue 38 adds PEP-15 (target: no slower than PEG-15), K-FAC and diagonal PEG-15 (target
+<= 10 x TS; PEG-15 <= 5 x TS) and `--model fashion-mnist`: the library's SmallCNN (width 32)
+trained one epoch (Adam) on 10,000 Fashion-MNIST training images (cached under .peg-cache/),
+fitted on `--n` (e.g. 2000) test images.
+
     OMP_NUM_THREADS=1 python benchmarks/peg_fit_overhead.py            # ratios in one run
     OMP_NUM_THREADS=1 python benchmarks/peg_fit_overhead.py --rounds 5
+    OMP_NUM_THREADS=1 python benchmarks/peg_fit_overhead.py --model fashion-mnist --n 2000
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import statistics
 import sys
@@ -21,11 +28,26 @@ from pathlib import Path
 import torch
 
 import peg
-from peg import _strategies
+from peg import _strategies, data, models
 from peg._env import machine
+from peg.train import Recipe, train
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu import build
+
+CACHE = Path(".peg-cache") / "peg_fit_overhead"
+
+
+def fashion_mnist(n: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]]:
+    """SmallCNN trained one epoch on 10,000 Fashion-MNIST images (cached), and `n` test ones."""
+    X, y = data.load("fashion-mnist", "train")
+    torch.manual_seed(0)
+    model = models.SmallCNN(in_channels=1, num_classes=10, width=32)
+    recipe = Recipe(epochs=1, lr=1e-3, optimizer="adam", weight_decay=0.0, batch_size=128)
+    checkpoint = CACHE / "fashion-mnist-small-cnn.safetensors"
+    train(model, (X[:10_000], y[:10_000]), recipe, seed=0, checkpoint=checkpoint, progress=False)
+    Xt, yt = data.load("fashion-mnist", "test")
+    return model.eval(), (Xt[:n], yt[:n])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -33,20 +55,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--n", type=int, default=512)
     parser.add_argument("--quick", action="store_true", help="a smoke run: one round, 256 images")
+    parser.add_argument("--model", choices=("resnet", "fashion-mnist"), default="resnet")
+    parser.add_argument("--no-variants", action="store_true", help="TS, PEG-15 and PEP-15 only")
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.n = 1, 256
     torch.set_num_threads(1)
-    model = build("resnet50", 32, True, 10)
-    g = torch.Generator().manual_seed(0)
-    images = torch.randn(args.n, 3, 32, 32, generator=g)
-    val = (images, torch.randint(0, 10, (args.n,), generator=g))
+    if args.model == "fashion-mnist":
+        model, val = fashion_mnist(args.n)
+    else:
+        model = build("resnet50", 32, True, 10)
+        g = torch.Generator().manual_seed(0)
+        images = torch.randn(args.n, 3, 32, 32, generator=g)
+        val = (images, torch.randint(0, 10, (args.n,), generator=g))
     after = _strategies.LOOP_MODULES_AFTER
+    quiet = {"n_members": 15, "seed": 0, "progress": False}
     runs = {
         "TS": lambda: peg.TemperatureScaling().fit(model, val),
-        "PEG-15": lambda: peg.PEG(n_members=15, seed=0).fit(model, val),
-        "PEG-15, modules from batch 0": lambda: peg.PEG(n_members=15, seed=0).fit(model, val),
+        "PEG-15": lambda: peg.PEG(**quiet).fit(model, val),
+        "PEP-15": lambda: peg.PEP(**quiet).fit(model, val),
     }
+    if not args.no_variants:
+        runs["PEG-15 K-FAC"] = lambda: peg.PEG(**quiet, precondition="kfac").fit(model, val)
+        runs["PEG-15 diag"] = lambda: peg.PEG(**quiet, precondition="diag").fit(model, val)
+        runs["PEG-15, modules from batch 0"] = lambda: peg.PEG(**quiet).fit(model, val)
     seconds: dict[str, list[float]] = {name: [] for name in runs}
     for name, run in runs.items():  # warm: the first call pays set-up
         _strategies.LOOP_MODULES_AFTER = 0 if "batch 0" in name else after
@@ -61,6 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     command = shlex.join(["benchmarks/peg_fit_overhead.py", *(argv or sys.argv[1:])])
     print(f"$ OMP_NUM_THREADS=1 python {command}")
     print(machine())
+    print(f"load average at the end: {os.getloadavg()[0]:.1f} (the 2 cores shared with others)")
     ts = statistics.median(seconds["TS"])
     for name, values in seconds.items():
         median = statistics.median(values)

@@ -193,20 +193,24 @@ def test_the_loop_runs_member_modules_that_share_the_stacked_storage(bn_net):
 def test_the_loop_builds_member_modules_only_for_an_ensemble_used_on_many_batches(
     bn_net, monkeypatch
 ):
-    """A scale search predicts a few batches per ensemble: those run by functional_call,
-    without a module copy per member; from batch LOOP_MODULES_AFTER on, the member modules
-    (the same logits)."""
+    """A scale search predicts a few batches per ensemble (`Ensemble._sharing`): those run by
+    functional_call, without a module copy per member, and from batch LOOP_MODULES_AFTER on
+    the member modules; an ensemble a user holds builds them from its second batch
+    (LOOP_MODULES_AFTER_HELD). The same logits either way."""
     from peg import _strategies
 
     monkeypatch.setattr(_strategies, "LOOP_MODULES_AFTER", 2)
-    ens = peg.Ensemble.from_models(members(bn_net, 3))
+    held = peg.Ensemble.from_models(members(bn_net, 3))
+    search = peg.Ensemble._sharing(held.skeleton, held.stacked, held.shared)
     X = torch.randn(8, 2)
-    built = []
-    real = ens._member_modules
-    monkeypatch.setattr(ens, "_member_modules", lambda: built.append(1) or real())
-    batches = [ens.member_logits(X[i : i + 2], strategy="loop") for i in range(0, 8, 2)]
-    assert len(built) == 2  # batches 3 and 4
-    torch.testing.assert_close(torch.cat(batches, 1), ens.member_logits(X, strategy="loop"))
+    for ens, first in ((search, 2), (held, 1)):
+        built = []
+        real = ens._member_modules
+        monkeypatch.setattr(ens, "_member_modules", lambda b=built, r=real: b.append(1) or r())
+        batches = [ens.member_logits(X[i : i + 2], strategy="loop") for i in range(0, 8, 2)]
+        assert len(built) == 4 - first  # from batch `first` (0-based) on
+        whole = ens.member_logits(X, strategy="loop")
+        torch.testing.assert_close(torch.cat(batches, 1), whole, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("autocast", ["bf16", torch.bfloat16, "fp16"])

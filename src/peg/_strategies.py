@@ -51,8 +51,13 @@ _FOLDS: dict[tuple[Any, ...], bool] = {}
 # on an ensemble's first batches, and builds one module per member (`_member_modules`) from
 # this batch on: a module copy costs what ~45 swaps do (ResNet-50: 64 ms against 1.4 ms), and
 # the ensembles of a scale search predict a few batches each (building them took 2.5 of
-# PEG-15's 11.9 s fit on a GPU)
+# PEG-15's 11.9 s fit on a GPU). That holds for the short-lived ensembles a fit builds
+# (`Ensemble._sharing`); an ensemble a user holds builds its modules from its second batch
+# (LOOP_MODULES_AFTER_HELD; 16 before issue 38): swapping costs every call, 27% of an S = 8
+# CNN's at 8 rows and 9% of an MLP's at 512 (one thread), while the 8 modules cost less than
+# one such call to build, and a prediction of one batch still builds none
 LOOP_MODULES_AFTER = 16
+LOOP_MODULES_AFTER_HELD = 1
 
 
 class MemberStrategies:
@@ -128,7 +133,9 @@ class MemberStrategies:
         if strategy == "loop":
             looped = self.__dict__.get("_loop_batches", 0)
             self._loop_batches = looped + 1
-            modules = self._member_modules() if looped >= LOOP_MODULES_AFTER else None
+            transient = self.__dict__.get("_transient", False)
+            after = LOOP_MODULES_AFTER if transient else LOOP_MODULES_AFTER_HELD
+            modules = self._member_modules() if looped >= after else None
             if modules is None:
                 return torch.stack([self._member_output(i, x) for i in range(len(self))])
             with torch.inference_mode():

@@ -12,6 +12,7 @@ members run on a batch, and which way "auto" picks, is `peg._strategies` (`Membe
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -20,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from peg import archive
+from peg._devices import move
 from peg._forward import training_modules
 from peg._inputs import Data, iter_inputs, num_batches
 from peg._progress import bar
@@ -70,6 +72,26 @@ def _check_same_architecture(states: Sequence[Mapping[str, Tensor]]) -> None:
             )
 
 
+def _stack_states(
+    states: Sequence[Mapping[str, Tensor]],
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """(stacked, shared) entries of member state dicts: those identical in every member once."""
+    if len(states) == 0:
+        raise ValueError("states: expected at least one member state dict")
+    _check_same_architecture(states)
+    stacked, shared = {}, {}
+    for name in states[0]:
+        values = [s[name].detach() for s in states]
+        if all(torch.equal(values[0], v) for v in values[1:]):
+            shared[name] = values[0].clone()
+        else:
+            stacked[name] = torch.stack(values)
+    if not stacked:  # all members identical: still keep M copies of one entry to record M
+        name = next(iter(shared))
+        stacked[name] = shared.pop(name).unsqueeze(0).repeat_interleave(len(states), 0)
+    return stacked, shared
+
+
 class Predicts:
     """`predict_proba` and `predict` from `member_logits`: the verbs of the predictor protocol
     (`peg.methods.base`) that every predictor derives the same way."""
@@ -111,7 +133,37 @@ class Ensemble(Predicts, MemberStrategies):
         sizes = {int(t.shape[0]) for t in stacked.values()}
         if len(sizes) != 1:
             raise ValueError(f"stacked: entries disagree on the number of members: {sorted(sizes)}")
-        self.skeleton = copy.deepcopy(skeleton).eval()
+        self._hold(copy.deepcopy(skeleton).eval(), stacked, shared, meta)
+
+    @classmethod
+    def _sharing(
+        cls,
+        skeleton: nn.Module,
+        stacked: Mapping[str, Tensor] | None = None,
+        shared: Mapping[str, Tensor] | None = None,
+        states: Sequence[Mapping[str, Tensor]] | None = None,
+    ) -> Ensemble:
+        """An ensemble on `skeleton` itself, not a copy: for the short-lived ensembles a fit
+        builds (a scale search's, one per scale), on a skeleton the fit owns, in eval mode, that
+        nothing edits. A deep copy per ensemble cost PEG-15's fit about one temperature scaling
+        fit (docs/performance.md, the fit's profile). Given `states`, they are stacked as
+        `from_state_dicts` stacks them."""
+        if states is not None:
+            stacked, shared = _stack_states(states)
+        ensemble = cls.__new__(cls)
+        ensemble._hold(skeleton, stacked or {}, shared, None)
+        ensemble._transient = True  # a few batches: the loop swaps tensors, builds no modules
+        return ensemble
+
+    def _hold(
+        self,
+        skeleton: nn.Module,
+        stacked: Mapping[str, Tensor],
+        shared: Mapping[str, Tensor] | None,
+        meta: Mapping[str, Any] | None,
+    ) -> None:
+        """Keep the skeleton (as given) and the entries, checked against its state dict."""
+        self.skeleton = skeleton
         self.stacked = {k: v.detach() for k, v in stacked.items()}
         self.shared = {k: v.detach() for k, v in (shared or {}).items()}
         expected = set(self.skeleton.state_dict())
@@ -133,20 +185,7 @@ class Ensemble(Predicts, MemberStrategies):
         meta: Mapping[str, Any] | None = None,
     ) -> Ensemble:
         """Stack member state dicts; entries identical in every member are stored once."""
-        if len(states) == 0:
-            raise ValueError("states: expected at least one member state dict")
-        _check_same_architecture(states)
-        stacked, shared = {}, {}
-        for name in states[0]:
-            values = [s[name].detach() for s in states]
-            if all(torch.equal(values[0], v) for v in values[1:]):
-                shared[name] = values[0].clone()
-            else:
-                stacked[name] = torch.stack(values)
-        if not stacked:  # all members identical: still keep M copies of one entry to record M
-            name = next(iter(shared))
-            stacked[name] = shared.pop(name).unsqueeze(0).repeat_interleave(len(states), 0)
-        return cls(skeleton, stacked, shared, meta)
+        return cls(skeleton, *_stack_states(states), meta)
 
     @classmethod
     def from_models(
@@ -246,6 +285,13 @@ class Ensemble(Predicts, MemberStrategies):
             batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches of another shape
                 (`peg.batches`); None: the conventions above.
         """
+        amp, batch_size, chunk_size = self._options(strategy, batch_size, chunk_size, autocast)
+        if isinstance(X, Tensor) and batch_fn is None and X.ndim and 0 < len(X) <= batch_size:
+            # one batch, as `iter_member_logits` would yield it, without its generators and
+            # progress bar: ~40 µs a call (docs/performance.md, member_logits' profile)
+            with self._eval():
+                logits = self._one(move(X, self.device, "X"), strategy, amp, chunk_size)
+            return logits.contiguous()
         return _cat_batches(
             self.iter_member_logits(
                 X, batch_size, strategy, progress, chunk_size, autocast, batch_fn
@@ -266,13 +312,34 @@ class Ensemble(Predicts, MemberStrategies):
         """`member_logits` batch by batch: `[M, B_j, C]` for batch j of X, in order (arguments
         as `member_logits`, which concatenates them: the same batches, the same bits). Holds one
         batch's logits at a time (`peg.evaluate` streams its metrics from it)."""
-        amp = autocast_dtype(autocast)
+        amp, batch_size, chunk_size = self._options(strategy, batch_size, chunk_size, autocast)
         batch_fn = check_batch_fn(batch_fn)
+        seen = False
+        with self._eval():
+            for x in bar(
+                iter_inputs(X, batch_size, batch_fn, self.device),
+                f"predict ({len(self)} members)",
+                total=num_batches(X, batch_size),
+                enabled=progress,
+            ):
+                seen = True
+                yield self._one(x, strategy, amp, chunk_size)
+        if not seen:
+            raise ValueError("X: no inputs to predict (0 samples)")
+
+    def _options(
+        self,
+        strategy: Strategy,
+        batch_size: int | None,
+        chunk_size: int | None,
+        autocast: str | torch.dtype | None,
+    ) -> tuple[torch.dtype | None, int, int | None]:
+        """The prediction options checked: (autocast dtype, batch size, chunk size)."""
+        amp = autocast_dtype(autocast)
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy: expected one of {STRATEGIES}, got {strategy!r}")
         batch_size = check_positive_int(512 if batch_size is None else batch_size, "batch_size")
-        device = self.device
-        if device.type == "meta":
+        if self.device.type == "meta":
             raise ValueError(
                 "ensemble: its weights are on the meta device (shapes without values); "
                 "load or build it with real weights"
@@ -281,31 +348,30 @@ class Ensemble(Predicts, MemberStrategies):
             chunk_size = check_positive_int(chunk_size, "chunk_size")
         elif strategy == "chunked":
             raise ValueError("chunk_size: strategy='chunked' needs chunk_size (members per call)")
-        training = training_modules(self.skeleton)  # cheaper than eval() and back
+        return amp, batch_size, chunk_size
+
+    @contextlib.contextmanager
+    def _eval(self) -> Iterator[None]:
+        """The skeleton's modules in eval mode inside the block (cheaper than eval() and back)."""
+        training = training_modules(self.skeleton)
         for m in training:
             m.training = False
-        seen = False
         try:
-            for x in bar(
-                iter_inputs(X, batch_size, batch_fn, device),
-                f"predict ({len(self)} members)",
-                total=num_batches(X, batch_size),
-                enabled=progress,
-            ):
-                chosen = self._choose(x, chunk_size) if strategy == "auto" else strategy
-                if amp is None:
-                    logits = self._predict(x, chosen, strategy == "auto", chunk_size)
-                else:
-                    with torch.autocast(device.type, dtype=amp):
-                        logits = self._predict(x, chosen, strategy == "auto", chunk_size)
-                    logits = logits.float()
-                seen = True
-                yield logits
+            yield
         finally:
             for m in training:
                 m.training = True
-        if not seen:
-            raise ValueError("X: no inputs to predict (0 samples)")
+
+    def _one(
+        self, x: Any, strategy: Strategy, amp: torch.dtype | None, chunk_size: int | None
+    ) -> Tensor:
+        """Every member's logits `[M, B, C]` on one batch `x` (on the members' device)."""
+        chosen = self._choose(x, chunk_size) if strategy == "auto" else strategy
+        if amp is None:
+            return self._predict(x, chosen, strategy == "auto", chunk_size)
+        with torch.autocast(self.device.type, dtype=amp):
+            logits = self._predict(x, chosen, strategy == "auto", chunk_size)
+        return logits.float()
 
     # ---------------------------------------------------------------- persistence
     def save(self, path: str) -> str:

@@ -20,6 +20,8 @@ A `RowSource` computes any subset of one base's rows; the method (PEG or PEP) su
 
 from __future__ import annotations
 
+import copy
+import functools
 import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -161,23 +163,38 @@ class Bases:
         common = [p[0] for p in same]  # holding them all, else the tail's first child
         return ".".join(common) or next(iter(split.head._modules))
 
-    def base_ensemble(self) -> Ensemble:
+    @functools.cached_property
+    def own_skeleton(self) -> nn.Module:
+        """A copy of the skeleton that the fit owns (eval mode), shared by the short-lived
+        ensembles it builds (`ensemble(..., share=True)`): one deep copy, not one a scale."""
+        return copy.deepcopy(self.skeleton).eval()
+
+    def _build(self, share: bool, **entries: Any) -> Ensemble:
+        """An `Ensemble` of `entries` (stacked and shared, or states): on `own_skeleton` when
+        `share` (the search's, never handed out), else on a copy of its own."""
+        if share:
+            return Ensemble._sharing(self.own_skeleton, **entries)
+        if "states" in entries:
+            return Ensemble.from_state_dicts(self.skeleton, entries["states"])
+        return Ensemble(self.skeleton, entries["stacked"], entries["shared"])
+
+    def base_ensemble(self, share: bool = False) -> Ensemble:
         """The base models as an `Ensemble` (scale 0 of every member; BatchNorm statistics
-        re-estimated when the members' are)."""
+        re-estimated when the members' are); `share`: see `_build`."""
         states = self.states
         if self.bn_batches is not None:
             states = [refresh_bn(self.skeleton, dict(s), self.bn_batches) for s in states]
-        return Ensemble.from_state_dicts(self.skeleton, states)
+        return self._build(share, states=states)
 
-    def ensemble(self, directions: Sequence[Tensor], scale: float) -> Ensemble:
+    def ensemble(self, directions: Sequence[Tensor], scale: float, share: bool = False) -> Ensemble:
         """Members θ_r + scale·D_r[i] for every base r (D_r `[S, P]`), base-major, but the
         dropped ones. One base and no BatchNorm refresh: the perturbed entries stacked, the
         rest shared (θ's own tensors, which the fit owns); otherwise from one state dict per
-        member."""
+        member. `share`: on the fit's own skeleton, not a copy (`_build`)."""
         if len(self.states) == 1 and self.bn_batches is None:
             base, stacked = self.states[0], self.perturbed(0, directions[0], scale)
             shared = {k: v for k, v in base.items() if k not in stacked}
-            return Ensemble(self.skeleton, stacked, shared)
+            return self._build(share, stacked=stacked, shared=shared)
         shapes = [self.states[0][n].shape for n in self.names]
         states = []
         for r, (base, D) in enumerate(zip(self.states, directions, strict=True)):
@@ -191,7 +208,7 @@ class Bases:
                 if self.bn_batches is not None:
                     state = refresh_bn(self.skeleton, state, self.bn_batches)
                 states.append(state)
-        return Ensemble.from_state_dicts(self.skeleton, states)
+        return self._build(share, states=states)
 
 
 @dataclass(frozen=True)
@@ -221,10 +238,11 @@ class StackedMembers:
     def __len__(self) -> int:
         return len(self.bases)
 
-    def ensemble_at(self, scale: float) -> Ensemble:
-        """The members at `scale`, built anew (the search's, `ensemble_at`'s)."""
+    def ensemble_at(self, scale: float, share: bool = False) -> Ensemble:
+        """The members at `scale`, built anew (the search's, on the fit's own skeleton:
+        `share`; `ensemble_at`'s, on a copy)."""
         _check_scale(scale)
-        return self.bases.ensemble(self.directions, scale)
+        return self.bases.ensemble(self.directions, scale, share)
 
     def ensemble(self, scale: float) -> Ensemble:
         """The members at `scale`, kept: the fitted ensemble."""
@@ -256,7 +274,12 @@ class StackedMembers:
         if len(bases.states) == 1 and bases.bn_batches is None:
             split = find_split(bases.skeleton, set(bases.names), bases.states, X)
         if split is None:
-            return SearchTarget(self.ensemble_at, X, bases.base_ensemble, member_base)
+            return SearchTarget(
+                functools.partial(self.ensemble_at, share=True),
+                X,
+                functools.partial(bases.base_ensemble, share=True),
+                member_base,
+            )
         base, D = bases.states[0], self.directions[0]
         trunk = split.trunk_module(base)
         rows = batch_rows(X, "val")  # X: a tensor or a mapping of them (dict batches)

@@ -110,7 +110,7 @@ class PerturbationEnsemble(Recipes, FittedMembers, FittedEnsemble):
     @property
     def _holdout(self) -> float:
         """Fraction of the validation set held out for scoring the scale (PEG's
-        `search.holdout`; PEP scores on every point)."""
+        `search.holdout`; PEP holds none out: `_score_cap`)."""
         return 0.0
 
     # ---------------------------------------------------------------- to override
@@ -141,10 +141,15 @@ class PerturbationEnsemble(Recipes, FittedMembers, FittedEnsemble):
         are held out for scoring only when the scale is `searched` (None: `self.searches`)."""
         searched = self.searches if searched is None else searched
         holdout = self._holdout if searched and self.uses_direction_data else 0.0
-        direction, score = split_points(
-            source, self.seed, holdout, self._search().max_points, self.scale_name
-        )
+        cap = self._search().max_points
+        if searched and not self.uses_direction_data and source.indexable:
+            cap = self._score_cap(len(source), cap)
+        direction, score = split_points(source, self.seed, holdout, cap, self.scale_name)
         return DirectionData(source, direction), score
+
+    def _score_cap(self, n: int, cap: int | None) -> int | None:
+        """The most points of n that score the scale, for a method without direction data."""
+        return cap
 
     def fit(
         self, model: Models, val: Data | None = None, *, bn_data: Data | None = None

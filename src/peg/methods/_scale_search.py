@@ -73,7 +73,9 @@ class ScaleSearch(Params):
             "ece", "brier" or a callable (member_logits [M, N, C], y [N]) -> float.
         holdout: PEG: the fraction of the validation set held out for scoring η (default 0.5;
             the other part feeds the gradient steps); 0 scores on the points that feed the
-            steps, as the paper does. PEP has no gradient step and scores σ on every point.
+            steps, as the paper does. PEP has no gradient step: it scores σ on the same
+            fraction of the points (the ones PEG holds out; the rest unused), so its search
+            costs what PEG's does; 0 scores on every point (PEP's default before).
         max_points: score on a seeded random subset of at most this many held-out points
             (default 10,000, so a large validation set does not multiply the search's cost, nor
             its memory: the scoring points are gathered; None: all of them; from an

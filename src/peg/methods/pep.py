@@ -59,9 +59,11 @@ class PEP(PerturbationEnsemble):
         lazy_store: see `lazy` and `PEG`.
         memory_budget: `lazy="auto"`: bytes the eager ensemble may take (see `PEG`).
 
-    PEP has no gradient step, so the validation set (up to the search's `max_points` of it)
-    scores σ; it may be an IterableDataset (read once in order: checks, fingerprint, and the
-    first `max_points` points kept for scoring).
+    PEP has no gradient step: σ is scored on as many points as PEG holds out for η (the
+    search's `holdout`, default half: the same points; up to its `max_points`), so that its
+    search costs what PEG's does; `search=ScaleSearch(holdout=0)` scores on every point (the
+    default before). It may be an IterableDataset (read once in order: checks, fingerprint,
+    and the first `max_points` points kept for scoring).
     """
 
     method = "PEP"
@@ -97,6 +99,17 @@ class PEP(PerturbationEnsemble):
 
     # the PEG paper's σ bracket (5e-4, 5e-3) and its geometric mean
     default_grid = (5e-4, math.sqrt(5e-4 * 5e-3), 5e-3)
+
+    def _score_cap(self, n: int, cap: int | None) -> int | None:
+        """σ is scored on the round(holdout·n) points PEG holds out for η (the first of the same
+        seeded permutation, up to `cap`), so that PEP's search costs what PEG's does (PEP-15's
+        fit was 1.5-2 × PEG-15's on 512 points, docs/performance.md); `holdout=0`: on every
+        point, as before."""
+        share = self._search().holdout
+        if share <= 0:
+            return cap
+        k = max(1, round(share * n))
+        return k if cap is None else min(cap, k)
 
     def _row_source(
         self, model: nn.Module, r: int, names: list[str], data: DirectionData

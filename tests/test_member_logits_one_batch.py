@@ -1,0 +1,49 @@
+"""`Ensemble.member_logits` on a tensor of one batch skips the batch generators (issue 38):
+the same bits, the same checks, as the batch-by-batch path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import peg
+
+
+@pytest.fixture()
+def ens() -> peg.Ensemble:
+    torch.manual_seed(0)
+    members = [nn.Sequential(nn.Linear(3, 8), nn.BatchNorm1d(8), nn.Linear(8, 4)) for _ in range(5)]
+    return peg.Ensemble.from_models([m.eval() for m in members])
+
+
+@pytest.mark.parametrize("strategy", ["auto", "loop", "vmap", "folded", "chunked"])
+def test_one_batch_as_the_batches_give_it(ens, strategy):
+    X = torch.randn(16, 3)
+    size = 2 if strategy == "chunked" else None
+    got = ens.member_logits(X, 16, strategy=strategy, chunk_size=size)
+    batches = torch.cat(list(ens.iter_member_logits(X, 16, strategy, chunk_size=size)), dim=1)
+    assert got.shape == (5, 16, 4) and got.is_contiguous()
+    torch.testing.assert_close(got, batches, rtol=0, atol=0)
+    several = ens.member_logits(X, 5, strategy=strategy, chunk_size=size)  # 4 batches
+    torch.testing.assert_close(got, several, rtol=1e-6, atol=1e-6)
+
+
+def test_one_batch_checks_as_before(ens):
+    with pytest.raises(ValueError, match="X: no inputs"):
+        ens.member_logits(torch.empty(0, 3))
+    with pytest.raises(ValueError, match="strategy: expected one of"):
+        ens.member_logits(torch.randn(2, 3), strategy="fast")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="chunk_size"):
+        ens.member_logits(torch.randn(2, 3), strategy="chunked")
+    with pytest.raises(ValueError, match="batch_size"):
+        ens.member_logits(torch.randn(2, 3), 0)
+
+
+def test_one_batch_leaves_training_modules_as_they_were(ens):
+    X = torch.randn(4, 3)
+    ens.skeleton.train()
+    logits = ens.member_logits(X)  # eval mode inside: running statistics
+    assert ens.skeleton.training and all(m.training for m in ens.skeleton.modules())
+    ens.skeleton.eval()
+    torch.testing.assert_close(logits, ens.member_logits(X), rtol=0, atol=0)
