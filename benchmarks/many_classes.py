@@ -5,10 +5,11 @@ at 1000 classes (issue 31, part 4).
 
 Data (validation sets of `--val` sizes, e.g. a small 500 and a large 5000; test sets apart):
 - 10 classes, REAL: an MLP (784-256-10, ReLU) trained for 40 epochs (Adam, lr 1e-3, batch 128,
-  seed 0) on 4000 images of the MNIST test set (`../shared/data/mnist_test`, the only MNIST
-  images offline here), over-confident by then; validation and test logits from the other 6000
-  (test: the last 3000). A CIFAR-10 CNN from the presets was not feasible: training one on
-  this machine's 2 shared cores within the session was not (say so in the transcript);
+  seed 0) on 4000 images of the MNIST test set (`--data`: the folder holding `mnist_test/`,
+  the project's ../shared/data; the only MNIST images offline here), over-confident by then;
+  validation logits from the next 3000 (the first `--val` of them), test logits from the last
+  3000. Not a CIFAR-10 CNN from the presets: training one on this machine's 2 shared cores
+  within the session was not feasible;
 - 10 classes, SATURATED: issue 40's logits, randn + 45·one_hot(p), the top class wrong on every
   tenth point;
 - 100 and 1000 classes, SYNTHETIC (no such logits or models offline here): `synthetic_logits`
@@ -53,10 +54,9 @@ from torch import Tensor, nn
 
 import peg
 from peg._env import machine
-from peg.data.idx import read_idx
+from peg.data.mnist import load_idx_set
 
 IDENTITY = nn.Identity()
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 
 
 def synthetic_logits(n: int, seed: int, c: int = 1000) -> tuple[Tensor, Tensor]:
@@ -82,11 +82,9 @@ def saturated_logits(n: int, seed: int) -> tuple[Tensor, Tensor]:
     return torch.randn(n, 10, generator=g) + 45 * F.one_hot(p, 10), y
 
 
-def mnist_logits() -> tuple[Tensor, Tensor]:
+def mnist_logits(root: str | None) -> tuple[Tensor, Tensor]:
     """(logits `[6000, 10]`, labels) of an over-fitted MLP on MNIST (see the module doc)."""
-    folder = DATA / "mnist_test"
-    X = torch.from_numpy(read_idx(folder / "t10k-images-idx3-ubyte.gz").copy()).float() / 255
-    y = torch.from_numpy(read_idx(folder / "t10k-labels-idx1-ubyte.gz").copy()).long()
+    X, y = load_idx_set("mnist", "test", root)
     X = X.reshape(len(X), -1)
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 10))
@@ -276,6 +274,7 @@ def main() -> None:
     parser.add_argument("--val", type=int, nargs="+", default=[500, 5000])
     parser.add_argument("--test", type=int, default=5000)
     parser.add_argument("--torch-uncertainty", default=None)
+    parser.add_argument("--data", default=None, help="where mnist_test/ is (else peg's roots)")
     parser.add_argument(
         "--quick", action="store_true", help="100 classes, 500 points (a smoke run)"
     )
@@ -289,7 +288,7 @@ def main() -> None:
     tu = torch_uncertainty(args.torch_uncertainty) if args.torch_uncertainty else None
     for c in args.classes:
         if c == 10:
-            z, y = mnist_logits()
+            z, y = mnist_logits(args.data)
             test = (z[3000:], y[3000:])
             for n in args.val:
                 n = min(n, 3000)
