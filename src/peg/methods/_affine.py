@@ -35,14 +35,11 @@ from peg.methods.temperature import fit_temperature
 
 NEWTON_MAX = 1200  # parameters up to which the Hessian `[P, P]` is formed...
 NEWTON_FLOPS = 2e9  # ... and N P², what forming it costs, up to which Newton is faster
-# truncated Newton (larger maps): CG steps per Newton step at most, and the predicted decrease
-# of the objective (nats a point, relative above 1) below which it stops: far below any
-# standard error of a validation NLL
+# CG steps per truncated Newton step at most; the predicted decrease (nats, relative above 1)
 CG_STEPS = 50
-DECREMENT_TOL = 1e-10
+DECREMENT_TOL = 1e-10  # below which it stops: far below any SE of a validation NLL
 GAIN_TOL = 1e-5  # ... and the decrease of a step (relative above 1) at which a crawl stops
-# log of the smallest positive float64: a probability that underflowed to 0 (log p̄ = -inf) is
-# scored as this, so a weight times it stays finite
+# log of the smallest float64 > 0: log p̄ = -inf is scored as this (a weight times it is finite)
 LOG_TINY = math.log(torch.finfo(torch.float64).tiny)
 
 
@@ -175,14 +172,15 @@ def _backtrack(
     return None
 
 
-def _newton(theta: Tensor, s: Tensor, y: Tensor, pen: Penalty, full: bool, max_iter: int) -> Tensor:
+def _newton(
+    theta: Tensor, s: Tensor, y: Tensor, pen: Penalty, full: bool, max_iter: int, tol: float
+) -> Tensor:
     value, grad, p = _gradient(theta, s, y, pen, full)
     for _ in range(max_iter):
         if float(grad.abs().max()) <= 1e-10:
             break
         h = _hessian(p, s, pen, full)
-        # a ridge far below the curvature: the directions softmax ignores (a constant added to
-        # every class) are flat without a penalty, and the gradient has no part along them
+        # a ridge far below the curvature: softmax's flat directions (a constant on every class)
         h.diagonal().add_(1e-10 * float(h.diagonal().abs().max()) + 1e-300)
         step = torch.linalg.solve(h, grad.reshape(-1)).reshape(theta.shape)
         slope = float((grad * step).sum())
@@ -192,7 +190,8 @@ def _newton(theta: Tensor, s: Tensor, y: Tensor, pen: Penalty, full: bool, max_i
         theta, new = found
         gain = float(value - new[0])
         value, grad, p = _gradient(theta, s, y, pen, full, new)
-        if gain <= 1e-15 * max(1.0, abs(float(value))):
+        scale = max(1.0, abs(float(value)))
+        if gain <= 1e-15 * scale or slope <= 2 * tol * scale:  # tol 0: to the float64 floor
             break
     return theta
 
@@ -216,15 +215,18 @@ def _curvature(
     are 0 on the rows held (`pen.live`), so CG leaves them where they are."""
     n, coef, live = len(s), pen.coef, pen.live
     if full:
+        # float32 halves the two N×C×C products' time; CG's directions need no more (the
+        # gradient, the objective and the line search stay float64)
+        s32, p32 = s.float(), p.float()
 
         def hvp_full(v: Tensor) -> Tensor:
-            u = s @ v[:, :-1].T + v[:, -1]  # J v, [N, C]
-            r = p * (u - (p * u).sum(1, keepdim=True)) / n
-            return (torch.cat([r.T @ s, r.sum(0)[:, None]], 1) + 2 * coef * v) * live
+            u = s32 @ v[:, :-1].T.float() + v[:, -1].float()  # J v, [N, C]
+            r = p32 * (u - (p32 * u).sum(1, keepdim=True)) / n
+            out = torch.cat([r.T @ s32, r.sum(0)[:, None]], 1).to(v)
+            return (out + 2 * coef * v) * live
 
-        # M = a_c E[x xᵀ] + κ I per class row c (a_c = mean p_c(1 - p_c), κ the mean penalty):
-        # the scores' columns are strongly correlated (log p̄ shares the log-normaliser), which
-        # a diagonal misses; inverted through E[x xᵀ]'s eigenvectors (`basis`), two products
+        # M = a_c E[x xᵀ] + κ I per row c (a_c = mean p_c(1 - p_c), κ the mean penalty): the
+        # scores' columns correlate (log p̄'s shared normaliser); inverted by `basis`
         lam, Q = basis  # type: ignore[misc]
         a = (p * (1 - p)).mean(0)
         inverse = 1.0 / (a[:, None] * lam[None, :] + float(2 * coef.mean()) + 1e-300)
@@ -310,15 +312,13 @@ def _newton_cg(
             break
         theta, new = found
         gain, last = float(value - new[0]), gain
-        # an objective without a finite minimum (separable data, unregularised) creeps down
-        # forever: stop where it no longer moves, three small steps each not far below the last
-        # (converging, each gain is far below the last)
+        # no finite minimum (separable data, unregularised): three small gains, none far below
+        # the last (converging, each is), and it stops
         small = gain <= GAIN_TOL * max(1.0, abs(float(value))) and gain > 0.1 * last
         crawl = crawl + 1 if small else 0
         if crawl >= 3:
             break
-        # Newton's predicted decrease (the decrement, slope / 2) of the step just taken: below
-        # the tolerance, what is left is smaller still (quadratic convergence): done
+        # Newton's predicted decrease (slope / 2) below the tolerance: what is left is smaller
         if slope <= 2 * tol * max(1.0, abs(float(value))):
             break
         value, grad, p = _gradient(theta, s, y, pen, full, new)
@@ -333,7 +333,7 @@ def minimise(
     is small and cheap to form, truncated Newton otherwise (see the module doc)."""
     size = theta.numel()
     if size <= NEWTON_MAX and len(s) * size**2 <= NEWTON_FLOPS:
-        return _newton(theta, s, y, pen, full, max_iter)
+        return _newton(theta, s, y, pen, full, max_iter, tol if tol > DECREMENT_TOL else 0.0)
     return _newton_cg(theta, s, y, pen, full, max_iter, basis, tol)
 
 
