@@ -119,10 +119,12 @@ class _Affine(Calibrator):
                 '"auto" (shrinkage towards temperature scaling chosen by cross-validation)'
             )
         else:
-            k = chosen.get("k_off", chosen["k_diagonal"]) if self.full else chosen["k_diagonal"]
-            outcome = "cross-validation chose " + (
-                "temperature scaling's map" if k is None else f"a prior of {k:g} points per class"
-            )
+            ks = [chosen["k_diagonal"], *([chosen["k_off"]] if self.full else [])]
+            shown = "/".join("∞" if k is None else f"{k:g}" for k in ks)
+            outcome = f"cross-validation chose a prior of {shown} points per class towards "
+            outcome += "temperature scaling" + (
+                " (its map)" if all(k is None for k in ks) else ""
+            )  # fmt: skip
         warn_few_points(y, c, self.label, outcome)
 
     def _entry(self) -> dict[str, Any]:
