@@ -47,16 +47,28 @@ def _task(seed: int = 0, n: int = 3000) -> tuple[nn.Module, tuple, tuple]:
 
 MODEL, VAL, TEST = _task()
 CALIBRATORS = {
-    "vector": lambda: peg.VectorScaling(),
+    "vector": lambda: peg.VectorScaling(),  # "auto": shrunk towards TS by cross-validation
+    "vector-guo": lambda: peg.VectorScaling(reg_mu=0.0),
     "matrix": lambda: peg.MatrixScaling(),
+    "matrix-guo": lambda: peg.MatrixScaling(reg_lambda=0.0, reg_mu=0.0),
     "matrix-odir": lambda: peg.MatrixScaling(reg_lambda=1.0, reg_mu=1.0),
     "dirichlet": lambda: peg.DirichletCalibration(),
+    "dirichlet-odir": lambda: peg.DirichletCalibration(reg_lambda=10.0, reg_mu=10.0),
     "dirichlet-l2": lambda: peg.DirichletCalibration(reg_lambda=0.0, reg_mu=0.0, l2=1.0),
     "histogram": lambda: peg.HistogramBinning(),
     "histogram-quantile": lambda: peg.HistogramBinning(n_bins=8, strategy="quantile"),
     "isotonic": lambda: peg.IsotonicCalibration(),
 }
-CONTAIN_TS = ("vector", "matrix", "matrix-odir", "dirichlet")  # W = I / T, b = 0: no penalty
+# W = I / T, b = 0 at no penalty (the centre of "auto"; off-diagonal and b 0 for ODIR)
+CONTAIN_TS = (
+    "vector",
+    "vector-guo",
+    "matrix",
+    "matrix-guo",
+    "matrix-odir",
+    "dirichlet",
+    "dirichlet-odir",
+)
 
 
 def nll(predictor, data) -> float:
@@ -109,18 +121,18 @@ def test_vector_scaling_contains_temperature_scaling_on_either_scores(ts):
 
 def test_unregularised_matrix_scaling_is_at_least_as_good_as_vector_scaling_on_validation():
     for scores in ("auto", "log_probs"):
-        vs = peg.VectorScaling(scores=scores).fit(MODEL, VAL)
-        ms = peg.MatrixScaling(scores=scores).fit(MODEL, VAL)
+        vs = peg.VectorScaling(reg_mu=0.0, scores=scores).fit(MODEL, VAL)
+        ms = peg.MatrixScaling(reg_lambda=0.0, reg_mu=0.0, scores=scores).fit(MODEL, VAL)
         assert nll(ms, VAL) <= nll(vs, VAL) + TINY
 
 
 def test_matrix_scaling_of_log_probs_is_unregularised_dirichlet_calibration():
-    ms = peg.MatrixScaling(scores="log_probs").fit(MODEL, VAL)
+    ms = peg.MatrixScaling(reg_lambda=0.0, reg_mu=0.0, scores="log_probs").fit(MODEL, VAL)
     dc = peg.DirichletCalibration(reg_lambda=0.0, reg_mu=0.0).fit(MODEL, VAL)
     torch.testing.assert_close(
         ms.predict_proba(TEST[0]), dc.predict_proba(TEST[0]), atol=1e-5, rtol=0
     )
-    raw = peg.MatrixScaling().fit(MODEL, VAL)  # on the logits: another map (W z ≠ W log p̄)
+    raw = peg.MatrixScaling(reg_lambda=0.0, reg_mu=0.0).fit(MODEL, VAL)  # W z ≠ W log p̄
     assert raw.scores_ == "logits" and not torch.allclose(raw.weights_, ms.weights_, atol=1e-3)
 
 

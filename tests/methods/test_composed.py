@@ -40,8 +40,8 @@ def test_the_map_as_last_layer_predicts_as_the_calibrator(cls: type) -> None:
     X = _data(50, seed=2)[0]
     with torch.no_grad():
         torch.testing.assert_close(
-            module(X).softmax(-1), calibrator.predict_proba(X), atol=1e-5, rtol=0
-        )
+            module(X).softmax(-1), calibrator.predict_proba(X), atol=3e-5, rtol=0
+        )  # the layer in float32, the calibrator's map in float64
     assert [n for n, _ in module.named_parameters()][-2:] == ["map.weight", "map.bias"]
 
 
@@ -102,8 +102,8 @@ def test_peg_around_a_fitted_calibrator_is_peg_around_the_calibrated_module(cls:
     # at a tiny η the members are the calibrated model: the calibrator's prediction
     still = peg.PEG(**{**options, "eta": 1e-9}).fit(calibrator, _data(seed=3))  # type: ignore[arg-type]
     torch.testing.assert_close(
-        still.predict_proba(X), calibrator.predict_proba(X), atol=1e-5, rtol=0
-    )
+        still.predict_proba(X), calibrator.predict_proba(X), atol=3e-5, rtol=0
+    )  # the members in float32, the calibrator's map in float64
 
 
 @pytest.mark.parametrize("cls", [TemperatureScaling, DirichletCalibration])
@@ -111,7 +111,8 @@ def test_pep_and_mc_dropout_around_a_fitted_calibrator(cls: type) -> None:
     calibrator = cls().fit(_net(), _data())
     X = _data(50, seed=2)[0]
     pep = peg.PEP(n_members=3, sigma=1e-9, seed=0, progress=False).fit(calibrator, _data(seed=3))
-    torch.testing.assert_close(pep.predict_proba(X), calibrator.predict_proba(X), atol=1e-5, rtol=0)
+    p = calibrator.predict_proba(X)  # float64 map; PEP's members in float32
+    torch.testing.assert_close(pep.predict_proba(X), p, atol=3e-5, rtol=0)
     mc = peg.MCDropout(n_members=3, insert=0.2, seed=0).fit(calibrator, _data(seed=3))
     assert mc.meta_["insert"] == 0.2 and mc.member_logits(X).shape == (3, 50, 4)
     # the dropout sits inside the model, before its last layer, not before the map

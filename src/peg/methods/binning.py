@@ -25,6 +25,7 @@ from peg.batches import BatchFn
 from peg.errors import ArchiveError
 from peg.methods import _constraints as checks
 from peg.methods._calibrator import Calibrator, stored
+from peg.methods._few_points import warn_few_points
 from peg.methods.base import store_arguments
 
 STRATEGIES = ("uniform", "quantile")
@@ -59,6 +60,13 @@ class _OneVsRest(Calibrator):
     def _check_classes(self, classes: int) -> None:
         if classes < 2:
             raise ValueError(f"val: {self.label} needs at least 2 classes, got {classes}")
+
+    def _warn_few(self, y: Tensor, classes: int) -> None:
+        warn_few_points(
+            y, classes, self.label,
+            "its per-class maps rest on a handful of points: temperature scaling (one "
+            "parameter) is safer",
+        )  # fmt: skip
 
     def _apply(self, scores: Tensor) -> Tensor:
         p = scores.double().exp()
@@ -121,6 +129,7 @@ class HistogramBinning(_OneVsRest):
     def _fit_map(self, scores: Tensor, y: Tensor) -> dict[str, Any]:
         p, y = _labelled_rows(scores, y)
         c, bins = p.shape[1], int(self.n_bins)
+        self._warn_few(y, c)
         cuts = torch.linspace(0, 1, bins + 1, dtype=p.dtype, device=p.device)
         if self.strategy == "uniform":
             edges = cuts.expand(c, -1).clone()
@@ -196,6 +205,7 @@ class IsotonicCalibration(_OneVsRest):
         from sklearn.isotonic import IsotonicRegression
 
         p, y = _labelled_rows(scores, y)
+        self._warn_few(y, p.shape[1])
         classes = torch.arange(p.shape[1], device=y.device)
         x, hits = p.cpu().numpy(), (y[:, None] == classes).cpu().numpy()
         thresholds = []

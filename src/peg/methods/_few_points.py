@@ -1,0 +1,27 @@
+"""The warning of few validation points per class, for the calibrators with parameters per
+class (vector / matrix scaling, Dirichlet calibration, histogram binning, isotonic regression):
+what they fit of a class rests on its few points (issue 39: at 1000 classes and 5 points a
+class, unregularised vector scaling's test NLL was 11.5 against temperature scaling's 2.24)."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import Tensor
+
+FEW_POINTS = 10  # fewer validation points per class on average than this: a warning
+
+
+def warn_few_points(y: Tensor, classes: int, label: str, outcome: str) -> None:
+    """Warn, naming the map (`label`) and the counts, when the labels `y` `[N]` hold fewer
+    than `FEW_POINTS` points per class on average; `outcome` says what the map did about it."""
+    if len(y) >= FEW_POINTS * classes:
+        return
+    fewest = int(torch.bincount(y.long(), minlength=classes).min())
+    warnings.warn(
+        f"val: {label} fits parameters per class from {len(y)} points for {classes} classes "
+        f"({len(y) / classes:.1f} per class on average, fewest {fewest}; fewer than "
+        f"{FEW_POINTS} per class); {outcome}",
+        stacklevel=5,
+    )
