@@ -184,7 +184,7 @@ TAMPERED = [
     (peg.EnsembleTemperatureScaling, "weights", lambda t: t * 2, "summing to 1"),
     (peg.EnsembleTemperatureScaling, "weights", lambda t: t[:2], "has shape"),
     (peg.OrderPreservingScaling, "slopes", lambda t: -t, "finite and > 0"),
-    (peg.OrderPreservingScaling, "slopes", lambda t: t * float("inf"), "finite and > 0"),
+    (peg.OrderPreservingScaling, "slopes", lambda t: t * float("inf"), "'slopes' holds inf"),
     (peg.OrderPreservingScaling, "knots", lambda t: t.flip(0), "increasing"),
 ]
 

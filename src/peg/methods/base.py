@@ -69,8 +69,7 @@ class Params:
     parameter_rules: ClassVar[tuple[checks.Rule, ...]] = ()
 
     def _check_params(self) -> None:
-        """Raise `InvalidParameterError` for a bad argument; never change one (clone compares
-        them)."""
+        """`InvalidParameterError` for a bad argument; never change one (clone compares them)."""
         with checks.refusals():
             checks.check_constraints(self, self.parameter_constraints)
             for rule in self.parameter_rules:
@@ -130,10 +129,9 @@ class Params:
 
     @classmethod
     def _refuse_as_constructed(cls, extra: dict[str, Any]) -> None:
-        """The constructor's own refusal of an argument it takes under `**kwargs` only to refuse
-        it (PEG's `eta_holdout`: a TypeError saying where it went), so that `set_params` and
-        the constructor agree; a refusal that does not name the argument (Python's "unexpected
-        keyword argument") is left to `set_params`'s error, which lists the valid names."""
+        """The constructor's refusal of an argument it takes under `**kwargs` only to refuse it
+        (PEG's `eta_holdout`: saying where it went), so `set_params` and the constructor agree;
+        one not naming the argument is left to `set_params`'s error listing the valid names."""
         takes_extra = any(
             p.kind is p.VAR_KEYWORD for p in inspect.signature(cls.__init__).parameters.values()
         )
@@ -142,7 +140,7 @@ class Params:
                 cls(**{name: value})
             except TypeError as e:
                 if str(e).startswith(f"{name}:"):
-                    raise TypeError(str(e)) from None
+                    raise InvalidParameterError(str(e)) from None
 
     def __repr__(self) -> str:
         defaults = {

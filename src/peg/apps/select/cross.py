@@ -42,6 +42,7 @@ from peg.apps.select.folds import point_scores, view
 from peg.apps.select.race import Plan, cheap_first
 from peg.methods._predictors import logits_and_labels
 from peg.methods._scale_search import MAX_SCORE_POINTS
+from peg.methods.temperature import TemperatureScaling
 from peg.metrics._inputs import ensemble_log_probs
 
 # registry keys fitted on the model's cached validation logits
@@ -166,7 +167,8 @@ class CrossFit:
     ) -> tuple[Tensor, Tensor]:
         """The base's member logits on the points `idx` (a bounded subsample of them for a
         one-parameter map), points first `[n, M, C]`, and their labels."""
-        if bounded and spec.method == "temperature" and len(idx) > ONE_PARAMETER_POINTS:
+        one_parameter = registry.entry(spec.method).method is TemperatureScaling
+        if bounded and one_parameter and len(idx) > ONE_PARAMETER_POINTS:
             g = torch.Generator().manual_seed(self.seed)
             idx = idx[torch.randperm(len(idx), generator=g)[:ONE_PARAMETER_POINTS]].sort().values
         logits = logits_and_labels(base, view(self.source, idx), self.batch_size,
