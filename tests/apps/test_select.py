@@ -24,6 +24,7 @@ import peg
 from bad_inputs import raises_test
 from peg.apps.cli import main
 from peg.apps.select import AutoSelect
+from peg.apps.select.folds import stratified_folds
 from peg.archive import read_header
 from peg.errors import NotFittedError
 
@@ -64,14 +65,22 @@ def test_classes_miscalibrated_differently_choose_vector_or_matrix_scaling():
     assert not rows["TS"]["within_1se"]  # TS is worse by more than a paired SE
 
 
-def test_150_points_do_not_choose_unregularised_matrix_scaling():
+def test_150_points_matrix_scaling_by_default_is_no_worse_than_ts():
+    """15 points per class: unregularised matrix scaling lost to TS by far (issue 39); its
+    default, shrunk towards TS by cross-validation, stays within noise of TS or better."""
     model, val = problem(150, 10, [3.0] * 10)
     sel = AutoSelect(candidates=["TS", "Matrix scaling"], cv=3, one_se=False,
                      max_fit_seconds=None, progress=False)  # fmt: skip
     sel.fit(model, val)
     rows = {r["candidate"]: r for r in sel.report_}
-    assert sel.chosen_ != "Matrix scaling"
-    assert rows["Matrix scaling"]["cv_mean"] > rows["TS"]["cv_mean"]
+    assert rows["Matrix scaling"]["cv_mean"] <= rows["TS"]["cv_mean"] + 0.02
+    unregularised = peg.MatrixScaling(reg_lambda=0.0, reg_mu=0.0)
+    X, y = val
+    half = len(y) // 2
+    raw = unregularised.fit(model, (X[:half], y[:half])).predict_proba(X[half:])
+    ts = peg.TemperatureScaling().fit(model, (X[:half], y[:half])).predict_proba(X[half:])
+    nll = lambda p: float(-p[torch.arange(len(p)), y[half:]].clamp_min(1e-12).log().mean())  # noqa: E731
+    assert nll(raw) > nll(ts) + 0.02  # what the default avoids
 
 
 def test_the_validation_logits_are_computed_once_for_the_calibrators():
@@ -219,12 +228,22 @@ def _fit(candidates=("TS",), n=200, classes=3, **kw) -> Callable[[], object]:
     return call
 
 
-def _one_point_class() -> object:
+def test_a_class_with_fewer_points_than_folds_is_warned_of_and_the_run_goes_on():
+    """1,000 classes and 5,000 points leave some classes with fewer points than folds: the
+    folds deal them into fewer folds (a warning says how many), every point is held out once."""
     model, (X, y) = problem(60, 3, [2.0] * 3)
     y = y.clone()
     y[y == 2] = 0
     y[0] = 2  # class 2: one point; a 2-fold split leaves it out of one fold's training part
-    return AutoSelect(candidates=["TS"], cv=2, progress=False).fit(model, (X, y))
+    with pytest.warns(UserWarning, match=r"cv: 1 of 3 classes have fewer than 2 validation "
+                      r"points \(class 2: 1\)"):  # fmt: skip
+        fitted = AutoSelect(candidates=["TS", "Vector scaling"], cv=2, progress=False).fit(
+            model, (X, y)
+        )
+    assert fitted.predict_proba(X).shape == (60, 3)
+    folds = stratified_folds(y, 2, 0)
+    assert sorted(torch.cat(folds).tolist()) == list(range(60))
+    assert all(set(y[f].tolist()) >= {0, 1} for f in folds)  # the classes with enough points
 
 
 ERROR_CASES: list[tuple[str, str, Callable[[], object], type[Exception], str]] = [
@@ -245,10 +264,6 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[Exception], str]] =
      ValueError, r"max_fit_seconds: expected seconds > 0, 'auto' or None, got 'fast'"),
     ("select", "a race bound that is not positive", lambda: AutoSelect(race=-1.0),
      ValueError, r"race: expected a finite number > 0, got -1.0"),
-    ("select", "cv larger than a class's count", _fit(n=12, cv=5),
-     ValueError, r"cv: 5 folds need at least 5 validation points of every class; class \d has"),
-    ("select", "folds with a class missing (a class of one point)", _one_point_class,
-     ValueError, r"cv: 2 folds need at least 2 .* class 2 has 1"),
     ("select", "model not a module",
      lambda: AutoSelect(candidates=["TS"]).fit("model", problem(20, 2, [1.0, 1.0])[1]),
      TypeError, r"model: expected a trained nn.Module"),

@@ -7,6 +7,7 @@ of the selection (`mean_se`).
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import torch
@@ -23,18 +24,24 @@ CRITERIA = ("nll", "brier")
 def stratified_folds(y: Tensor, k: int, seed: int) -> list[Tensor]:
     """`k` disjoint index sets `[n_i]` covering `range(len(y))`, each class spread evenly over
     them (its points shuffled with `seed`, then dealt out in turn); every class with at least
-    `k` points is in every fold, so a fold's complement has every class the data has. A
-    ValueError naming the class when one has fewer than `k` points. The folds are CPU index
-    sets, whatever `y`'s device: CPU indices index tensors on any device (the data's, the
-    cached logits')."""
+    `k` points is in every fold, so a fold's complement has every class the data has. A class
+    with fewer points (1,000 classes, 5,000 points: a few per class) is in fewer folds: a
+    warning names how many such classes there are and the fewest points, and the maps fitted
+    on a complement without a class hold it at temperature scaling's map (scikit-learn's
+    StratifiedKFold warns and goes on likewise). The folds are CPU index sets, whatever `y`'s
+    device: CPU indices index tensors on any device (the data's, the cached logits')."""
     y = y.cpu()
     classes, counts = torch.unique(y, return_counts=True)
     short = [(int(c), int(n)) for c, n in zip(classes, counts, strict=True) if n < k]
     if short:
-        c, n = short[0]
-        raise ValueError(
-            f"cv: {k} folds need at least {k} validation points of every class; class {c} has "
-            f"{n} (a fold would miss it: give a smaller cv or more validation data)"
+        c, n = min(short, key=lambda cn: cn[1])
+        warnings.warn(
+            f"cv: {len(short)} of {len(classes)} classes have fewer than {k} validation points "
+            f"(class {c}: {n}), so some folds are scored or fitted without them; the scores of "
+            "the maps with parameters per class are noisier there (more validation data, or a "
+            "smaller cv, avoids it)",
+            UserWarning,
+            stacklevel=3,
         )
     g = torch.Generator().manual_seed(int(seed))
     folds: list[list[Tensor]] = [[] for _ in range(k)]
