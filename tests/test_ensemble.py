@@ -195,7 +195,7 @@ def test_the_loop_builds_member_modules_only_for_an_ensemble_used_on_many_batche
 ):
     """A scale search predicts a few batches per ensemble (`Ensemble._sharing`): those run by
     functional_call, without a module copy per member, and from batch LOOP_MODULES_AFTER on
-    the member modules; an ensemble a user holds builds them from its second batch
+    the member modules; an ensemble a user holds builds them on its first batch
     (LOOP_MODULES_AFTER_HELD). The same logits either way."""
     from peg import _strategies
 
@@ -203,7 +203,7 @@ def test_the_loop_builds_member_modules_only_for_an_ensemble_used_on_many_batche
     held = peg.Ensemble.from_models(members(bn_net, 3))
     search = peg.Ensemble._sharing(held.skeleton, held.stacked, held.shared)
     X = torch.randn(8, 2)
-    for ens, first in ((search, 2), (held, 1)):
+    for ens, first in ((search, 2), (held, 0)):
         built = []
         real = ens._member_modules
         monkeypatch.setattr(ens, "_member_modules", lambda b=built, r=real: b.append(1) or r())

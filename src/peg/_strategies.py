@@ -52,12 +52,14 @@ _FOLDS: dict[tuple[Any, ...], bool] = {}
 # this batch on: a module copy costs what ~45 swaps do (ResNet-50: 64 ms against 1.4 ms), and
 # the ensembles of a scale search predict a few batches each (building them took 2.5 of
 # PEG-15's 11.9 s fit on a GPU). That holds for the short-lived ensembles a fit builds
-# (`Ensemble._sharing`); an ensemble a user holds builds its modules from its second batch
+# (`Ensemble._sharing`); an ensemble a user holds builds its modules on its first batch
 # (LOOP_MODULES_AFTER_HELD; 16 before issue 38): swapping costs every call, 27% of an S = 8
 # CNN's at 8 rows and 9% of an MLP's at 512 (one thread), while the 8 modules cost less than
-# one such call to build, and a prediction of one batch still builds none
+# one such call to build; and every batch then runs the same kernels, whichever batches a
+# process gets (under torchrun each rank's first batch is another: a later switch would run
+# other kernels than one process on the same rows, tests/test_distributed.py)
 LOOP_MODULES_AFTER = 16
-LOOP_MODULES_AFTER_HELD = 1
+LOOP_MODULES_AFTER_HELD = 0
 
 
 class MemberStrategies:

@@ -347,8 +347,8 @@ def test_a_race_drops_a_clearly_worse_candidate_and_says_why():
 
 
 def test_a_time_budget_starts_no_candidate_it_cannot_finish_and_says_why():
-    """A budget spent by the validation pass: the maps on the cached logits still run (no
-    forward pass: not budgeted), the network candidates are not started, each saying why."""
+    """A budget spent by the validation pass: the first candidate (TS) still runs, the network
+    candidates are not started, each saying why."""
     model, val = problem(600, 3, [3.0] * 3)
     sel = AutoSelect(candidates=["TS", "PEG", "PEG + TS"], cv=3, max_fit_seconds=1e-3,
                      progress=False).fit(model, val)  # fmt: skip
@@ -416,6 +416,25 @@ def test_the_budget_drops_the_candidate_that_saves_most_chained_ones_before_thei
     cross = _Cross(seconds, {"PEG + TS": "PEG"}, points)
     Plan(100.0, None, time.perf_counter(), said.append).after_fold(cross, folds, 0)
     assert cross.dropped == {}  # within the budget: nothing dropped
+
+
+def test_a_map_on_the_logits_is_admitted_by_the_dearest_map_so_far():
+    """1,000 classes: matrix scaling's fold costs 20-40 TS fits; a map is started on the first
+    fold only if it fits in the budget at the dearest map's seconds so far (the first always)."""
+    from peg.apps.bench.spec import MethodSpec
+    from peg.apps.select.race import Plan
+
+    n = 40
+    points = {k: torch.full((n,), 0.5, dtype=torch.float64) for k in ("TS", "OP", "Matrix")}
+    cross = _Cross({"TS": 1.0, "OP": 4.0}, {}, points)
+    cross.cheap = lambda name: True  # every candidate a map on the cached logits
+    matrix = MethodSpec(name="Matrix", method="matrix-scaling", base="model")
+    cross.order.append(matrix)
+    plan = Plan(30.0, None, time.perf_counter(), print)
+    why = plan.admit(cross, matrix, 5)  # 4 × 5 s left for TS and OP, then 5 × 4 s: 40 s
+    assert why is not None and why.startswith("not started: budget 30 s")
+    assert plan.admit(cross, cross.order[0], 5) is None  # the first candidate always starts
+    assert Plan(100.0, None, time.perf_counter(), print).admit(cross, matrix, 5) is None
 
 
 def test_cheap_candidates_go_first_and_a_chained_one_after_its_base():

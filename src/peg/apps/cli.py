@@ -207,7 +207,7 @@ def _select_arguments(p: Parser) -> None:
     p.add_argument("--max-forwards", type=float, help="prediction budget, forwards/input")
     p.add_argument("--max-fit-seconds", default="auto",
                    help="the whole fit's budget in seconds, 'auto' (25 x a TS fit, at least "
-                   "5 s; the default) or 'none' (every candidate on every fold)")  # fmt: skip
+                   "10 s; the default) or 'none' (every candidate on every fold)")  # fmt: skip
     p.add_argument("--best", action="store_true", help="the best CV score, not one-SE")
     p.add_argument("--nested", action="store_true", help="nested-CV estimate (cv x cost)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")

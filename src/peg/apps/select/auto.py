@@ -114,7 +114,7 @@ class AutoSelect(Predicts, Method):
             dearest is dropped while the rest would pass it; what is skipped says why).
             "auto": `AUTO_BUDGET` (25) × the measured temperature scaling fit (a forward pass
             of `val` and the fit of T: `cost_["reference_seconds"]`), at least
-            `MIN_BUDGET_SECONDS` (5). None: no budget and no race,
+            `MIN_BUDGET_SECONDS` (10). None: no budget and no race,
             every candidate on every fold (the exhaustive run).
         race: under a budget, once two folds are in, drop a candidate whose paired difference
             to the leader exceeds this many standard errors (None: no race).

@@ -1,0 +1,79 @@
+"""`peg.AutoSelect()` on saved logits at 10, 100 and 1,000 classes: its default run's cost as
+× a temperature scaling fit on the same logits, its choice, beside the exhaustive run's
+(`max_fit_seconds=None`) and both choices' test NLL (issues 38 and 39).
+
+The logits are `benchmarks/many_classes.py`'s synthetic generator (`synthetic_logits`: classes
+in groups of ten, per-class scale and shift, so one temperature is not enough), with `--val`
+validation and `--test` test points drawn from other seeds. Target: the default costs ≤ 30 ×
+the TS fit and chooses the exhaustive run's predictor or one whose test NLL is within noise.
+
+    python benchmarks/auto_select_logits.py [--classes 10 100 1000] [--val 5000] [--test 5000]
+        [--no-exhaustive 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+
+import torch
+from many_classes import synthetic_logits
+from torch import nn
+
+import peg
+from peg._env import machine
+
+
+def test_nll(fitted: peg.AutoSelect, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Per-point NLL `[N]` of the chosen predictor on the test logits."""
+    p = fitted.predict_proba(z).double().clamp_min(1e-300)
+    return -p[torch.arange(len(y)), y].log()
+
+
+def run(c: int, val: int, test: int, exhaustive: bool) -> None:
+    zv, yv = synthetic_logits(val, 0, c)
+    zt, yt = synthetic_logits(test, 1, c)
+    started = time.perf_counter()
+    peg.TemperatureScaling().fit(nn.Identity(), (zv, yv))
+    ts = time.perf_counter() - started
+    print(f"  TS fit     {ts:7.2f} s")
+    rows = {}
+    for name, budget in [("default", "auto"), ("exhaustive", None)][: 2 if exhaustive else 1]:
+        started = time.perf_counter()
+        fitted = peg.AutoSelect(max_fit_seconds=budget, progress=False).fit(
+            nn.Identity(), (zv, yv)
+        )
+        seconds = time.perf_counter() - started
+        rows[name] = (fitted, seconds, test_nll(fitted, zt, yt))
+        print(f"  {name:10s} {seconds:7.1f} s = {seconds / ts:5.1f} x TS; chose "
+              f"{fitted.chosen_:16s} test NLL {float(rows[name][2].mean()):.4f}")  # fmt: skip
+        for row in fitted.report_:
+            if row["status"] != "kept" and not row["status"].startswith("chosen"):
+                print(f"      {row['candidate']}: {row['why']}")
+    if exhaustive:
+        diff = rows["default"][2] - rows["exhaustive"][2]
+        se = float(diff.std()) / len(diff) ** 0.5
+        print(f"  default - exhaustive test NLL: {float(diff.mean()):+.4f} ± {se:.4f} (paired)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--classes", type=int, nargs="+", default=[10, 100, 1000])
+    parser.add_argument("--val", type=int, default=5000)
+    parser.add_argument("--test", type=int, default=5000)
+    parser.add_argument("--no-exhaustive", type=int, nargs="*", default=[],
+                        help="class counts to run without the exhaustive run")  # fmt: skip
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")  # few points per class at 1,000 classes: said once per fit
+    print(f"machine: {machine()}; torch threads: 1")
+    z, y = synthetic_logits(300, 2, 10)  # a warm-up: the first fit in a process imports scipy
+    peg.AutoSelect(cv=2, progress=False).fit(nn.Identity(), (z, y))
+    for c in args.classes:
+        print(f"{c} classes, {args.val} validation / {args.test} test points (synthetic)")
+        run(c, args.val, args.test, c not in args.no_exhaustive)
+
+
+if __name__ == "__main__":
+    main()
