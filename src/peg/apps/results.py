@@ -98,6 +98,20 @@ def is_marked(folder: str | Path, application: str) -> bool:
         return f.read(MARK_BYTES).startswith(f"made by peg {application}".encode())
 
 
+def writable(folder: Path, argument: str) -> None:
+    """Make `folder` (and its parents) and check that a file can be written in it, before any
+    work: an OSError of the same type naming `argument` otherwise."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise type(e)(
+            f"{argument}: cannot write in {folder} ({e.strerror or e}); give a folder you can "
+            "write to"
+        ) from None
+
+
 def claim(
     folder: str | Path,
     application: str,
@@ -135,15 +149,7 @@ def claim(
                 f"{argument}: {folder / name} is a folder, where peg {application} writes its "
                 f"{name}: move it away or give another folder"
             )
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as e:
-        raise type(e)(
-            f"{argument}: cannot write in {folder} ({e.strerror or e}); give a folder you can "
-            "write to"
-        ) from None
+    writable(folder, argument)
     if not is_marked(folder, application):
         write_text(folder / mark(application), f"made by peg {application}: a rerun may "
                    "replace what is in this folder\n")  # fmt: skip

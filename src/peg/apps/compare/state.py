@@ -31,7 +31,6 @@ import contextlib
 import hashlib
 import json
 import math
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -43,7 +42,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from peg._io import load_tree, save_tree
 from peg._schema import Fields, in_range
-from peg.apps.results import RESULTS, claim
+from peg.apps.results import RESULTS, claim, writable
 from peg.errors import ArchiveError
 
 FOLDER = ".compare"
@@ -138,15 +137,7 @@ class State:
         claim(self.folder, "compare", overwrite, files=files, ours=_earlier_run,
               writes="results.json, results.md, the figures and predictors/")  # fmt: skip
         for where in (self.folder / FOLDER, self.folder / ARCHIVES):
-            try:
-                where.mkdir(parents=True, exist_ok=True)
-                with tempfile.TemporaryFile(dir=where):
-                    pass
-            except OSError as e:
-                raise type(e)(
-                    f"out: cannot write in {where} ({e.strerror or e}); give a folder you can "
-                    "write to"
-                ) from None
+            writable(where, "out")
 
     def key(self, spec: Any) -> str:
         made = {"name": spec.name, "method": spec.method, "on": spec.base,
