@@ -47,9 +47,10 @@ SEARCHES = ("surrogate", "golden")
 # SEARCH_POINTS scoring points (a seeded random subset already). An exact scoring costs S
 # forwards of each point: on a Fashion-MNIST CNN with 2,000 validation images, three of them
 # on the 1,000 held-out points were 67% of PEG-15's fit (~12 x temperature scaling's), more
-# than the 15 gradient steps (24%); on 256 points the chosen η's test NLL stayed within noise
-# of the one on 1,024 (results/benchmarks/scale_search_points.txt). 1024 before (issue 38).
-SEARCH_POINTS: int | None = 256
+# than the 15 gradient steps (24%). On 512 points the chosen scale's test NLL stayed within 2
+# paired SE of the one on 1024; on 256 it lost 3.8 SE on an over-fitted base, whose noisier
+# scorings stop the surrogate sooner (results/benchmarks/scale_search_points.txt). Issue 38.
+SEARCH_POINTS: int | None = 512
 # Default cap on the points a scale is scored on: a larger validation set costs no more to search
 MAX_SCORE_POINTS = 10_000
 
@@ -81,7 +82,7 @@ class ScaleSearch(Params):
             its memory: the scoring points are gathered; None: all of them; from an
             IterableDataset, its first `max_points` points).
         exact_points: "surrogate": its exact scorings score the first this many scoring points
-            (a seeded random subset of the held-out points; default 256, `SEARCH_POINTS`: a
+            (a seeded random subset of the held-out points; default 512, `SEARCH_POINTS`: a
             scoring costs S forwards of each point, and the interpolant's indifference zone
             widens with the fewer points, so a noisier comparison also stops sooner); None:
             every scoring point (up to `max_points`). 1024 was the default before issue 38:
