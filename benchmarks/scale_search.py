@@ -10,8 +10,9 @@ same spacing past an edge (at most 3 decades) while the best is on that edge. Re
 and method: the scale chosen, the exact scorings it took, its score minus the reference's best in
 standard errors (negative: better than every reference scale, found outside the grid's range),
 and the time to build the ensemble (search included) against one epoch of training the base
-and against fitting temperature scaling — for the surrogate search ("after") and the golden
-search with racing, the default before it ("before"), both timed in this run.
+and against fitting temperature scaling — for the surrogate search ("after"), the same with its
+exact scorings on 1024 points (its default before issue 38: 512 now) and the golden search
+with racing, the default before it ("before"), all timed in this run.
 
 Bases (each trained once and cached under .peg-cache/, shared with `peg bench` where it is a
 bench preset's): the `fashion-mnist` bench preset (weight decay: well calibrated), the
@@ -211,12 +212,14 @@ def _compare(case: Case, method: str, repeats: int, ts_seconds: float, epoch: fl
     make(**{**options, **warm}).fit(case.base, case.val)  # warm-up, untimed
     fits = {}
     seconds = {}
-    for search in ("golden", "surrogate"):
+    searches = {
+        "golden": ScaleSearch(method="golden", max_points=points),
+        "surrogate": ScaleSearch(max_points=points),
+        "surrogate-1024": ScaleSearch(max_points=points, exact_points=1024),
+    }
+    for search, made in searches.items():
         seconds[search], fits[search] = median_time(
-            lambda s=search: make(**options, search=ScaleSearch(method=s, max_points=points)).fit(
-                case.base, case.val
-            ),
-            repeats,
+            lambda m=made: make(**options, search=m).fit(case.base, case.val), repeats
         )
     after = fits["surrogate"]
     Xs, ys = _scoring_points(after, case.val)
@@ -244,7 +247,12 @@ def _compare(case: Case, method: str, repeats: int, ts_seconds: float, epoch: fl
     name = "η" if method == "PEG" else "σ"
     print(f"  {method}-15: dense reference {len(reference)} scales in {dense:.1f} s, best "
           f"{name} = {best:.3g}, score {float(reference[best].mean()):.4f}")  # fmt: skip
-    for search, label in (("golden", "before: golden, raced"), ("surrogate", "after: surrogate")):
+    labels = {
+        "golden": "before: golden, raced",
+        "surrogate-1024": "surrogate on 1024 points",  # the default before issue 38
+        "surrogate": "after: surrogate",
+    }
+    for search, label in labels.items():
         fitted = fits[search]
         scale = fitted.eta_ if method == "PEG" else fitted.sigma_
         chosen = losses(fitted, scale)
