@@ -53,10 +53,10 @@ def test_every_option_has_a_check_and_the_method_name_is_a_short_form():
     assert golden.get_params() == {**peg.ScaleSearch().get_params(), "method": "golden"}
 
 
-def test_the_surrogate_scores_512_points_by_default_and_every_one_with_none(
+def test_the_surrogate_scores_1024_points_by_default_and_every_one_with_none(
     overfit_mlp, moons_data
 ):
-    assert peg.ScaleSearch().exact_points == 512
+    assert peg.ScaleSearch().exact_points == 1024
     with pytest.raises(ValueError, match="exact_points"):
         peg.PEG(search=peg.ScaleSearch(exact_points=0)).fit(overfit_mlp, moons_data["val"])
     options = {"n_members": 3, "grad_batch_size": 32, "seed": 0, "progress": False}
@@ -127,7 +127,7 @@ def test_a_version_2_recipe_is_read_through_the_old_names():
     assert options == {"n_members": 4}
     assert peg.ScaleSearch(**search).get_params() == {
         "method": "golden", "criterion": "ece", "holdout": 0.0, "max_points": None,
-        "exact_points": 512, "race": 0.0, "early_stop": False, "tol": 0.0, "grid": None,
+        "exact_points": 1024, "race": 0.0, "early_stop": False, "tol": 0.0, "grid": None,
     }  # fmt: skip
     pep = {"bracket": [1e-3, 1e-1]}
     assert searched_options(pep) == {"grid": [1e-3, pytest.approx(1e-2), 1e-1]}

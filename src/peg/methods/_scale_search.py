@@ -47,10 +47,12 @@ SEARCHES = ("surrogate", "golden")
 # SEARCH_POINTS scoring points (a seeded random subset already). An exact scoring costs S
 # forwards of each point: on a Fashion-MNIST CNN with 2,000 validation images, three of them
 # on the 1,000 held-out points were 67% of PEG-15's fit (~12 x temperature scaling's), more
-# than the 15 gradient steps (24%). On 512 points the chosen scale's test NLL stayed within 2
-# paired SE of the one on 1024; on 256 it lost 3.8 SE on an over-fitted base, whose noisier
-# scorings stop the surrogate sooner (results/benchmarks/scale_search_points.txt). Issue 38.
-SEARCH_POINTS: int | None = 512
+# than the 15 gradient steps (24%). Fewer points cost quality (issue 38): on an over-fitted
+# base with 12,000 validation images, 512 points chose a scale whose test NLL was 0.0019 nats
+# (5 paired SE, 3 seeds) worse, and 256 lost 3.4-4.0 SE on three of six base/method pairs;
+# so 1024 stays the default and fewer are an option (`ScaleSearch(exact_points=512)` about
+# halves PEG-15's fit on the CNN above; results/benchmarks/scale_search_points.txt).
+SEARCH_POINTS: int | None = 1024
 # Default cap on the points a scale is scored on: a larger validation set costs no more to search
 MAX_SCORE_POINTS = 10_000
 
@@ -82,11 +84,11 @@ class ScaleSearch(Params):
             its memory: the scoring points are gathered; None: all of them; from an
             IterableDataset, its first `max_points` points).
         exact_points: "surrogate": its exact scorings score the first this many scoring points
-            (a seeded random subset of the held-out points; default 512, `SEARCH_POINTS`: a
-            scoring costs S forwards of each point, and the interpolant's indifference zone
-            widens with the fewer points, so a noisier comparison also stops sooner); None:
-            every scoring point (up to `max_points`). 1024 was the default before issue 38:
-            `ScaleSearch(exact_points=1024)` keeps that search.
+            (a seeded random subset of the held-out points; default 1024, `SEARCH_POINTS`): a
+            scoring costs S forwards of each point, so 512 about halves PEG-15's fit on a small
+            CNN with 2,000 validation images, at a cost in the chosen scale's quality on an
+            over-fitted base (docs/performance.md, issue 38); None: every scoring point (up to
+            `max_points`).
         race: "golden" or a list: with criterion "nll" or "brier" (means of per-point losses),
             score each new scale against the best so far on the same points, a growing prefix
             of them (1024, then doubling), and stop once the mean paired difference is more
