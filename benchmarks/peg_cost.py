@@ -26,7 +26,6 @@ from torch import Tensor
 
 from peg._env import machine
 from peg.apps.bench.spec import find_spec, load_specs
-from peg.methods import _scale_search
 from peg.methods._scale_search import ScaleSearch
 from peg.methods.peg import PEG
 from peg.methods.pep import PEP
@@ -66,9 +65,8 @@ def _compare(case: Any, method: str, ts: float) -> None:
     fixed_s, _ = _timed(lambda: make(**options, **{make.scale_name: 0.01}).fit(case.base, case.val))
     fits = {}
     for label, points in (("before: every scoring point", None), ("after: first 1024", 1024)):
-        _scale_search.SEARCH_POINTS = points
+        options["search"] = ScaleSearch(max_points=case.score_points, exact_points=points)
         fits[label] = _timed(lambda: make(**options).fit(case.base, case.val))
-    _scale_search.SEARCH_POINTS = 1024
     first = next(iter(fits.values()))[1]
     Xs, ys = _scoring_points(first, case.val)
 

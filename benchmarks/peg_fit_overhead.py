@@ -8,11 +8,15 @@ now builds only for an ensemble used on many batches (`LOOP_MODULES_AFTER`).
 Issue 38 adds PEP-15 (target: no slower than PEG-15), K-FAC and diagonal PEG-15 (target
 <= 10 x TS; PEG-15 <= 5 x TS) and `--model fashion-mnist`: the library's SmallCNN (width 32)
 trained one epoch (Adam) on 10,000 Fashion-MNIST training images (cached under .peg-cache/),
-fitted on `--n` (e.g. 2000) test images.
+fitted on `--n` (e.g. 2000) test images. `--fewer-points` adds the default search with its exact
+scorings on 512 and 256 points instead of 1024 (`ScaleSearch(exact_points=...)`) for PEG-15 and
+PEP-15, and on 512 for K-FAC / diagonal PEG-15, in the same run (issue 38; its transcripts name
+the flag `--before`, when the default was 256, then 512, and the extra rows 1024 and the other).
 
     OMP_NUM_THREADS=1 python benchmarks/peg_fit_overhead.py            # ratios in one run
     OMP_NUM_THREADS=1 python benchmarks/peg_fit_overhead.py --rounds 5
     OMP_NUM_THREADS=1 python benchmarks/peg_fit_overhead.py --model fashion-mnist --n 2000
+    OMP_NUM_THREADS=1 python benchmarks/peg_fit_overhead.py --model fashion-mnist --fewer-points
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="a smoke run: one round, 256 images")
     parser.add_argument("--model", choices=("resnet", "fashion-mnist"), default="resnet")
     parser.add_argument("--no-variants", action="store_true", help="TS, PEG-15 and PEP-15 only")
+    parser.add_argument("--fewer-points", action="store_true", help="exact_points 512 and 256")
+    parser.add_argument("--no-batch0", action="store_true", help="leave out the batch-0 row")
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.n = 1, 256
@@ -78,7 +84,23 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_variants:
         runs["PEG-15 K-FAC"] = lambda: peg.PEG(**quiet, precondition="kfac").fit(model, val)
         runs["PEG-15 diag"] = lambda: peg.PEG(**quiet, precondition="diag").fit(model, val)
-        runs["PEG-15, modules from batch 0"] = lambda: peg.PEG(**quiet).fit(model, val)
+        if not args.no_batch0:
+            runs["PEG-15, modules from batch 0"] = lambda: peg.PEG(**quiet).fit(model, val)
+    if args.fewer_points:
+        for points in (512, 256):
+            search = peg.ScaleSearch(exact_points=points)
+            runs[f"PEG-15, exact_points={points}"] = lambda s=search: peg.PEG(
+                **quiet, search=s
+            ).fit(model, val)
+            runs[f"PEP-15, exact_points={points}"] = lambda s=search: peg.PEP(
+                **quiet, search=s
+            ).fit(model, val)
+        if not args.no_variants:
+            fewer = peg.ScaleSearch(exact_points=512)
+            for variant in ("kfac", "diag"):
+                runs[f"PEG-15 {variant}, exact_points=512"] = lambda v=variant: peg.PEG(
+                    **quiet, precondition=v, search=fewer
+                ).fit(model, val)
     seconds: dict[str, list[float]] = {name: [] for name in runs}
     for name, run in runs.items():  # warm: the first call pays set-up
         _strategies.LOOP_MODULES_AFTER = 0 if "batch 0" in name else after

@@ -10,8 +10,9 @@ same spacing past an edge (at most 3 decades) while the best is on that edge. Re
 and method: the scale chosen, the exact scorings it took, its score minus the reference's best in
 standard errors (negative: better than every reference scale, found outside the grid's range),
 and the time to build the ensemble (search included) against one epoch of training the base
-and against fitting temperature scaling — for the surrogate search ("after") and the golden
-search with racing, the default before it ("before"), both timed in this run.
+and against fitting temperature scaling — for the surrogate search ("after"), the same with its
+exact scorings on 1024 points (its default before issue 38: 512 now) and the golden search
+with racing, the default before it ("before"), all timed in this run.
 
 Bases (each trained once and cached under .peg-cache/, shared with `peg bench` where it is a
 bench preset's): the `fashion-mnist` bench preset (weight decay: well calibrated), the
@@ -22,6 +23,18 @@ CIFAR-10 images, SGD with weight decay), the same CNN trained with Adam and no w
 the members' mixture NLL). Every number is measured in this run, on this machine (printed).
 
     python benchmarks/scale_search.py [--bases ...] [--repeats 1] [--quick]
+
+`--exact-points 1024 512 256` (issue 38) compares instead the default search with its exact
+scorings on the first 1024 scoring points (the default before), 512 and 256 (the default now):
+PEG-15 and PEP-15 fitted with each, for seeds 0, 1, 2 (`--seeds`), on the `digits` preset and on
+the Fashion-MNIST SmallCNN of benchmarks/peg_fit_overhead.py (one epoch on 10k images) with
+2,000 and 4,000 validation images, and the over-fitted `peg demo` base on 2,000 of its
+validation split (`--points-bases`, e.g. demo-2000); the chosen scale's test NLL (the preset's
+test split; Fashion-MNIST: test images 4,000-9,999; demo: test images 0-4,999), minus the
+first setting's, paired per test point, in its standard error; pooled over seeds: the
+per-point difference averaged over seeds.
+
+    OMP_NUM_THREADS=1 python benchmarks/scale_search.py --exact-points 1024 512 256
 """
 
 from __future__ import annotations
@@ -199,12 +212,14 @@ def _compare(case: Case, method: str, repeats: int, ts_seconds: float, epoch: fl
     make(**{**options, **warm}).fit(case.base, case.val)  # warm-up, untimed
     fits = {}
     seconds = {}
-    for search in ("golden", "surrogate"):
+    searches = {
+        "golden": ScaleSearch(method="golden", max_points=points),
+        "surrogate": ScaleSearch(max_points=points),
+        "surrogate-1024": ScaleSearch(max_points=points, exact_points=1024),
+    }
+    for search, made in searches.items():
         seconds[search], fits[search] = median_time(
-            lambda s=search: make(**options, search=ScaleSearch(method=s, max_points=points)).fit(
-                case.base, case.val
-            ),
-            repeats,
+            lambda m=made: make(**options, search=m).fit(case.base, case.val), repeats
         )
     after = fits["surrogate"]
     Xs, ys = _scoring_points(after, case.val)
@@ -232,7 +247,12 @@ def _compare(case: Case, method: str, repeats: int, ts_seconds: float, epoch: fl
     name = "η" if method == "PEG" else "σ"
     print(f"  {method}-15: dense reference {len(reference)} scales in {dense:.1f} s, best "
           f"{name} = {best:.3g}, score {float(reference[best].mean()):.4f}")  # fmt: skip
-    for search, label in (("golden", "before: golden, raced"), ("surrogate", "after: surrogate")):
+    labels = {
+        "golden": "before: golden, raced",
+        "surrogate-1024": "surrogate on 1024 points",  # the default before issue 38
+        "surrogate": "after: surrogate",
+    }
+    for search, label in labels.items():
         fitted = fits[search]
         scale = fitted.eta_ if method == "PEG" else fitted.sigma_
         chosen = losses(fitted, scale)
@@ -248,12 +268,75 @@ def _compare(case: Case, method: str, repeats: int, ts_seconds: float, epoch: fl
           f"{seconds['golden'] / seconds['surrogate']:.2f} ×")  # fmt: skip
 
 
+def _points_bases(names: list[str]) -> dict[str, tuple[nn.Module, Any, Any]]:
+    """(base, val, test) per name: "digits" (the preset's split) and "fashion-mnist-<n>"."""
+    from peg_fit_overhead import fashion_mnist
+
+    bases = {}
+    for name in names:
+        if name.startswith("demo-"):  # the over-fitted `peg demo` base, n of its val split
+            case, n = _demo(), int(name.rsplit("-", 1)[1])
+            X, y = datasets.load("fashion-mnist", "test")
+            bases[name] = (case.base, (case.val[0][:n], case.val[1][:n]), (X[:5000], y[:5000]))
+        elif name == "digits":
+            run = SeedRun(dataclasses.replace(PRESETS["digits"], methods=()), 0,
+                          CACHE / "paper-tables", progress=False)  # fmt: skip
+            bases[name] = (run.bases.get("single").eval(), run.val, run.test)
+        else:
+            n = int(name.rsplit("-", 1)[1])
+            model, val = fashion_mnist(n)
+            X, y = datasets.load("fashion-mnist", "test")
+            bases[name] = (model, val, (X[4000:], y[4000:]))
+    return bases
+
+
+def points_main(points: list[int], seeds: list[int], names: list[str]) -> None:
+    """The chosen scale's test NLL with the surrogate's exact scorings on `points` points."""
+    print(f"machine: {machine()}; exact_points {points}, seeds {seeds}")
+    for name, (base, val, test) in _points_bases(names).items():
+        with torch.no_grad():
+            nll = float(nn.functional.cross_entropy(base(test[0]), test[1]))
+        print(f"\n## {name}: {len(val[1])} validation points, {len(test[1])} test points; "
+              f"the base's test NLL {nll:.4f}")  # fmt: skip
+        for make in (PEG, PEP):
+            losses: dict[int, list[Tensor]] = {p: [] for p in points}
+            for seed in seeds:
+                for p in points:
+                    start = time.perf_counter()
+                    fitted = make(n_members=15, seed=seed, progress=False,
+                                  search=ScaleSearch(exact_points=p)).fit(base, val)  # fmt: skip
+                    took = time.perf_counter() - start
+                    out = fitted.ensemble_.member_logits(test[0], 512, progress=False)
+                    losses[p].append(_point_losses(out, test[1], False))
+                    d = losses[p][-1] - losses[points[0]][-1]
+                    se = float(d.std()) / math.sqrt(len(d))
+                    scale = getattr(fitted, f"{make.scale_name}_")
+                    print(f"  {make.__name__}-15 seed {seed} exact_points {p:5d}: "
+                          f"{make.scale_name} = {scale:9.3g}  scored {len(fitted.search_)}  "
+                          f"fit {took:6.2f} s  test NLL {float(losses[p][-1].mean()):.4f}  "
+                          f"- {points[0]}'s: {float(d.mean()):+.4f} (SE {se:.4f})")  # fmt: skip
+            for p in points[1:]:
+                d = torch.stack(losses[p]).mean(0) - torch.stack(losses[points[0]]).mean(0)
+                se = float(d.std()) / math.sqrt(len(d))
+                gap = float(d.mean()) / se if se > 0 else 0.0
+                print(f"  {make.__name__}-15 pooled over seeds: exact_points {p} - {points[0]}: "
+                      f"{float(d.mean()):+.4f} test NLL (SE {se:.4f}, {gap:+.2f} SE)")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bases", nargs="+", default=list(BASES), choices=list(BASES))
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="the digits base only")
+    parser.add_argument("--exact-points", type=int, nargs="+", help="compare these instead")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument(
+        "--points-bases", nargs="+", default=["digits", "fashion-mnist-2000", "fashion-mnist-4000"]
+    )
     args = parser.parse_args()
+    if args.exact_points:
+        points_main(args.exact_points, args.seeds, args.points_bases)
+        return
     if args.quick:
         args.bases = ["digits"]
     print(f"machine: {machine()}; median of {args.repeats}")

@@ -401,11 +401,9 @@ def test_a_raced_eta_search_picks_the_exhaustive_eta_on_fewer_points(
     }
 
 
-def test_the_surrogate_search_scores_a_prefix_of_the_scoring_points(
-    overfit_mlp, moons_data, monkeypatch
-):
-    monkeypatch.setattr(search_module, "SEARCH_POINTS", 40)
+def test_the_surrogate_search_scores_a_prefix_of_the_scoring_points(overfit_mlp, moons_data):
     options = {"n_members": 4, "grad_batch_size": 32, "eta": "search", "progress": False}
+    options["search"] = peg.ScaleSearch(exact_points=40)
     fitted = peg.PEG(**options).fit(overfit_mlp, moons_data["val"])
     n = fitted.meta_["validation_points"]["scoring"]
     assert n > 40 and set(fitted.search_points_.values()) == {40}

@@ -53,6 +53,26 @@ def test_every_option_has_a_check_and_the_method_name_is_a_short_form():
     assert golden.get_params() == {**peg.ScaleSearch().get_params(), "method": "golden"}
 
 
+def test_the_surrogate_scores_1024_points_by_default_and_every_one_with_none(
+    overfit_mlp, moons_data
+):
+    assert peg.ScaleSearch().exact_points == 1024
+    with pytest.raises(ValueError, match="exact_points"):
+        peg.PEG(search=peg.ScaleSearch(exact_points=0)).fit(overfit_mlp, moons_data["val"])
+    options = {"n_members": 3, "grad_batch_size": 32, "seed": 0, "progress": False}
+    fits = {
+        points: peg.PEG(**options, search=peg.ScaleSearch(exact_points=points)).fit(
+            overfit_mlp, moons_data["val"]
+        )
+        for points in (None, 40)
+    }
+    n = fits[None].meta_["validation_points"]["scoring"]
+    assert n > 40 and set(fits[None].search_points_.values()) == {n}
+    assert fits[None].search_stopped_ == [] and set(fits[40].search_points_.values()) == {40}
+    recipe = fits[40]._recipe_options()
+    assert recipe is not None and recipe["search"]["exact_points"] == 40
+
+
 @pytest.mark.parametrize("old", ["criterion", "eta_holdout", "race", "search_tol", "bracket"])
 def test_an_option_that_moved_says_where(old):
     with pytest.raises(TypeError, match=rf"{old}: now an option of the scale search"):
@@ -107,7 +127,7 @@ def test_a_version_2_recipe_is_read_through_the_old_names():
     assert options == {"n_members": 4}
     assert peg.ScaleSearch(**search).get_params() == {
         "method": "golden", "criterion": "ece", "holdout": 0.0, "max_points": None,
-        "race": 0.0, "early_stop": False, "tol": 0.0, "grid": None,
+        "exact_points": 1024, "race": 0.0, "early_stop": False, "tol": 0.0, "grid": None,
     }  # fmt: skip
     pep = {"bracket": [1e-3, 1e-1]}
     assert searched_options(pep) == {"grid": [1e-3, pytest.approx(1e-2), 1e-1]}

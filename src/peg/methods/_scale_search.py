@@ -43,12 +43,15 @@ from peg.methods._surrogate import surrogate_search
 from peg.methods.base import Params, store_arguments
 
 SEARCHES = ("surrogate", "golden")
-# What the surrogate search scores exactly: every member (fewer members' ensemble prefers
-# another scale), on the first SEARCH_POINTS scoring points (a
-# seeded random subset already): each exact scoring costs S forwards of each point, and on a
-# Fashion-MNIST CNN three of them on 2000 points were 83% of PEG-15's fit (8.6 × temperature
-# scaling's); on 1024 the choice stayed within one SE of the one on every point
-# (results/benchmarks/peg_cost.txt).
+# What the surrogate search scores exactly, by default: every member on the first
+# SEARCH_POINTS scoring points (a seeded random subset already). An exact scoring costs S
+# forwards of each point: on a Fashion-MNIST CNN with 2,000 validation images, three of them
+# on the 1,000 held-out points were 67% of PEG-15's fit (~12 x temperature scaling's), more
+# than the 15 gradient steps (24%). Fewer points cost quality (issue 38): on an over-fitted
+# base with 12,000 validation images, 512 points chose a scale whose test NLL was 0.0019 nats
+# (5 paired SE, 3 seeds) worse, and 256 lost 3.4-4.0 SE on three of six base/method pairs;
+# so 1024 stays the default and fewer are an option (`ScaleSearch(exact_points=512)` about
+# halves PEG-15's fit on the CNN above; results/benchmarks/scale_search_points.txt).
 SEARCH_POINTS: int | None = 1024
 # Default cap on the points a scale is scored on: a larger validation set costs no more to search
 MAX_SCORE_POINTS = 10_000
@@ -64,8 +67,8 @@ class ScaleSearch(Params):
             base's own, at scale 0), the criterion is minimised on that interpolant, and its
             minimiser is scored exactly, at most 3 exact scorings in all, fewer once the
             predicted gain is under half a standard error; the choice is the best scale scored
-            exactly (`peg.methods._surrogate`), on the first 1024 scoring points
-            (`SEARCH_POINTS`: the cost of a scoring is S forwards of each point). "golden":
+            exactly (`peg.methods._surrogate`), on the first `exact_points` scoring points.
+            "golden":
             the grid, extended past its edges, then golden section, raced (`race`,
             `early_stop`, `tol`; `peg.methods._golden`); 12–15 scorings. A list of scales is
             always scored one by one, as "golden" scores its grid.
@@ -80,6 +83,12 @@ class ScaleSearch(Params):
             (default 10,000, so a large validation set does not multiply the search's cost, nor
             its memory: the scoring points are gathered; None: all of them; from an
             IterableDataset, its first `max_points` points).
+        exact_points: "surrogate": its exact scorings score the first this many scoring points
+            (a seeded random subset of the held-out points; default 1024, `SEARCH_POINTS`): a
+            scoring costs S forwards of each point, so 512 about halves PEG-15's fit on a small
+            CNN with 2,000 validation images, at a cost in the chosen scale's quality on an
+            over-fitted base (docs/performance.md, issue 38); None: every scoring point (up to
+            `max_points`).
         race: "golden" or a list: with criterion "nll" or "brier" (means of per-point losses),
             score each new scale against the best so far on the same points, a growing prefix
             of them (1024, then doubling), and stop once the mean paired difference is more
@@ -106,6 +115,7 @@ class ScaleSearch(Params):
         "criterion": choice_or_callable(CRITERIA, "a callable"),
         "holdout": fraction(),
         "max_points": positive_int(optional=True),
+        "exact_points": positive_int(optional=True),
         "race": number(allow_zero=True),
         "early_stop": boolean(),
         "tol": number(allow_zero=True),
@@ -119,6 +129,7 @@ class ScaleSearch(Params):
         criterion: Criterion = "nll",
         holdout: float = 0.5,
         max_points: int | None = MAX_SCORE_POINTS,
+        exact_points: int | None = SEARCH_POINTS,
         race: float = 3.0,
         early_stop: bool = True,
         tol: float = 1e-4,
@@ -188,7 +199,7 @@ class SearchRun:
     costs forward passes only; `peg.methods._members.SearchTarget`). Two searches:
 
     - "surrogate" (the default): at most 3 exact scorings, guided by the members' outputs
-      interpolated along the scale (`peg.methods._surrogate`), on the first `SEARCH_POINTS`
+      interpolated along the scale (`peg.methods._surrogate`), on the first `exact_points`
       scoring points.
     - "golden": a grid, extended past its edges, then golden section (`select_scale`). A
       criterion that is a mean of per-point losses ("nll", "brier") is raced (`PairedRace`,
@@ -219,6 +230,7 @@ class SearchRun:
         self.target, self.X, self.y = target, target.inputs, y
         self.method, self.batch_size = options.method, batch_size
         self.early_stop, self.tol = options.early_stop, options.tol
+        self.exact_points = options.exact_points
         criterion, race = options.criterion, options.race
         regression = is_regression(self.y)
         table = REGRESSION_CRITERIA if regression else CRITERIA
@@ -317,9 +329,10 @@ class SearchRun:
 
     def search_subset(self) -> tuple[list[int], int]:
         """(members, points) the surrogate search scores: every member on the first `n` scoring
-        points (all of them, or `SEARCH_POINTS` when there are more)."""
+        points (all of them, or `exact_points` when there are more)."""
         members = list(range(len(self.target.member_base)))
-        n = len(self.y) if SEARCH_POINTS is None else min(len(self.y), SEARCH_POINTS)
+        cap = self.exact_points
+        n = len(self.y) if cap is None else min(len(self.y), cap)
         return members, n
 
     def run(self, grid: Sequence[float], refine: bool) -> float:
