@@ -18,6 +18,7 @@ from torch import Tensor
 
 from peg._progress import counter
 from peg.batches import take_rows
+from peg.errors import InvalidParameterError
 from peg.methods._constraints import (
     Check,
     boolean,
@@ -182,10 +183,11 @@ MOVED_TO_SEARCH = {**SEARCH_OPTIONS, "bracket": "grid"}
 
 
 def refuse_moved(given: dict[str, Any]) -> None:
-    """A TypeError for PEG/PEP arguments that are not theirs: naming where a moved one went."""
+    """A TypeError for PEG/PEP arguments that are not theirs (`InvalidParameterError`, also a
+    TypeError, for a moved one, naming where it went)."""
     for name in given:
         if name in MOVED_TO_SEARCH and name != "search":
-            raise TypeError(
+            raise InvalidParameterError(
                 f"{name}: now an option of the scale search; pass "
                 f"search=peg.ScaleSearch({MOVED_TO_SEARCH[name]}=...)"
             )
