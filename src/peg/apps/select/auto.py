@@ -42,22 +42,6 @@ from peg.methods.base import Method, store_arguments
 from peg.methods.temperature import TemperatureScaling
 from peg.metrics._inputs import check_labels
 
-# the default candidates (Laplace and MC dropout only where they apply: `faults.precheck`)
-DEFAULT_CANDIDATES = (
-    "TS",
-    "Vector scaling",
-    "Matrix scaling",
-    "Dirichlet",
-    "Ensemble TS",
-    "Order-preserving",
-    "PEG",
-    "Last-layer PEG",
-    "TS → PEG",
-    "PEG + TS",
-    "PEP",
-    "Laplace",
-    "MC dropout",
-)
 # the default candidates for saved logits (a model without parameters, `nn.Identity()`)
 LOGIT_CANDIDATES = (
     "TS",
@@ -66,6 +50,17 @@ LOGIT_CANDIDATES = (
     "Dirichlet",
     "Ensemble TS",
     "Order-preserving",
+)
+# the default candidates (Laplace and MC dropout only where they apply: `faults.precheck`)
+DEFAULT_CANDIDATES = (
+    *LOGIT_CANDIDATES,
+    "PEG",
+    "Last-layer PEG",
+    "TS → PEG",
+    "PEG + TS",
+    "PEP",
+    "Laplace",
+    "MC dropout",
 )
 
 
