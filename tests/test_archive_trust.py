@@ -235,6 +235,21 @@ def test_zeroed_tensor_bytes_are_refused(tmp_path):
         peg.load(path, _mlp())
 
 
+def test_a_map_over_saved_logits_is_checked_against_its_digest_too(tmp_path):
+    """A map fitted on `nn.Identity()` holds no weights: its arrays are all the digest covers,
+    read by `read_calibration` alone (no `read_tensors`)."""
+    g = torch.Generator().manual_seed(0)
+    z, y = torch.randn(300, 4, generator=g) * 3, torch.randint(0, 4, (300,), generator=g)
+    path = Path(peg.VectorScaling().fit(torch.nn.Identity(), (z, y)).save(tmp_path / "v.peg"))
+    assert isinstance(peg.load(path), peg.VectorScaling)
+    data = bytearray(path.read_bytes())
+    start = 8 + struct.unpack("<Q", bytes(data[:8]))[0]
+    data[start:] = bytes(len(data) - start)
+    path.write_bytes(bytes(data))
+    with pytest.raises(ArchiveError, match=r"do not match the SHA-256 its header records"):
+        peg.load(path)
+
+
 def test_an_archive_without_a_digest_still_loads(tmp_path):
     path = _calibrated(tmp_path, peg.TemperatureScaling())
     tamper(path, lambda h: h.pop("tensors_sha256") and None)

@@ -171,19 +171,7 @@ def read_tensors(
     path: str | os.PathLike[str], header: Mapping[str, Any], device: str | torch.device = "cpu"
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """The (stacked, shared) entries of the archive whose header is `header`, on `device`."""
-    tensors: dict[str, Tensor] = {}
-    try:
-        with safe_open(str(path), framework="pt", device=str(device)) as f:
-            for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                tensors[key] = f.get_tensor(key)
-    except Exception as e:
-        raise ArchiveError(f"{path}: damaged or truncated peg archive ({e})") from e
-    digest = header.get("tensors_sha256")
-    if digest is not None and tensors_digest(tensors) != digest:
-        raise ArchiveError(
-            f"{path}: damaged peg archive (its tensors' bytes do not match the SHA-256 its header "
-            "records: changed after it was written)"
-        )
+    tensors = _checked_tensors(path, header, device)
     stacked = {k: tensors.get(f"stacked/{k}") for k in header["stacked"]}
     shared = {k: tensors.get(f"shared/{k}") for k in header["shared"]}
     lost = [k for k, v in (stacked | shared).items() if v is None]
@@ -239,12 +227,40 @@ def tensors_digest(tensors: Mapping[str, Tensor]) -> str:
     return h.hexdigest()
 
 
+def _checked_tensors(
+    path: str | os.PathLike[str], header: Mapping[str, Any], device: str | torch.device = "cpu"
+) -> dict[str, Tensor]:
+    """Every tensor of the archive, checked against the header's `tensors_sha256` (when it has
+    one: archives written before it load unchecked)."""
+    tensors: dict[str, Tensor] = {}
+    try:
+        with safe_open(str(path), framework="pt", device=str(device)) as f:
+            for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                tensors[key] = f.get_tensor(key)
+    except Exception as e:
+        raise ArchiveError(f"{path}: damaged or truncated peg archive ({e})") from e
+    digest = header.get("tensors_sha256")
+    if digest is not None and tensors_digest(tensors) != digest:
+        raise ArchiveError(
+            f"{path}: damaged peg archive (its tensors' bytes do not match the SHA-256 its header "
+            "records: changed after it was written)"
+        )
+    return tensors
+
+
 def read_calibration(path: str | os.PathLike[str], header: Mapping[str, Any]) -> dict[str, Tensor]:
     """The calibration map's arrays of the archive whose header is `header` (CPU; `{}` for an
-    archive without them)."""
+    archive without them). A map over saved logits (no weights) is checked against the
+    header's digest here, as `read_tensors` checks the others (which read the map's arrays)."""
     names = header.get("calibration") or []
     if not names:
         return {}
+    if not header.get("stacked"):  # `LOGITS`: its only tensors are the map's
+        tensors = _checked_tensors(path, header)
+        lost = [k for k in names if f"calibration/{k}" not in tensors]
+        if lost:
+            raise ArchiveError(f"{path}: damaged peg archive (calibration tensors {lost} missing)")
+        return {k: tensors[f"calibration/{k}"] for k in names}
     try:
         with safe_open(str(path), framework="pt") as f:
             return {k: f.get_tensor(f"calibration/{k}") for k in names}
