@@ -74,7 +74,8 @@ def uncertainty_ts(model: torch.nn.Module, val: tuple) -> Callable[[], Any] | No
     except ImportError:
         return None
     loader = DataLoader(TensorDataset(*val), batch_size=256)
-    return lambda: TemperatureScaler(model=model).fit(loader)
+    device = next(model.parameters()).device  # its temperature stays on the CPU without it
+    return lambda: TemperatureScaler(model=model, device=device).fit(loader)
 
 
 def fits(model: torch.nn.Module, val: tuple, quick: bool) -> dict[str, Callable[[], Any]]:
@@ -94,6 +95,38 @@ def fits(model: torch.nn.Module, val: tuple, quick: bool) -> dict[str, Callable[
     }
 
 
+def describe_selection(selector: Any, say: Callable) -> None:
+    """AutoSelect's choice, its own cost figures and each candidate's fate, one line each."""
+    cost = selector.cost_
+    budget = cost["budget_seconds"]
+    say(f"  chose {selector.chosen_}; its own clock {cost['seconds']:.1f}s = "
+        f"{cost['times_reference']:.1f} x its TS reference "
+        f"({cost['reference_seconds']:.2f}s); budget "
+        f"{'none' if budget is None else f'{budget:.1f}s'}")  # fmt: skip
+    for row in selector.report_:
+        mean, seconds = row.get("cv_mean"), row.get("fit_seconds")
+        score = "" if mean is None else f" cv {mean:.4f}"
+        spent = "" if seconds is None else f" {seconds:.2f}s/fold"
+        why = f": {row['why']}" if row.get("why") else ""
+        say(f"    {row['candidate']}: {row['status']}{score}{spent}{why}"[:240])
+
+
+def profile_fit(name: str, fit: Callable[[], Any], path: str, say: Callable) -> None:
+    """cProfile of `fit` (its second call) appended to `path`, 30 lines by cumulative time."""
+    import cProfile
+    import io
+    import pstats
+
+    fit()
+    profiler = cProfile.Profile()
+    profiler.runcall(fit)
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(30)
+    with open(path, "a") as f:
+        f.write(f"\n## {name} (second call)\n{text.getvalue()}")
+    say(f"profile of {name} written to {path}")
+
+
 def run_model(name: str, args: argparse.Namespace, device: torch.device, say: Callable) -> None:
     model = build(name, args.size, args.quick, args.classes).to(device)
     params = sum(p.numel() for p in model.parameters()) / 1e6
@@ -106,6 +139,7 @@ def run_model(name: str, args: argparse.Namespace, device: torch.device, say: Ca
         test = images[args.n :].to(on)
         say(f"\n## {name}: {params:.1f} M parameters, data on the {where} ({on})")
         one = peg.Ensemble.from_models([model])
+        timed(device, lambda e=one, t=test: e.member_logits(t))  # warm: cuDNN picks kernels
         forward, _ = timed(device, lambda e=one, t=test: e.member_logits(t))
         say(f"one forward over {args.n} test images: {forward:.3f}s")
         timed(device, fits(model, val, args.quick)["TS"])  # warm: the first call pays set-up
@@ -118,6 +152,10 @@ def run_model(name: str, args: argparse.Namespace, device: torch.device, say: Ca
             say(f"fit torch-uncertainty TemperatureScaler: {seconds:.2f}s = {seconds / ts:.2f} x")
         else:
             say("torch-uncertainty: not installed (its TemperatureScaler not timed)")
+        if args.profile:
+            for method in ("TS", "PEG-15"):
+                profile_fit(f"{name} {where} {method}", fits(model, val, args.quick)[method],
+                            args.profile, say)  # fmt: skip
         for method, fit in fits(model, val, args.quick).items():
             if method == "TS" or (args.methods and method not in args.methods):
                 continue
@@ -127,6 +165,8 @@ def run_model(name: str, args: argparse.Namespace, device: torch.device, say: Ca
                 say(f"FAIL fit {method}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
                 continue
             say(f"fit {method}: {seconds:.2f}s = {seconds / ts:.2f} x TS fit")
+            if method.startswith("AutoSelect"):
+                describe_selection(fitted, say)
             if method in ("PEG-15", "Last-layer PEG-15"):
                 predict, _ = timed(device, lambda f=fitted, t=test: f.predict_proba(t))
                 say(f"  predict: {predict:.3f}s = {predict / forward:.2f} forwards")
@@ -143,6 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--methods", nargs="*", help="only these (TS always runs)")
     parser.add_argument("--quick", action="store_true", help="tiny models and shapes")
     parser.add_argument("--out", help="also write the transcript here")
+    parser.add_argument("--profile", help="append cProfiles of TS's and PEG-15's fits here")
     args = parser.parse_args(argv)
     if args.quick:
         args.n, args.size, args.classes = min(args.n, 64), 32, min(args.classes, 4)
@@ -151,19 +192,20 @@ def main(argv: list[str] | None = None) -> None:
         print("benchmarks/gpu.py: no CUDA device here, nothing measured (it is for the GPU "
               "machine; --device cpu --quick is a smoke run)")  # fmt: skip
         return
-    lines: list[str] = []
+    out = open(args.out, "w") if args.out else None  # noqa: SIM115 (written line by line)
 
-    def say(line: str) -> None:
+    def say(line: str) -> None:  # each line kept at once: a run cut at its limit keeps its start
         print(line, flush=True)
-        lines.append(line)
+        if out is not None:
+            out.write(line + "\n")
+            out.flush()
 
     say("$ python " + shlex.join(["benchmarks/gpu.py", *(argv or sys.argv[1:])]))
     say(machine())
     for name in args.models:
         run_model(name, args, device, say)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+    if out is not None:
+        out.close()
 
 
 if __name__ == "__main__":

@@ -11,12 +11,15 @@ import torch
 from sklearn.datasets import make_moons
 from torch import nn
 
-# registers `fakegpu` before autograd's engine starts (its device queues are sized then)
-from fake_gpu import fake_gpu
+CUDA = torch.cuda.is_available()
+if not CUDA:
+    # registers `fakegpu` before autograd's engine starts (its device queues are sized then).
+    # Never beside CUDA: a second accelerator backend breaks autograd's streams there
+    # ("opt_ready_stream && opt_parent_stream INTERNAL ASSERT FAILED") and pinned memory.
+    from fake_gpu import fake_gpu
 
 # The test models are tiny: one thread is faster than two and immune to a busy machine.
 torch.set_num_threads(1)
-CUDA = torch.cuda.is_available()
 
 
 def run_bench(spec: Any, out: Path) -> dict[str, Any]:
@@ -93,7 +96,7 @@ def gpu():
     if CUDA:
         before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-        yield torch.device("cuda")
+        yield torch.device("cuda", torch.cuda.current_device())  # as tensors report it
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
         return
     with fake_gpu() as device:
