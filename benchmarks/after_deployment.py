@@ -42,7 +42,7 @@ from peg._env import git_commit, machine
 from peg.apps import presets
 from peg.apps.bench.seed import SeedRun
 from peg.apps.bench.spec import parse_spec
-from peg.methods._conformal_base import CachedLogits
+from peg.methods.conformal._base import CachedLogits
 from peg.metrics import ood
 
 COLUMNS = ["Single", "Temp-scaled", "Vector-scaled", "Dirichlet", "PEG-15", "PEG-15 + TS"]

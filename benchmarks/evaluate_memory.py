@@ -55,7 +55,7 @@ def small_cnn() -> nn.Module:
 def _whole(fitted: object, data: object) -> dict[str, float]:
     """The path evaluate took before streaming: every member logit gathered, then metrics."""
     from peg import metrics
-    from peg.methods.temperature import logits_and_labels
+    from peg.methods.calibration.temperature import logits_and_labels
 
     logits, y = logits_and_labels(fitted, data, 256, None, "X")
     return metrics.classification_metrics(logits, y)

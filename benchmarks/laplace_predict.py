@@ -1,5 +1,5 @@
 """peg.Laplace's prediction: the GLM covariance through the Kronecker structure
-(`fast_variance=True`, `peg.methods._laplace_variance`) against laplace-torch's own (materialised
+(`fast_variance=True`, `peg.methods.laplace._variance`) against laplace-torch's own (materialised
 last-layer Jacobians, `fast_variance=False`) and one plain forward of the model.
 
 Follow-up of issue 17: with laplace-torch's own computation, last-layer KFAC Laplace predicted

@@ -22,13 +22,13 @@ Data (validation sets of `--val` sizes, e.g. a small 500 and a large 5000; test 
 
 The maps are fitted through the public API on saved logits (`fit(nn.Identity(), (z, y))`), with
 their defaults: vector / matrix scaling and Dirichlet calibration choose their shrinkage
-towards TS by cross-validation (`peg.methods._affine_select`; the time includes the choice).
-TS is timed as the fastest of three fits, every other map once (one thread). torch-uncertainty
-(`--torch-uncertainty DIR`, a `pip install --no-deps --target DIR torch-uncertainty==0.13.0`;
-its scalers loaded without the package's heavy imports): its defaults (LBFGS, lr 0.1, max_iter
-100 for TS and vector, 200 for matrix and Dirichlet, no regularisation), on the same logits.
-ECE: 15 equal-width bins of the top-label confidence (`peg.metrics.ece`); its SE from 200
-paired bootstrap resamples of the test set.
+towards TS by cross-validation (`peg.methods.calibration._affine_select`; the time includes the
+choice). TS is timed as the fastest of three fits, every other map once (one thread).
+torch-uncertainty (`--torch-uncertainty DIR`, a `pip install --no-deps --target DIR
+torch-uncertainty==0.13.0`; its scalers loaded without the package's heavy imports): its defaults
+(LBFGS, lr 0.1, max_iter 100 for TS and vector, 200 for matrix and Dirichlet, no regularisation), on
+the same logits. ECE: 15 equal-width bins of the top-label confidence (`peg.metrics.ece`); its SE
+from 200 paired bootstrap resamples of the test set.
 
     OMP_NUM_THREADS=1 python benchmarks/many_classes.py [--classes 10 100 1000]
         [--val 500 5000] [--test 5000] [--torch-uncertainty DIR] [--quick]

@@ -26,10 +26,10 @@ from torch import Tensor
 
 from peg._env import machine
 from peg.apps.bench.spec import find_spec, load_specs
-from peg.methods._scale_search import ScaleSearch
-from peg.methods.peg import PEG
-from peg.methods.pep import PEP
-from peg.methods.temperature import TemperatureScaling
+from peg.methods.calibration.temperature import TemperatureScaling
+from peg.methods.perturbation._scale_search import ScaleSearch
+from peg.methods.perturbation.peg import PEG
+from peg.methods.perturbation.pep import PEP
 
 REFERENCE_SCALES = 25
 

@@ -3,13 +3,13 @@
 Target (issue 7): building PEG-15 on Fashion-MNIST's validation split, η search included, takes
 less than one epoch of training the base model, because the S gradients are computed once and
 reused for every η, each η is scored with forward passes only. The default search (issue 15,
-`peg.methods._surrogate`) scores at most 3 η exactly; the golden search (`search="golden"`,
-the default before) races each new η against the best so far on a growing prefix of the
-scoring points (`race`, see `peg.methods._golden.PairedRace`), or, without racing, stops as soon
-as it cannot beat the best (`early_stop`, exact), the grid stops growing once the score is flat
-(`tol`), and scoring may use a fixed subsample (`max_points`): all options of `ScaleSearch`.
-How close the surrogate search's η comes to the best: benchmarks/scale_search.py. Each
-setting's η is compared with the same search scored on every point; "points used" is the
+`peg.methods.perturbation._surrogate`) scores at most 3 η exactly; the golden search
+(`search="golden"`, the default before) races each new η against the best so far on a growing prefix
+of the scoring points (`race`, see `peg.methods.perturbation._golden.PairedRace`), or, without
+racing, stops as soon as it cannot beat the best (`early_stop`, exact), the grid stops growing once
+the score is flat (`tol`), and scoring may use a fixed subsample (`max_points`): all options of
+`ScaleSearch`. How close the surrogate search's η comes to the best: benchmarks/scale_search.py.
+Each setting's η is compared with the same search scored on every point; "points used" is the
 share of the scoring points an exhaustive search would score. One epoch is timed on the
 preset's training subset and on the full training split (48k images); also reported: the ratio
 to training Deep Ensembles-15 with the same recipe (15 × epochs × the measured epoch).
@@ -37,8 +37,8 @@ from peg._env import machine
 from peg.apps.bench.paper import PRESETS
 from peg.apps.bench.seed import SeedRun
 from peg.apps.bench.spec import Spec, find_spec, load_specs
-from peg.methods._scale_search import ScaleSearch
-from peg.methods.peg import PEG
+from peg.methods.perturbation._scale_search import ScaleSearch
+from peg.methods.perturbation.peg import PEG
 from peg.train import train
 
 BASES = {

@@ -63,11 +63,11 @@ from peg.apps.bench.uci import Split
 from peg.apps.data import subsample
 from peg.apps.demo import PRESETS as DEMO_PRESETS
 from peg.losses import gaussian_nll_loss
-from peg.methods._criteria import POINT_LOSSES
-from peg.methods._scale_search import ScaleSearch
-from peg.methods.peg import PEG
-from peg.methods.pep import PEP
-from peg.methods.temperature import TemperatureScaling
+from peg.methods.calibration.temperature import TemperatureScaling
+from peg.methods.perturbation._criteria import POINT_LOSSES
+from peg.methods.perturbation._scale_search import ScaleSearch
+from peg.methods.perturbation.peg import PEG
+from peg.methods.perturbation.pep import PEP
 from peg.metrics.regression import split_gaussian
 from peg.train import Recipe, train
 

@@ -200,7 +200,7 @@ def test_a_recipe_detects_members_that_no_longer_match(
         overfit_mlp, moons_data["val"]
     )
     path = fitted.save(str(tmp_path / "recipe"))
-    from peg.methods import _gradients
+    from peg.methods.perturbation import _gradients
 
     original = _gradients.cross_entropy_per_point
     changed = lambda o, y: 2 * original(o, y)  # noqa: E731  # "the code changed"

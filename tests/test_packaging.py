@@ -75,7 +75,7 @@ def test_wheel_holds_the_package_and_its_type_marker(wheel):
     names = set(wheel.namelist())
     assert "peg/__init__.py" in names
     assert "peg/py.typed" in names
-    assert "peg/methods/peg.py" in names  # subpackages too
+    assert "peg/methods/perturbation/peg.py" in names  # subpackages too
     assert "peg/apps/cli.py" in names  # the applications, with the `peg` command
 
 

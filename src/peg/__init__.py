@@ -17,24 +17,24 @@ from peg.ensemble import Ensemble
 from peg.errors import ArchiveError, InvalidParameterError, NonFiniteError, NotFittedError
 from peg.evaluate import evaluate
 from peg.loading import load
-from peg.methods._scale_search import ScaleSearch
-from peg.methods.binning import HistogramBinning, IsotonicCalibration
-from peg.methods.conformal import ConformalClassifier
-from peg.methods.conformal_regression import ConformalRegressor
-from peg.methods.deep_ensemble import DeepEnsemble
+from peg.methods.calibration.binning import HistogramBinning, IsotonicCalibration
+from peg.methods.calibration.ensemble_temperature import EnsembleTemperatureScaling
+from peg.methods.calibration.label_shift import LabelShift
+from peg.methods.calibration.order_preserving import OrderPreservingScaling
+from peg.methods.calibration.scaling import DirichletCalibration, MatrixScaling, VectorScaling
+from peg.methods.calibration.spline import SplineCalibration
+from peg.methods.calibration.temperature import TemperatureScaling
+from peg.methods.conformal.classifier import ConformalClassifier
+from peg.methods.conformal.regressor import ConformalRegressor
 from peg.methods.dropout import MCDropout
-from peg.methods.ensemble_temperature import EnsembleTemperatureScaling
-from peg.methods.label_shift import LabelShift
-from peg.methods.laplace import Laplace
-from peg.methods.order_preserving import OrderPreservingScaling
+from peg.methods.laplace.laplace import Laplace
 from peg.methods.packed import PackedEnsemble
 from peg.methods.patching import MCPatched
-from peg.methods.peg import PEG
-from peg.methods.pep import PEP
-from peg.methods.scaling import DirichletCalibration, MatrixScaling, VectorScaling
-from peg.methods.spline import SplineCalibration
-from peg.methods.swag import SWA, SWAG
-from peg.methods.temperature import TemperatureScaling
+from peg.methods.perturbation._scale_search import ScaleSearch
+from peg.methods.perturbation.peg import PEG
+from peg.methods.perturbation.pep import PEP
+from peg.methods.trained.deep_ensemble import DeepEnsemble
+from peg.methods.trained.swag import SWA, SWAG
 from peg.output import with_output
 
 __all__ = [

@@ -25,9 +25,9 @@ from peg._features import Features, check_features
 from peg._inputs import Data
 from peg.batches import BatchFn, check_batch_fn
 from peg.methods import _constraints as checks
-from peg.methods._conformal_shift import joint_batches
 from peg.methods._predictors import check_predictor
 from peg.methods.base import Method, store_arguments
+from peg.methods.conformal._shift import joint_batches
 from peg.metrics._inputs import check_labels
 
 DETECTOR_SCORES = ("mahalanobis", "knn")

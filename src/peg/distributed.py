@@ -44,9 +44,9 @@ from peg._values import checked_labels
 from peg.batches import BatchFn, Tapped, check_batch_fn, split_batch
 from peg.ensemble import Ensemble
 from peg.errors import RankFailure
-from peg.methods._calibrator import Calibrator
 from peg.methods._predictors import logits_and_labels, member_logits_of
 from peg.methods.base import FittedEnsemble, ModulePredictor, SampledPredictor, is_fitted
+from peg.methods.calibration._calibrator import Calibrator
 
 T = TypeVar("T")
 TIMEOUT_ENV = "PEG_DIST_TIMEOUT"
@@ -232,7 +232,7 @@ def member_logits(
       on the CPU's choice of kernels. (Sharding by members would not: a member folded or
       vectorised alone runs other kernel shapes than the same member folded with its
       partners, and the CPU's instruction set decides whether those agree in the last bits.)
-    - Temperature scaling and the other calibrators (`peg.methods._calibrator`): their
+    - Temperature scaling and the other calibrators (`peg.methods.calibration._calibrator`): their
       predictor's member logits are computed as here, gathered, and mapped whole, as one
       process maps them.
     - MC dropout and MC patching (EMP, ECMP) draw member s on batch j from (seed, s, j), so a

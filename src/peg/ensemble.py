@@ -263,7 +263,7 @@ class Ensemble(Predicts, MemberStrategies):
                 yielding `x`, `(x, y, ...)` or mapping batches (`peg.batches`: a mapping's
                 entries but "labels"/"label" are the model's keyword inputs, `model(**inputs)`),
                 on any device: each batch is moved to the members' device, recursively
-                (`peg._inputs.model_device` gives the rule; `meta` data is refused). Inputs the
+                (`peg._devices.model_device` gives the rule; `meta` data is refused). Inputs the
                 model cannot run on get an error naming X, from two of their rows.
             batch_size: rows per forward pass when X is a tensor (None: 512).
             strategy: "loop" runs members one after another on each batch; "vmap" runs all of

@@ -63,9 +63,10 @@ def evaluate(
 
     Error and ECE are fractions in [0, 1] (tables print them as %).
 
-    Memory: classification is computed batch by batch (`peg.metrics.StreamingMetrics`, state
-    O(bins + classes), [C, bins] for "classwise_ece", and O(N) scalars when "adaptive_ece",
-    "aurc" or "augrc", which need a global sort by confidence, is selected) from the
+    Memory: classification is computed batch by batch
+    (`peg.metrics.streaming.StreamingMetrics`, state O(bins + classes), [C, bins] for
+    "classwise_ece", and O(N) scalars when "adaptive_ece", "aurc" or "augrc", which need a
+    global sort by confidence, is selected) from the
     predictor's `iter_member_logits`: one batch's member logits `[M, B, C]` are held at a
     time, never `[M, N, C]`, the labels taken from the same pass (a `peg.batches.Tapped`
     stream for loaders and Datasets, slices of `y` for tensors). The

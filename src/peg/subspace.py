@@ -10,6 +10,11 @@ Collect iterates with `peg.train.Snapshots` as a training callback.
 """
 
 from peg.methods.dropout import MCDropout
-from peg.methods.subspace import DiagonalGaussian, DropoutSubspace, LowRankGaussian, RandomSubspace
+from peg.methods.trained.subspace import (
+    DiagonalGaussian,
+    DropoutSubspace,
+    LowRankGaussian,
+    RandomSubspace,
+)
 
 __all__ = ["DiagonalGaussian", "DropoutSubspace", "LowRankGaussian", "MCDropout", "RandomSubspace"]

@@ -22,7 +22,7 @@ from bad_inputs import raises_test
 from peg.apps import registry
 from peg.apps.cli import main
 from peg.apps.compare import compare, sources
-from peg.methods.peg import PEG
+from peg.methods.perturbation.peg import PEG
 
 from conftest import moons, overfit
 

@@ -23,8 +23,8 @@ from peg._io import load_tree, save_tree
 from peg.apps import registry
 from peg.apps.cli import main
 from peg.apps.compare import compare
-from peg.methods.peg import PEG
-from peg.methods.temperature import TemperatureScaling
+from peg.methods.calibration.temperature import TemperatureScaling
+from peg.methods.perturbation.peg import PEG
 
 from conftest import moons, overfit
 

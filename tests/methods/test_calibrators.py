@@ -18,8 +18,8 @@ from torch import nn
 
 import peg
 from peg import archive
-from peg.methods import _affine
-from peg.methods.binning import renormalised
+from peg.methods.calibration import _affine
+from peg.methods.calibration.binning import renormalised
 from peg.metrics._inputs import ensemble_log_probs
 
 from conftest import mlp, moons, overfit

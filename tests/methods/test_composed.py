@@ -19,7 +19,7 @@ from peg.methods import (
     TemperatureScaling,
     VectorScaling,
 )
-from peg.methods.composed import CalibratedModel, calibrated_module
+from peg.methods.calibration.composed import CalibratedModel, calibrated_module
 
 
 def _net() -> nn.Module:

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 import peg
 from bad_inputs import raises_test
 from peg.errors import NotFittedError
-from peg.methods._conformal import class_scores, conformal_quantile, quantile_rank
+from peg.methods.conformal._split import class_scores, conformal_quantile, quantile_rank
 from peg.metrics import conformal as cm
 
 from conftest import mlp, moons
@@ -110,7 +110,7 @@ def test_sets_match_the_literal_reference(score, randomized, lam):
 def test_sets_ranking_only_candidates_equal_the_full_scores(score, scale):
     """`class_sets` (top-k of the classes that can be in a set) equals thresholding every
     class's score, ties (scale 0: uniform rows) and saturated rows included."""
-    from peg.methods._conformal import class_sets, sets_from_scores
+    from peg.methods.conformal._split import class_sets, sets_from_scores
 
     g = torch.Generator().manual_seed(0)
     p = (scale * torch.randn(300, 20, generator=g)).softmax(-1).double()

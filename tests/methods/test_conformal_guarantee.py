@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 import peg
-from peg.methods._conformal import class_scores, quantile_rank
+from peg.methods.conformal._split import class_scores, quantile_rank
 
 
 class _Cached:

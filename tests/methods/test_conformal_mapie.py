@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 import peg
-from peg.methods._conformal import class_scores, conformal_quantile
+from peg.methods.conformal._split import class_scores, conformal_quantile
 
 pytest.importorskip("mapie")
 from mapie.classification import SplitConformalClassifier

@@ -11,8 +11,8 @@ from torch import nn
 
 import peg
 from bad_inputs import raises_test
-from peg.methods._conformal import conformal_quantile
-from peg.methods._conformal_shift import label_thresholds, sorted_weighted, weighted_thresholds
+from peg.methods.conformal._shift import label_thresholds, sorted_weighted, weighted_thresholds
+from peg.methods.conformal._split import conformal_quantile
 from peg.train import Recipe, train
 
 ALPHA = 0.1

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import peg
-from peg.methods.deep_ensemble import member_seed
+from peg.methods.trained.deep_ensemble import member_seed
 from peg.train import Recipe
 
 from conftest import BNNet, mlp

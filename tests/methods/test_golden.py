@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from peg.methods._golden import PairedRace, select_scale
+from peg.methods.perturbation._golden import PairedRace, select_scale
 
 GRID = (1e-3, 1e-2, 1e-1, 1.0)
 

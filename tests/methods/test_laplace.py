@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 import peg
 from peg import metrics
 from peg.errors import ArchiveError
-from peg.methods import _laplace_variance
+from peg.methods.laplace import _variance as _laplace_variance
 from peg.streams import generator
 
 from conftest import mlp, moons, overfit

@@ -213,7 +213,7 @@ def test_the_search_on_the_heads_chooses_the_unshortcut_eta(monkeypatch, race):
 
 
 def test_the_search_runs_the_trunk_once_per_scoring_batch(monkeypatch):
-    from peg.methods import _members
+    from peg.methods.perturbation import _members
 
     grid = [1e-3, 1e-2, 0.1, 1.0, 10.0]
     search = peg.ScaleSearch(race=0.0, early_stop=False, holdout=0.5)
@@ -257,7 +257,7 @@ def test_the_search_computes_the_trunk_features_once():
 def test_the_gradients_run_the_trunk_once_per_drawn_point(monkeypatch, precondition):
     """15 members' batches of 32 drawn from 100 direction points: the trunk runs on each
     distinct point once (not 15 × 32 times), and the rows are the unshortcut ones."""
-    from peg.methods import _gradients
+    from peg.methods.perturbation import _gradients
 
     search = peg.ScaleSearch(holdout=0.75)
     kwargs = {"n_members": 15, "eta": "search", "search": search, "precondition": precondition}

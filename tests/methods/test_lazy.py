@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import peg
 from peg.archive import read_header
-from peg.methods._members import LAZY_CHUNK_SIZE
+from peg.methods.perturbation._members import LAZY_CHUNK_SIZE
 
 from conftest import mlp
 

@@ -13,7 +13,7 @@ import torch
 import peg
 from bad_inputs import raises_test
 from peg.archive import read_header
-from peg.methods._lazy import StoredRows, available_memory
+from peg.methods.perturbation._lazy import StoredRows, available_memory
 
 ERROR_CASES: list[tuple[str, str, Callable[[], object], type[Exception], str]] = [
     (

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import peg
-from peg.methods._affine_select import fit_auto, random_folds
-from peg.methods.temperature import fit_temperature
+from peg.methods.calibration._affine_select import fit_auto, random_folds
+from peg.methods.calibration.temperature import fit_temperature
 
 IDENTITY = nn.Identity()  # saved logits as the predictor
 
@@ -175,7 +175,7 @@ def test_few_points_per_class_is_a_warning_naming_the_map_and_the_count():
 
 def test_a_number_for_one_strength_means_what_it_did_before_auto():
     """Compatibility: an "auto" beside a number (or beside l2) is the old default."""
-    from peg.methods.scaling import fixed_strengths
+    from peg.methods.calibration.scaling import fixed_strengths
 
     assert fixed_strengths(peg.DirichletCalibration()) is None
     assert fixed_strengths(peg.DirichletCalibration(reg_lambda=1.0)) == {

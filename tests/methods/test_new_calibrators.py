@@ -11,8 +11,8 @@ from scipy.optimize import minimize
 from torch import nn
 
 import peg
-from peg.methods import _monotone
-from peg.methods.spline import interpolate, natural_spline_basis
+from peg.methods.calibration import _monotone
+from peg.methods.calibration.spline import interpolate, natural_spline_basis
 
 C = 6
 

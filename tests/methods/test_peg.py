@@ -10,8 +10,8 @@ from torch import nn
 
 import peg
 from peg._rows import ValSource
-from peg.methods import _scale_search as search_module
-from peg.methods.peg import draw_batch
+from peg.methods.perturbation import _scale_search as search_module
+from peg.methods.perturbation.peg import draw_batch
 from peg.streams import MEMBER, generator
 
 from conftest import mlp, moons

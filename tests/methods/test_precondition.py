@@ -11,7 +11,7 @@ from torch import nn
 
 import peg
 from bad_inputs import raises_test
-from peg.methods.peg import draw_batch
+from peg.methods.perturbation.peg import draw_batch
 from peg.streams import VALIDATION, generator
 
 K, VAL_BATCHES, SEED = 16, 3, 4

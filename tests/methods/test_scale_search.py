@@ -11,7 +11,7 @@ from sklearn.base import clone
 
 import peg
 from peg import archive
-from peg.methods._recipes import searched_options
+from peg.methods.perturbation._recipes import searched_options
 
 from conftest import mlp
 

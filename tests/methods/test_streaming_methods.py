@@ -6,7 +6,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from peg import DeepEnsemble
-from peg.methods.swag import SWA, SWAG
+from peg.methods.trained.swag import SWA, SWAG
 from peg.train import Recipe
 
 from conftest import moons

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from peg.ensemble import Ensemble
-from peg.methods.subspace import (
+from peg.methods.trained.subspace import (
     DiagonalGaussian,
     DropoutSubspace,
     LowRankGaussian,

@@ -10,8 +10,8 @@ import torch
 import peg
 from peg._rows import ValSource
 from peg.losses import gaussian_nll_loss
-from peg.methods._criteria import POINT_LOSSES
-from peg.methods._surrogate import Interpolant, search_range, surrogate_search
+from peg.methods.perturbation._criteria import POINT_LOSSES
+from peg.methods.perturbation._surrogate import Interpolant, search_range, surrogate_search
 from peg.train import train
 
 GRID = (1e-3, 1e-2, 1e-1, 1.0)

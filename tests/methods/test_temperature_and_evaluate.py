@@ -36,7 +36,7 @@ def test_temperature_recovers_a_known_temperature():
     torch.manual_seed(0)
     z = torch.randn(4000, 5) * 2
     y = torch.distributions.Categorical(logits=z).sample()
-    ts = peg.methods.temperature.fit_temperature(z * 3.0, y)  # logits 3x too sharp
+    ts = peg.methods.calibration.temperature.fit_temperature(z * 3.0, y)  # logits 3x too sharp
     assert abs(ts - 3.0) < 0.25
 
 

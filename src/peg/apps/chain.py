@@ -2,9 +2,9 @@
 `peg.compare`: a column or row whose base names an earlier method ("PEG + TS": temperature
 scaling of the PEG ensemble's averaged prediction; "TS → PEG": PEG around the temperature-scaled
 model) gets that method's predictor through `as_base`, which hands each method the base it can
-fit on (`peg.methods.composed`: `Scaled`, a temperature-scaled model as a module; a model with
-its vector / matrix scaling or Dirichlet map as the last layer, "Dirichlet → PEG"). The fit
-time of such a method counts its base's (`chained_seconds`): "TS → PEG" costs temperature
+fit on (`peg.methods.calibration.composed`: `Scaled`, a temperature-scaled model as a module; a
+model with its vector / matrix scaling or Dirichlet map as the last layer, "Dirichlet → PEG"). The
+fit time of such a method counts its base's (`chained_seconds`): "TS → PEG" costs temperature
 scaling plus PEG.
 """
 
@@ -17,8 +17,8 @@ from torch import nn
 
 from peg.ensemble import Ensemble
 from peg.methods.base import FittedEnsemble
-from peg.methods.composed import Scaled, calibrated_module, composable
-from peg.methods.temperature import TemperatureScaling
+from peg.methods.calibration.composed import Scaled, calibrated_module, composable
+from peg.methods.calibration.temperature import TemperatureScaling
 
 # registry keys whose method takes any predictor as it is (the calibrators); the others need a
 # module or ensemble

@@ -23,9 +23,9 @@ from torch import Tensor
 
 from peg.apps.bench.tables import markdown_table
 from peg.errors import SpecError
-from peg.methods._conformal import SCORES, check_alpha
-from peg.methods._conformal_base import CachedLogits
-from peg.methods.conformal import ConformalClassifier
+from peg.methods.conformal._base import CachedLogits
+from peg.methods.conformal._split import SCORES, check_alpha
+from peg.methods.conformal.classifier import ConformalClassifier
 from peg.metrics.conformal import conformal_metrics
 
 

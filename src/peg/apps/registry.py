@@ -56,9 +56,9 @@ from peg.methods import (
     TemperatureScaling,
     VectorScaling,
 )
-from peg.methods._scale_search import ScaleSearch
-from peg.methods.laplace import require_laplace
-from peg.methods.swag import has_batchnorm
+from peg.methods.laplace.laplace import require_laplace
+from peg.methods.perturbation._scale_search import ScaleSearch
+from peg.methods.trained.swag import has_batchnorm
 from peg.models._packed import Packing
 
 __all__ = ["REGISTRY", "Builder", "Site", "build", "check_all", "configure", "entry", "register"]

@@ -1,5 +1,5 @@
 """Seeded train/validation splits (`train_val_split`, stratified by class by default), and the
-seed check it shares with `peg.data.registry.load` (`peg._inputs.check_seed`)."""
+seed check it shares with `peg.data.registry.load` (`peg._scalars.check_seed`)."""
 
 from __future__ import annotations
 

@@ -274,7 +274,7 @@ class ModulePredictor(Predicts, Method):
 
     def _probe(self, x: Any, name: str = "X") -> None:
         """One pass on two rows of `x`, moved to the model's device: a clear error naming `name`
-        if they do not fit the model (`peg._inputs.diagnose`); the global RNG is left as it is."""
+        if they do not fit the model (`peg._forward.diagnose`); the global RNG is left as it is."""
         x = move(x, self._device(), name)
         devices = [self._device()] if self._device().type == "cuda" else []
         with torch.no_grad(), torch.random.fork_rng(devices=devices):

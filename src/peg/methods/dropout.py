@@ -26,7 +26,7 @@ from peg._inputs import Data, probe_inputs
 from peg.batches import BatchFn
 from peg.methods import _constraints as checks
 from peg.methods.base import SampledPredictor, store_arguments
-from peg.methods.composed import CalibratedModel, Scaled, base_module
+from peg.methods.calibration.composed import CalibratedModel, Scaled, base_module
 
 DROPOUT_TYPES: tuple[type[nn.Module], ...] = (
     nn.Dropout,
@@ -151,8 +151,8 @@ class MCDropout(SampledPredictor):
         Args:
             model: a trained nn.Module returning logits `[B, C]`, or a temperature, vector or
                 matrix scaling or Dirichlet calibration fitted on one (its calibrated module,
-                `peg.methods.composed`; `insert` puts the dropout inside the model, before the
-                calibration map).
+                `peg.methods.calibration.composed`; `insert` puts the dropout inside the model,
+                before the calibration map).
             val: optional inputs ((X, y), a tensor or a loader); only used to check, with one
                 forward pass on two rows, that the model accepts them and returns `[B, C]`.
             bn_data: unused (accepted as by every post-hoc method): BatchNorm keeps the

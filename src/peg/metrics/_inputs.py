@@ -134,7 +134,7 @@ def check_labels(
     only >= 0 is.
 
     `device`: the predictions' device, where the labels are moved to (labels follow the
-    predictions; labels on the `meta` device are refused, see `peg._inputs.model_device`).
+    predictions; labels on the `meta` device are refused, see `peg._devices.model_device`).
     """
     t = as_tensor(y, name, device, owner="pred")
     if t.ndim != 1:

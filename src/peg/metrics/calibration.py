@@ -8,7 +8,7 @@ ECE's bins are equal-mass instead (`adaptive_ece`); the classwise ECE bins every
 probability with the equal-width bins above (`classwise_ece`).
 
 `bin_sums` gathers the per-bin statistics and `binned_ece` / `binned_mce` compute ECE and MCE
-from them; `ece`, `mce`, `peg.metrics.StreamingMetrics` and the reliability diagrams of
+from them; `ece`, `mce`, `peg.metrics.streaming.StreamingMetrics` and the reliability diagrams of
 `peg.plots` all go through them (`adaptive_bin_sums` and `classwise_bin_sums` likewise for the
 other two).
 """

@@ -87,7 +87,7 @@ def train(
     classification losses), an error naming the batch, the epoch and the samples it holds.
     The model is run once on two rows of the first batch (`check_training_data`), so inputs it
     cannot take, labels out of range or a forward that returns no logits fail at once. Batches
-    are moved to the model's device (`peg._inputs.model_device`).
+    are moved to the model's device (`peg._devices.model_device`).
 
     Args:
         recipe: how to train (default `Recipe()`); keyword fields override it, e.g.

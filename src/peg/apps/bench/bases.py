@@ -18,8 +18,8 @@ from typing import Any
 from torch import Tensor, nn
 
 from peg.ensemble import Ensemble
-from peg.methods.deep_ensemble import DeepEnsemble
-from peg.methods.swag import SWAG
+from peg.methods.trained.deep_ensemble import DeepEnsemble
+from peg.methods.trained.swag import SWAG
 from peg.train import Recipe
 
 

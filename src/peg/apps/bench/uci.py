@@ -40,7 +40,7 @@ from peg.data.uci import UCI_SETS, uci_n_splits, uci_normalise
 from peg.ensemble import Ensemble
 from peg.losses import gaussian_nll_loss, packed_gaussian_nll
 from peg.methods._predictors import member_logits_of
-from peg.methods.deep_ensemble import DeepEnsemble
+from peg.methods.trained.deep_ensemble import DeepEnsemble
 from peg.metrics.regression import log_predictive_density, rmse, split_gaussian
 from peg.models import MLP
 from peg.models.gaussian import RegressionMLP

@@ -25,10 +25,10 @@ from torch.utils.flop_counter import FlopCounterMode
 from peg._inputs import Data, is_pair
 from peg.batches import BatchFn, split_batch, take_rows
 from peg.ensemble import Ensemble
-from peg.methods._calibrator import Calibrator
 from peg.methods._predictors import member_logits_of
 from peg.methods.base import FittedEnsemble, ModulePredictor
-from peg.methods.laplace import Laplace
+from peg.methods.calibration._calibrator import Calibrator
+from peg.methods.laplace.laplace import Laplace
 
 PROBE_ROWS = 2
 

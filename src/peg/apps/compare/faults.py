@@ -21,9 +21,9 @@ from peg._values import warn_one_class
 from peg.apps import registry
 from peg.apps.bench.spec import MethodSpec
 from peg.batches import BatchFn, call_model, take_rows
-from peg.methods._laplace_torch import INSTALL
 from peg.methods.dropout import MCDropout, dropout_modules
-from peg.methods.laplace import Laplace
+from peg.methods.laplace._torch import INSTALL
+from peg.methods.laplace.laplace import Laplace
 from peg.metrics._inputs import check_labels
 from peg.output import model_output
 

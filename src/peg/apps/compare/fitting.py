@@ -21,7 +21,7 @@ from peg.apps.compare.methods import MODEL, options
 from peg.apps.compare.state import State
 from peg.batches import BatchFn
 from peg.loading import load
-from peg.methods._scale_search import MAX_SCORE_POINTS
+from peg.methods.perturbation._scale_search import MAX_SCORE_POINTS
 
 PENDING = object()  # a resumed method's predictor, not loaded yet
 

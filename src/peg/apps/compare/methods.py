@@ -33,7 +33,7 @@ any other (e.g. `method("PEG-30", "peg", n_members=30)`)::
     PEG → Dirichlet         Dirichlet calibration of PEG    dirichlet on PEG
     PEG → Vector scaling    vector scaling of PEG           vector-scaling on PEG
     Dirichlet → PEG PEG around the model with its Dirichlet peg on Dirichlet
-                    map as last layer (`peg.methods.composed`)
+                    map as last layer (`peg.methods.calibration.composed`)
     Matrix scaling → PEG    the same with matrix scaling    peg on Matrix scaling
     Dirichlet → last-layer PEG  PEG of the Dirichlet map    peg on Dirichlet, params=
                     alone                                   "last_layer"

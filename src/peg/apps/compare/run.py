@@ -37,7 +37,7 @@ from peg.apps.results import RESULTS
 from peg.apps.scores import labelled_metrics, ood_detection, scored_detection
 from peg.batches import BatchFn, check_batch_fn
 from peg.detectors import DETECTOR_SCORES, OODDetector
-from peg.methods._scale_search import MAX_SCORE_POINTS
+from peg.methods.perturbation._scale_search import MAX_SCORE_POINTS
 from peg.metrics._inputs import ensemble_log_probs
 from peg.metrics.ood import OOD_SCORES
 

@@ -39,7 +39,7 @@ from peg.methods._predictors import (
     stateless,
 )
 from peg.methods.base import Method, store_arguments
-from peg.methods.temperature import TemperatureScaling
+from peg.methods.calibration.temperature import TemperatureScaling
 from peg.metrics._inputs import check_labels
 
 # the default candidates for saved logits (a model without parameters, `nn.Identity()`)

@@ -41,8 +41,8 @@ from peg.apps.compare.methods import MODEL, options
 from peg.apps.select.folds import point_scores, view
 from peg.apps.select.race import Plan, cheap_first
 from peg.methods._predictors import logits_and_labels
-from peg.methods._scale_search import MAX_SCORE_POINTS
-from peg.methods.temperature import TemperatureScaling
+from peg.methods.calibration.temperature import TemperatureScaling
+from peg.methods.perturbation._scale_search import MAX_SCORE_POINTS
 from peg.metrics._inputs import ensemble_log_probs
 
 # registry keys fitted on the model's cached validation logits

@@ -1,0 +1,135 @@
+"""Diagonal intra order-preserving scaling (Rahimi et al. 2020, "Intra order-preserving
+functions for calibration of multi-class neural networks", NeurIPS; their "DIAG" family).
+
+One monotone increasing function g: R → R is applied to every score of a row, element-wise,
+and the softmax taken:
+
+    p(s) = softmax(g(s_1), ..., g(s_C)),   g' > 0,
+
+so the order of the classes (and the argmax: accuracy) is kept, and the same g serves every
+class (C-free: a map fitted at 1,000 classes has as many parameters as at 10). Temperature
+scaling is the linear special case g(s) = s / T. Rahimi et al. parameterise g with an
+unconstrained monotonic neural network; peg uses a monotone piecewise-linear g, the simplest
+family with positive increments that contains TS exactly:
+
+    g(s) = v_j + β_j (s - t_{j-1})   on the j-th piece, knots t_0 < ... < t_{K-1}, β_j > 0,
+
+linear beyond the outer knots with the end slopes (K + 1 slopes; the v_j make g continuous;
+an additive constant is irrelevant to the softmax). The knots are fixed before fitting: half at
+quantiles of all the validation scores (the bulk, which sets the mass of the tail classes), half
+at quantiles of each row's largest score (the top, which sets the confidence), merged. The
+slopes β are fitted on validation NLL plus `reg` × mean_j (T (β_{j+1} - β_j))² (a smoothness
+penalty on the slopes relative to TS's 1/T, whose limit, reg → ∞, is one slope: temperature
+scaling). g is linear in β, so the NLL is convex in β: Newton's method in float64
+(`peg.methods.calibration._monotone.fit_slopes`) from β = 1/T, the fitted temperature, keeping β >
+0: the map starts at TS and departs from it only where the NLL says so.
+
+What the scores are: as vector scaling's (`scores="auto"`): the raw logits z of a one-member
+predictor (the paper's g acts on logits; log p̄ = z - logsumexp(z) differs by a per-row shift,
+which a non-linear g does not ignore), log p̄ of an ensemble (`scores="log_probs"`: always).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from peg.batches import BatchFn
+from peg.errors import ArchiveError
+from peg.methods import _constraints as checks
+from peg.methods.base import store_arguments
+from peg.methods.calibration._affine import finite_scores
+from peg.methods.calibration._calibrator import Calibrator, stored
+from peg.methods.calibration._monotone import fit_slopes, monotone_map, place_knots
+from peg.methods.calibration.scaling import SCORE_OPTIONS
+from peg.methods.calibration.temperature import fit_temperature
+
+__all__ = ["OrderPreservingScaling", "monotone_map"]
+
+
+class OrderPreservingScaling(Calibrator):
+    """Diagonal intra order-preserving scaling (Rahimi et al. 2020, DIAG): one monotone
+    piecewise-linear function applied to every score, fitted on validation NLL from temperature
+    scaling (`peg.methods.calibration.order_preserving`).
+
+    Args:
+        n_knots: knots of the piecewise-linear map (at most: tied quantiles leave fewer;
+            K + 1 slopes).
+        reg: weight of the smoothness penalty, the mean squared difference of neighbouring
+            slopes times T² (0: none; large: one slope, temperature scaling).
+        scores: "auto" (the raw logits of a one-member predictor; log p̄ of an ensemble) or
+            "log_probs" (log p̄ always).
+        max_iter: Newton iterations (of temperature scaling's fit, then of the slopes').
+        batch_size: rows per forward pass.
+        batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches of another shape
+            (`peg.batches`).
+
+    After `fit(predictor, val)`: `knots_` `[K]`, `slopes_` `[K + 1]`, `temperature_` (the TS
+    it started from), `scores_`, `predictor_`, `meta_`; `member_logits(X) -> [1, N, C]` (g of
+    the scores), `predict_proba`, `predict` (the predictor's class), `save` / `peg.load`.
+    """
+
+    method = "order-preserving"
+    label = "order-preserving scaling"
+
+    def __init__(
+        self,
+        *,
+        n_knots: int = 8,
+        reg: float = 0.01,
+        scores: str = "auto",
+        max_iter: int = 100,
+        batch_size: int = 512,
+        batch_fn: BatchFn | None = None,
+    ) -> None:
+        store_arguments(self, locals())
+
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
+        "n_knots": checks.positive_int(),
+        "reg": checks.number(allow_zero=True),
+        "scores": checks.one_of(*SCORE_OPTIONS),
+        "max_iter": checks.positive_int(),
+        **Calibrator.parameter_constraints,
+    }
+
+    def _score_kind(self, logits: Tensor) -> str:
+        one = self.scores == "auto" and logits.shape[0] == 1
+        return "logits" if one else "log_probs"
+
+    def _fit_map(self, scores: Tensor, y: Tensor) -> dict[str, Any]:
+        keep = ~torch.isnan(scores).any(-1)
+        s, y = finite_scores(scores[keep]), y[keep].long()
+        temperature = fit_temperature(s, y, int(self.max_iter))
+        knots = place_knots(s, int(self.n_knots))
+        start = torch.full((len(knots) + 1,), 1 / temperature, dtype=s.dtype, device=s.device)
+        reg = float(self.reg) * temperature**2  # on slopes relative to TS's 1 / T
+        slopes = fit_slopes(s, y, knots, start, reg, int(self.max_iter))
+        if not bool(torch.isfinite(slopes).all()) or not bool((slopes > 0).all()):
+            raise FloatingPointError(f"{self.label} diverged (slopes {slopes.tolist()})")
+        return {"knots_": knots, "slopes_": slopes, "temperature_": temperature}
+
+    def _apply(self, scores: Tensor) -> Tensor:
+        return monotone_map(scores, self.knots_, self.slopes_)
+
+    def _entry(self) -> dict[str, Any]:
+        return {"temperature": float(self.temperature_)}
+
+    def _tensors(self) -> dict[str, Tensor]:
+        return {"knots": self.knots_, "slopes": self.slopes_}
+
+    def _restore(self, entry: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> dict[str, Any]:
+        knots = stored(tensors, "knots")
+        if knots.ndim != 1 or len(knots) < 1 or not bool(torch.isfinite(knots).all()):
+            raise ArchiveError("calibration: 'knots' must be a 1-D array of finite numbers")
+        if len(knots) > 1 and not bool((knots.diff() > 0).all()):
+            raise ArchiveError("calibration: 'knots' must be increasing")
+        slopes = stored(tensors, "slopes", (len(knots) + 1,))
+        if not bool(torch.isfinite(slopes).all()) or not bool((slopes > 0).all()):
+            raise ArchiveError("calibration: 'slopes' must be finite and > 0")
+        t = entry.get("temperature")
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf"):
+            raise ArchiveError(f"calibration: expected a temperature > 0, got {t!r}")
+        return {"knots_": knots, "slopes_": slopes, "temperature_": float(t)}

@@ -1,0 +1,177 @@
+"""Spline calibration (Gupta et al. 2021, "Calibration of neural networks using splines",
+ICLR), top-label.
+
+On validation data, sort the N points by their top-label confidence f_(1) ≤ ... ≤ f_(N)
+(f = max_c p̄_c), and take the cumulative top-label accuracy and confidence over the fractile
+t = i / N,
+
+    h̃(t_i) = (1/N) Σ_{j≤i} 1[ŷ_(j) = y_(j)],   s̃(t_i) = (1/N) Σ_{j≤i} f_(j).
+
+Their derivatives in t are the accuracy and the confidence at fractile t, so the calibrated
+confidence of a point with confidence f at fractile t is h̃'(t). As the paper's reference code,
+peg fits a natural cubic spline, by least squares with `n_knots` knots equally spaced in t, to
+the difference h̃ - s̃ (smoother than h̃ alone), and the calibrated confidence of the i-th
+validation point is γ_i = f_(i) + (h̃ - s̃)'(t_i); a new confidence f is mapped by linear
+interpolation between the (f_(i), γ_i) (constant beyond the ends), then clipped (below).
+
+The paper recalibrates the top-label probability only. To predict a full distribution, peg
+renormalises the other classes proportionally: with q the calibrated top probability and p̂ the
+predictor's, p_top = q and p_c = (1 - q) ((1 - ε) r_c + ε / (C - 1)) for the others, r_c =
+p̂_c / (1 - p̂_top) their proportions (in log space: 1 - p̂_top as the logsumexp of the others,
+exact when p̂ saturates), ε = `floor` (1e-6 by default) a sliver spread evenly so that a class
+the predictor gave a probability of e^-1000 is not scored 1000 nats. q is clipped to
+[a / (1 + a) + floor, 1 - floor], a the runner-up's share (at a / (1 + a) it would tie with the
+top class): the predicted class never changes, and every probability is at least
+floor² / (C - 1): the NLL stays finite, at most log((C - 1) / floor²) a point.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from peg.batches import BatchFn
+from peg.errors import ArchiveError
+from peg.methods import _constraints as checks
+from peg.methods.base import store_arguments
+from peg.methods.calibration._calibrator import Calibrator, stored
+
+__all__ = ["SplineCalibration", "natural_spline_basis", "top_label_recalibrated"]
+
+
+def natural_spline_basis(t: Tensor, knots: Tensor) -> tuple[Tensor, Tensor]:
+    """The natural cubic spline basis `[N, K]` at t `[N]` with `knots` `[K]` (K ≥ 2; Hastie,
+    Tibshirani & Friedman, eq. 5.4-5.5: 1, t, d_k - d_{K-1}), and its derivative in t."""
+    k = len(knots)
+    ones = torch.ones_like(t)
+    value, slope = [ones, t], [torch.zeros_like(t), ones]
+    last = knots[-1]
+
+    def d(j: int, power: int) -> Tensor:
+        scale = (power + 1) if power < 3 else 1  # d/dt of x^3 is 3 x^2
+        cubes = (t - knots[j]).clamp_min(0) ** power - (t - last).clamp_min(0) ** power
+        return scale * cubes / (last - knots[j])
+
+    for j in range(k - 2):
+        value.append(d(j, 3) - d(k - 2, 3))
+        slope.append(d(j, 2) - d(k - 2, 2))
+    return torch.stack(value, 1), torch.stack(slope, 1)
+
+
+def interpolate(x: Tensor, xs: Tensor, ys: Tensor) -> Tensor:
+    """Linear interpolation of (xs, ys) (xs non-decreasing) at x, constant beyond the ends (as
+    `numpy.interp`)."""
+    x = x.clamp(xs[0], xs[-1])
+    right = torch.searchsorted(xs, x.contiguous(), right=True).clamp(1, len(xs) - 1)
+    x0, x1, y0, y1 = xs[right - 1], xs[right], ys[right - 1], ys[right]
+    width = x1 - x0
+    share = torch.where(width > 0, (x - x0) / width.clamp_min(1e-300), torch.ones_like(x))
+    return y0 + share * (y1 - y0)
+
+
+def top_label_recalibrated(log_p: Tensor, q: Tensor, floor: float) -> Tensor:
+    """log p `[N, C]`: the top class given probability q `[N]`, the others sharing 1 - q in
+    proportion to the predictor's probabilities, a `floor` of it spread evenly (the module
+    doc); q clipped so that the top class stays the top."""
+    c = log_p.shape[1]
+    top = log_p.argmax(-1, keepdim=True)
+    others = log_p.scatter(1, top, float("-inf"))
+    log_rest = torch.logsumexp(others, -1, keepdim=True)  # log(1 - p̂_top), exact when saturated
+    # r_c = p̂_c / (1 - p̂_top); a row whose others all underflowed to 0: r uniform
+    log_r = torch.where(torch.isinf(log_rest), -math.log(c - 1), others - log_rest)
+    even = torch.full_like(log_r, math.log(floor / (c - 1)))
+    share = torch.logaddexp(log_r + math.log1p(-floor), even)  # (1 - ε) r_c + ε / (C - 1)
+    share = share.scatter(1, top, float("-inf"))
+    # the runner-up gets (1 - q) a, a its share: q ≥ a / (1 + a) + floor keeps the top the top
+    a = share.max(-1).values.exp()
+    q = torch.minimum(torch.maximum(q, a / (1 + a) + floor), torch.full_like(q, 1 - floor))
+    return (share + torch.log1p(-q)[:, None]).scatter(1, top, q.log()[:, None])
+
+
+class SplineCalibration(Calibrator):
+    """Spline calibration of the top-label confidence (Gupta et al. 2021), the other classes
+    renormalised proportionally (`peg.methods.calibration.spline`).
+
+    Args:
+        n_knots: knots of the natural cubic spline, equally spaced in the fractile (the paper's
+            code: 6); at least 2.
+        floor: the top class's least margin over the runner-up and the least mass left to
+            the others, in (0, 0.1): the class kept, a finite NLL.
+        batch_size: rows per forward pass.
+        batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches of another shape
+            (`peg.batches`).
+
+    After `fit(predictor, val)`: `confidences_` `[N]` (the sorted validation confidences) and
+    `calibrated_` `[N]` (γ at each), `predictor_`, `meta_`; `member_logits(X) -> [1, N, C]` (log
+    of the recalibrated probabilities), `predict_proba`, `predict` (the predictor's class),
+    `save` / `peg.load`.
+    """
+
+    method = "spline"
+    label = "spline calibration"
+
+    def __init__(
+        self,
+        *,
+        n_knots: int = 6,
+        floor: float = 1e-6,
+        batch_size: int = 512,
+        batch_fn: BatchFn | None = None,
+    ) -> None:
+        store_arguments(self, locals())
+
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
+        "n_knots": checks.positive_int(minimum=2),
+        "floor": checks.interval(0, 0.1),
+        **Calibrator.parameter_constraints,
+    }
+
+    def _check_classes(self, classes: int) -> None:
+        if classes < 2:
+            raise ValueError(f"val: {self.label} needs at least 2 classes, got {classes}")
+
+    def _fit_map(self, scores: Tensor, y: Tensor) -> dict[str, Any]:
+        keep = ~torch.isnan(scores).any(-1)
+        log_p, y = scores[keep].double(), y[keep]
+        n = len(y)
+        if n < int(self.n_knots):
+            raise ValueError(
+                f"val: {self.label} with n_knots={self.n_knots} needs at least that many "
+                f"validation points, got {n}"
+            )
+        confidence, predicted = log_p.max(-1)
+        order = confidence.argsort()
+        f = confidence[order].exp()
+        correct = (predicted[order] == y[order]).double()
+        t = torch.linspace(0, 1, n, dtype=f.dtype, device=f.device)
+        target = (correct - f).cumsum(0) / n  # h̃ - s̃ at each fractile
+        knots = torch.linspace(0, 1, int(self.n_knots), dtype=f.dtype, device=f.device)
+        value, slope = natural_spline_basis(t, knots)
+        coef = torch.linalg.lstsq(value.cpu(), target.cpu()[:, None]).solution.to(f)
+        calibrated = f + (slope @ coef)[:, 0] * n / (n - 1)  # t steps by 1 / (n - 1), h̃ by 1 / n
+        return {"confidences_": f, "calibrated_": calibrated.clamp(0, 1)}
+
+    def _apply(self, scores: Tensor) -> Tensor:
+        log_p = scores.double().log_softmax(-1)  # log p̄, normalised (a no-op for log p̄)
+        xs, ys = self.confidences_.to(log_p), self.calibrated_.to(log_p)
+        q = interpolate(log_p.max(-1).values.exp(), xs, ys)
+        return top_label_recalibrated(log_p, q, float(self.floor))
+
+    def _tensors(self) -> dict[str, Tensor]:
+        return {"confidences": self.confidences_, "calibrated": self.calibrated_}
+
+    def _restore(self, entry: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> dict[str, Any]:
+        xs = stored(tensors, "confidences")
+        if xs.ndim != 1 or len(xs) < 2:
+            raise ArchiveError("calibration: 'confidences' must be a 1-D array of >= 2 values")
+        ys = stored(tensors, "calibrated", (len(xs),))
+        for name, v in (("confidences", xs), ("calibrated", ys)):
+            if not bool(((v >= 0) & (v <= 1)).all()):
+                raise ArchiveError(f"calibration: {name!r} must hold probabilities in [0, 1]")
+        if not bool((xs.diff() >= 0).all()):
+            raise ArchiveError("calibration: 'confidences' must be sorted")
+        return {"confidences_": xs, "calibrated_": ys}

@@ -1,0 +1,137 @@
+"""What the conformal predictors share (`ConformalClassifier`, `ConformalRegressor`).
+
+A conformal predictor wraps a fitted predictor and leaves its predictions alone:
+`member_logits` / `iter_member_logits` / `predict_proba` are the predictor's, so `peg.evaluate`
+gives the same numbers for both. It is saved like a calibrator (`Calibrator.save`: the
+predictor's ensemble, the fitted quantiles in the meta's `"calibration"` entry and as tensors);
+a calibrator under it (temperature scaling, Dirichlet, ...) is saved with it, its own entry
+under `"inner"` and its arrays under `inner/`, and `peg.load` rebuilds both.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from peg._inputs import Data
+from peg.batches import BatchFn
+from peg.ensemble import Ensemble
+from peg.errors import ArchiveError, NotStreamable
+from peg.loading import calibrator_for
+from peg.methods._predictors import iter_member_logits_of, member_logits_of
+from peg.methods.calibration._calibrator import Calibrator
+
+INNER = "inner/"  # the prefix of a wrapped calibrator's arrays in the archive
+
+
+def known_rows(data: Data) -> int | None:
+    """How many points `data` holds when that is known without reading it (a pair of tensors,
+    a map-style Dataset, a loader over one), else None."""
+    if isinstance(data, (tuple, list)) and len(data) == 2 and hasattr(data[1], "__len__"):
+        return len(data[1])
+    if isinstance(data, DataLoader):
+        data = data.dataset
+    if isinstance(data, Dataset) and not isinstance(data, IterableDataset):
+        try:
+            return len(data)  # type: ignore[arg-type]
+        except TypeError:
+            return None
+    return None
+
+
+class WrapsCalibrator:
+    """`save` / `_from_archive` of a map over a predictor that may itself be a calibrator
+    (the conformal predictors, `peg.LabelShift`): the inner calibrator's entry is saved under
+    `"inner"`, its arrays under `inner/`, and `peg.load` rebuilds both."""
+
+    # ---------------------------------------------------------------- persistence
+    def save(self, path: str | os.PathLike[str]) -> str:
+        """Write the predictor's ensemble with the fitted map (and the calibrator under it, if
+        any); `peg.load(path, model)` gives this fitted predictor back."""
+        self._check_fitted("saving")
+        entry, tensors = self._archived(), dict(self._tensors())
+        base = self.predictor_
+        if isinstance(base, Calibrator):
+            entry["inner"] = base._archived()
+            tensors |= {INNER + k: v for k, v in base._tensors().items()}
+            base = base.predictor_
+        return self._write(path, base, entry, tensors)  # type: ignore[attr-defined]
+
+    @classmethod
+    def _from_archive(
+        cls,
+        ensemble: Ensemble,
+        calibration: dict[str, Any],
+        tensors: Mapping[str, Tensor] | None = None,
+    ) -> Any:
+        """The fitted predictor around a loaded ensemble (and its inner calibrator)."""
+        tensors = dict(tensors or {})
+        predictor: Any = ensemble
+        inner = calibration.get("inner")
+        if inner is not None:
+            if not isinstance(inner, dict) or inner.get("method") in (None, cls.method):
+                raise ArchiveError(f"calibration: inner must be a calibrator entry, got {inner!r}")
+            own = {k[len(INNER) :]: v for k, v in tensors.items() if k.startswith(INNER)}
+            predictor = calibrator_for(inner)(ensemble, inner, own)
+        fitted = cls._unfitted(calibration)
+        state = fitted._restore(calibration, tensors)
+        fitted._set_fitted(predictor, {**state, "scores_": "log_probs"})
+        return fitted
+
+
+class ConformalBase(WrapsCalibrator, Calibrator):
+    """A `Calibrator` whose map is the identity: the predictor's outputs pass through."""
+
+    def member_logits(
+        self, X: Data, batch_size: int | None = None, batch_fn: BatchFn | None = None,
+        **options: Any,
+    ) -> Tensor:  # fmt: skip
+        """The predictor's member outputs `[M, N, C]`, unchanged."""
+        self._check_fitted()
+        size, split = self._reading(batch_size, batch_fn, X)
+        return member_logits_of(self.predictor_, X, size, split, **options)
+
+    def iter_member_logits(
+        self, X: Data, batch_size: int | None = None, batch_fn: BatchFn | None = None,
+        **options: Any,
+    ) -> Iterator[Tensor]:  # fmt: skip
+        """The predictor's member outputs batch by batch, `[M, B_j, C]`."""
+        self._check_fitted()
+        size, split = self._reading(batch_size, batch_fn, X)
+        return iter_member_logits_of(self.predictor_, X, size, split, **options)
+
+    def _batches(
+        self, X: Data, batch_size: int | None, batch_fn: BatchFn | None
+    ) -> Iterator[Tensor]:
+        """`iter_member_logits`, or the whole `member_logits` for a predictor that cannot
+        stream."""
+        try:
+            return self.iter_member_logits(X, batch_size, batch_fn)
+        except NotStreamable:
+            return iter([self.member_logits(X, batch_size, batch_fn)])
+
+    def scale(self, logits: Tensor) -> Tensor:
+        return logits
+
+    def __len__(self) -> int:
+        self._check_fitted()
+        base = self.predictor_  # an nn.Module is one member (a Sequential's len is its layers)
+        return len(base) if hasattr(base, "member_logits") and hasattr(base, "__len__") else 1
+
+
+class CachedLogits:
+    """A predictor whose inputs are its own member logits, rows first: `X` `[N, M, C]` gives
+    `member_logits(X) = X.transpose(0, 1)` `[M, N, C]`. Conformal prediction from logits
+    already computed (the bench's and `peg.compare`'s caches) without running a model:
+    `ConformalClassifier().fit(CachedLogits(), (logits.transpose(0, 1), y))`."""
+
+    def member_logits(self, X: Tensor, batch_size: int = 512, **_: Any) -> Tensor:
+        return X.transpose(0, 1)
+
+    def iter_member_logits(self, X: Tensor, batch_size: int = 512, **_: Any) -> Iterator[Tensor]:
+        for start in range(0, len(X), batch_size):
+            yield X[start : start + batch_size].transpose(0, 1)

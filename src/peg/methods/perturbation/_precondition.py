@@ -1,0 +1,276 @@
+"""Preconditioned PEG steps: each member's gradient row g mapped to λ·(F + λ)⁻¹·g.
+
+Over random mini-batches, plain PEG's steps spread with the covariance of the mini-batch
+gradient (≈ F / K): most where the loss is sharpest, the directions a Laplace posterior keeps
+narrowest. A preconditioner reshapes the step at no extra forward cost per member:
+
+- "kfac": F ≈ A ⊗ G for every layer that has Kronecker factors (A the second moment of the
+  layer's inputs, with a 1 appended when its bias is perturbed; G that of the per-point
+  gradients of the loss with respect to its outputs): `nn.Linear`, `nn.Conv2d` (inputs
+  unfolded into patches, A averaged and G summed over positions, K-FAC's "expand" form),
+  `nn.Embedding` (its inputs are one-hot tokens: A is diagonal, the tokens' mean counts) and
+  HuggingFace's `Conv1D` (GPT-2's transposed Linear). Every other perturbed parameter
+  (BatchNorm / LayerNorm affine, a ViT's class token and position embeddings, a grouped
+  convolution, a bias without its weight) gets the diagonal of the per-point Fisher,
+  estimated as (Σ_n ∇ℓ_n)² / K on the same mini-batches (exact in expectation when the
+  points' gradients are uncorrelated with mean zero). `meta_["curvature"]` records which
+  layer got which (`kfac_layers`). The inverse of A ⊗ G + λI is exact through the
+  eigenvectors of A and G (`kfac`).
+- "diag": F ≈ the mean of the squared mini-batch gradients (Adam's second moment, uniformly
+  averaged), one number per entry.
+
+Both are estimated from the `val_batches` mini-batches of the validation part that feeds the
+steps (the streams (seed, VALIDATION, r, j), the ones the unbiased variant's ∇L(V) uses).
+
+The damping is relative: λ = `damping` × the mean eigenvalue of F (trace / P), so it does not
+depend on the loss's scale or reduction. The row is multiplied by λ, so that as `damping` → ∞,
+λ·(F + λ)⁻¹ → I and the members are plain PEG's, with the same η; a small damping shrinks the
+steps in the sharp directions and leaves the flat ones as they were. The η search is unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from peg._params import entry_views
+from peg.methods.perturbation._gradients import GradientPass
+from peg.streams import VALIDATION, generator
+
+PRECONDITIONERS = (None, "diag", "kfac")
+# λ relative to the mean eigenvalue of F (see the module doc)
+DEFAULT_DAMPING = 0.1
+Apply = Callable[[Tensor], None]
+
+
+def factor_kind(m: nn.Module) -> str | None:
+    """The Kronecker form of layer `m`: "linear", "conv2d", "embedding", "conv1d" (HuggingFace's
+    `Conv1D`, y = x W + b with W `[d_in, d_out]`), or None (no factors: diagonal)."""
+    if isinstance(m, nn.Linear):
+        return "linear"
+    if isinstance(m, nn.Conv2d) and m.groups == 1 and m.padding_mode == "zeros":
+        return "conv2d"
+    if isinstance(m, nn.Embedding) and m.max_norm is None:
+        return "embedding"
+    weight = getattr(m, "weight", None)
+    if type(m).__name__ == "Conv1D" and isinstance(weight, Tensor) and weight.ndim == 2:
+        return "conv1d"  # transformers.pytorch_utils.Conv1D, matched by name: no import
+    return None
+
+
+@dataclass
+class KFACLayer:
+    """One layer's Kronecker factors and where its entries sit in a row."""
+
+    name: str
+    module: nn.Module
+    kind: str  # factor_kind's
+    weight: int  # index of the weight among the perturbed entries
+    bias: int | None = None  # index of the bias, if perturbed
+    A: Tensor | None = None  # [d_in (+1), d_in (+1)]; Embedding: its diagonal [V]
+    G: Tensor | None = None  # [d_out, d_out]
+    calls: list[tuple[Tensor, Tensor]] = field(default_factory=list)  # (input, output) a pass
+
+    def matrix(self, views: list[Tensor]) -> Tensor:
+        """The layer's entries of a row as one matrix `[d_out, d_in (+1)]` (a copy)."""
+        W = views[self.weight]
+        W = W.T if self.kind in ("embedding", "conv1d") else W.reshape(W.shape[0], -1)
+        return W if self.bias is None else torch.cat([W, views[self.bias][:, None]], 1)
+
+    def write(self, views: list[Tensor], V: Tensor) -> None:
+        """`matrix`'s inverse: V `[d_out, d_in (+1)]` back into the row's entries."""
+        W = views[self.weight]
+        d_in = W.shape[0] if self.kind in ("embedding", "conv1d") else W[0].numel()
+        M = V[:, :d_in]
+        W.copy_(M.T if self.kind in ("embedding", "conv1d") else M.reshape(W.shape))
+        if self.bias is not None:
+            views[self.bias].copy_(V[:, d_in])
+
+    def inputs(self, x: Tensor, dtype: torch.dtype) -> tuple[Tensor, int]:
+        """(Σ over rows of a aᵀ — for an Embedding the token counts `[V]` —, the rows: points ×
+        positions) of one call's inputs."""
+        m = self.module
+        if self.kind == "embedding":
+            return torch.bincount(x.reshape(-1), minlength=m.num_embeddings).to(dtype), x.numel()
+        if self.kind == "conv2d":
+            a = F.unfold(x, m.kernel_size, m.dilation, m.padding, m.stride).transpose(1, 2)
+        else:
+            a = x.reshape(x.shape[0], -1, x.shape[-1])
+        if self.bias is not None:
+            a = torch.cat([a, a.new_ones(*a.shape[:2], 1)], 2)
+        a = a.reshape(-1, a.shape[-1]).to(dtype)
+        return a.T @ a, a.shape[0]
+
+    def outputs(self, g: Tensor, dtype: torch.dtype) -> Tensor:
+        """Σ over points and positions of g gᵀ, g the per-point output gradients `[d_out]`."""
+        g = g.flatten(2).transpose(1, 2) if self.kind == "conv2d" else g
+        g = g.reshape(-1, g.shape[-1]).to(dtype)
+        return g.T @ g
+
+
+def kfac_layers(
+    model: nn.Module, names: list[str]
+) -> tuple[list[KFACLayer], list[int], dict[str, Any]]:
+    """(The layers with Kronecker factors owning perturbed entries, the indices of the other
+    entries (diagonal), and what got which: {"kfac": {layer: type}, "diagonal": {entry: type of
+    its layer}})."""
+    modules = dict(model.named_modules())
+    layers: dict[str, KFACLayer] = {}
+    biases: dict[str, int] = {}
+    for j, name in enumerate(names):
+        owner, _, attr = name.rpartition(".")
+        kind = factor_kind(modules[owner]) if attr in ("weight", "bias") else None
+        if kind is not None and attr == "weight":
+            layers[owner] = KFACLayer(owner, modules[owner], kind, j)
+        elif kind is not None and kind != "embedding":
+            biases[owner] = j
+    for owner, j in biases.items():
+        if owner in layers:
+            layers[owner].bias = j
+    in_kfac = {lay.weight for lay in layers.values()} | {
+        lay.bias for lay in layers.values() if lay.bias is not None
+    }
+    diagonal = [j for j in range(len(names)) if j not in in_kfac]
+    layout = {
+        "kfac": {lay.name: type(lay.module).__name__ for lay in layers.values()},
+        "diagonal": {
+            names[j]: type(modules[names[j].rpartition(".")[0]]).__name__ for j in diagonal
+        },
+    }
+    return list(layers.values()), diagonal, layout
+
+
+@torch.enable_grad()
+def _kfac_factors(
+    grad: GradientPass, layers: list[KFACLayer], diagonal: list[int], seed: int, n: int
+) -> Tensor:
+    """Fill each layer's A and G from `n` mini-batches (per-point loss gradients); returns the
+    diagonal Fisher of the entries `diagonal`, flattened in row order."""
+
+    def hook(mod: nn.Module, args: tuple, kwargs: dict, out: Any, layer: KFACLayer) -> None:
+        x = args[0] if args else next(iter(kwargs.values()))
+        layer.calls.append((x.detach(), out))
+
+    hooks = [
+        layer.module.register_forward_hook(
+            lambda m, a, k, o, lay=layer: hook(m, a, k, o, lay), with_kwargs=True
+        )
+        for layer in layers
+    ]
+    sums: dict[str, list[Tensor]] = {}
+    rows = dict.fromkeys((lay.name for lay in layers), 0)
+    extra = [grad.selected[j] for j in diagonal]
+    fisher = [torch.zeros_like(p, dtype=grad.dtype) for p in extra]
+    points = 0
+    try:
+        for j in range(n):
+            for layer in layers:
+                layer.calls.clear()
+            losses = grad.losses(generator(seed, VALIDATION, grad.r, j))
+            outs = [o for layer in layers for _, o in layer.calls]
+            # per point: ∇ of its own loss (outputs); Σ_n ∇ℓ_n for the diagonal entries
+            grads = torch.autograd.grad(losses.sum(), outs + extra, allow_unused=True)
+            grad.restore_buffers()
+            at = 0
+            for layer in layers:
+                for x, out in layer.calls:
+                    gout = grads[at] if grads[at] is not None else torch.zeros_like(out)
+                    at += 1
+                    A, count = layer.inputs(x, grad.dtype)
+                    G = layer.outputs(gout, grad.dtype)
+                    rows[layer.name] += count
+                    pair = sums.setdefault(layer.name, [torch.zeros_like(A), torch.zeros_like(G)])
+                    pair[0] += A
+                    pair[1] += G
+            for f, g in zip(fisher, grads[at:], strict=True):
+                if g is not None:
+                    f += g.to(grad.dtype).square() / len(losses)
+            points += len(losses)
+    finally:
+        for h in hooks:
+            h.remove()
+    for layer in layers:  # A: mean over points and positions; G: summed over positions
+        layer.calls.clear()
+        if layer.name not in sums:
+            raise ValueError(
+                f"precondition: layer {layer.name!r} did not run in the model's forward pass; "
+                "select the parameters the model uses (params=)"
+            )
+        layer.A = sums[layer.name][0] / max(rows[layer.name], 1)
+        layer.G = sums[layer.name][1] / points
+    flat = [f.reshape(-1) / n for f in fisher]
+    return torch.cat(flat) if flat else torch.zeros(0, dtype=grad.dtype, device=grad.device)
+
+
+def kfac(
+    grad: GradientPass, names: list[str], seed: int, n: int, damping: float
+) -> tuple[Apply, dict[str, Any]]:
+    """The K-FAC preconditioner of base model `grad.r`: `apply(row)` maps a row `[P]` in place
+    to λ·(F + λI)⁻¹ row, F = A ⊗ G layer by layer where factors exist and diagonal elsewhere;
+    with the layout (`kfac_layers`)."""
+    layers, diagonal, layout = kfac_layers(grad.work, names)
+    Fd = _kfac_factors(grad, layers, diagonal, seed, n)
+    trace = float(Fd.sum()) + sum(
+        float(lay.A.sum() if lay.kind == "embedding" else lay.A.trace()) * float(lay.G.trace())  # type: ignore[union-attr]
+        for lay in layers
+    )
+    size = Fd.numel() + sum(lay.A.shape[0] * lay.G.shape[0] for lay in layers)  # type: ignore[union-attr]
+    lam = damping * trace / size
+    if not lam > 0:  # no curvature at all (every gradient zero): nothing to reshape
+        return (lambda row: None), layout
+    eig: list[tuple[Tensor, Tensor | None, Tensor, Tensor]] = []
+    for lay in layers:  # eigenvalues ≥ 0 (A, G are second moments; eigh may round below)
+        g, Qg = torch.linalg.eigh(lay.G)  # type: ignore[arg-type]
+        if lay.kind == "embedding":  # A diagonal: its own eigenvalues, eigenvectors I
+            eig.append((lay.A.clamp_min(0), None, g.clamp_min(0), Qg))  # type: ignore[union-attr]
+        else:
+            a, Qa = torch.linalg.eigh(lay.A)  # type: ignore[arg-type]
+            eig.append((a.clamp_min(0), Qa, g.clamp_min(0), Qg))
+    scale = lam / (Fd + lam)
+
+    def apply(row: Tensor) -> None:
+        views = entry_views(row, grad.shapes)
+        for layer, (a, Qa, g, Qg) in zip(layers, eig, strict=True):
+            M = layer.matrix(views)
+            V = Qg.T @ (M if Qa is None else M @ Qa)
+            V = V * (lam / (g[:, None] * a[None, :] + lam))
+            layer.write(views, Qg @ (V if Qa is None else V @ Qa.T))
+        if diagonal:
+            at = 0
+            for j in diagonal:
+                size = views[j].numel()
+                views[j].mul_(scale[at : at + size].view_as(views[j]))
+                at += size
+
+    return apply, layout
+
+
+def diag(grad: GradientPass, seed: int, n: int, damping: float) -> Apply:
+    """The diagonal preconditioner: F the mean squared mini-batch gradient `[P]`."""
+    Fd = grad.empty().zero_()
+    for j in range(n):
+        Fd += grad(generator(seed, VALIDATION, grad.r, j), f"curvature batch {j}").square_() / n
+    lam = damping * float(Fd.mean())
+    if not lam > 0:
+        return lambda row: None
+    scale = lam / (Fd + lam)
+
+    def apply(row: Tensor) -> None:
+        row.mul_(scale)
+
+    return apply
+
+
+def preconditioner(
+    kind: str, grad: GradientPass, names: list[str], seed: int, n: int, damping: float
+) -> tuple[Apply, dict[str, Any] | None]:
+    """The preconditioner `kind` ("kfac" or "diag") of base model `grad.r`, and (K-FAC) which
+    layer got Kronecker factors and which entries the diagonal (`kfac_layers`)."""
+    if kind == "kfac":
+        return kfac(grad, names, seed, n, damping)
+    return diag(grad, seed, n, damping), None

@@ -1,0 +1,265 @@
+"""PEG/PEP ensembles stored as recipes: base weights + how the members were made.
+
+`Recipes` is the part of `PerturbationEnsemble` that saves a fitted ensemble (a recipe by
+default, every member with `materialize=True`) and rebuilds one from a recipe archive
+(`from_recipe`, which `peg.load` finds in `peg.recipe`'s registry: each subclass joins it
+under its `method` name when it is defined). The format is `peg.recipe`'s.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from peg import recipe
+from peg._inputs import Data
+from peg._memory import require_memory
+from peg._params import param_label, select_parameters
+from peg.batches import BatchFn
+from peg.ensemble import Ensemble
+from peg.errors import ArchiveError
+from peg.methods.perturbation._lazy import MEMBER_BOOKKEEPING
+from peg.methods.perturbation._scale_search import SEARCH_OPTIONS, ScaleSearch
+from peg.recipe import (
+    RECIPE_VERSION,
+    arithmetic,
+    displacement_fingerprints,
+    fingerprints_match,
+    tolerance,
+)
+
+# a recipe with on_nonfinite="drop" may record fewer members than n_members·R; at most this many
+# more dropped than kept (issue 40: n_members edited to 20,000 with "drop" made the counts
+# agree, and the rebuild built 20,000 members, 21 s, before the fingerprints refused them)
+DROP_SLACK = 16
+
+
+def _check_rebuild_memory(bases: Ensemble, names: list[str], S: int, field: str) -> None:
+    """An ArchiveError naming `options.n_members` where the rebuilt eager ensemble (2·S·R·P
+    entries: rows and stacked members) cannot fit in memory, before anything is built."""
+    sizes = bases.skeleton.state_dict()
+    P = sum(sizes[n].numel() for n in names)
+    itemsize = max((sizes[n].element_size() for n in names), default=4)
+    members = S * len(bases)
+    need = 2 * members * P * itemsize + members * MEMBER_BOOKKEEPING
+    try:
+        require_memory("n_members", S, need, bases.device, f"{members:,} rebuilt members")
+    except ValueError as e:
+        raise ArchiveError(f"{field}options.n_members': {e}") from None
+
+
+def searched_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The search's options of a recipe of version 1 or 2 (taken out of `options`), by
+    ScaleSearch's names: PEP's `bracket` (low, high) became the grid (low, √(low·high), high)."""
+    search = {new: options.pop(old) for old, new in SEARCH_OPTIONS.items() if old in options}
+    if "bracket" in options:
+        bracket = options.pop("bracket")
+        if not (isinstance(bracket, list) and len(bracket) == 2 and all(
+            isinstance(v, (int, float)) and v > 0 for v in bracket
+        )):  # fmt: skip
+            raise ValueError(f"grid: PEP's bracket, expected [low, high] > 0, got {bracket!r}")
+        low, high = bracket
+        search["grid"] = [low, math.sqrt(low * high), high]
+    return search
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What a recipe being rebuilt expects of `fit` (`PerturbationEnsemble._fit`): the
+    validation data's fingerprint (`data`; None: anything goes) and whether the scale was
+    searched when it was made (`searched`, which fixes how the validation set is split: the
+    rebuilt ensemble is given the scale, yet must split as the search did; None: as `fit`
+    would)."""
+
+    data: str | None = None
+    searched: bool | None = None
+
+    def check_data(self, fingerprint: str) -> None:
+        """ArchiveError unless `fingerprint` (of the data `fit` was given) is the one expected."""
+        if self.data is not None and fingerprint != self.data:
+            raise ArchiveError(
+                "val: not the validation data this ensemble was built from (its fingerprint "
+                "differs); pass the same data, in the same order"
+            )
+
+
+class Recipes:
+    """Saving as a recipe and rebuilding from one (mixed into `PerturbationEnsemble`)."""
+
+    method = "perturbation"
+    scale_name = "scale"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "method" in cls.__dict__:  # a concrete method (PEG, PEP): `peg.load` finds it by name
+            recipe.register(cls.method, cls.from_recipe, cls.check_recipe)
+
+    # the constructor options a recipe records (PEG adds its own); the others say how the
+    # members are held or shown (progress, batch_fn, lazy, ...), and the scale is recorded apart
+    recorded_options: ClassVar[tuple[str, ...]] = (
+        "n_members", "seed", "bn", "params", "batch_size", "on_nonfinite", "search",
+    )  # fmt: skip
+
+    # renamed constructor options: a recipe of version 1 (peg 0.1) is read through this map
+    RENAMED_OPTIONS: ClassVar[dict[str, str]] = {
+        "size": "n_members",
+        "eval_batch_size": "batch_size",
+    }
+
+    @classmethod
+    def from_recipe(
+        cls, bases: Ensemble, recipe: dict[str, Any], val: Data, batch_fn: BatchFn | None = None
+    ) -> Recipes:
+        """Rebuild an ensemble saved as a recipe, and check it (see `peg.recipe`).
+
+        Raises ArchiveError (a ValueError) if `val` is not the data the ensemble was made from,
+        or if the rebuilt members differ from the recorded fingerprints (the code changed).
+        """
+        rebuilt = cls._from_options(recipe, batch_fn)
+        # the data checked before any work; val split as the search that made it split it
+        expect = Expected(data=recipe["data"], searched=bool(recipe["searched"]))
+        rebuilt._fit(bases, val, None, expect)  # type: ignore[attr-defined]
+        got = displacement_fingerprints(rebuilt.directions_, recipe["scale"])
+        # recipes of peg < 0.3 record no arithmetic: they were made in float32
+        tol = tolerance(recipe.get("arithmetic", "fp32"), arithmetic(bases.device))
+        bad = fingerprints_match(got, recipe["fingerprints"], rebuilt.directions_[0].shape[1], tol)
+        if bad:
+            raise ArchiveError(
+                f"recipe: rebuilt members {bad[:5]} differ from the ones saved (tolerance {tol}, "
+                "see docs/determinism.md): the code or the library version changed since; save "
+                "with materialize=True to keep the members themselves"
+            )
+        return rebuilt
+
+    @classmethod
+    def _options(cls, recipe: dict[str, Any]) -> dict[str, Any]:
+        """The constructor options of a recipe, by this version's names."""
+        options = dict(recipe["options"])
+        version = recipe.get("recipe_version", 1)
+        if version < 2:  # peg 0.1's option names
+            options = {cls.RENAMED_OPTIONS.get(k, k): v for k, v in options.items()}
+            options.setdefault("max_score_points", None)  # peg 0.1 scored on every point
+        try:
+            if version < 3:  # the search's options were the method's own before ScaleSearch
+                options["search"] = searched_options(options)
+            options["search"] = ScaleSearch(**options.get("search", {}))
+        except (TypeError, ValueError) as e:
+            raise ArchiveError(f"recipe field 'meta.recipe.options.search': {e}") from None
+        return options
+
+    @classmethod
+    def _from_options(cls, recipe: dict[str, Any], batch_fn: BatchFn | None) -> Recipes:
+        """The unfitted method a recipe describes (its options refused as the archive's)."""
+        options = cls._options(recipe)
+        scale = {recipe["scale_name"]: recipe["scale"]}
+        try:
+            return cls(**options, **scale, progress=False, batch_fn=batch_fn)
+        except (TypeError, ValueError) as e:
+            raise ArchiveError(f"recipe field 'meta.recipe.options': {e}") from None
+
+    @classmethod
+    def check_recipe(cls, bases: Ensemble, recipe: dict[str, Any]) -> None:
+        """A recipe's method-specific fields, before any work (`peg.recipe.check` has checked
+        its types): the scale's name, option names of the constructor, counts that agree
+        (members = n_members per base, fewer only where members were dropped) and `params`
+        naming parameters of the model; an ArchiveError naming the field otherwise."""
+        field = "recipe field 'meta.recipe."
+        if recipe["scale_name"] != cls.scale_name:
+            raise ArchiveError(
+                f"{field}scale_name': expected {cls.scale_name!r} for {cls.method}, got "
+                f"{recipe['scale_name']!r}"
+            )
+        options = cls._options(recipe)
+        known = set(cls.recorded_options)
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ArchiveError(f"{field}options': unknown options {unknown[:5]} for {cls.method}")
+        S = options.get("n_members")
+        if isinstance(S, bool) or not isinstance(S, int) or S < 1:
+            raise ArchiveError(f"{field}options.n_members': expected an integer >= 1, got {S!r}")
+        made, most = recipe["members"], S * len(bases)
+        drops = options.get("on_nonfinite") == "drop"
+        if made > most or (made < most and not drops) or most - made > made + DROP_SLACK:
+            raise ArchiveError(
+                f"{field}members': {made} members recorded where options.n_members = {S} and "
+                f"{len(bases)} base(s) make {most}: the recipe's counts disagree"
+                + (" (a rebuild builds every member to check the recorded ones: more dropped "
+                   f"than kept + {DROP_SLACK} is refused)" if drops and made < most else "")
+            )  # fmt: skip
+        params = options.get("params", "all")
+        try:
+            names = select_parameters(bases.skeleton, params)
+        except (TypeError, ValueError) as e:
+            raise ArchiveError(f"{field}options.params': {e}") from None
+        _check_rebuild_memory(bases, names, S, field)
+        cls._from_options(recipe, None)
+
+    def _expressible(self) -> bool:
+        """Whether a recipe can rebuild this ensemble: no callable (`params`, the criterion), no
+        training data (bn="refresh"); PEG adds its own conditions."""
+        return not callable(self.params) and self.bn != "refresh" and (  # type: ignore[attr-defined]
+            self._search().recorded() is not None  # type: ignore[attr-defined]
+        )
+
+    def _recipe_options(self) -> dict[str, Any] | None:
+        """The constructor options that rebuild this ensemble, as JSON (`recorded_options`; None:
+        not expressible as a recipe)."""
+        if not self._expressible():
+            return None
+        options = {name: getattr(self, name) for name in self.recorded_options}
+        options["params"] = param_label(options["params"])
+        options["search"] = self._search().recorded()  # type: ignore[attr-defined]
+        return options
+
+    def save(self, path: str, materialize: bool = False) -> str:
+        """Save the ensemble as a recipe (default), or every member with `materialize=True`.
+
+        A recipe is the base weights plus how the members were made: the seed, the chosen
+        scale, the hyper-parameters (S, and for PEG K, the variant, ...), the BatchNorm mode,
+        and fingerprints of the validation data and of every member. It is about the size of
+        the base model(s), whatever S. Load it with `peg.load(path, model, val=val)`, which
+        rebuilds the members from the same validation data and checks them against the
+        fingerprints, failing with a clear `ArchiveError` if the data or the code changed.
+
+        `materialize=True` stores every member instead (S times the size), loaded with
+        `peg.load(path, model)` and no data. Ensembles that a recipe cannot express (a callable
+        `params`, `criterion` or `loss`, given momentum buffers, bn="refresh") are saved
+        materialised, with a warning.
+        """
+        if not isinstance(materialize, bool):
+            raise TypeError(f"materialize: expected True or False, got {materialize!r}")
+        self._check_fitted("saving")  # type: ignore[attr-defined]
+        options = None if materialize else self._recipe_options()
+        if options is None:
+            ensemble = self.ensemble()  # a lazy ensemble builds its members here
+            if not materialize:
+                warnings.warn(
+                    f"{type(self).__name__}.save: this ensemble cannot be stored as a recipe "
+                    "(callable params/criterion/loss, momentum buffers or bn='refresh'); saving "
+                    "every member (pass materialize=True to say so and silence this warning)",
+                    stacklevel=2,
+                )
+            return ensemble.save(path)
+        meta = self._fitted_meta
+        scale = float(getattr(self, f"{self.scale_name}_"))
+        fingerprints = self.members_.fingerprints(scale)
+        held = self.members_.bases
+        recipe = {
+            "kind": "recipe",
+            "recipe_version": RECIPE_VERSION,
+            "method": self.method,
+            "options": options,
+            "scale_name": self.scale_name,
+            "scale": scale,
+            "searched": self._searched,
+            "data": self._data_fingerprint,
+            "data_points": self._data_points,
+            "members": len(self),
+            "fingerprints": fingerprints,
+            "arithmetic": arithmetic(held.states[0][held.names[0]].device),
+        }
+        bases = Ensemble.from_state_dicts(held.skeleton, held.states)
+        bases.meta = {**meta, "recipe": recipe}
+        return bases.save(path)

@@ -1,0 +1,362 @@
+"""How PEG's η / PEP's σ is chosen: the options (`ScaleSearch`, public) and one run of the
+search on held-out points (`SearchRun`, one per `fit`).
+
+`ScaleSearch` is the one place that lists the search's options, their defaults and checks
+(its `parameter_constraints`), and what a recipe records of them (`recorded`); PEG and PEP take
+one as `search=` (scikit-learn's estimators take a `cv` splitter the same way), and
+`get_params(deep=True)` shows its options as `search__<option>`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Literal
+
+import torch
+from torch import Tensor
+
+from peg._progress import counter
+from peg.batches import take_rows
+from peg.errors import InvalidParameterError
+from peg.methods._constraints import (
+    Check,
+    boolean,
+    choice_or_callable,
+    fraction,
+    number,
+    one_of,
+    positive_int,
+    positive_numbers,
+)
+from peg.methods.base import Params, store_arguments
+from peg.methods.perturbation._criteria import (
+    CRITERIA,
+    PER_POINT,
+    POINT_LOSSES,
+    REGRESSION_CRITERIA,
+    REGRESSION_POINT_LOSSES,
+    Criterion,
+    is_regression,
+)
+from peg.methods.perturbation._golden import RACE_FIRST, PairedRace, select_scale
+from peg.methods.perturbation._members import SearchTarget
+from peg.methods.perturbation._surrogate import surrogate_search
+
+SEARCHES = ("surrogate", "golden")
+# What the surrogate search scores exactly, by default: every member on the first
+# SEARCH_POINTS scoring points (a seeded random subset already). An exact scoring costs S
+# forwards of each point: on a Fashion-MNIST CNN with 2,000 validation images, three of them
+# on the 1,000 held-out points were 67% of PEG-15's fit (~12 x temperature scaling's), more
+# than the 15 gradient steps (24%). Fewer points cost quality (issue 38): on an over-fitted
+# base with 12,000 validation images, 512 points chose a scale whose test NLL was 0.0019 nats
+# (5 paired SE, 3 seeds) worse, and 256 lost 3.4-4.0 SE on three of six base/method pairs;
+# so 1024 stays the default and fewer are an option (`ScaleSearch(exact_points=512)` about
+# halves PEG-15's fit on the CNN above; results/benchmarks/scale_search_points.txt).
+SEARCH_POINTS: int | None = 1024
+# Default cap on the points a scale is scored on: a larger validation set costs no more to search
+MAX_SCORE_POINTS = 10_000
+
+
+class ScaleSearch(Params):
+    """How a perturbation scale (PEG's η, PEP's σ) is chosen, when it is searched (`eta` /
+    `sigma` = "search") or given as a list of candidates: `PEG(search=ScaleSearch(...))`.
+
+    Args (all keyword-only):
+        method: "surrogate" (default): the grid's lowest scale is scored exactly, the members'
+            outputs are interpolated along the scale through the exactly scored ones (and the
+            base's own, at scale 0), the criterion is minimised on that interpolant, and its
+            minimiser is scored exactly, at most 3 exact scorings in all, fewer once the
+            predicted gain is under half a standard error; the choice is the best scale scored
+            exactly (`peg.methods.perturbation._surrogate`), on the first `exact_points` scoring
+            points. "golden":
+            the grid, extended past its edges, then golden section, raced (`race`,
+            `early_stop`, `tol`; `peg.methods.perturbation._golden`); 12–15 scorings. A list of
+            scales is always scored one by one, as "golden" scores its grid.
+        criterion: what the scale minimises on held-out validation points: "nll" (default),
+            "ece", "brier" or a callable (member_logits [M, N, C], y [N]) -> float.
+        holdout: PEG: the fraction of the validation set held out for scoring η (default 0.5;
+            the other part feeds the gradient steps); 0 scores on the points that feed the
+            steps, as the paper does. PEP has no gradient step: it scores σ on the same
+            fraction of the points (the ones PEG holds out; the rest unused), so its search
+            costs what PEG's does; 0 scores on every point (PEP's default before).
+        max_points: score on a seeded random subset of at most this many held-out points
+            (default 10,000, so a large validation set does not multiply the search's cost, nor
+            its memory: the scoring points are gathered; None: all of them; from an
+            IterableDataset, its first `max_points` points).
+        exact_points: "surrogate": its exact scorings score the first this many scoring points
+            (a seeded random subset of the held-out points; default 1024, `SEARCH_POINTS`): a
+            scoring costs S forwards of each point, so 512 about halves PEG-15's fit on a small
+            CNN with 2,000 validation images, at a cost in the chosen scale's quality on an
+            over-fitted base (docs/performance.md, issue 38); None: every scoring point (up to
+            `max_points`).
+        race: "golden" or a list: with criterion "nll" or "brier" (means of per-point losses),
+            score each new scale against the best so far on the same points, a growing prefix
+            of them (1024, then doubling), and stop once the mean paired difference is more
+            than `race` standard errors from 0 (`PairedRace`): the choice is the one scoring
+            every point would make unless a comparison is settled wrongly by chance (at the
+            default z = 3, < 0.14% per look when the two tie; the PEG-creation benchmark
+            checks it). 0 turns racing off: every scale is scored on every point, with
+            `early_stop`.
+        early_stop: "golden" or a list, with `race=0` and criterion "nll" or "brier": stop
+            scoring a scale once its partial sum already exceeds the best score so far; exact
+            (the choice an exhaustive search makes), only cheaper. False scores every scale
+            on every point.
+        tol: "golden": when the best scale lies on an edge of the grid, the grid is extended
+            (at most 3 steps) only while a step improves the criterion by more than this
+            (default 1e-4: a flat curve, e.g. a well-calibrated base whose score keeps falling
+            by 1e-5 nats as η → 0, stops after one step); 0 extends while it improves at all.
+        grid: the scales a search starts from (None, the default: the method's own, PEG's
+            paper grid (0.001, 0.01, 0.1, 1), PEP's (5e-4, 1.58e-3, 5e-3) around the PEG
+            paper's σ bracket).
+    """
+
+    parameter_constraints: ClassVar[dict[str, Check]] = {
+        "method": one_of(*SEARCHES),
+        "criterion": choice_or_callable(CRITERIA, "a callable"),
+        "holdout": fraction(),
+        "max_points": positive_int(optional=True),
+        "exact_points": positive_int(optional=True),
+        "race": number(allow_zero=True),
+        "early_stop": boolean(),
+        "tol": number(allow_zero=True),
+        "grid": positive_numbers(optional=True),
+    }
+
+    def __init__(
+        self,
+        *,
+        method: Literal["surrogate", "golden"] = "surrogate",
+        criterion: Criterion = "nll",
+        holdout: float = 0.5,
+        max_points: int | None = MAX_SCORE_POINTS,
+        exact_points: int | None = SEARCH_POINTS,
+        race: float = 3.0,
+        early_stop: bool = True,
+        tol: float = 1e-4,
+        grid: Sequence[float] | None = None,
+    ) -> None:
+        store_arguments(self, locals())
+
+    @classmethod
+    def of(cls, search: ScaleSearch | str) -> ScaleSearch:
+        """`search` as given to PEG/PEP: a ScaleSearch, or a method's name for one with that
+        method and the other options' defaults."""
+        return search if isinstance(search, ScaleSearch) else cls(method=search)  # type: ignore[arg-type]
+
+    def recorded(self) -> dict[str, Any] | None:
+        """The options as a recipe records them (JSON; None: a callable criterion, which a
+        recipe cannot express)."""
+        if callable(self.criterion):
+            return None
+        options = self.get_params(deep=False)
+        options["grid"] = None if self.grid is None else [float(g) for g in self.grid]
+        return options
+
+    def criterion_name(self) -> str:
+        """The criterion's name as the fitted meta records it."""
+        if isinstance(self.criterion, str):
+            return self.criterion
+        return getattr(self.criterion, "__name__", "callable")
+
+
+def search_option(value: Any, name: str) -> None:
+    """PEG/PEP's `search`: a ScaleSearch, or one of `SEARCHES` (a ScaleSearch with that method)."""
+    if not isinstance(value, ScaleSearch):
+        one_of(*SEARCHES)(value, name)
+
+
+# the search's options by their former names, PEG/PEP's own (and recipe version 2's)
+SEARCH_OPTIONS = {
+    "search": "method",
+    "criterion": "criterion",
+    "eta_holdout": "holdout",
+    "max_score_points": "max_points",
+    "race": "race",
+    "early_stop": "early_stop",
+    "search_tol": "tol",
+}
+
+
+# PEG/PEP's former options that are now the scale search's (`search=ScaleSearch(...)`)
+MOVED_TO_SEARCH = {**SEARCH_OPTIONS, "bracket": "grid"}
+
+
+def refuse_moved(given: dict[str, Any]) -> None:
+    """A TypeError for PEG/PEP arguments that are not theirs (`InvalidParameterError`, also a
+    TypeError, for a moved one, naming where it went)."""
+    for name in given:
+        if name in MOVED_TO_SEARCH and name != "search":
+            raise InvalidParameterError(
+                f"{name}: now an option of the scale search; pass "
+                f"search=peg.ScaleSearch({MOVED_TO_SEARCH[name]}=...)"
+            )
+        raise TypeError(f"unexpected keyword argument {name!r}")
+
+
+class SearchRun:
+    """The search for a perturbation scale on held-out points: one object per `fit`.
+
+    `target.at(scale)` gives the ensemble at a scale (its directions computed once, so a scale
+    costs forward passes only; `peg.methods.perturbation._members.SearchTarget`). Two searches:
+
+    - "surrogate" (the default): at most 3 exact scorings, guided by the members' outputs
+      interpolated along the scale (`peg.methods.perturbation._surrogate`), on the first
+      `exact_points` scoring points.
+    - "golden": a grid, extended past its edges, then golden section (`select_scale`). A
+      criterion that is a mean of per-point losses ("nll", "brier") is raced (`PairedRace`,
+      `race` > 0) or, with `race=0`, scored batch by batch and stopped once its partial mean
+      exceeds the best so far (`early_stop`); any other criterion is scored on all the points
+      at once.
+
+    A list of scales without refinement (`refine=False`) is scored as in "golden", every one.
+
+    Attributes after `run`: `scores` ({scale: criterion}), `points` ({scale: points scored}),
+    `stopped` (scales scored on fewer than all the points), `predicted` (the surrogate's
+    criterion on its last evaluation grid; empty for "golden"). A raced scale's value is the
+    incumbent's + the mean paired difference on the points raced (an estimate that ranks as
+    the race decided); with `race=0` a stopped scale's value is a lower bound above the best.
+    """
+
+    def __init__(
+        self,
+        target: SearchTarget,
+        y: Tensor,
+        options: ScaleSearch,
+        *,
+        batch_size: int,
+        label: str,
+        name: str,
+        progress: bool | None,
+    ) -> None:
+        self.target, self.X, self.y = target, target.inputs, y
+        self.method, self.batch_size = options.method, batch_size
+        self.early_stop, self.tol = options.early_stop, options.tol
+        self.exact_points = options.exact_points
+        criterion, race = options.criterion, options.race
+        regression = is_regression(self.y)
+        table = REGRESSION_CRITERIA if regression else CRITERIA
+        self.criterion = table.get(criterion, criterion)  # type: ignore[call-overload]
+        self.per_point = criterion in PER_POINT and not regression
+        point_losses = REGRESSION_POINT_LOSSES if regression else POINT_LOSSES
+        self.point_loss = point_losses.get(criterion) if isinstance(criterion, str) else None
+        self.race = (
+            PairedRace(self._losses(POINT_LOSSES[str(criterion)]), len(self.y), race, RACE_FIRST)
+            if self.per_point and race > 0
+            else None
+        )
+        self.label, self.name, self.progress = label, name, progress
+        self.points: dict[float, int] = {}
+        self.predicted: dict[float, float] = {}
+
+    def _logits(self, ensemble: Any, start: int = 0, stop: int | None = None) -> Tensor | None:
+        """Member outputs `[M, stop - start, C]` of `ensemble` on scoring points start …
+        stop-1 (default: all); None when they are not finite."""
+        x = take_rows(self.X, start, len(self.y) if stop is None else stop)
+        logits = ensemble.member_logits(x, self.batch_size, progress=False)
+        return logits if bool(torch.isfinite(logits).all()) else None
+
+    def _losses(self, point_loss: Callable[[Tensor, Tensor], Tensor]) -> Callable[..., Any]:
+        """Per-point losses of a scale on points start … stop-1, for `PairedRace`; the two
+        scales racing are built once each."""
+        built: dict[float, Any] = {}
+
+        def losses(scale: float, start: int, stop: int) -> Tensor | None:
+            if scale in built:
+                built[scale] = built.pop(scale)  # the most recently used last
+            else:
+                while len(built) > 1:
+                    del built[next(iter(built))]
+                built[scale] = self.target.at(scale)
+            logits = self._logits(built[scale], start, stop)
+            return None if logits is None else point_loss(logits, self.y[start:stop])
+
+        return losses
+
+    def _score(self, scale: float, stop_above: float = math.inf) -> float:
+        """The criterion at `scale`: per point, batch by batch, stopped once above the best."""
+        if self.race is not None:
+            return self.race(scale)
+        ensemble = self.target.at(scale)
+        n = len(self.y)
+        step = self.batch_size if self.per_point else n
+        batches = (take_rows(self.X, a, a + step) for a in range(0, n, step))
+        total, start = 0.0, 0  # per point: the sum of the losses seen so far
+        self.points[scale] = n
+        value = math.inf
+        for x in batches:
+            logits = ensemble.member_logits(x, self.batch_size, progress=False)
+            if not torch.isfinite(logits).all():
+                return math.inf  # diverged: the worst score
+            rows = logits.shape[1]
+            value = float(self.criterion(logits, self.y[start : start + rows]))
+            if not self.per_point:
+                return value  # one batch: the whole scoring set
+            total += value * rows
+            start += rows
+            value = total / n  # until the last batch, a lower bound
+            if value > stop_above and start < n:
+                self.points[scale] = start  # above the best: it cannot win
+                return value
+        return value
+
+    def _surrogate(self, grid: Sequence[float], show: Callable[[float, float], None]) -> float:
+        """`surrogate_search` on `search_subset`'s members and points."""
+        members, n = self.search_subset()
+        X, y = take_rows(self.X, 0, n), self.y[:n]
+        zero = self.target.bases().member_logits(X, self.batch_size, progress=False)
+        base_of = [self.target.member_base[j] for j in members]
+        at_zero = zero[torch.tensor(base_of, device=zero.device)]
+        point_loss = self.point_loss
+        every = len(members) == len(self.target.member_base)
+
+        def exact(scale: float) -> Tensor | None:
+            ensemble = self.target.at(scale)
+            return self._logits(ensemble if every else ensemble.subset(members), 0, n)
+
+        def scored(scale: float, value: float) -> None:
+            self.points[scale] = n
+            show(scale, value)
+
+        result = surrogate_search(
+            exact,
+            at_zero,
+            lambda logits: self.criterion(logits, y),
+            None if point_loss is None else lambda logits: point_loss(logits, y),
+            grid,
+            on_scored=scored,
+        )
+        self.scores, self.predicted = result.scores, result.predicted
+        return result.scale
+
+    def search_subset(self) -> tuple[list[int], int]:
+        """(members, points) the surrogate search scores: every member on the first `n` scoring
+        points (all of them, or `exact_points` when there are more)."""
+        members = list(range(len(self.target.member_base)))
+        cap = self.exact_points
+        n = len(self.y) if cap is None else min(len(self.y), cap)
+        return members, n
+
+    def run(self, grid: Sequence[float], refine: bool) -> float:
+        """The chosen scale; fills `scores`, `points`, `stopped` and `predicted`."""
+        with counter(f"{self.label} {self.name} search", self.progress) as shown:
+
+            def show(scale: float, value: float) -> None:
+                shown.update(1)
+                shown.set_postfix_str(f"{self.name}={scale:.3g} score={value:.4g}")
+
+            def shown_score(scale: float, stop_above: float = math.inf) -> float:
+                value = self._score(scale, stop_above)
+                show(scale, value)
+                return value
+
+            if refine and self.method == "surrogate":
+                best, points = self._surrogate(grid, show), self.points
+            else:
+                best, self.scores = select_scale(
+                    shown_score, grid, refine=refine, stop_above=self.early_stop, tol=self.tol
+                )
+                points = self.race.points if self.race is not None else self.points
+        self.points = {s: points.get(s, 0) for s in self.scores}
+        self.stopped = [s for s, k in self.points.items() if k < len(self.y)]
+        return best
