@@ -1,6 +1,7 @@
-"""The library's structure holds: no import circle between its modules, no source file over 400
+"""The library's structure holds: no import circle between its modules, no source file over 500
 lines and no function over 80 (its docstring not counted; the applications' own file bound is
-also in tests/apps/test_layout.py)."""
+also in tests/apps/test_layout.py). 400 lines is the guide a module aims at (docs/architecture.md):
+a file between the two is one thought that is long, not a reason to split it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import peg
 
 SRC = Path(peg.__file__).resolve().parent
-MAX_LINES = 400
+MAX_LINES = 500
 MAX_FUNCTION_LINES = 80  # without the docstring
 # Functions allowed to be longer, each for a reason written beside it. Data tables (a literal
 # mapping or list a function returns) would go here; none is longer today.
@@ -27,9 +28,14 @@ MODULES = {_module(p): p for p in SRC.rglob("*.py")}
 
 def _edges(path: Path) -> set[str]:
     """The peg modules a file imports, at any depth of its code (`from peg.x import y` is an
-    edge to the module peg.x.y when that is a module, else to peg.x)."""
+    edge to the module peg.x.y when that is a module, else to peg.x); not those under `if
+    TYPE_CHECKING:`, which name a type for the annotations and never run."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    for block in [n for n in ast.walk(tree) if isinstance(n, ast.If)]:
+        if isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING":
+            block.body = []
+    for node in ast.walk(tree):
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -67,9 +73,12 @@ def test_no_import_circle_between_peg_modules():
 def test_the_scan_sees_imports():
     assert "peg.ensemble" in _edges(MODULES["peg.loading"])
     assert "peg.recipe" in _edges(MODULES["peg.loading"])
+    recipes = MODULES["peg.methods.perturbation._recipes"]
+    assert "TYPE_CHECKING" in recipes.read_text(encoding="utf-8")  # what the next line skips
+    assert "peg.methods.perturbation._perturb" not in _edges(recipes)
 
 
-def test_no_source_file_is_over_400_lines():
+def test_no_source_file_is_over_500_lines():
     long = {
         p.relative_to(SRC).as_posix(): n
         for p in SRC.rglob("*.py")

@@ -8,7 +8,7 @@ Value checks are in `peg._values`, scalar arguments in `peg._scalars`, devices i
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import torch
@@ -31,7 +31,7 @@ from peg.batches import (
 Data = Any  # Tensor | np.ndarray | tuple[X, y] | Mapping | Dataset | DataLoader
 
 
-def is_pair(data: Any) -> bool:
+def is_pair(data: Any) -> TypeGuard[tuple[Any, Any] | list[Any]]:
     """Whether `data` is a pair `(X, y)` whose inputs are a tensor or an array (what `as_xy`
     takes as it is and every entry point slices in memory); the one test of it in peg."""
     return (

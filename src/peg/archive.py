@@ -190,6 +190,7 @@ def read_tensors(
                 raise ArchiveError(
                     f"{path}: damaged peg archive ({kind} tensor {k!r} holds NaN or inf weights)"
                 )
+    # the entries read as None (absent tensors) are refused above, in `stacked` and `shared`
     return stacked, shared  # type: ignore[return-value]
 
 

@@ -24,9 +24,9 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sized
 from datetime import timedelta
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -192,7 +192,7 @@ def _own_batches(
         return
     rows = loader.batch_size if loader is not None else batch_size
     collate = loader.collate_fn if loader is not None else default_collate
-    n = len(dataset)  # type: ignore[arg-type]
+    n = len(cast(Sized, dataset))
     count = n // rows if loader is not None and loader.drop_last else -(-n // rows)
     for j in range(rank, count, size):
         items = [dataset[i] for i in range(j * rows, min(n, (j + 1) * rows))]

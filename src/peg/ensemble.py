@@ -51,8 +51,8 @@ def autocast_dtype(autocast: str | torch.dtype | None) -> torch.dtype | None:
         return None
     if isinstance(autocast, str) and autocast in AUTOCAST:
         return AUTOCAST[autocast]
-    if autocast in AUTOCAST.values():
-        return autocast  # type: ignore[return-value]
+    if isinstance(autocast, torch.dtype) and autocast in AUTOCAST.values():
+        return autocast
     raise ValueError(
         f"autocast: expected None, 'bf16', 'fp16', torch.bfloat16 or torch.float16, "
         f"got {autocast!r}"

@@ -85,6 +85,7 @@ def gaussian_nll_elementwise(
     same up to rounding; callers keep the one they have always used, so results do not move.
     """
     sq = (y - mean).pow(2)
+    # torch.exp takes a float too (a 0-d result broadcasts); its stub says Tensor only
     scaled = sq * torch.exp(-log_var) if var is None else sq / var  # type: ignore[arg-type]
     return 0.5 * (_LOG_2PI + log_var + scaled)
 

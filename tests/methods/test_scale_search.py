@@ -11,6 +11,7 @@ from sklearn.base import clone
 
 import peg
 from peg import archive
+from peg.methods.perturbation import _recipes
 from peg.methods.perturbation._recipes import searched_options
 
 from conftest import mlp
@@ -99,7 +100,7 @@ def test_a_recipe_records_the_search_and_rebuilds_it(overfit_mlp, moons_data, tm
     made = archive.read_header(path)["meta"]["recipe"]
     assert made["recipe_version"] == 3
     assert made["options"]["search"] == {**search.get_params(), "grid": [0.01, 0.1]}
-    rebuilt = peg.PEG._from_options(made, None)
+    rebuilt = _recipes._from_options(peg.PEG, made, None)
     assert rebuilt.search.get_params() == {**search.get_params(), "grid": [0.01, 0.1]}
     loaded = peg.load(path, mlp(9), val=moons_data["val"])  # split as the search split it
     X = moons_data["test"][0]
@@ -147,4 +148,4 @@ def test_a_malformed_recorded_search_is_an_archive_error(version, search, match)
         options["bracket"] = [1e-3]  # not a (low, high) pair
     recipe = {"recipe_version": version, "options": options, "scale_name": "sigma", "scale": 0.1}
     with pytest.raises(peg.ArchiveError, match=rf"meta\.recipe\.options\.search': .*{match}"):
-        peg.PEP._from_options(recipe, None)
+        _recipes._from_options(peg.PEP, recipe, None)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterator, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -208,10 +208,16 @@ class Method(Params):
 
 
 class FittedEnsemble(Predicts, Method):
-    """`member_logits`, `predict_proba`, `predict` and `save` delegate to `ensemble_`."""
+    """`member_logits`, `predict_proba`, `predict` and `save` delegate to `ensemble_`; PEG and
+    PEP (`PerturbationEnsemble`) to their members at the chosen scale, through `_held`."""
 
     ensemble_: Ensemble
     fitted_attribute: ClassVar[str] = "ensemble_"
+
+    def _held(self) -> Held:
+        """What answers for the fitted members (raises NotFittedError before `fit`)."""
+        self._check_fitted()
+        return self.ensemble_
 
     def ensemble(self) -> Ensemble:
         """The fitted `Ensemble` (raises NotFittedError before `fit`)."""
@@ -221,7 +227,7 @@ class FittedEnsemble(Predicts, Method):
     @property
     def meta_(self) -> dict[str, Any]:
         """What was fitted: method, hyper-parameters, seed, ... (saved with the ensemble)."""
-        return self.ensemble().meta
+        return self._held().meta
 
     def member_logits(
         self, X: Data, batch_size: int | None = None, *, batch_fn: BatchFn | None = None,
@@ -229,23 +235,39 @@ class FittedEnsemble(Predicts, Method):
     ) -> Tensor:  # fmt: skip
         """Logits of every member, `[M, N, C]` (the predictor protocol; `progress`, `autocast`,
         `strategy`, `chunk_size` as `Ensemble.member_logits`)."""
+        held = self._held()
         size, split = self._reading(batch_size, batch_fn, X)
-        return self.ensemble().member_logits(X, size, batch_fn=split, **options)
+        return held.member_logits(X, size, batch_fn=split, **options)
 
     def iter_member_logits(
         self, X: Data, batch_size: int | None = None, *, batch_fn: BatchFn | None = None,
         **options: Any,
     ) -> Iterator[Tensor]:  # fmt: skip
         """`member_logits` batch by batch, `[M, B_j, C]` (see `Ensemble.iter_member_logits`)."""
+        held = self._held()
         size, split = self._reading(batch_size, batch_fn, X)
-        return self.ensemble().iter_member_logits(X, size, batch_fn=split, **options)
+        return held.iter_member_logits(X, size, batch_fn=split, **options)
 
     def save(self, path: str) -> str:
         """Save the fitted ensemble (safetensors + JSON); load it with `peg.load(path, model)`."""
         return self.ensemble().save(path)
 
     def __len__(self) -> int:
-        return len(self.ensemble())
+        return len(self._held())
+
+
+class Held(Protocol):
+    """What `FittedEnsemble._held` gives: an `Ensemble`, or PEG/PEP's members at their scale
+    (`peg.methods.perturbation._fitted_members.FittedMembers`)."""
+
+    meta: dict[str, Any]
+
+    def __len__(self) -> int: ...
+
+    # (X, batch_size, *, batch_fn, **options) -> [M, N, C] / [M, B_j, C] batch by batch
+    def member_logits(self, *args: Any, **kwargs: Any) -> Tensor: ...
+
+    def iter_member_logits(self, *args: Any, **kwargs: Any) -> Iterator[Tensor]: ...
 
 
 class ModulePredictor(Predicts, Method):

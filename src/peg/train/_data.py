@@ -20,9 +20,9 @@ called as `model(**inputs)`; tuples `(x, y, *ignored)`; or `batch_fn`).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -125,7 +125,7 @@ class TrainingData:
                 f"{type(data).__name__}"
             )
         try:
-            self.n = len(dataset)  # type: ignore[arg-type]
+            self.n = len(cast(Sized, dataset))
         except TypeError:
             raise TypeError(
                 f"data: a map-style Dataset needs __len__ to draw its order "
@@ -143,7 +143,7 @@ class TrainingData:
         if self.n is not None:
             return math.ceil(self.n / self.batch_size)
         try:
-            return len(self.loader)  # type: ignore[arg-type]
+            return len(cast(Sized, self.loader))
         except TypeError:
             return None
 

@@ -163,6 +163,7 @@ Parsed = dict[str, Any]
 def _default(name: str) -> Any:
     """`Spec`'s default for its field `name`."""
     found = next(f for f in fields(Spec) if f.name == name)
+    # every field has a default or a factory; dataclasses types the factory as possibly absent
     return found.default_factory() if found.default is MISSING else found.default  # type: ignore[misc]
 
 

@@ -159,7 +159,7 @@ class Calibrator(Predicts, Method):
         check_predictor(predictor)
         if val is None:
             raise ValueError(f"val: {self.label} needs labelled validation data (X, y)")
-        labels = val[1] if is_pair(val) else None  # type: ignore[index]
+        labels = val[1] if is_pair(val) else None
         if isinstance(labels, (Tensor, np.ndarray)) and labels.ndim >= 1:
             # labels that cannot be labels (floats, a wrong shape): said before the forwards
             check_labels(labels, len(labels), None, name="val labels")

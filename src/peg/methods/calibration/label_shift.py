@@ -99,6 +99,7 @@ class LabelShift(WrapsCalibrator, Calibrator):
     }
 
     # ---------------------------------------------------------------- fitting
+    # adds `target=` (the unlabelled shifted inputs) to the calibrators' fit(predictor, val)
     def fit(  # type: ignore[override]
         self,
         predictor: Any,

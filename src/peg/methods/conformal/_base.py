@@ -11,8 +11,8 @@ under `"inner"` and its arrays under `inner/`, and `peg.load` rebuilds both.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping, Sized
+from typing import Any, cast
 
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, IterableDataset
@@ -37,7 +37,7 @@ def known_rows(data: Data) -> int | None:
         data = data.dataset
     if isinstance(data, Dataset) and not isinstance(data, IterableDataset):
         try:
-            return len(data)  # type: ignore[arg-type]
+            return len(cast(Sized, data))
         except TypeError:
             return None
     return None
@@ -59,6 +59,7 @@ class WrapsCalibrator:
             entry["inner"] = base._archived()
             tensors |= {INNER + k: v for k, v in base._tensors().items()}
             base = base.predictor_
+        # a mixin: `_write` is `Calibrator`'s, the class it is always used with
         return self._write(path, base, entry, tensors)  # type: ignore[attr-defined]
 
     @classmethod

@@ -149,14 +149,13 @@ class GradientPass:
         loss = losses.mean() if self.reduction == "mean" else losses.sum()
         if not torch.isfinite(loss):
             raise NonFiniteError(f"{what} (base model {self.r}): the loss is {loss.item()}")
-        gs = list(torch.autograd.grad(loss, self.selected))
+        gs = list(torch.autograd.grad(loss, self.selected))[::-1]  # popped in order below
         self.restore_buffers()
         # each gradient copied into its slice of g and freed at once: no [P] temporaries
         g = self.empty() if out is None else out
         finite = True
-        for j, part in enumerate(entry_views(g, self.shapes)):
-            part.copy_(gs[j])
-            gs[j] = None  # type: ignore[call-overload]
+        for part in entry_views(g, self.shapes):
+            part.copy_(gs.pop())
             finite = finite and bool(torch.isfinite(part).all())
         if not finite:
             raise NonFiniteError(

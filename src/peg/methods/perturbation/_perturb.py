@@ -29,13 +29,15 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor, nn
 
+from peg import recipe
 from peg._devices import weights_device
 from peg._inputs import Data
 from peg._params import module_like, param_label, select_parameters
 from peg._rows import InputBatches, ValSource, read_in_order, split_points
 from peg._scalars import is_real
 from peg._values import warn_one_class
-from peg.batches import take_rows
+from peg.batches import BatchFn, take_rows
+from peg.ensemble import Ensemble
 from peg.errors import NonFiniteError
 from peg.methods._constraints import (
     Check,
@@ -48,6 +50,7 @@ from peg.methods._constraints import (
 )
 from peg.methods.base import FittedEnsemble
 from peg.methods.calibration.composed import base_module
+from peg.methods.perturbation import _recipes
 from peg.methods.perturbation._criteria import check_task, is_regression
 from peg.methods.perturbation._fitted_members import FittedMembers
 from peg.methods.perturbation._lazy import (
@@ -68,15 +71,20 @@ from peg.methods.perturbation._members import (
     base_models,
     finite_rows,
 )
-from peg.methods.perturbation._recipes import Expected, Recipes
+from peg.methods.perturbation._recipes import Expected
 from peg.methods.perturbation._scale_search import ScaleSearch, SearchRun, search_option
 
 BNMode = Literal["eval", "batch", "refresh"]
 
 
-class PerturbationEnsemble(Recipes, FittedMembers, FittedEnsemble):
-    """Base class of PEG and PEP (not used directly)."""
+class PerturbationEnsemble(FittedEnsemble):
+    """Base class of PEG and PEP (not used directly): `fit` here, the members' verbs through
+    `_held` (`FittedEnsemble`'s), recipes through `peg.methods.perturbation._recipes`."""
 
+    method = "perturbation"
+    scale_name = "scale"
+    recorded_options: ClassVar[tuple[str, ...]] = _recipes.RECORDED_OPTIONS
+    RENAMED_OPTIONS: ClassVar[dict[str, str]] = _recipes.RENAMED_OPTIONS
     default_grid: tuple[float, ...] = ()
     uses_direction_data = True
     fitted_attribute: ClassVar[str] = "members_"  # a lazy ensemble holds no ensemble_
@@ -113,6 +121,95 @@ class PerturbationEnsemble(Recipes, FittedMembers, FittedEnsemble):
         """Fraction of the validation set held out for scoring the scale (PEG's
         `search.holdout`; PEP holds none out: `_score_cap`)."""
         return 0.0
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "method" in cls.__dict__:  # a concrete method (PEG, PEP): `peg.load` finds it by name
+            recipe.register(cls.method, cls.from_recipe, cls.check_recipe)
+
+    # ---------------------------------------------------------------- fitted
+    @property
+    def _scale(self) -> float:
+        """The scale chosen by `fit` (`eta_` / `sigma_`)."""
+        return float(getattr(self, f"{self.scale_name}_"))
+
+    def _held(self) -> FittedMembers:
+        """The members at the chosen scale: what `FittedEnsemble`'s verbs answer through."""
+        self._check_fitted()
+        return FittedMembers(self.members_, self._scale, self._fitted_meta)
+
+    def ensemble(self) -> Ensemble:
+        """The fitted `Ensemble`.
+
+        A lazy ensemble holds no members: this builds every one of them (S·R × member size of
+        memory), each time it is called; prefer `member_logits` / `predict_proba`, which hold
+        one chunk of members at a time.
+        """
+        return self._held().ensemble()
+
+    @property
+    def directions_(self) -> list[Tensor]:
+        """The direction rows, `[S, P]` per base (not kept by a lazy ensemble)."""
+        if not isinstance(self.members_, StackedMembers):
+            raise AttributeError(f"{type(self).__name__}: a lazy ensemble keeps no directions_")
+        return self.members_.directions
+
+    def ensemble_at(self, scale: float) -> Ensemble:
+        """The members at another scale, from the stored directions (no gradient is recomputed).
+
+        Members are θ_r + scale·D_r[i] for every base r and member i, base-major; scale 0 gives
+        copies of the base models. Used by the scale search, and to plot a metric against it.
+        A lazy ensemble regenerates its directions for this (and builds every member).
+        """
+        self._check_fitted("ensemble_at(...)")
+        return self.members_.ensemble_at(scale)
+
+    # ---------------------------------------------------------------- recipes
+    @classmethod
+    def from_recipe(
+        cls, bases: Ensemble, recipe: dict[str, Any], val: Data, batch_fn: BatchFn | None = None
+    ) -> PerturbationEnsemble:
+        """Rebuild an ensemble saved as a recipe, and check it (see `peg.recipe`)."""
+        return _recipes.rebuild(cls, bases, recipe, val, batch_fn)
+
+    @classmethod
+    def check_recipe(cls, bases: Ensemble, recipe: dict[str, Any]) -> None:
+        """A recipe's fields for this method, before any work (`_recipes.check_recipe`)."""
+        _recipes.check_recipe(cls, bases, recipe)
+
+    def _expressible(self) -> bool:
+        """Whether a recipe can rebuild this ensemble: no callable (`params`, the criterion), no
+        training data (bn="refresh"); PEG adds its own conditions."""
+        return not callable(self.params) and self.bn != "refresh" and (
+            self._search().recorded() is not None
+        )
+
+    def _recipe_options(self) -> dict[str, Any] | None:
+        """The constructor options that rebuild this ensemble, as JSON (`recorded_options`; None:
+        not expressible as a recipe)."""
+        if not self._expressible():
+            return None
+        options = {name: getattr(self, name) for name in self.recorded_options}
+        options["params"] = param_label(options["params"])
+        options["search"] = self._search().recorded()
+        return options
+
+    def save(self, path: str, materialize: bool = False) -> str:
+        """Save the ensemble as a recipe (default), or every member with `materialize=True`.
+
+        A recipe is the base weights plus how the members were made: the seed, the chosen
+        scale, the hyper-parameters (S, and for PEG K, the variant, ...), the BatchNorm mode,
+        and fingerprints of the validation data and of every member. It is about the size of
+        the base model(s), whatever S. Load it with `peg.load(path, model, val=val)`, which
+        rebuilds the members from the same validation data and checks them against the
+        fingerprints, failing with a clear `ArchiveError` if the data or the code changed.
+
+        `materialize=True` stores every member instead (S times the size), loaded with
+        `peg.load(path, model)` and no data. Ensembles that a recipe cannot express (a callable
+        `params`, `criterion` or `loss`, given momentum buffers, bn="refresh") are saved
+        materialised, with a warning.
+        """
+        return _recipes.save(self, path, materialize)
 
     # ---------------------------------------------------------------- to override
     def _row_source(
@@ -344,7 +441,7 @@ class PerturbationEnsemble(Recipes, FittedMembers, FittedEnsemble):
         if store is None:
             assert isinstance(rows, StackedMembers)
             self.members_: StackedMembers | RegeneratedMembers = rows
-            self.ensemble_ = self.ensemble()
+            self.ensemble_ = self.ensemble()  # the stacked members, built once
             return
 
         def regenerate() -> list[RowSource]:

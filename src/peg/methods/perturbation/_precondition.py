@@ -207,6 +207,13 @@ def _kfac_factors(
     return torch.cat(flat) if flat else torch.zeros(0, dtype=grad.dtype, device=grad.device)
 
 
+def _factors(lay: KFACLayer) -> tuple[Tensor, Tensor]:
+    """(A, G) of a layer whose factors `_kfac_factors` has filled."""
+    if lay.A is None or lay.G is None:
+        raise RuntimeError(f"K-FAC: layer {lay.name!r} has no factors")  # a bug, not input
+    return lay.A, lay.G
+
+
 def kfac(
     grad: GradientPass, names: list[str], seed: int, n: int, damping: float
 ) -> tuple[Apply, dict[str, Any]]:
@@ -215,21 +222,22 @@ def kfac(
     with the layout (`kfac_layers`)."""
     layers, diagonal, layout = kfac_layers(grad.work, names)
     Fd = _kfac_factors(grad, layers, diagonal, seed, n)
+    factors = [_factors(lay) for lay in layers]
     trace = float(Fd.sum()) + sum(
-        float(lay.A.sum() if lay.kind == "embedding" else lay.A.trace()) * float(lay.G.trace())  # type: ignore[union-attr]
-        for lay in layers
+        float(A.sum() if lay.kind == "embedding" else A.trace()) * float(G.trace())
+        for lay, (A, G) in zip(layers, factors, strict=True)
     )
-    size = Fd.numel() + sum(lay.A.shape[0] * lay.G.shape[0] for lay in layers)  # type: ignore[union-attr]
+    size = Fd.numel() + sum(A.shape[0] * G.shape[0] for A, G in factors)
     lam = damping * trace / size
     if not lam > 0:  # no curvature at all (every gradient zero): nothing to reshape
         return (lambda row: None), layout
     eig: list[tuple[Tensor, Tensor | None, Tensor, Tensor]] = []
-    for lay in layers:  # eigenvalues ≥ 0 (A, G are second moments; eigh may round below)
-        g, Qg = torch.linalg.eigh(lay.G)  # type: ignore[arg-type]
+    for lay, (A, G) in zip(layers, factors, strict=True):  # eigenvalues ≥ 0 (second moments;
+        g, Qg = torch.linalg.eigh(G)  # eigh may round below)
         if lay.kind == "embedding":  # A diagonal: its own eigenvalues, eigenvectors I
-            eig.append((lay.A.clamp_min(0), None, g.clamp_min(0), Qg))  # type: ignore[union-attr]
+            eig.append((A.clamp_min(0), None, g.clamp_min(0), Qg))
         else:
-            a, Qa = torch.linalg.eigh(lay.A)  # type: ignore[arg-type]
+            a, Qa = torch.linalg.eigh(A)
             eig.append((a.clamp_min(0), Qa, g.clamp_min(0), Qg))
     scale = lam / (Fd + lam)
 

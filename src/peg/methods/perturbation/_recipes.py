@@ -1,9 +1,9 @@
 """PEG/PEP ensembles stored as recipes: base weights + how the members were made.
 
-`Recipes` is the part of `PerturbationEnsemble` that saves a fitted ensemble (a recipe by
-default, every member with `materialize=True`) and rebuilds one from a recipe archive
-(`from_recipe`, which `peg.load` finds in `peg.recipe`'s registry: each subclass joins it
-under its `method` name when it is defined). The format is `peg.recipe`'s.
+`PerturbationEnsemble` delegates here: `save` (a recipe by default, every member with
+`materialize=True`), `from_recipe` (`rebuild`, which `peg.load` finds in `peg.recipe`'s
+registry: each subclass joins it under its `method` name when it is defined) and
+`check_recipe`. The format is `peg.recipe`'s.
 """
 
 from __future__ import annotations
@@ -11,12 +11,11 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
-from peg import recipe
 from peg._inputs import Data
 from peg._memory import require_memory
-from peg._params import param_label, select_parameters
+from peg._params import select_parameters
 from peg.batches import BatchFn
 from peg.ensemble import Ensemble
 from peg.errors import ArchiveError
@@ -29,6 +28,9 @@ from peg.recipe import (
     fingerprints_match,
     tolerance,
 )
+
+if TYPE_CHECKING:
+    from peg.methods.perturbation._perturb import PerturbationEnsemble
 
 # a recipe with on_nonfinite="drop" may record fewer members than n_members·R; at most this many
 # more dropped than kept (issue 40: n_members edited to 20,000 with "drop" made the counts
@@ -85,181 +87,142 @@ class Expected:
             )
 
 
-class Recipes:
-    """Saving as a recipe and rebuilding from one (mixed into `PerturbationEnsemble`)."""
+# the constructor options a recipe records (PEG adds its own: its `recorded_options`); the others
+# say how the members are held or shown (progress, batch_fn, lazy, ...), and the scale is
+# recorded apart
+RECORDED_OPTIONS: tuple[str, ...] = (
+    "n_members", "seed", "bn", "params", "batch_size", "on_nonfinite", "search",
+)  # fmt: skip
 
-    method = "perturbation"
-    scale_name = "scale"
+# renamed constructor options: a recipe of version 1 (peg 0.1) is read through this map
+RENAMED_OPTIONS: dict[str, str] = {"size": "n_members", "eval_batch_size": "batch_size"}
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if "method" in cls.__dict__:  # a concrete method (PEG, PEP): `peg.load` finds it by name
-            recipe.register(cls.method, cls.from_recipe, cls.check_recipe)
 
-    # the constructor options a recipe records (PEG adds its own); the others say how the
-    # members are held or shown (progress, batch_fn, lazy, ...), and the scale is recorded apart
-    recorded_options: ClassVar[tuple[str, ...]] = (
-        "n_members", "seed", "bn", "params", "batch_size", "on_nonfinite", "search",
-    )  # fmt: skip
+def rebuild(
+    cls: type[PerturbationEnsemble],
+    bases: Ensemble,
+    recipe: dict[str, Any],
+    val: Data,
+    batch_fn: BatchFn | None = None,
+) -> PerturbationEnsemble:
+    """`cls.from_recipe`: the ensemble a recipe describes, refitted on `val` and checked.
 
-    # renamed constructor options: a recipe of version 1 (peg 0.1) is read through this map
-    RENAMED_OPTIONS: ClassVar[dict[str, str]] = {
-        "size": "n_members",
-        "eval_batch_size": "batch_size",
-    }
-
-    @classmethod
-    def from_recipe(
-        cls, bases: Ensemble, recipe: dict[str, Any], val: Data, batch_fn: BatchFn | None = None
-    ) -> Recipes:
-        """Rebuild an ensemble saved as a recipe, and check it (see `peg.recipe`).
-
-        Raises ArchiveError (a ValueError) if `val` is not the data the ensemble was made from,
-        or if the rebuilt members differ from the recorded fingerprints (the code changed).
-        """
-        rebuilt = cls._from_options(recipe, batch_fn)
-        # the data checked before any work; val split as the search that made it split it
-        expect = Expected(data=recipe["data"], searched=bool(recipe["searched"]))
-        rebuilt._fit(bases, val, None, expect)  # type: ignore[attr-defined]
-        got = displacement_fingerprints(rebuilt.directions_, recipe["scale"])
-        # recipes of peg < 0.3 record no arithmetic: they were made in float32
-        tol = tolerance(recipe.get("arithmetic", "fp32"), arithmetic(bases.device))
-        bad = fingerprints_match(got, recipe["fingerprints"], rebuilt.directions_[0].shape[1], tol)
-        if bad:
-            raise ArchiveError(
-                f"recipe: rebuilt members {bad[:5]} differ from the ones saved (tolerance {tol}, "
-                "see docs/determinism.md): the code or the library version changed since; save "
-                "with materialize=True to keep the members themselves"
-            )
-        return rebuilt
-
-    @classmethod
-    def _options(cls, recipe: dict[str, Any]) -> dict[str, Any]:
-        """The constructor options of a recipe, by this version's names."""
-        options = dict(recipe["options"])
-        version = recipe.get("recipe_version", 1)
-        if version < 2:  # peg 0.1's option names
-            options = {cls.RENAMED_OPTIONS.get(k, k): v for k, v in options.items()}
-            options.setdefault("max_score_points", None)  # peg 0.1 scored on every point
-        try:
-            if version < 3:  # the search's options were the method's own before ScaleSearch
-                options["search"] = searched_options(options)
-            options["search"] = ScaleSearch(**options.get("search", {}))
-        except (TypeError, ValueError) as e:
-            raise ArchiveError(f"recipe field 'meta.recipe.options.search': {e}") from None
-        return options
-
-    @classmethod
-    def _from_options(cls, recipe: dict[str, Any], batch_fn: BatchFn | None) -> Recipes:
-        """The unfitted method a recipe describes (its options refused as the archive's)."""
-        options = cls._options(recipe)
-        scale = {recipe["scale_name"]: recipe["scale"]}
-        try:
-            return cls(**options, **scale, progress=False, batch_fn=batch_fn)
-        except (TypeError, ValueError) as e:
-            raise ArchiveError(f"recipe field 'meta.recipe.options': {e}") from None
-
-    @classmethod
-    def check_recipe(cls, bases: Ensemble, recipe: dict[str, Any]) -> None:
-        """A recipe's method-specific fields, before any work (`peg.recipe.check` has checked
-        its types): the scale's name, option names of the constructor, counts that agree
-        (members = n_members per base, fewer only where members were dropped) and `params`
-        naming parameters of the model; an ArchiveError naming the field otherwise."""
-        field = "recipe field 'meta.recipe."
-        if recipe["scale_name"] != cls.scale_name:
-            raise ArchiveError(
-                f"{field}scale_name': expected {cls.scale_name!r} for {cls.method}, got "
-                f"{recipe['scale_name']!r}"
-            )
-        options = cls._options(recipe)
-        known = set(cls.recorded_options)
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ArchiveError(f"{field}options': unknown options {unknown[:5]} for {cls.method}")
-        S = options.get("n_members")
-        if isinstance(S, bool) or not isinstance(S, int) or S < 1:
-            raise ArchiveError(f"{field}options.n_members': expected an integer >= 1, got {S!r}")
-        made, most = recipe["members"], S * len(bases)
-        drops = options.get("on_nonfinite") == "drop"
-        if made > most or (made < most and not drops) or most - made > made + DROP_SLACK:
-            raise ArchiveError(
-                f"{field}members': {made} members recorded where options.n_members = {S} and "
-                f"{len(bases)} base(s) make {most}: the recipe's counts disagree"
-                + (" (a rebuild builds every member to check the recorded ones: more dropped "
-                   f"than kept + {DROP_SLACK} is refused)" if drops and made < most else "")
-            )  # fmt: skip
-        params = options.get("params", "all")
-        try:
-            names = select_parameters(bases.skeleton, params)
-        except (TypeError, ValueError) as e:
-            raise ArchiveError(f"{field}options.params': {e}") from None
-        _check_rebuild_memory(bases, names, S, field)
-        cls._from_options(recipe, None)
-
-    def _expressible(self) -> bool:
-        """Whether a recipe can rebuild this ensemble: no callable (`params`, the criterion), no
-        training data (bn="refresh"); PEG adds its own conditions."""
-        return not callable(self.params) and self.bn != "refresh" and (  # type: ignore[attr-defined]
-            self._search().recorded() is not None  # type: ignore[attr-defined]
+    Raises ArchiveError (a ValueError) if `val` is not the data the ensemble was made from,
+    or if the rebuilt members differ from the recorded fingerprints (the code changed).
+    """
+    rebuilt = _from_options(cls, recipe, batch_fn)
+    # the data checked before any work; val split as the search that made it split it
+    expect = Expected(data=recipe["data"], searched=bool(recipe["searched"]))
+    rebuilt._fit(bases, val, None, expect)
+    got = displacement_fingerprints(rebuilt.directions_, recipe["scale"])
+    # recipes of peg < 0.3 record no arithmetic: they were made in float32
+    tol = tolerance(recipe.get("arithmetic", "fp32"), arithmetic(bases.device))
+    bad = fingerprints_match(got, recipe["fingerprints"], rebuilt.directions_[0].shape[1], tol)
+    if bad:
+        raise ArchiveError(
+            f"recipe: rebuilt members {bad[:5]} differ from the ones saved (tolerance {tol}, "
+            "see docs/determinism.md): the code or the library version changed since; save "
+            "with materialize=True to keep the members themselves"
         )
+    return rebuilt
 
-    def _recipe_options(self) -> dict[str, Any] | None:
-        """The constructor options that rebuild this ensemble, as JSON (`recorded_options`; None:
-        not expressible as a recipe)."""
-        if not self._expressible():
-            return None
-        options = {name: getattr(self, name) for name in self.recorded_options}
-        options["params"] = param_label(options["params"])
-        options["search"] = self._search().recorded()  # type: ignore[attr-defined]
-        return options
 
-    def save(self, path: str, materialize: bool = False) -> str:
-        """Save the ensemble as a recipe (default), or every member with `materialize=True`.
+def _options(cls: type[PerturbationEnsemble], recipe: dict[str, Any]) -> dict[str, Any]:
+    """The constructor options of a recipe, by this version's names."""
+    options = dict(recipe["options"])
+    version = recipe.get("recipe_version", 1)
+    if version < 2:  # peg 0.1's option names
+        options = {cls.RENAMED_OPTIONS.get(k, k): v for k, v in options.items()}
+        options.setdefault("max_score_points", None)  # peg 0.1 scored on every point
+    try:
+        if version < 3:  # the search's options were the method's own before ScaleSearch
+            options["search"] = searched_options(options)
+        options["search"] = ScaleSearch(**options.get("search", {}))
+    except (TypeError, ValueError) as e:
+        raise ArchiveError(f"recipe field 'meta.recipe.options.search': {e}") from None
+    return options
 
-        A recipe is the base weights plus how the members were made: the seed, the chosen
-        scale, the hyper-parameters (S, and for PEG K, the variant, ...), the BatchNorm mode,
-        and fingerprints of the validation data and of every member. It is about the size of
-        the base model(s), whatever S. Load it with `peg.load(path, model, val=val)`, which
-        rebuilds the members from the same validation data and checks them against the
-        fingerprints, failing with a clear `ArchiveError` if the data or the code changed.
 
-        `materialize=True` stores every member instead (S times the size), loaded with
-        `peg.load(path, model)` and no data. Ensembles that a recipe cannot express (a callable
-        `params`, `criterion` or `loss`, given momentum buffers, bn="refresh") are saved
-        materialised, with a warning.
-        """
-        if not isinstance(materialize, bool):
-            raise TypeError(f"materialize: expected True or False, got {materialize!r}")
-        self._check_fitted("saving")  # type: ignore[attr-defined]
-        options = None if materialize else self._recipe_options()
-        if options is None:
-            ensemble = self.ensemble()  # a lazy ensemble builds its members here
-            if not materialize:
-                warnings.warn(
-                    f"{type(self).__name__}.save: this ensemble cannot be stored as a recipe "
-                    "(callable params/criterion/loss, momentum buffers or bn='refresh'); saving "
-                    "every member (pass materialize=True to say so and silence this warning)",
-                    stacklevel=2,
-                )
-            return ensemble.save(path)
-        meta = self._fitted_meta
-        scale = float(getattr(self, f"{self.scale_name}_"))
-        fingerprints = self.members_.fingerprints(scale)
-        held = self.members_.bases
-        recipe = {
-            "kind": "recipe",
-            "recipe_version": RECIPE_VERSION,
-            "method": self.method,
-            "options": options,
-            "scale_name": self.scale_name,
-            "scale": scale,
-            "searched": self._searched,
-            "data": self._data_fingerprint,
-            "data_points": self._data_points,
-            "members": len(self),
-            "fingerprints": fingerprints,
-            "arithmetic": arithmetic(held.states[0][held.names[0]].device),
-        }
-        bases = Ensemble.from_state_dicts(held.skeleton, held.states)
-        bases.meta = {**meta, "recipe": recipe}
-        return bases.save(path)
+def _from_options(
+    cls: type[PerturbationEnsemble], recipe: dict[str, Any], batch_fn: BatchFn | None
+) -> PerturbationEnsemble:
+    """The unfitted method a recipe describes (its options refused as the archive's)."""
+    options = _options(cls, recipe)
+    scale = {recipe["scale_name"]: recipe["scale"]}
+    try:
+        return cls(**options, **scale, progress=False, batch_fn=batch_fn)
+    except (TypeError, ValueError) as e:
+        raise ArchiveError(f"recipe field 'meta.recipe.options': {e}") from None
+
+
+def check_recipe(cls: type[PerturbationEnsemble], bases: Ensemble, recipe: dict[str, Any]) -> None:
+    """`cls.check_recipe`: a recipe's method-specific fields, before any work (`peg.recipe.check`
+    has checked their types): the scale's name, option names of the constructor, counts that
+    agree (members = n_members per base, fewer only where members were dropped) and `params`
+    naming parameters of the model; an ArchiveError naming the field otherwise."""
+    field = "recipe field 'meta.recipe."
+    if recipe["scale_name"] != cls.scale_name:
+        raise ArchiveError(
+            f"{field}scale_name': expected {cls.scale_name!r} for {cls.method}, got "
+            f"{recipe['scale_name']!r}"
+        )
+    options = _options(cls, recipe)
+    unknown = sorted(set(options) - set(cls.recorded_options))
+    if unknown:
+        raise ArchiveError(f"{field}options': unknown options {unknown[:5]} for {cls.method}")
+    S = options.get("n_members")
+    if isinstance(S, bool) or not isinstance(S, int) or S < 1:
+        raise ArchiveError(f"{field}options.n_members': expected an integer >= 1, got {S!r}")
+    made, most = recipe["members"], S * len(bases)
+    drops = options.get("on_nonfinite") == "drop"
+    if made > most or (made < most and not drops) or most - made > made + DROP_SLACK:
+        raise ArchiveError(
+            f"{field}members': {made} members recorded where options.n_members = {S} and "
+            f"{len(bases)} base(s) make {most}: the recipe's counts disagree"
+            + (" (a rebuild builds every member to check the recorded ones: more dropped "
+               f"than kept + {DROP_SLACK} is refused)" if drops and made < most else "")
+        )  # fmt: skip
+    params = options.get("params", "all")
+    try:
+        names = select_parameters(bases.skeleton, params)
+    except (TypeError, ValueError) as e:
+        raise ArchiveError(f"{field}options.params': {e}") from None
+    _check_rebuild_memory(bases, names, S, field)
+    _from_options(cls, recipe, None)
+
+
+def save(fitted: PerturbationEnsemble, path: str, materialize: bool) -> str:
+    """`fitted.save(path, materialize)`: a recipe, or every member (see its docstring)."""
+    if not isinstance(materialize, bool):
+        raise TypeError(f"materialize: expected True or False, got {materialize!r}")
+    fitted._check_fitted("saving")
+    options = None if materialize else fitted._recipe_options()
+    if options is None:
+        ensemble = fitted.ensemble()  # a lazy ensemble builds its members here
+        if not materialize:
+            warnings.warn(
+                f"{type(fitted).__name__}.save: this ensemble cannot be stored as a recipe "
+                "(callable params/criterion/loss, momentum buffers or bn='refresh'); saving "
+                "every member (pass materialize=True to say so and silence this warning)",
+                stacklevel=3,
+            )
+        return ensemble.save(path)
+    held = fitted.members_
+    scale = fitted._scale
+    recipe = {
+        "kind": "recipe",
+        "recipe_version": RECIPE_VERSION,
+        "method": fitted.method,
+        "options": options,
+        "scale_name": fitted.scale_name,
+        "scale": scale,
+        "searched": fitted._searched,
+        "data": fitted._data_fingerprint,
+        "data_points": fitted._data_points,
+        "members": len(fitted),
+        "fingerprints": held.fingerprints(scale),
+        "arithmetic": arithmetic(held.bases.states[0][held.bases.names[0]].device),
+    }
+    bases = Ensemble.from_state_dicts(held.bases.skeleton, held.bases.states)
+    bases.meta = {**fitted._fitted_meta, "recipe": recipe}
+    return bases.save(path)

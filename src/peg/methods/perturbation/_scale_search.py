@@ -142,6 +142,7 @@ class ScaleSearch(Params):
     def of(cls, search: ScaleSearch | str) -> ScaleSearch:
         """`search` as given to PEG/PEP: a ScaleSearch, or a method's name for one with that
         method and the other options' defaults."""
+        # a str here is one of SEARCHES (its constraint has checked it): the Literal mypy wants
         return search if isinstance(search, ScaleSearch) else cls(method=search)  # type: ignore[arg-type]
 
     def recorded(self) -> dict[str, Any] | None:
@@ -236,6 +237,7 @@ class SearchRun:
         criterion, race = options.criterion, options.race
         regression = is_regression(self.y)
         table = REGRESSION_CRITERIA if regression else CRITERIA
+        # a name is looked up, a callable kept: `dict.get` cannot type both keys at once
         self.criterion = table.get(criterion, criterion)  # type: ignore[call-overload]
         self.per_point = criterion in PER_POINT and not regression
         point_losses = REGRESSION_POINT_LOSSES if regression else POINT_LOSSES

@@ -316,6 +316,7 @@ class SWAG(SWA):
             out.append(self.mean_ + math.sqrt(scale) * step)
         return torch.stack(out)
 
+    # adds (n, scale, seed): SWAG samples its members, FittedEnsemble.ensemble() takes none
     def ensemble(  # type: ignore[override]
         self,
         n: int | None = None,
