@@ -118,7 +118,24 @@ def render(tmp: Path) -> str:
         message = re.sub(r"\b\d[\d.e+-]* s to fit", "$SECONDS s to fit", message)
         message = message.replace("|", "\\|")
         lines.append(f"| {area} | {what} | `{kind.__name__}` | {message} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, *accepted_arguments()]) + "\n"
+
+
+def accepted_arguments() -> list[str]:
+    """What each argument of each public peg class accepts, from its `parameter_constraints`
+    (the lines its docstring gains too): a value outside gets the error above."""
+    import peg
+    from peg.methods._constraints import accepted
+
+    lines = ["", "## What each argument accepts", "",
+             "From each public class's `parameter_constraints` table, as its docstring lists it.",
+             "", "| class | argument: accepted |", "|---|---|"]  # fmt: skip
+    for name in sorted(peg.__all__):
+        table = getattr(getattr(peg, name), "parameter_constraints", None)
+        if isinstance(getattr(peg, name), type) and table:
+            text = "<br>".join(line.replace("|", "\\|") for line in accepted(table))
+            lines.append(f"| `peg.{name}` | {text} |")
+    return lines
 
 
 if __name__ == "__main__":

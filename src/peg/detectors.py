@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from peg._features import Features, check_features
+from peg._features import FEATURES, Features, check_features
 from peg._inputs import Data
 from peg.batches import BatchFn, check_batch_fn
 from peg.methods import _constraints as checks
@@ -66,7 +66,7 @@ class OODDetector(Method):
     parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
         "score": checks.one_of(*DETECTOR_SCORES),
         "k": checks.positive_int(),
-        "features": check_features,
+        "features": checks.described(check_features, f"one of {list(FEATURES)}"),
         "ridge": checks.number(allow_zero=True),
         "batch_size": checks.positive_int(),
         "batch_fn": checks.batch_fn,

@@ -15,6 +15,7 @@ import pytest
 import peg
 from peg.errors import InvalidParameterError, NotFoldable
 from peg.methods import _constraints as checks
+from peg.methods import base
 from peg.methods.base import Params, store_arguments
 from peg.train import Recipe
 
@@ -175,3 +176,31 @@ def test_every_refusal_of_check_params_is_an_invalid_parameter_error():
     with pytest.raises(NotFoldable) as kept:
         _Toy(k=7)
     assert type(kept.value) is NotFoldable
+
+
+def _public_tables() -> dict[str, dict]:
+    return {
+        name: getattr(peg, name).parameter_constraints
+        for name in peg.__all__
+        if isinstance(getattr(peg, name), type) and getattr(peg, name).__dict__.get(
+            "parameter_constraints"
+        )
+    }
+
+
+def test_every_table_entry_prints_what_it_accepts_and_the_docstring_lists_it():
+    tables = _public_tables()
+    assert {"PEG", "TemperatureScaling", "AutoSelect", "ConformalClassifier"} <= set(tables)
+    for name, table in tables.items():
+        plain = [k for k, check in table.items() if not isinstance(check, checks.Constraint)]
+        assert not plain, f"{name}: {plain} are plain functions (wrap them in checks.described)"
+        doc = getattr(peg, name).__doc__
+        assert base.ACCEPTED in doc and all(line in doc for line in checks.accepted(table)), name
+
+
+def test_a_described_check_refuses_as_its_function_does():
+    alpha = peg.methods.conformal._split.ALPHA
+    assert str(alpha) == "a miscoverage level in (0, 1)"
+    assert alpha.is_satisfied_by(0.1) and not alpha.is_satisfied_by(1.5)
+    with pytest.raises(peg.InvalidParameterError, match="alpha: expected a miscoverage level"):
+        peg.ConformalClassifier(alpha=1.5)

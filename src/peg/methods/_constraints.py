@@ -5,8 +5,9 @@ object, as scikit-learn's `Interval` and `StrOptions`: `is_satisfied_by(value)` 
 `str(constraint)` says what it accepts ("an integer >= 1", "one of ['eval', 'batch']"), and
 `constraint(value, name)` raises `peg.InvalidParameterError` naming `name`, what was expected
 and what was given. The factories (`one_of`, `interval`, `positive_int`, ...) build them; a
-table entry may also be a plain function `check(value, name)` raising a ValueError or a
-TypeError (a check too particular for an object: `search_option`, `check_alpha`, ...).
+check too particular for them (`check(value, name)` raising a ValueError or a TypeError:
+`check_alpha`, PEG's momentum, ...) enters a table as `described(check, what it accepts)`, so
+that every table prints itself (`accepted`: each class's docstring and docs/errors.md).
 Constraints between arguments (e.g. PEG's direction only with the vanilla variant) are plain
 functions of the method, its `parameter_rules`, listed beside the table.
 
@@ -267,7 +268,33 @@ class BatchFunction(Constraint):
         return type(value).__name__
 
 
+class Described(Constraint):
+    """A check too particular for the classes above (`check(value, name)`, raising a ValueError
+    or a TypeError), with what it accepts in words: in a table it prints itself like the rest."""
+
+    def __init__(self, check: Check, what: str) -> None:
+        self.check, self.what = check, what
+
+    def is_satisfied_by(self, value: Any) -> bool:
+        try:
+            self.check(value, "value")
+        except (TypeError, ValueError):
+            return False
+        return True
+
+    def describe(self) -> str:
+        return self.what
+
+    def __call__(self, value: Any, name: str) -> None:
+        self.check(value, name)  # its own message, made an InvalidParameterError by `refusals`
+
+
 # ---------------------------------------------------------------- the factories tables use
+def described(check: Check, what: str) -> Described:
+    """`check(value, name)` as a constraint that says `what` it accepts."""
+    return Described(check, what)
+
+
 def one_of(*choices: Any) -> Options:
     """The value is one of `choices`: equal and of the same type (`True` is not `1`, `"1"` not
     `1`); the error lists them."""
@@ -348,6 +375,11 @@ def refusals() -> Iterator[None]:
         if type(e) not in (ValueError, TypeError):
             raise
         raise InvalidParameterError(str(e)).with_traceback(e.__traceback__) from None
+
+
+def accepted(table: Mapping[str, Check]) -> list[str]:
+    """`name: what it accepts`, one line per argument of a `parameter_constraints` table."""
+    return [f"{name}: {check}" for name, check in table.items()]
 
 
 def check_constraints(method: Any, table: Mapping[str, Check]) -> None:

@@ -55,6 +55,10 @@ def store_arguments(owner: Params, arguments: dict[str, Any]) -> None:
     owner._check_params()
 
 
+# heads the section each class's docstring gains from its table (`Params.__init_subclass__`)
+ACCEPTED = "Arguments accepted (`parameter_constraints`; checked at construction and at fit):"
+
+
 class Params:
     """The argument protocol (scikit-learn's): keyword arguments stored as given under their own
     names, one check per argument in `parameter_constraints` (`peg.methods._constraints`;
@@ -67,6 +71,14 @@ class Params:
 
     parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {}
     parameter_rules: ClassVar[tuple[checks.Rule, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # the docstring's list of what each argument accepts, written from the table itself
+        if cls.__doc__ and "parameter_constraints" in cls.__dict__:
+            accepted = checks.accepted(cls.parameter_constraints)
+            lines = "".join(f"\n        {line}" for line in accepted)
+            cls.__doc__ = f"{cls.__doc__.rstrip()}\n\n    {ACCEPTED}{lines}\n"
 
     def _check_params(self) -> None:
         """`InvalidParameterError` for a bad argument; never change one (clone compares them)."""

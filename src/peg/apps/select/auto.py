@@ -156,11 +156,13 @@ class AutoSelect(Predicts, Method):
         store_arguments(self, locals())
 
     parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
-        "candidates": _candidate_list,
+        "candidates": checks.described(
+            _candidate_list, "None (the defaults) or a non-empty list of candidate names"
+        ),
         "cv": checks.positive_int(minimum=2),
         "criterion": checks.one_of(*CRITERIA),
         "max_forwards": checks.number(optional=True),
-        "max_fit_seconds": _seconds,
+        "max_fit_seconds": checks.described(_seconds, "'auto', None or a number of seconds > 0"),
         "race": checks.number(optional=True),
         "one_se": checks.boolean(),
         "seed": checks.positive_int(minimum=0),

@@ -59,13 +59,16 @@ AUTO = "auto"
 OLD_DEFAULTS = {"DirichletCalibration": 10.0}  # λ and μ before "auto" (matrix, vector: 0)
 
 
-def auto_or_number(value: Any, name: str) -> None:
+def _auto_or_number(value: Any, name: str) -> None:
     """ "auto" or a finite number >= 0."""
     if not (isinstance(value, str) and value == AUTO):
         try:
             checks.number(allow_zero=True)(value, name)
         except (TypeError, ValueError) as e:
             raise type(e)(f'{e} or "auto"') from None
+
+
+AUTO_OR_NUMBER = checks.described(_auto_or_number, "'auto' or a finite number >= 0")
 
 
 def fixed_strengths(method: Any) -> dict[str, float] | None:
@@ -203,7 +206,7 @@ class VectorScaling(_Affine):
         store_arguments(self, locals())
 
     parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
-        "reg_mu": auto_or_number,
+        "reg_mu": AUTO_OR_NUMBER,
         "cv": checks.positive_int(minimum=2),
         "scores": checks.one_of(*SCORE_OPTIONS),
         "max_iter": checks.positive_int(),
@@ -254,7 +257,7 @@ class MatrixScaling(_Affine):
         store_arguments(self, locals())
 
     parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
-        "reg_lambda": auto_or_number,
+        "reg_lambda": AUTO_OR_NUMBER,
         **VectorScaling.parameter_constraints,
     }
 
@@ -303,8 +306,8 @@ class DirichletCalibration(_Affine):
         store_arguments(self, locals())
 
     parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
-        "reg_lambda": auto_or_number,
-        "reg_mu": auto_or_number,
+        "reg_lambda": AUTO_OR_NUMBER,
+        "reg_mu": AUTO_OR_NUMBER,
         "l2": checks.number(allow_zero=True),
         "cv": checks.positive_int(minimum=2),
         "max_iter": checks.positive_int(),

@@ -81,7 +81,7 @@ class TemperatureScaling(Calibrator):
 
     parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
         "max_iter": checks.positive_int(),
-        "bounds": check_bounds,
+        "bounds": checks.described(check_bounds, "a pair (lowest, highest), 0 < lowest < highest"),
         **Calibrator.parameter_constraints,
     }
 

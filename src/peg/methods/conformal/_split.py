@@ -31,6 +31,7 @@ from peg._inputs import Data, as_xy, is_pair
 from peg._values import checked_labels
 from peg.batches import BatchFn, Tapped
 from peg.errors import NotStreamable
+from peg.methods._constraints import described
 from peg.methods._predictors import (
     iter_member_logits_of,
     member_logits_of,
@@ -46,6 +47,9 @@ def check_alpha(alpha: Any, name: str = "alpha") -> float:
     if not ok or not math.isfinite(float(alpha)) or not 0 < float(alpha) < 1:
         raise ValueError(f"{name}: expected a miscoverage level in (0, 1), got {alpha!r}")
     return float(alpha)
+
+
+ALPHA = described(check_alpha, "a miscoverage level in (0, 1)")
 
 
 def quantile_rank(n: int, alpha: float, what: str = "val") -> int:

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from peg._features import check_features
+from peg._features import FEATURES, check_features
 from peg._forward import warn_probabilities
 from peg._inputs import Data
 from peg.batches import BatchFn
@@ -38,8 +38,8 @@ from peg.methods.conformal._shift import (
     fit_shifted,
 )
 from peg.methods.conformal._split import (
+    ALPHA,
     SCORES,
-    check_alpha,
     check_scores,
     class_scores,
     class_sets,
@@ -132,7 +132,7 @@ class ConformalClassifier(ConformalBase):
         store_arguments(self, locals())
 
     parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
-        "alpha": check_alpha,
+        "alpha": ALPHA,
         "score": checks.one_of(*SCORES),
         "class_conditional": checks.boolean(),
         "k_reg": checks.positive_int(minimum=0),
@@ -140,7 +140,7 @@ class ConformalClassifier(ConformalBase):
         "randomized": checks.boolean(),
         "seed": checks.positive_int(minimum=0),
         "shift": checks.one_of(*SHIFTS),
-        "features": check_features,
+        "features": checks.described(check_features, f"one of {list(FEATURES)}"),
         "n_folds": checks.positive_int(minimum=2),
         **WEIGHT_CUTOFFS,
         **ConformalBase.parameter_constraints,

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from peg._features import Features, check_features
+from peg._features import FEATURES, Features, check_features
 from peg._inputs import Data
 from peg.batches import BatchFn
 from peg.errors import ArchiveError
@@ -36,7 +36,7 @@ from peg.methods.conformal._shift import (
     weighted_thresholds,
 )
 from peg.methods.conformal._split import (
-    check_alpha,
+    ALPHA,
     check_scores,
     conformal_quantile,
     labelled_batches,
@@ -117,10 +117,10 @@ class ConformalRegressor(ConformalBase):
         store_arguments(self, locals())
 
     parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
-        "alpha": check_alpha,
+        "alpha": ALPHA,
         "score": checks.one_of(*REG_SCORES),
-        "shift": _regression_shift,
-        "features": check_features,
+        "shift": checks.described(_regression_shift, "None or 'covariate'"),
+        "features": checks.described(check_features, f"one of {list(FEATURES)}"),
         "n_folds": checks.positive_int(minimum=2),
         **WEIGHT_CUTOFFS,
         **ConformalBase.parameter_constraints,

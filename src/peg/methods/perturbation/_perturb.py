@@ -72,7 +72,7 @@ from peg.methods.perturbation._members import (
     finite_rows,
 )
 from peg.methods.perturbation._recipes import Expected
-from peg.methods.perturbation._scale_search import ScaleSearch, SearchRun, search_option
+from peg.methods.perturbation._scale_search import SEARCH_OPTION, ScaleSearch, SearchRun
 
 BNMode = Literal["eval", "batch", "refresh"]
 
@@ -93,7 +93,7 @@ class PerturbationEnsemble(FittedEnsemble):
     # (`scale_name`) is checked first, then these, then `parameter_rules` (between arguments)
     parameter_constraints: ClassVar[dict[str, Check]] = {
         "n_members": positive_int(),
-        "search": search_option,
+        "search": SEARCH_OPTION,
         "on_nonfinite": one_of("raise", "drop"),
         "seed": positive_int(minimum=0),
         "bn": one_of("eval", "batch", "refresh"),

@@ -23,6 +23,7 @@ from peg.methods._constraints import (
     Check,
     boolean,
     choice_or_callable,
+    described,
     fraction,
     number,
     one_of,
@@ -161,10 +162,13 @@ class ScaleSearch(Params):
         return getattr(self.criterion, "__name__", "callable")
 
 
-def search_option(value: Any, name: str) -> None:
+def _search_option(value: Any, name: str) -> None:
     """PEG/PEP's `search`: a ScaleSearch, or one of `SEARCHES` (a ScaleSearch with that method)."""
     if not isinstance(value, ScaleSearch):
         one_of(*SEARCHES)(value, name)
+
+
+SEARCH_OPTION = described(_search_option, f"a ScaleSearch or one of {list(SEARCHES)}")
 
 
 # the search's options by their former names, PEG/PEP's own (and recipe version 2's)

@@ -62,6 +62,7 @@ from peg.batches import BatchFn
 from peg.errors import NonFiniteError
 from peg.methods._constraints import (
     Check,
+    described,
     fraction,
     number,
     one_of,
@@ -224,7 +225,9 @@ class PEG(PerturbationEnsemble):
         "loss": optional_callable("a callable (outputs, y) -> per-sample losses"),
         "val_batches": positive_int(),
         "beta": fraction(what="a momentum weight"),
-        "momentum": _momentum,
+        "momentum": described(
+            _momentum, "'validation', 'none' or momentum buffers (a dict of tensors per base)"
+        ),
         "precondition": one_of(*PRECONDITIONERS),
         "damping": number(),
     }

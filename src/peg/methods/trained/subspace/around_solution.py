@@ -282,7 +282,9 @@ class DropoutSubspace(_AroundSolution):
 
     parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
         **_AroundSolution.parameter_constraints,
-        "keep": _keep_range,
+        "keep": checks.described(
+            _keep_range, "a keep probability in (0, 1], or a range (low, high) of them"
+        ),
         "rescale": checks.boolean(),
     }
 
