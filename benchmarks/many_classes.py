@@ -4,12 +4,14 @@ TS's, torch-uncertainty 0.13's unregularised scalers beside, and conformal APS v
 at 1000 classes (issue 31, part 4).
 
 Data (validation sets of `--val` sizes, e.g. a small 500 and a large 5000; test sets apart):
-- 10 classes, REAL: an MLP (784-256-10, ReLU) trained for 40 epochs (Adam, lr 1e-3, batch 128,
-  seed 0) on 4000 images of the MNIST test set (`--data`: the folder holding `mnist_test/`,
-  the project's ../shared/data; the only MNIST images offline here), over-confident by then;
-  validation logits from the next 3000 (the first `--val` of them), test logits from the last
-  3000. Not a CIFAR-10 CNN from the presets: training one on this machine's 2 shared cores
-  within the session was not feasible;
+- 10 classes, REAL: a CIFAR-10 CNN from the bench's presets (`--preset`, default
+  cifar10-adam: SmallCNN width 32, Adam lr 1e-3, no weight decay, constant rate, 25 epochs on
+  20,000 training images, seed 0; over-confident: its validation NLL is lowest near epoch 7)
+  trained as `peg bench` trains its `single` base (`benchmarks/_cifar_logits.py`; `--epochs`
+  cuts the preset's epochs, the spec then named `<preset>-<epochs>ep`) and cached under
+  `--cache` (about 5 minutes at one thread here); validation logits from the first `--val` of
+  the preset's 10,000 validation images, test logits from its 5,000 test images (`--data`: the
+  folder holding cifar10_jpeg_*.tar.gz, else peg's data roots);
 - 10 classes, SATURATED: issue 40's logits, randn + 45·one_hot(p), the top class wrong on every
   tenth point;
 - 100 and 1000 classes, SYNTHETIC (no such logits or models offline here): `synthetic_logits`
@@ -22,16 +24,21 @@ Data (validation sets of `--val` sizes, e.g. a small 500 and a large 5000; test 
 
 The maps are fitted through the public API on saved logits (`fit(nn.Identity(), (z, y))`), with
 their defaults: vector / matrix scaling and Dirichlet calibration choose their shrinkage
-towards TS by cross-validation (`peg.methods.calibration._affine_select`; the time includes the
-choice). TS is timed as the fastest of three fits, every other map once (one thread).
+towards TS by cross-validation (`peg.methods.calibration._affine_select`; the time includes
+the choice).
+Every map and scaler is fitted once on a small set before the timing starts (first-call
+imports and lazy initialisation are not timed); TS, peg's and torch-uncertainty's, is timed as
+the fastest of three fits, every other map once (one thread); times are ratios within one run.
 torch-uncertainty (`--torch-uncertainty DIR`, a `pip install --no-deps --target DIR
-torch-uncertainty==0.13.0`; its scalers loaded without the package's heavy imports): its defaults
-(LBFGS, lr 0.1, max_iter 100 for TS and vector, 200 for matrix and Dirichlet, no regularisation), on
-the same logits. ECE: 15 equal-width bins of the top-label confidence (`peg.metrics.ece`); its SE
-from 200 paired bootstrap resamples of the test set.
+torch-uncertainty==0.13.0`; its scalers loaded without the package's heavy imports): its
+defaults (LBFGS, lr 0.1, max_iter 100 for TS and vector, 200 for matrix and Dirichlet, no
+regularisation), on the same logits (`model=None`, a DataLoader of (logits, labels)).
+ECE: 15 equal-width bins of the top-label confidence (`peg.metrics.ece`); its SE from 200
+paired bootstrap resamples of the test set.
 
     OMP_NUM_THREADS=1 python benchmarks/many_classes.py [--classes 10 100 1000]
-        [--val 500 5000] [--test 5000] [--torch-uncertainty DIR] [--quick]
+        [--val 500 5000] [--test 5000] [--torch-uncertainty DIR] [--data DIR]
+        [--preset cifar10-adam] [--epochs N] [--cache .peg-cache/bench] [--quick]
 """
 
 from __future__ import annotations
@@ -50,11 +57,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from _cifar_logits import preset_cnn_logits  # benchmarks/ (the script's folder)
 from torch import Tensor, nn
 
 import peg
 from peg._env import machine
-from peg.data.mnist import load_idx_set
 
 IDENTITY = nn.Identity()
 
@@ -80,22 +87,6 @@ def saturated_logits(n: int, seed: int) -> tuple[Tensor, Tensor]:
     y = torch.randint(0, 10, (n,), generator=g)
     p = torch.where(torch.arange(n) % 10 == 0, (y + 1) % 10, y)
     return torch.randn(n, 10, generator=g) + 45 * F.one_hot(p, 10), y
-
-
-def mnist_logits(root: str | None) -> tuple[Tensor, Tensor]:
-    """(logits `[6000, 10]`, labels) of an over-fitted MLP on MNIST (see the module doc)."""
-    X, y = load_idx_set("mnist", "test", root)
-    X = X.reshape(len(X), -1)
-    torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 10))
-    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
-    for _ in range(40):
-        for idx in torch.randperm(4000).split(128):
-            opt.zero_grad()
-            F.cross_entropy(net(X[idx]), y[idx]).backward()
-            opt.step()
-    with torch.no_grad():
-        return net(X[4000:]), y[4000:]
 
 
 def torch_uncertainty(path: str) -> dict[str, Any]:
@@ -193,6 +184,49 @@ def chosen(fitted: Any) -> str:
     return "k " + "/".join("∞" if v is None else f"{v:g}" for v in k)
 
 
+TU_MAPS = {
+    "vector scaling": "VectorScaler",
+    "matrix scaling": "MatrixScaler",
+    "Dirichlet": "DirichletScaler",
+}
+SUMMARY: list[str] = []  # one row per (case, map): filled by `case`, printed at the end
+
+
+def warm_up(tu: Any) -> None:
+    """Fit every map and scaler once on 200 points of 10 classes (not timed)."""
+    val = synthetic_logits(200, 99, 10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for make in MAPS.values():
+            make().fit(IDENTITY, val)
+    for cls in (tu or {}).values():
+        tu_fit(cls, *val, 10)
+
+
+def summarise(name: str, rows: dict[str, tuple[float, Tensor, str]], yt: Tensor) -> None:
+    """`SUMMARY`'s rows of one case: each map's NLL − TS's ± SE and fit × TS, with
+    torch-uncertainty's fit of the same map beside."""
+    ts_seconds, ts_log_p, _ = rows["TS"]
+    ref = F.nll_loss(ts_log_p, yt, reduction="none")
+
+    def delta(label: str) -> tuple[str, str]:
+        seconds, log_p, _ = rows[label]
+        d = F.nll_loss(log_p, yt, reduction="none") - ref
+        se = float(d.std()) / math.sqrt(len(d))
+        return f"{float(d.mean()):+.4f} ± {se:.4f}", f"{seconds / ts_seconds:.1f}"
+
+    for label in MAPS:
+        if label == "TS":
+            continue
+        nll, times = delta(label)
+        tu_label = f"torch-uncertainty {TU_MAPS.get(label, '')}"
+        tu_nll, tu_times = delta(tu_label) if tu_label in rows else ("–", "–")
+        SUMMARY.append(f"| {name} | {label} | {nll} | {times} | {tu_nll} | {tu_times} |")
+    if "torch-uncertainty TemperatureScaler" in rows:
+        nll, times = delta("torch-uncertainty TemperatureScaler")
+        SUMMARY.append(f"| {name} | TS (torch-uncertainty's) | – | 1.0 | {nll} | {times} |")
+
+
 def case(name: str, val: tuple[Tensor, Tensor], test: tuple[Tensor, Tensor], tu: Any) -> None:
     """One table: every map fitted on `val`, scored on `test`, against TS."""
     (zv, yv), (zt, yt) = val, test
@@ -216,10 +250,12 @@ def case(name: str, val: tuple[Tensor, Tensor], test: tuple[Tensor, Tensor], tu:
             ("MatrixScaler", "MatrixScaler"),
             ("DirichletScaler", "DirichletScaler"),
         ):
-            seconds, scaler = timed(lambda cls=cls: tu_fit(tu[cls], zv, yv, c))
+            repeats = 3 if cls == "TemperatureScaler" else 1
+            seconds, scaler = timed(lambda cls=cls: tu_fit(tu[cls], zv, yv, c), repeats)
             with torch.no_grad():
                 out = scaler._scale(zt).double().log_softmax(-1)
             rows[f"torch-uncertainty {label}"] = (seconds, out, "unregularised")
+    summarise(f"{name}, {len(yv)} val", rows, yt)
     ts_seconds, ts_log_p, _ = rows["TS"]
     ref = F.nll_loss(ts_log_p, yt, reduction="none")
     ref_top = top_label(ts_log_p, yt)
@@ -274,7 +310,10 @@ def main() -> None:
     parser.add_argument("--val", type=int, nargs="+", default=[500, 5000])
     parser.add_argument("--test", type=int, default=5000)
     parser.add_argument("--torch-uncertainty", default=None)
-    parser.add_argument("--data", default=None, help="where mnist_test/ is (else peg's roots)")
+    parser.add_argument("--data", default=None, help="where the CIFAR-10 archives are")
+    parser.add_argument("--preset", default="cifar10-adam", help="the 10-class CNN's preset")
+    parser.add_argument("--epochs", type=int, default=None, help="its epochs (else the preset's)")
+    parser.add_argument("--cache", default=".peg-cache/bench", help="the CNN's checkpoint cache")
     parser.add_argument(
         "--quick", action="store_true", help="100 classes, 500 points (a smoke run)"
     )
@@ -286,13 +325,14 @@ def main() -> None:
     print(f"Machine: {machine()}")
     print(f"Command: {' '.join(sys.argv)}")
     tu = torch_uncertainty(args.torch_uncertainty) if args.torch_uncertainty else None
+    warm_up(tu)
     for c in args.classes:
         if c == 10:
-            z, y = mnist_logits(args.data)
-            test = (z[3000:], y[3000:])
+            val, test, line = preset_cnn_logits(args.preset, args.epochs, args.cache, args.data)
+            print(f"\n10-class CNN: {line}", flush=True)
             for n in args.val:
-                n = min(n, 3000)
-                case("MNIST MLP (real)", (z[:n], y[:n]), test, tu)
+                n = min(n, len(val[1]))
+                case(f"CIFAR-10 CNN ({args.preset})", (val[0][:n], val[1][:n]), test, tu)
             case(
                 "saturated logits (issue 40)",
                 saturated_logits(500, 0),
@@ -307,6 +347,10 @@ def main() -> None:
             zv, yv = synthetic_logits(max(args.val), 1, c)
             T = peg.TemperatureScaling().fit(IDENTITY, (zv, yv)).temperature_
             conformal(zv, yv, *test, T)
+    print("\nSummary: test NLL − TS's (± paired SE) and fit time × TS's (TS: peg's, this run)")
+    print("| case | map | peg: NLL − TS | peg: × TS | torch-uncertainty: NLL − TS | × TS |")
+    print("|---|---|---|---:|---|---:|")
+    print("\n".join(SUMMARY))
 
 
 if __name__ == "__main__":
