@@ -21,13 +21,13 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from peg._features import FEATURES, Features, check_features
+from peg._features import Features
 from peg._inputs import Data
 from peg.batches import BatchFn, check_batch_fn
 from peg.methods import _constraints as checks
 from peg.methods._predictors import check_predictor
 from peg.methods.base import Method, store_arguments
-from peg.methods.conformal._shift import joint_batches
+from peg.methods.conformal._shift import FEATURES_OPTION, joint_batches
 from peg.metrics._inputs import check_labels
 
 DETECTOR_SCORES = ("mahalanobis", "knn")
@@ -66,7 +66,7 @@ class OODDetector(Method):
     parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
         "score": checks.one_of(*DETECTOR_SCORES),
         "k": checks.positive_int(),
-        "features": checks.described(check_features, f"one of {list(FEATURES)}"),
+        "features": FEATURES_OPTION,
         "ridge": checks.number(allow_zero=True),
         "batch_size": checks.positive_int(),
         "batch_fn": checks.batch_fn,

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from peg._features import Features, check_target_shape
+from peg._features import FEATURES, Features, check_features, check_target_shape
 from peg._inputs import Data, iter_batches
 from peg._values import check_finite
 from peg.batches import BatchFn
@@ -44,6 +44,9 @@ NOISE = 0.6  # an AUROC below this: the classifier does not tell the domains apa
 COMPONENTS = 32  # wider features are reduced to their first principal components
 
 # the cut-offs of `DomainWeights.check`, options of both conformal predictors
+# the `features=` of the conformal predictors and `OODDetector`: what a domain classifier or a
+# detector reads
+FEATURES_OPTION = checks.described(check_features, f"one of {list(FEATURES)}")
 WEIGHT_CUTOFFS: dict[str, checks.Check] = {
     "max_auroc": checks.interval(0.5, 1, "an AUROC", closed="(]"),
     "min_ess": checks.number(allow_zero=True, optional=True),

@@ -18,7 +18,6 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from peg._features import FEATURES, check_features
 from peg._forward import warn_probabilities
 from peg._inputs import Data
 from peg.batches import BatchFn
@@ -29,6 +28,7 @@ from peg.methods.base import store_arguments
 from peg.methods.calibration._calibrator import stored
 from peg.methods.conformal._base import ConformalBase, known_rows
 from peg.methods.conformal._shift import (
+    FEATURES_OPTION,
     HEAVY,
     SEPARABLE,
     SHIFTS,
@@ -140,7 +140,7 @@ class ConformalClassifier(ConformalBase):
         "randomized": checks.boolean(),
         "seed": checks.positive_int(minimum=0),
         "shift": checks.one_of(*SHIFTS),
-        "features": checks.described(check_features, f"one of {list(FEATURES)}"),
+        "features": FEATURES_OPTION,
         "n_folds": checks.positive_int(minimum=2),
         **WEIGHT_CUTOFFS,
         **ConformalBase.parameter_constraints,

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from peg._features import FEATURES, Features, check_features
+from peg._features import Features
 from peg._inputs import Data
 from peg.batches import BatchFn
 from peg.errors import ArchiveError
@@ -27,6 +27,7 @@ from peg.methods._predictors import check_predictor
 from peg.methods.base import store_arguments
 from peg.methods.conformal._base import ConformalBase, known_rows
 from peg.methods.conformal._shift import (
+    FEATURES_OPTION,
     HEAVY,
     SEPARABLE,
     WEIGHT_CUTOFFS,
@@ -120,7 +121,7 @@ class ConformalRegressor(ConformalBase):
         "alpha": ALPHA,
         "score": checks.one_of(*REG_SCORES),
         "shift": checks.described(_regression_shift, "None or 'covariate'"),
-        "features": checks.described(check_features, f"one of {list(FEATURES)}"),
+        "features": FEATURES_OPTION,
         "n_folds": checks.positive_int(minimum=2),
         **WEIGHT_CUTOFFS,
         **ConformalBase.parameter_constraints,
