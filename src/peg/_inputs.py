@@ -113,6 +113,27 @@ def as_xy(
     return X, y
 
 
+def pair_or_tapped(
+    data: Data,
+    name: str,
+    batch_fn: BatchFn | None = None,
+    device: torch.device | None = None,
+) -> tuple[Tensor | Tapped, Tensor | None]:
+    """Labelled `data` as its consumers read it in one pass: a pair `(X, y)` of tensors or
+    arrays as `as_xy` gives it (checked, labels `[N]`); anything else (a loader, a Dataset, a
+    mapping) as a `Tapped` stream of it with `batch_fn` (labels None: the stream records each
+    batch's as the predictor reads it, the inputs never gathered). Another tuple or list is a
+    TypeError naming `name`. `device`: the model's, for the messages (`as_xy`)."""
+    if is_pair(data):
+        return as_xy(data, name, device=device)
+    if isinstance(data, (tuple, list)):
+        raise TypeError(
+            f"{name}: expected a pair (X, y) of tensors or arrays, a mapping, a Dataset or a "
+            f"DataLoader, got a {type(data).__name__} of {len(data)}"
+        )
+    return Tapped(data, batch_fn, name), None
+
+
 def iter_batches(
     data: Data,
     batch_size: int,

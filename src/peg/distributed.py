@@ -39,7 +39,7 @@ from torch.utils.data import (
     default_collate,
 )
 
-from peg._inputs import Data, as_xy, is_pair, iter_inputs
+from peg._inputs import Data, iter_inputs, pair_or_tapped
 from peg._values import checked_labels
 from peg.batches import BatchFn, Tapped, check_batch_fn, split_batch
 from peg.ensemble import Ensemble
@@ -287,10 +287,9 @@ def labelled_member_logits(
     torchrun."""
     if world()[1] == 1:
         return logits_and_labels(predictor, data, batch_size, batch_fn, name)
-    if is_pair(data):
-        X, y = as_xy(data, name)
+    X, y = pair_or_tapped(data, name, batch_fn)  # every rank reads the labels of every batch
+    if not isinstance(X, Tapped):
         assert y is not None
         return member_logits(predictor, X, batch_size, batch_fn), y
-    tapped = Tapped(data, batch_fn, name)  # every rank reads the labels of every batch
-    logits = member_logits(predictor, tapped, batch_size)
-    return logits, checked_labels(tapped.labels(), name, logits.shape[1])
+    logits = member_logits(predictor, X, batch_size)
+    return logits, checked_labels(X.labels(), name, logits.shape[1])
