@@ -207,11 +207,7 @@ def iter_inputs(
     if isinstance(X, Tapped):
         batches = iter_batches(X.data, batch_size, X.batch_fn, X.name, True, device)
         for j, (inputs, y) in enumerate(batches):
-            rows = batch_rows(inputs, X.name)
-            if y is None or y.ndim == 0 or len(y) != rows:
-                got = "no labels" if y is None else f"labels of shape {tuple(y.shape)}"
-                raise ValueError(f"{X.name}: batch {j} has {rows} inputs but {got}")
-            X.labels_seen.append(y)
+            X.record(y, batch_rows(inputs, X.name), j)
             yield inputs
         return
     for inputs, _ in iter_batches(X, batch_size, batch_fn, "X", device=device):

@@ -103,7 +103,7 @@ def evaluate(
     for logits in batches:
         members, rows = logits.shape[0], logits.shape[1]
         if tapped is not None:  # the labels of the batches read for these logits
-            labels, tapped.labels_seen = tapped.labels(), []
+            labels = tapped.take_labels()
             labels = checked_labels(labels, "X", rows, device)
         else:
             assert y is not None

@@ -176,7 +176,7 @@ def labelled_batches(
     for logits in batches:
         rows = logits.shape[1]
         if tapped is not None:
-            labels, tapped.labels_seen = tapped.labels(), []
+            labels = tapped.take_labels()
             labels = checked_labels(labels, name, rows, device)
         else:
             assert y is not None
