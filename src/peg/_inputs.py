@@ -7,13 +7,19 @@ Value checks are in `peg._values`, scalar arguments in `peg._scalars`, devices i
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Any, TypeGuard
+from collections.abc import Callable, Iterator, Mapping, Sized
+from typing import Any, TypeGuard, cast
 
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    SequentialSampler,
+    default_collate,
+)
 
 from peg._devices import check_data_device, move
 from peg._values import check_finite, checked_labels
@@ -39,6 +45,67 @@ def is_pair(data: Any) -> TypeGuard[tuple[Any, Any] | list[Any]]:
         and len(data) == 2
         and isinstance(data[0], (Tensor, np.ndarray))
     )
+
+
+def is_loader(data: Any) -> TypeGuard[DataLoader]:
+    """Whether `data` is a torch `DataLoader` (peg's modules ask here, not `torch.utils.data`)."""
+    return isinstance(data, DataLoader)
+
+
+def is_dataset(data: Any) -> TypeGuard[Dataset]:
+    """Whether `data` is a torch `Dataset`, map-style or iterable (a DataLoader is not one)."""
+    return isinstance(data, Dataset)
+
+
+def is_dataset_or_loader(data: Any) -> bool:
+    """Whether `data` is a torch `Dataset` or a `DataLoader`: data read batch by batch."""
+    return isinstance(data, (Dataset, DataLoader))
+
+
+def as_loader(data: Any, batch_size: int) -> DataLoader:
+    """A DataLoader as it is; anything else (a Dataset) batched by `batch_size` in order."""
+    return data if isinstance(data, DataLoader) else DataLoader(data, batch_size=batch_size)
+
+
+def known_rows(data: Data) -> int | None:
+    """How many points `data` holds when that is known without reading it (a pair of tensors,
+    a map-style Dataset with a length, a loader over one), else None."""
+    if isinstance(data, (tuple, list)) and len(data) == 2 and hasattr(data[1], "__len__"):
+        return len(data[1])
+    if isinstance(data, DataLoader):
+        data = data.dataset
+    if isinstance(data, Dataset) and not isinstance(data, IterableDataset):
+        try:
+            return len(cast(Sized, data))
+        except TypeError:
+            return None
+    return None
+
+
+def index_batches(data: Data, batch_size: int) -> tuple[int, Callable[[int], Any]] | None:
+    """`data`'s batches read by index, where they are known in advance: a map-style Dataset
+    cut into `batch_size` items, or a DataLoader with a batch size reading its map-style
+    dataset in index order (its batch size, `collate_fn` and `drop_last`). `(count, batch)`:
+    the number of batches and `batch(j)`, batch j's items read by index and collated as the
+    loader would. None otherwise (tensors, a shuffling or custom sampler, an IterableDataset):
+    those are read in order."""
+    loader = data if isinstance(data, DataLoader) else None
+    dataset = loader.dataset if loader is not None else data
+    if not isinstance(dataset, Dataset) or isinstance(dataset, IterableDataset):
+        return None
+    if loader is not None and (
+        loader.batch_size is None or not isinstance(loader.sampler, SequentialSampler)
+    ):
+        return None
+    rows = loader.batch_size if loader is not None and loader.batch_size else batch_size
+    collate = loader.collate_fn if loader is not None else default_collate
+    n = len(cast(Sized, dataset))
+    count = n // rows if loader is not None and loader.drop_last else -(-n // rows)
+
+    def batch(j: int) -> Any:
+        return collate([dataset[i] for i in range(j * rows, min(n, (j + 1) * rows))])
+
+    return count, batch
 
 
 def _tensor(a: Any, name: str) -> Tensor:
@@ -85,7 +152,7 @@ def as_xy(
     elif isinstance(data, (Tensor, np.ndarray)):
         X, y = _tensor(data, name), None
     elif isinstance(data, (DataLoader, Dataset)):
-        loader = data if isinstance(data, DataLoader) else DataLoader(data, batch_size=512)
+        loader = as_loader(data, 512)
         xs, ys = [], []
         for j, batch in enumerate(loader):
             x, yb = _split_batch(batch, name, batch_fn, j)
@@ -111,6 +178,27 @@ def as_xy(
     if need_labels and y is None:
         raise ValueError(f"{name}: labels are needed: pass (X, y) or a loader yielding (x, y)")
     return X, y
+
+
+def pair_or_tapped(
+    data: Data,
+    name: str,
+    batch_fn: BatchFn | None = None,
+    device: torch.device | None = None,
+) -> tuple[Tensor | Tapped, Tensor | None]:
+    """Labelled `data` as its consumers read it in one pass: a pair `(X, y)` of tensors or
+    arrays as `as_xy` gives it (checked, labels `[N]`); anything else (a loader, a Dataset, a
+    mapping) as a `Tapped` stream of it with `batch_fn` (labels None: the stream records each
+    batch's as the predictor reads it, the inputs never gathered). Another tuple or list is a
+    TypeError naming `name`. `device`: the model's, for the messages (`as_xy`)."""
+    if is_pair(data):
+        return as_xy(data, name, device=device)
+    if isinstance(data, (tuple, list)):
+        raise TypeError(
+            f"{name}: expected a pair (X, y) of tensors or arrays, a mapping, a Dataset or a "
+            f"DataLoader, got a {type(data).__name__} of {len(data)}"
+        )
+    return Tapped(data, batch_fn, name), None
 
 
 def iter_batches(
@@ -186,11 +274,7 @@ def iter_inputs(
     if isinstance(X, Tapped):
         batches = iter_batches(X.data, batch_size, X.batch_fn, X.name, True, device)
         for j, (inputs, y) in enumerate(batches):
-            rows = batch_rows(inputs, X.name)
-            if y is None or y.ndim == 0 or len(y) != rows:
-                got = "no labels" if y is None else f"labels of shape {tuple(y.shape)}"
-                raise ValueError(f"{X.name}: batch {j} has {rows} inputs but {got}")
-            X.labels_seen.append(y)
+            X.record(y, batch_rows(inputs, X.name), j)
             yield inputs
         return
     for inputs, _ in iter_batches(X, batch_size, batch_fn, "X", device=device):

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 from torch.utils.data._utils.collate import default_collate
 
 from peg import streams
@@ -141,6 +141,19 @@ class ValSource:
             return self.rows(idx)
         parts = [self.rows(idx[a : a + chunk]) for a in range(0, len(idx), chunk)]
         return cat_rows([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+    def view(self, idx: Tensor) -> Any:
+        """The labelled data at indices `idx`, as methods take data (a fold of `AutoSelect`'s
+        cross-fitting): a pair of tensors for a pair (indexed), a `Subset` of a Dataset, a
+        DataLoader over the `Subset` with the loader's batch size and `collate_fn` (nothing is
+        read until the view is)."""
+        if self.X is not None and self.y is not None:
+            return self.X[idx], self.y[idx]
+        subset = Subset(self.dataset, idx.tolist())
+        if self.loader is None:
+            return subset
+        loader = self.loader
+        return DataLoader(subset, batch_size=loader.batch_size, collate_fn=loader.collate_fn)
 
     # ---------------------------------------------------------------- in order
     def batches(self, batch_size: int = ORDER_BATCH) -> Iterator[tuple[int, Any, Tensor]]:

@@ -64,13 +64,32 @@ class Tapped:
 
     def __init__(self, data: Any, batch_fn: BatchFn | None = None, name: str = "X") -> None:
         self.data, self.batch_fn, self.name = data, batch_fn, name
-        self.labels_seen: list[Tensor] = []
+        self._seen: list[Tensor] = []  # labels of the batches read since the last `take_labels`
+
+    def record(self, y: Tensor | None, rows: int, index: int) -> None:
+        """Keep the labels `y` `[B]` of batch `index`, which has `rows` inputs; a ValueError
+        naming the batch where they are missing or of another length."""
+        if y is None or y.ndim == 0 or len(y) != rows:
+            got = "no labels" if y is None else f"labels of shape {tuple(y.shape)}"
+            raise ValueError(f"{self.name}: batch {index} has {rows} inputs but {got}")
+        self._seen.append(y)
 
     def labels(self) -> Tensor:
         """The labels of every batch seen, in order, `[N]`."""
-        if not self.labels_seen:
+        if not self._seen:
             raise ValueError(f"{self.name}: the data is empty (0 samples)")
-        return torch.cat(self.labels_seen)
+        return torch.cat(self._seen)
+
+    def take_labels(self) -> Tensor:
+        """`labels()`, then forgotten: the labels of the batches read since the last call (one
+        batch's where the logits are consumed batch by batch)."""
+        labels, self._seen = self.labels(), []
+        return labels
+
+    def untapped(self) -> tuple[Any, BatchFn | None]:
+        """The data and its `batch_fn`, to read again without recording labels (a later pass,
+        e.g. a lazy PEG/PEP's next chunk of members)."""
+        return self.data, self.batch_fn
 
 
 def check_batch_fn(batch_fn: Any, name: str = "batch_fn") -> BatchFn | None:

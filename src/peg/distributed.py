@@ -24,22 +24,15 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-from collections.abc import Callable, Iterator, Sized
+from collections.abc import Callable, Iterator
 from datetime import timedelta
-from typing import Any, NoReturn, TypeVar, cast
+from typing import Any, NoReturn, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.utils.data import (
-    DataLoader,
-    Dataset,
-    IterableDataset,
-    SequentialSampler,
-    default_collate,
-)
 
-from peg._inputs import Data, as_xy, is_pair, iter_inputs
+from peg._inputs import Data, index_batches, iter_inputs, pair_or_tapped
 from peg._values import checked_labels
 from peg.batches import BatchFn, Tapped, check_batch_fn, split_batch
 from peg.ensemble import Ensemble
@@ -179,24 +172,15 @@ def _own_batches(
     (a shuffling or custom sampler, an IterableDataset) every rank reads the stream in order
     and keeps its batches. Tensors are sliced, which reads nothing.
     """
-    loader = X if isinstance(X, DataLoader) else None
-    dataset = loader.dataset if loader is not None else X
-    by_index = isinstance(dataset, Dataset) and not isinstance(dataset, IterableDataset)
-    if loader is not None:
-        by_index = by_index and loader.batch_size is not None
-        by_index = by_index and isinstance(loader.sampler, SequentialSampler)
-    if not by_index:
+    by_index = index_batches(X, batch_size)
+    if by_index is None:
         for j, x in enumerate(iter_inputs(X, batch_size, batch_fn)):
             if j % size == rank:
                 yield x
         return
-    rows = loader.batch_size if loader is not None else batch_size
-    collate = loader.collate_fn if loader is not None else default_collate
-    n = len(cast(Sized, dataset))
-    count = n // rows if loader is not None and loader.drop_last else -(-n // rows)
+    count, batch = by_index
     for j in range(rank, count, size):
-        items = [dataset[i] for i in range(j * rows, min(n, (j + 1) * rows))]
-        inputs, _ = split_batch(collate(items), batch_fn, name="X", index=j)
+        inputs, _ = split_batch(batch(j), batch_fn, name="X", index=j)
         yield inputs
 
 
@@ -287,10 +271,9 @@ def labelled_member_logits(
     torchrun."""
     if world()[1] == 1:
         return logits_and_labels(predictor, data, batch_size, batch_fn, name)
-    if is_pair(data):
-        X, y = as_xy(data, name)
+    X, y = pair_or_tapped(data, name, batch_fn)  # every rank reads the labels of every batch
+    if not isinstance(X, Tapped):
         assert y is not None
         return member_logits(predictor, X, batch_size, batch_fn), y
-    tapped = Tapped(data, batch_fn, name)  # every rank reads the labels of every batch
-    logits = member_logits(predictor, tapped, batch_size)
-    return logits, checked_labels(tapped.labels(), name, logits.shape[1])
+    logits = member_logits(predictor, X, batch_size)
+    return logits, checked_labels(X.labels(), name, logits.shape[1])

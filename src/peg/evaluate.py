@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from peg._devices import check_data_device
-from peg._inputs import Data, as_xy, is_pair
+from peg._inputs import Data, pair_or_tapped
 from peg._values import check_finite, checked_labels
 from peg.batches import BatchFn, Tapped, batch_rows, check_batch_fn
 from peg.errors import NotStreamable
@@ -84,16 +84,10 @@ def evaluate(
     device = predictor_device(predictor)
     batch_fn = check_batch_fn(batch_fn)
     tapped: Tapped | None = None
-    if y is None and is_pair(X):
-        X, y = as_xy(X, "X", device=device)
-    elif y is None:
-        if isinstance(X, (tuple, list)):
-            raise TypeError(
-                f"X: expected a pair (X, y) of tensors or arrays, a mapping, a Dataset or a "
-                f"DataLoader, got a {type(X).__name__} of {len(X)}"
-            )
-        X = tapped = Tapped(X, batch_fn, "X")
-        batch_fn = None  # the stream carries its own
+    if y is None:
+        X, y = pair_or_tapped(X, "X", batch_fn, device)
+        if isinstance(X, Tapped):
+            tapped, batch_fn = X, None  # the stream carries its own
     elif isinstance(X, (Tensor, np.ndarray)):
         X = torch.as_tensor(X)
         check_data_device(X, "X", device)
@@ -109,7 +103,7 @@ def evaluate(
     for logits in batches:
         members, rows = logits.shape[0], logits.shape[1]
         if tapped is not None:  # the labels of the batches read for these logits
-            labels, tapped.labels_seen = tapped.labels(), []
+            labels = tapped.take_labels()
             labels = checked_labels(labels, "X", rows, device)
         else:
             assert y is not None

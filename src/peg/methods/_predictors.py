@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from peg._devices import model_device, move, weights_device
 from peg._forward import warn_probabilities
-from peg._inputs import Data, as_xy, is_pair, iter_inputs
+from peg._inputs import Data, iter_inputs, pair_or_tapped
 from peg._values import checked_labels, warn_one_class
 from peg.batches import BatchFn, Tapped, call_model
 from peg.ensemble import Ensemble
@@ -130,22 +130,12 @@ def logits_and_labels(
     of any shape, `peg.batches`) is handed to the predictor as a `Tapped` stream, which records
     each batch's labels as the predictor reads it: the inputs are never gathered, and the
     logits are those `predictor.member_logits(data)` gives (same batches, same bits)."""
-    if is_pair(data):
-        X, y = as_xy(data, name, device=predictor_device(predictor))
-        assert y is not None
-        logits = member_logits_of(predictor, X, batch_size)
-        y = move(y, logits.device, f"{name} labels")  # labels follow the scores
-        _warn(logits, y, name)
-        return logits, y
-    if isinstance(data, (tuple, list)):
-        raise TypeError(
-            f"{name}: expected a pair (X, y) of tensors or arrays, a mapping, a Dataset or a "
-            f"DataLoader, got a {type(data).__name__} of {len(data)}"
-        )
-    tapped = Tapped(data, batch_fn, name)
-    logits = member_logits_of(predictor, tapped, batch_size)
-    y = checked_labels(tapped.labels(), name, logits.shape[1], predictor_device(predictor))
-    y = move(y, logits.device, f"{name} labels")
+    X, y = pair_or_tapped(data, name, batch_fn, predictor_device(predictor))
+    logits = member_logits_of(predictor, X, batch_size)
+    if isinstance(X, Tapped):
+        y = checked_labels(X.labels(), name, logits.shape[1], predictor_device(predictor))
+    assert y is not None
+    y = move(y, logits.device, f"{name} labels")  # labels follow the scores
     _warn(logits, y, name)
     return logits, y
 

@@ -19,10 +19,9 @@ import itertools
 from typing import Any
 
 from torch import Tensor, nn
-from torch.utils.data import DataLoader
 from torch.utils.flop_counter import FlopCounterMode
 
-from peg._inputs import Data, is_pair
+from peg._inputs import Data, as_loader, is_pair
 from peg.batches import BatchFn, split_batch, take_rows
 from peg.ensemble import Ensemble
 from peg.methods._predictors import member_logits_of
@@ -39,7 +38,7 @@ def probe_rows(data: Data, batch_fn: BatchFn | None = None) -> Any:
         return data[0][:PROBE_ROWS]
     if isinstance(data, Tensor):
         return data[:PROBE_ROWS]
-    loader = data if isinstance(data, DataLoader) else DataLoader(data, batch_size=PROBE_ROWS)
+    loader = as_loader(data, PROBE_ROWS)
     x, _ = split_batch(next(iter(loader)), batch_fn)
     return take_rows(x, 0, PROBE_ROWS)
 

@@ -18,10 +18,9 @@ from typing import Any
 
 import numpy as np
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset
 
 from peg import distributed, metrics
-from peg._inputs import Data, as_xy, is_pair
+from peg._inputs import Data, as_xy, is_dataset_or_loader, is_pair
 from peg._scalars import check_positive_int, check_seed
 from peg.apps import registry
 from peg.apps.bench.spec import MethodSpec
@@ -322,7 +321,7 @@ def _labelled(data: Data, name: str) -> Data:
     as it is (its first batch is read by `faults.check_data`)."""
     if is_pair(data):
         return as_xy(data, name)
-    if isinstance(data, (Dataset, DataLoader)):
+    if is_dataset_or_loader(data):
         return data
     raise TypeError(
         f"{name}: expected labelled data: a pair (X, y) of tensors or arrays, a Dataset or "
@@ -341,7 +340,7 @@ def _inputs(data: Data, name: str) -> Data:
         return as_xy(data, name)[0]
     if isinstance(data, (Tensor, np.ndarray)):
         return as_xy(data, name, need_labels=False)[0]
-    if isinstance(data, (Dataset, DataLoader)):
+    if is_dataset_or_loader(data):
         return data
     raise TypeError(
         f"{name}: expected inputs: a tensor or array, a pair (X, y), a Dataset or a "

@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset
 
 from peg import data as datasets
+from peg._inputs import is_dataset_or_loader
 from peg._io import numpy_reason
 from peg.batches import from_numpy
 
@@ -102,7 +102,7 @@ def data(spec: str, what: str, labelled: bool = True) -> Any:
         return _pair(held, f"{what}: {path}", labelled)
     if ":" in spec:
         got = call(spec, what)
-        if not isinstance(got, (Dataset, DataLoader, Tensor, tuple, list)):
+        if not (is_dataset_or_loader(got) or isinstance(got, (Tensor, tuple, list))):
             raise ValueError(
                 f"{what}: {spec} returned a {type(got).__name__}; expected a Dataset, a "
                 "DataLoader or a pair (X, y)"

@@ -38,8 +38,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset
 
+from peg._inputs import as_loader, is_dataset, is_loader
 from peg._io import load_tree, save_tree
 from peg._schema import Fields, in_range
 from peg.apps.results import RESULTS, claim, writable
@@ -66,9 +66,9 @@ def fingerprint(data: Any, batch_size: int = 512) -> str:
     h = hashlib.sha256()
     if isinstance(data, nn.Module):
         data = data.state_dict()
-    elif isinstance(data, Dataset) and not isinstance(data, DataLoader):
-        data = DataLoader(data, batch_size=batch_size)
-    if isinstance(data, DataLoader):
+    elif is_dataset(data):
+        data = as_loader(data, batch_size)
+    if is_loader(data):
         h.update(b"loader")
         for batch in data:
             _add(h, batch)

@@ -10,8 +10,9 @@ fitted on its base's predictor of the same fold, and a calibrator chained on a f
 (no forward pass of its own), on the training part computed once, for a one-parameter map
 (temperature) on a seeded subsample of at most `ONE_PARAMETER_POINTS` points (one scalar needs
 no more; the refit of a chosen one uses all of `val`). The other candidates (PEG, PEP, Laplace, MC
-dropout) are fitted through the method registry on a view of the fold (`folds.view`: indices
-over the validation data, nothing gathered) and predict the held-out view.
+dropout) are fitted through the method registry on a view of the fold
+(`peg._rows.ValSource.view`: indices over the validation data, nothing gathered) and predict
+the held-out view.
 
 From the same held-out outputs (no forward pass of its own), a candidate with more members than
 its base is measured against it (`peg.apps.compare.collapse.vs_base`: against the cached logits
@@ -38,7 +39,7 @@ from peg.apps.compare.collapse import indistinguishable, vs_base
 from peg.apps.compare.costs import flops
 from peg.apps.compare.faults import failure
 from peg.apps.compare.methods import MODEL, options
-from peg.apps.select.folds import point_scores, view
+from peg.apps.select.folds import point_scores
 from peg.apps.select.race import Plan, cheap_first
 from peg.methods._predictors import logits_and_labels
 from peg.methods.calibration.temperature import TemperatureScaling
@@ -133,7 +134,7 @@ class CrossFit:
             base = self.model
             if spec.base != MODEL:
                 base = as_base(fitted[spec.base], spec.method, spec.base)
-            val = view(self.source, idx)
+            val = self.source.view(idx)
             made = options(spec, self.batch_size, self.batch_fn)
         site = registry.Site(
             seed=self.seed,
@@ -171,7 +172,7 @@ class CrossFit:
         if bounded and one_parameter and len(idx) > ONE_PARAMETER_POINTS:
             g = torch.Generator().manual_seed(self.seed)
             idx = idx[torch.randperm(len(idx), generator=g)[:ONE_PARAMETER_POINTS]].sort().values
-        logits = logits_and_labels(base, view(self.source, idx), self.batch_size,
+        logits = logits_and_labels(base, self.source.view(idx), self.batch_size,
                                    self.batch_fn, "val")[0]  # fmt: skip
         return logits.transpose(0, 1), self.y[idx]
 
@@ -181,7 +182,7 @@ class CrossFit:
             return self.logits[:, idx]
         if self._on_logits(spec):
             return predictor.scale(self.logits[:, idx])
-        data = view(self.source, idx)
+        data = self.source.view(idx)
         return logits_and_labels(predictor, data, self.batch_size, self.batch_fn, "val")[0]
 
     def score(self, spec: MethodSpec, predictor: Any, idx: Tensor) -> Tensor:

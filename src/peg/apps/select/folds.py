@@ -1,21 +1,18 @@
 """The pieces of `AutoSelect`'s cross-fitting that know nothing of methods: stratified, seeded
-folds as index sets (`stratified_folds`), a view of labelled data at some indices that reads
-nothing until it is used (`view`), per-point scores (`point_scores`) and the paired statistics
-of the selection (`mean_se`).
+folds as index sets (`stratified_folds`), per-point scores (`point_scores`) and the paired
+statistics of the selection (`mean_se`). A fold's view of the labelled data, which reads nothing
+until it is used, is `peg._rows.ValSource.view`.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from typing import Any
 
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Subset
 
 from peg._devices import move
-from peg._rows import ValSource
 from peg.metrics._inputs import ensemble_log_probs
 
 CRITERIA = ("nll", "brier")
@@ -53,19 +50,6 @@ def stratified_folds(y: Tensor, k: int, seed: int) -> list[Tensor]:
             folds[(start + j) % k].append(members[j::k])
         start = (start + len(members)) % k
     return [torch.sort(torch.cat(parts)).values for parts in folds]
-
-
-def view(source: ValSource, idx: Tensor) -> Any:
-    """The labelled data of `source` at indices `idx`, as methods take data: a pair of tensors
-    for a pair (indexed), a `Subset` of a Dataset, a DataLoader over the `Subset` with the
-    loader's batch size and `collate_fn` (nothing is read until the view is)."""
-    if source.X is not None and source.y is not None:
-        return source.X[idx], source.y[idx]
-    subset = Subset(source.dataset, idx.tolist())
-    if source.loader is None:
-        return subset
-    loader = source.loader
-    return DataLoader(subset, batch_size=loader.batch_size, collate_fn=loader.collate_fn)
 
 
 def point_scores(logits: Tensor, y: Tensor, criterion: str) -> Tensor:

@@ -11,11 +11,10 @@ under `"inner"` and its arrays under `inner/`, and `peg.load` rebuilds both.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sized
-from typing import Any, cast
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from peg._inputs import Data
 from peg.batches import BatchFn
@@ -26,21 +25,6 @@ from peg.methods._predictors import iter_member_logits_of, member_logits_of
 from peg.methods.calibration._calibrator import Calibrator
 
 INNER = "inner/"  # the prefix of a wrapped calibrator's arrays in the archive
-
-
-def known_rows(data: Data) -> int | None:
-    """How many points `data` holds when that is known without reading it (a pair of tensors,
-    a map-style Dataset, a loader over one), else None."""
-    if isinstance(data, (tuple, list)) and len(data) == 2 and hasattr(data[1], "__len__"):
-        return len(data[1])
-    if isinstance(data, DataLoader):
-        data = data.dataset
-    if isinstance(data, Dataset) and not isinstance(data, IterableDataset):
-        try:
-            return len(cast(Sized, data))
-        except TypeError:
-            return None
-    return None
 
 
 class WrapsCalibrator:

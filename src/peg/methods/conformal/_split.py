@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from peg._inputs import Data, as_xy, is_pair
+from peg._inputs import Data, pair_or_tapped
 from peg._values import checked_labels
 from peg.batches import BatchFn, Tapped
 from peg.errors import NotStreamable
@@ -168,17 +168,9 @@ def labelled_batches(
     """`(member logits [M, B, C], labels [B])` per batch of labelled `data`, in one pass (a
     predictor that cannot stream, a lazy PEG/PEP or a foreign object, gives one batch)."""
     device = predictor_device(predictor)
-    tapped: Tapped | None = None
-    y: Tensor | None = None
-    if is_pair(data):
-        X, y = as_xy(data, name, device=device)
-    elif isinstance(data, (tuple, list)):
-        raise TypeError(
-            f"{name}: expected a pair (X, y) of tensors or arrays, a mapping, a Dataset or a "
-            f"DataLoader, got a {type(data).__name__} of {len(data)}"
-        )
-    else:
-        X = tapped = Tapped(data, batch_fn, name)
+    X, y = pair_or_tapped(data, name, batch_fn, device)
+    tapped = X if isinstance(X, Tapped) else None
+    if tapped is not None:
         batch_fn = None  # the stream carries its own
     try:
         batches = iter_member_logits_of(predictor, X, batch_size, batch_fn)
@@ -188,7 +180,7 @@ def labelled_batches(
     for logits in batches:
         rows = logits.shape[1]
         if tapped is not None:
-            labels, tapped.labels_seen = tapped.labels(), []
+            labels = tapped.take_labels()
             labels = checked_labels(labels, name, rows, device)
         else:
             assert y is not None

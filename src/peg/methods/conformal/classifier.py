@@ -19,14 +19,14 @@ import torch
 from torch import Tensor
 
 from peg._forward import warn_probabilities
-from peg._inputs import Data
+from peg._inputs import Data, known_rows
 from peg.batches import BatchFn
 from peg.errors import ArchiveError
 from peg.methods import _constraints as checks
 from peg.methods._predictors import check_predictor
 from peg.methods.base import store_arguments
 from peg.methods.calibration._calibrator import stored
-from peg.methods.conformal._base import ConformalBase, known_rows
+from peg.methods.conformal._base import ConformalBase
 from peg.methods.conformal._shift import (
     FEATURES_OPTION,
     HEAVY,

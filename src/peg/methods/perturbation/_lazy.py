@@ -355,10 +355,10 @@ class RegeneratedMembers:
             raise ValueError(f"strategy: expected one of {STRATEGIES}, got {strategy!r}")
         batch_size = check_positive_int(batch_size, "batch_size")
         k = LAZY_CHUNK_SIZE if chunk_size is None else check_positive_int(chunk_size, "chunk_size")
-        if isinstance(X, Tapped):  # records labels: only on the first pass
-            later: tuple[Data, BatchFn | None] = (X.data, X.batch_fn)
-        else:
-            later = (X, batch_fn)
+        # a Tapped stream records labels: only on the first pass
+        later: tuple[Data, BatchFn | None] = (
+            X.untapped() if isinstance(X, Tapped) else (X, batch_fn)
+        )
         M = len(self)
         out: Tensor | None = None
         start = 0
