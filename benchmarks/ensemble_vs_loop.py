@@ -10,12 +10,14 @@ on 32×32), an MLP 64-256-256-10 and ResNet-20 (32×32), S = 8 and 15, batch 1, 
 With `--torch-uncertainty DIR` (`pip install --no-deps --target DIR torch-uncertainty`; its
 `methods/deep_ensembles.py` is loaded from its file, without the package's heavy imports) also
 torch-uncertainty's `deep_ensembles` wrapper over the same copies, under `no_grad`, and the
-column tu/peg (issue 38: >= 1.0 for the CNN and the MLP at batch 8 and 512).
+column tu/peg (issue 38: >= 1.0 for the CNN and the MLP at batch 8 and 512). With `--before DIR`
+(DIR holds another library's `peg/`, e.g. `git archive <commit> src | tar -x -C /tmp/b`, DIR
+/tmp/b/src) that library's `Ensemble` too, in the same rounds: columns before and tu/before.
 
     python benchmarks/ensemble_vs_loop.py [--threads 2] [--repeats 5] [--budget 1.5] [--quick]
                                           [--models CNN MLP ResNet-20] [--batches 8 512]
                                           [--members 8 15]
-                                          [--torch-uncertainty DIR]
+                                          [--torch-uncertainty DIR] [--before DIR]
 """
 
 from __future__ import annotations
@@ -79,6 +81,28 @@ def deep_ensembles(path: str | None) -> Callable[[list[nn.Module]], nn.Module] |
     return module.deep_ensembles
 
 
+def ensemble_class(path: str | None) -> type | None:
+    """`Ensemble` of the library under `path` (None: not asked for), imported while `peg` names
+    that library; this process's own `peg` modules are put back after (the old classes keep
+    their own modules' globals)."""
+    if path is None:
+        return None
+    ours = {k: m for k, m in sys.modules.items() if k == "peg" or k.startswith("peg.")}
+    for k in ours:
+        del sys.modules[k]
+    sys.path.insert(0, path)
+    try:
+        cls = importlib.import_module("peg.ensemble").Ensemble
+        if not Path(sys.modules["peg"].__file__ or "").is_relative_to(Path(path).resolve()):
+            raise SystemExit(f"--before: no peg package under {path}")
+    finally:
+        sys.path.remove(path)
+        for k in [k for k in sys.modules if k == "peg" or k.startswith("peg.")]:
+            del sys.modules[k]
+        sys.modules.update(ours)
+    return cls
+
+
 def _row(name: str, model: nn.Module, S: int, x: torch.Tensor, args: argparse.Namespace) -> str:
     """Time the loop, its inference-mode twin, peg and one forward on `x`; one table row."""
     states = _members(model, S)
@@ -112,6 +136,13 @@ def _row(name: str, model: nn.Module, S: int, x: torch.Tensor, args: argparse.Na
                 return wrapped(x)
 
         runs["tu"] = tu
+    if args.before is not None:
+        old = args.before.from_state_dicts(model, states)
+
+        def before() -> object:
+            return old.member_logits(x, len(x))
+
+        runs["before"] = before
     if len(x) >= BATCHES[-1]:
         runs["one"] = one
     repeats = 3 if len(x) >= 512 and name == "ResNet-20" else args.repeats  # seconds per call
@@ -121,6 +152,10 @@ def _row(name: str, model: nn.Module, S: int, x: torch.Tensor, args: argparse.Na
     chosen = ens._choose(x, None)  # what "auto" ran
     bound = f"{_ratio(samples['peg'], samples['one'], S):9.2f}" if "one" in t else f"{'':9}"
     tu = f" {t['tu'] * 1e3:9.2f} {_ratio(samples['tu'], samples['peg']):7.3f}" if "tu" in t else ""
+    if "before" in t:
+        tu += f" {t['before'] * 1e3:9.2f}" + (
+            f" {_ratio(samples['tu'], samples['before']):9.3f}" if "tu" in t else ""
+        )
     return (
         f"{name:9} {S:3d} {len(x):5d} {t['no_grad'] * 1e3:9.2f} {t['inference'] * 1e3:9.2f} "
         f"{t['peg'] * 1e3:9.2f} {chosen:>7} {_ratio(base, samples['peg']):10.3f} {bound}{tu}"
@@ -137,8 +172,10 @@ def main() -> None:
     parser.add_argument("--batches", nargs="+", type=int, default=list(BATCHES))
     parser.add_argument("--members", nargs="+", type=int, default=[8, 15], help="S values")
     parser.add_argument("--torch-uncertainty", default=None, metavar="DIR")
+    parser.add_argument("--before", default=None, metavar="DIR", help="another library's peg")
     args = parser.parse_args()
     args.wrapper = deep_ensembles(args.torch_uncertainty)
+    args.before = ensemble_class(args.before)
     torch.set_num_threads(args.threads)
     print(f"$ python {shlex.join(['benchmarks/ensemble_vs_loop.py', *sys.argv[1:]])}")
     print(f"commit: {git_commit()}")
@@ -151,7 +188,9 @@ def main() -> None:
           "rounds' own ratios")  # fmt: skip
     print(f"{'model':9} {'S':>3} {'batch':>5} {'no_grad':>9} {'inference':>9} {'peg':>9} "
           f"{'auto':>7} {'loop/peg':>10} {'peg/(S·1)':>9}"
-          + (f" {'tu':>9} {'tu/peg':>7}" if args.wrapper else ""))  # fmt: skip
+          + (f" {'tu':>9} {'tu/peg':>7}" if args.wrapper else "")
+          + (f" {'before':>9}" if args.before else "")
+          + (f" {'tu/before':>9}" if args.before and args.wrapper else ""))  # fmt: skip
     for name in args.models:
         make, shape = MODELS[name]
         for S in (8,) if args.quick else args.members:
