@@ -13,11 +13,14 @@ torch-uncertainty's `deep_ensembles` wrapper over the same copies, under `no_gra
 column tu/peg (issue 38: >= 1.0 for the CNN and the MLP at batch 8 and 512). With `--before DIR`
 (DIR holds another library's `peg/`, e.g. `git archive <commit> src | tar -x -C /tmp/b`, DIR
 /tmp/b/src) that library's `Ensemble` too, in the same rounds: columns before and tu/before.
+`--clock cpu` (with `--threads 1`) times the main thread's CPU seconds: on a machine other jobs
+load, the time a run spends preempted is not counted.
 
     python benchmarks/ensemble_vs_loop.py [--threads 2] [--repeats 5] [--budget 1.5] [--quick]
                                           [--models CNN MLP ResNet-20] [--batches 8 512]
                                           [--members 8 15]
                                           [--torch-uncertainty DIR] [--before DIR]
+                                          [--clock {wall,cpu}]
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import importlib.util
 import shlex
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,9 +52,24 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
 }
 
 
-def _time(runs: dict[str, Callable[[], object]], repeats: int, budget: float) -> dict:
-    """Seconds of each `run()` per round (`_timing.round_robin`)."""
-    return round_robin(runs, repeats, budget)
+def _time(runs: dict[str, Callable[[], object]], repeats: int, budget: float, clock: str) -> dict:
+    """Seconds of each `run()` per round (`_timing.round_robin`). `clock="cpu"`: the calling
+    thread's CPU seconds instead of wall seconds (with one torch thread all the work is on it):
+    on a machine other jobs load, time spent preempted is not counted."""
+    if clock == "wall":
+        return round_robin(runs, repeats, budget)
+    cpu: dict[str, list[float]] = {name: [] for name in runs}
+
+    def timed(name: str, run: Callable[[], object]) -> Callable[[], None]:
+        def call() -> None:
+            start = time.thread_time()
+            run()
+            cpu[name].append(time.thread_time() - start)
+
+        return call
+
+    round_robin({name: timed(name, run) for name, run in runs.items()}, repeats, budget)
+    return {name: seconds[1:] for name, seconds in cpu.items()}  # [0]: the warm-up call
 
 
 def _ratio(num: list[float], den: list[float], scale: float = 1.0) -> float:
@@ -146,7 +165,7 @@ def _row(name: str, model: nn.Module, S: int, x: torch.Tensor, args: argparse.Na
     if len(x) >= BATCHES[-1]:
         runs["one"] = one
     repeats = 3 if len(x) >= 512 and name == "ResNet-20" else args.repeats  # seconds per call
-    samples = _time(runs, repeats, args.budget)
+    samples = _time(runs, repeats, args.budget, args.clock)
     t = {k: statistics.median(v) for k, v in samples.items()}
     base = samples[min(("no_grad", "inference"), key=t.__getitem__)]  # the faster loop
     chosen = ens._choose(x, None)  # what "auto" ran
@@ -173,14 +192,24 @@ def main() -> None:
     parser.add_argument("--members", nargs="+", type=int, default=[8, 15], help="S values")
     parser.add_argument("--torch-uncertainty", default=None, metavar="DIR")
     parser.add_argument("--before", default=None, metavar="DIR", help="another library's peg")
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="cpu: the main thread's CPU time (with --threads 1; loaded machines)",
+    )
     args = parser.parse_args()
     args.wrapper = deep_ensembles(args.torch_uncertainty)
     args.before = ensemble_class(args.before)
+    if args.clock == "cpu" and args.threads != 1:
+        parser.error("--clock cpu: times the main thread only; use it with --threads 1")
     torch.set_num_threads(args.threads)
     print(f"$ python {shlex.join(['benchmarks/ensemble_vs_loop.py', *sys.argv[1:]])}")
     print(f"commit: {git_commit()}")
     print(f"machine: {machine()}; median of >= {args.repeats} round-robin rounds "
           "(3 for ResNet-20 at 512)")  # fmt: skip
+    cpu = " (CPU time of the main thread)" if args.clock == "cpu" else ""
+    print(f"clock: {args.clock}{cpu}")
     print("ms per call; loop = torch.stack([m(x) for m in S deep copies]) under no_grad / "
           "inference_mode; peg = Ensemble.member_logits(x, len(x)), strategy 'auto' (what it "
           "chose); loop/peg = the faster loop ÷ peg (>= 1.0: peg at least as fast); "
