@@ -14,13 +14,13 @@ column tu/peg (issue 38: >= 1.0 for the CNN and the MLP at batch 8 and 512). Wit
 (DIR holds another library's `peg/`, e.g. `git archive <commit> src | tar -x -C /tmp/b`, DIR
 /tmp/b/src) that library's `Ensemble` too, in the same rounds: columns before and tu/before.
 `--clock cpu` (with `--threads 1`) times the main thread's CPU seconds: on a machine other jobs
-load, the time a run spends preempted is not counted.
+load, the time a run spends preempted is not counted. `--shuffle`: each round in another order.
 
     python benchmarks/ensemble_vs_loop.py [--threads 2] [--repeats 5] [--budget 1.5] [--quick]
                                           [--models CNN MLP ResNet-20] [--batches 8 512]
                                           [--members 8 15]
                                           [--torch-uncertainty DIR] [--before DIR]
-                                          [--clock {wall,cpu}]
+                                          [--clock {wall,cpu}] [--shuffle]
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import copy
 import importlib.util
+import random
 import shlex
 import statistics
 import sys
@@ -52,24 +53,32 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
 }
 
 
-def _time(runs: dict[str, Callable[[], object]], repeats: int, budget: float, clock: str) -> dict:
+def _time(
+    runs: dict[str, Callable[[], object]], repeats: int, budget: float, clock: str, shuffle: bool
+) -> dict:
     """Seconds of each `run()` per round (`_timing.round_robin`). `clock="cpu"`: the calling
     thread's CPU seconds instead of wall seconds (with one torch thread all the work is on it):
-    on a machine other jobs load, time spent preempted is not counted."""
-    if clock == "wall":
+    on a machine other jobs load, time spent preempted is not counted. `shuffle`: each round
+    runs them in another order (seeded), so that no run always follows the same one (the run
+    before leaves the caches and the allocator's heap to the next)."""
+    if clock == "wall" and not shuffle:
         return round_robin(runs, repeats, budget)
-    cpu: dict[str, list[float]] = {name: [] for name in runs}
+    now = time.thread_time if clock == "cpu" else time.perf_counter
+    order, rng = list(runs), random.Random(0)
+    seconds: dict[str, list[float]] = {name: [] for name in runs}
 
-    def timed(name: str, run: Callable[[], object]) -> Callable[[], None]:
+    def slot(i: int) -> Callable[[], None]:
         def call() -> None:
-            start = time.thread_time()
-            run()
-            cpu[name].append(time.thread_time() - start)
+            if i == 0 and shuffle:
+                rng.shuffle(order)
+            start = now()
+            runs[order[i]]()
+            seconds[order[i]].append(now() - start)
 
         return call
 
-    round_robin({name: timed(name, run) for name, run in runs.items()}, repeats, budget)
-    return {name: seconds[1:] for name, seconds in cpu.items()}  # [0]: the warm-up call
+    round_robin({str(i): slot(i) for i in range(len(order))}, repeats, budget)
+    return {name: v[1:] for name, v in seconds.items()}  # [0]: the warm-up call
 
 
 def _ratio(num: list[float], den: list[float], scale: float = 1.0) -> float:
@@ -165,7 +174,7 @@ def _row(name: str, model: nn.Module, S: int, x: torch.Tensor, args: argparse.Na
     if len(x) >= BATCHES[-1]:
         runs["one"] = one
     repeats = 3 if len(x) >= 512 and name == "ResNet-20" else args.repeats  # seconds per call
-    samples = _time(runs, repeats, args.budget, args.clock)
+    samples = _time(runs, repeats, args.budget, args.clock, args.shuffle)
     t = {k: statistics.median(v) for k, v in samples.items()}
     base = samples[min(("no_grad", "inference"), key=t.__getitem__)]  # the faster loop
     chosen = ens._choose(x, None)  # what "auto" ran
@@ -198,6 +207,7 @@ def main() -> None:
         default="wall",
         help="cpu: the main thread's CPU time (with --threads 1; loaded machines)",
     )
+    parser.add_argument("--shuffle", action="store_true", help="each round in another order")
     args = parser.parse_args()
     args.wrapper = deep_ensembles(args.torch_uncertainty)
     args.before = ensemble_class(args.before)
@@ -209,7 +219,7 @@ def main() -> None:
     print(f"machine: {machine()}; median of >= {args.repeats} round-robin rounds "
           "(3 for ResNet-20 at 512)")  # fmt: skip
     cpu = " (CPU time of the main thread)" if args.clock == "cpu" else ""
-    print(f"clock: {args.clock}{cpu}")
+    print(f"clock: {args.clock}{cpu}; order: {'shuffled per round' if args.shuffle else 'fixed'}")
     print("ms per call; loop = torch.stack([m(x) for m in S deep copies]) under no_grad / "
           "inference_mode; peg = Ensemble.member_logits(x, len(x)), strategy 'auto' (what it "
           "chose); loop/peg = the faster loop ÷ peg (>= 1.0: peg at least as fast); "
