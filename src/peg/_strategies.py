@@ -70,6 +70,18 @@ def _vectorises(n: int, per_row: int, conv: bool) -> bool:
     return n * per_row <= AUTO_VECTORISE_FLOPS
 
 
+def call_key(X: Any, strategy: Any, batch_size: Any, *others: Any) -> tuple[Any, ...] | None:
+    """What `MemberStrategies._ready_again` compares for a plain call (a tensor `X`, a string
+    strategy, an int or None batch size, the other options None): the input's shape, dtype and
+    device, the two arguments and the thresholds of "auto"'s rule; None for any other call."""
+    if not isinstance(X, Tensor) or type(strategy) is not str or any(o is not None for o in others):
+        return None
+    if batch_size is not None and type(batch_size) is not int:
+        return None
+    rule = (AUTO_VECTORISE_FLOPS, AUTO_VECTORISE_FLOPS_CONV, AUTO_VECTORISE_ROWS_CONV)
+    return strategy, batch_size, X.shape, X.dtype, X.device, rule
+
+
 def _run_modules(modules: list[nn.Module], x: Any) -> Tensor:
     """Logits `[M, B, C]` of the member modules on one batch, one after another: the forwards
     under `torch.inference_mode` (less per-operation bookkeeping than `no_grad`), the logits
@@ -122,13 +134,39 @@ class MemberStrategies:
             cached = self._modules_cache = (self.stacked, self.shared, modules)
         return cached[2]
 
-    def _ready_loop(self, x: Any, strategy: str) -> list[nn.Module] | None:
+    def _ready_again(self, key: tuple[Any, ...] | None) -> list[nn.Module] | None:
+        """The member modules `_ready_loop` gave the last call that took them, if this call has
+        its `key` (the arguments; the input's shape, dtype and device) on the same storage: that
+        call's checks and choice hold, and are not made again (between large forwards, with cold
+        caches, they cost ~100 µs a call: docs/performance.md). None otherwise."""
+        memo = self.__dict__.get("_ready_memo")
+        if memo is None or key is None or memo[0] is not self.stacked:
+            return None
+        if memo[1] is not self.shared or memo[2] != key:
+            return None
+        self._loop_batches += 1
+        return self._member_modules()  # the cached ones
+
+    def _run_ready(self, modules: list[nn.Module], x: Tensor) -> Tensor:
+        """`_run_modules` on the members `_ready_loop` gave (their forwards under
+        `inference_mode`: no grad mode needed); a failure gets `_diagnose`'s clear error."""
+        try:
+            return _run_modules(modules, x)
+        except Exception:
+            with torch.no_grad(), self._eval():  # type: ignore[attr-defined]
+                self._diagnose(x)  # the inputs or the model's output at fault: a clear error
+            raise
+
+    def _ready_loop(
+        self, x: Any, strategy: str, key: tuple[Any, ...] | None = None, keep: bool = False
+    ) -> list[nn.Module] | None:
         """The member modules, when the batch `x` runs through them and nothing is left to
         decide or build: they are built for this storage, the members have no shared trunk
         (`_heads`, known), and `strategy` is "loop" or "auto" whose rule is known to loop on `x`
         (`_choose` without running the model). `Ensemble.member_logits` then runs them without
         the skeleton's eval-mode walk and `_choose`'s steps (issue 38: a plain loop's cost per
-        call); None otherwise."""
+        call), and a later call with the same `key` reuses the verdict (`_ready_again`); None
+        otherwise."""
         modules = self.__dict__.get("_modules_cache")
         heads = self.__dict__.get("_heads_cache")
         if modules is None or modules[0] is not self.stacked or modules[1] is not self.shared:
@@ -144,6 +182,8 @@ class MemberStrategies:
         elif strategy not in ("auto", "loop"):
             return None
         self._loop_batches = self.__dict__.get("_loop_batches", 0) + 1
+        if keep and key is not None:  # `x` is the caller's own input (not moved)
+            self._ready_memo = (self.stacked, self.shared, key)
         return self._member_modules()  # the cached ones
 
     def _heads(self, x: Any) -> tuple[nn.Module, MemberStrategies] | None:

@@ -29,7 +29,7 @@ from peg._scalars import check_positive_int
 from peg._strategies import AUTO_VECTORISE_FLOPS as AUTO_VECTORISE_FLOPS
 from peg._strategies import AUTO_VECTORISE_FLOPS_CONV as AUTO_VECTORISE_FLOPS_CONV
 from peg._strategies import AUTO_VECTORISE_ROWS_CONV as AUTO_VECTORISE_ROWS_CONV
-from peg._strategies import STRATEGIES, MemberStrategies, Strategy, _run_modules
+from peg._strategies import STRATEGIES, MemberStrategies, Strategy, call_key
 from peg.batches import BatchFn, check_batch_fn
 from peg.output import model_output
 
@@ -284,12 +284,15 @@ class Ensemble(Predicts, MemberStrategies):
             batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches of another shape
                 (`peg.batches`); None: the conventions above.
         """
+        key = call_key(X, strategy, batch_size, chunk_size, autocast, batch_fn)
+        if (modules := self._ready_again(key)) is not None:  # as the last call: nothing to check
+            return self._run_ready(modules, X)
         amp, batch_size, chunk_size = self._options(strategy, batch_size, chunk_size, autocast)
         if isinstance(X, Tensor) and batch_fn is None and X.ndim and 0 < len(X) <= batch_size:
             # one batch, as `iter_member_logits` would yield it, without its generators and
             # progress bar (docs/performance.md, member_logits' per-call cost)
             x = move(X, self.device, "X")
-            modules = self._ready_loop(x, strategy) if amp is None else None
+            modules = None if amp is not None else self._ready_loop(x, strategy, key, x is X)
             if modules is not None:  # the loop, all decided: the member modules and no more
                 return self._run_ready(modules, x)
             with torch.no_grad(), self._eval():
@@ -352,16 +355,6 @@ class Ensemble(Predicts, MemberStrategies):
         elif strategy == "chunked":
             raise ValueError("chunk_size: strategy='chunked' needs chunk_size (members per call)")
         return amp, batch_size, chunk_size
-
-    def _run_ready(self, modules: list[nn.Module], x: Tensor) -> Tensor:
-        """`_run_modules` on the members `_ready_loop` gave (their forwards under
-        `inference_mode`: no grad mode needed); a failure gets `_diagnose`'s clear error."""
-        try:
-            return _run_modules(modules, x)
-        except Exception:
-            with torch.no_grad(), self._eval():
-                self._diagnose(x)  # the inputs or the model's output at fault: a clear error
-            raise
 
     @contextlib.contextmanager
     def _eval(self) -> Iterator[None]:
