@@ -62,6 +62,38 @@ LOOP_MODULES_AFTER = 16
 LOOP_MODULES_AFTER_HELD = 0
 
 
+def _vectorises(n: int, per_row: int, conv: bool) -> bool:
+    """Whether "auto" vectorises `n` rows of a forward costing `per_row` FLOPs a row (`conv`:
+    the architecture has convolutions; see `MemberStrategies._choose`)."""
+    if conv:
+        return n <= AUTO_VECTORISE_ROWS_CONV or n * per_row <= AUTO_VECTORISE_FLOPS_CONV
+    return n * per_row <= AUTO_VECTORISE_FLOPS
+
+
+def call_key(X: Any, strategy: Any, batch_size: Any, *others: Any) -> tuple[Any, ...] | None:
+    """What `MemberStrategies._ready_again` compares for a plain call (a tensor `X`, a string
+    strategy, an int or None batch size, the other options None): the input's shape, dtype and
+    device, the two arguments and the thresholds of "auto"'s rule; None for any other call."""
+    if not isinstance(X, Tensor) or type(strategy) is not str or any(o is not None for o in others):
+        return None
+    if batch_size is not None and type(batch_size) is not int:
+        return None
+    rule = (AUTO_VECTORISE_FLOPS, AUTO_VECTORISE_FLOPS_CONV, AUTO_VECTORISE_ROWS_CONV)
+    return strategy, batch_size, X.shape, X.dtype, X.device, rule
+
+
+def _run_modules(modules: list[nn.Module], x: Any) -> Tensor:
+    """Logits `[M, B, C]` of the member modules on one batch, one after another: the forwards
+    under `torch.inference_mode` (less per-operation bookkeeping than `no_grad`), the logits
+    stacked after it (an ordinary tensor, fit for autograd later: temperature scaling)."""
+    with torch.inference_mode():
+        if isinstance(x, Tensor):  # `call_model`'s Mapping test costs ~1 µs a member
+            outs = [model_output(m(x), "member_logits") for m in modules]
+        else:
+            outs = [model_output(call_model(m, x), "member_logits") for m in modules]
+    return torch.stack(outs)
+
+
 class MemberStrategies:
     """The strategies of `Ensemble.member_logits` and the choice "auto" makes among them.
 
@@ -102,6 +134,58 @@ class MemberStrategies:
             cached = self._modules_cache = (self.stacked, self.shared, modules)
         return cached[2]
 
+    def _ready_again(self, key: tuple[Any, ...] | None) -> list[nn.Module] | None:
+        """The member modules `_ready_loop` gave the last call that took them, if this call has
+        its `key` (the arguments; the input's shape, dtype and device) on the same storage: that
+        call's checks and choice hold, and are not made again (between large forwards, with cold
+        caches, they cost ~100 µs a call: docs/performance.md). None otherwise."""
+        memo = self.__dict__.get("_ready_memo")
+        if memo is None or key is None or memo[0] is not self.stacked:
+            return None
+        if memo[1] is not self.shared or memo[2] != key:
+            return None
+        self._loop_batches += 1
+        return self._member_modules()  # the cached ones
+
+    def _run_ready(self, modules: list[nn.Module], x: Tensor) -> Tensor:
+        """`_run_modules` on the members `_ready_loop` gave (their forwards under
+        `inference_mode`: no grad mode needed); a failure gets `_diagnose`'s clear error."""
+        try:
+            return _run_modules(modules, x)
+        except Exception:
+            with torch.no_grad(), self._eval():  # type: ignore[attr-defined]
+                self._diagnose(x)  # the inputs or the model's output at fault: a clear error
+            raise
+
+    def _ready_loop(
+        self, x: Any, strategy: str, key: tuple[Any, ...] | None = None, keep: bool = False
+    ) -> list[nn.Module] | None:
+        """The member modules, when the batch `x` runs through them and nothing is left to
+        decide or build: they are built for this storage, the members have no shared trunk
+        (`_heads`, known), and `strategy` is "loop" or "auto" whose rule is known to loop on `x`
+        (`_choose` without running the model). `Ensemble.member_logits` then runs them without
+        the skeleton's eval-mode walk and `_choose`'s steps (issue 38: a plain loop's cost per
+        call), and a later call with the same `key` reuses the verdict (`_ready_again`); None
+        otherwise."""
+        modules = self.__dict__.get("_modules_cache")
+        heads = self.__dict__.get("_heads_cache")
+        if modules is None or modules[0] is not self.stacked or modules[1] is not self.shared:
+            return None
+        if heads is None or heads[0] is not self.stacked or heads[1] is not self.shared:
+            return None
+        if modules[2] is None or heads[2] is not None:
+            return None
+        if strategy == "auto" and not self._loops_arch():
+            known = _FLOPS.get((*self._fold_key, signature(x)))
+            if known is None or _vectorises(batch_rows(x), *known):
+                return None
+        elif strategy not in ("auto", "loop"):
+            return None
+        self._loop_batches = self.__dict__.get("_loop_batches", 0) + 1
+        if keep and key is not None:  # `x` is the caller's own input (not moved)
+            self._ready_memo = (self.stacked, self.shared, key)
+        return self._member_modules()  # the cached ones
+
     def _heads(self, x: Any) -> tuple[nn.Module, MemberStrategies] | None:
         """(the trunk with the shared weights, the heads as an ensemble of their own) when the
         members differ only in a head after a shared trunk (`peg._heads.find_split`, checked on
@@ -140,9 +224,7 @@ class MemberStrategies:
             modules = self._member_modules() if looped >= after else None
             if modules is None:
                 return torch.stack([self._member_output(i, x) for i in range(len(self))])
-            with torch.inference_mode():
-                outs = [model_output(call_model(m, x), "member_logits") for m in modules]
-            return torch.stack(outs)
+            return _run_modules(modules, x)
 
         def one(stacked: dict[str, Tensor], x: Any) -> Tensor:
             out = call_functional(self.skeleton, {**self.shared, **stacked}, x)
@@ -197,14 +279,18 @@ class MemberStrategies:
         agrees with `functional_call` (checked once per architecture), vmap otherwise, or vmap
         over `chunk_size` members. A model vmap cannot run is remembered and looped.
         """
-        arch = type(self.skeleton).__qualname__
         if self._heads(x) is not None:
             return "auto"  # the heads' choice, made by `_predict` on the trunk's features
-        if len(self) == 1 or arch in _NOT_VMAPPABLE or not self._small(x):
+        if self._loops_arch() or not self._small(x):
             return "loop"
         if chunk_size is not None:
             return "chunked"
         return "folded" if self._folds(x) else "vmap"
+
+    def _loops_arch(self) -> bool:
+        """Whether "auto" loops whatever the batch: one member, or an architecture vmap
+        failed on (as `_choose` has always tested it)."""
+        return len(self) == 1 or type(self.skeleton).__qualname__ in _NOT_VMAPPABLE
 
     def _small(self, x: Any) -> bool:
         """Whether the batch `x` is small enough to vectorise (see `_choose`)."""
@@ -221,10 +307,7 @@ class MemberStrategies:
                 raise
             conv = any(isinstance(m, nn.modules.conv._ConvNd) for m in self.skeleton.modules())
             _FLOPS[key] = (counter.get_total_flops() // min(n, 2), conv)
-        per_row, conv = _FLOPS[key]
-        if conv:
-            return n <= AUTO_VECTORISE_ROWS_CONV or n * per_row <= AUTO_VECTORISE_FLOPS_CONV
-        return n * per_row <= AUTO_VECTORISE_FLOPS
+        return _vectorises(n, *_FLOPS[key])
 
     def _folds(self, x: Any) -> bool:
         """Whether folding gives members 0 and M-1 their `functional_call` logits on `x`.

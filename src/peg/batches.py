@@ -194,7 +194,7 @@ def split_batch(
 
 def call_model(model: Callable[..., Any], inputs: Any) -> Any:
     """`model(**inputs)` for a mapping, `model(inputs)` for anything else."""
-    if isinstance(inputs, Mapping):
+    if not isinstance(inputs, Tensor) and isinstance(inputs, Mapping):
         return model(**inputs)
     return model(inputs)
 
@@ -225,6 +225,8 @@ def tensors(inputs: Any) -> list[Tensor]:
 
 def batch_rows(inputs: Any, name: str = "X") -> int:
     """The number of rows of `inputs`: the first dimension of its tensors, which must agree."""
+    if isinstance(inputs, Tensor) and inputs.ndim > 0:  # per call: the common case first
+        return int(inputs.shape[0])
     rows = {path: int(t.shape[0]) for path, t in leaves(inputs) if t.ndim > 0}
     if not rows:
         raise ValueError(
@@ -266,4 +268,6 @@ def describe_inputs(inputs: Any) -> str:
 def signature(inputs: Any) -> tuple[Any, ...]:
     """What the cost of a forward pass on `inputs` depends on besides the number of rows: every
     tensor's place, row shape, dtype and device type (a cache key)."""
+    if isinstance(inputs, Tensor):  # what `leaves` gives for a tensor, without building it
+        return (("", tuple(inputs.shape[1:]), inputs.dtype, inputs.device.type),)
     return tuple((p, tuple(t.shape[1:]), t.dtype, t.device.type) for p, t in leaves(inputs))

@@ -29,7 +29,7 @@ from peg._scalars import check_positive_int
 from peg._strategies import AUTO_VECTORISE_FLOPS as AUTO_VECTORISE_FLOPS
 from peg._strategies import AUTO_VECTORISE_FLOPS_CONV as AUTO_VECTORISE_FLOPS_CONV
 from peg._strategies import AUTO_VECTORISE_ROWS_CONV as AUTO_VECTORISE_ROWS_CONV
-from peg._strategies import STRATEGIES, MemberStrategies, Strategy
+from peg._strategies import STRATEGIES, MemberStrategies, Strategy, call_key
 from peg.batches import BatchFn, check_batch_fn
 from peg.output import model_output
 
@@ -245,7 +245,6 @@ class Ensemble(Predicts, MemberStrategies):
         return self
 
     # ---------------------------------------------------------------- prediction
-    @torch.no_grad()
     def member_logits(
         self,
         X: Data,
@@ -285,12 +284,19 @@ class Ensemble(Predicts, MemberStrategies):
             batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches of another shape
                 (`peg.batches`); None: the conventions above.
         """
+        key = call_key(X, strategy, batch_size, chunk_size, autocast, batch_fn)
+        if (modules := self._ready_again(key)) is not None:  # as the last call: nothing to check
+            return self._run_ready(modules, X)
         amp, batch_size, chunk_size = self._options(strategy, batch_size, chunk_size, autocast)
         if isinstance(X, Tensor) and batch_fn is None and X.ndim and 0 < len(X) <= batch_size:
             # one batch, as `iter_member_logits` would yield it, without its generators and
-            # progress bar: ~40 µs a call (docs/performance.md, member_logits' profile)
-            with self._eval():
-                logits = self._one(move(X, self.device, "X"), strategy, amp, chunk_size)
+            # progress bar (docs/performance.md, member_logits' per-call cost)
+            x = move(X, self.device, "X")
+            modules = None if amp is not None else self._ready_loop(x, strategy, key, x is X)
+            if modules is not None:  # the loop, all decided: the member modules and no more
+                return self._run_ready(modules, x)
+            with torch.no_grad(), self._eval():
+                logits = self._one(x, strategy, amp, chunk_size)
             return logits.contiguous()
         return _cat_batches(
             self.iter_member_logits(
