@@ -47,3 +47,32 @@ def test_one_batch_leaves_training_modules_as_they_were(ens):
     assert ens.skeleton.training and all(m.training for m in ens.skeleton.modules())
     ens.skeleton.eval()
     torch.testing.assert_close(logits, ens.member_logits(X), rtol=0, atol=0)
+
+
+def test_a_repeated_call_reuses_the_loops_verdict_only_where_it_holds():
+    """A loop settled on one call is reused by the next call with the same arguments, input
+    shape, dtype and device on the same weights (`_ready_again`), with the same bits; any change
+    of these (another shape, other arguments, a subset, another storage) decides anew."""
+    torch.manual_seed(0)
+    models = [nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)) for _ in range(3)]
+    ens = peg.Ensemble.from_models(models)
+    x = torch.randn(16, 4)
+
+    def plain(x: torch.Tensor, members=models) -> torch.Tensor:
+        with torch.no_grad():
+            return torch.stack([m(x) for m in members])
+
+    first = [ens.member_logits(x, strategy="loop") for _ in range(3)]
+    memo = ens.__dict__.get("_ready_memo")
+    assert memo is not None and memo[2][2] == x.shape  # reused from the second call on
+    assert all(torch.equal(out, plain(x)) for out in first)
+    other = torch.randn(7, 4)
+    assert torch.equal(ens.member_logits(other, strategy="loop"), plain(other))
+    # two batches of 8: a matrix product of other sizes may round otherwise
+    torch.testing.assert_close(ens.member_logits(x, batch_size=8, strategy="loop"), plain(x))
+    assert torch.equal(ens.subset([0, 2]).member_logits(x, strategy="loop"), plain(x)[[0, 2]])
+    assert ens._ready_again(("loop", None, torch.Size([5, 4]), x.dtype, x.device, ())) is None
+    moved = ens.to(torch.float64)  # new storage: the memo's weights are not these
+    assert moved._ready_again(memo[2]) is None
+    with pytest.raises(ValueError, match="X: the model cannot run"):
+        ens.member_logits(torch.randn(16, 5), strategy="loop")
