@@ -266,6 +266,7 @@ def test_a_verdict_of_vmap_is_kept_for_one_architecture_not_every_sequential():
     X = torch.randn(4, 2)
     failing.member_logits(X, strategy="auto")  # vmap fails, remembered
     assert _heads_arch(failing) in _strategies._NOT_VMAPPABLE
+    assert failing._choose(X, None) == "loop"  # not tried again
     other = peg.Ensemble.from_models([nn.Sequential(nn.Linear(2, 2)) for _ in range(3)])
     assert other._choose(X, None) != "loop"
 

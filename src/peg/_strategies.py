@@ -289,8 +289,11 @@ class MemberStrategies:
 
     def _loops_arch(self) -> bool:
         """Whether "auto" loops whatever the batch: one member, or an architecture vmap
-        failed on (as `_choose` has always tested it)."""
-        return len(self) == 1 or type(self.skeleton).__qualname__ in _NOT_VMAPPABLE
+        failed on in this process (its verdict kept under `architecture`, as `_predict` adds it;
+        the class name alone, tested before, never matched, so every call tried vmap again)."""
+        return len(self) == 1 or (
+            bool(_NOT_VMAPPABLE) and architecture(self.skeleton) in _NOT_VMAPPABLE
+        )
 
     def _small(self, x: Any) -> bool:
         """Whether the batch `x` is small enough to vectorise (see `_choose`)."""
