@@ -189,7 +189,11 @@ class MemberStrategies:
     def _heads(self, x: Any) -> tuple[nn.Module, MemberStrategies] | None:
         """(the trunk with the shared weights, the heads as an ensemble of their own) when the
         members differ only in a head after a shared trunk (`peg._heads.find_split`, checked on
-        `x`), else None; built once per storage."""
+        `x`), else None; built once per storage. One member shares its trunk with nobody: None
+        (a split would cost a structural copy of the model and a check on `x` for nothing)."""
+        if len(self) == 1:
+            self._heads_cache = (self.stacked, self.shared, None)  # known: no split
+            return None
         cached = self.__dict__.get("_heads_cache")
         if cached is None or cached[0] is not self.stacked or cached[1] is not self.shared:
             ends = [self.member_state(0), self.member_state(len(self) - 1)]
