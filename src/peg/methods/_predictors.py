@@ -75,14 +75,6 @@ def _protocol(batch_fn: BatchFn | None, options: dict[str, Any]) -> dict[str, An
     return {k: v for k, v in {"batch_fn": batch_fn, **options}.items() if v is not None}
 
 
-def _one_model(model: nn.Module) -> Ensemble:
-    """`model` as a one-member `Ensemble` on the model itself, not a copy (`Ensemble._sharing`:
-    its own tensors, run in eval mode and left in the modes it had), for one pass over data: a
-    copy cost a TS fit 0.08 s and the model's size in memory on ResNet-50 (a GPU profile)."""
-    model_device(model, "predictor")
-    return Ensemble._sharing(model, states=[model.state_dict()])
-
-
 def member_logits_of(
     predictor: Any,
     X: Data,
@@ -101,7 +93,8 @@ def member_logits_of(
         return torch.cat(batches, 1)
     if hasattr(predictor, "member_logits"):
         return predictor.member_logits(X, batch_size, **extra)
-    return _one_model(predictor).member_logits(X, batch_size, **extra)
+    model_device(predictor, "predictor")
+    return Ensemble.from_models([predictor]).member_logits(X, batch_size, **extra)
 
 
 def iter_member_logits_of(
@@ -120,7 +113,8 @@ def iter_member_logits_of(
     if stateless(predictor):
         return _stateless_batches(predictor, X, batch_size, **extra)
     if isinstance(predictor, nn.Module) and not hasattr(predictor, "member_logits"):
-        return _one_model(predictor).iter_member_logits(X, batch_size, **extra)
+        model_device(predictor, "predictor")
+        return Ensemble.from_models([predictor]).iter_member_logits(X, batch_size, **extra)
     if not hasattr(predictor, "iter_member_logits"):
         raise NotStreamable(f"predictor: {type(predictor).__name__} has no iter_member_logits")
     return predictor.iter_member_logits(X, batch_size, **extra)
