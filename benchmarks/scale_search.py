@@ -55,7 +55,6 @@ from torch import Tensor, nn
 from peg import data as datasets
 from peg import models
 from peg._env import machine
-from peg._rows import ValSource
 from peg.apps.bench.paper import PRESETS
 from peg.apps.bench.seed import SeedRun
 from peg.apps.bench.spec import find_spec, load_specs
@@ -69,6 +68,7 @@ from peg.methods.perturbation._scale_search import ScaleSearch
 from peg.methods.perturbation.peg import PEG
 from peg.methods.perturbation.pep import PEP
 from peg.metrics.regression import split_gaussian
+from peg.source import Source
 from peg.train import Recipe, train
 
 CACHE = Path(".peg-cache")
@@ -191,7 +191,7 @@ def _point_losses(outputs: Tensor, y: Tensor, regression: bool) -> Tensor:
 def _scoring_points(fitted: PEG | PEP, val: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
     """The points the search scored on (the same split and subsample as `fit`'s)."""
     X, y = val
-    _, score = fitted._split(ValSource(val))
+    _, score = fitted._split(Source(val).rows())
     if score is None:
         cap = fitted._search().max_points or len(y)
         return X[:cap], y[:cap]

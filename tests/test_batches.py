@@ -1,4 +1,4 @@
-"""Batches of any shape (`peg.batches`): HuggingFace-style mapping batches and models taking
+"""Batches of any shape (`peg.source.batches`): HuggingFace-style mapping batches and models taking
 keyword inputs and returning `{"logits": ...}`, with zero configuration, against the same data
 given as tensors through a wrapper; tuple batches with extra items; `batch_fn`; clear errors."""
 
@@ -11,8 +11,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 import peg
-from peg._devices import move
-from peg.batches import batch_rows, call_model, split_batch, take_rows
+from peg.source._devices import move
+from peg.source.batches import batch_rows, call_model, split_batch, take_rows
 
 N, L, V, C = 40, 6, 11, 3
 

@@ -1,6 +1,7 @@
 """The data path's small pieces that other modules ask instead of `torch.utils.data`
-(`peg._inputs`: `pair_or_tapped`, `known_rows`, `index_batches`, `as_loader`, the predicates)
-and a `Tapped` stream's own bookkeeping of labels (`record`, `take_labels`, `untapped`)."""
+(`peg.source.Source`: `labelled`, `known_rows`, `by_index`; `as_loader`, the predicates), a
+`Tapped` source's own bookkeeping of labels (`record`, `take_labels`, `untapped`), and that every
+consumer reads through `Source`."""
 
 from __future__ import annotations
 
@@ -11,17 +12,14 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 import peg
-from peg._inputs import (
+from peg.source import (
+    Source,
+    Tapped,
     as_loader,
-    index_batches,
     is_dataset,
     is_dataset_or_loader,
     is_loader,
-    iter_inputs,
-    known_rows,
-    pair_or_tapped,
 )
-from peg.batches import Tapped
 
 X = torch.arange(30, dtype=torch.float32).reshape(10, 3)
 Y = torch.arange(10) % 3
@@ -37,19 +35,23 @@ class NoLength(Dataset):
         return X[i], Y[i]
 
 
-def test_pair_or_tapped_takes_a_pair_whole_and_streams_the_rest():
-    x, y = pair_or_tapped((X, Y), "val")
+def test_labelled_takes_a_pair_whole_and_taps_the_rest():
+    x, y = Source((X, Y), name="val").labelled()
     assert torch.equal(x, X) and torch.equal(y, Y)
     loader = DataLoader(TensorDataset(X, Y), batch_size=4)
-    tapped, none = pair_or_tapped(loader, "val", batch_fn=None)
-    assert isinstance(tapped, Tapped) and none is None and tapped.untapped() == (loader, None)
+    tapped, none = Source(loader, name="val").labelled()
+    assert isinstance(tapped, Tapped) and none is None and tapped.name == "val"
+    plain = tapped.untapped()
+    assert type(plain) is Source and plain.data is loader and plain.batch_fn is None
+    assert Source.of(tapped, batch_fn=lambda b: b) is tapped  # a source keeps its own hook
     with pytest.raises(TypeError, match="val: expected a pair .* got a tuple of 3"):
-        pair_or_tapped((X, Y, Y), "val")
+        Source((X, Y, Y), name="val").labelled()
 
 
 def test_a_tapped_stream_records_and_hands_over_its_labels():
     tapped = Tapped(DataLoader(TensorDataset(X, Y), batch_size=4), name="val")
-    seen = [len(x) for x in iter_inputs(tapped, 4)]
+    seen = [len(x) for x in tapped.inputs(4)]
+    assert tapped.by_index(4) is None  # read in order: every batch's labels recorded
     assert seen == [4, 4, 2]
     assert torch.equal(tapped.labels(), Y)
     assert torch.equal(tapped.take_labels(), Y)  # then forgotten
@@ -69,19 +71,19 @@ def test_the_predicates_and_known_rows():
     assert is_dataset_or_loader(dataset) and is_dataset_or_loader(loader)
     assert not is_dataset_or_loader(X) and not is_dataset_or_loader((X, Y))
     assert as_loader(loader, 2) is loader and as_loader(dataset, 3).batch_size == 3
-    assert known_rows((X, Y)) == 10 and known_rows(dataset) == 10 and known_rows(loader) == 10
-    assert known_rows(Stream()) is None and known_rows(NoLength()) is None
-    assert known_rows(X) is None
+    assert [Source(d).known_rows() for d in ((X, Y), dataset, loader)] == [10, 10, 10]
+    assert Source(Stream()).known_rows() is None and Source(NoLength()).known_rows() is None
+    assert Source(X).known_rows() is None
 
 
-def test_index_batches_are_the_loaders_batches_and_only_where_they_are_known():
+def test_by_index_batches_are_the_loaders_batches_and_only_where_they_are_known():
     dataset = TensorDataset(X, Y)
     for loader in (
         DataLoader(dataset, batch_size=4),
         DataLoader(dataset, batch_size=4, drop_last=True),
         DataLoader(dataset, batch_size=3, collate_fn=lambda items: items),
     ):
-        plan = index_batches(loader, 512)
+        plan = Source(loader).by_index(512)
         assert plan is not None
         count, batch = plan
         expected = list(loader)
@@ -91,18 +93,18 @@ def test_index_batches_are_the_loaders_batches_and_only_where_they_are_known():
             if isinstance(want[0], tuple):  # the identity collate: a list of (x, y) items
                 pairs = ((a, b) for got, w in pairs for a, b in zip(got, w, strict=True))
             assert all(torch.equal(a, b) for a, b in pairs)
-    count, batch = index_batches(dataset, 4)
+    count, batch = Source(dataset).by_index(4)
     assert count == 3 and torch.equal(batch(2)[0], X[8:])
-    assert index_batches(DataLoader(dataset, batch_size=4, shuffle=True), 4) is None
-    assert index_batches(DataLoader(Stream(), batch_size=4), 4) is None
-    assert index_batches(Stream(), 4) is None
-    assert index_batches(X, 4) is None
-    assert index_batches(DataLoader(dataset, batch_size=None), 4) is None
+    assert Source(DataLoader(dataset, batch_size=4, shuffle=True)).by_index(4) is None
+    assert Source(DataLoader(Stream(), batch_size=4)).by_index(4) is None
+    assert Source(Stream()).by_index(4) is None
+    assert Source(X).by_index(4) is None
+    assert Source(DataLoader(dataset, batch_size=None)).by_index(4) is None
 
 
 def test_torch_data_is_imported_by_the_data_path_only():
     """Outside `data/` and `train/`, only the data path imports `torch.utils.data` (issue 41:
-    at most three modules); everyone else asks `peg._inputs`."""
+    at most three modules); everyone else asks `peg.source`."""
     root = Path(peg.__file__).parent
     importers = sorted(
         path.relative_to(root).as_posix()
@@ -110,4 +112,4 @@ def test_torch_data_is_imported_by_the_data_path_only():
         if path.relative_to(root).parts[0] not in ("data", "train")
         and "torch.utils.data" in path.read_text(encoding="utf-8")
     )
-    assert importers == ["_inputs.py", "_rows.py"]
+    assert importers == ["source/_rows.py", "source/_source.py"]

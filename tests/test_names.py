@@ -51,7 +51,8 @@ def _resolves(name: str) -> bool:
 def test_the_scan_finds_names_and_would_catch_a_missing_one():
     names = {m.group(1) for _, text in _texts() for m in NAME.finditer(text)}
     assert len(names) > 50 and "peg.evaluate" in names
-    assert not _resolves("peg._inputs.model_device") and _resolves("peg._devices.model_device")
+    assert not _resolves("peg.source._source.model_device")
+    assert _resolves("peg.source._devices.model_device")
 
 
 @pytest.mark.parametrize("pages", ["docs", "src"])

@@ -235,18 +235,19 @@ def test_data_follows_the_model_and_meta_is_refused(data):
 
 
 def test_cpu_batches_are_moved_to_the_model_device(data, monkeypatch):
-    """Every batch goes through `peg._devices.to_device` to the model's device (a no-op here)."""
-    import peg._devices
+    """Every batch goes through `peg.source._devices.to_device` to the model's device (a no-op
+    here)."""
+    import peg.source._devices
 
     X, _ = data
     seen = []
-    real = peg._devices.to_device
+    real = peg.source._devices.to_device
 
     def spy(t, device, name):
         seen.append((t.device, device, name))
         return real(t, device, name)
 
-    monkeypatch.setattr(peg._devices, "to_device", spy)
+    monkeypatch.setattr(peg.source._devices, "to_device", spy)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X), batch_size=100)
     peg.Ensemble.from_models([_same_weights(Net)]).member_logits(loader)
     assert [name for *_, name in seen] == ["X"] * 3

@@ -15,8 +15,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from peg._rows import ValSource, read_in_order
 from peg.recipe import DataHasher, _buffer, _Labels, data_fingerprint
+from peg.source import Source
+from peg.source._rows import read_in_order
 
 
 def test_the_labels_of_a_pass_live_in_one_buffer_allocated_once():
@@ -38,7 +39,7 @@ def test_batches_are_hashed_in_place():
 def test_the_fingerprint_of_a_loader_is_the_tensors_one():
     X, y = torch.randn(300, 2, 4), torch.randint(0, 3, (300,))
     loader = DataLoader(TensorDataset(X, y), batch_size=64)
-    fingerprint, _ = read_in_order(ValSource(loader, "val"), 64, None)
+    fingerprint, _ = read_in_order(Source(loader, name="val").rows(), 64, None)
     assert fingerprint == data_fingerprint(X, y)
 
 

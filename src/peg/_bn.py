@@ -1,39 +1,20 @@
 """BatchNorm statistics re-estimated over a stream of input batches, never gathered.
 
-`InputBatches(data, batch_size, batch_fn)` is re-iterable: every pass reads `data` again
-(tensors sliced, a Dataset batched, a loader's own batches; `peg.batches` conventions, labels
-dropped). `update_bn(batches, model)` is `torch.optim.swa_utils.update_bn` for inputs of any
+The batches come from `peg.source.Source.replay` (re-iterable: every pass reads the data again,
+labels dropped). `update_bn(batches, model)` is `torch.optim.swa_utils.update_bn` for inputs of any
 shape (`model(**inputs)` for mappings), each batch moved to the model's device.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import nn
 
-from peg._devices import move, weights_device
-from peg._inputs import iter_inputs
-from peg.batches import BatchFn, call_model
-
-
-class InputBatches:
-    """The input batches of `data`, read anew on every iteration."""
-
-    def __init__(
-        self, data: Any, batch_size: int, batch_fn: BatchFn | None = None, name: str = "bn_data"
-    ) -> None:
-        self.data, self.batch_size, self.batch_fn, self.name = data, batch_size, batch_fn, name
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter_inputs(self.data, self.batch_size, self.batch_fn)
-
-    def check_not_empty(self) -> None:
-        """Read the first batch (only): an empty `data` is a ValueError naming it."""
-        if next(iter(self), None) is None:
-            raise ValueError(f"{self.name}: the data is empty (0 samples)")
+from peg.source._devices import move, weights_device
+from peg.source.batches import call_model
 
 
 def update_bn(batches: Iterable[Any], model: nn.Module) -> None:

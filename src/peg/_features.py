@@ -26,14 +26,14 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from peg._devices import move, weights_device
 from peg._heads import Split, find_split
-from peg._inputs import Data, is_pair
 from peg._params import select_parameters
-from peg.batches import call_model
 from peg.ensemble import Ensemble
 from peg.metrics._inputs import ensemble_log_probs
 from peg.output import logits_of
+from peg.source import Data, is_pair
+from peg.source._devices import move, weights_device
+from peg.source.batches import call_model
 
 FEATURES = ("penultimate", "logits", "inputs")
 

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from peg.batches import describe_inputs, take_rows
 from peg.output import OutputFnError, logits_of
+from peg.source.batches import describe_inputs, take_rows
 
 
 def input_error(error: BaseException, x: Any, name: str) -> ValueError:

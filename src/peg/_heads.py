@@ -39,8 +39,8 @@ from torch.func import functional_call
 
 from peg._forward import training_modules
 from peg._params import module_like
-from peg.batches import batch_rows, call_functional, take_rows
 from peg.output import logits_of, model_output
+from peg.source.batches import batch_rows, call_functional, take_rows
 
 # (architecture, declared head, per-member entries) -> the candidate that passed the check, or None
 _SPLITS: dict[tuple[Any, ...], int | None] = {}

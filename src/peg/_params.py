@@ -31,9 +31,9 @@ from torch import Tensor, nn
 from torch.nn.utils import parameters_to_vector
 
 from peg._bn import update_bn
-from peg._devices import move, weights_device
 from peg._forward import eval_mode
-from peg.batches import call_model
+from peg.source._devices import move, weights_device
+from peg.source.batches import call_model
 
 ParamFilter = (
     Literal["all", "weights", "last_layer"] | Sequence[str] | Callable[[str, nn.Parameter], bool]
@@ -211,7 +211,7 @@ def refresh_bn(
     skeleton: nn.Module, state: dict[str, Tensor], batches: Iterable[Any]
 ) -> dict[str, Tensor]:
     """`state` with BatchNorm running statistics re-estimated on `batches` (input batches of
-    any shape, a list or a re-iterable stream such as `peg._bn.InputBatches`; `update_bn`)."""
+    any shape, a list or a re-iterable stream such as `peg.source.Source.replay`; `update_bn`)."""
     model = copy.deepcopy(skeleton)
     model.load_state_dict(state)
     update_bn(batches, model)

@@ -24,9 +24,9 @@ from torch.utils.flop_counter import FlopCounterMode
 from peg._folded import Folded, fold
 from peg._forward import diagnose
 from peg._heads import architecture, checked, find_split
-from peg.batches import batch_rows, call_functional, call_model, signature, take_rows
 from peg.errors import NotFoldable
 from peg.output import logits_of, model_output
+from peg.source.batches import batch_rows, call_functional, call_model, signature, take_rows
 
 Strategy = Literal["auto", "loop", "vmap", "folded", "chunked"]
 STRATEGIES = ("auto", "loop", "vmap", "folded", "chunked")
@@ -210,7 +210,7 @@ class MemberStrategies:
     def _batch_logits(self, x: Any, strategy: str, chunk_size: int | None) -> Tensor:
         """Logits `[M, B, C]` of every member on one batch with a concrete strategy.
 
-        `x`: a tensor, or structured inputs (a mapping: `model(**x)`; see `peg.batches`),
+        `x`: a tensor, or structured inputs (a mapping: `model(**x)`; see `peg.source.batches`),
         which "loop" and "vmap" take and "folded" refuses. The forward passes run under
         `torch.inference_mode` (less per-operation bookkeeping than `no_grad`; the modules are
         built before it), and the logits are gathered after it: an ordinary tensor, fit for

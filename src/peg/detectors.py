@@ -22,13 +22,13 @@ import torch
 from torch import Tensor
 
 from peg._features import Features
-from peg._inputs import Data
-from peg.batches import BatchFn, check_batch_fn
 from peg.methods import _constraints as checks
 from peg.methods._predictors import check_predictor
 from peg.methods.base import Method, store_arguments
 from peg.methods.conformal._shift import FEATURES_OPTION, joint_batches
 from peg.metrics._inputs import check_labels
+from peg.source import Data
+from peg.source.batches import BatchFn, check_batch_fn
 
 DETECTOR_SCORES = ("mahalanobis", "knn")
 
@@ -44,7 +44,7 @@ class OODDetector(Method):
         features: "penultimate" (the model's trunk; the logits, with a warning, for a model
             without one), "logits" (log p̄) or "inputs".
         ridge: added to the covariance's diagonal, times its mean variance, before inverting.
-        batch_size, batch_fn: how the predictor reads data (`peg.batches`).
+        batch_size, batch_fn: how the predictor reads data (`peg.source.batches`).
 
     After `fit(predictor, val)`: `means_` `[C, D]` and `precision_` `[D, D]` (Mahalanobis) or
     `bank_` `[N, D]` (k-NN), `features_` (what was read), `n_fit_`; `ood_score(X)` `[N]`.

@@ -32,14 +32,14 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from peg._inputs import Data, index_batches, iter_inputs, pair_or_tapped
-from peg._values import checked_labels
-from peg.batches import BatchFn, Tapped, check_batch_fn, split_batch
 from peg.ensemble import Ensemble
 from peg.errors import RankFailure
 from peg.methods._predictors import logits_and_labels, member_logits_of
 from peg.methods.base import FittedEnsemble, ModulePredictor, SampledPredictor, is_fitted
 from peg.methods.calibration._calibrator import Calibrator
+from peg.source import Data, Source, Tapped
+from peg.source._values import checked_labels
+from peg.source.batches import BatchFn, check_batch_fn, split_batch
 
 T = TypeVar("T")
 TIMEOUT_ENV = "PEG_DIST_TIMEOUT"
@@ -172,15 +172,16 @@ def _own_batches(
     (a shuffling or custom sampler, an IterableDataset) every rank reads the stream in order
     and keeps its batches. Tensors are sliced, which reads nothing.
     """
-    by_index = index_batches(X, batch_size)
+    source = Source.of(X, batch_fn)
+    by_index = source.by_index(batch_size)
     if by_index is None:
-        for j, x in enumerate(iter_inputs(X, batch_size, batch_fn)):
+        for j, x in enumerate(source.inputs(batch_size)):
             if j % size == rank:
                 yield x
         return
     count, batch = by_index
     for j in range(rank, count, size):
-        inputs, _ = split_batch(batch(j), batch_fn, name="X", index=j)
+        inputs, _ = split_batch(batch(j), source.batch_fn, name="X", index=j)
         yield inputs
 
 
@@ -228,7 +229,8 @@ def member_logits(
         predictor: an `Ensemble`, a fitted method, or an nn.Module returning logits `[B, C]`.
         X: inputs `[N, ...]` (Tensor or array), or a Dataset / DataLoader that yields the same
             batches in the same order on every rank (no shuffling); batches of any shape
-            (`peg.batches`: mappings are the model's keyword inputs). A map-style Dataset, or a
+            (`peg.source.batches`: mappings are the model's keyword inputs). A map-style Dataset, or
+            a
             loader reading one in index order, is read by index: each rank reads only the items
             of its own batches (`_own_batches`).
         batch_size: rows per forward pass when X is a tensor.
@@ -271,7 +273,7 @@ def labelled_member_logits(
     torchrun."""
     if world()[1] == 1:
         return logits_and_labels(predictor, data, batch_size, batch_fn, name)
-    X, y = pair_or_tapped(data, name, batch_fn)  # every rank reads the labels of every batch
+    X, y = Source(data, batch_fn, name).labelled()  # every rank reads the labels of every batch
     if not isinstance(X, Tapped):
         assert y is not None
         return member_logits(predictor, X, batch_size, batch_fn), y

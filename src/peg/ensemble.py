@@ -21,17 +21,17 @@ import torch
 from torch import Tensor, nn
 
 from peg import archive
-from peg._devices import move
 from peg._forward import training_modules
-from peg._inputs import Data, iter_inputs, num_batches
 from peg._progress import bar
 from peg._scalars import check_positive_int
 from peg._strategies import AUTO_VECTORISE_FLOPS as AUTO_VECTORISE_FLOPS
 from peg._strategies import AUTO_VECTORISE_FLOPS_CONV as AUTO_VECTORISE_FLOPS_CONV
 from peg._strategies import AUTO_VECTORISE_ROWS_CONV as AUTO_VECTORISE_ROWS_CONV
 from peg._strategies import STRATEGIES, MemberStrategies, Strategy, call_key
-from peg.batches import BatchFn, check_batch_fn
 from peg.output import model_output
+from peg.source import Data, Source
+from peg.source._devices import move
+from peg.source.batches import BatchFn, check_batch_fn
 
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -259,10 +259,11 @@ class Ensemble(Predicts, MemberStrategies):
 
         Args:
             X: inputs `[N, ...]` (Tensor or array), a mapping of them, or a Dataset/DataLoader
-                yielding `x`, `(x, y, ...)` or mapping batches (`peg.batches`: a mapping's
+                yielding `x`, `(x, y, ...)` or mapping batches (`peg.source.batches`: a mapping's
                 entries but "labels"/"label" are the model's keyword inputs, `model(**inputs)`),
                 on any device: each batch is moved to the members' device, recursively
-                (`peg._devices.model_device` gives the rule; `meta` data is refused). Inputs the
+                (`peg.source._devices.model_device` gives the rule; `meta` data is refused). Inputs
+                the
                 model cannot run on get an error naming X, from two of their rows.
             batch_size: rows per forward pass when X is a tensor (None: 512).
             strategy: "loop" runs members one after another on each batch; "vmap" runs all of
@@ -282,7 +283,7 @@ class Ensemble(Predicts, MemberStrategies):
                 within ~1% of float32). The logits come back as float32. None (default): the
                 weights' own precision.
             batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches of another shape
-                (`peg.batches`); None: the conventions above.
+                (`peg.source.batches`); None: the conventions above.
         """
         key = call_key(X, strategy, batch_size, chunk_size, autocast, batch_fn)
         if (modules := self._ready_again(key)) is not None:  # as the last call: nothing to check
@@ -322,10 +323,11 @@ class Ensemble(Predicts, MemberStrategies):
         batch_fn = check_batch_fn(batch_fn)
         seen = False
         with self._eval():
+            source = Source.of(X, batch_fn)
             for x in bar(
-                iter_inputs(X, batch_size, batch_fn, self.device),
+                source.inputs(batch_size, self.device),
                 f"predict ({len(self)} members)",
-                total=num_batches(X, batch_size),
+                total=source.num_batches(batch_size),
                 enabled=progress,
             ):
                 seen = True

@@ -9,10 +9,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from peg._devices import check_data_device
-from peg._inputs import Data, pair_or_tapped
-from peg._values import check_finite, checked_labels
-from peg.batches import BatchFn, Tapped, batch_rows, check_batch_fn
 from peg.errors import NotStreamable
 from peg.methods._predictors import (
     iter_member_logits_of,
@@ -22,6 +18,10 @@ from peg.methods._predictors import (
 from peg.metrics.conformal import split_selection
 from peg.metrics.regression import regression_metrics, split_gaussian
 from peg.metrics.streaming import StreamingMetrics
+from peg.source import Data, Source, Tapped
+from peg.source._devices import check_data_device
+from peg.source._values import check_finite, checked_labels
+from peg.source.batches import BatchFn, batch_rows, check_batch_fn
 
 
 def evaluate(
@@ -48,7 +48,7 @@ def evaluate(
             `member_logits(X) -> [M, N, C]`.
         X: inputs `[N, ...]`, or, when `y` is None, labelled data: a pair `(X, y)`, or a
             DataLoader/Dataset of `(x, y, ...)` or mapping batches (labels under "labels" or
-            "label", the rest the model's keyword inputs; `peg.batches`), read once without
+            "label", the rest the model's keyword inputs; `peg.source.batches`), read once without
             gathering the inputs.
         y: labels `[N]`.
         bins, min_count: ECE/MCE binning (equal width); `bins` also bins the adaptive and
@@ -68,7 +68,7 @@ def evaluate(
     "classwise_ece", and O(N) scalars when "adaptive_ece", "aurc" or "augrc", which need a
     global sort by confidence, is selected) from the
     predictor's `iter_member_logits`: one batch's member logits `[M, B, C]` are held at a
-    time, never `[M, N, C]`, the labels taken from the same pass (a `peg.batches.Tapped`
+    time, never `[M, N, C]`, the labels taken from the same pass (a `peg.source.Tapped`
     stream for loaders and Datasets, slices of `y` for tensors). The
     results equal the one-shot `peg.metrics` on `member_logits` up to the last bits (sums in
     another order; error counts exactly). Every peg predictor streams (`Ensemble`, the fitted
@@ -85,7 +85,7 @@ def evaluate(
     batch_fn = check_batch_fn(batch_fn)
     tapped: Tapped | None = None
     if y is None:
-        X, y = pair_or_tapped(X, "X", batch_fn, device)
+        X, y = Source(X, batch_fn).labelled(device)
         if isinstance(X, Tapped):
             tapped, batch_fn = X, None  # the stream carries its own
     elif isinstance(X, (Tensor, np.ndarray)):

@@ -22,17 +22,17 @@ import torch
 from torch import Tensor, nn
 
 from peg import _io, archive, recipe
-from peg._devices import model_device, move
 from peg._load_checks import (
     check_calibrated,
     check_calibration_entry,
     check_calibration_tensors,
     check_device,
 )
-from peg.batches import BatchFn
 from peg.ensemble import Ensemble
 from peg.errors import ArchiveError
 from peg.output import PREFIX
+from peg.source._devices import model_device, move
+from peg.source.batches import BatchFn
 
 __all__ = ["calibrator_for", "load", "register_calibrator", "register_format"]
 
@@ -126,7 +126,8 @@ def load(
             ignored for an archive that stores its members (`Ensemble.save`, other methods'
             `save`, or PEG/PEP's `save(path, materialize=True)`).
         batch_fn: the `batch_fn` the recipe's ensemble was fitted with, for `val` batches of
-            another shape (`peg.batches`; a callable is not stored in the recipe); for a saved
+            another shape (`peg.source.batches`; a callable is not stored in the recipe); for a
+            saved
             `Laplace`, the one it predicts with.
     """
     if model is not None and not isinstance(model, nn.Module):

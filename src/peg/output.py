@@ -1,6 +1,6 @@
 """`with_output`: use a model whose forward returns a tuple, a dict or an object, not logits.
 
-Everything in peg calls `model(x)` (`model(**inputs)` for mapping batches, `peg.batches`) and
+Everything in peg calls `model(x)` (`model(**inputs)` for mapping batches, `peg.source.batches`) and
 expects logits `[B, C]` (Gaussian heads `[B, 2]` for regression). A HuggingFace-style output, a
 mapping or `ModelOutput` with a `logits` entry, is understood as it is. A model that returns
 something else — a `(logits, features)` tuple, logits under another key — is wrapped once, and the

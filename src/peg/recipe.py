@@ -30,8 +30,8 @@ import torch
 from torch import Tensor
 
 from peg._schema import Fields, in_range
-from peg.batches import leaves
 from peg.errors import ArchiveError
+from peg.source.batches import leaves
 
 # 2: option names of the method contract (n_members, batch_size, ...); 3: the search's options
 # in one `search` object (`peg.ScaleSearch`)

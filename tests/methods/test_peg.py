@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 import peg
-from peg._rows import ValSource
 from peg.methods.perturbation import _scale_search as search_module
 from peg.methods.perturbation.peg import draw_batch
+from peg.source import Source
 from peg.streams import MEMBER, generator
 
 from conftest import mlp, moons
@@ -370,7 +370,7 @@ def test_whole_set_criteria_are_scored_as_themselves(overfit_mlp, moons_data):
     # The search scored the points in its own (seeded) order, batch_size rows at a time: the same
     # computation here, since logits of other batches may differ in the last bits on another CPU,
     # which moves an ECE by ~1e-7 (or a whole bin's gap when a confidence crosses an edge).
-    _, score = p._split(ValSource((X, y)))  # the scoring points' indices
+    _, score = p._split(Source((X, y)).rows())  # the scoring points' indices
     Xs, ys = X[score], y[score]
     assert len(Xs) == len(X)  # holdout=0: every point scores
     for eta, value in p.search_.items():
@@ -408,7 +408,7 @@ def test_the_surrogate_search_scores_a_prefix_of_the_scoring_points(overfit_mlp,
     n = fitted.meta_["validation_points"]["scoring"]
     assert n > 40 and set(fitted.search_points_.values()) == {40}
     assert fitted.search_stopped_ == list(fitted.search_)  # every scale on fewer than all
-    _, score = fitted._split(ValSource(moons_data["val"]))
+    _, score = fitted._split(Source(moons_data["val"]).rows())
     Xs, ys = (t[score[:40]] for t in moons_data["val"])
     for eta, value in fitted.search_.items():  # scored on exactly those 40 points
         expected = peg.metrics.nll(fitted.ensemble_at(eta).member_logits(Xs), ys)

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import peg
-from peg._rows import ValSource
+from peg.source import Source
 from peg.train import Recipe, train
 
 
@@ -129,7 +129,7 @@ def test_the_regression_search_records_the_mixture_nll(regressor):
     # The search scored the points in its own (seeded) order, batch_size rows at a time: the same
     # computation here (rows in other positions of a batch may get other last bits of their
     # outputs from the CPU's kernels, which would move the NLL by ~1e-7 relative).
-    _, score = p._split(ValSource((X, y)))  # the scoring points' indices
+    _, score = p._split(Source((X, y)).rows())  # the scoring points' indices
     Xs, ys = X[score], y[score]
     assert len(Xs) == len(X)  # holdout=0: every point scores
     for eta, value in p.search_.items():

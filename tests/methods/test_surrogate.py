@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import peg
-from peg._rows import ValSource
 from peg.losses import gaussian_nll_loss
 from peg.methods.perturbation._criteria import POINT_LOSSES
 from peg.methods.perturbation._surrogate import Interpolant, search_range, surrogate_search
+from peg.source import Source
 from peg.train import train
 
 GRID = (1e-3, 1e-2, 1e-1, 1.0)
@@ -107,7 +107,7 @@ def test_the_budget_is_never_exceeded_and_diverged_scales_lose():
 
 def _scoring_points(p, val):
     X, y = val
-    _, score = p._split(ValSource(val))
+    _, score = p._split(Source(val).rows())
     return (X, y) if score is None else (X[score], y[score])
 
 

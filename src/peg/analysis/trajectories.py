@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from peg._inputs import Data, as_xy
 from peg._io import load_tree, save_tree
+from peg.source import Data, Source
 from peg.train import ModelSource, Recipe, Snapshots, instantiate, train
 
 FORMAT = "peg-trajectory"
@@ -136,7 +136,7 @@ def train_trajectory(
         raise ValueError(f"seed: expected an integer, got {seed!r}")
     if not isinstance(recipe, Recipe):
         raise TypeError(f"recipe: expected a peg.train.Recipe, got {type(recipe).__name__}")
-    X, y = as_xy(data, "data")
+    X, y = Source(data, name="data").xy()
     net = instantiate(model, seed, reinit=isinstance(model, nn.Module))
     init = {k: v.detach().clone().cpu() for k, v in net.state_dict().items()}
     data_hash = _data_hash or _digest([X, y])
@@ -197,7 +197,7 @@ def train_trajectories(
         raise ValueError("seeds: expected at least one seed")
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds: expected different seeds, got {seeds}")
-    X, y = as_xy(data, "data")
+    X, y = Source(data, name="data").xy()
     data_hash = _digest([X, y])  # hashed once, not per seed
     out = []
     for seed in seeds:

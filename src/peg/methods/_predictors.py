@@ -14,15 +14,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from peg._devices import model_device, move, weights_device
 from peg._forward import warn_probabilities
-from peg._inputs import Data, iter_inputs, pair_or_tapped
-from peg._values import checked_labels, warn_one_class
-from peg.batches import BatchFn, Tapped, call_model
 from peg.ensemble import Ensemble
 from peg.errors import NotStreamable
 from peg.methods.base import FittedEnsemble, ModulePredictor, is_fitted
 from peg.output import model_output
+from peg.source import Data, Source, Tapped
+from peg.source._devices import model_device, move, weights_device
+from peg.source._values import checked_labels, warn_one_class
+from peg.source.batches import BatchFn, call_model
 
 
 def check_predictor(predictor: Any) -> None:
@@ -49,7 +49,7 @@ def _stateless_batches(
     model: nn.Module, X: Data, batch_size: int, batch_fn: BatchFn | None = None, **_: Any
 ) -> Iterator[Tensor]:
     """`[1, B_j, C]` per batch of a `stateless` model, computed on the inputs' own device."""
-    for x in iter_inputs(X, batch_size, batch_fn):
+    for x in Source.of(X, batch_fn).inputs(batch_size):
         yield model_output(call_model(model, x), "member_logits").unsqueeze(0)
 
 
@@ -124,13 +124,14 @@ def logits_and_labels(
     predictor: Any, data: Data, batch_size: int, batch_fn: BatchFn | None, name: str
 ) -> tuple[Tensor, Tensor]:
     """Member logits `[M, N, C]` and labels `[N]` of labelled data in one pass over it, the
-    labels on the logits' device (labels follow the scores, `peg._devices`).
+    labels on the logits' device (labels follow the scores, `peg.source._devices`).
 
-    A pair `(X, y)` of tensors is predicted as it is (`as_xy`); a loader or a Dataset (batches
-    of any shape, `peg.batches`) is handed to the predictor as a `Tapped` stream, which records
+    A pair `(X, y)` of tensors is predicted as it is (`Source.xy`); a loader or a Dataset (batches
+    of any shape, `peg.source.batches`) is handed to the predictor as a `Tapped` source, which
+    records
     each batch's labels as the predictor reads it: the inputs are never gathered, and the
     logits are those `predictor.member_logits(data)` gives (same batches, same bits)."""
-    X, y = pair_or_tapped(data, name, batch_fn, predictor_device(predictor))
+    X, y = Source(data, batch_fn, name).labelled(predictor_device(predictor))
     logits = member_logits_of(predictor, X, batch_size)
     if isinstance(X, Tapped):
         y = checked_labels(X.labels(), name, logits.shape[1], predictor_device(predictor))

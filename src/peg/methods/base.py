@@ -28,17 +28,17 @@ from typing import Any, ClassVar, Protocol
 import torch
 from torch import Tensor, nn
 
-from peg._devices import model_device, move
 from peg._forward import diagnose
-from peg._inputs import Data, iter_inputs, num_batches
 from peg._memory import require_memory
 from peg._progress import bar
 from peg._scalars import check_positive_int
-from peg.batches import BatchFn, Tapped, call_model, check_batch_fn
 from peg.ensemble import Ensemble, Predicts, _cat_batches, autocast_dtype
 from peg.errors import InvalidParameterError, NotFittedError
 from peg.methods import _constraints as checks
 from peg.output import model_output
+from peg.source import Data, Source
+from peg.source._devices import model_device, move
+from peg.source.batches import BatchFn, call_model, check_batch_fn
 from peg.streams import generator
 
 
@@ -199,12 +199,12 @@ class Method(Params):
         self, batch_size: int | None, batch_fn: BatchFn | None, X: Data = None
     ) -> tuple[int, BatchFn | None]:
         """The predictor protocol's `batch_size` and `batch_fn` for one call: those given win,
-        None means the constructor's (512 and `peg.batches`' conventions for a class without
-        them); a `Tapped` stream carries its own `batch_fn`."""
+        None means the constructor's (512 and `peg.source.batches`' conventions for a class without
+        them); a `Source` (a `Tapped` one) carries its own `batch_fn`."""
         own = self.__dict__.get("batch_size", 512)
         size = check_positive_int(own if batch_size is None else batch_size, "batch_size")
         split = check_batch_fn(self.__dict__.get("batch_fn") if batch_fn is None else batch_fn)
-        return size, None if isinstance(X, Tapped) else split
+        return size, None if isinstance(X, Source) else split
 
     def __getattr__(self, name: str) -> Any:
         # only reached when normal lookup failed: a fitted attribute before `fit`, or a property
@@ -289,7 +289,7 @@ class ModulePredictor(Predicts, Method):
     member outputs of a batch from it. Subclasses set `model_`, `batch_size`, `progress`,
     `batch_fn` and `label`, and implement `_prepare()` (module modes before predicting) and
     `_batch_logits(x, j) -> [M, B, C]` for batch j (`x` a tensor or structured inputs, on the
-    model's device; see `peg.batches`).
+    model's device; see `peg.source.batches`).
     """
 
     model_: nn.Module
@@ -339,7 +339,7 @@ class ModulePredictor(Predicts, Method):
 
         Args:
             X: inputs `[N, ...]`, an (X, y) tuple, a mapping of tensors, or a Dataset/DataLoader
-                of `x`, `(x, y, ...)` or mapping batches (`peg.batches`).
+                of `x`, `(x, y, ...)` or mapping batches (`peg.source.batches`).
             batch_size: rows per forward pass for tensors (default: the constructor's).
             progress: progress bar over batches (default: the constructor's).
             autocast: "bf16" / "fp16": forwards under `torch.autocast`, float32 logits back
@@ -369,10 +369,11 @@ class ModulePredictor(Predicts, Method):
         )
         self._prepare()  # in case model_ was switched to train/eval by someone since fit
         device = self._device()
+        source = Source.of(X, split)
         batches = bar(
-            iter_inputs(X, size, split, device),
+            source.inputs(size, device),
             self.label,
-            total=num_batches(X, size),
+            total=source.num_batches(size),
             enabled=self.progress if progress is None else progress,
         )
         seen = False

@@ -22,11 +22,11 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from peg._inputs import Data, probe_inputs
-from peg.batches import BatchFn
 from peg.methods import _constraints as checks
 from peg.methods.base import SampledPredictor, store_arguments
 from peg.methods.calibration.composed import CalibratedModel, Scaled, base_module
+from peg.source import Data, Source
+from peg.source.batches import BatchFn
 
 DROPOUT_TYPES: tuple[type[nn.Module], ...] = (
     nn.Dropout,
@@ -112,7 +112,8 @@ class MCDropout(SampledPredictor):
         batch_size: rows per forward pass when predicting a tensor.
         progress: show a progress bar over batches (None: only on a terminal).
         batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches that are neither
-            `(x, y, ...)` nor a mapping with "labels" (`peg.batches`); None: those conventions.
+            `(x, y, ...)` nor a mapping with "labels" (`peg.source.batches`); None: those
+            conventions.
 
     After `fit(model)`: `model_` (the deep copy used; the caller's model is never changed),
     `meta_` (method and hyper-parameters), `member_logits(X) -> [S, N, C]`,
@@ -186,7 +187,7 @@ class MCDropout(SampledPredictor):
         self.model_ = copied
         self._prepare()
         if val is not None:
-            self._probe(probe_inputs(val, "val", self.batch_fn, self._device()), "val")
+            self._probe(Source(val, self.batch_fn, "val").probe(self._device()), "val")
         self.meta_: dict[str, Any] = {
             "method": self.method,
             "n_members": int(self.n_members),

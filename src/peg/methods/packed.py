@@ -22,12 +22,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from peg._devices import move
 from peg._forward import diagnose
-from peg._inputs import Data, probe_inputs
-from peg.batches import BatchFn, call_model
 from peg.losses import packed_gaussian_nll, packed_loss
 from peg.methods.base import ModulePredictor, store_arguments
+from peg.source import Data, Source
+from peg.source._devices import move
+from peg.source.batches import BatchFn, call_model
 
 
 class PackedEnsemble(ModulePredictor):
@@ -37,7 +37,8 @@ class PackedEnsemble(ModulePredictor):
         batch_size: rows per forward pass when predicting a tensor.
         progress: show a progress bar over batches (None: only on a terminal).
         batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches that are neither
-            `(x, y, ...)` nor a mapping with "labels" (`peg.batches`); None: those conventions.
+            `(x, y, ...)` nor a mapping with "labels" (`peg.source.batches`); None: those
+            conventions.
 
     After `fit(model)`: `model_` (a deep copy in eval mode: BatchNorm running statistics,
     dropout off; the caller's model is never changed), `n_members_` (M, from the model's
@@ -83,7 +84,7 @@ class PackedEnsemble(ModulePredictor):
         self.model_ = copy.deepcopy(model).eval()
         self.n_members_ = int(model.packing.num_estimators)
         if val is not None:
-            X = probe_inputs(val, "val", self.batch_fn, self._device())
+            X = Source(val, self.batch_fn, "val").probe(self._device())
             with torch.no_grad():
                 diagnose(self._members, move(X, self._device(), "val"), "val")
         self.meta_: dict[str, Any] = {

@@ -19,10 +19,10 @@ from typing import Any
 
 from torch import nn
 
-from peg._inputs import Data, probe_inputs
-from peg.batches import BatchFn
 from peg.layers.patching import overhead, patched_modules, set_sampling
 from peg.methods.base import SampledPredictor, store_arguments
+from peg.source import Data, Source
+from peg.source.batches import BatchFn
 
 
 class MCPatched(SampledPredictor):
@@ -34,7 +34,8 @@ class MCPatched(SampledPredictor):
         batch_size: rows per forward pass when predicting a tensor.
         progress: show a progress bar over batches (None: only on a terminal).
         batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches that are neither
-            `(x, y, ...)` nor a mapping with "labels" (`peg.batches`); None: those conventions.
+            `(x, y, ...)` nor a mapping with "labels" (`peg.source.batches`); None: those
+            conventions.
 
     After `fit(model)`: `model_` (a deep copy; the caller's model is never changed), `meta_`
     (method, hyper-parameters, parameter overhead), `member_logits(X) -> [S, N, C]`,
@@ -81,7 +82,7 @@ class MCPatched(SampledPredictor):
         self.model_ = copy.deepcopy(model)
         self._prepare()
         if val is not None:
-            self._probe(probe_inputs(val, "val", self.batch_fn, self._device()), "val")
+            self._probe(Source(val, self.batch_fn, "val").probe(self._device()), "val")
         modes = sorted({m.mode for m in layers.values()})
         ks = sorted({m.k for m in layers.values()})
         self.meta_: dict[str, Any] = {

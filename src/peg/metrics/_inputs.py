@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from peg._values import as_tensor, refuse_bool_labels
+from peg.source._values import as_tensor, refuse_bool_labels
 
 PROB_ATOL = 1e-3  # how far a row of 2-D `pred` may sum from 1
 
@@ -134,7 +134,7 @@ def check_labels(
     only >= 0 is.
 
     `device`: the predictions' device, where the labels are moved to (labels follow the
-    predictions; labels on the `meta` device are refused, see `peg._devices.model_device`).
+    predictions; labels on the `meta` device are refused, see `peg.source._devices.model_device`).
     """
     t = as_tensor(y, name, device, owner="pred")
     if t.ndim != 1:

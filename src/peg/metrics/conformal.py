@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from peg._values import as_tensor
+from peg.source._values import as_tensor
 
 CONFORMAL_METRICS = ("coverage", "set_size", "worst_class_coverage", "worst_size_coverage")
 

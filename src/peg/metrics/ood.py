@@ -35,8 +35,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from peg._values import as_tensor
 from peg.metrics._inputs import as_pred, ensemble_log_probs, ensemble_probs
+from peg.source._values import as_tensor
 
 __all__ = [
     "OOD_SCORES",

@@ -38,8 +38,8 @@ import torch
 from torch import Tensor
 
 from peg._scalars import check_positive_int
-from peg._values import as_tensor
 from peg.losses import gaussian_nll_elementwise
+from peg.source._values import as_tensor
 
 Predictive = Literal["moment", "mixture"]
 DEFAULT_LEVELS = (0.5, 0.9, 0.95)

@@ -45,8 +45,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from peg._values import as_tensor
 from peg.metrics._predictive import Predictive, Ranked, ranked
+from peg.source._values import as_tensor
 
 
 def risk_coverage_curve(pred: Any, y: Any, confidence: Any = None) -> dict[str, Tensor]:

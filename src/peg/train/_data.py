@@ -13,7 +13,7 @@ read item by item, or an IterableDataset streamed in order; never the whole set 
   no shuffling is possible (shuffle inside the dataset if needed). A bare IterableDataset is
   batched by the recipe's batch size; a loader keeps its own batches.
 
-Batches are split by `peg.batches` (mapping batches: labels under "labels"/"label", the model
+Batches are split by `peg.source.batches` (mapping batches: labels under "labels"/"label", the model
 called as `model(**inputs)`; tuples `(x, y, *ignored)`; or `batch_fn`).
 """
 
@@ -29,8 +29,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
-from peg._inputs import as_xy, is_pair
-from peg.batches import BatchFn, split_batch
+from peg.source import Source, is_pair
+from peg.source.batches import BatchFn, split_batch
 
 LOADER_OPTIONS = ("num_workers", "pin_memory", "worker_init_fn", "timeout")
 
@@ -69,7 +69,7 @@ def check_labelled(data: Any, name: str, device: torch.device | None) -> None:
     if isinstance(data, (Tensor, np.ndarray)):
         raise ValueError(f"{name}: training needs labels, got inputs only")
     if is_pair(data):
-        as_xy(data, name, device=device)
+        Source(data, name=name).xy(device=device)
 
 
 class TrainingData:
@@ -99,7 +99,7 @@ class TrainingData:
                     "batch_fn: applies to the batches of a Dataset or DataLoader, not to a "
                     "pair (X, y) of tensors"
                 )
-            self.X, self.y = as_xy(data, "data", device=device)
+            self.X, self.y = Source(data, name="data").xy(device=device)
             self.n: int | None = len(self.X)
             return
         if isinstance(data, DataLoader):

@@ -12,11 +12,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from peg._devices import move
 from peg._forward import eval_mode
 from peg._scalars import check_positive_int
-from peg.batches import batch_rows, call_model, take_rows
 from peg.output import logits_of
+from peg.source._devices import move
+from peg.source.batches import batch_rows, call_model, take_rows
 
 Callback = Callable[[int, nn.Module], None]
 
@@ -64,7 +64,8 @@ class EarlyStopping:
     loss rises", the way users train).
 
     Args:
-        val: labelled validation data `(X, y)` (tensors; inputs any shape `peg.batches` takes).
+        val: labelled validation data `(X, y)` (tensors; inputs any shape `peg.source.batches`
+            takes).
         patience: epochs without an improvement of more than `min_delta` before stopping.
         min_delta: the improvement that counts.
         batch_size: rows per validation forward pass.

@@ -14,15 +14,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from peg._devices import model_device, move, weights_device
 from peg._forward import diagnose, eval_mode
-from peg._inputs import Data
 from peg._progress import bar
-from peg._values import check_finite, checked_labels
-from peg.batches import BatchFn, batch_rows, call_model, check_batch_fn, take_rows
 from peg.data.transforms import random_crop, random_hflip
 from peg.losses import packed_loss
 from peg.output import logits_of, model_output
+from peg.source import Data
+from peg.source._devices import model_device, move, weights_device
+from peg.source._values import check_finite, checked_labels
+from peg.source.batches import BatchFn, batch_rows, call_model, check_batch_fn, take_rows
 from peg.train._data import Batch, TrainingData
 from peg.train.callbacks import Callback, EarlyStopping
 from peg.train.checkpoint import CHECKPOINT_FORMAT, resume_run, save_run
@@ -78,7 +78,7 @@ def train(
     DataLoader over one (its dataset and `collate_fn` are used, its sampler and batch size
     are not: the order is the run's, the batch size the recipe's); or an IterableDataset (or a
     loader over one), streamed in its own order every epoch, without shuffling. Batches follow
-    `peg.batches` (mapping batches: labels under "labels"/"label", the model called as
+    `peg.source.batches` (mapping batches: labels under "labels"/"label", the model called as
     `model(**inputs)`); `batch_fn(batch) -> (inputs, y)` splits batches of other shapes.
 
     Checks: tensors are checked as a whole before the first epoch (no NaN/inf, labels
@@ -87,7 +87,7 @@ def train(
     classification losses), an error naming the batch, the epoch and the samples it holds.
     The model is run once on two rows of the first batch (`check_training_data`), so inputs it
     cannot take, labels out of range or a forward that returns no logits fail at once. Batches
-    are moved to the model's device (`peg._devices.model_device`).
+    are moved to the model's device (`peg.source._devices.model_device`).
 
     Args:
         recipe: how to train (default `Recipe()`); keyword fields override it, e.g.
@@ -99,7 +99,7 @@ def train(
         checkpoint: a file to save the run to after every epoch and resume from. Only whole
             epochs are saved: an interrupted epoch is redone from its start (a stream is read
             again from its beginning for it), and an epoch that meets bad data saves nothing.
-        batch_fn: splits the batches of a Dataset or DataLoader (`peg.batches`).
+        batch_fn: splits the batches of a Dataset or DataLoader (`peg.source.batches`).
         val: validation data `(X, y)` for early stopping (`recipe.patience`; required then):
             after every epoch its NLL is recorded (`val_nll`); the run stops after `patience`
             epochs without improvement and the model gets its best epoch's weights back. A
@@ -236,7 +236,7 @@ def check_training_data(
     cross-entropy and `packed_loss`), returns logits `[B, C]` for integer labels in [0, C).
 
     `X, y` are the whole data (tensors) or the first batch of a stream (`X` then any inputs
-    `peg.batches` takes). Returns C for class labels, None otherwise."""
+    `peg.source.batches` takes). Returns C for class labels, None otherwise."""
     with eval_mode(model), torch.no_grad(), torch.random.fork_rng(devices=[]):
         out = diagnose(
             lambda x: call_model(model, x), move(take_rows(X, 0, 2), device, "data"), "data"

@@ -21,26 +21,22 @@ from typing import Any
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from peg._inputs import Data, as_loader, is_pair
-from peg.batches import BatchFn, split_batch, take_rows
 from peg.ensemble import Ensemble
 from peg.methods._predictors import member_logits_of
 from peg.methods.base import FittedEnsemble, ModulePredictor
 from peg.methods.calibration._calibrator import Calibrator
 from peg.methods.laplace.laplace import Laplace
+from peg.source import Data, Source
+from peg.source.batches import BatchFn, take_rows
 
 PROBE_ROWS = 2
 
 
 def probe_rows(data: Data, batch_fn: BatchFn | None = None) -> Any:
-    """The inputs of the first `PROBE_ROWS` rows of labelled or unlabelled data."""
-    if is_pair(data):
-        return data[0][:PROBE_ROWS]
-    if isinstance(data, Tensor):
-        return data[:PROBE_ROWS]
-    loader = as_loader(data, PROBE_ROWS)
-    x, _ = split_batch(next(iter(loader)), batch_fn)
-    return take_rows(x, 0, PROBE_ROWS)
+    """The inputs of the first `PROBE_ROWS` rows of labelled or unlabelled data (a loader's
+    first batch, cut)."""
+    first = next(Source(data, batch_fn).inputs(PROBE_ROWS))
+    return take_rows(first, 0, PROBE_ROWS)
 
 
 def flops(predictor: Any, rows: Any) -> int:

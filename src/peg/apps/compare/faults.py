@@ -14,18 +14,18 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from peg._devices import model_device, move
 from peg._forward import diagnose, eval_mode
-from peg._inputs import Data, is_pair, iter_batches
-from peg._values import warn_one_class
 from peg.apps import registry
 from peg.apps.bench.spec import MethodSpec
-from peg.batches import BatchFn, call_model, take_rows
 from peg.methods.dropout import MCDropout, dropout_modules
 from peg.methods.laplace._torch import INSTALL
 from peg.methods.laplace.laplace import Laplace
 from peg.metrics._inputs import check_labels
 from peg.output import model_output
+from peg.source import Data, Source, is_pair
+from peg.source._devices import model_device, move
+from peg.source._values import warn_one_class
+from peg.source.batches import BatchFn, call_model, take_rows
 
 # (a piece of the message, what the user can do); the first match wins
 HINTS: tuple[tuple[str, str], ...] = (
@@ -132,7 +132,7 @@ def _first_batch(
     if is_pair(data):
         return data[0], data[1]
     try:
-        return next(iter_batches(data, 2, batch_fn, name, need_labels=labelled))
+        return next(Source(data, batch_fn, name).batches(2, need_labels=labelled))
     except StopIteration:
         raise ValueError(f"{name}: the data is empty (0 samples)") from None
     except Exception as e:

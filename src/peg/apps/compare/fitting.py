@@ -12,16 +12,16 @@ from typing import Any
 
 from torch import nn
 
-from peg._inputs import Data
 from peg.apps import registry
 from peg.apps.bench.spec import MethodSpec
 from peg.apps.chain import as_base, chained_seconds
 from peg.apps.compare.faults import failure
 from peg.apps.compare.methods import MODEL, options
 from peg.apps.compare.state import State
-from peg.batches import BatchFn
 from peg.loading import load
 from peg.methods.perturbation._scale_search import MAX_SCORE_POINTS
+from peg.source import Data
+from peg.source.batches import BatchFn
 
 PENDING = object()  # a resumed method's predictor, not loaded yet
 

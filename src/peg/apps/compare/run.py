@@ -20,7 +20,6 @@ import numpy as np
 from torch import Tensor, nn
 
 from peg import distributed, metrics
-from peg._inputs import Data, as_xy, is_dataset_or_loader, is_pair
 from peg._scalars import check_positive_int, check_seed
 from peg.apps import registry
 from peg.apps.bench.spec import MethodSpec
@@ -34,11 +33,12 @@ from peg.apps.compare.state import State, fingerprint
 from peg.apps.conformal import ConformalSpec, parse_conformal, scorer
 from peg.apps.results import RESULTS
 from peg.apps.scores import labelled_metrics, ood_detection, scored_detection
-from peg.batches import BatchFn, check_batch_fn
 from peg.detectors import DETECTOR_SCORES, OODDetector
 from peg.methods.perturbation._scale_search import MAX_SCORE_POINTS
 from peg.metrics._inputs import ensemble_log_probs
 from peg.metrics.ood import OOD_SCORES
+from peg.source import Data, Source, is_dataset_or_loader, is_pair
+from peg.source.batches import BatchFn, check_batch_fn
 
 Say = Callable[[str], None]
 
@@ -71,7 +71,7 @@ def compare(
         model: the trained classifier (an nn.Module returning logits `[B, C]`); never changed.
         val: labelled validation data the methods are fitted on: a pair `(X, y)` of tensors or
             arrays, a Dataset or a DataLoader (batches `(x, y, ...)`, mappings with "labels",
-            or any shape with `batch_fn`; `peg.batches`).
+            or any shape with `batch_fn`; `peg.source.batches`).
         test: labelled test data, as `val`.
         methods: names from `peg.apps.compare.CATALOGUE` ("TS", "PEP", "PEG", "PEG + TS",
             "MC dropout", "Last-layer PEG", "PEG (ascent)", "TS → PEG", "Model"),
@@ -317,10 +317,10 @@ def _by_name(data: Any, default: str) -> dict[str, Data]:
 
 
 def _labelled(data: Data, name: str) -> Data:
-    """`data` as labelled data: a pair as tensors (checked: `as_xy`), a Dataset or DataLoader
+    """`data` as labelled data: a pair as tensors (checked: `Source.xy`), a Dataset or DataLoader
     as it is (its first batch is read by `faults.check_data`)."""
     if is_pair(data):
-        return as_xy(data, name)
+        return Source(data, name=name).xy()
     if is_dataset_or_loader(data):
         return data
     raise TypeError(
@@ -337,9 +337,9 @@ def _argument(name: str) -> str:
 def _inputs(data: Data, name: str) -> Data:
     """OOD inputs: a tensor or array, the inputs of a pair, a Dataset or a DataLoader."""
     if is_pair(data):
-        return as_xy(data, name)[0]
+        return Source(data, name=name).xy()[0]
     if isinstance(data, (Tensor, np.ndarray)):
-        return as_xy(data, name, need_labels=False)[0]
+        return Source(data, name=name).xy(need_labels=False)[0]
     if is_dataset_or_loader(data):
         return data
     raise TypeError(

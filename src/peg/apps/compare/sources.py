@@ -30,9 +30,9 @@ import torch
 from torch import Tensor, nn
 
 from peg import data as datasets
-from peg._inputs import is_dataset_or_loader
 from peg._io import numpy_reason
-from peg.batches import from_numpy
+from peg.source import is_dataset_or_loader
+from peg.source.batches import from_numpy
 
 SPLITS = ("train", "test")
 

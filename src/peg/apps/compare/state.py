@@ -39,11 +39,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from peg._inputs import as_loader, is_dataset, is_loader
 from peg._io import load_tree, save_tree
 from peg._schema import Fields, in_range
 from peg.apps.results import RESULTS, claim, writable
 from peg.errors import ArchiveError
+from peg.source import as_loader, is_dataset, is_loader
 
 FOLDER = ".compare"
 ARCHIVES = "predictors"

@@ -19,9 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from peg import archive
-from peg._inputs import Data
 from peg._io import atomic_target
-from peg._rows import ValSource
 from peg.apps import registry
 from peg.apps.compare.costs import probe_rows
 from peg.apps.compare.methods import _spec, options, resolve
@@ -29,7 +27,6 @@ from peg.apps.select.cross import CrossFit
 from peg.apps.select.folds import CRITERIA, mean_se, stratified_folds
 from peg.apps.select.race import AUTO_BUDGET, MIN_BUDGET_SECONDS, Plan, fold_lines
 from peg.apps.select.report import choose, cost_line, to_markdown
-from peg.batches import BatchFn, check_batch_fn
 from peg.ensemble import Predicts
 from peg.methods import _constraints as checks
 from peg.methods._predictors import (
@@ -41,6 +38,8 @@ from peg.methods._predictors import (
 from peg.methods.base import Method, store_arguments
 from peg.methods.calibration.temperature import TemperatureScaling
 from peg.metrics._inputs import check_labels
+from peg.source import Data, Source, ValSource
+from peg.source.batches import BatchFn, check_batch_fn
 
 # the default candidates for saved logits (a model without parameters, `nn.Identity()`)
 LOGIT_CANDIDATES = (
@@ -180,7 +179,7 @@ class AutoSelect(Predicts, Method):
         if not isinstance(model, nn.Module):
             raise TypeError(f"model: expected a trained nn.Module, got {type(model).__name__}")
         batch_fn = check_batch_fn(self.batch_fn)
-        source = ValSource(val, "val", batch_fn)
+        source = Source(val, batch_fn, "val").rows()
         if not source.indexable:
             raise TypeError("val: AutoSelect reads folds by index; an IterableDataset cannot be")
         defaults = LOGIT_CANDIDATES if stateless(model) else DEFAULT_CANDIDATES

@@ -11,7 +11,7 @@ fitted on its base's predictor of the same fold, and a calibrator chained on a f
 (temperature) on a seeded subsample of at most `ONE_PARAMETER_POINTS` points (one scalar needs
 no more; the refit of a chosen one uses all of `val`). The other candidates (PEG, PEP, Laplace, MC
 dropout) are fitted through the method registry on a view of the fold
-(`peg._rows.ValSource.view`: indices over the validation data, nothing gathered) and predict
+(`peg.source._rows.ValSource.view`: indices over the validation data, nothing gathered) and predict
 the held-out view.
 
 From the same held-out outputs (no forward pass of its own), a candidate with more members than
@@ -31,7 +31,6 @@ import torch
 from torch import Tensor, nn
 
 from peg._progress import bar, lines
-from peg._rows import ValSource
 from peg.apps import registry
 from peg.apps.bench.spec import MethodSpec
 from peg.apps.chain import as_base
@@ -45,6 +44,7 @@ from peg.methods._predictors import logits_and_labels
 from peg.methods.calibration.temperature import TemperatureScaling
 from peg.methods.perturbation._scale_search import MAX_SCORE_POINTS
 from peg.metrics._inputs import ensemble_log_probs
+from peg.source import ValSource
 
 # registry keys fitted on the model's cached validation logits
 ON_LOGITS = (

@@ -1,7 +1,7 @@
 """The pieces of `AutoSelect`'s cross-fitting that know nothing of methods: stratified, seeded
 folds as index sets (`stratified_folds`), per-point scores (`point_scores`) and the paired
 statistics of the selection (`mean_se`). A fold's view of the labelled data, which reads nothing
-until it is used, is `peg._rows.ValSource.view`.
+until it is used, is `peg.source._rows.ValSource.view`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import warnings
 import torch
 from torch import Tensor
 
-from peg._devices import move
 from peg.metrics._inputs import ensemble_log_probs
+from peg.source._devices import move
 
 CRITERIA = ("nll", "brier")
 

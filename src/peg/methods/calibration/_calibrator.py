@@ -31,9 +31,6 @@ import numpy as np
 from torch import Tensor
 
 from peg import archive
-from peg._inputs import Data, is_pair
-from peg._values import warn_absent_classes
-from peg.batches import BatchFn, check_batch_fn
 from peg.ensemble import Ensemble, Predicts
 from peg.errors import ArchiveError
 from peg.loading import register_calibrator
@@ -49,6 +46,9 @@ from peg.methods._predictors import (
 )
 from peg.methods.base import Method
 from peg.metrics._inputs import check_labels, ensemble_log_probs
+from peg.source import Data, is_pair
+from peg.source._values import warn_absent_classes
+from peg.source.batches import BatchFn, check_batch_fn
 
 SCORES = ("log_probs", "logits")  # what a map acts on (`scores_`)
 
@@ -74,7 +74,7 @@ class Calibrator(Predicts, Method):
     method: ClassVar[str] = ""
     label: ClassVar[str] = ""
     # parameters per class (vector / matrix scaling, Dirichlet, binning): a class absent from
-    # the labels is warned of at fit (`peg._values.warn_absent_classes`)
+    # the labels is warned of at fit (`peg.source._values.warn_absent_classes`)
     class_wise: ClassVar[bool] = False
     batch_size: int
     batch_fn: BatchFn | None

@@ -21,12 +21,12 @@ import torch
 from torch import Tensor
 
 from peg._memory import require_memory
-from peg.batches import BatchFn
 from peg.errors import ArchiveError
 from peg.methods import _constraints as checks
 from peg.methods.base import store_arguments
 from peg.methods.calibration._calibrator import Calibrator, stored
 from peg.methods.calibration._few_points import warn_few_points
+from peg.source.batches import BatchFn
 
 STRATEGIES = ("uniform", "quantile")
 

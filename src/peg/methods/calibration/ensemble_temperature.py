@@ -29,13 +29,13 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from peg.batches import BatchFn
 from peg.errors import ArchiveError
 from peg.methods import _constraints as checks
 from peg.methods.base import store_arguments
 from peg.methods.calibration._affine import finite_scores
 from peg.methods.calibration._calibrator import Calibrator, stored
 from peg.methods.calibration.temperature import fit_temperature
+from peg.source.batches import BatchFn
 
 __all__ = ["EnsembleTemperatureScaling", "mixture_log_probs"]
 
@@ -125,7 +125,7 @@ class EnsembleTemperatureScaling(Calibrator):
         tol: the weights' fit stops when the Newton decrement (nats) falls below it.
         batch_size: rows per forward pass.
         batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches of another shape
-            (`peg.batches`).
+            (`peg.source.batches`).
 
     After `fit(predictor, val)`: `temperature_` (T), `weights_` (w `[3]`: scaled, uncalibrated,
     uniform), `n_classes_` (C), `predictor_`, `meta_`; `member_logits(X) -> [1, N, C]` (log p of

@@ -20,9 +20,7 @@ import torch
 from torch import Tensor
 
 from peg._features import check_target_shape
-from peg._inputs import Data
 from peg._schema import Fields
-from peg.batches import BatchFn, check_batch_fn
 from peg.errors import ArchiveError, NotStreamable
 from peg.methods import _constraints as checks
 from peg.methods._predictors import (
@@ -42,6 +40,8 @@ from peg.methods.calibration._label_shift import (
 )
 from peg.methods.conformal._base import WrapsCalibrator
 from peg.metrics._inputs import check_labels
+from peg.source import Data
+from peg.source.batches import BatchFn, check_batch_fn
 
 METHODS = ("em", "bbse")
 CALIBRATIONS = ("bcts", "ts", None)
@@ -63,7 +63,7 @@ class LabelShift(WrapsCalibrator, Calibrator):
             predictor, e.g. a fitted `peg.DirichletCalibration`). EM needs calibrated
             probabilities; BBSE is consistent with any fixed predictor, calibrated or not.
         max_iter, tol: EM's iteration cap and stopping rule (largest change of a prior).
-        batch_size, batch_fn: how the predictor reads data (`peg.batches`).
+        batch_size, batch_fn: how the predictor reads data (`peg.source.batches`).
 
     After `fit(predictor, val, target=X_target)`: `priors_` `[C]` (the target priors),
     `source_priors_` `[C]` (the class frequencies of `val`), `weights_` (their ratio),

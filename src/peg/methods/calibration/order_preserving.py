@@ -37,7 +37,6 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from peg.batches import BatchFn
 from peg.errors import ArchiveError
 from peg.methods import _constraints as checks
 from peg.methods.base import store_arguments
@@ -46,6 +45,7 @@ from peg.methods.calibration._calibrator import Calibrator, stored
 from peg.methods.calibration._monotone import fit_slopes, monotone_map, place_knots
 from peg.methods.calibration.scaling import SCORE_OPTIONS
 from peg.methods.calibration.temperature import fit_temperature
+from peg.source.batches import BatchFn
 
 __all__ = ["OrderPreservingScaling", "monotone_map"]
 
@@ -65,7 +65,7 @@ class OrderPreservingScaling(Calibrator):
         max_iter: Newton iterations (of temperature scaling's fit, then of the slopes').
         batch_size: rows per forward pass.
         batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches of another shape
-            (`peg.batches`).
+            (`peg.source.batches`).
 
     After `fit(predictor, val)`: `knots_` `[K]`, `slopes_` `[K + 1]`, `temperature_` (the TS
     it started from), `scores_`, `predictor_`, `meta_`; `member_logits(X) -> [1, N, C]` (g of

@@ -45,7 +45,6 @@ from typing import Any, ClassVar
 
 from torch import Tensor
 
-from peg.batches import BatchFn
 from peg.errors import ArchiveError
 from peg.methods import _constraints as checks
 from peg.methods.base import store_arguments
@@ -53,6 +52,7 @@ from peg.methods.calibration._affine import affine, fit_affine
 from peg.methods.calibration._affine_select import FOLDS, fit_auto
 from peg.methods.calibration._calibrator import Calibrator, stored
 from peg.methods.calibration._few_points import warn_few_points
+from peg.source.batches import BatchFn
 
 SCORE_OPTIONS = ("auto", "log_probs")
 AUTO = "auto"
@@ -180,7 +180,7 @@ class VectorScaling(_Affine):
             for maps too large for a Hessian, stops here).
         batch_size: rows per forward pass.
         batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches of another shape
-            (`peg.batches`).
+            (`peg.source.batches`).
 
     After `fit(predictor, val)`: `weights_` (w `[C]`), `bias_` (b `[C]`), `scores_` (what they
     act on: "logits" or "log_probs"), `regularisation_` ("auto": T, the chosen strength in

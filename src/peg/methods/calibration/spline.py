@@ -34,11 +34,11 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from peg.batches import BatchFn
 from peg.errors import ArchiveError
 from peg.methods import _constraints as checks
 from peg.methods.base import store_arguments
 from peg.methods.calibration._calibrator import Calibrator, stored
+from peg.source.batches import BatchFn
 
 __all__ = ["SplineCalibration", "natural_spline_basis", "top_label_recalibrated"]
 
@@ -103,7 +103,7 @@ class SplineCalibration(Calibrator):
             the others, in (0, 0.1): the class kept, a finite NLL.
         batch_size: rows per forward pass.
         batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches of another shape
-            (`peg.batches`).
+            (`peg.source.batches`).
 
     After `fit(predictor, val)`: `confidences_` `[N]` (the sorted validation confidences) and
     `calibrated_` `[N]` (γ at each), `predictor_`, `meta_`; `member_logits(X) -> [1, N, C]` (log

@@ -19,11 +19,11 @@ import torch
 from torch import Tensor
 
 from peg._scalars import check_number
-from peg.batches import BatchFn
 from peg.errors import ArchiveError
 from peg.methods import _constraints as checks
 from peg.methods.base import store_arguments
 from peg.methods.calibration._calibrator import Calibrator
+from peg.source.batches import BatchFn
 
 BOUNDS = (1e-3, 1e3)  # T's search range: beyond it a prediction is one-hot or uniform to 1e-3
 LOG10 = math.log(10.0)
@@ -55,7 +55,7 @@ class TemperatureScaling(Calibrator):
             a warning naming the bound, which is then T.
         batch_size: rows per forward pass.
         batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches that are neither
-            `(x, y, ...)` nor a mapping with "labels" (`peg.batches`); used by `fit` and
+            `(x, y, ...)` nor a mapping with "labels" (`peg.source.batches`); used by `fit` and
             `member_logits`. None: those conventions.
 
     After `fit(predictor, val)`: `temperature_` (T), `predictor_`, `meta_` (method, T and the

@@ -16,13 +16,13 @@ from typing import Any
 
 from torch import Tensor
 
-from peg._inputs import Data
-from peg.batches import BatchFn
 from peg.ensemble import Ensemble
 from peg.errors import ArchiveError, NotStreamable
 from peg.loading import calibrator_for
 from peg.methods._predictors import iter_member_logits_of, member_logits_of
 from peg.methods.calibration._calibrator import Calibrator
+from peg.source import Data
+from peg.source.batches import BatchFn
 
 INNER = "inner/"  # the prefix of a wrapped calibrator's arrays in the archive
 

@@ -28,13 +28,13 @@ import torch
 from torch import Tensor
 
 from peg._features import FEATURES, Features, check_features, check_target_shape
-from peg._inputs import Data, iter_batches
-from peg._values import check_finite
-from peg.batches import BatchFn
 from peg.methods import _constraints as checks
 from peg.methods._predictors import member_logits_of
 from peg.methods.calibration.label_shift import LabelShift
 from peg.methods.conformal._split import class_scores, labelled_batches, min_points
+from peg.source import Data, Source
+from peg.source._values import check_finite
+from peg.source.batches import BatchFn
 
 MIN_TARGET = 50  # target points the domain classifier needs at the least
 SEPARABLE = 0.99  # `max_auroc`: out-of-fold AUROC from which the weights are taken as unbounded
@@ -66,7 +66,7 @@ def joint_batches(
     """`(member logits [M, B, C], labels [B] or None, features [B, D] or None)` per batch of
     `data`, one pass (the inputs and their features from the same batch, so a shuffled loader
     keeps them aligned)."""
-    for inputs, y in iter_batches(data, batch_size, batch_fn, name, need_labels=labelled):
+    for inputs, y in Source(data, batch_fn, name).batches(batch_size, need_labels=labelled):
         check_finite(inputs, name)
         logits = member_logits_of(predictor, inputs, batch_size)
         if logits.ndim != 3:

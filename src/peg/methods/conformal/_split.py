@@ -13,7 +13,7 @@ Angelopoulos & Bates 2021), and the one pass over labelled data that fitting tak
   the classes that can be in one), so a label is in its set exactly when its score, the
   calibration score of that point, is at most q̂, which is what the guarantee needs;
 - `labelled_batches(predictor, data, ...)`: `(member logits [M, B, C], labels [B])` batch by
-  batch, one pass, the inputs never gathered (loaders through a `peg.batches.Tapped` stream).
+  batch, one pass, the inputs never gathered (loaders through a `peg.source.Tapped` source).
 """
 
 from __future__ import annotations
@@ -27,9 +27,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from peg._inputs import Data, pair_or_tapped
-from peg._values import checked_labels
-from peg.batches import BatchFn, Tapped
 from peg.errors import NotStreamable
 from peg.methods._constraints import described
 from peg.methods._predictors import (
@@ -37,6 +34,9 @@ from peg.methods._predictors import (
     member_logits_of,
     predictor_device,
 )
+from peg.source import Data, Source, Tapped
+from peg.source._values import checked_labels
+from peg.source.batches import BatchFn
 
 SCORES = ("lac", "aps", "raps")
 
@@ -168,7 +168,7 @@ def labelled_batches(
     """`(member logits [M, B, C], labels [B])` per batch of labelled `data`, in one pass (a
     predictor that cannot stream, a lazy PEG/PEP or a foreign object, gives one batch)."""
     device = predictor_device(predictor)
-    X, y = pair_or_tapped(data, name, batch_fn, device)
+    X, y = Source(data, batch_fn, name).labelled(device)
     tapped = X if isinstance(X, Tapped) else None
     if tapped is not None:
         batch_fn = None  # the stream carries its own

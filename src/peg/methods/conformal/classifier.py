@@ -19,8 +19,6 @@ import torch
 from torch import Tensor
 
 from peg._forward import warn_probabilities
-from peg._inputs import Data, known_rows
-from peg.batches import BatchFn
 from peg.errors import ArchiveError
 from peg.methods import _constraints as checks
 from peg.methods._predictors import check_predictor
@@ -50,6 +48,8 @@ from peg.methods.conformal._split import (
     quantile_rank,
 )
 from peg.metrics._inputs import check_labels
+from peg.source import Data, Source
+from peg.source.batches import BatchFn
 from peg.streams import generator
 
 
@@ -98,7 +98,7 @@ class ConformalClassifier(ConformalBase):
             unbounded weights) or the weights' effective sample size (Σw)² / Σw² is below
             `min_ess` (None: 1/α − 1, the fewest points a conformal quantile needs), and warns
             below `warn_ess` · n (heavy weights: wide sets that vary between calibration sets).
-        batch_size, batch_fn: how the predictor reads data (`peg.batches`).
+        batch_size, batch_fn: how the predictor reads data (`peg.source.batches`).
 
     After `fit(predictor, val)`: `quantile_` (q̂, a float, or `[C]` per class; label shift:
     `[C]` per candidate class; covariate shift: None, the threshold is per test point),
@@ -184,7 +184,7 @@ class ConformalClassifier(ConformalBase):
         if self.shift is not None:
             self._set_fitted(predictor, fit_shifted(self, predictor, val, target))
             return self
-        rows = known_rows(val)
+        rows = Source(val).known_rows()
         if rows is not None:  # too few points: said before reading them
             quantile_rank(rows, float(self.alpha))
         size = int(self.batch_size)

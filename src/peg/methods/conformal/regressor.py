@@ -19,8 +19,6 @@ import torch
 from torch import Tensor
 
 from peg._features import Features
-from peg._inputs import Data, known_rows
-from peg.batches import BatchFn
 from peg.errors import ArchiveError
 from peg.methods import _constraints as checks
 from peg.methods._predictors import check_predictor
@@ -44,6 +42,8 @@ from peg.methods.conformal._split import (
     quantile_rank,
 )
 from peg.metrics.regression import moment_match, split_gaussian
+from peg.source import Data, Source
+from peg.source.batches import BatchFn
 
 REG_SCORES = ("absolute", "normalized")
 
@@ -90,7 +90,7 @@ class ConformalRegressor(ConformalBase):
             unbounded weights) or the weights' effective sample size (Σw)² / Σw² is below
             `min_ess` (None: 1/α − 1, the fewest points a conformal quantile needs), and warns
             below `warn_ess` · n (heavy weights: wide sets that vary between calibration sets).
-        batch_size, batch_fn: how the predictor reads data (`peg.batches`).
+        batch_size, batch_fn: how the predictor reads data (`peg.source.batches`).
 
     After `fit(predictor, val)` (float targets): `quantile_` (q̂; None under covariate shift),
     `n_calib_`;
@@ -142,7 +142,7 @@ class ConformalRegressor(ConformalBase):
         if val is None:
             raise ValueError("val: conformal regression needs calibration data (X, y)")
         check_target(self.shift, target, val)
-        rows = known_rows(val)
+        rows = Source(val).known_rows()
         if rows is not None and self.shift is None:
             quantile_rank(rows, float(self.alpha))
         size = int(self.batch_size)

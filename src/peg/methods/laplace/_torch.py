@@ -22,10 +22,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from peg._devices import move
-from peg._rows import ValSource
-from peg.batches import batch_rows, call_model, describe_inputs
 from peg.output import logits_of
+from peg.source import ValSource
+from peg.source._devices import move
+from peg.source.batches import batch_rows, call_model, describe_inputs
 from peg.streams import LAPLACE_FIT, generator
 
 INSTALL = (

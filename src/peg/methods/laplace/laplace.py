@@ -44,16 +44,15 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from peg._devices import model_device, move
 from peg._forward import diagnose
-from peg._inputs import Data
-from peg._rows import ValSource
-from peg.batches import BatchFn
 from peg.loading import register_format
 from peg.methods import _constraints as checks
 from peg.methods.base import ModulePredictor, store_arguments
 from peg.methods.laplace import _state, _torch, _variance
 from peg.methods.laplace._torch import require_laplace
+from peg.source import Data, Source, ValSource
+from peg.source._devices import model_device, move
+from peg.source.batches import BatchFn
 from peg.streams import generator
 
 SUBSETS = ("last_layer", "all")
@@ -206,8 +205,8 @@ class Laplace(ModulePredictor):
             )
         device, split = model_device(model), self.batch_fn  # checked by _check_params
         name = "train_data" if train_data is not None else "val"
-        source = ValSource(train_data if train_data is not None else val, name, split, device)
-        grid = ValSource(val, "val", split, device) if gridsearch else None
+        source = Source(train_data if train_data is not None else val, split, name).rows(device)
+        grid = Source(val, split, "val").rows(device) if gridsearch else None
         laplace = require_laplace()
         network = copy.deepcopy(model).eval()  # laplace-torch runs it; the caller's is untouched
         network, self.keywords_ = _torch.wrapped(network, source, self.pred_type)

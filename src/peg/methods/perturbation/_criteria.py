@@ -18,12 +18,12 @@ import torch
 from torch import Tensor, nn
 
 from peg import metrics
-from peg._devices import model_device, move
 from peg._forward import diagnose, eval_mode
-from peg.batches import call_model, take_rows, tensors
 from peg.metrics._inputs import pred_and_labels
 from peg.metrics.regression import log_predictive_density, point_log_density, split_gaussian
 from peg.output import model_output
+from peg.source._devices import model_device, move
+from peg.source.batches import call_model, take_rows, tensors
 
 Criterion = Literal["nll", "ece", "brier"] | Callable[[Tensor, Tensor], float]
 

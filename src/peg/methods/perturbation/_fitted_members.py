@@ -12,10 +12,10 @@ from typing import Any
 
 from torch import Tensor
 
-from peg._inputs import Data
 from peg.ensemble import Ensemble
 from peg.methods.perturbation._lazy import RegeneratedMembers
 from peg.methods.perturbation._members import StackedMembers
+from peg.source import Data
 
 
 class FittedMembers:

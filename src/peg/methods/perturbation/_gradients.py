@@ -24,11 +24,11 @@ from torch import Tensor, nn
 
 from peg._heads import Split, candidates, find_split
 from peg._params import entry_views
-from peg.batches import call_model
 from peg.errors import NonFiniteError
 from peg.losses import cross_entropy_per_point, gaussian_nll_per_point
 from peg.methods.perturbation._members import DirectionData
 from peg.output import logits_of
+from peg.source.batches import call_model
 from peg.streams import generator
 
 LossFn = Callable[[Tensor, Tensor], Tensor]

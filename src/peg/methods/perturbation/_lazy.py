@@ -34,12 +34,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from peg._inputs import Data
 from peg._memory import available_memory, require_memory
 from peg._params import entry_views, module_like
 from peg._progress import counter
 from peg._scalars import check_positive_int
-from peg.batches import BatchFn, Tapped
 from peg.ensemble import STRATEGIES, Ensemble, Strategy, autocast_dtype
 from peg.errors import NotStreamable
 from peg.methods.perturbation._members import (
@@ -51,6 +49,8 @@ from peg.methods.perturbation._members import (
     finite_rows,
 )
 from peg.recipe import fingerprint_probe, fingerprint_rows
+from peg.source import Data, Source, Tapped
+from peg.source.batches import BatchFn
 
 LAZY_STORES = ("full", "bfloat16", "float16", "regenerate")
 # lazy="auto" without memory_budget: this fraction of the memory available when fit starts
@@ -355,10 +355,8 @@ class RegeneratedMembers:
             raise ValueError(f"strategy: expected one of {STRATEGIES}, got {strategy!r}")
         batch_size = check_positive_int(batch_size, "batch_size")
         k = LAZY_CHUNK_SIZE if chunk_size is None else check_positive_int(chunk_size, "chunk_size")
-        # a Tapped stream records labels: only on the first pass
-        later: tuple[Data, BatchFn | None] = (
-            X.untapped() if isinstance(X, Tapped) else (X, batch_fn)
-        )
+        # a Tapped source records labels: only on the first pass
+        later = X.untapped() if isinstance(X, Tapped) else Source.of(X, batch_fn)
         M = len(self)
         out: Tensor | None = None
         start = 0
@@ -367,9 +365,14 @@ class RegeneratedMembers:
         # (`_chunks` lets go of one when asked for the next, after `del ensemble` here)
         for members, ensemble in self._chunks(k, scale):
             shown.update(len(members))
-            data, fn = (X, batch_fn) if out is None else later
             logits = ensemble.member_logits(
-                data, batch_size, strategy, False, len(members), autocast, batch_fn=fn
+                X if out is None else later,
+                batch_size,
+                strategy,
+                False,
+                len(members),
+                autocast,
+                batch_fn=batch_fn,  # a Source keeps its own
             )
             del ensemble
             if out is None:

@@ -32,14 +32,13 @@ import torch
 from torch import Tensor, nn
 
 from peg._heads import find_split
-from peg._inputs import Data
 from peg._params import entry_views, refresh_bn
-from peg._rows import ValSource
-from peg.batches import batch_rows, call_model, take_rows
 from peg.ensemble import Ensemble
 from peg.methods.base import FittedEnsemble
 from peg.output import logits_of
 from peg.recipe import displacement_fingerprints
+from peg.source import Data, ValSource
+from peg.source.batches import batch_rows, call_model, take_rows
 
 # Members regenerated at a time by a lazy ensemble when `chunk_size` is not given.
 LAZY_CHUNK_SIZE = 5
@@ -74,7 +73,7 @@ def base_models(model: Models) -> list[nn.Module]:
 @dataclass(frozen=True)
 class DirectionData:
     """The validation points that feed the directions, read by index and never gathered:
-    points `index` of `source` (a `peg._rows.ValSource`: tensors, a Dataset or a loader's
+    points `index` of `source` (a `peg.source._rows.ValSource`: tensors, a Dataset or a loader's
     dataset), or all of them when `index` is None."""
 
     source: ValSource

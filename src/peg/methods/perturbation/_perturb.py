@@ -30,13 +30,8 @@ import torch
 from torch import Tensor, nn
 
 from peg import recipe
-from peg._devices import weights_device
-from peg._inputs import Data
 from peg._params import module_like, param_label, select_parameters
-from peg._rows import InputBatches, ValSource, read_in_order, split_points
 from peg._scalars import is_real
-from peg._values import warn_one_class
-from peg.batches import BatchFn, take_rows
 from peg.ensemble import Ensemble
 from peg.errors import NonFiniteError
 from peg.methods._constraints import (
@@ -73,6 +68,11 @@ from peg.methods.perturbation._members import (
 )
 from peg.methods.perturbation._recipes import Expected
 from peg.methods.perturbation._scale_search import SEARCH_OPTION, ScaleSearch, SearchRun
+from peg.source import Data, Source
+from peg.source._devices import weights_device
+from peg.source._rows import InputBatches, ValSource, read_in_order, split_points
+from peg.source._values import warn_one_class
+from peg.source.batches import BatchFn, take_rows
 
 BNMode = Literal["eval", "batch", "refresh"]
 
@@ -235,7 +235,7 @@ class PerturbationEnsemble(FittedEnsemble):
     def _split(
         self, source: ValSource, searched: bool | None = None
     ) -> tuple[DirectionData, Tensor | None]:
-        """(direction data, indices of the scoring points): `peg._rows.split_points`; points
+        """(direction data, indices of the scoring points): `peg.source._rows.split_points`; points
         are held out for scoring only when the scale is `searched` (None: `self.searches`)."""
         searched = self.searches if searched is None else searched
         holdout = self._holdout if searched and self.uses_direction_data else 0.0
@@ -333,7 +333,7 @@ class PerturbationEnsemble(FittedEnsemble):
                 "(BatchNorm running statistics, dropout off) and the model is left as it is",
                 stacklevel=4,  # the caller of fit
             )
-        source = ValSource(val, "val", self.batch_fn, weights_device(models[0]))
+        source = Source(val, self.batch_fn, "val").rows(weights_device(models[0]))
         if self.uses_direction_data and not source.indexable:
             raise TypeError(
                 f"val: {self.method} draws its mini-batches by index, and an IterableDataset "
@@ -368,7 +368,7 @@ class PerturbationEnsemble(FittedEnsemble):
                 "bn_data: bn='refresh' re-estimates BatchNorm statistics and needs "
                 "training inputs: fit(model, val, bn_data=train_loader)"
             )
-        return InputBatches(bn_data, self.batch_size, self.batch_fn, "bn_data")
+        return Source(bn_data, self.batch_fn, "bn_data").replay(self.batch_size)
 
     def _directions(
         self, models: list[nn.Module], bases: Bases, data: DirectionData, store: str | None

@@ -13,10 +13,8 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from peg._inputs import Data
 from peg._memory import require_memory
 from peg._params import select_parameters
-from peg.batches import BatchFn
 from peg.ensemble import Ensemble
 from peg.errors import ArchiveError
 from peg.methods.perturbation._lazy import MEMBER_BOOKKEEPING
@@ -28,6 +26,8 @@ from peg.recipe import (
     fingerprints_match,
     tolerance,
 )
+from peg.source import Data
+from peg.source.batches import BatchFn
 
 if TYPE_CHECKING:
     from peg.methods.perturbation._perturb import PerturbationEnsemble

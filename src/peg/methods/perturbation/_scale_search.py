@@ -17,7 +17,6 @@ import torch
 from torch import Tensor
 
 from peg._progress import counter
-from peg.batches import take_rows
 from peg.errors import InvalidParameterError
 from peg.methods._constraints import (
     Check,
@@ -43,6 +42,7 @@ from peg.methods.perturbation._criteria import (
 from peg.methods.perturbation._golden import RACE_FIRST, PairedRace, select_scale
 from peg.methods.perturbation._members import SearchTarget
 from peg.methods.perturbation._surrogate import surrogate_search
+from peg.source.batches import take_rows
 
 SEARCHES = ("surrogate", "golden")
 # What the surrogate search scores exactly, by default: every member on the first

@@ -58,7 +58,6 @@ from torch import Tensor, nn
 
 from peg._params import ParamFilter, flatten_state
 from peg._progress import bar
-from peg.batches import BatchFn
 from peg.errors import NonFiniteError
 from peg.methods._constraints import (
     Check,
@@ -83,6 +82,7 @@ from peg.methods.perturbation._members import DirectionData, RowSource
 from peg.methods.perturbation._perturb import BNMode, PerturbationEnsemble
 from peg.methods.perturbation._precondition import DEFAULT_DAMPING, PRECONDITIONERS, preconditioner
 from peg.methods.perturbation._scale_search import ScaleSearch, refuse_moved
+from peg.source.batches import BatchFn
 from peg.streams import MEMBER, VALIDATION, generator
 
 __all__ = ["PEG", "LossFn", "Momentum", "draw_batch"]
@@ -142,7 +142,7 @@ class PEG(PerturbationEnsemble):
         batch_size: rows per forward pass (scoring η, predicting).
         progress: show progress bars (None: only on a terminal).
         batch_fn: `batch_fn(batch) -> (inputs, y)` for validation batches (or items) that are
-            neither `(x, y, ...)` tuples nor mappings with "labels"/"label" (`peg.batches`).
+            neither `(x, y, ...)` tuples nor mappings with "labels"/"label" (`peg.source.batches`).
         on_nonfinite: a member whose loss or gradient is NaN/inf: "raise" (default,
             NonFiniteError naming it) or "drop" (left out; its index in `dropped_`).
         search: how η is chosen when searched or given as a list: a `peg.ScaleSearch` (its

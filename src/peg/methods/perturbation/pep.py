@@ -21,12 +21,12 @@ import torch
 from torch import Tensor, nn
 
 from peg._params import ParamFilter
-from peg.batches import BatchFn
 from peg.methods._constraints import Check, one_of, scale
 from peg.methods.base import store_arguments
 from peg.methods.perturbation._members import DirectionData, RowSource
 from peg.methods.perturbation._perturb import PerturbationEnsemble
 from peg.methods.perturbation._scale_search import ScaleSearch, refuse_moved
+from peg.source.batches import BatchFn
 from peg.streams import MEMBER, generator
 
 
@@ -45,7 +45,7 @@ class PEP(PerturbationEnsemble):
         batch_size: rows per forward pass (scoring σ, predicting).
         progress: show progress bars (None: only on a terminal).
         batch_fn: `batch_fn(batch) -> (inputs, y)` for validation batches of another shape
-            (`peg.batches`).
+            (`peg.source.batches`).
         on_nonfinite: "raise" (default) or "drop" members whose weights are NaN/inf.
         search: how σ is chosen when searched or given as a list: a `peg.ScaleSearch` or its
             method's name, "surrogate" (default, at most 3 exact scorings, see `PEG`) or

@@ -20,13 +20,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from peg._devices import weights_device
-from peg._inputs import Data
 from peg._io import save_tree
-from peg.batches import BatchFn
 from peg.ensemble import Ensemble
 from peg.methods import _constraints as checks
 from peg.methods.base import FittedEnsemble, store_arguments
+from peg.source import Data
+from peg.source._devices import weights_device
+from peg.source.batches import BatchFn
 from peg.train import Callback, ModelSource, Recipe, instantiate, load_checked, train
 from peg.train._data import check_labelled
 
@@ -53,7 +53,7 @@ class DeepEnsemble(FittedEnsemble):
         progress: progress bars.
         loss: the training loss `loss(outputs, y)` (e.g. a Gaussian NLL for regression heads).
         batch_fn: `batch_fn(batch) -> (inputs, y)` for training batches of another shape
-            (`peg.batches`); for predictions pass `batch_fn` to `member_logits` and the rest.
+            (`peg.source.batches`); for predictions pass `batch_fn` to `member_logits` and the rest.
 
     `train_data` is read batch by batch by every member (`peg.train.train`): tensors, a
     Dataset, a DataLoader or an IterableDataset, never gathered.

@@ -29,17 +29,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from peg._bn import InputBatches, update_bn
-from peg._devices import weights_device
-from peg._inputs import Data
+from peg._bn import update_bn
 from peg._params import parameter_vector, refresh_bn, unflatten_state
 from peg._progress import bar
 from peg._scalars import check_number, check_positive_int
-from peg.batches import BatchFn
 from peg.ensemble import Ensemble
 from peg.methods import _constraints as checks
 from peg.methods.base import FittedEnsemble, store_arguments
 from peg.methods.trained._swa_callbacks import Averager, Moments
+from peg.source import Data, Source
+from peg.source._devices import weights_device
+from peg.source.batches import BatchFn
 from peg.streams import SWAG_SAMPLE, generator
 from peg.train import Callback, ModelSource, Recipe, instantiate, train
 from peg.train._data import check_labelled
@@ -91,7 +91,7 @@ class SWA(FittedEnsemble):
         progress: progress bars.
         loss: the training loss `loss(outputs, y)` (e.g. a Gaussian NLL for regression heads).
         batch_fn: `batch_fn(batch) -> (inputs, y)` for training and `bn_data` batches of
-            another shape (`peg.batches`).
+            another shape (`peg.source.batches`).
 
     `train_data` and `bn_data` are read batch by batch (tensors, a Dataset, a DataLoader or an
     IterableDataset; `peg.train.train`), never gathered; the fitted object keeps a reference
@@ -163,7 +163,7 @@ class SWA(FittedEnsemble):
         device = weights_device(model) if isinstance(model, nn.Module) else None
         check_labelled(train_data, "train_data", device)
         name, source = ("train_data", train_data) if bn_data is None else ("bn_data", bn_data)
-        self._bn_batches = InputBatches(source, int(self.batch_size), self.batch_fn, name)
+        self._bn_batches = Source(source, self.batch_fn, name).replay(int(self.batch_size))
         seed = int(self.seed)
         net = instantiate(model, seed)
         own = self._callbacks(net)

@@ -9,11 +9,10 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor, nn
 
-from peg._bn import InputBatches
-from peg._inputs import Data
 from peg._params import refresh_bn
 from peg.methods import _constraints as checks
 from peg.methods.base import FittedEnsemble
+from peg.source import Data, InputBatches, Source
 from peg.streams import SUBSPACE_BN, generator
 
 SubspaceBN = Literal["eval", "refresh"]
@@ -62,7 +61,7 @@ class Sampler(FittedEnsemble):
                 "bn_data: bn='refresh' re-estimates BatchNorm statistics per sample and needs "
                 "training inputs: fit(..., bn_data=train_loader)"
             )
-        batches = InputBatches(bn_data, BN_BATCH_SIZE)
+        batches = Source(bn_data, name="bn_data").replay(BN_BATCH_SIZE)
         batches.check_not_empty()
         return batches
 

@@ -12,9 +12,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from peg._devices import model_device, move
 from peg._forward import diagnose, eval_mode
-from peg._inputs import Data, iter_batches
 from peg._params import (
     ParamFilter,
     flatten_state,
@@ -23,13 +21,15 @@ from peg._params import (
     unflatten_state,
 )
 from peg._progress import bar
-from peg._values import check_finite
-from peg.batches import batch_rows, call_model
 from peg.ensemble import Ensemble, model_output
 from peg.methods import _constraints as checks
 from peg.methods.base import store_arguments
 from peg.methods.trained.subspace._sampler import Sampler, SubspaceBN
 from peg.metrics._inputs import check_labels
+from peg.source import Data, Source
+from peg.source._devices import model_device, move
+from peg.source._values import check_finite
+from peg.source.batches import batch_rows, call_model
 from peg.streams import generator
 
 EVAL_BATCH_SIZE = 512  # rows per forward pass when checking min_accuracy
@@ -38,7 +38,7 @@ MAX_DRAWS_PER_SAMPLE = 10  # min_accuracy: give up after this many draws per req
 
 def _val_batches(val: Data) -> Any:
     """`(inputs, y)` per batch of `val`, read anew on every call (never gathered)."""
-    return iter_batches(val, EVAL_BATCH_SIZE, name="val", need_labels=True)
+    return Source(val, name="val").batches(EVAL_BATCH_SIZE, need_labels=True)
 
 
 def _check_val(model: nn.Module, val: Data) -> int:
@@ -111,7 +111,7 @@ class _AroundSolution(Sampler):
         Args:
             model: a trained nn.Module (left unchanged).
             val: labelled validation data, needed only for `min_accuracy`: (X, y), a Dataset
-                or a DataLoader (`peg.batches` conventions), read batch by batch for every
+                or a DataLoader (`peg.source.batches` conventions), read batch by batch for every
                 draw, the accuracy accumulated (never gathered).
             bn_data: training inputs for bn='refresh' (a tensor, (X, y), a Dataset or a
                 loader), read batch by batch for every sample.

@@ -8,8 +8,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from peg._devices import check_data_device
-from peg.batches import tensors
+from peg.source._devices import check_data_device
+from peg.source.batches import tensors
 
 
 def as_tensor(

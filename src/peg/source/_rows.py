@@ -13,29 +13,32 @@ what a user passes to `fit`:
 - an `IterableDataset` (or a loader over one) cannot be indexed: `indexable` is False, and only
   the pass in order is available (PEP scores σ on its first points; PEG refuses it).
 
-Batches follow `peg.batches`' conventions (mapping items → `model(**inputs)`, `(x, y, *ignored)`
-tuples, a `batch_fn` hook). Labels are checked batch by batch (`check_labels`), naming the batch
-and its index range.
+Batches follow `peg.source.batches`' conventions (mapping items → `model(**inputs)`,
+`(x, y, *ignored)` tuples, a `batch_fn` hook). Labels are checked batch by batch
+(`ValSource.check`), naming the batch and its index range.
+
+`Source.rows` and `Source.replay` make the two classes here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 from torch.utils.data._utils.collate import default_collate
 
 from peg import streams
-from peg._devices import check_data_device as _check_device
-from peg._devices import move
-from peg._inputs import as_xy, is_pair, iter_batches
-from peg._values import check_finite, checked_labels
-from peg.batches import BatchFn, batch_rows, split_batch, take_rows, tensors
 from peg.recipe import DataHasher
+
+if TYPE_CHECKING:
+    from peg.source._source import Source
+from peg.source._devices import check_data_device as _check_device
+from peg.source._devices import move
+from peg.source._values import check_finite, checked_labels
+from peg.source.batches import batch_rows, split_batch, take_rows, tensors
 
 ORDER_BATCH = 512  # rows per batch of the pass in order when the data has no batch size of its own
 
@@ -56,17 +59,13 @@ def cat_rows(parts: Sequence[Any]) -> Any:
 class ValSource:
     """Labelled data read by index (`rows`) or in order (`batches`); see the module doc.
 
-    `X`, `y` are the tensors of a pair (checked whole by `as_xy`, as before), else None.
+    `X`, `y` are the tensors of a pair (checked whole by `Source.xy`, as before), else None.
     """
 
-    def __init__(
-        self,
-        data: Any,
-        name: str = "val",
-        batch_fn: BatchFn | None = None,
-        device: torch.device | None = None,
-    ) -> None:
-        self.name, self.batch_fn, self.device = name, batch_fn, device
+    def __init__(self, source: Source, device: torch.device | None = None) -> None:
+        data, name = source.data, source.name
+        self.source, self.device = source, device
+        self.name, self.batch_fn = name, source.batch_fn
         self.X: Tensor | None = None
         self.y: Tensor | None = None
         self.loader: DataLoader | None = None
@@ -91,8 +90,8 @@ class ValSource:
                     ) from None
                 if self.n == 0:
                     raise ValueError(f"{name}: the data is empty (0 samples)")
-        else:  # a pair of tensors or arrays, checked whole (as_xy's errors for anything else)
-            self.X, self.y = as_xy(data, name, device=device)
+        else:  # a pair of tensors or arrays, checked whole (`Source.xy`'s errors otherwise)
+            self.X, self.y = source.xy(device=device)
             self.n = len(self.X)
         self.classes: int | None = None  # set once the model's output width is known
         self.regression = False
@@ -117,7 +116,8 @@ class ValSource:
 
     # ---------------------------------------------------------------- by index
     def on_device(self, inputs: Any, y: Tensor) -> tuple[Any, Tensor]:
-        """Inputs and labels on `device`, the model's (`peg._devices`; None: where they are)."""
+        """Inputs and labels on `device`, the model's (`peg.source._devices`; None: where they
+        are)."""
         return move(inputs, self.device, self.name), move(y, self.device, f"{self.name} labels")
 
     def rows(self, idx: Tensor | Sequence[int]) -> tuple[Any, Tensor]:
@@ -282,23 +282,22 @@ def read_in_order(
 
 
 class InputBatches:
-    """The input batches of `data` (bn="refresh"), read anew on every pass, never gathered:
-    iterable any number of times (`torch.optim.swa_utils.update_bn` reads it once per member)."""
+    """The input batches of a source (bn="refresh", SWA's and the subspaces' statistics), read
+    anew on every pass, never gathered, each checked for NaN/inf: iterable any number of times
+    (`torch.optim.swa_utils.update_bn` reads it once per member). `Source.replay` makes one."""
 
-    def __init__(
-        self, data: Any, batch_size: int, batch_fn: BatchFn | None = None, name: str = "bn_data"
-    ) -> None:
-        self.data, self.batch_size, self.batch_fn, self.name = data, batch_size, batch_fn, name
-        if not (is_pair(data) or isinstance(data, (Tensor, np.ndarray, Dataset, DataLoader))):
-            raise TypeError(
-                f"{name}: expected inputs X, a tuple (X, y), a Dataset or a DataLoader, "
-                f"got {type(data).__name__}"
-            )
+    def __init__(self, source: Source, batch_size: int) -> None:
+        self.source, self.batch_size = source, batch_size
 
     def __iter__(self) -> Iterator[Any]:
-        for j, (inputs, _) in enumerate(iter_batches(self.data, self.batch_size, self.batch_fn)):
-            check_finite(inputs, f"{self.name}: batch {j}")
+        for j, inputs in enumerate(self.source.inputs(self.batch_size)):
+            check_finite(inputs, f"{self.source.name}: batch {j}")
             yield inputs
+
+    def check_not_empty(self) -> None:
+        """Read the first batch (only): an empty source is a ValueError naming it."""
+        if next(iter(self), None) is None:
+            raise ValueError(f"{self.source.name}: the data is empty (0 samples)")
 
 
 def _shown(idx: Tensor | Sequence[int]) -> str:

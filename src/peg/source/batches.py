@@ -12,8 +12,8 @@ The conventions, with zero configuration (HuggingFace's for mappings):
   no labels are needed), accepted by `Ensemble.member_logits`, `evaluate` and, as a constructor
   argument (kept by `sklearn.base.clone`), by the methods that take data.
 
-Where batches go is `peg._devices`' rule (data follows the model, labels follow the scores),
-applied by `peg._inputs.iter_batches`. The number of rows of inputs is the first dimension of
+Where batches go is `peg.source._devices`' rule (data follows the model, labels follow the scores),
+applied by `peg.source.Source.batches`. The number of rows of inputs is the first dimension of
 their tensors, which must agree (`batch_rows`); `take_rows` slices every tensor of structured
 inputs alike.
 
@@ -40,7 +40,6 @@ LABEL_KEYS = ("labels", "label")
 __all__ = [
     "LABEL_KEYS",
     "BatchFn",
-    "Tapped",
     "batch_rows",
     "call_model",
     "check_batch_fn",
@@ -52,44 +51,6 @@ __all__ = [
 
 def _where(name: str, index: int | None) -> str:
     return f"{name}: batch {index}" if index is not None else f"{name}: the batch"
-
-
-class Tapped:
-    """Data whose batches `peg._inputs.iter_inputs` yields while recording their labels.
-
-    Handed (by `peg.evaluate`, temperature scaling) to a predictor's `member_logits` in place
-    of the data itself, so that one pass over a loader gives both the logits and the labels,
-    batch by batch, the inputs never gathered.
-    """
-
-    def __init__(self, data: Any, batch_fn: BatchFn | None = None, name: str = "X") -> None:
-        self.data, self.batch_fn, self.name = data, batch_fn, name
-        self._seen: list[Tensor] = []  # labels of the batches read since the last `take_labels`
-
-    def record(self, y: Tensor | None, rows: int, index: int) -> None:
-        """Keep the labels `y` `[B]` of batch `index`, which has `rows` inputs; a ValueError
-        naming the batch where they are missing or of another length."""
-        if y is None or y.ndim == 0 or len(y) != rows:
-            got = "no labels" if y is None else f"labels of shape {tuple(y.shape)}"
-            raise ValueError(f"{self.name}: batch {index} has {rows} inputs but {got}")
-        self._seen.append(y)
-
-    def labels(self) -> Tensor:
-        """The labels of every batch seen, in order, `[N]`."""
-        if not self._seen:
-            raise ValueError(f"{self.name}: the data is empty (0 samples)")
-        return torch.cat(self._seen)
-
-    def take_labels(self) -> Tensor:
-        """`labels()`, then forgotten: the labels of the batches read since the last call (one
-        batch's where the logits are consumed batch by batch)."""
-        labels, self._seen = self.labels(), []
-        return labels
-
-    def untapped(self) -> tuple[Any, BatchFn | None]:
-        """The data and its `batch_fn`, to read again without recording labels (a later pass,
-        e.g. a lazy PEG/PEP's next chunk of members)."""
-        return self.data, self.batch_fn
 
 
 def check_batch_fn(batch_fn: Any, name: str = "batch_fn") -> BatchFn | None:

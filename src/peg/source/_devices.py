@@ -1,7 +1,7 @@
 """Where data goes: the one device rule of peg, and the one function that applies it.
 
 *Data follows the model; labels follow the scores.* Every consumer of user data gets its
-batches from `peg._inputs.iter_batches(..., device=)` (or `iter_inputs`), which calls `move`
+batches from `peg.source.Source.batches(..., device=)` (or `inputs`), which calls `move`
 here on inputs and labels alike, with `device` the device of what consumes them:
 
 - a model or an ensemble: where its weights are (`model_device`);
