@@ -5,6 +5,7 @@ consumer reads through `Source`."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,19 @@ def test_torch_data_is_imported_by_the_data_path_only():
         and "torch.utils.data" in path.read_text(encoding="utf-8")
     )
     assert importers == ["source/_rows.py", "source/_source.py"]
+
+
+IMPORT_SOURCE_MODULE = re.compile(r"^\s*(from|import) peg\.source\._source\b", re.M)
+
+
+def test_every_consumer_reads_through_the_source_package():
+    """Outside `source/`, modules take `Source` and the kind predicates from `peg.source`, never
+    the module behind it (issue 41: one data module, read one way)."""
+    root = Path(peg.__file__).parent
+    reaching_in = sorted(
+        path.relative_to(root).as_posix()
+        for path in root.rglob("*.py")
+        if path.relative_to(root).parts[0] != "source"
+        and IMPORT_SOURCE_MODULE.search(path.read_text(encoding="utf-8"))
+    )
+    assert reaching_in == []
