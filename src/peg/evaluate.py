@@ -19,8 +19,7 @@ from peg.metrics.conformal import split_selection
 from peg.metrics.regression import regression_metrics, split_gaussian
 from peg.metrics.streaming import StreamingMetrics
 from peg.source import Data, Source, Tapped
-from peg.source._devices import check_data_device
-from peg.source._values import check_finite, checked_labels
+from peg.source._values import checked_labels
 from peg.source.batches import BatchFn, batch_rows, check_batch_fn
 
 
@@ -89,9 +88,7 @@ def evaluate(
         if isinstance(X, Tapped):
             tapped, batch_fn = X, None  # the stream carries its own
     elif isinstance(X, (Tensor, np.ndarray)):
-        X = torch.as_tensor(X)
-        check_data_device(X, "X", device)
-        check_finite(X, "X")
+        X = Source(X).xy(need_labels=False, device=device)[0]
     if y is not None and not isinstance(X, Tapped) and (isinstance(X, (Tensor, Mapping))):
         _check_count(y, batch_rows(X))
     try:
