@@ -34,8 +34,9 @@ from peg.errors import ArchiveError
 from peg.source.batches import leaves
 
 # 2: option names of the method contract (n_members, batch_size, ...); 3: the search's options
-# in one `search` object (`peg.ScaleSearch`)
-RECIPE_VERSION = 3
+# in one `search` object (`peg.ScaleSearch`); 4: K-FAC's input factors from their rows where
+# they are fewer than the inputs (`_precondition.InputMoment`; older recipes rebuild summed)
+RECIPE_VERSION = 4
 FINGERPRINT_SEED = 20_241_121
 TOLERANCE = 1e-4  # float32 gradients rebuilt with rounding in another order
 ARITHMETIC = ("fp32", "tf32")  # what `arithmetic` records

@@ -11,25 +11,27 @@ from torch import nn
 
 import peg
 from bad_inputs import raises_test
+from peg.methods.perturbation import _precondition
 from peg.methods.perturbation.peg import draw_batch
 from peg.streams import VALIDATION, generator
 
 K, VAL_BATCHES, SEED = 16, 3, 4
 
 
-def _net() -> nn.Module:
+def _net(features: int = 3) -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 4)).eval()
+    return nn.Sequential(nn.Linear(features, 5), nn.Tanh(), nn.Linear(5, 4)).eval()
 
 
-def _data(n: int = 120) -> tuple[torch.Tensor, torch.Tensor]:
+def _data(n: int = 120, features: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1)
-    return torch.randn(n, 3, generator=g), torch.randint(0, 4, (n,), generator=g)
+    return torch.randn(n, features, generator=g), torch.randint(0, 4, (n,), generator=g)
 
 
-def _fit(**options: object) -> peg.PEG:
+def _fit(features: int = 3, **options: object) -> peg.PEG:
     base = dict(n_members=4, grad_batch_size=K, eta=0.1, seed=SEED, val_batches=VAL_BATCHES)
-    return peg.PEG(**{**base, **options}, progress=False).fit(_net(), _data())  # type: ignore[arg-type]
+    model, val = _net(features), _data(features=features)
+    return peg.PEG(**{**base, **options}, progress=False).fit(model, val)  # type: ignore[arg-type]
 
 
 def _curvature_points() -> torch.Tensor:
@@ -61,10 +63,19 @@ def _dense_kfac(net: nn.Module, X: torch.Tensor, y: torch.Tensor) -> torch.Tenso
     return torch.block_diag(*blocks)
 
 
-def test_kfac_step_matches_the_dense_kronecker_inverse() -> None:
-    plain, pre = _fit(), _fit(precondition="kfac", damping=0.3)
-    X, y = _data()
-    F = _dense_kfac(_net(), *(t[_curvature_points()] for t in (X, y))).double()
+@pytest.mark.parametrize("features", [3, 64])
+def test_kfac_step_matches_the_dense_kronecker_inverse(features: int, monkeypatch) -> None:
+    """With 64 inputs the first layer's A (65 × 65) is seen on 3 × 16 = 48 points only: its
+    rows are kept and its eigenvectors come from their Gram matrix (`InputMoment`)."""
+    ranges: list[bool] = []
+    input_eig = _precondition._input_eig
+    monkeypatch.setattr(
+        _precondition, "_input_eig", lambda lay: (r := input_eig(lay), ranges.append(r[2]))[0]
+    )
+    plain, pre = _fit(features), _fit(features, precondition="kfac", damping=0.3)
+    assert ranges == [features > 3 * K, False]  # the rows' Gram path for the wide layer only
+    X, y = _data(features=features)
+    F = _dense_kfac(_net(features), *(t[_curvature_points()] for t in (X, y))).double()
     lam = 0.3 * F.trace() / F.shape[0]
     expected = (
         lam * torch.linalg.solve(F + lam * torch.eye(len(F)), plain.directions_[0].double().T).T
@@ -119,6 +130,32 @@ def test_a_preconditioned_recipe_rebuilds_bit_identical_members(tmp_path, kind: 
     for m in range(len(built)):
         a, b = loaded.member_state(m), built.member_state(m)
         assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+def test_a_kfac_recipe_of_version_3_rebuilds_with_summed_input_factors(
+    tmp_path, monkeypatch
+) -> None:
+    """Recipes before version 4 made K-FAC's members from the summed input factors, rows kept
+    or not: they are rebuilt so (and newer ones from the rows, on a layer seen on fewer points
+    than it has inputs)."""
+    from peg.methods.perturbation import _recipes
+
+    kept: list[bool] = []
+
+    class Recording(_precondition.InputMoment):
+        def __init__(self, keep_rows: bool = True) -> None:
+            super().__init__(keep_rows)
+            kept.append(keep_rows)
+
+    monkeypatch.setattr(_precondition, "InputMoment", Recording)
+    for version, expected in ((3, False), (4, True)):
+        fitted = _fit(64, precondition="kfac", eta=0.1, lazy=False)
+        fitted.__dict__["_kfac_rows"] = expected  # as that version's fit made them
+        monkeypatch.setattr(_recipes, "RECIPE_VERSION", version)
+        path = fitted.save(str(tmp_path / f"recipe{version}"))
+        kept.clear()
+        peg.load(path, _net(64), val=_data(features=64))  # checked against the fingerprints
+        assert kept and set(kept) == {expected}
 
 
 def _bn_net() -> nn.Module:

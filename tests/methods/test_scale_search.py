@@ -98,7 +98,7 @@ def test_a_recipe_records_the_search_and_rebuilds_it(overfit_mlp, moons_data, tm
     )
     path = fitted.save(str(tmp_path / "recipe"))
     made = archive.read_header(path)["meta"]["recipe"]
-    assert made["recipe_version"] == 3
+    assert made["recipe_version"] == 4
     assert made["options"]["search"] == {**search.get_params(), "grid": [0.01, 0.1]}
     rebuilt = _recipes._from_options(peg.PEG, made, None)
     assert rebuilt.search.get_params() == {**search.get_params(), "grid": [0.01, 0.1]}

@@ -49,6 +49,7 @@ from peg.source.batches import (
 
 Data = Any  # Tensor | np.ndarray | tuple[X, y] | Mapping | Dataset | DataLoader | Source
 
+
 def is_pair(data: Any) -> TypeGuard[tuple[Any, Any] | list[Any]]:
     """Whether `data` is a pair `(X, y)` whose inputs are a tensor or an array (what `Source.xy`
     takes as it is and every entry point slices in memory); the one test of it in peg."""

@@ -30,6 +30,7 @@ steps in the sharp directions and leaves the flat ones as they were. The η sear
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,6 +74,9 @@ class KFACLayer:
     weight: int  # index of the weight among the perturbed entries
     bias: int | None = None  # index of the bias, if perturbed
     A: Tensor | None = None  # [d_in (+1), d_in (+1)]; Embedding: its diagonal [V]
+    # instead of A, where fewer rows than d_in (+1) were seen: the rows R `[r, d_in (+1)]`,
+    # scaled so that A = Rᵀ R (rank ≤ r: its eigenvectors come from R Rᵀ, `_input_eig`)
+    A_rows: Tensor | None = None
     G: Tensor | None = None  # [d_out, d_out]
     calls: list[tuple[Tensor, Tensor]] = field(default_factory=list)  # (input, output) a pass
 
@@ -91,20 +95,19 @@ class KFACLayer:
         if self.bias is not None:
             views[self.bias].copy_(V[:, d_in])
 
-    def inputs(self, x: Tensor, dtype: torch.dtype) -> tuple[Tensor, int]:
-        """(Σ over rows of a aᵀ — for an Embedding the token counts `[V]` —, the rows: points ×
-        positions) of one call's inputs."""
+    def inputs(self, x: Tensor, dtype: torch.dtype) -> Tensor:
+        """The rows a `[points × positions, d_in (+1)]` of one call's inputs, whose Σ a aᵀ is A
+        (for an Embedding the token counts `[V]`, A's diagonal)."""
         m = self.module
         if self.kind == "embedding":
-            return torch.bincount(x.reshape(-1), minlength=m.num_embeddings).to(dtype), x.numel()
+            return torch.bincount(x.reshape(-1), minlength=m.num_embeddings).to(dtype)
         if self.kind == "conv2d":
             a = F.unfold(x, m.kernel_size, m.dilation, m.padding, m.stride).transpose(1, 2)
         else:
             a = x.reshape(x.shape[0], -1, x.shape[-1])
         if self.bias is not None:
             a = torch.cat([a, a.new_ones(*a.shape[:2], 1)], 2)
-        a = a.reshape(-1, a.shape[-1]).to(dtype)
-        return a.T @ a, a.shape[0]
+        return a.reshape(-1, a.shape[-1]).to(dtype)
 
     def outputs(self, g: Tensor, dtype: torch.dtype) -> Tensor:
         """Σ over points and positions of g gᵀ, g the per-point output gradients `[d_out]`."""
@@ -147,7 +150,12 @@ def kfac_layers(
 
 @torch.enable_grad()
 def _kfac_factors(
-    grad: GradientPass, layers: list[KFACLayer], diagonal: list[int], seed: int, n: int
+    grad: GradientPass,
+    layers: list[KFACLayer],
+    diagonal: list[int],
+    seed: int,
+    n: int,
+    keep_rows: bool = True,
 ) -> Tensor:
     """Fill each layer's A and G from `n` mini-batches (per-point loss gradients); returns the
     diagonal Fisher of the entries `diagonal`, flattened in row order."""
@@ -162,8 +170,8 @@ def _kfac_factors(
         )
         for layer in layers
     ]
-    sums: dict[str, list[Tensor]] = {}
-    rows = dict.fromkeys((lay.name for lay in layers), 0)
+    moments = {lay.name: InputMoment(keep_rows) for lay in layers}
+    sums: dict[str, Tensor] = {}  # Σ g gᵀ
     extra = [grad.selected[j] for j in diagonal]
     fisher = [torch.zeros_like(p, dtype=grad.dtype) for p in extra]
     points = 0
@@ -181,12 +189,9 @@ def _kfac_factors(
                 for x, out in layer.calls:
                     gout = grads[at] if grads[at] is not None else torch.zeros_like(out)
                     at += 1
-                    A, count = layer.inputs(x, grad.dtype)
+                    moments[layer.name].add(layer.inputs(x, grad.dtype), layer.kind)
                     G = layer.outputs(gout, grad.dtype)
-                    rows[layer.name] += count
-                    pair = sums.setdefault(layer.name, [torch.zeros_like(A), torch.zeros_like(G)])
-                    pair[0] += A
-                    pair[1] += G
+                    sums.setdefault(layer.name, torch.zeros_like(G)).add_(G)
             for f, g in zip(fisher, grads[at:], strict=True):
                 if g is not None:
                     f += g.to(grad.dtype).square() / len(losses)
@@ -201,51 +206,128 @@ def _kfac_factors(
                 f"precondition: layer {layer.name!r} did not run in the model's forward pass; "
                 "select the parameters the model uses (params=)"
             )
-        layer.A = sums[layer.name][0] / max(rows[layer.name], 1)
-        layer.G = sums[layer.name][1] / points
+        layer.A, layer.A_rows = moments[layer.name].mean()
+        layer.G = sums[layer.name] / points
     flat = [f.reshape(-1) / n for f in fisher]
     return torch.cat(flat) if flat else torch.zeros(0, dtype=grad.dtype, device=grad.device)
 
 
-def _factors(lay: KFACLayer) -> tuple[Tensor, Tensor]:
-    """(A, G) of a layer whose factors `_kfac_factors` has filled."""
-    if lay.A is None or lay.G is None:
+@dataclass
+class InputMoment:
+    """Σ a aᵀ over a layer's input rows a `[d]`, and how many rows. While the rows are fewer
+    than d, they are kept instead of summed: A then has rank < d, and its eigenvectors come
+    from the rows' r × r Gram matrix (`_input_eig`) instead of a d × d eigendecomposition,
+    which dominates K-FAC PEG's fit on a wide Linear (a CNN's classifier on 3,136 features sees
+    the 1,280 points of 10 mini-batches of 128). Once they are not, the sum is taken in the
+    order the rows came, as it always was."""
+
+    keep_rows: bool = True  # False: always summed (recipes of version < 4 were made so)
+    rows: list[Tensor] = field(default_factory=list)
+    total: Tensor | None = None
+    count: int = 0
+
+    def add(self, a: Tensor, kind: str) -> None:
+        """Rows `a` `[r, d]` (an Embedding's token counts `[V]`: summed, counted by tokens)."""
+        if kind == "embedding":
+            self.count += int(a.sum())
+            self.total = a.clone() if self.total is None else self.total.add_(a)
+            return
+        self.count += a.shape[0]
+        if self.keep_rows and self.total is None and self.count < a.shape[1]:
+            self.rows.append(a)
+            return
+        if self.total is None:
+            self.total = a.new_zeros(a.shape[1], a.shape[1])
+            for kept in self.rows:
+                self.total += kept.T @ kept
+            self.rows = []
+        self.total += a.T @ a
+
+    def mean(self) -> tuple[Tensor | None, Tensor | None]:
+        """(A = the mean of a aᵀ, None) or, rows kept, (None, R) with Rᵀ R = A."""
+        if self.total is not None:
+            return self.total / max(self.count, 1), None
+        return None, torch.cat(self.rows) / math.sqrt(max(self.count, 1))
+
+
+def _input_eig(lay: KFACLayer) -> tuple[Tensor, Tensor, bool]:
+    """(eigenvalues ≥ 0 `[k]`, eigenvectors `[d, k]`, whether they span only A's range) of a
+    layer's A: all d from A, or from R (Rᵀ R = A, r < d rows): R Rᵀ = U diag(s) Uᵀ gives A's
+    nonzero eigenpairs s, Rᵀ U / √s. The eigenvalues below rounding are left out: the map is
+    the identity on A's null space (λ / (g·0 + λ) = 1), so they need no vectors."""
+    if lay.A_rows is None:
+        a, Qa = torch.linalg.eigh(_factor(lay.A, lay))
+        return a.clamp_min(0), Qa, False
+    # in float64 (MPS has none): R Rᵀ squares R's condition number, and in float32 the vectors
+    # of the smaller kept eigenvalues come out wrong by up to half a row's norm (measured)
+    R = lay.A_rows
+    R = R.double() if R.device.type != "mps" else R
+    s, U = torch.linalg.eigh(R @ R.T)
+    keep = s > s.max().clamp_min(0) * len(s) * torch.finfo(s.dtype).eps
+    s, U = s[keep], U[:, keep]
+    dtype = lay.A_rows.dtype
+    return s.to(dtype), ((R.T @ U) / s.sqrt()).to(dtype), True
+
+
+def _factor(t: Tensor | None, lay: KFACLayer) -> Tensor:
+    """A factor `_kfac_factors` has filled."""
+    if t is None:
         raise RuntimeError(f"K-FAC: layer {lay.name!r} has no factors")  # a bug, not input
-    return lay.A, lay.G
+    return t
+
+
+def _input_dim(lay: KFACLayer) -> int:
+    """d_in (+1): A's side (an Embedding's: its vocabulary)."""
+    return int(lay.A_rows.shape[1] if lay.A_rows is not None else _factor(lay.A, lay).shape[0])
+
+
+def _input_trace(lay: KFACLayer) -> float:
+    """tr A (an Embedding's: the sum of its diagonal; kept rows: ‖R‖²)."""
+    if lay.A_rows is not None:
+        return float(lay.A_rows.square().sum())
+    A = _factor(lay.A, lay)
+    return float(A.sum() if lay.kind == "embedding" else A.trace())
 
 
 def kfac(
-    grad: GradientPass, names: list[str], seed: int, n: int, damping: float
+    grad: GradientPass,
+    names: list[str],
+    seed: int,
+    n: int,
+    damping: float,
+    keep_rows: bool = True,
 ) -> tuple[Apply, dict[str, Any]]:
     """The K-FAC preconditioner of base model `grad.r`: `apply(row)` maps a row `[P]` in place
     to λ·(F + λI)⁻¹ row, F = A ⊗ G layer by layer where factors exist and diagonal elsewhere;
     with the layout (`kfac_layers`)."""
     layers, diagonal, layout = kfac_layers(grad.work, names)
-    Fd = _kfac_factors(grad, layers, diagonal, seed, n)
-    factors = [_factors(lay) for lay in layers]
+    Fd = _kfac_factors(grad, layers, diagonal, seed, n, keep_rows)
     trace = float(Fd.sum()) + sum(
-        float(A.sum() if lay.kind == "embedding" else A.trace()) * float(G.trace())
-        for lay, (A, G) in zip(layers, factors, strict=True)
+        _input_trace(lay) * float(_factor(lay.G, lay).trace()) for lay in layers
     )
-    size = Fd.numel() + sum(A.shape[0] * G.shape[0] for A, G in factors)
+    size = Fd.numel() + sum(_input_dim(lay) * _factor(lay.G, lay).shape[0] for lay in layers)
     lam = damping * trace / size
     if not lam > 0:  # no curvature at all (every gradient zero): nothing to reshape
         return (lambda row: None), layout
-    eig: list[tuple[Tensor, Tensor | None, Tensor, Tensor]] = []
-    for lay, (A, G) in zip(layers, factors, strict=True):  # eigenvalues ≥ 0 (second moments;
-        g, Qg = torch.linalg.eigh(G)  # eigh may round below)
+    eig: list[tuple[Tensor, Tensor | None, Tensor, Tensor, bool]] = []
+    for lay in layers:  # eigenvalues ≥ 0 (second moments; eigh may round below)
+        g, Qg = torch.linalg.eigh(_factor(lay.G, lay))
         if lay.kind == "embedding":  # A diagonal: its own eigenvalues, eigenvectors I
-            eig.append((A.clamp_min(0), None, g.clamp_min(0), Qg))
+            eig.append((_factor(lay.A, lay).clamp_min(0), None, g.clamp_min(0), Qg, False))
         else:
-            a, Qa = torch.linalg.eigh(A)
-            eig.append((a.clamp_min(0), Qa, g.clamp_min(0), Qg))
+            a, Qa, in_range = _input_eig(lay)
+            eig.append((a, Qa, g.clamp_min(0), Qg, in_range))
     scale = lam / (Fd + lam)
 
     def apply(row: Tensor) -> None:
         views = entry_views(row, grad.shapes)
-        for layer, (a, Qa, g, Qg) in zip(layers, eig, strict=True):
+        for layer, (a, Qa, g, Qg, in_range) in zip(layers, eig, strict=True):
             M = layer.matrix(views)
             V = Qg.T @ (M if Qa is None else M @ Qa)
+            if in_range:  # Qa spans A's range only: M moves there, by V ∘ (λ/(g a + λ) − 1)
+                V = V * (-(g[:, None] * a[None, :]) / (g[:, None] * a[None, :] + lam))
+                layer.write(views, M + Qg @ V @ Qa.T)
+                continue
             V = V * (lam / (g[:, None] * a[None, :] + lam))
             layer.write(views, Qg @ (V if Qa is None else V @ Qa.T))
         if diagonal:
@@ -275,10 +357,18 @@ def diag(grad: GradientPass, seed: int, n: int, damping: float) -> Apply:
 
 
 def preconditioner(
-    kind: str, grad: GradientPass, names: list[str], seed: int, n: int, damping: float
+    kind: str,
+    grad: GradientPass,
+    names: list[str],
+    seed: int,
+    n: int,
+    damping: float,
+    keep_rows: bool = True,
 ) -> tuple[Apply, dict[str, Any] | None]:
     """The preconditioner `kind` ("kfac" or "diag") of base model `grad.r`, and (K-FAC) which
-    layer got Kronecker factors and which entries the diagonal (`kfac_layers`)."""
+    layer got Kronecker factors and which entries the diagonal (`kfac_layers`). `keep_rows`:
+    K-FAC's input factors from their rows where they are fewer than the inputs (`InputMoment`);
+    False for recipes of version < 4, whose members were made from the summed factors."""
     if kind == "kfac":
-        return kfac(grad, names, seed, n, damping)
+        return kfac(grad, names, seed, n, damping, keep_rows)
     return diag(grad, seed, n, damping), None

@@ -111,6 +111,8 @@ def rebuild(
     or if the rebuilt members differ from the recorded fingerprints (the code changed).
     """
     rebuilt = _from_options(cls, recipe, batch_fn)
+    if recipe.get("recipe_version", 1) < 4:  # K-FAC's input factors were always summed then
+        rebuilt.__dict__["_kfac_rows"] = False
     # the data checked before any work; val split as the search that made it split it
     expect = Expected(data=recipe["data"], searched=bool(recipe["searched"]))
     rebuilt._fit(bases, val, None, expect)

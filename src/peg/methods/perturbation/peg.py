@@ -285,7 +285,13 @@ class PEG(PerturbationEnsemble):
             label = "PEG unbiased steps"
         if self.precondition is not None:  # the curvature, from `val_batches` mini-batches
             apply, layout = preconditioner(
-                self.precondition, grad, names, self.seed, self.val_batches, self.damping
+                self.precondition,
+                grad,
+                names,
+                self.seed,
+                self.val_batches,
+                self.damping,
+                self.__dict__.get("_kfac_rows", True),  # False: a recipe of version < 4
             )
             self._curvature = layout  # meta_["curvature"]: which layer got which
             step = preconditioned(step, apply)
