@@ -63,6 +63,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-variants", action="store_true", help="TS, PEG-15 and PEP-15 only")
     parser.add_argument("--fewer-points", action="store_true", help="exact_points 512 and 256")
     parser.add_argument("--no-batch0", action="store_true", help="leave out the batch-0 row")
+    parser.add_argument(
+        "--channels-last",
+        action="store_true",
+        help="the model channels-last (model.to(memory_format=torch.channels_last)), as PyTorch "
+        "advises for CNNs: peg's members take its layout (Ensemble._hold)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.n = 1, 256
@@ -74,6 +80,8 @@ def main(argv: list[str] | None = None) -> None:
         g = torch.Generator().manual_seed(0)
         images = torch.randn(args.n, 3, 32, 32, generator=g)
         val = (images, torch.randint(0, 10, (args.n,), generator=g))
+    if args.channels_last:
+        model = model.to(memory_format=torch.channels_last)
     after = _strategies.LOOP_MODULES_AFTER
     quiet = {"n_members": 15, "seed": 0, "progress": False}
     runs = {

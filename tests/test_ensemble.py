@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -275,3 +277,34 @@ def _heads_arch(ensemble: peg.Ensemble) -> tuple[str, str, str]:
     from peg._heads import architecture
 
     return architecture(ensemble.skeleton)
+
+
+def test_members_keep_a_channels_last_models_layout():
+    """Members stacked contiguously (as PEG builds them: θ + η·D from flat rows) take a
+    channels-last skeleton's layout, so its fast kernels run, with the same logits; a
+    contiguous skeleton's entries are taken as they are."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                        nn.Linear(4 * 3 * 3, 5)).eval()  # fmt: skip
+    models = [net, _with_noise(net), _with_noise(net)]  # one architecture, other weights
+    states = [m.state_dict() for m in models]
+    stacked = {k: torch.stack([s[k] for s in states]).contiguous() for k in states[0]}
+    X = torch.randn(6, 3, 8, 8)
+    expected = torch.stack([m(X) for m in models])
+    plain = peg.Ensemble(net, stacked)
+    assert all(plain.stacked[k].data_ptr() == v.data_ptr() for k, v in stacked.items())
+    ensemble = peg.Ensemble(copy.deepcopy(net).to(memory_format=torch.channels_last), stacked)
+    weight = ensemble.member_state(1)["0.weight"]
+    assert weight.is_contiguous(memory_format=torch.channels_last) and not weight.is_contiguous()
+    assert torch.equal(weight, stacked["0.weight"][1])
+    for strategy in ("loop", "vmap"):
+        logits = ensemble.member_logits(X, strategy=strategy)
+        torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-6)
+
+
+def _with_noise(model: nn.Module) -> nn.Module:
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return other

@@ -45,6 +45,22 @@ def _cat_batches(batches: Iterable[Tensor]) -> Tensor:
     return parts[0].contiguous() if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
+def _laid_out(stacked: Tensor, like: Tensor | None) -> Tensor:
+    """`stacked` `[M, ...]` with every member laid out as `like`, the skeleton's entry, where that
+    is channels-last: a channels-last model's members then run the channels-last kernels too (a
+    CPU max-pool of a CNN's features: 10 × faster than on contiguous ones); `stacked` itself
+    otherwise (a contiguous model: nothing moves, the same bits as ever)."""
+    if like is None or like.shape != stacked.shape[1:] or like.is_contiguous():
+        return stacked
+    if not any(
+        like.is_contiguous(memory_format=f) for f in (torch.channels_last, torch.channels_last_3d)
+    ):
+        return stacked
+    strides = (like.numel(), *like.stride())
+    out = torch.empty_strided(stacked.shape, strides, dtype=stacked.dtype, device=stacked.device)
+    return out.copy_(stacked)
+
+
 def autocast_dtype(autocast: str | torch.dtype | None) -> torch.dtype | None:
     """The `torch.autocast` dtype an `autocast=` argument names (None: no autocast)."""
     if autocast is None:
@@ -164,9 +180,10 @@ class Ensemble(Predicts, MemberStrategies):
     ) -> None:
         """Keep the skeleton (as given) and the entries, checked against its state dict."""
         self.skeleton = skeleton
-        self.stacked = {k: v.detach() for k, v in stacked.items()}
+        own = self.skeleton.state_dict()
+        self.stacked = {k: _laid_out(v.detach(), own.get(k)) for k, v in stacked.items()}
         self.shared = {k: v.detach() for k, v in (shared or {}).items()}
-        expected = set(self.skeleton.state_dict())
+        expected = set(own)
         got = set(self.stacked) | set(self.shared)
         if got != expected:
             missing, extra = sorted(expected - got), sorted(got - expected)
