@@ -284,19 +284,22 @@ def test_members_keep_a_channels_last_models_layout():
     channels-last skeleton's layout, so its fast kernels run, with the same logits; a
     contiguous skeleton's entries are taken as they are."""
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-                        nn.Linear(4 * 3 * 3, 5)).eval()  # fmt: skip
+    net = nn.Sequential(nn.Conv2d(1, 3, 3), nn.Conv2d(3, 4, 3), nn.ReLU(), nn.MaxPool2d(2),
+                        nn.Flatten(), nn.Linear(4 * 2 * 2, 5)).eval()  # fmt: skip
     models = [net, _with_noise(net), _with_noise(net)]  # one architecture, other weights
     states = [m.state_dict() for m in models]
     stacked = {k: torch.stack([s[k] for s in states]).contiguous() for k in states[0]}
-    X = torch.randn(6, 3, 8, 8)
+    X = torch.randn(6, 1, 8, 8)
     expected = torch.stack([m(X) for m in models])
     plain = peg.Ensemble(net, stacked)
     assert all(plain.stacked[k].data_ptr() == v.data_ptr() for k, v in stacked.items())
-    ensemble = peg.Ensemble(copy.deepcopy(net).to(memory_format=torch.channels_last), stacked)
-    weight = ensemble.member_state(1)["0.weight"]
+    skeleton = copy.deepcopy(net).to(memory_format=torch.channels_last)
+    ensemble = peg.Ensemble(skeleton, stacked)
+    weight = ensemble.member_state(1)["1.weight"]
     assert weight.is_contiguous(memory_format=torch.channels_last) and not weight.is_contiguous()
-    assert torch.equal(weight, stacked["0.weight"][1])
+    assert torch.equal(weight, stacked["1.weight"][1])
+    # one input channel: the weight is contiguous both ways, and its strides are the skeleton's
+    assert ensemble.member_state(1)["0.weight"].stride() == skeleton[0].weight.stride()
     for strategy in ("loop", "vmap"):
         logits = ensemble.member_logits(X, strategy=strategy)
         torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-6)

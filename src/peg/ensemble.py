@@ -49,12 +49,13 @@ def _laid_out(stacked: Tensor, like: Tensor | None) -> Tensor:
     """`stacked` `[M, ...]` with every member laid out as `like`, the skeleton's entry, where that
     is channels-last: a channels-last model's members then run the channels-last kernels too (a
     CPU max-pool of a CNN's features: 10 × faster than on contiguous ones); `stacked` itself
-    otherwise (a contiguous model: nothing moves, the same bits as ever)."""
-    if like is None or like.shape != stacked.shape[1:] or like.is_contiguous():
+    otherwise (a contiguous model: nothing moves, the same bits as ever). Strides are compared,
+    not `is_contiguous()`: a one-channel convolution's weight is both, and its strides alone
+    tell the kernels which layout to run."""
+    if like is None or like.shape != stacked.shape[1:] or like.stride() == stacked.stride()[1:]:
         return stacked
-    if not any(
-        like.is_contiguous(memory_format=f) for f in (torch.channels_last, torch.channels_last_3d)
-    ):
+    layout = {4: torch.channels_last, 5: torch.channels_last_3d}.get(like.ndim)
+    if layout is None or not like.is_contiguous(memory_format=layout):
         return stacked
     strides = (like.numel(), *like.stride())
     out = torch.empty_strided(stacked.shape, strides, dtype=stacked.dtype, device=stacked.device)

@@ -229,7 +229,7 @@ class InputMoment:
     def add(self, a: Tensor, kind: str) -> None:
         """Rows `a` `[r, d]` (an Embedding's token counts `[V]`: summed, counted by tokens)."""
         if kind == "embedding":
-            self.count += int(a.sum())
+            self.count += int(a.double().sum())  # exact: the counts are integers
             self.total = a.clone() if self.total is None else self.total.add_(a)
             return
         self.count += a.shape[0]
