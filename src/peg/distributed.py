@@ -229,9 +229,8 @@ def member_logits(
         predictor: an `Ensemble`, a fitted method, or an nn.Module returning logits `[B, C]`.
         X: inputs `[N, ...]` (Tensor or array), or a Dataset / DataLoader that yields the same
             batches in the same order on every rank (no shuffling); batches of any shape
-            (`peg.source.batches`: mappings are the model's keyword inputs). A map-style Dataset, or
-            a
-            loader reading one in index order, is read by index: each rank reads only the items
+            (`peg.source.batches`: mappings are the model's keyword inputs). A map-style Dataset,
+            or a loader reading one in index order, is read by index: each rank reads only the items
             of its own batches (`_own_batches`).
         batch_size: rows per forward pass when X is a tensor.
         batch_fn: `batch_fn(batch) -> (inputs, y)` for batches of another shape.

@@ -280,9 +280,8 @@ class Ensemble(Predicts, MemberStrategies):
                 yielding `x`, `(x, y, ...)` or mapping batches (`peg.source.batches`: a mapping's
                 entries but "labels"/"label" are the model's keyword inputs, `model(**inputs)`),
                 on any device: each batch is moved to the members' device, recursively
-                (`peg.source._devices.model_device` gives the rule; `meta` data is refused). Inputs
-                the
-                model cannot run on get an error naming X, from two of their rows.
+                (`peg.source._devices.model_device` gives the rule; `meta` data is refused).
+                Inputs the model cannot run on get an error naming X, from two of their rows.
             batch_size: rows per forward pass when X is a tensor (None: 512).
             strategy: "loop" runs members one after another on each batch; "vmap" runs all of
                 them in one vectorised call (`torch.func.vmap` over the stacked weights);

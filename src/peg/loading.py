@@ -127,8 +127,7 @@ def load(
             `save`, or PEG/PEP's `save(path, materialize=True)`).
         batch_fn: the `batch_fn` the recipe's ensemble was fitted with, for `val` batches of
             another shape (`peg.source.batches`; a callable is not stored in the recipe); for a
-            saved
-            `Laplace`, the one it predicts with.
+            saved `Laplace`, the one it predicts with.
     """
     if model is not None and not isinstance(model, nn.Module):
         raise TypeError(

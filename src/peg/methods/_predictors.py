@@ -128,8 +128,7 @@ def logits_and_labels(
 
     A pair `(X, y)` of tensors is predicted as it is (`Source.xy`); a loader or a Dataset (batches
     of any shape, `peg.source.batches`) is handed to the predictor as a `Tapped` source, which
-    records
-    each batch's labels as the predictor reads it: the inputs are never gathered, and the
+    records each batch's labels as the predictor reads it: the inputs are never gathered, and the
     logits are those `predictor.member_logits(data)` gives (same batches, same bits)."""
     X, y = Source(data, batch_fn, name).labelled(predictor_device(predictor))
     logits = member_logits_of(predictor, X, batch_size)
