@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from peg import archive
 from peg._forward import training_modules
+from peg._params import laid_out_like
 from peg._progress import bar
 from peg._scalars import check_positive_int
 from peg._strategies import AUTO_VECTORISE_FLOPS as AUTO_VECTORISE_FLOPS
@@ -43,23 +44,6 @@ def _cat_batches(batches: Iterable[Tensor]) -> Tensor:
     single batch's own tensor (fresh per call) is not copied again."""
     parts = list(batches)
     return parts[0].contiguous() if len(parts) == 1 else torch.cat(parts, dim=1)
-
-
-def _laid_out(stacked: Tensor, like: Tensor | None) -> Tensor:
-    """`stacked` `[M, ...]` with every member laid out as `like`, the skeleton's entry, where that
-    is channels-last: a channels-last model's members then run the channels-last kernels too (a
-    CPU max-pool of a CNN's features: 10 × faster than on contiguous ones); `stacked` itself
-    otherwise (a contiguous model: nothing moves, the same bits as ever). Strides are compared,
-    not `is_contiguous()`: a one-channel convolution's weight is both, and its strides alone
-    tell the kernels which layout to run."""
-    if like is None or like.shape != stacked.shape[1:] or like.stride() == stacked.stride()[1:]:
-        return stacked
-    layout = {4: torch.channels_last, 5: torch.channels_last_3d}.get(like.ndim)
-    if layout is None or not like.is_contiguous(memory_format=layout):
-        return stacked
-    strides = (like.numel(), *like.stride())
-    out = torch.empty_strided(stacked.shape, strides, dtype=stacked.dtype, device=stacked.device)
-    return out.copy_(stacked)
 
 
 def autocast_dtype(autocast: str | torch.dtype | None) -> torch.dtype | None:
@@ -182,7 +166,7 @@ class Ensemble(Predicts, MemberStrategies):
         """Keep the skeleton (as given) and the entries, checked against its state dict."""
         self.skeleton = skeleton
         own = self.skeleton.state_dict()
-        self.stacked = {k: _laid_out(v.detach(), own.get(k)) for k, v in stacked.items()}
+        self.stacked = {k: laid_out_like(v.detach(), own.get(k)) for k, v in stacked.items()}
         self.shared = {k: v.detach() for k, v in (shared or {}).items()}
         expected = set(own)
         got = set(self.stacked) | set(self.shared)

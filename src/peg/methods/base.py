@@ -196,15 +196,15 @@ class Method(Params):
             raise NotFittedError(f"{type(self).__name__}: call fit(...) before {doing}")
 
     def _reading(
-        self, batch_size: int | None, batch_fn: BatchFn | None, X: Data = None
+        self, batch_size: int | None, batch_fn: BatchFn | None
     ) -> tuple[int, BatchFn | None]:
         """The predictor protocol's `batch_size` and `batch_fn` for one call: those given win,
-        None means the constructor's (512 and `peg.source.batches`' conventions for a class without
-        them); a `Source` (a `Tapped` one) carries its own `batch_fn`."""
+        None means the constructor's (512 and `peg.source.batches`' conventions for a class
+        without them). A `Source` given as data keeps its own (`Source.of`)."""
         own = self.__dict__.get("batch_size", 512)
         size = check_positive_int(own if batch_size is None else batch_size, "batch_size")
         split = check_batch_fn(self.__dict__.get("batch_fn") if batch_fn is None else batch_fn)
-        return size, None if isinstance(X, Source) else split
+        return size, split
 
     def __getattr__(self, name: str) -> Any:
         # only reached when normal lookup failed: a fitted attribute before `fit`, or a property
@@ -248,7 +248,7 @@ class FittedEnsemble(Predicts, Method):
         """Logits of every member, `[M, N, C]` (the predictor protocol; `progress`, `autocast`,
         `strategy`, `chunk_size` as `Ensemble.member_logits`)."""
         held = self._held()
-        size, split = self._reading(batch_size, batch_fn, X)
+        size, split = self._reading(batch_size, batch_fn)
         return held.member_logits(X, size, batch_fn=split, **options)
 
     def iter_member_logits(
@@ -257,7 +257,7 @@ class FittedEnsemble(Predicts, Method):
     ) -> Iterator[Tensor]:  # fmt: skip
         """`member_logits` batch by batch, `[M, B_j, C]` (see `Ensemble.iter_member_logits`)."""
         held = self._held()
-        size, split = self._reading(batch_size, batch_fn, X)
+        size, split = self._reading(batch_size, batch_fn)
         return held.iter_member_logits(X, size, batch_fn=split, **options)
 
     def save(self, path: str) -> str:

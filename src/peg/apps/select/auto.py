@@ -307,7 +307,7 @@ class AutoSelect(Predicts, Method):
         **options: Any,
     ) -> Tensor:  # fmt: skip
         """The chosen predictor's member logits `[M, N, C]` (the predictor protocol)."""
-        size, split = self._reading(batch_size, batch_fn, X)
+        size, split = self._reading(batch_size, batch_fn)
         return member_logits_of(self._fitted(), X, size, split, **options)
 
     def iter_member_logits(
@@ -315,7 +315,7 @@ class AutoSelect(Predicts, Method):
         **options: Any,
     ) -> Iterator[Tensor]:  # fmt: skip
         """`member_logits` batch by batch (the chosen predictor's)."""
-        size, split = self._reading(batch_size, batch_fn, X)
+        size, split = self._reading(batch_size, batch_fn)
         return iter_member_logits_of(self._fitted(), X, size, split, **options)
 
     def __len__(self) -> int:

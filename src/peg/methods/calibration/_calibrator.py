@@ -193,7 +193,7 @@ class Calibrator(Predicts, Method):
         """Calibrated scores `[1, N, C]` (one "member": the calibrated predictor), whose softmax
         is the calibrated prediction."""
         self._check_fitted()
-        size, split = self._reading(batch_size, batch_fn, X)
+        size, split = self._reading(batch_size, batch_fn)
         # mapped whole (not the concatenated `iter_member_logits`): `peg.distributed` gathers
         # the predictor's logits and maps them as one process does, on the same shapes
         return self.scale(member_logits_of(self.predictor_, X, size, split, **options))
@@ -206,7 +206,7 @@ class Calibrator(Predicts, Method):
         of the predictor's batches (equal to `member_logits` up to rounding: the same per-row
         operations on other shapes); `NotStreamable` if the predictor cannot give them."""
         self._check_fitted()
-        size, split = self._reading(batch_size, batch_fn, X)
+        size, split = self._reading(batch_size, batch_fn)
         batches = iter_member_logits_of(self.predictor_, X, size, split, **options)
         return (self.scale(logits) for logits in batches)
 

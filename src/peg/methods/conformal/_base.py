@@ -77,7 +77,7 @@ class ConformalBase(WrapsCalibrator, Calibrator):
     ) -> Tensor:  # fmt: skip
         """The predictor's member outputs `[M, N, C]`, unchanged."""
         self._check_fitted()
-        size, split = self._reading(batch_size, batch_fn, X)
+        size, split = self._reading(batch_size, batch_fn)
         return member_logits_of(self.predictor_, X, size, split, **options)
 
     def iter_member_logits(
@@ -86,7 +86,7 @@ class ConformalBase(WrapsCalibrator, Calibrator):
     ) -> Iterator[Tensor]:  # fmt: skip
         """The predictor's member outputs batch by batch, `[M, B_j, C]`."""
         self._check_fitted()
-        size, split = self._reading(batch_size, batch_fn, X)
+        size, split = self._reading(batch_size, batch_fn)
         return iter_member_logits_of(self.predictor_, X, size, split, **options)
 
     def _batches(
