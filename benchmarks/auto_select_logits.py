@@ -8,7 +8,7 @@ validation and `--test` test points drawn from other seeds. Target: the default 
 the TS fit and chooses the exhaustive run's predictor or one whose test NLL is within noise.
 
     python benchmarks/auto_select_logits.py [--classes 10 100 1000] [--val 5000] [--test 5000]
-        [--no-exhaustive 1000]
+        [--no-exhaustive 1000] [--saturated]
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 import warnings
 
 import torch
-from many_classes import synthetic_logits
+from many_classes import saturated_logits, synthetic_logits
 from torch import nn
 
 import peg
@@ -31,9 +31,12 @@ def test_nll(fitted: peg.AutoSelect, z: torch.Tensor, y: torch.Tensor) -> torch.
     return -p[torch.arange(len(y)), y].log()
 
 
-def run(c: int, val: int, test: int, exhaustive: bool) -> None:
-    zv, yv = synthetic_logits(val, 0, c)
-    zt, yt = synthetic_logits(test, 1, c)
+def run(
+    validation: tuple[torch.Tensor, torch.Tensor],
+    testing: tuple[torch.Tensor, torch.Tensor],
+    exhaustive: bool,
+) -> None:
+    (zv, yv), (zt, yt) = validation, testing
     started = time.perf_counter()
     peg.TemperatureScaling().fit(nn.Identity(), (zv, yv))
     ts = time.perf_counter() - started
@@ -64,6 +67,8 @@ def main() -> None:
     parser.add_argument("--test", type=int, default=5000)
     parser.add_argument("--no-exhaustive", type=int, nargs="*", default=[],
                         help="class counts to run without the exhaustive run")  # fmt: skip
+    parser.add_argument("--saturated", action="store_true",
+                        help="also many_classes.py's saturated 10-class logits")  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")  # few points per class at 1,000 classes: said once per fit
@@ -72,7 +77,14 @@ def main() -> None:
     peg.AutoSelect(cv=2, progress=False).fit(nn.Identity(), (z, y))
     for c in args.classes:
         print(f"{c} classes, {args.val} validation / {args.test} test points (synthetic)")
-        run(c, args.val, args.test, c not in args.no_exhaustive)
+        run(
+            synthetic_logits(args.val, 0, c),
+            synthetic_logits(args.test, 1, c),
+            c not in args.no_exhaustive,
+        )
+    if args.saturated:
+        print(f"saturated logits (10 classes), {args.val} validation / {args.test} test points")
+        run(saturated_logits(args.val, 0), saturated_logits(args.test, 1), True)
 
 
 if __name__ == "__main__":
