@@ -260,7 +260,7 @@ def test_a_pickled_npy_is_refused_without_suggesting_allow_pickle(tmp_path):
     path = tmp_path / "logits.npy"
     np.save(path, np.array([{"a": 1}], dtype=object), allow_pickle=True)
     with pytest.raises(ValueError, match=r"--logits: .* is not a readable \.npy array") as err:
-        sources._npy(str(path), "--logits", mmap=False)
+        sources.read_npy(str(path), "--logits", mmap=False)
     assert "allow_pickle" not in str(err.value) and "pickled Python objects" in str(err.value)
 
 

@@ -8,11 +8,13 @@ command is adding those two functions and one entry.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import sys
 import traceback
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from peg import distributed
@@ -316,7 +318,9 @@ COMMANDS: dict[str, Command] = {
     ),
     "apply": Command(  # a map fitted on saved logits, on new logits (peg.apps.apply)
         help="apply a calibration map fitted on saved logits to a new .npy of logits",
-        description=apply.DESCRIPTION, arguments=apply.arguments, run=apply.run,
+        description=apply.DESCRIPTION,
+        arguments=apply.arguments,
+        run=apply.run,
     ),
     "diversity": Command(  # Fort et al. 2019's loss-landscape analyses (peg.apps.diversity)
         help="function-space diversity: trajectories, t-SNE, diversity-accuracy plane, "
@@ -358,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     args = top.parse_args(argv)
     command = " ".join(["peg", *(sys.argv[1:] if argv is None else argv)])
     try:
-        status = _run(args, command)
+        with _one_line_warnings(args.command):
+            status = _run(args, command)
     except (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
             PermissionError, ValueError) as e:  # fmt: skip
         # bad input named by the library (specs, presets, folders, options): a message, not a
@@ -378,6 +383,21 @@ def main(argv: list[str] | None = None) -> int:
     if distributed.joined():  # under torchrun: end without the teardown that can abort
         distributed.end_process(status)
     return status
+
+
+@contextlib.contextmanager
+def _one_line_warnings(name: str) -> Iterator[None]:
+    """Warnings said as one line each, `peg NAME: warning: ...` on stderr, as errors are: not
+    Python's `file:line: Category: ...` followed by the source line that warned (which means
+    nothing to a user of the command). Which warnings show (once per place) is unchanged."""
+
+    def show(message: Warning | str, *_: object, **__: object) -> None:
+        text = " ".join(str(message).split())  # one line, whatever the message's layout
+        sys.stderr.write(f"peg {name}: warning: {_as_typed(text)}\n")
+
+    with warnings.catch_warnings():  # restores the previous showwarning afterwards
+        warnings.showwarning = show
+        yield
 
 
 def _as_typed(message: str) -> str:

@@ -12,7 +12,9 @@
     a dict with `x` (or `X`) and `y`, a pair `(x, y)`, or a tensor of inputs (OOD sets);
   - `module:function` returning a Dataset, a DataLoader or a pair `(X, y)`.
 - Saved logits (`saved_logits`, `peg select --logits --labels`): two `.npy` files, logits
-  `[N, C]` memory-mapped (read batch by batch, never loaded whole) and integer labels `[N]`.
+  `[N, C]` memory-mapped (read batch by batch, never loaded whole) and class labels `[N]`
+  (integers, or floats whose values are all integers, as the API takes them); `read_npy` is
+  the one reader of such a file (`peg apply --logits` too).
 """
 
 from __future__ import annotations
@@ -115,36 +117,64 @@ def data(spec: str, what: str, labelled: bool = True) -> Any:
 
 
 def saved_logits(logits: str, labels: str) -> tuple[Tensor, Tensor]:
-    """Validation logits `[N, C]` (float16/32/64, memory-mapped) and labels `[N]` (integers)
-    from two `.npy` files, read without pickles and checked before any work; a ValueError
-    naming `--logits` or `--labels` otherwise."""
-    X, y = _npy(logits, "--logits", mmap=True), _npy(labels, "--labels", mmap=False)
+    """Validation logits `[N, C]` (float16/32/64, memory-mapped) and labels `[N]` (integers;
+    floats whose values are all integers are read as int64) from two `.npy` files, read
+    without pickles and checked before any work; a ValueError naming `--logits` or `--labels`
+    otherwise."""
+    X, y = read_npy(logits, "--logits", mmap=True), read_npy(labels, "--labels", mmap=False)
     if X.ndim != 2 or X.dtype.kind != "f" or X.shape[1] < 2:
         raise ValueError(
             f"--logits: expected floating-point logits [N, C] with C >= 2, got an array of "
             f"shape {X.shape} and dtype {X.dtype} in {logits}"
         )
-    if y.ndim != 1 or y.dtype.kind not in "iu":
+    if y.ndim != 1 or y.dtype.kind not in "iuf":
         raise ValueError(
             f"--labels: expected integer class labels [N], got an array of shape {y.shape} and "
             f"dtype {y.dtype} in {labels}"
         )
     if len(y) != len(X):
         raise ValueError(f"--labels: {len(y)} labels for {len(X)} rows of --logits")
-    return from_numpy(X), from_numpy(y)
+    return from_numpy(X), from_numpy(_integral(y, labels))
 
 
-def _npy(path: str, what: str, mmap: bool) -> np.ndarray:
+def _integral(y: np.ndarray, path: str) -> np.ndarray:
+    """Labels `y` `[N]` as integers: float labels whose values are all integers (as
+    `np.save` of labels kept in a float array gives) as int64, as the API reads them."""
+    if y.dtype.kind != "f":
+        return y
+    bad = ~np.isfinite(y) | (y != np.round(y))
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise ValueError(
+            f"--labels: expected integer class labels [N], got the non-integer value "
+            f"{y[row].item()!r} at row {row} of {path} (dtype {y.dtype})"
+        )
+    return y.astype(np.int64)
+
+
+def read_npy(path: str, what: str, mmap: bool) -> np.ndarray:
+    """The one array of the `.npy` file at `path` (memory-mapped with `mmap`), never a pickle;
+    a FileNotFoundError or ValueError naming `what` (the option) otherwise: a missing file, a
+    `.npz` or `.pt` archive, text, a truncated or pickled file."""
     if not Path(path).is_file():
         raise FileNotFoundError(f"{what}: no file at {path}")
+    with open(path, "rb") as f:
+        head = f.read(6)
+    if not head.startswith((b"\x93NUMPY", b"PK", b"\x80")):  # .npy, zip (.npz, .pt), pickle
+        raise ValueError(
+            f"{what}: {path} is not a .npy file (it does not begin as one: text such as a .csv?); "
+            "save the array with numpy.save"
+        )
     try:
         held = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except Exception as e:  # a truncated file, a planted pickle, not a .npy
         reason = numpy_reason(e)
         raise ValueError(f"{what}: {path} is not a readable .npy array ({reason})") from None
-    if not isinstance(held, np.ndarray):  # a .npz archive of several arrays
+    if not isinstance(held, np.ndarray):  # a .npz archive of several arrays (or a .pt: a zip)
         held.close()
-        raise ValueError(f"{what}: {path} is a .npz archive of arrays; expected one .npy array")
+        pt = Path(path).suffix == ".pt"
+        kind = "a PyTorch file (a zip archive)" if pt else "a .npz archive of arrays"
+        raise ValueError(f"{what}: {path} is {kind}; expected one .npy array")
     return held
 
 
