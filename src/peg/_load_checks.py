@@ -84,8 +84,8 @@ def check_calibrated(
     path: Path, fitted: Any, tensors: Mapping[str, Tensor], device: torch.device
 ) -> None:
     """The loaded calibrator's prediction is a distribution on probe logits `[1, 3, C]`
-    (uniform, moderate, saturated at 50): a degenerate map (T = 1e-300: every score -inf)
-    is refused here rather than predicting NaN for every input.
+    (uniform, moderate, saturated at 50): a degenerate map (T = 1e-300: scores of -1e300, a
+    probability of exactly 0 to every class but the top) is refused here.
 
     C is the map's own (`_fitted_classes`) or, for a map without arrays (temperature
     scaling), 3; a map of unknown C with arrays (`tensors`, the archive's: binning, isotonic)
@@ -98,11 +98,15 @@ def check_calibrated(
     grid = torch.arange(classes, dtype=torch.float32, device=device)
     saturated = 50.0 * (grid == 0).float()
     probe = torch.stack([torch.zeros_like(grid), grid / max(classes - 1, 1), saturated])[None]
-    log_p = fitted.scale(probe).double().log_softmax(-1)
-    if not bool(torch.isfinite(log_p.max(-1).values).all()) or bool(log_p.isnan().any()):
+    try:  # a probability of exactly 0 here: the map stretched ordinary logits past float32
+        log_p = fitted.scale(probe).double().log_softmax(-1)
+        degenerate = not bool(torch.isfinite(log_p).all())
+    except FloatingPointError:  # a map giving NaN on finite logits (`in_float32`)
+        degenerate = True
+    if degenerate:
         raise ArchiveError(
             f"{path}: the calibration map ({type(fitted).__name__}) is degenerate: it predicts "
-            f"no distribution (NaN) on ordinary logits; its stored values are "
+            f"NaN or a probability of exactly 0 on ordinary logits; its stored values are "
             f"{_described(fitted)}"
         )
 

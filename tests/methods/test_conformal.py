@@ -333,7 +333,7 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[Exception], str]] =
         "NaN scores",
         lambda: peg.ConformalClassifier().fit(_NaNModel(), (XC, YC)),
         ValueError,
-        r"val: NaN nonconformity scores for 1 points",
+        r"val: the logits hold NaN or ±inf in 1 of 200 rows, the first in row 0 \(NaN\)",
     ),
     (
         "conformal",

@@ -104,3 +104,40 @@ def check_finite(X: Any, name: str) -> None:
         raise ValueError(
             f"{name}: the inputs contain NaN or inf ({rows} of {len(X) if X.ndim else 1} samples)"
         )
+
+
+def check_finite_logits(logits: Tensor, name: str, start: int | None = None) -> None:
+    """The one rule for the logits a calibrator, `peg.LabelShift` or a conformal predictor maps
+    (member logits `[M, N, C]`, or `[N, C]`): real and finite. NaN and +inf have no
+    probability; -inf (a class ruled out) is refused too, as the metrics refuse it
+    (`peg.metrics._inputs.checked_pred`): not every map can carry it to a probability of 0
+    (binning, isotonic regression, ensemble temperature scaling's uniform part give it mass;
+    matrix and Dirichlet maps spread it to the other classes), so no map gets it. A ValueError
+    naming `name`, the first offending row and how many; `start`: the rows are a batch whose
+    first is row `start` of the whole input (None: the rows are the whole input)."""
+    if logits.is_complex():
+        raise ValueError(f"{name}: expected real logits, got dtype {logits.dtype}")
+    if not logits.is_floating_point() or logits.numel() == 0:
+        return
+    if bool(torch.isfinite(logits.sum(-1)).all()):  # one pass, one synchronisation
+        return
+    bad = ~torch.isfinite(logits).all(-1)
+    while bad.ndim > 1:  # [M, N] -> [N]: a row is bad when any member's is
+        bad = bad.any(0)
+    bad = bad.reshape(-1)  # one row [C]: [1]
+    if not bool(bad.any()):  # finite logits whose sum overflowed
+        return
+    row = int(bad.nonzero()[0, 0])
+    values = logits[..., row, :]
+    kinds = [
+        kind
+        for kind, test in (("NaN", torch.isnan), ("+inf", torch.isposinf), ("-inf", torch.isneginf))
+        if bool(test(values).any())
+    ]
+    start = start or 0
+    rows = f" (rows {start}-{start + len(bad) - 1} of {name})" if start else ""
+    raise ValueError(
+        f"{name}: the logits hold NaN or ±inf in {int(bad.sum())} of {len(bad)} rows{rows}, the "
+        f"first in row {start + row} ({' and '.join(kinds)}); logits must be finite (a class "
+        "ruled out: a large negative logit, not -inf)"
+    )

@@ -23,11 +23,13 @@ implements `_fit_map(scores, y) -> state` (the fitted attributes, trailing under
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from peg import archive
@@ -47,15 +49,18 @@ from peg.methods._predictors import (
 from peg.methods.base import Method
 from peg.metrics._inputs import check_labels, ensemble_log_probs
 from peg.source import Data, is_pair
-from peg.source._values import warn_absent_classes
+from peg.source._values import check_finite_logits, warn_absent_classes
 from peg.source.batches import BatchFn, check_batch_fn
 
 SCORES = ("log_probs", "logits")  # what a map acts on (`scores_`)
 
 
-def scores_of(logits: Tensor, kind: str) -> Tensor:
+def scores_of(logits: Tensor, kind: str, name: str = "logits", start: int | None = None) -> Tensor:
     """Scores `[N, C]` from member logits `[M, N, C]`: log p̄ (`"log_probs"`, float64, any M;
-    `ensemble_log_probs`) or the raw logits of a one-member predictor (`"logits"`)."""
+    `ensemble_log_probs`) or the raw logits of a one-member predictor (`"logits"`). The
+    logits are checked first, by the one rule of every map (`check_finite_logits`: real and
+    finite, a ValueError naming `name` and the first bad row, counted from `start`)."""
+    check_finite_logits(logits, name, start)
     if kind == "log_probs":
         return ensemble_log_probs(logits)
     if logits.shape[0] != 1:
@@ -95,7 +100,10 @@ class Calibrator(Predicts, Method):
         return "log_probs"
 
     def _check_classes(self, classes: int) -> None:
-        """A clear error for arguments that do not suit C classes (checked before fitting)."""
+        """A clear error for arguments that do not suit C classes (checked before fitting);
+        every map needs two (one class: its probability is 1 whatever the map)."""
+        if classes < 2:
+            raise ValueError(f"val: {self.label} needs at least 2 classes, got {classes}")
 
     def _fitted_classes(self) -> int | None:
         """C of the fitted map, where it has one (None: any C, as temperature scaling)."""
@@ -167,7 +175,7 @@ class Calibrator(Predicts, Method):
             predictor, val, int(self.batch_size), check_batch_fn(self.batch_fn), "val"
         )
         kind = self._score_kind(logits)
-        scores = scores_of(logits, kind)
+        scores = scores_of(logits, kind, "val")
         y = check_labels(y, *scores.shape, name="val labels", device=scores.device)
         self._check_classes(scores.shape[1])
         if self.class_wise:
@@ -196,7 +204,7 @@ class Calibrator(Predicts, Method):
         size, split = self._reading(batch_size, batch_fn)
         # mapped whole (not the concatenated `iter_member_logits`): `peg.distributed` gathers
         # the predictor's logits and maps them as one process does, on the same shapes
-        return self.scale(member_logits_of(self.predictor_, X, size, split, **options))
+        return self.scale(member_logits_of(self.predictor_, X, size, split, **options), "X")
 
     def iter_member_logits(
         self, X: Data, batch_size: int | None = None, batch_fn: BatchFn | None = None,
@@ -208,10 +216,18 @@ class Calibrator(Predicts, Method):
         self._check_fitted()
         size, split = self._reading(batch_size, batch_fn)
         batches = iter_member_logits_of(self.predictor_, X, size, split, **options)
-        return (self.scale(logits) for logits in batches)
+        return self._scaled(batches)
 
-    def scale(self, logits: Tensor) -> Tensor:
-        """Calibrated scores `[1, N, C]` (float32) from the predictor's logits `[M, N, C]`."""
+    def _scaled(self, batches: Iterator[Tensor]) -> Iterator[Tensor]:
+        start = 0  # the first row of each batch in X: what an error names
+        for logits in batches:
+            yield self.scale(logits, "X", start)
+            start += logits.shape[1]
+
+    def scale(self, logits: Tensor, name: str = "logits", start: int | None = None) -> Tensor:
+        """Calibrated scores `[1, N, C]` (float32) from the predictor's logits `[M, N, C]`
+        (finite: `scores_of`; an error names `name`, and rows from `start` for a batch). The map
+        is float64 throughout; the cast to float32 cannot overflow (`in_float32`)."""
         self._check_fitted()
         classes = self._fitted_classes()
         if classes is not None and logits.shape[-1] != classes:
@@ -220,7 +236,8 @@ class Calibrator(Predicts, Method):
                 f"logits with {logits.shape[-1]} columns (shape {tuple(logits.shape)}); the "
                 "predictor or the saved logits are not the ones it was fitted on"
             )
-        return self._apply(scores_of(logits, self.scores_)).float().unsqueeze(0)
+        scores = self._apply(scores_of(logits, self.scores_, name, start))
+        return in_float32(scores, self.label, name, start).unsqueeze(0)
 
     def __len__(self) -> int:
         self._check_fitted()
@@ -291,6 +308,34 @@ class Calibrator(Predicts, Method):
         state = fitted._restore(calibration, tensors or {})
         fitted._set_fitted(ensemble, {**state, "scores_": kind})
         return fitted
+
+
+F32_SAFE = 2.0**127  # float64 scores within ±this keep their differences in a float32 cast
+
+
+def in_float32(scores: Tensor, label: str, name: str, start: int | None = None) -> Tensor:
+    """Calibrated float64 scores `[N, C]` as float32 with the same softmax: a row whose largest
+    score lies beyond ±2¹²⁷ (a map with slopes > 1 on float32-max logits) is shifted by it
+    first, which the softmax ignores (a +inf score takes the row's mass, shared by ties), so
+    the cast never makes inf - inf = NaN. A NaN row, or one whose every score is -inf, has no
+    probabilities: an error naming the map (`label`) and the first such row of `name`."""
+    top = scores.amax(-1, keepdim=True)
+    if bool((top.abs() <= F32_SAFE).all()):  # one synchronisation; NaN fails the test
+        return scores.float()
+    lost = (torch.isnan(scores).any(-1, keepdim=True) | torch.isneginf(top))[:, 0]
+    if bool(lost.any()):
+        row = int(lost.nonzero()[0, 0]) + (start or 0)
+        raise FloatingPointError(
+            f"{name}: {label} gives no probabilities (NaN or every score -inf) for "
+            f"{int(lost.sum())} of {len(lost)} rows of finite logits, the first row {row}: "
+            "the fitted map is degenerate"
+        )
+    shifted = torch.where(
+        torch.isposinf(top),
+        torch.where(torch.isposinf(scores), 0.0, -math.inf),
+        scores - top,
+    )
+    return torch.where(top.abs() <= F32_SAFE, scores, shifted).float()
 
 
 def _plain(value: Any) -> Any:

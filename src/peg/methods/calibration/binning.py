@@ -57,10 +57,6 @@ class _OneVsRest(Calibrator):
         **Calibrator.parameter_constraints,
     }
 
-    def _check_classes(self, classes: int) -> None:
-        if classes < 2:
-            raise ValueError(f"val: {self.label} needs at least 2 classes, got {classes}")
-
     def _warn_few(self, y: Tensor, classes: int) -> None:
         warn_few_points(
             y, classes, self.label,

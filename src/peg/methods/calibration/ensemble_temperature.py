@@ -34,6 +34,7 @@ from peg.methods import _constraints as checks
 from peg.methods.base import store_arguments
 from peg.methods.calibration._affine import finite_scores
 from peg.methods.calibration._calibrator import Calibrator, stored
+from peg.methods.calibration._few_points import warn_few_points_shared
 from peg.methods.calibration.temperature import fit_temperature
 from peg.source.batches import BatchFn
 
@@ -151,14 +152,14 @@ class EnsembleTemperatureScaling(Calibrator):
         **Calibrator.parameter_constraints,
     }
 
-    def _check_classes(self, classes: int) -> None:
-        if classes < 2:
-            raise ValueError(f"val: {self.label} needs at least 2 classes, got {classes}")
-
     def _fit_map(self, scores: Tensor, y: Tensor) -> dict[str, Any]:
-        keep = ~torch.isnan(scores).any(-1)
-        s, y = scores[keep], y[keep].long()
-        temperature = fit_temperature(s, y, int(self.max_iter))
+        s, y = scores, y.long()  # finite: `Calibrator.fit` checked the logits
+        warn_few_points_shared(
+            len(y), 3, self.label,  # T and the weights on the simplex (two free)
+            "its weights rest on a handful of points: temperature scaling (one parameter) is "
+            "safer",
+        )  # fmt: skip
+        temperature = fit_temperature(s, y, int(self.max_iter), label=self.label)
         parts = _components(s, temperature)  # [3, N, C]
         true = parts.gather(2, y[None, :, None].expand(3, -1, 1))[..., 0].T  # [N, 3]
         weights = fit_weights(true, int(self.max_iter), float(self.tol))

@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -41,6 +42,7 @@ from peg.methods.calibration._label_shift import (
 from peg.methods.conformal._base import WrapsCalibrator
 from peg.metrics._inputs import check_labels
 from peg.source import Data
+from peg.source._values import check_finite
 from peg.source.batches import BatchFn, check_batch_fn
 
 METHODS = ("em", "bbse")
@@ -124,10 +126,13 @@ class LabelShift(WrapsCalibrator, Calibrator):
         if target is None:
             raise ValueError(f"target: {self.label} needs unlabelled target inputs")
         check_target_shape(val, target)
+        if isinstance(target, (Tensor, np.ndarray)):  # a loader's: checked as they are read
+            check_finite(torch.as_tensor(target), "target")
         size, split = int(self.batch_size), check_batch_fn(self.batch_fn)
         logits, y = logits_and_labels(predictor, val, size, split, "val")
-        scores = scores_of(logits, "log_probs")
+        scores = scores_of(logits, "log_probs", "val")
         classes = scores.shape[1]
+        self._check_classes(classes)
         y = check_labels(y, *scores.shape, name="val labels")
         source = torch.bincount(y.cpu(), minlength=classes).double() / len(y)
         if bool((source == 0).any()):
@@ -157,15 +162,16 @@ class LabelShift(WrapsCalibrator, Calibrator):
             batches = iter_member_logits_of(predictor, target, size, split)
         except NotStreamable:
             batches = iter([member_logits_of(predictor, target, size, split)])
-        kept = []
+        kept, start = [], 0
         for logits in batches:
             if logits.ndim != 3 or logits.shape[-1] != classes:
                 raise ValueError(
                     f"target: the predictor gives outputs of shape {tuple(logits.shape)} on "
                     f"it, expected [M, B, {classes}] (the classes of val)"
                 )
-            s = scores_of(logits, "log_probs")
+            s = scores_of(logits, "log_probs", "target", start)
             kept.append(calibrated_log_probs(s, state["temperature_"], state["bias_"]).exp())
+            start += logits.shape[1]
         probs = torch.cat(kept) if kept else torch.zeros(0, classes, dtype=torch.float64)
         need = max(10, classes)
         if len(probs) < need:

@@ -42,6 +42,7 @@ from peg.methods import _constraints as checks
 from peg.methods.base import store_arguments
 from peg.methods.calibration._affine import finite_scores
 from peg.methods.calibration._calibrator import Calibrator, stored
+from peg.methods.calibration._few_points import warn_few_points_shared
 from peg.methods.calibration._monotone import fit_slopes, monotone_map, place_knots
 from peg.methods.calibration.scaling import SCORE_OPTIONS
 from peg.methods.calibration.temperature import fit_temperature
@@ -100,10 +101,14 @@ class OrderPreservingScaling(Calibrator):
         return "logits" if one else "log_probs"
 
     def _fit_map(self, scores: Tensor, y: Tensor) -> dict[str, Any]:
-        keep = ~torch.isnan(scores).any(-1)
-        s, y = finite_scores(scores[keep]), y[keep].long()
-        temperature = fit_temperature(s, y, int(self.max_iter))
+        s, y = finite_scores(scores), y.long()  # finite: `Calibrator.fit` checked the logits
+        temperature = fit_temperature(s, y, int(self.max_iter), label=self.label)
         knots = place_knots(s, int(self.n_knots))
+        warn_few_points_shared(
+            len(y), len(knots) + 1, self.label,
+            "its slopes rest on a handful of points: temperature scaling (one parameter), or a "
+            "larger reg (towards it), is safer",
+        )  # fmt: skip
         start = torch.full((len(knots) + 1,), 1 / temperature, dtype=s.dtype, device=s.device)
         reg = float(self.reg) * temperature**2  # on slopes relative to TS's 1 / T
         slopes = fit_slopes(s, y, knots, start, reg, int(self.max_iter))

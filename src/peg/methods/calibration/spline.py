@@ -130,10 +130,6 @@ class SplineCalibration(Calibrator):
         **Calibrator.parameter_constraints,
     }
 
-    def _check_classes(self, classes: int) -> None:
-        if classes < 2:
-            raise ValueError(f"val: {self.label} needs at least 2 classes, got {classes}")
-
     def _fit_map(self, scores: Tensor, y: Tensor) -> dict[str, Any]:
         keep = ~torch.isnan(scores).any(-1)
         log_p, y = scores[keep].double(), y[keep]

@@ -134,9 +134,10 @@ def fit_temperature(
     Newton's method on log β safeguarded by bisection (a step leaving the bracket, or taken
     where the NLL is concave in log β, is a bisection): a few passes over `[N, C]` (float64)
     an iteration, about six from the bracket to full precision. Where g keeps its sign up to a
-    bound the optimum lies beyond it: the bound is returned and, unless `label` is None, a
-    warning names it (the scores anti-correlated with the labels: T → ∞, the uniform
-    prediction; every validation point predicted right: T → 0)."""
+    bound the optimum lies beyond it: the bound is returned and, unless `label` is None (the
+    calibrator's name), a warning names it and its cause (`_bound_cause`: constant scores;
+    every validation point predicted right, T → 0; scores anti-correlated with the labels,
+    T → ∞; or an optimum past the bound, scores of a very small or large scale)."""
     scores = scores.detach().double()
     finite = torch.isfinite(scores).all(-1)
     s, y = scores[finite], y[finite].long()
@@ -163,7 +164,8 @@ def fit_temperature(
         # far that its derivative is 0.0 (the NLL no longer changes in float64)
         if edge or u == last or g == 0:
             u = last
-            _warn_bound(label, math.exp(-u), direction)
+            if label is not None:
+                _warn_bound(label, math.exp(-u), s, true, direction)
             return math.exp(-u)
         g, h = slope(u)
     lo, hi = min(last, u), max(last, u)  # g(lo) <= 0 <= g(hi)
@@ -182,17 +184,44 @@ def fit_temperature(
     return math.exp(-u)
 
 
-def _warn_bound(label: str | None, t: float, direction: float) -> None:
-    if label is None:
-        return
-    why = (
-        "the scores are anti-correlated with the labels: the NLL falls towards the uniform "
-        "prediction (T → ∞)"
-        if direction < 0
-        else "every validation point is predicted right: the NLL falls as T → 0"
-    )
-    warnings.warn(
-        f"{label}: the optimal temperature is at or beyond T = {t:g} (a bound of `bounds`, or "
-        f"where the NLL stops changing in float64): {why}; the predictions are scaled by it",
-        stacklevel=4,
-    )
+def _bound_cause(s: Tensor, true: Tensor, direction: float, wider: str) -> str:
+    """Why the NLL still falls at a bound, from the scores `[N, C]` (not constant in every row)
+    and the labels' scores `[N]`: the derivative in β = 1/T (the mean of E_p[s] - s_y)
+    increases from the mean of (mean_c s - s_y) at β = 0 to the mean of (max_c s - s_y) as
+    β → ∞, so its sign at the end searched towards says whether the optimum is that end (T → 0
+    or ∞) or a finite T past the bound (scores of a very small or large scale)."""
+    spread = f"their largest spread within a row is {float((s.amax(-1) - s.amin(-1)).max()):.3g}"
+    if direction > 0:  # towards T → 0
+        if bool((true >= s.amax(-1)).all()):
+            return (
+                "every validation point is predicted right (its label has its row's largest "
+                "score): the NLL falls as T → 0, towards one-hot predictions"
+            )
+        return (
+            "the optimum is a smaller T, though not every point is predicted right: the "
+            f"scores' scale is small ({spread}){wider}"
+        )
+    if float((s.mean(-1) - true).mean()) >= 0:
+        return (
+            "the scores are anti-correlated with the labels (a label's score is at or below "
+            "its row's mean on average): the NLL falls towards the uniform prediction (T → ∞)"
+        )
+    return f"the optimum is a larger T: the scores' scale is large ({spread}){wider}"
+
+
+def _warn_bound(label: str, t: float, s: Tensor, true: Tensor, direction: float) -> None:
+    """The warning of a temperature at a bound, naming the calibrator (`label`) and the cause."""
+    if not len(s) or bool((s.amax(-1) == s.amin(-1)).all()):  # g = 0 for every T
+        message = (
+            f"{label}: the scores are equal within every validation row (constant logits): "
+            f"they say nothing of the labels and the NLL does not depend on the temperature; "
+            f"T = {t:g} is kept"
+        )
+    else:
+        wider = "; widen `bounds` to reach it" if label == TemperatureScaling.label else ""
+        message = (
+            f"{label}: the optimal temperature is at or beyond T = {t:g} (a bound of the "
+            "search, or where the NLL stops changing in float64): "
+            f"{_bound_cause(s, true, direction, wider)}; T = {t:g} is used"
+        )
+    warnings.warn(message, stacklevel=5)

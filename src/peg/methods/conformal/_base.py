@@ -99,7 +99,7 @@ class ConformalBase(WrapsCalibrator, Calibrator):
         except NotStreamable:
             return iter([self.member_logits(X, batch_size, batch_fn)])
 
-    def scale(self, logits: Tensor) -> Tensor:
+    def scale(self, logits: Tensor, name: str = "logits", start: int | None = None) -> Tensor:
         return logits
 
     def __len__(self) -> int:

@@ -309,14 +309,15 @@ def covariate_sets(cp: Any, X: Data, batch_size: int | None, batch_fn: BatchFn |
     size = int(cp.batch_size if batch_size is None else batch_size)
     split = cp.batch_fn if batch_fn is None else batch_fn
     features = Features(cp.predictor_, cp.features_)
-    u, alpha, out = cp._stream(1), float(cp.alpha), []
+    u, alpha, out, start = cp._stream(1), float(cp.alpha), [], 0
     for logits, _, f in joint_batches(cp.predictor_, X, size, split, features, "X", False):
         assert f is not None
         if logits.shape[-1] != cp.n_classes_:
             raise ValueError(
                 f"X: the predictor gives {logits.shape[-1]} classes, fitted on {cp.n_classes_}"
             )
-        probs, draws = cp._probs_and_draws(logits, u, "X")
+        probs, draws = cp._probs_and_draws(logits, u, "X", start)
+        start += logits.shape[1]
         w = torch.from_numpy(cp.domain_(f.numpy()))
         q = weighted_thresholds(cp.calib_scores_, cp.calib_weights_, w, alpha)
         every = class_scores(probs, cp.score, int(cp.k_reg), float(cp.lam), draws)

@@ -49,6 +49,7 @@ from peg.methods.conformal._split import (
 )
 from peg.metrics._inputs import check_labels
 from peg.source import Data, Source
+from peg.source._values import check_finite_logits
 from peg.source.batches import BatchFn
 from peg.streams import generator
 
@@ -152,10 +153,12 @@ class ConformalClassifier(ConformalBase):
 
     # ---------------------------------------------------------------- scores
     def _probs_and_draws(
-        self, logits: Tensor, u: torch.Generator | None, what: str
+        self, logits: Tensor, u: torch.Generator | None, what: str, start: int | None = None
     ) -> tuple[Tensor, Tensor | None]:
-        """The averaged probabilities `[B, C]` of member logits `[M, B, C]` (checked: no NaN)
-        and the randomised scores' uniform draws `[B]` (None when not randomised)."""
+        """The averaged probabilities `[B, C]` of member logits `[M, B, C]` (checked: finite,
+        as every calibrator's, `check_finite_logits`; rows from `start`) and the randomised
+        scores' uniform draws `[B]` (None when not randomised)."""
+        check_finite_logits(logits, what, start)
         probs = ensemble_probs(logits)
         check_scores(probs, what)
         draws = None if u is None else torch.rand(len(probs), generator=u, dtype=torch.float64)
@@ -205,7 +208,7 @@ class ConformalClassifier(ConformalBase):
         """The scores of the labels `[n]` (float64, CPU), the labels `[n]` and the number of
         classes, from `(member logits [M, B, C], labels [B])` batches of calibration data."""
         u = self._stream(0)
-        scores, labels, classes = [], [], None
+        scores, labels, classes, start = [], [], None, 0
         for logits, y in batches:
             if logits.ndim != 3 or (classes is not None and logits.shape[-1] != classes):
                 raise ValueError(
@@ -216,7 +219,8 @@ class ConformalClassifier(ConformalBase):
                 warn_probabilities(logits[0])
             classes = logits.shape[-1]
             y = check_labels(y, logits.shape[1], classes, "val labels", logits.device)
-            probs, draws = self._probs_and_draws(logits, u, "val")
+            probs, draws = self._probs_and_draws(logits, u, "val", start)
+            start += logits.shape[1]
             every = class_scores(probs, self.score, int(self.k_reg), float(self.lam), draws)
             scores.append(every.gather(1, y[:, None])[:, 0].cpu())
             labels.append(y.cpu())
@@ -243,15 +247,19 @@ class ConformalClassifier(ConformalBase):
         )
 
     # ---------------------------------------------------------------- predicting
-    def sets_of(self, logits: Tensor, u: torch.Generator | None = None) -> Tensor:
+    def sets_of(
+        self, logits: Tensor, u: torch.Generator | None = None, start: int | None = None
+    ) -> Tensor:
         """Prediction sets `[B, C]` bool of member logits `[M, B, C]` (`u`: the random stream
-        of a randomised score, drawn from in row order; None: a fresh one from `seed`)."""
+        of a randomised score, drawn from in row order; None: a fresh one from `seed`;
+        `start`: the batch's first row in X, which an error names)."""
         self._check_fitted()
         if logits.shape[-1] != self.n_classes_:
             raise ValueError(
                 f"X: the predictor gives {logits.shape[-1]} classes, fitted on {self.n_classes_}"
             )
-        probs, draws = self._probs_and_draws(logits, self._stream(1) if u is None else u, "X")
+        u = self._stream(1) if u is None else u
+        probs, draws = self._probs_and_draws(logits, u, "X", start)
         k_reg, lam = int(self.k_reg), float(self.lam)
         return class_sets(probs, self.quantile_, self.score, k_reg, lam, draws)
 
@@ -264,8 +272,13 @@ class ConformalClassifier(ConformalBase):
                 "shift='covariate': a set's threshold depends on the input's weight, not on its "
                 "logits alone; use predict_set(X)"
             )
-        u = self._stream(1)
-        return lambda logits: self.sets_of(logits, u)
+        u, rows = self._stream(1), [0]
+
+        def sets(logits: Tensor) -> Tensor:
+            start, rows[0] = rows[0], rows[0] + logits.shape[1]
+            return self.sets_of(logits, u, start)
+
+        return sets
 
     def predict_set(
         self, X: Data, batch_size: int | None = None, batch_fn: BatchFn | None = None
