@@ -98,7 +98,7 @@ def test_apply_refuses_bad_input_before_writing(tmp_path, fitted, capsys):
     out = tmp_path / "p.npy"
     said = _refused(["apply", str(tmp_path / "map.peg"), "--logits", str(tmp_path / "nan.npy"),
                      "--out", str(out)], capsys)  # fmt: skip
-    assert "--logits: row 7 holds NaN or +inf" in said and not out.exists()
+    assert "--logits: row 7 holds NaN" in said and not out.exists()
     assert not (tmp_path / "p.npy.peg.json").exists()
     np.save(tmp_path / "wide.npy", np.zeros((5, C + 1), np.float32))
     said = _refused(["apply", str(tmp_path / "map.peg"), "--logits", str(tmp_path / "wide.npy"),
@@ -148,44 +148,29 @@ def test_apply_reads_logits_as_peg_select_does(tmp_path, fitted, capsys, name, s
     assert _refused(select, capsys).split("error: ")[1] == err.split("error: ")[1]
 
 
-# --- issue 46 item 9: the logits' rule: NaN and +inf refused, -inf (a class ruled out) kept -----
+# --- issue 46 item 9: the logits' rule, every calibrator's: NaN and +-inf refused, by row -----
 
-# These maps refuse -inf today ("pred: expected finite values"); the rule, which issue 46 item 9
-# makes every calibrator follow, keeps it: drop a name when its calibrator takes -inf.
-REFUSE_MINUS_INF_TODAY = {
-    "TemperatureScaling",
-    "DirichletCalibration",
-    "HistogramBinning",
-    "IsotonicCalibration",
-    "SplineCalibration",
-    "EnsembleTemperatureScaling",
-}
 MAPS = ["TemperatureScaling", "VectorScaling", "MatrixScaling", "DirichletCalibration",
         "HistogramBinning", "IsotonicCalibration", "SplineCalibration",
         "EnsembleTemperatureScaling", "OrderPreservingScaling"]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    "name",
-    [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="refuses -inf until the "
-                                             "calibrators follow the rule (issue 46, 9)"))
-     if n in REFUSE_MINUS_INF_TODAY else n for n in MAPS],
-)  # fmt: skip
-def test_apply_keeps_minus_inf_as_a_class_ruled_out(tmp_path, name):
+@pytest.mark.parametrize("name", MAPS)
+def test_apply_refuses_minus_inf_for_every_map_naming_the_row(tmp_path, capsys, name):
+    """Several maps cannot carry -inf to a probability of 0 (binning, isotonic, ETS's uniform
+    part, the matrix maps), so no map takes it: one rule, the calibrators' own."""
     getattr(peg, name)().fit(nn.Identity(), saved(200, 0)).save(tmp_path / "m.peg")
     X = saved(20, 1)[0].numpy()
     X[3, 2] = X[11, 0] = -np.inf
     np.save(tmp_path / "minf.npy", X)
-    assert main(_apply(tmp_path, "minf.npy", archive="m.peg")) == 0
-    probs = np.load(tmp_path / "p.npy")
-    assert np.isfinite(probs).all() and np.allclose(probs.sum(1), 1, atol=1e-5)
-    assert probs[3, 2] < 1e-6 and probs[11, 0] < 1e-6
+    err = _refused(_apply(tmp_path, "minf.npy", archive="m.peg"), capsys)
+    assert "--logits: row 3 holds -inf" in err and not list(tmp_path.glob("p.npy*"))
 
 
 @pytest.mark.parametrize(
     ("value", "said"),
-    [(np.nan, "row 12 holds NaN or +inf"), (np.inf, "row 12 holds NaN or +inf"),
-     (-np.inf, "row 12 is -inf in every class")],
+    [(np.nan, "row 12 holds NaN"), (np.inf, "row 12 holds +inf"),
+     (-np.inf, "row 12 holds -inf")],
 )  # fmt: skip
 def test_apply_names_the_row_that_breaks_the_rule(tmp_path, fitted, capsys, value, said):
     X = saved(30, 2)[0].numpy()
@@ -332,11 +317,11 @@ FILE_ERROR_CASES: list[tuple[str, str, Callable[[Path], object], type[BaseExcept
      r"expected one \.npy array"),
     ("peg (CLI)", "peg apply --logits with a NaN",
      lambda tmp: _cli(tmp, "new.npy", "--out", "p.npy", logits=_with(np.nan, 4, 1)),
-     SystemExit, r"exit 2: peg apply: error: --logits: row 4 holds NaN or \+inf \(only -inf, "
-     r"a class ruled out, may be non-finite\); nothing was written"),
-    ("peg (CLI)", "peg apply --logits with a row of -inf",
-     lambda tmp: _cli(tmp, "new.npy", "--out", "p.npy", logits=_with(-np.inf, 4, slice(None))),
-     SystemExit, r"exit 2: peg apply: error: --logits: row 4 is -inf in every class"),
+     SystemExit, r"exit 2: peg apply: error: --logits: row 4 holds NaN; logits must be finite "
+     r"\(a class ruled out: a large negative logit, not -inf\); nothing was written"),
+    ("peg (CLI)", "peg apply --logits with a -inf",
+     lambda tmp: _cli(tmp, "new.npy", "--out", "p.npy", logits=_with(-np.inf, 4, 1)),
+     SystemExit, r"exit 2: peg apply: error: --logits: row 4 holds -inf"),
     ("peg (CLI)", "peg apply --out the --logits file",
      lambda tmp: _cli(tmp, "new.npy", "--out", "new.npy"),
      SystemExit, r"exit 2: peg apply: error: --out: new\.npy is the --logits file new\.npy; "

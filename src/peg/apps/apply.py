@@ -11,8 +11,8 @@ to `--out` (atomically: a temporary file renamed over it):
 - a conformal predictor's archive: its prediction sets `[N, C]` (bool: class c is in row n's
   set), what it was fitted for (its probabilities are its inner map's).
 
-The logits' rule: NaN and +inf are refused (naming the row); -inf is kept (a class ruled out:
-probability 0 for it); a row that is -inf in every class (no class left) is refused.
+The logits' rule, every calibrator's: NaN, +inf and -inf are refused, naming the row (a class
+ruled out is a large negative logit, not -inf: several maps could not carry -inf to 0).
 
 Beside `--out`, `<out>.peg.json` records what was applied to what; it is also the mark that peg
 wrote `--out`: it names the file, its size and SHA-256. An existing `--out` is replaced only
@@ -37,8 +37,8 @@ DESCRIPTION = (
     "--save DIR`, or a calibrator's archive), apply it to a .npy of logits [N, C] and write the "
     "calibrated probabilities [N, C] (float32 .npy) to --out, with --out.peg.json beside it; a "
     "conformal predictor's archive writes its prediction sets [N, C] (bool .npy) instead. NaN "
-    "and +inf logits are refused; -inf (a class ruled out) is kept. An existing --out is "
-    "replaced only where its record shows peg apply wrote it. "
+    "and +-inf logits are refused (naming the row), as every calibrator refuses them. An "
+    "existing --out is replaced only where its record shows peg apply wrote it. "
     "See docs/calibration.md#saved-logits-no-model."
 )
 MARK = ".peg.json"  # the record beside --out, and the mark that peg wrote it
@@ -131,21 +131,16 @@ def _logits(path: str) -> np.ndarray:
 
 
 def _check_rows(block: np.ndarray, start: int) -> None:
-    """A ValueError naming the first row with NaN or +inf, or -inf in every class (no class
-    left); -inf in some classes (a probability of 0) is kept."""
-    bad = np.isnan(block) | np.isposinf(block)
+    """A ValueError naming the first row of `block` (row `start` of `--logits`) with NaN or
+    ±inf: the calibrators' one rule (`peg.source._values.check_finite_logits`)."""
+    bad = ~np.isfinite(block)
     if bad.any():
-        row = start + int(np.argmax(bad.any(1)))
+        i = int(np.argmax(bad.any(1)))
+        row = block[i]
+        which = "NaN" if np.isnan(row).any() else "+inf" if np.isposinf(row).any() else "-inf"
         raise ValueError(
-            f"--logits: row {row} holds NaN or +inf (only -inf, a class ruled out, may be "
-            "non-finite); nothing was written"
-        )
-    empty = np.isneginf(block).all(1)
-    if empty.any():
-        row = start + int(np.argmax(empty))
-        raise ValueError(
-            f"--logits: row {row} is -inf in every class (every class ruled out); nothing was "
-            "written"
+            f"--logits: row {start + i} holds {which}; logits must be finite (a class ruled "
+            "out: a large negative logit, not -inf); nothing was written"
         )
 
 
