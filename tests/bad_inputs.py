@@ -126,7 +126,9 @@ logits = torch.randn(2, 4, 3)
 # ------------------------------------------------------------- tampered files (probes)
 def tamper(path: str | Path, change: Callable[[Any], Any], key: str = "peg") -> str:
     """Rewrite the JSON under metadata `key` of safetensors file `path` with `change(parsed)`
-    (its return value, or the parsed value changed in place; a str is written as it is)."""
+    (its return value, or the parsed value changed in place; a str is written as it is). A peg
+    archive's header digest is rewritten to match (a crafted file, which the checks after the
+    digest must refuse on their own; `edit_header` keeps the old digest)."""
     from safetensors import safe_open
     from safetensors.torch import save_file
 
@@ -136,7 +138,7 @@ def tamper(path: str | Path, change: Callable[[Any], Any], key: str = "peg") -> 
     parsed = json.loads(metadata[key])
     new = change(parsed)
     new = parsed if new is None else new
-    metadata[key] = new if isinstance(new, str) else json.dumps(new)
+    metadata[key] = new if isinstance(new, str) else json.dumps(_redigested(new))
     save_file(tensors, str(path), metadata=metadata)
     return str(path)
 
@@ -156,6 +158,30 @@ def retensor(path: str | Path, change: Callable[[str, torch.Tensor], torch.Tenso
     header = json.loads(metadata.get("peg", "null"))
     if isinstance(header, dict) and "tensors_sha256" in header:
         header["tensors_sha256"] = tensors_digest(tensors)
-        metadata["peg"] = json.dumps(header)
+        metadata["peg"] = json.dumps(_redigested(header))
+    save_file(tensors, str(path), metadata=metadata)
+    return str(path)
+
+
+def _redigested(header: Any) -> Any:
+    """`header` with its `header_sha256` (where it has one) recomputed."""
+    if isinstance(header, dict) and isinstance(header.get("header_sha256"), str):
+        from peg.archive import header_digest
+
+        header["header_sha256"] = header_digest(header)
+    return header
+
+
+def edit_header(path: str | Path, change: Callable[[Any], Any]) -> str:
+    """`tamper` without rewriting the header digest: an archive edited after it was written."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(path), framework="pt") as f:
+        metadata = dict(f.metadata() or {})
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    parsed = json.loads(metadata["peg"])
+    change(parsed)
+    metadata["peg"] = json.dumps(parsed)
     save_file(tensors, str(path), metadata=metadata)
     return str(path)

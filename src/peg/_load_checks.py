@@ -4,7 +4,8 @@ archive's map (finite, and not degenerate) before it is handed back.
 Why: `load(device="CPU")`, `""` or `"cuda"` on a build without CUDA failed with torch's raw
 RuntimeError / AssertionError naming no argument; and a calibration map holding ±inf (Dirichlet
 weights) or a degenerate value (a temperature of 1e-300) loaded, then predicted NaN for every
-input (NaN itself was refused, inf was not).
+input (NaN itself was refused, inf was not); a conformal predictor's inner temperature of
+1e-300 loaded, and `predict_set` blamed `X`.
 """
 
 from __future__ import annotations
@@ -80,37 +81,65 @@ def check_calibration_tensors(path: Path, tensors: Mapping[str, Tensor]) -> None
             )
 
 
-def check_calibrated(
-    path: Path, fitted: Any, tensors: Mapping[str, Tensor], device: torch.device
-) -> None:
-    """The loaded calibrator's prediction is a distribution on probe logits `[1, 3, C]`
-    (uniform, moderate, saturated at 50): a degenerate map (T = 1e-300: scores of -1e300, a
-    probability of exactly 0 to every class but the top) is refused here.
+# the probe's width for a map whose arrays do not fix C (temperature, ETS, spline, order-
+# preserving): a header's C is not allocated for (2e8 classes: a raw allocator error at load)
+PROBE_CLASSES = 4096
+BIG = 1e4  # the magnitude of the probe's large logits (what ImageNet-scale models reach)
+ORDINARY = 3  # the probe's first rows (zero, moderate, saturated at 50): no class gets 0 there
 
-    C is the map's own (`_fitted_classes`) or, for a map without arrays (temperature
-    scaling), 3; a map of unknown C with arrays (`tensors`, the archive's: binning, isotonic)
-    is not probed (its arrays are bounded by `check_calibration_tensors` and its own checks)."""
+
+def check_calibrated(
+    path: Path, fitted: Any, device: torch.device, field: str = "meta.calibration"
+) -> None:
+    """The loaded calibrator's prediction is a distribution on probe logits `[1, 5, W]`: zero,
+    moderate, saturated at 50, spread over ±1e4 and one-hot at ±1e4 (the magnitudes a map will
+    meet, not only 0…50); a degenerate map (T = 1e-300: every score -inf; slopes × 1e300: NaN)
+    is refused here, naming the field, rather than predicting NaN for every input. A calibrator
+    inside it (a conformal predictor's or `LabelShift`'s `predictor_`) is probed as well.
+
+    W is the map's C (`_fitted_classes`), at most `PROBE_CLASSES` for a map whose arrays do not
+    fix C (a larger header's C is not allocated for), 3 for a map of unknown C (an archive
+    written before C was recorded)."""
     classes = fitted._fitted_classes()
     if classes is None:
-        if tensors:
-            return
         classes = 3
+    elif fitted._classes_of(vars(fitted)) is None:
+        classes = min(classes, PROBE_CLASSES)
     grid = torch.arange(classes, dtype=torch.float32, device=device)
-    saturated = 50.0 * (grid == 0).float()
-    probe = torch.stack([torch.zeros_like(grid), grid / max(classes - 1, 1), saturated])[None]
-    try:  # a probability of exactly 0 here: the map stretched ordinary logits past float32
-        log_p = fitted.scale(probe).double().log_softmax(-1)
-        degenerate = not bool(torch.isfinite(log_p).all())
+    top = (grid == 0).float()
+    probe = torch.stack(
+        [
+            torch.zeros_like(grid),
+            grid / max(classes - 1, 1),
+            50.0 * top,
+            torch.linspace(-BIG, BIG, classes, device=device),
+            BIG * (2 * top - 1),
+        ]
+    )[None]
+    try:
+        log_p = fitted._mapped(probe).double().log_softmax(-1)[0]  # [5, W]
+        # NaN anywhere, no finite top class, or a probability of exactly 0 on the ordinary
+        # rows (T = 1e-300 stretches them past float32: every class but the top gets 0)
+        degenerate = (
+            bool(log_p.isnan().any())
+            or not bool(torch.isfinite(log_p.max(-1).values).all())
+            or not bool(torch.isfinite(log_p[:ORDINARY]).all())
+        )
     except FloatingPointError:  # a map giving NaN on finite logits (`in_float32`)
         degenerate = True
     if degenerate:
+        where = "" if field == "meta.calibration" else f" under {field!r}"
         raise ArchiveError(
-            f"{path}: the calibration map ({type(fitted).__name__}) is degenerate: it predicts "
-            f"NaN or a probability of exactly 0 on ordinary logits; its stored values are "
-            f"{_described(fitted)}"
+            f"{path}: the calibration map ({type(fitted).__name__}{where}) is degenerate: it "
+            f"predicts NaN, or a probability of exactly 0 on ordinary logits, on logits of "
+            f"magnitudes 0 to {BIG:g}; its stored values: {_described(fitted, field)}"
         )
+    inner = getattr(fitted, "predictor_", None)
+    if hasattr(inner, "_fitted_classes") and hasattr(inner, "_mapped"):
+        check_calibrated(path, inner, device, f"{field}.inner")
 
 
-def _described(fitted: Any) -> str:
+def _described(fitted: Any, field: str) -> str:
     entry = {k: v for k, v in fitted._entry().items() if not isinstance(v, list)}
-    return str(entry) if entry else "in its arrays"
+    shown = ", ".join(f"{field}.{k} = {v!r}" for k, v in entry.items())
+    return shown or "in its arrays"

@@ -7,11 +7,15 @@ header's metadata key ``"peg"``::
 
     {"format": "peg-ensemble", "format_version": 1, "peg_version": ..., "torch_version": ...,
      "members": M, "stacked": [names], "shared": [names], "meta": {method, hyper-parameters,
-     seed, ...}, "tensors_sha256": hex}
+     seed, ...}, "tensors_sha256": hex, "header_sha256": hex}
 
 `tensors_sha256` (`tensors_digest`; absent from archives written before it) is checked when the
 tensors are read: bytes changed after the write (zeroed, flipped) are an `ArchiveError`, not a
-model that loads and predicts something else.
+model that loads and predicts something else. `header_sha256` (`header_digest`, over the
+canonical JSON of the rest of the header, `tensors_sha256` included; absent from archives written
+before issue 46, which load unchecked) is checked when the header is read: a map that lives in
+the header (a temperature, a conformal quantile, the score it is for, the architecture a
+weightless map was fitted on) is covered as the tensors are.
 
 Tensor keys are ``stacked/<state-dict name>`` (`[M, *shape]`) and ``shared/<name>``. A calibrated
 archive (`meta["calibration"]`, e.g. matrix scaling's) may also hold the calibration map's arrays
@@ -50,9 +54,13 @@ from peg.errors import ArchiveError
 
 FORMAT = "peg-ensemble"
 FORMAT_VERSION = 1
-# meta["inputs"] of an archive without weights: a calibration map over saved logits (fitted
-# on `nn.Identity()`), whose `stacked` and `shared` are empty (`peg.load(path)`)
+# meta["inputs"] of an archive without weights, whose `stacked` and `shared` are empty: a
+# calibration map over saved logits (fitted on `nn.Identity()`: `peg.load(path)`), or over the
+# outputs of a module without weights, its architecture recorded (`peg.load(path, module)`)
 LOGITS = "logits"
+MODULE = "module"
+WEIGHTLESS = (LOGITS, MODULE)
+MODULE_REPR = 2000  # characters of a weightless module's `repr` (meta["module"]) kept, at most
 # what `with_meta` adds to the meta of the archives written in its block, and where they went
 _ADDED: ContextVar[tuple[dict[str, Any], list[str]] | None] = ContextVar("added", default=None)
 
@@ -108,6 +116,7 @@ def write(
         header["calibration"] = list(calibration or {})
     header["tensors_sha256"] = tensors_digest(tensors)
     try:
+        header["header_sha256"] = header_digest(header)
         text = json.dumps(header, allow_nan=False)
     except (TypeError, ValueError) as e:
         raise ValueError(f"ensemble.meta: must be JSON-serialisable (finite numbers): {e}") from e
@@ -129,7 +138,30 @@ def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ArchiveError(f"{path}: not a peg archive (unreadable safetensors header: {e})") from e
     if not isinstance(metadata.get("peg"), str):
         raise ArchiveError(f"{path}: not a peg archive (no 'peg' JSON header)")
-    return check_header(parse_json(metadata["peg"], str(path)), str(path))
+    header = parse_json(metadata["peg"], str(path))
+    digest = header.get("header_sha256") if isinstance(header, dict) else None
+    if isinstance(digest, str) and header_digest(header) != digest:
+        raise ArchiveError(
+            f"{path}: damaged peg archive (its header does not match the SHA-256 it records: "
+            "changed after it was written)"
+        )
+    return check_header(header, str(path))
+
+
+def header_digest(header: Mapping[str, Any]) -> str:
+    """SHA-256 of the canonical JSON (sorted keys, no spaces, ASCII) of `header` less its
+    `header_sha256`.
+
+    Why: the tensors' digest left the header out, and for temperature scaling, ensemble
+    temperature scaling and conformal prediction the map *is* the header (a conformal quantile
+    edited to -5 loaded with coverage 0; a temperature scaling archive's digest was that of no
+    bytes). Python's JSON writes a float as the shortest text that reads back as it, so the
+    header parsed and written again gives the same bytes. As `tensors_digest`, it detects
+    damage and edits, not a forger (who can rewrite both digests)."""
+    body = {k: v for k, v in header.items() if k != "header_sha256"}
+    # any parsed header has one (`Infinity` included: the field checks refuse it by name)
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
 
 
 def check_header(header: Any, where: str) -> dict[str, Any]:
@@ -145,18 +177,19 @@ def check_header(header: Any, where: str) -> dict[str, Any]:
             f"({FORMAT_VERSION}); upgrade peg"
         )
     meta_obj = header.get("meta")
-    logits = isinstance(meta_obj, dict) and meta_obj.get("inputs") == LOGITS
-    fields.integer("members", minimum=1, maximum=1 if logits else None)
-    stacked, shared = fields.names("stacked", non_empty=not logits), fields.names("shared")
-    if logits and (stacked or shared):
+    weightless = isinstance(meta_obj, dict) and meta_obj.get("inputs") in WEIGHTLESS
+    fields.integer("members", minimum=1, maximum=1 if weightless else None)
+    stacked, shared = fields.names("stacked", non_empty=not weightless), fields.names("shared")
+    if weightless and (stacked or shared):
         raise fields.error("stacked", "no weights in a map over saved logits", stacked or shared)
     if len(set(stacked) | set(shared)) != len(stacked) + len(shared):
         raise fields.error("stacked", "names that appear once in 'stacked' and 'shared'", stacked)
     fields.names("calibration", optional=True)
-    fields.get(
-        "tensors_sha256", lambda v: isinstance(v, str) and re.fullmatch("[0-9a-f]{64}", v),
-        "a SHA-256 hex digest", optional=True,
-    )  # fmt: skip
+    for key in ("tensors_sha256", "header_sha256"):
+        fields.get(
+            key, lambda v: isinstance(v, str) and re.fullmatch("[0-9a-f]{64}", v),
+            "a SHA-256 hex digest", optional=True,
+        )  # fmt: skip
     for key in ("architecture", "peg_version", "torch_version"):
         fields.text(key, optional=True)
     meta = fields.object("meta", optional=True)

@@ -105,8 +105,10 @@ def load(
     `save`), the fitted calibrator around it (a `TemperatureScaling`, a `DirichletCalibration`,
     ...); for a file `Laplace.save` wrote, the fitted `Laplace`. A map fitted on saved logits
     (a calibrator, a conformal predictor, AutoSelect's choice fitted on `nn.Identity()`) holds
-    no weights: `peg.load(path)` gives it back around `nn.Identity()` (or around `model`, when
-    given, a module without parameters), to apply to logits.
+    no weights: `peg.load(path)` gives it back around `nn.Identity()`, to apply to logits. A map
+    fitted on another module without weights (`5 * x`) holds none either, but acts on that
+    module's outputs: it loads with an instance of it only (`model` of the architecture and
+    `repr` the archive records; any other is an `ArchiveError` naming `model`).
 
     Args:
         path: the archive.
@@ -141,8 +143,8 @@ def load(
         model = _need_model(model, path, kind)
         return _FORMATS[kind](path, model, _device(model, device), batch_fn)
     header = archive.read_header(path)
-    if (header.get("meta") or {}).get("inputs") == archive.LOGITS:
-        return _logits_map(path, header, model, device)
+    if (header.get("meta") or {}).get("inputs") in archive.WEIGHTLESS:
+        return _weightless_map(path, header, model, device)
     model = _need_model(model, path, header.get("architecture"))
     device = _device(model, device)
     made = recipe.of_meta(header.get("meta") or {}, str(path))
@@ -202,7 +204,7 @@ def _calibrated(
         fitted = calibrator_for(calibration)(loaded, calibration, move(tensors, device))
     except ArchiveError as e:  # a calibrator's own checks name the field; here, the file too
         raise ArchiveError(e.args[0] if str(path) in str(e) else f"{path}: {e}") from None
-    check_calibrated(path, fitted, tensors, device)
+    check_calibrated(path, fitted, device)
     return fitted
 
 
@@ -221,26 +223,55 @@ def _need_model(model: nn.Module | None, path: Path, what: Any) -> nn.Module:
     return model
 
 
-def _logits_map(
+def _weightless_map(
     path: Path, header: dict[str, Any], model: nn.Module | None, device: Any
 ) -> Any:  # fmt: skip
-    """The fitted map of an archive without weights (`archive.LOGITS`) around `model`, a module
-    without parameters (None: `nn.Identity()`, what it was fitted on); its arrays on `device`
-    (None: the CPU; they follow the logits when applied)."""
-    if model is None:
-        model = nn.Identity()
+    """The fitted map of an archive without weights (`archive.WEIGHTLESS`) around `model`: a
+    module of the recorded architecture without parameters (None: `nn.Identity()`, for a map
+    over saved logits only); its arrays on `device` (None: the CPU; they follow the logits)."""
+    meta = header["meta"]
+    recorded = header.get("architecture")
+    # archives written before `archive.MODULE` said "logits" over any weightless module: theirs
+    # is the architecture they record
+    logits = meta.get("inputs") == archive.LOGITS and recorded == "Identity"
+    if model is None and not logits:
+        raise TypeError(
+            f"model: {path} holds a map fitted on the outputs of a {recorded or 'module'} (a "
+            "module without weights, not saved logits); pass an instance of it: "
+            "peg.load(path, model)"
+        )
+    model = nn.Identity() if model is None else model
     if next(model.parameters(), None) is not None or next(model.buffers(), None) is not None:
         raise ArchiveError(
             f"model: {path} is a calibration map fitted on saved logits (no weights); load it "
             f"with peg.load(path) and apply it to the logits, not to a {type(model).__name__} "
             "with parameters"
         )
-    calibration = header["meta"].get("calibration")
+    _check_module(path, model, recorded, meta.get("module"))
+    calibration = meta.get("calibration")
     if calibration is None:
         raise ArchiveError(f"{path}: an archive over saved logits without a calibration map")
     check_calibration_entry(path, calibration)
     where = torch.device("cpu") if device is None else device
     return _calibrated(path, header, calibration, model, where)
+
+
+def _check_module(path: Path, model: nn.Module, recorded: Any, described: Any) -> None:
+    """An ArchiveError naming `model` unless it is of the architecture the weightless map was
+    fitted on (its class name, and its `repr` where the archive records one): the map acts on
+    that module's outputs (an archive over saved logits loaded around `nn.Softmax(-1)`, or one
+    over `5 * x` around `nn.Identity()`, loaded and predicted other probabilities)."""
+    given = type(model).__name__
+    shown = repr(model)[: archive.MODULE_REPR] if isinstance(described, str) else None
+    if given != recorded or (shown is not None and shown != described):
+        logits = recorded == "Identity" and shown is None
+        what = f"the outputs of {described or recorded}"
+        what = "saved logits (nn.Identity())" if logits else what
+        raise ArchiveError(
+            f"model: {path} holds a map fitted on {what}; got {repr(model)[:200]}, another "
+            "architecture: pass the module it was fitted on"
+            + (" or none: peg.load(path)" if logits else "")
+        )
 
 
 def _check_dtypes(

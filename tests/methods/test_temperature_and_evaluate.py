@@ -87,6 +87,7 @@ def test_temperature_scaling_saves_and_loads(overfit_mlp, moons_data, tmp_path, 
     assert peg.archive.read_header(path)["meta"]["calibration"] == {
         "method": "temperature",
         "temperature": ts.temperature_,
+        "n_classes": 2,  # refused for logits of another width (issue 46)
     }
 
 

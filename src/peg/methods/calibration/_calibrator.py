@@ -10,9 +10,17 @@ and hands them to the subclass's `_fit_map`; `scale` applies the fitted map (`_a
 predictor's logits, which `member_logits` / `iter_member_logits` / `predict_proba` go through.
 `save` writes the predictor's ensemble with the map in the archive: its scalars in the meta's
 `"calibration"` entry (JSON), its arrays as safetensors beside the members (`peg.archive`; a
-map fitted on saved logits, `nn.Identity()`, is saved alone and loads without a model),
-and every subclass is registered with `peg.loading.register_calibrator` under its `method`
-name, so `peg.load` gives the fitted calibrator back (`_restore`).
+map fitted on saved logits, `nn.Identity()`, is saved alone and loads without a model; one
+fitted on another module without weights is saved alone with that module's architecture, and
+loads with an instance of it), and every subclass is registered with
+`peg.loading.register_calibrator` under its `method` name, so `peg.load` gives the fitted
+calibrator back (`_restore`).
+
+Every map records the number of classes C it was fitted on (`n_classes_`, saved as the entry's
+`"n_classes"`) and refuses logits of another width (`scale`): a temperature fitted on 10 classes
+applied to 5 columns, or a spline map to 8, is an error naming the argument and both counts,
+not a prediction. Archives written before it carry no `"n_classes"`: C is then what the map's
+arrays fix (`_classes_of`: vector scaling's bias, ...), or unknown (any width, as before).
 
 A subclass sets `method` (the archive's and meta's name), `label` (for messages) and
 implements `_fit_map(scores, y) -> state` (the fitted attributes, trailing underscore),
@@ -25,14 +33,16 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from peg import archive
+from peg._schema import Fields
 from peg.ensemble import Ensemble, Predicts
 from peg.errors import ArchiveError
 from peg.loading import register_calibrator
@@ -106,7 +116,14 @@ class Calibrator(Predicts, Method):
             raise ValueError(f"val: {self.label} needs at least 2 classes, got {classes}")
 
     def _fitted_classes(self) -> int | None:
-        """C of the fitted map, where it has one (None: any C, as temperature scaling)."""
+        """C of the fitted map (`n_classes_`; None: a map loaded from an archive written before
+        C was recorded, whose arrays do not fix it: any C)."""
+        return self.__dict__.get("n_classes_")
+
+    def _classes_of(self, state: Mapping[str, Any]) -> int | None:
+        """C that the fitted state's arrays fix (vector scaling's bias `[C]`, ...), or None for
+        a map whose arrays do not depend on C (temperature scaling, spline, ...): what an
+        archive's `"n_classes"` is checked against, and C of an archive written without it."""
         return None
 
     def _fit_map(self, scores: Tensor, y: Tensor) -> dict[str, Any]:
@@ -129,18 +146,24 @@ class Calibrator(Predicts, Method):
 
     def _archived(self) -> dict[str, Any]:
         """The archive's `"calibration"` entry: method, constructor arguments (`params`), what
-        the map acts on (`fitted_on`) and the map's scalars."""
+        the map acts on (`fitted_on`), the map's scalars and C (`n_classes`)."""
         return {
             "method": type(self).method,  # an argument may be called `method` too
             "params": self._json_params(),
             "fitted_on": self.scores_,
             **self._entry(),
+            **self._width(),
         }
 
     def _described(self) -> dict[str, Any]:
         """`meta_` beyond method and predictor: the arguments, what the map acts on
-        (`fitted_on`: "log_probs" or "logits") and the map's scalars."""
-        return {**self._json_params(), "fitted_on": self.scores_, **self._entry()}
+        (`fitted_on`: "log_probs" or "logits"), the map's scalars and C."""
+        return {**self._json_params(), "fitted_on": self.scores_, **self._entry(), **self._width()}
+
+    def _width(self) -> dict[str, Any]:
+        """`{"n_classes": C}`, or nothing for a map of unknown C (an older archive's)."""
+        classes = self._fitted_classes()
+        return {} if classes is None else {"n_classes": int(classes)}
 
     def _json_params(self) -> dict[str, Any]:
         """The constructor arguments as JSON (`batch_fn`, a callable, is not stored)."""
@@ -181,7 +204,7 @@ class Calibrator(Predicts, Method):
         if self.class_wise:
             warn_absent_classes(y, scores.shape[1], "val", self.label)
         state = self._fit_map(scores, y)
-        self._set_fitted(predictor, {**state, "scores_": kind})
+        self._set_fitted(predictor, {**state, "scores_": kind, "n_classes_": scores.shape[1]})
         return self
 
     def _set_fitted(self, predictor: Any, state: Mapping[str, Any]) -> None:
@@ -226,18 +249,30 @@ class Calibrator(Predicts, Method):
 
     def scale(self, logits: Tensor, name: str = "logits", start: int | None = None) -> Tensor:
         """Calibrated scores `[1, N, C]` (float32) from the predictor's logits `[M, N, C]`
-        (finite: `scores_of`; an error names `name`, and rows from `start` for a batch). The map
-        is float64 throughout; the cast to float32 cannot overflow (`in_float32`)."""
+        (finite: `scores_of`; an error names `name`, and rows from `start` for a batch; logits
+        of another width than the map's refused). The map is float64 throughout; the cast to
+        float32 cannot overflow (`in_float32`)."""
         self._check_fitted()
-        classes = self._fitted_classes()
-        if classes is not None and logits.shape[-1] != classes:
-            raise ValueError(
-                f"logits: this {type(self).__name__} was fitted on {classes} classes, got "
-                f"logits with {logits.shape[-1]} columns (shape {tuple(logits.shape)}); the "
-                "predictor or the saved logits are not the ones it was fitted on"
-            )
+        self._check_width(logits, name)
+        return self._mapped(logits, name, start)
+
+    def _mapped(self, logits: Tensor, name: str = "logits", start: int | None = None) -> Tensor:
+        """The map of logits `[M, N, W]` of any width W, `[1, N, W]` (`peg.load`'s probe of a
+        map whose arrays do not fix C, at fewer columns than a header's C)."""
         scores = self._apply(scores_of(logits, self.scores_, name, start))
         return in_float32(scores, self.label, name, start).unsqueeze(0)
+
+    def _check_width(self, logits: Tensor, name: str) -> None:
+        """A ValueError naming `name` and both counts unless `logits` `[..., C]` has the C the
+        map was fitted on (any width for a map of unknown C: an older archive's)."""
+        classes = self._fitted_classes()
+        if classes is not None and logits.shape[-1] != classes:
+            source = "" if name == "logits" else f" from {name}"
+            raise ValueError(
+                f"{name}: this {type(self).__name__} was fitted on {classes} classes, got "
+                f"logits with {logits.shape[-1]} columns{source} (shape {tuple(logits.shape)}); "
+                "the predictor or the saved logits are not the ones it was fitted on"
+            )
 
     def __len__(self) -> int:
         self._check_fitted()
@@ -265,12 +300,11 @@ class Calibrator(Predicts, Method):
         tensors: Mapping[str, Tensor],
     ) -> str:
         """`base`'s ensemble archive with `entry` as its meta's "calibration" and `tensors`
-        beside the members (the one writer of calibrated predictors). A `stateless` base (saved
-        logits read through `nn.Identity()`) has no weights: the archive holds the map alone,
-        its meta's `"inputs"` saying so (`archive.LOGITS`), and `peg.load(path)` needs no
-        model."""
+        beside the members (the one writer of calibrated predictors). A `stateless` base has no
+        weights: the archive holds the map alone (`weightless_meta`; a map fitted on logits
+        given as such has `nn.Identity()` as its predictor, and is `archive.LOGITS`)."""
         if stateless(base):
-            meta = {"inputs": archive.LOGITS, "calibration": entry}
+            meta = {**weightless_meta(base), "calibration": entry}
             return archive.write(os.fspath(path), {}, {}, meta, type(base).__name__, dict(tensors))
         ensemble = ensemble_of(base)
         meta = {**ensemble.meta, "calibration": entry}
@@ -305,9 +339,49 @@ class Calibrator(Predicts, Method):
         kind = calibration.get("fitted_on", "log_probs")
         if kind not in SCORES:
             raise ArchiveError(f"calibration: fitted_on must be one of {SCORES}, got {kind!r}")
-        state = fitted._restore(calibration, tensors or {})
+        state = fitted._restored(calibration, tensors or {})
         fitted._set_fitted(ensemble, {**state, "scores_": kind})
         return fitted
+
+    def _restored(self, entry: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> dict[str, Any]:
+        """`_restore`'s state with C (`n_classes_`): the entry's `"n_classes"`, which must be
+        the C the map's arrays fix where they fix one (a header claiming 2e8 classes over
+        arrays of 5 is refused, not allocated for), else theirs (an archive written before C
+        was recorded), else None (any width)."""
+        state = self._restore(entry, tensors)
+        own = state.get("n_classes_", self._classes_of(state))
+        if "n_classes" not in entry:
+            return {**state, "n_classes_": own}
+        fields = Fields(entry, "calibration", "meta.calibration.")
+        classes = fields.integer("n_classes", minimum=1)
+        if own is not None and own != classes:
+            raise fields.error("n_classes", f"{own}, the classes of the map's arrays", classes)
+        return {**state, "n_classes_": classes}
+
+
+def weightless_meta(base: nn.Module) -> dict[str, Any]:
+    """The meta of an archive over a model without weights (`stateless`): `nn.Identity()`
+    (saved logits: `peg.load(path)` needs no model) is `archive.LOGITS`; any other module is
+    `archive.MODULE` with its `repr`, and loads only with a module of that architecture (its
+    outputs, not the logits, are what the map was fitted on: `5 * x` saved as a map over logits
+    loaded without it and predicted other probabilities). A module keeping tensors as plain
+    attributes, not parameters or buffers, is warned of: they are not in the archive."""
+    if type(base) is nn.Identity:
+        return {"inputs": archive.LOGITS}
+    kept = [
+        f"{name}.{key}" if name else key
+        for name, module in base.named_modules()
+        for key, value in vars(module).items()
+        if isinstance(value, Tensor)
+    ]
+    if kept:
+        warnings.warn(
+            f"model: {type(base).__name__} keeps tensors as plain attributes ({', '.join(kept[:5])}"
+            "), not as parameters or buffers: the archive holds no weights, and peg.load(path, "
+            "model) runs the module it is given with its own (register_buffer saves them)",
+            stacklevel=4,
+        )
+    return {"inputs": archive.MODULE, "module": repr(base)[: archive.MODULE_REPR]}
 
 
 F32_SAFE = 2.0**127  # float64 scores within ±this keep their differences in a float32 cast

@@ -150,6 +150,9 @@ class HistogramBinning(_OneVsRest):
     def _tensors(self) -> dict[str, Tensor]:
         return {"bin_edges": self.bin_edges_, "bin_values": self.bin_values_}
 
+    def _classes_of(self, state: Mapping[str, Any]) -> int | None:
+        return int(state["bin_values_"].shape[0])
+
     def _restore(self, entry: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> dict[str, Any]:
         values = stored(tensors, "bin_values", empty=True)
         if values.ndim != 2 or values.shape[1] != self.n_bins:
@@ -224,6 +227,9 @@ class IsotonicCalibration(_OneVsRest):
             1,
         )
         return torch.from_numpy(q).to(p)
+
+    def _classes_of(self, state: Mapping[str, Any]) -> int | None:
+        return len(state["thresholds_"])
 
     def _tensors(self) -> dict[str, Tensor]:
         xs, ys = zip(*self.thresholds_, strict=True)

@@ -35,7 +35,7 @@ from peg.methods.base import store_arguments
 from peg.methods.calibration._affine import finite_scores
 from peg.methods.calibration._calibrator import Calibrator, stored
 from peg.methods.calibration._few_points import warn_few_points_shared
-from peg.methods.calibration.temperature import fit_temperature
+from peg.methods.calibration.temperature import fit_temperature, fitted_temperature
 from peg.source.batches import BatchFn
 
 __all__ = ["EnsembleTemperatureScaling", "mixture_log_probs"]
@@ -129,8 +129,9 @@ class EnsembleTemperatureScaling(Calibrator):
             (`peg.source.batches`).
 
     After `fit(predictor, val)`: `temperature_` (T), `weights_` (w `[3]`: scaled, uncalibrated,
-    uniform), `n_classes_` (C), `predictor_`, `meta_`; `member_logits(X) -> [1, N, C]` (log p of
-    the mixture), `predict_proba`, `predict` (the predictor's class), `save(path)` / `peg.load`.
+    uniform), `n_classes_` (C, as every calibrator), `predictor_`, `meta_`; `member_logits(X) ->
+    [1, N, C]` (log p of the mixture), `predict_proba`, `predict` (the predictor's class),
+    `save(path)` / `peg.load`.
     """
 
     method = "ensemble-temperature"
@@ -163,26 +164,19 @@ class EnsembleTemperatureScaling(Calibrator):
         parts = _components(s, temperature)  # [3, N, C]
         true = parts.gather(2, y[None, :, None].expand(3, -1, 1))[..., 0].T  # [N, 3]
         weights = fit_weights(true, int(self.max_iter), float(self.tol))
-        return {"temperature_": temperature, "weights_": weights, "n_classes_": s.shape[1]}
+        return {"temperature_": temperature, "weights_": weights}
 
     def _apply(self, scores: Tensor) -> Tensor:
         return mixture_log_probs(scores, self.temperature_, self.weights_)
 
-    def _fitted_classes(self) -> int | None:
-        return int(self.n_classes_)
-
     def _entry(self) -> dict[str, Any]:
-        return {"temperature": float(self.temperature_), "n_classes": int(self.n_classes_)}
+        return {"temperature": float(self.temperature_)}  # C: every map's `n_classes`
 
     def _tensors(self) -> dict[str, Tensor]:
         return {"weights": self.weights_}
 
     def _restore(self, entry: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> dict[str, Any]:
-        t, c = entry.get("temperature"), entry.get("n_classes")
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < math.inf:
-            raise ArchiveError(f"calibration: expected a temperature > 0, got {t!r}")
-        if isinstance(c, bool) or not isinstance(c, int) or c < 2:
-            raise ArchiveError(f"calibration: expected n_classes >= 2, got {c!r}")
+        t = fitted_temperature(entry)
         w = stored(tensors, "weights", (3,))
         if (
             not bool(torch.isfinite(w).all())
@@ -192,4 +186,4 @@ class EnsembleTemperatureScaling(Calibrator):
             raise ArchiveError(
                 f"calibration: 'weights' must be 3 weights >= 0 summing to 1, got {w}"
             )
-        return {"temperature_": float(t), "weights_": w, "n_classes_": c}
+        return {"temperature_": t, "weights_": w}

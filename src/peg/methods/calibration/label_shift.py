@@ -150,7 +150,9 @@ class LabelShift(WrapsCalibrator, Calibrator):
         state |= self._estimate(cal, y, target_probs, source, classes)
         state["weights_"] = state["priors_"] / source
         self._set_fitted(
-            predictor, {**state, "n_target_": len(target_probs), "scores_": "log_probs"}
+            predictor,
+            {**state, "n_target_": len(target_probs), "scores_": "log_probs"}
+            | {"n_classes_": classes},
         )
         return self
 
@@ -235,8 +237,8 @@ class LabelShift(WrapsCalibrator, Calibrator):
         out = {"priors": self.priors_, "source_priors": self.source_priors_, "bias": self.bias_}
         return out | ({} if self.priors_se_ is None else {"priors_se": self.priors_se_})
 
-    def _fitted_classes(self) -> int | None:
-        return int(self.priors_.shape[0])
+    def _classes_of(self, state: Mapping[str, Any]) -> int | None:
+        return int(state["priors_"].shape[0])
 
     def _restore(self, entry: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> dict[str, Any]:
         """Every field checked (issue 40: a string `n_iter`, an infinite temperature, negative

@@ -45,10 +45,13 @@ from peg.methods.calibration._calibrator import Calibrator, stored
 from peg.methods.calibration._few_points import warn_few_points_shared
 from peg.methods.calibration._monotone import fit_slopes, monotone_map, place_knots
 from peg.methods.calibration.scaling import SCORE_OPTIONS
-from peg.methods.calibration.temperature import fit_temperature
+from peg.methods.calibration.temperature import fit_temperature, fitted_temperature
 from peg.source.batches import BatchFn
 
 __all__ = ["OrderPreservingScaling", "monotone_map"]
+
+# the largest |score| float32 logits give: the logit itself, or log p̄ (down to twice its range)
+SCORE_LIMIT = 2 * float(torch.finfo(torch.float32).max)
 
 
 class OrderPreservingScaling(Calibrator):
@@ -134,7 +137,13 @@ class OrderPreservingScaling(Calibrator):
         slopes = stored(tensors, "slopes", (len(knots) + 1,))
         if not bool(torch.isfinite(slopes).all()) or not bool((slopes > 0).all()):
             raise ArchiveError("calibration: 'slopes' must be finite and > 0")
-        t = entry.get("temperature")
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf"):
-            raise ArchiveError(f"calibration: expected a temperature > 0, got {t!r}")
-        return {"knots_": knots, "slopes_": slopes, "temperature_": float(t)}
+        # g finite wherever float32 logits put a score: slopes and knots × 1e300 (a digest
+        # recomputed) loaded, then predicted NaN for every input
+        ends = knots.new_tensor([-SCORE_LIMIT, SCORE_LIMIT])
+        g = monotone_map(torch.cat([ends[:1], knots, ends[1:]])[None], knots, slopes)
+        if not bool(torch.isfinite(g).all()):
+            raise ArchiveError(
+                "calibration: 'slopes' and 'knots' overflow: the map is not finite on the scores "
+                f"of float32 logits (|s| <= {SCORE_LIMIT:.3g}), which no fit of them gives"
+            )
+        return {"knots_": knots, "slopes_": slopes, "temperature_": fitted_temperature(entry)}

@@ -138,8 +138,8 @@ class _Affine(Calibrator):
     def _apply(self, scores: Tensor) -> Tensor:
         return affine(scores, self.weights_, self.bias_)
 
-    def _fitted_classes(self) -> int | None:
-        return int(self.bias_.shape[0])
+    def _classes_of(self, state: Mapping[str, Any]) -> int | None:
+        return int(state["bias_"].shape[0])
 
     def _tensors(self) -> dict[str, Tensor]:
         return {"weights": self.weights_, "bias": self.bias_}

@@ -13,6 +13,11 @@ peg fits a natural cubic spline, by least squares with `n_knots` knots equally s
 the difference h̃ - s̃ (smoother than h̃ alone), and the calibrated confidence of the i-th
 validation point is γ_i = f_(i) + (h̃ - s̃)'(t_i); a new confidence f is mapped by linear
 interpolation between the (f_(i), γ_i) (constant beyond the ends), then clipped (below).
+The map keeps `MAP_POINTS` of them at most, at evenly spaced fractiles (the ends included):
+the N validation confidences themselves would make the map (and its archive) grow with N and
+hold the validation data; between 129 fractiles the spline's derivative moves little (on
+10-class logits, 500 to 50,000 points, the probabilities differ from the map through every
+point by at most 0.003, the ECE and NLL by less than 1e-3).
 
 The paper recalibrates the top-label probability only. To predict a full distribution, peg
 renormalises the other classes proportionally: with q the calibrated top probability and p̂ the
@@ -41,6 +46,8 @@ from peg.methods.calibration._calibrator import Calibrator, stored
 from peg.source.batches import BatchFn
 
 __all__ = ["SplineCalibration", "natural_spline_basis", "top_label_recalibrated"]
+
+MAP_POINTS = 129  # (confidence, calibrated) pairs a map keeps, at most (the module doc)
 
 
 def natural_spline_basis(t: Tensor, knots: Tensor) -> tuple[Tensor, Tensor]:
@@ -105,10 +112,10 @@ class SplineCalibration(Calibrator):
         batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches of another shape
             (`peg.source.batches`).
 
-    After `fit(predictor, val)`: `confidences_` `[N]` (the sorted validation confidences) and
-    `calibrated_` `[N]` (γ at each), `predictor_`, `meta_`; `member_logits(X) -> [1, N, C]` (log
-    of the recalibrated probabilities), `predict_proba`, `predict` (the predictor's class),
-    `save` / `peg.load`.
+    After `fit(predictor, val)`: `confidences_` `[K]` (sorted validation confidences at K =
+    min(N, 129) evenly spaced fractiles) and `calibrated_` `[K]` (γ at each), `predictor_`,
+    `meta_`; `member_logits(X) -> [1, N, C]` (log of the recalibrated probabilities),
+    `predict_proba`, `predict` (the predictor's class), `save` / `peg.load`.
     """
 
     method = "spline"
@@ -149,7 +156,9 @@ class SplineCalibration(Calibrator):
         value, slope = natural_spline_basis(t, knots)
         coef = torch.linalg.lstsq(value.cpu(), target.cpu()[:, None]).solution.to(f)
         calibrated = f + (slope @ coef)[:, 0] * n / (n - 1)  # t steps by 1 / (n - 1), h̃ by 1 / n
-        return {"confidences_": f, "calibrated_": calibrated.clamp(0, 1)}
+        kept = torch.linspace(0, n - 1, min(n, MAP_POINTS), dtype=f.dtype, device=f.device)
+        kept = kept.round().long()
+        return {"confidences_": f[kept], "calibrated_": calibrated[kept].clamp(0, 1)}
 
     def _apply(self, scores: Tensor) -> Tensor:
         log_p = scores.double().log_softmax(-1)  # log p̄, normalised (a no-op for log p̄)

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from peg._scalars import check_number
+from peg._schema import Fields
 from peg.errors import ArchiveError
 from peg.methods import _constraints as checks
 from peg.methods.base import store_arguments
@@ -96,10 +97,11 @@ class TemperatureScaling(Calibrator):
         return {"temperature": float(self.temperature_)}
 
     def _archived(self) -> dict[str, Any]:
-        return {"method": self.method, **self._entry()}  # T alone: the arguments are defaults
+        # T and C alone: the arguments are the fit's, the scores log p̄
+        return {"method": self.method, **self._entry(), **self._width()}
 
     def _described(self) -> dict[str, Any]:
-        return self._entry()
+        return {**self._entry(), **self._width()}
 
     def _restore(self, entry: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> dict[str, Any]:
         temperature = entry.get("temperature")
@@ -113,6 +115,19 @@ class TemperatureScaling(Calibrator):
                 f"calibration: expected a temperature > 0 in the archive, got {temperature!r}"
             )
         return {"temperature_": float(temperature)}
+
+
+def fitted_temperature(entry: Mapping[str, Any], bounds: tuple[float, float] = BOUNDS) -> float:
+    """An archive entry's `"temperature"` as `fit_temperature` gives it within `bounds` (its
+    default: the start of ensemble temperature and order-preserving scaling, which search no
+    other range); an `ArchiveError` naming the field otherwise (ETS with T = 1e-300 loaded and
+    predicted worse than the uniform distribution)."""
+    fields = Fields(entry, "calibration", "meta.calibration.")
+    t = fields.number("temperature", positive=True)
+    low, high = bounds
+    if not low * (1 - 1e-9) <= t <= high * (1 + 1e-9):
+        raise fields.error("temperature", f"a temperature in [{low:g}, {high:g}] (its fit's)", t)
+    return t
 
 
 def fit_temperature(

@@ -61,9 +61,14 @@ class WrapsCalibrator:
             if not isinstance(inner, dict) or inner.get("method") in (None, cls.method):
                 raise ArchiveError(f"calibration: inner must be a calibrator entry, got {inner!r}")
             own = {k[len(INNER) :]: v for k, v in tensors.items() if k.startswith(INNER)}
-            predictor = calibrator_for(inner)(ensemble, inner, own)
+            try:
+                predictor = calibrator_for(inner)(ensemble, inner, own)
+            except ArchiveError as e:  # the inner map's checks name its fields: here, as inner
+                said = str(e).replace("'meta.calibration.", "'meta.calibration.inner.")
+                said = said.replace("calibration: ", "calibration.inner: ", 1)
+                raise ArchiveError(said) from None
         fitted = cls._unfitted(calibration)
-        state = fitted._restore(calibration, tensors)
+        state = fitted._restored(calibration, tensors)  # type: ignore[attr-defined]
         fitted._set_fitted(predictor, {**state, "scores_": "log_probs"})
         return fitted
 
@@ -78,7 +83,7 @@ class ConformalBase(WrapsCalibrator, Calibrator):
         """The predictor's member outputs `[M, N, C]`, unchanged."""
         self._check_fitted()
         size, split = self._reading(batch_size, batch_fn)
-        return member_logits_of(self.predictor_, X, size, split, **options)
+        return self._widthed(member_logits_of(self.predictor_, X, size, split, **options))
 
     def iter_member_logits(
         self, X: Data, batch_size: int | None = None, batch_fn: BatchFn | None = None,
@@ -87,7 +92,12 @@ class ConformalBase(WrapsCalibrator, Calibrator):
         """The predictor's member outputs batch by batch, `[M, B_j, C]`."""
         self._check_fitted()
         size, split = self._reading(batch_size, batch_fn)
-        return iter_member_logits_of(self.predictor_, X, size, split, **options)
+        batches = iter_member_logits_of(self.predictor_, X, size, split, **options)  # may refuse
+        return (self._widthed(logits) for logits in batches)
+
+    def _widthed(self, logits: Tensor) -> Tensor:
+        self._check_width(logits, "X")
+        return logits
 
     def _batches(
         self, X: Data, batch_size: int | None, batch_fn: BatchFn | None
@@ -99,7 +109,7 @@ class ConformalBase(WrapsCalibrator, Calibrator):
         except NotStreamable:
             return iter([self.member_logits(X, batch_size, batch_fn)])
 
-    def scale(self, logits: Tensor, name: str = "logits", start: int | None = None) -> Tensor:
+    def _mapped(self, logits: Tensor, name: str = "logits", start: int | None = None) -> Tensor:
         return logits
 
     def __len__(self) -> int:

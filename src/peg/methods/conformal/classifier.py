@@ -316,4 +316,22 @@ class ConformalClassifier(ConformalBase):
             q = stored(tensors, "quantiles", (c,))
         elif not isinstance(q, (int, float)) or isinstance(q, bool) or not math.isfinite(q):
             raise ArchiveError(f"calibration: expected a finite quantile, got {q!r}")
+        self._check_range(q, c)
         return {"quantile_": q, "n_calib_": n, "n_classes_": c}
+
+    def _check_range(self, q: float | Tensor, classes: int) -> None:
+        """q̂ within the range of its score (an `ArchiveError` naming the field): LAC 1 − p̂ and
+        APS a probability mass lie in [0, 1], RAPS adds up to λ (C − k_reg)⁺. A quantile of -5
+        loaded and covered nothing."""
+        high = 1.0
+        if self.score == "raps":
+            high += float(self.lam) * max(classes - int(self.k_reg), 0)
+        values = q.reshape(-1) if isinstance(q, Tensor) else torch.tensor([float(q)])
+        # rounding: APS's cumulated mass may pass 1 by a few ulps
+        bad = (values < -1e-9) | (values > high + 1e-9)
+        if bool(bad.any()):
+            name = "'quantiles' tensor" if isinstance(q, Tensor) else "'meta.calibration.quantile'"
+            raise ArchiveError(
+                f"calibration: {name}: expected {self.score.upper()} thresholds in [0, "
+                f"{high:g}] (its scores' range), got {float(values[bad][0]):g}"
+            )

@@ -235,8 +235,9 @@ class ConformalRegressor(ConformalBase):
 
     def _restore(self, entry: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> dict[str, Any]:
         q, n = entry.get("quantile"), entry.get("n_calib")
-        if not isinstance(q, (int, float)) or isinstance(q, bool) or not math.isfinite(q):
-            raise ArchiveError(f"calibration: expected a finite quantile, got {q!r}")
+        if not isinstance(q, (int, float)) or isinstance(q, bool) or not math.isfinite(q) or q < 0:
+            # a score is a distance (|y − μ|, over σ): q̂ < 0 loaded and covered nothing
+            raise ArchiveError(f"calibration: expected a finite quantile >= 0, got {q!r}")
         if not isinstance(n, int) or n < 1:
             raise ArchiveError(f"calibration: bad n_calib {n!r}")
         return {"quantile_": float(q), "n_calib_": n}
