@@ -36,12 +36,12 @@ from peg.errors import ArchiveError
 from peg.loading import register_calibrator
 from peg.methods import _constraints as checks
 from peg.methods._predictors import (
-    check_predictor,
     ensemble_of,
     iter_member_logits_of,
     logits_and_labels,
     member_logits_of,
     predictor_meta,
+    read_predictor,
     stateless,
 )
 from peg.methods.base import Method
@@ -149,14 +149,16 @@ class Calibrator(Predicts, Method):
 
         Args:
             predictor: an nn.Module returning logits, or anything with `member_logits(X)` (an
-                `Ensemble`, a fitted method).
+                `Ensemble`, a fitted method); or saved logits `[N, C]` (a tensor or a NumPy
+                array, memory-mapped too), `val` then their labels `[N]`: `fit(logits,
+                labels)` is `fit(nn.Identity(), (logits, labels))` (`read_predictor`).
             val: labelled validation data (required). A loader is read once, its inputs never
                 gathered: the predictor reads it batch by batch and the labels are collected as
                 it goes (`logits_and_labels`).
             bn_data: unused (accepted as by every post-hoc method).
         """
         self._check_params()  # as the constructor did: catches an attribute set directly
-        check_predictor(predictor)
+        predictor, val = read_predictor(predictor, val)  # fit(logits, labels): SavedLogits()
         if val is None:
             raise ValueError(f"val: {self.label} needs labelled validation data (X, y)")
         labels = val[1] if is_pair(val) else None
