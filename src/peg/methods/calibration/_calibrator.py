@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
-from torch import Tensor
+from torch import Tensor, nn
 
 from peg import archive
 from peg.ensemble import Ensemble, Predicts
@@ -51,6 +51,8 @@ from peg.source._values import warn_absent_classes
 from peg.source.batches import BatchFn, check_batch_fn
 
 SCORES = ("log_probs", "logits")  # what a map acts on (`scores_`)
+# `to_module`'s builders by calibrator `method` (`_export`'s, registered when it is imported)
+EXPORTS: dict[str, Callable[[Any], nn.Module]] = {}
 
 
 def scores_of(logits: Tensor, kind: str) -> Tensor:
@@ -227,6 +229,19 @@ class Calibrator(Predicts, Method):
     def __len__(self) -> int:
         self._check_fitted()
         return 1
+
+    def to_module(self) -> nn.Module:
+        """The fitted map as a frozen `nn.Module`, logits `[N, C]` -> probabilities `[N, C]`
+        (buffers only; for `torch.export.export` and `torch.onnx.export` with a dynamic batch
+        dimension; `peg.methods.calibration._export`)."""
+        self._check_fitted("exporting")
+        build = EXPORTS.get(type(self).method)
+        if build is None:
+            raise TypeError(
+                f"to_module: {type(self).__name__} has no exported form (it is not a map of "
+                f"logits alone); the calibrators have one: {sorted(EXPORTS)}"
+            )
+        return build(self).requires_grad_(False).eval()
 
     # ---------------------------------------------------------------- persistence
     def save(self, path: str | os.PathLike[str]) -> str:
