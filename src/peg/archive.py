@@ -60,6 +60,9 @@ FORMAT_VERSION = 1
 LOGITS = "logits"
 MODULE = "module"
 WEIGHTLESS = (LOGITS, MODULE)
+# the architectures of a map over saved logits: `nn.Identity()` given by the user, or the
+# `SavedLogits` (an `nn.Identity`) that `fit(logits, labels)` reads them through
+LOGITS_MODULES = ("Identity", "SavedLogits")
 MODULE_REPR = 2000  # characters of a weightless module's `repr` (meta["module"]) kept, at most
 # what `with_meta` adds to the meta of the archives written in its block, and where they went
 _ADDED: ContextVar[tuple[dict[str, Any], list[str]] | None] = ContextVar("added", default=None)

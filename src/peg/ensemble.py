@@ -32,6 +32,7 @@ from peg._strategies import STRATEGIES, MemberStrategies, Strategy, call_key
 from peg.output import model_output
 from peg.source import Data, Source
 from peg.source._devices import move
+from peg.source._namespace import like_input
 from peg.source.batches import BatchFn, check_batch_fn
 
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -100,14 +101,30 @@ class Predicts:
     def member_logits(self, X: Data, batch_size: int | None = None, **options: Any) -> Tensor:
         raise NotImplementedError
 
-    def predict_proba(self, X: Data, batch_size: int | None = None, **options: Any) -> Tensor:
+    def predict_proba(self, X: Data, batch_size: int | None = None, **options: Any) -> Any:
         """Predictive probabilities `[N, C]`: the members' softmax outputs averaged (arguments
-        as `member_logits`)."""
-        return self.member_logits(X, batch_size, **options).softmax(-1).mean(0)
+        as `member_logits`); a NumPy array for NumPy inputs, a tensor otherwise
+        (`peg.source._namespace`). Refused under `torch.jit.trace`, which would bake the
+        batching of the traced call into the graph."""
+        refuse_tracing(type(self).__name__)
+        probs = self.member_logits(X, batch_size, **options).softmax(-1).mean(0)
+        return like_input(probs, X)
 
-    def predict(self, X: Data, batch_size: int | None = None, **options: Any) -> Tensor:
-        """Predicted class per input `[N]` (argmax of `predict_proba`)."""
+    def predict(self, X: Data, batch_size: int | None = None, **options: Any) -> Any:
+        """Predicted class per input `[N]` (argmax of `predict_proba`; NumPy for NumPy)."""
         return self.predict_proba(X, batch_size, **options).argmax(-1)
+
+
+def refuse_tracing(owner: str) -> None:
+    """A RuntimeError under `torch.jit.trace`: peg reads its inputs batch by batch in Python,
+    so a trace records the traced call's batches (4 rows traced: 512 rows back for 1,000)."""
+    if torch.jit.is_tracing():
+        raise RuntimeError(
+            f"{owner}.predict_proba: cannot be traced (torch.jit.trace would record the batches "
+            "of this call and give wrong rows for inputs of another size); export a "
+            "calibrator's map with to_module(), an nn.Module from logits [N, C] to "
+            "probabilities, and trace or export that (torch.export.export, torch.onnx.export)"
+        )
 
 
 class Ensemble(Predicts, MemberStrategies):

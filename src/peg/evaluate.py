@@ -14,6 +14,7 @@ from peg.methods._predictors import (
     iter_member_logits_of,
     member_logits_of,
     predictor_device,
+    read_predictor,
 )
 from peg.metrics.conformal import split_selection
 from peg.metrics.regression import regression_metrics, split_gaussian
@@ -44,7 +45,8 @@ def evaluate(
 
     Args:
         predictor: an nn.Module (one model), a peg method or `Ensemble`, or anything with
-            `member_logits(X) -> [M, N, C]`.
+            `member_logits(X) -> [M, N, C]`; or saved logits `[N, C]` (a tensor or a NumPy
+            array), `X` then their labels: `evaluate(logits, labels)`.
         X: inputs `[N, ...]`, or, when `y` is None, labelled data: a pair `(X, y)`, or a
             DataLoader/Dataset of `(x, y, ...)` or mapping batches (labels under "labels" or
             "label", the rest the model's keyword inputs; `peg.source.batches`), read once without
@@ -77,6 +79,9 @@ def evaluate(
     evaluated on their whole `[M, N, C]`, as before. Regression keeps every prediction: it is
     computed by `peg.metrics.regression_metrics`, which takes all of them at once.
     """
+    if y is not None and isinstance(predictor, (Tensor, np.ndarray)):
+        raise ValueError("y: evaluate(logits, labels) takes the labels second, not as y")
+    predictor, X = read_predictor(predictor, X)  # evaluate(logits, labels): SavedLogits()
     metrics, keys, conformal = split_selection(metrics, predictor)
     # checks its arguments before any work
     stream = StreamingMetrics(bins, min_count, metrics) if metrics != () else None

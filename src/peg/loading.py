@@ -233,7 +233,7 @@ def _weightless_map(
     recorded = header.get("architecture")
     # archives written before `archive.MODULE` said "logits" over any weightless module: theirs
     # is the architecture they record
-    logits = meta.get("inputs") == archive.LOGITS and recorded == "Identity"
+    logits = meta.get("inputs") == archive.LOGITS and recorded in archive.LOGITS_MODULES
     if model is None and not logits:
         raise TypeError(
             f"model: {path} holds a map fitted on the outputs of a {recorded or 'module'} (a "
@@ -263,8 +263,9 @@ def _check_module(path: Path, model: nn.Module, recorded: Any, described: Any) -
     over `5 * x` around `nn.Identity()`, loaded and predicted other probabilities)."""
     given = type(model).__name__
     shown = repr(model)[: archive.MODULE_REPR] if isinstance(described, str) else None
-    if given != recorded or (shown is not None and shown != described):
-        logits = recorded == "Identity" and shown is None
+    same = given == recorded or {given, recorded} <= set(archive.LOGITS_MODULES)
+    if not same or (shown is not None and shown != described):
+        logits = recorded in archive.LOGITS_MODULES and shown is None
         what = f"the outputs of {described or recorded}"
         what = "saved logits (nn.Identity())" if logits else what
         raise ArchiveError(

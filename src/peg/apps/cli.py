@@ -141,9 +141,17 @@ def _bench(args: argparse.Namespace, command: str, progress: bool | None) -> int
 
 # ---------------------------------------------------------------- peg compare
 def _compare_arguments(p: Parser) -> None:
-    p.add_argument("--model", required=True, help="module:function returning the trained nn.Module")
-    p.add_argument("--val", required=True, help="validation data the methods are fitted on")
-    p.add_argument("--test", required=True, help="test data")
+    p.add_argument("--model", help="module:function returning the trained nn.Module")
+    p.add_argument("--val", help="validation data the methods are fitted on")
+    p.add_argument("--test", help="test data")
+    p.add_argument(
+        "--logits",
+        help="saved validation logits [N, C], a .npy (with --labels, --test-logits and "
+        "--test-labels, instead of --model, --val and --test)",
+    )
+    p.add_argument("--labels", help="their integer labels [N], a .npy")
+    p.add_argument("--test-logits", help="saved test logits [N, C], a .npy")
+    p.add_argument("--test-labels", help="their integer labels [N], a .npy")
     p.add_argument("--shifted", nargs="+", help="shifted labelled sets, [NAME=]DATA each")
     p.add_argument("--ood", nargs="+", help="out-of-distribution inputs, [NAME=]DATA each")
     p.add_argument(
@@ -171,8 +179,7 @@ def _compare_arguments(p: Parser) -> None:
 def _compare(args: argparse.Namespace, command: str, progress: bool | None) -> int:
     from peg.apps.compare import compare, sources
 
-    model = sources.model(args.model)
-    val, test = sources.val_and_test(args.val, args.test, args.seed, print)
+    model, val, test = sources.compared(args, print)
     result = compare(
         model, val, test, args.methods,
         shifted=sources.named(args.shifted, "--shifted", labelled=True),

@@ -1,9 +1,11 @@
 """Predictors as calibrators and `peg.evaluate` see them: anything with `member_logits(X)`
 (an `Ensemble`, a fitted method, a fitted calibrator) or an nn.Module (a one-member ensemble).
 
-`member_logits_of` / `iter_member_logits_of` predict with any of them; `logits_and_labels` reads
-labelled data once (a loader is never gathered); `predictor_meta` / `ensemble_of` are what a
-calibrator records and saves of the predictor it was fitted on.
+`read_predictor` reads the first two arguments of every `fit` (a model and its data, or saved
+logits and their labels: `fit(logits, labels)`); `member_logits_of` / `iter_member_logits_of`
+predict with any predictor; `logits_and_labels` reads labelled data once (a loader is never
+gathered); `predictor_meta` / `ensemble_of` are what a calibrator records and saves of the
+predictor it was fitted on.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -21,8 +24,65 @@ from peg.methods.base import FittedEnsemble, ModulePredictor, is_fitted
 from peg.output import model_output
 from peg.source import Data, Source, Tapped
 from peg.source._devices import model_device, move, weights_device
-from peg.source._values import checked_labels, warn_one_class
-from peg.source.batches import BatchFn, call_model
+from peg.source._values import check_finite, checked_labels, warn_one_class
+from peg.source.batches import BatchFn, call_model, from_numpy
+
+
+class SavedLogits(nn.Identity):
+    """The model of `fit(logits, labels)`: saved logits `[N, C]` are its inputs and its outputs.
+    An `nn.Identity` (`stateless`: one member, run where the logits are, saved as the map
+    alone), named so that a fitted object's `predictor_` says it was fitted on logits."""
+
+
+def read_predictor(
+    predictor: Any,
+    data: Any,
+    name: str = "predictor",
+    expected: str = "an nn.Module or an object with member_logits(X) (a fitted peg predictor)",
+) -> tuple[Any, Any]:
+    """`(predictor, data)` as every `fit` reads its first two arguments (calibrators, conformal,
+    `LabelShift`, `AutoSelect`, `evaluate`, `compare`): a model (an nn.Module) or a peg
+    predictor (`member_logits(X)`) with its data, as given; saved logits `[N, C]` (a tensor,
+    a NumPy array, a memory-mapped `.npy`) with their labels `[N]`, as `SavedLogits()` and the
+    pair `(logits, labels)`, which every consumer reads through its model path (streamed, as
+    `nn.Identity()`'s). Clear errors for anything else, before any work (`name`: the
+    argument's, `expected`: what it takes besides logits)."""
+    if isinstance(predictor, nn.Module) or hasattr(predictor, "member_logits"):
+        return predictor, data
+    if isinstance(predictor, (Tensor, np.ndarray)):
+        check_logits(predictor, data)
+        return SavedLogits(), (predictor, data)
+    raise TypeError(
+        f"{name}: expected {expected}, or logits [N, C] (a tensor or a NumPy array) followed by "
+        f"their labels [N], got {type(predictor).__name__}"
+    )
+
+
+def check_logits(logits: Tensor | np.ndarray, labels: Any) -> None:
+    """A ValueError (TypeError for a wrong type) naming `logits` or `labels`: logits not
+    `[N, C]` floating-point, labels not `[N]`, NaN or inf among the logits."""
+    shape = tuple(logits.shape)
+    floating = (
+        logits.dtype.kind == "f" if isinstance(logits, np.ndarray) else logits.is_floating_point()
+    )
+    if len(shape) != 2 or not floating:
+        raise ValueError(
+            f"logits: expected floating-point logits [N, C] (a 2-D tensor or array), got shape "
+            f"{shape} and dtype {logits.dtype}"
+        )
+    if labels is None:
+        raise ValueError("labels: fit(logits, labels) needs the labels [N] as the second argument")
+    if not isinstance(labels, (Tensor, np.ndarray)):
+        raise TypeError(
+            f"labels: expected class labels [N] (a tensor or a NumPy array) after logits, got "
+            f"{type(labels).__name__}"
+        )
+    if labels.ndim != 1 or len(labels) != shape[0]:
+        raise ValueError(
+            f"labels: expected {shape[0]} labels [N] for logits of shape {shape}, got shape "
+            f"{tuple(labels.shape)}"
+        )
+    check_finite(from_numpy(logits) if isinstance(logits, np.ndarray) else logits, "logits")
 
 
 def check_predictor(predictor: Any) -> None:

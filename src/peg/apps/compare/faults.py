@@ -17,6 +17,8 @@ from torch import Tensor, nn
 from peg._forward import diagnose, eval_mode
 from peg.apps import registry
 from peg.apps.bench.spec import MethodSpec
+from peg.methods._predictors import stateless
+from peg.methods.calibration._calibrator import Calibrator
 from peg.methods.dropout import MCDropout, dropout_modules
 from peg.methods.laplace._torch import INSTALL
 from peg.methods.laplace.laplace import Laplace
@@ -47,10 +49,17 @@ def last_module(model: nn.Module) -> nn.Module:
     return leaves[-1] if leaves else model
 
 
+# why a method that changes or samples a model's weights is left out on saved logits
+NO_WEIGHTS = "saved logits (a model without parameters): no weights to change or sample"
+
+
 def precheck(spec: MethodSpec, model: nn.Module) -> str | None:
     """Why `spec` cannot apply to `model`, found without fitting anything; None if it may."""
     builder = registry.entry(spec.method)
     method = getattr(builder, "method", None)
+    maps_logits = isinstance(method, type) and issubclass(method, Calibrator)
+    if stateless(model) and not (maps_logits or issubclass(builder, registry.Base)):
+        return NO_WEIGHTS
     if method is MCDropout and "insert" not in spec.options and not dropout_modules(model):
         return (
             "the model has no dropout layer (give the method insert=p to put one before its "

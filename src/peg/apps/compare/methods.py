@@ -39,6 +39,10 @@ any other (e.g. `method("PEG-30", "peg", n_members=30)`)::
                     alone                                   "last_layer"
 
 Laplace and the calibrators after it are not in the default list: name them in `methods=`.
+For a model without parameters (saved logits: `compare(logits, labels, test)` or
+`nn.Identity()`) the defaults are "Model" and the maps of logits (`LOGIT_METHODS`, as
+`AutoSelect`'s candidates there), and a method that changes or samples weights is left out
+(`skipped`), never a failed row.
 Laplace is fitted on the validation data here (compare has no training data); the defaults do
 not depend on what is installed, and laplace-torch is optional.
 """
@@ -53,7 +57,8 @@ from torch import nn
 from peg.apps import registry
 from peg.apps.bench.spec import MethodSpec
 from peg.apps.chain import AS_IS, Scaled, as_base
-from peg.apps.compare.faults import precheck
+from peg.apps.compare.faults import NO_WEIGHTS, precheck
+from peg.methods._predictors import stateless
 from peg.methods.dropout import dropout_modules
 
 MODEL = "model"  # the base of a method fitted on the user's model itself
@@ -95,10 +100,21 @@ CATALOGUE: dict[str, MethodSpec] = {
 }
 # the default list (the issue's): MC dropout only where the model has dropout
 DEFAULTS = ("Model", "TS", "PEP", "PEG", "PEG + TS", "MC dropout", "Last-layer PEG")
+# the maps of logits: the defaults (after "Model") for a model without parameters (saved
+# logits through `nn.Identity()`), compare's and `AutoSelect`'s
+LOGIT_METHODS = (
+    "TS",
+    "Vector scaling",
+    "Matrix scaling",
+    "Dirichlet",
+    "Ensemble TS",
+    "Order-preserving",
+)
 __all__ = [
     "AS_IS",
     "CATALOGUE",
     "DEFAULTS",
+    "LOGIT_METHODS",
     "MODEL",
     "Scaled",
     "as_base",
@@ -160,8 +176,11 @@ def resolve(
     """The methods to fit, in order (a named method's base put before it when not listed), and
     the defaults left out with the reason; errors name `methods[i]`."""
     skipped: dict[str, str] = {}
-    if methods is None:
-        entries: list[Any] = list(DEFAULTS)
+    if methods is None and stateless(model):  # saved logits: the maps of logits
+        entries: list[Any] = ["Model", *LOGIT_METHODS]
+        skipped |= {name: NO_WEIGHTS for name in DEFAULTS if name not in entries}
+    elif methods is None:
+        entries = list(DEFAULTS)
         if not has_dropout(model):
             entries.remove("MC dropout")
             skipped["MC dropout"] = "the model has no dropout layer"

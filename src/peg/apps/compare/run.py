@@ -34,6 +34,7 @@ from peg.apps.conformal import ConformalSpec, parse_conformal, scorer
 from peg.apps.results import RESULTS
 from peg.apps.scores import labelled_metrics, ood_detection, scored_detection
 from peg.detectors import DETECTOR_SCORES, OODDetector
+from peg.methods._predictors import read_predictor
 from peg.methods.perturbation._scale_search import MAX_SCORE_POINTS
 from peg.metrics._inputs import ensemble_log_probs
 from peg.metrics.ood import OOD_SCORES
@@ -69,6 +70,9 @@ def compare(
 
     Args:
         model: the trained classifier (an nn.Module returning logits `[B, C]`); never changed.
+            Or saved validation logits `[N, C]` (a tensor or a NumPy array), `val` then their
+            labels `[N]` and `test` the pair `(test_logits, test_labels)`: the model is then
+            `nn.Identity()`, and the defaults are the maps of logits (below).
         val: labelled validation data the methods are fitted on: a pair `(X, y)` of tensors or
             arrays, a Dataset or a DataLoader (batches `(x, y, ...)`, mappings with "labels",
             or any shape with `batch_fn`; `peg.source.batches`).
@@ -124,6 +128,8 @@ def compare(
     """
     rank = distributed.world()[0]  # under torchrun: the ranks share the predictions
     say = (say if rank == 0 else None) or (lambda _: None)
+    # compare(logits, labels, test): saved logits through SavedLogits()
+    model, val = read_predictor(model, val, "model", "a trained nn.Module")
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a trained nn.Module, got {type(model).__name__}")
     specs, skipped = resolve(methods, model)

@@ -11,10 +11,11 @@
   - a `.pt` file read with `torch.load(weights_only=True)` (tensors, never pickled objects):
     a dict with `x` (or `X`) and `y`, a pair `(x, y)`, or a tensor of inputs (OOD sets);
   - `module:function` returning a Dataset, a DataLoader or a pair `(X, y)`.
-- Saved logits (`saved_logits`, `peg select --logits --labels`): two `.npy` files, logits
-  `[N, C]` memory-mapped (read batch by batch, never loaded whole) and class labels `[N]`
-  (integers, or floats whose values are all integers, as the API takes them); `read_npy` is
-  the one reader of such a file (`peg apply --logits` too).
+- Saved logits (`saved_logits`, `peg select --logits --labels`, `peg compare --logits
+  --labels --test-logits --test-labels`: `compared`): two `.npy` files per set, logits `[N, C]`
+  memory-mapped (read batch by batch, never loaded whole) and class labels `[N]` (integers, or
+  floats whose values are all integers, as the API takes them); `read_npy` is the one reader
+  of such a file (`peg apply --logits` too).
 """
 
 from __future__ import annotations
@@ -116,28 +117,31 @@ def data(spec: str, what: str, labelled: bool = True) -> Any:
     )
 
 
-def saved_logits(logits: str, labels: str) -> tuple[Tensor, Tensor]:
+def saved_logits(
+    logits: str, labels: str, options: tuple[str, str] = ("--logits", "--labels")
+) -> tuple[Tensor, Tensor]:
     """Validation logits `[N, C]` (float16/32/64, memory-mapped) and labels `[N]` (integers;
     floats whose values are all integers are read as int64) from two `.npy` files, read
-    without pickles and checked before any work; a ValueError naming `--logits` or `--labels`
-    otherwise."""
-    X, y = read_npy(logits, "--logits", mmap=True), read_npy(labels, "--labels", mmap=False)
+    without pickles and checked before any work; a ValueError naming the option (`options`:
+    those of the logits and the labels) otherwise."""
+    what, labels_what = options
+    X, y = read_npy(logits, what, mmap=True), read_npy(labels, labels_what, mmap=False)
     if X.ndim != 2 or X.dtype.kind != "f" or X.shape[1] < 2:
         raise ValueError(
-            f"--logits: expected floating-point logits [N, C] with C >= 2, got an array of "
+            f"{what}: expected floating-point logits [N, C] with C >= 2, got an array of "
             f"shape {X.shape} and dtype {X.dtype} in {logits}"
         )
     if y.ndim != 1 or y.dtype.kind not in "iuf":
         raise ValueError(
-            f"--labels: expected integer class labels [N], got an array of shape {y.shape} and "
-            f"dtype {y.dtype} in {labels}"
+            f"{labels_what}: expected integer class labels [N], got an array of shape {y.shape} "
+            f"and dtype {y.dtype} in {labels}"
         )
     if len(y) != len(X):
-        raise ValueError(f"--labels: {len(y)} labels for {len(X)} rows of --logits")
-    return from_numpy(X), from_numpy(_integral(y, labels))
+        raise ValueError(f"{labels_what}: {len(y)} labels for {len(X)} rows of {what}")
+    return from_numpy(X), from_numpy(_integral(y, labels, labels_what))
 
 
-def _integral(y: np.ndarray, path: str) -> np.ndarray:
+def _integral(y: np.ndarray, path: str, what: str) -> np.ndarray:
     """Labels `y` `[N]` as integers: float labels whose values are all integers (as
     `np.save` of labels kept in a float array gives) as int64, as the API reads them."""
     if y.dtype.kind != "f":
@@ -146,10 +150,36 @@ def _integral(y: np.ndarray, path: str) -> np.ndarray:
     if bad.any():
         row = int(np.argmax(bad))
         raise ValueError(
-            f"--labels: expected integer class labels [N], got the non-integer value "
+            f"{what}: expected integer class labels [N], got the non-integer value "
             f"{y[row].item()!r} at row {row} of {path} (dtype {y.dtype})"
         )
     return y.astype(np.int64)
+
+
+LOGIT_OPTIONS = ("--logits", "--labels", "--test-logits", "--test-labels")
+
+
+def compared(args: Any, say: Callable[[str], None]) -> tuple[nn.Module, Any, Any]:
+    """`peg compare`'s model, validation and test data: `--model`, `--val` and `--test`, or
+    saved logits (`--logits`, `--labels`, `--test-logits`, `--test-labels`, memory-mapped) read
+    through `nn.Identity()`; a ValueError naming the options missing or mixed."""
+    given = [o for o in LOGIT_OPTIONS if getattr(args, o[2:].replace("-", "_")) is not None]
+    if given:
+        if len(given) < len(LOGIT_OPTIONS) or args.model or args.val or args.test:
+            raise ValueError(
+                "--logits: give --logits, --labels, --test-logits and --test-labels together, "
+                f"without --model, --val and --test (got {', '.join(given)})"
+            )
+        val = saved_logits(args.logits, args.labels)
+        test = saved_logits(args.test_logits, args.test_labels, ("--test-logits", "--test-labels"))
+        return nn.Identity(), val, test
+    missing = [o for o in ("--model", "--val", "--test") if getattr(args, o[2:]) is None]
+    if missing:
+        raise ValueError(
+            f"{missing[0]}: give --model, --val and --test (or --logits, --labels, --test-logits "
+            f"and --test-labels for saved logits); missing: {', '.join(missing)}"
+        )
+    return model(args.model), *val_and_test(args.val, args.test, args.seed, say)
 
 
 def read_npy(path: str, what: str, mmap: bool) -> np.ndarray:

@@ -22,7 +22,7 @@ from peg import archive
 from peg._io import atomic_target
 from peg.apps import registry
 from peg.apps.compare.costs import probe_rows
-from peg.apps.compare.methods import _spec, options, resolve
+from peg.apps.compare.methods import LOGIT_METHODS, _spec, options, resolve
 from peg.apps.select.cross import CrossFit
 from peg.apps.select.folds import CRITERIA, mean_se, stratified_folds
 from peg.apps.select.race import AUTO_BUDGET, MIN_BUDGET_SECONDS, Plan, fold_lines
@@ -33,6 +33,7 @@ from peg.methods._predictors import (
     iter_member_logits_of,
     logits_and_labels,
     member_logits_of,
+    read_predictor,
     stateless,
 )
 from peg.methods.base import Method, store_arguments
@@ -42,14 +43,7 @@ from peg.source import Data, Source, ValSource
 from peg.source.batches import BatchFn, check_batch_fn
 
 # the default candidates for saved logits (a model without parameters, `nn.Identity()`)
-LOGIT_CANDIDATES = (
-    "TS",
-    "Vector scaling",
-    "Matrix scaling",
-    "Dirichlet",
-    "Ensemble TS",
-    "Order-preserving",
-)
+LOGIT_CANDIDATES = LOGIT_METHODS
 # the default candidates (Laplace and MC dropout only where they apply: `faults.precheck`)
 DEFAULT_CANDIDATES = (
     *LOGIT_CANDIDATES,
@@ -173,9 +167,11 @@ class AutoSelect(Predicts, Method):
 
     # ---------------------------------------------------------------- fitting
     def fit(self, model: nn.Module, val: Data) -> AutoSelect:
-        """Cross-fit the candidates on `val`, choose, refit the choice on all of `val`."""
+        """Cross-fit the candidates on `val`, choose, refit the choice on all of `val`;
+        `fit(logits, labels)` on saved logits `[N, C]` and their labels (`read_predictor`)."""
         self._check_params()  # as the constructor did: catches an attribute set directly
         started = time.perf_counter()
+        model, val = read_predictor(model, val, "model", "a trained nn.Module")
         if not isinstance(model, nn.Module):
             raise TypeError(f"model: expected a trained nn.Module, got {type(model).__name__}")
         batch_fn = check_batch_fn(self.batch_fn)

@@ -34,7 +34,7 @@ import json
 import math
 import os
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -48,12 +48,13 @@ from peg.errors import ArchiveError
 from peg.loading import register_calibrator
 from peg.methods import _constraints as checks
 from peg.methods._predictors import (
-    check_predictor,
+    SavedLogits,
     ensemble_of,
     iter_member_logits_of,
     logits_and_labels,
     member_logits_of,
     predictor_meta,
+    read_predictor,
     stateless,
 )
 from peg.methods.base import Method
@@ -63,6 +64,8 @@ from peg.source._values import check_finite_logits, warn_absent_classes
 from peg.source.batches import BatchFn, check_batch_fn
 
 SCORES = ("log_probs", "logits")  # what a map acts on (`scores_`)
+# `to_module`'s builders by calibrator `method` (`_export`'s, registered when it is imported)
+EXPORTS: dict[str, Callable[[Any], nn.Module]] = {}
 
 
 def scores_of(logits: Tensor, kind: str, name: str = "logits", start: int | None = None) -> Tensor:
@@ -180,14 +183,16 @@ class Calibrator(Predicts, Method):
 
         Args:
             predictor: an nn.Module returning logits, or anything with `member_logits(X)` (an
-                `Ensemble`, a fitted method).
+                `Ensemble`, a fitted method); or saved logits `[N, C]` (a tensor or a NumPy
+                array, memory-mapped too), `val` then their labels `[N]`: `fit(logits,
+                labels)` is `fit(nn.Identity(), (logits, labels))` (`read_predictor`).
             val: labelled validation data (required). A loader is read once, its inputs never
                 gathered: the predictor reads it batch by batch and the labels are collected as
                 it goes (`logits_and_labels`).
             bn_data: unused (accepted as by every post-hoc method).
         """
         self._check_params()  # as the constructor did: catches an attribute set directly
-        check_predictor(predictor)
+        predictor, val = read_predictor(predictor, val)  # fit(logits, labels): SavedLogits()
         if val is None:
             raise ValueError(f"val: {self.label} needs labelled validation data (X, y)")
         labels = val[1] if is_pair(val) else None
@@ -278,6 +283,19 @@ class Calibrator(Predicts, Method):
         self._check_fitted()
         return 1
 
+    def to_module(self) -> nn.Module:
+        """The fitted map as a frozen `nn.Module`, logits `[N, C]` -> probabilities `[N, C]`
+        (buffers only; for `torch.export.export` and `torch.onnx.export` with a dynamic batch
+        dimension; `peg.methods.calibration._export`)."""
+        self._check_fitted("exporting")
+        build = EXPORTS.get(type(self).method)
+        if build is None:
+            raise TypeError(
+                f"to_module: {type(self).__name__} has no exported form (it is not a map of "
+                f"logits alone); the calibrators have one: {sorted(EXPORTS)}"
+            )
+        return build(self).requires_grad_(False).eval()
+
     # ---------------------------------------------------------------- persistence
     def save(self, path: str | os.PathLike[str]) -> str:
         """Write the calibrated predictor as an ensemble archive; returns the path.
@@ -366,7 +384,7 @@ def weightless_meta(base: nn.Module) -> dict[str, Any]:
     outputs, not the logits, are what the map was fitted on: `5 * x` saved as a map over logits
     loaded without it and predicted other probabilities). A module keeping tensors as plain
     attributes, not parameters or buffers, is warned of: they are not in the archive."""
-    if type(base) is nn.Identity:
+    if type(base) is nn.Identity or type(base) is SavedLogits:
         return {"inputs": archive.LOGITS}
     kept = [
         f"{name}.{key}" if name else key

@@ -25,10 +25,10 @@ from peg._schema import Fields
 from peg.errors import ArchiveError, NotStreamable
 from peg.methods import _constraints as checks
 from peg.methods._predictors import (
-    check_predictor,
     iter_member_logits_of,
     logits_and_labels,
     member_logits_of,
+    read_predictor,
 )
 from peg.methods.base import store_arguments
 from peg.methods.calibration._calibrator import Calibrator, scores_of, stored
@@ -113,14 +113,16 @@ class LabelShift(WrapsCalibrator, Calibrator):
         """Estimate the target priors; returns self.
 
         Args:
-            predictor: an nn.Module returning logits, or anything with `member_logits(X)`.
+            predictor: an nn.Module returning logits, or anything with `member_logits(X)`; or
+                saved logits `[N, C]`, `val` then their labels `[N]` and `target` the target
+                logits (`fit(logits, labels, target=target_logits)`).
             val: labelled validation data from the source distribution (read once).
             target: unlabelled inputs from the target distribution (a tensor, an array, a
                 Dataset or a DataLoader; labels in it are ignored), streamed once.
             bn_data: unused (accepted as by every post-hoc method).
         """
         self._check_params()
-        check_predictor(predictor)
+        predictor, val = read_predictor(predictor, val)  # fit(logits, labels, target=...)
         if val is None:
             raise ValueError(f"val: {self.label} needs labelled validation data (X, y)")
         if target is None:

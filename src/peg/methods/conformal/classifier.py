@@ -21,7 +21,7 @@ from torch import Tensor
 from peg._forward import warn_probabilities
 from peg.errors import ArchiveError
 from peg.methods import _constraints as checks
-from peg.methods._predictors import check_predictor
+from peg.methods._predictors import read_predictor
 from peg.methods.base import store_arguments
 from peg.methods.calibration._calibrator import stored
 from peg.methods.conformal._base import ConformalBase
@@ -49,6 +49,7 @@ from peg.methods.conformal._split import (
 )
 from peg.metrics._inputs import check_labels
 from peg.source import Data, Source
+from peg.source._namespace import like_input
 from peg.source._values import check_finite_logits
 from peg.source.batches import BatchFn
 from peg.streams import generator
@@ -177,10 +178,11 @@ class ConformalClassifier(ConformalBase):
         bn_data: Data | None = None,
     ) -> ConformalClassifier:
         """Fit q̂ on labelled calibration data `val` ((X, y), Dataset or DataLoader), read
-        once (one score per point is kept); returns self. `target`: unlabelled deployment
-        inputs, with `shift` only. `bn_data` is unused."""
+        once (one score per point is kept); returns self. `fit(logits, labels)` takes saved
+        logits `[N, C]` and their labels (`peg.methods._predictors.read_predictor`).
+        `target`: unlabelled deployment inputs, with `shift` only. `bn_data` is unused."""
         self._check_params()
-        check_predictor(predictor)
+        predictor, val = read_predictor(predictor, val)  # fit(logits, labels) too
         if val is None:
             raise ValueError("val: conformal prediction needs labelled calibration data (X, y)")
         check_target(self.shift, target, val)
@@ -283,11 +285,13 @@ class ConformalClassifier(ConformalBase):
     def predict_set(
         self, X: Data, batch_size: int | None = None, batch_fn: BatchFn | None = None
     ) -> Tensor:
-        """Prediction sets `[N, C]` bool: `sets[n, c]` says class c is in the set of row n."""
+        """Prediction sets `[N, C]` bool: `sets[n, c]` says class c is in the set of row n (a
+        NumPy array for NumPy inputs, a tensor otherwise)."""
         if self.shift == "covariate":
-            return covariate_sets(self, X, batch_size, batch_fn)
+            return like_input(covariate_sets(self, X, batch_size, batch_fn), X)
         make = self.sets_fn()
-        return torch.cat([make(b) for b in self._batches(X, batch_size, batch_fn)])
+        sets = torch.cat([make(b) for b in self._batches(X, batch_size, batch_fn)])
+        return like_input(sets, X)
 
     # ---------------------------------------------------------------- persistence
     def _entry(self) -> dict[str, Any]:
