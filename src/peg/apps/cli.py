@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from peg import distributed
-from peg.apps import apply, presets
+from peg.apps import apply, html, presets
 from peg.apps.compare.methods import typed_names
 
 Parser = argparse.ArgumentParser
@@ -163,12 +163,14 @@ def _compare_arguments(p: Parser) -> None:
         help="take back the methods an earlier run with the same arguments saved in --out",
     )
     _overwrite(p, "--out", "compare")
+    html.add_options(p, "--out")
     _no_progress(p)
 
 
 def _compare(args: argparse.Namespace, command: str, progress: bool | None) -> int:
     from peg.apps.compare import compare, sources
 
+    html.check_options(args, args.out, "--out")
     model = sources.model(args.model)
     val, test = sources.val_and_test(args.val, args.test, args.seed, print)
     result = compare(
@@ -181,7 +183,8 @@ def _compare(args: argparse.Namespace, command: str, progress: bool | None) -> i
     if distributed.world()[0] != 0:  # under torchrun every rank has the table: one prints it
         return 0
     print()
-    print(result.to_markdown())
+    print(result.to_text(args.format))
+    html.write_options(result, args.out, args, "compare")
     return _compare_status(result)
 
 
@@ -214,6 +217,7 @@ def _select_arguments(p: Parser) -> None:
     p.add_argument("--batch-size", type=int, default=512, help="default: 512")
     p.add_argument("--save", help="folder for results.json, results.md and chosen.peg")
     _overwrite(p, "--save", "select")
+    html.add_options(p, "--save")
     _no_progress(p)
 
 
