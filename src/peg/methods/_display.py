@@ -49,8 +49,9 @@ def summary(value: Any) -> str:
         finite = value[np.isfinite(value)] if value.dtype.kind == "f" else value
         spread = f", {_number(finite.min())} … {_number(finite.max())}" if finite.size else ""
         return f"array {list(value.shape)} {value.dtype}{spread}"
-    if isinstance(value, float):
-        return _number(value) if math.isfinite(value) else str(value)
+    if isinstance(value, (int, float, np.number, np.bool_)):
+        finite = isinstance(value, (int, np.integer, np.bool_)) or math.isfinite(value)
+        return _number(value) if finite else str(float(value))
     if _scalar(value):
         return _cut(value if isinstance(value, str) else repr(value))
     if isinstance(value, (list, tuple)):
