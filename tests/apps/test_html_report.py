@@ -120,6 +120,24 @@ def test_to_html_writes_one_utf8_file(comparison, tmp_path) -> None:
         comparison.to_html(3)
 
 
+def test_the_file_is_utf8_whatever_the_locale(tmp_path) -> None:
+    """Under an ASCII locale (no UTF-8 mode), the report's α and ± are written all the same."""
+    code = (
+        "import sys; from peg.apps.compare import Comparison\n"
+        "c = Comparison([{'method': 'TS', 'base': 'model', 'nll': 0.5}], {}, {}, {},\n"
+        "               {'test': {'points': 10, 'kind': 'test'}})\n"
+        "c.to_html(sys.argv[1])"
+    )
+    env = {"LC_ALL": "POSIX", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0",
+           "PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)}  # fmt: skip
+    path = tmp_path / "report.html"
+    done = subprocess.run([sys.executable, "-X", "utf8=0", "-c", code, str(path)], env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "10^-4" in path.read_bytes().decode("utf-8") and "10 points" in path.read_text("utf-8")
+    assert "–" in path.read_text(encoding="utf-8")  # an en dash: not ASCII
+
+
 def test_the_report_renders_in_a_real_browser(comparison, selector, tmp_path) -> None:
     """Chromium, headless, draws each page; the screenshots are kept in the test's folder and
     must not be blank."""

@@ -97,6 +97,8 @@ def test_summary() -> None:
     assert summary(0.123456) == "0.1235" and summary(3) == "3" and summary(True) == "True"
     assert summary(torch.tensor([1.0, 2.5])) == "[1, 2.5]" and summary(np.float32(2)) == "2"
     assert summary(torch.zeros(3, 5)) == "array [3, 5] float32, 0 … 0"
+    assert summary(torch.ones(20, dtype=torch.bfloat16)) == "array [20] bfloat16, 1 … 1"
+    assert summary(torch.zeros(2, device="meta")) == "tensor [2] float32"
     assert summary({"a": 1.0, 2.0: None}) == "a: 1, 2: None"
     assert summary(list(range(20))) == "list of 20"
     assert summary(nn.Linear(2, 3)) == "Linear (9 parameters)"

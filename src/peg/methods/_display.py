@@ -40,15 +40,14 @@ def _scalar(x: Any) -> bool:
 
 def summary(value: Any) -> str:
     """One line saying what `value` is (see the module doc)."""
-    if isinstance(value, Tensor):
-        value = value.detach().cpu().numpy() if value.device.type != "meta" else value
+    if isinstance(value, Tensor) and value.device.type != "meta" and not value.is_complex():
+        dtype = str(value.dtype).removeprefix("torch.")  # bfloat16 has no NumPy dtype: as float64
+        wide = value.detach().cpu()
+        return _numbers(wide.double().numpy() if wide.is_floating_point() else wide.numpy(), dtype)
+    if isinstance(value, Tensor):  # on the meta device, or complex: by its shape
+        return f"tensor {list(value.shape)} {str(value.dtype).removeprefix('torch.')}"
     if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
-        if value.size <= SHOWN:
-            flat = [_number(v) for v in value.reshape(-1).tolist()]
-            return "[" + ", ".join(flat) + "]" if value.ndim else flat[0]
-        finite = value[np.isfinite(value)] if value.dtype.kind == "f" else value
-        spread = f", {_number(finite.min())} … {_number(finite.max())}" if finite.size else ""
-        return f"array {list(value.shape)} {value.dtype}{spread}"
+        return _numbers(value, str(value.dtype))
     if isinstance(value, (int, float, np.number, np.bool_)):
         finite = isinstance(value, (int, np.integer, np.bool_)) or math.isfinite(value)
         return _number(value) if finite else str(float(value))
@@ -67,6 +66,16 @@ def summary(value: Any) -> str:
         return f"{type(value).__name__} ({count:,} parameters)"
     size = _length(value)
     return type(value).__name__ + ("" if size is None else f" ({size} members)")
+
+
+def _numbers(value: np.ndarray, dtype: str) -> str:
+    """An array in full (up to `SHOWN` numbers), else its shape, dtype and finite range."""
+    if value.size <= SHOWN:
+        flat = [_number(v) for v in value.reshape(-1).tolist()]
+        return "[" + ", ".join(flat) + "]" if value.ndim else flat[0]
+    finite = value[np.isfinite(value)] if value.dtype.kind == "f" else value
+    spread = f", {_number(finite.min())} … {_number(finite.max())}" if finite.size else ""
+    return f"array {list(value.shape)} {dtype}{spread}"
 
 
 def _length(value: Any) -> int | None:
