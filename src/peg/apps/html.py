@@ -102,12 +102,13 @@ class Reported:
         """
         if path is not None and not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path: expected a file path or None, got {type(path).__name__}")
+        if path is not None:
+            check_target(Path(path), "path")  # before drawing the figures
         report = self._report()
         text = _html.page(report.title, [_html.element("h1", report.title),
                                          *report.sections(True)])  # fmt: skip
         if path is None:
             return text
-        check_target(Path(path), "path")
         atomic_write_text(path, text)
         return Path(path)
 
