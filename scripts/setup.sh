@@ -11,6 +11,7 @@
 #      break this torch, and they run without it (pyproject.toml's laplace extra has the rest).
 #   4. Fashion-MNIST from Debian (`dataset-fashion-mnist`) when apt is usable; the demo falls
 #      back to scikit-learn's digits when it is not.
+#   5. Debian's chromium when apt is usable: the headless browser the HTML report is tested in.
 # A stamp keyed on pyproject.toml and this script makes a second run a no-op.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -37,13 +38,21 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
-fmnist=/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
-if [ ! -f "$fmnist" ] && command -v apt-get >/dev/null 2>&1; then
-  sudo=""
+# apt_install PACKAGE WITHOUT: a Debian package, best effort, where apt is usable (root, or sudo
+# without a password); WITHOUT says what happens when it cannot be installed.
+apt_install() {
+  command -v apt-get >/dev/null 2>&1 || return 0
+  local sudo=""
   [ "$(id -u)" = 0 ] || { command -v sudo >/dev/null 2>&1 && sudo="sudo -n"; }
   if [ "$(id -u)" = 0 ] || [ -n "$sudo" ]; then
-    echo "[setup] installing Debian package dataset-fashion-mnist"
-    { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq dataset-fashion-mnist; } \
-      >/dev/null 2>&1 || echo "[setup] could not install dataset-fashion-mnist; the demo will use digits"
+    echo "[setup] installing Debian package $1"
+    { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$1"; } \
+      >/dev/null 2>&1 || echo "[setup] could not install $1; $2"
   fi
-fi
+}
+
+fmnist=/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+[ -f "$fmnist" ] || apt_install dataset-fashion-mnist "the demo will use digits"
+# 5. chromium: tests/apps/test_html_report.py renders the one-file HTML report in a real headless
+#    browser and checks its screenshot (skipped, saying so, without a chromium binary).
+command -v chromium >/dev/null 2>&1 || apt_install chromium "the browser test of the HTML report is skipped"

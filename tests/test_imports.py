@@ -11,7 +11,7 @@ import pytest
 
 from peg._imports import lazy_module
 
-HEAVY = ["sklearn", "scipy", "matplotlib", "transformers", "laplace"]
+HEAVY = ["sklearn", "scipy", "matplotlib", "transformers", "laplace", "pandas"]
 
 
 def _loaded_after(statement: str) -> list[str]:

@@ -206,6 +206,7 @@ def numpy_reason(e: BaseException) -> str:
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write `text` to `path` atomically (see `atomic_target`)."""
+    """Write `text` to `path` atomically (see `atomic_target`), in UTF-8 whatever the locale's
+    encoding (results and reports hold ±, →, α)."""
     with atomic_target(path) as tmp:
-        Path(tmp).write_text(text)
+        Path(tmp).write_text(text, encoding="utf-8")

@@ -19,6 +19,7 @@ from bad_inputs import (
 from peg.apps.bench.runner import check_methods
 from peg.apps.bench.spec import SpecError, load_specs, parse_spec
 from peg.apps.cli import main as cli
+from peg.apps.compare import Comparison
 
 
 def _cli(*argv: str) -> None:
@@ -30,6 +31,12 @@ def _cli(*argv: str) -> None:
     except SystemExit as e:
         printed = err.getvalue().strip().splitlines()
         raise SystemExit(f"exit {e.code}: {printed[-1] if printed else ''}") from None
+
+
+def _comparison() -> Comparison:
+    """A Comparison of one method, as peg.compare returns it."""
+    return Comparison([{"method": "TS", "base": "model", "nll": 0.5}], {}, {}, {},
+                      {"test": {"points": 10, "kind": "test"}})  # fmt: skip
 
 
 def _spec(**change: object) -> dict:
@@ -227,6 +234,20 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str
         ValueError,
         "integer class labels",
     ),
+    (
+        "peg.compare",
+        "a table in a format other than md, csv or json",
+        lambda: _comparison().to_text("xlsx"),
+        ValueError,
+        r"format: expected one of \['md', 'csv', 'json'\]",
+    ),
+    (
+        "peg (CLI)",
+        "peg select --html without --save",
+        lambda: _cli("select", "--logits", "v.npy", "--labels", "y.npy", "--html"),
+        SystemExit,
+        "exit 2: peg select: error: --html: needs --save DIR",
+    ),
 ]
 
 # the same, for calls that take a temporary folder
@@ -251,6 +272,13 @@ FILE_ERROR_CASES: list[tuple[str, str, Callable[[Path], object], type[BaseExcept
         lambda tmp: _cli("bench", str(_write(tmp / "s.yaml", "name: s\ndata: imagenet\n"))),
         SystemExit,
         "exit 2: peg bench: error: .*missing",
+    ),
+    (
+        "peg.compare",
+        "the HTML report written onto a folder",
+        lambda tmp: _comparison().to_html(tmp),
+        IsADirectoryError,
+        "path: .* is a folder",
     ),
 ]
 

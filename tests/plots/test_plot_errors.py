@@ -12,6 +12,14 @@ from bad_inputs import (
 )
 from peg import metrics, plots
 
+
+def _placed_axes() -> object:
+    """An Axes placed by `add_axes`: on no grid."""
+    from matplotlib.figure import Figure
+
+    return Figure().add_axes((0.1, 0.1, 0.8, 0.8))
+
+
 # (area, bad input, call, error type, regex the message must match)
 ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str]] = [
     (
@@ -29,6 +37,20 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str
         ),
         ValueError,
         "ax: expected a matplotlib Axes",
+    ),
+    (
+        "plots",
+        "a reliability diagram of probabilities without their labels",
+        lambda: plots.reliability_diagram(logits),
+        ValueError,
+        "labels: expected the labels",
+    ),
+    (
+        "plots",
+        "a figure of several panels in the place of an Axes on no grid",
+        lambda: plots.reliability_diagram(logits, [0, 1, 2, 0], ax=_placed_axes()),
+        ValueError,
+        "ax: this figure has several panels",
     ),
 ]
 

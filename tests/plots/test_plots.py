@@ -108,7 +108,8 @@ def test_risk_coverage_writes_a_png_and_labels_each_area(tmp_path: Path) -> None
     for i in (100, 300, 500):
         want = metrics.risk_at_coverage(z, y, float(x[i]), confidence=quantised)
         assert r[i] == pytest.approx(want, rel=1e-9)
-    ax = plots.risk_coverage(curves, generalized=True)  # no path: nothing written
+    fig = plots.risk_coverage(curves, generalized=True)  # no path: nothing written, the Figure
+    (ax,) = fig.axes
     assert "AUGRC" in ax.get_legend().get_texts()[0].get_text()
     assert ax.get_lines()[0].get_xydata()[0].tolist() == [0.0, 0.0]
 

@@ -8,17 +8,16 @@ command is adding those two functions and one entry.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import os
 import sys
 import traceback
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from peg import distributed
-from peg.apps import apply, presets
+from peg.apps import apply, html, presets
+from peg.apps._warnings import one_line_warnings
 from peg.apps.compare.methods import typed_names
 
 Parser = argparse.ArgumentParser
@@ -144,11 +143,9 @@ def _compare_arguments(p: Parser) -> None:
     p.add_argument("--model", help="module:function returning the trained nn.Module")
     p.add_argument("--val", help="validation data the methods are fitted on")
     p.add_argument("--test", help="test data")
-    p.add_argument(
-        "--logits",
-        help="saved validation logits [N, C], a .npy (with --labels, --test-logits and "
-        "--test-labels, instead of --model, --val and --test)",
-    )
+    p.add_argument("--logits", help="saved validation logits [N, C], a .npy (with --labels, "
+                   "--test-logits and --test-labels, instead of --model, --val and "
+                   "--test)")  # fmt: skip
     p.add_argument("--labels", help="their integer labels [N], a .npy")
     p.add_argument("--test-logits", help="saved test logits [N, C], a .npy")
     p.add_argument("--test-labels", help="their integer labels [N], a .npy")
@@ -173,33 +170,14 @@ def _compare_arguments(p: Parser) -> None:
         help="take back the methods an earlier run with the same arguments saved in --out",
     )
     _overwrite(p, "--out", "compare")
+    html.add_options(p, "--out")
     _no_progress(p)
 
 
 def _compare(args: argparse.Namespace, command: str, progress: bool | None) -> int:
-    from peg.apps.compare import compare, sources
+    from peg.apps.compare.command import run
 
-    model, val, test = sources.compared(args, print)
-    result = compare(
-        model, val, test, args.methods,
-        shifted=sources.named(args.shifted, "--shifted", labelled=True),
-        ood=sources.named(args.ood, "--ood", labelled=False), ood_score=args.ood_score,
-        metrics=args.metrics, seed=args.seed, batch_size=args.batch_size, progress=progress,
-        out=args.out, command=command, resume=args.resume, overwrite=args.overwrite,
-    )  # fmt: skip
-    if distributed.world()[0] != 0:  # under torchrun every rank has the table: one prints it
-        return 0
-    print()
-    print(result.to_markdown())
-    return _compare_status(result)
-
-
-def _compare_status(result: object) -> int:
-    """0, or 3 when some methods failed (each said on stderr; the table has the others)."""
-    failed = getattr(result, "failed", {})
-    for name, error in failed.items():
-        sys.stderr.write(f"peg compare: {name} failed: {error['type']}: {error['message']}\n")
-    return 3 if failed else 0
+    return run(args, command, progress)
 
 
 # ---------------------------------------------------------------- peg select
@@ -223,6 +201,7 @@ def _select_arguments(p: Parser) -> None:
     p.add_argument("--batch-size", type=int, default=512, help="default: 512")
     p.add_argument("--save", help="folder for results.json, results.md and chosen.peg")
     _overwrite(p, "--save", "select")
+    html.add_options(p, "--save")
     _no_progress(p)
 
 
@@ -369,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     args = top.parse_args(argv)
     command = " ".join(["peg", *(sys.argv[1:] if argv is None else argv)])
     try:
-        with _one_line_warnings(args.command):
+        with one_line_warnings(f"peg {args.command}", _as_typed):
             status = _run(args, command)
     except (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
             PermissionError, ValueError) as e:  # fmt: skip
@@ -390,21 +369,6 @@ def main(argv: list[str] | None = None) -> int:
     if distributed.joined():  # under torchrun: end without the teardown that can abort
         distributed.end_process(status)
     return status
-
-
-@contextlib.contextmanager
-def _one_line_warnings(name: str) -> Iterator[None]:
-    """Warnings said as one line each, `peg NAME: warning: ...` on stderr, as errors are: not
-    Python's `file:line: Category: ...` followed by the source line that warned (which means
-    nothing to a user of the command). Which warnings show (once per place) is unchanged."""
-
-    def show(message: Warning | str, *_: object, **__: object) -> None:
-        text = " ".join(str(message).split())  # one line, whatever the message's layout
-        sys.stderr.write(f"peg {name}: warning: {_as_typed(text)}\n")
-
-    with warnings.catch_warnings():  # restores the previous showwarning afterwards
-        warnings.showwarning = show
-        yield
 
 
 def _as_typed(message: str) -> str:

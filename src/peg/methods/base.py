@@ -35,6 +35,7 @@ from peg._scalars import check_positive_int
 from peg.ensemble import Ensemble, Predicts, _cat_batches, autocast_dtype
 from peg.errors import InvalidParameterError, NotFittedError
 from peg.methods import _constraints as checks
+from peg.methods._display import Display
 from peg.output import model_output
 from peg.source import Data, Source
 from peg.source._devices import model_device, move
@@ -154,11 +155,12 @@ class Params:
                 if str(e).startswith(f"{name}:"):
                     raise InvalidParameterError(str(e)) from None
 
-    def __repr__(self) -> str:
+    def _non_defaults(self) -> set[str]:
+        """The constructor arguments whose values differ from their defaults."""
         defaults = {
             p.name: p.default for p in inspect.signature(type(self).__init__).parameters.values()
         }
-        shown = []
+        changed = set()
         for name, value in self.get_params(deep=False).items():
             default = defaults.get(name, inspect.Parameter.empty)
             try:
@@ -166,12 +168,18 @@ class Params:
             except Exception:  # e.g. tensors: an ambiguous truth value
                 same = False
             if not same:
-                shown.append(f"{name}={value!r}")
+                changed.add(name)
+        return changed
+
+    def __repr__(self) -> str:
+        changed = self._non_defaults()
+        shown = [f"{k}={v!r}" for k, v in self.get_params(deep=False).items() if k in changed]
         return f"{type(self).__name__}({', '.join(shown)})"
 
 
-class Method(Params):
-    """The contract of every method class (see the module doc).
+class Method(Display, Params):
+    """The contract of every method class (see the module doc); shown in a notebook by
+    `Display` (its arguments and fitted values, as HTML and markdown).
 
     Fitted or not is one question, asked one way: `fit` sets the attribute named
     `fitted_attribute` last, so its presence means fitted (`__sklearn_is_fitted__`, which

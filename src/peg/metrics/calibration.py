@@ -43,8 +43,14 @@ def reliability(pred: Any, y: Any, bins: int = 15) -> dict[str, Tensor]:
 
 def reliability_of(pp: Predictive, bins: int) -> dict[str, Tensor]:
     """`reliability` of validated predictions."""
-    conf = pp.top[0]
-    count, conf_sum, correct_sum = bin_sums(conf, pp.correct, bins)
+    return reliability_from(pp.top[0], pp.correct, bins)
+
+
+def reliability_from(conf: Tensor, correct: Tensor, bins: int) -> dict[str, Tensor]:
+    """`reliability` from the top-class confidences `conf` `[N]` (float64) and whether each
+    prediction is right, `correct` `[N]` (bool): what a diagram needs of predictions kept
+    without their probabilities (AutoSelect's cross-fitted ones)."""
+    count, conf_sum, correct_sum = bin_sums(conf, correct, bins)
     nonempty = count > 0
     nan = torch.tensor(float("nan"), dtype=torch.float64, device=conf.device)
     denom = count.clamp(min=1).double()

@@ -2,20 +2,30 @@
 function-space diversity figures.
 
 Headless: figures are drawn with matplotlib's object API on an Agg canvas (no pyplot, no
-display, no global figure state), so importing or calling these never needs a screen and never
-changes the caller's matplotlib backend. Every function writes its PNG atomically
-(`peg._io.atomic_open`: a temporary file in the same folder, then `os.replace`), creates missing
-parent folders and returns the path (`risk_coverage` returns its Axes: it may draw into one).
+display, no global figure state; matplotlib is imported on the first figure, not with peg), so
+importing or calling these never needs a screen and never changes the caller's matplotlib
+backend. Every function takes `path=None` and `ax=None` (keywords):
 
-- `reliability`: `reliability_diagram`.
-- `selective`: `risk_coverage` (draws into a given matplotlib Axes too; writes a PNG only when
-  given a path, and returns the Axes).
+- neither: returns the new matplotlib `Figure` (a notebook shows it once: it is not in pyplot's
+  registry, so no backend shows it again at the end of the cell);
+- `path`: writes the PNG atomically (`peg._io.atomic_open`: a temporary file in the same
+  folder, then `os.replace`), creates missing parent folders and returns the path
+  (`risk_coverage` returns its Axes, as it always has);
+- `ax`: draws into that matplotlib Axes of your own figure (one-panel figures), or in its place
+  (figures of several panels: a SubFigure where the Axes was), and returns what it drew into;
+  with `path` too, your whole figure is written.
+
+- `reliability`: `reliability_diagram`, from probabilities and labels
+  (`reliability_diagram(probs, labels)`, or a dict {name: probs} for one panel each) or from
+  `peg.metrics.reliability` data.
+- `selective`: `risk_coverage`.
 - `boundaries`: `decision_boundaries`.
 - `heatmaps`: `similarity_matrices`, `radial_landscape`.
 - `embedding`: `prediction_map`.
 - `curves`: `diversity_accuracy_plane`, `ensemble_size_curves`, `scale_search`.
 - `corruptions`: `corruption_grid` (one image under every corruption and a few severities).
-- `_figure`: what they share (canvas, PNG write, input checks, colours and markers).
+- `_figure`: what they share (where a figure is drawn, what it returns, the PNG write, input
+  checks, colours and markers).
 
 The diversity figures are those of `peg.analysis` (Fort et al. 2019, "Deep ensembles: a loss
 landscape perspective").

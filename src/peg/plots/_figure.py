@@ -1,13 +1,18 @@
-"""What every figure of `peg.plots` shares: the canvas, the PNG write, the checks of the path
-and of numeric inputs, and the colours and markers.
+"""What every figure of `peg.plots` shares: the canvas, where a figure is drawn (`canvas`,
+`panel`: a new figure or the caller's Axes), what it returns (`finish`), the PNG write, the
+checks of the path and of numeric inputs, and the colours and markers.
 
 `figure` draws with matplotlib's object API on an Agg canvas (no pyplot, no display, no global
-figure state); `save` writes the PNG atomically (`peg._io.atomic_open`: a temporary file in the
-same folder, then `os.replace`), creating missing parent folders.
+figure state: pyplot's registry never holds it, so Jupyter shows a returned figure once, through
+its `_repr_png_` or the inline backend's formatter, never again at the end of the cell); `save`
+writes the PNG atomically (`peg._io.atomic_open`: a temporary file in the same folder, then
+`os.replace`), creating missing parent folders.
 """
 
 from __future__ import annotations
 
+import functools
+import io
 import os
 from pathlib import Path
 from typing import Any
@@ -46,19 +51,102 @@ SERIES = ("#000000", *PALETTE[:8], "#d62728", "#9467bd", "#8c564b", "#7f7f7f", "
 
 
 def figure(width: float, height: float) -> Any:
+    """A new headless figure (`width` × `height` inches, constrained layout) on an Agg canvas."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    fig = _shown()(figsize=(width, height), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
 
 
+@functools.cache
+def _shown() -> type:
+    """The Figure class of `figure`, made on first use (matplotlib is imported only then)."""
+    from matplotlib.figure import Figure
+
+    class Shown(Figure):
+        """A Figure that a notebook shows as PNG where no matplotlib backend is set up."""
+
+        def _repr_png_(self) -> bytes:
+            return png_bytes(self)
+
+    return Shown
+
+
+def png_bytes(fig: Any) -> bytes:
+    """`fig` (a Figure, SubFigure or Axes: its whole figure) as PNG bytes."""
+    buffer = io.BytesIO()
+    root(fig).savefig(buffer, format="png", dpi=DPI)
+    return buffer.getvalue()
+
+
 def save(fig: Any, path: str | os.PathLike[str]) -> Path:
-    """Write `fig` as PNG to `path` atomically (`peg._io.atomic_open`); returns the path."""
+    """Write `fig` (its whole figure) as PNG to `path` atomically (`peg._io.atomic_open`);
+    returns the path."""
     with atomic_open(path) as f:
-        fig.savefig(f, format="png", dpi=DPI)
+        root(fig).savefig(f, format="png", dpi=DPI)
     return Path(path)
+
+
+def root(drawn: Any) -> Any:
+    """The top-level Figure of a Figure, SubFigure or Axes."""
+    from matplotlib.figure import Figure
+
+    fig = drawn
+    while not isinstance(fig, Figure):
+        fig = fig.figure
+    return fig
+
+
+def check_axes(ax: Any) -> None:
+    if not (hasattr(ax, "plot") and hasattr(ax, "figure") and hasattr(ax, "remove")):
+        raise ValueError(f"ax: expected a matplotlib Axes, got {type(ax).__name__}")
+
+
+def panel(ax: Any, width: float, height: float) -> Any:
+    """The Axes a one-panel figure is drawn into: `ax` (checked), or a new figure's."""
+    if ax is None:
+        return figure(width, height).add_subplot()
+    check_axes(ax)
+    return ax
+
+
+def check_place(ax: Any) -> Any:
+    """`ax`'s place on its figure's grid (checked before any work by the figures of several
+    panels, which are drawn there); a ValueError naming `ax` otherwise."""
+    check_axes(ax)
+    spec = ax.get_subplotspec()
+    if spec is None:
+        raise ValueError(
+            "ax: this figure has several panels, drawn in the place of the given Axes: expected an "
+            "Axes on a grid (from fig.subplots or fig.add_subplot), got one placed by add_axes"
+        )
+    return spec
+
+
+def canvas(ax: Any, width: float, height: float) -> Any:
+    """Where a figure of several panels is drawn: a new figure (`width` × `height` inches), or,
+    given `ax`, a SubFigure in that Axes' place in its figure (`ax` itself removed), which
+    the panels share as they would a figure of their own."""
+    if ax is None:
+        return figure(width, height)
+    sub = ax.figure.add_subfigure(check_place(ax))
+    ax.remove()
+    return sub
+
+
+def finish(drawn: Any, path: str | os.PathLike[str] | None, ax: Any) -> Any:
+    """What a figure function returns, having drawn into `drawn` (a new Figure, the caller's
+    Axes, or a SubFigure in the caller's Axes' place): the figure is written to `path` when one
+    is given (the caller's whole figure where `ax` was given); then, given `ax`, what was drawn
+    into (the Axes, or the SubFigure of the panels: the figure is the caller's, which pyplot
+    shows; returning it would show it twice in a notebook), else `Path(path)` when written,
+    else the new Figure."""
+    if path is not None:
+        save(drawn, path)
+    if ax is not None:
+        return drawn
+    return Path(path) if path is not None else root(drawn)
 
 
 def check_path(path: Any) -> None:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from peg.plots._figure import PALETTE, check_path, figure, save, to_numpy
+from peg.plots._figure import PALETTE, canvas, check_path, check_place, finish, to_numpy
 
 
 def _probabilities(out: Any, rows: int, name: str, what: str) -> np.ndarray:
@@ -34,14 +33,19 @@ def _probabilities(out: Any, rows: int, name: str, what: str) -> np.ndarray:
     return p
 
 
-def _check(predictors: Any, X: Any, y: Any, path: Any, resolution: Any) -> tuple[Tensor, Tensor]:
+def _check(
+    predictors: Any, X: Any, y: Any, path: Any, resolution: Any, ax: Any
+) -> tuple[Tensor, Tensor]:
     """Every argument of `decision_boundaries` checked before any drawing; (X, y) on the CPU."""
     if not isinstance(predictors, Mapping) or not predictors:
         raise ValueError("predictors: expected a non-empty dict {name: points -> probabilities}")
     for name, f in predictors.items():
         if not callable(f):
             raise ValueError(f"predictors[{name!r}]: expected a callable, got {type(f).__name__}")
-    check_path(path)
+    if path is not None:
+        check_path(path)
+    if ax is not None:
+        check_place(ax)
     X = torch.as_tensor(X).detach().cpu()
     y = torch.as_tensor(y).detach().cpu()
     if X.ndim != 2 or X.shape[1] != 2 or X.shape[0] == 0:
@@ -130,11 +134,13 @@ def decision_boundaries(
     predictors: Mapping[str, Callable[[Tensor], Tensor]],
     X: Tensor,
     y: Tensor,
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | None = None,
     title: str | None = None,
     resolution: int = 200,
-) -> Path:
-    """Predicted class shaded by confidence over the plane, one panel per predictor; PNG.
+    *,
+    ax: Any = None,
+) -> Any:
+    """Predicted class shaded by confidence over the plane, one panel per predictor.
 
     Each panel colours a `resolution × resolution` grid covering the data (plus a 10% margin)
     by the predicted class, faded towards white as the confidence (max probability) drops to
@@ -147,20 +153,23 @@ def decision_boundaries(
             `[P, C]` (Tensor or array); called under `torch.no_grad()`.
         X: points `[N, 2]`.
         y: labels `[N]`, integers in [0, C).
-        path: PNG file to write (parent folders are created).
+        path: a PNG file to write (atomically; parent folders are created), or None.
         title: figure title.
         resolution: grid points per axis (>= 2).
+        ax: a matplotlib Axes: the panels are drawn in its place in its figure (a SubFigure
+            there; the Axes itself is removed). None: a new headless figure.
 
     Returns:
-        `Path(path)`.
+        given `ax`, the SubFigure drawn into (the figure is yours: pyplot shows it); else
+        `Path(path)` when `path` is given; else the new matplotlib Figure.
     """
-    X, y = _check(predictors, X, y, path, resolution)
+    X, y = _check(predictors, X, y, path, resolution, ax)
     plane = _Plane(X.double().numpy(), resolution)
     n = len(predictors)
-    fig = figure(3.8 * n, 3.9 + (0.3 if title else 0.0))
+    fig = canvas(ax, 3.8 * n, 3.9 + (0.3 if title else 0.0))
     axes = fig.subplots(1, n, squeeze=False)[0]
-    for ax, (name, predict) in zip(axes, predictors.items(), strict=True):
-        _panel(ax, str(name), predict, plane, X, y.long().numpy())
+    for cell, (name, predict) in zip(axes, predictors.items(), strict=True):
+        _panel(cell, str(name), predict, plane, X, y.long().numpy())
     if title:
         fig.suptitle(title)
-    return save(fig, path)
+    return finish(fig, path, ax)

@@ -2,6 +2,7 @@
 
     from peg.plots import corruption_grid
     corruption_grid(X[0], "corruptions.png")   # all 20 (grey images: 19), severities 1, 3, 5
+    fig = corruption_grid(X[0])                 # no path: the matplotlib Figure
 
 `scripts/corruptions_figure.py` draws `docs/corruptions.png` with it.
 """
@@ -11,14 +12,13 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from peg.data import corruptions as cc
-from peg.plots._figure import check_path, figure, save, to_numpy
+from peg.plots._figure import canvas, check_path, check_place, finish, to_numpy
 
 
 def _show(ax: Any, image: np.ndarray) -> None:
@@ -33,26 +33,34 @@ def _show(ax: Any, image: np.ndarray) -> None:
 
 def corruption_grid(
     image: Any,
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | None = None,
     names: Sequence[str] | None = None,
     severities: Sequence[int] = (1, 3, 5),
     seed: int = 0,
     columns: int = 10,
-) -> Path:
+    *,
+    ax: Any = None,
+) -> Any:
     """Draw `image` under each corruption (columns) at each severity (rows), clean at the left.
 
     Args:
         image: one image `[C, H, W]` or `[1, C, H, W]` in [0, 1], C = 1 or 3.
-        path: the PNG to write (atomically; missing folders are created).
+        path: a PNG file to write (atomically; parent folders are created), or None.
         names: corruptions to show, in order; default `corruptions.applicable(C)`.
         severities: one row each, within every block of `columns` corruptions.
         seed: seed of the random corruptions (`corruptions.corrupt`).
         columns: corruptions per block of rows.
+        ax: a matplotlib Axes: the panels are drawn in its place in its figure (a SubFigure
+            there; the Axes itself is removed). None: a new headless figure.
 
     Returns:
-        The path written.
+        given `ax`, the SubFigure drawn into (the figure is yours: pyplot shows it); else
+        `Path(path)` when `path` is given; else the new matplotlib Figure.
     """
-    check_path(path)
+    if path is not None:
+        check_path(path)
+    if ax is not None:
+        check_place(ax)
     x = to_numpy(image, "image").astype(np.float32)
     x = x[None] if x.ndim == 3 else x
     if x.ndim != 4 or x.shape[0] != 1:
@@ -66,21 +74,21 @@ def corruption_grid(
     order = list(dict.fromkeys(n for n, _, _ in shown))
     blocks = math.ceil(len(order) / columns)
     rows = blocks * len(severities)
-    fig = figure(1.1 * (min(columns, len(order)) + 1), 1.15 * rows + 0.3)
+    fig = canvas(ax, 1.1 * (min(columns, len(order)) + 1), 1.15 * rows + 0.3)
     grid = fig.add_gridspec(rows, min(columns, len(order)) + 1)
     for b in range(blocks):
         top = b * len(severities)
-        ax = fig.add_subplot(grid[top, 0])
-        _show(ax, x[0])
-        ax.set_title("clean", fontsize=8)
+        clean = fig.add_subplot(grid[top, 0])
+        _show(clean, x[0])
+        clean.set_title("clean", fontsize=8)
     for name, severity, y in shown:
         i = order.index(name)
         b, column = divmod(i, columns)
         row = b * len(severities) + severities.index(severity)
-        ax = fig.add_subplot(grid[row, column + 1])
-        _show(ax, y)
+        cell = fig.add_subplot(grid[row, column + 1])
+        _show(cell, y)
         if row == b * len(severities):
-            ax.set_title(name, fontsize=7)
+            cell.set_title(name, fontsize=7)
         if column == 0:
-            ax.set_ylabel(f"severity {severity}", fontsize=7)
-    return save(fig, path)
+            cell.set_ylabel(f"severity {severity}", fontsize=7)
+    return finish(fig, path, ax)

@@ -1,17 +1,17 @@
-"""Reliability diagrams: per-bin accuracy against confidence, one panel per method."""
+"""Reliability diagrams: per-bin accuracy against confidence, one panel per method, from
+predictions and labels or from reliability data computed already."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from peg._scalars import check_positive_int
-from peg.metrics.calibration import binned_ece
-from peg.plots._figure import check_path, figure, save, to_numpy
+from peg.metrics.calibration import binned_ece, reliability
+from peg.plots._figure import canvas, check_path, check_place, finish, to_numpy
 
 
 def _reliability_arrays(name: str, r: Any) -> tuple[np.ndarray, ...]:
@@ -70,13 +70,20 @@ def _legend_handles() -> list[Any]:
 
 
 def reliability_diagram(
-    curves: Mapping[str, Mapping[str, Any]],
-    path: str | os.PathLike[str],
+    data: Any,
+    *args: Any,
+    labels: Any = None,
+    path: str | os.PathLike[str] | None = None,
+    ax: Any = None,
     title: str | None = None,
     per_row: int = 5,
-) -> Path:
-    """Reliability diagrams, one panel per method, side by side (`per_row` to a row); writes
-    a PNG.
+    bins: int = 15,
+) -> Any:
+    """Reliability diagrams, one panel per method, side by side (`per_row` to a row).
+
+    Two forms: `reliability_diagram(probs, labels, path=None, ...)` draws straight from
+    predictions, and `reliability_diagram(curves, path=None, title=None, per_row=5, ...)` from
+    reliability data computed already (positional arguments as named in each form).
 
     Each panel: per-bin accuracy as bars, the gap between accuracy and mean confidence shaded
     (red where over-confident, i.e. confidence > accuracy; green where under-confident), the
@@ -85,79 +92,42 @@ def reliability_diagram(
     `peg.metrics.calibration.binned_ece` computes it, the function `peg.metrics.ece` uses.
 
     Args:
-        curves: method name -> reliability data as `peg.metrics.reliability` returns it:
-            "edges" `[B+1]`, "confidence" `[B]` and "accuracy" `[B]` (NaN in empty bins),
-            "count" `[B]`. Tensors or arrays.
-        path: PNG file to write (parent folders are created).
+        data: probabilities `[N, C]` or member logits `[M, N, C]` (tensors or arrays; one
+            panel), or a dict {method name: such predictions} (a panel each: e.g. before and
+            after calibration), with `labels`; or a dict {method name: reliability data as
+            `peg.metrics.reliability` returns it: "edges" `[B+1]`, "confidence" `[B]` and
+            "accuracy" `[B]` (NaN in empty bins), "count" `[B]`}.
+        labels: the labels `[N]` of the predictions (their form only).
+        path: a PNG file to write (atomically; parent folders are created), or None.
+        ax: a matplotlib Axes: the panels are drawn in its place in its figure (a SubFigure
+            there; the Axes itself is removed). None: a new headless figure.
         title: figure title.
         per_row: panels in one row; more methods wrap onto further rows.
+        bins: equal-width bins of the predictions' form (`peg.metrics.reliability`).
 
     Returns:
-        `Path(path)`.
+        given `ax`, the SubFigure drawn into (the figure is yours: pyplot shows it); else
+        `Path(path)` when `path` is given; else the new matplotlib Figure.
     """
-    if not isinstance(curves, Mapping) or not curves:
-        raise ValueError("curves: expected a non-empty dict {method name: reliability data}")
-    check_path(path)
+    options = {"labels": labels, "path": path, "title": title, "per_row": per_row}
+    curves, path, title, per_row = _arguments(data, args, options, bins)
+    if path is not None:
+        check_path(path)
     per_row = check_positive_int(per_row, "per_row")
-    data = {str(name): _reliability_arrays(str(name), r) for name, r in curves.items()}
-    n, rows = min(len(data), per_row), -(-len(data) // per_row)
-    fig = figure(3.1 * n + 0.4, 4.4 * rows + (0.3 if title else 0.0))
+    if ax is not None:
+        check_place(ax)
+    arrays = {str(name): _reliability_arrays(str(name), r) for name, r in curves.items()}
+    n, rows = min(len(arrays), per_row), -(-len(arrays) // per_row)
+    fig = canvas(ax, 3.1 * n + 0.4, 4.4 * rows + (0.3 if title else 0.0))
     grid = fig.add_gridspec(2 * rows, n, height_ratios=(3, 1) * rows)
-    top_share = max(float(count.max() / count.sum()) for _, _, _, count in data.values())
+    top_share = max(float(count.max() / count.sum()) for _, _, _, count in arrays.values())
     first_bottom = None
-    for i, (name, (edges, conf, acc, count)) in enumerate(data.items()):
+    for i, (name, values) in enumerate(arrays.items()):
         row, k = divmod(i, per_row)
         top = fig.add_subplot(grid[2 * row, k])
         bottom = fig.add_subplot(grid[2 * row + 1, k], sharex=top, sharey=first_bottom)
         first_bottom = first_bottom or bottom
-        centers = (edges[1:] + edges[:-1]) / 2
-        widths = np.diff(edges)
-        full = count > 0
-        a = np.where(full, acc, 0.0)
-        c = np.where(full, conf, 0.0)
-        top.bar(
-            centers[full],
-            a[full],
-            width=widths[full],
-            color="#4C72B0",
-            edgecolor="white",
-            linewidth=0.6,
-        )
-        gap = c - a
-        over = full & (gap > 0)
-        under = full & (gap < 0)
-        top.bar(
-            centers[over],
-            gap[over],
-            bottom=a[over],
-            width=widths[over],
-            color="#D62728",
-            alpha=0.35,
-            edgecolor="#D62728",
-            hatch="//",
-            linewidth=0.6,
-        )
-        top.bar(
-            centers[under],
-            gap[under],
-            bottom=a[under],
-            width=widths[under],
-            color="#B5E3A8",
-            alpha=0.8,
-            edgecolor="#2CA02C",
-            hatch="\\\\",
-            linewidth=0.6,
-        )
-        lo, hi = float(edges[0]), float(edges[-1])
-        top.plot([lo, hi], [lo, hi], "k--", lw=1)
-        top.set_xlim(lo, hi)
-        top.set_ylim(0, max(1.0, hi))
-        top.set_title(f"{name}\nECE {100 * binned_ece(conf, acc, count):.2f}%", fontsize=10)
-        top.tick_params(labelbottom=False)
-        share = count / count.sum()
-        bottom.bar(centers, share, width=widths, color="#7F7F7F", edgecolor="white", lw=0.5)
-        bottom.set_ylim(0, 1.05 * top_share)
-        bottom.set_xlabel("confidence")
+        _panel(top, bottom, name, values, top_share)
         if k == 0:
             top.set_ylabel("accuracy")
             bottom.set_ylabel("share of points")
@@ -168,4 +138,88 @@ def reliability_diagram(
             bottom.tick_params(labelleft=False)
     if title:
         fig.suptitle(title)
-    return save(fig, path)
+    return finish(fig, path, ax)
+
+
+def _arguments(
+    data: Any, args: tuple[Any, ...], options: dict[str, Any], bins: int
+) -> tuple[dict[str, Any], Any, Any, Any]:
+    """(curves, path, title, per_row) of either form, positional arguments named by the form;
+    the predictions' form turned into curves (`peg.metrics.reliability`)."""
+    # reliability data: a dict of dicts, or any dict followed by a path (today's call)
+    path_first = bool(args) and isinstance(args[0], (str, os.PathLike))
+    curves_form = isinstance(data, Mapping) and (
+        not data or path_first or all(isinstance(v, Mapping) for v in data.values())
+    )
+    names = ("path", "title", "per_row") if curves_form else ("labels", "path", "title", "per_row")
+    if len(args) > len(names):
+        raise TypeError(
+            f"reliability_diagram: takes at most {len(names) + 1} positional arguments "
+            f"(data, {', '.join(names)}), got {len(args) + 1}"
+        )
+    defaults = {"labels": None, "path": None, "title": None, "per_row": 5}
+    for name, value in zip(names, args, strict=False):
+        if options[name] is not defaults[name]:
+            raise TypeError(f"reliability_diagram: got multiple values for argument {name!r}")
+        options[name] = value
+    if curves_form:
+        if not data:
+            raise ValueError("curves: expected a non-empty dict {method name: reliability data}")
+        if options["labels"] is not None:
+            raise ValueError(
+                "labels: reliability data (a dict of edges, confidence, accuracy, count) "
+                "takes no labels; pass the predictions themselves to draw from labels"
+            )
+        return dict(data), options["path"], options["title"], options["per_row"]
+    if options["labels"] is None:
+        raise ValueError(
+            "labels: expected the labels [N] of the predictions (or pass reliability data, a "
+            "dict {method name: peg.metrics.reliability(...)})"
+        )
+    preds = dict(data) if isinstance(data, Mapping) else {"": data}
+    bins = check_positive_int(bins, "bins")
+    curves = {}
+    for name, pred in preds.items():
+        try:
+            curves[name] = reliability(pred, options["labels"], bins)
+        except (TypeError, ValueError) as e:  # named as given here: data[...] and labels
+            where = "data" if name == "" else f"data[{name!r}]"
+            said = str(e)
+            for before, after in (("pred:", f"{where}:"), ("y:", "labels:")):
+                said = after + said[len(before) :] if said.startswith(before) else said
+            said = said.replace("(N of pred)", f"(N of {where})")
+            raise type(e)(said) from None
+    return curves, options["path"], options["title"], options["per_row"]
+
+
+def _panel(
+    top: Any, bottom: Any, name: str, values: tuple[np.ndarray, ...], top_share: float
+) -> None:
+    """One method's panel: accuracy bars, the gaps, the diagonal (`top`); share of points per
+    bin (`bottom`)."""
+    edges, conf, acc, count = values
+    centers = (edges[1:] + edges[:-1]) / 2
+    widths = np.diff(edges)
+    full = count > 0
+    a = np.where(full, acc, 0.0)
+    c = np.where(full, conf, 0.0)
+    top.bar(centers[full], a[full], width=widths[full], color="#4C72B0", edgecolor="white",
+            linewidth=0.6)  # fmt: skip
+    gap = c - a
+    over = full & (gap > 0)
+    under = full & (gap < 0)
+    top.bar(centers[over], gap[over], bottom=a[over], width=widths[over], color="#D62728",
+            alpha=0.35, edgecolor="#D62728", hatch="//", linewidth=0.6)  # fmt: skip
+    top.bar(centers[under], gap[under], bottom=a[under], width=widths[under], color="#B5E3A8",
+            alpha=0.8, edgecolor="#2CA02C", hatch="\\\\", linewidth=0.6)  # fmt: skip
+    lo, hi = float(edges[0]), float(edges[-1])
+    top.plot([lo, hi], [lo, hi], "k--", lw=1)
+    top.set_xlim(lo, hi)
+    top.set_ylim(0, max(1.0, hi))
+    ece = f"ECE {100 * binned_ece(conf, acc, count):.2f}%"
+    top.set_title(f"{name}\n{ece}" if name else ece, fontsize=10)
+    top.tick_params(labelbottom=False)
+    share = count / count.sum()
+    bottom.bar(centers, share, width=widths, color="#7F7F7F", edgecolor="white", lw=0.5)
+    bottom.set_ylim(0, 1.05 * top_share)
+    bottom.set_xlabel("confidence")

@@ -11,7 +11,7 @@ import torch
 
 from peg.metrics._predictive import Ranked
 from peg.metrics.selective import augrc_of, aurc_of
-from peg.plots._figure import SERIES, check_path, figure, save, to_numpy
+from peg.plots._figure import SERIES, check_axes, check_path, finish, panel, root, to_numpy
 
 KEYS = ("coverage", "risk", "generalized_risk", "accepted", "errors")
 
@@ -54,7 +54,7 @@ def risk_coverage(
     title: str | None = None,
 ) -> Any:
     """Risk–coverage curves, one line per method, each labelled with its area (AURC, or AUGRC
-    with `generalized=True`, as %); draws into `ax` or a new figure and returns the Axes.
+    with `generalized=True`, as %); draws into `ax` or a new figure.
 
     The lines are the curves `peg.metrics.aurc` and `peg.metrics.augrc` integrate: the
     generalised risk linear between the curve's points (from (0, 0)); the selective risk is
@@ -71,17 +71,17 @@ def risk_coverage(
         title: the Axes' title.
 
     Returns:
-        the Axes drawn into.
+        the Axes drawn into where `ax` or `path` is given (as it always has); else the new
+        matplotlib Figure.
     """
     if not isinstance(curves, Mapping) or not curves:
         raise ValueError("curves: expected a non-empty dict {method name: risk-coverage curve}")
     if path is not None:
         check_path(path)
-    if ax is not None and not (hasattr(ax, "plot") and hasattr(ax, "figure")):
-        raise ValueError(f"ax: expected a matplotlib Axes, got {type(ax).__name__}")
+    if ax is not None:
+        check_axes(ax)
     data = {str(name): _curve_arrays(str(name), c) for name, c in curves.items()}
-    if ax is None:
-        ax = figure(6.0, 4.5 + (0.3 if title else 0.0)).add_subplot()
+    drawn = panel(ax, 6.0, 4.5 + (0.3 if title else 0.0))
     area, label = (augrc_of, "AUGRC") if generalized else (aurc_of, "AURC")
     for i, (name, (coverage, general, ranks)) in enumerate(data.items()):
         x = np.r_[0.0, coverage]
@@ -91,15 +91,14 @@ def risk_coverage(
             y = np.interp(x, np.r_[0.0, coverage], np.r_[0.0, general]) / x
             x, y = np.r_[0.0, x], np.r_[y[0], y]
         text = f"{name} ({label} {100 * area(ranks):.2f}%)"
-        ax.plot(x, y, color=SERIES[i % len(SERIES)], lw=1.5, label=text)
-    ax.set_xlim(0, 1)
-    ax.set_ylim(bottom=0)
-    ax.set_xlabel("coverage")
-    ax.set_ylabel("P(wrong, accepted)" if generalized else "risk (error among accepted)")
-    ax.legend(loc="upper left", fontsize=8, frameon=False)
-    ax.grid(alpha=0.3)
+        drawn.plot(x, y, color=SERIES[i % len(SERIES)], lw=1.5, label=text)
+    drawn.set_xlim(0, 1)
+    drawn.set_ylim(bottom=0)
+    drawn.set_xlabel("coverage")
+    drawn.set_ylabel("P(wrong, accepted)" if generalized else "risk (error among accepted)")
+    drawn.legend(loc="upper left", fontsize=8, frameon=False)
+    drawn.grid(alpha=0.3)
     if title:
-        ax.set_title(title)
-    if path is not None:
-        save(ax.figure, path)
-    return ax
+        drawn.set_title(title)
+    finish(drawn, path, ax)
+    return drawn if ax is not None or path is not None else root(drawn)

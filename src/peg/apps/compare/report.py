@@ -1,8 +1,11 @@
 """`Comparison`: what `peg.compare` returns: one table (a row per method: its costs beside every
-metric), the fitted predictors, reliability data; as markdown, figures and a results folder."""
+metric), the fitted predictors, reliability data; as markdown, figures and a results folder, and
+(`peg.apps.html.Reported`) in a notebook, as a data frame, as CSV or JSON text and as one HTML
+file (`to_html`: the tables, conformal coverage, the reliability diagrams before and after)."""
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,10 +13,12 @@ from typing import Any
 
 from torch import Tensor
 
-from peg import plots
+from peg import _html, plots
 from peg._env import git_commit, machine
+from peg._version import __version__
 from peg.apps.bench.tables import HIGHER_IS_BETTER, OOD_ROWS, ROWS, metric_rows
 from peg.apps.compare.faults import describe
+from peg.apps.html import Report, Reported, figure_html, paragraph, section
 from peg.apps.results import write_results
 
 TEST = "test"
@@ -56,9 +61,11 @@ def column(metric: str, dataset: str) -> str:
     return metric if dataset == TEST else f"{metric} ({dataset})"
 
 
-@dataclass
-class Comparison:
-    """The result of `peg.compare`.
+@dataclass(repr=False)
+class Comparison(Reported):
+    """The result of `peg.compare`: `to_markdown()` (also `str()`), `to_html(path=None)` (one
+    self-contained file), `to_pandas()`, `to_text("csv" | "json" | "md")`, `plot(folder)`, and
+    in a notebook its tables (`_repr_html_`, `_repr_markdown_`).
 
     Attributes:
         table: one row per method (a dict: "method", "base", "fit_seconds", "forwards",
@@ -70,8 +77,8 @@ class Comparison:
             "error", "brier", "ece", "mce", "adaptive_ece", "classwise_ece", "aurc", "augrc"
             (`peg.apps.scores`), the same as `"nll (name)"` per shifted set, and
             "auroc (name)", "aupr (name)", "aupr_in (name)", "fpr95 (name)" per OOD set);
-            `pandas.DataFrame(comparison.table)` makes it a data frame. A method that failed
-            has "method", "base" and "failed" (the error) only.
+            `comparison.to_pandas()` makes it a data frame (indexed by method). A method that
+            failed has "method", "base" and "failed" (the error) only.
         predictors: method name → fitted predictor (anything `peg.evaluate` takes).
         curves: data set → method name → `peg.metrics.reliability` data (labelled sets).
         skipped: methods left out before any fitting → why.
@@ -115,6 +122,11 @@ class Comparison:
             spec = [(column(k, name), lab, s, f) for k, lab, s, f in rows]
             parts.append(f"{name} ({info['kind']}, {info['points']} points)\n\n" + _markdown(
                 self.table, spec))  # fmt: skip
+        return "\n\n".join(parts + self._notes()) + "\n"
+
+    def _notes(self) -> list[str]:
+        """What was left out, what failed, the notes and the warnings: a line each, if any."""
+        parts = []
         if self.skipped:
             parts.append("Left out: " + "; ".join(f"{k}: {v}" for k, v in self.skipped.items()))
         if self.failed:
@@ -125,7 +137,77 @@ class Comparison:
         warned = [f"{r['method']}: {r['warning']}" for r in self.table if "warning" in r]
         if warned:
             parts.append("Warnings: " + "; ".join(warned))
-        return "\n\n".join(parts) + "\n"
+        return parts
+
+    def __repr__(self) -> str:
+        sets = ", ".join(f"{n} ({i['kind']}, {i['points']} points)" for n, i in self.sets.items())
+        failed = f", {len(self.failed)} failed" if self.failed else ""
+        return (f"<Comparison: {len(self.table)} methods{failed} on {sets or 'no set'}; "
+                ".to_markdown(), .to_html(), .to_pandas()>")  # fmt: skip
+
+    def __str__(self) -> str:
+        return self.to_markdown()
+
+    def _report(self) -> Report:
+        records = [{k: describe(r["method"], v) if k == "failed" else v for k, v in r.items()}
+                   for r in self.table]  # fmt: skip
+        return Report("peg compare", self.to_markdown(), records, "method", self._sections)
+
+    def _sections(self, figures: bool) -> list[_html.Markup]:
+        """The HTML of the result: the sets, the tables, conformal coverage, the reliability
+        diagrams (with `figures`), the notes."""
+        sets = "; ".join(f"{n}: {i['kind']}, {i['points']} points" for n, i in self.sets.items())
+        made = f"peg {__version__}, {datetime.date.today().isoformat()}, {machine()}"
+        parts = [paragraph(f"Evaluated on {sets}. Made with {made}.")]
+        shown = metric_rows(self.metrics)
+        test = self.sets.get(TEST, {}).get("points", "?")
+        parts.append(_table(self.table, [*COSTS, *shown, *CHOSEN], f"Test set ({test} points)"))
+        for name, info in self.sets.items():
+            if name != TEST:
+                rows = OOD_ROWS if info["kind"] == "ood" else shown
+                spec = [(column(k, name), lab, s, f) for k, lab, s, f in rows]
+                caption = f"{name} ({info['kind']}, {info['points']} points)"
+                parts.append(_table(self.table, spec, caption))
+        parts += self._conformal()
+        if figures:
+            parts += self._figures()
+        parts.append(section("Notes", *map(paragraph, self._notes()), paragraph(NOTE)))
+        return parts
+
+    def _conformal(self) -> list[_html.Markup]:
+        """Coverage and set size per α and set (`conformal=`), where present."""
+        alphas = sorted({k.split("@")[1] for r in self.table for k in r
+                         if k.startswith("coverage@") and " " not in k}, key=float)  # fmt: skip
+        if not alphas:
+            return []
+        tables = []
+        for name, info in self.sets.items():
+            if info["kind"] == "ood":
+                continue
+            spec = [row for a in alphas for row in (
+                (column(f"coverage@{a}", name), f"Coverage % (α={a})", 100, "{:.2f}"),
+                (column(f"set_size@{a}", name), f"Set size (α={a})", 1, "{:.2f}"))]  # fmt: skip
+            tables.append(_table(self.table, spec, f"{name} ({info['points']} points)", best=False))
+        note = (
+            "Split conformal sets: calibrated on half of the test set, scored on the other "
+            "half and on the shifted sets (peg.apps.conformal); coverage aims at 1 − α."
+        )
+        return [section("Conformal prediction", paragraph(note), *tables)]
+
+    def _figures(self) -> list[_html.Markup]:
+        """The reliability diagrams of every labelled set, embedded."""
+        parts = []
+        for name, curves in self.curves.items():
+            if not curves or name not in self.sets:
+                continue
+            title = f"Reliability on {name} ({self.sets[name]['points']} points)"
+            parts.append(figure_html(lambda c=curves, t=title: plots.reliability_diagram(
+                c, title=t), title))  # fmt: skip
+        if not parts:
+            return []
+        said = "Before: Model, the model as it is; after: every other method." if any(
+            "Model" in c for c in self.curves.values()) else "One panel per method."  # fmt: skip
+        return [section("Reliability diagrams", paragraph(said), *parts)]
 
     def plot(self, folder: str | Path) -> list[Path]:
         """Reliability diagrams (`peg.plots.reliability_diagram`), one figure per labelled set
@@ -166,21 +248,37 @@ def _cell(value: Any, scale: float, fmt: str) -> str:
     return fmt.format(value * scale)
 
 
-def _markdown(table: Sequence[dict[str, Any]], spec: Sequence[tuple[str, str, float, str]]) -> str:
-    """Rows: methods; columns: `spec` (key, label, multiplier, format); the best of a column
-    bold (the highest for `HIGHER_IS_BETTER` metrics, else the lowest)."""
-    lines = ["| method | " + " | ".join(s[1] for s in spec) + " |",
-             "|---|" + "---:|" * len(spec)]  # fmt: skip
-    best: dict[str, str | None] = {}
+Spec = Sequence[tuple[str, str, float, str]]
+
+
+def _cells(table: Sequence[dict[str, Any]], spec: Spec, best: bool = True) -> list[list[Any]]:
+    """Rows: methods; columns: `spec` (key, label, multiplier, format); each cell (text,
+    whether it is the best of its column: the highest for `HIGHER_IS_BETTER` metrics, else the
+    lowest; none with `best=False`)."""
+    top: dict[str, str | None] = {}
     for key, _, scale, fmt in spec:
         values = [r[key] for r in table if isinstance(r.get(key), (int, float))]
         pick: Callable[..., Any] = max if key.split(" ")[0] in HIGHER_IS_BETTER else min
-        best[key] = _cell(pick(values), scale, fmt) if len(values) > 1 else None
-    for r in table:
-        cells = [_cell(r.get(key), scale, fmt) for key, _, scale, fmt in spec]
-        cells = [f"**{c}**" if c == best[s[0]] else c for c, s in zip(cells, spec, strict=True)]
-        lines.append(f"| {r['method']} | " + " | ".join(cells) + " |")
+        top[key] = _cell(pick(values), scale, fmt) if best and len(values) > 1 else None
+    return [[(str(r["method"]), False)] + [(c, c == top[key]) for c, (key, *_) in zip(
+        (_cell(r.get(key), scale, fmt) for key, _, scale, fmt in spec), spec, strict=True)]
+        for r in table]  # fmt: skip
+
+
+def _markdown(table: Sequence[dict[str, Any]], spec: Spec) -> str:
+    """`_cells` as a markdown table, the best of each column bold."""
+    lines = ["| method | " + " | ".join(s[1] for s in spec) + " |",
+             "|---|" + "---:|" * len(spec)]  # fmt: skip
+    for row in _cells(table, spec):
+        lines.append("| " + " | ".join(f"**{c}**" if b else c for c, b in row) + " |")
     return "\n".join(lines)
+
+
+def _table(table: Sequence[dict[str, Any]], spec: Spec, caption: str, best: bool = True) -> Any:
+    """`_cells` as an HTML table (every name escaped), the best of each column bold."""
+    rows = [[_html.strong(c) if b else c for c, b in row] for row in _cells(table, spec, best)]
+    numeric = [False] + [True] * len(spec)
+    return _html.table(["method", *(s[1] for s in spec)], rows, numeric=numeric, caption=caption)
 
 
 def figure_name(name: str) -> str:

@@ -23,6 +23,8 @@ from peg._io import atomic_target
 from peg.apps import registry
 from peg.apps.compare.costs import probe_rows
 from peg.apps.compare.methods import LOGIT_METHODS, _spec, options, resolve
+from peg.apps.html import Report, Reported
+from peg.apps.select import page
 from peg.apps.select.cross import CrossFit
 from peg.apps.select.folds import CRITERIA, mean_se, stratified_folds
 from peg.apps.select.race import AUTO_BUDGET, MIN_BUDGET_SECONDS, Plan, fold_lines
@@ -78,7 +80,7 @@ def _candidate_list(value: Any, name: str) -> None:
         _as_candidates(lambda e=entry, i=i: _spec(e, f"{name}[{i}]"))
 
 
-class AutoSelect(Predicts, Method):
+class AutoSelect(Reported, Predicts, Method):
     """Choose, fit and report the best post-hoc predictor for `model` on validation data.
 
     `fit(model, val)` cross-fits every candidate on `cv` stratified, seeded folds of `val` (the
@@ -128,6 +130,9 @@ class AutoSelect(Predicts, Method):
         cost_: `{"seconds", "reference_seconds", "times_reference", "budget_seconds",
             "max_fit_seconds", "race"}`: what the fit cost, against a TS fit on the same data.
         meta_: what was fitted (method "auto-select", the choice, the settings, the cost).
+        reliability_: reliability data on `val`, the model's and the choice's out of fold.
+
+    Shown: `to_markdown()`, `to_html(path=None)`, `to_pandas()`, `to_text()`, and in a notebook.
     """
 
     def __init__(
@@ -195,6 +200,7 @@ class AutoSelect(Predicts, Method):
         cross = self._cross(model, source, logits, y, specs, rows)
         cross.run(folds, self._budget, self._plan(budget, cross, started))
         report, chosen = choose(cross, specs, everything, self.one_se, skipped)
+        self.reliability_ = page.reliability(logits, y, cross.top[chosen], chosen)
         chain = self._refit(cross, specs, chosen, everything)
         seconds = time.perf_counter() - started
         self.predictor_ = chain[chosen]
@@ -328,6 +334,13 @@ class AutoSelect(Predicts, Method):
             n = self.nested_
             text += f"; nested CV: {n['mean']:.4f} ± {n['se']:.4f}"
         return text + "\n"
+
+    def _reportable(self) -> bool:
+        return self.__sklearn_is_fitted__()
+
+    def _report(self) -> Report:
+        self._check_fitted("reporting")
+        return page.report(self)
 
     def save(self, path: str | os.PathLike[str]) -> str:
         """The chosen predictor's archive (its own `save`) with the report in the meta under

@@ -3,7 +3,9 @@ DIR/results.json (the report, the choice, its scores, provenance), DIR/results.m
 predictor's archive DIR/chosen.peg (`peg.load(DIR/chosen.peg, model)`; fitted on saved logits,
 `--logits`, the chosen map alone: `peg.load(DIR/chosen.peg)`, or `peg apply DIR --logits
 new.npy --out probs.npy` on the command line); DIR is refused where it is a non-empty folder
-peg select did not make, unless `--overwrite` (`peg.apps.results.claim`)."""
+peg select did not make, unless `--overwrite` (`peg.apps.results.claim`). `--format csv|json`
+prints the report in that form (csv also as DIR/results.csv), `--html` writes DIR/report.html
+(`peg.apps.html`)."""
 
 from __future__ import annotations
 
@@ -14,12 +16,14 @@ from typing import Any
 from torch import nn
 
 from peg._env import git_commit, machine
+from peg.apps import html
 from peg.apps.compare import sources
 from peg.apps.results import RESULTS, claim, write_results
 from peg.apps.select.auto import AutoSelect
 
 
 def run(args: argparse.Namespace, command: str, progress: bool | None) -> int:
+    html.check_options(args, args.save, "--save")
     if args.save:  # before any work: never a folder of the user's (unless --overwrite)
         claim(args.save, "select", getattr(args, "overwrite", False), argument="--save",
               override="--overwrite", writes="results.json, results.md and chosen.peg",
@@ -32,7 +36,7 @@ def run(args: argparse.Namespace, command: str, progress: bool | None) -> int:
         batch_size=args.batch_size,
     )  # fmt: skip
     text = selector.fit(model, val).to_markdown()
-    print(text)
+    print(selector.to_text(args.format))
     if args.save:
         folder = Path(args.save)
         results = {"command": command, "commit": git_commit(), "machine": machine(),
@@ -42,6 +46,7 @@ def run(args: argparse.Namespace, command: str, progress: bool | None) -> int:
         # with --logits: the map alone (no weights), `peg.load(DIR/chosen.peg)` or `peg apply`
         archive = selector.save(folder / "chosen.peg")
         print(f"select: wrote {', '.join(str(p) for p in paths)} and {archive}")
+        html.write_options(selector, args.save, args, "select")
     return 0
 
 

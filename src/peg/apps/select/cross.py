@@ -72,10 +72,12 @@ class Cached:
 
 class CrossFit:
     """Cross-fit `specs` on `model` (see the module doc): `run(folds)` fills `points` (name →
-    out-of-fold scores `[N]`), `seconds` (name → fit seconds per fold, a chained candidate's
-    base's included), `forwards` (name → prediction cost, measured on the first fold's
-    predictor), `gaps` (name → `collapse.vs_base` on the held-out points, the largest over the
-    folds; None where not measured: no more members than its base) and `dropped` (name → why)."""
+    out-of-fold scores `[N]`), `top` (name → out-of-fold top-class confidence `[N]` float64 and
+    whether it is right `[N]` bool: the chosen one's reliability diagram), `seconds` (name →
+    fit seconds per fold, a chained candidate's base's included), `forwards` (name →
+    prediction cost, measured on the first fold's predictor), `gaps` (name →
+    `collapse.vs_base` on the held-out points, the largest over the folds; None where not
+    measured: no more members than its base) and `dropped` (name → why)."""
 
     def __init__(
         self,
@@ -98,6 +100,8 @@ class CrossFit:
         self.progress = progress
         n = len(y)
         self.points = {s.name: torch.full((n,), float("nan"), dtype=torch.float64) for s in specs}
+        self.top = {s.name: (torch.full((n,), float("nan"), dtype=torch.float64),
+                             torch.zeros(n, dtype=torch.bool)) for s in specs}  # fmt: skip
         self.seconds: dict[str, list[float]] = {s.name: [] for s in specs}
         self.forwards: dict[str, float | None] = {}
         self.dropped: dict[str, str] = {}
@@ -286,6 +290,9 @@ class CrossFit:
             else:
                 logits = self.outputs(spec, predictor, held)
             self.points[name][held] = point_scores(logits, self.y[held], self.criterion)
+            confidence, predicted = ensemble_log_probs(logits).max(-1)
+            self.top[name][0][held] = confidence.exp().double().cpu()
+            self.top[name][1][held] = predicted.cpu() == self.y[held].cpu()
             gap, before = self.measure(spec, logits, held), self.gaps.get(name)
             if f > 0:  # the largest over the folds; not measured on one fold: not measured
                 gap = None if gap is None or before is None else max(gap, before)

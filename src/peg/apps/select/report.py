@@ -163,21 +163,28 @@ def cost_line(cost: dict[str, Any]) -> str:
 
 def to_markdown(report: Sequence[dict[str, Any]], criterion: str) -> str:
     """The report as a markdown table (a row per candidate)."""
-    lines = [
-        f"| candidate | CV {criterion} (mean ± SE) | vs best (paired, ± SE) | forwards / input "
-        "| fit s (per fold) | status |",
-        "|---|---:|---:|---:|---:|---|",
-    ]
+    lines = ["| " + " | ".join(header(criterion)) + " |", "|---|---:|---:|---:|---:|---|"]
     for r in report:
-        score = f"{r['cv_mean']:.4f} ± {r['cv_se']:.4f}" if "cv_mean" in r else "–"
-        if "partial_mean" in r:  # a dropped candidate's score on the folds it ran
-            score = f"({r['partial_mean']:.4f} ± {r['partial_se']:.4f}, {r['partial_points']} pts)"
-        diff = f"{r['diff']:+.4f} ± {r['diff_se']:.4f}" if "diff" in r else "–"
-        status = r["status"] + (f": {r['why']}" if r.get("why") else "")
+        cells = row_cells(r)
         if r["status"] == "chosen":
-            status = f"**{status}**"
-        lines.append(
-            f"| {r['candidate']} | {score} | {diff} | {_num(r.get('forwards'), '{:.2f}')} | "
-            f"{_num(r.get('fit_seconds'), '{:.2f}')} | {status} |"
-        )
+            cells[-1] = f"**{cells[-1]}**"
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def header(criterion: str) -> list[str]:
+    """The report table's column names."""
+    return ["candidate", f"CV {criterion} (mean ± SE)", "vs best (paired, ± SE)",
+            "forwards / input", "fit s (per fold)", "status"]  # fmt: skip
+
+
+def row_cells(r: dict[str, Any]) -> list[str]:
+    """A report row's cells as text: candidate, CV score, paired difference to the best,
+    forwards / input, fit seconds per fold, status (and why)."""
+    score = f"{r['cv_mean']:.4f} ± {r['cv_se']:.4f}" if "cv_mean" in r else "–"
+    if "partial_mean" in r:  # a dropped candidate's score on the folds it ran
+        score = f"({r['partial_mean']:.4f} ± {r['partial_se']:.4f}, {r['partial_points']} pts)"
+    diff = f"{r['diff']:+.4f} ± {r['diff_se']:.4f}" if "diff" in r else "–"
+    status = r["status"] + (f": {r['why']}" if r.get("why") else "")
+    return [str(r["candidate"]), score, diff, _num(r.get("forwards"), "{:.2f}"),
+            _num(r.get("fit_seconds"), "{:.2f}"), status]  # fmt: skip
