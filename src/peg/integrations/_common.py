@@ -156,12 +156,12 @@ class Gathered:
             raise ValueError(f"{self.where}: no labelled rows to calibrate on (every label -100?)")
         z = torch.empty(n, self.logits[0].shape[1])
         y = torch.empty(n, dtype=torch.int64)
-        start = 0
-        while self.labels:
-            chunk, labels = self.logits.pop(0), self.labels.pop(0)
-            z[start : start + len(labels)] = chunk
-            y[start : start + len(labels)] = labels
-            start += len(labels)
+        stop = n
+        while self.labels:  # from the last batch back: each freed once copied
+            chunk, labels = self.logits.pop(), self.labels.pop()
+            z[stop - len(labels) : stop] = chunk
+            y[stop - len(labels) : stop] = labels
+            stop -= len(labels)
         return z, y
 
 

@@ -88,8 +88,9 @@ class ComputeMetrics:
 
     Called with an `EvalPrediction`, returns `{"accuracy", "nll", "ece", "brier"}` (the Trainer
     logs them as `eval_accuracy`, ...). With `TrainingArguments(batch_eval_metrics=True)` the
-    Trainer calls it batch by batch: the sums are accumulated (`peg.metrics.StreamingMetrics`,
-    the same values) and the metrics returned at the last batch, `compute_result=True`.
+    Trainer calls it batch by batch: the sums are accumulated
+    (`peg.metrics.streaming.StreamingMetrics`, the same values) and the metrics returned at the
+    last batch, `compute_result=True`.
     """
 
     def __init__(self, bins: int = 15) -> None:
