@@ -111,7 +111,8 @@ class CalibrationCallback(Params, Callback):
 
     # ---------------------------------------------------------------- hooks
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        if int(getattr(trainer, "world_size", 1)) > 1:
+        # the stages that calibrate (test and predict never do)
+        if stage in ("fit", "validate") and int(getattr(trainer, "world_size", 1)) > 1:
             raise RuntimeError(
                 f"CalibrationCallback: runs in one process; this trainer has world_size="
                 f"{trainer.world_size}. Fit the calibrator after training, on the logits of "
@@ -120,9 +121,7 @@ class CalibrationCallback(Params, Callback):
             )
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        # said before training rather than after it
-        if self.when == "fit_end" and trainer.val_dataloaders is None:
-            raise ValueError(_NO_LOADER)
+        self._loader(trainer)  # no validation data, or not that many loaders: said before training
 
     def on_validation_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         if self.when != "validation_end" or trainer.sanity_checking:
