@@ -3,9 +3,10 @@
 #   1. a virtual environment in .venv,
 #   2. the pinned CPU build of torch, installed FIRST: peg itself asks only for a range (see
 #      pyproject.toml), and with no torch installed a range would pull several GB of CUDA packages,
-#   3. this package with its dev, hf, laplace and export extras (editable; hf: transformers,
-#      laplace: what peg.Laplace's laplace-torch runs on, export: ONNX and ONNX Runtime for
-#      to_module(), all exercised by the tests); pip keeps the
+#   3. this package with its dev, hf, laplace, export and lightning extras (editable; hf:
+#      transformers and accelerate, laplace: what peg.Laplace's laplace-torch runs on, export:
+#      ONNX and ONNX Runtime for to_module(), lightning: the Lightning callback's, all exercised
+#      by the tests); pip keeps the
 #      torch of step 2, which is in range. Then laplace-torch and two of its requirements,
 #      pinned, with --no-deps: their metadata asks for torchvision, whose wheel would replace or
 #      break this torch, and they run without it (pyproject.toml's laplace extra has the rest).
@@ -20,7 +21,7 @@ cd "$root"
 venv="$root/.venv"
 stamp="$venv/.peg-setup-stamp"
 torch_pin="torch==2.13.0"  # the CPU wheel the tests run on; the only exact torch pin
-extras="dev,hf,laplace,export"
+extras="dev,hf,laplace,export,lightning"
 no_deps="laplace-torch==0.3 backpack-for-pytorch==1.7.1 curvlinops-for-pytorch==3.0.1"
 want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 

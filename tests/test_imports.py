@@ -11,7 +11,18 @@ import pytest
 
 from peg._imports import lazy_module
 
-HEAVY = ["sklearn", "scipy", "matplotlib", "transformers", "laplace", "pandas"]
+# lightning, pytorch_lightning, accelerate: only peg.integrations' framework modules import them
+HEAVY = [
+    "sklearn",
+    "scipy",
+    "matplotlib",
+    "transformers",
+    "laplace",
+    "pandas",
+    "lightning",
+    "pytorch_lightning",
+    "accelerate",
+]
 
 
 def _loaded_after(statement: str) -> list[str]:
@@ -27,6 +38,7 @@ def _loaded_after(statement: str) -> list[str]:
         "import peg",
         "import peg.data, peg.metrics, peg.plots",
         "import peg.apps.cli",  # what `peg --help` loads
+        "import peg.integrations",  # the package; each framework's module imports its own
     ],
 )
 def test_importing_peg_loads_no_heavy_dependency(statement):

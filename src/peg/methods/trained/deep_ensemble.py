@@ -22,8 +22,15 @@ from torch import Tensor, nn
 
 from peg._io import save_tree
 from peg.ensemble import Ensemble
+from peg.errors import InvalidParameterError
 from peg.methods import _constraints as checks
 from peg.methods.base import FittedEnsemble, store_arguments
+from peg.methods.trained._checkpoints import (
+    check_checkpoints,
+    check_model,
+    refuse_training_arguments,
+    snapshots,
+)
 from peg.source import Data
 from peg.source._devices import weights_device
 from peg.source.batches import BatchFn
@@ -36,6 +43,15 @@ MEMBER_FORMAT = "peg-deep-ensemble-member"
 def member_seed(seed: int, i: int) -> int:
     """The seed of member i: an independent stream of (seed, i) (numpy SeedSequence)."""
     return int(np.random.SeedSequence(entropy=seed, spawn_key=(i,)).generate_state(1)[0])
+
+
+def _counted(params: dict[str, Any], n: int) -> dict[str, Any]:
+    """`params` with `n_members` = `n`, the number of models or checkpoints given."""
+    if "n_members" in params and params["n_members"] != n:
+        raise InvalidParameterError(
+            f"n_members: {params['n_members']!r}, but {n} members were given; leave it out"
+        )
+    return {**params, "n_members": n}
 
 
 class DeepEnsemble(FittedEnsemble):
@@ -87,6 +103,44 @@ class DeepEnsemble(FittedEnsemble):
         "loss": checks.function("a callable loss(outputs, y)"),
         "batch_fn": checks.batch_fn,
     }
+
+    @classmethod
+    def from_models(cls, models: Sequence[nn.Module], **params: Any) -> DeepEnsemble:
+        """A fitted Deep Ensemble of models you trained (one architecture, any number >= 1):
+        their weights are copied and stacked (`peg.Ensemble.from_models`), the models left as
+        they are. The same verbs and archives as a trained one (`member_logits`,
+        `predict_proba`, `save` / `peg.load`); `params`: `batch_size`... none of training's
+        (`recipe`, `checkpoint_dir`, `loss`, `reinit`). `histories_` and `seeds_` are empty:
+        no training was seen."""
+        refuse_training_arguments(cls, params)
+        if isinstance(models, nn.Module) or not isinstance(models, Sequence):
+            raise TypeError(
+                f"models: expected a list of trained nn.Modules, got {type(models).__name__}"
+            )
+        method = cls(**_counted(params, max(len(models), 1)))
+        meta = {"method": cls.method, "n_members": len(models), "from": "models"}
+        method.histories_, method.seeds_ = [], []
+        method.ensemble_ = Ensemble.from_models(list(models), meta=meta)
+        return method
+
+    @classmethod
+    def from_checkpoints(
+        cls, model: nn.Module, checkpoints: Sequence[Any], **params: Any
+    ) -> DeepEnsemble:
+        """A fitted Deep Ensemble of saved members: `checkpoints` as `SWA.from_checkpoints`
+        takes them (state dicts, `.safetensors` or torch weights-only files, each checked
+        against `model`'s entries and shapes), one member each, on `model`'s architecture."""
+        refuse_training_arguments(cls, params)
+        entries = check_checkpoints(checkpoints, 1, "a Deep Ensemble (a member each)")
+        states = [
+            {k: v.detach().clone() for k, v in net.state_dict().items()}
+            for net in snapshots(check_model(model), entries)
+        ]
+        method = cls(**_counted(params, len(states)))
+        meta = {"method": cls.method, "n_members": len(states), "from": "checkpoints"}
+        method.histories_, method.seeds_ = [], []
+        method.ensemble_ = Ensemble.from_state_dicts(model, states, meta=meta)
+        return method
 
     @staticmethod
     def _device(model: ModelSource) -> torch.device | None:

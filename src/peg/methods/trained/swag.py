@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
@@ -36,6 +37,7 @@ from peg._scalars import check_number, check_positive_int
 from peg.ensemble import Ensemble
 from peg.methods import _constraints as checks
 from peg.methods.base import FittedEnsemble, store_arguments
+from peg.methods.trained._checkpoints import collect, refuse_training_arguments
 from peg.methods.trained._swa_callbacks import Averager, Moments
 from peg.source import Data, Source
 from peg.source._devices import weights_device
@@ -134,16 +136,62 @@ class SWA(FittedEnsemble):
 
     @property
     def collected(self) -> int:
-        """Number of weight snapshots collected (epochs after swa_start)."""
+        """Number of weight snapshots collected (epochs after swa_start; the checkpoints given
+        to `from_checkpoints`)."""
+        given = self.__dict__.get("_checkpoints")
+        if given is not None:
+            return int(given)
         recipe = self._recipe()
         assert recipe.swa_start is not None
         return recipe.epochs - recipe.swa_start
 
-    def _callbacks(self, model: nn.Module) -> list[Callback]:
-        swa_start = self._recipe().swa_start
-        assert swa_start is not None
+    def _callbacks(self, model: nn.Module, swa_start: int) -> list[Callback]:
         self._averager = Averager(model, swa_start)
         return [self._averager]
+
+    @classmethod
+    def from_checkpoints(
+        cls, model: nn.Module, checkpoints: Sequence[Any], *, bn_data: Data | None = None,
+        **params: Any,
+    ) -> Any:  # fmt: skip
+        """SWA (SWAG for `SWAG.from_checkpoints`) of weights saved by your own training.
+
+        Args:
+            model: the module the checkpoints were saved from (copied, never modified).
+            checkpoints: the snapshots in the order taken: state dicts, or paths of
+                `.safetensors` or torch weights files (`.pt`, `.pth`, `.bin`: read with
+                `torch.load(weights_only=True)` only), each holding exactly the model's entries
+                and shapes (`peg.methods.trained._checkpoints`); read one at a time.
+            bn_data: data to re-estimate BatchNorm statistics on, as `fit`'s; None: the last
+                checkpoint's are kept (a warning with BatchNorm; SWAG's samples keep them too).
+            params: the method's other arguments (`seed`, `batch_size`, `batch_fn`, SWAG's
+                `diag`, `max_num_models`, `scale`, `n_members`, `bn`, ...); none of training's.
+
+        Returns the fitted method, equal to `fit`'s on the weights `fit` collects, with the
+        same verbs and archives; `history_` is empty.
+        """
+        refuse_training_arguments(cls, params)
+        method = cls(**params)
+        variance = issubclass(cls, SWAG)  # SWAG's variance needs two snapshots
+        why = f"{cls.__name__} ({'a variance' if variance else 'an average'})"
+        collect(method, model, checkpoints, bn_data, 2 if variance else 1, why)
+        return method
+
+    def _average(self, net: nn.Module) -> None:
+        """The collected average as `swa_model_` (BatchNorm statistics re-estimated), then the
+        fitted state (`_finish`)."""
+        averaged = self._averager.averaged
+        if has_batchnorm(averaged.module) and self._bn_batches is not None:
+            update_bn(self._bn_batches, averaged)
+        elif has_batchnorm(averaged.module):
+            warnings.warn(
+                "bn_data: not given, so the averaged weights keep the last checkpoint's "
+                "BatchNorm statistics, which were not computed with them; pass bn_data (e.g. "
+                "the training data) to re-estimate them",
+                stacklevel=4,
+            )
+        self.swa_model_ = averaged.module.eval()
+        self._finish(net)
 
     def fit(
         self,
@@ -166,7 +214,9 @@ class SWA(FittedEnsemble):
         self._bn_batches = Source(source, self.batch_fn, name).replay(int(self.batch_size))
         seed = int(self.seed)
         net = instantiate(model, seed)
-        own = self._callbacks(net)
+        swa_start = self._recipe().swa_start
+        assert swa_start is not None
+        own = self._callbacks(net, swa_start)
         _, self.history_ = train(
             net,
             train_data,
@@ -178,17 +228,17 @@ class SWA(FittedEnsemble):
             progress=self.progress,
             batch_fn=self.batch_fn,
         )
-        averaged = self._averager.averaged
-        if has_batchnorm(averaged.module):
-            update_bn(self._bn_batches, averaged)
-        self.swa_model_ = averaged.module.eval()
-        self._finish(net)
+        self._average(net)
         return self
 
     def _meta(self) -> dict[str, Any]:
+        if "_checkpoints" in self.__dict__:  # no recipe was run: the snapshots were given
+            made: dict[str, Any] = {"from": "checkpoints"}
+        else:
+            made = {"recipe": self._recipe().to_dict()}
         return {
             "method": self.method,
-            "recipe": self._recipe().to_dict(),
+            **made,
             "seed": int(self.seed),
             "collected": self._averager.count,
         }
@@ -256,8 +306,8 @@ class SWAG(SWA):
     def method_name(self) -> str:
         return "swag-diag" if self.diag else "swag"
 
-    def _callbacks(self, model: nn.Module) -> list[Callback]:
-        averager = super()._callbacks(model)[0]
+    def _callbacks(self, model: nn.Module, swa_start: int) -> list[Callback]:
+        averager = super()._callbacks(model, swa_start)[0]
         self._moments = Moments(self._averager, self.max_num_models, bool(self.diag))
         return [averager, self._moments]
 
@@ -269,7 +319,7 @@ class SWAG(SWA):
             "scale": self._scale(),
             "max_num_models": int(self.max_num_models),
             "deviations": len(self._moments.deviations),
-            "bn": self.bn,
+            "bn": self.bn if self._bn_batches is not None else "eval",
         }
 
     def _finish(self, net: nn.Module) -> None:
@@ -340,7 +390,8 @@ class SWAG(SWA):
         """`ensemble(n, ...)`, unchecked: `fit` draws the members before it is fitted."""
         vectors = self._vectors(n, scale, diag, seed)
         model = self._skeleton
-        refresh = self.bn == "refresh" and has_batchnorm(model)
+        # from_checkpoints without bn_data: nothing to refresh on
+        refresh = self.bn == "refresh" and has_batchnorm(model) and self._bn_batches is not None
         batches = self._bn_batches if refresh else []
         base = {k: v.detach().clone() for k, v in model.state_dict().items()}
         names = [name for name, _ in model.named_parameters()]

@@ -1,0 +1,250 @@
+"""peg in HuggingFace's `Trainer`: `compute_metrics` and `CalibrationCallback`.
+
+    from peg.integrations.transformers import CalibrationCallback, compute_metrics
+
+    Trainer(model, args, ..., compute_metrics=compute_metrics)   # eval_nll, eval_ece, ...
+
+    calibration = CalibrationCallback("TS")
+    trainer = Trainer(model, args, ..., compute_metrics=calibration.compute_metrics,
+                      callbacks=[calibration])
+    trainer.train()                            # eval_calibrated_nll, ... logged at every eval
+    calibration.calibrator_.predict_proba(logits)
+
+The metrics of an `EvalPrediction`: its `predictions` are the logits (the first element where
+the model returns a tuple), `[N, C]`, or `[N, T, C]` with `label_ids` `[N, T]` (token
+classification: every token a row); rows labelled -100 (the ignore index of transformers'
+losses, which the Trainer also pads with) are left out. `preprocess_logits_for_metrics` may
+shrink the logits but must leave logits: an argmax leaves nothing to measure.
+
+Needs `transformers` (`pip install "peg[hf]"`); imported only by this module, never by
+`import peg`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+from torch import Tensor
+
+from peg._scalars import check_positive_int
+from peg.integrations._common import (
+    KEYS,
+    Calibration,
+    Gathered,
+    applied,
+    check_calibrator,
+    check_conformal,
+    fit_calibration,
+    gather,
+    named,
+    rows,
+)
+from peg.methods import _constraints as checks
+from peg.methods.base import Params, store_arguments
+from peg.methods.calibration._calibrator import Calibrator
+from peg.methods.conformal.classifier import ConformalClassifier
+from peg.metrics.streaming import StreamingMetrics
+from peg.source._devices import weights_device
+from peg.source.batches import BatchFn
+
+try:
+    from transformers import TrainerCallback
+except ImportError:
+    raise ImportError(
+        "peg.integrations.transformers needs transformers: pip install 'peg[hf]'"
+    ) from None
+
+__all__ = ["CalibrationCallback", "ComputeMetrics", "compute_metrics"]
+
+
+def _logits_and_labels(eval_pred: Any) -> tuple[Any, Any]:
+    """`(predictions, label_ids)` of an `EvalPrediction` (or a pair), the logits picked."""
+    if hasattr(eval_pred, "predictions"):
+        logits, labels = eval_pred.predictions, eval_pred.label_ids
+    elif isinstance(eval_pred, (tuple, list)) and len(eval_pred) >= 2:
+        logits, labels = eval_pred[0], eval_pred[1]
+    else:
+        raise TypeError(
+            "eval_pred: expected a transformers EvalPrediction or a pair (logits, labels), "
+            f"got {type(eval_pred).__name__}"
+        )
+    if isinstance(logits, (tuple, list)):  # (logits, hidden_states, ...): the model's first
+        logits = logits[0]
+    if labels is None or isinstance(labels, (tuple, list)):
+        got = "None" if labels is None else f"a tuple of {len(labels)}"
+        raise ValueError(
+            f"eval_pred.label_ids: expected one array of labels, got {got}; the eval dataset "
+            "needs its labels (TrainingArguments.label_names naming one field)"
+        )
+    return logits, labels
+
+
+class ComputeMetrics:
+    """`compute_metrics` for `transformers.Trainer`: accuracy, nll, ece, brier of the logits.
+
+    Args:
+        bins: the ECE's equal-width bins (`peg.metrics.ece`).
+
+    Called with an `EvalPrediction`, returns `{"accuracy", "nll", "ece", "brier"}` (the Trainer
+    logs them as `eval_accuracy`, ...). With `TrainingArguments(batch_eval_metrics=True)` the
+    Trainer calls it batch by batch: the sums are accumulated
+    (`peg.metrics.streaming.StreamingMetrics`, the same values) and the metrics returned at the
+    last batch, `compute_result=True`.
+    """
+
+    def __init__(self, bins: int = 15) -> None:
+        self.bins = check_positive_int(bins, "bins")
+        self._stream: StreamingMetrics | None = None
+
+    def __call__(self, eval_pred: Any, compute_result: bool | None = None) -> dict[str, float]:
+        z, y = rows(*_logits_and_labels(eval_pred), "eval_pred.predictions")
+        if self._stream is None:
+            self._stream = StreamingMetrics(bins=self.bins, metrics=KEYS)
+        if len(y):
+            self._stream.update(z.unsqueeze(0), y)
+        if compute_result is False:  # a batch of batch_eval_metrics: more to come
+            return {}
+        stream, self._stream = self._stream, None
+        return named(stream.compute())
+
+    def __repr__(self) -> str:
+        return f"ComputeMetrics(bins={self.bins})"
+
+
+compute_metrics = ComputeMetrics()
+
+
+class CalibrationCallback(Params, TrainerCallback):
+    """Fit a calibrator (and a conformal predictor) on the logits of the Trainer's evaluations.
+
+    Args:
+        calibrator: "TS" or another calibrator's archive name ("vector-scaling", "isotonic",
+            ...), or a peg calibrator instance whose arguments are used (a fresh copy is fitted).
+        conformal: None, a miscoverage level α, or a `peg.ConformalClassifier` to copy; fitted
+            on the model's own probabilities (the guarantee stays exact).
+        bins: the ECE's bins.
+        batch_fn: for the callback's own pass (below), batches that are neither a mapping with
+            "labels" nor `(x, y, ...)` (`peg.source.batches`).
+        extra_metrics: a function of the `EvalPrediction` whose metrics are merged into those
+            `callback.compute_metrics` returns (your own `compute_metrics`).
+
+    Which evaluations fit: every one during `trainer.train()`, and the first one if none has
+    fitted yet; the others (`trainer.evaluate(test_set)` after training, `trainer.predict`)
+    apply the calibrator fitted last, never refit on them. Two ways to the logits:
+
+    - `Trainer(compute_metrics=callback.compute_metrics, callbacks=[callback])`: the logits the
+      Trainer gathers; the metrics of the model (`accuracy`, `nll`, `ece`, `brier`) and after
+      the calibrator (`calibrated_nll`, ...) are returned to the Trainer, which logs them to
+      every reporter (`eval_calibrated_nll`). Under several processes, the only way.
+    - `callbacks=[callback]` alone: `on_evaluate` reads the evaluation dataloader once more
+      with the model, gathering the logits on the CPU batch by batch (the Trainer, without a
+      `compute_metrics`, keeps no logits); the metrics are added to those `trainer.evaluate()`
+      returns and to `trainer.state.log_history`, not sent to the reporters: the Trainer logs
+      before `on_evaluate` runs.
+
+    After an evaluation: `calibrator_` (fitted on `nn.Identity()`: it applies to logits),
+    `conformal_` (or None), `metrics_` (the model's and the calibrated metrics).
+    """
+
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
+        "calibrator": checks.described(check_calibrator, "a calibrator's name or instance"),
+        "conformal": checks.described(check_conformal, "None, α in (0, 1) or a conformal"),
+        "bins": checks.positive_int(),
+        "batch_fn": checks.batch_fn,
+        "extra_metrics": checks.optional_callable("a function of an EvalPrediction"),
+    }
+
+    def __init__(
+        self,
+        calibrator: str | Calibrator = "TS",
+        *,
+        conformal: float | ConformalClassifier | None = None,
+        bins: int = 15,
+        batch_fn: BatchFn | None = None,
+        extra_metrics: Callable[[Any], Mapping[str, float]] | None = None,
+    ) -> None:
+        store_arguments(self, locals())
+        self.calibrator_: Calibrator | None = None
+        self.conformal_: ConformalClassifier | None = None
+        self.metrics_: dict[str, float] = {}
+        self._training = False
+        self._gathered: Gathered | None = None  # batch_eval_metrics: the batches so far
+        self._answered = False  # compute_metrics ran in this evaluation
+
+    # ---------------------------------------------------------------- the Trainer's logits
+    def compute_metrics(
+        self, eval_pred: Any, compute_result: bool | None = None
+    ) -> dict[str, float]:
+        """`Trainer(compute_metrics=...)`: the model's metrics and the calibrated ones."""
+        logits, labels = _logits_and_labels(eval_pred)
+        if self._gathered is None:
+            self._gathered = Gathered("eval_pred.predictions")
+        self._gathered.add(logits, labels)
+        if compute_result is False:  # batch_eval_metrics: more batches to come
+            return {}
+        z, y = self._gathered.result()
+        self._gathered = None
+        self._answered = True
+        out = self._calibrate(z, y)
+        if self.extra_metrics is not None:
+            out |= dict(self.extra_metrics(eval_pred))
+        return out
+
+    def _calibrate(self, z: Tensor, y: Tensor) -> dict[str, float]:
+        """Fit (while training, or when nothing was fitted) or apply; the metrics."""
+        fit: Calibration
+        if self._training or self.calibrator_ is None:
+            fit = fit_calibration(self.calibrator, self.conformal, z, y, self.bins)
+            self.calibrator_, self.conformal_ = fit.calibrator, fit.conformal
+        else:
+            fit = applied(self.calibrator_, self.conformal_, z, y, self.bins)
+        self.metrics_ = fit.before | {f"calibrated_{k}": v for k, v in fit.after.items()}
+        return dict(self.metrics_)
+
+    # ---------------------------------------------------------------- events
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._training = True
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._training = False  # from here on evaluations apply the calibrator fitted last
+
+    def on_predict(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._answered = False  # compute_metrics ran for a prediction, no on_evaluate follows
+
+    def on_evaluate(
+        self,
+        args: Any,
+        state: Any,
+        control: Any,
+        metrics: dict[str, float] | None = None,
+        model: Any = None,
+        eval_dataloader: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        if self._answered:  # compute_metrics gave the Trainer these metrics to log already
+            self._answered = False
+            return
+        if int(getattr(args, "world_size", 1)) > 1:
+            raise RuntimeError(
+                "CalibrationCallback: under several processes each sees a shard of the eval "
+                "data; pass Trainer(compute_metrics=callback.compute_metrics), whose logits "
+                "the Trainer gathers from every process"
+            )
+        if model is None or eval_dataloader is None:
+            return
+        device = weights_device(model)
+        z, y = gather(model, eval_dataloader, device, self.batch_fn, "eval_dataloader")
+        prefix = _prefix(metrics or {})
+        added = {f"{prefix}{k}": v for k, v in self._calibrate(z, y).items()}
+        if metrics is not None:
+            metrics.update(added)  # what trainer.evaluate() returns
+        if state.log_history and prefix and f"{prefix}runtime" in state.log_history[-1]:
+            state.log_history[-1].update(added)
+
+
+def _prefix(metrics: Mapping[str, float]) -> str:
+    """The evaluation's `metric_key_prefix` + "_" ("eval_", "test_"), read off the runtime
+    the Trainer always reports; "" if there is none."""
+    key = next((k for k in metrics if k.endswith("_runtime")), None)
+    return key[: -len("runtime")] if key else ""

@@ -1,0 +1,188 @@
+"""`peg.integrations.transformers`: `compute_metrics` and `CalibrationCallback` in real
+HuggingFace `Trainer` runs on a tiny BERT built from a config (no download, CPU, one step)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import peg
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")  # what Trainer runs on
+
+from transformers import (  # noqa: E402
+    BertConfig,
+    BertForSequenceClassification,
+    EvalPrediction,
+    Trainer,
+    TrainingArguments,
+)
+
+from peg.integrations.transformers import (  # noqa: E402
+    CalibrationCallback,
+    ComputeMetrics,
+    compute_metrics,
+)
+
+CLASSES = 3
+
+
+class Tokens(torch.utils.data.Dataset):
+    """Random token sequences labelled by the initial model's own prediction, a fifth of them
+    changed at random: logits that say something, a temperature inside its bounds."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(1, 50, (n, 8), generator=g)
+        with torch.no_grad():
+            labels = _model().eval()(input_ids=self.ids).logits.argmax(1)
+        flip = torch.rand(n, generator=g) < 0.2
+        self.labels = torch.where(flip, torch.randint(0, CLASSES, (n,), generator=g), labels)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        ids = self.ids[i]
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": self.labels[i]}
+
+
+def _model() -> BertForSequenceClassification:
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=16,
+        num_labels=CLASSES,
+    )
+    return BertForSequenceClassification(config)
+
+
+def _trainer(tmp_path, callbacks=(), **kw) -> Trainer:
+    batch_eval = kw.pop("batch_eval_metrics", False)
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=1,
+        per_device_train_batch_size=16,
+        per_device_eval_batch_size=32,
+        eval_strategy="steps",
+        eval_steps=1,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        batch_eval_metrics=batch_eval,
+        seed=0,
+        learning_rate=1e-4,
+    )
+    return Trainer(
+        model=_model(),
+        args=args,
+        train_dataset=Tokens(32, seed=0),
+        eval_dataset=Tokens(96, seed=1),
+        callbacks=list(callbacks),
+        **kw,
+    )
+
+
+def _eval_logits(trainer: Trainer) -> tuple[torch.Tensor, torch.Tensor]:
+    out = trainer.predict(trainer.eval_dataset)
+    return torch.as_tensor(out.predictions), torch.as_tensor(out.label_ids)
+
+
+def test_callback_fits_on_the_trainers_logits_and_the_metrics_are_logged(tmp_path):
+    calibration = CalibrationCallback("TS", conformal=0.2)
+    trainer = _trainer(tmp_path, [calibration], compute_metrics=calibration.compute_metrics)
+    trainer.train()
+    logged = next(h for h in trainer.state.log_history if "eval_calibrated_nll" in h)
+    for key in ("eval_accuracy", "eval_nll", "eval_ece", "eval_brier", "eval_calibrated_ece"):
+        assert key in logged  # through Trainer.log: every reporter got them
+
+    logits, labels = _eval_logits(trainer)  # the model after its one step, as evaluated
+    expected = peg.TemperatureScaling().fit(nn.Identity(), (logits, labels))
+    assert calibration.calibrator_.temperature_ == pytest.approx(expected.temperature_, rel=1e-4)
+    assert logged["eval_nll"] == pytest.approx(peg.metrics.nll(logits[None], labels), rel=1e-5)
+    sets = peg.ConformalClassifier(alpha=0.2).fit(nn.Identity(), (logits, labels))
+    assert calibration.conformal_.quantile_ == pytest.approx(sets.quantile_, rel=1e-4)
+
+    # after training an evaluation applies the calibrator, never refits it on its data
+    fitted = calibration.calibrator_
+    test = Tokens(64, seed=2)
+    metrics = trainer.evaluate(test, metric_key_prefix="test")
+    assert calibration.calibrator_ is fitted
+    test_logits = torch.as_tensor(trainer.predict(test).predictions)
+    probs = fitted.predict_proba(test_logits)
+    assert metrics["test_calibrated_nll"] == pytest.approx(
+        peg.metrics.nll(probs, test.labels), rel=1e-5
+    )
+
+
+def test_callback_alone_reads_the_eval_loader_itself(tmp_path):
+    calibration = CalibrationCallback(peg.TemperatureScaling(max_iter=50))
+    trainer = _trainer(tmp_path, [calibration])  # no compute_metrics: the Trainer keeps no logits
+    trainer.train()
+    logits, labels = _eval_logits(trainer)
+    expected = peg.TemperatureScaling().fit(nn.Identity(), (logits, labels))
+    assert calibration.calibrator_.temperature_ == pytest.approx(expected.temperature_, rel=1e-4)
+    logged = next(h for h in trainer.state.log_history if "eval_runtime" in h)
+    assert logged["eval_calibrated_nll"] == calibration.metrics_["calibrated_nll"]
+    metrics = trainer.evaluate()  # after training: applied, and in what evaluate returns
+    assert metrics["eval_nll"] == pytest.approx(peg.metrics.nll(logits[None], labels), rel=1e-5)
+    assert metrics["eval_calibrated_nll"] <= metrics["eval_nll"] + 1e-9
+
+
+def test_compute_metrics_in_a_trainer_batch_by_batch_equals_at_once(tmp_path):
+    whole = _trainer(tmp_path, compute_metrics=compute_metrics).evaluate()
+    batched = _trainer(
+        tmp_path, compute_metrics=ComputeMetrics(), batch_eval_metrics=True
+    ).evaluate()
+    for key in ("eval_accuracy", "eval_nll", "eval_ece", "eval_brier"):
+        assert batched[key] == pytest.approx(whole[key], rel=1e-5, abs=1e-7)
+
+
+def test_compute_metrics_of_tokens_leaves_out_the_ignored_labels():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(4, 6, CLASSES)).astype(np.float32)
+    labels = rng.integers(0, CLASSES, size=(4, 6))
+    labels[:, 4:] = -100  # padding
+    got = compute_metrics(EvalPrediction(predictions=(logits, logits[..., :1]), label_ids=labels))
+    keep = labels.reshape(-1) != -100
+    z, y = (
+        torch.as_tensor(logits.reshape(-1, CLASSES)[keep]),
+        torch.as_tensor(labels.reshape(-1)[keep]),
+    )
+    assert got["nll"] == pytest.approx(peg.metrics.nll(z[None], y))
+    assert got["accuracy"] == pytest.approx(peg.metrics.accuracy(z[None], y))
+    assert got["ece"] == pytest.approx(peg.metrics.ece(z[None], y))
+    assert got["brier"] == pytest.approx(peg.metrics.brier(z[None], y))
+
+
+@pytest.mark.parametrize(
+    ("eval_pred", "match"),
+    [
+        (EvalPrediction(np.zeros(5, dtype=np.int64), np.zeros(5, dtype=np.int64)), "argmax"),
+        (EvalPrediction(np.zeros((5, 3), np.float32), np.zeros(4, dtype=np.int64)), "labels"),
+        (EvalPrediction(np.zeros((5, 3), np.float32), None), "label_ids"),
+        (EvalPrediction(np.zeros((2, 3), np.float32), np.full(2, -100)), "no labelled rows"),
+    ],
+)
+def test_bad_predictions_are_one_clear_error(eval_pred, match):
+    with pytest.raises(ValueError, match=match):
+        CalibrationCallback().compute_metrics(eval_pred)
+
+
+def test_bad_arguments_are_refused_at_construction():
+    with pytest.raises(peg.InvalidParameterError, match="calibrator"):
+        CalibrationCallback("platt")
+    with pytest.raises(peg.InvalidParameterError, match="extra_metrics"):
+        CalibrationCallback(extra_metrics="accuracy")
+    with pytest.raises(ValueError, match="bins"):
+        ComputeMetrics(bins=0)
