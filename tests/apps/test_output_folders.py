@@ -129,26 +129,28 @@ def _cli(tmp: Path, *argv: str) -> None:
 
 
 def _refused(tmp: Path, *argv: str, inside: str = ".") -> None:
-    _mine(tmp / "mine" / inside, "notes.md")
-    _cli(tmp, *argv, "--out", "mine", "--no-progress")
+    """`peg ARGV --out mine-<command>`, a folder holding a file of the user's (a folder of its
+    own: docs/errors.md renders every case in one temporary folder)."""
+    _mine(tmp / f"mine-{argv[0]}" / inside, "notes.md")
+    _cli(tmp, *argv, "--out", f"mine-{argv[0]}", "--no-progress")
 
 
 FILE_ERROR_CASES: list[tuple[str, str, Callable[[Path], object], type[BaseException], str]] = [
     ("peg (CLI)", "peg bench --out: a folder of the user's",
      lambda tmp: _refused(tmp, "bench", "quick", inside="quick-moons"),
-     SystemExit, r"exit 2: peg bench: error: out: mine/quick-moons is a non-empty folder peg "
+     SystemExit, r"exit 2: peg bench: error: out: mine-bench/quick-moons is a non-empty folder peg "
      r"bench did not make \(it holds \['notes\.md'\]\); results\.json, results\.md and the "
      r"figures would replace files of the same names: give a new or empty folder, or "
      r"overwrite=True \(--overwrite\) to write into it"),
     ("peg (CLI)", "peg paper-tables --out: a folder of the user's",
      lambda tmp: _refused(tmp, "paper-tables", "--preset", "digits"),
-     SystemExit, r"exit 2: peg paper-tables: error: out: mine is a non-empty folder peg "
-     r"paper-tables did not make \(it holds \['notes\.md'\]\); paper-tables-digits\.json and "
-     r"paper-tables-digits\.md would replace"),
+     SystemExit, r"exit 2: peg paper-tables: error: out: mine-paper-tables is a non-empty "
+     r"folder peg paper-tables did not make \(it holds \['notes\.md'\]\); "
+     r"paper-tables-digits\.json and paper-tables-digits\.md would replace"),
     ("peg (CLI)", "peg diversity --out: a folder of the user's",
      lambda tmp: _refused(tmp, "diversity", "--quick"),
-     SystemExit, r"exit 2: peg diversity: error: out: mine is a non-empty folder peg diversity "
-     r"did not make \(it holds \['notes\.md'\]\)"),
+     SystemExit, r"exit 2: peg diversity: error: out: mine-diversity is a non-empty folder peg "
+     r"diversity did not make \(it holds \['notes\.md'\]\)"),
     ("diversity", "a YAML spec of aliases (an alias bomb)",
      lambda tmp: load_config(_write(tmp / "d.yaml", "a: &a [1, 1]\nb: [*a, *a]\n")),
      ValueError, r"d\.yaml: not valid YAML at line 2, column 5: alias \*a refused"),
