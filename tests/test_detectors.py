@@ -130,22 +130,95 @@ def _overflowing() -> nn.Module:
 # issue 40's silent gap: Mahalanobis on a singular covariance (4 points in 64 dimensions gave
 # scores of ~1e8 without a word). Chosen: a warning at fit naming the rank and why (too few
 # points, constant features), not a refusal: a feature constant at test time too changes no score.
+# Issue 46: with ridge="auto" (the default) constant features (dead units) are no longer warned of,
+# the data's floor covers them; too few points still are.
 def test_mahalanobis_warns_of_a_singular_covariance():
     g = torch.Generator().manual_seed(0)
     model = nn.Linear(64, 2)
     few = torch.randn(4, 64, generator=g), torch.tensor([0, 1, 0, 1])
+    few_points = (r"rank at most 2 of 64 \(4 points in 2 classes span at most 2\): in the other "
+                  r"directions only the floor, Ledoit-Wolf's level")  # fmt: skip
+    with pytest.warns(UserWarning, match=few_points):
+        peg.OODDetector(features="inputs").fit(model, few)
     with pytest.warns(UserWarning, match=r"rank 2 of 64 \(4 points in 2 classes span at most 2"):
-        det = peg.OODDetector(features="inputs").fit(model, few)
+        det = peg.OODDetector(features="inputs", ridge=1e-6).fit(model, few)
     assert det.ood_score(torch.randn(5, 64, generator=g)).min() > 1e6  # what the warning says
     X = torch.randn(400, 64, generator=g)
     X[:, :3], X[:, 5] = 0.0, 2.0  # three zero features and a constant one
     y = torch.randint(0, 2, (400,), generator=g)
     with pytest.warns(UserWarning, match=r"rank 60 of 64 \(4 features are constant on val"):
+        peg.OODDetector(features="inputs", ridge=1e-6).fit(model, (X, y))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the default: the floor covers them, no warning
         peg.OODDetector(features="inputs").fit(model, (X, y))
     X[:, :6] = torch.randn(400, 6, generator=g)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # full rank: no warning
-        peg.OODDetector(features="inputs").fit(model, (X, y))
+        peg.OODDetector(features="inputs", ridge=1e-6).fit(model, (X, y))
+
+
+@pytest.fixture(scope="module")
+def digits_mlp():
+    """An ordinary MLP on scikit-learn's digits (900 training, 450 validation, 447 test
+    images), with dead ReLU units on the validation set: 16 killed outright (bias -1000) beside
+    the ones training leaves dead or rarely active."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    X = torch.tensor(digits.data, dtype=torch.float32) / 16
+    y = torch.tensor(digits.target)
+    order = torch.randperm(len(X), generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(),
+                        nn.Linear(128, 10))  # fmt: skip
+    opt = torch.optim.Adam(net.parameters(), lr=3e-3)
+    train = order[:900]
+    for _ in range(150):
+        opt.zero_grad()
+        nn.functional.cross_entropy(net(X[train]), y[train]).backward()
+        opt.step()
+    with torch.no_grad():
+        net[2].bias[:16] = -1000.0
+    val, test = (X[order[900:1350]], y[order[900:1350]]), X[order[1350:]]
+    noise = torch.rand(300, 64, generator=torch.Generator().manual_seed(1))
+    return net.eval(), val, test, noise
+
+
+def test_mahalanobis_default_ridge_on_an_mlp_with_dead_units(digits_mlp):
+    """Issue 46's silent gap: the old default, 1e-6 of the mean variance, warned on every such
+    model and let in-distribution scores reach thousands (a unit dead on val that a test image
+    moves scores ~1e6 times its offset²). The default, Ledoit-Wolf's level as a floor under the
+    eigenvalues: no warning, scores a fraction of those, detection at least as good."""
+    net, val, test, noise = digits_mlp
+    with torch.no_grad():
+        dead = int((net[:4](val[0]).amax(0) == 0).sum())
+    assert dead >= 16
+    with pytest.warns(UserWarning, match=r"features are constant on val"):
+        old = peg.OODDetector(ridge=1e-6).fit(net, val)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        det = peg.OODDetector().fit(net, val)
+    assert 1e-4 < det.ridge_ < 1  # Ledoit-Wolf's level, of the mean variance
+    before, now = old.ood_score(test), det.ood_score(test)
+    assert float(now.max()) < float(before.max()) / 2
+    assert float(now.median()) <= float(before.median())
+    assert auroc(now, det.ood_score(noise)) >= auroc(before, old.ood_score(noise)) - 0.005
+    assert auroc(now, det.ood_score(noise)) > 0.98
+
+
+def test_the_ledoit_wolf_level_is_scikit_learns():
+    from sklearn.covariance import ledoit_wolf_shrinkage
+
+    from peg.detectors import ledoit_wolf_ridge
+
+    rng = np.random.default_rng(0)
+    for n, d in [(50, 10), (30, 100), (1000, 5)]:
+        x = rng.standard_normal((n, d)) @ rng.standard_normal((d, d))
+        x[:, :2] = 0.0
+        x -= x.mean(0)
+        delta = ledoit_wolf_shrinkage(x, assume_centered=True)
+        ridge = ledoit_wolf_ridge(torch.tensor(x))
+        assert ridge / (1 + ridge) == pytest.approx(delta, rel=1e-9)
 
 
 @pytest.mark.parametrize("ood_score", ["mahalanobis", "knn", "energy"])

@@ -31,6 +31,13 @@ from peg.source import Data
 from peg.source.batches import BatchFn, check_batch_fn
 
 DETECTOR_SCORES = ("mahalanobis", "knn")
+AUTO_LEAST = 1e-6  # ridge="auto": the floor at least this much of the mean variance
+
+
+def _ridge(value: Any, name: str) -> None:
+    """The value 'auto' or a finite number >= 0."""
+    if not (isinstance(value, str) and value == "auto"):
+        checks.number(allow_zero=True)(value, name)
 
 
 class OODDetector(Method):
@@ -43,11 +50,23 @@ class OODDetector(Method):
         k: the neighbour whose distance is the k-NN score (at most the validation points).
         features: "penultimate" (the model's trunk; the logits, with a warning, for a model
             without one), "logits" (log p̄) or "inputs".
-        ridge: added to the covariance's diagonal, times its mean variance, before inverting.
+        ridge: added to the covariance's diagonal, times its mean variance μ (trace / D),
+            before inverting. "auto" (the default) chooses it from the data: the level of
+            Ledoit and Wolf's shrinkage (2004, "A well-conditioned estimator for
+            large-dimensional covariance matrices", J. Multivariate Anal.; scikit-learn's
+            `LedoitWolf`: Σ̂ = (1 − δ) S + δ μ I, their δ estimated from the data), δ / (1 − δ)
+            of μ (at least 1e-6), as a floor under the covariance's eigenvalues: the directions
+            `val` estimates well are kept as they are, those below the floor (dead ReLU units,
+            rarely active ones, too few points) raised to it. Why: 1e-6 of μ, the old default,
+            let a test point that moves a unit dead on `val` score ~10⁶ times its offset² (a
+            digits MLP's in-distribution scores reached 5,700, with a warning on every model
+            with a dead unit); Ledoit-Wolf's own shrinkage (the ridge δ / (1 − δ) everywhere)
+            cost up to 1 point of AUROC on a Fashion-MNIST MLP's near-OOD sets, the floor none.
         batch_size, batch_fn: how the predictor reads data (`peg.source.batches`).
 
-    After `fit(predictor, val)`: `means_` `[C, D]` and `precision_` `[D, D]` (Mahalanobis) or
-    `bank_` `[N, D]` (k-NN), `features_` (what was read), `n_fit_`; `ood_score(X)` `[N]`.
+    After `fit(predictor, val)`: `means_` `[C, D]`, `precision_` `[D, D]` and `ridge_` (the ridge
+    used, times the mean variance) (Mahalanobis) or `bank_` `[N, D]` (k-NN), `features_` (what
+    was read), `n_fit_`; `ood_score(X)` `[N]`.
     """
 
     def __init__(
@@ -56,7 +75,7 @@ class OODDetector(Method):
         score: str = "mahalanobis",
         k: int = 50,
         features: str = "penultimate",
-        ridge: float = 1e-6,
+        ridge: float | str = "auto",
         batch_size: int = 512,
         batch_fn: BatchFn | None = None,
     ) -> None:
@@ -67,7 +86,7 @@ class OODDetector(Method):
         "score": checks.one_of(*DETECTOR_SCORES),
         "k": checks.positive_int(),
         "features": FEATURES_OPTION,
-        "ridge": checks.number(allow_zero=True),
+        "ridge": checks.described(_ridge, "'auto' or a finite number >= 0"),
         "batch_size": checks.positive_int(),
         "batch_fn": checks.batch_fn,
     }
@@ -94,7 +113,7 @@ class OODDetector(Method):
         f = torch.cat(feats)
         state: dict[str, Any] = {"features_": features.kind_, "n_fit_": len(f)}
         if labelled:
-            state |= _gaussian(f, torch.cat(labels), classes, float(self.ridge))
+            state |= _gaussian(f, torch.cat(labels), classes, self.ridge)
         else:
             if int(self.k) > len(f):
                 raise ValueError(f"k: {self.k} neighbours, but val has only {len(f)} points")
@@ -129,45 +148,86 @@ def _normalised(f: Tensor) -> Tensor:
     return f / f.norm(dim=1, keepdim=True).clamp_min(1e-12)
 
 
-def _gaussian(f: Tensor, y: Tensor, classes: int, ridge: float) -> dict[str, Tensor]:
-    """Class means `[C, D]` and the precision of the tied covariance `[D, D]` (Lee et al.:
-    Σ = (1/N) Σᵢ (fᵢ − μ_yᵢ)(fᵢ − μ_yᵢ)ᵀ), the means of classes absent from `val` left out."""
+def _gaussian(f: Tensor, y: Tensor, classes: int, ridge: float | str) -> dict[str, Any]:
+    """Class means `[C, D]`, the precision of the tied covariance `[D, D]` (Lee et al.:
+    Σ = (1/N) Σᵢ (fᵢ − μ_yᵢ)(fᵢ − μ_yᵢ)ᵀ, plus the ridge) and the ridge used; the means of
+    classes absent from `val` left out."""
     counts = torch.bincount(y, minlength=classes)
     present = torch.nonzero(counts > 0)[:, 0]
     sums = torch.zeros(classes, f.shape[1], dtype=f.dtype).index_add_(0, y, f)
     means = sums / counts.clamp_min(1)[:, None]
     centred = f - means[y]
     cov = centred.T @ centred / len(f)
-    _warn_degenerate(cov, len(f), len(present), ridge)
-    cov = cov + ridge * float(cov.diagonal().mean().clamp_min(1e-12)) * torch.eye(len(cov)).to(cov)
-    return {"means_": means[present], "precision_": torch.linalg.pinv(cov, hermitian=True)}
+    auto = isinstance(ridge, str)
+    used = max(ledoit_wolf_ridge(centred), AUTO_LEAST) if auto else float(ridge)
+    _warn_degenerate(cov, len(f), len(present), used, auto)
+    mean = float(cov.diagonal().mean().clamp_min(1e-12))
+    if auto:  # the eigenvalues below the floor raised to it, the others kept
+        eig, vec = torch.linalg.eigh(cov.double())
+        precision = ((vec / eig.clamp_min(used * mean)) @ vec.T).to(cov)
+    else:
+        cov = cov + used * mean * torch.eye(len(cov)).to(cov)
+        precision = torch.linalg.pinv(cov, hermitian=True)
+    return {"means_": means[present], "precision_": precision, "ridge_": used}
 
 
-def _warn_degenerate(cov: Tensor, n: int, classes: int, ridge: float) -> None:
-    """Warn where the tied covariance `[D, D]` is singular: fewer class-centred points than
-    features (n − C < D: 4 points in 64 dimensions) or features constant on val (zero ones
-    included). In the directions val does not span only the ridge is left, so a test point
-    off them scores up to ~1/ridge times its offset² (≈ 1e8 for 4 points in 64 dimensions):
-    the score then measures that offset, not a distance to the classes. Warned, not refused:
-    a feature constant at test time too (a dead ReLU unit) changes no score."""
+def ledoit_wolf_ridge(centred: Tensor) -> float:
+    """δ / (1 − δ), δ Ledoit and Wolf's shrinkage of the covariance of `centred` `[N, D]`
+    (rows of mean zero) towards μ I, μ its mean variance: scikit-learn's
+    `ledoit_wolf_shrinkage(X, assume_centered=True)`, in float64 (the class-centred features
+    are taken as centred). δ is capped at 0.999 (at most 999 times the mean variance)."""
+    x = centred.double()
+    n, d = x.shape
+    squares = x * x
+    variances = squares.sum(0) / n
+    mu = float(variances.sum()) / d
+    s = x.T @ x / n
+    frobenius = float((s * s).sum())  # ‖S‖²_F
+    beta = float((squares.sum(1) ** 2).sum())  # Σ_k ‖x_k‖⁴ = Σ_ij Σ_k x_ki² x_kj²
+    beta = (beta / n - frobenius) / (d * n)
+    delta = (frobenius - 2 * mu * float(variances.sum()) + d * mu * mu) / d  # ‖S − μI‖²_F / D
+    shrinkage = 0.0 if delta <= 0 else min(max(beta, 0.0), delta) / delta
+    shrinkage = min(shrinkage, 0.999)
+    return shrinkage / (1 - shrinkage)
+
+
+def _warn_degenerate(cov: Tensor, n: int, classes: int, ridge: float, auto: bool) -> None:
+    """Warn where the tied covariance `[D, D]` is degenerate. With `ridge="auto"`: only where
+    there are fewer class-centred points than features (n − C < D: 4 points in 64 dimensions);
+    the directions dead or constant features leave get the data's own floor (a feature constant
+    at test time too changes no score; one that moves there scores its offset against the
+    floor, as an unusual input should). With a ridge given: wherever the covariance is
+    singular, those features included (the ridge given may be too small for them). In the
+    directions val does not span only the ridge (the floor) is left, so a test point off them
+    scores up to ~1/ridge times its offset² over the mean variance (≈ 1e8 for 4 points in 64
+    dimensions at a ridge of 1e-6)."""
     dims = len(cov)
-    variances = cov.diagonal()
-    constant = int((variances <= 1e-12 * float(variances.mean().clamp_min(1e-300))).sum())
-    eig = torch.linalg.eigvalsh(cov)
-    rank = int((eig > dims * 1e-12 * float(eig[-1].clamp_min(1e-300))).sum())
-    if rank == dims:
-        return
     why = []
     if n - classes < dims:
         why.append(f"{n} points in {classes} classes span at most {max(n - classes, 0)}")
-    if constant:
-        why.append(f"{constant} features are constant on val (zero ones included)")
+    if auto:
+        if not why:
+            return
+        rank = f"at most {max(n - classes, 0)}"
+    else:
+        variances = cov.diagonal()
+        constant = int((variances <= 1e-12 * float(variances.mean().clamp_min(1e-300))).sum())
+        eig = torch.linalg.eigvalsh(cov)
+        found = int((eig > dims * 1e-12 * float(eig[-1].clamp_min(1e-300))).sum())
+        if found == dims:
+            return
+        rank = str(found)
+        if constant:
+            why.append(f"{constant} features are constant on val (zero ones included)")
+    kind = "floor, Ledoit-Wolf's level" if auto else "ridge"
     warnings.warn(
         f"val: the features' tied covariance has rank {rank} of {dims} ("
         + ("; ".join(why) or "features that are combinations of others")
-        + f"): in the other {dims - rank} directions only the ridge ({ridge:g} of the mean "
-        "variance) is left, so a test point off them scores up to ~1/ridge times its offset "
-        "squared; pass more validation points than features (n > D + C), raise ridge, or use "
-        "score='knn'",
+        + f"): in the other directions only the {kind} ({ridge:.3g} of the mean variance) is "
+        "left, so a test point off them scores up to ~1/ridge times its offset squared: the "
+        "score measures that offset, not a distance to the classes; pass more validation "
+        "points than features (n > D + C)"
+        + ("" if auto else ", raise ridge (or 'auto')")
+        + ", or use score='knn'",
         stacklevel=4,
     )

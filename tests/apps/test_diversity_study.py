@@ -48,13 +48,14 @@ def test_config_errors_name_the_setting(tmp_path):
 def test_cli_diversity_passes_the_quick_config(monkeypatch, tmp_path):
     seen = {}
 
-    def fake_run(config, out, cache, progress, command):
-        seen.update(config=config, out=out, cache=cache, command=command)
+    def fake_run(config, out, cache, progress, command, overwrite):
+        seen.update(config=config, out=out, cache=cache, command=command, overwrite=overwrite)
 
     monkeypatch.setattr(dr, "run", fake_run)
     assert cli.main(["diversity", "--quick", "--out", str(tmp_path)]) == 0
     assert seen["config"] == dr.load_config(None, quick=True)
     assert seen["out"] == str(tmp_path) and seen["command"].startswith("peg diversity")
+    assert seen["overwrite"] is False
 
 
 # ---------------------------------------------------------------- the whole pipeline

@@ -267,7 +267,46 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[Exception], str]] =
     ("select", "model not a module",
      lambda: AutoSelect(candidates=["TS"]).fit("model", problem(20, 2, [1.0, 1.0])[1]),
      TypeError, r"model: expected a trained nn.Module"),
+    # issue 46, item 5: cv=2**31 grew to 23 GB (a list per fold) before the OOM killer, 10**6
+    # ended in std::bad_alloc; 2 points, or 15 with cv=10, were cross-validated with a warning
+    ("select", "cv = 2**31 folds", _fit(("TS",), n=60, cv=2**31), ValueError,
+     r"cv: 2,147,483,648 folds of 60 validation points leave folds of fewer than 2 points; "
+     r"give cv <= 30 or more validation data"),
+    ("select", "cv = 10 folds of 15 points", lambda: _few(15, cv=10), ValueError,
+     r"cv: 10 folds of 15 validation points leave folds of fewer than 2 points; give cv <= 7"),
+    ("select", "2 validation points", lambda: _few(2, cv=2), ValueError,
+     r"cv: 2 folds of 2 validation points .*cross-validation needs at least 4: give more of "
+     r"them"),
+    ("select", "nested folds of one point", lambda: _few(8, cv=3, nested=True), ValueError,
+     r"cv: nested=True runs 3 inner folds on 5 of the 8 validation points, leaving folds of "
+     r"fewer than 2 points"),
 ]  # fmt: skip
+
+
+def _few(n: int, **options: object) -> object:
+    """AutoSelect on `n` points of saved logits through a model that must not run."""
+    _, (z, y) = problem(n, 2, [1.0, 1.0])
+    return AutoSelect(candidates=["TS"], progress=False, **options).fit(_Refusing(), (z, y))
+
+
+class _Refusing(nn.Module):
+    """A model whose forward pass fails: the folds' sizes are checked before any."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("the model ran before cv was checked")
+
+
+def test_folds_of_few_points_are_warned_of_and_the_run_goes_on():
+    """5 folds of 30 points: 6 a fold, under 10: a warning naming cv and the counts."""
+    model, val = problem(30, 2, [2.0, 2.0])
+    with pytest.warns(UserWarning, match=r"cv: 5 folds of 30 validation points hold 6.0 each "
+                      r"\(fewer than 10\)"):  # fmt: skip
+        sel = AutoSelect(candidates=["TS"], cv=5, progress=False).fit(model, val)
+    assert sel.chosen_ == "TS"
 
 
 def test_a_chosen_ts_then_peg_loads_around_the_scaled_model(tmp_path, monkeypatch):

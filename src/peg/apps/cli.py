@@ -92,6 +92,7 @@ def _paper_tables_arguments(p: Parser) -> None:
         default=".peg-cache/paper-tables",
         help="checkpoints and cached logits (default: .peg-cache/paper-tables)",
     )
+    _overwrite(p, "--out", "paper-tables")
     _no_progress(p)
 
 
@@ -106,6 +107,7 @@ def _paper_tables(args: argparse.Namespace, command: str, progress: bool | None)
         tables=args.tables,
         progress=progress,
         command=command,
+        overwrite=args.overwrite,
     )
     return 0
 
@@ -118,10 +120,12 @@ def _bench_arguments(p: Parser) -> None:
     p.add_argument(
         "--cache", default=".peg-cache/bench", help="cache folder (default: .peg-cache/bench)"
     )
+    _overwrite(p, "--out", "bench")
     _no_progress(p)
 
 
 def _bench(args: argparse.Namespace, command: str, progress: bool | None) -> int:
+    from peg.apps.bench.folders import claim_bench
     from peg.apps.bench.runner import run_spec
     from peg.apps.bench.spec import find_spec, load_specs, load_uci_spec
     from peg.apps.bench.uci import run_uci
@@ -129,12 +133,17 @@ def _bench(args: argparse.Namespace, command: str, progress: bool | None) -> int
     path = find_spec(args.spec)
     uci = load_uci_spec(path)
     if uci is not None:
-        run_uci(**uci, out=args.out, cache=args.cache, progress=progress, command=command)
+        run_uci(**uci, out=args.out, cache=args.cache, progress=progress, command=command,
+                overwrite=args.overwrite)  # fmt: skip
         return 0
-    for spec in load_specs(path):
+    specs = load_specs(path)
+    for spec in specs:  # every spec's folder before the first runs
+        claim_bench(args.out, spec.name, args.overwrite)
+    for spec in specs:
         if args.seeds:
             spec = dataclasses.replace(spec, seeds=tuple(args.seeds))
-        run_spec(spec, args.out, args.cache, progress=progress, command=command)
+        run_spec(spec, args.out, args.cache, progress=progress, command=command,
+                 overwrite=args.overwrite)  # fmt: skip
     return 0
 
 
@@ -227,6 +236,7 @@ def _diversity_arguments(p: Parser) -> None:
         default=".peg-cache/diversity",
         help="cached trajectories (default: .peg-cache/diversity)",
     )
+    _overwrite(p, "--out", "diversity")
     _no_progress(p)
 
 
@@ -234,7 +244,8 @@ def _diversity(args: argparse.Namespace, command: str, progress: bool | None) ->
     from peg.apps.diversity import study
 
     config = study.load_config(args.spec, quick=args.quick)
-    study.run(config, out=args.out, cache=args.cache, progress=progress, command=command)
+    study.run(config, out=args.out, cache=args.cache, progress=progress, command=command,
+              overwrite=args.overwrite)  # fmt: skip
     return 0
 
 

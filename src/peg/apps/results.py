@@ -3,9 +3,11 @@
 which keeps them from overwriting a folder of the user's.
 
 A folder an application made holds its mark, `.peg-<application>` (`.peg-compare`,
-`.peg-select`, `.peg-demo`): a file whose text begins "made by peg <application>". Only that
-proves peg wrote the folder; a file or folder of another name (an empty `.compare/` included)
-does not, and a non-empty folder without the mark is the user's: refused unless overwritten.
+`.peg-select`, `.peg-demo`, `.peg-bench`, `.peg-paper-tables`, `.peg-diversity`): a file whose
+text begins "made by peg <application>". Only that proves peg wrote the folder (or an earlier
+version's own results in it, `earlier_results`, which an application names); a file or folder
+of another name (an empty `.compare/` included) does not, and a non-empty folder without the
+mark is the user's: refused unless overwritten.
 """
 
 from __future__ import annotations
@@ -96,6 +98,26 @@ def is_marked(folder: str | Path, application: str) -> bool:
         return False
     with open(path, "rb") as f:
         return f.read(MARK_BYTES).startswith(f"made by peg {application}".encode())
+
+
+def earlier_results(path: Path, keys: Iterable[str]) -> bool:
+    """Whether `path` is a results JSON an earlier version of a peg application wrote before
+    the marks: a JSON object holding every one of `keys` (a sign for `claim`'s `ours`; a file
+    of another content, or unreadable, is not)."""
+    try:
+        if not path.is_file() or path.stat().st_size > 10**8:
+            return False
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(found, dict) and all(k in found for k in keys)
+
+
+def peg_folder(path: Path) -> bool:
+    """Whether `path` is a folder some peg application made (it holds a `.peg-<app>` mark)."""
+    return path.is_dir() and any(
+        is_marked(path, m.name.removeprefix(".peg-")) for m in sorted(path.glob(".peg-*"))[:10]
+    )
 
 
 def writable(folder: Path, argument: str) -> None:

@@ -36,6 +36,7 @@ from typing import Any
 from peg import metrics
 from peg._env import git_commit, machine
 from peg._progress import bar
+from peg.apps.bench.folders import claim_paper
 from peg.apps.bench.seed import SeedRun
 from peg.apps.bench.spec import MethodSpec, Spec
 from peg.apps.bench.tables import markdown_table
@@ -167,8 +168,11 @@ def run(
     progress: bool | None = None,
     command: str | None = None,
     say: Callable[[str], None] = print,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
-    """Compute the tables, write `paper-tables-<preset>.{md,json}` under `out`, return them."""
+    """Compute the tables, write `paper-tables-<preset>.{md,json}` under `out`, return them.
+    `out` is refused before any work where it is a non-empty folder of the user's, unless
+    `overwrite` (`peg.apps.bench.folders.claim_paper`)."""
     if preset not in PRESETS:
         raise ValueError(f"preset: expected one of {sorted(PRESETS)}, got {preset!r}")
     wanted = list(TABLES) if tables is None else [str(t) for t in tables]
@@ -177,6 +181,7 @@ def run(
         raise ValueError(f"tables: unknown {unknown}; known: {list(TABLES)}")
     if not seeds:
         raise ValueError("seeds: expected at least one seed")
+    claim_paper(out, preset, overwrite)
     chosen = PRESETS[preset]
     keys = list(dict.fromkeys(key for t in wanted for _, key in TABLES[t][1]))
     started = time.perf_counter()

@@ -32,6 +32,7 @@ from peg import distributed, plots
 from peg._env import git_commit, machine
 from peg._progress import bar
 from peg.apps import registry
+from peg.apps.bench.folders import claim_bench
 from peg.apps.bench.seed import SeedRun, fit_images
 from peg.apps.bench.spec import BASE_PATTERN, SWAG_BASES, MethodSpec, Spec
 from peg.apps.bench.tables import COST_ROWS, OOD_ROWS, markdown_table, metric_rows
@@ -120,8 +121,12 @@ def run_spec(
     progress: bool | None = None,
     command: str | None = None,
     say: Callable[[str], None] = print,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Run one benchmark; write and return its results (see the module docstring).
+
+    `out/<name>` is refused before any work where it is a non-empty folder peg bench did not
+    make, unless `overwrite` (`peg.apps.bench.folders`).
 
     Under torchrun (`peg.distributed.world()` finds W > 1 ranks) the ranks share the work units
     (`work_units`) and fill the cache; then rank 0 alone computes the metrics from it and
@@ -131,6 +136,7 @@ def run_spec(
     far stay: a rerun resumes from them).
     """
     check_methods(spec)
+    claim_bench(out, spec.name, overwrite)
     started = time.perf_counter()
     rank, size = distributed.world()
 

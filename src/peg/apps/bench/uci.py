@@ -34,6 +34,7 @@ from peg._env import git_commit, machine
 from peg._io import load_tree, save_tree
 from peg._progress import bar
 from peg.apps import registry
+from peg.apps.bench.folders import claim_bench
 from peg.apps.bench.spec import MethodSpec
 from peg.apps.results import write_results
 from peg.data.uci import UCI_SETS, uci_n_splits, uci_normalise
@@ -215,8 +216,11 @@ def run_uci(
     progress: bool | None = None,
     command: str | None = None,
     say: Callable[[str], None] = print,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
-    """Run the benchmark; write `results/uci/results.{json,md}`; return the results.
+    """Run the benchmark; write `results/uci/results.{json,md}`; return the results. `out/uci`
+    is refused before any work where it is a non-empty folder peg bench did not make, unless
+    `overwrite` (`peg.apps.bench.folders`).
 
     Args:
         sets: UCI names (default: all nine); splits: use the first `splits` standard splits of
@@ -228,6 +232,7 @@ def run_uci(
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                   or value < 1):  # fmt: skip
             raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
+    claim_bench(out, "uci", overwrite, files=())
     started = time.perf_counter()
     per: dict[str, dict[str, dict[str, list[float]]]] = {}
     for name in sets:

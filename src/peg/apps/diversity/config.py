@@ -10,9 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from peg.apps import presets
+from peg.apps._yaml import read_yaml
 from peg.train import Recipe
 
 
@@ -141,12 +140,15 @@ def load_config(spec: str | Path | None = None, quick: bool = False) -> Diversit
     quick_values: dict[str, Any] = dict(QUICK)
     if spec is not None:
         path = presets.find(spec)
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = read_yaml(path) or {}  # plain data, no aliases (a 396-byte alias bomb)
         if not isinstance(raw, dict):
             raise ValueError(f"spec: {path} must hold a mapping of settings")
         raw = dict(raw)
         if "quick" in raw:
-            quick_values = dict(raw.pop("quick") or {})
+            given = raw.pop("quick") or {}
+            if not isinstance(given, dict):
+                raise ValueError(f"spec: {path}: quick must be a mapping of settings")
+            quick_values = dict(given)
         values.update(raw)
     if quick:
         values.update(quick_values)

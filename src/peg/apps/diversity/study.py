@@ -40,11 +40,13 @@ from peg.apps.data import load_or_digits, subsample
 from peg.apps.diversity.config import QUICK, DiversityConfig, load_config
 from peg.apps.diversity.figures import CHECKPOINT, INDEPENDENT, Figures
 from peg.apps.diversity.methods import Members, build_methods
-from peg.apps.results import write_results
+from peg.apps.results import claim, earlier_results, write_results
 from peg.ensemble import Ensemble
 from peg.metrics.diversity import summary
 
 Say = Callable[[str], None]
+# what a results.json of peg diversity holds (an earlier version's folder, before the mark)
+RESULT_KEYS = ("config", "table", "trajectory_history", "figures")
 
 
 # ---------------------------------------------------------------- data and models
@@ -100,6 +102,7 @@ def run(
     progress: bool | None = None,
     say: Say = print,
     command: str | None = None,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Run every analysis; returns what it writes to `out/results.json`.
 
@@ -110,8 +113,14 @@ def run(
         progress: progress bars (None: only on a terminal).
         say: where progress messages and the table go.
         command: the command line, recorded in results.json.
+        overwrite: write into `out` though it is a non-empty folder peg diversity did not make
+            (refused otherwise, before any work: `peg.apps.results.claim`; an earlier
+            version's folder, without the mark, is peg's where its results.json is one peg
+            diversity wrote).
     """
     config = config or DiversityConfig()
+    claim(out, "diversity", overwrite, writes="results.json, results.md and the figures",
+          ours=lambda f: earlier_results(f / "results.json", RESULT_KEYS))  # fmt: skip
     threads = torch.get_num_threads()
     if config.threads is not None:
         torch.set_num_threads(config.threads)

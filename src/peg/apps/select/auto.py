@@ -26,7 +26,7 @@ from peg.apps.compare.methods import LOGIT_METHODS, _spec, options, resolve
 from peg.apps.html import Report, Reported
 from peg.apps.select import page
 from peg.apps.select.cross import CrossFit
-from peg.apps.select.folds import CRITERIA, mean_se, stratified_folds
+from peg.apps.select.folds import CRITERIA, check_fold_sizes, mean_se, stratified_folds
 from peg.apps.select.race import AUTO_BUDGET, MIN_BUDGET_SECONDS, Plan, fold_lines
 from peg.apps.select.report import choose, cost_line, to_markdown
 from peg.ensemble import Predicts
@@ -95,7 +95,9 @@ class AutoSelect(Reported, Predicts, Method):
             `DEFAULT_CANDIDATES` (Laplace only with laplace-torch and a Linear last module, MC
             dropout only on a model with dropout); `LOGIT_CANDIDATES` for a model without
             parameters (saved logits through `nn.Identity()`).
-        cv: folds (≥ 2; every class needs at least `cv` validation points).
+        cv: folds (≥ 2, at most half the validation points: a fold of fewer than 2 points is
+            refused, fewer than 10 on average warned of; `peg.apps.select.folds`); a class
+            with fewer than `cv` points is warned of.
         criterion: "nll" or "brier" (per point, lower is better).
         max_forwards: drop candidates predicting with more forwards of the model per input
             (measured as `peg.compare` does, on the first fold's predictor). None: no limit.
@@ -183,6 +185,7 @@ class AutoSelect(Reported, Predicts, Method):
         source = Source(val, batch_fn, "val").rows()
         if not source.indexable:
             raise TypeError("val: AutoSelect reads folds by index; an IterableDataset cannot be")
+        check_fold_sizes(len(source), self.cv, self.nested)  # before any fold or forward pass
         defaults = LOGIT_CANDIDATES if stateless(model) else DEFAULT_CANDIDATES
         entries = list(defaults if self.candidates is None else self.candidates)
         specs, skipped = _as_candidates(lambda: resolve(entries, model))

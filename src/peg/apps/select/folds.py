@@ -16,6 +16,44 @@ from peg.metrics._inputs import ensemble_log_probs
 from peg.source._devices import move
 
 CRITERIA = ("nll", "brier")
+# the fewest validation points a fold may hold: one point gives a fold's score no spread (the
+# race's paired SE needs two), and 2 points cross-validated scored ± 4 nats with a warning only
+MIN_FOLD_POINTS = 2
+# ... and below this many a fold on average, a warning: the scores are noisy
+FEW_FOLD_POINTS = 10
+
+
+def check_fold_sizes(n: int, k: int, nested: bool = False) -> None:
+    """Refuse `cv=k` folds of `n` validation points where a fold would hold fewer than
+    `MIN_FOLD_POINTS` (a ValueError naming `cv` and the largest cv the data allow: from the
+    counts alone, before any fold is built or forward pass run: `cv=2**31` once built two
+    billion lists); with `nested`, the inner folds of the smallest outer complement too. Warn
+    where a fold holds fewer than `FEW_FOLD_POINTS` on average."""
+    most = n // MIN_FOLD_POINTS
+    if k > most:
+        fix = f"give cv <= {most} or more validation data"
+        if most < 2:
+            fix = f"cross-validation needs at least {2 * MIN_FOLD_POINTS}: give more of them"
+        raise ValueError(
+            f"cv: {k:,} folds of {n} validation points leave folds of fewer than "
+            f"{MIN_FOLD_POINTS} points; {fix}"
+        )
+    rest = n - -(-n // k)  # the smallest outer complement (fold sizes differ by one at most)
+    if nested and k > rest // MIN_FOLD_POINTS:
+        raise ValueError(
+            f"cv: nested={nested} runs {k} inner folds on {rest} of the {n} validation points, "
+            f"leaving folds of fewer than {MIN_FOLD_POINTS} points: give a smaller cv, more "
+            "validation data or nested=False"
+        )
+    if n < FEW_FOLD_POINTS * k:
+        warnings.warn(
+            f"cv: {k} folds of {n} validation points hold {n / k:.1f} each (fewer than "
+            f"{FEW_FOLD_POINTS}): every candidate is fitted on {n - -(-n // k)} points or so, "
+            "and the CV scores are noisy (the report's ± says how much); more validation data "
+            "gives a steadier choice",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def stratified_folds(y: Tensor, k: int, seed: int) -> list[Tensor]:

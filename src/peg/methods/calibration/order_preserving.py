@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from peg._memory import require_memory
 from peg.errors import ArchiveError
 from peg.methods import _constraints as checks
 from peg.methods.base import store_arguments
@@ -60,8 +61,9 @@ class OrderPreservingScaling(Calibrator):
     scaling (`peg.methods.calibration.order_preserving`).
 
     Args:
-        n_knots: knots of the piecewise-linear map (at most: tied quantiles leave fewer;
-            K + 1 slopes).
+        n_knots: knots of the piecewise-linear map, at most: the knots are distinct quantiles
+            of the scores, so tied or few scores leave fewer (`knots_` holds those used; K + 1
+            slopes); refused where the fit's `[N, K + 1, K + 1]` moments would not fit in memory.
         reg: weight of the smoothness penalty, the mean squared difference of neighbouring
             slopes times T² (0: none; large: one slope, temperature scaling).
         scores: "auto" (the raw logits of a one-member predictor; log p̄ of an ensemble) or
@@ -106,7 +108,12 @@ class OrderPreservingScaling(Calibrator):
     def _fit_map(self, scores: Tensor, y: Tensor) -> dict[str, Any]:
         s, y = finite_scores(scores), y.long()  # finite: `Calibrator.fit` checked the logits
         temperature = fit_temperature(s, y, int(self.max_iter), label=self.label)
-        knots = place_knots(s, int(self.n_knots))
+        # no more quantiles than scores (n_knots=2**31 asked numpy for 8 GB of them), and the
+        # Newton step's moments `[N, K + 1, K + 1]` within memory (issue 46: 8 TB after 38 s)
+        knots = place_knots(s, min(int(self.n_knots), s.numel() + len(s)))
+        require_memory("n_knots", int(self.n_knots), 5 * len(s) * (len(knots) + 1) ** 2 * 8,
+                       s.device, f"the Newton step's moments of {len(knots)} distinct knots on "
+                       f"{len(s)} rows", "give fewer knots (the default is 8)")  # fmt: skip
         warn_few_points_shared(
             len(y), len(knots) + 1, self.label,
             "its slopes rest on a handful of points: temperature scaling (one parameter), or a "

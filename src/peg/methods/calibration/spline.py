@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from peg._memory import require_memory
 from peg.errors import ArchiveError
 from peg.methods import _constraints as checks
 from peg.methods.base import store_arguments
@@ -105,7 +106,9 @@ class SplineCalibration(Calibrator):
 
     Args:
         n_knots: knots of the natural cubic spline, equally spaced in the fractile (the paper's
-            code: 6); at least 2.
+            code: 6); at least 2, at most the validation points (refused otherwise: knots in the
+            fractile are not tied by tied scores, so none is dropped), and refused where the
+            basis `[N, n_knots]` would not fit in memory.
         floor: the top class's least margin over the runner-up and the least mass left to
             the others, in (0, 0.1): the class kept, a finite NLL.
         batch_size: rows per forward pass.
@@ -146,6 +149,11 @@ class SplineCalibration(Calibrator):
                 f"val: {self.label} with n_knots={self.n_knots} needs at least that many "
                 f"validation points, got {n}"
             )
+        # the basis and its slope `[n, K]` (built from 2K columns, then copied by lstsq): a
+        # ValueError naming n_knots where they cannot fit, not the allocator's (issue 46)
+        require_memory("n_knots", int(self.n_knots), 5 * n * int(self.n_knots) * 8,
+                       log_p.device, f"the spline basis of {n} points, float64",
+                       "give fewer knots (the default, the paper's, is 6)")  # fmt: skip
         confidence, predicted = log_p.max(-1)
         order = confidence.argsort()
         f = confidence[order].exp()
