@@ -15,8 +15,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from peg.recipe import DataHasher, _buffer, _Labels, data_fingerprint
 from peg.source import Source
+from peg.source._fingerprint import DataHasher, _buffer, _Labels, data_fingerprint
 from peg.source._rows import read_in_order
 
 

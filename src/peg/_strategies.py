@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import copy
 import functools
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, Literal
 
 import torch
@@ -97,13 +99,14 @@ def _run_modules(modules: list[nn.Module], x: Any) -> Tensor:
 class MemberStrategies:
     """The strategies of `Ensemble.member_logits` and the choice "auto" makes among them.
 
-    Mixed into `Ensemble`, whose `skeleton`, `stacked`, `shared`, `member_state` and `__len__`
-    it uses.
+    Mixed into `Ensemble`, whose `skeleton`, `stacked`, `shared`, `member_state`, `_eval` and
+    `__len__` it uses.
     """
 
     skeleton: nn.Module
     stacked: dict[str, Tensor]
     shared: dict[str, Tensor]
+    _eval: Callable[[], AbstractContextManager[None]]  # the skeleton in eval mode inside a block
 
     def _folded(self) -> Folded:
         """The members folded into the batch (`peg._folded`), built once per storage."""
@@ -153,7 +156,7 @@ class MemberStrategies:
         try:
             return _run_modules(modules, x)
         except Exception:
-            with torch.no_grad(), self._eval():  # type: ignore[attr-defined]
+            with torch.no_grad(), self._eval():
                 self._diagnose(x)  # the inputs or the model's output at fault: a clear error
             raise
 

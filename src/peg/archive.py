@@ -208,13 +208,14 @@ def read_tensors(
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
     """The (stacked, shared) entries of the archive whose header is `header`, on `device`."""
     tensors = _checked_tensors(path, header, device)
-    stacked = {k: tensors.get(f"stacked/{k}") for k in header["stacked"]}
-    shared = {k: tensors.get(f"shared/{k}") for k in header["shared"]}
-    lost = [k for k, v in (stacked | shared).items() if v is None]
+    named = [(kind, k) for kind in ("stacked", "shared") for k in header[kind]]
+    lost = [k for kind, k in named if f"{kind}/{k}" not in tensors]
     if lost:
         raise ArchiveError(f"{path}: damaged peg archive (tensors missing: {lost[:5]})")
+    stacked = {k: tensors[f"stacked/{k}"] for k in header["stacked"]}
+    shared = {k: tensors[f"shared/{k}"] for k in header["shared"]}
     members = header["members"]
-    wrong = [k for k, v in stacked.items() if v is not None and (v.ndim == 0 or len(v) != members)]
+    wrong = [k for k, v in stacked.items() if v.ndim == 0 or len(v) != members]
     if wrong:
         raise ArchiveError(
             f"{path}: damaged peg archive (stacked tensors {wrong[:5]} do not hold the header's "
@@ -222,12 +223,11 @@ def read_tensors(
         )
     for kind, entries in (("stacked", stacked), ("shared", shared)):
         for k, v in entries.items():
-            if v is not None and v.is_floating_point() and not bool(torch.isfinite(v).all()):
+            if v.is_floating_point() and not bool(torch.isfinite(v).all()):
                 raise ArchiveError(
                     f"{path}: damaged peg archive ({kind} tensor {k!r} holds NaN or inf weights)"
                 )
-    # the entries read as None (absent tensors) are refused above, in `stacked` and `shared`
-    return stacked, shared  # type: ignore[return-value]
+    return stacked, shared
 
 
 # the digest hashes pieces of this many bytes on their own (in threads: hashlib releases the GIL),

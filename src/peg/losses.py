@@ -85,8 +85,8 @@ def gaussian_nll_elementwise(
     same up to rounding; callers keep the one they have always used, so results do not move.
     """
     sq = (y - mean).pow(2)
-    # torch.exp takes a float too (a 0-d result broadcasts); its stub says Tensor only
-    scaled = sq * torch.exp(-log_var) if var is None else sq / var  # type: ignore[arg-type]
+    # a float log-variance as a 0-d tensor (torch.exp takes tensors only), which broadcasts
+    scaled = sq / var if var is not None else sq * torch.exp(-torch.as_tensor(log_var))
     return 0.5 * (_LOG_2PI + log_var + scaled)
 
 

@@ -17,13 +17,15 @@ Batches follow `peg.source.batches`' conventions (mapping items → `model(**inp
 `(x, y, *ignored)` tuples, a `batch_fn` hook). Labels are checked batch by batch
 (`ValSource.check`), naming the batch and its index range.
 
-`Source.rows` and `Source.replay` make the two classes here.
+`Source.rows` and `Source.replay` make the two classes here, from what they read of the
+`Source` (its data, name and `batch_fn`; its `xy` and `inputs` as callables): this module sits
+below `_source` and imports nothing of it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -31,14 +33,11 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 from torch.utils.data._utils.collate import default_collate
 
 from peg import streams
-from peg.recipe import DataHasher
-
-if TYPE_CHECKING:
-    from peg.source._source import Source
 from peg.source._devices import check_data_device as _check_device
 from peg.source._devices import move
+from peg.source._fingerprint import DataHasher
 from peg.source._values import check_finite, checked_labels
-from peg.source.batches import batch_rows, split_batch, take_rows, tensors
+from peg.source.batches import BatchFn, batch_rows, split_batch, take_rows, tensors
 
 ORDER_BATCH = 512  # rows per batch of the pass in order when the data has no batch size of its own
 
@@ -59,13 +58,20 @@ def cat_rows(parts: Sequence[Any]) -> Any:
 class ValSource:
     """Labelled data read by index (`rows`) or in order (`batches`); see the module doc.
 
-    `X`, `y` are the tensors of a pair (checked whole by `Source.xy`, as before), else None.
+    `data`, `name`, `batch_fn` are the `Source`'s; `pair()` gives a pair's tensors checked whole
+    (`Source.xy` on `device`), read only for data that is not a Dataset or a DataLoader. `X`,
+    `y` are the tensors of a pair (checked whole, as before), else None.
     """
 
-    def __init__(self, source: Source, device: torch.device | None = None) -> None:
-        data, name = source.data, source.name
-        self.source, self.device = source, device
-        self.name, self.batch_fn = name, source.batch_fn
+    def __init__(
+        self,
+        data: Any,
+        name: str,
+        batch_fn: BatchFn | None,
+        pair: Callable[[], tuple[Tensor, Tensor | None]],
+        device: torch.device | None = None,
+    ) -> None:
+        self.device, self.name, self.batch_fn = device, name, batch_fn
         self.X: Tensor | None = None
         self.y: Tensor | None = None
         self.loader: DataLoader | None = None
@@ -91,7 +97,7 @@ class ValSource:
                 if self.n == 0:
                     raise ValueError(f"{name}: the data is empty (0 samples)")
         else:  # a pair of tensors or arrays, checked whole (`Source.xy`'s errors otherwise)
-            self.X, self.y = source.xy(device=device)
+            self.X, self.y = pair()
             self.n = len(self.X)
         self.classes: int | None = None  # set once the model's output width is known
         self.regression = False
@@ -284,20 +290,21 @@ def read_in_order(
 class InputBatches:
     """The input batches of a source (bn="refresh", SWA's and the subspaces' statistics), read
     anew on every pass, never gathered, each checked for NaN/inf: iterable any number of times
-    (`torch.optim.swa_utils.update_bn` reads it once per member). `Source.replay` makes one."""
+    (`torch.optim.swa_utils.update_bn` reads it once per member). `Source.replay` makes one
+    from its `inputs` (`inputs(batch_size)`: one pass over the input batches) and name."""
 
-    def __init__(self, source: Source, batch_size: int) -> None:
-        self.source, self.batch_size = source, batch_size
+    def __init__(self, inputs: Callable[[int], Iterable[Any]], name: str, batch_size: int) -> None:
+        self.inputs, self.name, self.batch_size = inputs, name, batch_size
 
     def __iter__(self) -> Iterator[Any]:
-        for j, inputs in enumerate(self.source.inputs(self.batch_size)):
-            check_finite(inputs, f"{self.source.name}: batch {j}")
+        for j, inputs in enumerate(self.inputs(self.batch_size)):
+            check_finite(inputs, f"{self.name}: batch {j}")
             yield inputs
 
     def check_not_empty(self) -> None:
         """Read the first batch (only): an empty source is a ValueError naming it."""
         if next(iter(self), None) is None:
-            raise ValueError(f"{self.source.name}: the data is empty (0 samples)")
+            raise ValueError(f"{self.name}: the data is empty (0 samples)")
 
 
 def _shown(idx: Tensor | Sequence[int]) -> str:

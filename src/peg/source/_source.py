@@ -20,6 +20,7 @@ The value checks are `peg.source._values`, the batch conventions `peg.source.bat
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping, Sized
 from typing import Any, TypeGuard, cast
 
@@ -303,7 +304,9 @@ class Source:
     def rows(self, device: torch.device | None = None) -> ValSource:
         """Labelled data read by index or in order, checked batch by batch, on `device`
         (`peg.source._rows.ValSource`)."""
-        return ValSource(self, device)
+        return ValSource(
+            self.data, self.name, self.batch_fn, functools.partial(self.xy, device=device), device
+        )
 
     def replay(self, batch_size: int) -> InputBatches:
         """The input batches, read anew on every pass (`peg.source._rows.InputBatches`): inputs
@@ -315,7 +318,7 @@ class Source:
                 f"{self.name}: expected inputs X, a tuple (X, y), a mapping of tensors, a "
                 f"Dataset or a DataLoader, got {type(self.data).__name__}"
             )
-        return InputBatches(self, batch_size)
+        return InputBatches(self.inputs, self.name, batch_size)
 
 
 class Tapped(Source):
@@ -386,5 +389,3 @@ def _split_batch(
             "docs/data.md#batches-of-any-shape for where mappings go)"
         )
     return x, y
-
-

@@ -227,7 +227,7 @@ def _curvature(
 
         # M = a_c E[x xᵀ] + κ I per row c (a_c = mean p_c(1 - p_c), κ the mean penalty): the
         # scores' columns correlate (log p̄'s shared normaliser); inverted by `basis`
-        lam, Q = basis  # type: ignore[misc]  # a pair here: `basis` is None only without it
+        lam, Q = basis if basis is not None else score_basis(s)  # `_newton_cg` passes it
         a = (p * (1 - p)).mean(0)
         inverse = 1.0 / (a[:, None] * lam[None, :] + float(2 * coef.mean()) + 1e-300)
         return hvp_full, lambda r: (((r @ Q) * inverse) @ Q.T) * live

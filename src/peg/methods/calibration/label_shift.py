@@ -49,7 +49,7 @@ METHODS = ("em", "bbse")
 CALIBRATIONS = ("bcts", "ts", None)
 
 
-class LabelShift(WrapsCalibrator, Calibrator):
+class LabelShift(WrapsCalibrator):
     """Adapt a predictor to new class priors estimated from unlabelled target inputs.
 
     Args:

@@ -27,9 +27,9 @@ from peg.source.batches import BatchFn
 INNER = "inner/"  # the prefix of a wrapped calibrator's arrays in the archive
 
 
-class WrapsCalibrator:
-    """`save` / `_from_archive` of a map over a predictor that may itself be a calibrator
-    (the conformal predictors, `peg.LabelShift`): the inner calibrator's entry is saved under
+class WrapsCalibrator(Calibrator):
+    """A calibrator whose predictor may itself be a calibrator (the conformal predictors,
+    `peg.LabelShift`): `save` / `_from_archive` save the inner calibrator's entry under
     `"inner"`, its arrays under `inner/`, and `peg.load` rebuilds both."""
 
     # ---------------------------------------------------------------- persistence
@@ -43,8 +43,7 @@ class WrapsCalibrator:
             entry["inner"] = base._archived()
             tensors |= {INNER + k: v for k, v in base._tensors().items()}
             base = base.predictor_
-        # a mixin: `_write` is `Calibrator`'s, the class it is always used with
-        return self._write(path, base, entry, tensors)  # type: ignore[attr-defined]
+        return self._write(path, base, entry, tensors)
 
     @classmethod
     def _from_archive(
@@ -68,12 +67,12 @@ class WrapsCalibrator:
                 said = said.replace("calibration: ", "calibration.inner: ", 1)
                 raise ArchiveError(said) from None
         fitted = cls._unfitted(calibration)
-        state = fitted._restored(calibration, tensors)  # type: ignore[attr-defined]
+        state = fitted._restored(calibration, tensors)
         fitted._set_fitted(predictor, {**state, "scores_": "log_probs"})
         return fitted
 
 
-class ConformalBase(WrapsCalibrator, Calibrator):
+class ConformalBase(WrapsCalibrator):
     """A `Calibrator` whose map is the identity: the predictor's outputs pass through."""
 
     def member_logits(

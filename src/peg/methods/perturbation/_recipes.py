@@ -3,7 +3,8 @@
 `PerturbationEnsemble` delegates here: `save` (a recipe by default, every member with
 `materialize=True`), `from_recipe` (`rebuild`, which `peg.load` finds in `peg.recipe`'s
 registry: each subclass joins it under its `method` name when it is defined) and
-`check_recipe`. The format is `peg.recipe`'s.
+`check_recipe`. The format is `peg.recipe`'s. What these read of the class is `Recipeable`:
+`_perturb` imports this module, so the class is described here rather than imported.
 """
 
 from __future__ import annotations
@@ -11,13 +12,16 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar, Protocol, TypeVar
+
+from torch import Tensor
 
 from peg._memory import require_memory
 from peg._params import select_parameters
 from peg.ensemble import Ensemble
 from peg.errors import ArchiveError
-from peg.methods.perturbation._lazy import MEMBER_BOOKKEEPING
+from peg.methods.perturbation._lazy import MEMBER_BOOKKEEPING, RegeneratedMembers
+from peg.methods.perturbation._members import Models, StackedMembers
 from peg.methods.perturbation._scale_search import SEARCH_OPTIONS, ScaleSearch
 from peg.recipe import (
     RECIPE_VERSION,
@@ -28,9 +32,6 @@ from peg.recipe import (
 )
 from peg.source import Data
 from peg.source.batches import BatchFn
-
-if TYPE_CHECKING:
-    from peg.methods.perturbation._perturb import PerturbationEnsemble
 
 # a recipe with on_nonfinite="drop" may record fewer members than n_members·R; at most this many
 # more dropped than kept (issue 40: n_members edited to 20,000 with "drop" made the counts
@@ -87,6 +88,37 @@ class Expected:
             )
 
 
+class Recipeable(Protocol):
+    """What this module reads of a PEG/PEP (`_perturb.PerturbationEnsemble`): the class's names
+    and options, and, once fitted, its members, scale and what `fit` recorded."""
+
+    method: ClassVar[str]
+    scale_name: ClassVar[str]
+    recorded_options: ClassVar[tuple[str, ...]]
+    RENAMED_OPTIONS: ClassVar[dict[str, str]]
+    members_: StackedMembers | RegeneratedMembers
+    _searched: bool
+    _data_fingerprint: str
+    _data_points: int
+    _fitted_meta: dict[str, Any]
+
+    def __init__(self, **options: Any) -> None: ...
+    def __len__(self) -> int: ...
+    @property
+    def directions_(self) -> list[Tensor]: ...
+    @property
+    def _scale(self) -> float: ...
+    def _fit(
+        self, model: Models, val: Data | None, bn_data: Data | None, expect: Expected
+    ) -> Any: ...
+    def _check_fitted(self, doing: str = ...) -> None: ...
+    def _recipe_options(self) -> dict[str, Any] | None: ...
+    def ensemble(self) -> Ensemble: ...
+
+
+RecipeableT = TypeVar("RecipeableT", bound=Recipeable)
+
+
 # the constructor options a recipe records (PEG adds its own: its `recorded_options`); the others
 # say how the members are held or shown (progress, batch_fn, lazy, ...), and the scale is
 # recorded apart
@@ -99,12 +131,12 @@ RENAMED_OPTIONS: dict[str, str] = {"size": "n_members", "eval_batch_size": "batc
 
 
 def rebuild(
-    cls: type[PerturbationEnsemble],
+    cls: type[RecipeableT],
     bases: Ensemble,
     recipe: dict[str, Any],
     val: Data,
     batch_fn: BatchFn | None = None,
-) -> PerturbationEnsemble:
+) -> RecipeableT:
     """`cls.from_recipe`: the ensemble a recipe describes, refitted on `val` and checked.
 
     Raises ArchiveError (a ValueError) if `val` is not the data the ensemble was made from,
@@ -129,7 +161,7 @@ def rebuild(
     return rebuilt
 
 
-def _options(cls: type[PerturbationEnsemble], recipe: dict[str, Any]) -> dict[str, Any]:
+def _options(cls: type[Recipeable], recipe: dict[str, Any]) -> dict[str, Any]:
     """The constructor options of a recipe, by this version's names."""
     options = dict(recipe["options"])
     version = recipe.get("recipe_version", 1)
@@ -146,8 +178,8 @@ def _options(cls: type[PerturbationEnsemble], recipe: dict[str, Any]) -> dict[st
 
 
 def _from_options(
-    cls: type[PerturbationEnsemble], recipe: dict[str, Any], batch_fn: BatchFn | None
-) -> PerturbationEnsemble:
+    cls: type[RecipeableT], recipe: dict[str, Any], batch_fn: BatchFn | None
+) -> RecipeableT:
     """The unfitted method a recipe describes (its options refused as the archive's)."""
     options = _options(cls, recipe)
     scale = {recipe["scale_name"]: recipe["scale"]}
@@ -157,7 +189,7 @@ def _from_options(
         raise ArchiveError(f"recipe field 'meta.recipe.options': {e}") from None
 
 
-def check_recipe(cls: type[PerturbationEnsemble], bases: Ensemble, recipe: dict[str, Any]) -> None:
+def check_recipe(cls: type[Recipeable], bases: Ensemble, recipe: dict[str, Any]) -> None:
     """`cls.check_recipe`: a recipe's method-specific fields, before any work (`peg.recipe.check`
     has checked their types): the scale's name, option names of the constructor, counts that
     agree (members = n_members per base, fewer only where members were dropped) and `params`
@@ -193,7 +225,7 @@ def check_recipe(cls: type[PerturbationEnsemble], bases: Ensemble, recipe: dict[
     _from_options(cls, recipe, None)
 
 
-def save(fitted: PerturbationEnsemble, path: str, materialize: bool) -> str:
+def save(fitted: Recipeable, path: str, materialize: bool) -> str:
     """`fitted.save(path, materialize)`: a recipe, or every member (see its docstring)."""
     if not isinstance(materialize, bool):
         raise TypeError(f"materialize: expected True or False, got {materialize!r}")

@@ -45,6 +45,7 @@ from peg.methods.perturbation._surrogate import surrogate_search
 from peg.source.batches import take_rows
 
 SEARCHES = ("surrogate", "golden")
+SearchMethod = Literal["surrogate", "golden"]
 # What the surrogate search scores exactly, by default: every member on the first
 # SEARCH_POINTS scoring points (a seeded random subset already). An exact scoring costs S
 # forwards of each point: on a Fashion-MNIST CNN with 2,000 validation images, three of them
@@ -127,7 +128,7 @@ class ScaleSearch(Params):
     def __init__(
         self,
         *,
-        method: Literal["surrogate", "golden"] = "surrogate",
+        method: SearchMethod = "surrogate",
         criterion: Criterion = "nll",
         holdout: float = 0.5,
         max_points: int | None = MAX_SCORE_POINTS,
@@ -140,11 +141,10 @@ class ScaleSearch(Params):
         store_arguments(self, locals())
 
     @classmethod
-    def of(cls, search: ScaleSearch | str) -> ScaleSearch:
-        """`search` as given to PEG/PEP: a ScaleSearch, or a method's name for one with that
-        method and the other options' defaults."""
-        # a str here is one of SEARCHES (its constraint has checked it): the Literal mypy wants
-        return search if isinstance(search, ScaleSearch) else cls(method=search)  # type: ignore[arg-type]
+    def of(cls, search: ScaleSearch | SearchMethod) -> ScaleSearch:
+        """`search` as given to PEG/PEP (checked by its constraint): a ScaleSearch, or a
+        method's name for one with that method and the other options' defaults."""
+        return search if isinstance(search, ScaleSearch) else cls(method=search)
 
     def recorded(self) -> dict[str, Any] | None:
         """The options as a recipe records them (JSON; None: a callable criterion, which a
@@ -241,8 +241,8 @@ class SearchRun:
         criterion, race = options.criterion, options.race
         regression = is_regression(self.y)
         table = REGRESSION_CRITERIA if regression else CRITERIA
-        # a name is looked up, a callable kept: `dict.get` cannot type both keys at once
-        self.criterion = table.get(criterion, criterion)  # type: ignore[call-overload]
+        # a name is looked up (`check_task` has refused one the task's table lacks), a callable kept
+        self.criterion = criterion if callable(criterion) else table[criterion]
         self.per_point = criterion in PER_POINT and not regression
         point_losses = REGRESSION_POINT_LOSSES if regression else POINT_LOSSES
         self.point_loss = point_losses.get(criterion) if isinstance(criterion, str) else None
