@@ -134,7 +134,7 @@ def test_a_lazy_recipe_is_the_eager_one(overfit_mlp, moons_data, tmp_path, store
     # rebuilt from the recipe: the eager members, bit for bit
     loaded = peg.load(paths[1], overfit_mlp, val=val)
     assert torch.equal(loaded.member_logits(X), eager.member_logits(X))
-    if store == "full":
+    if store == "full":  # one chunk of all 6 members: the same shapes, the same bits
         assert torch.equal(lazy.member_logits(X, chunk_size=6), loaded.member_logits(X))
 
 
