@@ -130,7 +130,11 @@ def test_evaluate_and_conformal_sets_in_every_placement(placement, gpu, trained)
     assert peg.evaluate(model, loader) == pytest.approx(peg.evaluate(trained, *test), abs=1e-5)
     conformal = peg.ConformalClassifier(alpha=0.2, score="lac").fit(model, val_on)
     reference = peg.ConformalClassifier(alpha=0.2, score="lac").fit(trained, val)
-    assert torch.equal(cpu(conformal.predict_set(test_on[0])), reference.predict_set(test[0]))
+    sets, expected_sets = cpu(conformal.predict_set(test_on[0])), reference.predict_set(test[0])
+    # another device's kernels round otherwise: a score within that of q̂ may go either way
+    scores = 1 - reference.predict_proba(test[0]).double()  # the "lac" score
+    near = (scores - torch.as_tensor(reference.quantile_).double()).abs() <= GPU_TOL
+    assert torch.equal(sets[~near], expected_sets[~near])
 
 
 @pytest.mark.parametrize("placement", PLACEMENTS)

@@ -180,7 +180,8 @@ def test_the_loop_runs_member_modules_that_share_the_stacked_storage(bn_net):
     ens = peg.Ensemble.from_models(members(bn_net, 3))
     X = torch.randn(9, 2)
     functional = torch.stack([ens._member_output(i, X) for i in range(len(ens))])
-    assert torch.equal(ens.member_logits(X, strategy="loop"), functional)
+    # modules vs functional_call: the same values, maybe another kernel (layout, alignment)
+    torch.testing.assert_close(ens.member_logits(X, strategy="loop"), functional)
     storages = {
         t.untyped_storage().data_ptr() for t in [*ens.stacked.values(), *ens.shared.values()]
     }
@@ -198,7 +199,8 @@ def test_the_loop_builds_member_modules_only_for_an_ensemble_used_on_many_batche
     """A scale search predicts a few batches per ensemble (`Ensemble._sharing`): those run by
     functional_call, without a module copy per member, and from batch LOOP_MODULES_AFTER on
     the member modules; an ensemble a user holds builds them on its first batch
-    (LOOP_MODULES_AFTER_HELD). The same logits either way."""
+    (LOOP_MODULES_AFTER_HELD). The same logits either way (up to float32 rounding: batches of
+    2 and one of 8 may run matrix-product kernels that round differently)."""
     from peg import _strategies
 
     monkeypatch.setattr(_strategies, "LOOP_MODULES_AFTER", 2)
@@ -212,7 +214,7 @@ def test_the_loop_builds_member_modules_only_for_an_ensemble_used_on_many_batche
         batches = [ens.member_logits(X[i : i + 2], strategy="loop") for i in range(0, 8, 2)]
         assert len(built) == 4 - first  # from batch `first` (0-based) on
         whole = ens.member_logits(X, strategy="loop")
-        torch.testing.assert_close(torch.cat(batches, 1), whole, rtol=0, atol=0)
+        torch.testing.assert_close(torch.cat(batches, 1), whole)
 
 
 @pytest.mark.parametrize("autocast", ["bf16", torch.bfloat16, "fp16"])

@@ -29,6 +29,7 @@ from peg._strategies import AUTO_VECTORISE_FLOPS as AUTO_VECTORISE_FLOPS
 from peg._strategies import AUTO_VECTORISE_FLOPS_CONV as AUTO_VECTORISE_FLOPS_CONV
 from peg._strategies import AUTO_VECTORISE_ROWS_CONV as AUTO_VECTORISE_ROWS_CONV
 from peg._strategies import STRATEGIES, MemberStrategies, Strategy, call_key
+from peg._wrappers import archived_meta
 from peg.output import model_output
 from peg.source import Data, Source
 from peg.source._devices import move
@@ -401,9 +402,12 @@ class Ensemble(Predicts, MemberStrategies):
 
     # ---------------------------------------------------------------- persistence
     def save(self, path: str) -> str:
-        """Write the ensemble to `path` (safetensors + JSON header; atomic). Returns the path."""
+        """Write the ensemble to `path` (safetensors + JSON header; atomic). Returns the path.
+        A skeleton wrapping the user's model (a chained base: "TS → PEG") is recorded in the
+        meta (`peg._wrappers`), so the archive loads with the model itself."""
         arch = type(self.skeleton).__name__
-        return archive.write(path, self.stacked, self.shared, self.meta, arch)
+        meta = archived_meta(self.meta, self.skeleton)
+        return archive.write(path, self.stacked, self.shared, meta, arch)
 
     def __repr__(self) -> str:
         method = self.meta.get("method", "?")

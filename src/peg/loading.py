@@ -28,6 +28,7 @@ from peg._load_checks import (
     check_calibration_tensors,
     check_device,
 )
+from peg._wrappers import around
 from peg.ensemble import Ensemble
 from peg.errors import ArchiveError
 from peg.output import PREFIX
@@ -157,10 +158,11 @@ def load(
         calibrator_for(calibration)
         check_calibration_entry(path, calibration)
     stacked, shared = archive.read_tensors(path, header)  # CPU; moved below with the model
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     got = {k: tuple(v.shape[1:]) for k, v in stacked.items()} | {
         k: tuple(v.shape) for k, v in shared.items()
     }
+    model = around(model, header.get("meta") or {}, got, str(path))  # "TS → PEG": Scaled(model)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     if expected != got:
         if {PREFIX + k: v for k, v in expected.items()} == got:
             raise ArchiveError(

@@ -309,22 +309,6 @@ def test_folds_of_few_points_are_warned_of_and_the_run_goes_on():
     assert sel.chosen_ == "TS"
 
 
-def test_a_chosen_ts_then_peg_loads_around_the_scaled_model(tmp_path, monkeypatch):
-    from peg.apps.chain import Scaled
-    from peg.apps.select import auto
-
-    choose = auto.choose  # TS, its base, is a candidate too and may win: make TS → PEG win
-    monkeypatch.setattr(auto, "choose", lambda *a, **k: (choose(*a, **k)[0], "TS → PEG"))
-    model, val = problem(600, 3, [3.0] * 3)
-    sel = AutoSelect(candidates=["TS → PEG"], cv=2, progress=False).fit(model, val)
-    assert sel.chosen_ == "TS → PEG"
-    path = sel.save(tmp_path / "chosen.peg")
-    T = read_header(path)["meta"]["auto_select"]["scales"]["TS"]["T"]
-    loaded = peg.load(path, Scaled(nn.Linear(3, 3), T), val=val)
-    X = val[0][:40]
-    assert torch.allclose(loaded.predict_proba(X), sel.predict_proba(X), atol=1e-5)
-
-
 test_bad_input = raises_test(ERROR_CASES)
 
 

@@ -190,10 +190,12 @@ def test_the_newton_cg_path_for_many_classes_finds_newtons_optimum(monkeypatch):
             torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
 
 
-def _probs(model: nn.Module, X: torch.Tensor) -> np.ndarray:
-    """p̄ as the calibrators see it: exp of log p̄ (float64)."""
+def _probs(model: nn.Module, X: torch.Tensor, batch_size: int = 512) -> np.ndarray:
+    """p̄ as the calibrators see it: exp of log p̄ (float64), the logits in the calibrators'
+    batches (their default 512 rows: the same matrix-product shapes, so the same bits)."""
     with torch.no_grad():
-        return ensemble_log_probs(model(X)[None]).exp().numpy()
+        logits = torch.cat([model(x) for x in X.split(batch_size)])
+        return ensemble_log_probs(logits[None]).exp().numpy()
 
 
 def _reference_renormalised(q: np.ndarray, floor: float) -> np.ndarray:

@@ -198,3 +198,37 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[Exception], str]] =
 
 
 test_bad_input_raises_a_clear_error = raises_test(ERROR_CASES)
+
+
+def test_an_ensemble_around_a_wrapper_loads_with_the_bare_model(tmp_path) -> None:
+    """An archive of members around `Scaled(model, T)` records T (`peg._wrappers`) and loads
+    with the bare model, predicting as saved (a round trip of the same weights: the same
+    kernels on the same shapes, so the same bits)."""
+    from peg.methods.calibration.composed import Scaled
+
+    ensemble = peg.Ensemble.from_models([Scaled(_net(), 2.5), Scaled(_net(), 2.5)])
+    path = ensemble.save(str(tmp_path / "scaled.peg"))
+    X = _data(30, seed=4)[0]
+    loaded = peg.load(path, nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 4)))
+    assert isinstance(loaded.skeleton, Scaled) and loaded.skeleton.temperature == 2.5
+    assert torch.equal(loaded.member_logits(X), ensemble.member_logits(X))
+
+
+@pytest.mark.parametrize(
+    ("record", "shapes", "message"),
+    [
+        ({"kind": "Scaled", "temperature": -1.0}, {}, r"'meta\.wrapped\.temperature': expected a"),
+        ({"kind": "Scaled"}, {}, r"'meta\.wrapped\.temperature'"),
+        ({"kind": "Spline"}, {}, r"'meta\.wrapped\.kind': expected one of"),
+        ({"kind": "CalibratedModel", "log_probs": 1}, {}, r"'meta\.wrapped\.log_probs'"),
+        ({"kind": "CalibratedModel", "log_probs": True}, {"map.bias": (10**9,)},
+         r"needs its map, 'map\.weight' \[C, C\]"),
+    ],
+)  # fmt: skip
+def test_a_forged_wrapper_record_is_an_archive_error_naming_the_field(record, shapes, message):
+    """The record is untrusted JSON: each field checked, C taken from the archive's own map
+    (a bias of 10⁹ without its weight allocates nothing)."""
+    from peg._wrappers import around
+
+    with pytest.raises(peg.errors.ArchiveError, match=r"x\.peg: .*" + message):
+        around(_net(), {"wrapped": record}, shapes, "x.peg")

@@ -58,12 +58,18 @@ class _Means(RegressorMixin, BaseEstimator):
         return self.mu[np.asarray(X)[:, 0].astype(int)]
 
 
-def _data(n: int, seed: int = 0) -> tuple[nn.Module, torch.Tensor, torch.Tensor, np.ndarray]:
+def _data(
+    n: int, seed: int = 0, n_cal: int | None = None
+) -> tuple[nn.Module, torch.Tensor, torch.Tensor, np.ndarray]:
+    """A model, inputs, labels and the model's probabilities, computed on the calibration rows
+    (the first `n_cal`) and the rest apart, as peg's predictor computes them (one batch each):
+    the same matrix-product shapes, so the same bits on any CPU."""
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, C)).eval()
     x = torch.randn(n, 4)
     with torch.no_grad():
-        p = model(x).softmax(-1)
+        parts = (x,) if n_cal is None else (x[:n_cal], x[n_cal:])
+        p = torch.cat([model(part) for part in parts]).softmax(-1)
     y = torch.multinomial(p, 1, generator=torch.Generator().manual_seed(seed))[:, 0]
     return model, x, y, p.double().numpy()  # what peg's scores are computed from
 
@@ -83,7 +89,7 @@ def _mapie_lac(probs: np.ndarray, y: np.ndarray, n_cal: int, alpha: float):
 
 @pytest.mark.parametrize(("n_cal", "alpha"), [(300, 0.1), (500, 0.05), (199, 0.2)])
 def test_lac_quantile_and_sets_equal_mapie(n_cal, alpha):
-    model, x, y, p = _data(n_cal + 400)
+    model, x, y, p = _data(n_cal + 400, n_cal=n_cal)
     cp = peg.ConformalClassifier(alpha=alpha, score="lac").fit(model, (x[:n_cal], y[:n_cal]))
     q, sets = _mapie_lac(p, y.numpy(), n_cal, alpha)
     assert cp.quantile_ == q  # to the bit
@@ -95,7 +101,7 @@ def test_lac_quantile_and_sets_equal_mapie(n_cal, alpha):
 
 def test_where_the_rank_differs_from_mapie():
     """n = 99, α = 0.45: peg's k = 55 (exact), MAPIE's 56 (from the float 100 · 0.55)."""
-    model, x, y, p = _data(200)
+    model, x, y, p = _data(200, n_cal=99)
     cp = peg.ConformalClassifier(alpha=0.45).fit(model, (x[:99], y[:99]))
     q, _ = _mapie_lac(p, y.numpy(), 99, 0.45)
     scores = np.sort(1 - p[np.arange(99), y[:99].numpy()])
@@ -126,8 +132,9 @@ def test_absolute_residual_intervals_equal_mapie():
     models = [nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 2)).eval() for _ in range(3)]
     ens = peg.Ensemble.from_models(models)
     x = torch.randn(700, 3)
-    with torch.no_grad():
-        mu = ens.member_logits(x)[..., 0].double().mean(0)
+    with torch.no_grad():  # the calibration and test rows apart, as `cr` predicts them
+        mu = torch.cat([ens.member_logits(part)[..., 0] for part in (x[:300], x[300:])], 1)
+        mu = mu.double().mean(0)
     t = mu + 0.5 * torch.randn(700, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     cr = peg.ConformalRegressor(score="absolute").fit(ens, (x[:300], t[:300]))
     means = _Means(mu.numpy())

@@ -3,6 +3,7 @@ and PEP's search scoring twice the points PEG's does (docs/performance.md, the f
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import peg
@@ -39,9 +40,12 @@ def test_shared_skeleton_search_chooses_as_copies_do(overfit_mlp, moons_data, mo
         ),
     )
     copied = peg.PEG(n_members=4, seed=0).fit(overfit_mlp, moons_data["val"])
-    assert fitted.search_ == copied.search_ and fitted.eta_ == copied.eta_
+    # the shared skeleton's loop swaps tensors into it (functional_call), the copies run member
+    # modules: the same scores and choice up to float32 rounding
+    assert fitted.search_ == pytest.approx(copied.search_)
+    assert fitted.eta_ == pytest.approx(copied.eta_)
     X = moons_data["test"][0]
-    torch.testing.assert_close(fitted.member_logits(X), copied.member_logits(X), rtol=0, atol=0)
+    torch.testing.assert_close(fitted.member_logits(X), copied.member_logits(X))
 
 
 def test_pep_scores_the_points_peg_holds_out(overfit_mlp, moons_data):

@@ -60,6 +60,8 @@ def test_full_rows_give_the_eager_members_bit_for_bit(overfit_mlp, moons_data, e
     lazy = _fit(overfit_mlp, moons_data["val"], eta=eta, lazy=True)  # lazy_store="full"
     X = moons_data["test"][0]
     assert lazy.lazy_store_ == "full"
+    # one chunk of all 6 members: the eager ensemble's weights (the same arithmetic, `_stack`)
+    # run on the same shapes, so the same kernels and bits
     assert torch.equal(lazy.member_logits(X, chunk_size=6), eager.member_logits(X))
     pairs = zip(lazy.ensemble().stacked.values(), eager.ensemble_.stacked.values(), strict=True)
     for got, want in pairs:
@@ -116,7 +118,7 @@ def test_lazy_auto_follows_the_memory_budget(overfit_mlp, moons_data):
         )
         assert fitted.lazy_store_ == held, (budget, store)
         assert hasattr(fitted, "ensemble_") == (held is None)
-        if held in (None, "full", "regenerate"):
+        if held in (None, "full", "regenerate"):  # one chunk of all 6: the same shapes
             assert torch.equal(fitted.member_logits(X, chunk_size=6), want)
     assert available_memory(torch.device("cpu")) > 0
 
@@ -132,7 +134,7 @@ def test_a_lazy_recipe_is_the_eager_one(overfit_mlp, moons_data, tmp_path, store
     # rebuilt from the recipe: the eager members, bit for bit
     loaded = peg.load(paths[1], overfit_mlp, val=val)
     assert torch.equal(loaded.member_logits(X), eager.member_logits(X))
-    if store == "full":
+    if store == "full":  # one chunk of all 6 members: the same shapes, the same bits
         assert torch.equal(lazy.member_logits(X, chunk_size=6), loaded.member_logits(X))
 
 
@@ -143,7 +145,7 @@ def test_lazy_pep_stores_its_noise(overfit_mlp, moons_data):
     for store in ("full", "float16"):
         lazy = peg.PEP(lazy=True, lazy_store=store, **options).fit(overfit_mlp, val)
         got, want = lazy.member_logits(X, chunk_size=4), eager.member_logits(X)
-        if store == "full":
+        if store == "full":  # one chunk of all 4 members: the same shapes, the same bits
             assert torch.equal(got, want)
         else:
             torch.testing.assert_close(got, want, rtol=0, atol=1e-3 * want.abs().max().item())

@@ -85,6 +85,7 @@ def test_the_ascent_step_is_the_descent_step_negated(overfit_mlp, moons_data, tm
     options = {"n_members": 4, "grad_batch_size": 32, "eta": 0.05, "seed": 3}
     down = peg.PEG(**options).fit(overfit_mlp, val)
     up = peg.PEG(**options, direction="ascent").fit(overfit_mlp, val)
+    # the same gradients on the same mini-batches, negated: the same bits
     torch.testing.assert_close(up.directions_[0], -down.directions_[0], rtol=0, atol=0)
     assert up.meta_["direction"] == "ascent" and down.meta_["direction"] == "descent"
     theta = overfit_mlp.state_dict()["0.weight"]
@@ -107,7 +108,7 @@ def test_gradient_reuse_equals_members_built_one_at_a_time(overfit_mlp, moons_da
         overfit_mlp, moons_data["val"]
     )
     for k, v in direct.ensemble_.stacked.items():
-        torch.testing.assert_close(searched.ensemble_.stacked[k], v, rtol=0, atol=1e-6)
+        torch.testing.assert_close(searched.ensemble_.stacked[k], v)
 
 
 @pytest.mark.parametrize("search", ["surrogate", "golden"])

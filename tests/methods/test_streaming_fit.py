@@ -112,7 +112,9 @@ def test_an_iterable_dataset_is_refused_by_peg_and_scored_on_its_head_by_pep():
     assert pep.meta_["validation_points"] == {"total": 300, "directions": 300, "scoring": 100}
     every = peg.ScaleSearch(max_points=None, holdout=0)  # an indexable set: every point
     pair = _fit(peg.PEP, (X[:100], Y[:100]), sigma=[0.01, 0.1], search=every)
-    assert pep.search_ == pair.search_  # the first 100 points, in order, as σ's scoring set
+    # the first 100 points, in order, as σ's scoring set: the same scores up to rounding (the
+    # stream is predicted in batches of 32, the pair in one of 100: other kernel shapes)
+    assert pep.search_ == pytest.approx(pair.search_)
 
 
 def test_the_scoring_cap():

@@ -137,7 +137,7 @@ class Fitting:
             return None
         try:
             return load(path, self.model, val=self.val, batch_fn=self.batch_fn)
-        except Exception:  # an archive of another architecture (TS → PEG's), damaged: refit
+        except Exception:  # another architecture (a chain saved unrecorded), damaged: refit
             return None
 
     def predictors(self) -> dict[str, Any]:

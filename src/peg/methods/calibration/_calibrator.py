@@ -43,6 +43,7 @@ from torch import Tensor, nn
 
 from peg import archive
 from peg._schema import Fields
+from peg._wrappers import archived_meta
 from peg.ensemble import Ensemble, Predicts
 from peg.errors import ArchiveError
 from peg.loading import register_calibrator
@@ -325,7 +326,7 @@ class Calibrator(Predicts, Method):
             meta = {**weightless_meta(base), "calibration": entry}
             return archive.write(os.fspath(path), {}, {}, meta, type(base).__name__, dict(tensors))
         ensemble = ensemble_of(base)
-        meta = {**ensemble.meta, "calibration": entry}
+        meta = {**archived_meta(ensemble.meta, ensemble.skeleton), "calibration": entry}
         arch = type(ensemble.skeleton).__name__
         return archive.write(
             os.fspath(path), ensemble.stacked, ensemble.shared, meta, arch, dict(tensors)

@@ -12,8 +12,9 @@ module, `calibrated_module(calibrator)` gives `CalibratedModel(model, map)`:
 whose softmax is the calibrator's prediction (up to float32 rounding: the calibrators compute
 in float64). The map is the module's last Linear, so PEG perturbs it with the rest
 (`params="all"`) or alone (`params="last_layer"`: "Dirichlet → last-layer PEG"), and K-FAC has
-factors for it. A recipe archive of PEG around it loads with `peg.load(path,
-CalibratedModel(model, C, log_probs=...), val=val)`: the skeleton's map weights are replaced.
+factors for it. An archive of PEG around `Scaled` or `CalibratedModel` records the wrapper
+(`peg._wrappers`): it loads with the user's own model, `peg.load(path, model, val=val)`, wrapped
+as it was saved (T from the record, the map's weights from the archive).
 Other maps (histogram binning, isotonic, spline: piecewise; ensemble TS: a mixture of
 probabilities; order-preserving: piecewise linear) are not an affine layer: refused.
 
@@ -26,11 +27,15 @@ or a calibrator fitted on an ensemble, are a clear error naming `model`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
+from peg._schema import Fields
+from peg._wrappers import register
+from peg.errors import ArchiveError
 from peg.methods.base import is_fitted
 from peg.methods.calibration._calibrator import Calibrator
 from peg.methods.calibration.scaling import _Affine
@@ -51,6 +56,10 @@ class Scaled(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return logits_of(self.model(*args, **kwargs)) / self.temperature
+
+    def wrapper_record(self) -> dict[str, Any]:
+        """What an archive records of this wrapper (`peg._wrappers`): T, no tensor."""
+        return {"temperature": self.temperature}
 
 
 class CalibratedModel(nn.Module):
@@ -77,6 +86,36 @@ class CalibratedModel(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         s = logits_of(self.model(*args, **kwargs))
         return self.map(s.log_softmax(-1) if self.log_probs else s)
+
+    def wrapper_record(self) -> dict[str, Any]:
+        """What an archive records of this wrapper (`peg._wrappers`): the map's weights are
+        entries of the state dict, `log_probs` is not."""
+        return {"log_probs": self.log_probs}
+
+
+def _scaled(model: nn.Module, record: Fields, shapes: Mapping[str, tuple[int, ...]]) -> Scaled:
+    """`Scaled(model, T)` from an archive's record (`peg._wrappers`)."""
+    return Scaled(model, record.number("temperature", positive=True))
+
+
+def _calibrated(
+    model: nn.Module, record: Fields, shapes: Mapping[str, tuple[int, ...]]
+) -> CalibratedModel:
+    """`CalibratedModel(model, C, log_probs)` from an archive's record, C from the archive's
+    own map (`map.weight` [C, C], `map.bias` [C]: no size the record alone implies)."""
+    log_probs = record.boolean("log_probs")
+    bias, weight = shapes.get("map.bias"), shapes.get("map.weight")
+    if bias is None or len(bias) != 1 or weight != (bias[0], bias[0]) or bias[0] < 1:
+        raise ArchiveError(
+            f"{record.where}: a CalibratedModel archive needs its map, 'map.weight' [C, C] and "
+            f"'map.bias' [C]; it holds {weight} and {bias}"
+        )
+    return CalibratedModel(model, bias[0], log_probs=log_probs)
+
+
+# archives of PEG around either load with the user's own model ("TS → PEG", "Dirichlet → PEG")
+register(Scaled, _scaled)
+register(CalibratedModel, _calibrated)
 
 
 def composable(calibrator: Any) -> bool:
