@@ -37,7 +37,7 @@ from peg._progress import _disable, lines
 from peg.apps.bench.spec import MethodSpec
 from peg.apps.compare.collapse import indistinguishable
 from peg.apps.compare.methods import MODEL
-from peg.apps.select.folds import mean_se
+from peg.apps.select.folds import beyond, mean_se
 
 # max_fit_seconds="auto": the whole fit's budget, in temperature scaling fits on the same model
 # and data (a forward pass of val and the one-parameter fit, measured in the run)
@@ -196,7 +196,7 @@ class Plan:
         best = cross.points[leader][covered]
         for name in self._kept(cross):
             diff, se = mean_se(cross.points[name][covered] - best)
-            if name != leader and diff > self.race * se:
+            if name != leader and beyond(diff, se, self.race):
                 why = (f"raced out after fold {f + 1}: worse than {leader} by {diff:+.4f} ± "
                        f"{se:.4f} (paired), beyond {self.race:g} SE")  # fmt: skip
                 if indistinguishable(cross.gaps.get(name)):  # still said (`collapse`)
