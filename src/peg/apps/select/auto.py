@@ -207,7 +207,9 @@ class AutoSelect(Reported, Predicts, Method):
         folds = stratified_folds(y, self.cv, self.seed)  # class counts checked before fitting
         cross = self._cross(model, source, logits, y, specs, rows)
         cross._model_flops = model_flops
-        cross.run(folds, self._budget, self._plan(budget, cross, clock))
+        plan = Plan(budget, self.race, clock, fold_lines(cross.progress), forward,
+                    int(logits.shape[-1]))  # fmt: skip
+        cross.run(folds, self._budget, plan)
         report, chosen = choose(cross, specs, everything, self.one_se, skipped)
         self.reliability_ = page.reliability(logits, y, cross.top[chosen], chosen)
         chain = self._refit(cross, specs, chosen, everything)
