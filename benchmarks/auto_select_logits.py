@@ -49,7 +49,9 @@ def run(
         )
         seconds = time.perf_counter() - started
         rows[name] = (fitted, seconds, test_nll(fitted, zt, yt))
-        print(f"  {name:10s} {seconds:7.1f} s = {seconds / ts:5.1f} x TS; chose "
+        budget = fitted.cost_["budget_seconds"]
+        within = "" if budget is None else f" ({seconds / budget:.2f} x its {budget:.3g} s budget)"
+        print(f"  {name:10s} {seconds:7.1f} s = {seconds / ts:5.1f} x TS{within}; chose "
               f"{fitted.chosen_:16s} test NLL {float(rows[name][2].mean()):.4f}")  # fmt: skip
         for row in fitted.report_:
             if row["status"] != "kept" and not row["status"].startswith("chosen"):

@@ -41,6 +41,7 @@ from peg.apps.compare.methods import MODEL, options
 from peg.apps.select.folds import point_scores
 from peg.apps.select.race import Plan, cheap_first
 from peg.methods._predictors import logits_and_labels
+from peg.methods.calibration._affine_select import reduces_to
 from peg.methods.calibration.temperature import TemperatureScaling
 from peg.methods.perturbation._scale_search import MAX_SCORE_POINTS
 from peg.metrics._inputs import ensemble_log_probs
@@ -77,7 +78,9 @@ class CrossFit:
     fit seconds per fold, a chained candidate's base's included), `forwards` (name →
     prediction cost, measured on the first fold's predictor), `gaps` (name →
     `collapse.vs_base` on the held-out points, the largest over the folds; None where not
-    measured: no more members than its base) and `dropped` (name → why)."""
+    measured: no more members than its base), `reduced` (name → per fold, the simpler map an
+    affine map's cross-validated strengths made it: `_affine_select.reduces_to`) and
+    `dropped` (name → why)."""
 
     def __init__(
         self,
@@ -106,6 +109,8 @@ class CrossFit:
         self.forwards: dict[str, float | None] = {}
         self.dropped: dict[str, str] = {}
         self.gaps: dict[str, float | None] = {}
+        # name → per scored fold, the simpler map its chosen strengths made it (None: none)
+        self.reduced: dict[str, list[str | None]] = {s.name: [] for s in specs}
         self._fold_seconds: dict[str, float] = {}  # this fold's, chained
         self._bases = {s.base for s in specs}
         self._held: dict[str, tuple[int, Tensor]] = {}  # this fold's bases: members, log-probs
@@ -249,7 +254,7 @@ class CrossFit:
         started = time.perf_counter()
         if self._model_flops is None:
             self._model_flops = flops(self.model, self.rows)
-        own = flops(predictor, self.rows)
+        own = flops(predictor, self.rows) if self._model_flops else 0
         self._probing = time.perf_counter() - started  # once a candidate: not a fold's cost
         return own / self._model_flops if self._model_flops else None
 
@@ -298,6 +303,10 @@ class CrossFit:
                 gap = None if gap is None or before is None else max(gap, before)
             self.gaps[name] = gap
             self.seconds[name].append(self._fold_seconds[name])
+            record = getattr(predictor, "regularisation_", None)
+            full = bool(getattr(predictor, "full", False))
+            self.reduced[name].append(reduces_to(record if isinstance(record, dict) else None,
+                                                 full))  # fmt: skip
             if f == 0:
                 self.forwards[name] = self._forwards(predictor)
         except Exception as e:  # a failing candidate is dropped; the others go on

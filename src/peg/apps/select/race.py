@@ -11,15 +11,18 @@ the folds and a time budget for the whole fit, relative to temperature scaling's
 - **Budget** (seconds, for the whole `AutoSelect.fit`: the validation pass, every fold, the
   refit of the choice): a candidate is started on the first fold only if the budget allows it
   and every candidate already kept to finish (its cost estimated, before it has run, by the
-  dearest network candidate fitted so far); after each fold, while the kept candidates' cost of
-  the remaining folds (measured: their mean seconds a fold, fit and scoring) and the refit of
-  the leader would pass the budget, the dearest one that is not the leader is dropped, saying
-  so. The maps on the cached logits (no forward pass: temperature, ensemble TS, ..., vector
-  and matrix scaling, Dirichlet) are admitted the same way, each estimated by the dearest map
+  dearest network candidate fitted so far, and at least its `members` forward passes of the
+  validation data); after each fold, while the kept candidates' cost of the remaining folds
+  (measured: their mean seconds a fold, fit and scoring) and the refit of the leader would pass
+  the budget, the one whose drop saves most is dropped, saying so (the leader only where it
+  alone passes the budget: a candidate running past the budget is stopped at the next fold).
+  The maps on the cached logits (no forward pass: temperature, ensemble TS, ..., vector and
+  matrix scaling, Dirichlet) are admitted the same way, each estimated by the dearest map
   fitted so far (they go from the fewest parameters to the most: at 1,000 classes matrix
   scaling's fold costs 20-40 TS fits, and would otherwise spend the budget of the cheaper
-  maps); the first candidate in the order (temperature scaling by default) and the leader are
-  never dropped.
+  maps; a full map, matrix scaling or Dirichlet, is priced at least at the diagonal map's
+  measured fold × `full_map_factor(C)`, C² parameters against C); the first candidate in the
+  order (temperature scaling by default) is never dropped.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from peg._progress import _disable, lines
 from peg.apps.bench.spec import MethodSpec
 from peg.apps.compare.collapse import indistinguishable
 from peg.apps.compare.methods import MODEL
-from peg.apps.select.folds import mean_se
+from peg.apps.select.folds import beyond, mean_se
 
 # max_fit_seconds="auto": the whole fit's budget, in temperature scaling fits on the same model
 # and data (a forward pass of val and the one-parameter fit, measured in the run)
@@ -65,6 +68,29 @@ COST_ORDER = (
     "TS → PEG",
     "PEP",
 )
+
+
+# a full affine map's fold (matrix scaling, Dirichlet: C² parameters) in the diagonal map's
+# folds (vector scaling: C), its price before it has run: measured 1.8 at 10 and 100 classes
+# (500 points: Newton), 90 at 1,000 (L-BFGS on 10⁶ parameters; 19.3 s against 0.215 s)
+FULL_MAPS = ("matrix-scaling", "dirichlet")
+
+
+def full_map_factor(classes: int) -> float:
+    """A full map's fold seconds over the diagonal map's at `classes` classes (see above)."""
+    return max(2.0, (classes / 100) ** 2)
+
+
+# the members a network candidate forwards by default: a fold of it costs at least this many
+# forward passes of the validation data (fitted on K - 1 folds, predicting the held-out one)
+MEMBERS = {"peg": 15, "pep": 15, "mc-dropout": 15}
+
+
+def members(spec: MethodSpec) -> int:
+    """Members `spec` forwards (1: one forward, or a head after one: last-layer PEG)."""
+    if spec.options.get("params") == "last_layer":
+        return 1
+    return int(spec.options.get("n_members", MEMBERS.get(spec.method, 1)))
 
 
 def fold_lines(progress: bool | None) -> Callable[[str], None]:
@@ -109,9 +135,11 @@ class Plan:
     """
 
     def __init__(
-        self, budget: float | None, race: float | None, started: float, say: Callable[[str], None]
-    ) -> None:
+        self, budget: float | None, race: float | None, started: float,
+        say: Callable[[str], None], forward: float = 0.0, classes: int = 0,
+    ) -> None:  # fmt: skip
         self.budget, self.race, self.started, self.say = budget, race, started, say
+        self.forward, self.classes = forward, classes
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
@@ -122,11 +150,24 @@ class Plan:
         steps = cross.steps.get(name) or []
         return sum(steps) / len(steps) if steps else None
 
-    def _prior(self, cross: Any, cheap: bool) -> float:
-        """A candidate's seconds a fold before it has run: the dearest so far of its kind (maps
-        on the cached logits, or network candidates; 0 before any: the first always runs)."""
-        return max((max(v) for n, v in cross.steps.items() if v and cross.cheap(n) == cheap),
-                   default=0.0)  # fmt: skip
+    def _prior(self, cross: Any, spec: MethodSpec) -> float:
+        """`spec`'s price, its seconds a fold before it has run: the dearest so far of its kind
+        (maps on the cached logits, or network candidates; 0 before any), and at least, for a
+        full affine map, the diagonal map's measured fold × `full_map_factor`, for a network
+        candidate its `members` forward passes of the validation data."""
+        cheap = cross.cheap(spec.name)
+        guess = max((max(v) for n, v in cross.steps.items() if v and cross.cheap(n) == cheap),
+                    default=0.0)  # fmt: skip
+        if cheap and spec.method in FULL_MAPS:
+            diagonal = [max(v) for n, v in cross.steps.items() if v and self._method(cross, n)
+                        == "vector-scaling"]  # fmt: skip
+            guess = max(guess, max(diagonal, default=guess) * full_map_factor(self.classes))
+        elif not cheap and spec.base == MODEL:
+            guess = max(guess, members(spec) * self.forward)
+        return guess
+
+    def _method(self, cross: Any, name: str) -> str | None:
+        return next((s.method for s in cross.order if s.name == name), None)
 
     def _kept(self, cross: Any) -> list[str]:
         return [s.name for s in cross.order if s.name not in cross.dropped]
@@ -158,14 +199,14 @@ class Plan:
         """Why `spec` is not started on the first fold (None: it is)."""
         if self.budget is None or spec is cross.order[0]:
             return None
-        guess = self._prior(cross, cross.cheap(spec.name))
+        guess = self._prior(cross, spec)
         kept = [n for n in self._kept(cross) if n != spec.name]
         cost = self._remaining(cross, kept, folds - 1) + folds * guess
         if self.elapsed() + cost <= self.budget:
             return None
         return (
             f"not started: budget {self.budget:.3g} s ({self.elapsed():.3g} s spent; the kept "
-            f"candidates' remaining folds and {folds} folds of this one at an estimated "
+            f"candidates' remaining folds and {folds} folds of this one at a price of "
             f"{guess:.3g} s each would take {cost:.3g} s more)"
         )
 
@@ -178,7 +219,7 @@ class Plan:
             self._race(cross, covered, leader, f)
         left = len(folds) - 1 - f
         if self.budget is not None and left > 0:
-            self._trim(cross, leader, len(folds), left)
+            self._trim(cross, leader, len(folds), left, covered)
         eta = self._remaining(cross, self._kept(cross), left)
         eta += self._refit(cross, leader, len(folds))
         budget = "" if self.budget is None else f" of the {self.budget:.3g} s budget"
@@ -196,27 +237,37 @@ class Plan:
         best = cross.points[leader][covered]
         for name in self._kept(cross):
             diff, se = mean_se(cross.points[name][covered] - best)
-            if name != leader and diff > self.race * se:
+            if name != leader and beyond(diff, se, self.race):
                 why = (f"raced out after fold {f + 1}: worse than {leader} by {diff:+.4f} ± "
                        f"{se:.4f} (paired), beyond {self.race:g} SE")  # fmt: skip
                 if indistinguishable(cross.gaps.get(name)):  # still said (`collapse`)
                     why += f"; indistinguishable from its base ({cross.base_of[name]}) so far"
                 cross.dropped[name] = why
 
-    def _trim(self, cross: Any, leader: str | None, folds: int, left: int) -> None:
-        """Drop the dearest kept candidates (not the leader) until the rest fit the budget."""
+    def _trim(
+        self, cross: Any, leader: str | None, folds: int, left: int, covered: Tensor
+    ) -> None:
+        """Drop the kept candidates whose drop saves most (the leader only where it alone
+        passes the budget) until the rest fit the budget."""
         while True:
             kept = self._kept(cross)
             cost = self._remaining(cross, kept, left) + self._refit(cross, leader, folds)
             if self.elapsed() + cost <= self.budget:
                 return
-            saving = {n: self._saving(cross, n, kept) for n in kept
-                      if n not in (leader, cross.order[0].name)}  # fmt: skip
-            if not saving or max(saving.values()) <= 0:
+            saving = {n: v for n in kept if n != cross.order[0].name
+                      and (v := self._saving(cross, n, kept)) > 0}  # fmt: skip
+            core = [n for n in kept if n in (leader, cross.order[0].name)]
+            alone = self._remaining(cross, core, left) + self._refit(cross, leader, folds)
+            # the leader is kept unless it alone passes the budget: then it is stopped first
+            pick = saving if self.elapsed() + alone > self.budget else {
+                n: v for n, v in saving.items() if n != leader}  # fmt: skip
+            if not pick:
                 return
-            name = max(saving, key=lambda n: saving[n])
+            name = max(pick, key=lambda n: pick[n])
             cross.dropped[name] = (
                 f"over budget after fold {folds - left}: {left} more folds at "
                 f"{self._per_fold(cross, name):.3g} s would pass {self.budget:.3g} s "
                 f"({self.elapsed():.3g} s spent, {cost:.3g} s more with it)"
             )
+            if name == leader:
+                leader = self._leader(cross, covered)

@@ -11,6 +11,12 @@ left the members on the base, measured on the held-out points) costs what it cos
 its base's predictions: it is left out of the choice, and says so, unless it is better beyond
 noise (by more than one paired SE) than the best of the others; the choice is made among the
 rest (TS, or its base where that is a candidate, costs less for the same predictions).
+
+Ties go to the simpler map: a paired difference below `folds.TIE` (1e-6) is a tie whatever its
+SE (the fits' numerical noise), and an affine map whose cross-validated shrinkage strengths
+made it its simpler parent on every fold (`_affine_select.reduces_to`: vector scaling at a
+prior of ∞ points per class is temperature scaling's map) is that parent: with the parent a
+kept candidate, it is left out of the choice and says so.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import torch
 from peg.apps.bench.spec import MethodSpec
 from peg.apps.compare.collapse import indistinguishable, note
 from peg.apps.compare.methods import MODEL
-from peg.apps.select.folds import mean_se
+from peg.apps.select.folds import beyond, mean_se
 from peg.apps.select.race import AUTO_BUDGET, MIN_BUDGET_SECONDS
 
 # the named candidates from the simplest to the richest (others after them, in their order)
@@ -48,6 +54,17 @@ SIMPLICITY = (
     "PEP",
     "MC dropout",
 )
+
+
+# (an affine map's method, the simpler map its strengths made it) → the parent's method
+PARENTS = {
+    ("vector-scaling", "temperature"): "temperature",
+    ("matrix-scaling", "temperature"): "temperature",
+    ("dirichlet", "temperature"): "temperature",
+    ("matrix-scaling", "diagonal"): "vector-scaling",  # both on the logits (Dirichlet: log p)
+}
+REDUCED = {"temperature": "temperature scaling's map (a prior of ∞ points per class)",
+           "diagonal": "the diagonal map (an off-diagonal prior of ∞)"}  # fmt: skip
 
 
 def _cost(row: dict[str, Any], order: int) -> tuple[float, int, float]:
@@ -76,7 +93,8 @@ def choose(
             scored = scored[~torch.isnan(scored)]
             if len(scored) > 1:  # raced out or over budget after some folds: on those points
                 mean, se = mean_se(scored)
-                row |= {"partial_mean": mean, "partial_se": se, "partial_points": len(scored)}
+                row |= {"partial_mean": mean, "partial_se": se, "partial_points": len(scored),
+                        "partial_folds": len(seconds)}  # fmt: skip
         else:
             mean, se = mean_se(cross.points[name][covered])
             row |= {"cv_mean": mean, "cv_se": se, "status": "kept", "why": ""}
@@ -86,12 +104,13 @@ def choose(
     if not kept:
         raise ValueError("candidates: every candidate failed or was dropped: " + "; ".join(
             f"{r['candidate']}: {r['why']}" for r in rows))  # fmt: skip
-    pool = _pool(kept, cross, covered)
+    equal = _equal_to_parents(kept, specs, cross)
+    pool = _pool([r for r in kept if r not in equal], cross, covered)
     best = min(pool, key=lambda r: r["cv_mean"])
     for r in kept:
         diff = cross.points[r["candidate"]][covered] - cross.points[best["candidate"]][covered]
         r["diff"], r["diff_se"] = mean_se(diff)
-        r["within_1se"] = r is best or r["diff"] <= r["diff_se"]
+        r["within_1se"] = r is best or not beyond(r["diff"], r["diff_se"])
     chosen = best
     if one_se:
         within = [(kept.index(r), r) for r in pool if r["within_1se"]]
@@ -114,6 +133,29 @@ def _note(row: dict[str, Any]) -> str:
     return note(row["vs_base"], row["base"], row["forwards"], "the held-out points")
 
 
+def _equal_to_parents(
+    kept: list[dict[str, Any]], specs: Sequence[MethodSpec], cross: Any
+) -> list[dict[str, Any]]:
+    """The kept affine maps whose strengths made them the same simpler map on every fold, with
+    that map (`PARENTS`) a kept candidate on the same base: each says so (`equal_to`)."""
+    names = {r["candidate"] for r in kept}
+    equal = []
+    for r in kept:
+        kinds = set(getattr(cross, "reduced", {}).get(r["candidate"]) or [None])
+        kind = kinds.pop() if len(kinds) == 1 else None
+        method = PARENTS.get((r["method"], kind)) if kind is not None else None
+        parent = next((s.name for s in specs if method is not None and s.method == method
+                       and s.base == r["base"] and s.name in names), None)  # fmt: skip
+        if parent is None:
+            continue
+        r["equal_to"] = parent
+        r["why"] = (f"equal to {parent}: on every fold cross-validation shrank it to "
+                    f"{REDUCED[kind]}; left out of the choice ({parent} is the same map, "
+                    "simpler)")  # fmt: skip
+        equal.append(r)
+    return equal
+
+
 def _pool(kept: list[dict[str, Any]], cross: Any, covered: torch.Tensor) -> list[dict[str, Any]]:
     """The candidates the choice is made among: the kept ones, less those indistinguishable
     from their base that are not better beyond noise (their paired difference to the best of
@@ -128,7 +170,7 @@ def _pool(kept: list[dict[str, Any]], cross: Any, covered: torch.Tensor) -> list
             continue
         points = cross.points
         diff, se = mean_se(points[r["candidate"]][covered] - points[rival["candidate"]][covered])
-        if -diff > se:
+        if beyond(-diff, se):
             continue  # better beyond noise than every other candidate: its own merit
         r["why"] = (
             f"{_note(r)}; left out of the choice: not better than {rival['candidate']} beyond "
@@ -147,7 +189,10 @@ def cost_line(cost: dict[str, Any]) -> str:
     """What the fit cost against a temperature scaling fit, and the rule it ran under."""
     text = (f"\nCost: {cost['seconds']:.1f} s = {cost['times_reference']:.1f} × a temperature "
             f"scaling fit ({cost['reference_seconds']:.2f} s: a forward pass of val and the fit "
-            "of T); ")  # fmt: skip
+            "of T, timed after the one-time imports and warm-up); ")  # fmt: skip
+    setup = cost.get("setup_seconds")
+    if setup is not None and setup >= 0.05:
+        text += f"{setup:.2f} s of it one-time setup (imports, warm-up), outside the budget; "
     if cost["budget_seconds"] is None:
         return text + "no budget (max_fit_seconds=None): every candidate on every fold.\n"
     given = cost["max_fit_seconds"]
@@ -182,8 +227,11 @@ def row_cells(r: dict[str, Any]) -> list[str]:
     """A report row's cells as text: candidate, CV score, paired difference to the best,
     forwards / input, fit seconds per fold, status (and why)."""
     score = f"{r['cv_mean']:.4f} ± {r['cv_se']:.4f}" if "cv_mean" in r else "–"
-    if "partial_mean" in r:  # a dropped candidate's score on the folds it ran
-        score = f"({r['partial_mean']:.4f} ± {r['partial_se']:.4f}, {r['partial_points']} pts)"
+    if "partial_mean" in r:  # a dropped candidate's score on the folds it ran: not comparable
+        folds = r.get("partial_folds")
+        on = f"on {folds} fold{'s' if folds != 1 else ''} only" if folds else "on some folds only"
+        score = (f"({r['partial_mean']:.4f} ± {r['partial_se']:.4f} {on}, "
+                 f"{r['partial_points']} pts)")  # fmt: skip
     diff = f"{r['diff']:+.4f} ± {r['diff_se']:.4f}" if "diff" in r else "–"
     status = r["status"] + (f": {r['why']}" if r.get("why") else "")
     return [str(r["candidate"]), score, diff, _num(r.get("forwards"), "{:.2f}"),

@@ -64,6 +64,20 @@ FOLDS = 2  # cross-validation folds (the default `cv`)
 PATH_TOL = 1e-4
 
 
+def reduces_to(record: dict[str, Any] | None, full: bool) -> str | None:
+    """The simpler map a fit of `fit_auto` is, by the strengths it chose (its `record`; None: a
+    fit at fixed strengths, no such claim): "temperature" where every strength is ∞ (W = I / T,
+    b = 0: temperature scaling's map), "diagonal" for a full map whose off-diagonal strength is
+    ∞ (the diagonal map), else None."""
+    if record is None:
+        return None
+    if full and "k_off" in record and record["k_off"] is None:
+        return "temperature" if record.get("k_diagonal", 0.0) is None else "diagonal"
+    if not full and "k_diagonal" in record and record["k_diagonal"] is None:
+        return "temperature"
+    return None
+
+
 def curvatures(s: Tensor, temperature: float) -> tuple[float, float, float]:
     """(a_diagonal, a_bias, a_off): the NLL's curvature along W's diagonal, b and W's
     off-diagonal at temperature scaling's map, averaged over the classes (see the module doc)."""
