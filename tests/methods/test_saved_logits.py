@@ -148,7 +148,8 @@ def test_peg_select_on_saved_logits(tmp_path):
     (X, y) = saved(300, 0)
     np.save(tmp_path / "val.npy", X.numpy())
     np.save(tmp_path / "labels.npy", y.numpy())
-    np.save(tmp_path / "floats.npy", y.numpy().astype(np.float32))
+    # integral floats are labels, as the API reads them (issue 46); a fraction is not
+    np.save(tmp_path / "floats.npy", y.numpy().astype(np.float32) + 0.5)
     peg_cli = [sys.executable, "-m", "peg.apps", "select", "--no-progress"]
     ran = subprocess.run(
         [*peg_cli, "--logits", str(tmp_path / "val.npy"), "--labels", str(tmp_path / "labels.npy"),
@@ -167,4 +168,5 @@ def test_peg_select_on_saved_logits(tmp_path):
         [*peg_cli, "--logits", str(tmp_path / "val.npy"), "--labels", str(tmp_path / "floats.npy")],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
-    assert bad.returncode != 0 and "--labels: expected integer class labels" in bad.stderr
+    assert bad.returncode == 2 and "--labels: expected integer class labels" in bad.stderr
+    assert f"the non-integer value {y[0].item() + 0.5} at row 0" in bad.stderr
