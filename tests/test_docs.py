@@ -5,14 +5,17 @@ it appears, in one namespace per file (a later block sees what an earlier one de
 temporary working directory (the examples write archives and checkpoints there). The blocks are
 self-contained: each file builds its own tiny model and data in its first block, as a reader
 copying them would. A block opened with ```python no-run is shown but not run (long
-benchmarks, torchrun); blocks in other languages (bash, yaml, text) are never run. docs/index.md
-documents this marker.
+benchmarks, torchrun); blocks in other languages (bash, yaml, text) are not run, except a ```bash
+block right under the line `<!-- the docs test runs the next block's commands ... -->`: its
+`peg ...` commands run where the block stands, after the Python blocks above it, in the same
+folder, and must exit 0. docs/index.md documents these markers.
 """
 
 from __future__ import annotations
 
 import ast
 import re
+import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOC_FILES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 NO_RUN = "no-run"  # the one marker: ```python no-run
+RUN_COMMANDS = "<!-- the docs test runs the next block's commands"  # the line above a ```bash block
 README_MAX_LINES = 200
 SLOW_BLOCK_SECONDS = 30  # a block meant to take a second or two; far slower: shrink it or mark it
 FENCE = re.compile(r"^(\s*)(```+)(.*)$")
@@ -34,6 +38,7 @@ class Block:
     line: int  # 1-based line of the block's first code line
     info: str  # the fence's info string, e.g. "python" or "python no-run"
     code: str
+    marked: bool = False  # the line above the fence is RUN_COMMANDS
 
     @property
     def where(self) -> str:
@@ -46,6 +51,16 @@ class Block:
     @property
     def runs(self) -> bool:
         return self.info == "python"
+
+    @property
+    def runs_commands(self) -> bool:
+        return self.marked and self.info == "bash"
+
+    def commands(self) -> list[list[str]]:
+        """The `peg ...` commands of a bash block, continuation lines joined, as argv lists."""
+        text = self.code.replace("\\\n", " ")
+        lines = [line.strip() for line in text.splitlines()]
+        return [shlex.split(line, comments=True) for line in lines if line and line[0] != "#"]
 
 
 def blocks(path: Path) -> list[Block]:
@@ -65,7 +80,8 @@ def blocks(path: Path) -> list[Block]:
             body.append(lines[j][len(indent) :] if lines[j].startswith(indent) else lines[j])
             j += 1
         assert j < len(lines), f"{path.relative_to(ROOT)}:{i + 1}: unclosed code block"
-        found.append(Block(path, i + 2, info, "\n".join(body) + "\n"))
+        marked = i > 0 and lines[i - 1].startswith(RUN_COMMANDS)
+        found.append(Block(path, i + 2, info, "\n".join(body) + "\n", marked))
         i = j + 1
     return found
 
@@ -74,7 +90,7 @@ def _id(path: Path) -> str:
     return str(path.relative_to(ROOT))
 
 
-RUNNABLE = [p for p in DOC_FILES if any(b.runs for b in blocks(p))]
+RUNNABLE = [p for p in DOC_FILES if any(b.runs or b.runs_commands for b in blocks(p))]
 
 
 def test_the_docs_have_examples_to_run():
@@ -103,6 +119,8 @@ def test_examples_run(path, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, object] = {"__name__": "__main__"}
     for b in blocks(path):
+        if b.runs_commands:
+            _run_commands(b)
         if not b.runs:
             continue
         # Pad with blank lines so a traceback points at the line of the markdown file.
@@ -116,6 +134,35 @@ def test_examples_run(path, tmp_path, monkeypatch):
         assert seconds < SLOW_BLOCK_SECONDS or _imports_only(b.code), (
             f"{b.where}: took {seconds:.0f} s; use smaller sizes or mark it ```python {NO_RUN}"
         )
+
+
+def _run_commands(b: Block) -> None:
+    from peg.apps.cli import main
+
+    for argv in b.commands():
+        assert argv[0] == "peg", f"{b.where}: only peg commands are run, not {argv[0]!r}"
+        try:
+            status = main(argv[1:])
+        except SystemExit as e:  # argparse and the one-line errors exit
+            status = e.code
+        assert status == 0, f"{b.where}: {shlex.join(argv)} exited {status}"
+
+
+def test_the_command_blocks_are_marked_and_run():
+    """The README's quick start on the command line and compare's example run as written."""
+    marked = {
+        _id(p): [b.commands()[0][:2] for b in blocks(p) if b.runs_commands] for p in DOC_FILES
+    }
+    assert ["peg", "select"] in marked["README.md"] and ["peg", "compare"] in marked[
+        "docs/compare.md"
+    ]
+    for path in DOC_FILES:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for i, line in enumerate(lines[:-1]):
+            if line.startswith(RUN_COMMANDS):
+                assert lines[i + 1].strip() == "```bash", (
+                    f"{_id(path)}:{i + 1}: marker not above a bash block"
+                )
 
 
 def test_readme_is_short_and_shows_the_commands():
@@ -181,3 +228,21 @@ def test_relative_links_resolve(path):
         assert dest.exists(), f"{_id(path)}: link to {target!r}: no such file"
         if anchor and dest.suffix == ".md":
             assert anchor in anchors(dest), f"{_id(path)}: link to {target!r}: no such heading"
+
+
+# ------------------------------------------------------------------------------------ the site
+def test_the_site_builds(tmp_path):
+    """`mkdocs build --strict` (mkdocs.yml): every page in the nav, every anchor found, no
+    warning; offline (the built-in theme) and quick. Skipped where mkdocs is not installed
+    (it is in the dev extra)."""
+    pytest.importorskip("mkdocs")
+    import subprocess
+    import sys
+
+    site = tmp_path / "site"
+    run = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(site)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (site / "index.html").exists() and (site / "glossary.html").exists()
