@@ -4,12 +4,15 @@ count, an empty stream, labels for some chunks only)."""
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
 import peg
+from bad_inputs import raises_test
 from peg.apps.cli import main
 
 C = 4
@@ -85,11 +88,44 @@ def test_adapted_only_after_label_shift(estimator):
     assert adapted.priors_[0] > 0.6
 
 
-def test_arguments_checked():
-    with pytest.raises(TypeError, match="estimator"):
-        peg.Monitor(object())
-    with pytest.raises(peg.NotFittedError):
-        peg.Monitor(peg.PerformanceEstimator())
+@functools.cache
+def _fitted() -> peg.PerformanceEstimator:
+    return peg.PerformanceEstimator("ac").fit(*_sample(200, 0))
+
+
+ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str]] = [
+    ("Monitor", "not an estimator", lambda: peg.Monitor(object()), TypeError, "estimator"),
+    (
+        "Monitor",
+        "an estimator not fitted",
+        lambda: peg.Monitor(peg.PerformanceEstimator()),
+        peg.NotFittedError,
+        "not fitted",
+    ),
+    (
+        "Monitor",
+        "chunk_size 0",
+        lambda: peg.Monitor(_fitted(), chunk_size=0),
+        ValueError,
+        "chunk_size: expected a positive integer or None",
+    ),
+    (
+        "Monitor",
+        "labels of another length than the batch",
+        lambda: peg.Monitor(_fitted()).update(_sample(10, 1)[0], np.zeros(3)),
+        ValueError,
+        "labels: 3 labels for a batch of 10 points",
+    ),
+    (
+        "Monitor",
+        "adapted() where no chunk flagged label shift",
+        lambda: peg.Monitor(_fitted()).adapted(),
+        ValueError,
+        "adapted: no chunk flagged label shift",
+    ),
+]
+
+test_bad_input_raises_a_clear_error = raises_test(ERROR_CASES)
 
 
 def test_cli_writes_results_and_fails_on_alert(tmp_path, capsys):

@@ -3,12 +3,16 @@ assumption holds, the streamed summary flat in N, the interval, and its errors."
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
 import peg
+from bad_inputs import raises_test
 from peg.methods.estimation import ESTIMATORS
 from peg.methods.estimation._stats import Summary, atc_threshold, transport_cost
 
@@ -98,16 +102,60 @@ def test_transport_of_one_hot_probabilities_costs_nothing():
     assert transport_cost(lp, np.full(C, 0.2), 1000, 0).max() < 1e-6
 
 
-def test_errors_name_the_argument(fitted):
-    with pytest.raises(peg.NotFittedError, match="fit"):
-        peg.PerformanceEstimator().estimate(np.zeros((3, C), np.float32))
-    with pytest.raises(peg.InvalidParameterError, match="method"):
-        peg.PerformanceEstimator("bogus")
-    with pytest.raises(ValueError, match=r"X: expected logits \[N, 5\]"):
-        fitted.estimate(np.zeros((10, 3), np.float32))
+@functools.cache
+def _small() -> peg.PerformanceEstimator:
+    return peg.PerformanceEstimator("ac").fit(*_sample(200, 0))
+
+
+def _with_nan() -> np.ndarray:
     bad = _sample(50, 4)[0]
     bad[7, 1] = np.nan
-    with pytest.raises(ValueError, match="X"):
-        fitted.estimate(bad)
-    with pytest.raises(ValueError, match="val: 10 labelled points"):
-        peg.PerformanceEstimator().fit(*_sample(10, 5))
+    return bad
+
+
+ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str]] = [
+    (
+        "PerformanceEstimator",
+        "estimate before fit",
+        lambda: peg.PerformanceEstimator().estimate(np.zeros((3, C), np.float32)),
+        peg.NotFittedError,
+        r"not fitted: call fit",
+    ),
+    (
+        "PerformanceEstimator",
+        "an unknown method",
+        lambda: peg.PerformanceEstimator("bogus"),
+        peg.InvalidParameterError,
+        "method",
+    ),
+    (
+        "PerformanceEstimator",
+        "target logits of another class count",
+        lambda: _small().estimate(np.zeros((10, 3), np.float32)),
+        ValueError,
+        r"X: expected logits \[N, 5\] \(the classes of val\)",
+    ),
+    (
+        "PerformanceEstimator",
+        "NaN among the target logits",
+        lambda: _small().estimate(_with_nan()),
+        ValueError,
+        r"X.*(NaN|finite)",
+    ),
+    (
+        "PerformanceEstimator",
+        "fewer than 20 labelled source points",
+        lambda: peg.PerformanceEstimator().fit(*_sample(10, 5)),
+        ValueError,
+        "val: 10 labelled points are too few",
+    ),
+    (
+        "PerformanceEstimator",
+        "an empty target",
+        lambda: _small().estimate(np.zeros((0, C), np.float32)),
+        ValueError,
+        "X",
+    ),
+]
+
+test_bad_input_raises_a_clear_error = raises_test(ERROR_CASES)
