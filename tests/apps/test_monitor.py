@@ -143,3 +143,20 @@ def test_cli_writes_results_and_fails_on_alert(tmp_path, capsys):
     assert (tmp_path / "b" / "report.html").is_file()
     rows = json.loads((tmp_path / "b" / "results.json").read_text())["chunks"]
     assert len(rows) == 2 and rows[1]["alert"]
+
+
+def test_monitor_on_a_model_and_its_inputs():
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Linear(3, C).eval()
+    x = torch.randn(700, 3)
+    with torch.no_grad():
+        y = (model(x) + torch.randn(700, C)).argmax(1)
+    est = peg.PerformanceEstimator("ac").fit(model, (x[:400], y[:400]))
+    m = peg.Monitor(est, chunk_size=150)
+    m.update(x[400:], y[400:])
+    m.close()
+    assert [c["n"] for c in m.chunks] == [150, 150]
+    assert all(c["realized_accuracy"] is not None for c in m.chunks)

@@ -159,3 +159,12 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str
 ]
 
 test_bad_input_raises_a_clear_error = raises_test(ERROR_CASES)
+
+
+def test_estimate_reads_a_memory_mapped_file(tmp_path):
+    X, _ = _sample(900, 6)
+    np.save(tmp_path / "x.npy", X)
+    est = peg.PerformanceEstimator("atc-mc", batch_size=128).fit(*_sample(300, 0))
+    mapped = est.estimate(np.load(tmp_path / "x.npy", mmap_mode="r"))
+    assert mapped.n == 900
+    assert mapped.accuracy == pytest.approx(est.estimate(X).accuracy, abs=1e-9)
