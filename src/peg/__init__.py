@@ -27,6 +27,7 @@ from peg.methods.calibration.temperature import TemperatureScaling
 from peg.methods.conformal.classifier import ConformalClassifier
 from peg.methods.conformal.regressor import ConformalRegressor
 from peg.methods.dropout import MCDropout
+from peg.methods.estimation import PerformanceEstimator
 from peg.methods.laplace.laplace import Laplace
 from peg.methods.packed import PackedEnsemble
 from peg.methods.patching import MCPatched
@@ -58,11 +59,13 @@ __all__ = [
     "MCDropout",
     "MCPatched",
     "MatrixScaling",
+    "Monitor",
     "NonFiniteError",
     "NotFittedError",
     "OODDetector",
     "OrderPreservingScaling",
     "PackedEnsemble",
+    "PerformanceEstimator",
     "ScaleSearch",
     "SplineCalibration",
     "TemperatureScaling",
@@ -81,15 +84,18 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """`peg.compare` and `peg.AutoSelect`, the applications `peg.apps.compare.compare` and
-    `peg.apps.select.AutoSelect`, imported on first use (PEP 562): `import peg` loads no
-    application (tests/apps/test_layout.py)."""
+    """`peg.compare`, `peg.AutoSelect` and `peg.Monitor`, the applications
+    `peg.apps.compare.compare`, `peg.apps.select.AutoSelect` and `peg.apps.monitor.Monitor`,
+    imported on first use (PEP 562): `import peg` loads no application
+    (tests/apps/test_layout.py)."""
     if name == "compare":
         return importlib.import_module("peg.apps.compare").compare
     if name == "AutoSelect":
         return importlib.import_module("peg.apps.select").AutoSelect
+    if name == "Monitor":
+        return importlib.import_module("peg.apps.monitor").Monitor
     raise AttributeError(f"module 'peg' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | {"compare", "AutoSelect"})
+    return sorted(set(globals()) | {"compare", "AutoSelect", "Monitor"})

@@ -19,6 +19,7 @@ from peg import distributed
 from peg.apps import apply, html, presets
 from peg.apps._warnings import one_line_warnings
 from peg.apps.compare.methods import typed_names
+from peg.apps.monitor import command as monitor
 
 Parser = argparse.ArgumentParser
 
@@ -313,6 +314,7 @@ COMMANDS: dict[str, Command] = {
         arguments=_select_arguments,
         run=_select,
     ),
+    "monitor": Command(**monitor.COMMAND),  # without labels after deployment (apps/monitor)
     "apply": Command(  # a map fitted on saved logits, on new logits (peg.apps.apply)
         help="apply a calibration map fitted on saved logits to a new .npy of logits",
         description=apply.DESCRIPTION,

@@ -1,0 +1,197 @@
+"""Label-free accuracy estimation (issue 48): how far each `peg.PerformanceEstimator` method's
+estimate is from the true accuracy on shifted, unlabelled target sets, and how often its
+interval covers the truth.
+
+Model: SmallCNN (width 16) trained with Adam for `--epochs` on `--train-points` Fashion-MNIST
+training images (weights cached under `--cache`); source = `--val-points` clean held-out
+training images (labelled: what the estimators are fitted on); targets built from
+`--test-points` test images:
+  - corruption: each of peg's corruptions for grey images × severities 1–5 (`peg.data.corruptions`);
+  - label shift: the clean test images resampled to Dirichlet(α = 0.3) class priors, `--draws`
+    draws;
+  - corruption + label shift: each corruption at severity 3, resampled to one Dirichlet(0.3)
+    draw.
+Per method: MAE and worst |error| in accuracy points, the share of sets whose interval covers
+the truth, seconds per estimate (one `--test-points` set, that method alone). No method here
+learns from shifted copies of the source except the interval's width, which is calibrated on
+synthetic shifts (label shift, confidence tilts, logit noise) that are not corruption families:
+so no leave-one-family-out is needed, and none of these sets was seen in fitting.
+
+Run (from the repository root, one thread):
+    OMP_NUM_THREADS=1 python benchmarks/label_free.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import peg
+import peg.data
+from peg._env import git_commit, machine
+from peg.data import corruptions as cc
+from peg.methods.estimation import ESTIMATORS, _shifts
+from peg.models.cnn import SmallCNN
+
+
+def _model(args) -> torch.nn.Module:
+    from safetensors.torch import load_file, save_file
+
+    path = Path(args.cache) / f"smallcnn16-{args.train_points}-{args.epochs}.safetensors"
+    model = SmallCNN(width=16)
+    if path.is_file():
+        model.load_state_dict(load_file(str(path)))
+        return model.eval()
+    X, y = peg.data.load("fashion-mnist", "train")
+    g = torch.Generator().manual_seed(0)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model.train()
+    for _ in range(args.epochs):
+        order = torch.randperm(args.train_points, generator=g)
+        for i in range(0, args.train_points, 128):
+            idx = order[i : i + 128]
+            loss = torch.nn.functional.cross_entropy(model(X[idx]), y[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(model.state_dict(), str(path))
+    return model.eval()
+
+
+@torch.no_grad()
+def _logits(model, X, name: str, args) -> np.ndarray:
+    path = Path(args.cache) / f"logits-{args.train_points}-{args.epochs}-{name}.npy"
+    if path.is_file():
+        return np.load(path, allow_pickle=False)
+    out = torch.cat([model(X[i : i + 1000]) for i in range(0, len(X), 1000)]).numpy()
+    np.save(path, out)
+    return out
+
+
+def _sets(model, args):
+    """(kind, name, logits, labels) of every target set."""
+    X, y = peg.data.load("fashion-mnist", "test")
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(1))[: args.test_points]
+    X, y = X[order], y[order].numpy()
+    rng = np.random.default_rng(0)
+
+    def resample(n: int) -> np.ndarray:
+        q = rng.dirichlet(np.full(10, 0.3))
+        counts = rng.multinomial(n, q)
+        return np.concatenate([rng.choice(np.nonzero(y == c)[0], k) for c, k in enumerate(counts)])
+
+    clean = _logits(model, X, f"clean-{args.test_points}", args)
+    yield "clean", "clean", clean, y
+    for d in range(args.draws):
+        idx = resample(len(y))
+        yield "label shift", f"dirichlet {d}", clean[idx], y[idx]
+    for name in cc.applicable(1):
+        for severity in (1, 2, 3, 4, 5):
+            key = f"{name}-{severity}-{args.test_points}"
+            path = Path(args.cache) / f"logits-{args.train_points}-{args.epochs}-{key}.npy"
+            logits = np.load(path) if path.is_file() else _logits(
+                model, cc.corrupt(X, name, severity), key, args)  # fmt: skip
+            yield "corruption", f"{name} {severity}", logits, y
+            if severity == 3:
+                idx = resample(len(y))
+                yield "corruption + label shift", f"{name} 3 + dirichlet", logits[idx], y[idx]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--cache", default=".peg-cache/label_free")
+    p.add_argument("--train-points", type=int, default=10000)
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--val-points", type=int, default=5000)
+    p.add_argument("--test-points", type=int, default=5000)
+    p.add_argument("--draws", type=int, default=10)
+    args = p.parse_args()
+    print(f"machine: {machine()}; commit {git_commit()}")
+    t0 = time.perf_counter()
+    model = _model(args)
+    Xtr, ytr = peg.data.load("fashion-mnist", "train")
+    held = slice(len(ytr) - args.val_points, len(ytr))
+    V = _logits(model, Xtr[held], f"val-{args.val_points}", args)
+    VL = ytr[held].numpy()
+    t = time.perf_counter()
+    est = peg.PerformanceEstimator(all_methods=True).fit(V, VL)
+    print(
+        f"source: {len(VL)} points, accuracy {est.source_accuracy_:.4f}, T = "
+        f"{est.temperature_:.3f}; fit (all methods, widths) {time.perf_counter() - t:.1f} s"
+    )
+    print("half-widths at 90%: " + ", ".join(f"{k} {v * 100:.1f}" for k, v in est.widths_.items()))
+    rows = []
+    for kind, name, logits, y in _sets(model, args):
+        truth = float((logits.argmax(1) == y).mean())
+        e = est.estimate(logits)
+        rows.append((kind, name, truth, e.estimates, len(y)))
+    print(
+        f"{len(rows)} target sets; true accuracy {min(r[2] for r in rows):.3f} to "
+        f"{max(r[2] for r in rows):.3f}"
+    )
+    seconds = {}
+    for key in ESTIMATORS:
+        single = peg.PerformanceEstimator(key).fit(V, VL)
+        t = time.perf_counter()
+        single.estimate(_clean(args, model))
+        seconds[key] = time.perf_counter() - t
+    _table(rows, est, seconds)
+    _overhead(model, Xtr[held], ytr[held], args)
+    print(f"\nwhole run {time.perf_counter() - t0:.0f} s")
+
+
+@torch.no_grad()
+def _overhead(model, Xv, yv, args) -> None:
+    """`estimate` on the model's inputs against one plain forward pass over them (best of 3)."""
+    X, _ = peg.data.load("fashion-mnist", "test")
+    X = X[: args.test_points]
+    est = peg.PerformanceEstimator().fit(model, (Xv, yv))
+    forward, estimate = [], []
+    for _ in range(3):
+        t = time.perf_counter()
+        for i in range(0, len(X), 512):
+            model(X[i : i + 512])
+        forward.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        est.estimate(X)
+        estimate.append(time.perf_counter() - t)
+    f, e = min(forward), min(estimate)
+    print(
+        f"\nestimate on {len(X)} inputs through the model: {e:.3f} s; one forward pass "
+        f"(batches of 512): {f:.3f} s; ratio {e / f:.2f} (target ≤ 1.2)"
+    )
+
+
+def _clean(args, model) -> np.ndarray:
+    return np.load(Path(args.cache) / f"logits-{args.train_points}-{args.epochs}-clean-"
+                   f"{args.test_points}.npy")  # fmt: skip
+
+
+def _table(rows, est, seconds) -> None:
+    kinds = ["corruption", "label shift", "corruption + label shift", "all"]
+    print("\nMAE / worst |error| in accuracy points, 90% interval coverage; per kind of set")
+    header = "| method | " + " | ".join(kinds) + " | coverage (all) | s / estimate |"
+    print(header)
+    print("|" + "---|" * (len(kinds) + 3))
+    for key in ESTIMATORS:
+        cells, covered = [], []
+        for kind in kinds:
+            sel = [r for r in rows if kind == "all" or r[0] == kind]
+            err = np.array([(r[3][key] - r[2]) * 100 for r in sel])
+            cells.append(f"{np.abs(err).mean():.2f} / {np.abs(err).max():.1f}")
+        for r in rows:
+            lo, hi = _shifts.interval(r[3][key], est.widths_[key], r[4], 0.9)
+            covered.append(lo <= r[2] <= hi)
+        print(
+            f"| {key} | " + " | ".join(cells) + f" | {np.mean(covered) * 100:.0f}% | "
+            f"{seconds[key]:.3f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""The monitor's tests of one chunk against the source, each a p-value (None where the chunk is
+too small to say anything: `MIN_POINTS`).
+
+- `label_shift_test`: EM's target priors q against the source's p, as counts n·q against
+  n·p: Pearson's chi-square with C − 1 degrees of freedom (an approximation: the counts are
+  estimated, not observed: the statistic is divided by its mean over the source's reference
+  chunks / (C − 1), a dispersion factor, else it fires too often).
+- `covariate_test`: a domain classifier (Fisher's linear discriminant on the log-probabilities,
+  ridge-regularised, two-fold cross-fitted: closed form, no iterations) telling the chunk from
+  a source sample of the same size; its out-of-fold AUROC against 0.5 by the Mann-Whitney
+  normal approximation (one-sided: only an AUROC above 0.5 is a shift). Cheap: no
+  permutations.
+- `ood_test`: the share of points whose energy is below the source's 5% quantile, against 5%
+  (one-sided; the threshold's own sampling error counted).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from peg._imports import lazy_module
+
+stats = lazy_module("scipy.stats")  # on use: `peg` (the CLI) loads no scipy
+
+MIN_POINTS = 20
+
+
+def label_shift_statistic(priors: np.ndarray, source: np.ndarray, n: int) -> float:
+    expected = n * np.maximum(source, 1e-12)
+    return float(((n * priors - expected) ** 2 / expected).sum())
+
+
+def label_shift_test(
+    priors: np.ndarray, source: np.ndarray, n: int, dispersion: float = 1.0
+) -> float | None:
+    """Pearson's chi-square p-value, the statistic divided by `dispersion` (≥ 1: its mean over
+    reference chunks of the source / (C − 1), EM's estimated counts vary more than observed
+    ones would)."""
+    if n < MIN_POINTS:
+        return None
+    chi2 = label_shift_statistic(priors, source, n) / max(dispersion, 1.0)
+    return float(stats.chi2.sf(chi2, len(source) - 1))
+
+
+def covariate_test(
+    target: np.ndarray, reference: np.ndarray, seed: int
+) -> tuple[float | None, float | None]:
+    """(AUROC, p-value) of the domain classifier; target, reference `[n, C]` log-probabilities."""
+    from sklearn.metrics import roc_auc_score
+
+    n = min(len(target), len(reference))
+    if n < MIN_POINTS:
+        return None, None
+    rng = np.random.default_rng(seed)
+    t = target[rng.choice(len(target), n, False)]
+    r = reference[rng.choice(len(reference), n, False)]
+    X = np.concatenate([t, r])
+    X = np.maximum(X, -50.0)  # log 0 from saturated softmaxes: finite features
+    d = np.concatenate([np.ones(n), np.zeros(n)])
+    fold = rng.permutation(2 * n) % 2
+    score = np.zeros(2 * n)
+    for k in (0, 1):
+        train = fold != k
+        score[~train] = X[~train] @ _discriminant(X[train], d[train])
+    auc = float(roc_auc_score(d, score))
+    se = math.sqrt((2 * n + 1) / (12.0 * n * n))  # Mann-Whitney's U / n² under H0
+    return auc, float(stats.norm.sf((auc - 0.5) / se))
+
+
+def _discriminant(X: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """Fisher's direction Σ⁻¹ (μ₁ − μ₀), Σ the pooled covariance + a ridge of 1e-3 · its trace."""
+    a, b = X[d == 1], X[d == 0]
+    if len(a) < 2 or len(b) < 2:
+        return np.zeros(X.shape[1])
+    cov = (np.cov(a, rowvar=False) + np.cov(b, rowvar=False)) / 2
+    cov = np.atleast_2d(cov)
+    cov += np.eye(len(cov)) * (1e-3 * np.trace(cov) / len(cov) + 1e-9)
+    return np.linalg.solve(cov, a.mean(0) - b.mean(0))
+
+
+def ood_test(low: int, n: int, expected: float, n_source: int) -> float | None:
+    """One-sided normal test of the share `low / n` against `expected`, its variance that of
+    the chunk's share plus that of the threshold's own share on the `n_source` points it was
+    set on (a plain binomial test ignores the latter and fires too often)."""
+    if n < MIN_POINTS:
+        return None
+    var = expected * (1 - expected) * (1 / n + 1 / max(n_source, 1))
+    return float(stats.norm.sf((low / n - expected) / np.sqrt(var)))

@@ -1,0 +1,260 @@
+"""`peg.Monitor`: a fitted `PerformanceEstimator` run over a stream of unlabelled batches, chunk
+by chunk, with alerts.
+
+Per chunk (`chunk_size` points, or one per `update` when None): the estimated accuracy and its
+interval, EM's target priors and their test against the source's, the domain classifier's
+AUROC and p-value, the OOD share (energy below the source's 5% quantile) and its test, the
+realized accuracy where every point of the chunk came with its label, and `alert` with its
+`reasons`: the estimate outside the band (mean ± `sigmas` σ of the estimates on `n_reference`
+chunks drawn from the source validation data, NannyML's rule, clipped to [0, 1]) or a test
+with p < `alpha`. With `out`, results.json / .md / .csv are rewritten (atomically) as each
+chunk ends, in a folder claimed as `peg compare` claims its own: a crash loses no finished chunk.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import torch
+
+from peg.apps import results as files
+from peg.apps.html import Reported, to_csv
+from peg.apps.monitor import drift, report
+from peg.methods.estimation import PerformanceEstimator
+from peg.methods.estimation._stats import Summary
+
+FILES = ("results.json", "results.md", "results.csv")
+
+
+class Monitor(Reported):
+    """Watch a deployed model without labels (see the module doc).
+
+    Args:
+        estimator: a fitted `peg.PerformanceEstimator`.
+        chunk_size: points per chunk (batches are split or joined to it; the last, incomplete
+            chunk ends with `run` or `close()`), or None: each `update` is one chunk.
+        sigmas: the band's half-width in standard deviations of the reference chunks.
+        alpha: a test fires below this p-value.
+        n_reference: reference chunks drawn (with replacement) from the source.
+        out: a folder to write results.json / .md / .csv in as each chunk ends, or None.
+        overwrite: write into a non-empty folder peg monitor did not make.
+        seed: the reference chunks and the domain classifier's samples.
+    """
+
+    def __init__(
+        self,
+        estimator: PerformanceEstimator,
+        chunk_size: int | None = None,
+        *,
+        sigmas: float = 3.0,
+        alpha: float = 0.01,
+        n_reference: int = 20,
+        out: str | os.PathLike[str] | None = None,
+        overwrite: bool = False,
+        seed: int = 0,
+    ) -> None:
+        if not isinstance(estimator, PerformanceEstimator):
+            raise TypeError(
+                f"estimator: expected a fitted peg.PerformanceEstimator, got "
+                f"{type(estimator).__name__}"
+            )
+        estimator._check_fitted()
+        if chunk_size is not None and (
+            isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
+        ):
+            raise ValueError(f"chunk_size: expected a positive integer or None, got {chunk_size!r}")
+        for name, value in (("sigmas", sigmas), ("alpha", alpha)):
+            if not isinstance(value, (int, float)) or not 0 < value < (
+                1 if name == "alpha" else 100
+            ):
+                raise ValueError(
+                    f"{name}: expected a positive number (alpha below 1), got {value!r}"
+                )
+        if not isinstance(n_reference, int) or n_reference < 2:
+            raise ValueError(f"n_reference: expected an integer >= 2, got {n_reference!r}")
+        self.estimator, self.chunk_size = estimator, chunk_size
+        self.sigmas, self.alpha, self.n_reference, self.seed = sigmas, alpha, n_reference, seed
+        self.out = None if out is None else files.claim(out, "monitor", overwrite, files=FILES)
+        self.chunks: list[dict[str, Any]] = []
+        self._reset()
+        self._band: tuple[float, float, float] | None = None
+        self._flagged: np.ndarray | None = None
+
+    # ---------------------------------------------------------------- the band
+    @property
+    def band(self) -> tuple[float, float]:
+        """(lo, hi): the reference chunks' mean ± `sigmas` σ, clipped to [0, 1]."""
+        if self._band is None:
+            self._band = self._reference(self.chunk_size or 500)
+        return self._band[1], self._band[2]
+
+    def _reference(self, size: int) -> tuple[float, float, float]:
+        est, source = self.estimator, self.estimator.source_
+        rng = np.random.default_rng(self.seed)
+        values, chi2 = [], []
+        for _ in range(self.n_reference):
+            idx = torch.from_numpy(rng.choice(len(source.y), size, True))
+            summary = est.summary()
+            summary.add(source.lp[idx])
+            result = est.read(summary)
+            values.append(result.accuracy)
+            chi2.append(drift.label_shift_statistic(np.asarray(result.priors), source.priors, size))
+        self._dispersion = max(1.0, float(np.mean(chi2)) / max(source.classes - 1, 1))
+        mean, sd = float(np.mean(values)), float(np.std(values, ddof=1))
+        return mean, max(0.0, mean - self.sigmas * sd), min(1.0, mean + self.sigmas * sd)
+
+    # ---------------------------------------------------------------- the stream
+    def _reset(self) -> None:
+        self._summary: Summary | None = None
+        self._correct, self._labelled, self._start = 0, 0, 0
+
+    def update(self, batch: Any, labels: Any = None) -> Monitor:
+        """One batch: logits `[B, C]` (or member logits `[M, B, C]`), or inputs for the
+        estimator's model; `labels` `[B]` when known (the realized accuracy). A bad batch is a
+        ValueError naming `batch` and its chunk; the chunks before it are kept."""
+        for logits in self._logits(batch):
+            y = None if labels is None else torch.as_tensor(np.asarray(labels)).long().reshape(-1)
+            if y is not None and len(y) != logits.shape[1]:
+                raise ValueError(
+                    f"labels: {len(y)} labels for a batch of {logits.shape[1]} points "
+                    f"(chunk {len(self.chunks)})"
+                )
+            self._take(logits, y)
+            if self.chunk_size is None:
+                self.close()
+        return self
+
+    def _logits(self, batch: Any) -> list[torch.Tensor]:
+        if isinstance(batch, (np.ndarray, torch.Tensor)) and self._is_saved():
+            logits = torch.as_tensor(batch)
+            return [logits[None] if logits.ndim == 2 else logits]
+        return list(self.estimator.batches(batch))
+
+    def _is_saved(self) -> bool:
+        from peg.methods._predictors import SavedLogits
+
+        return isinstance(self.estimator.predictor_, SavedLogits)
+
+    def _take(self, logits: torch.Tensor, y: torch.Tensor | None) -> None:
+        n = logits.shape[1]
+        at = 0
+        while at < n:
+            room = n if self.chunk_size is None else self.chunk_size - self._size()
+            part = logits[:, at : at + room]
+            if self._summary is None:
+                self._summary = self.estimator.summary()
+            try:
+                self.estimator.add(self._summary, part, "batch", self._start)
+            except ValueError as e:
+                raise ValueError(f"{e} (chunk {len(self.chunks)})") from None
+            if y is not None:
+                pred = part.double().log_softmax(-1).mean(0).argmax(-1)
+                self._correct += int((pred == y[at : at + room]).sum())
+                self._labelled += part.shape[1]
+            at += part.shape[1]
+            self._start += part.shape[1]
+            if self.chunk_size is not None and self._size() >= self.chunk_size:
+                self.close()
+
+    def _size(self) -> int:
+        return 0 if self._summary is None else self._summary.n
+
+    def run(self, stream: Iterable[Any]) -> Monitor:
+        """`update` on every batch of `stream` (an iterable of batches, or of (batch, labels)
+        pairs), then `close()`. An empty stream warns and leaves `chunks` as it was."""
+        before = len(self.chunks)
+        for item in stream:
+            if isinstance(item, tuple) and len(item) == 2:
+                self.update(*item)
+            else:
+                self.update(item)
+        self.close()
+        if len(self.chunks) == before:
+            warnings.warn("stream: no batch in it; no chunk to report", stacklevel=2)
+        return self
+
+    def close(self) -> Monitor:
+        """End the current chunk (if it holds any point): estimate, test, write."""
+        if self._summary is None or self._summary.n == 0:
+            return self
+        summary, correct, labelled = self._summary, self._correct, self._labelled
+        self._reset()
+        self.chunks.append(self._chunk(summary, correct, labelled))
+        self._write()
+        return self
+
+    def _chunk(self, summary: Summary, correct: int, labelled: int) -> dict[str, Any]:
+        est = self.estimator
+        result = est.read(summary)
+        source, rows = est.source_, summary.rows()
+        q = np.asarray(result.priors)
+        lo, hi = self.band  # the reference chunks: the band and the dispersion
+        p_label = drift.label_shift_test(q, source.priors, summary.n, self._dispersion)
+        auroc, p_cov = drift.covariate_test(rows, source.lp.numpy(), self.seed + len(self.chunks))
+        p_ood = drift.ood_test(summary.low_energy, summary.n, 0.05, len(source.y))
+        reasons = []
+        if not lo <= result.accuracy <= hi:
+            reasons.append(f"estimate {result.accuracy:.3f} outside the band [{lo:.3f}, {hi:.3f}]")
+        for name, p in (("label shift", p_label), ("covariate shift", p_cov), ("OOD share", p_ood)):
+            if p is not None and p < self.alpha:
+                reasons.append(f"{name}: p = {p:.2g} < {self.alpha:g}")
+        if p_label is not None and p_label < self.alpha:
+            self._flagged = rows
+        return {
+            "chunk": len(self.chunks),
+            "n": summary.n,
+            "accuracy": result.accuracy,
+            "interval": list(result.interval),
+            "method": result.method,
+            "band": [lo, hi],
+            "priors": result.priors,
+            "label_shift_p": p_label,
+            "domain_auroc": auroc,
+            "covariate_p": p_cov,
+            "ood_share": summary.low_energy / summary.n,
+            "ood_p": p_ood,
+            "realized_accuracy": correct / labelled if labelled == summary.n else None,
+            "labelled": labelled,
+            "alert": bool(reasons),
+            "reasons": reasons,
+        }
+
+    # ---------------------------------------------------------------- results
+    @property
+    def alerts(self) -> list[dict[str, Any]]:
+        return [c for c in self.chunks if c["alert"]]
+
+    def _write(self) -> None:
+        if self.out is None:
+            return
+        files.write_json(self.out / "results.json", {"chunks": self.chunks, "band": self.band})
+        files.write_text(self.out / "results.md", report.markdown(self))
+        files.write_text(self.out / "results.csv", to_csv(report.records(self)))
+
+    def _report(self) -> Any:
+        return report.build(self)
+
+    def plot(self, ax: Any = None, path: str | os.PathLike[str] | None = None) -> Any:
+        """The timeline: each chunk's estimate and interval, the band, realized accuracies and
+        alerts; a Figure (as `peg.plots` return: `ax` to draw into, `path` to write a PNG)."""
+        return report.timeline(self, ax, path)
+
+    def adapted(self) -> Any:
+        """`peg.LabelShift` fitted on the source and the last chunk whose label-shift test fired:
+        a map over the model's logits `[N, C]` (`.predict_proba(logits)`). A ValueError where
+        no chunk flagged label shift."""
+        if self._flagged is None:
+            raise ValueError("adapted: no chunk flagged label shift (label_shift_p < alpha)")
+        from peg.methods.calibration.label_shift import LabelShift
+
+        est, source = self.estimator, self.estimator.source_
+        t = est.temperature_  # rows are log softmax(s / T): × T is s up to a constant per row
+        return LabelShift().fit(source.lp * t, source.y, target=torch.from_numpy(self._flagged * t))
+
+    def __repr__(self) -> str:
+        where = f", out={str(self.out)!r}" if self.out is not None else ""
+        return f"Monitor(chunks={len(self.chunks)}, alerts={len(self.alerts)}{where})"

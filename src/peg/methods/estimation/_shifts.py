@@ -1,0 +1,111 @@
+"""The interval's half-width: each estimator's error under synthetic shifts of the source.
+
+The validation points are split in two halves (seeded): the estimators are fitted on the first
+(temperature included) and scored on shifted copies of the second, whose true accuracy is
+known. The shifts (`shifted_sets`): label shift (the second half resampled to Dirichlet(1)
+class priors); covariate shift towards harder inputs (the points resampled with weights
+exp(−λ · confidence): p(x) moves, p(y | x) does not); miscalibration (scores multiplied by a
+factor: confidence moves, accuracy does not); a little Gaussian noise on the scores (accuracy
+falls, confidence much less: the case confidence-based estimators miss); tilts with label
+shift. The half-width at `confidence`
+is the `confidence` quantile of the absolute errors over these sets; `interval` widens it by the
+target's own binomial sampling error. It reflects the method's error under shifts LIKE these
+only: a shift of another kind (in p(y | x), or far stronger) can leave the truth outside.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import torch
+
+NOISE = (0.25,)
+TILTS = (3.0, 6.0, 10.0)
+SCALES = (0.5, 2.0)
+DIRICHLET = 1.0
+N_LABEL_SHIFTS = 6
+
+
+def split_halves(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    order = np.random.default_rng(seed).permutation(n)
+    return order[: n // 2], order[n // 2 :]
+
+
+def shifted_sets(
+    scores: torch.Tensor, y: torch.Tensor, seed: int
+) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
+    """(name, scores `[n, C]`, labels `[n]`) of each synthetic shift of one set (see the module)."""
+    rng = np.random.default_rng(seed)
+    n, classes = scores.shape
+    spread = float(scores.std())
+    y_np = y.numpy()
+    by_class = [np.nonzero(y_np == c)[0] for c in range(classes)]
+
+    def resampled(priors: np.ndarray) -> np.ndarray:
+        present = np.array([len(i) > 0 for i in by_class])
+        p = priors * present
+        counts = rng.multinomial(n, p / p.sum())
+        return np.concatenate(
+            [rng.choice(by_class[c], k, True) for c, k in enumerate(counts) if k > 0]
+        )
+
+    def noisy(s: torch.Tensor, sigma: float) -> torch.Tensor:
+        noise = torch.from_numpy(rng.standard_normal(tuple(s.shape)))
+        return s + sigma * spread * noise
+
+    conf = scores.softmax(-1).max(-1).values.numpy()
+
+    def tilted(lam: float, idx: np.ndarray) -> np.ndarray:
+        w = np.exp(-lam * (conf[idx] - conf[idx].max()))
+        return idx[rng.choice(len(idx), len(idx), True, w / w.sum())]
+
+    everyone = np.arange(n)
+    for sigma in NOISE:
+        yield f"noise {sigma}", noisy(scores, sigma), y
+    for lam in TILTS:
+        idx = torch.from_numpy(tilted(lam, everyone))
+        yield f"tilt {lam}", scores[idx], y[idx]
+    for factor in SCALES:
+        yield f"scale {factor}", scores * factor, y
+    for i in range(N_LABEL_SHIFTS):
+        idx = torch.from_numpy(resampled(rng.dirichlet(np.full(classes, DIRICHLET))))
+        yield f"label shift {i}", scores[idx], y[idx]
+    for i, lam in enumerate(TILTS[:2]):
+        idx = resampled(rng.dirichlet(np.full(classes, DIRICHLET)))
+        idx = torch.from_numpy(tilted(lam, idx))
+        yield f"tilt {lam} + label shift {i}", scores[idx], y[idx]
+
+
+def synthetic_errors(
+    scores: torch.Tensor,
+    y: torch.Tensor,
+    fit: Callable[[torch.Tensor, torch.Tensor], Callable[[torch.Tensor], dict[str, float]]],
+    seed: int,
+) -> dict[str, np.ndarray]:
+    """Each method's errors (estimate − truth) over the synthetic shifts: `fit(scores, y)` on
+    the first half returns a function of a shifted set's scores giving every estimate."""
+    first, second = split_halves(len(y), seed)
+    predict = fit(scores[first], y[first])
+    errors: dict[str, list[float]] = {}
+    for _, s, labels in shifted_sets(scores[second], y[second], seed):
+        truth = float((s.argmax(-1) == labels).double().mean())
+        for key, value in predict(s).items():
+            errors.setdefault(key, []).append(value - truth)
+    return {k: np.asarray(v) for k, v in errors.items()}
+
+
+def half_width(errors: np.ndarray, confidence: float) -> float:
+    return float(np.quantile(np.abs(errors), confidence)) if len(errors) else 0.0
+
+
+def interval(accuracy: float, width: float, n: int, confidence: float) -> tuple[float, float]:
+    """(lo, hi) clipped to [0, 1]: the shift half-width and the binomial sampling error of n
+    target points at `confidence`, added in quadrature (independent errors)."""
+    from scipy.stats import norm  # on use: `import peg` loads no scipy (tests/test_imports.py)
+
+    z = float(norm.ppf(0.5 + confidence / 2))
+    a = min(max(accuracy, 0.0), 1.0)
+    sampling = z * np.sqrt(max(a * (1 - a), 0.25 / max(n, 1)) / max(n, 1))
+    half = float(np.hypot(width, sampling))
+    return max(0.0, a - half), min(1.0, a + half)

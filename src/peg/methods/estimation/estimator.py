@@ -1,0 +1,237 @@
+"""`PerformanceEstimator`: a model's accuracy on unlabelled target data, with an interval.
+
+`fit(predictor, val)` (or `fit(logits, labels)`) reads the labelled source once: member logits
+→ log p̄ `[N, C]`, temperature scaling fitted on them (`fit_temperature`, the one of
+`peg.TemperatureScaling`), every estimator of `estimators` fitted, each one's half-width
+calibrated on synthetic shifts (`_shifts`), and the energy threshold (5% of the source) the
+monitor's OOD share counts against. `estimate(X)` streams the target through the predictor
+batch by batch into a `Summary` (memory flat in N) and reads the chosen estimate from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from peg.errors import NotFittedError, NotStreamable
+from peg.methods import _constraints as checks
+from peg.methods._predictors import (
+    iter_member_logits_of,
+    logits_and_labels,
+    member_logits_of,
+    read_predictor,
+)
+from peg.methods.base import Params, store_arguments
+from peg.methods.calibration._calibrator import scores_of
+from peg.methods.calibration.temperature import fit_temperature
+from peg.methods.estimation import _shifts
+from peg.methods.estimation._stats import Summary
+from peg.methods.estimation.estimators import ESTIMATORS, Estimator, SourceFit, Target, estimates
+from peg.metrics._inputs import check_labels
+from peg.source import Data
+from peg.source.batches import BatchFn, check_batch_fn
+
+OOD_QUANTILE = 0.05
+
+
+@dataclass
+class Estimate:
+    """One target's estimate: `accuracy`, `interval` (lo, hi) at `confidence`, the `method`,
+    `n` points, every estimator's value in `estimates`, EM's target `priors` `[C]`."""
+
+    accuracy: float
+    interval: tuple[float, float]
+    method: str
+    confidence: float
+    n: int
+    estimates: dict[str, float] = field(default_factory=dict)
+    priors: list[float] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "accuracy": self.accuracy,
+            "interval": list(self.interval),
+            "method": self.method,
+            "confidence": self.confidence,
+            "n": self.n,
+            "estimates": dict(self.estimates),
+            "priors": self.priors,
+        }
+
+
+def free_energy_lse(logits: Tensor) -> Tensor:
+    """logsumexp of the logits `[N]` (minus the energy score), averaged over members; member
+    logits `[M, N, C]`."""
+    return torch.logsumexp(logits.double(), -1).mean(0)
+
+
+class PerformanceEstimator(Params):
+    """Estimate a classifier's accuracy on unlabelled target data, with an interval.
+
+    Args:
+        method: which estimator (`peg.methods.estimation.estimators`): "auto" (peg's default),
+            "ac", "doc", "atc-mc", "atc-ne", "atc-ls", "label-shift", "cot", "cott".
+        confidence: the interval's nominal coverage, calibrated on synthetic shifts of the
+            source (`_shifts`) and widened by the target's sampling error.
+        reservoir: at most this many target rows kept (uniformly) for EM and the transport.
+        transport_points: COT/COTT's exact assignment on at most this many points.
+        batch_size, batch_fn: how the predictor reads data (`peg.source.batches`).
+        seed: the halves, the synthetic shifts, the reservoir and the subsample.
+        all_methods: also fit and report every other estimator in `Estimate.estimates` (and
+            calibrate its width): what a comparison needs; the chosen one alone is cheaper.
+
+    After `fit`: `temperature_`, `source_accuracy_`, `widths_` (each method's half-width),
+    `synthetic_errors_` (each method's errors on the synthetic shifts), `energy_threshold_`,
+    `n_classes_`. `estimate(X)` → `Estimate`.
+    """
+
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
+        "method": checks.one_of(*ESTIMATORS),
+        "confidence": checks.interval(0, 1, "a probability", "()"),
+        "reservoir": checks.positive_int(100),
+        "transport_points": checks.positive_int(10),
+        "batch_size": checks.positive_int(),
+        "batch_fn": checks.optional_callable("a function batch -> (inputs, labels)"),
+        "seed": checks.positive_int(0),
+        "all_methods": checks.boolean(),
+    }
+
+    def __init__(
+        self,
+        method: str = "auto",
+        *,
+        confidence: float = 0.9,
+        reservoir: int = 10_000,
+        transport_points: int = 1000,
+        batch_size: int = 512,
+        batch_fn: BatchFn | None = None,
+        seed: int = 0,
+        all_methods: bool = False,
+    ) -> None:
+        store_arguments(self, locals())
+
+    # ---------------------------------------------------------------- fitting
+    def fit(self, predictor: Any, val: Data | None = None) -> PerformanceEstimator:
+        """Fit on labelled source data: a model (or peg predictor) and `val`, or saved logits
+        `[N, C]` and their labels `[N]`. Returns self."""
+        self._check_params()
+        predictor, val = read_predictor(predictor, val)
+        if val is None:
+            raise ValueError("val: PerformanceEstimator needs labelled validation data (X, y)")
+        split = check_batch_fn(self.batch_fn)
+        logits, y = logits_and_labels(predictor, val, int(self.batch_size), split, "val")
+        scores = scores_of(logits, "log_probs", "val")
+        y = check_labels(y, *scores.shape, name="val labels").cpu()
+        if len(y) < 20:
+            raise ValueError(f"val: {len(y)} labelled points are too few (at least 20)")
+        self.predictor_ = predictor
+        self.n_classes_ = scores.shape[1]
+        self.temperature_ = fit_temperature(scores.cpu(), y, label=None)
+        self.fitted_ = self._fit_all(scores.cpu(), y)
+        self.source_ = self.fitted_[self.method].source
+        self.source_accuracy_ = self.source_.accuracy
+        errors = _shifts.synthetic_errors(scores.cpu(), y, self._predictor_on, int(self.seed))
+        self.synthetic_errors_ = errors
+        self.widths_ = {k: _shifts.half_width(v, self.confidence) for k, v in errors.items()}
+        lse = free_energy_lse(logits).cpu().numpy()
+        self.energy_threshold_ = float(np.quantile(lse, OOD_QUANTILE))
+        return self
+
+    def _fit_all(self, scores: Tensor, y: Tensor, temperature: float | None = None) -> dict:
+        t = self.temperature_ if temperature is None else temperature
+        source = SourceFit(
+            (scores / t).log_softmax(-1), y, int(self.transport_points), int(self.seed)
+        )
+        keys = [self.method, *getattr(ESTIMATORS[self.method], "parts", ())]
+        keys = list(ESTIMATORS) if self.all_methods else keys
+        return {k: ESTIMATORS[k]().fit(source) for k in keys}
+
+    def _predictor_on(self, scores: Tensor, y: Tensor) -> Any:
+        """Every estimator fitted on (scores, y) (temperature too): a function of a set's scores
+        giving each estimate (what the synthetic shifts score)."""
+        t = fit_temperature(scores, y, label=None)
+        fitted = self._fit_all(scores, y, t)
+
+        def predict(s: Tensor) -> dict[str, float]:
+            summary = Summary(self.n_classes_, int(self.reservoir), int(self.seed))
+            summary.add((s / t).log_softmax(-1))
+            return estimates(fitted, Target(summary, next(iter(fitted.values())).source))
+
+        return predict
+
+    # ---------------------------------------------------------------- estimating
+    def summary(self) -> Summary:
+        """An empty `Summary` for this estimator's classes (`add` batches, then `read`)."""
+        self._check_fitted()
+        return Summary(self.n_classes_, int(self.reservoir), int(self.seed))
+
+    def add(self, summary: Summary, logits: Tensor, name: str = "X", start: int = 0) -> None:
+        """One batch of member logits `[M, B, C]` (or logits `[B, C]`) into `summary`."""
+        logits = torch.as_tensor(logits)
+        if logits.ndim == 2:
+            logits = logits[None]
+        if logits.ndim != 3 or logits.shape[-1] != self.n_classes_:
+            raise ValueError(
+                f"{name}: expected logits [N, {self.n_classes_}] (the classes of val), got "
+                f"shape {tuple(logits.shape)}"
+            )
+        scores = scores_of(logits, "log_probs", name, start)
+        cal = (scores.cpu() / self.temperature_).log_softmax(-1)
+        summary.add(cal, free_energy_lse(logits), self.energy_threshold_)
+
+    def batches(self, X: Data) -> Iterable[Tensor]:
+        """Member logits `[M, B, C]` of `X` batch by batch (one pass; streamed where the
+        predictor can)."""
+        size, split = int(self.batch_size), check_batch_fn(self.batch_fn)
+        try:
+            return iter_member_logits_of(self.predictor_, X, size, split)
+        except NotStreamable:
+            return iter([member_logits_of(self.predictor_, X, size, split)])
+
+    def estimate(self, X: Data) -> Estimate:
+        """The accuracy on unlabelled `X` (inputs for the fitted model, or logits `[N, C]` when
+        fitted on logits), streamed: memory O(C · bins + reservoir · C) whatever N."""
+        self._check_fitted()
+        summary, start = self.summary(), 0
+        for logits in self.batches(X):
+            self.add(summary, logits, "X", start)
+            start += logits.shape[1]
+        return self.read(summary)
+
+    def read(self, summary: Summary) -> Estimate:
+        """The `Estimate` of a filled `summary`."""
+        self._check_fitted()
+        if summary.n == 0:
+            raise ValueError("X: no target points to estimate on (0 samples)")
+        target = Target(summary, self.source_)
+        values = estimates(self.fitted_, target)
+        accuracy = values[self.method]
+        lo, hi = _shifts.interval(
+            accuracy, self.widths_[self.method], summary.n, float(self.confidence)
+        )
+        return Estimate(
+            accuracy=accuracy,
+            interval=(lo, hi),
+            method=self.method,
+            confidence=float(self.confidence),
+            n=summary.n,
+            estimates=values,
+            priors=[float(p) for p in target.priors],
+        )
+
+    def _check_fitted(self) -> None:
+        if "fitted_" not in self.__dict__:
+            raise NotFittedError(
+                "PerformanceEstimator is not fitted: call fit(predictor, val) or "
+                "fit(logits, labels) first"
+            )
+
+    @property
+    def estimators_(self) -> dict[str, Estimator]:
+        self._check_fitted()
+        return dict(self.fitted_)

@@ -1,0 +1,162 @@
+"""`peg.Monitor` and `peg monitor` (issue 48): chunks, alerts, results written as chunks end,
+and the bad inputs of item 5 (a 1-point chunk, a one-class chunk, NaN logits, another class
+count, an empty stream, labels for some chunks only)."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+import peg
+from bad_inputs import raises_test
+from peg.apps.cli import main
+
+C = 4
+
+
+def _sample(n: int, seed: int, priors=None, signal: float = 2.5):
+    rng = np.random.default_rng(seed)
+    y = rng.choice(C, n, p=priors) if priors is not None else rng.integers(0, C, n)
+    logits = rng.standard_normal((n, C))
+    logits[np.arange(n), y] += signal
+    return logits.astype(np.float32), y
+
+
+@pytest.fixture(scope="module")
+def estimator():
+    return peg.PerformanceEstimator().fit(*_sample(1000, 0))
+
+
+def test_chunks_split_and_alert_on_a_shift(estimator, tmp_path):
+    m = peg.Monitor(estimator, chunk_size=300, out=tmp_path / "m")
+    m.run([_sample(200, 1), _sample(400, 2), _sample(300, 3, signal=0.8)])
+    assert [c["n"] for c in m.chunks] == [300, 300, 300]
+    assert not m.chunks[0]["alert"]
+    last = m.chunks[-1]
+    assert last["alert"] and any("band" in r for r in last["reasons"])
+    assert last["realized_accuracy"] == pytest.approx(
+        (_sample(300, 3, signal=0.8)[0].argmax(1) == _sample(300, 3, signal=0.8)[1]).mean()
+    )
+    saved = json.loads((tmp_path / "m" / "results.json").read_text())
+    assert len(saved["chunks"]) == 3 and (tmp_path / "m" / "results.csv").is_file()
+    assert "peg monitor" in m.to_html() and m.plot().axes
+    assert "| chunk |" in m.to_text("md")
+
+
+def test_bad_chunks_never_lose_earlier_ones(estimator, tmp_path):
+    m = peg.Monitor(estimator, out=tmp_path / "m")  # one chunk per update
+    m.update(*_sample(100, 1))
+    m.update(_sample(1, 2)[0])  # a chunk of one point: estimated, no test
+    one = _sample(100, 3)[0]
+    one[:, 0] += 100  # every point predicted as class 0
+    m.update(one)
+    assert m.chunks[1]["n"] == 1 and m.chunks[1]["label_shift_p"] is None
+    assert m.chunks[2]["alert"]  # all in one class: label shift
+    nan = _sample(50, 4)[0]
+    nan[5, 2] = np.nan
+    with pytest.raises(ValueError, match=r"batch.*chunk 3"):
+        m.update(nan)
+    with pytest.raises(ValueError, match=r"batch: expected logits \[N, 4\]"):
+        m.update(np.zeros((5, 3), np.float32))
+    assert len(m.chunks) == 3
+    assert len(json.loads((tmp_path / "m" / "results.json").read_text())["chunks"]) == 3
+    m.update(_sample(60, 5)[0])  # labels for some chunks only
+    assert m.chunks[0]["realized_accuracy"] is not None
+    assert m.chunks[3]["realized_accuracy"] is None
+
+
+def test_empty_stream_warns(estimator):
+    m = peg.Monitor(estimator, chunk_size=10)
+    with pytest.warns(UserWarning, match="stream"):
+        m.run([])
+    assert m.chunks == []
+
+
+def test_adapted_only_after_label_shift(estimator):
+    m = peg.Monitor(estimator)
+    m.update(_sample(400, 1)[0])
+    with pytest.raises(ValueError, match="adapted"):
+        m.adapted()
+    X, _ = _sample(800, 2, priors=[0.85, 0.05, 0.05, 0.05])
+    m.update(X)
+    assert m.chunks[-1]["label_shift_p"] < 0.01
+    adapted = m.adapted()
+    assert adapted.priors_[0] > 0.6
+
+
+@functools.cache
+def _fitted() -> peg.PerformanceEstimator:
+    return peg.PerformanceEstimator("ac").fit(*_sample(200, 0))
+
+
+ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str]] = [
+    ("Monitor", "not an estimator", lambda: peg.Monitor(object()), TypeError, "estimator"),
+    (
+        "Monitor",
+        "an estimator not fitted",
+        lambda: peg.Monitor(peg.PerformanceEstimator()),
+        peg.NotFittedError,
+        "not fitted",
+    ),
+    (
+        "Monitor",
+        "chunk_size 0",
+        lambda: peg.Monitor(_fitted(), chunk_size=0),
+        ValueError,
+        "chunk_size: expected a positive integer or None",
+    ),
+    (
+        "Monitor",
+        "labels of another length than the batch",
+        lambda: peg.Monitor(_fitted()).update(_sample(10, 1)[0], np.zeros(3)),
+        ValueError,
+        "labels: 3 labels for a batch of 10 points",
+    ),
+    (
+        "Monitor",
+        "adapted() where no chunk flagged label shift",
+        lambda: peg.Monitor(_fitted()).adapted(),
+        ValueError,
+        "adapted: no chunk flagged label shift",
+    ),
+]
+
+test_bad_input_raises_a_clear_error = raises_test(ERROR_CASES)
+
+
+def test_cli_writes_results_and_fails_on_alert(tmp_path, capsys):
+    V, VL = _sample(1000, 0)
+    np.save(tmp_path / "V.npy", V)
+    np.save(tmp_path / "VL.npy", VL)
+    np.save(tmp_path / "F1.npy", _sample(300, 1)[0])
+    np.save(tmp_path / "F2.npy", _sample(300, 2, signal=0.5)[0])
+    base = ["monitor", "--reference-logits", str(tmp_path / "V.npy"), "--reference-labels",
+            str(tmp_path / "VL.npy"), "--logits", str(tmp_path / "F1.npy")]  # fmt: skip
+    assert main([*base, "--out", str(tmp_path / "a")]) == 0
+    assert (tmp_path / "a" / "results.md").is_file()
+    args = [*base, str(tmp_path / "F2.npy"), "--out", str(tmp_path / "b"), "--fail-on-alert"]
+    assert main([*args, "--html"]) == 4
+    assert (tmp_path / "b" / "report.html").is_file()
+    rows = json.loads((tmp_path / "b" / "results.json").read_text())["chunks"]
+    assert len(rows) == 2 and rows[1]["alert"]
+
+
+def test_monitor_on_a_model_and_its_inputs():
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Linear(3, C).eval()
+    x = torch.randn(700, 3)
+    with torch.no_grad():
+        y = (model(x) + torch.randn(700, C)).argmax(1)
+    est = peg.PerformanceEstimator("ac").fit(model, (x[:400], y[:400]))
+    m = peg.Monitor(est, chunk_size=150)
+    m.update(x[400:], y[400:])
+    m.close()
+    assert [c["n"] for c in m.chunks] == [150, 150]
+    assert all(c["realized_accuracy"] is not None for c in m.chunks)
