@@ -4,13 +4,26 @@ and the one-file HTML report (`peg.apps.html`'s pieces)."""
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from peg._html import Markup
 from peg.apps import html
 
-if TYPE_CHECKING:
-    from peg.apps.monitor.monitor import Monitor
+
+class Monitor(Protocol):
+    """What the report reads of a `peg.apps.monitor.Monitor` (declared here: the monitor
+    imports this module, not the other way round)."""
+
+    chunks: list[dict[str, Any]]
+    estimator: Any
+    alpha: float
+    sigmas: float
+
+    @property
+    def band(self) -> Any: ...
+
+    @property
+    def alerts(self) -> Any: ...
 
 COLUMNS = ("chunk", "n", "accuracy", "lo", "hi", "realized_accuracy", "label_shift_p",
            "domain_auroc", "covariate_p", "ood_share", "alert", "reasons")  # fmt: skip

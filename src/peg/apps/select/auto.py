@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -22,13 +21,14 @@ from torch import Tensor, nn
 from peg import archive
 from peg._io import atomic_target
 from peg.apps import registry
-from peg.apps.compare.costs import flops, probe_rows
+from peg.apps.compare.costs import probe_rows
 from peg.apps.compare.methods import LOGIT_METHODS, _spec, options, resolve
 from peg.apps.html import Report, Reported
 from peg.apps.select import page
 from peg.apps.select.cross import CrossFit
 from peg.apps.select.folds import CRITERIA, check_fold_sizes, mean_se, stratified_folds
 from peg.apps.select.race import AUTO_BUDGET, MIN_BUDGET_SECONDS, Plan, fold_lines
+from peg.apps.select.reference import ts_seconds, warm_up
 from peg.apps.select.report import choose, cost_line, to_markdown
 from peg.ensemble import Predicts
 from peg.methods import _constraints as checks
@@ -40,7 +40,6 @@ from peg.methods._predictors import (
     stateless,
 )
 from peg.methods.base import Method, store_arguments
-from peg.methods.calibration.temperature import TemperatureScaling
 from peg.metrics._inputs import check_labels
 from peg.source import Data, Source, ValSource
 from peg.source.batches import BatchFn, check_batch_fn
@@ -196,12 +195,12 @@ class AutoSelect(Reported, Predicts, Method):
         made = ((s.name, s.method, options(s, self.batch_size, batch_fn)) for s in specs)
         _as_candidates(lambda: registry.check_all(made, site))
         rows = probe_rows(val, batch_fn)
-        model_flops = _warm_up(model, rows)  # one-time costs, outside the reference and budget
+        model_flops = warm_up(model, rows)  # one-time costs, outside the reference and budget
         clock = time.perf_counter()  # the budget's clock: the work from here on
         logits, y = logits_and_labels(model, val, self.batch_size, batch_fn, "val")  # once
         forward = time.perf_counter() - clock
         y = check_labels(y, len(y), logits.shape[-1], name="val labels")  # before any candidate
-        reference = forward + _ts_seconds(logits, y)
+        reference = forward + ts_seconds(logits, y)
         budget = self._seconds(reference)
         everything = torch.arange(len(y))
         folds = stratified_folds(y, self.cv, self.seed)  # class counts checked before fitting
@@ -374,33 +373,6 @@ class AutoSelect(Reported, Predicts, Method):
                     "which cannot carry the report; save predictor_ itself"
                 )
         return str(path)
-
-
-def _warm_up(model: nn.Module, rows: Any) -> int | None:
-    """The one-time costs of a fit, paid before the reference is timed and the budget's clock
-    starts (`cost_["setup_seconds"]`): the FLOP counter's first use (it imports torch._dynamo:
-    2-10 s) on the model's probe `rows`, which is also the model's first forward (lazy
-    initialisation, kernel selection), and a first temperature scaling fit on 8 points. Returns
-    the model's FLOPs on `rows` (0 for saved logits, `nn.Identity`: nothing to count)."""
-    y = torch.arange(8) % 2
-    z = 2.0 * nn.functional.one_hot(y, 2).float()
-    z[:2] = z[:2].flip(-1)  # two wrong: a finite T
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        TemperatureScaling().fit(nn.Identity(), (z, y))
-    if isinstance(model, nn.Identity):
-        return 0
-    try:
-        return flops(model, rows)
-    except Exception:  # counted again in the first fold, where a failure is a candidate's
-        return None
-
-
-def _ts_seconds(logits: Tensor, y: Tensor) -> float:
-    """Seconds to fit temperature scaling on the model's validation logits `[1, N, C]`."""
-    started = time.perf_counter()
-    TemperatureScaling().fit(nn.Identity(), (logits[0], y))
-    return time.perf_counter() - started
 
 
 def _as_candidates(call: Any) -> Any:
