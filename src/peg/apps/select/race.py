@@ -73,7 +73,8 @@ COST_ORDER = (
 # a full affine map's fold (matrix scaling, Dirichlet: C² parameters) in the diagonal map's
 # folds (vector scaling: C), its price before it has run: measured 1.8 at 10 and 100 classes
 # (500 points: Newton), 90 at 1,000 (L-BFGS on 10⁶ parameters; 19.3 s against 0.215 s)
-FULL_MAPS = ("matrix-scaling", "dirichlet")
+# (the full map: the diagonal map its price is measured from)
+FULL_MAPS = {"matrix-scaling": "vector-scaling", "dirichlet": "vector-scaling"}
 
 
 def full_map_factor(classes: int) -> float:
@@ -160,7 +161,7 @@ class Plan:
                     default=0.0)  # fmt: skip
         if cheap and spec.method in FULL_MAPS:
             diagonal = [max(v) for n, v in cross.steps.items() if v and self._method(cross, n)
-                        == "vector-scaling"]  # fmt: skip
+                        == FULL_MAPS[spec.method]]  # fmt: skip
             guess = max(guess, max(diagonal, default=guess) * full_map_factor(self.classes))
         elif not cheap and spec.base == MODEL:
             guess = max(guess, members(spec) * self.forward)
