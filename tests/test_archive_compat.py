@@ -14,6 +14,7 @@ from torch import nn
 
 import peg
 from peg import archive
+from peg.methods.conformal._split import class_scores
 
 from conftest import mlp
 
@@ -62,7 +63,12 @@ def test_a_map_written_before_issue_46_loads_and_predicts_as_it_did(maps, name):
     loaded = peg.load(MAPS / f"{name}.peg")
     torch.testing.assert_close(loaded.predict_proba(maps["X_test"]), maps[name])
     if name == "conformal-ts":
-        assert torch.equal(loaded.predict_set(maps["X_test"]).to(torch.uint8), maps[f"{name}-sets"])
+        sets = loaded.predict_set(maps["X_test"]).to(torch.uint8)
+        # written on one CPU: another's kernels round the probabilities otherwise, so a class
+        # whose APS score lies within float32 rounding of q̂ may fall on either side
+        scores = class_scores(maps[name], "aps")
+        near = (scores - loaded.quantile_).abs() < 1e-5
+        assert torch.equal(sets[~near], maps[f"{name}-sets"][~near]) and near.float().mean() < 0.05
 
 
 def test_older_maps_check_the_width_their_arrays_or_entry_fix(maps):
