@@ -145,6 +145,16 @@ def prose(lines: list[str]) -> str:
     return escape(textwrap.dedent("\n".join(lines)).strip("\n"))
 
 
+def section(lines: list[str]) -> str:
+    """A titled section: its `name: meaning` items as a list, or its prose as it is."""
+    listed = items(lines)
+    if not listed or not all(ITEM.match(x) for x in lines if x.strip() and not x[0].isspace()):
+        return prose(lines)
+    return "\n".join(
+        f"- `{name}`: {escape(' '.join(text.split()))}" for name, text in listed.items()
+    )
+
+
 # ----------------------------------------------------------------------------- classes
 def parameter(p: inspect.Parameter) -> str:
     """`name: annotation = default`, the annotation as written (not a quoted string)."""
@@ -225,7 +235,7 @@ def object_page(name: str, obj: Any) -> str:
     out += [f"*{what} in `{module}`*", "", prose(summary), ""]
     out += arguments(obj, meanings)
     for title, lines in sections:
-        text = prose(lines)
+        text = section(lines) if title else prose(lines)
         if text:
             out += ([f"**{escape(title)}:**", ""] if title else []) + [text, ""]
     if inspect.isclass(obj) and not issubclass(obj, Exception):
