@@ -81,7 +81,10 @@ def _candidate_list(value: Any, name: str) -> None:
 
 
 class AutoSelect(Reported, Predicts, Method):
-    """Choose, fit and report the best post-hoc predictor for `model` on validation data.
+    """Choose, fit and report the best post-hoc predictor for `model` on validation data: the
+    least mean cross-fitted criterion over K folds or, with `one_se`, the cheapest candidate
+    within one paired standard error of it (the one-SE rule, Hastie et al., "The Elements of
+    Statistical Learning", §7.10).
 
     `fit(model, val)` cross-fits every candidate on `cv` stratified, seeded folds of `val` (the
     same folds for all: paired per-point scores), drops the candidates over budget, picks the

@@ -71,7 +71,10 @@ def free_energy_lse(logits: Tensor) -> Tensor:
 
 
 class PerformanceEstimator(Params):
-    """Estimate a classifier's accuracy on unlabelled target data, with an interval.
+    """Estimate a classifier's accuracy on unlabelled target data, with an interval: e.g. ATC,
+    the share of target points whose confidence score exceeds the threshold t at which the
+    source's share equals its accuracy (Garg et al. 2022; DoC: Guillory et al. 2021; COT: Lu
+    et al. 2023; `peg.methods.estimation.estimators`).
 
     Args:
         method: which estimator (`peg.methods.estimation.estimators`): "auto" (peg's default),

@@ -113,7 +113,9 @@ def _ascent_vanilla_only(peg: PEG) -> None:
 
 
 class PEG(PerturbationEnsemble):
-    """Perturbed Ensemble via Gradient updates.
+    """Perturbed Ensemble via Gradient updates: member i is θᵢ = θ − η·∇L(θ; Bᵢ), one gradient
+    step from the trained θ on a random validation mini-batch Bᵢ, η chosen on validation NLL
+    (the PEG paper, §3, Algorithm 1; docs/peg.md).
 
     Args (all keyword-only):
         n_members: S, members per base model (the paper: 15 or 30; 5 per member of DeepEns-3).

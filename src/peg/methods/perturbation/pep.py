@@ -31,7 +31,9 @@ from peg.streams import MEMBER, generator
 
 
 class PEP(PerturbationEnsemble):
-    """Parameter Ensembling by Perturbation: Gaussian noise of scale σ around each base model.
+    """Parameter Ensembling by Perturbation: Gaussian noise of scale σ around each base model,
+    θᵢ = θ + σ·εᵢ with εᵢ ~ N(0, I), σ chosen on validation NLL (Mehrtash et al. 2020, "PEP:
+    Parameter Ensembling by Perturbation", NeurIPS).
 
     Args (all keyword-only):
         n_members: members per base model.
