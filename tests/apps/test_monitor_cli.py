@@ -213,7 +213,7 @@ def _object_array(path: Path) -> Path:
 
 
 def _folder_not_ours(path: Path) -> Path:
-    path.mkdir()
+    path.mkdir(exist_ok=True)  # errors_table.py runs every case in one folder
     (path / "notes.txt").write_text("mine")
     return path
 
@@ -264,9 +264,9 @@ FILE_ERROR_CASES: list[tuple[str, str, Callable[[Path], object], type[BaseExcept
     (
         "peg monitor",
         "--labels of another length than its --logits file",
-        lambda t: _cli(*_targets(t, str(t / "f.npy")), "--labels", str(t / "V.npy")),
+        lambda t: _cli(*_targets(t, str(t / "f.npy")), "--labels", str(t / "VL.npy")),
         SystemExit,
-        r"--labels: .*V\.npy",
+        r"--labels: 1000 labels for 300 rows of --logits",
     ),
     (
         "peg monitor",
@@ -315,3 +315,22 @@ FILE_ERROR_CASES: list[tuple[str, str, Callable[[Path], object], type[BaseExcept
 ]
 
 test_bad_files_raise_a_clear_error = raises_test(FILE_ERROR_CASES, files=True)
+
+
+def test_a_bad_batch_keeps_the_open_chunk_with_chunk_size():
+    """With `chunk_size`, the points of the open chunk read before a bad batch stay in it (the
+    stream goes on); without, the bad batch's own chunk is dropped, not joined to the next."""
+    est = peg.PerformanceEstimator("ac").fit(*_sample(500, 0))
+    nan = _sample(200, 2)[0]
+    nan[50, 0] = np.nan
+    m = peg.Monitor(est, chunk_size=300)
+    m.update(_sample(200, 1)[0])
+    with pytest.raises(ValueError, match=r"batch: .*row 50.*\(chunk 0\)"):
+        m.update(nan)
+    m.update(_sample(100, 3)[0])
+    assert [c["n"] for c in m.chunks] == [300]
+    m = peg.Monitor(est)
+    with pytest.raises(ValueError, match="chunk 0"):
+        m.update(np.concatenate([_sample(600, 1)[0], nan]))  # its first 512 rows read
+    m.update(_sample(100, 3)[0])
+    assert [c["n"] for c in m.chunks] == [100]

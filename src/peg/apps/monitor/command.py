@@ -161,11 +161,17 @@ def _saved(path: str, labels: str, classes: int) -> tuple[Any, Any]:
 def run(args: argparse.Namespace, command: str, progress: bool | None) -> int:
     import peg
     from peg.apps.monitor import Monitor
-    from peg.apps.monitor.monitor import FILES
+    from peg.apps.monitor.monitor import FILES, WRITES
 
     predictor, val, targets = inputs(args)
     out = files.claim(
-        args.out, "monitor", args.overwrite, argument="--out", files=FILES, override="--overwrite"
+        args.out,
+        "monitor",
+        args.overwrite,
+        argument="--out",
+        files=FILES,
+        writes=WRITES,
+        override="--overwrite",
     )
     if args.html:
         html.check_target(out / html.REPORT, "--html")

@@ -30,6 +30,7 @@ from peg.metrics._inputs import check_labels
 from peg.source.batches import from_numpy
 
 FILES = ("results.json", "results.md", "results.csv")
+WRITES = "results.json, results.md and results.csv"  # a refused folder's message says so
 
 
 class Monitor(Reported):
@@ -80,7 +81,11 @@ class Monitor(Reported):
             raise ValueError(f"n_reference: expected an integer >= 2, got {n_reference!r}")
         self.estimator, self.chunk_size = estimator, chunk_size
         self.sigmas, self.alpha, self.n_reference, self.seed = sigmas, alpha, n_reference, seed
-        self.out = None if out is None else files.claim(out, "monitor", overwrite, files=FILES)
+        self.out = (
+            None
+            if out is None
+            else files.claim(out, "monitor", overwrite, files=FILES, writes=WRITES)
+        )
         self.chunks: list[dict[str, Any]] = []
         self._reset()
         self._band: tuple[float, float, float] | None = None
@@ -120,8 +125,8 @@ class Monitor(Reported):
         read `estimator.batch_size` rows at a time, never whole), or inputs for the estimator's
         model (any loader, streamed); `labels` `[B]` when known (the realized accuracy); `name`
         (a file's) in the chunk's `source`. With `chunk_size` None the batch is one chunk. A
-        bad batch is a ValueError naming `batch` and its chunk; the chunks before it are kept
-        (and written)."""
+        bad batch is a ValueError naming `batch`, its chunk and row; the chunks before it are
+        kept (and written), and so are, with `chunk_size`, the rows read before the bad one."""
         rows = self._rows(batch)
         y = None if labels is None else self._labels(labels, rows)
         at = 0
@@ -138,8 +143,9 @@ class Monitor(Reported):
                     f"labels: {len(y)} labels for a batch of {at} points (chunk {len(self.chunks)})"
                 )
         except Exception:
-            self._reset()  # the unfinished chunk holds part of a bad batch: dropped, not mixed
-            raise
+            if self.chunk_size is None:  # this batch's own chunk: dropped, not joined to the next
+                self._reset()
+            raise  # with chunk_size, the rows read before the bad one stay in the open chunk
         if self.chunk_size is None:
             self.close()
         return self
