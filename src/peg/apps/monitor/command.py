@@ -105,12 +105,15 @@ def inputs(args: argparse.Namespace) -> tuple[Any, Any, list[tuple[str, str, Any
         )
     if model or not logits:
         missing = [o for o in MODEL_OPTIONS if o not in model]
-        if missing or args.labels is not None:
-            what = "--labels" if not missing else missing[0]
+        if missing:
             raise ValueError(
-                f"{what}: give --model, --val and --data (or "
-                f"{', '.join(LOGIT_OPTIONS)} for saved logits); missing: "
-                f"{', '.join(missing) or 'none'}{_labels_note(args)}"
+                f"{missing[0]}: give --model, --val and --data (or "
+                f"{', '.join(LOGIT_OPTIONS)} for saved logits); missing: {', '.join(missing)}"
+            )
+        if args.labels is not None:
+            raise ValueError(
+                "--labels: goes with --logits (saved logits); a --data source's labels are its "
+                "own (a .npz file's y, the second of a pair (X, y))"
             )
         targets = sources.named(args.data, "--data", labelled=False)
         rows = [("--data", name, *_pair(got)) for name, got in targets.items()]
@@ -136,13 +139,9 @@ def inputs(args: argparse.Namespace) -> tuple[Any, Any, list[tuple[str, str, Any
     return V, VL, rows
 
 
-def _labels_note(args: argparse.Namespace) -> str:
-    return "; --labels goes with --logits" if args.labels is not None else ""
-
-
 def _pair(got: Any) -> tuple[Any, Any]:
     """A data source as (inputs, labels or None): a pair `(X, y)` has labels."""
-    return (got[0], got[1]) if isinstance(got, tuple) and len(got) == 2 else (got, None)
+    return (got[0], got[1]) if isinstance(got, (tuple, list)) and len(got) == 2 else (got, None)
 
 
 def _saved(path: str, labels: str, classes: int) -> tuple[Any, Any]:
