@@ -353,3 +353,5 @@ def test_a_bad_batch_keeps_the_open_chunk_with_chunk_size():
         m.update(np.concatenate([_sample(600, 1)[0], nan]))  # its first 512 rows read
     m.update(_sample(100, 3)[0])
     assert [c["n"] for c in m.chunks] == [100]
+    m.update(np.zeros((0, C), np.float32), labels=[])  # an empty batch: no chunk, no error
+    assert len(m.chunks) == 1

@@ -176,6 +176,8 @@ class Monitor(Reported):
             raise ValueError(
                 f"labels: {n} labels for a batch of {rows} points (chunk {len(self.chunks)})"
             )
+        if n == 0:  # an empty batch's labels (check_labels wants at least one)
+            return torch.zeros(0, dtype=torch.long)
         return check_labels(labels, n, self.estimator.n_classes_, "labels").cpu()
 
     def _logits(self, batch: Any) -> Iterator[torch.Tensor]:
