@@ -307,6 +307,13 @@ FILE_ERROR_CASES: list[tuple[str, str, Callable[[Path], object], type[BaseExcept
     ),
     (
         "peg monitor",
+        "--method unknown",
+        lambda t: _cli(*_targets(t, str(t / "f.npy"), out="never"), "--method", "atc"),
+        SystemExit,
+        r"--method: expected one of \['ac', .*got 'atc'",
+    ),
+    (
+        "peg monitor",
         "--labels with --model",
         lambda t: _cli(
             "monitor",
@@ -355,3 +362,9 @@ def test_a_bad_batch_keeps_the_open_chunk_with_chunk_size():
     assert [c["n"] for c in m.chunks] == [100]
     m.update(np.zeros((0, C), np.float32), labels=[])  # an empty batch: no chunk, no error
     assert len(m.chunks) == 1
+
+
+def test_a_bad_method_is_refused_before_the_folder_is_made(tmp_path):
+    with pytest.raises(SystemExit, match="--method"):
+        _cli(*_targets(tmp_path, str(tmp_path / "f.npy"), out="never"), "--method", "atc")
+    assert not (tmp_path / "never").exists()

@@ -163,6 +163,10 @@ def run(args: argparse.Namespace, command: str, progress: bool | None) -> int:
     from peg.apps.monitor.monitor import FILES, WRITES
 
     predictor, val, targets = inputs(args)
+    try:  # before the folder is claimed
+        estimator = peg.PerformanceEstimator(args.method, batch_size=args.batch_size)
+    except ValueError as e:  # "method: expected one of [...]": the option typed
+        raise ValueError(f"--{e}") from None
     out = files.claim(
         args.out,
         "monitor",
@@ -174,7 +178,6 @@ def run(args: argparse.Namespace, command: str, progress: bool | None) -> int:
     )
     if args.html:
         html.check_target(out / html.REPORT, "--html")
-    estimator = peg.PerformanceEstimator(args.method, batch_size=args.batch_size)
     monitor = Monitor(estimator.fit(predictor, val), args.chunk_size, out=out)
     try:
         for option, name, batch, labels in targets:
