@@ -11,6 +11,11 @@ training images (labelled: what the estimators are fitted on); targets built fro
     draws;
   - corruption + label shift: each corruption at severity 3, resampled to one Dirichlet(0.3)
     draw.
+`--dataset cifar10`: the `cifar10-adam` preset's CNN (member 0 of its deep ensemble, loaded from
+`--bench-cache`), source = the preset's clean validation split (10,000 images), targets from
+its 5,000 test images: CIFAR-10-C's 19 corruptions × 5 severities, label shift and corruption +
+label shift as above (`_label_free_cifar`).
+
 Per method: MAE and worst |error| in accuracy points, the share of sets whose interval covers
 the truth, seconds per estimate (one `--test-points` set, that method alone). No method here
 learns from shifted copies of the source except the interval's width, which is calibrated on
@@ -19,6 +24,8 @@ so no leave-one-family-out is needed, and none of these sets was seen in fitting
 
 Run (from the repository root, one thread):
     OMP_NUM_THREADS=1 python benchmarks/label_free.py
+    OMP_NUM_THREADS=1 python benchmarks/label_free.py --dataset cifar10 \
+        --bench-cache /work/main/.peg-cache/bench --data-root ../shared/data
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _label_free_cifar import CifarSets
 
 import peg
 import peg.data
@@ -104,7 +112,10 @@ def _sets(model, args):
 
 def main() -> None:
     p = argparse.ArgumentParser()
+    p.add_argument("--dataset", choices=("fashion-mnist", "cifar10"), default="fashion-mnist")
     p.add_argument("--cache", default=".peg-cache/label_free")
+    p.add_argument("--bench-cache", default=".peg-cache/bench", help="cifar10: the preset's")
+    p.add_argument("--data-root", default=None, help="cifar10: the data folder")
     p.add_argument("--train-points", type=int, default=10000)
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--val-points", type=int, default=5000)
@@ -113,11 +124,17 @@ def main() -> None:
     args = p.parse_args()
     print(f"machine: {machine()}; commit {git_commit()}")
     t0 = time.perf_counter()
-    model = _model(args)
-    Xtr, ytr = peg.data.load("fashion-mnist", "train")
-    held = slice(len(ytr) - args.val_points, len(ytr))
-    V = _logits(model, Xtr[held], f"val-{args.val_points}", args)
-    VL = ytr[held].numpy()
+    if args.dataset == "cifar10":
+        cifar = CifarSets(args)
+        V, VL = cifar.source()
+        sets, model = cifar.sets(), None
+    else:
+        model = _model(args)
+        Xtr, ytr = peg.data.load("fashion-mnist", "train")
+        held = slice(len(ytr) - args.val_points, len(ytr))
+        V = _logits(model, Xtr[held], f"val-{args.val_points}", args)
+        VL = ytr[held].numpy()
+        sets = _sets(model, args)
     t = time.perf_counter()
     est = peg.PerformanceEstimator(all_methods=True).fit(V, VL)
     print(
@@ -125,11 +142,11 @@ def main() -> None:
         f"{est.temperature_:.3f}; fit (all methods, widths) {time.perf_counter() - t:.1f} s"
     )
     print("half-widths at 90%: " + ", ".join(f"{k} {v * 100:.1f}" for k, v in est.widths_.items()))
-    rows = []
-    for kind, name, logits, y in _sets(model, args):
+    rows, clean = [], None
+    for kind, name, logits, y in sets:
+        clean = logits if kind == "clean" else clean
         truth = float((logits.argmax(1) == y).mean())
-        e = est.estimate(logits)
-        rows.append((kind, name, truth, e.estimates, len(y)))
+        rows.append((kind, name, truth, est.estimate(logits), len(y)))
     print(
         f"{len(rows)} target sets; true accuracy {min(r[2] for r in rows):.3f} to "
         f"{max(r[2] for r in rows):.3f}"
@@ -138,18 +155,22 @@ def main() -> None:
     for key in ESTIMATORS:
         single = peg.PerformanceEstimator(key).fit(V, VL)
         t = time.perf_counter()
-        single.estimate(_clean(args, model))
+        single.estimate(clean)
         seconds[key] = time.perf_counter() - t
     _table(rows, est, seconds)
-    _overhead(model, Xtr[held], ytr[held], args)
+    if args.dataset == "cifar10":
+        _overhead(cifar.model, cifar.val_images(), torch.from_numpy(VL), cifar.val_images())
+    else:
+        X, _ = peg.data.load("fashion-mnist", "test")
+        _overhead(model, Xtr[held], ytr[held], X)
     print(f"\nwhole run {time.perf_counter() - t0:.0f} s")
 
 
 @torch.no_grad()
-def _overhead(model, Xv, yv, args) -> None:
-    """`estimate` on the model's inputs against one plain forward pass over them (best of 3)."""
-    X, _ = peg.data.load("fashion-mnist", "test")
-    X = X[: args.test_points]
+def _overhead(model, Xv, yv, X) -> None:
+    """`estimate` on (at most 10,000 of) the model's inputs `X` against one plain forward pass
+    over them in batches of 512 (best of 3)."""
+    X = X[:10000]
     est = peg.PerformanceEstimator().fit(model, (Xv, yv))
     forward, estimate = [], []
     for _ in range(3):
@@ -167,11 +188,6 @@ def _overhead(model, Xv, yv, args) -> None:
     )
 
 
-def _clean(args, model) -> np.ndarray:
-    return np.load(Path(args.cache) / f"logits-{args.train_points}-{args.epochs}-clean-"
-                   f"{args.test_points}.npy")  # fmt: skip
-
-
 def _table(rows, est, seconds) -> None:
     kinds = ["corruption", "label shift", "corruption + label shift", "all"]
     print("\nMAE / worst |error| in accuracy points, 90% interval coverage; per kind of set")
@@ -182,10 +198,10 @@ def _table(rows, est, seconds) -> None:
         cells, covered = [], []
         for kind in kinds:
             sel = [r for r in rows if kind == "all" or r[0] == kind]
-            err = np.array([(r[3][key] - r[2]) * 100 for r in sel])
+            err = np.array([(r[3].estimates[key] - r[2]) * 100 for r in sel])
             cells.append(f"{np.abs(err).mean():.2f} / {np.abs(err).max():.1f}")
         for r in rows:
-            lo, hi = _shifts.interval(r[3][key], est.widths_[key], r[4], 0.9)
+            lo, hi = _shifts.interval(r[3].estimates[key], est.widths_[key], r[4], 0.9)
             covered.append(lo <= r[2] <= hi)
         print(
             f"| {key} | " + " | ".join(cells) + f" | {np.mean(covered) * 100:.0f}% | "
