@@ -190,12 +190,15 @@ def _overhead(model, Xv, yv, X) -> None:
 
 def _table(rows, est, seconds) -> None:
     kinds = ["corruption", "label shift", "corruption + label shift", "all"]
-    print("\nMAE / worst |error| in accuracy points, 90% interval coverage; per kind of set")
-    header = "| method | " + " | ".join(kinds) + " | coverage (all) | s / estimate |"
+    print(
+        "\nMAE / worst |error| in accuracy points per kind of set; 90% interval coverage and "
+        "mean half-width (points) over all sets"
+    )
+    header = "| method | " + " | ".join(kinds) + " | coverage / half-width | s / estimate |"
     print(header)
     print("|" + "---|" * (len(kinds) + 3))
     for key in ESTIMATORS:
-        cells, covered = [], []
+        cells, covered, halves = [], [], []
         for kind in kinds:
             sel = [r for r in rows if kind == "all" or r[0] == kind]
             err = np.array([(r[3].estimates[key] - r[2]) * 100 for r in sel])
@@ -203,8 +206,10 @@ def _table(rows, est, seconds) -> None:
         for r in rows:
             lo, hi = _shifts.interval(r[3].estimates[key], est.widths_[key], r[4], 0.9)
             covered.append(lo <= r[2] <= hi)
+            halves.append((hi - lo) / 2 * 100)
         print(
-            f"| {key} | " + " | ".join(cells) + f" | {np.mean(covered) * 100:.0f}% | "
+            f"| {key} | " + " | ".join(cells) + f" | {np.mean(covered) * 100:.0f}% / "
+            f"{np.mean(halves):.1f} | "
             f"{seconds[key]:.3f} |"
         )
 
