@@ -78,7 +78,7 @@ class PerformanceEstimator(Params):
 
     Args:
         method: which estimator (`peg.methods.estimation.estimators`): "auto" (peg's default),
-            "ac", "doc", "atc-mc", "atc-ne", "atc-ls", "label-shift", "cot", "cott".
+            "ac", "doc", "atc-mc", "atc-ne", "atc-ls", "label-shift", "cot", "cott", "cot-em".
         confidence: the interval's nominal coverage, calibrated on synthetic shifts of the
             source (`_shifts`) and widened by the target's sampling error.
         reservoir: at most this many target rows kept (uniformly) for EM and the transport.
