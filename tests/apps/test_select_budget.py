@@ -3,14 +3,17 @@ costs, every candidate is priced before it starts, one running past the budget i
 
 from __future__ import annotations
 
+import re
 import time
 
+import pytest
 import torch
 from torch import nn
 
 from peg.apps.bench.spec import MethodSpec
-from peg.apps.select import AutoSelect, auto
-from peg.apps.select.race import Plan, full_map_factor
+from peg.apps.select import AutoSelect, auto, race
+from peg.apps.select.deadline import Overrun, stop_at
+from peg.apps.select.race import NETWORK_PASSES, Plan, full_map_factor
 
 FIRST = [0.6]  # the process's first forward costs this much more (lazy initialisation)
 
@@ -83,8 +86,8 @@ def test_a_network_candidate_is_priced_by_its_members_forward_passes():
     cross = _Cross(specs, {"TS": 0.05}, {s.name: torch.zeros(10) for s in specs})
     plan = Plan(10.0, None, time.perf_counter(), print, forward=0.2)
     assert plan.admit(cross, specs[1], 5) is None  # 5 × 0.2 s
-    why = plan.admit(cross, specs[2], 5)  # 5 × 15 × 0.2 s
-    assert why is not None and "at a price of 3 s each" in why
+    why = plan.admit(cross, specs[2], 5)  # 5 × 15 × NETWORK_PASSES × 0.2 s
+    assert why is not None and f"at a price of {15 * NETWORK_PASSES * 0.2:.3g} s each" in why
 
 
 def test_a_leader_running_past_the_budget_is_stopped_at_the_next_fold():
@@ -99,3 +102,88 @@ def test_a_leader_running_past_the_budget_is_stopped_at_the_next_fold():
     Plan(10.0, None, time.perf_counter(), lambda _: None).after_fold(cross, folds, 0)
     assert set(cross.dropped) == {"Dirichlet"}
     assert cross.dropped["Dirichlet"].startswith("over budget after fold 1: 4 more folds at 19.3")
+
+
+class SlowForward(nn.Linear):
+    """A model whose every forward pass takes `DELAY` seconds: a network candidate's folds are
+    forward passes, so its cost is known from the count."""
+
+    DELAY = 0.02
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.DELAY)
+        return super().forward(x)
+
+
+def _slow_problem(n: int = 600):
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(n, 3, generator=g) * 2.0
+    y = torch.multinomial(z.softmax(-1), 1, generator=g)[:, 0]
+    model = SlowForward(3, 3).eval()
+    with torch.no_grad():
+        model.weight.copy_(3.0 * torch.eye(3))
+        model.bias.zero_()
+    return model, (z, y)
+
+
+def _built(monkeypatch) -> list[str]:
+    """The registry keys built from here on (a candidate started is a candidate built)."""
+    from peg.apps import registry
+
+    built: list[str] = []
+    build = registry.build
+    monkeypatch.setattr(registry, "build", lambda key, *a, **k: built.append(key) or build(
+        key, *a, **k))  # fmt: skip
+    return built
+
+
+def test_a_network_candidate_priced_over_the_budget_is_not_started_and_says_why(monkeypatch):
+    """PEG-15's price is its members' forward passes of val (`NETWORK_PASSES` each): at 0.02 s
+    a pass and cv=2, well over a 1 s budget, so it is never built; its row says why."""
+    model, val = _slow_problem()
+    built = _built(monkeypatch)
+    sel = AutoSelect(candidates=["TS", "PEG"], cv=2, max_fit_seconds=1.0, progress=False)
+    rows = {r["candidate"]: r for r in sel.fit(model, val).report_}
+    assert "peg" not in built and sel.chosen_ == "TS"
+    assert rows["PEG"]["status"] == "dropped" and rows["PEG"]["fold_seconds"] == []
+    assert re.match(r"not started: budget 1 s \(.*at a price of [\d.]+ s each", rows["PEG"]["why"])
+
+
+def test_the_nested_inner_runs_are_priced_as_the_outer_one(monkeypatch):
+    """nested=True: each outer fold's selection runs under the same budget and prices; PEG,
+    not started in the outer run, is not started in an inner one either (they priced a network
+    candidate at 0 before: PEG-15 fitted 3 times, each past the budget)."""
+    model, val = _slow_problem()
+    built = _built(monkeypatch)
+    sel = AutoSelect(candidates=["TS", "PEG"], cv=2, max_fit_seconds=1.0, nested=True,
+                     progress=False).fit(model, val)  # fmt: skip
+    assert "peg" not in built
+    assert sel.nested_ is not None and sel.nested_["chosen"] == ["TS", "TS"]
+
+
+def test_a_fold_past_its_share_of_the_budget_is_stopped_mid_fold(monkeypatch):
+    """A network candidate priced far too low (started) is stopped at a forward pass once its
+    fold passes its share of the budget, not after the fold: the fit stays near its budget,
+    the row says so, and the model is as it was (the candidates fit copies of it)."""
+    monkeypatch.setattr(race, "NETWORK_PASSES", 1e-3)  # PEG priced at next to nothing
+    model, val = _slow_problem()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    started = time.perf_counter()
+    sel = AutoSelect(candidates=["TS", "PEG"], cv=2, max_fit_seconds=1.5, progress=False)
+    rows = {r["candidate"]: r for r in sel.fit(model, val).report_}
+    wall = time.perf_counter() - started
+    assert rows["PEG"]["why"].startswith("stopped in fold 1: over budget"), rows["PEG"]["why"]
+    assert sel.chosen_ == "TS" and wall < 1.5 + 1.0  # a whole PEG-15 fold here: ~10 s
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_the_deadline_is_checked_at_every_module_forward_and_removed_after():
+    layer = nn.Linear(2, 2)
+    with pytest.raises(Overrun), stop_at(0.05):
+        for _ in range(100):
+            time.sleep(0.01)
+            layer(torch.zeros(1, 2))
+    layer(torch.zeros(1, 2))  # the hook is gone
+    with stop_at(None):
+        time.sleep(0.01)
+        layer(torch.zeros(1, 2))
