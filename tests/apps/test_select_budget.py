@@ -13,7 +13,7 @@ from torch import nn
 from peg.apps.bench.spec import MethodSpec
 from peg.apps.select import AutoSelect, auto, race
 from peg.apps.select.deadline import Overrun, stop_at
-from peg.apps.select.race import NETWORK_PASSES, Plan, full_map_factor
+from peg.apps.select.race import FIT_PASSES, Plan, full_map_factor
 
 FIRST = [0.6]  # the process's first forward costs this much more (lazy initialisation)
 
@@ -85,9 +85,9 @@ def test_a_network_candidate_is_priced_by_its_members_forward_passes():
              MethodSpec("PEG", "peg", "model")]  # fmt: skip
     cross = _Cross(specs, {"TS": 0.05}, {s.name: torch.zeros(10) for s in specs})
     plan = Plan(10.0, None, time.perf_counter(), print, forward=0.2)
-    assert plan.admit(cross, specs[1], 5) is None  # 5 × 0.2 s
-    why = plan.admit(cross, specs[2], 5)  # 5 × 15 × NETWORK_PASSES × 0.2 s
-    assert why is not None and f"at a price of {15 * NETWORK_PASSES * 0.2:.3g} s each" in why
+    assert plan.admit(cross, specs[1], 5) is None  # 5 × (1 + FIT_PASSES) × 0.2 s
+    why = plan.admit(cross, specs[2], 5)  # 5 × (15 + FIT_PASSES) × 0.2 s
+    assert why is not None and f"at a price of {(15 + FIT_PASSES['peg']) * 0.2:.3g} s each" in why
 
 
 def test_a_leader_running_past_the_budget_is_stopped_at_the_next_fold():
@@ -138,15 +138,16 @@ def _built(monkeypatch) -> list[str]:
 
 
 def test_a_network_candidate_priced_over_the_budget_is_not_started_and_says_why(monkeypatch):
-    """PEG-15's price is its members' forward passes of val (`NETWORK_PASSES` each): at 0.02 s
-    a pass and cv=2, well over a 1 s budget, so it is never built; its row says why."""
+    """PEG-15's price is its members' and its fit's forward passes of val (15 + `FIT_PASSES`):
+    at 0.02 s a pass and cv=2, over a 0.8 s budget, so it is never built; its row says why."""
     model, val = _slow_problem()
     built = _built(monkeypatch)
-    sel = AutoSelect(candidates=["TS", "PEG"], cv=2, max_fit_seconds=1.0, progress=False)
+    sel = AutoSelect(candidates=["TS", "PEG"], cv=2, max_fit_seconds=0.8, progress=False)
     rows = {r["candidate"]: r for r in sel.fit(model, val).report_}
     assert "peg" not in built and sel.chosen_ == "TS"
     assert rows["PEG"]["status"] == "dropped" and rows["PEG"]["fold_seconds"] == []
-    assert re.match(r"not started: budget 1 s \(.*at a price of [\d.]+ s each", rows["PEG"]["why"])
+    why = rows["PEG"]["why"]
+    assert re.match(r"not started: budget 0.8 s \(.*at a price of [\d.]+ s each", why), why
 
 
 def test_the_nested_inner_runs_are_priced_as_the_outer_one(monkeypatch):
@@ -155,7 +156,7 @@ def test_the_nested_inner_runs_are_priced_as_the_outer_one(monkeypatch):
     candidate at 0 before: PEG-15 fitted 3 times, each past the budget)."""
     model, val = _slow_problem()
     built = _built(monkeypatch)
-    sel = AutoSelect(candidates=["TS", "PEG"], cv=2, max_fit_seconds=1.0, nested=True,
+    sel = AutoSelect(candidates=["TS", "PEG"], cv=2, max_fit_seconds=0.8, nested=True,
                      progress=False).fit(model, val)  # fmt: skip
     assert "peg" not in built
     assert sel.nested_ is not None and sel.nested_["chosen"] == ["TS", "TS"]
@@ -165,7 +166,7 @@ def test_a_fold_past_its_share_of_the_budget_is_stopped_mid_fold(monkeypatch):
     """A network candidate priced far too low (started) is stopped at a forward pass once its
     fold passes its share of the budget, not after the fold: the fit stays near its budget,
     the row says so, and the model is as it was (the candidates fit copies of it)."""
-    monkeypatch.setattr(race, "NETWORK_PASSES", 1e-3)  # PEG priced at next to nothing
+    monkeypatch.setattr(race.Plan, "_prior", lambda *_: 0.0)  # PEG priced at nothing
     model, val = _slow_problem()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     started = time.perf_counter()

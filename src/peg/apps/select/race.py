@@ -87,14 +87,14 @@ def full_map_factor(classes: int) -> float:
 MEMBERS = {"peg": 15, "pep": 15, "mc-dropout": 15}
 
 
-# a network candidate's fold in forward passes of the validation data per member, its price
-# before it has run: fitted on K - 1 folds (PEG: a gradient pass, then the scale search's exact
-# scorings of every member on up to 1,024 points; Laplace: the curvature's forward and backward
-# passes) and predicting the held-out fold. Measured on the Fashion-MNIST CNN (2,000 points, one
-# thread): PEG-15 3-5 s a fold against 0.1 s a forward pass (2-3 passes a member), Laplace 1.9 s
-# (~19 passes: its one member's curvature); a fold past its price is stopped at its share of
-# the budget (`Plan.allowance`), so the price need not be exact
-NETWORK_PASSES = 2.0
+# a network candidate's fold besides its members' forward passes of the validation data, in
+# forward passes of it: PEG's and PEP's gradient pass over the K - 1 training folds (forward
+# and backward), Laplace's curvature. Its price before it has run is (members + these) forward
+# passes: measured on the Fashion-MNIST CNN (2,000 points, one thread, a pass ~0.3 s), a fold of
+# PEG-15 or PEP-15 3-6 s (~18 passes), last-layer PEG ~1.2 s (~4), Laplace 2-4 s (~10)
+# (results/benchmarks/auto_select.txt); a fold past its price is stopped at its share of the
+# budget (`Plan.allowance`), so the price need not be exact
+FIT_PASSES = {"peg": 3.0, "pep": 3.0, "laplace": 9.0}
 
 
 def members(spec: MethodSpec) -> int:
@@ -165,7 +165,8 @@ class Plan:
         """`spec`'s price, its seconds a fold before it has run: the dearest so far of its kind
         (maps on the cached logits, or network candidates; 0 before any), and at least, for a
         full affine map, the diagonal map's measured fold × `full_map_factor`, for a network
-        candidate its `members` forward passes of the validation data."""
+        candidate its `members` forward passes of the validation data and its fit's
+        (`FIT_PASSES`)."""
         cheap = cross.cheap(spec.name)
         guess = max((max(v) for n, v in cross.steps.items() if v and cross.cheap(n) == cheap),
                     default=0.0)  # fmt: skip
@@ -174,7 +175,8 @@ class Plan:
                         == FULL_MAPS[spec.method]]  # fmt: skip
             guess = max(guess, max(diagonal, default=guess) * full_map_factor(self.classes))
         elif not cheap:  # chained ones too ("TS → PEG": its members forward its base)
-            guess = max(guess, members(spec) * NETWORK_PASSES * self.forward)
+            passes = members(spec) + FIT_PASSES.get(spec.method, 0.0)
+            guess = max(guess, passes * self.forward)
         return guess
 
     def _method(self, cross: Any, name: str) -> str | None:
