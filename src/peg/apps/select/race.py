@@ -216,10 +216,12 @@ class Plan:
         included. A fold past it could not be followed by the rest within the budget."""
         if self.budget is None or spec is cross.order[0]:
             return None
-        left = folds - 1 - f
-        others = [n for n in self._kept(cross) if n != spec.name]
+        left, at = folds - 1 - f, cross.order.index(spec)
+        # the others started: on the first fold those before it (the rest are not admitted yet)
+        started = {s.name for s in cross.order[:at]} if f == 0 else set(self._kept(cross))
+        others = [n for n in self._kept(cross) if n != spec.name and n in started]
         needed = (set(others) | {cross.base_of[n] for n in others}) - {spec.name}
-        later = {s.name for s in cross.order[cross.order.index(spec) + 1 :]} & needed
+        later = {s.name for s in cross.order[at + 1 :]} & needed
         owed = sum(self._price(cross, n) for n in needed) * left
         owed += sum(self._price(cross, n) for n in later)
         return (self.budget - self.elapsed() - owed) / (left + 1)
