@@ -201,3 +201,16 @@ def test_a_fold_s_share_of_the_budget_owes_only_the_started_candidates():
     cross.steps.update({"Vector scaling": [0.1], "Dirichlet": [0.2], "PEG": [1.0]})
     owed = 3 * (0.05 + 0.2 + 1.0) + (0.2 + 1.0)  # 3 folds left; Dirichlet and PEG in this one
     assert (10 - owed) / 4 - 0.05 < plan.allowance(cross, specs[1], 1, 5) <= (10 - owed) / 4
+
+
+def test_a_chained_candidate_whose_base_did_not_start_is_priced_with_its_base():
+    """PEG not started leaves PEG + TS to fit it as its base: its price holds PEG's (it was
+    started at a calibrator's price, and PEG fitted for it, past the budget)."""
+    specs = [MAPS[0], MethodSpec("PEG", "peg", "model"),
+             MethodSpec("PEG + TS", "temperature", "PEG")]  # fmt: skip
+    cross = _Cross(specs, {"TS": 0.05}, {s.name: torch.zeros(10) for s in specs})
+    plan = Plan(10.0, None, time.perf_counter(), print, forward=0.2)
+    cross.dropped["PEG"] = plan.admit(cross, specs[1], 5)
+    assert cross.dropped["PEG"] is not None
+    why = plan.admit(cross, specs[2], 5)
+    assert why is not None and "at a price of" in why

@@ -240,6 +240,8 @@ class Plan:
             return None
         guess = self._prior(cross, spec)
         kept = [n for n in self._kept(cross) if n != spec.name]
+        if spec.base not in set(kept) | {cross.base_of[n] for n in kept} | {MODEL}:
+            guess += self._price(cross, spec.base)  # fitted for it alone ("PEG + TS" on PEG)
         cost = self._remaining(cross, kept, folds - 1) + folds * guess
         if self.elapsed() + cost <= self.budget:
             return None
