@@ -109,6 +109,7 @@ class CrossFit:
         self.seconds: dict[str, list[float]] = {s.name: [] for s in specs}
         self.forwards: dict[str, float | None] = {}
         self.dropped: dict[str, str] = {}
+        self.stopped: set[str] = set()  # stopped within a fold (`deadline`): past the budget
         self.gaps: dict[str, float | None] = {}
         # name → per scored fold, the simpler map its chosen strengths made it (None: none)
         self.reduced: dict[str, list[str | None]] = {s.name: [] for s in specs}
@@ -286,8 +287,7 @@ class CrossFit:
         if name not in self._needed():
             return False
         if spec.base != MODEL and spec.base not in fitted:
-            stopped = self.dropped.get(spec.base, "").startswith("stopped")
-            why = "was stopped (over budget)" if stopped else "failed"
+            why = "was stopped (over budget)" if spec.base in self.stopped else "failed"
             self.dropped.setdefault(name, f"its base, {spec.base}, {why}")
             return False
         try:
@@ -317,10 +317,11 @@ class CrossFit:
                 self.forwards[name] = self._forwards(predictor)
         except Overrun as e:  # past its share of the budget (`race.Plan.allowance`)
             fitted.pop(name, None)  # not a base for this fold's chained candidates either
-            self.dropped[name] = (
+            self.stopped.add(name)
+            self.dropped.setdefault(name, (
                 f"stopped in fold {f + 1}: over budget, past its share of it ({e.allowed:.3g} s "
                 "a fold: what the budget leaves after the kept candidates, over its folds left)"
-            )
+            ))  # fmt: skip
         except Exception as e:  # a failing candidate is dropped; the others go on
             error = failure(e)
             self.dropped[name] = f"failed: {error['type']}: {error['message']}"
