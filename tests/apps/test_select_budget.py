@@ -214,3 +214,13 @@ def test_a_chained_candidate_whose_base_did_not_start_is_priced_with_its_base():
     assert cross.dropped["PEG"] is not None
     why = plan.admit(cross, specs[2], 5)
     assert why is not None and "at a price of" in why
+
+
+def test_a_full_map_is_priced_from_its_diagonal_map_not_the_other_full_map():
+    """Saturated 10-class logits: Dirichlet's first fold 2.8 s, vector scaling's 0.06 s; matrix
+    scaling (a tenth of Dirichlet's there) was priced at Dirichlet's fold and not started."""
+    specs = [*MAPS, MethodSpec("Matrix scaling", "matrix-scaling", "model")]
+    points = {s.name: torch.zeros(10) for s in specs}
+    cross = _Cross(specs, {"TS": 0.01, "Vector scaling": 0.06, "Dirichlet": 2.8}, points)
+    plan = Plan(15.0, None, time.perf_counter(), print, classes=10)
+    assert plan.admit(cross, specs[3], 5) is None  # 5 × 2 × 0.06 s beside 4 × 2.87 s
