@@ -167,13 +167,14 @@ def test_a_fold_past_its_share_of_the_budget_is_stopped_mid_fold(monkeypatch):
     fold passes its share of the budget, not after the fold: the fit stays near its budget,
     the row says so, and the model is as it was (the candidates fit copies of it)."""
     monkeypatch.setattr(race.Plan, "_prior", lambda *_: 0.0)  # PEG priced at nothing
+    monkeypatch.setattr(SlowForward, "DELAY", 0.1)  # a PEG-15 fold: ~20 passes, >= 2 s
     model, val = _slow_problem()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     sel = AutoSelect(candidates=["TS", "PEG"], cv=2, max_fit_seconds=1.5, progress=False)
     rows = {r["candidate"]: r for r in sel.fit(model, val).report_}
     spent = sel.cost_["seconds"] - sel.cost_["setup_seconds"]  # the budget's clock
     assert rows["PEG"]["why"].startswith("stopped in fold 1: over budget"), rows["PEG"]["why"]
-    assert sel.chosen_ == "TS" and spent < 1.5 + 1.0  # a whole PEG-15 fold here: ~10 s
+    assert sel.chosen_ == "TS" and spent < 1.5 + 1.0  # a whole PEG-15 fold: >= 2 s more
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
@@ -224,3 +225,14 @@ def test_a_full_map_is_priced_from_its_diagonal_map_not_the_other_full_map():
     cross = _Cross(specs, {"TS": 0.01, "Vector scaling": 0.06, "Dirichlet": 2.8}, points)
     plan = Plan(15.0, None, time.perf_counter(), print, classes=10)
     assert plan.admit(cross, specs[3], 5) is None  # 5 × 2 × 0.06 s beside 4 × 2.87 s
+
+
+def test_a_cheap_candidate_starts_where_only_a_dearer_kept_one_stands_in_its_way():
+    """Dirichlet's 3.4 s folds (dropped by the trim after the fold) left no room for matrix
+    scaling at 0.14 s: it starts; a dearer one than every kept one still does not."""
+    specs = [*MAPS, MethodSpec("Matrix scaling", "matrix-scaling", "model")]
+    points = {s.name: torch.zeros(10) for s in specs}
+    cross = _Cross(specs, {"TS": 0.01, "Vector scaling": 0.07, "Dirichlet": 3.4}, points)
+    plan = Plan(10.0, None, time.perf_counter(), print, forward=0.2, classes=10)
+    assert plan.admit(cross, specs[3], 5) is None  # 4 × (0.01 + 0.07) + 5 × 0.14 s
+    assert plan.admit(cross, MethodSpec("PEG", "peg", "model"), 5) is not None  # 18 × 0.2 s
