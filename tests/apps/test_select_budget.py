@@ -235,4 +235,5 @@ def test_a_cheap_candidate_starts_where_only_a_dearer_kept_one_stands_in_its_way
     cross = _Cross(specs, {"TS": 0.01, "Vector scaling": 0.07, "Dirichlet": 3.4}, points)
     plan = Plan(10.0, None, time.perf_counter(), print, forward=0.2, classes=10)
     assert plan.admit(cross, specs[3], 5) is None  # 4 × (0.01 + 0.07) + 5 × 0.14 s
+    assert plan.allowance(cross, specs[3], 0, 5) > 1.0  # and its fold is not stopped at once
     assert plan.admit(cross, MethodSpec("PEG", "peg", "model"), 5) is not None  # 18 × 0.2 s

@@ -221,7 +221,12 @@ class Plan:
             return None
         left, at = folds - 1 - f, cross.order.index(spec)
         # the others started: on the first fold those before it (the rest are not admitted yet)
-        started = {s.name for s in cross.order[:at]} if f == 0 else set(self._kept(cross))
+        # and, as in `admit`, no dearer a fold than its price (the trim drops those first)
+        started = set(self._kept(cross))
+        if f == 0:
+            price = self._price(cross, spec.name)
+            started = {s.name for s in cross.order[:at] if s is cross.order[0]
+                       or (self._per_fold(cross, s.name) or 0.0) <= price}  # fmt: skip
         others = [n for n in self._kept(cross) if n != spec.name and n in started]
         needed = (set(others) | {cross.base_of[n] for n in others}) - {spec.name}
         later = {s.name for s in cross.order[at + 1 :]} & needed
