@@ -163,10 +163,10 @@ class Plan:
 
     def _prior(self, cross: Any, spec: MethodSpec) -> float:
         """`spec`'s price, its seconds a fold before it has run: the dearest so far of its kind
-        (maps on the cached logits, or network candidates; 0 before any), and at least, for a
-        full affine map, the diagonal map's measured fold × `full_map_factor`, for a network
-        candidate its `members` forward passes of the validation data and its fit's
-        (`FIT_PASSES`)."""
+        (maps on the cached logits, or network candidates; 0 before any); for a full affine
+        map whose diagonal map ran, that map's measured fold × `full_map_factor` instead; for a
+        network candidate at least its `members` forward passes of the validation data and its
+        fit's (`FIT_PASSES`)."""
         cheap = cross.cheap(spec.name)
         guess = max((max(v) for n, v in cross.steps.items() if v and cross.cheap(n) == cheap),
                     default=0.0)  # fmt: skip
