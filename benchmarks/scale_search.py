@@ -290,37 +290,54 @@ def _points_bases(names: list[str]) -> dict[str, tuple[nn.Module, Any, Any]]:
     return bases
 
 
-def points_main(points: list[int], seeds: list[int], names: list[str]) -> None:
-    """The chosen scale's test NLL with the surrogate's exact scorings on `points` points."""
-    print(f"machine: {machine()}; exact_points {points}, seeds {seeds}")
+def _setting(token: str) -> ScaleSearch:
+    """A search setting by its name on the command line: an integer N is issue 38's search
+    (3 exact scorings, each on the first N scoring points: "1024" is the default before issue
+    49), "default" today's default, "first=K" the default with its first chunk K points."""
+    if token == "default":
+        return ScaleSearch()
+    if token.startswith("first="):
+        return ScaleSearch(first_points=int(token.split("=", 1)[1]))
+    return ScaleSearch(exact_points=int(token), first_points=int(token), scorings=3)
+
+
+def points_main(points: list[str], seeds: list[int], names: list[str]) -> None:
+    """The chosen scale's test NLL with each search setting (`_setting`), against the first's."""
+    print(f"machine: {machine()}; settings {points}, seeds {seeds}")
     for name, (base, val, test) in _points_bases(names).items():
         with torch.no_grad():
             nll = float(nn.functional.cross_entropy(base(test[0]), test[1]))
         print(f"\n## {name}: {len(val[1])} validation points, {len(test[1])} test points; "
               f"the base's test NLL {nll:.4f}")  # fmt: skip
         for make in (PEG, PEP):
-            losses: dict[int, list[Tensor]] = {p: [] for p in points}
+            losses: dict[str, list[Tensor]] = {p: [] for p in points}
             for seed in seeds:
                 for p in points:
                     start = time.perf_counter()
                     fitted = make(n_members=15, seed=seed, progress=False,
-                                  search=ScaleSearch(exact_points=p)).fit(base, val)  # fmt: skip
+                                  search=_setting(p)).fit(base, val)  # fmt: skip
                     took = time.perf_counter() - start
                     out = fitted.ensemble_.member_logits(test[0], 512, progress=False)
                     losses[p].append(_point_losses(out, test[1], False))
                     d = losses[p][-1] - losses[points[0]][-1]
                     se = float(d.std()) / math.sqrt(len(d))
                     scale = getattr(fitted, f"{make.scale_name}_")
-                    print(f"  {make.__name__}-15 seed {seed} exact_points {p:5d}: "
-                          f"{make.scale_name} = {scale:9.3g}  scored {len(fitted.search_)}  "
-                          f"fit {took:6.2f} s  test NLL {float(losses[p][-1].mean()):.4f}  "
-                          f"- {points[0]}'s: {float(d.mean()):+.4f} (SE {se:.4f})")  # fmt: skip
+                    scored = "/".join(str(k) for k in fitted.search_points_.values())
+                    print(f"  {make.__name__}-15 seed {seed} {p:>9}: "
+                          f"{make.scale_name} = {scale:9.3g}  scored {len(fitted.search_)} on "
+                          f"{scored:9}  fit {took:6.2f} s  test NLL "
+                          f"{float(losses[p][-1].mean()):.4f}  - {points[0]}'s: "
+                          f"{float(d.mean()):+.4f} (SE {se:.4f})")  # fmt: skip
+            gain = nll - float(torch.stack(losses[points[0]]).mean())
+            bar = max(0.002, 0.05 * gain)
             for p in points[1:]:
                 d = torch.stack(losses[p]).mean(0) - torch.stack(losses[points[0]]).mean(0)
                 se = float(d.std()) / math.sqrt(len(d))
                 gap = float(d.mean()) / se if se > 0 else 0.0
-                print(f"  {make.__name__}-15 pooled over seeds: exact_points {p} - {points[0]}: "
-                      f"{float(d.mean()):+.4f} test NLL (SE {se:.4f}, {gap:+.2f} SE)")  # fmt: skip
+                verdict = "within" if float(d.mean()) <= bar else "OUTSIDE"
+                print(f"  {make.__name__}-15 pooled over seeds: {p} - {points[0]}: "
+                      f"{float(d.mean()):+.4f} test NLL (SE {se:.4f}, {gap:+.2f} SE); the bar "
+                      f"max(0.002, 5% of the gain {gain:.4f}) = {bar:.4f}: {verdict}")  # fmt: skip
 
 
 def main() -> None:
@@ -328,7 +345,9 @@ def main() -> None:
     parser.add_argument("--bases", nargs="+", default=list(BASES), choices=list(BASES))
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="the digits base only")
-    parser.add_argument("--exact-points", type=int, nargs="+", help="compare these instead")
+    parser.add_argument(
+        "--exact-points", nargs="+", help="compare these search settings instead (`_setting`)"
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument(
         "--points-bases", nargs="+", default=["digits", "fashion-mnist-2000", "fashion-mnist-4000"]
