@@ -292,16 +292,20 @@ def _points_bases(names: list[str]) -> dict[str, tuple[nn.Module, Any, Any]]:
 
 def _setting(token: str) -> ScaleSearch:
     """A search setting by its name on the command line: an integer N is issue 38's search
-    (3 exact scorings, each on the first N scoring points: "1024" is the default before issue
-    49), "default" today's default, "first=K" the default with its first chunk K points."""
+    (up to 3 exact scorings, each on the first N scoring points: "1024" is the default before
+    issue 49), "default" today's default, "key=value,..." the default with these ScaleSearch
+    options (e.g. "first_points=128,scorings=3")."""
     if token == "default":
         return ScaleSearch()
-    if token.startswith("first="):
-        return ScaleSearch(first_points=int(token.split("=", 1)[1]))
+    if "=" in token:
+        options = dict(item.split("=", 1) for item in token.split(","))
+        return ScaleSearch(**{k: (float if "." in v else int)(v) for k, v in options.items()})
     return ScaleSearch(exact_points=int(token), first_points=int(token), scorings=3)
 
 
-def points_main(points: list[str], seeds: list[int], names: list[str]) -> None:
+def points_main(
+    points: list[str], seeds: list[int], names: list[str], methods: tuple[type, ...] = (PEG, PEP)
+) -> None:
     """The chosen scale's test NLL with each search setting (`_setting`), against the first's."""
     print(f"machine: {machine()}; settings {points}, seeds {seeds}")
     for name, (base, val, test) in _points_bases(names).items():
@@ -309,7 +313,7 @@ def points_main(points: list[str], seeds: list[int], names: list[str]) -> None:
             nll = float(nn.functional.cross_entropy(base(test[0]), test[1]))
         print(f"\n## {name}: {len(val[1])} validation points, {len(test[1])} test points; "
               f"the base's test NLL {nll:.4f}")  # fmt: skip
-        for make in (PEG, PEP):
+        for make in methods:
             losses: dict[str, list[Tensor]] = {p: [] for p in points}
             for seed in seeds:
                 for p in points:
@@ -349,12 +353,14 @@ def main() -> None:
         "--exact-points", nargs="+", help="compare these search settings instead (`_setting`)"
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--methods", nargs="+", default=["PEG", "PEP"], choices=["PEG", "PEP"])
     parser.add_argument(
         "--points-bases", nargs="+", default=["digits", "fashion-mnist-2000", "fashion-mnist-4000"]
     )
     args = parser.parse_args()
     if args.exact_points:
-        points_main(args.exact_points, args.seeds, args.points_bases)
+        methods = tuple({"PEG": PEG, "PEP": PEP}[m] for m in args.methods)
+        points_main(args.exact_points, args.seeds, args.points_bases, methods)
         return
     if args.quick:
         args.bases = ["digits"]

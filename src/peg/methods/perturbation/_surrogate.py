@@ -28,14 +28,14 @@ the criterion at any scale costs arithmetic on `[M, N, C]` tensors instead of M 
    scales scored exactly, never an interpolated one.
 
 Points by need (issue 49; for a criterion that is a mean of per-point losses): the scorings
-score the first `Settle.first` scoring points (256 by default). After each scoring, the scale
+score the first `Settle.first` scoring points (512 by default). After each scoring, the scale
 just scored and the best other one are compared on the same points — the mean d̄ of their
 paired per-point differences and its standard error se — and the pair is decided when they
 are separated (|d̄| > z·se, z = 2) or tied within what cannot matter (|d̄| + z·se < 0.001
 nats). Until then every scale scored, and the base's outputs, are scored on the next chunk
-too, doubling the points (256, 512, 1024), up to the cap (`ScaleSearch.exact_points`, all N
+too, doubling the points (512, 1024, …), up to the cap (`ScaleSearch.exact_points`, all N
 points given); the interpolant is rebuilt on the points scored. A clear decision costs 2
-scorings of 256 points instead of 2–3 of 1024; the worst, 2 of the cap. Another criterion
+scorings of 512 points instead of 2–3 of 1024; the worst, 2 of the cap. Another criterion
 (ECE, a callable) scores all N points at once.
 
 A diverged scale (non-finite outputs or criterion, on any chunk) scores +inf, is not a node,
@@ -121,7 +121,7 @@ class Settle:
             estimate: a noisy pair that merely averages out near 0 is scored on).
     """
 
-    first: int = 256
+    first: int = 512
     z: float = 2.0
     nats: float = 1e-3
 
