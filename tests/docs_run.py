@@ -6,11 +6,11 @@ executed in one `__main__` namespace, as a script or a notebook would (a block's
 expression is shown with `sys.displayhook`, as the interpreter and Jupyter show it); a bash
 block's commands (`peg ...`, `cd DIR`) run as a shell would run them, from the folder the shell
 is in (the scratch folder, moved by `cd`), through the `peg` command installed beside this
-Python (without `PEG_PROGRESS`: the command line's progress is its user's choice). Before each
-step a line `RECORD_SEPARATOR + where` is printed on stdout and on stderr, so the test can split
-both by block. REPORT.json gets, per step, its wall-clock seconds, its CPU seconds (this
-process's and the commands', a measure of its size that a busy machine does not inflate) and its
-error (a traceback), or the reason the page stopped for a missing data set.
+Python. Before each step a line `RECORD_SEPARATOR + where` is printed on stdout and on
+stderr, so the test can split both by block. REPORT.json gets, per step, its wall-clock seconds,
+its CPU seconds (this process's and the commands': a measure of its size that a busy machine
+does not inflate) and its error (a traceback), or the reason the page stopped for a missing
+data set.
 """
 
 from __future__ import annotations
@@ -56,15 +56,16 @@ def run_commands(step: dict, shell: dict) -> None:
             shell["cwd"] = os.path.normpath(os.path.join(shell["cwd"], *argv[1:2]))
             continue
         sys.stdout.flush()
-        env = {k: v for k, v in os.environ.items() if k != "PEG_PROGRESS"}
-        status = subprocess.run([*peg_command(), *argv[1:]], cwd=shell["cwd"], env=env).returncode
+        status = subprocess.run([*peg_command(), *argv[1:]], cwd=shell["cwd"]).returncode
         if status != 0:
             raise RuntimeError(f"{shlex.join(argv)} exited {status}")
 
 
 def cpu_seconds() -> float:
     """CPU time so far, user and system, of this process and of the commands it ran."""
-    own, children = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    own, children = (
+        resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+    )
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
@@ -89,7 +90,7 @@ def main(steps_file: str, report_file: str) -> int:
                 entry["error"] = traceback.format_exc()
             else:
                 entry["missing_data"] = str(e)
-        except BaseException:  # noqa: BLE001  (SystemExit too: the test reports every stop)
+        except BaseException:  # SystemExit too: the test reports every stop
             entry["error"] = traceback.format_exc()
         entry["seconds"], entry["cpu"] = time.perf_counter() - start, cpu_seconds() - cpu
         sys.stdout.flush()

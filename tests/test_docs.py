@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from docs_run import RECORD_SEPARATOR
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -177,14 +178,16 @@ def _run_page(path: Path, folder: Path) -> tuple[list[dict], dict[str, str], dic
     import peg
 
     folder.mkdir()
-    steps, report = folder.parent / f"{folder.name}-steps.json", folder.parent / f"{folder.name}.json"
+    steps, report = (
+        folder.parent / f"{folder.name}-steps.json",
+        folder.parent / f"{folder.name}.json",
+    )
     steps.write_text(json.dumps(_steps(path)), encoding="utf-8")
     env = dict(os.environ)  # the peg the tests import, first on the path, as if installed
     env["PYTHONPATH"] = os.pathsep.join(
         [str(Path(peg.__file__).resolve().parents[1]), *filter(None, [env.get("PYTHONPATH")])]
     )
     env.setdefault("OMP_NUM_THREADS", "1")  # as conftest's torch.set_num_threads(1): tiny models
-    env["PEG_PROGRESS"] = "1"  # the bars a terminal would show, unless a call says progress=False
     run = subprocess.run(
         [sys.executable, str(RUNNER), str(steps), str(report)],
         cwd=folder, env=env, capture_output=True, text=True, timeout=PAGE_SECONDS,
@@ -197,7 +200,7 @@ def _run_page(path: Path, folder: Path) -> tuple[list[dict], dict[str, str], dic
 
 
 def _check_report(path: Path, report: list[dict], stderr: dict[str, str]) -> None:
-    """Every step ran without error, quietly and in time; a missing data set skips the page."""
+    """Every step ran without error and in time; a missing data set skips the page."""
     by_place = {b.where: b for b in blocks(path)}
     for entry in report:
         where, b = entry["where"], by_place[entry["where"]]
@@ -207,9 +210,6 @@ def _check_report(path: Path, report: list[dict], stderr: dict[str, str]) -> Non
         )
         if "missing_data" in entry:
             pytest.skip(f"{where}: needs a data set not present here: {entry['missing_data']}")
-        assert not b.runs or "\r" not in stderr.get(where, ""), (
-            f"{where}: the block shows a progress bar at a terminal; pass progress=False"
-        )
         commands = sum(a[0] == "peg" for a in b.commands()) if b.runs_commands else 1
         limit = SLOW_BLOCK_SECONDS * commands  # each command starts a Python and imports peg
         assert entry["cpu"] < limit or (b.runs and _imports_only(b.code)), (
