@@ -60,7 +60,7 @@ class Block:
 
     @property
     def where(self) -> str:
-        return f"{self.path.relative_to(ROOT)}:{self.line}"
+        return f"{_id(self.path)}:{self.line}"
 
     @property
     def is_python(self) -> bool:
@@ -121,7 +121,7 @@ def blocks(path: Path) -> list[Block]:
 
 
 def _id(path: Path) -> str:
-    return str(path.relative_to(ROOT))
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
 
 
 RUNNABLE = [p for p in DOC_FILES if any(b.runs or b.runs_commands for b in blocks(p))]
@@ -177,7 +177,7 @@ def _run_page(path: Path, folder: Path) -> tuple[list[dict], dict[str, str], dic
     and what each step printed on stdout and on stderr."""
     import peg
 
-    folder.mkdir()
+    folder.mkdir(parents=True)
     steps, report = (
         folder.parent / f"{folder.name}-steps.json",
         folder.parent / f"{folder.name}.json",
@@ -222,6 +222,10 @@ def _check_report(path: Path, report: list[dict], stderr: dict[str, str]) -> Non
 @pytest.mark.parametrize("path", RUNNABLE, ids=_id)
 def test_examples_run(path, tmp_path):
     """Each page's examples run as a user would run them, twice, and print the same twice."""
+    _run_twice(path, tmp_path)
+
+
+def _run_twice(path: Path, tmp_path: Path) -> None:
     report, first, stderr = _run_page(path, tmp_path / "first")
     _check_report(path, report, stderr)
     by_place = {b.where: b for b in blocks(path)}
@@ -236,6 +240,30 @@ def test_examples_run(path, tmp_path):
             f"(seed it, or mark it {VARIES}REASON) -->):\n--- first\n{text}--- second\n"
             f"{second[where]}"
         )
+
+
+def test_the_runs_catch_differing_output_and_skip_for_missing_data(tmp_path, monkeypatch):
+    """The harness itself: output that differs between two runs fails unless its block is
+    marked; a block needing a data set that no root holds skips the page with peg's message."""
+    page = tmp_path / "page.md"
+    varies = f"{VARIES}a fresh process's id) -->"
+    page.write_text(
+        f"{varies}\n```python\nimport os\nprint(os.getpid())\n```\n\n"
+        "```python\nos.getpid()\n```\n",  # the last expression, shown
+        encoding="utf-8",
+    )
+    assert [b.varies for b in blocks(page)] == ["a fresh process's id", None]
+    with pytest.raises(AssertionError, match=r"page.md:8: the block starting here printed"):
+        _run_twice(page, tmp_path / "pid")
+    monkeypatch.setenv("PEG_DATA_ONLY", "1")  # only $PEG_DATA, an empty folder, is searched
+    monkeypatch.setenv("PEG_DATA", str(tmp_path / "no-data"))
+    page.write_text(
+        '```python\nprint("before")\n```\n\n```python\nfrom peg.data import load\n\n'
+        'load("fashion-mnist", "test")\n```\n\n```python\nprint("never")\n```\n',
+        encoding="utf-8",
+    )
+    with pytest.raises(pytest.skip.Exception, match=r"page.md:6: needs a data set .*fashion-mnist"):
+        _run_twice(page, tmp_path / "data")
 
 
 def test_the_command_blocks_are_marked_and_run():
