@@ -16,9 +16,12 @@ Every page promises that its examples print the same on every run: each page run
 time in a folder of its own, and what each block prints (a block's last bare expression is
 shown, as in a notebook) must be the same both times. A block whose output cannot be the same
 (wall-clock times) says why in an HTML comment on the line above its fence, `<!-- the docs test:
-the next block's output varies (REASON) -->`; its output is not compared. A block that needs a
-data set that is not under any data root skips the page with peg's message, after the blocks
-above it ran. docs/index.md documents these markers.
+the next block's output varies (REASON) -->`; its output is not compared. The second run stops
+after the last block whose output it compares. A block that needs a data set that is not under
+any data root skips the page with peg's message, after the blocks above it ran. A block may
+take SLOW_BLOCK_SECONDS of CPU (not of wall-clock time, which a busy machine inflates); the
+runs get OMP_NUM_THREADS=1 unless it is set, as conftest.py gives the tests one thread.
+docs/index.md documents these markers.
 """
 
 from __future__ import annotations
