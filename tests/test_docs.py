@@ -276,19 +276,27 @@ def test_the_runs_catch_differing_output_and_skip_for_missing_data(tmp_path, mon
 
 
 def test_the_command_blocks_are_marked_and_run():
-    """The README's quick start on the command line and compare's example run as written."""
+    """The README's quick start on the command line and compare's example run as written; the
+    markers sit right above the block they mark."""
     marked = {
-        _id(p): [b.commands()[0][:2] for b in blocks(p) if b.runs_commands] for p in DOC_FILES
+        _id(p): [argv[:2] for b in blocks(p) if b.runs_commands for argv in b.commands()]
+        for p in DOC_FILES
     }
-    assert ["peg", "select"] in marked["README.md"] and ["peg", "compare"] in marked[
-        "docs/compare.md"
-    ]
+    assert ["peg", "select"] in marked["README.md"] and ["peg", "apply"] in marked["README.md"]
+    assert ["peg", "compare"] in marked["docs/compare.md"]
     for path in DOC_FILES:
         lines = path.read_text(encoding="utf-8").splitlines()
         for i, line in enumerate(lines[:-1]):
             if line.startswith(RUN_COMMANDS):
                 assert lines[i + 1].strip() == "```bash", (
                     f"{_id(path)}:{i + 1}: marker not above a bash block"
+                )
+            if line.startswith(VARIES):  # a reason, then the fence or the commands' marker
+                assert re.fullmatch(re.escape(VARIES) + r".+\) -->", line), (
+                    f"{_id(path)}:{i + 1}: say why: {VARIES}REASON) -->"
+                )
+                assert lines[i + 1].startswith(("```", RUN_COMMANDS)), (
+                    f"{_id(path)}:{i + 1}: marker not right above a block"
                 )
 
 
