@@ -10,9 +10,9 @@ same spacing past an edge (at most 3 decades) while the best is on that edge. Re
 and method: the scale chosen, the exact scorings it took, its score minus the reference's best in
 standard errors (negative: better than every reference scale, found outside the grid's range),
 and the time to build the ensemble (search included) against one epoch of training the base
-and against fitting temperature scaling — for the surrogate search ("after"), the same with its
-exact scorings on 1024 points (its default before issue 38: 512 now) and the golden search
-with racing, the default before it ("before"), all timed in this run.
+and against fitting temperature scaling — for the surrogate search ("after"; issue 49: at most
+2 scorings on 512 points by need), issue 38's surrogate search (up to 3 scorings on 1024 points)
+and the golden search with racing, the default before it ("before"), all timed in this run.
 
 Bases (each trained once and cached under .peg-cache/, shared with `peg bench` where it is a
 bench preset's): the `fashion-mnist` bench preset (weight decay: well calibrated), the
@@ -24,17 +24,21 @@ the members' mixture NLL). Every number is measured in this run, on this machine
 
     python benchmarks/scale_search.py [--bases ...] [--repeats 1] [--quick]
 
-`--exact-points 1024 512 256` (issue 38) compares instead the default search with its exact
-scorings on the first 1024 scoring points (the default before), 512 and 256 (the default now):
+`--exact-points 1024 default` (issues 38 and 49) compares instead search settings (`_setting`:
+an integer N is issue 38's search, up to 3 scorings on the first N scoring points, "1024" the
+default before issue 49; "default" today's, 2 scales on 512 points by need; "key=value,..."
+ScaleSearch options), the first against the others:
 PEG-15 and PEP-15 fitted with each, for seeds 0, 1, 2 (`--seeds`), on the `digits` preset and on
 the Fashion-MNIST SmallCNN of benchmarks/peg_fit_overhead.py (one epoch on 10k images) with
-2,000 and 4,000 validation images, and the over-fitted `peg demo` base on 2,000 of its
-validation split (`--points-bases`, e.g. demo-2000); the chosen scale's test NLL (the preset's
-test split; Fashion-MNIST: test images 4,000-9,999; demo: test images 0-4,999), minus the
+2,000 and 4,000 validation images, and the over-fitted `peg demo` base on 2,000 (or 12,000)
+of its validation split (`--points-bases`, e.g. demo-2000); the chosen scale's test NLL (the
+preset's test split; Fashion-MNIST: test images 4,000-9,999; demo: test images 0-4,999), minus the
 first setting's, paired per test point, in its standard error; pooled over seeds: the
-per-point difference averaged over seeds.
+per-point difference averaged over seeds, against issue 49's bar: max(0.002 nats, 5% of the
+method's gain over the base).
 
-    OMP_NUM_THREADS=1 python benchmarks/scale_search.py --exact-points 1024 512 256
+    OMP_NUM_THREADS=1 python benchmarks/scale_search.py --exact-points 1024 default \
+        --points-bases digits fashion-mnist-2000 fashion-mnist-4000 demo-2000 demo-12000
 """
 
 from __future__ import annotations
@@ -215,7 +219,9 @@ def _compare(case: Case, method: str, repeats: int, ts_seconds: float, epoch: fl
     searches = {
         "golden": ScaleSearch(method="golden", max_points=points),
         "surrogate": ScaleSearch(max_points=points),
-        "surrogate-1024": ScaleSearch(max_points=points, exact_points=1024),
+        "surrogate-1024": ScaleSearch(
+            max_points=points, exact_points=1024, first_points=1024, scorings=3
+        ),
     }
     for search, made in searches.items():
         seconds[search], fits[search] = median_time(
@@ -249,7 +255,7 @@ def _compare(case: Case, method: str, repeats: int, ts_seconds: float, epoch: fl
           f"{name} = {best:.3g}, score {float(reference[best].mean()):.4f}")  # fmt: skip
     labels = {
         "golden": "before: golden, raced",
-        "surrogate-1024": "surrogate on 1024 points",  # the default before issue 38
+        "surrogate-1024": "issue 38's, 1024 points",  # the default before issue 49
         "surrogate": "after: surrogate",
     }
     for search, label in labels.items():
@@ -290,37 +296,58 @@ def _points_bases(names: list[str]) -> dict[str, tuple[nn.Module, Any, Any]]:
     return bases
 
 
-def points_main(points: list[int], seeds: list[int], names: list[str]) -> None:
-    """The chosen scale's test NLL with the surrogate's exact scorings on `points` points."""
-    print(f"machine: {machine()}; exact_points {points}, seeds {seeds}")
+def _setting(token: str) -> ScaleSearch:
+    """A search setting by its name on the command line: an integer N is issue 38's search
+    (up to 3 exact scorings, each on the first N scoring points: "1024" is the default before
+    issue 49), "default" today's default, "key=value,..." the default with these ScaleSearch
+    options (e.g. "first_points=128,scorings=3")."""
+    if token == "default":
+        return ScaleSearch()
+    if "=" in token:
+        options = dict(item.split("=", 1) for item in token.split(","))
+        return ScaleSearch(**{k: (float if "." in v else int)(v) for k, v in options.items()})
+    return ScaleSearch(exact_points=int(token), first_points=int(token), scorings=3)
+
+
+def points_main(
+    points: list[str], seeds: list[int], names: list[str], methods: tuple[type, ...] = (PEG, PEP)
+) -> None:
+    """The chosen scale's test NLL with each search setting (`_setting`), against the first's."""
+    print(f"machine: {machine()}; settings {points}, seeds {seeds}")
     for name, (base, val, test) in _points_bases(names).items():
         with torch.no_grad():
             nll = float(nn.functional.cross_entropy(base(test[0]), test[1]))
         print(f"\n## {name}: {len(val[1])} validation points, {len(test[1])} test points; "
               f"the base's test NLL {nll:.4f}")  # fmt: skip
-        for make in (PEG, PEP):
-            losses: dict[int, list[Tensor]] = {p: [] for p in points}
+        for make in methods:
+            losses: dict[str, list[Tensor]] = {p: [] for p in points}
             for seed in seeds:
                 for p in points:
                     start = time.perf_counter()
                     fitted = make(n_members=15, seed=seed, progress=False,
-                                  search=ScaleSearch(exact_points=p)).fit(base, val)  # fmt: skip
+                                  search=_setting(p)).fit(base, val)  # fmt: skip
                     took = time.perf_counter() - start
                     out = fitted.ensemble_.member_logits(test[0], 512, progress=False)
                     losses[p].append(_point_losses(out, test[1], False))
                     d = losses[p][-1] - losses[points[0]][-1]
                     se = float(d.std()) / math.sqrt(len(d))
                     scale = getattr(fitted, f"{make.scale_name}_")
-                    print(f"  {make.__name__}-15 seed {seed} exact_points {p:5d}: "
-                          f"{make.scale_name} = {scale:9.3g}  scored {len(fitted.search_)}  "
-                          f"fit {took:6.2f} s  test NLL {float(losses[p][-1].mean()):.4f}  "
-                          f"- {points[0]}'s: {float(d.mean()):+.4f} (SE {se:.4f})")  # fmt: skip
+                    scored = "/".join(str(k) for k in fitted.search_points_.values())
+                    print(f"  {make.__name__}-15 seed {seed} {p:>9}: "
+                          f"{make.scale_name} = {scale:9.3g}  scored {len(fitted.search_)} on "
+                          f"{scored:9}  fit {took:6.2f} s  test NLL "
+                          f"{float(losses[p][-1].mean()):.4f}  - {points[0]}'s: "
+                          f"{float(d.mean()):+.4f} (SE {se:.4f})")  # fmt: skip
+            gain = nll - float(torch.stack(losses[points[0]]).mean())
+            bar = max(0.002, 0.05 * gain)
             for p in points[1:]:
                 d = torch.stack(losses[p]).mean(0) - torch.stack(losses[points[0]]).mean(0)
                 se = float(d.std()) / math.sqrt(len(d))
                 gap = float(d.mean()) / se if se > 0 else 0.0
-                print(f"  {make.__name__}-15 pooled over seeds: exact_points {p} - {points[0]}: "
-                      f"{float(d.mean()):+.4f} test NLL (SE {se:.4f}, {gap:+.2f} SE)")  # fmt: skip
+                verdict = "within" if float(d.mean()) <= bar else "OUTSIDE"
+                print(f"  {make.__name__}-15 pooled over seeds: {p} - {points[0]}: "
+                      f"{float(d.mean()):+.4f} test NLL (SE {se:.4f}, {gap:+.2f} SE); the bar "
+                      f"max(0.002, 5% of the gain {gain:.4f}) = {bar:.4f}: {verdict}")  # fmt: skip
 
 
 def main() -> None:
@@ -328,14 +355,18 @@ def main() -> None:
     parser.add_argument("--bases", nargs="+", default=list(BASES), choices=list(BASES))
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="the digits base only")
-    parser.add_argument("--exact-points", type=int, nargs="+", help="compare these instead")
+    parser.add_argument(
+        "--exact-points", nargs="+", help="compare these search settings instead (`_setting`)"
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--methods", nargs="+", default=["PEG", "PEP"], choices=["PEG", "PEP"])
     parser.add_argument(
         "--points-bases", nargs="+", default=["digits", "fashion-mnist-2000", "fashion-mnist-4000"]
     )
     args = parser.parse_args()
     if args.exact_points:
-        points_main(args.exact_points, args.seeds, args.points_bases)
+        methods = tuple({"PEG": PEG, "PEP": PEP}[m] for m in args.methods)
+        points_main(args.exact_points, args.seeds, args.points_bases, methods)
         return
     if args.quick:
         args.bases = ["digits"]

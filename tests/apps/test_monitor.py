@@ -118,6 +118,27 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str
     ),
     (
         "Monitor",
+        "a batch of saved logits of object dtype",
+        lambda: peg.Monitor(_fitted()).update(np.array([[1.0, "a", None, 2]], dtype=object)),
+        ValueError,
+        r"batch: expected floating-point logits \[N, 4\].*dtype object \(chunk 0\)",
+    ),
+    (
+        "Monitor",
+        "labels that are not whole numbers",
+        lambda: peg.Monitor(_fitted()).update(_sample(3, 1)[0], np.array([0.0, 1.5, 2.0])),
+        ValueError,
+        "labels: expected integer labels",
+    ),
+    (
+        "Monitor",
+        "labels out of the reference's classes",
+        lambda: peg.Monitor(_fitted()).update(_sample(3, 1)[0], np.array([0, 1, 7])),
+        ValueError,
+        r"labels: expected labels in \[0, 4\)",
+    ),
+    (
+        "Monitor",
         "adapted() where no chunk flagged label shift",
         lambda: peg.Monitor(_fitted()).adapted(),
         ValueError,

@@ -74,6 +74,37 @@ def test_the_surrogate_scores_1024_points_by_default_and_every_one_with_none(
     assert recipe is not None and recipe["search"]["exact_points"] == 40
 
 
+def test_the_search_by_need_is_deterministic_for_a_seed(overfit_mlp, moons_data):
+    """Chunks, their stopping rule and the choice repeat for a fixed seed; at most 2 scales."""
+    options = {"n_members": 4, "seed": 3, "progress": False}
+    for made in (peg.PEG, peg.PEP):
+        fits = [
+            made(**options, search=peg.ScaleSearch(first_points=64)).fit(
+                overfit_mlp, moons_data["val"]
+            )
+            for _ in range(2)
+        ]
+        a, b = fits
+        assert a.search_ == b.search_ and a.search_points_ == b.search_points_
+        assert a.search_predicted_ == b.search_predicted_
+        assert 1 <= len(a.search_) <= 2 and set(a.search_points_.values()) <= {64, 128, 256, 300}
+        X = moons_data["test"][0]
+        torch.testing.assert_close(a.member_logits(X), b.member_logits(X), rtol=0, atol=0)
+
+
+def test_the_stopping_rule_is_an_option_recorded_in_a_recipe(overfit_mlp, moons_data):
+    search = peg.ScaleSearch(first_points=50, settle_se=3.0, settle_nats=0.01, scorings=3)
+    fitted = peg.PEG(n_members=3, grad_batch_size=32, seed=0, search=search)
+    fitted.fit(overfit_mlp, moons_data["val"])
+    recorded = fitted._recipe_options()
+    assert recorded is not None and {
+        k: recorded["search"][k] for k in ("first_points", "settle_se", "settle_nats", "scorings")
+    } == {"first_points": 50, "settle_se": 3.0, "settle_nats": 0.01, "scorings": 3}
+    for bad in ({"first_points": 0}, {"settle_se": -1.0}, {"scorings": 0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            peg.PEG(search=peg.ScaleSearch(**bad)).fit(overfit_mlp, moons_data["val"])
+
+
 @pytest.mark.parametrize("old", ["criterion", "eta_holdout", "race", "search_tol", "bracket"])
 def test_an_option_that_moved_says_where(old):
     with pytest.raises(TypeError, match=rf"{old}: now an option of the scale search"):
@@ -128,7 +159,8 @@ def test_a_version_2_recipe_is_read_through_the_old_names():
     assert options == {"n_members": 4}
     assert peg.ScaleSearch(**search).get_params() == {
         "method": "golden", "criterion": "ece", "holdout": 0.0, "max_points": None,
-        "exact_points": 1024, "race": 0.0, "early_stop": False, "tol": 0.0, "grid": None,
+        "exact_points": 1024, "first_points": 512, "settle_se": 2.0, "settle_nats": 1e-3,
+        "scorings": 2, "race": 0.0, "early_stop": False, "tol": 0.0, "grid": None,
     }  # fmt: skip
     pep = {"bracket": [1e-3, 1e-1]}
     assert searched_options(pep) == {"grid": [1e-3, pytest.approx(1e-2), 1e-1]}

@@ -10,7 +10,12 @@ import torch
 import peg
 from peg.losses import gaussian_nll_loss
 from peg.methods.perturbation._criteria import POINT_LOSSES
-from peg.methods.perturbation._surrogate import Interpolant, search_range, surrogate_search
+from peg.methods.perturbation._surrogate import (
+    Interpolant,
+    Settle,
+    search_range,
+    surrogate_search,
+)
 from peg.source import Source
 from peg.train import train
 
@@ -51,12 +56,24 @@ def _members(optimum_width: float = 0.0):
     return at, y
 
 
-def _nll(y):
-    return lambda logits: float(POINT_LOSSES["nll"](logits, y).mean())
+def _nll(logits, y):
+    return float(POINT_LOSSES["nll"](logits, y).mean())
 
 
-def _point(y):
-    return lambda logits: POINT_LOSSES["nll"](logits, y)
+_point = POINT_LOSSES["nll"]
+
+
+def _search(at, y, exact=None, point=_point, **options):
+    """`surrogate_search` on whole-tensor member outputs `at(scale)` `[M, N, C]`."""
+    if exact is None:
+        exact = at
+
+    def chunk(scale, start, stop):
+        out = exact(scale)
+        return None if out is None else out[:, start:stop]
+
+    zero = lambda start, stop: at(0.0)[:, start:stop]  # noqa: E731
+    return surrogate_search(chunk, zero, y, _nll, point, GRID, **options)
 
 
 def test_on_exact_quadratics_the_choice_is_the_dense_optimum_in_at_most_three_scorings():
@@ -67,7 +84,7 @@ def test_on_exact_quadratics_the_choice_is_the_dense_optimum_in_at_most_three_sc
         calls.append(s)
         return at(s)
 
-    result = surrogate_search(exact, at(0.0), _nll(y), _point(y), GRID)
+    result = _search(at, y, exact, max_scorings=3, settle=Settle(first=len(y)))
     assert 1 <= len(calls) <= 3 and len(calls) == len(set(calls)) == len(result.scores)
     assert calls[0] == min(GRID)  # the grid's lowest scale first
     assert result.scale in result.scores  # chosen among the scales scored exactly
@@ -85,7 +102,7 @@ def test_a_flat_criterion_stops_after_one_scoring():
     at, y = _members()
     calls = []
     flat = lambda s: (calls.append(s), at(0.0))[1]  # noqa: E731  (no scale changes anything)
-    result = surrogate_search(flat, at(0.0), _nll(y), _point(y), GRID)
+    result = _search(at, y, flat)
     assert calls == [min(GRID)] and result.scale == min(GRID)
 
 
@@ -99,7 +116,7 @@ def test_the_budget_is_never_exceeded_and_diverged_scales_lose():
 
     for budget in (1, 2, 3):
         calls.clear()
-        result = surrogate_search(exact, at(0.0), _nll(y), None, GRID, max_scorings=budget)
+        result = _search(at, y, exact, point=None, max_scorings=budget)
         assert len(calls) == len(result.scores) <= budget
         assert math.isfinite(result.scores[result.scale]) and result.scale <= 0.05
         assert all(v == math.inf for s, v in result.scores.items() if s > 0.05)
@@ -126,7 +143,7 @@ def test_the_choice_on_a_small_base_is_within_one_se_of_a_dense_search(
     """The default search's scale scores within one standard error (paired, per point) of the
     best of 25 log-spaced scales over the grid's range, each scored exactly on every point."""
     p = make().fit(overfit_mlp, moons_data["val"])
-    assert 1 <= len(p.search_) <= 3
+    assert 1 <= len(p.search_) <= 2
     Xs, ys = _scoring_points(p, moons_data["val"])
 
     def losses(scale: float) -> torch.Tensor:
@@ -151,7 +168,7 @@ def test_the_regression_search_uses_the_mixture_nll_per_point():
     train(model, (X, y), epochs=30, lr=0.01, optimizer="adam", progress=False,
           loss=gaussian_nll_loss)  # fmt: skip
     p = peg.PEG(n_members=6, grad_batch_size=32).fit(model.eval(), (X, y))
-    assert 1 <= len(p.search_) <= 3 and p.search_[p.eta_] == min(p.search_.values())
+    assert 1 <= len(p.search_) <= 2 and p.search_[p.eta_] == min(p.search_.values())
     assert p.meta_["search"] == "surrogate"
 
 
@@ -176,3 +193,74 @@ def test_the_zero_node_is_every_members_own_base(setting, overfit_mlp, moons_dat
     expected = target.at(0.0).member_logits(target.inputs, 50)
     assert len(target.member_base) == len(p) and zero.shape == expected.shape
     torch.testing.assert_close(zero, expected, rtol=1e-5, atol=1e-5)
+
+
+def _paired(second: torch.Tensor, n: int = 400):
+    """A search whose per-point loss is the members' mean output `[M, N, 1]`: 1 at scale 0,
+    0.5 at the grid's lowest scale (so the linear interpolant sends the second scoring to the
+    top of the range), `second` `[N]` at any other scale; the exact calls, by chunk."""
+    calls: list[tuple[float, int, int]] = []
+
+    def exact(scale, start, stop):
+        calls.append((scale, start, stop))
+        values = torch.full((n,), 0.5) if scale == min(GRID) else second
+        return values[start:stop].expand(3, -1).unsqueeze(-1)
+
+    def losses(outputs, y):
+        return outputs.mean(0)[:, 0]
+
+    def zero(start, stop):
+        return torch.ones(3, stop - start, 1)
+
+    def run(**options):
+        calls.clear()
+        y = torch.zeros(n, dtype=torch.long)
+        criterion = lambda outputs, y: float(losses(outputs, y).mean())  # noqa: E731
+        return surrogate_search(exact, zero, y, criterion, losses, GRID, **options)
+
+    return run, calls
+
+
+def test_a_clearly_separated_pair_is_decided_on_the_first_chunk():
+    alternating = torch.tensor([0.01, -0.01]).repeat(200)
+    run, calls = _paired(0.2 + alternating)  # 0.3 better than the first scale, SE ~0.0005
+    result = run(settle=Settle(first=50))
+    assert len(result.scores) == 2 and set(result.points.values()) == {50}
+    assert [stop for _, _, stop in calls] == [50, 50]  # one chunk each, nothing grown
+    assert result.scale != min(GRID) and result.scores[result.scale] == pytest.approx(0.2)
+
+
+def test_a_tie_that_could_matter_is_scored_up_to_the_cap():
+    """Per point 0.5 ± 0.1 against 0.5: the mean difference is 0 on every chunk, never 2 SE from
+    0, and its interval (±0.2/√n) never within ±0.001 nats: every point is scored."""
+    run, calls = _paired(0.5 + torch.tensor([0.1, -0.1]).repeat(200))
+    result = run(settle=Settle(first=50))
+    assert len(result.scores) == 2 and set(result.points.values()) == {400}
+    # both scales on each chunk, the points doubling up to the cap
+    chunks = [(0, 50), (50, 100), (100, 200), (200, 400)]
+    assert [(start, stop) for _, start, stop in calls] == [c for c in chunks for _ in (1, 2)]
+    flat = run(settle=Settle(first=50, nats=0.5))  # a tie within ±0.5 nats cannot matter
+    assert set(flat.points.values()) == {50}
+
+
+def test_a_difference_surely_below_the_tie_threshold_stops():
+    run, _ = _paired(torch.full((400,), 0.5 - 1e-4))
+    result = run(settle=Settle(first=50))  # d = -1e-4 exactly: SE 0, below 0.001 nats
+    assert set(result.points.values()) == {50}
+    assert Settle().settled(torch.full((8,), 1e-4)) and not Settle(nats=1e-5).settled(
+        torch.tensor([1e-4, -1e-4] * 4)
+    )
+
+
+def test_the_default_search_scores_at_most_two_scales():
+    at, y = _members(optimum_width=0.5)
+    scales: set[float] = set()
+
+    def exact(s: float) -> torch.Tensor:
+        scales.add(s)
+        return at(s)
+
+    result = _search(at, y, exact)
+    assert len(scales) == len(result.scores) <= 2 and result.scale in scales
+    three = _search(at, y, max_scorings=3, settle=Settle(first=len(y)))
+    assert len(three.scores) == 3  # this curve takes a third scoring where it is allowed

@@ -99,7 +99,9 @@ def sampled_dropout(model: nn.Module) -> None:
 
 
 class MCDropout(SampledPredictor):
-    """Monte Carlo dropout: `n_members` stochastic forward passes of one model.
+    """Monte Carlo dropout: `n_members` stochastic forward passes of one model, p̄(x) =
+    (1/S) Σₛ softmax(f(x; maskₛ)) (Gal & Ghahramani 2016, "Dropout as a Bayesian
+    Approximation", ICML).
 
     Args:
         n_members: number of members S (forward passes per input).

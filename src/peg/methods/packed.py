@@ -31,7 +31,8 @@ from peg.source.batches import BatchFn, call_model
 
 
 class PackedEnsemble(ModulePredictor):
-    """The M subnetworks of a trained packed model as an ensemble predictor.
+    """The M subnetworks of a trained packed model as an ensemble predictor (Laurent et al.
+    2023, "Packed-Ensembles for Efficient Uncertainty Estimation", ICLR).
 
     Args:
         batch_size: rows per forward pass when predicting a tensor.

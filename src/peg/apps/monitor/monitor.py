@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -26,8 +26,11 @@ from peg.apps.html import Reported, to_csv
 from peg.apps.monitor import drift, report
 from peg.methods.estimation import PerformanceEstimator
 from peg.methods.estimation._stats import Summary
+from peg.metrics._inputs import check_labels
+from peg.source.batches import from_numpy
 
 FILES = ("results.json", "results.md", "results.csv")
+WRITES = "results.json, results.md and results.csv"  # a refused folder's message says so
 
 
 class Monitor(Reported):
@@ -78,7 +81,11 @@ class Monitor(Reported):
             raise ValueError(f"n_reference: expected an integer >= 2, got {n_reference!r}")
         self.estimator, self.chunk_size = estimator, chunk_size
         self.sigmas, self.alpha, self.n_reference, self.seed = sigmas, alpha, n_reference, seed
-        self.out = None if out is None else files.claim(out, "monitor", overwrite, files=FILES)
+        self.out = (
+            None
+            if out is None
+            else files.claim(out, "monitor", overwrite, files=FILES, writes=WRITES)
+        )
         self.chunks: list[dict[str, Any]] = []
         self._reset()
         self._band: tuple[float, float, float] | None = None
@@ -110,36 +117,89 @@ class Monitor(Reported):
     # ---------------------------------------------------------------- the stream
     def _reset(self) -> None:
         self._summary: Summary | None = None
-        self._correct, self._labelled, self._start = 0, 0, 0
+        self._correct, self._labelled = 0, 0
+        self._names: list[str] = []
 
-    def update(self, batch: Any, labels: Any = None) -> Monitor:
-        """One batch: logits `[B, C]` (or member logits `[M, B, C]`), or inputs for the
-        estimator's model; `labels` `[B]` when known (the realized accuracy). A bad batch is a
-        ValueError naming `batch` and its chunk; the chunks before it are kept."""
-        for logits in self._logits(batch):
-            y = None if labels is None else torch.as_tensor(np.asarray(labels)).long().reshape(-1)
-            if y is not None and len(y) != logits.shape[1]:
+    def update(self, batch: Any, labels: Any = None, *, name: str | None = None) -> Monitor:
+        """One batch: logits `[B, C]` (or member logits `[M, B, C]`; a memory-mapped `.npy` is
+        read `estimator.batch_size` rows at a time, never whole), or inputs for the estimator's
+        model (any loader, streamed); `labels` `[B]` when known (the realized accuracy); `name`
+        (a file's) in the chunk's `source`. With `chunk_size` None the batch is one chunk. A
+        bad batch is a ValueError naming `batch`, its chunk and row; the chunks before it are
+        kept (and written), and so are, with `chunk_size`, the rows read before the bad one."""
+        rows = self._rows(batch)
+        y = None if labels is None else self._labels(labels, rows)
+        at = 0
+        try:
+            for logits in self._logits(batch):
+                n = logits.shape[1]
+                if y is not None and at + n > len(y):
+                    raise ValueError(f"labels: {len(y)} labels for a batch of more points "
+                                     f"(chunk {len(self.chunks)})")  # fmt: skip
+                self._take(logits, None if y is None else y[at : at + n], name, at)
+                at += n
+            if y is not None and at != len(y):
                 raise ValueError(
-                    f"labels: {len(y)} labels for a batch of {logits.shape[1]} points "
-                    f"(chunk {len(self.chunks)})"
+                    f"labels: {len(y)} labels for a batch of {at} points (chunk {len(self.chunks)})"
                 )
-            self._take(logits, y)
-            if self.chunk_size is None:
-                self.close()
+        except Exception:
+            if self.chunk_size is None:  # this batch's own chunk: dropped, not joined to the next
+                self._reset()
+            raise  # with chunk_size, the rows read before the bad one stay in the open chunk
+        if self.chunk_size is None:
+            self.close()
         return self
 
-    def _logits(self, batch: Any) -> list[torch.Tensor]:
-        if isinstance(batch, (np.ndarray, torch.Tensor)) and self._is_saved():
-            logits = torch.as_tensor(batch)
-            return [logits[None] if logits.ndim == 2 else logits]
-        return list(self.estimator.batches(batch))
+    def _rows(self, batch: Any) -> int | None:
+        """The points in `batch` where it says so without being read (saved logits), checked
+        as floating-point logits; None for inputs or a loader."""
+        if not (isinstance(batch, (np.ndarray, torch.Tensor)) and self._is_saved()):
+            return None
+        floating = batch.dtype.kind == "f" if isinstance(batch, np.ndarray) else (
+            batch.is_floating_point())  # fmt: skip
+        if not floating or batch.ndim not in (2, 3):
+            raise ValueError(
+                f"batch: expected floating-point logits [N, {self.estimator.n_classes_}] (or "
+                f"member logits [M, N, C]), got shape {tuple(batch.shape)} and dtype "
+                f"{batch.dtype} (chunk {len(self.chunks)})"
+            )
+        return int(batch.shape[-2])
+
+    def _labels(self, labels: Any, rows: int | None) -> torch.Tensor:
+        """`labels` as int64 class indices `[B]`, their count checked against `rows` when known
+        (before any work)."""
+        try:
+            n = len(labels)
+        except TypeError:
+            raise ValueError(f"labels: expected class labels [B], got {labels!r}") from None
+        if rows is not None and n != rows:
+            raise ValueError(
+                f"labels: {n} labels for a batch of {rows} points (chunk {len(self.chunks)})"
+            )
+        if n == 0:  # an empty batch's labels (check_labels wants at least one)
+            return torch.zeros(0, dtype=torch.long)
+        return check_labels(labels, n, self.estimator.n_classes_, "labels").cpu()
+
+    def _logits(self, batch: Any) -> Iterator[torch.Tensor]:
+        """Member logits `[M, b, C]`, `estimator.batch_size` points at a time."""
+        if not (isinstance(batch, (np.ndarray, torch.Tensor)) and self._is_saved()):
+            yield from self.estimator.batches(batch)
+            return
+        size, rows = int(self.estimator.batch_size), int(batch.shape[-2])
+        for at in range(0, rows, size):
+            part = batch[..., at : at + size, :]  # a view: a memory map reads these rows only
+            part = from_numpy(part) if isinstance(part, np.ndarray) else part
+            yield part[None] if part.ndim == 2 else part
 
     def _is_saved(self) -> bool:
         from peg.methods._predictors import SavedLogits
 
         return isinstance(self.estimator.predictor_, SavedLogits)
 
-    def _take(self, logits: torch.Tensor, y: torch.Tensor | None) -> None:
+    def _take(
+        self, logits: torch.Tensor, y: torch.Tensor | None, name: str | None, offset: int
+    ) -> None:
+        """`logits` `[M, n, C]` into the chunk(s); `offset`: their first row in the batch."""
         n = logits.shape[1]
         at = 0
         while at < n:
@@ -148,15 +208,16 @@ class Monitor(Reported):
             if self._summary is None:
                 self._summary = self.estimator.summary()
             try:
-                self.estimator.add(self._summary, part, "batch", self._start)
+                self.estimator.add(self._summary, part, "batch", offset + at)
             except ValueError as e:
                 raise ValueError(f"{e} (chunk {len(self.chunks)})") from None
+            if name is not None and name not in self._names:
+                self._names.append(name)
             if y is not None:
                 pred = part.double().log_softmax(-1).mean(0).argmax(-1)
                 self._correct += int((pred == y[at : at + room]).sum())
                 self._labelled += part.shape[1]
             at += part.shape[1]
-            self._start += part.shape[1]
             if self.chunk_size is not None and self._size() >= self.chunk_size:
                 self.close()
 
@@ -182,12 +243,15 @@ class Monitor(Reported):
         if self._summary is None or self._summary.n == 0:
             return self
         summary, correct, labelled = self._summary, self._correct, self._labelled
+        names = self._names
         self._reset()
-        self.chunks.append(self._chunk(summary, correct, labelled))
+        self.chunks.append(self._chunk(summary, correct, labelled, names))
         self._write()
         return self
 
-    def _chunk(self, summary: Summary, correct: int, labelled: int) -> dict[str, Any]:
+    def _chunk(
+        self, summary: Summary, correct: int, labelled: int, names: list[str]
+    ) -> dict[str, Any]:
         est = self.estimator
         result = est.read(summary)
         source, rows = est.source_, summary.rows()
@@ -206,6 +270,7 @@ class Monitor(Reported):
             self._flagged = rows
         return {
             "chunk": len(self.chunks),
+            "source": " + ".join(names) if names else None,
             "n": summary.n,
             "accuracy": result.accuracy,
             "interval": list(result.interval),
@@ -237,6 +302,14 @@ class Monitor(Reported):
 
     def _report(self) -> Any:
         return report.build(self)
+
+    def to_pandas(self) -> Any:
+        """The chunks as a `pandas.DataFrame`, a row per chunk (indexed by `chunk`): `source`,
+        `n`, `accuracy`, its interval as `lo`, `hi`, the tests' values, `alert`, `reasons`;
+        a value not computed (a test on a small chunk, the accuracy of an unlabelled chunk) is
+        NaN. pandas is not a dependency of peg: an ImportError saying how to install it."""
+        frame = super().to_pandas()
+        return frame.astype({k: "float64" for k in report.FLOATS if k in frame.columns})
 
     def plot(self, ax: Any = None, path: str | os.PathLike[str] | None = None) -> Any:
         """The timeline: each chunk's estimate and interval, the band, realized accuracies and

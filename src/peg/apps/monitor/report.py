@@ -25,8 +25,11 @@ class Monitor(Protocol):
     @property
     def alerts(self) -> Any: ...
 
-COLUMNS = ("chunk", "n", "accuracy", "lo", "hi", "realized_accuracy", "label_shift_p",
+
+COLUMNS = ("chunk", "source", "n", "accuracy", "lo", "hi", "realized_accuracy", "label_shift_p",
            "domain_auroc", "covariate_p", "ood_share", "alert", "reasons")  # fmt: skip
+FLOATS = ("accuracy", "lo", "hi", "realized_accuracy", "label_shift_p", "domain_auroc",
+          "covariate_p", "ood_share")  # fmt: skip
 
 
 def records(monitor: Monitor) -> list[dict[str, Any]]:

@@ -81,7 +81,10 @@ def _candidate_list(value: Any, name: str) -> None:
 
 
 class AutoSelect(Reported, Predicts, Method):
-    """Choose, fit and report the best post-hoc predictor for `model` on validation data.
+    """Choose, fit and report the best post-hoc predictor for `model` on validation data: the
+    least mean cross-fitted criterion over K folds or, with `one_se`, the cheapest candidate
+    within one paired standard error of it (the one-SE rule, Hastie et al., "The Elements of
+    Statistical Learning", §7.10).
 
     `fit(model, val)` cross-fits every candidate on `cv` stratified, seeded folds of `val` (the
     same folds for all: paired per-point scores), drops the candidates over budget, picks the
@@ -206,9 +209,7 @@ class AutoSelect(Reported, Predicts, Method):
         folds = stratified_folds(y, self.cv, self.seed)  # class counts checked before fitting
         cross = self._cross(model, source, logits, y, specs, rows)
         cross._model_flops = model_flops
-        plan = Plan(budget, self.race, clock, fold_lines(cross.progress), forward,
-                    int(logits.shape[-1]))  # fmt: skip
-        cross.run(folds, self._budget, plan)
+        cross.run(folds, self._budget, self._plan(budget, cross, clock, forward))
         report, chosen = choose(cross, specs, everything, self.one_se, skipped)
         self.reliability_ = page.reliability(logits, y, cross.top[chosen], chosen)
         chain = self._refit(cross, specs, chosen, everything)
@@ -216,7 +217,7 @@ class AutoSelect(Reported, Predicts, Method):
         self.predictor_ = chain[chosen]
         row = next(r for r in report if r["candidate"] == chosen)
         self.score_ = {"criterion": self.criterion, "mean": row["cv_mean"], "se": row["cv_se"]}
-        self.nested_ = self._nested(cross, specs, skipped, y, budget) if self.nested else None
+        self.nested_ = self._nested(cross, specs, skipped, budget, forward) if self.nested else None
         self.chosen_, self.report_ = chosen, report
         self.cost_ = {
             "seconds": seconds,
@@ -258,8 +259,11 @@ class AutoSelect(Reported, Predicts, Method):
             return max(AUTO_BUDGET * reference, MIN_BUDGET_SECONDS)
         return None if self.max_fit_seconds is None else float(self.max_fit_seconds)
 
-    def _plan(self, budget: float | None, cross: CrossFit, started: float) -> Plan:
-        return Plan(budget, self.race, started, fold_lines(cross.progress))
+    def _plan(self, budget: float | None, cross: CrossFit, started: float, forward: float) -> Plan:
+        """The race and budget of one cross-fitting (the nested CV's inner ones too: each under
+        the same budget and the same prices, from the same measured forward pass of `val`)."""
+        classes = int(cross.logits.shape[-1])
+        return Plan(budget, self.race, started, fold_lines(cross.progress), forward, classes)
 
     def _budget(self, cross: CrossFit) -> None:
         """After the first fold: drop the candidates over the forwards budget; a ValueError
@@ -290,10 +294,11 @@ class AutoSelect(Reported, Predicts, Method):
         return fitted
 
     def _nested(self, cross: CrossFit, specs: list[Any], skipped: dict[str, str],
-                y: Tensor, budget: float | None) -> dict[str, Any]:  # fmt: skip
+                budget: float | None, forward: float) -> dict[str, Any]:  # fmt: skip
         """The whole selection scored by nested CV: per outer fold, select on the rest (inner
-        folds of it, under the same budget and race), refit the choice there, score it on the
-        outer fold."""
+        folds of it, under the same budget, prices and race), refit the choice there, score it
+        on the outer fold."""
+        y = cross.y
         outer = stratified_folds(y, self.cv, self.seed + 1)
         points = torch.full((len(y),), float("nan"), dtype=torch.float64)
         chosen: list[str] = []
@@ -301,7 +306,7 @@ class AutoSelect(Reported, Predicts, Method):
             rest = torch.cat([outer[j] for j in range(len(outer)) if j != o]).sort().values
             inner = [rest[f] for f in stratified_folds(y[rest], self.cv, self.seed)]
             sub = self._cross(cross.model, cross.source, cross.logits, y, specs, cross.rows)
-            sub.run(inner, self._budget, self._plan(budget, sub, time.perf_counter()))
+            sub.run(inner, self._budget, self._plan(budget, sub, time.perf_counter(), forward))
             name = choose(sub, specs, rest, self.one_se, skipped)[1]
             by_name = {s.name: s for s in specs}
             refit = self._refit(sub, specs, name, rest)[name]

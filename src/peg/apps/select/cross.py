@@ -38,6 +38,7 @@ from peg.apps.compare.collapse import indistinguishable, vs_base
 from peg.apps.compare.costs import flops
 from peg.apps.compare.faults import failure
 from peg.apps.compare.methods import MODEL, options
+from peg.apps.select.deadline import Overrun, stop_at
 from peg.apps.select.folds import point_scores
 from peg.apps.select.race import Plan, cheap_first
 from peg.methods._predictors import logits_and_labels
@@ -108,6 +109,7 @@ class CrossFit:
         self.seconds: dict[str, list[float]] = {s.name: [] for s in specs}
         self.forwards: dict[str, float | None] = {}
         self.dropped: dict[str, str] = {}
+        self.stopped: set[str] = set()  # stopped within a fold (`deadline`): past the budget
         self.gaps: dict[str, float | None] = {}
         # name → per scored fold, the simpler map its chosen strengths made it (None: none)
         self.reduced: dict[str, list[str | None]] = {s.name: [] for s in specs}
@@ -232,7 +234,10 @@ class CrossFit:
             held = folds[f]
             train = torch.cat([folds[j] for j in range(len(folds)) if j != f]).sort().values
             started, self._probing = time.perf_counter(), 0.0
-            if self._one(spec, f, train, held, fitted):  # its seconds, less the one-off probe
+            allowed = None if plan is None else plan.allowance(self, spec, f, len(folds))
+            with stop_at(allowed):  # a fold past its share of the budget is stopped mid-fold
+                ran = self._one(spec, f, train, held, fitted)
+            if ran:  # its seconds, less the one-off probe
                 self.steps[spec.name].append(time.perf_counter() - started - self._probing)
                 done = f"{self._fold_seconds.get(spec.name, 0):.1f} s"
                 if spec.name not in self.dropped and indistinguishable(self.gaps.get(spec.name)):
@@ -282,7 +287,8 @@ class CrossFit:
         if name not in self._needed():
             return False
         if spec.base != MODEL and spec.base not in fitted:
-            self.dropped.setdefault(name, f"its base, {spec.base}, failed")
+            why = "was stopped (over budget)" if spec.base in self.stopped else "failed"
+            self.dropped.setdefault(name, f"its base, {spec.base}, {why}")
             return False
         try:
             predictor, own = self.fit(spec, train, fitted, bounded=True)
@@ -309,6 +315,13 @@ class CrossFit:
                                                  full))  # fmt: skip
             if f == 0:
                 self.forwards[name] = self._forwards(predictor)
+        except Overrun as e:  # past its share of the budget (`race.Plan.allowance`)
+            fitted.pop(name, None)  # not a base for this fold's chained candidates either
+            self.stopped.add(name)
+            self.dropped.setdefault(name, (
+                f"stopped in fold {f + 1}: over budget, past its share of it ({e.allowed:.3g} s "
+                "a fold: what the budget leaves after the kept candidates, over its folds left)"
+            ))  # fmt: skip
         except Exception as e:  # a failing candidate is dropped; the others go on
             error = failure(e)
             self.dropped[name] = f"failed: {error['type']}: {error['message']}"

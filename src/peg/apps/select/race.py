@@ -87,6 +87,16 @@ def full_map_factor(classes: int) -> float:
 MEMBERS = {"peg": 15, "pep": 15, "mc-dropout": 15}
 
 
+# a network candidate's fold besides its members' forward passes of the validation data, in
+# forward passes of it: PEG's and PEP's gradient pass over the K - 1 training folds (forward
+# and backward), Laplace's curvature. Its price before it has run is (members + these) forward
+# passes: measured on the Fashion-MNIST CNN (2,000 points, one thread, a pass ~0.3 s), a fold of
+# PEG-15 or PEP-15 3-6 s (~18 passes), last-layer PEG ~1.2 s (~4), Laplace 2-4 s (~10)
+# (results/benchmarks/auto_select.txt); a fold past its price is stopped at its share of the
+# budget (`Plan.allowance`), so the price need not be exact
+FIT_PASSES = {"peg": 3.0, "pep": 3.0, "laplace": 9.0}
+
+
 def members(spec: MethodSpec) -> int:
     """Members `spec` forwards (1: one forward, or a head after one: last-layer PEG)."""
     if spec.options.get("params") == "last_layer":
@@ -153,18 +163,23 @@ class Plan:
 
     def _prior(self, cross: Any, spec: MethodSpec) -> float:
         """`spec`'s price, its seconds a fold before it has run: the dearest so far of its kind
-        (maps on the cached logits, or network candidates; 0 before any), and at least, for a
-        full affine map, the diagonal map's measured fold × `full_map_factor`, for a network
-        candidate its `members` forward passes of the validation data."""
+        (maps on the cached logits, or network candidates; 0 before any); for a full affine
+        map whose diagonal map ran, that map's measured fold × `full_map_factor` instead; for a
+        network candidate at least its `members` forward passes of the validation data and its
+        fit's (`FIT_PASSES`)."""
         cheap = cross.cheap(spec.name)
         guess = max((max(v) for n, v in cross.steps.items() if v and cross.cheap(n) == cheap),
                     default=0.0)  # fmt: skip
-        if cheap and spec.method in FULL_MAPS:
+        if cheap and spec.method in FULL_MAPS:  # from its diagonal map where that ran: not
+            # from the other full map's (Dirichlet on saturated logits: 2.8 s a fold, matrix
+            # scaling a tenth of it, priced out at Dirichlet's and the choice +0.2 nats off)
             diagonal = [max(v) for n, v in cross.steps.items() if v and self._method(cross, n)
                         == FULL_MAPS[spec.method]]  # fmt: skip
-            guess = max(guess, max(diagonal, default=guess) * full_map_factor(self.classes))
-        elif not cheap and spec.base == MODEL:
-            guess = max(guess, members(spec) * self.forward)
+            if diagonal:
+                guess = max(diagonal) * full_map_factor(self.classes)
+        elif not cheap:  # chained ones too ("TS → PEG": its members forward its base)
+            passes = members(spec) + FIT_PASSES.get(spec.method, 0.0)
+            guess = max(guess, passes * self.forward)
         return guess
 
     def _method(self, cross: Any, name: str) -> str | None:
@@ -196,14 +211,55 @@ class Plan:
             0.0 if shared else self._per_fold(cross, base) or 0.0)  # fmt: skip
 
     # ---------------------------------------------------------------- decisions
+    def allowance(self, cross: Any, spec: MethodSpec, f: int, folds: int) -> float | None:
+        """Seconds `spec`'s fold `f` may run before it is stopped (`deadline.stop_at`; None:
+        no budget, or the first candidate, never stopped): its share of what the budget leaves
+        after the other kept candidates' remaining fits (their measured or priced folds: those
+        after it in this fold, and every later fold), over its own folds left, this one
+        included. A fold past it could not be followed by the rest within the budget."""
+        if self.budget is None or spec is cross.order[0]:
+            return None
+        left, at = folds - 1 - f, cross.order.index(spec)
+        # the others started: on the first fold those before it (the rest are not admitted yet)
+        # and, as in `admit`, no dearer a fold than its price (the trim drops those first)
+        started = set(self._kept(cross))
+        if f == 0:
+            price = self._price(cross, spec.name)
+            started = {s.name for s in cross.order[:at] if s is cross.order[0]
+                       or (self._per_fold(cross, s.name) or 0.0) <= price}  # fmt: skip
+        others = [n for n in self._kept(cross) if n != spec.name and n in started]
+        needed = (set(others) | {cross.base_of[n] for n in others}) - {spec.name}
+        later = {s.name for s in cross.order[at + 1 :]} & needed
+        owed = sum(self._price(cross, n) for n in needed) * left
+        owed += sum(self._price(cross, n) for n in later)
+        return (self.budget - self.elapsed() - owed) / (left + 1)
+
+    def _price(self, cross: Any, name: str) -> float:
+        """`name`'s seconds a fold: measured, else its price before it ran (`_prior`)."""
+        measured = self._per_fold(cross, name)
+        if measured is not None:
+            return measured
+        spec = next((s for s in cross.order if s.name == name), None)
+        return 0.0 if spec is None else self._prior(cross, spec)
+
     def admit(self, cross: Any, spec: MethodSpec, folds: int) -> str | None:
         """Why `spec` is not started on the first fold (None: it is)."""
         if self.budget is None or spec is cross.order[0]:
             return None
         guess = self._prior(cross, spec)
         kept = [n for n in self._kept(cross) if n != spec.name]
+        if spec.base not in set(kept) | {cross.base_of[n] for n in kept} | {MODEL}:
+            guess += self._price(cross, spec.base)  # fitted for it alone ("PEG + TS" on PEG)
         cost = self._remaining(cross, kept, folds - 1) + folds * guess
         if self.elapsed() + cost <= self.budget:
+            return None
+        # the trim after this fold drops the dearest kept first: it starts where the kept ones
+        # no dearer a fold than it leave it room (saturated logits: Dirichlet's 3.4 s folds, to
+        # be dropped after the fold, left no room for matrix scaling's 0.14 s, the choice)
+        cheaper = [n for n in kept if n == cross.order[0].name or (self._per_fold(cross, n)
+                                                                   or 0.0) <= guess]  # fmt: skip
+        if self.elapsed() + self._remaining(cross, cheaper, folds - 1) + folds * guess <= \
+                self.budget:  # fmt: skip
             return None
         return (
             f"not started: budget {self.budget:.3g} s ({self.elapsed():.3g} s spent; the kept "

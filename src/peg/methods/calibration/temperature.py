@@ -48,7 +48,9 @@ def check_bounds(value: Any, name: str) -> None:
 
 
 class TemperatureScaling(Calibrator):
-    """Post-hoc calibration of a model or an ensemble by one temperature.
+    """Post-hoc calibration of a model or an ensemble by one temperature: p = softmax(log p̄ / T),
+    T > 0 minimising the validation NLL (Guo et al. 2017, "On Calibration of Modern Neural
+    Networks", ICML). Pass logits (or a model returning them), not probabilities.
 
     Args:
         max_iter: Newton iterations once the optimum is bracketed (about six suffice).

@@ -69,7 +69,10 @@ def _one_weighting(cp: Any) -> None:
 
 
 class ConformalClassifier(ConformalBase):
-    """Split conformal prediction sets for a classifier.
+    """Split conformal prediction sets for a classifier: C(x) = {c : s(x, c) ≤ q̂}, q̂ the
+    ⌈(n + 1)(1 − α)⌉-th smallest score of the n calibration points, so P(y ∈ C(x)) ≥ 1 − α on
+    average over exchangeable data (Vovk et al. 2005; Angelopoulos & Bates 2021, "A Gentle
+    Introduction to Conformal Prediction and Distribution-Free Uncertainty Quantification").
 
     Args:
         alpha: the miscoverage level in (0, 1): sets hold the label with probability >= 1 - α.

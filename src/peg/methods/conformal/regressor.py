@@ -72,7 +72,9 @@ def _regression_shift(value: Any, name: str) -> None:
 
 
 class ConformalRegressor(ConformalBase):
-    """Split conformal prediction intervals for a Gaussian-head regressor or ensemble.
+    """Split conformal prediction intervals for a Gaussian-head regressor or ensemble: μ(x) ± q̂
+    (times σ(x) for `score="normalized"`), q̂ the ⌈(n + 1)(1 − α)⌉-th smallest calibration
+    score (Lei et al. 2018; Angelopoulos & Bates 2021, §2.3).
 
     Args:
         alpha: the miscoverage level in (0, 1): intervals hold y with probability >= 1 − α.

@@ -71,11 +71,14 @@ def free_energy_lse(logits: Tensor) -> Tensor:
 
 
 class PerformanceEstimator(Params):
-    """Estimate a classifier's accuracy on unlabelled target data, with an interval.
+    """Estimate a classifier's accuracy on unlabelled target data, with an interval: e.g. ATC,
+    the share of target points whose confidence score exceeds the threshold t at which the
+    source's share equals its accuracy (Garg et al. 2022; DoC: Guillory et al. 2021; COT: Lu
+    et al. 2023; `peg.methods.estimation.estimators`).
 
     Args:
         method: which estimator (`peg.methods.estimation.estimators`): "auto" (peg's default),
-            "ac", "doc", "atc-mc", "atc-ne", "atc-ls", "label-shift", "cot", "cott".
+            "ac", "doc", "atc-mc", "atc-ne", "atc-ls", "label-shift", "cot", "cott", "cot-em".
         confidence: the interval's nominal coverage, calibrated on synthetic shifts of the
             source (`_shifts`) and widened by the target's sampling error.
         reservoir: at most this many target rows kept (uniformly) for EM and the transport.

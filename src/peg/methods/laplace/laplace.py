@@ -77,7 +77,9 @@ def _combined(la: Laplace) -> None:
 
 
 class Laplace(ModulePredictor):
-    """Laplace approximation of a trained classifier's posterior, fitted by laplace-torch 0.3.
+    """Laplace approximation of a trained classifier's posterior, fitted by laplace-torch 0.3:
+    N(θ_MAP, (H + λI)⁻¹), H the GGN of the log-likelihood (Daxberger et al. 2021, "Laplace
+    Redux", NeurIPS).
 
     Args (laplace-torch's names, except `n_members` and `fast_variance`):
         subset_of_weights: "last_layer" (the last nn.Linear, found by laplace-torch on the first

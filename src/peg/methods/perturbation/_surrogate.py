@@ -24,11 +24,23 @@ the criterion at any scale costs arithmetic on `[M, N, C]` tensors instead of M 
    matters: an indifference zone, which narrows as the scoring points grow, not a tolerance in
    the scale — or when the minimiser lies within `NEAR` (5%) of a scale already scored;
    otherwise it scores the minimiser exactly, adds it as a node, and goes to 2;
-4. at most `max_scorings` exact scorings in all (default 3); the choice is the best of the
+4. at most `max_scorings` exact scorings in all (default 2); the choice is the best of the
    scales scored exactly, never an interpolated one.
 
-A diverged scale (non-finite outputs or criterion) scores +inf, is not a node, and caps the
-range below it. benchmarks/scale_search.py checks the choice against a dense exact search.
+Points by need (issue 49; for a criterion that is a mean of per-point losses): the scorings
+score the first `Settle.first` scoring points (512 by default). After each scoring, the scale
+just scored and the best other one are compared on the same points — the mean d̄ of their
+paired per-point differences and its standard error se — and the pair is decided when they
+are separated (|d̄| > z·se, z = 2) or tied within what cannot matter (|d̄| + z·se < 0.001
+nats). Until then every scale scored, and the base's outputs, are scored on the next chunk
+too, doubling the points (512, 1024, …), up to the cap (`ScaleSearch.exact_points`, all N
+points given); the interpolant is rebuilt on the points scored. A clear decision costs 2
+scorings of 512 points instead of 2–3 of 1024; the worst, 2 of the cap. Another criterion
+(ECE, a callable) scores all N points at once.
+
+A diverged scale (non-finite outputs or criterion, on any chunk) scores +inf, is not a node,
+and caps the range below it. benchmarks/scale_search.py checks the choice against a dense
+exact search and against the 1024-point search of issue 38 (`--exact-points`).
 """
 
 from __future__ import annotations
@@ -84,21 +96,6 @@ class Interpolant:
         return out
 
 
-@dataclass
-class SearchResult:
-    """What `surrogate_search` found.
-
-    Attributes:
-        scale: the chosen scale (the best scored exactly).
-        scores: {scale: criterion} for every scale scored exactly.
-        predicted: {scale: criterion} of the last interpolant on its evaluation grid.
-    """
-
-    scale: float
-    scores: dict[float, float]
-    predicted: dict[float, float] = field(default_factory=dict)
-
-
 def search_range(grid: Sequence[float], extend: int = 3) -> tuple[float, float]:
     """(low, high) log-scales searched: the grid's range widened on either side by `extend` of
     its mean log-spacing, and by at least `extend` decades (PEG's default grid 1e-3…1 gives
@@ -110,68 +107,212 @@ def search_range(grid: Sequence[float], extend: int = 3) -> tuple[float, float]:
     return logs[0] - widen, logs[-1] + widen
 
 
+@dataclass(frozen=True)
+class Settle:
+    """When two exactly scored scales are decided, so that scoring them on more points stops.
+
+    Attributes:
+        first: the scoring points of the first chunk; each later chunk doubles the points
+            scored (`first`, 2·`first`, …, at most all of them: the cap).
+        z: the pair is separated once its mean paired per-point difference d̄ is more than
+            `z` standard errors from 0.
+        nats: the pair is a tie that cannot matter once d̄ ± `z` standard errors lies within
+            ±`nats` (the difference is below `nats` at that confidence, not only as a point
+            estimate: a noisy pair that merely averages out near 0 is scored on).
+    """
+
+    first: int = 512
+    z: float = 2.0
+    nats: float = 1e-3
+
+    def settled(self, d: Tensor) -> bool:
+        """Whether paired per-point differences `d` `[n]` decide the pair."""
+        mean, se = float(d.mean()), float(d.std()) / math.sqrt(len(d)) if len(d) > 1 else math.inf
+        return abs(mean) > self.z * se or abs(mean) + self.z * se < self.nats
+
+
+@dataclass
+class SearchResult:
+    """What `surrogate_search` found.
+
+    Attributes:
+        scale: the chosen scale (the best scored exactly).
+        scores: {scale: criterion} for every scale scored exactly, on the points it was last
+            scored on (the finite ones all on the same points).
+        predicted: {scale: criterion} of the last interpolant on its evaluation grid.
+        points: {scale: scoring points it was scored on}.
+    """
+
+    scale: float
+    scores: dict[float, float]
+    predicted: dict[float, float] = field(default_factory=dict)
+    points: dict[float, int] = field(default_factory=dict)
+
+
+class _Scored:
+    """The exactly scored scales' outputs on the first `n` scoring points, grown chunk by chunk
+    (every finite scale and the base's outputs together, so that any two are paired)."""
+
+    def __init__(
+        self,
+        exact: Callable[[float, int, int], Tensor | None],
+        at_zero: Callable[[int, int], Tensor],
+        y: Tensor,
+        criterion: Callable[[Tensor, Tensor], float],
+        n: int,
+    ) -> None:
+        self.exact, self.at_zero, self.y, self.criterion = exact, at_zero, y, criterion
+        self.n = n
+        self.zero = at_zero(0, n)
+        self.outputs: dict[float, Tensor] = {}  # finite scales, in the order scored
+        self.scores: dict[float, float] = {}
+        self.points: dict[float, int] = {}
+
+    def record(self, scale: float, outputs: Tensor | None) -> bool:
+        """Store `scale`'s outputs on the first `n` points; False when they (or the criterion)
+        are not finite: the scale then scores +inf and is dropped as a node."""
+        value = math.inf if outputs is None else float(self.criterion(outputs, self.y[: self.n]))
+        self.points[scale] = self.n
+        if not math.isfinite(value):
+            self.scores[scale] = math.inf
+            self.outputs.pop(scale, None)
+            return False
+        assert outputs is not None
+        self.scores[scale], self.outputs[scale] = value, outputs
+        return True
+
+    def grow(self, stop: int) -> list[float]:
+        """Score every finite scale (and the base) on points n … stop-1 too; the scales that
+        diverge there."""
+        start, self.n = self.n, stop
+        self.zero = torch.cat([self.zero, self.at_zero(start, stop)], dim=1)
+        diverged = []
+        for scale, have in list(self.outputs.items()):
+            new = self.exact(scale, start, stop)
+            if not self.record(scale, None if new is None else torch.cat([have, new], dim=1)):
+                diverged.append(scale)
+        return diverged
+
+    def interpolant(self) -> Interpolant:
+        """The polynomial through the base's outputs and every finite scale's, on n points."""
+        interpolant = Interpolant(self.zero)
+        for scale, outputs in self.outputs.items():
+            interpolant.add(scale, outputs)
+        return interpolant
+
+
 def surrogate_search(
-    exact: Callable[[float], Tensor | None],
-    at_zero: Tensor,
-    criterion: Callable[[Tensor], float],
-    point_losses: Callable[[Tensor], Tensor] | None,
+    exact: Callable[[float, int, int], Tensor | None],
+    at_zero: Callable[[int, int], Tensor],
+    y: Tensor,
+    criterion: Callable[[Tensor, Tensor], float],
+    point_losses: Callable[[Tensor, Tensor], Tensor] | None,
     grid: Sequence[float],
-    max_scorings: int = 3,
+    max_scorings: int = 2,
+    settle: Settle | None = None,
     on_scored: Callable[[float, float], None] | None = None,
 ) -> SearchResult:
     """Choose a scale in at most `max_scorings` exact scorings (see the module docstring).
 
     Args:
-        exact: scale -> member outputs `[M, N, C]` on the scoring points (None: not finite).
-        at_zero: the members' outputs at scale 0 (each member's base model) `[M, N, C]`.
-        criterion: outputs -> score, lower is better.
-        point_losses: outputs -> per-point losses `[N]` whose mean is the criterion, or None
-            (then only `NEAR` and the budget stop the search).
+        exact: (scale, start, stop) -> member outputs `[M, stop - start, C]` on scoring points
+            start … stop-1 (None: not finite).
+        at_zero: (start, stop) -> the members' outputs at scale 0 (each member's base model).
+        y: the scoring points' targets `[N]` (N: the cap on the points scored).
+        criterion: (outputs, y) -> score, lower is better.
+        point_losses: (outputs, y) -> per-point losses `[n]` whose mean is the criterion, or
+            None (then every scale is scored on all N points at once, and only `NEAR` and the
+            budget stop the search).
         grid: the scales whose range (widened by `search_range`) is searched; its lowest is
             scored first.
+        settle: the chunks and the stopping rule (`Settle()`: its defaults).
         on_scored: called with (scale, score) after every exact scoring (progress).
     """
+    settle = Settle() if settle is None else settle
     lo, hi = search_range(grid)
-    interpolant = Interpolant(at_zero)
-    scores: dict[float, float] = {}
-    losses: dict[float, Tensor] = {}
+    first = len(y) if point_losses is None else min(settle.first, len(y))
+    done = _Scored(exact, at_zero, y, criterion, first)
     predicted: dict[float, float] = {}
 
     def score(scale: float) -> None:
         nonlocal hi
-        outputs = exact(scale)
-        value = math.inf if outputs is None else float(criterion(outputs))
-        scores[scale] = value if math.isfinite(value) else math.inf
-        if on_scored is not None:
-            on_scored(scale, scores[scale])
-        if scores[scale] == math.inf:
+        if not done.record(scale, exact(scale, 0, done.n)):
             hi = min(hi, math.log(scale) - math.log(NEAR))  # diverged: search below it
-            return
-        assert outputs is not None
-        interpolant.add(scale, outputs)
-        if point_losses is not None:
-            losses[scale] = point_losses(outputs).double()
-
-    def on_interpolant(scale: float) -> float:
-        value = float(criterion(interpolant(scale)))
-        return value if math.isfinite(value) else math.inf
+        if on_scored is not None:
+            on_scored(scale, done.scores[scale])
 
     scale = float(min(grid))
     while True:
         score(scale)
-        if len(scores) >= max_scorings or hi <= lo:
+        if point_losses is not None:
+            for diverged in _decide(done, scale, point_losses, settle):
+                hi = min(hi, math.log(diverged) - math.log(NEAR))
+        if len(done.scores) >= max_scorings or hi <= lo:
             break
-        top = hi if interpolant.degree <= 1 else min(hi, math.log(TRUST * max(interpolant.nodes)))
-        count = max(3, math.ceil((top - lo) / math.log(10.0) * PER_DECADE) + 1)
-        candidates = torch.linspace(lo, top, count, dtype=torch.float64).exp().tolist()
-        scale, predicted = select_scale(on_interpolant, candidates, refine=True, extend=0)
-        if min(abs(math.log(scale / s)) for s in scores) < math.log(NEAR):
+        interpolant = done.interpolant()
+        scale, predicted = _minimise(interpolant, lo, hi, done.criterion, done.y[: done.n])
+        if min(abs(math.log(scale / s)) for s in done.scores) < math.log(NEAR):
             break
-        best = min(scores, key=scores.__getitem__)
-        inside = scale <= NEAR * max(interpolant.nodes)  # interpolated, not extrapolated
-        if point_losses is not None and best in losses and inside:
-            d = losses[best] - point_losses(interpolant(scale)).double()  # > 0: predicted gain
-            if float(d.mean()) <= INDIFFERENCE * float(d.std()) / math.sqrt(len(d)):
-                break
-    best = min(scores, key=lambda s: (scores[s], s))
-    return SearchResult(best, dict(sorted(scores.items())), predicted)
+        if point_losses is not None and _indifferent(done, interpolant, scale, point_losses):
+            break
+    best = min(done.scores, key=lambda s: (done.scores[s], s))
+    return SearchResult(best, dict(sorted(done.scores.items())), predicted, done.points)
+
+
+def _decide(
+    done: _Scored,
+    new: float,
+    point_losses: Callable[[Tensor, Tensor], Tensor],
+    settle: Settle,
+) -> list[float]:
+    """Score every scale on more points, chunk by chunk, until `new` and the best other scale
+    are decided (`Settle.settled`) or every point is scored; the scales that diverged."""
+    diverged: list[float] = []
+    while done.n < len(done.y):
+        others = [s for s in done.outputs if s != new]
+        if new not in done.outputs or not others:
+            break  # nothing to decide: one finite scale
+        rival = min(others, key=done.scores.__getitem__)
+        y = done.y[: done.n]
+        d = point_losses(done.outputs[new], y).double() - point_losses(done.outputs[rival], y)
+        if settle.settled(d):
+            break
+        diverged += done.grow(min(2 * done.n, len(done.y)))
+    return diverged
+
+
+def _minimise(
+    interpolant: Interpolant,
+    lo: float,
+    hi: float,
+    criterion: Callable[[Tensor, Tensor], float],
+    y: Tensor,
+) -> tuple[float, dict[float, float]]:
+    """The interpolant's minimiser (and its criterion on the evaluation grid): over the whole
+    range while it is linear, else up to `TRUST` × its largest node."""
+    top = hi if interpolant.degree <= 1 else min(hi, math.log(TRUST * max(interpolant.nodes)))
+    count = max(3, math.ceil((top - lo) / math.log(10.0) * PER_DECADE) + 1)
+    candidates = torch.linspace(lo, top, count, dtype=torch.float64).exp().tolist()
+
+    def on_interpolant(scale: float) -> float:
+        value = float(criterion(interpolant(scale), y))
+        return value if math.isfinite(value) else math.inf
+
+    return select_scale(on_interpolant, candidates, refine=True, extend=0)
+
+
+def _indifferent(
+    done: _Scored,
+    interpolant: Interpolant,
+    scale: float,
+    point_losses: Callable[[Tensor, Tensor], Tensor],
+) -> bool:
+    """Whether the minimiser's predicted gain over the best scale scored is below `INDIFFERENCE`
+    standard errors (only where the polynomial interpolates: an extrapolated one is scored)."""
+    finite = {s: v for s, v in done.scores.items() if s in done.outputs}
+    if not finite or scale > NEAR * max(interpolant.nodes):
+        return False
+    best = min(finite, key=finite.__getitem__)
+    y = done.y[: done.n]
+    d = point_losses(done.outputs[best], y).double() - point_losses(interpolant(scale), y).double()
+    return float(d.mean()) <= INDIFFERENCE * float(d.std()) / math.sqrt(len(d))

@@ -35,7 +35,7 @@ Choices the paper leaves open (each an option, recorded in the saved ensemble):
   it is a displacement like the other terms: v = η·buf. The paper does not say where v comes
   from; `momentum="none"` sets v = 0, and a dict of tensors (e.g. the training optimizer's
   `momentum_buffer`s, in gradient units) uses those instead.
-- η: a number; a list (grid, every η scored); or "search": at most 3 exact scorings over
+- η: a number; a list (grid, every η scored); or "search": at most 2 exact scorings over
   1e-6…1e3, guided by the members' outputs interpolated along η (`search="surrogate"`,
   `peg.methods.perturbation._surrogate`), or the paper's grid (0.001, 0.01, 0.1, 1) extended past
   its edges and refined by golden section in log space (`search="golden"`). Scored by validation NLL
@@ -113,7 +113,9 @@ def _ascent_vanilla_only(peg: PEG) -> None:
 
 
 class PEG(PerturbationEnsemble):
-    """Perturbed Ensemble via Gradient updates.
+    """Perturbed Ensemble via Gradient updates: member i is θᵢ = θ − η·∇L(θ; Bᵢ), one gradient
+    step from the trained θ on a random validation mini-batch Bᵢ, η chosen on validation NLL
+    (the PEG paper, §3, Algorithm 1; docs/peg.md).
 
     Args (all keyword-only):
         n_members: S, members per base model (the paper: 15 or 30; 5 per member of DeepEns-3).

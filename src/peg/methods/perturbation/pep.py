@@ -31,7 +31,9 @@ from peg.streams import MEMBER, generator
 
 
 class PEP(PerturbationEnsemble):
-    """Parameter Ensembling by Perturbation: Gaussian noise of scale σ around each base model.
+    """Parameter Ensembling by Perturbation: Gaussian noise of scale σ around each base model,
+    θᵢ = θ + σ·εᵢ with εᵢ ~ N(0, I), σ chosen on validation NLL (Mehrtash et al. 2020, "PEP:
+    Parameter Ensembling by Perturbation", NeurIPS).
 
     Args (all keyword-only):
         n_members: members per base model.
@@ -48,7 +50,7 @@ class PEP(PerturbationEnsemble):
             (`peg.source.batches`).
         on_nonfinite: "raise" (default) or "drop" members whose weights are NaN/inf.
         search: how σ is chosen when searched or given as a list: a `peg.ScaleSearch` or its
-            method's name, "surrogate" (default, at most 3 exact scorings, see `PEG`) or
+            method's name, "surrogate" (default, at most 2 exact scorings, see `PEG`) or
             "golden" (the grid extended and refined by golden section, raced). Its default grid
             is (5e-4, 1.58e-3, 5e-3), the PEG paper's σ bracket and its geometric mean.
         lazy: keep no stacked members after `fit`, build them a chunk at a time at each

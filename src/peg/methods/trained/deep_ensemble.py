@@ -55,7 +55,9 @@ def _counted(params: dict[str, Any], n: int) -> dict[str, Any]:
 
 
 class DeepEnsemble(FittedEnsemble):
-    """M models trained independently from different seeds.
+    """M models trained independently from different seeds, p̄(x) = (1/M) Σᵢ softmax(fᵢ(x))
+    (Lakshminarayanan et al. 2017, "Simple and Scalable Predictive Uncertainty Estimation using
+    Deep Ensembles", NeurIPS).
 
     Args:
         n_members: M, the number of members.

@@ -81,7 +81,9 @@ def _two_collected(swag: SWAG) -> None:
 
 
 class SWA(FittedEnsemble):
-    """Stochastic Weight Averaging with `torch.optim.swa_utils` (AveragedModel, SWALR, update_bn).
+    """Stochastic Weight Averaging with `torch.optim.swa_utils` (AveragedModel, SWALR, update_bn):
+    θ_SWA = (1/n) Σ θ_epoch over the epochs after `swa_start` (Izmailov et al. 2018, "Averaging
+    Weights Leads to Wider Optima and Better Generalization", UAI).
 
     Args:
         recipe: how to train; must carry `swa_start` (collect after this epoch; 0 collects

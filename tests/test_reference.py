@@ -1,0 +1,113 @@
+"""The site's Reference: a page per public class and function (`peg.__all__`) and per `peg`
+command, written from the code by scripts/reference_pages.py, each listed in mkdocs.yml's nav,
+each argument in its table; and the site, those pages included, builds with --strict."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import peg
+from peg.apps.cli import COMMANDS
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location(
+    "reference_pages", ROOT / "scripts/reference_pages.py"
+)
+assert _spec is not None and _spec.loader is not None
+reference = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(reference)
+
+PAGES = reference.pages()
+NAV = set(re.findall(r":\s*(reference/\S+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), re.M))
+PUBLIC = [
+    name
+    for name in peg.__all__
+    if inspect.isclass(getattr(peg, name)) or inspect.isfunction(getattr(peg, name))
+]
+
+
+def test_every_public_class_and_function_has_a_page_in_the_nav():
+    assert {"PEG", "TemperatureScaling", "AutoSelect", "compare", "Monitor"} <= set(PUBLIC)
+    for name in PUBLIC:
+        path = reference.page_path(name)
+        assert path in PAGES, f"peg.{name}: no reference page"
+        assert path in NAV, f"peg.{name}: {path} is not in mkdocs.yml's Reference nav"
+
+
+def test_every_command_has_a_page_in_the_nav():
+    for name in COMMANDS:
+        path = reference.command_path(name)
+        assert path in PAGES, f"peg {name}: no reference page"
+        assert path in NAV, f"peg {name}: {path} is not in mkdocs.yml's Reference nav"
+
+
+def test_the_nav_lists_no_page_that_is_not_made():
+    assert set(PAGES) >= NAV, f"in the nav, not made: {sorted(NAV - set(PAGES))}"
+
+
+@pytest.mark.parametrize("name", ["PEG", "TemperatureScaling", "ConformalClassifier", "evaluate"])
+def test_a_page_has_every_argument_with_its_default_and_meaning(name):
+    obj = getattr(peg, name)
+    target = obj.__init__ if inspect.isclass(obj) else obj
+    text = PAGES[reference.page_path(name)]
+    table = getattr(obj, "parameter_constraints", {})
+    for p in inspect.signature(target).parameters.values():
+        if p.name == "self" or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        row = next((r for r in text.splitlines() if r.startswith(f"| `{p.name}` |")), None)
+        assert row is not None, f"peg.{name}: no row for {p.name}"
+        default = "required" if p.default is p.empty else f"`{p.default!r}`"
+        assert f"| {default} |" in row, f"peg.{name}.{p.name}: default {default} not in {row}"
+        if p.name in table:  # what the class's own check accepts, as it says it
+            assert reference.cell(str(table[p.name])) in row
+
+
+MAIN = [  # (name, its paper, a piece of its formula)
+    ("PEG", "PEG paper", "θ − η·∇L(θ; Bᵢ)"),
+    ("PEP", "Mehrtash", "θ + σ·εᵢ"),
+    ("TemperatureScaling", "Guo et al. 2017", "softmax(log p̄ / T)"),
+    ("ConformalClassifier", "Angelopoulos", "(1 − α)"),
+    ("AutoSelect", "one-SE rule", "one paired standard error"),
+]
+
+
+@pytest.mark.parametrize(("name", "paper", "formula"), MAIN)
+def test_the_main_classes_give_their_formula_and_paper(name, paper, formula):
+    summary = PAGES[reference.page_path(name)].split("## Arguments")[0]
+    assert paper in summary and formula in summary, f"peg.{name}: no formula or paper"
+
+
+def test_a_command_page_has_every_option():
+    parsers = reference.commands()
+    for name, p in parsers.items():
+        text = PAGES[reference.command_path(name)]
+        for action in p._actions:
+            for option in set(action.option_strings) - {"-h", "--help"}:
+                assert f"`{option}`" in text, f"peg {name}: {option} not on its page"
+
+
+def test_a_docstring_section_is_not_taken_for_arguments():
+    """`Args:` items become the table; prose after it stays prose (TemperatureScaling's
+    `After fit(...)` paragraph), and the constraints section is the table's, not repeated."""
+    text = PAGES[reference.page_path("TemperatureScaling")]
+    assert "After `fit(predictor, val)`" in text.split("## Arguments")[1]
+    assert "Arguments accepted" not in text
+
+
+def test_the_site_builds_with_the_reference(tmp_path):
+    pytest.importorskip("mkdocs")
+    site = tmp_path / "site"
+    run = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(site)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    for path in PAGES:
+        assert (site / path).with_suffix(".html").exists(), path
