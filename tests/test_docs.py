@@ -1,34 +1,55 @@
-"""The README and the guides in docs/ run as written, and their links resolve.
+"""The README and the guides in docs/ run as written, as a user would run them, and their links
+resolve.
 
 Every fenced block opened with ```python in README.md and in docs/**/*.md is run, in the order
-it appears, in one namespace per file (a later block sees what an earlier one defined), in a
-temporary working directory (the examples write archives and checkpoints there). The blocks are
-self-contained: each file builds its own tiny model and data in its first block, as a reader
-copying them would. A block opened with ```python no-run is shown but not run (long
-benchmarks, torchrun); blocks in other languages (bash, yaml, text) are not run, except a ```bash
-block right under the line `<!-- the docs test runs the next block's commands ... -->`: its
-`peg ...` commands run where the block stands, after the Python blocks above it, in the same
-folder, and must exit 0. docs/index.md documents these markers.
+it appears, in one namespace per file (a later block sees what an earlier one defined), as a
+user would: in a fresh Python process (this Python, with the peg the tests import on its path),
+whose working directory is a scratch folder outside the repository (the examples write archives
+and checkpoints there), by tests/docs_run.py. The blocks are self-contained: each file builds its
+own tiny model and data in its first block, as a reader copying them would. A block opened with
+```python no-run is shown but not run (long benchmarks, torchrun); blocks in other languages
+(bash, yaml, text) are not run, except a ```bash block right under the line `<!-- the docs test
+runs the next block's commands ... -->`: its `peg ...` commands (and `cd DIR`) run where the
+block stands, after the Python blocks above it, from the scratch folder, and must exit 0.
+
+Every page promises that its examples print the same on every run: each page runs twice, each
+time in a folder of its own, and what each block prints (a block's last bare expression is
+shown, as in a notebook) must be the same both times. A block whose output cannot be the same
+(wall-clock times) says why in an HTML comment on the line above its fence, `<!-- the docs test:
+the next block's output varies (REASON) -->`; its output is not compared. The second run stops
+after the last block whose output it compares. A block that needs a data set that is not under
+any data root skips the page with peg's message, after the blocks above it ran. A block may
+take SLOW_BLOCK_SECONDS of CPU (not of wall-clock time, which a busy machine inflates); the
+runs get OMP_NUM_THREADS=1 unless it is set, as conftest.py gives the tests one thread.
+docs/index.md documents these markers.
 """
 
 from __future__ import annotations
 
 import ast
+import json
+import os
 import re
 import shlex
-import time
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from docs_run import RECORD_SEPARATOR
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOC_FILES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 NO_RUN = "no-run"  # the one marker: ```python no-run
 RUN_COMMANDS = "<!-- the docs test runs the next block's commands"  # the line above a ```bash block
+VARIES = "<!-- the docs test: the next block's output varies ("  # then the reason, ") -->"
+RUNNER = Path(__file__).resolve().parent / "docs_run.py"
+PAGE_SECONDS = 600  # one run of a page, in a fresh process (a page takes seconds)
 README_MAX_LINES = 200
-SLOW_BLOCK_SECONDS = 30  # a block meant to take a second or two; far slower: shrink it or mark it
+SLOW_BLOCK_SECONDS = 30  # CPU seconds: a block is meant to take a second or two (imports included)
 FENCE = re.compile(r"^(\s*)(```+)(.*)$")
 
 
@@ -38,11 +59,11 @@ class Block:
     line: int  # 1-based line of the block's first code line
     info: str  # the fence's info string, e.g. "python" or "python no-run"
     code: str
-    marked: bool = False  # the line above the fence is RUN_COMMANDS
+    notes: tuple[str, ...] = ()  # the HTML comment lines right above the fence
 
     @property
     def where(self) -> str:
-        return f"{self.path.relative_to(ROOT)}:{self.line}"
+        return f"{_id(self.path)}:{self.line}"
 
     @property
     def is_python(self) -> bool:
@@ -53,8 +74,21 @@ class Block:
         return self.info == "python"
 
     @property
+    def marked(self) -> bool:
+        """The line right above the fence is RUN_COMMANDS."""
+        return bool(self.notes) and self.notes[-1].startswith(RUN_COMMANDS)
+
+    @property
     def runs_commands(self) -> bool:
         return self.marked and self.info == "bash"
+
+    @property
+    def varies(self) -> str | None:
+        """The reason given by a VARIES note above the fence: its output is not compared."""
+        for note in self.notes:
+            if note.startswith(VARIES):
+                return note[len(VARIES) :].removesuffix("-->").strip().removesuffix(")")
+        return None
 
     def commands(self) -> list[list[str]]:
         """The `peg ...` commands of a bash block, continuation lines joined, as argv lists."""
@@ -80,14 +114,17 @@ def blocks(path: Path) -> list[Block]:
             body.append(lines[j][len(indent) :] if lines[j].startswith(indent) else lines[j])
             j += 1
         assert j < len(lines), f"{path.relative_to(ROOT)}:{i + 1}: unclosed code block"
-        marked = i > 0 and lines[i - 1].startswith(RUN_COMMANDS)
-        found.append(Block(path, i + 2, info, "\n".join(body) + "\n", marked))
+        k = i
+        while k > 0 and lines[k - 1].startswith("<!--"):
+            k -= 1
+        notes = tuple(lines[k:i])
+        found.append(Block(path, i + 2, info, "\n".join(body) + "\n", notes))
         i = j + 1
     return found
 
 
 def _id(path: Path) -> str:
-    return str(path.relative_to(ROOT))
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
 
 
 RUNNABLE = [p for p in DOC_FILES if any(b.runs or b.runs_commands for b in blocks(p))]
@@ -114,54 +151,152 @@ def _imports_only(code: str) -> bool:
     return bool(body) and all(isinstance(s, (ast.Import, ast.ImportFrom)) for s in body)
 
 
-@pytest.mark.parametrize("path", RUNNABLE, ids=_id)
-def test_examples_run(path, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    namespace: dict[str, object] = {"__name__": "__main__"}
+def _steps(path: Path) -> list[dict]:
+    """The runnable blocks of a page, in order, as tests/docs_run.py reads them."""
+    steps = []
     for b in blocks(path):
         if b.runs_commands:
-            _run_commands(b)
-        if not b.runs:
-            continue
-        # Pad with blank lines so a traceback points at the line of the markdown file.
-        code = compile("\n" * (b.line - 1) + b.code, str(path), "exec")
-        start = time.perf_counter()
-        try:
-            exec(code, namespace)
-        except Exception as e:
-            raise AssertionError(f"{b.where}: the block starting here raised {e!r}") from e
-        seconds = time.perf_counter() - start
-        assert seconds < SLOW_BLOCK_SECONDS or _imports_only(b.code), (
-            f"{b.where}: took {seconds:.0f} s; use smaller sizes or mark it ```python {NO_RUN}"
+            for argv in b.commands():
+                assert argv[0] in ("peg", "cd"), f"{b.where}: only peg and cd run, not {argv[0]!r}"
+            steps.append({"kind": "commands", "where": b.where, "commands": b.commands()})
+        elif b.runs:
+            steps.append({"kind": "python", "where": b.where, "path": str(path), "line": b.line,
+                          "code": b.code})  # fmt: skip
+    return steps
+
+
+def _by_step(text: str, folder: Path) -> dict[str, str]:
+    """A stream split at the runner's separators: each step's text, keyed by its place, with
+    the scratch folder's path replaced by `.` (each run has a folder of its own)."""
+    out = {}
+    for chunk in text.split(RECORD_SEPARATOR)[1:]:
+        where, _, rest = chunk.partition("\n")
+        out[where] = rest.replace(str(folder), ".")
+    return out
+
+
+def _run_page(
+    path: Path, folder: Path, upto: int | None = None
+) -> tuple[list[dict], dict[str, str], dict[str, str]]:
+    """One run of a page's blocks (the first `upto`, or all) in a fresh process from `folder`:
+    the report of each step, and what each step printed on stdout and on stderr."""
+    import peg
+
+    folder.mkdir(parents=True)
+    steps, report = (
+        folder.parent / f"{folder.name}-steps.json",
+        folder.parent / f"{folder.name}.json",
+    )
+    steps.write_text(json.dumps(_steps(path)[:upto]), encoding="utf-8")
+    env = dict(os.environ)  # the peg the tests import, first on the path, as if installed
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(peg.__file__).resolve().parents[1]), *filter(None, [env.get("PYTHONPATH")])]
+    )
+    env.setdefault("OMP_NUM_THREADS", "1")  # as conftest's torch.set_num_threads(1): tiny models
+    run = subprocess.run(
+        [sys.executable, str(RUNNER), str(steps), str(report)],
+        cwd=folder, env=env, capture_output=True, text=True, timeout=PAGE_SECONDS,
+    )  # fmt: skip
+    assert run.returncode == 0 and report.exists(), (
+        f"{_id(path)}: the runner exited {run.returncode}\n{run.stderr[-3000:]}"
+    )
+    report_ = json.loads(report.read_text(encoding="utf-8"))
+    assert len(report_) == len(_steps(path)[:upto]) or any(
+        "error" in e or "missing_data" in e for e in report_
+    ), f"{_id(path)}: the runner stopped early\n{run.stderr[-3000:]}"
+    return report_, _by_step(run.stdout, folder), _by_step(run.stderr, folder)
+
+
+def _check_report(path: Path, report: list[dict], stderr: dict[str, str]) -> None:
+    """Every step ran without error and in time; a missing data set skips the page."""
+    by_place = {b.where: b for b in blocks(path)}
+    for entry in report:
+        where, b = entry["where"], by_place[entry["where"]]
+        assert "error" not in entry, (
+            f"{where}: the block starting here failed:\n{entry['error'][-3000:]}\n"
+            f"stderr:\n{stderr.get(where, '')[-2000:]}"
+        )
+        if "missing_data" in entry:
+            pytest.skip(f"{where}: needs a data set not present here: {entry['missing_data']}")
+        commands = sum(a[0] == "peg" for a in b.commands()) if b.runs_commands else 1
+        limit = SLOW_BLOCK_SECONDS * commands  # each command starts a Python and imports peg
+        assert entry["cpu"] < limit or (b.runs and _imports_only(b.code)), (
+            f"{where}: took {entry['cpu']:.0f} s of CPU ({entry['seconds']:.0f} s); use smaller "
+            f"sizes or mark it ```python {NO_RUN}"
         )
 
 
-def _run_commands(b: Block) -> None:
-    from peg.apps.cli import main
+@pytest.mark.parametrize("path", RUNNABLE, ids=_id)
+def test_examples_run(path, tmp_path):
+    """Each page's examples run as a user would run them, twice, and print the same twice."""
+    _run_twice(path, tmp_path)
 
-    for argv in b.commands():
-        assert argv[0] == "peg", f"{b.where}: only peg commands are run, not {argv[0]!r}"
-        try:
-            status = main(argv[1:])
-        except SystemExit as e:  # argparse and the one-line errors exit
-            status = e.code
-        assert status == 0, f"{b.where}: {shlex.join(argv)} exited {status}"
+
+def _run_twice(path: Path, tmp_path: Path) -> None:
+    report, first, stderr = _run_page(path, tmp_path / "first")
+    _check_report(path, report, stderr)
+    by_place = {b.where: b for b in blocks(path)}
+    compared = {w: text for w, text in first.items() if by_place[w].varies is None and text}
+    if not compared:
+        return  # nothing printed: a second run has nothing to compare
+    places = [step["where"] for step in _steps(path)]
+    upto = max(places.index(w) for w in compared) + 1  # the blocks after the last print: no need
+    report, second, stderr = _run_page(path, tmp_path / "second", upto)
+    _check_report(path, report, stderr)
+    for where, text in compared.items():
+        assert second[where] == text, (
+            f"{where}: the block starting here printed differently on a second run "
+            f"(seed it, or mark it {VARIES}REASON) -->):\n--- first\n{text}--- second\n"
+            f"{second[where]}"
+        )
+
+
+def test_the_runs_catch_differing_output_and_skip_for_missing_data(tmp_path, monkeypatch):
+    """The harness itself: output that differs between two runs fails unless its block is
+    marked; a block needing a data set that no root holds skips the page with peg's message."""
+    page = tmp_path / "page.md"
+    varies = f"{VARIES}a fresh process's id) -->"
+    page.write_text(
+        f"{varies}\n```python\nimport os\nprint(os.getpid())\n```\n\n"
+        "```python\nos.getpid()\n```\n",  # the last expression, shown
+        encoding="utf-8",
+    )
+    assert [b.varies for b in blocks(page)] == ["a fresh process's id", None]
+    with pytest.raises(AssertionError, match=r"page.md:8: the block starting here printed"):
+        _run_twice(page, tmp_path / "pid")
+    monkeypatch.setenv("PEG_DATA_ONLY", "1")  # only $PEG_DATA, an empty folder, is searched
+    monkeypatch.setenv("PEG_DATA", str(tmp_path / "no-data"))
+    page.write_text(
+        '```python\nprint("before")\n```\n\n```python\nfrom peg.data import load\n\n'
+        'load("fashion-mnist", "test")\n```\n\n```python\nprint("never")\n```\n',
+        encoding="utf-8",
+    )
+    with pytest.raises(pytest.skip.Exception, match=r"page.md:6: needs a data set .*fashion-mnist"):
+        _run_twice(page, tmp_path / "data")
 
 
 def test_the_command_blocks_are_marked_and_run():
-    """The README's quick start on the command line and compare's example run as written."""
+    """The README's quick start on the command line and compare's example run as written; the
+    markers sit right above the block they mark."""
     marked = {
-        _id(p): [b.commands()[0][:2] for b in blocks(p) if b.runs_commands] for p in DOC_FILES
+        _id(p): [argv[:2] for b in blocks(p) if b.runs_commands for argv in b.commands()]
+        for p in DOC_FILES
     }
-    assert ["peg", "select"] in marked["README.md"] and ["peg", "compare"] in marked[
-        "docs/compare.md"
-    ]
+    assert ["peg", "select"] in marked["README.md"] and ["peg", "apply"] in marked["README.md"]
+    assert ["peg", "compare"] in marked["docs/compare.md"]
     for path in DOC_FILES:
         lines = path.read_text(encoding="utf-8").splitlines()
         for i, line in enumerate(lines[:-1]):
             if line.startswith(RUN_COMMANDS):
                 assert lines[i + 1].strip() == "```bash", (
                     f"{_id(path)}:{i + 1}: marker not above a bash block"
+                )
+            if line.startswith(VARIES):  # a reason, then the fence or the commands' marker
+                assert re.fullmatch(re.escape(VARIES) + r".+\) -->", line), (
+                    f"{_id(path)}:{i + 1}: say why: {VARIES}REASON) -->"
+                )
+                assert lines[i + 1].startswith(("```", RUN_COMMANDS)), (
+                    f"{_id(path)}:{i + 1}: marker not right above a block"
                 )
 
 
