@@ -4,6 +4,7 @@ costs, every candidate is priced before it starts, one running past the budget i
 from __future__ import annotations
 
 import re
+import threading
 import time
 
 import pytest
@@ -188,6 +189,27 @@ def test_the_deadline_is_checked_at_every_module_forward_and_removed_after():
     with stop_at(None):
         time.sleep(0.01)
         layer(torch.zeros(1, 2))
+
+
+def test_the_deadline_stops_only_the_thread_that_set_it():
+    """The hook is process-wide: a forward in another thread (a user's server, a loader
+    thread) past the deadline runs on; only the fold's own thread is stopped."""
+    layer = nn.Linear(2, 2)
+    errors: list[BaseException] = []
+
+    def other() -> None:
+        try:
+            layer(torch.zeros(1, 2))
+        except BaseException as e:  # any escape, Overrun included, is the failure
+            errors.append(e)
+
+    with pytest.raises(Overrun), stop_at(0.0):
+        time.sleep(0.01)
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+        layer(torch.zeros(1, 2))
+    assert errors == []
 
 
 def test_a_fold_s_share_of_the_budget_owes_only_the_started_candidates():

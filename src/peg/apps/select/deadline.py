@@ -14,6 +14,7 @@ stopped mid-fold: those are priced before they start (`race.FULL_MAPS`).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,9 +41,10 @@ def stop_at(allowed: float | None) -> Iterator[None]:
         yield
         return
     deadline = time.perf_counter() + max(allowed, 0.0)
+    owner = threading.get_ident()  # the hook is global: other threads' forwards are not ours
 
     def check(module: Any, args: Any) -> None:
-        if time.perf_counter() > deadline:
+        if threading.get_ident() == owner and time.perf_counter() > deadline:
             raise Overrun(allowed)
 
     handle = register_module_forward_pre_hook(check)
