@@ -28,6 +28,7 @@ from peg._imports import lazy_module
 stats = lazy_module("scipy.stats")  # on use: `peg` (the CLI) loads no scipy
 
 MIN_POINTS = 20
+TESTS = 3  # the monitor splits its alpha between these three (Bonferroni)
 
 
 def label_shift_statistic(priors: np.ndarray, source: np.ndarray, n: int) -> float:
