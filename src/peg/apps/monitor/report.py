@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 from peg._html import Markup
 from peg.apps import html
+from peg.apps.monitor import drift
 
 
 class Monitor(Protocol):
@@ -59,7 +60,8 @@ def markdown(monitor: Monitor) -> str:
         f"# peg monitor: {len(monitor.chunks)} chunks, {len(monitor.alerts)} alerts",
         "",
         f"Method: {monitor.estimator.method}; band [{lo:.3f}, {hi:.3f}] (reference chunks "
-        f"± {monitor.sigmas:g} σ); tests fire at p < {monitor.alpha:g}.",
+        f"± {monitor.sigmas:g} σ); tests fire at p < {monitor.alpha / drift.TESTS:.2g} "
+        f"({monitor.alpha:g} split between {drift.TESTS}).",
         "",
         "| " + " | ".join(COLUMNS) + " |",
         "|" + "---|" * len(COLUMNS),
