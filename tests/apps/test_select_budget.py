@@ -176,6 +176,7 @@ def test_a_fold_past_its_share_of_the_budget_is_stopped_mid_fold(monkeypatch):
     spent = sel.cost_["seconds"] - sel.cost_["setup_seconds"]  # the budget's clock
     assert rows["PEG"]["why"].startswith("stopped in fold 1: over budget"), rows["PEG"]["why"]
     assert sel.chosen_ == "TS" and spent < 1.5 + 1.0  # a whole PEG-15 fold: >= 2 s more
+    # untouched, not recomputed: no arithmetic ran on these tensors, so the same bits
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 

@@ -89,6 +89,7 @@ def test_the_search_by_need_is_deterministic_for_a_seed(overfit_mlp, moons_data)
         assert a.search_predicted_ == b.search_predicted_
         assert 1 <= len(a.search_) <= 2 and set(a.search_points_.values()) <= {64, 128, 256, 300}
         X = moons_data["test"][0]
+        # a rerun with the same seed: the same kernels on the same shapes, so the same bits
         torch.testing.assert_close(a.member_logits(X), b.member_logits(X), rtol=0, atol=0)
 
 
