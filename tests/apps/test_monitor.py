@@ -187,11 +187,12 @@ def test_monitor_on_a_model_and_its_inputs():
 def test_the_report_escapes_what_a_chunk_carries(estimator):
     """A chunk's name and reasons (file names on the command line) are text, never markup."""
     m = peg.Monitor(estimator, chunk_size=300)
-    m.run([_sample(300, 1)])
+    m.update(_sample(300, 1)[0], name='<svg onload="alert(2)">')
     m.chunks[0]["chunk"] = '<img src=x onerror="alert(1)">'
     m.chunks[0]["reasons"] = ["<script>alert(1)</script>"]
     page = m.to_html()
     assert "<script>alert" not in page and "<img src=x" not in page
+    assert "<svg onload" not in page and "&lt;svg onload=" in page  # the source's name
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
 
 
