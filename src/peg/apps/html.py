@@ -66,8 +66,9 @@ class Reported:
         return self._report().markdown
 
     def to_pandas(self) -> Any:
-        """The table as a `pandas.DataFrame`, a row per method (pandas is not a dependency of
-        peg: an ImportError saying how to install it where it is missing)."""
+        """The table as a `pandas.DataFrame`, a row per record, indexed by the report's index
+        column (a method for `compare` and AutoSelect, a chunk for `Monitor`); pandas is not a
+        dependency of peg: an ImportError saying how to install it where it is missing."""
         try:
             import pandas
         except ImportError:
@@ -79,7 +80,7 @@ class Reported:
         return pandas.DataFrame.from_records(report.records).set_index(report.index)
 
     def to_text(self, format: str = "md") -> str:
-        """The table as text: "md" (`to_markdown()`), "csv" (a row per method, every column,
+        """The table as text: "md" (`to_markdown()`), "csv" (a row per record, every column,
         fractions as in results.json) or "json" (those rows as a JSON list)."""
         if format not in FORMATS:
             raise ValueError(f"format: expected one of {list(FORMATS)}, got {format!r}")
