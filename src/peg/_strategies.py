@@ -148,10 +148,10 @@ class MemberStrategies(AutoStrategy):
         """The member modules, when the batch `x` runs through them and nothing is left to
         decide or build: they are built for this storage, the members have no shared trunk
         (`_heads`, known), and `strategy` is "loop" or "auto" whose rule is known to loop on `x`
-        (`_choose` without running the model). `Ensemble.member_logits` then runs them without
-        the skeleton's eval-mode walk and `_choose`'s steps (issue 38: a plain loop's cost per
-        call), and a later call with the same `key` reuses the verdict (`_ready_again`); None
-        otherwise."""
+        without running the model (`_known_to_loop`). `Ensemble.member_logits` then runs them
+        without the skeleton's eval-mode walk and `_choose`'s steps (issue 38: a plain loop's
+        cost per call), and a later call with the same `key` reuses the verdict
+        (`_ready_again`); None otherwise."""
         modules = self.__dict__.get("_modules_cache")
         heads = self.__dict__.get("_heads_cache")
         if modules is None or modules[0] is not self.stacked or modules[1] is not self.shared:
