@@ -268,7 +268,7 @@ def test_a_pinned_multi_worker_loader_feeds_a_gpu_model(gpu, trained):
 def test_huggingface_dict_batches_in_every_placement(placement, gpu):
     """A tiny ViT and BERT from transformers with HuggingFace's dict batches: TS, last-layer
     PEG and compare, the batches' tensors moved whole."""
-    from test_hf_models import Items, bert, images, tokens, vit
+    from tiny_hf import Items, bert, images, tokens, vit
 
     for build, make in ((vit, images), (bert, tokens)):
         torch.manual_seed(0)

@@ -263,13 +263,13 @@ class ItemInside(nn.Module):
 def test_a_verdict_of_vmap_is_kept_for_one_architecture_not_every_sequential():
     """A model vmap cannot run is looped from then on; another model of the same class name
     but another structure (here: any other nn.Sequential) is still vectorised."""
-    from peg import _strategies
+    from peg import _auto_strategy
 
     torch.manual_seed(0)
     failing = peg.Ensemble.from_models([nn.Sequential(ItemInside()) for _ in range(3)])
     X = torch.randn(4, 2)
     failing.member_logits(X, strategy="auto")  # vmap fails, remembered
-    assert _heads_arch(failing) in _strategies._NOT_VMAPPABLE
+    assert _heads_arch(failing) in _auto_strategy._NOT_VMAPPABLE
     assert failing._choose(X, None) == "loop"  # not tried again
     other = peg.Ensemble.from_models([nn.Sequential(nn.Linear(2, 2)) for _ in range(3)])
     assert other._choose(X, None) != "loop"

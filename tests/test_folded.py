@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import peg
-from peg import _strategies
+from peg import _auto_strategy
 from peg._folded import NotFoldable
 from peg.models import RegressionMLP, build
 
@@ -187,7 +187,7 @@ def test_auto_vectorises_with_vmap_where_folding_fails_or_disagrees(cls):
     ens = perturbed(cls(), 3)
     X = torch.randn(6, 2)
     got = ens.member_logits(X, strategy="auto")
-    assert _strategies._FOLDS[ens._fold_key] is False
+    assert _auto_strategy._FOLDS[ens._fold_key] is False
     assert ens._choose(X, None) == "vmap"
     torch.testing.assert_close(got, ens.member_logits(X, strategy="loop"), rtol=1e-5, atol=1e-5)
 
@@ -205,7 +205,7 @@ def test_auto_folds_small_batches_of_a_foldable_model():
     ens = perturbed(BNNet(), 3)
     X = torch.randn(8, 2)
     assert ens._choose(X, None) == "folded"
-    assert _strategies._FOLDS[ens._fold_key] is True
+    assert _auto_strategy._FOLDS[ens._fold_key] is True
     torch.testing.assert_close(
         ens.member_logits(X), ens.member_logits(X, strategy="loop"), rtol=1e-5, atol=1e-5
     )

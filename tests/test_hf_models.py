@@ -1,96 +1,26 @@
 """HuggingFace vision and text models as users bring them: dict batches from a DataLoader,
 every method that takes data, `peg.compare`, and the head found by running the model.
 
-The models are transformers' `ViTForImageClassification`, `ResNetForImageClassification` and
-`BertForSequenceClassification` built from tiny configurations (random weights, a few thousand
-parameters: the code paths and the batch shapes are what is tested, in well under a second per
-fit). Batches are HuggingFace's: `{"pixel_values", "labels"}` or `{"input_ids",
-"attention_mask", "labels"}`; peg needs neither a `batch_fn` nor a `with_output`.
+The models are transformers' ViT, ResNet and BERT built from tiny configurations (`tiny_hf`:
+random weights, a few thousand parameters: the code paths and the batch shapes are what is
+tested, in well under a second per fit). Batches are HuggingFace's: `{"pixel_values", "labels"}`
+or `{"input_ids", "attention_mask", "labels"}`; peg needs neither a `batch_fn` nor a
+`with_output`.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import pytest
 import torch
-import transformers  # peg[hf], installed by scripts/setup.sh: CI runs these tests
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, TensorDataset
 
 import peg
 from peg.subspace import RandomSubspace
 from peg.train import Recipe
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may be fetched
-CLASSES = 3
-
-
-class Items(Dataset):
-    """Items are dicts of tensors, as a HuggingFace dataset with `set_format("torch")`."""
-
-    def __init__(self, data: dict[str, torch.Tensor]) -> None:
-        self.data = data
-
-    def __len__(self) -> int:
-        return len(next(iter(self.data.values())))
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {k: v[i] for k, v in self.data.items()}
-
-
-def vit() -> nn.Module:
-    config = transformers.ViTConfig(
-        image_size=16,
-        patch_size=8,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        num_labels=CLASSES,
-    )
-    return transformers.ViTForImageClassification(config)
-
-
-def resnet() -> nn.Module:
-    config = transformers.ResNetConfig(
-        embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=CLASSES
-    )
-    return transformers.ResNetForImageClassification(config)
-
-
-def bert() -> nn.Module:
-    config = transformers.BertConfig(
-        vocab_size=20,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=16,
-        num_labels=CLASSES,
-    )
-    return transformers.BertForSequenceClassification(config)
-
-
-def images(n: int, seed: int) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return {
-        "pixel_values": torch.randn(n, 3, 16, 16, generator=g),
-        "labels": torch.randint(0, CLASSES, (n,), generator=g),
-    }
-
-
-def tokens(n: int, seed: int) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(4, 9, (n,), generator=g)
-    mask = (torch.arange(8)[None] < lengths[:, None]).long()
-    return {
-        "input_ids": torch.randint(1, 20, (n, 8), generator=g) * mask,
-        "attention_mask": mask,
-        "labels": torch.randint(0, CLASSES, (n,), generator=g),
-    }
-
+from tiny_hf import CLASSES, Items, bert, images, resnet, tokens, vit
 
 # name -> (model builder, batch maker, the head the last layer is found in)
 MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[..., dict], str]] = {

@@ -11,16 +11,14 @@ itself.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import transformers  # peg[hf], installed by scripts/setup.sh: CI runs these tests, never skips
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 import peg
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may be fetched
+import tiny_hf  # sets HF_HUB_OFFLINE: nothing may be fetched
+from tiny_hf import Items
 
 LENGTH, VOCAB = 12, 16
 
@@ -37,31 +35,17 @@ def sequences(n: int, seed: int) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": mask, "labels": (fives > sixes).long()}
 
 
-class Sequences(Dataset):
-    """Items are dicts, as a tokenised HuggingFace dataset gives them."""
-
-    def __init__(self, n: int, seed: int) -> None:
-        self.data = sequences(n, seed)
-
-    def __len__(self) -> int:
-        return len(self.data["labels"])
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {k: v[i] for k, v in self.data.items()}
-
-
 def bert(seed: int) -> torch.nn.Module:
+    """A larger BERT than `tiny_hf`'s: two layers of width 32, two classes."""
     torch.manual_seed(seed)
-    config = transformers.BertConfig(
+    return tiny_hf.bert(
         vocab_size=VOCAB,
         hidden_size=32,
         num_hidden_layers=2,
-        num_attention_heads=2,
         intermediate_size=64,
         max_position_embeddings=LENGTH + 4,
         num_labels=2,
     )
-    return transformers.BertForSequenceClassification(config)
 
 
 def trained(seed: int) -> torch.nn.Module:
@@ -89,8 +73,8 @@ def model() -> torch.nn.Module:
 @pytest.fixture(scope="module")
 def loaders() -> dict[str, DataLoader]:
     return {
-        "val": DataLoader(Sequences(300, 1), batch_size=64),
-        "test": DataLoader(Sequences(200, 2), batch_size=50),
+        "val": DataLoader(Items(sequences(300, 1)), batch_size=64),
+        "test": DataLoader(Items(sequences(200, 2)), batch_size=50),
     }
 
 

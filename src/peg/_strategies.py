@@ -1,6 +1,8 @@
 """How an `Ensemble` runs its members on one batch: the strategies ("loop", "vmap", "folded",
-"chunked") and the fixed rule by which "auto" picks one (`AUTO_VECTORISE_FLOPS`, the fold check),
-remembering per process what failed on an architecture.
+"chunked"), each member's module built once for a loop that runs many batches, and the plain
+call that reuses the last one's verdict. The fixed rule by which "auto" picks a strategy
+(`AUTO_VECTORISE_FLOPS`, the fold check), remembering per process what failed on an
+architecture, is `peg._auto_strategy`.
 
 Members that differ only in a head after a shared trunk (`peg._heads`: last-layer PEG, ...) run
 the trunk once per batch, with the shared weights, and only the heads per member, with the
@@ -13,7 +15,6 @@ ensemble's `skeleton`, `stacked` and `shared` entries, `member_state(i)` and `le
 from __future__ import annotations
 
 import copy
-import functools
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, Literal
@@ -21,34 +22,22 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 from torch.func import vmap
-from torch.utils.flop_counter import FlopCounterMode
 
+from peg._auto_strategy import (
+    AUTO_VECTORISE_FLOPS,
+    AUTO_VECTORISE_FLOPS_CONV,
+    AUTO_VECTORISE_ROWS_CONV,
+    AutoStrategy,
+)
 from peg._folded import Folded, fold
 from peg._forward import diagnose
-from peg._heads import architecture, checked, find_split
+from peg._heads import checked, find_split
 from peg.errors import NotFoldable
 from peg.output import logits_of, model_output
-from peg.source.batches import batch_rows, call_functional, call_model, signature, take_rows
+from peg.source.batches import call_functional, call_model
 
 Strategy = Literal["auto", "loop", "vmap", "folded", "chunked"]
 STRATEGIES = ("auto", "loop", "vmap", "folded", "chunked")
-# "auto" vectorises a batch while one member's forward on it costs at most this many FLOPs
-# (matmuls and convolutions, counted once per architecture and input shape), and always up to
-# AUTO_VECTORISE_ROWS_CONV rows with convolutions; larger batches are looped. Measured with
-# benchmarks/inference_strategies.py on one CPU thread, where vectorising stops paying: an MLP
-# 784-256-256 (0.54 MFLOP/row) at ~64 rows, SmallCNN (2 MFLOP/row) between 32 and 64 rows,
-# ResNet-20 (81 MFLOP/row) between 4 and 8; small MLPs (160-1500 FLOP/row) not in 1024 rows.
-# Convolutions stop paying sooner, AUTO_VECTORISE_FLOPS_CONV: the folded grouped convolutions
-# write M-fold activations, and a loop's per-member convolutions use two threads well
-# (benchmarks/ensemble_vs_loop.py, 2 threads: a conv 3-32-64 CNN, 2.9 MFLOP/row, at 8 rows and
-# 8 members, folded 0.70 × as fast as a plain loop).
-AUTO_VECTORISE_FLOPS = 6.4e7
-AUTO_VECTORISE_FLOPS_CONV = 2e7
-AUTO_VECTORISE_ROWS_CONV = 4
-_FLOPS: dict[tuple[Any, ...], tuple[int, bool]] = {}  # (architecture, row shape) -> FLOP/row, conv
-_NOT_VMAPPABLE: set[tuple[str, str, str]] = set()  # architectures vmap failed on (this process)
-# (architecture, per-member entries) -> whether folding agreed with functional_call (this process)
-_FOLDS: dict[tuple[Any, ...], bool] = {}
 # "loop" runs each member by `functional_call` (its tensors swapped into the skeleton per call)
 # on an ensemble's first batches, and builds one module per member (`_member_modules`) from
 # this batch on: a module copy costs what ~45 swaps do (ResNet-50: 64 ms against 1.4 ms), and
@@ -62,14 +51,6 @@ _FOLDS: dict[tuple[Any, ...], bool] = {}
 # other kernels than one process on the same rows, tests/test_distributed.py)
 LOOP_MODULES_AFTER = 16
 LOOP_MODULES_AFTER_HELD = 0
-
-
-def _vectorises(n: int, per_row: int, conv: bool) -> bool:
-    """Whether "auto" vectorises `n` rows of a forward costing `per_row` FLOPs a row (`conv`:
-    the architecture has convolutions; see `MemberStrategies._choose`)."""
-    if conv:
-        return n <= AUTO_VECTORISE_ROWS_CONV or n * per_row <= AUTO_VECTORISE_FLOPS_CONV
-    return n * per_row <= AUTO_VECTORISE_FLOPS
 
 
 def call_key(X: Any, strategy: Any, batch_size: Any, *others: Any) -> tuple[Any, ...] | None:
@@ -96,8 +77,9 @@ def _run_modules(modules: list[nn.Module], x: Any) -> Tensor:
     return torch.stack(outs)
 
 
-class MemberStrategies:
-    """The strategies of `Ensemble.member_logits` and the choice "auto" makes among them.
+class MemberStrategies(AutoStrategy):
+    """The strategies of `Ensemble.member_logits`, and the choice "auto" makes among them
+    (`AutoStrategy`).
 
     Mixed into `Ensemble`, whose `skeleton`, `stacked`, `shared`, `member_state`, `_eval` and
     `__len__` it uses.
@@ -166,10 +148,10 @@ class MemberStrategies:
         """The member modules, when the batch `x` runs through them and nothing is left to
         decide or build: they are built for this storage, the members have no shared trunk
         (`_heads`, known), and `strategy` is "loop" or "auto" whose rule is known to loop on `x`
-        (`_choose` without running the model). `Ensemble.member_logits` then runs them without
-        the skeleton's eval-mode walk and `_choose`'s steps (issue 38: a plain loop's cost per
-        call), and a later call with the same `key` reuses the verdict (`_ready_again`); None
-        otherwise."""
+        without running the model (`_known_to_loop`). `Ensemble.member_logits` then runs them
+        without the skeleton's eval-mode walk and `_choose`'s steps (issue 38: a plain loop's
+        cost per call), and a later call with the same `key` reuses the verdict
+        (`_ready_again`); None otherwise."""
         modules = self.__dict__.get("_modules_cache")
         heads = self.__dict__.get("_heads_cache")
         if modules is None or modules[0] is not self.stacked or modules[1] is not self.shared:
@@ -178,11 +160,9 @@ class MemberStrategies:
             return None
         if modules[2] is None or heads[2] is not None:
             return None
-        if strategy == "auto" and not self._loops_arch():
-            known = _FLOPS.get((*self._fold_key, signature(x)))
-            if known is None or _vectorises(batch_rows(x), *known):
-                return None
-        elif strategy not in ("auto", "loop"):
+        if strategy == "auto" and not self._known_to_loop(x):
+            return None
+        if strategy not in ("auto", "loop"):
             return None
         self._loop_batches = self.__dict__.get("_loop_batches", 0) + 1
         if keep and key is not None:  # `x` is the caller's own input (not moved)
@@ -274,82 +254,6 @@ class MemberStrategies:
             return out.expand(len(self), *out.shape)
         return out.view(len(self), len(x), *out.shape[1:])
 
-    def _choose(self, x: Any, chunk_size: int | None) -> str:
-        """The strategy "auto" uses for a batch: a fixed rule, so results never depend on timing.
-
-        Small batches are dominated by Python overhead per member and layer, which vectorising
-        removes; large ones are compute-bound, where the loop avoids the M-fold activations.
-        Where that turns is measured in FLOPs of one member's forward on the batch
-        (`AUTO_VECTORISE_FLOPS`; with convolutions `AUTO_VECTORISE_FLOPS_CONV`, and a few rows
-        are vectorised whatever their cost, `AUTO_VECTORISE_ROWS_CONV`).
-        Vectorising means folding the members into the batch (`peg._folded`) where that
-        agrees with `functional_call` (checked once per architecture), vmap otherwise, or vmap
-        over `chunk_size` members. A model vmap cannot run is remembered and looped.
-        """
-        if self._heads(x) is not None:
-            return "auto"  # the heads' choice, made by `_predict` on the trunk's features
-        if self._loops_arch() or not self._small(x):
-            return "loop"
-        if chunk_size is not None:
-            return "chunked"
-        return "folded" if self._folds(x) else "vmap"
-
-    def _loops_arch(self) -> bool:
-        """Whether "auto" loops whatever the batch: one member, or an architecture vmap
-        failed on in this process (its verdict kept under `architecture`, as `_predict` adds it;
-        the class name alone, tested before, never matched, so every call tried vmap again)."""
-        return len(self) == 1 or (
-            bool(_NOT_VMAPPABLE) and architecture(self.skeleton) in _NOT_VMAPPABLE
-        )
-
-    def _small(self, x: Any) -> bool:
-        """Whether the batch `x` is small enough to vectorise (see `_choose`)."""
-        key = (*self._fold_key, signature(x))
-        n = batch_rows(x)
-        if key not in _FLOPS:
-            counter = FlopCounterMode(display=False)
-            rows = take_rows(x, 0, 2)  # 2: BatchNorm on batch stats
-            try:
-                with counter:
-                    self._member_output(0, rows)
-            except Exception:
-                self._diagnose(x)  # bad inputs: their own clear error
-                raise
-            conv = any(isinstance(m, nn.modules.conv._ConvNd) for m in self.skeleton.modules())
-            _FLOPS[key] = (counter.get_total_flops() // min(n, 2), conv)
-        return _vectorises(n, *_FLOPS[key])
-
-    def _folds(self, x: Any) -> bool:
-        """Whether folding gives members 0 and M-1 their `functional_call` logits on `x`.
-
-        Asked once per (architecture, per-member entries) and process: a forward that mixes
-        rows, or a layer without a folded form, makes "auto" use vmap instead. Structured
-        inputs (a mapping) are never folded.
-        """
-        if not isinstance(x, Tensor):
-            return False
-        key = self._fold_key
-        if key not in _FOLDS:
-            ends = [0, len(self) - 1]
-            try:
-                reference = torch.stack([self._member_output(i, x) for i in ends])
-            except Exception:
-                self._diagnose(x)  # bad inputs: their own clear error
-                raise
-            try:  # the members run: any failure of the folded model is folding's own
-                got = self._batch_logits(x, "folded", None)[ends]
-                _FOLDS[key] = got.shape == reference.shape and torch.allclose(
-                    got, reference, rtol=1e-4, atol=1e-5
-                )
-            except Exception:  # e.g. a forward reading `self.fc.weight`, which folding replaced
-                _FOLDS[key] = False
-        return _FOLDS[key]
-
-    @functools.cached_property
-    def _fold_key(self) -> tuple[Any, ...]:
-        """What folding depends on: the architecture and which entries are per member."""
-        return *architecture(self.skeleton), frozenset(self.stacked)
-
     def _member_output(self, i: int, x: Any) -> Tensor:
         """Member `i`'s logits `[B, C]` on one batch (`functional_call`)."""
         return model_output(
@@ -385,14 +289,7 @@ class MemberStrategies:
                 ) from e
             if not fall_back or chosen == "loop" or not vectorising:
                 raise
-            arch = architecture(self.skeleton)
-            if chosen == "folded":
-                _FOLDS[self._fold_key] = False
-                following = "loop" if arch in _NOT_VMAPPABLE else "vmap"
-            else:
-                _NOT_VMAPPABLE.add(arch)  # e.g. .item() inside
-                following = "loop"
-            return self._predict(x, following, fall_back, chunk_size)
+            return self._predict(x, self._failed(chosen), fall_back, chunk_size)
 
     def _diagnose(self, x: Any) -> None:
         """Raise a clear error if member 0 cannot run on two rows of `x` or returns no logits."""

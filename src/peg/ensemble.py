@@ -7,59 +7,38 @@ Storage: state-dict entries that differ between members are kept stacked, `[M, *
 entries equal in every member (frozen parameters, BatchNorm statistics left untouched by PEG)
 are kept once. Prediction runs the skeleton with `torch.func.functional_call` on each member's
 weights, always in eval mode (BatchNorm uses its running statistics, dropout is off); how the
-members run on a batch, and which way "auto" picks, is `peg._strategies` (`MemberStrategies`).
+members run on a batch is `peg._strategies` (`MemberStrategies`), and which way "auto" picks,
+`peg._auto_strategy`. What every predictor derives from its `member_logits` (`Predicts`) is
+`peg._predicts`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from peg import archive
+from peg._auto_strategy import AUTO_VECTORISE_FLOPS as AUTO_VECTORISE_FLOPS
+from peg._auto_strategy import AUTO_VECTORISE_FLOPS_CONV as AUTO_VECTORISE_FLOPS_CONV
+from peg._auto_strategy import AUTO_VECTORISE_ROWS_CONV as AUTO_VECTORISE_ROWS_CONV
 from peg._forward import training_modules
 from peg._params import laid_out_like
+from peg._predicts import Predicts, _cat_batches, autocast_dtype
 from peg._progress import bar
 from peg._scalars import check_positive_int
-from peg._strategies import AUTO_VECTORISE_FLOPS as AUTO_VECTORISE_FLOPS
-from peg._strategies import AUTO_VECTORISE_FLOPS_CONV as AUTO_VECTORISE_FLOPS_CONV
-from peg._strategies import AUTO_VECTORISE_ROWS_CONV as AUTO_VECTORISE_ROWS_CONV
 from peg._strategies import STRATEGIES, MemberStrategies, Strategy, call_key
 from peg._wrappers import archived_meta
 from peg.output import model_output
 from peg.source import Data, Source
 from peg.source._devices import move
-from peg.source._namespace import like_input
 from peg.source.batches import BatchFn, check_batch_fn
 
-AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-__all__ = ["Ensemble", "autocast_dtype", "model_output"]
-
-
-def _cat_batches(batches: Iterable[Tensor]) -> Tensor:
-    """The per-batch logits `[M, B_j, C]` of an `iter_member_logits`, as one `[M, N, C]`; a
-    single batch's own tensor (fresh per call) is not copied again."""
-    parts = list(batches)
-    return parts[0].contiguous() if len(parts) == 1 else torch.cat(parts, dim=1)
-
-
-def autocast_dtype(autocast: str | torch.dtype | None) -> torch.dtype | None:
-    """The `torch.autocast` dtype an `autocast=` argument names (None: no autocast)."""
-    if autocast is None:
-        return None
-    if isinstance(autocast, str) and autocast in AUTOCAST:
-        return AUTOCAST[autocast]
-    if isinstance(autocast, torch.dtype) and autocast in AUTOCAST.values():
-        return autocast
-    raise ValueError(
-        f"autocast: expected None, 'bf16', 'fp16', torch.bfloat16 or torch.float16, "
-        f"got {autocast!r}"
-    )
+__all__ = ["Ensemble", "Predicts", "autocast_dtype", "model_output"]
 
 
 def _check_same_architecture(states: Sequence[Mapping[str, Tensor]]) -> None:
@@ -93,39 +72,6 @@ def _stack_states(
         name = next(iter(shared))
         stacked[name] = shared.pop(name).unsqueeze(0).repeat_interleave(len(states), 0)
     return stacked, shared
-
-
-class Predicts:
-    """`predict_proba` and `predict` from `member_logits`: the verbs of the predictor protocol
-    (`peg.methods.base`) that every predictor derives the same way."""
-
-    def member_logits(self, X: Data, batch_size: int | None = None, **options: Any) -> Tensor:
-        raise NotImplementedError
-
-    def predict_proba(self, X: Data, batch_size: int | None = None, **options: Any) -> Any:
-        """Predictive probabilities `[N, C]`: the members' softmax outputs averaged (arguments
-        as `member_logits`); a NumPy array for NumPy inputs, a tensor otherwise
-        (`peg.source._namespace`). Refused under `torch.jit.trace`, which would bake the
-        batching of the traced call into the graph."""
-        refuse_tracing(type(self).__name__)
-        probs = self.member_logits(X, batch_size, **options).softmax(-1).mean(0)
-        return like_input(probs, X)
-
-    def predict(self, X: Data, batch_size: int | None = None, **options: Any) -> Any:
-        """Predicted class per input `[N]` (argmax of `predict_proba`; NumPy for NumPy)."""
-        return self.predict_proba(X, batch_size, **options).argmax(-1)
-
-
-def refuse_tracing(owner: str) -> None:
-    """A RuntimeError under `torch.jit.trace`: peg reads its inputs batch by batch in Python,
-    so a trace records the traced call's batches (4 rows traced: 512 rows back for 1,000)."""
-    if torch.jit.is_tracing():
-        raise RuntimeError(
-            f"{owner}.predict_proba: cannot be traced (torch.jit.trace would record the batches "
-            "of this call and give wrong rows for inputs of another size); export a "
-            "calibrator's map with to_module(), an nn.Module from logits [N, C] to "
-            "probabilities, and trace or export that (torch.export.export, torch.onnx.export)"
-        )
 
 
 class Ensemble(Predicts, MemberStrategies):

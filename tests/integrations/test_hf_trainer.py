@@ -13,55 +13,31 @@ import peg
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")  # what Trainer runs on
 
-from transformers import (  # noqa: E402
-    BertConfig,
-    BertForSequenceClassification,
-    EvalPrediction,
-    Trainer,
-    TrainingArguments,
-)
+from transformers import EvalPrediction, Trainer, TrainingArguments  # noqa: E402
 
 from peg.integrations.transformers import (  # noqa: E402
     CalibrationCallback,
     ComputeMetrics,
     compute_metrics,
 )
+from tiny_hf import CLASSES, Items, bert  # noqa: E402
 
-CLASSES = 3
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return bert(vocab_size=50)
 
 
-class Tokens(torch.utils.data.Dataset):
+def _tokens(n: int, seed: int) -> Items:
     """Random token sequences labelled by the initial model's own prediction, a fifth of them
     changed at random: logits that say something, a temperature inside its bounds."""
-
-    def __init__(self, n: int, seed: int) -> None:
-        g = torch.Generator().manual_seed(seed)
-        self.ids = torch.randint(1, 50, (n, 8), generator=g)
-        with torch.no_grad():
-            labels = _model().eval()(input_ids=self.ids).logits.argmax(1)
-        flip = torch.rand(n, generator=g) < 0.2
-        self.labels = torch.where(flip, torch.randint(0, CLASSES, (n,), generator=g), labels)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        ids = self.ids[i]
-        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": self.labels[i]}
-
-
-def _model() -> BertForSequenceClassification:
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=50,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=16,
-        num_labels=CLASSES,
-    )
-    return BertForSequenceClassification(config)
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, 50, (n, 8), generator=g)
+    with torch.no_grad():
+        labels = _model().eval()(input_ids=ids).logits.argmax(1)
+    flip = torch.rand(n, generator=g) < 0.2
+    labels = torch.where(flip, torch.randint(0, CLASSES, (n,), generator=g), labels)
+    return Items({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels})
 
 
 def _trainer(tmp_path, callbacks=(), **kw) -> Trainer:
@@ -86,8 +62,8 @@ def _trainer(tmp_path, callbacks=(), **kw) -> Trainer:
     return Trainer(
         model=_model(),
         args=args,
-        train_dataset=Tokens(32, seed=0),
-        eval_dataset=Tokens(96, seed=1),
+        train_dataset=_tokens(32, seed=0),
+        eval_dataset=_tokens(96, seed=1),
         callbacks=list(callbacks),
         **kw,
     )
@@ -115,13 +91,13 @@ def test_callback_fits_on_the_trainers_logits_and_the_metrics_are_logged(tmp_pat
 
     # after training an evaluation applies the calibrator, never refits it on its data
     fitted = calibration.calibrator_
-    test = Tokens(64, seed=2)
+    test = _tokens(64, seed=2)
     metrics = trainer.evaluate(test, metric_key_prefix="test")
     assert calibration.calibrator_ is fitted
     test_logits = torch.as_tensor(trainer.predict(test).predictions)
     probs = fitted.predict_proba(test_logits)
     assert metrics["test_calibrated_nll"] == pytest.approx(
-        peg.metrics.nll(probs, test.labels), rel=1e-5
+        peg.metrics.nll(probs, test.data["labels"]), rel=1e-5
     )
 
 

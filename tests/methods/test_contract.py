@@ -468,7 +468,7 @@ def test_only_params_defines_check_params():
         for line in p.read_text(encoding="utf-8").splitlines()
         if line.strip().startswith("def _check_params(")
     ]
-    assert defined == ["methods/base.py"], defined
+    assert defined == ["methods/_arguments.py"], defined
 
 
 @pytest.mark.parametrize("case", ARGUMENT_CASES, ids=[c.id for c in ARGUMENT_CASES])
