@@ -71,12 +71,15 @@ def coefficients(
 
 
 class Penalty(NamedTuple):
-    """Σ coef ⊙ (θ - centre)², on the rows of the classes `live` `[C, 1]` (1.0; 0.0: a class
-    absent from the labels, its row held where it starts)."""
+    """Σ coef ⊙ (θ - centre)², on the entries `live` `[C, 1]` (whole rows) or `[C, K]` (1.0;
+    0.0: held where it starts: the row of a class absent from the labels, an entry of
+    infinite strength in `peg.methods.calibration._affine_select`). Held, not penalised: a
+    weight of 1e12 made H's diagonal span 1e12 and CG's preconditioner, scaled by the mean
+    weight, a multiple of the identity (issue 49)."""
 
     coef: Tensor  # [C, K]
     centre: Tensor  # [C, K] (or a scalar 0)
-    live: Tensor  # [C, 1]
+    live: Tensor  # [C, 1] or [C, K]
 
     def value(self, theta: Tensor) -> Tensor:
         return (self.coef * (theta - self.centre).square()).sum()
@@ -149,7 +152,10 @@ def _hessian(p: Tensor, s: Tensor, pen: Penalty, full: bool) -> Tensor:
     h = -(v.T @ v)
     h.view(c, k, c, k)[torch.arange(c), :, torch.arange(c), :] += blocks
     h /= n
-    h.diagonal().add_(2 * pen.coef.reshape(-1))
+    # a ridge far below the data's curvature: softmax's flat directions (a constant on every
+    # class). Not scaled by the penalty's: an entry held by a huge one (k = ∞ in
+    # `_affine_select`) made it the free entries' curvature, and Newton a gradient descent
+    h.diagonal().add_(1e-10 * float(h.diagonal().abs().max()) + 1e-300 + 2 * pen.coef.reshape(-1))
     held = (pen.live.expand_as(pen.coef).reshape(-1) == 0).nonzero()[:, 0]
     h[held], h[:, held] = 0.0, 0.0
     h[held, held] = 1.0
@@ -180,8 +186,6 @@ def _newton(
         if float(grad.abs().max()) <= 1e-10:
             break
         h = _hessian(p, s, pen, full)
-        # a ridge far below the curvature: softmax's flat directions (a constant on every class)
-        h.diagonal().add_(1e-10 * float(h.diagonal().abs().max()) + 1e-300)
         step = torch.linalg.solve(h, grad.reshape(-1)).reshape(theta.shape)
         slope = float((grad * step).sum())
         found = _backtrack(theta, step, slope, value, s, y, pen, full)
@@ -229,8 +233,21 @@ def _curvature(
         # scores' columns correlate (log p̄'s shared normaliser); inverted by `basis`
         lam, Q = basis if basis is not None else score_basis(s)  # `_newton_cg` passes it
         a = (p * (1 - p)).mean(0)
-        inverse = 1.0 / (a[:, None] * lam[None, :] + float(2 * coef.mean()) + 1e-300)
-        return hvp_full, lambda r: (((r @ Q) * inverse) @ Q.T) * live
+        # κ over the entries free (not those held, whose weight is 0), and at least a sliver
+        # of the largest curvature: M stays invertible where E[x xᵀ] is not (N < C) and
+        # nothing is penalised
+        free = live.expand_as(coef)
+        kappa = float(2 * (coef * free).sum() / free.sum().clamp_min(1))
+        kappa = max(kappa, 1e-8 * float(a.max()) * float(lam.max())) + 1e-300
+        inverse = 1.0 / (a[:, None] * lam[None, :] + kappa)
+        if Q.shape[1] == Q.shape[0]:
+            return hvp_full, lambda r: (((r @ Q) * inverse) @ Q.T) * live
+        inverse -= 1.0 / kappa  # E[x xᵀ] of low rank (`score_basis`): κ alone off its span
+
+        def precondition_low_rank(r: Tensor) -> Tensor:
+            return (r / kappa + ((r @ Q) * inverse) @ Q.T) * live
+
+        return hvp_full, precondition_low_rank
     ps = p * s
     pss, pc, pc2 = (ps * s).sum(0) / n, p.sum(0) / n, p.square().sum(0) / n
     psum, ps2, pps = ps.sum(0) / n, ps.square().sum(0) / n, (ps * p).sum(0) / n
@@ -241,11 +258,9 @@ def _curvature(
         b = psum * v[:, 0] + pc * v[:, 1] - p.T @ t
         return (torch.stack([w, b], 1) + 2 * coef * v) * live
 
-    a = pss - ps2 + 2 * coef[:, 0]
-    b = psum - pps
-    c = pc - pc2 + 2 * coef[:, 1]
-    ridge = 1e-10 * float(torch.maximum(a, c).max()) + 1e-300
-    a, c = a + ridge, c + ridge
+    a, b, c = pss - ps2, psum - pps, pc - pc2
+    ridge = 1e-10 * float(torch.maximum(a, c).max()) + 1e-300  # of the data's, as `_hessian`
+    a, c = a + 2 * coef[:, 0] + ridge, c + 2 * coef[:, 1] + ridge
     det = (a * c - b.square()).clamp_min(ridge * ridge)
 
     def precondition(r: Tensor) -> Tensor:
@@ -283,7 +298,11 @@ def score_basis(s: Tensor) -> tuple[Tensor, Tensor]:
     preconditioner (`_curvature`), the same for every fit on these scores."""
     x = torch.cat([s, torch.ones_like(s[:, :1])], 1)
     lam, q = torch.linalg.eigh(x.T @ x / len(s))
-    return lam.clamp_min(0), q
+    # with fewer points than columns (N < C + 1) only the N largest are not 0: the rest
+    # of the space is κ's alone, and the preconditioner's products shrink by (C + 1) / N
+    kept = lam > 1e-10 * float(lam.max())
+    kept[-1] = True
+    return lam[kept].clamp_min(0), q[:, kept]
 
 
 def _newton_cg(
@@ -356,7 +375,8 @@ def diagonal_of(theta: Tensor) -> Tensor:
 def diagonal_part(pen: Penalty) -> Penalty:
     """A full map's penalty `[C, C + 1]` restricted to W's diagonal and b `[C, 2]`."""
     centre = torch.as_tensor(pen.centre).to(pen.coef).expand_as(pen.coef)
-    return Penalty(diagonal_of(pen.coef), diagonal_of(centre), pen.live)
+    live = pen.live if pen.live.shape[1] == 1 else diagonal_of(pen.live)
+    return Penalty(diagonal_of(pen.coef), diagonal_of(centre), live)
 
 
 def fit_affine(
