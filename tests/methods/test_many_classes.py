@@ -172,6 +172,23 @@ def test_the_faster_fits_keep_their_maps(cls, nll, ks):
     assert (fitted.regularisation_["k_diagonal"], fitted.regularisation_["k_off"]) == ks
 
 
+@pytest.mark.parametrize("full", [True, False])
+def test_newtons_hessian_is_autograds(full):
+    """The full map's Hessian from the symmetric factors' upper triangles (issue 49)."""
+    g = torch.Generator().manual_seed(0)
+    s = torch.randn(30, 5, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 5, (30,), generator=g)
+    theta = torch.randn(5, 6 if full else 2, generator=g, dtype=torch.float64)
+    coef = torch.rand(theta.shape, generator=g, dtype=torch.float64)
+    pen = _affine.Penalty(coef, torch.zeros((), dtype=torch.float64), torch.ones(5, 1))
+    exact = torch.autograd.functional.hessian(
+        lambda t: _affine._value(t.reshape(theta.shape), s, y, pen, full)[0], theta.reshape(-1)
+    )
+    p = _affine._log_probs(theta, s, full).exp()
+    # up to the ridge of 1e-10 of the largest curvature on the diagonal
+    torch.testing.assert_close(_affine._hessian(p, s, pen, full), exact, atol=1e-9, rtol=0)
+
+
 def test_an_infinite_strength_holds_its_entries_at_the_centre():
     centre = _affine.temperature_map(4, 2.0, True, torch.zeros(1, dtype=torch.float64))
     live = torch.tensor([[1.0], [1.0], [0.0], [1.0]], dtype=torch.float64)
