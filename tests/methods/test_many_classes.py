@@ -227,6 +227,22 @@ def test_newton_cg_with_fewer_points_than_columns_finds_newtons_optimum(monkeypa
         torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
 
 
+def test_a_diagonal_map_beyond_twenty_classes_is_fitted_by_truncated_newton(monkeypatch):
+    """Issue 49: vector scaling's dense [2C, 2C] Hessian cost twice truncated Newton's O(N C)
+    products at 100 classes; the same optimum either way."""
+    z, y = many(600, 30, 0)
+    newton = _affine._newton
+    calls: list[int] = []
+    monkeypatch.setattr(_affine, "_newton", lambda *a: calls.append(1) or newton(*a))
+    cg = _affine.fit_affine(z, y, full=False, reg_mu=1.0)
+    assert not calls
+    monkeypatch.setattr(_affine, "DIAGONAL_NEWTON_MAX", 10**6)
+    exact = _affine.fit_affine(z, y, full=False, reg_mu=1.0)
+    assert calls
+    for a, b in zip(exact, cg, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+
+
 @pytest.mark.parametrize("c", [10, 100])
 @pytest.mark.parametrize("cls", [peg.VectorScaling, peg.MatrixScaling, peg.DirichletCalibration])
 def test_the_default_is_within_two_hundredths_of_a_nat_of_ts_or_better(cls, c):
