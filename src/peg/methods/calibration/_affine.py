@@ -15,8 +15,9 @@ falls without bound as its probability goes to 0 (on log p̄ <= 0 by its diagona
 growing: Dirichlet's test NLL of 145 at 1000 classes, issue 39, was W_cc ~ 1e4 on the classes
 absent from the validation labels, not an optimiser's failure). Two float64 optimisers:
 - Newton's method with the exact Hessian and a backtracking line search, when θ has at most
-  `NEWTON_MAX` entries (a full W up to C = 34, a diagonal one up to C = 600) and forming the
-  Hessian costs at most `NEWTON_FLOPS` (N P²: C = 10 up to N = 165k);
+  `NEWTON_MAX` entries (a full W up to C = 34; a diagonal one up to C = 20,
+  `DIAGONAL_NEWTON_MAX`) and forming the Hessian costs at most `NEWTON_FLOPS` (N P²: C = 10
+  up to N = 165k);
 - truncated Newton otherwise (e.g. 1000 classes): conjugate gradients on exact Hessian-vector
   products (`_newton_cg`), a full W started from the best diagonal one. At C = 1000 a
   diagonal map's step costs a few passes over the `[N, C]` scores.
@@ -35,6 +36,11 @@ from peg.methods.calibration.temperature import fit_temperature
 
 NEWTON_MAX = 1200  # parameters up to which the Hessian `[P, P]` is formed...
 NEWTON_FLOPS = 2e9  # ... and N P², what forming it costs, up to which Newton is faster
+# a diagonal map's: beyond C = 20 truncated Newton's O(N C) products beat the dense [2C, 2C]
+# Hessian (the same map; CPU seconds of vector scaling's default fit on 4,000 points: 0.36
+# against 0.65 at 100 classes, 1.4 against 4.1 at 300, equal at 20; Newton's 0.125 against
+# 0.141 at 10)
+DIAGONAL_NEWTON_MAX = 40
 # CG steps per truncated Newton step at most; the predicted decrease (nats, relative above 1)
 CG_STEPS = 50
 DECREMENT_TOL = 1e-10  # below which it stops: far below any SE of a validation NLL
@@ -71,12 +77,15 @@ def coefficients(
 
 
 class Penalty(NamedTuple):
-    """Σ coef ⊙ (θ - centre)², on the rows of the classes `live` `[C, 1]` (1.0; 0.0: a class
-    absent from the labels, its row held where it starts)."""
+    """Σ coef ⊙ (θ - centre)², on the entries `live` `[C, 1]` (whole rows) or `[C, K]` (1.0;
+    0.0: held where it starts: the row of a class absent from the labels, an entry of
+    infinite strength in `peg.methods.calibration._affine_select`). Held, not penalised: a
+    weight of 1e12 made H's diagonal span 1e12 and CG's preconditioner, scaled by the mean
+    weight, a multiple of the identity (issue 49)."""
 
     coef: Tensor  # [C, K]
     centre: Tensor  # [C, K] (or a scalar 0)
-    live: Tensor  # [C, 1]
+    live: Tensor  # [C, 1] or [C, K]
 
     def value(self, theta: Tensor) -> Tensor:
         return (self.coef * (theta - self.centre).square()).sum()
@@ -137,23 +146,45 @@ def _hessian(p: Tensor, s: Tensor, pen: Penalty, full: bool) -> Tensor:
     n, c = p.shape
     ones = torch.ones_like(s[:, :1])
     if full:
-        x = torch.cat([s, ones], 1)
-        pv = p[:, :, None] * x[:, None, :]  # [N, C, K]
-        blocks = (pv.reshape(n, -1).T @ x).reshape(c, -1, x.shape[1])  # Σ_n p_nc x_n x_n^T
+        h = _full_curvature(p, torch.cat([s, ones], 1))
     else:
         phi = torch.stack([s, ones.expand_as(s)], -1)  # [N, C, 2]
         pv = p[:, :, None] * phi
         blocks = torch.einsum("nck,ncj->ckj", pv, phi)
-    v = pv.reshape(n, -1)
-    k = blocks.shape[-1]
-    h = -(v.T @ v)
-    h.view(c, k, c, k)[torch.arange(c), :, torch.arange(c), :] += blocks
-    h /= n
-    h.diagonal().add_(2 * pen.coef.reshape(-1))
+        v = pv.reshape(n, -1)
+        h = -(v.T @ v)
+        h.view(c, 2, c, 2)[torch.arange(c), :, torch.arange(c), :] += blocks
+        h /= n
+    # a ridge far below the data's curvature: softmax's flat directions (a constant on every
+    # class). Not scaled by the penalty's: an entry held by a huge one (k = ∞ in
+    # `_affine_select`) made it the free entries' curvature, and Newton a gradient descent
+    h.diagonal().add_(1e-10 * float(h.diagonal().abs().max()) + 1e-300 + 2 * pen.coef.reshape(-1))
     held = (pen.live.expand_as(pen.coef).reshape(-1) == 0).nonzero()[:, 0]
     h[held], h[:, held] = 0.0, 0.0
     h[held, held] = 1.0
     return h
+
+
+def _full_curvature(p: Tensor, x: Tensor) -> Tensor:
+    """Σ_n A_n ⊗ x_n x_nᵀ / N `[C K, C K]`, A_n = diag(p_n) - p_n p_nᵀ, for probabilities p
+    `[N, C]` and inputs x `[N, K]`. Both factors are symmetric: one product of their upper
+    triangles, `[C(C+1)/2, N] @ [N, K(K+1)/2]`, a third of the flops of the `[C K, C K]`
+    product of p_n ⊗ x_n (the Newton fits' cost at 10 classes: issue 49)."""
+    (n, c), k = p.shape, x.shape[1]
+    cu = torch.triu_indices(c, c, device=p.device)
+    ku = torch.triu_indices(k, k, device=p.device)
+    pt, xt = p.T.contiguous(), x.T.contiguous()  # rows, not columns, gathered: 3 x faster
+    a = -(pt[cu[0]] * pt[cu[1]])  # [C(C+1)/2, N]
+    a[cu[0] == cu[1]] += pt  # the pairs (c, c), in order of c
+    m = (a @ (xt[ku[0]] * xt[ku[1]]).T) / n
+
+    def pairs(size: int, upper: Tensor) -> Tensor:
+        index = torch.empty(size, size, dtype=torch.long, device=p.device)
+        index[upper[0], upper[1]] = index[upper[1], upper[0]] = torch.arange(upper.shape[1])
+        return index
+
+    pc, pk = pairs(c, cu), pairs(k, ku)
+    return m[pc[:, None, :, None], pk[None, :, None, :]].reshape(c * k, c * k)
 
 
 def _backtrack(
@@ -180,8 +211,6 @@ def _newton(
         if float(grad.abs().max()) <= 1e-10:
             break
         h = _hessian(p, s, pen, full)
-        # a ridge far below the curvature: softmax's flat directions (a constant on every class)
-        h.diagonal().add_(1e-10 * float(h.diagonal().abs().max()) + 1e-300)
         step = torch.linalg.solve(h, grad.reshape(-1)).reshape(theta.shape)
         slope = float((grad * step).sum())
         found = _backtrack(theta, step, slope, value, s, y, pen, full)
@@ -229,8 +258,21 @@ def _curvature(
         # scores' columns correlate (log p̄'s shared normaliser); inverted by `basis`
         lam, Q = basis if basis is not None else score_basis(s)  # `_newton_cg` passes it
         a = (p * (1 - p)).mean(0)
-        inverse = 1.0 / (a[:, None] * lam[None, :] + float(2 * coef.mean()) + 1e-300)
-        return hvp_full, lambda r: (((r @ Q) * inverse) @ Q.T) * live
+        # κ over the entries free (not those held, whose weight is 0), and at least a sliver
+        # of the largest curvature: M stays invertible where E[x xᵀ] is not (N < C) and
+        # nothing is penalised
+        free = live.expand_as(coef)
+        kappa = float(2 * (coef * free).sum() / free.sum().clamp_min(1))
+        kappa = max(kappa, 1e-8 * float(a.max()) * float(lam.max())) + 1e-300
+        inverse = 1.0 / (a[:, None] * lam[None, :] + kappa)
+        if Q.shape[1] == Q.shape[0]:
+            return hvp_full, lambda r: (((r @ Q) * inverse) @ Q.T) * live
+        inverse -= 1.0 / kappa  # E[x xᵀ] of low rank (`score_basis`): κ alone off its span
+
+        def precondition_low_rank(r: Tensor) -> Tensor:
+            return (r / kappa + ((r @ Q) * inverse) @ Q.T) * live
+
+        return hvp_full, precondition_low_rank
     ps = p * s
     pss, pc, pc2 = (ps * s).sum(0) / n, p.sum(0) / n, p.square().sum(0) / n
     psum, ps2, pps = ps.sum(0) / n, ps.square().sum(0) / n, (ps * p).sum(0) / n
@@ -241,11 +283,9 @@ def _curvature(
         b = psum * v[:, 0] + pc * v[:, 1] - p.T @ t
         return (torch.stack([w, b], 1) + 2 * coef * v) * live
 
-    a = pss - ps2 + 2 * coef[:, 0]
-    b = psum - pps
-    c = pc - pc2 + 2 * coef[:, 1]
-    ridge = 1e-10 * float(torch.maximum(a, c).max()) + 1e-300
-    a, c = a + ridge, c + ridge
+    a, b, c = pss - ps2, psum - pps, pc - pc2
+    ridge = 1e-10 * float(torch.maximum(a, c).max()) + 1e-300  # of the data's, as `_hessian`
+    a, c = a + 2 * coef[:, 0] + ridge, c + 2 * coef[:, 1] + ridge
     det = (a * c - b.square()).clamp_min(ridge * ridge)
 
     def precondition(r: Tensor) -> Tensor:
@@ -283,7 +323,11 @@ def score_basis(s: Tensor) -> tuple[Tensor, Tensor]:
     preconditioner (`_curvature`), the same for every fit on these scores."""
     x = torch.cat([s, torch.ones_like(s[:, :1])], 1)
     lam, q = torch.linalg.eigh(x.T @ x / len(s))
-    return lam.clamp_min(0), q
+    # with fewer points than columns (N < C + 1) only the N largest are not 0: the rest
+    # of the space is κ's alone, and the preconditioner's products shrink by (C + 1) / N
+    kept = lam > 1e-10 * float(lam.max())
+    kept[-1] = True
+    return lam[kept].clamp_min(0), q[:, kept]
 
 
 def _newton_cg(
@@ -332,7 +376,8 @@ def minimise(
     """The map θ `[C, K]` minimising NLL + penalty from θ: Newton's method where the Hessian
     is small and cheap to form, truncated Newton otherwise (see the module doc)."""
     size = theta.numel()
-    if size <= NEWTON_MAX and len(s) * size**2 <= NEWTON_FLOPS:
+    limit = NEWTON_MAX if full else min(NEWTON_MAX, DIAGONAL_NEWTON_MAX)
+    if size <= limit and len(s) * size**2 <= NEWTON_FLOPS:
         return _newton(theta, s, y, pen, full, max_iter, tol if tol > DECREMENT_TOL else 0.0)
     return _newton_cg(theta, s, y, pen, full, max_iter, basis, tol)
 
@@ -356,7 +401,8 @@ def diagonal_of(theta: Tensor) -> Tensor:
 def diagonal_part(pen: Penalty) -> Penalty:
     """A full map's penalty `[C, C + 1]` restricted to W's diagonal and b `[C, 2]`."""
     centre = torch.as_tensor(pen.centre).to(pen.coef).expand_as(pen.coef)
-    return Penalty(diagonal_of(pen.coef), diagonal_of(centre), pen.live)
+    live = pen.live if pen.live.shape[1] == 1 else diagonal_of(pen.live)
+    return Penalty(diagonal_of(pen.coef), diagonal_of(centre), live)
 
 
 def fit_affine(

@@ -93,17 +93,21 @@ def strengths_penalty(
     k_diagonal: float, k_off: float | None = None,
 ) -> Penalty:  # fmt: skip
     """The penalty of strengths k (see the module doc) around `centre` θ_T `[C, K]` for a fit
-    on n points; `k_off` None: a diagonal map."""
+    on n points; `k_off` None: a diagonal map. An entry of strength ∞ is held at the centre
+    (`Penalty.live`)."""
     c = centre.shape[0]
-    scale = c / (2 * n)
-    coef = torch.empty_like(centre)
-    coef[:, -1] = k_diagonal * scale * a[1]
+    strength = torch.empty_like(centre)
+    curvature = torch.empty_like(centre)
+    strength[:, -1], curvature[:, -1] = k_diagonal, a[1]
     if k_off is None:
-        coef[:, 0] = k_diagonal * scale * a[0]
+        strength[:, 0], curvature[:, 0] = k_diagonal, a[0]
     else:
-        coef[:, :-1] = k_off * scale * a[2]
-        coef[:, :-1].diagonal().fill_(k_diagonal * scale * a[0])
-    return Penalty(coef, centre, live)
+        strength[:, :-1], curvature[:, :-1] = k_off, a[2]
+        strength[:, :-1].diagonal().fill_(k_diagonal)
+        curvature[:, :-1].diagonal().fill_(a[0])
+    held = torch.isinf(strength)
+    coef = torch.where(held, 0.0, strength * curvature * (c / (2 * n)))
+    return Penalty(coef, centre, live * ~held)
 
 
 def random_folds(n: int, folds: int, device: torch.device) -> list[tuple[Tensor, Tensor]]:
@@ -179,7 +183,6 @@ def fit_auto(
     k_d, fold_maps, cv_d = _path(s, y, splits, starts, diagonal_penalty, False, max_iter, None)
     record: dict[str, Any] = {"temperature": t, "cv_nll_diagonal": cv_d}
     record["k_diagonal"] = None if k_d == math.inf else k_d
-    k_d = 1e12 if k_d == math.inf else k_d  # ∞ as a penalty: held at the centre
     if not full:
         start = torch.stack(fold_maps).mean(0)
         theta = minimise(start, s, y, diagonal_penalty(k_d, live, n), False, max_iter)
