@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from peg._heads import Split, candidates, find_split
-from peg._params import entry_views
+from peg._params import entry_views, runs_channels_last
 from peg.errors import NonFiniteError
 from peg.losses import cross_entropy_per_point, gaussian_nll_per_point
 from peg.methods.perturbation._members import DirectionData
@@ -41,13 +41,18 @@ def draw_batch(gen: torch.Generator, n: int, k: int) -> Tensor:
     return torch.randperm(n, generator=gen)[:k]
 
 
-def gradient_model(model: nn.Module, bn: str) -> nn.Module:
+def gradient_model(model: nn.Module, bn: str, channels_last: bool = False) -> nn.Module:
     """A private copy of `model` in the mode the gradient pass runs in.
 
     The copy shares `model`'s parameters (they are only read: gradients are taken with
     `torch.autograd.grad`) and owns its buffers (bn="batch" moves them, then restores them).
+    `channels_last`: the copy owns its parameters too, laid out channels-last (the faster
+    kernels on the CPU: `peg._params.runs_channels_last`; the gradients are the same entries).
     """
-    work = copy.deepcopy(model, {id(p): p for p in model.parameters()}).eval()
+    if channels_last:
+        work = copy.deepcopy(model).eval().to(memory_format=torch.channels_last)
+    else:
+        work = copy.deepcopy(model, {id(p): p for p in model.parameters()}).eval()
     if bn == "batch":
         for m in work.modules():
             if isinstance(m, nn.modules.batchnorm._BatchNorm):
@@ -85,7 +90,9 @@ class GradientPass:
         reduction: Literal["mean", "sum"],
         bn: str,
     ) -> None:
-        self.work = gradient_model(model, bn)
+        probe, _ = data.rows(torch.arange(min(2, len(data))))
+        self.channels_last = runs_channels_last(model, probe)  # then its inputs are too
+        self.work = gradient_model(model, bn, self.channels_last)
         params = dict(self.work.named_parameters())
         self.names, self.r, self.data, self.K = names, r, data, batch_size
         self.selected = [params[n] for n in names]
@@ -109,6 +116,8 @@ class GradientPass:
         idx = draw_batch(gen, len(self.data), self.K)
         if self.split is None:
             xb, yb = self.data.rows(idx)
+            if self.channels_last:
+                xb = xb.contiguous(memory_format=torch.channels_last)
             outputs = call_model(self.work, xb)  # rows come on the model's device (`ValSource`)
         else:
             features, yb = self._features(self.split, idx)
