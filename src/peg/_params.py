@@ -249,3 +249,17 @@ def runs_channels_last(model: nn.Module, x: Any) -> bool:
         return False
     convs = [m.weight for m in model.modules() if isinstance(m, nn.Conv2d)]
     return bool(convs) and all(w.device.type == "cpu" and w.is_contiguous() for w in convs)
+
+
+@torch.no_grad()
+def to_channels_last(module: nn.Module, x: Tensor) -> bool:
+    """Lay out `module` (a private copy, in eval mode) channels-last, in place, if a forward on
+    two rows of `x` runs so; True then. A model that `.view`s its activations fails on
+    channels-last ones (their strides do not allow the view): it is put back as it was."""
+    module.to(memory_format=torch.channels_last)
+    try:
+        call_model(module, x[:2].contiguous(memory_format=torch.channels_last))
+    except RuntimeError:
+        module.to(memory_format=torch.contiguous_format)
+        return False
+    return True

@@ -58,3 +58,28 @@ def test_channels_last_gradients_are_the_contiguous_ones(monkeypatch, preconditi
     torch.testing.assert_close(fast.directions_[0], plain.directions_[0], rtol=1e-4, atol=1e-6)
     x = val[0][:32]
     torch.testing.assert_close(fast.predict_proba(x), plain.predict_proba(x), rtol=1e-4, atol=1e-6)
+
+
+class _Viewing(nn.Module):
+    """A CNN that `.view`s its activations: channels-last ones cannot be viewed so."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.head = nn.Linear(4 * 12 * 12, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.conv(x))
+        return self.head(h.view(h.shape[0], -1))
+
+
+def test_a_model_that_views_its_activations_runs_as_it_is_held():
+    torch.manual_seed(0)
+    model, val = _Viewing().eval(), _images()
+    with pytest.raises(RuntimeError, match="view"):
+        model.to(memory_format=CL)(val[0][:2].contiguous(memory_format=CL))
+    model.to(memory_format=torch.contiguous_format)
+    fitted = peg.PEG(n_members=3, grad_batch_size=16, progress=False).fit(model, val)
+    assert fitted.eta_ > 0 and fitted.predict_proba(val[0][:4]).shape == (4, 3)
+    target = fitted.members_.search_target(val[0][:8], 8)
+    assert target.inputs.is_contiguous() and target.at(0.01).stacked["conv.weight"].is_contiguous()

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from peg._heads import find_split
-from peg._params import entry_views, refresh_bn, runs_channels_last
+from peg._params import entry_views, refresh_bn, runs_channels_last, to_channels_last
 from peg.ensemble import Ensemble
 from peg.methods.base import FittedEnsemble
 from peg.output import logits_of
@@ -275,9 +275,8 @@ class StackedMembers:
         if len(bases.states) == 1 and bases.bn_batches is None:
             split = find_split(bases.skeleton, set(bases.names), bases.states, X)
         if split is None:
-            if runs_channels_last(bases.skeleton, X):  # the faster kernels (issue 49)
-                bases.own_skeleton.to(memory_format=torch.channels_last)  # the members follow
-                X = X.contiguous(memory_format=torch.channels_last)
+            if runs_channels_last(bases.skeleton, X) and to_channels_last(bases.own_skeleton, X):
+                X = X.contiguous(memory_format=torch.channels_last)  # the members follow
             return SearchTarget(
                 functools.partial(self.ensemble_at, share=True),
                 X,
