@@ -28,15 +28,15 @@ the criterion at any scale costs arithmetic on `[M, N, C]` tensors instead of M 
    scales scored exactly, never an interpolated one.
 
 Points by need (issue 49; for a criterion that is a mean of per-point losses): the scorings
-score the first `Settle.first` scoring points (256 by default). After each scoring, the scale
+score the first `Settle.first` scoring points (384 by default). After each scoring, the scale
 just scored and the best other one are compared on the same points — the mean d̄ of their
 paired per-point differences and its standard error se — and the pair is decided when they
 are separated (|d̄| > z·se, z = 2), tied within what cannot matter (|d̄| + z·se < 0.001
 nats), or when taking the better-looking one costs less than 0.001 nats in expectation
 (`expected_regret`). Until then every scale scored, and the base's outputs, are scored on the
-next chunk too, doubling the points (256, 512, …), up to the cap (`ScaleSearch.exact_points`,
+next chunk too, doubling the points (384, 768, …), up to the cap (`ScaleSearch.exact_points`,
 all N points given); the interpolant is rebuilt on the points scored. A decision on the first
-chunk costs 2 scorings of 256 points instead of 2–3 of 1024; the worst, 2 of the cap. Another
+chunk costs 2 scorings of 384 points instead of 2–3 of 1024; the worst, 2 of the cap. Another
 criterion (ECE, a callable) scores all N points at once.
 
 A diverged scale (non-finite outputs or criterion, on any chunk) scores +inf, is not a node,
