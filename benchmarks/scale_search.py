@@ -11,7 +11,7 @@ and method: the scale chosen, the exact scorings it took, its score minus the re
 standard errors (negative: better than every reference scale, found outside the grid's range),
 and the time to build the ensemble (search included) against one epoch of training the base
 and against fitting temperature scaling — for the surrogate search ("after"; issue 49: at most
-2 scorings on 512 points by need), issue 38's surrogate search (up to 3 scorings on 1024 points)
+2 scorings on 384 points by need), issue 38's surrogate search (up to 3 scorings on 1024 points)
 and the golden search with racing, the default before it ("before"), all timed in this run.
 
 Bases (each trained once and cached under .peg-cache/, shared with `peg bench` where it is a
@@ -26,7 +26,7 @@ the members' mixture NLL). Every number is measured in this run, on this machine
 
 `--exact-points 1024 default` (issues 38 and 49) compares instead search settings (`_setting`:
 an integer N is issue 38's search, up to 3 scorings on the first N scoring points, "1024" the
-default before issue 49; "default" today's, 2 scales on 512 points by need; "key=value,..."
+default before issue 49; "default" today's, 2 scales on 384 points by need; "key=value,..."
 ScaleSearch options), the first against the others:
 PEG-15 and PEP-15 fitted with each, for seeds 0, 1, 2 (`--seeds`), on the `digits` preset and on
 the Fashion-MNIST SmallCNN of benchmarks/peg_fit_overhead.py (one epoch on 10k images) with
