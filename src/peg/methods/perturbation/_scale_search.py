@@ -46,18 +46,12 @@ from peg.source.batches import take_rows
 
 SEARCHES = ("surrogate", "golden")
 SearchMethod = Literal["surrogate", "golden"]
-# The surrogate search's exact scorings, by default (issue 49): at most 2 scales, each scored
-# on the first FIRST_POINTS scoring points (a seeded random subset already), then on twice as
-# many, ..., until the two are decided (`Settle`) or SEARCH_POINTS are scored. An exact scoring
-# costs S forwards of each point: on a Fashion-MNIST CNN with 2,000 validation images, three
-# of them on the 1,000 held-out points were 67% of PEG-15's fit (~12 x temperature
-# scaling's). The quality bar (issue 49): the pooled test NLL of the choice within
-# max(0.002 nats, 5% of the method's gain) of issue 38's 1024-point search's, on every base of
-# benchmarks/scale_search.py (results/benchmarks/scale_search_points.txt): a first chunk of
-# 256 missed it on the over-fitted demo base (PEG-15 +0.0040 against 0.0039), 384 met it. A
-# pair is also decided once taking the better-looking one costs under SETTLE_REGRET nats in
-# expectation (half the bar's floor): on the 1-epoch Fashion-MNIST CNN, where PEG moves the
-# test NLL by < 0.001, its two η were otherwise scored on every held-out point.
+# The surrogate search's defaults (issue 49): at most 2 scales, scored on the first
+# FIRST_POINTS scoring points, then on twice as many, ... up to SEARCH_POINTS, until decided
+# (`Settle`: 2 SE apart, surely within 0.001 nats, or an expected regret < SETTLE_REGRET). The
+# bar: the choice's pooled test NLL within max(0.002, 5% of the gain) of issue 38's 1024-point
+# search's on every base of benchmarks/scale_search.py; a first chunk of 256 missed it on the
+# over-fitted demo base (+0.0040 against 0.0039), 384 met it (scale_search_points.txt).
 SEARCH_POINTS: int | None = 1024
 FIRST_POINTS = 384
 SCORINGS = 2
@@ -104,19 +98,16 @@ class ScaleSearch(Params):
             paired per-point difference d̄ (standard error se) is more than `settle_se`
             standard errors from 0 (separated), or lies within ±`settle_nats` at `settle_se`
             standard errors (a tie that cannot matter), or taking the better-looking one costs
-            less than `settle_regret` in expectation. An exact scoring costs S forwards of
-            each point, so a decision on the first chunk costs 3/8 of scoring 1024 points
-            (256 first points chose a worse η on an over-fitted base, 384 met issue 49's bar:
-            results/benchmarks/scale_search_points.txt). Any other criterion scores
-            `exact_points` at once.
+            less than `settle_regret` in expectation (256 first points chose a worse η on an
+            over-fitted base: results/benchmarks/scale_search_points.txt). Any other
+            criterion scores `exact_points` at once.
         settle_se: the separation in paired standard errors that decides a pair (default 2).
         settle_nats: a pair whose difference is surely below this many nats (of the
             criterion) is a tie (default 0.001).
         settle_regret: a pair is decided once the expected cost of taking the one that looks
             better, se·φ(d̄/se) − |d̄|·Φ(−|d̄|/se) (the true difference taken as
-            N(d̄, se²); `peg.methods.perturbation._surrogate.expected_regret`), is below this
-            many nats (default 0.001, `SETTLE_REGRET`: half the 0.002 nats that issue 49's bar
-            lets the choice cost; 0: the rule of `settle_se` and `settle_nats` alone).
+            N(d̄, se²); `_surrogate.expected_regret`), is below this many nats (default 0.001,
+            half the 0.002 nats issue 49's bar allows; 0: `settle_se`, `settle_nats` alone).
         scorings: "surrogate": the exact scorings at most (default 2; issue 38's search: 3).
         race: "golden" or a list: with criterion "nll" or "brier" (means of per-point losses),
             score each new scale against the best so far on the same points, a growing prefix
@@ -241,17 +232,11 @@ class SearchRun:
     `target.at(scale)` gives the ensemble at a scale (its directions computed once, so a scale
     costs forward passes only; `peg.methods.perturbation._members.SearchTarget`). Two searches:
 
-    - "surrogate" (the default): at most `scorings` (2) exact scorings, guided by the members'
-      outputs interpolated along the scale (`peg.methods.perturbation._surrogate`), on a
-      growing prefix of the scoring points (`first_points`, doubling while the pair is not
-      decided, at most `exact_points`).
-    - "golden": a grid, extended past its edges, then golden section (`select_scale`). A
-      criterion that is a mean of per-point losses ("nll", "brier") is raced (`PairedRace`,
-      `race` > 0) or, with `race=0`, scored batch by batch and stopped once its partial mean
-      exceeds the best so far (`early_stop`); any other criterion is scored on all the points
-      at once.
-
-    A list of scales without refinement (`refine=False`) is scored as in "golden", every one.
+    - "surrogate" (the default): `peg.methods.perturbation._surrogate`, on a growing prefix of
+      the scoring points (`first_points`, doubling while undecided, at most `exact_points`).
+    - "golden", and a list of scales (`refine=False`: every one scored): `select_scale`; a
+      criterion that is a mean of per-point losses is raced (`PairedRace`, `race` > 0) or,
+      with `race=0`, stopped once its partial mean exceeds the best so far (`early_stop`).
 
     Attributes after `run`: `scores` ({scale: criterion}), `points` ({scale: points scored}),
     `stopped` (scales scored on fewer than all the points), `predicted` (the surrogate's
