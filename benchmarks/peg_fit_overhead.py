@@ -18,7 +18,7 @@ the flag `--before`, when the default was 256, then 512, and the extra rows 1024
     OMP_NUM_THREADS=1 python benchmarks/peg_fit_overhead.py --model fashion-mnist --n 2000
     OMP_NUM_THREADS=1 python benchmarks/peg_fit_overhead.py --model fashion-mnist --fewer-points
 
-Issue 49 (points by need: the default search scores 256 held-out points, more only while its
+Issue 49 (points by need: the default search scores 384 held-out points, more only while its
 two scales are undecided, at most 2 scales): `--model demo` is the over-fitted `peg demo`
 Fashion-MNIST base of benchmarks/scale_search.py, fitted on `--n` of its validation split;
 `--issue-38` adds every PEG/PEP row with the search before it (`ScaleSearch(exact_points=1024,

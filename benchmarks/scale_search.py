@@ -11,7 +11,7 @@ and method: the scale chosen, the exact scorings it took, its score minus the re
 standard errors (negative: better than every reference scale, found outside the grid's range),
 and the time to build the ensemble (search included) against one epoch of training the base
 and against fitting temperature scaling — for the surrogate search ("after"; issue 49: at most
-2 scorings on 512 points by need), issue 38's surrogate search (up to 3 scorings on 1024 points)
+2 scorings on 384 points by need), issue 38's surrogate search (up to 3 scorings on 1024 points)
 and the golden search with racing, the default before it ("before"), all timed in this run.
 
 Bases (each trained once and cached under .peg-cache/, shared with `peg bench` where it is a
@@ -26,7 +26,7 @@ the members' mixture NLL). Every number is measured in this run, on this machine
 
 `--exact-points 1024 default` (issues 38 and 49) compares instead search settings (`_setting`:
 an integer N is issue 38's search, up to 3 scorings on the first N scoring points, "1024" the
-default before issue 49; "default" today's, 2 scales on 512 points by need; "key=value,..."
+default before issue 49; "default" today's, 2 scales on 384 points by need; "key=value,..."
 ScaleSearch options), the first against the others:
 PEG-15 and PEP-15 fitted with each, for seeds 0, 1, 2 (`--seeds`), on the `digits` preset and on
 the Fashion-MNIST SmallCNN of benchmarks/peg_fit_overhead.py (one epoch on 10k images) with
@@ -309,8 +309,44 @@ def _setting(token: str) -> ScaleSearch:
     return ScaleSearch(exact_points=int(token), first_points=int(token), scorings=3)
 
 
+def _points_fit(
+    make: type,
+    seed: int,
+    setting: str,
+    name: str,
+    base: nn.Module,
+    val: Any,
+    test: Any,
+    cache: bool,
+) -> dict[str, Any]:
+    """One fit with a search setting: its scale, points scored, fit seconds and per-point test
+    losses. An integer setting (issue 38's search, fixed code) is cached under
+    .peg-cache/scale-search/points/ when `cache`: the reference is fitted once per machine."""
+    path = CACHE / "scale-search" / "points" / f"{name}-{make.__name__}-{seed}-{setting}.pt"
+    if cache and setting.isdigit() and path.exists():
+        return {**torch.load(path), "cached": " (cached)"}
+    start = time.perf_counter()
+    fitted = make(n_members=15, seed=seed, progress=False, search=_setting(setting)).fit(base, val)
+    took = time.perf_counter() - start
+    out = fitted.ensemble_.member_logits(test[0], 512, progress=False)
+    run = {
+        "losses": _point_losses(out, test[1], False),
+        "scale": float(getattr(fitted, f"{make.scale_name}_")),
+        "points": list(fitted.search_points_.values()),
+        "took": took,
+    }
+    if cache and setting.isdigit():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(run, path)
+    return {**run, "cached": ""}
+
+
 def points_main(
-    points: list[str], seeds: list[int], names: list[str], methods: tuple[type, ...] = (PEG, PEP)
+    points: list[str],
+    seeds: list[int],
+    names: list[str],
+    methods: tuple[type, ...] = (PEG, PEP),
+    cache: bool = True,
 ) -> None:
     """The chosen scale's test NLL with each search setting (`_setting`), against the first's."""
     print(f"machine: {machine()}; settings {points}, seeds {seeds}")
@@ -323,19 +359,15 @@ def points_main(
             losses: dict[str, list[Tensor]] = {p: [] for p in points}
             for seed in seeds:
                 for p in points:
-                    start = time.perf_counter()
-                    fitted = make(n_members=15, seed=seed, progress=False,
-                                  search=_setting(p)).fit(base, val)  # fmt: skip
-                    took = time.perf_counter() - start
-                    out = fitted.ensemble_.member_logits(test[0], 512, progress=False)
-                    losses[p].append(_point_losses(out, test[1], False))
+                    run = _points_fit(make, seed, p, name, base, val, test, cache)
+                    losses[p].append(run["losses"])
                     d = losses[p][-1] - losses[points[0]][-1]
                     se = float(d.std()) / math.sqrt(len(d))
-                    scale = getattr(fitted, f"{make.scale_name}_")
-                    scored = "/".join(str(k) for k in fitted.search_points_.values())
+                    scale, took = run["scale"], run["took"]
+                    scored = "/".join(str(k) for k in run["points"])
                     print(f"  {make.__name__}-15 seed {seed} {p:>9}: "
-                          f"{make.scale_name} = {scale:9.3g}  scored {len(fitted.search_)} on "
-                          f"{scored:9}  fit {took:6.2f} s  test NLL "
+                          f"{make.scale_name} = {scale:9.3g}  scored {len(run['points'])} on "
+                          f"{scored:9}  fit {took:6.2f} s{run['cached']} test NLL "
                           f"{float(losses[p][-1].mean()):.4f}  - {points[0]}'s: "
                           f"{float(d.mean()):+.4f} (SE {se:.4f})")  # fmt: skip
             gain = nll - float(torch.stack(losses[points[0]]).mean())
@@ -363,10 +395,17 @@ def main() -> None:
     parser.add_argument(
         "--points-bases", nargs="+", default=["digits", "fashion-mnist-2000", "fashion-mnist-4000"]
     )
+    parser.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="--exact-points: refit an integer setting (issue 38's search) even where its "
+        "result is cached under .peg-cache/scale-search/points/ (a fit's time shows '(cached)' "
+        "when it comes from there)",
+    )
     args = parser.parse_args()
     if args.exact_points:
         methods = tuple({"PEG": PEG, "PEP": PEP}[m] for m in args.methods)
-        points_main(args.exact_points, args.seeds, args.points_bases, methods)
+        points_main(args.exact_points, args.seeds, args.points_bases, methods, not args.no_cache)
         return
     if args.quick:
         args.bases = ["digits"]

@@ -235,3 +235,31 @@ def laid_out_like(stacked: Tensor, like: Tensor | None) -> Tensor:
     strides = (like.numel(), *like.stride())
     out = torch.empty_strided(stacked.shape, strides, dtype=stacked.dtype, device=stacked.device)
     return out.copy_(stacked)
+
+
+def runs_channels_last(model: nn.Module, x: Any) -> bool:
+    """Whether passes of `model` on inputs like `x` should run channels-last although the model
+    is held contiguous: images `[B, C, H, W]` on the CPU through a contiguous 2-d convolution.
+    The CPU's channels-last kernels are the faster ones there (a SmallCNN's forward on 512
+    Fashion-MNIST images: 0.031 s against 0.055 s, its max-pool 4 × faster; a gradient 1.5 ×);
+    a GPU model, a channels-last one, or one without a convolution is run as it is held."""
+    if not (isinstance(x, Tensor) and x.ndim == 4 and x.is_floating_point()):
+        return False
+    if x.device.type != "cpu":
+        return False
+    convs = [m.weight for m in model.modules() if isinstance(m, nn.Conv2d)]
+    return bool(convs) and all(w.device.type == "cpu" and w.is_contiguous() for w in convs)
+
+
+@torch.no_grad()
+def to_channels_last(module: nn.Module, x: Tensor) -> bool:
+    """Lay out `module` (a private copy, in eval mode) channels-last, in place, if a forward on
+    two rows of `x` runs so; True then. A model that `.view`s its activations fails on
+    channels-last ones (their strides do not allow the view): it is put back as it was."""
+    module.to(memory_format=torch.channels_last)
+    try:
+        call_model(module, x[:2].contiguous(memory_format=torch.channels_last))
+    except RuntimeError:
+        module.to(memory_format=torch.contiguous_format)
+        return False
+    return True

@@ -94,14 +94,25 @@ def test_the_search_by_need_is_deterministic_for_a_seed(overfit_mlp, moons_data)
 
 
 def test_the_stopping_rule_is_an_option_recorded_in_a_recipe(overfit_mlp, moons_data):
-    search = peg.ScaleSearch(first_points=50, settle_se=3.0, settle_nats=0.01, scorings=3)
+    search = peg.ScaleSearch(
+        first_points=50, settle_se=3.0, settle_nats=0.01, settle_regret=0.0, scorings=3
+    )
     fitted = peg.PEG(n_members=3, grad_batch_size=32, seed=0, search=search)
     fitted.fit(overfit_mlp, moons_data["val"])
     recorded = fitted._recipe_options()
     assert recorded is not None and {
-        k: recorded["search"][k] for k in ("first_points", "settle_se", "settle_nats", "scorings")
-    } == {"first_points": 50, "settle_se": 3.0, "settle_nats": 0.01, "scorings": 3}
-    for bad in ({"first_points": 0}, {"settle_se": -1.0}, {"scorings": 0}):
+        k: recorded["search"][k]
+        for k in ("first_points", "settle_se", "settle_nats", "settle_regret", "scorings")
+    } == {
+        "first_points": 50, "settle_se": 3.0, "settle_nats": 0.01, "settle_regret": 0.0,
+        "scorings": 3,
+    }  # fmt: skip
+    for bad in (
+        {"first_points": 0},
+        {"settle_se": -1.0},
+        {"settle_regret": -1e-3},
+        {"scorings": 0},
+    ):
         with pytest.raises(ValueError, match=next(iter(bad))):
             peg.PEG(search=peg.ScaleSearch(**bad)).fit(overfit_mlp, moons_data["val"])
 
@@ -160,8 +171,9 @@ def test_a_version_2_recipe_is_read_through_the_old_names():
     assert options == {"n_members": 4}
     assert peg.ScaleSearch(**search).get_params() == {
         "method": "golden", "criterion": "ece", "holdout": 0.0, "max_points": None,
-        "exact_points": 1024, "first_points": 512, "settle_se": 2.0, "settle_nats": 1e-3,
-        "scorings": 2, "race": 0.0, "early_stop": False, "tol": 0.0, "grid": None,
+        "exact_points": 1024, "first_points": 384, "settle_se": 2.0, "settle_nats": 1e-3,
+        "settle_regret": 1e-3, "scorings": 2, "race": 0.0, "early_stop": False, "tol": 0.0,
+        "grid": None,
     }  # fmt: skip
     pep = {"bracket": [1e-3, 1e-1]}
     assert searched_options(pep) == {"grid": [1e-3, pytest.approx(1e-2), 1e-1]}

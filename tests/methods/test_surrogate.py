@@ -13,6 +13,7 @@ from peg.methods.perturbation._criteria import POINT_LOSSES
 from peg.methods.perturbation._surrogate import (
     Interpolant,
     Settle,
+    expected_regret,
     search_range,
     surrogate_search,
 )
@@ -250,6 +251,23 @@ def test_a_difference_surely_below_the_tie_threshold_stops():
     assert Settle().settled(torch.full((8,), 1e-4)) and not Settle(nats=1e-5).settled(
         torch.tensor([1e-4, -1e-4] * 4)
     )
+
+
+def test_the_expected_regret_of_a_choice():
+    assert expected_regret(0.0, 1.0) == pytest.approx(1 / math.sqrt(2 * math.pi))
+    assert expected_regret(2.0, 1.0) == pytest.approx(0.00849, abs=1e-5)
+    assert expected_regret(-2.0, 1.0) == expected_regret(2.0, 1.0)
+    assert expected_regret(0.3, 0.0) == 0.0 and expected_regret(0.0, math.inf) == math.inf
+
+
+def test_a_noisy_tie_that_cannot_cost_stops_on_the_first_chunk():
+    """Per point 0.5 ± 0.01 against 0.5 (issue 49): on 50 points d̄ = 0, se ≈ 0.0014, so the
+    tie is not surely within ±0.001 nats (d̄ + 2 se ≈ 0.003) and the rule without the regret
+    scores every point; taking either costs 0.4 se ≈ 0.0006 nats in expectation."""
+    run, _ = _paired(0.5 + torch.tensor([0.01, -0.01]).repeat(200))
+    assert set(run(settle=Settle(first=50)).points.values()) == {400}
+    assert set(run(settle=Settle(first=50, regret=1e-3)).points.values()) == {50}
+    assert set(run(settle=Settle(first=50, regret=1e-4)).points.values()) == {400}
 
 
 def test_the_default_search_scores_at_most_two_scales():

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from peg._heads import Split, candidates, find_split
-from peg._params import entry_views
+from peg._params import entry_views, runs_channels_last, to_channels_last
 from peg.errors import NonFiniteError
 from peg.losses import cross_entropy_per_point, gaussian_nll_per_point
 from peg.methods.perturbation._members import DirectionData
@@ -41,13 +41,27 @@ def draw_batch(gen: torch.Generator, n: int, k: int) -> Tensor:
     return torch.randperm(n, generator=gen)[:k]
 
 
-def gradient_model(model: nn.Module, bn: str) -> nn.Module:
-    """A private copy of `model` in the mode the gradient pass runs in.
+def gradient_model(model: nn.Module, bn: str, probe: Any = None) -> tuple[nn.Module, bool]:
+    """A private copy of `model` in the mode the gradient pass runs in, and whether it runs
+    channels-last.
 
     The copy shares `model`'s parameters (they are only read: gradients are taken with
     `torch.autograd.grad`) and owns its buffers (bn="batch" moves them, then restores them).
+    Where `peg._params.runs_channels_last` says so for inputs like `probe` (a contiguous CNN on
+    the CPU: the faster kernels there), the copy owns its parameters too, laid out
+    channels-last, if a forward on the probe runs so (`to_channels_last`); the gradients are
+    the same entries, up to rounding.
     """
+    if probe is not None and runs_channels_last(model, probe):
+        work = copy.deepcopy(model).eval()
+        if to_channels_last(work, probe):
+            return _batch_norm_mode(work, bn), True
     work = copy.deepcopy(model, {id(p): p for p in model.parameters()}).eval()
+    return _batch_norm_mode(work, bn), False
+
+
+def _batch_norm_mode(work: nn.Module, bn: str) -> nn.Module:
+    """bn="batch": BatchNorm layers in train mode (batch statistics), the rest in eval mode."""
     if bn == "batch":
         for m in work.modules():
             if isinstance(m, nn.modules.batchnorm._BatchNorm):
@@ -85,7 +99,8 @@ class GradientPass:
         reduction: Literal["mean", "sum"],
         bn: str,
     ) -> None:
-        self.work = gradient_model(model, bn)
+        probe, _ = data.rows(torch.arange(min(2, len(data))))
+        self.work, self.channels_last = gradient_model(model, bn, probe)  # then inputs are too
         params = dict(self.work.named_parameters())
         self.names, self.r, self.data, self.K = names, r, data, batch_size
         self.selected = [params[n] for n in names]
@@ -109,6 +124,8 @@ class GradientPass:
         idx = draw_batch(gen, len(self.data), self.K)
         if self.split is None:
             xb, yb = self.data.rows(idx)
+            if self.channels_last:
+                xb = xb.contiguous(memory_format=torch.channels_last)
             outputs = call_model(self.work, xb)  # rows come on the model's device (`ValSource`)
         else:
             features, yb = self._features(self.split, idx)

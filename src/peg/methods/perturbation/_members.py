@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from peg._heads import find_split
-from peg._params import entry_views, refresh_bn
+from peg._params import entry_views, refresh_bn, runs_channels_last, to_channels_last
 from peg.ensemble import Ensemble
 from peg.methods.base import FittedEnsemble
 from peg.output import logits_of
@@ -265,7 +265,9 @@ class StackedMembers:
         after a fixed trunk (`peg._heads.find_split`, checked on X): the heads alone at each
         scale (the members' head entries, computed as `ensemble_at`'s), and the trunk's
         features of X, computed once, `batch_size` rows at a time. Otherwise `ensemble_at`
-        and X themselves.
+        and X themselves, channels-last where the CPU runs that faster
+        (`peg._params.runs_channels_last`: the members and X laid out so, the search's own
+        skeleton too; the fitted ensemble keeps the model's layout).
         """
         bases = self.bases
         member_base = [r for r in range(len(bases.states)) for _ in bases.kept(r)]
@@ -273,6 +275,8 @@ class StackedMembers:
         if len(bases.states) == 1 and bases.bn_batches is None:
             split = find_split(bases.skeleton, set(bases.names), bases.states, X)
         if split is None:
+            if runs_channels_last(bases.skeleton, X) and to_channels_last(bases.own_skeleton, X):
+                X = X.contiguous(memory_format=torch.channels_last)  # the members follow
             return SearchTarget(
                 functools.partial(self.ensemble_at, share=True),
                 X,

@@ -180,8 +180,10 @@ class PerturbationEnsemble(FittedEnsemble):
     def _expressible(self) -> bool:
         """Whether a recipe can rebuild this ensemble: no callable (`params`, the criterion), no
         training data (bn="refresh"); PEG adds its own conditions."""
-        return not callable(self.params) and self.bn != "refresh" and (
-            self._search().recorded() is not None
+        return (
+            not callable(self.params)
+            and self.bn != "refresh"
+            and (self._search().recorded() is not None)
         )
 
     def _recipe_options(self) -> dict[str, Any] | None:

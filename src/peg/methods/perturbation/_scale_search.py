@@ -46,18 +46,16 @@ from peg.source.batches import take_rows
 
 SEARCHES = ("surrogate", "golden")
 SearchMethod = Literal["surrogate", "golden"]
-# The surrogate search's exact scorings, by default (issue 49): at most 2 scales, each scored
-# on the first FIRST_POINTS scoring points (a seeded random subset already), then on twice as
-# many, ..., until the two are decided (`Settle`) or SEARCH_POINTS are scored. An exact scoring
-# costs S forwards of each point: on a Fashion-MNIST CNN with 2,000 validation images, three
-# of them on the 1,000 held-out points were 67% of PEG-15's fit (~12 x temperature
-# scaling's). The quality bar (issue 49): the pooled test NLL of the choice within
-# max(0.002 nats, 5% of the method's gain) of issue 38's 1024-point search's, on every base of
-# benchmarks/scale_search.py; a first chunk of 256 missed it on the over-fitted demo base
-# (PEG-15 +0.0040 against 0.0039), 512 met it (results/benchmarks/scale_search_points.txt).
+# The surrogate search's defaults (issue 49): at most 2 scales, scored on the first
+# FIRST_POINTS scoring points, then on twice as many, ... up to SEARCH_POINTS, until decided
+# (`Settle`: 2 SE apart, surely within 0.001 nats, or an expected regret < SETTLE_REGRET). The
+# bar: the choice's pooled test NLL within max(0.002, 5% of the gain) of issue 38's 1024-point
+# search's on every base of benchmarks/scale_search.py; a first chunk of 256 missed it on the
+# over-fitted demo base (+0.0040 against 0.0039), 384 met it (scale_search_points.txt).
 SEARCH_POINTS: int | None = 1024
-FIRST_POINTS = 512
+FIRST_POINTS = 384
 SCORINGS = 2
+SETTLE_REGRET = 1e-3
 # Default cap on the points a scale is scored on: a larger validation set costs no more to search
 MAX_SCORE_POINTS = 10_000
 
@@ -75,7 +73,7 @@ class ScaleSearch(Params):
             best scale scored exactly (`peg.methods.perturbation._surrogate`). Its scorings
             score points by need: the first `first_points` scoring points, then twice as many,
             … up to `exact_points`, until the scale just scored and the best other are
-            decided (`settle_se`, `settle_nats`). "golden":
+            decided (`settle_se`, `settle_nats`, `settle_regret`). "golden":
             the grid, extended past its edges, then golden section, raced (`race`,
             `early_stop`, `tol`; `peg.methods.perturbation._golden`); 12–15 scorings. A list of
             scales is always scored one by one, as "golden" scores its grid.
@@ -94,18 +92,22 @@ class ScaleSearch(Params):
             seeded random subset of the held-out points; default 1024, `SEARCH_POINTS`; None:
             every scoring point, up to `max_points`).
         first_points: "surrogate" with criterion "nll" or "brier": its scorings score the
-            first this many scoring points (default 512, `FIRST_POINTS`), then the scales
+            first this many scoring points (default 384, `FIRST_POINTS`), then the scales
             scored so far are scored on twice as many, and so on up to `exact_points`, until
             the stopping rule decides the scale just scored against the best other: their mean
-            paired per-point difference is more than `settle_se` standard errors from 0
-            (separated), or lies within ±`settle_nats` at `settle_se` standard errors (a tie
-            that cannot matter). An exact scoring costs S forwards of each point, so a clear
-            decision costs half of scoring 1024 points (256 first points chose a worse η on
-            an over-fitted base: results/benchmarks/scale_search_points.txt). Any other
+            paired per-point difference d̄ (standard error se) is more than `settle_se`
+            standard errors from 0 (separated), or lies within ±`settle_nats` at `settle_se`
+            standard errors (a tie that cannot matter), or taking the better-looking one costs
+            less than `settle_regret` in expectation (256 first points chose a worse η on an
+            over-fitted base: results/benchmarks/scale_search_points.txt). Any other
             criterion scores `exact_points` at once.
         settle_se: the separation in paired standard errors that decides a pair (default 2).
         settle_nats: a pair whose difference is surely below this many nats (of the
             criterion) is a tie (default 0.001).
+        settle_regret: a pair is decided once the expected cost of taking the one that looks
+            better, se·φ(d̄/se) − |d̄|·Φ(−|d̄|/se) (the true difference taken as
+            N(d̄, se²); `_surrogate.expected_regret`), is below this many nats (default 0.001,
+            half the 0.002 nats issue 49's bar allows; 0: `settle_se`, `settle_nats` alone).
         scorings: "surrogate": the exact scorings at most (default 2; issue 38's search: 3).
         race: "golden" or a list: with criterion "nll" or "brier" (means of per-point losses),
             score each new scale against the best so far on the same points, a growing prefix
@@ -137,6 +139,7 @@ class ScaleSearch(Params):
         "first_points": positive_int(),
         "settle_se": number(allow_zero=True),
         "settle_nats": number(allow_zero=True),
+        "settle_regret": number(allow_zero=True),
         "scorings": positive_int(),
         "race": number(allow_zero=True),
         "early_stop": boolean(),
@@ -155,6 +158,7 @@ class ScaleSearch(Params):
         first_points: int = FIRST_POINTS,
         settle_se: float = 2.0,
         settle_nats: float = 1e-3,
+        settle_regret: float = SETTLE_REGRET,
         scorings: int = SCORINGS,
         race: float = 3.0,
         early_stop: bool = True,
@@ -228,17 +232,11 @@ class SearchRun:
     `target.at(scale)` gives the ensemble at a scale (its directions computed once, so a scale
     costs forward passes only; `peg.methods.perturbation._members.SearchTarget`). Two searches:
 
-    - "surrogate" (the default): at most `scorings` (2) exact scorings, guided by the members'
-      outputs interpolated along the scale (`peg.methods.perturbation._surrogate`), on a
-      growing prefix of the scoring points (`first_points`, doubling while the pair is not
-      decided, at most `exact_points`).
-    - "golden": a grid, extended past its edges, then golden section (`select_scale`). A
-      criterion that is a mean of per-point losses ("nll", "brier") is raced (`PairedRace`,
-      `race` > 0) or, with `race=0`, scored batch by batch and stopped once its partial mean
-      exceeds the best so far (`early_stop`); any other criterion is scored on all the points
-      at once.
-
-    A list of scales without refinement (`refine=False`) is scored as in "golden", every one.
+    - "surrogate" (the default): `peg.methods.perturbation._surrogate`, on a growing prefix of
+      the scoring points (`first_points`, doubling while undecided, at most `exact_points`).
+    - "golden", and a list of scales (`refine=False`: every one scored): `select_scale`; a
+      criterion that is a mean of per-point losses is raced (`PairedRace`, `race` > 0) or,
+      with `race=0`, stopped once its partial mean exceeds the best so far (`early_stop`).
 
     Attributes after `run`: `scores` ({scale: criterion}), `points` ({scale: points scored}),
     `stopped` (scales scored on fewer than all the points), `predicted` (the surrogate's
@@ -262,7 +260,9 @@ class SearchRun:
         self.method, self.batch_size = options.method, batch_size
         self.early_stop, self.tol = options.early_stop, options.tol
         self.exact_points, self.scorings = options.exact_points, options.scorings
-        self.settle = Settle(options.first_points, options.settle_se, options.settle_nats)
+        self.settle = Settle(
+            options.first_points, options.settle_se, options.settle_nats, options.settle_regret
+        )
         criterion, race = options.criterion, options.race
         regression = is_regression(self.y)
         table = REGRESSION_CRITERIA if regression else CRITERIA
