@@ -46,7 +46,7 @@ def test_every_method_near_the_truth_without_shift(fitted):
     for key, value in e.estimates.items():
         assert abs(value - _truth(X, y)) < 0.045, key  # sampling: 1500 source, 3000 target
     lo, hi = e.interval
-    assert 0 <= lo <= e.accuracy <= hi <= 1 and e.method == "auto" and e.n == 3000
+    assert 0 <= lo <= e.accuracy <= hi <= 1 and e.method == "auto (gate)" and e.n == 3000
     assert set(e.to_dict()) >= {"accuracy", "interval", "method", "n", "estimates", "priors"}
 
 
