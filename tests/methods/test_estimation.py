@@ -151,6 +151,15 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str
     ),
     (
         "PerformanceEstimator",
+        "shifted sets (auto's learned mode) of another class count",
+        lambda: peg.PerformanceEstimator().fit(
+            *_sample(50, 5), shifted=[("fog 1", np.zeros((10, 3), np.float32), np.zeros(10))]
+        ),
+        ValueError,
+        r"shifted: expected \(name, logits \[n, 5\], labels \[n\]\) triples, item 0",
+    ),
+    (
+        "PerformanceEstimator",
         "an empty target",
         lambda: _small().estimate(np.zeros((0, C), np.float32)),
         ValueError,
