@@ -160,6 +160,16 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str
     ),
     (
         "PerformanceEstimator",
+        "shift_points > 0 with images outside [0, 1] (the corruptions' range)",
+        lambda: peg.PerformanceEstimator(shift_points=10).fit(
+            nn.Sequential(nn.Flatten(), nn.Linear(16, C)),
+            (torch.full((30, 1, 4, 4), 2.0), torch.arange(30) % C),
+        ),
+        ValueError,
+        r"val: shift_points > 0 corrupts val's images, which must be in \[0, 1\]",
+    ),
+    (
+        "PerformanceEstimator",
         "an empty target",
         lambda: _small().estimate(np.zeros((0, C), np.float32)),
         ValueError,

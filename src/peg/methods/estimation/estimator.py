@@ -145,6 +145,8 @@ class PerformanceEstimator(Params):
         if len(y) < 20:
             raise ValueError(f"val: {len(y)} labelled points are too few (at least 20)")
         sets = None if shifted is None else _check_shifted(shifted, scores.shape[1])
+        if sets is None and int(self.shift_points) > 0:
+            _check_range(_images(val))
         self.predictor_ = predictor
         self.n_classes_ = scores.shape[1]
         self.temperature_ = fit_temperature(scores.cpu(), y, label=None)
@@ -294,6 +296,18 @@ def _images(val: Any) -> Tensor | None:
     if isinstance(X, Tensor) and X.ndim == 4 and X.shape[1] in (1, 3) and X.is_floating_point():
         return X
     return None
+
+
+def _check_range(images: Tensor | None) -> None:
+    """The corruptions take images in [0, 1]: one clear error before any long work."""
+    if images is None or len(images) == 0:
+        return
+    lo, hi = float(images.min()), float(images.max())
+    if not (lo >= 0.0 and hi <= 1.0):  # NaN fails too
+        raise ValueError(
+            f"val: shift_points > 0 corrupts val's images, which must be in [0, 1] "
+            f"(peg.data.corruptions), got range [{lo}, {hi}]; pass shift_points=0 or shifted="
+        )
 
 
 def _corruptions(channels: int) -> tuple[str, ...]:
