@@ -46,7 +46,7 @@ def test_every_method_near_the_truth_without_shift(fitted):
     for key, value in e.estimates.items():
         assert abs(value - _truth(X, y)) < 0.045, key  # sampling: 1500 source, 3000 target
     lo, hi = e.interval
-    assert 0 <= lo <= e.accuracy <= hi <= 1 and e.method == "auto" and e.n == 3000
+    assert 0 <= lo <= e.accuracy <= hi <= 1 and e.method == "auto (gate)" and e.n == 3000
     assert set(e.to_dict()) >= {"accuracy", "interval", "method", "n", "estimates", "priors"}
 
 
@@ -148,6 +148,25 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str
         lambda: peg.PerformanceEstimator().fit(*_sample(10, 5)),
         ValueError,
         "val: 10 labelled points are too few",
+    ),
+    (
+        "PerformanceEstimator",
+        "shifted sets (auto's learned mode) of another class count",
+        lambda: peg.PerformanceEstimator().fit(
+            *_sample(50, 5), shifted=[("fog 1", np.zeros((10, 3), np.float32), np.zeros(10))]
+        ),
+        ValueError,
+        r"shifted: expected \(name, logits \[n, 5\], labels \[n\]\) triples, item 0",
+    ),
+    (
+        "PerformanceEstimator",
+        "shift_points > 0 with images outside [0, 1] (the corruptions' range)",
+        lambda: peg.PerformanceEstimator(shift_points=10).fit(
+            nn.Sequential(nn.Flatten(), nn.Linear(16, C)),
+            (torch.full((30, 1, 4, 4), 2.0), torch.arange(30) % C),
+        ),
+        ValueError,
+        r"val: shift_points > 0 corrupts val's images, which must be in \[0, 1\]",
     ),
     (
         "PerformanceEstimator",

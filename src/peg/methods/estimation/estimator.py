@@ -29,7 +29,7 @@ from peg.methods._predictors import (
 from peg.methods.base import Params, store_arguments
 from peg.methods.calibration._calibrator import scores_of
 from peg.methods.calibration.temperature import fit_temperature
-from peg.methods.estimation import _shifts
+from peg.methods.estimation import _learned, _shifts
 from peg.methods.estimation._stats import Summary
 from peg.methods.estimation.estimators import ESTIMATORS, Estimator, SourceFit, Target, estimates
 from peg.metrics._inputs import check_labels
@@ -87,6 +87,10 @@ class PerformanceEstimator(Params):
         seed: the halves, the synthetic shifts, the reservoir and the subsample.
         all_methods: also fit and report every other estimator in `Estimate.estimates` (and
             calibrate its width): what a comparison needs; the chosen one alone is cheaper.
+        shift_points: "auto" learns from corrupted copies of this many source images when
+            `fit` is given a model and images `(X [N, 1 or 3, H, W], y)` (`_learned`; the rest
+            of the source fits the base estimators it combines). 0 (the default): never, "auto"
+            is the gate (learning won on Fashion-MNIST, tied on CIFAR-10: docs/monitor.md).
 
     After `fit`: `temperature_`, `source_accuracy_`, `widths_` (each method's half-width),
     `synthetic_errors_` (each method's errors on the synthetic shifts), `energy_threshold_`,
@@ -102,6 +106,7 @@ class PerformanceEstimator(Params):
         "batch_fn": checks.optional_callable("a function batch -> (inputs, labels)"),
         "seed": checks.positive_int(0),
         "all_methods": checks.boolean(),
+        "shift_points": checks.positive_int(0),
     }
 
     def __init__(
@@ -115,13 +120,20 @@ class PerformanceEstimator(Params):
         batch_fn: BatchFn | None = None,
         seed: int = 0,
         all_methods: bool = False,
+        shift_points: int = 0,
     ) -> None:
         store_arguments(self, locals())
 
     # ---------------------------------------------------------------- fitting
-    def fit(self, predictor: Any, val: Data | None = None) -> PerformanceEstimator:
+    def fit(
+        self, predictor: Any, val: Data | None = None, *, shifted: Iterable | None = None
+    ) -> PerformanceEstimator:
         """Fit on labelled source data: a model (or peg predictor) and `val`, or saved logits
-        `[N, C]` and their labels `[N]`. Returns self."""
+        `[N, C]` and their labels `[N]`. "auto" learns from shifted copies of the source:
+        corrupted copies of `shift_points` of val's images when given a model and images (19
+        corruptions × 5 severities: the fit then costs ~100 forward passes over them), or
+        `shifted`, (name, logits `[n, C]`, labels `[n]`) triples of labelled points NOT in
+        val (name "clean" or "<corruption> <severity>", `_learned.FAMILIES`). Returns self."""
         self._check_params()
         predictor, val = read_predictor(predictor, val)
         if val is None:
@@ -132,6 +144,9 @@ class PerformanceEstimator(Params):
         y = check_labels(y, *scores.shape, name="val labels").cpu()
         if len(y) < 20:
             raise ValueError(f"val: {len(y)} labelled points are too few (at least 20)")
+        sets = None if shifted is None else _check_shifted(shifted, scores.shape[1])
+        if sets is None and int(self.shift_points) > 0:
+            _check_range(_images(val))
         self.predictor_ = predictor
         self.n_classes_ = scores.shape[1]
         self.temperature_ = fit_temperature(scores.cpu(), y, label=None)
@@ -143,7 +158,39 @@ class PerformanceEstimator(Params):
         self.widths_ = {k: _shifts.half_width(v, self.confidence) for k, v in errors.items()}
         lse = free_energy_lse(logits).cpu().numpy()
         self.energy_threshold_ = float(np.quantile(lse, OOD_QUANTILE))
+        if "auto" in self.fitted_:
+            self._learn(scores.cpu(), y, val, sets)
         return self
+
+    def _learn(self, scores: Tensor, y: Tensor, val: Any, sets: list | None) -> None:
+        """auto's learned mode (`_learned`), from `sets` or corrupted copies of val's images;
+        left in its gate mode when there are neither."""
+        t, seed = self.temperature_, int(self.seed)
+        source = self.source_
+        if sets is None:
+            images = _images(val)
+            m = min(int(self.shift_points), len(y) // 2)
+            if images is None or m < 10:
+                return
+            order = np.random.default_rng(seed).permutation(len(y))
+            sub, rest = torch.from_numpy(order[:m]), torch.from_numpy(order[m:])
+            source = SourceFit(
+                (scores[rest] / t).log_softmax(-1), y[rest], source.transport_points, seed
+            )
+            size, split = int(self.batch_size), check_batch_fn(self.batch_fn)
+
+            def predict(X: Tensor) -> Tensor:
+                logits = member_logits_of(self.predictor_, X, size, split)
+                return scores_of(logits, "log_probs", "val").cpu()
+
+            names = _corruptions(images.shape[1])
+            idx = sub.to(images.device)
+            sets = list(_learned.corrupted_sets(predict, images[idx], y[sub], names, seed))
+        calibrated = [(n, (s / t).log_softmax(-1), labels) for n, s, labels in sets]
+        learned = _learned.Learned(source, int(self.reservoir), seed)
+        learned.fit(_learned.training_sets(calibrated, seed))
+        self.fitted_["auto"].learn(learned)
+        self.widths_["auto"] = _shifts.half_width(learned.errors_, self.confidence)
 
     def _fit_all(self, scores: Tensor, y: Tensor, temperature: float | None = None) -> dict:
         t = self.temperature_ if temperature is None else temperature
@@ -214,13 +261,16 @@ class PerformanceEstimator(Params):
         target = Target(summary, self.source_)
         values = estimates(self.fitted_, target)
         accuracy = values[self.method]
+        method = self.method
+        if method == "auto":
+            method = f"auto ({self.fitted_['auto'].mode})"
         lo, hi = _shifts.interval(
             accuracy, self.widths_[self.method], summary.n, float(self.confidence)
         )
         return Estimate(
             accuracy=accuracy,
             interval=(lo, hi),
-            method=self.method,
+            method=method,
             confidence=float(self.confidence),
             n=summary.n,
             estimates=values,
@@ -238,3 +288,59 @@ class PerformanceEstimator(Params):
     def estimators_(self) -> dict[str, Estimator]:
         self._check_fitted()
         return dict(self.fitted_)
+
+
+def _images(val: Any) -> Tensor | None:
+    """val's inputs when they are images `[N, 1 or 3, H, W]` (a pair of tensors), else None."""
+    X = val[0] if isinstance(val, (tuple, list)) and len(val) == 2 else None
+    if isinstance(X, Tensor) and X.ndim == 4 and X.shape[1] in (1, 3) and X.is_floating_point():
+        return X
+    return None
+
+
+def _check_range(images: Tensor | None) -> None:
+    """The corruptions take images in [0, 1]: one clear error before any long work."""
+    if images is None or len(images) == 0:
+        return
+    lo, hi = float(images.min()), float(images.max())
+    if not (lo >= 0.0 and hi <= 1.0):  # NaN fails too
+        raise ValueError(
+            f"val: shift_points > 0 corrupts val's images, which must be in [0, 1] "
+            f"(peg.data.corruptions), got range [{lo}, {hi}]; pass shift_points=0 or shifted="
+        )
+
+
+def _corruptions(channels: int) -> tuple[str, ...]:
+    from peg.data import corruptions as cc
+
+    return cc.applicable(channels)
+
+
+def _check_shifted(shifted: Iterable, classes: int) -> list[tuple[str, Tensor, Tensor]]:
+    """`shifted` as (name, scores `[n, C]` float64 log p, labels `[n]`) triples, or one
+    ValueError naming it."""
+    expected = f"(name, logits [n, {classes}], labels [n]) triples"
+    sets = []
+    for i, item in enumerate(shifted):
+        if not (isinstance(item, (tuple, list)) and len(item) == 3 and isinstance(item[0], str)):
+            raise ValueError(f"shifted: expected {expected}, item {i} is not one")
+        name, logits, labels = item
+        logits = torch.as_tensor(logits)
+        if logits.ndim != 2 or logits.shape[1] != classes or len(logits) == 0:
+            raise ValueError(
+                f"shifted: expected {expected}, item {i} ({name!r}) has logits of shape "
+                f"{tuple(logits.shape)}"
+            )
+        scores = scores_of(logits[None], "log_probs", f"shifted[{i}]").cpu()
+        sets.append(
+            (
+                name,
+                scores,
+                check_labels(
+                    torch.as_tensor(labels), *scores.shape, name=f"shifted[{i}] labels"
+                ).cpu(),
+            )
+        )
+    if not sets:
+        raise ValueError(f"shifted: expected {expected}, got none")
+    return sets

@@ -36,7 +36,7 @@ model's own argmax prediction (temperature scaling does not move it).
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import torch
@@ -114,6 +114,12 @@ class Target:
         (Σ_c q_c · the source's mean top probability of class c, q EM's priors): near 0 when
         a label shift explains the target, below it when the inputs changed."""
         return float(self.confidence - self.priors @ self.source.class_confidence)
+
+
+class Learner(Protocol):
+    """What auto's learned mode reads a target with (`_learned.Learned`)."""
+
+    def estimate(self, summary: Summary) -> float: ...
 
 
 class Estimator:
@@ -212,23 +218,27 @@ class COTEM(Estimator):
 
 
 class Auto(Estimator):
-    """peg's default: a gate between two estimators, each right where the other's assumption
-    fails. The gate reads the label-shift gap g (`Target.label_shift_gap`): the target's mean
-    confidence minus the one a pure label shift to EM's priors would give.
-    - |g| small (label shift explains the target): mean("ac", "atc-ls"), AC and ATC-MC with
-      its threshold reweighted by EM's priors (under label shift AC and ATC-LS hold);
-    - |g| large (the inputs changed): max("cot", "cot-em"), the transport cost to the source's
-      label marginal or to EM's (COT sees the confident collapse of predictions that the
+    """peg's default. Two modes, named by `mode` (and in `Estimate.method`):
+
+    - "learned", when `learn` was given shifted copies of the source (`_learned`: fit on a
+      model and images, or `shifted=` sets): `Combiner` maps the base estimates (`FEATURES`)
+      and the label-shift gap to the accuracy, learned on those copies, whose true accuracy is
+      known. Assumes the target's shift resembles some of them (see `_learned`).
+    - "gate", from logits alone: a gate between two estimators, each right where the other's
+      assumption fails. The gate reads the label-shift gap g (`Target.label_shift_gap`): the
+      target's mean confidence minus the one a pure label shift to EM's priors would give.
+      |g| small (label shift explains the target): mean("ac", "atc-ls"); |g| large (the inputs
+      changed): max("cot", "cot-em") (COT sees the confident collapse of predictions that the
       confidence-based estimators miss; with EM's marginal it does not charge a label shift
-      as error; the max: each errs low when its marginal is wrong).
-    Between: linear in |g| from δ to 2δ, δ = `GATE` × the largest |g| over the source's
-    synthetic label shifts (`_shifts.shifted_sets`: the second half of the source resampled
-    to Dirichlet(1) priors, read against the first), i.e. the gap's own noise under a pure
-    label shift. Everything here was chosen on the synthetic shifts of the source only
-    (mean |error| over them, on both data sets of `benchmarks/label_free.py`), none of the
-    benchmark's target sets; the benchmark's figures and the candidates measured are in
-    docs/monitor.md. A label shift that looks like a collapse (or the reverse) fools the
-    gate: without labels the two are not told apart by the predictions alone.
+      as error; the max: each errs low when its marginal is wrong). Between: linear in |g|
+      from δ to 2δ, δ = `GATE` × the largest |g| over the source's synthetic label shifts
+      (`_shifts.shifted_sets`), i.e. the gap's own noise under a pure label shift. A label
+      shift that looks like a collapse (or the reverse) fools the gate: without labels the
+      two are not told apart by the predictions alone.
+    Everything here was chosen on shifts of the source only (synthetic ones for the gate,
+    corrupted copies for the learned mode, scored leave-one-corruption-family-out), none of
+    the benchmark's target sets; the figures and the candidates measured are in
+    docs/monitor.md.
     """
 
     key = "auto"
@@ -243,13 +253,24 @@ class Auto(Estimator):
         keys = {k for branch in self.branches for k in branch}
         self.members = {k: ESTIMATORS[k]().fit(source) for k in sorted(keys)}
         self.delta = max(GATE * synthetic_gap(source), 1e-3)
+        self.learned: Learner | None = None
         return self
 
+    @property
+    def mode(self) -> str:
+        return "gate" if self.learned is None else "learned"
+
+    def learn(self, learned: Learner) -> None:
+        """Switch to the learned mode (`_learned.Learned`, fitted on shifted source copies)."""
+        self.learned = learned
+
     def weight(self, target: Target) -> float:
-        """The covariate branch's weight in [0, 1]."""
+        """The gate's covariate-branch weight in [0, 1]."""
         return float(np.clip(abs(target.label_shift_gap) / self.delta - 1.0, 0.0, 1.0))
 
     def estimate(self, target: Target) -> float:
+        if self.learned is not None:
+            return self.learned.estimate(target.summary)
         w, value = self.weight(target), 0.0
         label, covariate = self.branches
         if w < 1:  # the transports are computed only when the covariate branch counts

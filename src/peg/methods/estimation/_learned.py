@@ -1,0 +1,197 @@
+"""auto's learned combination: the base estimates read on shifted copies of the source.
+
+When `PerformanceEstimator.fit` is given a model and images (or shifted sets of its own, as
+`shifted=`), the source's validation points are read under known shifts, whose true accuracy
+is known: corrupted copies of a subsample of the images (`corrupted_sets`: peg's own
+corruptions, `peg.data.corruptions`, severities 1-5), each also resampled to Dirichlet class
+priors (corruption + label shift), and the clean subsample resampled likewise (label shift
+alone, `training_sets`). On each set the base estimators, fitted on the source points NOT in
+the subsample (so every training set is out of sample, as a deployed target is), give a
+feature vector (`features`); `Combiner` learns the accuracy from it.
+
+A learned estimate is only as good as the shifts it learned from: a target shifted unlike any
+of them (another kind of corruption, a shift in p(y | x)) can be far off, which is why the
+benchmark scores it only on corruption families it never saw (`FAMILIES`,
+`benchmarks/label_free.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from peg.methods.estimation._stats import Summary
+from peg.methods.estimation.estimators import ESTIMATORS, Auto, SourceFit, Target
+
+#: CIFAR-10-C's four families (Hendrycks & Dietterich 2019), peg's extra corruptions placed by
+#: kind: what a leave-one-family-out score holds out together
+FAMILIES: dict[str, str] = {
+    **dict.fromkeys(("gaussian_noise", "shot_noise", "impulse_noise", "speckle_noise"), "noise"),
+    **dict.fromkeys(
+        ("defocus_blur", "glass_blur", "motion_blur", "zoom_blur", "gaussian_blur", "box_blur"),
+        "blur",
+    ),
+    **dict.fromkeys(("snow", "frost", "fog", "spatter"), "weather"),
+    **dict.fromkeys(
+        ("contrast", "brightness", "saturate", "elastic_transform", "pixelate", "jpeg_compression"),
+        "digital",
+    ),
+}
+SEVERITIES = (1, 2, 3, 4, 5)
+#: the Dirichlet concentrations of the resampled copies, taken in turn
+ALPHAS = (0.3, 1.0)
+LABEL_SHIFTS = 12
+#: the base estimates the combiner reads (with the label-shift gap, its size and the
+#: normalised entropies of EM's priors and of the predicted classes)
+FEATURES = ("ac", "doc", "atc-mc", "atc-ne", "label-shift", "cot", "cott", "atc-ls", "cot-em")
+
+ShiftedSet = tuple[str, Tensor, Tensor]  # (name, log-probabilities or logits [n, C], labels [n])
+
+
+def family(name: str) -> str:
+    """The corruption family of a set named "<corruption>…" ("other" when none is known)."""
+    return next((f for c, f in FAMILIES.items() if name.startswith(c)), "other")
+
+
+def corrupted_sets(
+    predict: Callable[[Tensor], Tensor],
+    X: Tensor,
+    y: Tensor,
+    corruptions: Iterable[str],
+    seed: int,
+) -> Iterator[ShiftedSet]:
+    """("clean", …) then ("<corruption> <severity>", scores `[n, C]`, labels `[n]`) for each
+    corruption × severity of the images `X` `[n, ch, H, W]`; `predict` maps images to scores."""
+    from peg.data import corruptions as cc
+
+    yield "clean", predict(X), y
+    for name in corruptions:
+        for severity in SEVERITIES:
+            yield f"{name} {severity}", predict(cc.corrupt(X, name, severity, seed=seed)), y
+
+
+def training_sets(sets: Iterable[ShiftedSet], seed: int) -> Iterator[ShiftedSet]:
+    """Each set as given and resampled to one Dirichlet draw of class priors (the clean set
+    `LABEL_SHIFTS` times): covariate shift, covariate + label shift, label shift alone."""
+    rng = np.random.default_rng(seed)
+    for k, (name, scores, labels) in enumerate(sets):
+        yield name, scores, labels
+        draws = LABEL_SHIFTS if name == "clean" else 1
+        for d in range(draws):
+            idx = torch.from_numpy(_resample(rng, labels.numpy(), ALPHAS[(k + d) % len(ALPHAS)]))
+            yield f"{name} + label shift {d}", scores[idx], labels[idx]
+
+
+def _resample(rng: np.random.Generator, y: np.ndarray, alpha: float) -> np.ndarray:
+    """Indices `[n]` drawn with replacement to Dirichlet(alpha) priors over the classes of `y`."""
+    classes = np.unique(y)
+    counts = rng.multinomial(len(y), rng.dirichlet(np.full(len(classes), alpha)))
+    picks = [
+        rng.choice(np.nonzero(y == c)[0], k) for c, k in zip(classes, counts, strict=True) if k > 0
+    ]
+    return np.concatenate(picks)
+
+
+class Combiner:
+    """Ridge regression of the accuracy on standardised features (closed form): `fit(F, a)`
+    with features `[S, K]` and true accuracies `[S]`; `predict(f)` `[K]` → accuracy."""
+
+    def __init__(self, alpha: float = 1.0) -> None:
+        self.alpha = alpha
+
+    def fit(self, F: np.ndarray, accuracy: np.ndarray) -> Combiner:
+        self.mean, self.scale = F.mean(0), F.std(0) + 1e-9
+        Z = (F - self.mean) / self.scale
+        self.bias = float(accuracy.mean())
+        A = Z.T @ Z + self.alpha * np.eye(Z.shape[1])
+        self.coef = np.linalg.solve(A, Z.T @ (accuracy - self.bias))
+        return self
+
+    def predict(self, f: np.ndarray) -> float:
+        return float(self.predict_all(f[None])[0])
+
+    def predict_all(self, F: np.ndarray) -> np.ndarray:
+        """`[S]` for features `[S, K]`."""
+        return ((F - self.mean) / self.scale) @ self.coef + self.bias
+
+
+class Learned:
+    """auto's learned mode: where the gate (`Auto`'s, fitted on `source`) stays shut, its
+    label-shift branch mean("ac", "atc-ls"); where it opens with weight g,
+    (1 − g) · that + g · `Combiner`'s reading of the features (`features`), the combiner
+    learned on the shifted sets that opened the gate (`fit`). `errors_`: the leave-one-
+    family-out errors over those sets (what the interval's width is taken from)."""
+
+    def __init__(self, source: SourceFit, reservoir: int, seed: int) -> None:
+        self.source, self.reservoir, self.seed = source, reservoir, seed
+        self.fitted = {k: ESTIMATORS[k]().fit(source) for k in FEATURES}
+        self.gate = Auto().fit(source)
+
+    def features(self, target: Target) -> np.ndarray:
+        """`[len(FEATURES) + 4]`: each base estimate, the label-shift gap, its size, the
+        entropies (/ log C) of EM's priors and of the predicted class shares."""
+        values = [float(np.clip(e.estimate(target), 0.0, 1.0)) for e in self.fitted.values()]
+        gap = target.label_shift_gap
+        shares = target.summary.pred_counts / max(target.summary.n, 1)
+        return np.asarray([*values, gap, abs(gap), _entropy(target.priors), _entropy(shares)])
+
+    def _label(self, target: Target) -> float:
+        return float(np.mean([self.fitted[k].estimate(target) for k in ("ac", "atc-ls")]))
+
+    def fit(self, sets: Iterable[ShiftedSet]) -> Learned:
+        """Learn from (name, calibrated log-probabilities `[n, C]`, labels `[n]`) sets."""
+        rows, accuracy, families, weights, label = [], [], [], [], []
+        for name, log_probs, labels in sets:
+            summary = Summary(self.source.classes, self.reservoir, self.seed)
+            summary.add(log_probs)
+            target = Target(summary, self.source)
+            rows.append(self.features(target))
+            weights.append(self.gate.weight(target))
+            label.append(self._label(target))
+            accuracy.append(float((log_probs.argmax(-1) == labels).double().mean()))
+            families.append(family(name))
+        self.features_, self.accuracy_ = np.stack(rows), np.asarray(accuracy)
+        self.families_, self.weights_ = np.asarray(families), np.asarray(weights)
+        self.label_ = np.asarray(label)
+        return self.refit(None)
+
+    def _combiner(self, keep: np.ndarray) -> Combiner:
+        """Fitted on the kept sets that opened the gate (all kept ones when under 3 did)."""
+        rows = keep & (self.weights_ > 0)
+        rows = rows if rows.sum() >= 3 else keep
+        return Combiner().fit(self.features_[rows], self.accuracy_[rows])
+
+    def _soft(self, combiner: Combiner, rows: np.ndarray) -> np.ndarray:
+        g = self.weights_[rows]
+        return (1 - g) * self.label_[rows] + g * combiner.predict_all(self.features_[rows])
+
+    def refit(self, without: str | None) -> Learned:
+        """The combiner refitted on the sets of every family but `without` (None: all): a
+        leave-one-family-out score's learner never sees the held-out family. Returns self."""
+        keep = self.families_ != without
+        self.combiner = self._combiner(keep)
+        errors = []
+        for held in set(self.families_[keep]) - {"other"}:  # out of family: the width
+            rows = keep & (self.families_ == held)
+            predicted = self._soft(self._combiner(keep & ~rows), rows)
+            errors.extend(predicted - self.accuracy_[rows])
+        fallback = self._soft(self.combiner, keep) - self.accuracy_[keep]
+        self.errors_ = np.asarray(errors) if errors else fallback
+        return self
+
+    def estimate(self, summary: Summary) -> float:
+        target = Target(summary, self.source)
+        g, label = self.gate.weight(target), self._label(target)
+        if g == 0:  # the transports are computed only when the combiner counts
+            return label
+        value = (1 - g) * label + g * self.combiner.predict(self.features(target))
+        return float(np.clip(value, 0.0, 1.0))
+
+
+def _entropy(p: np.ndarray) -> float:
+    """The entropy of a distribution `[C]` divided by log C, in [0, 1]."""
+    p = np.clip(np.asarray(p, dtype=np.float64), 1e-12, 1.0)
+    return float(-(p * np.log(p)).sum() / np.log(max(len(p), 2)))
