@@ -20,8 +20,6 @@ import math
 import numpy as np
 from torch import Tensor
 
-from peg.methods.estimation._transport import transport_labels
-
 BINS = 4096
 SCORES = ("mc", "ne")
 
@@ -146,6 +144,8 @@ def transport_cost(log_probs: np.ndarray, priors: np.ndarray, cap: int, seed: in
     counts[rest] += 1
     cost = 1.0 - np.exp(rows)
     if 20 * len(priors) <= m:
+        from peg.methods.estimation._transport import transport_labels  # scipy: on use
+
         return cost[np.arange(m), transport_labels(cost, counts)]
     from scipy.optimize import linear_sum_assignment
 
