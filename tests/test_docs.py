@@ -3,14 +3,16 @@ resolve.
 
 Every fenced block opened with ```python in README.md and in docs/**/*.md is run, in the order
 it appears, in one namespace per file (a later block sees what an earlier one defined), as a
-user would: in a fresh Python process (this Python, with the peg the tests import on its path),
-whose working directory is a scratch folder outside the repository (the examples write archives
-and checkpoints there), by tests/docs_run.py. The blocks are self-contained: each file builds its
-own tiny model and data in its first block, as a reader copying them would. A block opened with
-```python no-run is shown but not run (long benchmarks, torchrun); blocks in other languages
-(bash, yaml, text) are not run, except a ```bash block right under the line `<!-- the docs test
-runs the next block's commands ... -->`: its `peg ...` commands (and `cd DIR`) run where the
-block stands, after the Python blocks above it, from the scratch folder, and must exit 0.
+user would: in a process of its own (this Python, with the peg the tests import on its path,
+forked by tests/docs_run.py from a server that imported torch, numpy and peg once, in the state
+a fresh Python starts in), whose working directory is a scratch folder outside the repository
+(the examples write archives and checkpoints there). The blocks are self-contained: each file
+builds its own tiny model and data in its first block, as a reader copying them would. A block
+opened with ```python no-run is shown but not run (long benchmarks, torchrun); blocks in other
+languages (bash, yaml, text) are not run, except a ```bash block right under the line `<!-- the
+docs test runs the next block's commands ... -->`: its `peg ...` commands (and `cd DIR`) run
+where the block stands, after the Python blocks above it, from the scratch folder, each in a
+process of its own as the installed `peg` runs them, and must exit 0.
 
 Every page promises that its examples print the same on every run: each page runs twice, each
 time in a folder of its own, and what each block prints (a block's last bare expression is
@@ -30,9 +32,11 @@ import ast
 import json
 import os
 import re
+import select
 import shlex
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -175,36 +179,80 @@ def _by_step(text: str, folder: Path) -> dict[str, str]:
     return out
 
 
+class Runner:
+    """A tests/docs_run.py server: one Python that has imported torch, numpy and peg, forking a
+    fresh child for each run of a page (a fresh Python paid 3-4 s of imports a run)."""
+
+    def __init__(self, log: Path) -> None:
+        import peg
+
+        env = dict(os.environ)  # the peg the tests import, first on the path, as if installed
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(Path(peg.__file__).resolve().parents[1]), *filter(None, [env.get("PYTHONPATH")])]
+        )
+        env.setdefault("OMP_NUM_THREADS", "1")  # as conftest's torch.set_num_threads(1)
+        self.env, self.log = env, log
+        with open(log, "w", encoding="utf-8") as errors:  # the server's own, not a page's
+            self.process = subprocess.Popen(
+                [sys.executable, str(RUNNER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=errors, env=env, text=True,
+            )  # fmt: skip
+
+    def run(self, request: dict) -> int:
+        """One run (a request as docs_run.py reads it) in its own process: its exit status."""
+        request = {**request, "env": {**os.environ, **{k: self.env[k] for k in
+                   ("PYTHONPATH", "OMP_NUM_THREADS")}}, "timeout": PAGE_SECONDS}  # fmt: skip
+        assert self.process.stdin and self.process.stdout
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        ready, _, _ = select.select([self.process.stdout], [], [], PAGE_SECONDS + 60)
+        line = self.process.stdout.readline() if ready else ""
+        assert line, f"the docs runner did not answer:\n{self.log.read_text()[-3000:]}"
+        return json.loads(line)["status"]
+
+    def close(self) -> None:
+        if self.process.stdin:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture(scope="session")
+def runners(tmp_path_factory) -> Iterator[tuple[Runner, Runner]]:
+    """Two servers, one for each run of a page: two processes, so the runs differ in what two
+    fresh Pythons differ in (the hash seed, memory addresses), not only in the seeds a fork
+    redraws."""
+    folder = tmp_path_factory.mktemp("docs-runners")
+    pair = (Runner(folder / "first.log"), Runner(folder / "second.log"))
+    yield pair
+    for runner in pair:
+        runner.close()
+
+
 def _run_page(
-    path: Path, folder: Path, upto: int | None = None
+    runner: Runner, path: Path, folder: Path, upto: int | None = None
 ) -> tuple[list[dict], dict[str, str], dict[str, str]]:
     """One run of a page's blocks (the first `upto`, or all) in a fresh process from `folder`:
     the report of each step, and what each step printed on stdout and on stderr."""
-    import peg
-
     folder.mkdir(parents=True)
-    steps, report = (
-        folder.parent / f"{folder.name}-steps.json",
-        folder.parent / f"{folder.name}.json",
-    )
+    files = {k: folder.parent / f"{folder.name}{k}" for k in ("-steps.json", ".json", ".out",
+             ".err")}  # fmt: skip
+    steps, report = files["-steps.json"], files[".json"]
     steps.write_text(json.dumps(_steps(path)[:upto]), encoding="utf-8")
-    env = dict(os.environ)  # the peg the tests import, first on the path, as if installed
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(peg.__file__).resolve().parents[1]), *filter(None, [env.get("PYTHONPATH")])]
-    )
-    env.setdefault("OMP_NUM_THREADS", "1")  # as conftest's torch.set_num_threads(1): tiny models
-    run = subprocess.run(
-        [sys.executable, str(RUNNER), str(steps), str(report)],
-        cwd=folder, env=env, capture_output=True, text=True, timeout=PAGE_SECONDS,
-    )  # fmt: skip
-    assert run.returncode == 0 and report.exists(), (
-        f"{_id(path)}: the runner exited {run.returncode}\n{run.stderr[-3000:]}"
+    status = runner.run({"steps": str(steps), "report": str(report), "cwd": str(folder),
+                         "stdout": str(files[".out"]), "stderr": str(files[".err"])})  # fmt: skip
+    stdout, stderr = (files[k].read_text(encoding="utf-8") for k in (".out", ".err"))
+    assert status == 0 and report.exists(), (
+        f"{_id(path)}: the runner exited {status}\n{stderr[-3000:]}"
     )
     report_ = json.loads(report.read_text(encoding="utf-8"))
     assert len(report_) == len(_steps(path)[:upto]) or any(
         "error" in e or "missing_data" in e for e in report_
-    ), f"{_id(path)}: the runner stopped early\n{run.stderr[-3000:]}"
-    return report_, _by_step(run.stdout, folder), _by_step(run.stderr, folder)
+    ), f"{_id(path)}: the runner stopped early\n{stderr[-3000:]}"
+    return report_, _by_step(stdout, folder), _by_step(stderr, folder)
 
 
 def _check_report(path: Path, report: list[dict], stderr: dict[str, str]) -> None:
@@ -227,13 +275,13 @@ def _check_report(path: Path, report: list[dict], stderr: dict[str, str]) -> Non
 
 
 @pytest.mark.parametrize("path", RUNNABLE, ids=_id)
-def test_examples_run(path, tmp_path):
+def test_examples_run(path, tmp_path, runners):
     """Each page's examples run as a user would run them, twice, and print the same twice."""
-    _run_twice(path, tmp_path)
+    _run_twice(path, tmp_path, runners)
 
 
-def _run_twice(path: Path, tmp_path: Path) -> None:
-    report, first, stderr = _run_page(path, tmp_path / "first")
+def _run_twice(path: Path, tmp_path: Path, runners: tuple[Runner, Runner]) -> None:
+    report, first, stderr = _run_page(runners[0], path, tmp_path / "first")
     _check_report(path, report, stderr)
     by_place = {b.where: b for b in blocks(path)}
     compared = {w: text for w, text in first.items() if by_place[w].varies is None and text}
@@ -241,7 +289,7 @@ def _run_twice(path: Path, tmp_path: Path) -> None:
         return  # nothing printed: a second run has nothing to compare
     places = [step["where"] for step in _steps(path)]
     upto = max(places.index(w) for w in compared) + 1  # the blocks after the last print: no need
-    report, second, stderr = _run_page(path, tmp_path / "second", upto)
+    report, second, stderr = _run_page(runners[1], path, tmp_path / "second", upto)
     _check_report(path, report, stderr)
     for where, text in compared.items():
         assert second[where] == text, (
@@ -251,7 +299,7 @@ def _run_twice(path: Path, tmp_path: Path) -> None:
         )
 
 
-def test_the_runs_catch_differing_output_and_skip_for_missing_data(tmp_path, monkeypatch):
+def test_the_runs_catch_differing_output_and_skip_for_missing_data(tmp_path, monkeypatch, runners):
     """The harness itself: output that differs between two runs fails unless its block is
     marked; a block needing a data set that no root holds skips the page with peg's message."""
     page = tmp_path / "page.md"
@@ -263,7 +311,7 @@ def test_the_runs_catch_differing_output_and_skip_for_missing_data(tmp_path, mon
     )
     assert [b.varies for b in blocks(page)] == ["a fresh process's id", None]
     with pytest.raises(AssertionError, match=r"page.md:8: the block starting here printed"):
-        _run_twice(page, tmp_path / "pid")
+        _run_twice(page, tmp_path / "pid", runners)
     monkeypatch.setenv("PEG_DATA_ONLY", "1")  # only $PEG_DATA, an empty folder, is searched
     monkeypatch.setenv("PEG_DATA", str(tmp_path / "no-data"))
     page.write_text(
@@ -272,7 +320,34 @@ def test_the_runs_catch_differing_output_and_skip_for_missing_data(tmp_path, mon
         encoding="utf-8",
     )
     with pytest.raises(pytest.skip.Exception, match=r"page.md:6: needs a data set .*fashion-mnist"):
-        _run_twice(page, tmp_path / "data")
+        _run_twice(page, tmp_path / "data", runners)
+
+
+def test_each_run_is_as_fresh_as_a_new_python(tmp_path, runners):
+    """The runs are forked from servers that imported peg once: what a fresh Python draws
+    anew (numpy's global seed, the hash seed) still differs between the two runs, nothing a
+    run did is seen by the next, and a bash block's `peg` commands run as the installed
+    command does (their output in their block, `--help`'s exit 0, a bad command's exit 2)."""
+    page = tmp_path / "page.md"
+    page.write_text("```python\nimport numpy as np\n\nprint(np.random.rand())\n```\n")
+    with pytest.raises(AssertionError, match=r"page.md:2: the block starting here printed"):
+        _run_twice(page, tmp_path / "numpy", runners)
+    if "PYTHONHASHSEED" not in os.environ:  # set, every fresh Python has the same
+        page.write_text('```python\nprint(hash("peg"))\n```\n')
+        with pytest.raises(AssertionError, match=r"page.md:2: the block starting here printed"):
+            _run_twice(page, tmp_path / "hash", runners)
+    page.write_text("```python\nimport torch\n\ntorch.set_default_dtype(torch.float64)\n```\n")
+    _run_page(runners[0], page, tmp_path / "leaks")
+    page.write_text(
+        "```python\nimport torch\n\nprint(torch.get_default_dtype())\n```\n\n"
+        f"{RUN_COMMANDS}, after the blocks above -->\n```bash\npeg compare --help\n```\n"
+    )
+    report, out, _ = _run_page(runners[0], page, tmp_path / "fresh")
+    assert [e.get("error") for e in report] == [None, None]
+    assert out["page.md:2"] == "torch.float32\n" and "usage: peg compare" in out["page.md:9"]
+    page.write_text(f"{RUN_COMMANDS}, after the blocks above -->\n```bash\npeg no-such\n```\n")
+    report, _, stderr = _run_page(runners[1], page, tmp_path / "bad")
+    assert "peg no-such exited 2" in report[0]["error"] and "invalid choice" in stderr["page.md:3"]
 
 
 def test_the_command_blocks_are_marked_and_run():

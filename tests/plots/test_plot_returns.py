@@ -5,7 +5,6 @@ from probabilities and labels."""
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -210,8 +209,8 @@ def test_reliability_from_probabilities_refuses_bad_input(call, error, message) 
 
 
 def test_matplotlib_is_not_loaded_with_peg_plots() -> None:
-    import subprocess
+    """In a fresh Python (tests/fresh_imports.py, shared with the other import tests)."""
+    from fresh_imports import modules_after
 
-    code = "import sys, peg.plots; print('matplotlib' in sys.modules)"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "False"
+    loaded = modules_after()["import peg.data, peg.metrics, peg.plots"]
+    assert "peg.plots" in loaded and "matplotlib" not in loaded
