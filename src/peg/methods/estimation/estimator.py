@@ -90,7 +90,8 @@ class PerformanceEstimator(Params):
         shift_points: "auto" learns from corrupted copies of this many source images when
             `fit` is given a model and images `(X [N, 1 or 3, H, W], y)` (`_learned`; the rest
             of the source fits the base estimators it combines). 0 (the default): never, "auto"
-            is the gate (learning won on Fashion-MNIST, tied on CIFAR-10: docs/monitor.md).
+            is the gate (learning won on Fashion-MNIST, MAE 2.88 against 3.37 points, and lost
+            on CIFAR-10, 4.88 against 4.44: docs/monitor.md).
 
     After `fit`: `temperature_`, `source_accuracy_`, `widths_` (each method's half-width),
     `synthetic_errors_` (each method's errors on the synthetic shifts), `energy_threshold_`,
