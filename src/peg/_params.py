@@ -245,8 +245,12 @@ def runs_channels_last(model: nn.Module, x: Any) -> bool:
     a GPU model, a channels-last one, or one without a convolution is run as it is held."""
     if not (isinstance(x, Tensor) and x.ndim == 4 and x.is_floating_point()):
         return False
-    if x.device.type != "cpu":
-        return False
+    return x.device.type == "cpu" and has_contiguous_cpu_convs(model)
+
+
+def has_contiguous_cpu_convs(model: nn.Module) -> bool:
+    """Whether `model` has 2-d convolutions, all contiguous on the CPU: the model's half of
+    `runs_channels_last`, asked first so that a model without them reads no probe inputs."""
     convs = [m.weight for m in model.modules() if isinstance(m, nn.Conv2d)]
     return bool(convs) and all(w.device.type == "cpu" and w.is_contiguous() for w in convs)
 

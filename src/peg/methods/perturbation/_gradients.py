@@ -23,7 +23,12 @@ import torch
 from torch import Tensor, nn
 
 from peg._heads import Split, candidates, find_split
-from peg._params import entry_views, runs_channels_last, to_channels_last
+from peg._params import (
+    entry_views,
+    has_contiguous_cpu_convs,
+    runs_channels_last,
+    to_channels_last,
+)
 from peg.errors import NonFiniteError
 from peg.losses import cross_entropy_per_point, gaussian_nll_per_point
 from peg.methods.perturbation._members import DirectionData
@@ -99,7 +104,9 @@ class GradientPass:
         reduction: Literal["mean", "sum"],
         bn: str,
     ) -> None:
-        probe, _ = data.rows(torch.arange(min(2, len(data))))
+        probe = None  # two rows read only where a channels-last pass could be chosen
+        if has_contiguous_cpu_convs(model):
+            probe, _ = data.rows(torch.arange(min(2, len(data))))
         self.work, self.channels_last = gradient_model(model, bn, probe)  # then inputs are too
         params = dict(self.work.named_parameters())
         self.names, self.r, self.data, self.K = names, r, data, batch_size
