@@ -7,7 +7,7 @@ corruptions, `peg.data.corruptions`, severities 1-5), each also resampled to Dir
 priors (corruption + label shift), and the clean subsample resampled likewise (label shift
 alone, `training_sets`). On each set the base estimators, fitted on the source points NOT in
 the subsample (so every training set is out of sample, as a deployed target is), give a
-feature vector (`features`); `Combiner` learns the accuracy from it.
+feature vector (`features`); `combiner` (a ridge) learns the accuracy from it.
 
 A learned estimate is only as good as the shifts it learned from: a target shifted unlike any
 of them (another kind of corruption, a shift in p(y | x)) can be far off, which is why the
@@ -18,6 +18,7 @@ benchmark scores it only on corruption families it never saw (`FAMILIES`,
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -95,33 +96,21 @@ def _resample(rng: np.random.Generator, y: np.ndarray, alpha: float) -> np.ndarr
     return np.concatenate(picks)
 
 
-class Combiner:
-    """Ridge regression of the accuracy on standardised features (closed form): `fit(F, a)`
-    with features `[S, K]` and true accuracies `[S]`; `predict(f)` `[K]` → accuracy."""
+def combiner(features: np.ndarray, accuracy: np.ndarray) -> Any:
+    """Ridge regression (alpha 1) of the accuracies `[S]` on the standardised features
+    `[S, K]`: scikit-learn's, imported on use (`import peg` loads no sklearn). `.predict(F)`
+    `[S, K]` → `[S]`."""
+    from sklearn.linear_model import Ridge
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
 
-    def __init__(self, alpha: float = 1.0) -> None:
-        self.alpha = alpha
-
-    def fit(self, F: np.ndarray, accuracy: np.ndarray) -> Combiner:
-        self.mean, self.scale = F.mean(0), F.std(0) + 1e-9
-        Z = (F - self.mean) / self.scale
-        self.bias = float(accuracy.mean())
-        A = Z.T @ Z + self.alpha * np.eye(Z.shape[1])
-        self.coef = np.linalg.solve(A, Z.T @ (accuracy - self.bias))
-        return self
-
-    def predict(self, f: np.ndarray) -> float:
-        return float(self.predict_all(f[None])[0])
-
-    def predict_all(self, F: np.ndarray) -> np.ndarray:
-        """`[S]` for features `[S, K]`."""
-        return ((F - self.mean) / self.scale) @ self.coef + self.bias
+    return make_pipeline(StandardScaler(), Ridge(alpha=1.0)).fit(features, accuracy)
 
 
 class Learned:
     """auto's learned mode: where the gate (`Auto`'s, fitted on `source`) stays shut, its
     label-shift branch mean("ac", "atc-ls"); where it opens with weight g,
-    (1 − g) · that + g · `Combiner`'s reading of the features (`features`), the combiner
+    (1 − g) · that + g · `combiner`'s reading of the features (`features`), the combiner
     learned on the shifted sets that opened the gate (`fit`). `errors_`: the leave-one-
     family-out errors over those sets (what the interval's width is taken from)."""
 
@@ -158,15 +147,15 @@ class Learned:
         self.label_ = np.asarray(label)
         return self.refit(None)
 
-    def _combiner(self, keep: np.ndarray) -> Combiner:
+    def _combiner(self, keep: np.ndarray) -> Any:
         """Fitted on the kept sets that opened the gate (all kept ones when under 3 did)."""
         rows = keep & (self.weights_ > 0)
         rows = rows if rows.sum() >= 3 else keep
-        return Combiner().fit(self.features_[rows], self.accuracy_[rows])
+        return combiner(self.features_[rows], self.accuracy_[rows])
 
-    def _soft(self, combiner: Combiner, rows: np.ndarray) -> np.ndarray:
+    def _soft(self, fitted: Any, rows: np.ndarray) -> np.ndarray:
         g = self.weights_[rows]
-        return (1 - g) * self.label_[rows] + g * combiner.predict_all(self.features_[rows])
+        return (1 - g) * self.label_[rows] + g * fitted.predict(self.features_[rows])
 
     def refit(self, without: str | None) -> Learned:
         """The combiner refitted on the sets of every family but `without` (None: all): a
@@ -187,7 +176,7 @@ class Learned:
         g, label = self.gate.weight(target), self._label(target)
         if g == 0:  # the transports are computed only when the combiner counts
             return label
-        value = (1 - g) * label + g * self.combiner.predict(self.features(target))
+        value = (1 - g) * label + g * float(self.combiner.predict(self.features(target)[None])[0])
         return float(np.clip(value, 0.0, 1.0))
 
 

@@ -221,9 +221,10 @@ class Auto(Estimator):
     """peg's default. Two modes, named by `mode` (and in `Estimate.method`):
 
     - "learned", when `learn` was given shifted copies of the source (`_learned`: fit on a
-      model and images, or `shifted=` sets): `Combiner` maps the base estimates (`FEATURES`)
-      and the label-shift gap to the accuracy, learned on those copies, whose true accuracy is
-      known. Assumes the target's shift resembles some of them (see `_learned`).
+      model and images, or `shifted=` sets): `_learned.combiner` (a ridge) maps the base
+      estimates (`FEATURES`) and the label-shift gap to the accuracy, learned on those copies,
+      whose true accuracy is known. Assumes the target's shift resembles some of them (see
+      `_learned`).
     - "gate", from logits alone: a gate between two estimators, each right where the other's
       assumption fails. The gate reads the label-shift gap g (`Target.label_shift_gap`): the
       target's mean confidence minus the one a pure label shift to EM's priors would give.
