@@ -19,6 +19,7 @@ from torch import nn
 import peg
 from peg import archive
 from peg.methods.calibration import _affine
+from peg.methods.calibration import _affine_solvers as solvers
 from peg.methods.calibration.binning import renormalised
 from peg.metrics._inputs import ensemble_log_probs
 
@@ -183,7 +184,7 @@ def test_the_newton_cg_path_for_many_classes_finds_newtons_optimum(monkeypatch):
         s = ensemble_log_probs(MODEL(VAL[0])[None])
     for full in (True, False):
         newton = _affine.fit_affine(s, VAL[1], full=full, reg_lambda=1.0, reg_mu=1.0)
-        monkeypatch.setattr(_affine, "NEWTON_MAX", 0)
+        monkeypatch.setattr(solvers, "NEWTON_MAX", 0)
         cg = _affine.fit_affine(s, VAL[1], full=full, reg_lambda=1.0, reg_mu=1.0)
         monkeypatch.undo()
         for a, b in zip(newton, cg, strict=True):

@@ -15,6 +15,7 @@ from torch import nn
 
 import peg
 from peg.methods.calibration import _affine
+from peg.methods.calibration import _affine_solvers as solvers
 from peg.methods.calibration._affine_select import (
     curvatures,
     fit_auto,
@@ -130,13 +131,13 @@ def test_a_held_diagonal_leaves_newtons_method_quadratic(monkeypatch):
     is at its optimum, in a few steps."""
     val = saturated(1000, 0)
     rows: list[int] = []
-    backtrack = _affine._backtrack
+    backtrack = solvers._backtrack
 
     def counted(*args):
         rows.append(len(args[4]))  # one Newton step, on this many points
         return backtrack(*args)
 
-    monkeypatch.setattr(_affine, "_backtrack", counted)
+    monkeypatch.setattr(solvers, "_backtrack", counted)
     dc = peg.DirichletCalibration().fit(IDENTITY, val)
     chosen = dc.regularisation_
     assert chosen["k_diagonal"] is None and chosen["k_off"] is not None
@@ -180,13 +181,13 @@ def test_newtons_hessian_is_autograds(full):
     y = torch.randint(0, 5, (30,), generator=g)
     theta = torch.randn(5, 6 if full else 2, generator=g, dtype=torch.float64)
     coef = torch.rand(theta.shape, generator=g, dtype=torch.float64)
-    pen = _affine.Penalty(coef, torch.zeros((), dtype=torch.float64), torch.ones(5, 1))
+    pen = solvers.Penalty(coef, torch.zeros((), dtype=torch.float64), torch.ones(5, 1))
     exact = torch.autograd.functional.hessian(
-        lambda t: _affine._value(t.reshape(theta.shape), s, y, pen, full)[0], theta.reshape(-1)
+        lambda t: solvers._value(t.reshape(theta.shape), s, y, pen, full)[0], theta.reshape(-1)
     )
-    p = _affine._log_probs(theta, s, full).exp()
+    p = solvers._log_probs(theta, s, full).exp()
     # up to the ridge of 1e-10 of the largest curvature on the diagonal
-    torch.testing.assert_close(_affine._hessian(p, s, pen, full), exact, atol=1e-9, rtol=0)
+    torch.testing.assert_close(solvers._hessian(p, s, pen, full), exact, atol=1e-9, rtol=0)
 
 
 def test_an_infinite_strength_holds_its_entries_at_the_centre():
@@ -208,20 +209,20 @@ def test_the_low_rank_preconditioner_is_the_full_one():
     s = torch.randn(12, 30, generator=g, dtype=torch.float64).log_softmax(-1)
     p = torch.randn(12, 30, generator=g, dtype=torch.float64).softmax(-1)
     coef = torch.rand(30, 31, generator=g, dtype=torch.float64)
-    pen = _affine.Penalty(coef, torch.zeros((), dtype=torch.float64), torch.ones(30, 1))
-    low = _affine.score_basis(s)
+    pen = solvers.Penalty(coef, torch.zeros((), dtype=torch.float64), torch.ones(30, 1))
+    low = solvers.score_basis(s)
     assert low[1].shape == (31, 12)  # [1, s] spans 12 directions
     x = torch.cat([s, torch.ones(12, 1, dtype=torch.float64)], 1)
     lam, q = torch.linalg.eigh(x.T @ x / 12)
     r = torch.randn(30, 31, generator=g, dtype=torch.float64)
-    full = _affine._curvature(p, s, pen, True, (lam.clamp_min(0), q))[1](r)
-    torch.testing.assert_close(_affine._curvature(p, s, pen, True, low)[1](r), full)
+    full = solvers._curvature(p, s, pen, True, (lam.clamp_min(0), q))[1](r)
+    torch.testing.assert_close(solvers._curvature(p, s, pen, True, low)[1](r), full)
 
 
 def test_newton_cg_with_fewer_points_than_columns_finds_newtons_optimum(monkeypatch):
     z, y = many(15, 20, 0)
     newton = _affine.fit_affine(z, y, full=True, reg_lambda=1.0, reg_mu=1.0)
-    monkeypatch.setattr(_affine, "NEWTON_MAX", 0)
+    monkeypatch.setattr(solvers, "NEWTON_MAX", 0)
     cg = _affine.fit_affine(z, y, full=True, reg_lambda=1.0, reg_mu=1.0)
     for a, b in zip(newton, cg, strict=True):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
@@ -231,12 +232,12 @@ def test_a_diagonal_map_beyond_twenty_classes_is_fitted_by_truncated_newton(monk
     """Issue 49: vector scaling's dense [2C, 2C] Hessian cost twice truncated Newton's O(N C)
     products at 100 classes; the same optimum either way."""
     z, y = many(600, 30, 0)
-    newton = _affine._newton
+    newton = solvers._newton
     calls: list[int] = []
-    monkeypatch.setattr(_affine, "_newton", lambda *a: calls.append(1) or newton(*a))
+    monkeypatch.setattr(solvers, "_newton", lambda *a: calls.append(1) or newton(*a))
     cg = _affine.fit_affine(z, y, full=False, reg_mu=1.0)
     assert not calls
-    monkeypatch.setattr(_affine, "DIAGONAL_NEWTON_MAX", 10**6)
+    monkeypatch.setattr(solvers, "DIAGONAL_NEWTON_MAX", 10**6)
     exact = _affine.fit_affine(z, y, full=False, reg_mu=1.0)
     assert calls
     for a, b in zip(exact, cg, strict=True):

@@ -39,19 +39,16 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from peg.methods.calibration._affine import (
-    Penalty,
     affine,
     diagonal_of,
     diagonal_part,
     embed,
     live_rows,
-    minimise,
-    score_basis,
-    split,
     temperature_map,
     unpack,
     usable,
 )
+from peg.methods.calibration._affine_solvers import Penalty, minimise, score_basis, split
 from peg.methods.calibration.temperature import fit_temperature
 
 GRID = (100.0, 30.0, 10.0, 3.0, 1.0, 0.3, 0.0)  # k, prior points per class, after k = ∞

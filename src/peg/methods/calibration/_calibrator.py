@@ -8,11 +8,9 @@ member logits `[M, N, C]` into scores `[N, C]` (`scores_of`: log p̄, the log of
 prediction, or the raw logits of a one-member predictor for the scalings that ask for them),
 and hands them to the subclass's `_fit_map`; `scale` applies the fitted map (`_apply`) to the
 predictor's logits, which `member_logits` / `iter_member_logits` / `predict_proba` go through.
-`save` writes the predictor's ensemble with the map in the archive: its scalars in the meta's
-`"calibration"` entry (JSON), its arrays as safetensors beside the members (`peg.archive`; a
-map fitted on saved logits, `nn.Identity()`, is saved alone and loads without a model; one
-fitted on another module without weights is saved alone with that module's architecture, and
-loads with an instance of it), and every subclass is registered with
+`save` writes the predictor's ensemble with the map in the archive (`Archived`, in
+`peg.methods.calibration._calibrator_archive`: its scalars in the meta's `"calibration"` entry,
+its arrays beside the members), and every subclass is registered with
 `peg.loading.register_calibrator` under its `method` name, so `peg.load` gives the fitted
 calibrator back (`_restore`).
 
@@ -30,10 +28,7 @@ implements `_fit_map(scores, y) -> state` (the fitted attributes, trailing under
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
@@ -41,30 +36,24 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from peg import archive
-from peg._schema import Fields
-from peg._wrappers import archived_meta
-from peg.ensemble import Ensemble, Predicts
-from peg.errors import ArchiveError
+from peg.ensemble import Predicts
 from peg.loading import register_calibrator
 from peg.methods import _constraints as checks
 from peg.methods._predictors import (
-    SavedLogits,
-    ensemble_of,
     iter_member_logits_of,
     logits_and_labels,
     member_logits_of,
     predictor_meta,
     read_predictor,
-    stateless,
 )
 from peg.methods.base import Method
+from peg.methods.calibration._calibrator_archive import Archived
+from peg.methods.calibration._calibrator_archive import stored as stored
 from peg.metrics._inputs import check_labels, ensemble_log_probs
 from peg.source import Data, is_pair
 from peg.source._values import check_finite_logits, warn_absent_classes
 from peg.source.batches import BatchFn, check_batch_fn
 
-SCORES = ("log_probs", "logits")  # what a map acts on (`scores_`)
 # `to_module`'s builders by calibrator `method` (`_export`'s, registered when it is imported)
 EXPORTS: dict[str, Callable[[Any], nn.Module]] = {}
 
@@ -85,7 +74,7 @@ def scores_of(logits: Tensor, kind: str, name: str = "logits", start: int | None
     return logits[0].double()
 
 
-class Calibrator(Predicts, Method):
+class Calibrator(Archived, Predicts, Method):
     """Base of the post-hoc calibrators (see the module doc): `fit(predictor, val)`,
     `member_logits(X) -> [1, N, C]`, `iter_member_logits`, `scale(logits)`, `predict_proba`,
     `predict`, `save(path)`; `peg.load(path, model)` gives a fitted one back."""
@@ -148,17 +137,6 @@ class Calibrator(Predicts, Method):
         """The fitted state from what `save` stored (`ArchiveError` when it is not valid)."""
         raise NotImplementedError
 
-    def _archived(self) -> dict[str, Any]:
-        """The archive's `"calibration"` entry: method, constructor arguments (`params`), what
-        the map acts on (`fitted_on`), the map's scalars and C (`n_classes`)."""
-        return {
-            "method": type(self).method,  # an argument may be called `method` too
-            "params": self._json_params(),
-            "fitted_on": self.scores_,
-            **self._entry(),
-            **self._width(),
-        }
-
     def _described(self) -> dict[str, Any]:
         """`meta_` beyond method and predictor: the arguments, what the map acts on
         (`fitted_on`: "log_probs" or "logits"), the map's scalars and C."""
@@ -168,12 +146,6 @@ class Calibrator(Predicts, Method):
         """`{"n_classes": C}`, or nothing for a map of unknown C (an older archive's)."""
         classes = self._fitted_classes()
         return {} if classes is None else {"n_classes": int(classes)}
-
-    def _json_params(self) -> dict[str, Any]:
-        """The constructor arguments as JSON (`batch_fn`, a callable, is not stored)."""
-        params = {k: v for k, v in self.get_params().items() if k not in ("batch_fn",)}
-        # as an archive gives them back: tuples as lists, NumPy scalars as Python numbers
-        return json.loads(json.dumps(params, default=_plain))
 
     # ---------------------------------------------------------------- fitting
     def fit(
@@ -297,111 +269,6 @@ class Calibrator(Predicts, Method):
             )
         return build(self).requires_grad_(False).eval()
 
-    # ---------------------------------------------------------------- persistence
-    def save(self, path: str | os.PathLike[str]) -> str:
-        """Write the calibrated predictor as an ensemble archive; returns the path.
-
-        The archive holds the predictor's `Ensemble` (a fitted method's `ensemble()`, an
-        `Ensemble`, or an nn.Module as a one-member ensemble; a predictor without stacked
-        weights, such as MC dropout, is a TypeError), its meta gaining
-        `"calibration": {"method": ..., ...}` (the map's scalars), the map's arrays stored as
-        tensors beside the members. `peg.load(path, model)` gives back a fitted calibrator of
-        this class with the same `member_logits`.
-        """
-        self._check_fitted("saving")
-        return self._write(path, self.predictor_, self._archived(), self._tensors())
-
-    @staticmethod
-    def _write(
-        path: str | os.PathLike[str],
-        base: Any,
-        entry: dict[str, Any],
-        tensors: Mapping[str, Tensor],
-    ) -> str:
-        """`base`'s ensemble archive with `entry` as its meta's "calibration" and `tensors`
-        beside the members (the one writer of calibrated predictors). A `stateless` base has no
-        weights: the archive holds the map alone (`weightless_meta`; a map fitted on logits
-        given as such has `nn.Identity()` as its predictor, and is `archive.LOGITS`)."""
-        if stateless(base):
-            meta = {**weightless_meta(base), "calibration": entry}
-            return archive.write(os.fspath(path), {}, {}, meta, type(base).__name__, dict(tensors))
-        ensemble = ensemble_of(base)
-        meta = {**archived_meta(ensemble.meta, ensemble.skeleton), "calibration": entry}
-        arch = type(ensemble.skeleton).__name__
-        return archive.write(
-            os.fspath(path), ensemble.stacked, ensemble.shared, meta, arch, dict(tensors)
-        )
-
-    @classmethod
-    def _unfitted(cls, calibration: dict[str, Any]) -> Any:
-        """A new instance from an archive's "calibration" entry's arguments (`ArchiveError`
-        when they are not a mapping or do not fit the class)."""
-        params = calibration.get("params", {})
-        if not isinstance(params, dict):
-            raise ArchiveError(f"calibration: params must be a mapping, got {params!r}")
-        try:
-            return cls(**params)
-        except (TypeError, ValueError) as e:
-            raise ArchiveError(
-                f"calibration: the archive's arguments do not fit {cls.__name__}: {e}"
-            ) from e
-
-    @classmethod
-    def _from_archive(
-        cls,
-        ensemble: Ensemble,
-        calibration: dict[str, Any],
-        tensors: Mapping[str, Tensor] | None = None,
-    ) -> Any:
-        """A fitted calibrator around a loaded ensemble (`peg.load`'s calibrator)."""
-        fitted = cls._unfitted(calibration)
-        kind = calibration.get("fitted_on", "log_probs")
-        if kind not in SCORES:
-            raise ArchiveError(f"calibration: fitted_on must be one of {SCORES}, got {kind!r}")
-        state = fitted._restored(calibration, tensors or {})
-        fitted._set_fitted(ensemble, {**state, "scores_": kind})
-        return fitted
-
-    def _restored(self, entry: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> dict[str, Any]:
-        """`_restore`'s state with C (`n_classes_`): the entry's `"n_classes"`, which must be
-        the C the map's arrays fix where they fix one (a header claiming 2e8 classes over
-        arrays of 5 is refused, not allocated for), else theirs (an archive written before C
-        was recorded), else None (any width)."""
-        state = self._restore(entry, tensors)
-        own = state.get("n_classes_", self._classes_of(state))
-        if "n_classes" not in entry:
-            return {**state, "n_classes_": own}
-        fields = Fields(entry, "calibration", "meta.calibration.")
-        classes = fields.integer("n_classes", minimum=1)
-        if own is not None and own != classes:
-            raise fields.error("n_classes", f"{own}, the classes of the map's arrays", classes)
-        return {**state, "n_classes_": classes}
-
-
-def weightless_meta(base: nn.Module) -> dict[str, Any]:
-    """The meta of an archive over a model without weights (`stateless`): `nn.Identity()`
-    (saved logits: `peg.load(path)` needs no model) is `archive.LOGITS`; any other module is
-    `archive.MODULE` with its `repr`, and loads only with a module of that architecture (its
-    outputs, not the logits, are what the map was fitted on: `5 * x` saved as a map over logits
-    loaded without it and predicted other probabilities). A module keeping tensors as plain
-    attributes, not parameters or buffers, is warned of: they are not in the archive."""
-    if type(base) is nn.Identity or type(base) is SavedLogits:
-        return {"inputs": archive.LOGITS}
-    kept = [
-        f"{name}.{key}" if name else key
-        for name, module in base.named_modules()
-        for key, value in vars(module).items()
-        if isinstance(value, Tensor)
-    ]
-    if kept:
-        warnings.warn(
-            f"model: {type(base).__name__} keeps tensors as plain attributes ({', '.join(kept[:5])}"
-            "), not as parameters or buffers: the archive holds no weights, and peg.load(path, "
-            "model) runs the module it is given with its own (register_buffer saves them)",
-            stacklevel=4,
-        )
-    return {"inputs": archive.MODULE, "module": repr(base)[: archive.MODULE_REPR]}
-
 
 F32_SAFE = 2.0**127  # float64 scores within ±this keep their differences in a float32 cast
 
@@ -429,28 +296,3 @@ def in_float32(scores: Tensor, label: str, name: str, start: int | None = None) 
         scores - top,
     )
     return torch.where(top.abs() <= F32_SAFE, scores, shifted).float()
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
-
-
-def stored(
-    tensors: Mapping[str, Tensor],
-    name: str,
-    shape: tuple[int, ...] | None = None,
-    empty: bool = False,
-) -> Tensor:
-    """The archive's array `name` as float64 (`ArchiveError` when missing, of another shape than
-    `shape`, or holding NaN, which only `empty` arrays may: histogram binning's bins that no
-    validation point fell in)."""
-    t = tensors.get(name)
-    if t is None:
-        raise ArchiveError(f"calibration: the archive has no {name!r} tensor")
-    if shape is not None and tuple(t.shape) != shape:
-        raise ArchiveError(f"calibration: {name!r} has shape {tuple(t.shape)}, expected {shape}")
-    if not empty and t.is_floating_point() and bool(t.isnan().any()):
-        raise ArchiveError(f"calibration: {name!r} holds NaN")
-    return t.double()

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from peg.methods.estimation._shifts import resample
 from peg.methods.estimation._stats import Summary
 from peg.methods.estimation.estimators import ESTIMATORS, Auto, SourceFit, Target
 
@@ -89,11 +90,7 @@ def training_sets(sets: Iterable[ShiftedSet], seed: int) -> Iterator[ShiftedSet]
 def _resample(rng: np.random.Generator, y: np.ndarray, alpha: float) -> np.ndarray:
     """Indices `[n]` drawn with replacement to Dirichlet(alpha) priors over the classes of `y`."""
     classes = np.unique(y)
-    counts = rng.multinomial(len(y), rng.dirichlet(np.full(len(classes), alpha)))
-    picks = [
-        rng.choice(np.nonzero(y == c)[0], k) for c, k in zip(classes, counts, strict=True) if k > 0
-    ]
-    return np.concatenate(picks)
+    return resample(rng, y, classes, rng.dirichlet(np.full(len(classes), alpha)))
 
 
 def combiner(features: np.ndarray, accuracy: np.ndarray) -> Any:

@@ -32,6 +32,22 @@ def split_halves(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return order[: n // 2], order[n // 2 :]
 
 
+def resample(
+    rng: np.random.Generator, y: np.ndarray, classes: np.ndarray, priors: np.ndarray
+) -> np.ndarray:
+    """Indices `[len(y)]` into the labels `y`, drawn with replacement to class priors `[K]`
+    over `classes` `[K]`: counts multinomial(len(y), priors), each class's drawn from its own
+    points (in the order of `classes`). The one resampling of label shift, here and in auto's
+    learned mode (`_learned.training_sets`)."""
+    counts = rng.multinomial(len(y), priors)
+    picks = [
+        rng.choice(np.nonzero(y == c)[0], k, True)
+        for c, k in zip(classes, counts, strict=True)
+        if k > 0
+    ]
+    return np.concatenate(picks)
+
+
 def shifted_sets(
     scores: torch.Tensor, y: torch.Tensor, seed: int
 ) -> Iterator[tuple[str, torch.Tensor, torch.Tensor]]:
@@ -40,15 +56,12 @@ def shifted_sets(
     n, classes = scores.shape
     spread = float(scores.std())
     y_np = y.numpy()
-    by_class = [np.nonzero(y_np == c)[0] for c in range(classes)]
+    every = np.arange(classes)
+    present = np.isin(every, y_np)
 
     def resampled(priors: np.ndarray) -> np.ndarray:
-        present = np.array([len(i) > 0 for i in by_class])
-        p = priors * present
-        counts = rng.multinomial(n, p / p.sum())
-        return np.concatenate(
-            [rng.choice(by_class[c], k, True) for c, k in enumerate(counts) if k > 0]
-        )
+        p = priors * present  # a class absent from y gets no points
+        return resample(rng, y_np, every, p / p.sum())
 
     def noisy(s: torch.Tensor, sigma: float) -> torch.Tensor:
         noise = torch.from_numpy(rng.standard_normal(tuple(s.shape)))
