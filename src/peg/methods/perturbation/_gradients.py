@@ -171,17 +171,16 @@ class GradientPass:
         """∇L on the mini-batch drawn from `gen`, `[P]` (written into `out` if given)."""
         losses = self.losses(gen)
         loss = losses.mean() if self.reduction == "mean" else losses.sum()
-        if not torch.isfinite(loss):
-            raise NonFiniteError(f"{what} (base model {self.r}): the loss is {loss.item()}")
+        value = loss.item()
+        if not math.isfinite(value):
+            raise NonFiniteError(f"{what} (base model {self.r}): the loss is {value}")
         gs = list(torch.autograd.grad(loss, self.selected))[::-1]  # popped in order below
         self.restore_buffers()
         # each gradient copied into its slice of g and freed at once: no [P] temporaries
         g = self.empty() if out is None else out
-        finite = True
         for part in entry_views(g, self.shapes):
             part.copy_(gs.pop())
-            finite = finite and bool(torch.isfinite(part).all())
-        if not finite:
+        if not bool(torch.isfinite(g).all()):  # one check of the row, not one per entry
             raise NonFiniteError(
                 f"{what} (base model {self.r}): the gradient has NaN or inf entries"
             )

@@ -33,12 +33,17 @@ from torch import Tensor, nn
 
 from peg._heads import find_split
 from peg._params import entry_views, refresh_bn, runs_channels_last, to_channels_last
-from peg.ensemble import Ensemble
+from peg.ensemble import Ensemble, _stack_states
 from peg.methods.base import FittedEnsemble
+from peg.methods.perturbation._bn_fold import FoldedBatchNorm, fold_batch_norm
 from peg.output import logits_of
 from peg.recipe import displacement_fingerprints
 from peg.source import Data, ValSource
 from peg.source.batches import batch_rows, call_model, take_rows
+
+# The search's members run with eval-mode BatchNorm folded into the convolution before it, where
+# provable (`peg.methods.perturbation._bn_fold`); False: as the model is (for comparisons).
+FOLD_BATCH_NORM = True
 
 # Members regenerated at a time by a lazy ensemble when `chunk_size` is not given.
 LAZY_CHUNK_SIZE = 5
@@ -112,6 +117,8 @@ class Bases:
     n_members: int  # S per base
     bn_batches: Iterable[Any] | None = None  # bn="refresh": input batches, read on each pass
     dropped: set[int] = field(default_factory=set)
+    # the search's BatchNorms folded into their convolutions on `own_skeleton` (`_bn_fold`)
+    folded: FoldedBatchNorm | None = None
 
     def __len__(self) -> int:
         return self.n_members * len(self.states) - len(self.dropped)
@@ -171,6 +178,13 @@ class Bases:
     def _build(self, share: bool, **entries: Any) -> Ensemble:
         """An `Ensemble` of `entries` (stacked and shared, or states): on `own_skeleton` when
         `share` (the search's, never handed out), else on a copy of its own."""
+        if share and self.folded is not None:
+            if "states" in entries:
+                stacked, shared = _stack_states(entries["states"])
+            else:
+                stacked, shared = entries["stacked"], entries["shared"]
+            stacked, shared = self.folded.entries(stacked, shared)
+            return Ensemble._sharing(self.folded.skeleton, stacked, shared)
         if share:
             return Ensemble._sharing(self.own_skeleton, **entries)
         if "states" in entries:
@@ -277,6 +291,9 @@ class StackedMembers:
         if split is None:
             if runs_channels_last(bases.skeleton, X) and to_channels_last(bases.own_skeleton, X):
                 X = X.contiguous(memory_format=torch.channels_last)  # the members follow
+            if FOLD_BATCH_NORM and bases.folded is None and isinstance(X, Tensor):
+                probe = take_rows(X, 0, 2)
+                bases.folded = fold_batch_norm(bases.own_skeleton, bases.states[0], probe)
             return SearchTarget(
                 functools.partial(self.ensemble_at, share=True),
                 X,
