@@ -174,7 +174,8 @@ def test_equal_input_rows_are_kept_once_with_their_count() -> None:
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("channels_last", [True, False])
 def test_a_convolution_s_input_rows_are_f_unfold_s(bias: bool, channels_last: bool) -> None:
-    """A convolution's patches are written straight into their rows: F.unfold's, in its order."""
+    """A convolution's patches are written straight into their rows: F.unfold's, in its order
+    or (a channels-last input) channels inner, which `input_order` maps back."""
     torch.manual_seed(0)
     conv = nn.Conv2d(3, 4, (3, 2), stride=(1, 2), padding=(2, 1), dilation=(2, 1), bias=bias)
     layer = _precondition.KFACLayer("c", conv, "conv2d", 0, 1 if bias else None)
@@ -183,8 +184,10 @@ def test_a_convolution_s_input_rows_are_f_unfold_s(bias: bool, channels_last: bo
     expected = torch.cat([a, torch.ones(len(a), 1)], 1) if bias else a
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
-    assert torch.equal(layer.inputs(x, torch.float32), expected)
-    assert torch.equal(layer.inputs(x.double(), torch.float32), expected)
+    for inputs in (x, x.double()):  # the second call in the first one's order
+        rows, order = layer.inputs(inputs, torch.float32), layer.input_order()
+        assert (order is not None) == channels_last
+        assert torch.equal(rows if order is None else rows[:, order], expected)
 
 
 def test_a_kfac_recipe_made_before_equal_rows_were_merged_still_rebuilds(
