@@ -264,7 +264,6 @@ class InputMoment:
     order the rows came, as it always was."""
 
     keep_rows: bool = True  # False: always summed (recipes of version < 4 were made so)
-    distinct: bool = True  # equal rows merged (False: as recipes of version < 5 were made)
     rows: list[Tensor] = field(default_factory=list)
     total: Tensor | None = None
     count: int = 0
@@ -295,7 +294,7 @@ class InputMoment:
         if self.total is not None:
             return self.total / max(self.count, 1), None
         R = torch.cat(self.rows)
-        if self.distinct:
+        if R.device.type != "mps":  # (unique over rows may not run there: merging only saves)
             R, counts = torch.unique(R, dim=0, return_counts=True)
             R = R * counts.to(R.dtype).sqrt()[:, None]
         return None, R / math.sqrt(max(self.count, 1))
