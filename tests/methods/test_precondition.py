@@ -158,6 +158,65 @@ def test_a_kfac_recipe_of_version_3_rebuilds_with_summed_input_factors(
         assert kept and set(kept) == {expected}
 
 
+def test_equal_input_rows_are_kept_once_with_their_count() -> None:
+    """Mini-batches drawn independently repeat points: a wide layer's equal input rows are kept
+    once, times √(their count), so that Rᵀ R is still the mean of a aᵀ over every row."""
+    distinct = torch.randn(5, 9, generator=torch.Generator().manual_seed(0))
+    rows = distinct[torch.tensor([0, 1, 2, 1, 3, 1, 4, 0])]
+    moment = _precondition.InputMoment()
+    moment.add(rows[:4], "linear")
+    moment.add(rows[4:], "linear")
+    A, R = moment.mean()
+    assert A is None and R is not None and R.shape == (5, 9)
+    torch.testing.assert_close(R.double().T @ R.double(), rows.double().T @ rows.double() / 8)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_a_convolution_s_input_rows_are_f_unfold_s(bias: bool, channels_last: bool) -> None:
+    """A convolution's patches are written straight into their rows: F.unfold's, in its order
+    or (a channels-last input) channels inner, which `input_order` maps back."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 4, (3, 2), stride=(1, 2), padding=(2, 1), dilation=(2, 1), bias=bias)
+    layer = _precondition.KFACLayer("c", conv, "conv2d", 0, 1 if bias else None)
+    x = torch.randn(2, 3, 11, 9)
+    a = nn.functional.unfold(x, (3, 2), (2, 1), (2, 1), (1, 2)).transpose(1, 2).reshape(-1, 18)
+    expected = torch.cat([a, torch.ones(len(a), 1)], 1) if bias else a
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    for inputs in (x, x.double()):  # the second call in the first one's order
+        rows, order = layer.inputs(inputs, torch.float32), layer.input_order()
+        assert (order is not None) == channels_last
+        assert torch.equal(rows if order is None else rows[:, order], expected)
+
+
+def test_a_kfac_recipe_made_before_equal_rows_were_merged_still_rebuilds(
+    tmp_path, monkeypatch
+) -> None:
+    """Version-4 recipes were made from every input row, equal ones included: merging them
+    moves the members by rounding only (1.2e-6 of a row on a CNN's classifier), within the
+    fingerprints' tolerance, so such a recipe still rebuilds (no new recipe version)."""
+    points = _curvature_points()
+    assert len(points.unique()) < len(points)  # some points drawn twice: rows merged
+
+    def every_row(self: _precondition.InputMoment) -> tuple:
+        if self.total is not None:
+            return self.total / self.count, None
+        return None, torch.cat(self.rows) / self.count**0.5
+
+    with monkeypatch.context() as m:
+        m.setattr(_precondition.InputMoment, "mean", every_row)
+        fitted = _fit(64, precondition="kfac", eta=0.1, lazy=False)
+        path = fitted.save(str(tmp_path / "recipe"))
+    loaded = peg.load(path, _net(64), val=_data(features=64))  # checked against the fingerprints
+    built, merged = fitted.ensemble(), _fit(64, precondition="kfac", eta=0.1, lazy=False)
+    for m in range(len(built)):
+        a, b = loaded.member_state(m), built.member_state(m)
+        assert all(torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-7) for k in b)
+    D, D0 = merged.directions_[0].double(), fitted.directions_[0].double()
+    assert ((D - D0).norm(dim=1) / D0.norm(dim=1)).max() < 1e-5
+
+
 def _bn_net() -> nn.Module:
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(3, 5), nn.BatchNorm1d(5), nn.Linear(5, 4)).eval()
