@@ -17,18 +17,19 @@ the folds and a time budget for the whole fit, relative to temperature scaling's
   dearest network candidate fitted so far, and at least its `members` forward passes of the
   validation data); after each fold, while the kept candidates' cost of the remaining folds
   (measured: their mean seconds a fold, fit and scoring) and the refit of the leader would pass
-  the budget, one is dropped, saying so: of those whose drop alone would do, the worst scored
-  so far, else the one whose drop saves most (the leader only where it alone passes the
-  budget: a candidate running past the budget is stopped at the next fold). The maps on the
-  cached logits (no forward pass: temperature, ensemble TS, ..., vector and matrix scaling,
-  Dirichlet) are admitted the same way, each priced by its own structure (`GROWTH`): the
-  dearest map fitted so far of no more parameters per class (at 1,000 classes matrix
-  scaling's fold costs 20-40 TS fits, and would otherwise spend the budget of the cheaper
-  maps; a full map, matrix scaling or Dirichlet, is priced at least at the diagonal map's
-  measured fold × `full_map_factor(C)`, C² parameters against C). Every price and measured
-  fold is wall seconds on the machine that timed the reference TS fit, so a load that slows
-  both moves the budget and the prices together. The first candidate in the order
-  (temperature scaling by default) is never dropped.
+  the budget, one is dropped, saying so: of those whose drop alone would do, the dearest
+  unless one scored worse beyond a paired SE, else the one whose drop saves most (the leader
+  only where it alone passes the budget: a candidate running past the budget is stopped at the
+  next fold). The maps on the cached logits (no forward pass: temperature, ensemble TS, ...,
+  vector and matrix scaling, Dirichlet) are admitted the same way, each priced by its own
+  structure (`GROWTH`): the dearest map fitted so far of no more parameters per class (at
+  1,000 classes matrix scaling's fold costs 20-40 TS fits, and would otherwise spend the
+  budget of the cheaper maps; a full map, matrix scaling or Dirichlet, is priced at least at
+  the diagonal map's measured fold × `full_map_factor(C)`, C² parameters against C). Every
+  price and measured fold is wall seconds on the machine that timed the reference TS fit, so
+  a load that slows both moves the budget and the prices together (not the
+  `MIN_BUDGET_SECONDS` floor: where it binds, a loaded machine has less budget in TS fits).
+  The first candidate in the order (temperature scaling by default) is never dropped.
 """
 
 from __future__ import annotations
@@ -338,18 +339,15 @@ class Plan:
         self, cross: Any, saving: dict[str, float], excess: float, left: int, covered: Tensor
     ) -> str:
         """Which of `saving` (name → seconds a fold its drop saves) to drop for `excess` seconds
-        over the budget: the worst scored so far of those whose drop alone suffices (the least
-        value for the price: not the better of two maps whose folds differ by the load's
-        noise), else the one whose drop saves most."""
+        over the budget: of those whose drop alone suffices, the dearest, unless another scored
+        worse than it beyond one paired SE so far (the least value for the price: not the
+        better of two maps whose folds differ by the load's noise); none sufficing, the one
+        whose drop saves most."""
         enough = [n for n in saving if saving[n] * left >= excess]
-        if not enough:
-            return max(saving, key=lambda n: saving[n])
-
-        def mean(n: str) -> float:
-            value = float(cross.points[n][covered].mean())
-            return value if value == value else float("inf")  # not scored: no value shown
-
-        return max(enough, key=lambda n: (mean(n), saving[n]))
+        dearest = max(enough or saving, key=lambda n: saving[n])
+        worse = [n for n in enough if n != dearest and beyond(
+            *mean_se(cross.points[n][covered] - cross.points[dearest][covered]))]  # fmt: skip
+        return max(worse, key=lambda n: float(cross.points[n][covered].mean()), default=dearest)
 
     def _trim(
         self, cross: Any, leader: str | None, folds: int, left: int, covered: Tensor
