@@ -60,7 +60,7 @@ DEFAULT_CANDIDATES = (
 
 
 def _seconds(value: Any, name: str) -> None:
-    """"auto", None or a finite number of seconds > 0."""
+    """ "auto", None or a finite number of seconds > 0."""
     if value is None or (isinstance(value, str) and value == "auto"):
         return
     if isinstance(value, str):

@@ -349,9 +349,7 @@ class Plan:
             *mean_se(cross.points[n][covered] - cross.points[dearest][covered]))]  # fmt: skip
         return max(worse, key=lambda n: float(cross.points[n][covered].mean()), default=dearest)
 
-    def _trim(
-        self, cross: Any, leader: str | None, folds: int, left: int, covered: Tensor
-    ) -> None:
+    def _trim(self, cross: Any, leader: str | None, folds: int, left: int, covered: Tensor) -> None:
         """Drop kept candidates (`_worst`; the leader only where it alone passes the budget)
         until the rest fit the budget."""
         while True:

@@ -200,8 +200,11 @@ def cost_line(cost: dict[str, Any]) -> str:
     auto = f", {AUTO_BUDGET:g} × the TS fit, at least {MIN_BUDGET_SECONDS:g} s)"
     budget += auto if given == "auto" else ")"
     race = cost["race"]
-    raced = "no race" if race is None else (
-        f"raced: dropped beyond {race:g} paired SE of the leader from the second fold")
+    raced = (
+        "no race"
+        if race is None
+        else (f"raced: dropped beyond {race:g} paired SE of the leader from the second fold")
+    )
     return (text + f"{budget}; cheap candidates first; {raced}; a dropped candidate's row says "
             "why.\n")  # fmt: skip
 
