@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from peg.apps.bench.spec import MethodSpec
-from peg.apps.select import AutoSelect, auto, race
+from peg.apps.select import AutoSelect, auto, race, reference
 from peg.apps.select.deadline import Overrun, stop_at
 from peg.apps.select.race import FIT_PASSES, Plan, full_map_factor
 
@@ -338,3 +338,21 @@ def test_a_map_is_priced_by_the_maps_of_no_richer_structure():
     plan = Plan(200.0, None, time.perf_counter(), print, classes=1000)
     assert plan._prior(cross, specs[3]) == pytest.approx(0.2)
     assert plan._prior(cross, MethodSpec("Ensemble TS", "ensemble-temperature", "model")) == 0.05
+
+
+def test_the_budget_floor_is_in_seconds_of_an_unloaded_machine(monkeypatch):
+    """At load average ~10 the saturated 10-class run got 0.4 CPU seconds in 4.5 wall ones: a
+    10 s wall floor held a tenth of the work, and the choice went from matrix scaling to TS
+    (+0.21 nats). The floor is 10 s × the wall over the CPU seconds of the reference pass: a
+    reference run at an eighth of the CPU (simulated) gets ~80 s."""
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(200, 3, generator=g)
+    y = torch.multinomial((2 * z).softmax(-1), 1, generator=g)[:, 0]
+    quiet = AutoSelect(candidates=["TS"], cv=2, progress=False).fit(nn.Identity(), (z, y))
+    assert quiet.cost_["slowdown"] >= 1.0 and quiet.cost_["budget_seconds"] >= 10.0
+    monkeypatch.setattr(time, "process_time", lambda: time.perf_counter() / 8)
+    loaded = AutoSelect(candidates=["TS"], cv=2, progress=False).fit(nn.Identity(), (z, y))
+    assert loaded.cost_["slowdown"] == pytest.approx(8.0, rel=0.01)
+    assert loaded.cost_["budget_seconds"] == pytest.approx(80.0, rel=0.01)  # 10 s before
+    assert "at least 10 s × 8 (the load)" in loaded.to_markdown()
+    assert reference.slowdown(1.0, 2.0) == 1.0 and reference.slowdown(1.0, 0.0) == 1.0
