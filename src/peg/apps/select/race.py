@@ -27,8 +27,8 @@ the folds and a time budget for the whole fit, relative to temperature scaling's
   budget of the cheaper maps; a full map, matrix scaling or Dirichlet, is priced at least at
   the diagonal map's measured fold × `full_map_factor(C)`, C² parameters against C). Every
   price and measured fold is wall seconds on the machine that timed the reference TS fit, so
-  a load that slows both moves the budget and the prices together (not the
-  `MIN_BUDGET_SECONDS` floor: where it binds, a loaded machine has less budget in TS fits).
+  a load that slows both moves the budget and the prices together; the `MIN_BUDGET_SECONDS`
+  floor is in seconds of an unloaded machine (× `reference.slowdown`), for the same reason.
   The first candidate in the order (temperature scaling by default) is never dropped.
 """
 
@@ -52,7 +52,8 @@ from peg.apps.select.folds import beyond, mean_se
 # max_fit_seconds="auto": the whole fit's budget, in temperature scaling fits on the same model
 # and data (a forward pass of val and the one-parameter fit, measured in the run)
 AUTO_BUDGET = 25.0
-# ... and never less than this many seconds (a run of seconds is not worth cutting: on a tiny
+# ... and never less than this many seconds of an unloaded machine (× the load measured on the
+# reference pass, `reference.slowdown`; a run of seconds is not worth cutting: on a tiny
 # model or saved logits a fit's fixed costs, not its forward passes, would set the budget; at
 # 100 classes a 5 s floor left out vector scaling, the exhaustive run's choice, at +0.013 nats)
 MIN_BUDGET_SECONDS = 10.0
