@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from peg.apps.bench.spec import MethodSpec
-from peg.apps.select import AutoSelect, auto, race
+from peg.apps.select import AutoSelect, auto, race, reference
 from peg.apps.select.deadline import Overrun, stop_at
 from peg.apps.select.race import FIT_PASSES, Plan, full_map_factor
 
@@ -260,3 +260,99 @@ def test_a_cheap_candidate_starts_where_only_a_dearer_kept_one_stands_in_its_way
     assert plan.admit(cross, specs[3], 5) is None  # 4 × (0.01 + 0.07) + 5 × 0.14 s
     assert plan.allowance(cross, specs[3], 0, 5) > 1.0  # and its fold is not stopped at once
     assert plan.admit(cross, MethodSpec("PEG", "peg", "model"), 5) is not None  # 18 × 0.2 s
+
+
+# 100 classes, 5,000 points, one thread, quiet (benchmarks/auto_select_logits.py's case): the
+# reference TS fit and each map's fold (fit and scoring, seconds), and their CV NLL
+QUIET = {"TS": 0.24, "Ensemble TS": 0.35, "Vector scaling": 0.72, "Order-preserving": 0.81,
+         "Matrix scaling": 1.8, "Dirichlet": 3.9}  # fmt: skip
+CV_NLL = {"TS": 0.628, "Ensemble TS": 0.583, "Vector scaling": 0.561, "Order-preserving": 0.577,
+          "Matrix scaling": 0.561, "Dirichlet": 0.574}  # fmt: skip
+
+
+def _first_fold(load: float) -> _Cross:
+    """The first fold of the 100-class case on a machine `load` times slower (the reference TS
+    fit too: the budget `max(25 × reference, 10 s)`), on a simulated clock: each map admitted
+    costs its fold; then the trim after the fold."""
+    from peg.apps.compare.methods import LOGIT_METHODS, resolve
+
+    specs = race.cheap_first(resolve(list(LOGIT_METHODS), nn.Identity())[0], lambda s: True)
+    n = 50
+    points = {s.name: torch.full((n,), CV_NLL[s.name], dtype=torch.float64) for s in specs}
+    cross = _Cross(specs, {}, points)
+    spent = [0.45 * load]  # the validation pass and the reference
+    plan = Plan(max(25 * 0.45 * load, 10.0), 3.0, 0.0, lambda _: None, classes=100)
+    plan.elapsed = lambda: spent[0]  # type: ignore[method-assign]
+    for spec in specs:
+        why = plan.admit(cross, spec, 5)
+        if why is None:
+            spent[0] += QUIET[spec.name] * load
+            cross.steps[spec.name] = [QUIET[spec.name] * load]
+        else:
+            cross.dropped[spec.name] = why
+    plan.after_fold(cross, list(torch.arange(n).chunk(5)), 0)
+    return cross
+
+
+@pytest.mark.parametrize("load", [1.0, 2.2, 4.0])
+def test_the_simple_map_is_admitted_whatever_the_load(load):
+    """At load average ~11 (folds and reference 2.2 × slower) vector scaling, the exhaustive
+    run's choice, was priced at order-preserving's fold (admitted before it) and not started:
+    +0.013 nats. Admitted by value per cost, it starts and stays at any load; what is left out
+    is the dearer, worse maps."""
+    cross = _first_fold(load)
+    assert "Vector scaling" not in cross.dropped, cross.dropped
+    assert {"Dirichlet", "Matrix scaling"} <= set(cross.dropped)
+    names = [s.name for s in cross.order]
+    assert names.index("Vector scaling") < names.index("Order-preserving")
+
+
+def test_the_trim_drops_the_worse_of_two_maps_either_of_whose_drop_would_do():
+    """Two kept maps, either one's drop enough for the budget, the better one's fold dearer by
+    the load's noise: the worse scored one is dropped (it was the dearer one, the better map)."""
+    specs = [MAPS[0], MethodSpec("Ensemble TS", "ensemble-temperature", "model"), MAPS[1],
+             MethodSpec("Order-preserving", "order-preserving", "model")]  # fmt: skip
+    n = 50
+    means = {"TS": 0.63, "Ensemble TS": 0.55, "Vector scaling": 0.56, "Order-preserving": 0.58}
+    points = {k: torch.full((n,), v, dtype=torch.float64) for k, v in means.items()}
+    seconds = {"TS": 0.2, "Ensemble TS": 0.3, "Vector scaling": 0.9, "Order-preserving": 0.8}
+    cross = _Cross(specs, seconds, points)
+    plan = Plan(9.0, None, 0.0, lambda _: None)
+    plan.elapsed = lambda: 2.2  # type: ignore[method-assign]  # + 4 × 2.2 s + the refit: 11.4 s
+    plan.after_fold(cross, list(torch.arange(n).chunk(5)), 0)
+    assert set(cross.dropped) == {"Order-preserving"}, cross.dropped
+    # within one paired SE of each other (a tie so far): the dearer is dropped, as before
+    noise = 0.5 * torch.randn(n, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    points["Order-preserving"] = points["Vector scaling"] + noise - noise.mean() + 0.01
+    cross.dropped.clear()
+    plan.after_fold(cross, list(torch.arange(n).chunk(5)), 0)
+    assert set(cross.dropped) == {"Vector scaling"}, cross.dropped
+
+
+def test_a_map_is_priced_by_the_maps_of_no_richer_structure():
+    """Isotonic (one-vs-rest, O(C)) after Dirichlet at 1,000 classes: priced at the dearest
+    O(C) map's fold, not at Dirichlet's 19.3 s."""
+    specs = [*MAPS, MethodSpec("Isotonic", "isotonic", "model")]
+    points = {s.name: torch.zeros(10) for s in specs}
+    cross = _Cross(specs, {"TS": 0.05, "Vector scaling": 0.2, "Dirichlet": 19.3}, points)
+    plan = Plan(200.0, None, time.perf_counter(), print, classes=1000)
+    assert plan._prior(cross, specs[3]) == pytest.approx(0.2)
+    assert plan._prior(cross, MethodSpec("Ensemble TS", "ensemble-temperature", "model")) == 0.05
+
+
+def test_the_budget_floor_is_in_seconds_of_an_unloaded_machine(monkeypatch):
+    """At load average ~10 the saturated 10-class run got 0.4 CPU seconds in 4.5 wall ones: a
+    10 s wall floor held a tenth of the work, and the choice went from matrix scaling to TS
+    (+0.21 nats). The floor is 10 s × the wall over the CPU seconds of the reference pass: a
+    reference run at an eighth of the CPU (simulated) gets ~80 s."""
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(200, 3, generator=g)
+    y = torch.multinomial((2 * z).softmax(-1), 1, generator=g)[:, 0]
+    quiet = AutoSelect(candidates=["TS"], cv=2, progress=False).fit(nn.Identity(), (z, y))
+    assert quiet.cost_["slowdown"] >= 1.0 and quiet.cost_["budget_seconds"] >= 10.0
+    monkeypatch.setattr(time, "process_time", lambda: time.perf_counter() / 8)
+    loaded = AutoSelect(candidates=["TS"], cv=2, progress=False).fit(nn.Identity(), (z, y))
+    assert loaded.cost_["slowdown"] == pytest.approx(8.0, rel=0.01)
+    assert loaded.cost_["budget_seconds"] == pytest.approx(80.0, rel=0.01)  # 10 s before
+    assert "at least 10 s × 8 (the load)" in loaded.to_markdown()
+    assert reference.slowdown(1.0, 2.0) == 1.0 and reference.slowdown(1.0, 0.0) == 1.0

@@ -28,7 +28,7 @@ from peg.apps.select import page
 from peg.apps.select.cross import CrossFit
 from peg.apps.select.folds import CRITERIA, check_fold_sizes, mean_se, stratified_folds
 from peg.apps.select.race import AUTO_BUDGET, MIN_BUDGET_SECONDS, Plan, fold_lines
-from peg.apps.select.reference import ts_seconds, warm_up
+from peg.apps.select.reference import slowdown, ts_seconds, warm_up
 from peg.apps.select.report import choose, cost_line, to_markdown
 from peg.ensemble import Predicts
 from peg.methods import _constraints as checks
@@ -60,7 +60,7 @@ DEFAULT_CANDIDATES = (
 
 
 def _seconds(value: Any, name: str) -> None:
-    """"auto", None or a finite number of seconds > 0."""
+    """ "auto", None or a finite number of seconds > 0."""
     if value is None or (isinstance(value, str) and value == "auto"):
         return
     if isinstance(value, str):
@@ -109,7 +109,8 @@ class AutoSelect(Reported, Predicts, Method):
             dearest is dropped while the rest would pass it; what is skipped says why).
             "auto": `AUTO_BUDGET` (25) × the measured temperature scaling fit (a forward pass
             of `val` and the fit of T: `cost_["reference_seconds"]`), at least
-            `MIN_BUDGET_SECONDS` (10). None: no budget and no race,
+            `MIN_BUDGET_SECONDS` (10) of an unloaded machine (× `cost_["slowdown"]`, the wall
+            over the CPU seconds of that pass and fit, at least 1). None: no budget and no race,
             every candidate on every fold (the exhaustive run).
         race: under a budget, once two folds are in, drop a candidate whose paired difference
             to the leader exceeds this many standard errors (None: no race).
@@ -133,7 +134,7 @@ class AutoSelect(Reported, Predicts, Method):
         nested_: `{"mean", "se", "chosen"}` (the outer folds' choices) with `nested=True`, else
             None.
         cost_: `{"seconds", "setup_seconds", "reference_seconds", "times_reference",
-            "budget_seconds", "max_fit_seconds", "race"}`: what the whole fit cost (wall
+            "budget_seconds", "slowdown", "max_fit_seconds", "race"}`: what the whole fit cost (wall
             seconds), against a TS fit on the same data timed after the one-time costs
             (imports, a first forward: `setup_seconds`, outside the budget).
         meta_: what was fitted (method "auto-select", the choice, the settings, the cost).
@@ -199,12 +200,13 @@ class AutoSelect(Reported, Predicts, Method):
         _as_candidates(lambda: registry.check_all(made, site))
         rows = probe_rows(val, batch_fn)
         model_flops = warm_up(model, rows)  # one-time costs, outside the reference and budget
-        clock = time.perf_counter()  # the budget's clock: the work from here on
+        clock, cpu = time.perf_counter(), time.process_time()  # the budget's clock from here
         logits, y = logits_and_labels(model, val, self.batch_size, batch_fn, "val")  # once
         forward = time.perf_counter() - clock
         y = check_labels(y, len(y), logits.shape[-1], name="val labels")  # before any candidate
         reference = forward + ts_seconds(logits, y)
-        budget = self._seconds(reference)
+        load = slowdown(time.perf_counter() - clock, time.process_time() - cpu)
+        budget = self._seconds(reference, load)
         everything = torch.arange(len(y))
         folds = stratified_folds(y, self.cv, self.seed)  # class counts checked before fitting
         cross = self._cross(model, source, logits, y, specs, rows)
@@ -225,6 +227,7 @@ class AutoSelect(Reported, Predicts, Method):
             "reference_seconds": reference,
             "times_reference": seconds / reference if reference > 0 else float("nan"),
             "budget_seconds": budget,
+            "slowdown": load,
             "max_fit_seconds": self.max_fit_seconds,
             "race": None if budget is None else self.race,
         }
@@ -253,10 +256,11 @@ class AutoSelect(Reported, Predicts, Method):
             progress=self.progress,
         )  # fmt: skip
 
-    def _seconds(self, reference: float) -> float | None:
-        """The time budget in seconds (None: none), "auto" from the reference TS fit."""
+    def _seconds(self, reference: float, load: float = 1.0) -> float | None:
+        """The time budget in seconds (None: none), "auto" from the reference TS fit, its floor
+        times the machine's `load` (`reference.slowdown`)."""
         if self.max_fit_seconds == "auto":
-            return max(AUTO_BUDGET * reference, MIN_BUDGET_SECONDS)
+            return max(AUTO_BUDGET * reference, MIN_BUDGET_SECONDS * load)
         return None if self.max_fit_seconds is None else float(self.max_fit_seconds)
 
     def _plan(self, budget: float | None, cross: CrossFit, started: float, forward: float) -> Plan:

@@ -1,10 +1,13 @@
 """The cost rule of `AutoSelect`'s cross-fitting (`Plan`): cheap candidates first, a race over
 the folds and a time budget for the whole fit, relative to temperature scaling's.
 
-- **Order** (`cheap_first`): the maps on the cached logits, then the candidates that touch the
-  network from the cheapest expected (MC dropout, Laplace, last-layer PEG) to the dearest
-  (PEG, its chains, PEP); a chained candidate always after its base. Every candidate is fitted
-  on fold k before any on fold k + 1, so every decision is made on paired scores.
+- **Order** (`cheap_first`): the maps on the cached logits, by expected value per cost (TS,
+  ensemble TS, vector scaling, then the others: `COST_ORDER`), then the candidates that touch
+  the network from the cheapest expected (MC dropout, Laplace, last-layer PEG) to the dearest
+  (PEG, its chains, PEP); a chained candidate always after its base. It is the order of
+  admission: under a tight budget what is left out is what is least likely to win for its
+  price. Every candidate is fitted on fold k before any on fold k + 1, so every decision is
+  made on paired scores.
 - **Race**: once two folds are in, after each fold, a candidate whose paired mean difference to
   the leader (the best mean over the folds so far) exceeds `race` standard errors of that
   difference is dropped, saying so (it cannot win, nor be within one SE of the winner).
@@ -14,15 +17,19 @@ the folds and a time budget for the whole fit, relative to temperature scaling's
   dearest network candidate fitted so far, and at least its `members` forward passes of the
   validation data); after each fold, while the kept candidates' cost of the remaining folds
   (measured: their mean seconds a fold, fit and scoring) and the refit of the leader would pass
-  the budget, the one whose drop saves most is dropped, saying so (the leader only where it
-  alone passes the budget: a candidate running past the budget is stopped at the next fold).
-  The maps on the cached logits (no forward pass: temperature, ensemble TS, ..., vector and
-  matrix scaling, Dirichlet) are admitted the same way, each estimated by the dearest map
-  fitted so far (they go from the fewest parameters to the most: at 1,000 classes matrix
-  scaling's fold costs 20-40 TS fits, and would otherwise spend the budget of the cheaper
-  maps; a full map, matrix scaling or Dirichlet, is priced at least at the diagonal map's
-  measured fold × `full_map_factor(C)`, C² parameters against C); the first candidate in the
-  order (temperature scaling by default) is never dropped.
+  the budget, one is dropped, saying so: of those whose drop alone would do, the dearest
+  unless one scored worse beyond a paired SE, else the one whose drop saves most (the leader
+  only where it alone passes the budget: a candidate running past the budget is stopped at the
+  next fold). The maps on the cached logits (no forward pass: temperature, ensemble TS, ...,
+  vector and matrix scaling, Dirichlet) are admitted the same way, each priced by its own
+  structure (`GROWTH`): the dearest map fitted so far of no more parameters per class (at
+  1,000 classes matrix scaling's fold costs 20-40 TS fits, and would otherwise spend the
+  budget of the cheaper maps; a full map, matrix scaling or Dirichlet, is priced at least at
+  the diagonal map's measured fold × `full_map_factor(C)`, C² parameters against C). Every
+  price and measured fold is wall seconds on the machine that timed the reference TS fit, so
+  a load that slows both moves the budget and the prices together; the `MIN_BUDGET_SECONDS`
+  floor is in seconds of an unloaded machine (× `reference.slowdown`), for the same reason.
+  The first candidate in the order (temperature scaling by default) is never dropped.
 """
 
 from __future__ import annotations
@@ -45,17 +52,23 @@ from peg.apps.select.folds import beyond, mean_se
 # max_fit_seconds="auto": the whole fit's budget, in temperature scaling fits on the same model
 # and data (a forward pass of val and the one-parameter fit, measured in the run)
 AUTO_BUDGET = 25.0
-# ... and never less than this many seconds (a run of seconds is not worth cutting: on a tiny
+# ... and never less than this many seconds of an unloaded machine (× the load measured on the
+# reference pass, `reference.slowdown`; a run of seconds is not worth cutting: on a tiny
 # model or saved logits a fit's fixed costs, not its forward passes, would set the budget; at
 # 100 classes a 5 s floor left out vector scaling, the exhaustive run's choice, at +0.013 nats)
 MIN_BUDGET_SECONDS = 10.0
-# the order the candidates are fitted in within a fold (others after them, in their order)
+# the order the candidates are fitted in within a fold, which is the order they are admitted in
+# (others after them, in their order): by expected value per cost, so that under a tight budget
+# the maps left out are the least likely to win for their price. Vector scaling right after the
+# one-parameter maps: the usual winner at many classes, a fold of O(C) parameters like
+# order-preserving's (0.72 s against 0.81 s at 100 classes, 5,000 points); behind it, at load
+# average ~11, it was priced at order-preserving's fold and not started (+0.013 nats)
 COST_ORDER = (
     "TS",
     "Ensemble TS",
+    "Vector scaling",
     "Spline",
     "Order-preserving",
-    "Vector scaling",
     "Dirichlet",
     "Matrix scaling",
     "Hist. binning",
@@ -78,6 +91,22 @@ COST_ORDER = (
 # (held: a trivial fit); a full map over its price is measured on its first fold and trimmed
 # (the full map: the diagonal map its price is measured from)
 FULL_MAPS = {"matrix-scaling": "vector-scaling", "dirichlet": "vector-scaling"}
+
+
+# how a map's fitted parameters grow with the classes C (0: a few, whatever C; 1: O(C), one per
+# class or one-vs-rest; 2: O(C²)): a map is priced, before it has run, by the dearest measured
+# fold of the maps of no richer structure (isotonic after Dirichlet: not at Dirichlet's fold)
+GROWTH = {
+    "temperature": 0,
+    "ensemble-temperature": 0,
+    "spline": 0,
+    "vector-scaling": 1,
+    "order-preserving": 1,
+    "histogram-binning": 1,
+    "isotonic": 1,
+    "matrix-scaling": 2,
+    "dirichlet": 2,
+}
 
 
 def full_map_factor(classes: int) -> float:
@@ -166,12 +195,15 @@ class Plan:
 
     def _prior(self, cross: Any, spec: MethodSpec) -> float:
         """`spec`'s price, its seconds a fold before it has run: the dearest so far of its kind
-        (maps on the cached logits, or network candidates; 0 before any); for a full affine
+        (network candidates, or maps on the cached logits of no richer `GROWTH`; 0 before
+        any); for a full affine
         map whose diagonal map ran, that map's measured fold × `full_map_factor` instead; for a
         network candidate at least its `members` forward passes of the validation data and its
         fit's (`FIT_PASSES`)."""
         cheap = cross.cheap(spec.name)
-        guess = max((max(v) for n, v in cross.steps.items() if v and cross.cheap(n) == cheap),
+        growth = GROWTH.get(spec.method, 2)  # an unknown map: any map's fold may be its price
+        guess = max((max(v) for n, v in cross.steps.items() if v and cross.cheap(n) == cheap
+                     and (not cheap or GROWTH.get(self._method(cross, n) or "", 2) <= growth)),
                     default=0.0)  # fmt: skip
         if cheap and spec.method in FULL_MAPS:  # from its diagonal map where that ran: not
             # from the other full map's (Dirichlet on saturated logits: 2.8 s a fold, matrix
@@ -304,11 +336,23 @@ class Plan:
                     why += f"; indistinguishable from its base ({cross.base_of[name]}) so far"
                 cross.dropped[name] = why
 
-    def _trim(
-        self, cross: Any, leader: str | None, folds: int, left: int, covered: Tensor
-    ) -> None:
-        """Drop the kept candidates whose drop saves most (the leader only where it alone
-        passes the budget) until the rest fit the budget."""
+    def _worst(
+        self, cross: Any, saving: dict[str, float], excess: float, left: int, covered: Tensor
+    ) -> str:
+        """Which of `saving` (name → seconds a fold its drop saves) to drop for `excess` seconds
+        over the budget: of those whose drop alone suffices, the dearest, unless another scored
+        worse than it beyond one paired SE so far (the least value for the price: not the
+        better of two maps whose folds differ by the load's noise); none sufficing, the one
+        whose drop saves most."""
+        enough = [n for n in saving if saving[n] * left >= excess]
+        dearest = max(enough or saving, key=lambda n: saving[n])
+        worse = [n for n in enough if n != dearest and beyond(
+            *mean_se(cross.points[n][covered] - cross.points[dearest][covered]))]  # fmt: skip
+        return max(worse, key=lambda n: float(cross.points[n][covered].mean()), default=dearest)
+
+    def _trim(self, cross: Any, leader: str | None, folds: int, left: int, covered: Tensor) -> None:
+        """Drop kept candidates (`_worst`; the leader only where it alone passes the budget)
+        until the rest fit the budget."""
         while True:
             kept = self._kept(cross)
             cost = self._remaining(cross, kept, left) + self._refit(cross, leader, folds)
@@ -323,7 +367,7 @@ class Plan:
                 n: v for n, v in saving.items() if n != leader}  # fmt: skip
             if not pick:
                 return
-            name = max(pick, key=lambda n: pick[n])
+            name = self._worst(cross, pick, self.elapsed() + cost - self.budget, left, covered)
             cross.dropped[name] = (
                 f"over budget after fold {folds - left}: {left} more folds at "
                 f"{self._per_fold(cross, name):.3g} s would pass {self.budget:.3g} s "

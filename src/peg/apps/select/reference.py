@@ -35,6 +35,16 @@ def warm_up(model: nn.Module, rows: Any) -> int | None:
         return None
 
 
+def slowdown(wall: float, cpu: float) -> float:
+    """How much slower than its CPU time the machine ran a stretch of the fit: its `wall`
+    seconds over the process's `cpu` seconds (`time.process_time`), at least 1 (threads: more
+    CPU than wall seconds, no slowdown seen). The floor of the budget is in seconds of an
+    unloaded machine, times this: on a loaded one (CPU 0.4 s for a 4.5 s run at load average
+    ~10) a 10 s wall floor held a tenth of the work, and the saturated maps' choice went from
+    matrix scaling to TS (+0.21 nats)."""
+    return max(1.0, wall / cpu) if cpu > 0 else 1.0
+
+
 def ts_seconds(logits: Tensor, y: Tensor) -> float:
     """Seconds to fit temperature scaling on the model's validation logits `[1, N, C]`."""
     started = time.perf_counter()

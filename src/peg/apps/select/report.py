@@ -197,11 +197,16 @@ def cost_line(cost: dict[str, Any]) -> str:
         return text + "no budget (max_fit_seconds=None): every candidate on every fold.\n"
     given = cost["max_fit_seconds"]
     budget = f"budget {cost['budget_seconds']:.1f} s (max_fit_seconds={given!r}"
-    auto = f", {AUTO_BUDGET:g} × the TS fit, at least {MIN_BUDGET_SECONDS:g} s)"
+    load = cost.get("slowdown") or 1.0  # reports saved before it: none
+    floor = f"{MIN_BUDGET_SECONDS:g} s" + (f" × {load:.2g} (the load)" if load > 1.05 else "")
+    auto = f", {AUTO_BUDGET:g} × the TS fit, at least {floor})"
     budget += auto if given == "auto" else ")"
     race = cost["race"]
-    raced = "no race" if race is None else (
-        f"raced: dropped beyond {race:g} paired SE of the leader from the second fold")
+    raced = (
+        "no race"
+        if race is None
+        else (f"raced: dropped beyond {race:g} paired SE of the leader from the second fold")
+    )
     return (text + f"{budget}; cheap candidates first; {raced}; a dropped candidate's row says "
             "why.\n")  # fmt: skip
 
