@@ -190,9 +190,7 @@ class Source:
         if y is not None:
             y = checked_labels(y, name, X.shape[0], device)
         if need_labels and y is None:
-            raise ValueError(
-                f"{name}: labels are needed: pass (X, y) or a loader yielding (x, y)"
-            )
+            raise ValueError(f"{name}: labels are needed: pass (X, y) or a loader yielding (x, y)")
         return X, y
 
     def labelled(self, device: torch.device | None = None) -> tuple[Tensor | Tapped, Tensor | None]:

@@ -160,9 +160,14 @@ def compare(
     state = State(out, {}, resume, write=rank == 0, say=say)
     distributed.guarded(lambda: state.prepare(overwrite, (*RESULTS, *figures)), "out")
     if out is not None:  # what the saved rows were made of (one read of each set, hashed)
-        state.run_key = {"seed": seed, "batch_size": batch_size, "bins": bins,
-                         "ood_score": ood_score, "conformal": repr(evaluation.conformal),
-                         **_fingerprints(model, val, labelled | unlabelled, batch_size)}
+        state.run_key = {
+            "seed": seed,
+            "batch_size": batch_size,
+            "bins": bins,
+            "ood_score": ood_score,
+            "conformal": repr(evaluation.conformal),
+            **_fingerprints(model, val, labelled | unlabelled, batch_size),
+        }
     fitting = Fitting(model, val, evaluation, state, seed=seed, progress=progress,
                       batch_size=batch_size, batch_fn=batch_fn)  # fmt: skip
     table: list[dict[str, Any]] = []
@@ -232,8 +237,7 @@ class Evaluation:
                 if name == TEST:  # the first set: calibrated on half of it
                     conformal_sets = scorer(logits, y, self.conformal)
                 row |= {
-                    column(k, name): v
-                    for k, v in conformal_sets(logits, y, name == TEST).items()
+                    column(k, name): v for k, v in conformal_sets(logits, y, name == TEST).items()
                 }
             curves[name] = metrics.reliability(logits, y, self.bins)
         assert test_logits is not None

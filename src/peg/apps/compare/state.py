@@ -166,8 +166,13 @@ class State:
                 self.say(f"compare: {spec.name}: its saved row was made by a run with other "
                          f"{_differing(saved, self.key(spec))}; fitting it again")  # fmt: skip
                 return None  # another run's (or no key at all): not this method's row
-            check_saved(saved, spec.name, set(self.run_key.get("sets", {})), str(path),
-                        self.run_key.get("bins"))
+            check_saved(
+                saved,
+                spec.name,
+                set(self.run_key.get("sets", {})),
+                str(path),
+                self.run_key.get("bins"),
+            )
         except (ValueError, ArchiveError) as e:  # ArchiveError is a ValueError
             self.say(f"compare: {spec.name}: its saved row is not usable ({e}); fitting it again")
             return None

@@ -87,9 +87,7 @@ def ensemble_probs(logits: Tensor) -> Tensor:
     return logits.softmax(-1).mean(0).double()
 
 
-def _ranked_scores(
-    v: Tensor, score: str, k_reg: int, lam: float, u: Tensor | None
-) -> Tensor:
+def _ranked_scores(v: Tensor, score: str, k_reg: int, lam: float, u: Tensor | None) -> Tensor:
     """APS/RAPS scores `[B, K]` of probabilities sorted in decreasing order `v` `[B, K]` (the
     first K of a row: a prefix of its sorted values). The mass before a class is that of the
     classes strictly more probable (equal ones share it, and a rank), so the scores depend on
