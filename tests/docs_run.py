@@ -380,20 +380,25 @@ class Forked:
                 os.close(self.ended)
         return self.returncode
 
-    def _has_ended(self) -> bool:
-        return self.ended is None or bool(select.select([self.ended], [], [], 0)[0])
+    def _has_ended(self, seconds: float = 0) -> bool:
+        return self.ended is None or bool(select.select([self.ended], [], [], seconds)[0])
 
-    def wait(self) -> int:
-        return self.poll(wait=True)
+    def wait(self, timeout: float = 60) -> int:
+        """Its exit status once it has ended; an AssertionError after `timeout` seconds."""
+        if self.returncode is None:
+            assert self._has_ended(timeout), f"the child {self.pid} still runs after {timeout} s"
+            self.poll(wait=True)
+        assert self.returncode is not None
+        return self.returncode
 
     def kill(self) -> None:
         if self.returncode is None:
             os.kill(self.pid, signal.SIGKILL)
 
-    def error(self) -> str:
-        """The end of what the child wrote on stderr ("" before it opened the file)."""
+    def error(self, last: int = 2000) -> str:
+        """The `last` characters the child wrote on stderr ("" before it opened the file)."""
         try:
-            return self.stderr.read_text(errors="replace")[-2000:]
+            return self.stderr.read_text(errors="replace")[-last:]
         except FileNotFoundError:
             return ""
 
