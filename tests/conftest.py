@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +12,8 @@ import pytest
 import torch
 from sklearn.datasets import make_moons
 from torch import nn
+
+from docs_run import Server
 
 CUDA = torch.cuda.is_available()
 if not CUDA:
@@ -101,3 +105,15 @@ def gpu():
         return
     with fake_gpu() as device:
         yield device
+
+
+@pytest.fixture(scope="session")
+def fork_server(tmp_path_factory) -> Iterator[Server]:
+    """A Python that imported torch, numpy and peg once (tests/docs_run.py), forking the fault
+    tests' victims (`fork_server.spawn(code, *args, ...)`, as `python -c` runs them): each a
+    separate process in a fresh Python's state, without the seconds of imports each paid. Its
+    hash seed is 0 (PYTHONHASHSEED, as the victims' environment said)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+    server = Server(tmp_path_factory.mktemp("fork-server") / "server.log", env)
+    yield server
+    server.close()

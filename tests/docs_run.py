@@ -1,17 +1,21 @@
 """Runs the docs' pages as a user would, each run in a fresh process of its own, for
-tests/test_docs.py: `python docs_run.py` serves one run a request.
+tests/test_docs.py: `python docs_run.py` serves one run a request. It also spawns the fault
+tests' victims (tests/conftest.py's `fork_server`): a request with "code" forks a child that runs
+it as `python -c CODE ARGS` would, in the same fresh state, and is answered with the child's
+process id at once (the test kills it with SIGKILL; a "poll" request gives its exit status).
+`Server` (at the end) is the tests' side of it.
 
-The server imports torch, numpy and peg once (3-4 s of CPU, which a fresh Python per run paid
-every time), then reads requests from stdin, one JSON object a line: the steps of a page (its
-runnable blocks, in order, in a JSON file), where to write the report, the scratch folder to run
-in, the environment, and the files that get stdout and stderr. For each it forks a child: the
-child starts from the state of a Python that has only imported those modules (no torch op has
-run, no thread started: the server checks), reseeds what a fresh Python seeds from the OS
-(numpy's and `random`'s global generators; torch's starts at its fixed default seed, as a fresh
-torch does), moves to the scratch folder and runs the steps; the server answers with the child's
-exit status, one JSON object a line. Python's hash seed and memory addresses are the server's:
-the test starts one server per run of a page, so the two runs of a page differ in those as two
-fresh processes do.
+The server imports torch, numpy, scikit-learn's data sets and peg once (PRELOAD: 8-10 s of CPU,
+which a fresh Python per run paid every time), then reads requests from stdin, one JSON object a
+line: the steps of a page (its runnable blocks, in order, in a JSON file), where to write the
+report, the scratch folder to run in, the environment, and the files that get stdout and
+stderr. For each it forks a child: the child starts from the state of a Python that has only
+imported those modules (no torch op has run, no thread started: the server checks), reseeds what
+a fresh Python seeds from the OS (numpy's and `random`'s global generators, and torch's where a
+fresh torch draws its seed, else its fixed default), moves to the scratch folder and runs the
+steps; the server answers with the child's exit status, one JSON object a line. Python's hash
+seed and memory addresses are the server's: the test starts one server per run of a page, so
+the two runs of a page differ in those as two fresh processes do.
 
 Python blocks are executed in one `__main__` namespace, as a script or a notebook would (a
 block's last bare expression is shown with `sys.displayhook`, as the interpreter and Jupyter
@@ -35,8 +39,10 @@ import json
 import os
 import random
 import resource
+import select
 import shlex
 import signal
+import subprocess
 import sys
 import time
 import traceback
@@ -45,9 +51,13 @@ from pathlib import Path
 
 RECORD_SEPARATOR = "\x1e"
 MISSING_DATA = "not found under any data root"  # peg.data's FileNotFoundError says this
-# Imported once by the server: what nearly every page and every `peg` command imports.
-PRELOAD = ("numpy", "torch", "peg", "peg.data", "peg.models", "peg.train", "peg.apps.cli")
+# Imported once by the server: what nearly every page and every `peg` command imports. Each of
+# torch._dynamo (torch.optim imports it when the first optimizer is built) and sklearn.datasets
+# (the toy data: make_moons, digits) costs a fresh Python 2-3 s of CPU.
+PRELOAD = ("numpy", "torch", "torch._dynamo", "sklearn.datasets", "peg", "peg.data",
+           "peg.models", "peg.train", "peg.apps.cli")  # fmt: skip
 
+SERVER_TORCH_SEED = 0  # the server's torch's seed at its start (serve sets it)
 _commands: dict = {"cpu": 0.0}  # the page's channel to its commands' forker, their CPU seconds
 
 
@@ -128,12 +138,23 @@ def _fresh(env: dict, out: int, err: int) -> None:
         os.dup2(fd, to)
     os.close(null)
     sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115 (the process's stdin)
-    random.seed()  # from the OS, as a fresh Python seeds them
-    sys.modules["numpy"].random.seed()
+    _reseed()
     torch = sys.modules["torch"]
-    torch.manual_seed(torch.initial_seed())  # a fresh torch's fixed default seed
     if env.get("OMP_NUM_THREADS"):
         torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+
+
+def _reseed() -> None:
+    """The global generators' seeds as a fresh Python's: `random`'s and numpy's from the OS;
+    torch's from the OS where a fresh torch draws it (torch 2.13 does), else its fixed default
+    (older ones: a new generator's seed)."""
+    random.seed()
+    sys.modules["numpy"].random.seed()
+    torch = sys.modules["torch"]
+    if torch.Generator().initial_seed() == SERVER_TORCH_SEED:
+        torch.manual_seed(SERVER_TORCH_SEED)
+    else:
+        torch.seed()
 
 
 def _end(status: object) -> None:
@@ -155,8 +176,7 @@ def _command(argv: list[str], cwd: str) -> None:
     """In a forked child: `peg ARGV` as the console script runs it (`sys.exit(main())`)."""
     os.chdir(cwd)
     sys.argv = ["peg", *argv[1:]]
-    random.seed()
-    sys.modules["numpy"].random.seed()
+    _reseed()
     status: object = 1
     try:
         status = importlib.import_module("peg.apps.cli").main()
@@ -230,19 +250,157 @@ def _run(request: dict) -> int:
     return os.waitstatus_to_exitcode(status)
 
 
+def _spawn(request: dict) -> int:
+    """`python -c CODE ARGS` in a forked child, not waited for: its process id."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    out = os.open(os.devnull, os.O_WRONLY)
+    err = os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    _fresh(request["env"], out, err)
+    os.close(out)
+    os.close(err)
+    os.chdir(request["cwd"])
+    module = types.ModuleType("__main__")
+    sys.modules["__main__"] = module
+    sys.argv, sys.path[0] = ["-c", *request["args"]], ""  # as `python -c` sets them
+    status: object = 1
+    try:
+        exec(compile(request["code"], "<string>", "exec"), module.__dict__)
+        status = 0
+    except SystemExit as e:
+        status = e.code
+    except BaseException:
+        traceback.print_exc()
+    _end(status)
+    return 0  # never reached: _end exits
+
+
+def _answer(request: dict, spawned: set[int]) -> dict:
+    """The server's reply to one request: a page's run, a spawn, or a spawned child's status."""
+    if "code" in request:
+        pid = _spawn(request)
+        spawned.add(pid)
+        return {"pid": pid}
+    if "poll" in request:  # a spawned child's exit status, null while it runs (unless "wait")
+        pid, status = os.waitpid(request["poll"], 0 if request.get("wait") else os.WNOHANG)
+        if not pid:
+            return {"status": None}
+        spawned.discard(pid)
+        return {"status": os.waitstatus_to_exitcode(status)}
+    return {"status": _run(request)}
+
+
 def serve() -> int:
-    """Import once, then one forked run per request line on stdin, its status on stdout."""
+    """Import once, then one forked run per request line on stdin, its answer on stdout."""
+    global SERVER_TORCH_SEED
     for name in PRELOAD:
         importlib.import_module(name)
+    SERVER_TORCH_SEED = sys.modules["torch"].initial_seed()  # the seed it started with
     tasks = Path("/proc/self/task")
     if tasks.is_dir():  # a thread would not survive the fork (torch's pools start lazily)
         assert len(list(tasks.iterdir())) == 1, "the docs server started a thread"
-    replies = sys.stdout
-    for line in sys.stdin:
-        status = _run(json.loads(line))
-        replies.write(json.dumps({"status": status}) + "\n")
-        replies.flush()
+    replies, spawned = sys.stdout, set()
+    try:
+        for line in sys.stdin:
+            replies.write(json.dumps(_answer(json.loads(line), spawned)) + "\n")
+            replies.flush()
+    finally:  # the tests have gone: no spawned child outlives them
+        for pid in spawned:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
     return 0
+
+
+# ------------------------------------------------------------------------------ the client
+class Server:
+    """A server (this file, run by this Python with the peg the tests import first on its path,
+    as if installed) for the tests: a page's runs (tests/test_docs.py) and spawned children
+    (the fault tests' victims, tests/conftest.py's `fork_server`)."""
+
+    def __init__(self, log: Path, env: dict | None = None) -> None:
+        import peg
+
+        env = dict(os.environ if env is None else env)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(Path(peg.__file__).resolve().parents[1]), *filter(None, [env.get("PYTHONPATH")])]
+        )
+        env.setdefault("OMP_NUM_THREADS", "1")  # as conftest's torch.set_num_threads(1)
+        self.env, self.log = env, log
+        with open(log, "w", encoding="utf-8") as errors:  # the server's own, not a run's
+            self.process = subprocess.Popen(
+                [sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=errors, env=env, text=True,
+            )  # fmt: skip
+
+    def ask(self, request: dict, seconds: float = 60) -> dict:
+        """The server's answer to one request, within `seconds`."""
+        assert self.process.stdin and self.process.stdout
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        ready, _, _ = select.select([self.process.stdout], [], [], seconds)
+        line = self.process.stdout.readline() if ready else ""
+        assert line, f"the fork server did not answer:\n{self.log.read_text()[-3000:]}"
+        return json.loads(line)
+
+    def spawn(self, code: str, *args: str, cwd: Path, stderr: Path, env: dict) -> Forked:
+        """`python -c CODE ARGS` run from `cwd` with `env`, forked: stdout discarded, stderr
+        written to the file `stderr`. The hash seed is the server's (set it in its env)."""
+        request = {"code": code, "args": list(args), "cwd": str(cwd), "stderr": str(stderr),
+                   "env": {**env, "PYTHONPATH": self.env["PYTHONPATH"]}}  # fmt: skip
+        return Forked(self, self.ask(request)["pid"], stderr)
+
+    def close(self) -> None:
+        if self.process.stdin:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+class Forked:
+    """A spawned child, as `subprocess.Popen` shows one: `pid`, `poll()`, `wait()`, `kill()`,
+    `returncode` (negative: killed by that signal), and its stderr's text."""
+
+    def __init__(self, server: Server, pid: int, stderr: Path) -> None:
+        self.server, self.pid, self.stderr, self.returncode = server, pid, stderr, None
+        # readable once the child has ended (the server reaps it only when asked, so the pid
+        # is not reused meanwhile): a look costs no request to the server
+        self.ended = os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None
+
+    def poll(self, wait: bool = False) -> int | None:
+        if self.returncode is None and (wait or self._has_ended()):
+            self.returncode = self.server.ask({"poll": self.pid, "wait": wait})["status"]
+            if self.returncode is not None and self.ended is not None:
+                os.close(self.ended)
+        return self.returncode
+
+    def _has_ended(self, seconds: float = 0) -> bool:
+        return self.ended is None or bool(select.select([self.ended], [], [], seconds)[0])
+
+    def wait(self, timeout: float = 60) -> int:
+        """Its exit status once it has ended; an AssertionError after `timeout` seconds."""
+        if self.returncode is None:
+            assert self._has_ended(timeout), f"the child {self.pid} still runs after {timeout} s"
+            self.poll(wait=True)
+        assert self.returncode is not None
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, signal.SIGKILL)
+
+    def error(self, last: int = 2000) -> str:
+        """The `last` characters the child wrote on stderr ("" before it opened the file)."""
+        try:
+            return self.stderr.read_text(errors="replace")[-last:]
+        except FileNotFoundError:
+            return ""
 
 
 if __name__ == "__main__":

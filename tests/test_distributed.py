@@ -4,8 +4,10 @@
 ranks ran had the shapes one process ran (so the equality holds by construction, on any CPU);
 (b) `torchrun ... peg bench SPEC.yaml` with 2 ranks writes the results of one process;
 (c) a rank raising part-way stops every rank with an error naming it, and no results are written.
-The ranks are real child processes (one torch thread each): (a) and (c) run in one pair launched
-by hand with torchrun's environment variables, (b) through the torchrun launcher itself.
+The ranks are real processes of their own (one torch thread each): (a) and (c) run in one pair
+launched by hand with torchrun's environment variables (forked, as `python -c` runs them, by
+conftest's `fork_server`, which imported torch and peg once), (b) through the torchrun launcher
+itself.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from safetensors.torch import load_file
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import peg
+from docs_run import Server
 from peg import distributed, models
 from peg.apps.bench.runner import run_spec, work_units
 from peg.apps.bench.spec import parse_spec
@@ -191,35 +194,32 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(code: str, *args: str, cwd: Path, size: int = 2) -> list[tuple[int, str]]:
-    """Run `python -c code args` as ranks 0..size-1 of a gloo group; (exit code, stderr) each."""
+def _launch(
+    server: Server, code: str, *args: str, cwd: Path, size: int = 2
+) -> list[tuple[int, str]]:
+    """Run `python -c code args` as ranks 0..size-1 of a gloo group, each a process of its own
+    forked by conftest's `fork_server`: (exit code, stderr) each."""
     port = str(_free_port())
     ranks = [
-        subprocess.Popen(
-            [sys.executable, "-c", code, *args],
-            cwd=cwd,
-            env=ENV
-            | {"RANK": str(r), "WORLD_SIZE": str(size), "MASTER_ADDR": "127.0.0.1"}
-            | {"MASTER_PORT": port, "LOCAL_RANK": str(r)},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        server.spawn(code, *args, cwd=cwd, stderr=cwd / f"rank-{r}.err",
+                     env=ENV | {"RANK": str(r), "WORLD_SIZE": str(size), "LOCAL_RANK": str(r),
+                                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
         for r in range(size)
-    ]
+    ]  # fmt: skip
     try:
-        errors = [p.communicate(timeout=PATIENCE)[1] for p in ranks]
-        return [(p.returncode, err) for p, err in zip(ranks, errors, strict=True)]
+        codes = [p.wait(PATIENCE) for p in ranks]
+        return [(c, p.error(last=100_000)) for c, p in zip(codes, ranks, strict=True)]
     finally:
         for p in ranks:
             if p.poll() is None:
                 p.kill()
+                p.wait()
 
 
 @pytest.fixture(scope="module")
-def launched(tmp_path_factory):
+def launched(tmp_path_factory, fork_server):
     out = tmp_path_factory.mktemp("ranks")
-    return out, _launch(WORKER, str(TESTS), str(out), json.dumps(SPEC), cwd=out)
+    return out, _launch(fork_server, WORKER, str(TESTS), str(out), json.dumps(SPEC), cwd=out)
 
 
 def test_one_process_is_rank_0_of_1():

@@ -67,8 +67,8 @@ def numbers(result) -> list[dict[str, float]]:
     ]
 
 
-def test_compare_on_two_ranks_gives_the_table_of_one_process(tmp_path):
-    statuses = _launch(WORKER, str(TESTS), str(tmp_path), cwd=tmp_path)
+def test_compare_on_two_ranks_gives_the_table_of_one_process(tmp_path, fork_server):
+    statuses = _launch(fork_server, WORKER, str(TESTS), str(tmp_path), cwd=tmp_path)
     one = numbers(compared())
     for rank in (0, 1):
         path = tmp_path / f"table-{rank}.json"

@@ -32,17 +32,14 @@ import ast
 import json
 import os
 import re
-import select
 import shlex
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from docs_run import RECORD_SEPARATOR
+from docs_run import RECORD_SEPARATOR, Server
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -50,7 +47,6 @@ DOC_FILES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 NO_RUN = "no-run"  # the one marker: ```python no-run
 RUN_COMMANDS = "<!-- the docs test runs the next block's commands"  # the line above a ```bash block
 VARIES = "<!-- the docs test: the next block's output varies ("  # then the reason, ") -->"
-RUNNER = Path(__file__).resolve().parent / "docs_run.py"
 PAGE_SECONDS = 600  # one run of a page, in a fresh process (a page takes seconds)
 README_MAX_LINES = 200
 SLOW_BLOCK_SECONDS = 30  # CPU seconds: a block is meant to take a second or two (imports included)
@@ -179,61 +175,27 @@ def _by_step(text: str, folder: Path) -> dict[str, str]:
     return out
 
 
-class Runner:
-    """A tests/docs_run.py server: one Python that has imported torch, numpy and peg, forking a
-    fresh child for each run of a page (a fresh Python paid 3-4 s of imports a run)."""
-
-    def __init__(self, log: Path) -> None:
-        import peg
-
-        env = dict(os.environ)  # the peg the tests import, first on the path, as if installed
-        env["PYTHONPATH"] = os.pathsep.join(
-            [str(Path(peg.__file__).resolve().parents[1]), *filter(None, [env.get("PYTHONPATH")])]
-        )
-        env.setdefault("OMP_NUM_THREADS", "1")  # as conftest's torch.set_num_threads(1)
-        self.env, self.log = env, log
-        with open(log, "w", encoding="utf-8") as errors:  # the server's own, not a page's
-            self.process = subprocess.Popen(
-                [sys.executable, str(RUNNER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=errors, env=env, text=True,
-            )  # fmt: skip
-
-    def run(self, request: dict) -> int:
-        """One run (a request as docs_run.py reads it) in its own process: its exit status."""
-        request = {**request, "env": {**os.environ, **{k: self.env[k] for k in
-                   ("PYTHONPATH", "OMP_NUM_THREADS")}}, "timeout": PAGE_SECONDS}  # fmt: skip
-        assert self.process.stdin and self.process.stdout
-        self.process.stdin.write(json.dumps(request) + "\n")
-        self.process.stdin.flush()
-        ready, _, _ = select.select([self.process.stdout], [], [], PAGE_SECONDS + 60)
-        line = self.process.stdout.readline() if ready else ""
-        assert line, f"the docs runner did not answer:\n{self.log.read_text()[-3000:]}"
-        return json.loads(line)["status"]
-
-    def close(self) -> None:
-        if self.process.stdin:
-            self.process.stdin.close()
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+def _run(runner: Server, request: dict) -> int:
+    """One run (a request as docs_run.py reads it) in its own process: its exit status."""
+    request = {**request, "env": {**os.environ, **{k: runner.env[k] for k in
+               ("PYTHONPATH", "OMP_NUM_THREADS")}}, "timeout": PAGE_SECONDS}  # fmt: skip
+    return runner.ask(request, PAGE_SECONDS + 60)["status"]
 
 
 @pytest.fixture(scope="session")
-def runners(tmp_path_factory) -> Iterator[tuple[Runner, Runner]]:
+def runners(tmp_path_factory) -> Iterator[tuple[Server, Server]]:
     """Two servers, one for each run of a page: two processes, so the runs differ in what two
     fresh Pythons differ in (the hash seed, memory addresses), not only in the seeds a fork
     redraws."""
     folder = tmp_path_factory.mktemp("docs-runners")
-    pair = (Runner(folder / "first.log"), Runner(folder / "second.log"))
+    pair = (Server(folder / "first.log"), Server(folder / "second.log"))
     yield pair
     for runner in pair:
         runner.close()
 
 
 def _run_page(
-    runner: Runner, path: Path, folder: Path, upto: int | None = None
+    runner: Server, path: Path, folder: Path, upto: int | None = None
 ) -> tuple[list[dict], dict[str, str], dict[str, str]]:
     """One run of a page's blocks (the first `upto`, or all) in a fresh process from `folder`:
     the report of each step, and what each step printed on stdout and on stderr."""
@@ -242,7 +204,7 @@ def _run_page(
              ".err")}  # fmt: skip
     steps, report = files["-steps.json"], files[".json"]
     steps.write_text(json.dumps(_steps(path)[:upto]), encoding="utf-8")
-    status = runner.run({"steps": str(steps), "report": str(report), "cwd": str(folder),
+    status = _run(runner, {"steps": str(steps), "report": str(report), "cwd": str(folder),
                          "stdout": str(files[".out"]), "stderr": str(files[".err"])})  # fmt: skip
     stdout, stderr = (files[k].read_text(encoding="utf-8") for k in (".out", ".err"))
     assert status == 0 and report.exists(), (
@@ -280,7 +242,7 @@ def test_examples_run(path, tmp_path, runners):
     _run_twice(path, tmp_path, runners)
 
 
-def _run_twice(path: Path, tmp_path: Path, runners: tuple[Runner, Runner]) -> None:
+def _run_twice(path: Path, tmp_path: Path, runners: tuple[Server, Server]) -> None:
     report, first, stderr = _run_page(runners[0], path, tmp_path / "first")
     _check_report(path, report, stderr)
     by_place = {b.where: b for b in blocks(path)}

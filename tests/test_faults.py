@@ -1,8 +1,10 @@
 """Faults: a writer killed mid-write leaves the previous archive intact; `peg bench` killed with
 SIGKILL at several points resumes to results identical to an uninterrupted run.
 
-The victims are real child processes (`python -c`, one torch thread) killed with SIGKILL, so no
-`finally`/`except` block of theirs runs: only what is on disk counts.
+The victims are real processes of their own (the code run as `python -c` runs it, one torch
+thread, forked in a fresh Python's state by conftest's `fork_server`, which imported torch and peg
+once) killed with SIGKILL, so no `finally`/`except` block of theirs runs: only what is on disk
+counts.
 """
 
 from __future__ import annotations
@@ -11,8 +13,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import peg
+from docs_run import Forked, Server
 from peg.apps.bench.runner import run_spec
 from peg.apps.bench.spec import parse_spec
 from peg.archive import ArchiveError, read_header
@@ -31,17 +32,11 @@ POLL = 0.001  # seconds between looks at the disk
 PATIENCE = 120.0  # seconds a child may take to reach its kill point
 
 
-def _spawn(code: str, *args: str, cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-c", code, *args],
-        cwd=cwd,
-        env=ENV,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+def _spawn(server: Server, code: str, *args: str, cwd: Path) -> Forked:
+    return server.spawn(code, *args, cwd=cwd, stderr=cwd.parent / f"{cwd.name}.err", env=ENV)
 
 
-def _kill_when(child: subprocess.Popen, reached, what: str, may_finish: bool = False) -> bool:
+def _kill_when(child: Forked, reached, what: str, may_finish: bool = False) -> bool:
     """SIGKILL `child` as soon as `reached()` is true and return True; fail if it exits or times
     out first. With `may_finish`, a child that ends successfully before the kill lands (the
     parent looked too late: a busy machine) returns False instead of failing."""
@@ -49,10 +44,8 @@ def _kill_when(child: subprocess.Popen, reached, what: str, may_finish: bool = F
     while not reached():
         if child.poll() is not None:
             if may_finish and child.returncode == 0:
-                child.stderr.close()
                 return False
-            err = child.stderr.read().decode(errors="replace")[-2000:]
-            pytest.fail(f"the child exited ({child.returncode}) before {what}:\n{err}")
+            pytest.fail(f"the child exited ({child.returncode}) before {what}:\n{child.error()}")
         if time.monotonic() > deadline:
             child.kill()
             child.wait()
@@ -60,11 +53,52 @@ def _kill_when(child: subprocess.Popen, reached, what: str, may_finish: bool = F
         time.sleep(POLL)
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
-    child.stderr.close()
     if may_finish and child.returncode == 0:
         return False
     assert child.returncode == -signal.SIGKILL, f"the child ended before the kill ({what})"
     return True
+
+
+PROBE = r"""
+import os, sys
+import numpy, torch
+print(os.getpid(), os.getppid(), os.getcwd(), sys.argv, os.environ.get("PROBE"),
+      numpy.random.randint(2**31), torch.rand(1).item(), torch.initial_seed(), sep="|",
+      file=sys.stderr)
+if sys.argv[1] == "raise":
+    raise RuntimeError("from the child")
+if sys.argv[1] == "sleep":
+    print("asleep", file=sys.stderr, flush=True)
+    import time; time.sleep(600)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+def test_the_victims_are_separate_processes_as_python_c_starts_them(tmp_path, fork_server):
+    """The harness: a spawned child is a process of its own, not the test's nor the server's,
+    run from its folder with `python -c`'s argv and its environment, with numpy's seed drawn
+    anew and torch's as a fresh Python's (drawn, or where torch has one, its fixed default); its
+    exit status, an uncaught
+    exception's (1, traceback on stderr) and SIGKILL's come back as `subprocess` gives them."""
+    (tmp_path / "a").mkdir()
+    lines = []
+    for i in range(2):
+        env = {**ENV, "PROBE": f"probe-{i}"}
+        child = fork_server.spawn(PROBE, "3", cwd=tmp_path / "a", stderr=tmp_path / f"{i}.err",
+                                  env=env)  # fmt: skip
+        assert child.wait() == 3
+        pid, parent, cwd, argv, probe, drawn, rand, seed = child.error().strip().split("|")
+        assert int(pid) == child.pid and int(parent) == fork_server.process.pid != os.getpid()
+        assert cwd == str(tmp_path / "a") and argv == "['-c', '3']" and probe == f"probe-{i}"
+        lines.append((drawn, rand, int(seed)))
+    assert lines[0][0] != lines[1][0]
+    default = torch.Generator().initial_seed()  # a fresh torch's fixed seed, where it has one
+    assert lines[0][1:] == lines[1][1:] if lines[0][2] == default else lines[0][1] != lines[1][1]
+    raised = fork_server.spawn(PROBE, "raise", cwd=tmp_path, stderr=tmp_path / "r.err", env=ENV)
+    assert raised.wait() == 1 and "RuntimeError: from the child" in raised.error()
+    asleep = fork_server.spawn(PROBE, "sleep", cwd=tmp_path, stderr=tmp_path / "s.err", env=ENV)
+    assert _kill_when(asleep, lambda: "asleep" in asleep.error(), "its sleep")
+    assert asleep.returncode == -signal.SIGKILL
 
 
 # --- (a) atomic archive writes -----------------------------------------------------------------
@@ -119,7 +153,7 @@ BIG = 300_000  # members for "real-write": 300k x 102 float32 = 122 MB, a write 
 
 
 @pytest.mark.parametrize("stop", ["before-write", "mid-write", "before-rename", "real-write"])
-def test_a_writer_killed_mid_write_leaves_the_previous_archive_intact(tmp_path, stop):
+def test_a_writer_killed_mid_write_leaves_the_previous_archive_intact(tmp_path, fork_server, stop):
     X = moons(64, 3)[0]
     original = peg.Ensemble.from_models([mlp(0), mlp(1), mlp(2)], meta={"method": "original"})
     path = tmp_path / "archive"
@@ -127,7 +161,7 @@ def test_a_writer_killed_mid_write_leaves_the_previous_archive_intact(tmp_path, 
     expected = original.member_logits(X)
     marker = tmp_path / "marker"
     members = BIG if stop == "real-write" else 1000
-    child = _spawn(WRITER, str(path), str(members), stop, str(marker), cwd=tmp_path)
+    child = _spawn(fork_server, WRITER, str(path), str(members), stop, str(marker), cwd=tmp_path)
 
     def temporaries() -> list[Path]:
         return sorted(tmp_path.glob(".archive.*.tmp"))
@@ -217,7 +251,6 @@ run_spec(spec, sys.argv[2], sys.argv[3], progress=False, say=lambda s: None)
 """
 
 
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """The uninterrupted run (in this process, one thread, as the children)."""
@@ -234,11 +267,13 @@ def reference(tmp_path_factory):
         "logits/PEG-4/build.safetensors",  # PEG built, its logits not yet written
     ],
 )
-def test_bench_killed_at_any_point_resumes_to_identical_results(tmp_path, reference, kill_at):
+def test_bench_killed_at_any_point_resumes_to_identical_results(
+    tmp_path, fork_server, reference, kill_at
+):
     out, cache, marker = tmp_path / "out", tmp_path / "cache", tmp_path / "marker"
     seed_dir = cache / SPEC["name"] / "seed-0"
     args = (json.dumps(SPEC), str(out), str(cache), str(seed_dir / kill_at), str(marker))
-    child = _spawn(BENCH, *args, cwd=tmp_path)
+    child = _spawn(fork_server, BENCH, *args, cwd=tmp_path)
     _kill_when(child, marker.exists, kill_at)
     assert (seed_dir / kill_at).exists()
     assert not (out / SPEC["name"] / "results.json").exists()  # killed before the end

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -132,11 +130,14 @@ with atomic_target(sys.argv[1]) as tmp:
 """
 
 
-def test_a_writer_killed_mid_write_leaves_a_temporary_file_the_next_save_removes(tmp_path):
+def test_a_writer_killed_mid_write_leaves_a_temporary_file_the_next_save_removes(
+    tmp_path, fork_server
+):
     path, marker = tmp_path / "a.peg", tmp_path / "marker"
     atomic_write_text(path, "good")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(path), str(marker)], env=env)
+    err = tmp_path.parent / f"{tmp_path.name}.err"  # not in the folder the test lists
+    child = fork_server.spawn(CHILD, str(path), str(marker), cwd=tmp_path, stderr=err,
+                              env=os.environ)  # fmt: skip
     deadline = time.monotonic() + 60
     while not marker.exists() and time.monotonic() < deadline and child.poll() is None:
         time.sleep(0.01)

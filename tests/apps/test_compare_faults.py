@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -19,6 +18,7 @@ import torch
 from torch import nn
 
 from bad_inputs import raises_test
+from docs_run import Server
 from peg.apps import registry
 from peg.apps.cli import main
 from peg.apps.compare import compare, sources
@@ -108,6 +108,8 @@ def test_a_rerun_with_resume_takes_the_saved_rows_back(model, data, monkeypatch,
 
 # --- a run killed at any point resumes to the same table ------------------------------------
 
+# Loads the model and data the test saved, runs compare and stops for good just after saving
+# the results whose file name starts with `stop_after`, touching `marker` first.
 CHILD = r"""
 import sys, time
 from pathlib import Path
@@ -115,11 +117,8 @@ import torch
 torch.set_num_threads(1)
 import peg._io
 from peg.apps.compare import compare
-sys.path.insert(0, sys.argv[4])
-from conftest import moons, overfit
-from torch import nn
 
-out, stop_after, marker = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+out, stop_after, marker, given = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 write = peg._io.atomic_save_file
 
 def write_then_stop(tensors, metadata, path):
@@ -129,44 +128,49 @@ def write_then_stop(tensors, metadata, path):
         time.sleep(600)
 
 peg._io.atomic_save_file = write_then_stop
-torch.manual_seed(0)
-net = nn.Sequential(nn.Linear(2, 16), nn.ReLU(), nn.Linear(16, 2))
-model = overfit(net, *moons(200, 0), steps=200)
-compare(model, moons(400, 1), moons(200, 2), METHODS, out=out, say=None, progress=False)
+model, val, test = torch.load(given, weights_only=False)
+compare(model, val, test, METHODS, out=out, say=None, progress=False)
 """.replace("METHODS", repr(METHODS))
 
 
-def _run_killed(tmp_path: Path, stop_after: str) -> Path:
-    out, marker = tmp_path / "out", tmp_path / "marker"
-    tests = str(Path(__file__).resolve().parents[1])
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(out), stop_after, str(marker), tests],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
+def _run_killed(server: Server, tmp_path: Path, stop_after: str, model, data) -> Path:
+    """CHILD, a process of its own (forked by conftest's `fork_server`, as `python -c` runs it),
+    given the test's model and data and killed with SIGKILL once it has saved `stop_after`'s
+    results: its output folder."""
+    out, marker, given = tmp_path / "out", tmp_path / "marker", tmp_path / "given.pt"
+    torch.save((model, data["val"], data["test"]), given)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    child = server.spawn(CHILD, str(out), stop_after, str(marker), str(given), cwd=tmp_path,
+                         stderr=tmp_path / "child.err", env=env)  # fmt: skip
     deadline = time.monotonic() + 120
     while not marker.exists():
         if child.poll() is not None:
-            pytest.fail(f"the child ended first: {child.stderr.read().decode()[-2000:]}")
+            pytest.fail(f"the child ended first: {child.error()}")
         if time.monotonic() > deadline:
             child.kill()
             pytest.fail("the child did not reach its kill point")
         time.sleep(0.005)
     os.kill(child.pid, signal.SIGKILL)
-    child.wait()
-    child.stderr.close()
+    assert child.wait() == -signal.SIGKILL
     assert not (out / "results.json").exists()
     return out
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(model, data):
+    """The run that is never killed: the table every resumed run must give."""
+    return compare(model, data["val"], data["test"], METHODS, say=None, progress=False).table
+
+
 @pytest.mark.parametrize("stop_after", ["000-TS", "001-PEG.", "002-PEG___TS"])
-def test_a_run_killed_at_any_point_resumes_to_the_same_table(tmp_path, model, data, stop_after):
-    out = _run_killed(tmp_path, stop_after)
-    reference = compare(model, data["val"], data["test"], METHODS, say=None, progress=False)
+def test_a_run_killed_at_any_point_resumes_to_the_same_table(
+    tmp_path, fork_server, model, data, uninterrupted, stop_after
+):
+    out = _run_killed(fork_server, tmp_path, stop_after, model, data)
     resumed = compare(
         model, data["val"], data["test"], METHODS, out=out, resume=True, say=None, progress=False
     )
-    assert _untimed(resumed.table) == _untimed(reference.table)
+    assert _untimed(resumed.table) == _untimed(uninterrupted)
     assert (out / "results.json").is_file()
 
 

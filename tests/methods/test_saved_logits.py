@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 import peg
+from peg.apps.cli import main
 
 C = 5
 
@@ -144,7 +145,7 @@ def test_a_tampered_map_of_saved_logits_is_refused(tmp_path):
         peg.load(wrong)
 
 
-def test_peg_select_on_saved_logits(tmp_path):
+def test_peg_select_on_saved_logits(tmp_path, capsys):
     (X, y) = saved(300, 0)
     np.save(tmp_path / "val.npy", X.numpy())
     np.save(tmp_path / "labels.npy", y.numpy())
@@ -164,9 +165,11 @@ def test_peg_select_on_saved_logits(tmp_path):
     reference = peg.AutoSelect(cv=3, progress=False).fit(nn.Identity(), (X, y))
     assert reference.chosen_ == chosen
     torch.testing.assert_close(loaded.predict_proba(Xt), reference.predict_proba(Xt))
-    bad = subprocess.run(
-        [*peg_cli, "--logits", str(tmp_path / "val.npy"), "--labels", str(tmp_path / "floats.npy")],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert bad.returncode == 2 and "--labels: expected integer class labels" in bad.stderr
-    assert f"the non-integer value {y[0].item() + 0.5} at row 0" in bad.stderr
+    # the refusal in this process (`peg.apps.cli.main`, as `python -m peg.apps` calls it): the
+    # run above is the fresh process's
+    with pytest.raises(SystemExit) as bad:
+        main(["select", "--no-progress", "--logits", str(tmp_path / "val.npy"), "--labels",
+              str(tmp_path / "floats.npy")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert bad.value.code == 2 and "--labels: expected integer class labels" in err
+    assert f"the non-integer value {y[0].item() + 0.5} at row 0" in err
