@@ -356,3 +356,11 @@ def test_the_budget_floor_is_in_seconds_of_an_unloaded_machine(monkeypatch):
     assert loaded.cost_["budget_seconds"] == pytest.approx(80.0, rel=0.01)  # 10 s before
     assert "at least 10 s × 8 (the load)" in loaded.to_markdown()
     assert reference.slowdown(1.0, 2.0) == 1.0 and reference.slowdown(1.0, 0.0) == 1.0
+
+
+def test_the_load_factor_is_bounded_and_a_cpu_one():
+    """A pass that waited (a loader's workers, a disk: 50 wall seconds on 1 CPU second) does
+    not make the floor 500 s, and an accelerator's waits are not the CPU's load."""
+    assert reference.slowdown(50.0, 1.0) == reference.MAX_SLOWDOWN
+    assert reference.slowdown(4.0, 1.0, torch.device("cpu")) == 4.0
+    assert reference.slowdown(4.0, 1.0, torch.device("meta")) == 1.0

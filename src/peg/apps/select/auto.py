@@ -205,7 +205,7 @@ class AutoSelect(Reported, Predicts, Method):
         forward = time.perf_counter() - clock
         y = check_labels(y, len(y), logits.shape[-1], name="val labels")  # before any candidate
         reference = forward + ts_seconds(logits, y)
-        load = slowdown(time.perf_counter() - clock, time.process_time() - cpu)
+        load = slowdown(time.perf_counter() - clock, time.process_time() - cpu, logits.device)
         budget = self._seconds(reference, load)
         everything = torch.arange(len(y))
         folds = stratified_folds(y, self.cv, self.seed)  # class counts checked before fitting

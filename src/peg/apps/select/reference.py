@@ -35,14 +35,22 @@ def warm_up(model: nn.Module, rows: Any) -> int | None:
         return None
 
 
-def slowdown(wall: float, cpu: float) -> float:
+# the most `slowdown` says: past it, wall seconds the process did not spend on the CPU are
+# more likely a wait (a loader's workers, disk) than other jobs sharing the cores
+MAX_SLOWDOWN = 10.0
+
+
+def slowdown(wall: float, cpu: float, device: torch.device | None = None) -> float:
     """How much slower than its CPU time the machine ran a stretch of the fit: its `wall`
-    seconds over the process's `cpu` seconds (`time.process_time`), at least 1 (threads: more
-    CPU than wall seconds, no slowdown seen). The floor of the budget is in seconds of an
-    unloaded machine, times this: on a loaded one (CPU 0.4 s for a 4.5 s run at load average
-    ~10) a 10 s wall floor held a tenth of the work, and the saturated maps' choice went from
-    matrix scaling to TS (+0.21 nats)."""
-    return max(1.0, wall / cpu) if cpu > 0 else 1.0
+    seconds over the process's `cpu` seconds (`time.process_time`), between 1 (threads: more
+    CPU than wall seconds, no slowdown seen) and `MAX_SLOWDOWN`; 1 where the scores were made
+    on an accelerator (`device`), whose waits are not the CPU's load. The floor of the budget is
+    in seconds of an unloaded machine, times this: on a loaded one (CPU 0.4 s for a 4.5 s run at
+    load average ~10) a 10 s wall floor held a tenth of the work, and the saturated maps' choice
+    went from matrix scaling to TS (+0.21 nats)."""
+    if cpu <= 0 or (device is not None and device.type != "cpu"):
+        return 1.0
+    return min(MAX_SLOWDOWN, max(1.0, wall / cpu))
 
 
 def ts_seconds(logits: Tensor, y: Tensor) -> float:
