@@ -24,6 +24,7 @@ from peg.apps import registry
 from peg.apps.compare.costs import probe_rows
 from peg.apps.compare.methods import LOGIT_METHODS, _spec, options, resolve
 from peg.apps.html import Report, Reported
+from peg.apps.results import json_ready
 from peg.apps.select import page
 from peg.apps.select.cross import CrossFit
 from peg.apps.select.folds import CRITERIA, check_fold_sizes, mean_se, stratified_folds
@@ -60,7 +61,7 @@ DEFAULT_CANDIDATES = (
 
 
 def _seconds(value: Any, name: str) -> None:
-    """ "auto", None or a finite number of seconds > 0."""
+    """Seconds: "auto", None or a finite number > 0."""
     if value is None or (isinstance(value, str) and value == "auto"):
         return
     if isinstance(value, str):
@@ -373,7 +374,7 @@ class AutoSelect(Reported, Predicts, Method):
         predictor = self.predictor_
         if not callable(getattr(predictor, "save", None)):
             raise TypeError(f"AutoSelect: the chosen {self.chosen_} cannot be saved")
-        report = {"auto_select": _json(self.meta_)}
+        report = {"auto_select": json_ready(self.meta_)}  # strict JSON
         with atomic_target(path) as tmp, archive.with_meta(report) as written:
             predictor.save(tmp)
             if written != [tmp]:
@@ -390,14 +391,3 @@ def _as_candidates(call: Any) -> Any:
         return call()
     except (TypeError, ValueError) as e:
         raise type(e)(str(e).replace("methods", "candidates")) from None
-
-
-def _json(value: Any) -> Any:
-    """`value` with non-finite floats as None (archive meta is strict JSON)."""
-    if isinstance(value, float):
-        return value if value == value and abs(value) != float("inf") else None
-    if isinstance(value, dict):
-        return {k: _json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json(v) for v in value]
-    return value
