@@ -187,6 +187,8 @@ def test_a_convolution_s_input_rows_are_f_unfold_s(bias: bool, channels_last: bo
     for inputs in (x, x.double()):  # the second call in the first one's order
         rows, order = layer.inputs(inputs, torch.float32), layer.input_order()
         assert (order is not None) == channels_last
+        # exact: both are copies of the same float32 input elements (F.unfold gathers, no
+        # arithmetic; the double input's values are float32's), so the bits hold on any CPU
         assert torch.equal(rows if order is None else rows[:, order], expected)
 
 
