@@ -153,38 +153,43 @@ _ADVICE = ("weights_only", "Weights only load failed", "Check the documentation"
 _GLOBAL = re.compile(r"GLOBAL\s+([\w.]+)")
 
 
-def torch_file(path: Path, where: str) -> Any:
+def torch_file(
+    path: Path,
+    where: str,
+    kind: str = "PyTorch checkpoint",
+    written_by: str = "torch.save(model.state_dict(), path), or a .safetensors file",
+) -> Any:
     """`torch.load(path, map_location="cpu", weights_only=True)`: tensors and containers, no
-    object whose unpickling runs code. A ValueError naming `where` and the file otherwise: the
-    global torch's weights-only unpickler blocked (the function or class a pickle would have
-    called; nothing of it ran), or "not a PyTorch checkpoint" for bytes torch cannot read (a
-    text file named .pt gave a raw KeyError or IndexError). torch's advice to retry with
-    `weights_only=False`, which would run the file's code, is never passed on."""
+    object whose unpickling runs code. A ValueError naming `where` and the file otherwise ("not
+    a `kind`", and what writes one: `written_by`): the global torch's weights-only unpickler
+    blocked (the function or class a pickle would have called; nothing of it ran), or the
+    reason torch could not read the bytes (a text file named .pt gave a raw KeyError or
+    IndexError). torch's advice to retry with `weights_only=False`, which would run the file's
+    code, is never passed on."""
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         blocked = _GLOBAL.search(str(e))
-        if blocked is not None:
-            raise ValueError(
-                f"{where}: {path} holds a pickled {blocked.group(1)}, code rather than weights: "
-                "refused unread (peg reads torch files with torch.load(weights_only=True), "
-                "tensors and containers only, and nothing in the file ran); save the state "
-                "dict alone: torch.save(model.state_dict(), path), or use safetensors"
-            ) from None
-        raise _not_a_checkpoint(path, where, e) from None
+        if blocked is None:
+            raise _unread(path, where, kind, written_by, e) from None
+        raise ValueError(
+            f"{where}: {path} is not a {kind}: it holds a pickled {blocked.group(1)}, code "
+            "rather than tensors, refused unread (peg reads torch files with torch.load("
+            "weights_only=True): tensors and containers only; nothing in the file ran); "
+            f"expected a file written by {written_by}"
+        ) from None
     except OSError as e:
         raise ValueError(f"{where}: {path} could not be read ({e})") from None
     except Exception as e:  # bytes that are not torch.save's: KeyError, IndexError, EOFError...
-        raise _not_a_checkpoint(path, where, e) from None
+        raise _unread(path, where, kind, written_by, e) from None
 
 
-def _not_a_checkpoint(path: Path, where: str, error: BaseException) -> ValueError:
+def _unread(path: Path, where: str, kind: str, written_by: str, error: Exception) -> ValueError:
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     said = [line for line in lines if not any(a in line for a in _ADVICE)]
     reason = said[0].split(". This is an internal", 1)[0] if said else ""
     reason = f"{type(error).__name__}: {reason}" if reason else type(error).__name__
     return ValueError(
-        f"{where}: {path} is not a PyTorch checkpoint (torch.load could not read it: "
-        f"{reason}); expected a file written by torch.save(model.state_dict(), path), or a "
-        ".safetensors file"
+        f"{where}: {path} is not a {kind} (torch.load could not read it: {reason}); expected "
+        f"a file written by {written_by}"
     )

@@ -292,7 +292,7 @@ FILE_ERROR_CASES = [
         "from_checkpoints: a pickle beyond weights",
         lambda tmp: peg.SWA.from_checkpoints(mlp(0), [_write_pickle(tmp)]),
         ValueError,
-        r"checkpoints\[0\]: .* holds a pickled [\w.]*_record, code rather than weights",
+        r"checkpoints\[0\]: .* not a PyTorch checkpoint: it holds a pickled [\w.]*_record, code",
     ),
     (
         "SWA",
