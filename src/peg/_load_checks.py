@@ -1,5 +1,6 @@
 """What `peg.load` checks beyond the file format: the `device` argument, and a calibrated
-archive's map (finite, and not degenerate) before it is handed back.
+archive's map (finite, and not degenerate) before it is handed back; and a torch file read with
+`torch.load(weights_only=True)`, whose refusals are said in peg's words (`torch_file`).
 
 Why: `load(device="CPU")`, `""` or `"cuda"` on a build without CUDA failed with torch's raw
 RuntimeError / AssertionError naming no argument; and a calibration map holding ±inf (Dirichlet
@@ -11,6 +12,8 @@ input (NaN itself was refused, inf was not); a conformal predictor's inner tempe
 from __future__ import annotations
 
 import math
+import pickle
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -143,3 +146,50 @@ def _described(fitted: Any, field: str) -> str:
     entry = {k: v for k, v in fitted._entry().items() if not isinstance(v, list)}
     shown = ", ".join(f"{field}.{k} = {v!r}" for k, v in entry.items())
     return shown or "in its arrays"
+
+
+# torch's own advice in a refusal, never relayed: it suggests unpickling the file with code
+_ADVICE = ("weights_only", "Weights only load failed", "Check the documentation", "Please file")
+_GLOBAL = re.compile(r"GLOBAL\s+([\w.]+)")
+
+
+def torch_file(
+    path: Path,
+    where: str,
+    kind: str = "PyTorch checkpoint",
+    written_by: str = "torch.save(model.state_dict(), path), or a .safetensors file",
+) -> Any:
+    """`torch.load(path, map_location="cpu", weights_only=True)`: tensors and containers, no
+    object whose unpickling runs code. A ValueError naming `where` and the file otherwise ("not
+    a `kind`", and what writes one: `written_by`): the global torch's weights-only unpickler
+    blocked (the function or class a pickle would have called; nothing of it ran), or the
+    reason torch could not read the bytes (a text file named .pt gave a raw KeyError or
+    IndexError). torch's advice to retry with `weights_only=False`, which would run the file's
+    code, is never passed on."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        blocked = _GLOBAL.search(str(e))
+        if blocked is None:
+            raise _unread(path, where, kind, written_by, e) from None
+        raise ValueError(
+            f"{where}: {path} is not a {kind}: it holds a pickled {blocked.group(1)}, code "
+            "rather than tensors, refused unread (peg reads torch files with torch.load("
+            "weights_only=True): tensors and containers only; nothing in the file ran); "
+            f"expected a file written by {written_by}"
+        ) from None
+    except OSError as e:
+        raise ValueError(f"{where}: {path} could not be read ({e})") from None
+    except Exception as e:  # bytes that are not torch.save's: KeyError, IndexError, EOFError...
+        raise _unread(path, where, kind, written_by, e) from None
+
+
+def _unread(path: Path, where: str, kind: str, written_by: str, error: Exception) -> ValueError:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    said = [line for line in lines if not any(a in line for a in _ADVICE)]
+    reason = said[0].split(". This is an internal", 1)[0] if said else ""
+    reason = f"{type(error).__name__}: {reason}" if reason else type(error).__name__
+    return ValueError(
+        f"{where}: {path} is not a {kind} (torch.load could not read it: {reason}); expected "
+        f"a file written by {written_by}"
+    )

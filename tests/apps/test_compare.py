@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 
 import numpy as np
@@ -311,3 +312,16 @@ def test_one_registry_split_for_val_and_test_is_halved(capsys):
 
     val, test = sources.val_and_test("two-moons", "two-moons:test", 0, print)
     assert len(val[0]) == len(test[0]) == 500 and "half of it each" in capsys.readouterr().out
+
+
+def test_a_pt_file_names_the_global_it_refused_or_says_it_is_no_torch_file(user_folder, capsys):
+    """torch's "weights_only=False will likely succeed" was relayed and the blocked global
+    hidden; a text file named .pt gave a raw KeyError."""
+    torch.save({"x": torch.zeros(2, 2), "y": os.system}, user_folder / "bad.pt")
+    (user_folder / "text.pt").write_text("hello world\n")
+    for name, said in (("bad.pt", "holds a pickled posix.system"), ("text.pt", "KeyError")):
+        with pytest.raises(SystemExit):
+            main(["compare", "--model", "usermodel_cmp:build", "--val", name, "--test", "test.pt"])
+        err = capsys.readouterr().err
+        assert "not a file of tensors" in err and said in err and "weights_only=False" not in err
+        assert "`weights_only` set to `False`" not in err

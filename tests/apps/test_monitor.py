@@ -217,3 +217,53 @@ def test_clean_chunks_rarely_alert(estimator):
 def _log_probs(logits: np.ndarray) -> np.ndarray:
     z = logits.astype(np.float64)
     return z - np.log(np.exp(z).sum(1, keepdims=True))
+
+
+def _killed_after_json(estimator, out, monkeypatch, chunks: int) -> None:
+    """A run killed once chunk `chunks` has written results.json but not .md / .csv (as a
+    SIGKILL between the writes leaves it), simulated in the process: the write of results.md
+    for that chunk stops the run (BaseException: nothing of the monitor catches it)."""
+    from peg.apps import results as files
+
+    written, write_text = [], files.write_text
+
+    class Killed(BaseException):
+        pass
+
+    def write(path, text):
+        if path.name == "results.md" and len(written) == chunks - 1:
+            raise Killed
+        if path.name == "results.md":
+            written.append(path)
+        return write_text(path, text)
+
+    monkeypatch.setattr(files, "write_text", write)
+    m = peg.Monitor(estimator, chunk_size=100, out=out)
+    with pytest.raises(Killed):
+        m.run([_sample(100, s) for s in range(1, 6)])
+    monkeypatch.setattr(files, "write_text", write_text)
+
+
+def test_a_killed_run_is_refused_or_resumed_from_results_json(estimator, tmp_path, monkeypatch):
+    """After a kill the three files were a chunk apart, and a rerun replaced the killed run's
+    chunks: now refused unless overwrite, or resumed from results.json (the .md / .csv
+    rewritten from it), ending as the uninterrupted run ends."""
+    whole = peg.Monitor(estimator, chunk_size=100, out=tmp_path / "whole")
+    whole.run([_sample(100, s) for s in range(1, 6)])
+    out = tmp_path / "killed"
+    _killed_after_json(estimator, out, monkeypatch, chunks=3)
+    assert len(json.loads((out / "results.json").read_text())["chunks"]) == 3
+    assert (out / "results.md").read_text().count("\n| ") == 2 + 1  # a chunk behind (+ header)
+
+    with pytest.raises(FileExistsError, match=r"holds the 3 chunks of an earlier .*resume=True"):
+        peg.Monitor(estimator, chunk_size=100, out=out)
+    with pytest.raises(ValueError, match="resume: the run in .* had settings"):
+        peg.Monitor(estimator, chunk_size=50, out=out, resume=True)
+    m = peg.Monitor(estimator, chunk_size=100, out=out, resume=True)
+    assert len(m.chunks) == 3 and (out / "results.md").read_text().count("\n| ") == 3 + 1
+    assert len((out / "results.csv").read_text().splitlines()) == 1 + 3
+    m.run([_sample(100, s) for s in range(4, 6)])  # the rest of the stream
+    for name in ("results.json", "results.md", "results.csv"):
+        assert (out / name).read_text() == (tmp_path / "whole" / name).read_text()
+    peg.Monitor(estimator, chunk_size=100, out=out, overwrite=True).update(_sample(100, 1)[0])
+    assert len(json.loads((out / "results.json").read_text())["chunks"]) == 1  # replaced

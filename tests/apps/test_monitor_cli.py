@@ -286,6 +286,13 @@ FILE_ERROR_CASES: list[tuple[str, str, Callable[[Path], object], type[BaseExcept
     ),
     (
         "peg monitor",
+        "--out holding an earlier run's chunks",
+        lambda t: [_cli(*_targets(t, str(t / "f.npy"), out="earlier")) for _ in range(2)],
+        SystemExit,
+        r"--out: .*earlier holds the 1 chunks of an earlier monitor run .*--overwrite",
+    ),
+    (
+        "peg monitor",
         "--chunk-size 0",
         lambda t: _cli(*_targets(t, str(t / "f.npy")), "--chunk-size", "0"),
         SystemExit,

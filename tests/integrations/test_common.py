@@ -74,3 +74,10 @@ def test_the_users_calibrator_is_copied_not_fitted():
     assert set(fit.metrics("c/")) == names
     with pytest.raises(TypeError, match="calibrator"):
         check_calibrator(peg.LabelShift(), "calibrator")
+
+
+def test_a_fit_on_few_rows_warns_with_the_count():
+    y = torch.tensor([0, 1, 2])
+    z = 3 * nn.functional.one_hot(y, 3).float()
+    with pytest.warns(UserWarning, match="fitted on 3 labelled rows, fewer than 50"):
+        fit_calibration("TS", None, z, y)

@@ -117,8 +117,9 @@ def test_callback_alone_reads_the_eval_loader_itself(tmp_path):
 
 def test_compute_metrics_in_a_trainer_batch_by_batch_equals_at_once(tmp_path):
     whole = _trainer(tmp_path, compute_metrics=compute_metrics).evaluate()
+    metrics = ComputeMetrics()  # one per Trainer, among its callbacks too
     batched = _trainer(
-        tmp_path, compute_metrics=ComputeMetrics(), batch_eval_metrics=True
+        tmp_path, [metrics], compute_metrics=metrics, batch_eval_metrics=True
     ).evaluate()
     for key in ("eval_accuracy", "eval_nll", "eval_ece", "eval_brier"):
         assert batched[key] == pytest.approx(whole[key], rel=1e-5, abs=1e-7)
@@ -162,3 +163,76 @@ def test_bad_arguments_are_refused_at_construction():
         CalibrationCallback(extra_metrics="accuracy")
     with pytest.raises(ValueError, match="bins"):
         ComputeMetrics(bins=0)
+
+
+class _Stops(Items):
+    """Items whose `stop`-th raises while `armed`: an evaluation that stops early, as an
+    interrupt or a failing batch stops it."""
+
+    def __init__(self, items: Items, stop: int) -> None:
+        super().__init__(items.data)
+        self.stop, self.armed = stop, True
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        if self.armed and i == self.stop:
+            raise RuntimeError("stopped")
+        return super().__getitem__(i)
+
+
+def _stopped_then_whole(trainer: Trainer) -> dict[str, float]:
+    """An evaluation stopped in its third batch (two held), then a whole one."""
+    data = _Stops(trainer.eval_dataset, stop=70)
+    with pytest.raises(RuntimeError, match="stopped"):
+        trainer.evaluate(data)
+    data.armed = False
+    return trainer.evaluate(data)
+
+
+def test_batch_metrics_of_a_stopped_evaluation_never_reach_the_next(tmp_path):
+    """The batches of an evaluation that stopped early were added to the next one's."""
+    whole = _trainer(tmp_path, compute_metrics=compute_metrics).evaluate()
+    metrics = ComputeMetrics()
+    trainer = _trainer(tmp_path, [metrics], compute_metrics=metrics, batch_eval_metrics=True)
+    got = _stopped_then_whole(trainer)
+    for key in ("eval_accuracy", "eval_nll", "eval_ece", "eval_brier"):
+        assert got[key] == pytest.approx(whole[key], rel=1e-5, abs=1e-7)
+
+
+def test_the_callback_never_fits_on_a_stopped_evaluations_batches(tmp_path):
+    """A calibrator fitted on a stopped evaluation's batches and the next one's (NLL 4.59
+    against 1.88): fitted on the whole evaluation's alone."""
+    calibration = CalibrationCallback("TS")
+    trainer = _trainer(
+        tmp_path, [calibration], compute_metrics=calibration.compute_metrics,
+        batch_eval_metrics=True,
+    )  # fmt: skip
+    got = _stopped_then_whole(trainer)
+    logits, labels = _eval_logits(trainer)
+    expected = peg.TemperatureScaling().fit(nn.Identity(), (logits, labels))
+    assert calibration.calibrator_.temperature_ == pytest.approx(expected.temperature_, rel=1e-4)
+    assert got["eval_nll"] == pytest.approx(peg.metrics.nll(logits[None], labels), rel=1e-5)
+
+
+def test_the_shared_compute_metrics_holds_nothing():
+    """The module-level instance was shared by every Trainer of the process: a function now,
+    which measures a whole evaluation and refuses the batch-by-batch calls it cannot hold."""
+    z = np.random.default_rng(0).normal(size=(8, CLASSES)).astype(np.float32)
+    y = np.arange(8) % CLASSES
+    with pytest.raises(ValueError, match=r"ComputeMetrics\(\)"):
+        compute_metrics(EvalPrediction(z, y), compute_result=False)
+    assert compute_metrics(EvalPrediction(z, y)) == ComputeMetrics()(EvalPrediction(z, y))
+    assert not hasattr(compute_metrics, "__dict__") or not vars(compute_metrics)
+
+
+def test_batch_metrics_outside_the_callbacks_say_what_is_at_risk():
+    metrics = ComputeMetrics()
+    z = np.zeros((4, CLASSES), np.float32)
+    with pytest.warns(UserWarning, match="callbacks="):
+        metrics(EvalPrediction(z, np.zeros(4, dtype=np.int64)), compute_result=False)
+
+
+def test_the_callback_warns_when_it_fits_on_few_rows():
+    calibration = CalibrationCallback("TS")
+    z = np.random.default_rng(0).normal(size=(3, CLASSES)).astype(np.float32)
+    with pytest.warns(UserWarning, match="fitted on 3 labelled rows, fewer than 50"):
+        calibration.compute_metrics(EvalPrediction(z, np.arange(3)))

@@ -197,3 +197,46 @@ def test_the_callback_is_a_lightning_callback():
     """What Lightning's Trainer accepts; `import peg` itself loads no Lightning
     (tests/test_imports.py)."""
     assert isinstance(CalibrationCallback(), L.Callback)
+
+
+def test_monitors_read_the_calibration_metrics_without_a_logger(tmp_path):
+    """With logger=False only val_loss reached trainer.callback_metrics: logged through the
+    module at each validation end, ModelCheckpoint and EarlyStopping read them."""
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+    torch.manual_seed(0)
+    train, val, _ = _loaders()
+    callback = CalibrationCallback("TS", when="validation_end", log_figure=False)
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, monitor="calibration/ece_after", mode="min")
+    stopping = EarlyStopping(monitor="calibration/nll_after", patience=10)
+    trainer = L.Trainer(max_epochs=2, accelerator="cpu", enable_progress_bar=False,
+                        enable_model_summary=False, logger=False, num_sanity_val_steps=0,
+                        callbacks=[checkpoint, stopping, callback])  # fmt: skip
+    trainer.fit(Module(), train, val)
+    assert trainer.callback_metrics["calibration/ece_after"].item() == pytest.approx(
+        callback.metrics_["calibration/ece_after"], rel=1e-6
+    )
+    assert checkpoint.best_model_path and checkpoint.best_model_score is not None
+    assert stopping.best_score.item() <= callback.metrics_["calibration/nll_after"] + 1e-6
+
+
+def test_after_fit_the_metrics_are_in_callback_metrics_too():
+    torch.manual_seed(0)
+    train, val, _ = _loaders()
+    callback = CalibrationCallback("TS", log_figure=False)
+    trainer = _trainer(callback)  # logger=False
+    trainer.fit(Module(), train, val)
+    for key, value in callback.metrics_.items():
+        assert trainer.callback_metrics[key].item() == pytest.approx(value, rel=1e-6)
+
+
+def test_monitoring_the_metrics_of_a_fit_end_callback_is_refused_before_training(tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    train, val, _ = _loaders()
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, monitor="calibration/ece_after")
+    trainer = L.Trainer(max_epochs=1, accelerator="cpu", enable_progress_bar=False,
+                        logger=False, callbacks=[checkpoint, CalibrationCallback()])  # fmt: skip
+    with pytest.raises(ValueError, match="when='validation_end'"):
+        trainer.fit(Module(), train, val)
+    assert trainer.global_step == 0

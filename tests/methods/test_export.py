@@ -131,3 +131,100 @@ def test_an_unfitted_calibrator_or_a_conformal_predictor_has_no_module():
     sets = peg.ConformalClassifier().fit(*saved(400, 0))
     with pytest.raises(TypeError, match="to_module: ConformalClassifier has no exported form"):
         sets.to_module()
+
+
+def _onnx_session(module: nn.Module, X: torch.Tensor, path, dynamo: bool):
+    """An ONNX Runtime session of `module` exported at `X` with a dynamic batch, through the
+    dynamo exporter (`torch.export`, needs onnxscript) or the TorchScript one."""
+    import onnxruntime
+
+    if dynamo:
+        batch = torch.export.Dim("batch", min=1)
+        torch.onnx.export(module, (X,), path, dynamo=True, verbose=False,
+                          dynamic_shapes={"logits": {0: batch}})  # fmt: skip
+    else:
+        torch.onnx.export(module, (X,), path, dynamo=False, input_names=["logits"],
+                          dynamic_axes={"logits": {0: "batch"}})  # fmt: skip
+    return onnxruntime.InferenceSession(str(path))
+
+
+@pytest.mark.parametrize("name", list(CALIBRATORS))
+def test_the_module_refuses_logits_of_another_class_count_eager_and_traced(name):
+    """A TS map fitted on 5 classes mapped 3 columns, vector scaling turned 1 column into 5;
+    the traced graph keeps the check (a reshape to C columns)."""
+    module = fitted(name).to_module()
+    X = saved(20, 1)[0]
+    traced = torch.jit.trace(module, X[:8])
+    for width in (1, 3, 7):
+        with pytest.raises(ValueError, match=rf"on {C} classes, got logits with {width} col"):
+            module(X[:, :1].expand(-1, width))
+        with pytest.raises(RuntimeError):
+            traced(X[:, :1].expand(-1, width).contiguous())
+    torch.testing.assert_close(traced(X), module(X))
+
+
+@pytest.mark.parametrize("name", ["TS", "Vector scaling"])
+@pytest.mark.parametrize("dynamo", [True, False])
+def test_exported_graphs_refuse_logits_of_another_class_count(name, dynamo, tmp_path):
+    module = fitted(name).to_module()
+    X = saved(20, 1)[0]
+    with pytest.raises(ValueError, match=f"fitted on {C} classes"):
+        torch.export.export(module, (X[:8, :3],))  # the check runs at export too
+    batch = torch.export.Dim("batch", min=1)
+    program = torch.export.export(module, (X[:8],), dynamic_shapes={"logits": {0: batch}})
+    session = _onnx_session(module, X[:8], tmp_path / "map.onnx", dynamo)
+    for width in (1, 3):
+        with pytest.raises(Exception, match="1"):  # torch.export's input guard on dim 1
+            program.module()(X[:, :width].contiguous())
+        with pytest.raises(Exception, match="(?i)invalid|dimension|shape"):
+            session.run(None, {session.get_inputs()[0].name: X[:, :width].contiguous().numpy()})
+
+
+@pytest.mark.parametrize("name", list(CALIBRATORS))
+def test_nonfinite_logits_are_refused_as_predict_proba_refuses_them(name):
+    """+inf gave a NaN row, -inf a distribution: eagerly the module refuses both with
+    predict_proba's message; a traced graph, which cannot raise on values, gives NaN rows."""
+    calibrator = fitted(name)
+    module = calibrator.to_module()
+    X = saved(6, 1)[0]
+    bad = X.clone()
+    bad[1, 0], bad[3, 2], bad[4, 4] = float("inf"), float("-inf"), float("nan")
+    with pytest.raises(ValueError) as expected:
+        calibrator.predict_proba(bad)
+    with pytest.raises(ValueError) as got:
+        module(bad)
+    assert str(got.value) == str(expected.value).replace("X:", "logits:", 1)
+    out = torch.jit.trace(module, X)(bad)
+    assert out[[1, 3, 4]].isnan().all()
+    keep = [0, 2, 5]
+    torch.testing.assert_close(out[keep], calibrator.predict_proba(X[keep]), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", list(CALIBRATORS))
+def test_the_torchscript_onnx_exporter(name, tmp_path):
+    """dynamo=False: every map exports (order-preserving's anchors precomputed), but spline
+    calibration, whose logaddexp that exporter lacks: refused, pointing to dynamo=True."""
+    calibrator = fitted(name)
+    X = saved(30, 1, scale=6.0)[0]
+    if name == "Spline":
+        with pytest.raises(TypeError, match=r"dynamo=True"):
+            _onnx_session(calibrator.to_module(), X[:8], tmp_path / "m.onnx", dynamo=False)
+        return
+    session = _onnx_session(calibrator.to_module(), X[:8], tmp_path / "m.onnx", dynamo=False)
+    (out,) = session.run(None, {"logits": X.numpy()})
+    np.testing.assert_allclose(out, calibrator.predict_proba(X).numpy(), atol=1e-5, rtol=0)
+    bad = X[:4].clone()
+    bad[0, 0] = float("inf")
+    (out,) = session.run(None, {"logits": bad.numpy()})
+    assert np.isnan(out[0]).all() and np.isfinite(out[1:]).all()
+
+
+@pytest.mark.parametrize("name", ["Spline", "Order-preserving"])
+def test_the_dynamo_onnx_exporter_takes_every_map(name, tmp_path):
+    """`torch.onnx.export(..., dynamo=True)`, the documented path (onnxscript, in the export
+    extra), for the two maps the TorchScript exporter could not take."""
+    calibrator = fitted(name)
+    X = saved(30, 1, scale=6.0)[0]
+    session = _onnx_session(calibrator.to_module(), X[:8], tmp_path / "m.onnx", dynamo=True)
+    (out,) = session.run(None, {session.get_inputs()[0].name: X.numpy()})
+    np.testing.assert_allclose(out, calibrator.predict_proba(X).numpy(), atol=1e-5, rtol=0)

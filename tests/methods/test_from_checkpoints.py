@@ -160,6 +160,20 @@ def _nan(state: dict[str, torch.Tensor]) -> None:
     state["0.bias"] = torch.full_like(state["0.bias"], float("nan"))
 
 
+def _int8(state: dict[str, torch.Tensor]) -> None:
+    state["0.weight"] = state["0.weight"].mul(100).to(torch.int8)
+
+
+def _complex_model() -> nn.Module:
+    return nn.Linear(3, 2, dtype=torch.complex64)
+
+
+def _complex_nan() -> list[dict[str, torch.Tensor]]:
+    state = dict(_complex_model().state_dict())
+    state["bias"] = torch.full_like(state["bias"], complex(float("nan"), 0.0))
+    return [state]
+
+
 RAN: list[str] = []
 
 
@@ -216,6 +230,20 @@ ERROR_CASES = [
     ),
     (
         "SWA",
+        "from_checkpoints: NaN in a complex entry",
+        lambda: peg.SWA.from_checkpoints(_complex_model(), _complex_nan()),
+        FloatingPointError,
+        r"checkpoints\[0\]: entry 'bias' holds NaN",
+    ),
+    (
+        "SWA",
+        "from_checkpoints: an int8 entry for a float model",
+        lambda: peg.SWA.from_checkpoints(mlp(0), _edited(1, _int8)),
+        ValueError,
+        r"checkpoints\[1\]: entry '0.weight' is torch.int8, the model's torch.float32",
+    ),
+    (
+        "SWA",
         "from_checkpoints: one state dict, not a list",
         lambda: peg.SWA.from_checkpoints(mlp(0), _states(1)[0]),
         TypeError,
@@ -264,7 +292,14 @@ FILE_ERROR_CASES = [
         "from_checkpoints: a pickle beyond weights",
         lambda tmp: peg.SWA.from_checkpoints(mlp(0), [_write_pickle(tmp)]),
         ValueError,
-        r"checkpoints\[0\]: .* is not a weights-only torch file .*Unsupported global",
+        r"checkpoints\[0\]: .* not a PyTorch checkpoint: it holds a pickled [\w.]*_record, code",
+    ),
+    (
+        "SWA",
+        "from_checkpoints: a text file named .pt",
+        lambda tmp: peg.SWA.from_checkpoints(mlp(0), [_write(tmp, "w.pt", "hello world\n")]),
+        ValueError,
+        r"checkpoints\[0\]: .*w.pt is not a PyTorch checkpoint",
     ),
     (
         "SWA",
@@ -297,8 +332,39 @@ def test_nothing_runs_from_a_refused_file(tmp_path):
     """The file is refused by torch's weights-only loader, its code never run."""
     path = _write_pickle(tmp_path)
     RAN.clear()
-    with pytest.raises(ValueError, match="weights-only"):
+    with pytest.raises(ValueError, match="nothing in the file ran") as refused:
         peg.SWA.from_checkpoints(mlp(0), [path])
     assert RAN == []
+    # the blocked global named; torch's advice to retry with weights_only=False never relayed
+    assert "_record" in str(refused.value) and "weights_only=False" not in str(refused.value)
+    assert "`weights_only` set to `False`" not in str(refused.value)
     torch.load(path, weights_only=False)  # what a plain unpickling would have done
     assert RAN == ["ran"]
+
+
+@pytest.mark.parametrize("text", ["hello world\n", "", "0123456789", '{"a": 1}', "PK\x03\x04x"])
+def test_a_file_that_is_not_a_checkpoint_is_named(tmp_path, text):
+    """A text file named .pt gave a raw KeyError or IndexError."""
+    path = _write(tmp_path, "weights.pt", text)
+    with pytest.raises(ValueError, match=r"weights.pt is not a PyTorch checkpoint") as refused:
+        peg.DeepEnsemble.from_checkpoints(mlp(0), [path, path])
+    assert "weights_only=False" not in str(refused.value)
+
+
+def test_the_same_checkpoint_twice_warns(tmp_path):
+    """Three times the same checkpoint passed silently: a degenerate SWAG or ensemble."""
+    states = _states(2)
+    path = tmp_path / "a.safetensors"
+    save_file(states[0], str(path))
+    with pytest.warns(UserWarning, match=r"checkpoints\[2\]: the same weights as checkpoints\[0\]"):
+        peg.SWAG.from_checkpoints(mlp(0), [states[0], states[1], str(path)], n_members=2)
+    with pytest.warns(UserWarning, match="identical checkpoints") as said:
+        peg.DeepEnsemble.from_checkpoints(mlp(0), [states[1]] * 3)
+    assert len(said) == 2 and said[0].filename == __file__  # said where it was called
+
+
+def test_checkpoints_of_another_precision_are_read():
+    """float16 entries for a float32 model: the same kind of numbers, cast without a word."""
+    half = [{k: v.half() for k, v in s.items()} for s in _states(2)]
+    swa = peg.SWA.from_checkpoints(mlp(0), half)
+    assert swa.swa_model_.state_dict()["0.weight"].dtype == torch.float32

@@ -11,6 +11,7 @@ tokens, special tokens), which no metric or calibrator should read as a class.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,9 @@ from peg.source.batches import BatchFn, call_model, split_batch
 
 IGNORE_INDEX = -100  # labels left out (cross_entropy's and transformers' ignore_index)
 METRICS = ("accuracy", "nll", "ece", "brier")  # what is logged, before and after
+# fewer labelled rows than this: the fit and the metrics after it are mostly noise (the ECE's
+# 15 bins hold a few points each; vector scaling fits 2C numbers), said with the count
+MIN_ROWS = 50
 _CLASSES: tuple[type[Calibrator], ...] = (
     TemperatureScaling,
     VectorScaling,
@@ -236,6 +240,13 @@ def fit_calibration(
     outside inference mode, wherever the framework calls it from (Lightning's validation hooks
     run under `no_grad` or `inference_mode`): the logits are copied out of it first.
     """
+    if len(labels) < MIN_ROWS:
+        warnings.warn(
+            f"calibrator: fitted on {len(labels)} labelled rows, fewer than {MIN_ROWS}: the "
+            "fitted map and the metrics after it rest on too few points to trust; evaluate "
+            "on more data (a larger validation set, not a sanity check's batches)",
+            stacklevel=2,
+        )
     with torch.inference_mode(False), torch.enable_grad():
         z, y = logits.clone(), labels.clone()
         fitted = new_calibrator(calibrator).fit(nn.Identity(), (z, y))

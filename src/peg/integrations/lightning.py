@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+import torch
+
 from peg.integrations._common import (
     Calibration,
     check_calibrator,
@@ -76,9 +78,13 @@ class CalibrationCallback(Params, Callback):
 
     After the fit: `calibrator_` (fitted on `nn.Identity()`: it applies to logits), `conformal_`
     (or None), `metrics_` (accuracy, nll, ece, brier, each `_before` and `_after`, logged through
-    `LightningModule.log_dict` at a validation end, through every logger's `log_metrics` after
-    `fit`, where Lightning allows no `log`). No `state_dict`: what the callback holds is refitted
-    before it is used, in a resumed run too; keep a fitted calibrator with its own `save`.
+    `LightningModule.log_dict` at a validation end, so that they reach
+    `trainer.callback_metrics` and `ModelCheckpoint` / `EarlyStopping` can monitor them; after
+    `fit`, where Lightning allows no `log`, through every logger's `log_metrics` and put into
+    `trainer.callback_metrics`; a callback monitoring them with `when="fit_end"` is refused
+    before training: it reads them at validation ends). No `state_dict`: what the callback
+    holds is refitted before it is used, in a resumed run too; keep a fitted calibrator with
+    its own `save`.
     """
 
     parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
@@ -122,6 +128,8 @@ class CalibrationCallback(Params, Callback):
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._loader(trainer)  # no validation data, or not that many loaders: said before training
+        if self.when == "fit_end":
+            self._check_monitors(trainer)
 
     def on_validation_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         if self.when != "validation_end" or trainer.sanity_checking:
@@ -136,9 +144,27 @@ class CalibrationCallback(Params, Callback):
         fit = self._calibrate(trainer, pl_module)
         for logger in trainer.loggers:  # `LightningModule.log` is refused in on_fit_end
             logger.log_metrics(self.metrics_, step=trainer.global_step)
+        # where `log` would have put them, as tensors: read after fit, with or without loggers
+        trainer.callback_metrics.update(
+            {k: torch.tensor(v, dtype=torch.float32) for k, v in self.metrics_.items()}
+        )
         self._log_figure(trainer, fit)
 
     # ---------------------------------------------------------------- work
+    def _check_monitors(self, trainer: Any) -> None:
+        """A callback monitoring one of this callback's metrics (`ModelCheckpoint`,
+        `EarlyStopping`: their `monitor`) reads it at validation ends, where `fit_end` logs
+        nothing: refused before training, not after the first epoch."""
+        for other in trainer.callbacks:
+            monitor = getattr(other, "monitor", None)
+            if isinstance(monitor, str) and monitor.startswith(self.prefix):
+                raise ValueError(
+                    f"when: {type(other).__name__}(monitor={monitor!r}) reads the metric at "
+                    "every validation end, and CalibrationCallback(when='fit_end') logs it "
+                    "once, after fit; pass when='validation_end' (logged through "
+                    "LightningModule.log_dict at each validation end)"
+                )
+
     def _loader(self, trainer: Any) -> Any:
         loaders = trainer.val_dataloaders
         if loaders is None:

@@ -4,6 +4,9 @@
 
     Trainer(model, args, ..., compute_metrics=compute_metrics)   # eval_nll, eval_ece, ...
 
+    metrics = ComputeMetrics()                 # batch_eval_metrics=True: one per Trainer
+    Trainer(model, args, ..., compute_metrics=metrics, callbacks=[metrics])
+
     calibration = CalibrationCallback("TS")
     trainer = Trainer(model, args, ..., compute_metrics=calibration.compute_metrics,
                       callbacks=[calibration])
@@ -16,12 +19,21 @@ classification: every token a row); rows labelled -100 (the ignore index of tran
 losses, which the Trainer also pads with) are left out. `preprocess_logits_for_metrics` may
 shrink the logits but must leave logits: an argmax leaves nothing to measure.
 
+With `TrainingArguments(batch_eval_metrics=True)` the Trainer calls `compute_metrics` batch by
+batch, so what is called holds the batches of the evaluation running: `ComputeMetrics` and
+`CalibrationCallback` are also callbacks, and drop what an evaluation that stopped early (an
+exception, an interrupt) left when the next one starts (`on_prediction_step` with another
+evaluation dataloader, a training step, the start of training), so it is never added to the
+next evaluation's batches. The module-level `compute_metrics` holds nothing: it measures a whole
+evaluation at once, and refuses the batch-by-batch calls.
+
 Needs `transformers` (`pip install "peg[hf]"`); imported only by this module, never by
 `import peg`.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
@@ -80,7 +92,53 @@ def _logits_and_labels(eval_pred: Any) -> tuple[Any, Any]:
     return logits, labels
 
 
-class ComputeMetrics:
+class _PerEvaluation(TrainerCallback):
+    """What a `compute_metrics` called batch by batch (`batch_eval_metrics=True`) holds between
+    its calls, dropped when a new evaluation starts: each evaluation builds its dataloader and
+    hands it to every callback event, so an `on_prediction_step` with another dataloader than
+    the one of the batches held is a new evaluation; a training step or the start of training
+    is between evaluations. Without these events (not in `callbacks`), an evaluation that
+    stopped early cannot be told from the next one: said once, at the first batch."""
+
+    def _drop(self) -> None:
+        """Forget the batches held (subclasses: their own state too)."""
+        raise NotImplementedError
+
+    def _new_evaluation(self) -> None:
+        self._drop()
+        self._loader: Any = None
+
+    def _batch(self) -> None:
+        """A batch of `batch_eval_metrics` arrives: without the events, say what is at risk."""
+        if getattr(self, "_loader", None) is None and not getattr(self, "_warned", False):
+            self._warned = True
+            warnings.warn(
+                f"{type(self).__name__}: called batch by batch (batch_eval_metrics=True) but "
+                "not among the Trainer's callbacks: pass it to callbacks=[...] too, or the "
+                "batches of an evaluation that stops early are added to the next one's",
+                stacklevel=3,
+            )
+
+    def _finished(self) -> None:
+        """The last batch of an evaluation was measured: nothing is held any more."""
+        self._drop()
+        self._loader = None
+
+    def on_prediction_step(
+        self, args: Any, state: Any, control: Any, eval_dataloader: Any = None, **kwargs: Any
+    ) -> None:
+        if eval_dataloader is not getattr(self, "_loader", None):
+            self._drop()  # another evaluation's first step: the last one stopped early
+        self._loader = eval_dataloader if eval_dataloader is not None else self
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._new_evaluation()
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._new_evaluation()  # no evaluation spans a training step
+
+
+class ComputeMetrics(_PerEvaluation):
     """`compute_metrics` for `transformers.Trainer`: accuracy, nll, ece, brier of the logits.
 
     Args:
@@ -90,32 +148,69 @@ class ComputeMetrics:
     logs them as `eval_accuracy`, ...). With `TrainingArguments(batch_eval_metrics=True)` the
     Trainer calls it batch by batch: the sums are accumulated
     (`peg.metrics.streaming.StreamingMetrics`, the same values) and the metrics returned at the
-    last batch, `compute_result=True`.
+    last batch, `compute_result=True`. Then make one per Trainer and pass it to `callbacks` too
+    (`Trainer(compute_metrics=m, callbacks=[m])`): an evaluation that stopped early leaves its
+    sums, and the callback events drop them when the next evaluation starts.
     """
 
     def __init__(self, bins: int = 15) -> None:
         self.bins = check_positive_int(bins, "bins")
         self._stream: StreamingMetrics | None = None
+        self._loader = None
+
+    def _drop(self) -> None:
+        self._stream = None
 
     def __call__(self, eval_pred: Any, compute_result: bool | None = None) -> dict[str, float]:
-        z, y = rows(*_logits_and_labels(eval_pred), "eval_pred.predictions")
-        if self._stream is None:
-            self._stream = StreamingMetrics(bins=self.bins, metrics=KEYS)
-        if len(y):
-            self._stream.update(z.unsqueeze(0), y)
-        if compute_result is False:  # a batch of batch_eval_metrics: more to come
+        if compute_result is None:  # the whole evaluation at once: nothing held
+            self._drop()
+            return _metrics(eval_pred, self.bins)
+        self._batch()
+        try:
+            z, y = rows(*_logits_and_labels(eval_pred), "eval_pred.predictions")
+            if self._stream is None:
+                self._stream = StreamingMetrics(bins=self.bins, metrics=KEYS)
+            if len(y):
+                self._stream.update(z.unsqueeze(0), y)
+        except BaseException:
+            self._drop()  # this evaluation stops here: nothing of it is left to the next
+            raise
+        if not compute_result:  # a batch of batch_eval_metrics: more to come
             return {}
-        stream, self._stream = self._stream, None
+        stream = self._stream
+        self._finished()
         return named(stream.compute())
 
     def __repr__(self) -> str:
         return f"ComputeMetrics(bins={self.bins})"
 
 
-compute_metrics = ComputeMetrics()
+def _metrics(eval_pred: Any, bins: int) -> dict[str, float]:
+    """accuracy, nll, ece, brier of a whole evaluation's `EvalPrediction`."""
+    z, y = rows(*_logits_and_labels(eval_pred), "eval_pred.predictions")
+    stream = StreamingMetrics(bins=bins, metrics=KEYS)
+    if len(y):
+        stream.update(z.unsqueeze(0), y)
+    return named(stream.compute())
 
 
-class CalibrationCallback(Params, TrainerCallback):
+def compute_metrics(eval_pred: Any, compute_result: bool | None = None) -> dict[str, float]:
+    """`Trainer(compute_metrics=compute_metrics)`: accuracy, nll, ece, brier of a whole
+    evaluation (`ComputeMetrics()`'s, 15 bins). It holds nothing, so every Trainer of the
+    process may share it; batch by batch (`batch_eval_metrics=True`) needs the sums of one
+    evaluation held between calls: refused, pointing to a `ComputeMetrics()` of its own."""
+    if compute_result is not None:
+        raise ValueError(
+            "compute_metrics: called batch by batch (TrainingArguments(batch_eval_metrics="
+            "True)), which needs an evaluation's sums held between calls; the module-level "
+            "compute_metrics holds nothing (every Trainer of the process shares it). Make one "
+            "per Trainer: metrics = ComputeMetrics(); Trainer(..., compute_metrics=metrics, "
+            "callbacks=[metrics])"
+        )
+    return _metrics(eval_pred, 15)
+
+
+class CalibrationCallback(Params, _PerEvaluation):
     """Fit a calibrator (and a conformal predictor) on the logits of the Trainer's evaluations.
 
     Args:
@@ -144,7 +239,10 @@ class CalibrationCallback(Params, TrainerCallback):
       before `on_evaluate` runs.
 
     After an evaluation: `calibrator_` (fitted on `nn.Identity()`: it applies to logits),
-    `conformal_` (or None), `metrics_` (the model's and the calibrated metrics).
+    `conformal_` (or None), `metrics_` (the model's and the calibrated metrics). With
+    `batch_eval_metrics=True` the batches of an evaluation are held until its last; an
+    evaluation that stopped early leaves them, dropped when the next one starts (the callback
+    events), never fitted on with the next one's.
     """
 
     parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
@@ -171,20 +269,34 @@ class CalibrationCallback(Params, TrainerCallback):
         self._training = False
         self._gathered: Gathered | None = None  # batch_eval_metrics: the batches so far
         self._answered = False  # compute_metrics ran in this evaluation
+        self._loader = None
+
+    def _drop(self) -> None:
+        self._gathered = None
+        self._answered = False
 
     # ---------------------------------------------------------------- the Trainer's logits
     def compute_metrics(
         self, eval_pred: Any, compute_result: bool | None = None
     ) -> dict[str, float]:
         """`Trainer(compute_metrics=...)`: the model's metrics and the calibrated ones."""
-        logits, labels = _logits_and_labels(eval_pred)
-        if self._gathered is None:
-            self._gathered = Gathered("eval_pred.predictions")
-        self._gathered.add(logits, labels)
-        if compute_result is False:  # batch_eval_metrics: more batches to come
-            return {}
-        z, y = self._gathered.result()
-        self._gathered = None
+        if compute_result is None:  # the whole evaluation in one call: nothing of another
+            self._gathered = None
+        else:
+            self._batch()
+        try:
+            logits, labels = _logits_and_labels(eval_pred)
+            if self._gathered is None:
+                self._gathered = Gathered("eval_pred.predictions")
+            self._gathered.add(logits, labels)
+            if compute_result is False:  # batch_eval_metrics: more batches to come
+                return {}
+            gathered = self._gathered
+            self._finished()
+            z, y = gathered.result()
+        except BaseException:
+            self._drop()  # this evaluation stops here: nothing of it is left to the next
+            raise
         self._answered = True
         out = self._calibrate(z, y)
         if self.extra_metrics is not None:
@@ -204,6 +316,7 @@ class CalibrationCallback(Params, TrainerCallback):
 
     # ---------------------------------------------------------------- events
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        super().on_train_begin(args, state, control, **kwargs)
         self._training = True
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

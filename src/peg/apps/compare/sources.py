@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from peg import data as datasets
 from peg._io import numpy_reason
+from peg._load_checks import torch_file
 from peg.source import is_dataset_or_loader
 from peg.source.batches import from_numpy
 
@@ -98,10 +99,8 @@ def data(spec: str, what: str, labelled: bool = True) -> Any:
         if suffix == ".npz":
             held: Any = _npz(path, what)
         else:
-            try:
-                held = torch.load(path, weights_only=True, map_location="cpu")
-            except Exception as e:  # an unsafe pickle, a corrupt file
-                raise ValueError(f"{what}: {path} is not a file of tensors ({e})") from None
+            # never unpickles code; names a blocked global, never relays torch's advice
+            held = torch_file(path, what, "file of tensors", "torch.save((X, y), path)")
         return _pair(held, f"{what}: {path}", labelled)
     if ":" in spec:
         got = call(spec, what)

@@ -159,8 +159,7 @@ def _saved(path: str, labels: str, classes: int) -> tuple[Any, Any]:
 
 def run(args: argparse.Namespace, command: str, progress: bool | None) -> int:
     import peg
-    from peg.apps.monitor import Monitor
-    from peg.apps.monitor.monitor import FILES, WRITES
+    from peg.apps.monitor.monitor import FILES, WRITES, Monitor, earlier_run
 
     predictor, val, targets = inputs(args)
     try:  # before the folder is claimed
@@ -176,9 +175,12 @@ def run(args: argparse.Namespace, command: str, progress: bool | None) -> int:
         writes=WRITES,
         override="--overwrite",
     )
+    earlier_run(out, args.overwrite, False, "--out")  # an earlier run's chunks: before the fit
     if args.html:
         html.check_target(out / html.REPORT, "--html")
-    monitor = Monitor(estimator.fit(predictor, val), args.chunk_size, out=out)
+    monitor = Monitor(
+        estimator.fit(predictor, val), args.chunk_size, out=out, overwrite=args.overwrite
+    )
     try:
         for option, name, batch, labels in targets:
             before = len(monitor.chunks)

@@ -9,14 +9,18 @@ realized accuracy where every point of the chunk came with its label, and `alert
 chunks drawn from the source validation data, NannyML's rule, clipped to [0, 1]) or a test
 with p < `alpha` / 3 (Bonferroni: three tests). With `out`, results.json / .md / .csv are
 rewritten (atomically) as each chunk ends, in a folder claimed as `peg compare` claims its
-own: a crash loses no finished chunk.
+own: a crash loses no finished chunk. results.json, written first, is the source of truth (a
+kill between the writes leaves .md / .csv a chunk behind): an earlier run's chunks there are
+replaced only with `overwrite`, or taken back with `resume` (.md / .csv rewritten from them).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,6 +38,26 @@ FILES = ("results.json", "results.md", "results.csv")
 WRITES = "results.json, results.md and results.csv"  # a refused folder's message says so
 
 
+def earlier_run(folder: Path, overwrite: bool, resume: bool, argument: str = "out") -> Any:
+    """The results.json of an earlier run in `folder` to resume (None: none, or to replace);
+    a FileExistsError naming `argument` where one holds chunks and neither is asked for."""
+    path = folder / "results.json"
+    try:
+        earlier = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except (ValueError, OSError) as e:
+        earlier = {"chunks": [f"unreadable: {e}"]}  # refused as a run of unknown chunks
+    if overwrite or not isinstance(earlier, dict) or not earlier.get("chunks"):
+        return None
+    if not resume:
+        raise FileExistsError(
+            f"{argument}: {folder} holds the {len(earlier['chunks'])} chunks of an earlier "
+            "monitor run (results.json; results.md and .csv may be a chunk behind it if that "
+            "run was killed); this run would replace them: pass resume=True (peg.Monitor) to "
+            "continue it, overwrite=True (--overwrite) to replace it, or a new folder"
+        )
+    return earlier
+
+
 class Monitor(Reported):
     """Watch a deployed model without labels (see the module doc).
 
@@ -48,7 +72,11 @@ class Monitor(Reported):
         n_reference: reference chunks drawn (with replacement) from the source (20 gave a
             band from a noisy σ: 10% of clean 50-point chunks of a digits model left it).
         out: a folder to write results.json / .md / .csv in as each chunk ends, or None.
-        overwrite: write into a non-empty folder peg monitor did not make.
+        overwrite: write into a non-empty folder peg monitor did not make, or replace the
+            chunks of an earlier run in `out`.
+        resume: continue the earlier run in `out` (killed, or done): its chunks kept, .md /
+            .csv rewritten from them; feed the rest of the stream (its first
+            `sum(c["n"] for c in chunks)` points were read); `adapted()` sees new chunks only.
         seed: the reference chunks and the domain classifier's samples.
     """
 
@@ -62,6 +90,7 @@ class Monitor(Reported):
         n_reference: int = 200,
         out: str | os.PathLike[str] | None = None,
         overwrite: bool = False,
+        resume: bool = False,
         seed: int = 0,
     ) -> None:
         if not isinstance(estimator, PerformanceEstimator):
@@ -94,6 +123,32 @@ class Monitor(Reported):
         self._reset()
         self._band: tuple[float, float, float] | None = None
         self._flagged: np.ndarray | None = None
+        if not isinstance(resume, bool) or (resume and out is None):
+            raise ValueError(f"resume: expected True (with out) or False, got {resume!r}")
+        earlier = None if self.out is None else earlier_run(self.out, overwrite, resume)
+        if earlier is not None:
+            self._resume(earlier)
+
+    def _settings(self) -> dict[str, Any]:
+        """What a resumed run must share with the run it continues."""
+        est = self.estimator
+        return {"method": est.method, "classes": int(est.n_classes_), "seed": self.seed,
+                "chunk_size": self.chunk_size, "sigmas": self.sigmas, "alpha": self.alpha,
+                "n_reference": self.n_reference}  # fmt: skip
+
+    def _resume(self, earlier: dict[str, Any]) -> None:
+        """The earlier run's chunks and reference back from its results.json; .md / .csv
+        rewritten from them (a kill between the writes left them a chunk behind)."""
+        settings, reference = earlier.get("settings"), earlier.get("reference")
+        if settings != self._settings() or not isinstance(reference, list) or len(reference) != 4:
+            raise ValueError(
+                f"resume: the run in {self.out} had settings {settings}, this one "
+                f"{self._settings()}; resume with the same, or pass overwrite=True"
+            )
+        self.chunks = list(earlier["chunks"])
+        *band, self._dispersion = (float(v) for v in reference)
+        self._band = (band[0], band[1], band[2])
+        self._write()
 
     # ---------------------------------------------------------------- the band
     @property
@@ -302,7 +357,10 @@ class Monitor(Reported):
     def _write(self) -> None:
         if self.out is None:
             return
-        files.write_json(self.out / "results.json", {"chunks": self.chunks, "band": self.band})
+        lo, hi = self.band  # the reference (mean, lo, hi) and the dispersion: kept to resume
+        reference = [*(self._band or ()), self._dispersion]
+        files.write_json(self.out / "results.json", {"chunks": self.chunks, "band": [lo, hi],
+                         "settings": self._settings(), "reference": reference})  # fmt: skip
         files.write_text(self.out / "results.md", report.markdown(self))
         files.write_text(self.out / "results.csv", to_csv(report.records(self)))
 

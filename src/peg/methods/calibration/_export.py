@@ -2,9 +2,17 @@
 in, probabilities `[N, C]` out, for deployment graphs (`torch.export.export`, `torch.onnx.export`,
 `torch.jit.trace`) with a dynamic batch dimension.
 
-Each module holds the fitted arrays as buffers and nothing else: no fit state, no checks that
-branch on values, no logging, no grad-mode switch (such a switch becomes a node of the exported
-graph), so that the graph is the map alone. It computes as `predict_proba` does, in float64
+Each module holds the fitted arrays as buffers and nothing else: no fit state, no logging, no
+grad-mode switch (such a switch becomes a node of the exported graph), so that the graph is the
+map alone. Two checks guard its input, as `predict_proba`'s do:
+
+- the class count: logits with another C than the map was fitted on are refused (a ValueError,
+  eagerly and when traced or exported), and the graph keeps the check: the logits are reshaped
+  to C columns, which fails at run time in a `torch.jit.trace` and in ONNX Runtime on any other
+  width, where a map of C classes would broadcast 1 column to C or map 3 of them;
+- the values: run eagerly, logits holding NaN or ±inf are refused with `predict_proba`'s
+  message; in a graph (traced, exported, ONNX), which cannot raise on values, such a row comes
+  out NaN, never a distribution. It computes as `predict_proba` does, in float64
 (the scores are the fitted map's: log softmax of the logits, or the logits themselves where
 the map was fitted on a one-member predictor's raw logits, `scores_`), with the same functions
 where they export, and returns the probabilities in the logits' dtype. The one difference:
@@ -35,6 +43,7 @@ from peg.methods.calibration._monotone import evaluate
 from peg.methods.calibration.binning import renormalised
 from peg.methods.calibration.ensemble_temperature import mixture_log_probs
 from peg.methods.calibration.spline import top_label_recalibrated
+from peg.source._values import check_finite_logits
 
 __all__ = ["CalibrationMap", "interpolate"]
 
@@ -74,10 +83,20 @@ def _padded(points: Sequence[Tensor], length: int) -> Tensor:
     return torch.stack([torch.cat([p, p[-1:].expand(length - len(p))]) for p in points])
 
 
+def _eager() -> bool:
+    """Run as Python, not recorded into a graph (`torch.jit.trace`, `torch.export`, the ONNX
+    exporters, `torch.compile`), where a check of values has nothing to compare."""
+    return not (torch.jit.is_tracing() or torch.compiler.is_compiling())
+
+
 class CalibrationMap(nn.Module):
     """Logits `[N, C]` -> calibrated probabilities `[N, C]` (in the logits' dtype), computed
     in float64: the scores the map was fitted on (`scores`: "log_probs", log softmax of the
-    logits, or "logits", the logits as they are), mapped by `log_probs`, then the softmax."""
+    logits, or "logits", the logits as they are), mapped by `log_probs`, then the softmax.
+    `classes`: C of the fitted map (set by `to_module`; None, a map of an older archive that
+    did not record it: any C)."""
+
+    classes: int | None = None
 
     def __init__(self, scores: str) -> None:
         super().__init__()
@@ -88,9 +107,22 @@ class CalibrationMap(nn.Module):
         raise NotImplementedError
 
     def forward(self, logits: Tensor) -> Tensor:
+        if self.classes is not None:
+            # checked when exported too (C is a constant there); a trace has the reshape's
+            if not torch.jit.is_tracing() and logits.shape[-1] != self.classes:
+                raise ValueError(
+                    f"logits: this map was fitted on {self.classes} classes, got logits with "
+                    f"{logits.shape[-1]} columns (shape {tuple(logits.shape)})"
+                )
+            # kept in the graph: a reshape to C columns fails on any other width at run time
+            logits = logits.reshape((*logits.shape[:-1], self.classes))
+        if _eager():
+            check_finite_logits(logits, "logits")  # predict_proba's refusal, with its message
         z = logits.to(torch.float64)
         s = z.log_softmax(-1) if self.normalise else z
-        return self.log_probs(s).softmax(-1).to(logits.dtype)
+        p = self.log_probs(s).softmax(-1)
+        finite = torch.isfinite(z).all(-1, keepdim=True)  # in a graph: NaN rows, no guess
+        return torch.where(finite, p, torch.full_like(p, float("nan"))).to(logits.dtype)
 
 
 class Temperature(CalibrationMap):
@@ -151,6 +183,12 @@ class TopLabel(CalibrationMap):
         self.floor = float(floor)
 
     def log_probs(self, s: Tensor) -> Tensor:
+        if torch.onnx.is_in_onnx_export() and torch.jit.is_tracing():
+            raise TypeError(
+                "torch.onnx.export: the TorchScript exporter (dynamo=False) has no ONNX "
+                "operator for spline calibration's logaddexp; export with dynamo=True (the "
+                "default since torch 2.9; needs onnxscript: pip install 'peg[export]')"
+            )
         log_p = s.log_softmax(-1)
         top = log_p.max(-1).values.exp()[:, None]
         q = interpolate(top, self.confidences, self.calibrated)[:, 0]
@@ -163,17 +201,23 @@ class Monotone(CalibrationMap):
     knots: Tensor
     slopes: Tensor
     anchors: Tensor
+    base: Tensor
 
     def __init__(self, scores: str, knots: Tensor, slopes: Tensor) -> None:
         super().__init__(scores)
         self.register_buffer("knots", _f64(knots))
         self.register_buffer("slopes", _f64(slopes))
         self.register_buffer("anchors", torch.cat([self.knots[:1], self.knots]))
+        # g at each piece's anchor, computed once here: the graph has no diff or cumsum, which
+        # the TorchScript ONNX exporter lacks (`_monotone.evaluate` at offset 0)
+        pieces = torch.arange(len(self.slopes))
+        zero = torch.zeros(len(self.slopes), dtype=torch.float64)
+        self.register_buffer("base", evaluate(pieces, zero, self.knots, self.slopes))
 
     def log_probs(self, s: Tensor) -> Tensor:
         s = finite_scores(s)
         idx = at_or_below(s, self.knots)  # the piece of each score (`_monotone.pieces`)
-        return evaluate(idx, s - self.anchors[idx], self.knots, self.slopes)
+        return self.base[idx] + self.slopes[idx] * (s - self.anchors[idx])
 
 
 class Binned(CalibrationMap):
@@ -253,4 +297,17 @@ BUILDERS: dict[str, Callable[[Any], CalibrationMap]] = {
     "isotonic": lambda c: Interpolated(c.scores_, c.thresholds_, c.floor),
     "label_shift": lambda c: PriorShift(c.scores_, c.temperature_, c.bias_, c.weights_),
 }
-_calibrator.EXPORTS.update(BUILDERS)
+
+
+def _with_classes(build: Callable[[Any], CalibrationMap]) -> Callable[[Any], CalibrationMap]:
+    """`build` whose module checks its logits' C against the fitted map's."""
+
+    def built(c: Any) -> CalibrationMap:
+        module = build(c)
+        module.classes = c._fitted_classes()
+        return module
+
+    return built
+
+
+_calibrator.EXPORTS.update({name: _with_classes(b) for name, b in BUILDERS.items()})

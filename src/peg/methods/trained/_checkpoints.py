@@ -6,7 +6,9 @@ A checkpoint is a state dict (a mapping of the model's entry names to tensors) o
 file holding one: `.safetensors` (read by safetensors), or `.pt` / `.pth` / `.bin` read by
 `torch.load(weights_only=True)` only, which unpickles tensors and containers and nothing that
 runs code; no other file is read. Every entry is checked before it is used: the model's names
-(no entry missing, none extra), their shapes, finite values. Each snapshot is loaded into one
+(no entry missing, none extra), their shapes, the kind of their numbers (floating-point,
+complex, integer, boolean: a cast within a kind only), finite values; a checkpoint holding the
+same weights as an earlier one is said (a content digest). Each snapshot is loaded into one
 working copy of the model and handed on before the next is read: however many checkpoints, one
 is held at a time (the averages being what is kept).
 """
@@ -14,8 +16,9 @@ is held at a time (the averages being what is kept).
 from __future__ import annotations
 
 import copy
+import hashlib
 import os
-import pickle
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from peg._load_checks import torch_file
 from peg.errors import InvalidParameterError, NonFiniteError
 from peg.source import Source
 
@@ -97,26 +101,10 @@ def read_checkpoint(entry: Any, where: str) -> Mapping[str, Any]:
             return load_file(path, device="cpu")
         except (SafetensorError, OSError) as e:
             raise ValueError(f"{where}: {path} is not a readable safetensors file ({e})") from None
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:
-        raise ValueError(
-            f"{where}: {path} is not a weights-only torch file (torch.load(weights_only=True) "
-            f"refused it: {_reason(e)}); save the state dict alone: "
-            "torch.save(model.state_dict(), path), or use safetensors"
-        ) from None
+    state = torch_file(path, where)
     if not isinstance(state, Mapping):
         raise ValueError(f"{where}: {path} holds a {type(state).__name__}, not a state dict")
     return state
-
-
-def _reason(error: BaseException) -> str:
-    """torch's reason for refusing a file, in a line: the weights-only unpickler's own line
-    (which global it refused) where there is one, else the first line."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    said = next((line for line in lines if line.startswith("WeightsUnpickler error:")), None)
-    said = said or (lines[0] if lines else type(error).__name__)
-    return said.split(". Please use", 1)[0].removeprefix("WeightsUnpickler error: ")
 
 
 def check_state(state: Mapping[str, Any], expected: Mapping[str, Tensor], where: str) -> None:
@@ -144,8 +132,37 @@ def check_state(state: Mapping[str, Any], expected: Mapping[str, Tensor], where:
                 f"{where}: entry {k!r} has shape {tuple(value.shape)}, the model's "
                 f"{tuple(ref.shape)}"
             )
-        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+        if _kind(value) != _kind(ref):  # a cast would change what the numbers mean
+            raise ValueError(
+                f"{where}: entry {k!r} is {value.dtype}, the model's {ref.dtype}: "
+                f"{_kind(value)} values are not the model's {_kind(ref)} weights (a quantized "
+                "or converted checkpoint?); save the model's own state dict"
+            )
+        if (value.is_floating_point() or value.is_complex()) and not bool(
+            torch.isfinite(value).all()
+        ):
             raise NonFiniteError(f"{where}: entry {k!r} holds NaN or infinite values")
+
+
+def _kind(t: Tensor) -> str:
+    """What a dtype's numbers are: within a kind a cast keeps them (float16 -> float32), across
+    kinds it does not (int8 codes read as float weights, a complex entry losing its imaginary
+    part)."""
+    if t.dtype == torch.bool:
+        return "boolean"
+    if t.is_complex():
+        return "complex"
+    return "floating-point" if t.is_floating_point() else "integer"
+
+
+def digest(state: Mapping[str, Tensor]) -> str:
+    """A content digest of a checked state dict: names, dtypes, shapes and bytes."""
+    h = hashlib.blake2b(digest_size=16)
+    for k in sorted(state):
+        t = state[k].detach().reshape(-1).contiguous().cpu()
+        h.update(f"{k}|{t.dtype}|{tuple(state[k].shape)}|".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
 
 
 def _prefix_hint(got: list[str], expected: list[str]) -> str:
@@ -167,10 +184,19 @@ def snapshots(model: nn.Module, entries: list, name: str = "checkpoints") -> Ite
     """One working copy of `model` (never `model` itself) carrying each checkpoint in turn."""
     net = copy.deepcopy(model)
     expected = net.state_dict()
+    seen: dict[str, int] = {}
     for i, entry in enumerate(entries):
         where = f"{name}[{i}]"
         state = read_checkpoint(entry, where)
         check_state(state, expected, where)
+        first = seen.setdefault(digest(state), i)
+        if first != i:
+            warnings.warn(
+                f"{where}: the same weights as {name}[{first}]: identical checkpoints add "
+                "nothing to an average or an ensemble (a degenerate SWA, SWAG or Deep "
+                "Ensemble: no spread between them); pass distinct snapshots",
+                stacklevel=4,
+            )
         net.load_state_dict(dict(state))
         yield net
 
