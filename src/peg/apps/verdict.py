@@ -200,8 +200,9 @@ class Verdict:
                 f"{head}, {label} {self.after:.3f} ({_se(self.se)}, on {self.points} "
                 f'{self.where}); no uncalibrated row to compare it with (add "Model")'
             )
+        d = _decimals(self.after - self.before, 3)
         said = (
-            f"{head}, {label} {self.before:.3f} → {self.after:.3f} ({_se(self.se)} paired, "
+            f"{head}, {label} {self.before:.{d}f} → {self.after:.{d}f} ({_se(self.se)} paired, "
             f"{self.points} {self.where})"
         )
         a, b = self.ece_before, self.ece_after
@@ -211,7 +212,8 @@ class Verdict:
                 if self.ece_se is None or math.isnan(self.ece_se)
                 else (f" (± {100 * self.ece_se:.2g} paired bootstrap)")
             )
-            said += f", ECE {100 * a:.1f} → {100 * b:.1f} %{se}"
+            d = _decimals(100 * (b - a), 1)
+            said += f", ECE {100 * a:.{d}f} → {100 * b:.{d}f} %{se}"
         return said + ": " + self._said()
 
     def _said(self) -> str:
@@ -226,6 +228,14 @@ class Verdict:
         if judgement == "better":
             return f"a real improvement (beyond {SIGMAS:g} SE)"
         return f"no real difference from the uncalibrated model (within {SIGMAS:g} SE)"
+
+
+def _decimals(diff: float, least: int) -> int:
+    """Decimals that show a difference `diff` (at least `least`, at most 6): a change of
+    0.0004 is not printed as 0.621 → 0.621."""
+    if diff == 0 or not math.isfinite(diff):
+        return least
+    return min(6, max(least, -math.floor(math.log10(abs(diff)))))
 
 
 def _se(se: float) -> str:

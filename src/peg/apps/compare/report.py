@@ -340,7 +340,10 @@ class Comparison(Reported):
         }
         said = self.verdict()
         results["verdict"] = None if said is None else said.to_dict()
-        markdown = f"Command: `{command}`; machine: {results['machine']}\n\n{self.to_markdown()}"
+        markdown = (
+            f"Command: {_html.md_code(command)}; machine: {_html.md(results['machine'])}"
+            f"\n\n{self.to_markdown()}"
+        )
         return write_results(folder, results, markdown + "\n" + NOTE + "\n", strict=True)
 
 

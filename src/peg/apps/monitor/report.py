@@ -127,4 +127,5 @@ def build(monitor: Monitor) -> html.Report:
         records=records(monitor),
         index="chunk",
         sections=sections,
+        doc="Monitor",
     )
