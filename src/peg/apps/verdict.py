@@ -29,6 +29,8 @@ SIGMAS = 2.0  # a difference beyond this many paired SE is real
 TIE = 1e-6  # below this a difference is the fits' numerical noise, whatever its SE
 DRAWS = 200  # bootstrap resamples for the ECE's paired SE
 BINS = 15  # the ECE's equal-width bins (peg.metrics.ece's default)
+MIN_DRAWS = 50  # ... and at least these, whatever the number of points
+WORK = 40_000_000  # points × draws of one bootstrap, beyond which it draws fewer
 CELLS = 4_000_000  # indices drawn at once by the bootstrap (memory: 32 MB of int64)
 # per-point values kept per row: (key, what it is); "error" is 1 - "correct"
 POINTS = ("nll", "brier", "confidence", "correct")
@@ -99,8 +101,9 @@ def ece_se(a: dict[str, Tensor], b: dict[str, Tensor], bins: int = BINS, seed: i
     g = torch.Generator().manual_seed(seed)
     diffs = []
     step = max(1, CELLS // n)
-    for start in range(0, DRAWS, step):
-        draws = min(step, DRAWS - start)
+    total = max(MIN_DRAWS, min(DRAWS, WORK // n))  # fewer draws on millions of points
+    for start in range(0, total, step):
+        draws = min(step, total - start)
         pick = torch.randint(n, (draws, n), generator=g)
         offset = (torch.arange(draws) * bins)[:, None]
         eces = []

@@ -112,7 +112,9 @@ class Comparison(Reported):
     metrics: tuple[str, ...] = SHOWN
     # labelled set → method → per-point values (`peg.apps.verdict.per_point`): the paired SEs
     points: dict[str, dict[str, dict[str, Tensor]]] = field(default_factory=dict)
+    # what the report computed once (bold cells, the verdict: bootstraps of every point)
     _bold: dict[str, str] | None = field(default=None, init=False, repr=False, compare=False)
+    _said: tuple[Verdict | None] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def failed(self) -> dict[str, dict[str, Any]]:
@@ -129,6 +131,11 @@ class Comparison(Reported):
     def verdict(self) -> Verdict | None:
         """The answer: the best test NLL against the model as it is ("Model"), on the same
         test points (`peg.apps.verdict`); None where no method has a test NLL."""
+        if self._said is None:
+            self._said = (self._verdict(),)
+        return self._said[0]
+
+    def _verdict(self) -> Verdict | None:
         rows = {r["method"]: r for r in self.table if _finite(r.get("nll"))}
         if not rows:
             return None
