@@ -189,7 +189,12 @@ def test_the_table_as_csv_json_and_markdown(comparison) -> None:
     for row, r in zip(rows, comparison.table, strict=True):
         assert float(row["nll"]) == r["nll"] and float(row["nll (noisy)"]) == r["nll (noisy)"]
         assert float(row["coverage@0.1"]) == r["coverage@0.1"]
-    assert json.loads(comparison.to_text("json")) == json_ready(comparison.table)
+    printed = json.loads(comparison.to_text("json"))
+    assert [r["method"] for r in printed] == ["Model", "TS"]
+    assert [r["choice"] for r in printed] == ["baseline", "best"]  # the verdict's marks
+    assert printed[1]["fitted_scale"] == comparison.row("TS")["chosen"]
+    assert "chosen" not in printed[1]
+    assert printed[1]["nll"] == json_ready(comparison.table)[1]["nll"]
     assert comparison.to_text("md") == comparison.to_markdown()
     with pytest.raises(ValueError, match=r"^format: expected one of \['md', 'csv', 'json'\]"):
         comparison.to_text("xlsx")

@@ -305,9 +305,9 @@ def test_the_monitor_markdown_escapes_a_source_name(tmp_path) -> None:
 def test_every_csv_neutralises_formulas_and_keeps_numbers(selector) -> None:
     table = [{"method": n, "base": "@b", "nll": -0.5, "note": "-2+3"} for n in ("=cmd", "+x", "ok")]
     result = Comparison(table, {}, {}, {}, {"test": {"points": 10, "kind": "test"}})
-    rows = list(csv.reader(io.StringIO(result.to_text("csv"))))
-    assert [r[0] for r in rows[1:]] == ["'=cmd", "'+x", "ok"]
-    assert rows[1][1] == "'@b" and rows[1][2] == "-0.5" and rows[1][3] == "'-2+3"
+    rows = list(csv.DictReader(io.StringIO(result.to_text("csv"))))
+    assert [r["method"] for r in rows] == ["'=cmd", "'+x", "ok"]
+    assert rows[0]["base"] == "'@b" and rows[0]["nll"] == "-0.5" and rows[0]["note"] == "'-2+3"
     for text in ("\tx", "\rx", "-x", "@x"):
         assert peg.apps.html.csv_text(text) == "'" + text
     assert peg.apps.html.csv_text("x=1") == "x=1"

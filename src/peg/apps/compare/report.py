@@ -24,6 +24,7 @@ from peg.apps.results import write_results
 from peg.apps.verdict import Verdict, best_beyond_noise, metric_se, own_se, real
 
 MODEL_ROW = "Model"  # the method that is the model as it is: the uncalibrated baseline
+MODEL = "model"  # a row's base where it is the user's model (`peg.apps.compare.methods.MODEL`)
 # the metrics whose per-point values (or paired bootstrap, the ECE) give a paired SE: the only
 # columns a cell may be bold in
 NOISY = ("nll", "error", "brier", "ece")
@@ -235,9 +236,24 @@ class Comparison(Reported):
     def __str__(self) -> str:
         return self.to_markdown()
 
+    def _records(self) -> list[dict[str, Any]]:
+        """The table's rows as `to_pandas` and `to_text` give them: the choice after the
+        method ("best", "baseline", or None), "chosen" as "fitted_scale" (the T, η or σ
+        fitted), the model as a base by its name ("Model"), a failure as one line."""
+        marks, out = self._marks(), []
+        for r in self.table:
+            record = {"method": r["method"], "choice": marks.get(r["method"])}
+            for k, v in r.items():
+                if k == "failed":
+                    v = describe(r["method"], v)
+                if k == "base" and v == MODEL:
+                    v = MODEL_ROW
+                record["fitted_scale" if k == "chosen" else k] = v
+            out.append(record)
+        return out
+
     def _report(self) -> Report:
-        records = [{k: describe(r["method"], v) if k == "failed" else v for k, v in r.items()}
-                   for r in self.table]  # fmt: skip
+        records = self._records()
         return Report(
             "compare",
             self.to_markdown(),
