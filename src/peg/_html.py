@@ -8,13 +8,18 @@ restyle each other. Colours are inherited or half-transparent greys and tints, r
 light and dark themes alike (scikit-learn's display was unreadable in dark themes, its
 #30357); figures are PNGs with their own white background. `page` is a whole standalone
 document: UTF-8, no network (no external CSS, script, font or image), `color-scheme: light
-dark`. `md` escapes a markdown table cell (`|`, line breaks) for the plain-text forms.
+dark`. `md` is the one escaping of a name put into markdown (a table cell, a line): every
+character markdown reads as markup backslash-escaped, line breaks as spaces, so a name never
+adds a row, a column or emphasis. `doc_link` is the "?" of a notebook block (as scikit-learn's):
+the class's reference page under `DOCS_URL`.
 """
 
 from __future__ import annotations
 
 import base64
 import html
+import os
+import re
 import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -43,6 +48,16 @@ STYLE = """
   white-space: nowrap; }}
 #{id} table.peg-table tr.peg-chosen td {{ background: rgba(46, 160, 67, 0.14); }}
 #{id} .peg-set {{ font-weight: 600; }}
+#{id} .peg-verdict {{ font-size: 1.1em; font-weight: 600; padding: 0.5em 0.8em;
+  margin: 0.4em 0 0.8em; border-radius: 4px; border-left: 5px solid rgba(46, 160, 67, 0.9);
+  background: rgba(46, 160, 67, 0.16); max-width: 70em; }}
+#{id} .peg-verdict.peg-same {{ border-left-color: rgba(210, 153, 34, 0.9);
+  background: rgba(210, 153, 34, 0.16); }}
+#{id} .peg-verdict.peg-worse {{ border-left-color: rgba(218, 54, 51, 0.95);
+  background: rgba(218, 54, 51, 0.16); }}
+#{id} a.peg-doc {{ display: inline-block; width: 1.2em; height: 1.2em; line-height: 1.2em;
+  margin-left: 0.5em; text-align: center; border-radius: 50%; border: 1px solid;
+  font-size: 0.8em; text-decoration: none; color: inherit; opacity: 0.7; }}
 #{id} .peg-note {{ opacity: 0.85; max-width: 60em; }}
 #{id} .peg-figure {{ margin: 0.5em 0 1em; }}
 #{id} .peg-figure img {{ max-width: 100%; height: auto; border-radius: 4px; }}
@@ -143,6 +158,40 @@ def page(title: str, body: Iterable[Any]) -> str:
     )
 
 
+# what markdown may read as markup anywhere in a line (GFM tables: `|`; `[` opens a link, `<`
+# HTML or an autolink, `_` emphasis only where it can open one: not inside a word, as
+# n_classes_); each is backslash-escaped, which every CommonMark reader shows as the character
+MARKUP = re.compile(r"([\\`*\[<|~&]|(?<![0-9A-Za-z])_(?=\S))")
+# the environment variable of `DOCS_URL`: where the documentation site is served
+DOCS_ENV = "PEG_DOCS_URL"
+# the reference pages' folder (mkdocs.yml: reference/<Name>.html, use_directory_urls: false);
+# relative unless PEG_DOCS_URL names the served site
+DOCS_URL = os.environ.get(DOCS_ENV, "reference/")
+
+
 def md(value: Any) -> str:
-    """`value` as one cell of a markdown table (its `|` escaped, line breaks as spaces)."""
-    return " ".join(str(value).split("\n")).replace("|", "\\|")
+    """`value` as text in markdown (a table cell, a line): its markup characters escaped, line
+    breaks and tabs as spaces (a name with `|` or a newline never adds a column or a row)."""
+    flat = " ".join(str(value).replace("\t", " ").splitlines())
+    return MARKUP.sub(r"\\\1", flat)
+
+
+def md_code(value: Any) -> str:
+    """`value` as a code span in markdown: fenced by more backticks than any run inside it
+    (padded where it begins or ends with one), `|` escaped (GFM splits a table's cells first),
+    line breaks as spaces."""
+    flat = " ".join(str(value).replace("\t", " ").splitlines()).replace("|", "\\|")
+    fence = "`" * (max((len(r) for r in re.findall("`+", flat)), default=0) + 1)
+    pad = " " if flat.startswith("`") or flat.endswith("`") else ""
+    return f"{fence}{pad}{flat}{pad}{fence}"
+
+
+def doc_link(page: str) -> Markup:
+    """The "?" linking to the reference page `page` (e.g. "TemperatureScaling") under
+    `DOCS_URL`."""
+    base = DOCS_URL if DOCS_URL.endswith("/") else DOCS_URL + "/"
+    href = f"{base}{page}.html"
+    return Markup(
+        f'<a class="peg-doc" href="{text(href)}" title="Documentation of {text(page)}" '
+        'target="_blank" rel="noopener">?</a>'
+    )

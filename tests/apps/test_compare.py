@@ -107,10 +107,12 @@ def test_costs(result, model):
 def test_markdown_and_the_results_folder(result, tmp_path):
     text = result.to_markdown()
     assert "| PEG + TS |" in text and "noisy (shifted, 300 points)" in text and "AUROC %" in text
-    header = text.splitlines()[0]
+    assert text.startswith(f"**{result.verdict().text()}**")  # the answer first
+    header = next(line for line in text.splitlines() if line.startswith("| method |"))
     assert all(f" {label} |" in header for label in ("aECE %", "cwECE %", "AURC %", "AUGRC %"))
-    chosen = dataclasses.replace(result, metrics=("nll", "aurc")).to_markdown().splitlines()[0]
-    assert " NLL | AURC % | Chosen |" in chosen and "ECE" not in chosen
+    shown = dataclasses.replace(result, metrics=("nll", "aurc")).to_markdown().splitlines()
+    chosen = next(line for line in shown if line.startswith("| method |"))
+    assert " NLL | AURC % | Fitted scale |" in chosen and "ECE" not in chosen
     json_path, md_path = result.write(tmp_path, "peg compare --test")
     written = json.loads(json_path.read_text())
     assert written["command"] == "peg compare --test" and len(written["table"]) == 7

@@ -161,6 +161,15 @@ def test_the_report_renders_in_a_real_browser(comparison, selector, tmp_path) ->
         assert pixels.shape == (1600, 1200)
         inked = (pixels < 200).mean()  # text, table rules, the figures' bars
         assert pixels.var() > 100 and inked > 0.01, (name, pixels.var(), inked)
+        # the answer first: the verdict's box, its strong green left border (a real
+        # improvement here; no other green on the page is that strong above the figures), is
+        # drawn at the top of the page, under the title
+        rgb = np.asarray(Image.open(shot).convert("RGB"), dtype=np.float64)
+        green = (rgb[..., 1] - rgb[..., 0] > 60) & (rgb[..., 1] - rgb[..., 2] > 50)
+        rows = np.flatnonzero(green[:, :200].sum(1) >= 3)  # the 5 px border, at the left
+        assert rows.size > 10 and rows[0] < 150, (name, rows[:5])
+        said = result.verdict_ if name == "select" else result.verdict()
+        assert "a real improvement" in said.text()
 
 
 def test_a_notebook_shows_the_tables(comparison) -> None:
@@ -180,7 +189,12 @@ def test_the_table_as_csv_json_and_markdown(comparison) -> None:
     for row, r in zip(rows, comparison.table, strict=True):
         assert float(row["nll"]) == r["nll"] and float(row["nll (noisy)"]) == r["nll (noisy)"]
         assert float(row["coverage@0.1"]) == r["coverage@0.1"]
-    assert json.loads(comparison.to_text("json")) == json_ready(comparison.table)
+    printed = json.loads(comparison.to_text("json"))
+    assert [r["method"] for r in printed] == ["Model", "TS"]
+    assert [r["choice"] for r in printed] == ["baseline", "best"]  # the verdict's marks
+    assert printed[1]["fitted_scale"] == comparison.row("TS")["chosen"]
+    assert "chosen" not in printed[1]
+    assert printed[1]["nll"] == json_ready(comparison.table)[1]["nll"]
     assert comparison.to_text("md") == comparison.to_markdown()
     with pytest.raises(ValueError, match=r"^format: expected one of \['md', 'csv', 'json'\]"):
         comparison.to_text("xlsx")
@@ -197,7 +211,7 @@ def test_to_pandas_or_a_clear_error(comparison, selector, monkeypatch) -> None:
         frame = comparison.to_pandas()
         assert list(frame.index) == ["Model", "TS"] and frame.loc["TS", "nll"] == (
             comparison.row("TS")["nll"])  # fmt: skip
-        assert list(selector.to_pandas().index) == ["TS", "Vector scaling"]
+        assert list(selector.to_pandas().index) == ["Uncalibrated", "TS", "Vector scaling"]
     monkeypatch.setitem(sys.modules, "pandas", None)  # as where pandas is not installed
     with pytest.raises(ImportError, match=r"^Comparison.to_pandas needs pandas.*pip install"):
         comparison.to_pandas()
@@ -218,7 +232,7 @@ def test_autoselect_report_has_its_reasoning_and_the_diagrams(selector) -> None:
         before["confidence"], before["accuracy"], before["count"])  # fmt: skip
     assert selector._repr_markdown_() == selector.to_markdown()
     frame = [r["candidate"] for r in csv.DictReader(io.StringIO(selector.to_text("csv")))]
-    assert frame == ["TS", "Vector scaling"]
+    assert frame == ["Uncalibrated", "TS", "Vector scaling"]  # the baseline first
 
 
 def test_an_autoselect_not_fitted_shows_itself_as_a_method() -> None:
@@ -239,10 +253,11 @@ def test_peg_select_html_and_csv(overconfident, tmp_path, monkeypatch, capsys) -
             "2", "--no-progress", "--save", "out", "--format", "csv", "--html"]  # fmt: skip
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert out.startswith("candidate,base,method,") and "report.html" in out
+    assert out.startswith("candidate,base,forwards,") and "report.html" in out
     _self_contained((tmp_path / "out" / "report.html").read_text(encoding="utf-8"))
     rows = list(csv.DictReader((tmp_path / "out" / "results.csv").open(encoding="utf-8")))
-    assert rows[0]["candidate"] == "TS" and rows[0]["status"] == "chosen"
+    assert rows[0]["candidate"] == "Uncalibrated" and rows[0]["status"] == "baseline"
+    assert rows[1]["candidate"] == "TS" and rows[1]["status"] == "chosen"
     assert (tmp_path / "out" / "results.md").is_file()  # as without the options
 
 

@@ -118,3 +118,29 @@ def test_label_shift_and_conformal(fitted: bool) -> None:
     else:
         assert "<td>priors_</td>" not in shift._repr_html_()
         assert "quantile_" not in conformal._repr_markdown_()
+
+
+def test_the_question_mark_links_to_the_reference_page(monkeypatch) -> None:
+    """As scikit-learn's display: a "?" to the class's reference page (mkdocs.yml:
+    reference/<Name>.html), under `peg._html.DOCS_URL` (PEG_DOCS_URL: the served site)."""
+    html = peg.TemperatureScaling()._repr_html_()
+    assert 'class="peg-doc" href="reference/TemperatureScaling.html"' in html
+    monkeypatch.setattr(_html, "DOCS_URL", "https://docs.example/peg")
+    assert 'href="https://docs.example/peg/LabelShift.html"' in peg.LabelShift()._repr_html_()
+
+    class Private(peg.TemperatureScaling):  # no reference page: no link
+        pass
+
+    assert 'class="peg-doc"' not in Private()._repr_html_()
+
+
+def test_markdown_values_stay_in_their_cell() -> None:
+    """A value with a backtick, `|` or a line break neither closes its code span nor adds a
+    cell or a row."""
+    assert _html.md_code("a`b|c\nd") == "``a`b\\|c d``"
+    assert _html.md_code("`x`") == "`` `x` ``"
+    ts = peg.TemperatureScaling(batch_fn=None)
+    ts.__dict__["max_iter"] = "1 | 2\n| x | y |`"
+    text = ts._repr_markdown_()
+    assert "\n| x | y |" not in text
+    assert all(r.replace("\\|", "").count("|") == 3 for r in text.splitlines() if r.startswith("|"))

@@ -34,13 +34,24 @@ CSV = "results.csv"  # `--format csv`'s
 @dataclass
 class Report:
     """What a result shows: `title`, `markdown` (its `to_markdown()`), `records` (one flat
-    dict per row, keyed by `index`'s column first) and `sections(figures) -> [HTML]`."""
+    dict per row, keyed by `index`'s column first), `sections(figures) -> [HTML]`, `doc` (the
+    reference page the notebook's "?" links to) and `verdict` (the answer, where there is one:
+    `peg.apps.verdict.Verdict`; a data frame's `attrs["verdict"]`)."""
 
     title: str
     markdown: str
     records: list[dict[str, Any]]
     index: str
     sections: Callable[[bool], list[Markup]]
+    doc: str | None = None
+    verdict: Any = None
+
+
+def verdict_html(said: Any) -> Markup:
+    """The verdict line (`peg.apps.verdict.Verdict`) as the report's first paragraph, tinted by
+    what it says: green a real improvement, amber no real difference, red worse."""
+    tint = {"worse": " peg-worse", "same": " peg-same", "unknown": " peg-same"}
+    return paragraph(said.text(), "peg-verdict" + tint.get(said.judgement(), ""))
 
 
 class Reported:
@@ -58,7 +69,10 @@ class Reported:
         if not self._reportable():
             return str(super()._repr_html_())  # the next class's (a method's: `Display`)
         report = self._report()
-        return str(_html.block([_html.element("h2", report.title), *report.sections(False)]))
+        title = _html.element("h2", report.title)
+        if report.doc is not None:  # the "?" to the reference page, as scikit-learn's
+            title = _html.element("h2", _html.join([report.title, _html.doc_link(report.doc)]))
+        return str(_html.block([title, *report.sections(False)]))
 
     def _repr_markdown_(self) -> str:
         if not self._reportable():
@@ -67,8 +81,9 @@ class Reported:
 
     def to_pandas(self) -> Any:
         """The table as a `pandas.DataFrame`, a row per record, indexed by the report's index
-        column (a method for `compare` and AutoSelect, a chunk for `Monitor`); pandas is not a
-        dependency of peg: an ImportError saying how to install it where it is missing."""
+        column (a method for `compare` and AutoSelect, a chunk for `Monitor`), NaN wherever a
+        value is missing, the verdict (where there is one) in `frame.attrs["verdict"]`; pandas is
+        not a dependency of peg: an ImportError saying how to install it where it is missing."""
         try:
             import pandas
         except ImportError:
@@ -77,7 +92,12 @@ class Reported:
                 "pip install pandas (or use .to_text('csv'), .to_markdown(), .table)"
             ) from None
         report = self._report()
-        return pandas.DataFrame.from_records(report.records).set_index(report.index)
+        frame = pandas.DataFrame.from_records(report.records).set_index(report.index)
+        # one missing value, NaN (None in a text column too), numbers as numbers
+        frame = frame.astype(object).where(frame.notna(), float("nan")).infer_objects()
+        if report.verdict is not None:
+            frame.attrs["verdict"] = report.verdict.text()
+        return frame
 
     def to_text(self, format: str = "md") -> str:
         """The table as text: "md" (`to_markdown()`), "csv" (a row per record, every column,
@@ -116,14 +136,25 @@ class Reported:
 
 def to_csv(records: Sequence[Mapping[str, Any]]) -> str:
     """Records as CSV: every key any record has, in the order first met; empty cells where a
-    record lacks one or holds None; lists and dicts as JSON."""
+    record lacks one or holds None; lists and dicts as JSON; every text cell (the header
+    included) through `csv_text`, numbers as they are."""
     columns = list(dict.fromkeys(k for r in records for k in r))
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(columns)
+    writer.writerow([csv_text(str(k)) for k in columns])
     for r in records:
         writer.writerow([_csv_cell(r.get(k)) for k in columns])
     return out.getvalue()
+
+
+# what a spreadsheet reads as the start of a formula (OWASP's CSV injection list)
+FORMULA = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_text(text: str) -> str:
+    """A text cell a spreadsheet will not run: one that begins as a formula (`FORMULA`) is
+    prefixed with a single quote (OWASP's neutralisation); other text as it is."""
+    return "'" + text if text.startswith(FORMULA) else text
 
 
 def _csv_cell(value: Any) -> Any:
@@ -131,6 +162,8 @@ def _csv_cell(value: Any) -> Any:
         return ""
     if isinstance(value, (list, tuple, dict)):
         return json.dumps(json_ready(value), allow_nan=False)
+    if isinstance(value, str):
+        return csv_text(value)
     return value
 
 

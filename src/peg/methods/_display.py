@@ -13,6 +13,7 @@ ensemble by its class and size.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -78,6 +79,15 @@ def _numbers(value: np.ndarray, dtype: str) -> str:
     return f"array {list(value.shape)} {dtype}{spread}"
 
 
+def doc_page(cls: type) -> str | None:
+    """The reference page of `cls` (its name) where it is public (`peg.<name>`), else None."""
+    public = sys.modules.get("peg")
+    try:
+        return cls.__name__ if getattr(public, cls.__name__, None) is cls else None
+    except Exception:  # a lazy attribute of peg that cannot import here
+        return None
+
+
 def _length(value: Any) -> int | None:
     try:
         return len(value)
@@ -125,6 +135,7 @@ class Display:
         head = _html.join([
             _html.element("span", type(self).__name__, "peg-name"),
             _html.element("span", state, badge),
+            *([_html.doc_link(page)] if (page := doc_page(type(self))) else []),
         ])  # fmt: skip
         parts: list[Any] = [_html.element("div", head, "peg-head")]
         params = self._display_params()
@@ -148,10 +159,74 @@ class Display:
         params = self._display_params()
         if params:
             lines += ["| argument | value |", "|---|---|"]
-            lines += [f"| {'**' + k + '**' if s else k} | `{_html.md(v)}` |" for k, v, s in params]
+            lines += [
+                f"| {'**' + k + '**' if s else k} | {_html.md_code(v)} |" for k, v, s in params
+            ]
             lines.append("")
         fitted_rows = self._display_fitted()
         if fitted_rows:
             lines += ["| fitted | value |", "|---|---|"]
-            lines += [f"| {k} | {_html.md(v)} |" for k, v in fitted_rows]
+            lines += [f"| {_html.md(k)} | {_html.md(v)} |" for k, v in fitted_rows]
         return "\n".join(lines).rstrip() + "\n"
+
+
+class RecordDisplay:
+    """`__repr__`, `_repr_html_` and `_repr_markdown_` of a result record (a dataclass such as
+    `peg.methods.estimation.Estimate`): its fields, numbers to 4 significant digits (never a
+    16-digit float), mappings of numbers as a table of their own; `_doc` names the reference
+    page the "?" links to."""
+
+    _doc: str | None = None
+
+    def _display_fields(self) -> dict[str, Any]:
+        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+
+    def __repr__(self) -> str:
+        said = ", ".join(f"{k}={_short(v)}" for k, v in self._display_fields().items())
+        return f"{type(self).__name__}({said})"
+
+    def _display_split(self) -> tuple[list[tuple[str, str]], dict[str, dict[str, Any]]]:
+        """(name, summary) of each plain field; the mappings of numbers apart."""
+        rows, tables = [], {}
+        for k, v in self._display_fields().items():
+            if isinstance(v, dict) and v and all(_scalar(x) for x in v.values()):
+                tables[k] = v
+            else:
+                rows.append((k, summary(v)))
+        return rows, tables
+
+    def _repr_html_(self) -> str:
+        name = type(self).__name__
+        head = [_html.element("span", name, "peg-name")]
+        head += [_html.doc_link(self._doc)] if self._doc else []
+        rows, tables = self._display_split()
+        parts: list[Any] = [_html.element("div", _html.join(head), "peg-head")]
+        parts.append(_html.table(["field", "value"], rows))
+        for k, v in tables.items():
+            values = [[str(n), summary(x)] for n, x in v.items()]
+            parts.append(_html.table([k, "value"], values, numeric=[False, True], caption=k))
+        return str(_html.block(parts))
+
+    def _repr_markdown_(self) -> str:
+        rows, tables = self._display_split()
+        lines = [f"**{_html.md(type(self).__name__)}**", "", "| field | value |", "|---|---|"]
+        lines += [f"| {_html.md(k)} | {_html.md(v)} |" for k, v in rows]
+        for k, v in tables.items():
+            lines += ["", f"| {_html.md(k)} | value |", "|---|---:|"]
+            lines += [f"| {_html.md(n)} | {_html.md(summary(x))} |" for n, x in v.items()]
+        return "\n".join(lines) + "\n"
+
+
+def _short(value: Any) -> str:
+    """`value` in a repr: numbers rounded (4 significant digits), containers element-wise."""
+    if isinstance(value, (float, np.floating)):
+        return _number(value) if math.isfinite(value) else str(float(value))
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_short(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+    if isinstance(value, list):
+        if len(value) > SHOWN:
+            return f"[{', '.join(_short(v) for v in value[:SHOWN])}, … ({len(value)} in all)]"
+        return "[" + ", ".join(_short(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {_short(v)}" for k, v in value.items()) + "}"
+    return repr(value)

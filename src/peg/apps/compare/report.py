@@ -6,7 +6,7 @@ file (`to_html`: the tables, conformal coverage, the reliability diagrams before
 from __future__ import annotations
 
 import datetime
-from collections.abc import Callable, Sequence
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,10 +16,18 @@ from torch import Tensor
 from peg import _html, plots
 from peg._env import git_commit, machine
 from peg._version import __version__
-from peg.apps.bench.tables import HIGHER_IS_BETTER, OOD_ROWS, ROWS, metric_rows
+from peg.apps.bench.tables import OOD_ROWS, ROWS, metric_rows
+from peg.apps.compare import tables
 from peg.apps.compare.faults import describe
-from peg.apps.html import Report, Reported, figure_html, paragraph, section
+from peg.apps.html import Report, Reported, figure_html, paragraph, section, verdict_html
 from peg.apps.results import write_results
+from peg.apps.verdict import Verdict, best_beyond_noise, metric_se, own_se, real
+
+MODEL_ROW = "Model"  # the method that is the model as it is: the uncalibrated baseline
+MODEL = "model"  # a row's base where it is the user's model (`peg.apps.compare.methods.MODEL`)
+# the metrics whose per-point values (or paired bootstrap, the ECE) give a paired SE: the only
+# columns a cell may be bold in
+NOISY = ("nll", "error", "brier", "ece")
 
 TEST = "test"
 # (row key, column label, multiplier, format) of the costs, shown before the metrics
@@ -29,7 +37,7 @@ COSTS: tuple[tuple[str, str, float, str], ...] = (
     ("memory_mb", "Memory MB", 1, "{:.3g}"),
     ("predict_seconds", "Predict s", 1, "{:.2f}"),
 )
-CHOSEN = (("chosen", "Chosen", 1, "{}"),)  # the scale a method chose: T, η or σ (text)
+CHOSEN = (("chosen", "Fitted scale", 1, "{}"),)  # the scale a method chose: T, η or σ (text)
 # the metric columns of the labelled sets' tables by default (keys of `ROWS`)
 SHOWN = ("nll", "error", "brier", "ece", "adaptive_ece", "classwise_ece", "aurc", "augrc")
 NOTE = (
@@ -38,7 +46,11 @@ NOTE = (
     "(ensembles: members; last-layer PEG: one trunk and S heads). Memory MB: the tensors the "
     "predictor holds to predict (10^6 bytes). Predict s: wall seconds to predict the test set. "
     "Error, the ECEs, AURC and AUGRC as % (fractions in the table's rows and the JSON); OOD: "
-    "OOD is the positive class, scored against the test set. Bold: the best of a column. "
+    "OOD is the positive class, scored against the test set. Choice: the best test NLL (the "
+    "verdict's) and the baseline, the model as it is. Bold: better than every other row beyond "
+    "2 paired SE of the per-point values on the same points (NLL, error, Brier; ECE by a "
+    "paired bootstrap); a tie, or a column without per-point values, has no bold. Fitted "
+    "scale: the T, η or σ a method fitted. "
     "Notes: ensembles indistinguishable from their base (every test log-probability within "
     "10^-4 of the base's: `vs_base` in the JSON), whose forwards buy nothing."
 )
@@ -87,6 +99,8 @@ class Comparison(Reported):
         figures: the reliability diagrams written by `plot` or `write`.
         metrics: the metric columns of the markdown tables (keys of
             `peg.apps.bench.tables.ROWS`); the table and the JSON hold every metric.
+        points: labelled set → method → per-point values `[N]` (NLL, Brier, confidence,
+            correct: `peg.apps.verdict.per_point`), what `verdict()` and the bold cells read.
     """
 
     table: list[dict[str, Any]]
@@ -97,6 +111,11 @@ class Comparison(Reported):
     ood_score: str = "entropy"
     figures: list[Path] = field(default_factory=list)
     metrics: tuple[str, ...] = SHOWN
+    # labelled set → method → per-point values (`peg.apps.verdict.per_point`): the paired SEs
+    points: dict[str, dict[str, dict[str, Tensor]]] = field(default_factory=dict)
+    # what the report computed once (bold cells, the verdict: bootstraps of every point)
+    _bold: dict[str, str] | None = field(default=None, init=False, repr=False, compare=False)
+    _said: tuple[Verdict | None] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def failed(self) -> dict[str, dict[str, Any]]:
@@ -110,25 +129,94 @@ class Comparison(Reported):
                 return r
         raise KeyError(f"{name!r}: no such method; methods: {[r['method'] for r in self.table]}")
 
+    def verdict(self) -> Verdict | None:
+        """The answer: the best test NLL against the model as it is ("Model"), on the same
+        test points (`peg.apps.verdict`); None where no method has a test NLL."""
+        if self._said is None:
+            self._said = (self._verdict(),)
+        return self._said[0]
+
+    def _verdict(self) -> Verdict | None:
+        rows = {r["method"]: r for r in self.table if _finite(r.get("nll"))}
+        if not rows:
+            return None
+        baseline = MODEL_ROW if MODEL_ROW in rows else None
+        methods = [k for k in rows if k != baseline] or [MODEL_ROW]
+        best = min(methods, key=lambda k: rows[k]["nll"])
+        points = self.points.get(TEST, {})
+        n = self.sets.get(TEST, {}).get("points", 0)
+        ties = [
+            k
+            for k in methods
+            if k != best
+            and k in points
+            and best in points
+            and not real(*metric_se(points[k], points[best], "nll"))
+        ]
+        said = Verdict(best, "nll", rows[best]["nll"], math.nan, n, "test points", ties=ties)
+        if baseline is None or best == baseline:
+            if best in points:
+                said.se = own_se(points[best], "nll")
+            said.baseline = baseline
+            said.before = None if baseline is None else rows[baseline]["nll"]
+            return said
+        said.baseline, said.before = baseline, rows[baseline]["nll"]
+        said.ece_before, said.ece_after = rows[baseline].get("ece"), rows[best].get("ece")
+        if best in points and baseline in points:
+            said.se = metric_se(points[best], points[baseline], "nll")[1]
+            said.ece_se = metric_se(points[best], points[baseline], "ece")[1]
+        return said
+
+    def _marks(self) -> dict[str, str]:
+        """Method → "best" / "baseline": the choice column."""
+        said = self.verdict()
+        if said is None:
+            return {}
+        marks = {said.choice: tables.BEST}
+        if said.baseline is not None:
+            marks[said.baseline] = tables.BASELINE + (
+                f" ({tables.BEST})" if said.baseline == said.choice else ""
+            )
+        return marks
+
+    def _best(self) -> dict[str, str]:
+        """Column key → the method bold in it: better than every other row beyond noise."""
+        if self._bold is None:
+            self._bold = {}
+            for name, info in self.sets.items():
+                points = self.points.get(name, {})
+                for metric in NOISY if info["kind"] != "ood" else ():
+                    key = column(metric, name)
+                    scores = {r["method"]: r.get(key) for r in self.table}
+                    top = best_beyond_noise(scores, points, metric, higher=False)
+                    if top is not None:
+                        self._bold[key] = top
+        return self._bold
+
     def to_markdown(self) -> str:
-        """The table as markdown: one table with the costs and the test metrics, then one per
-        shifted and OOD set (rows: methods)."""
+        """The verdict, then the table as markdown: one table with the costs and the test
+        metrics, then one per shifted and OOD set (rows: methods)."""
         shown = metric_rows(self.metrics)
-        parts = [_markdown(self.table, [*COSTS, *shown, *CHOSEN])]
+        said = self.verdict()
+        parts = [f"**{_html.md(said.text())}**"] if said is not None else []
+        test = [*COSTS, *shown, *CHOSEN]
+        parts.append(tables.markdown(self.table, test, self._best(), self._marks()))
         for name, info in self.sets.items():
             if name == TEST:
                 continue
             rows = OOD_ROWS if info["kind"] == "ood" else shown
             spec = [(column(k, name), lab, s, f) for k, lab, s, f in rows]
-            parts.append(f"{name} ({info['kind']}, {info['points']} points)\n\n" + _markdown(
-                self.table, spec))  # fmt: skip
-        return "\n\n".join(parts + self._notes()) + "\n"
+            parts.append(
+                f"{_html.md(name)} ({info['kind']}, {info['points']} points)\n\n"
+                + tables.markdown(self.table, spec, self._best(), {})
+            )
+        return "\n\n".join(parts + [_html.md(n) for n in self._notes()]) + "\n"
 
     def _notes(self) -> list[str]:
         """What was left out, what failed, the notes and the warnings: a line each, if any."""
         parts = []
         if self.skipped:
-            parts.append("Left out: " + "; ".join(f"{k}: {v}" for k, v in self.skipped.items()))
+            parts.append("Left out: " + tables.grouped(self.skipped))
         if self.failed:
             parts.append("Failed: " + "; ".join(describe(k, e) for k, e in self.failed.items()))
         noted = [f"{r['method']}: {r['note']}" for r in self.table if "note" in r]
@@ -148,26 +236,59 @@ class Comparison(Reported):
     def __str__(self) -> str:
         return self.to_markdown()
 
+    def _records(self) -> list[dict[str, Any]]:
+        """The table's rows as `to_pandas` and `to_text` give them: the choice after the
+        method ("best", "baseline", or None), "chosen" as "fitted_scale" (the T, η or σ
+        fitted), the model as a base by its name ("Model"), a failure as one line."""
+        marks, out = self._marks(), []
+        for r in self.table:
+            record = {"method": r["method"], "choice": marks.get(r["method"])}
+            for k, v in r.items():
+                if k == "failed":
+                    v = describe(r["method"], v)
+                if k == "base" and v == MODEL:
+                    v = MODEL_ROW
+                record["fitted_scale" if k == "chosen" else k] = v
+            out.append(record)
+        return out
+
     def _report(self) -> Report:
-        records = [{k: describe(r["method"], v) if k == "failed" else v for k, v in r.items()}
-                   for r in self.table]  # fmt: skip
-        return Report("peg compare", self.to_markdown(), records, "method", self._sections)
+        records = self._records()
+        return Report(
+            "compare",
+            self.to_markdown(),
+            records,
+            "method",
+            self._sections,
+            doc="compare",
+            verdict=self.verdict(),
+        )
 
     def _sections(self, figures: bool) -> list[_html.Markup]:
         """The HTML of the result: the sets, the tables, conformal coverage, the reliability
         diagrams (with `figures`), the notes."""
         sets = "; ".join(f"{n}: {i['kind']}, {i['points']} points" for n, i in self.sets.items())
         made = f"peg {__version__}, {datetime.date.today().isoformat()}, {machine()}"
-        parts = [paragraph(f"Evaluated on {sets}. Made with {made}.")]
+        said = self.verdict()
+        parts = [verdict_html(said)] if said is not None else []
+        parts.append(paragraph(f"Evaluated on {sets}. Made with {made}."))
         shown = metric_rows(self.metrics)
         test = self.sets.get(TEST, {}).get("points", "?")
-        parts.append(_table(self.table, [*COSTS, *shown, *CHOSEN], f"Test set ({test} points)"))
+        parts.append(
+            tables.html_table(
+                self.table,
+                [*COSTS, *shown, *CHOSEN],
+                f"Test set ({test} points)",
+                self._best(),
+                self._marks(),
+            )
+        )
         for name, info in self.sets.items():
             if name != TEST:
                 rows = OOD_ROWS if info["kind"] == "ood" else shown
                 spec = [(column(k, name), lab, s, f) for k, lab, s, f in rows]
                 caption = f"{name} ({info['kind']}, {info['points']} points)"
-                parts.append(_table(self.table, spec, caption))
+                parts.append(tables.html_table(self.table, spec, caption, self._best()))
         parts += self._conformal()
         if figures:
             parts += self._figures()
@@ -180,19 +301,21 @@ class Comparison(Reported):
                          if k.startswith("coverage@") and " " not in k}, key=float)  # fmt: skip
         if not alphas:
             return []
-        tables = []
+        found = []
         for name, info in self.sets.items():
             if info["kind"] == "ood":
                 continue
             spec = [row for a in alphas for row in (
                 (column(f"coverage@{a}", name), f"Coverage % (α={a})", 100, "{:.2f}"),
                 (column(f"set_size@{a}", name), f"Set size (α={a})", 1, "{:.2f}"))]  # fmt: skip
-            tables.append(_table(self.table, spec, f"{name} ({info['points']} points)", best=False))
+            found.append(
+                tables.html_table(self.table, spec, f"{name} ({info['points']} points)", {})
+            )
         note = (
             "Split conformal sets: calibrated on half of the test set, scored on the other "
             "half and on the shifted sets (peg.apps.conformal); coverage aims at 1 − α."
         )
-        return [section("Conformal prediction", paragraph(note), *tables)]
+        return [section("Conformal prediction", paragraph(note), *found)]
 
     def _figures(self) -> list[_html.Markup]:
         """The reliability diagrams of every labelled set, embedded."""
@@ -238,47 +361,17 @@ class Comparison(Reported):
             "figures": [p.name for p in figures],
             "note": NOTE,
         }
-        markdown = f"Command: `{command}`; machine: {results['machine']}\n\n{self.to_markdown()}"
+        said = self.verdict()
+        results["verdict"] = None if said is None else said.to_dict()
+        markdown = (
+            f"Command: {_html.md_code(command)}; machine: {_html.md(results['machine'])}"
+            f"\n\n{self.to_markdown()}"
+        )
         return write_results(folder, results, markdown + "\n" + NOTE + "\n", strict=True)
 
 
-def _cell(value: Any, scale: float, fmt: str) -> str:
-    if isinstance(value, str) or value is None:
-        return value or "–"
-    return fmt.format(value * scale)
-
-
-Spec = Sequence[tuple[str, str, float, str]]
-
-
-def _cells(table: Sequence[dict[str, Any]], spec: Spec, best: bool = True) -> list[list[Any]]:
-    """Rows: methods; columns: `spec` (key, label, multiplier, format); each cell (text,
-    whether it is the best of its column: the highest for `HIGHER_IS_BETTER` metrics, else the
-    lowest; none with `best=False`)."""
-    top: dict[str, str | None] = {}
-    for key, _, scale, fmt in spec:
-        values = [r[key] for r in table if isinstance(r.get(key), (int, float))]
-        pick: Callable[..., Any] = max if key.split(" ")[0] in HIGHER_IS_BETTER else min
-        top[key] = _cell(pick(values), scale, fmt) if best and len(values) > 1 else None
-    return [[(str(r["method"]), False)] + [(c, c == top[key]) for c, (key, *_) in zip(
-        (_cell(r.get(key), scale, fmt) for key, _, scale, fmt in spec), spec, strict=True)]
-        for r in table]  # fmt: skip
-
-
-def _markdown(table: Sequence[dict[str, Any]], spec: Spec) -> str:
-    """`_cells` as a markdown table, the best of each column bold."""
-    lines = ["| method | " + " | ".join(s[1] for s in spec) + " |",
-             "|---|" + "---:|" * len(spec)]  # fmt: skip
-    for row in _cells(table, spec):
-        lines.append("| " + " | ".join(f"**{c}**" if b else c for c, b in row) + " |")
-    return "\n".join(lines)
-
-
-def _table(table: Sequence[dict[str, Any]], spec: Spec, caption: str, best: bool = True) -> Any:
-    """`_cells` as an HTML table (every name escaped), the best of each column bold."""
-    rows = [[_html.strong(c) if b else c for c, b in row] for row in _cells(table, spec, best)]
-    numeric = [False] + [True] * len(spec)
-    return _html.table(["method", *(s[1] for s in spec)], rows, numeric=numeric, caption=caption)
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def figure_name(name: str) -> str:

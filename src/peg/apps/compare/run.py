@@ -33,6 +33,7 @@ from peg.apps.compare.state import State, fingerprint
 from peg.apps.conformal import ConformalSpec, parse_conformal, scorer
 from peg.apps.results import RESULTS
 from peg.apps.scores import labelled_metrics, ood_detection, scored_detection
+from peg.apps.verdict import per_point
 from peg.detectors import DETECTOR_SCORES, OODDetector
 from peg.methods._predictors import read_predictor
 from peg.methods.perturbation._scale_search import MAX_SCORE_POINTS
@@ -176,9 +177,8 @@ def compare(
         say(_line(i, len(specs), table[-1]))
     predictors = fitting.predictors()
     sets = {n: {"points": p, "kind": k} for n, (p, k) in evaluation.sizes.items()}
-    result = Comparison(
-        table, predictors, evaluation.curves, skipped, sets, ood_score, metrics=shown
-    )
+    result = Comparison(table, predictors, evaluation.curves, skipped, sets, ood_score)
+    result.metrics, result.points = shown, evaluation.points
     if out is not None and rank == 0:
         paths = result.write(out, command or _command(specs, out))
         say(f"compare: wrote {', '.join(str(p) for p in paths)} and {len(result.figures)} figures")
@@ -206,6 +206,8 @@ class Evaluation:
         self.ood_score = ood_score
         self.rows = probe_rows(labelled[TEST], batch_fn)
         self.curves: dict[str, dict[str, dict[str, Tensor]]] = {n: {} for n in labelled}
+        # labelled set → method → per-point values: the report's paired SEs (`apps.verdict`)
+        self.points: dict[str, dict[str, dict[str, Tensor]]] = {n: {} for n in labelled}
         self.sizes: dict[str, tuple[int, str]] = {}
         self.conformal: ConformalSpec | None = None
         self.val: Data = None
@@ -222,7 +224,7 @@ class Evaluation:
             "memory_mb": None if size is None else size / 1e6,
             "chosen": ", ".join(f"{k} = {v:.3g}" for k, v in registry.scales(predictor).items()),
         }
-        test_logits, curves, sizes = None, {}, {}
+        test_logits, curves, sizes, points = None, {}, {}, {}
         for name, data in self.labelled.items():
             started = time.perf_counter()
             logits, y = distributed.labelled_member_logits(
@@ -240,6 +242,7 @@ class Evaluation:
                     column(k, name): v for k, v in conformal_sets(logits, y, name == TEST).items()
                 }
             curves[name] = metrics.reliability(logits, y, self.bins)
+            points[name] = per_point(logits, y)
         assert test_logits is not None
         row |= self.vs_base(spec, test_logits, base, row["forwards"])
         detector = None
@@ -257,6 +260,8 @@ class Evaluation:
             )
             row |= {column(k, name): v for k, v in scores.items()}
         self.restore(spec.name, curves, sizes)  # kept once the whole row is made
+        for name, values in points.items():
+            self.points[name][spec.name] = values
         return row
 
     def vs_base(self, spec: MethodSpec, logits: Tensor, base: Callable[[], Any] | None,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any, Protocol
 
-from peg._html import Markup
+from peg._html import Markup, md
 from peg.apps import html
 from peg.apps.monitor import drift
 
@@ -59,7 +59,7 @@ def markdown(monitor: Monitor) -> str:
     lines = [
         f"# peg monitor: {len(monitor.chunks)} chunks, {len(monitor.alerts)} alerts",
         "",
-        f"Method: {monitor.estimator.method}; band [{lo:.3f}, {hi:.3f}] (reference chunks "
+        f"Method: {md(monitor.estimator.method)}; band [{lo:.3f}, {hi:.3f}] (reference chunks "
         f"± {monitor.sigmas:g} σ); tests fire at p < {monitor.alpha / drift.TESTS:.2g} "
         f"({monitor.alpha:g} split between {drift.TESTS}).",
         "",
@@ -67,7 +67,7 @@ def markdown(monitor: Monitor) -> str:
         "|" + "---|" * len(COLUMNS),
     ]
     for r in records(monitor):
-        lines.append("| " + " | ".join(_cell(r[k]) for k in COLUMNS) + " |")
+        lines.append("| " + " | ".join(md(_cell(r[k])) for k in COLUMNS) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -127,4 +127,5 @@ def build(monitor: Monitor) -> html.Report:
         records=records(monitor),
         index="chunk",
         sections=sections,
+        doc="Monitor",
     )

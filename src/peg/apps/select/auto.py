@@ -30,7 +30,7 @@ from peg.apps.select.cross import CrossFit
 from peg.apps.select.folds import CRITERIA, check_fold_sizes, mean_se, stratified_folds
 from peg.apps.select.race import AUTO_BUDGET, MIN_BUDGET_SECONDS, Plan, fold_lines
 from peg.apps.select.reference import slowdown, ts_seconds, warm_up
-from peg.apps.select.report import choose, cost_line, to_markdown
+from peg.apps.select.report import choose
 from peg.ensemble import Predicts
 from peg.methods import _constraints as checks
 from peg.methods._predictors import (
@@ -140,6 +140,9 @@ class AutoSelect(Reported, Predicts, Method):
             (imports, a first forward: `setup_seconds`, outside the budget).
         meta_: what was fitted (method "auto-select", the choice, the settings, the cost).
         reliability_: reliability data on `val`, the model's and the choice's out of fold.
+        verdict_: the answer (`peg.apps.verdict.Verdict`): the choice against the uncalibrated
+            model on the same points (the criterion and the ECE before → after, paired SEs,
+            whether the difference is real); `baseline_`: the uncalibrated model's row.
 
     Shown: `to_markdown()`, `to_html(path=None)`, `to_pandas()`, `to_text()`, and in a notebook.
     """
@@ -215,6 +218,7 @@ class AutoSelect(Reported, Predicts, Method):
         cross.run(folds, self._budget, self._plan(budget, cross, clock, forward))
         report, chosen = choose(cross, specs, everything, self.one_se, skipped)
         self.reliability_ = page.reliability(logits, y, cross.top[chosen], chosen)
+        self.verdict_, self.baseline_ = page.verdict(logits, y, cross, chosen, report)
         chain = self._refit(cross, specs, chosen, everything)
         seconds = time.perf_counter() - started
         self.predictor_ = chain[chosen]
@@ -246,6 +250,7 @@ class AutoSelect(Reported, Predicts, Method):
             "nested": self.nested_,
             "cost": self.cost_,
             "report": report,
+            "verdict": self.verdict_.to_dict(),
         }
         return self
 
@@ -345,16 +350,10 @@ class AutoSelect(Reported, Predicts, Method):
         return len(self._fitted())
 
     def to_markdown(self) -> str:
-        """`report_` as a markdown table, then the choice and its scores."""
+        """The verdict (`verdict_`), `report_` as a markdown table (the uncalibrated baseline's
+        row first), then the choice and its scores."""
         self._check_fitted("to_markdown")
-        text = to_markdown(self.report_, self.criterion) + cost_line(self.cost_)
-        s = self.score_
-        text += (f"\nChosen: {self.chosen_} (CV {s['criterion']} {s['mean']:.4f} ± {s['se']:.4f}, "
-                 "optimistically biased: it won on these folds)")  # fmt: skip
-        if self.nested_ is not None:
-            n = self.nested_
-            text += f"; nested CV: {n['mean']:.4f} ± {n['se']:.4f}"
-        return text + "\n"
+        return page.markdown(self)
 
     def _reportable(self) -> bool:
         return self.__sklearn_is_fitted__()

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from peg._html import md
 from peg.apps.bench.spec import MethodSpec
 from peg.apps.compare.collapse import indistinguishable, note
 from peg.apps.compare.methods import MODEL
@@ -211,15 +212,62 @@ def cost_line(cost: dict[str, Any]) -> str:
             "why.\n")  # fmt: skip
 
 
-def to_markdown(report: Sequence[dict[str, Any]], criterion: str) -> str:
-    """The report as a markdown table (a row per candidate)."""
-    lines = ["| " + " | ".join(header(criterion)) + " |", "|---|---:|---:|---:|---:|---|"]
+BASELINE = "Uncalibrated"  # the baseline row's name: the model as it is, nothing fitted
+
+
+def baseline_row(mean: float, se: float, diff: float, diff_se: float) -> dict[str, Any]:
+    """The uncalibrated model's row (the verdict's "before"): its mean criterion `mean` ± `se`
+    on the same validation points as the candidates, and its paired difference to the best."""
+    return {
+        "candidate": BASELINE,
+        "base": None,
+        "method": None,
+        "forwards": 1.0,
+        "vs_base": None,
+        "fit_seconds": None,
+        "fold_seconds": [],
+        "cv_mean": mean,
+        "cv_se": se,
+        "diff": diff,
+        "diff_se": diff_se,
+        "status": "baseline",
+        "why": "the model as it is, nothing fitted",
+    }
+
+
+def footnoted(report: Sequence[dict[str, Any]]) -> tuple[list[list[str]], list[str]]:
+    """`row_cells` of every row, a reason shared by several rows said once: their status cells
+    end in "(note k)" and the k-th note says why (saved logits' "no weights to change or sample",
+    once for every candidate it left out)."""
+    counts: dict[str, int] = {}
     for r in report:
-        cells = row_cells(r)
+        counts[r.get("why") or ""] = counts.get(r.get("why") or "", 0) + 1
+    notes: list[str] = []
+    rows = []
+    for r in report:
+        why = r.get("why") or ""
+        if why and counts[why] > 1:
+            if why not in notes:
+                notes.append(why)
+            r = {**r, "why": f"(note {notes.index(why) + 1})"}
+        rows.append(row_cells(r))
+    for cells in rows:
+        cells[-1] = cells[-1].replace(": (note ", " (note ")
+    return rows, [f"Note {k + 1}: {why}" for k, why in enumerate(notes)]
+
+
+def to_table(report: Sequence[dict[str, Any]], criterion: str) -> str:
+    """The report as a markdown table (a row per candidate, the baseline's first where given;
+    every cell escaped: `peg._html.md`), the chosen row's status bold, shared reasons as
+    numbered notes under it."""
+    lines = ["| " + " | ".join(header(criterion)) + " |", "|---|---:|---:|---:|---:|---|"]
+    rows, notes = footnoted(report)
+    for r, cells in zip(report, rows, strict=True):
+        cells = [md(c) for c in cells]
         if r["status"] == "chosen":
             cells[-1] = f"**{cells[-1]}**"
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + ([""] if notes else []) + [md(n) for n in notes]) + "\n"
 
 
 def header(criterion: str) -> list[str]:

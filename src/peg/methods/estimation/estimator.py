@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from peg.ensemble import Ensemble
 from peg.errors import NotFittedError, NotStreamable
 from peg.methods import _constraints as checks
+from peg.methods._display import Display, RecordDisplay
 from peg.methods._predictors import (
     iter_member_logits_of,
     logits_and_labels,
@@ -48,10 +49,13 @@ from peg.source.batches import BatchFn, check_batch_fn
 OOD_QUANTILE = 0.05
 
 
-@dataclass
-class Estimate:
+@dataclass(repr=False)
+class Estimate(RecordDisplay):
     """One target's estimate: `accuracy`, `interval` (lo, hi) at `confidence`, the `method`,
-    `n` points, every estimator's value in `estimates`, EM's target `priors` `[C]`."""
+    `n` points, every estimator's value in `estimates`, EM's target `priors` `[C]`; shown
+    rounded (`repr`, and in a notebook: `peg.methods._display.RecordDisplay`)."""
+
+    _doc: ClassVar[str | None] = "PerformanceEstimator"
 
     accuracy: float
     interval: tuple[float, float]
@@ -79,7 +83,7 @@ def free_energy_lse(logits: Tensor) -> Tensor:
     return torch.logsumexp(logits.double(), -1).mean(0)
 
 
-class PerformanceEstimator(Params):
+class PerformanceEstimator(Display, Params):
     """Estimate a classifier's accuracy on unlabelled target data, with an interval: e.g. ATC,
     the share of target points whose confidence score exceeds the threshold t at which the
     source's share equals its accuracy (Garg et al. 2022; DoC: Guillory et al. 2021; COT: Lu
@@ -287,6 +291,10 @@ class PerformanceEstimator(Params):
             estimates=values,
             priors=[float(p) for p in target.priors],
         )
+
+    def __sklearn_is_fitted__(self) -> bool:
+        """Whether `fit` has run (scikit-learn's protocol; the notebook display's badge)."""
+        return "fitted_" in self.__dict__
 
     def _check_fitted(self) -> None:
         if "fitted_" not in self.__dict__:
