@@ -4,7 +4,8 @@ results.json / .md / .csv as each chunk ends (`--html`: report.html); exit 0, or
 `--fail-on-alert` when any chunk alerts.
 
 Two ways in, as `peg compare` takes them (`peg.apps.compare.sources`, the one reader):
-- saved logits: `--reference-logits V.npy --reference-labels VL.npy --logits F1.npy …`
+- saved logits: `--val-logits V.npy --val-labels VL.npy --logits F1.npy …` (`--val-*`:
+  the reference data; `--reference-logits`, `--reference-labels` are their earlier names)
   (`--labels L1.npy … `, `-` for a file without, for the realized accuracy); each target file
   memory-mapped and read `--batch-size` rows at a time: memory flat in its length;
 - a model and its data: `--model module:function --val DATA --data [NAME=]DATA …` (a registry
@@ -12,7 +13,8 @@ Two ways in, as `peg compare` takes them (`peg.apps.compare.sources`, the one re
 
 Every file, spec and the output folder is checked before the estimator is fitted; a bad target
 met while streaming (NaN logits) is a ValueError naming the option and the file, after the
-chunks before it were written.
+chunks before it were written. A file name is shown `printable` (one that is not UTF-8 with
+backslash escapes) in every chunk, file and line. The options are `peg.apps.arguments`'s.
 """
 
 from __future__ import annotations
@@ -21,75 +23,25 @@ import argparse
 import warnings
 from typing import Any
 
-from peg.apps import html
+from peg.apps import arguments, html
 from peg.apps import results as files
 from peg.apps.compare import sources
+from peg.apps.compare.sources import printable
 
 ALERT_STATUS = 4
-NO_LABELS = "-"  # `--labels`: this file has none
-LOGIT_OPTIONS = ("--reference-logits", "--reference-labels", "--logits")
+NO_LABELS = arguments.NO_LABELS  # `--labels`: this file has none
+LOGIT_OPTIONS = ("--val-logits", "--val-labels", "--logits")
 MODEL_OPTIONS = ("--model", "--val", "--data")
-DESCRIPTION = (
-    "Fit peg.PerformanceEstimator on labelled reference data (saved logits: --reference-logits, "
-    "--reference-labels; or --model and --val, as peg compare takes them), run peg.Monitor over "
-    "the target data (--logits files, memory-mapped, or --data sources; one chunk each, or "
-    "--chunk-size points) and write results.{json,md,csv} in --out as each chunk ends; exit 4 "
-    "with --fail-on-alert when a chunk alerts. See docs/monitor.md."
-)
-
-
-def positive(text: str) -> int:
-    """`--chunk-size`, `--batch-size`: a positive integer (argparse names the option)."""
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
-
-
-positive.__name__ = "positive integer"  # argparse's message: "invalid positive integer value"
-
-
-def arguments(p: Any) -> None:
-    p.add_argument("--reference-logits", help="source validation logits [N, C] (.npy)")
-    p.add_argument("--reference-labels", help="their labels [N] (.npy)")
-    p.add_argument("--logits", nargs="+", help="target logits [N_i, C] (.npy), in order")
-    p.add_argument(
-        "--labels",
-        nargs="+",
-        help="the targets' labels [N_i] (.npy), one per "
-        f"--logits file ('{NO_LABELS}' for one without): the realized accuracy",
-    )
-    p.add_argument("--model", help="module:function returning the trained nn.Module")
-    p.add_argument("--val", help="labelled reference data (as peg compare's --val)")
-    p.add_argument(
-        "--data",
-        nargs="+",
-        help="target data, [NAME=]DATA each, in order (a "
-        "registry set, a .npz or .pt file, module:function)",
-    )
-    p.add_argument("--out", required=True, help="results folder")
-    p.add_argument(
-        "--chunk-size",
-        type=positive,
-        default=None,
-        help="points per chunk (default: one chunk per file or --data source)",
-    )
-    p.add_argument(
-        "--batch-size",
-        type=positive,
-        default=512,
-        help="rows read (or inputs predicted) at a time (default: 512)",
-    )
-    p.add_argument("--method", default="auto", help="the estimator (default: auto)")
-    p.add_argument("--fail-on-alert", action="store_true", help="exit 4 when any chunk alerts")
-    p.add_argument(
-        "--overwrite", action="store_true", help="write into a folder peg monitor did not make"
-    )
-    p.add_argument("--html", action="store_true", help="also write report.html in --out")
 
 
 def _given(args: argparse.Namespace, options: tuple[str, ...]) -> list[str]:
-    return [o for o in options if getattr(args, o[2:].replace("-", "_")) is not None]
+    """Those of `options` given, as typed (`--reference-logits` for `--val-logits`)."""
+    dests = [o[2:].replace("-", "_") for o in options]
+    return [arguments.typed(args, d) for d in dests if getattr(args, d) is not None]
+
+
+def _typed(args: argparse.Namespace, options: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(arguments.typed(args, o[2:].replace("-", "_")) for o in options)
 
 
 def inputs(args: argparse.Namespace) -> tuple[Any, Any, list[tuple[str, str, Any, Any]]]:
@@ -97,9 +49,10 @@ def inputs(args: argparse.Namespace) -> tuple[Any, Any, list[tuple[str, str, Any
     every one read (saved logits memory-mapped) and checked before any work; a ValueError
     naming the option missing, mixed or bad."""
     logits, model = _given(args, LOGIT_OPTIONS), _given(args, MODEL_OPTIONS)
+    options = _typed(args, LOGIT_OPTIONS)
     if logits and model:
         raise ValueError(
-            f"{logits[0]}: give saved logits ({', '.join(LOGIT_OPTIONS)}) or a "
+            f"{logits[0]}: give saved logits ({', '.join(options)}) or a "
             f"model ({', '.join(MODEL_OPTIONS)}), not both (got "
             f"{', '.join(logits + model)})"
         )
@@ -108,7 +61,7 @@ def inputs(args: argparse.Namespace) -> tuple[Any, Any, list[tuple[str, str, Any
         if missing:
             raise ValueError(
                 f"{missing[0]}: give --model, --val and --data (or "
-                f"{', '.join(LOGIT_OPTIONS)} for saved logits); missing: {', '.join(missing)}"
+                f"{', '.join(options)} for saved logits); missing: {', '.join(missing)}"
             )
         if args.labels is not None:
             raise ValueError(
@@ -116,16 +69,16 @@ def inputs(args: argparse.Namespace) -> tuple[Any, Any, list[tuple[str, str, Any
                 "own (a .npz file's y, the second of a pair (X, y))"
             )
         targets = sources.named(args.data, "--data", labelled=False)
-        rows = [("--data", name, *_pair(got)) for name, got in targets.items()]
+        rows = [("--data", name, *_pair(got)) for name, got in targets.items()]  # printable
         return sources.model(args.model), sources.data(args.val, "--val"), rows
-    missing = [o for o in LOGIT_OPTIONS if o not in logits]
+    missing = [o for o in options if o not in logits]
     if missing:
         raise ValueError(
-            f"{missing[0]}: give {', '.join(LOGIT_OPTIONS)} together (or "
+            f"{missing[0]}: give {', '.join(options)} together (or "
             f"{', '.join(MODEL_OPTIONS)} for a model); missing: "
             f"{', '.join(missing)}"
         )
-    V, VL = sources.saved_logits(args.reference_logits, args.reference_labels, LOGIT_OPTIONS[:2])
+    V, VL = sources.saved_logits(args.val_logits, args.val_labels, options[:2])
     labels = args.labels or [NO_LABELS] * len(args.logits)
     if len(labels) != len(args.logits):
         raise ValueError(
@@ -133,7 +86,7 @@ def inputs(args: argparse.Namespace) -> tuple[Any, Any, list[tuple[str, str, Any
             f"give one per file, '{NO_LABELS}' for a file without"
         )
     rows = [
-        ("--logits", path, *_saved(path, y, V.shape[1]))
+        ("--logits", printable(path), *_saved(path, y, V.shape[1]))
         for path, y in zip(args.logits, labels, strict=True)
     ]
     return V, VL, rows
@@ -206,11 +159,3 @@ def _update(monitor: Any, option: str, name: str, batch: Any, labels: Any) -> No
         monitor.update(batch, labels, name=name)
     except (ValueError, TypeError) as e:  # "batch: …" is this target
         raise ValueError(f"{option}: {name}: {str(e).removeprefix('batch: ')}") from None
-
-
-COMMAND = {  # `peg monitor`'s entry in `peg.apps.cli.COMMANDS`
-    "help": "estimate a deployed model's accuracy without labels, chunk by chunk, with alerts",
-    "description": DESCRIPTION,
-    "arguments": arguments,
-    "run": run,
-}

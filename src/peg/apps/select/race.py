@@ -30,6 +30,13 @@ the folds and a time budget for the whole fit, relative to temperature scaling's
   a load that slows both moves the budget and the prices together; the `MIN_BUDGET_SECONDS`
   floor is in seconds of an unloaded machine (× `reference.slowdown`), for the same reason.
   The first candidate in the order (temperature scaling by default) is never dropped.
+- **Known cheap** (`known_cheap`): a map on the cached logits whose predicted fit of every fold
+  (`predicted_fold`: from its `GROWTH` and the data's size, in seconds of an unloaded machine)
+  takes at most `CHEAP_SHARE` of the `MIN_BUDGET_SECONDS` floor is always scored: never left
+  out, dropped or stopped for time, whatever the load (one run under load had skipped matrix
+  scaling and Dirichlet at 10 classes and 2,000 points, the next one scored them). Only a
+  measured fold far past its prediction (`LOAD_CAP` × it, more than a load explains) ends
+  the guarantee. The race still drops it where it scores worse.
 """
 
 from __future__ import annotations
@@ -107,6 +114,26 @@ GROWTH = {
     "matrix-scaling": 2,
     "dirichlet": 2,
 }
+
+
+# a map on the cached logits is known cheap where its predicted fits of every fold take at most
+# this share of the budget's floor (seconds of an unloaded machine; 2.5 s): at 10 classes every
+# logits map up to 5,000 points, at 100 classes none of the O(C) or O(C²) ones at 2,000
+CHEAP_SHARE = 0.25
+# unloaded seconds a fold of a map costs per 1,000 validation points at 10 classes (measured
+# after issue 49's faster fits: 0.4-0.5 CPU seconds a fold of Dirichlet at 10 classes and 5,000
+# points, the dearest of the maps there; TS and vector scaling a fraction of it)
+FOLD_SECONDS_PER_1000 = 0.1
+# a known-cheap map's measured folds may pass its prediction by the load this factor bounds
+# (`reference.MAX_SLOWDOWN`'s 10) before its guarantee ends
+LOAD_CAP = 10.0
+
+
+def predicted_fold(method: str, points: int, classes: int) -> float:
+    """A map's fold on the cached logits, in seconds of an unloaded machine (an upper bound
+    for the maps of `GROWTH`): linear in the points, in C / 10 to the power of its growth."""
+    growth = GROWTH.get(method, 2)
+    return FOLD_SECONDS_PER_1000 * points / 1000 * max(1.0, classes / 10) ** growth
 
 
 def full_map_factor(classes: int) -> float:
@@ -217,6 +244,19 @@ class Plan:
             guess = max(guess, passes * self.forward)
         return guess
 
+    def known_cheap(self, cross: Any, name: str, folds: int) -> bool:
+        """Whether `name` is always scored (see the module doc): a map on the cached logits
+        whose predicted folds take at most `CHEAP_SHARE` of the budget's floor, none of its
+        measured folds past its prediction by more than `LOAD_CAP`."""
+        spec = next((s for s in cross.order if s.name == name), None)
+        if spec is None or spec.method not in GROWTH or spec.base != MODEL or not cross.cheap(name):
+            return False  # a map of another candidate's output waits for its base's fits
+        points = len(next(iter(cross.points.values())))
+        fold = predicted_fold(spec.method, points, self.classes)
+        if folds * fold > CHEAP_SHARE * MIN_BUDGET_SECONDS:
+            return False
+        return all(t <= LOAD_CAP * fold for t in cross.steps.get(name) or [])
+
     def _method(self, cross: Any, name: str) -> str | None:
         return next((s.method for s in cross.order if s.name == name), None)
 
@@ -267,7 +307,11 @@ class Plan:
         later = {s.name for s in cross.order[at + 1 :]} & needed
         owed = sum(self._price(cross, n) for n in needed) * left
         owed += sum(self._price(cross, n) for n in later)
-        return (self.budget - self.elapsed() - owed) / (left + 1)
+        share = (self.budget - self.elapsed() - owed) / (left + 1)
+        if self.known_cheap(cross, spec.name, folds):  # stopped only far past its prediction
+            points = len(next(iter(cross.points.values())))
+            return max(share, LOAD_CAP * predicted_fold(spec.method, points, self.classes))
+        return share
 
     def _price(self, cross: Any, name: str) -> float:
         """`name`'s seconds a fold: measured, else its price before it ran (`_prior`)."""
@@ -279,7 +323,8 @@ class Plan:
 
     def admit(self, cross: Any, spec: MethodSpec, folds: int) -> str | None:
         """Why `spec` is not started on the first fold (None: it is)."""
-        if self.budget is None or spec is cross.order[0]:
+        first = spec is cross.order[0]
+        if self.budget is None or first or self.known_cheap(cross, spec.name, folds):
             return None
         guess = self._prior(cross, spec)
         kept = [n for n in self._kept(cross) if n != spec.name]
@@ -359,6 +404,7 @@ class Plan:
             if self.elapsed() + cost <= self.budget:
                 return
             saving = {n: v for n in kept if n != cross.order[0].name
+                      and not self.known_cheap(cross, n, folds)
                       and (v := self._saving(cross, n, kept)) > 0}  # fmt: skip
             core = [n for n in kept if n in (leader, cross.order[0].name)]
             alone = self._remaining(cross, core, left) + self._refit(cross, leader, folds)
