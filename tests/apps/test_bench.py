@@ -39,7 +39,6 @@ SMALL = {
 }
 
 
-
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")

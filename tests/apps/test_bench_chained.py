@@ -36,7 +36,6 @@ SPEC = {
 }  # fmt: skip
 
 
-
 @pytest.fixture(scope="module")
 def chained_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("chained")

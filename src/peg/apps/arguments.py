@@ -13,6 +13,7 @@ user typed it (`typed`).
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,6 +56,14 @@ FORMATS = ("md", "csv", "json")
 REPORT = "report.html"
 CSV = "results.csv"
 SPELLED = "_spelled"  # the Namespace attribute: dest -> the option string the user typed
+
+
+def printable(name: str) -> str:
+    """`name` (a command-line argument, a file name) as text any output takes: bytes that are
+    not UTF-8 (which Python keeps as surrogates, `os.fsdecode`) as backslash escapes, `\\xff`.
+    Applied once, where a file name becomes a display name (a set's, a chunk's source, the
+    command recorded in results files)."""
+    return os.fsencode(name).decode("utf-8", "backslashreplace")
 
 
 def typed_names() -> str:

@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run `peg ARGV` (default: the process's arguments); returns the exit status."""
     top = parser()
     args = top.parse_args(argv)
-    command = " ".join(["peg", *(sys.argv[1:] if argv is None else argv)])
+    command = arguments.printable(" ".join(["peg", *(sys.argv[1:] if argv is None else argv)]))
     from peg import distributed  # after the arguments are parsed: it imports torch
 
     try:

@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from peg import data as datasets
 from peg._io import numpy_reason
+from peg.apps.arguments import printable
 from peg.source import is_dataset_or_loader
 from peg.source.batches import from_numpy
 
@@ -278,12 +279,6 @@ def named(specs: list[str] | None, what: str, labelled: bool) -> dict[str, Any]:
             raise ValueError(f"{what}: two sets named {name!r}; name them NAME=SPEC")
         out[name] = data(rest, what, labelled)
     return out
-
-
-def printable(name: str) -> str:
-    """`name` (a command-line argument, a file name) as text that any output takes: bytes
-    that are not UTF-8 (which Python keeps as surrogates) as backslash escapes, `\\xff`."""
-    return os.fsencode(name).decode("utf-8", "backslashreplace")
 
 
 def val_and_test(val: str, test: str, seed: int, say: Callable[[str], None]) -> tuple[Any, Any]:

@@ -25,8 +25,8 @@ from typing import Any
 
 from peg.apps import arguments, html
 from peg.apps import results as files
+from peg.apps.arguments import printable
 from peg.apps.compare import sources
-from peg.apps.compare.sources import printable
 
 ALERT_STATUS = 4
 NO_LABELS = arguments.NO_LABELS  # `--labels`: this file has none

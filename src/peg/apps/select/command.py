@@ -17,6 +17,7 @@ either way."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -51,23 +52,28 @@ def run(args: argparse.Namespace, command: str, progress: bool | None) -> int:
         batch_size=args.batch_size,
     )  # fmt: skip
     text = selector.fit(model, val).to_markdown()
-    if args.format != "md":
-        print(selector.to_text(args.format))
-    else:
-        print(text if args.verbose else short(selector))
-    if not args.save:
-        sys.stderr.write(f"peg select: {NOT_SAVED}\n")
-    if args.save:
+    if args.save:  # the files first, said on stderr: the answer is the last thing printed
         folder = Path(args.save)
         results = {"command": command, "commit": git_commit(), "machine": machine(),
                    **selector.meta_}  # fmt: skip
         markdown = f"Command: `{command}`; machine: {results['machine']}\n\n{text}"
         paths = write_results(folder, results, markdown)
-        # with --logits: the map alone (no weights), `peg.load(DIR/chosen.peg)` or `peg apply`
+        # with --val-logits: the map alone (no weights), `peg.load(DIR/chosen.peg)`, `peg apply`
         archive = selector.save(folder / "chosen.peg")
-        print(f"select: wrote {', '.join(str(p) for p in paths)} and {archive}")
-        html.write_options(selector, args.save, args, "select")
+        _say(f"select: wrote {', '.join(str(p) for p in paths)} and {archive}")
+        with contextlib.redirect_stdout(sys.stderr):  # its "wrote ..." line too
+            html.write_options(selector, args.save, args, "select")
+    if args.format != "md":
+        print(selector.to_text(args.format), flush=True)
+    else:
+        print(text if args.verbose else short(selector), flush=True)
+    if not args.save:
+        _say(f"peg select: {NOT_SAVED}")
     return 0
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _shown() -> bool:
