@@ -12,6 +12,7 @@ peg.AutoSelect().fit(model, (X_val, y_val))   # the best of them, chosen on vali
 # (`peg.apps.cli`); `peg.X`, `from peg import X` and `from peg import *` are as before.
 
 import importlib
+import importlib.util
 import sys
 import types
 from typing import Any
@@ -57,7 +58,8 @@ _NAMES = {
     "AutoSelect": "peg.apps.select",
     "Monitor": "peg.apps.monitor",
 }
-# the subpackages `peg.X` reaches without `import peg.X` (plots: as in a notebook, in a script)
+# the subpackages `peg.X` reaches without `import peg.X` (plots: as in a notebook, in a script;
+# any other submodule too, though `dir(peg)` lists these)
 _MODULES = ("analysis", "data", "distributed", "layers", "metrics", "methods", "models",
             "plots", "subspace", "train")  # fmt: skip
 
@@ -110,8 +112,8 @@ def __getattr__(name: str) -> Any:
     """`peg.NAME`, imported on first use and kept (see the comment at the top)."""
     if name in _NAMES:
         value = getattr(importlib.import_module(_NAMES[name]), name)
-    elif name in _MODULES:
-        value = importlib.import_module(f"peg.{name}")
+    elif not name.startswith("__") and importlib.util.find_spec(f"peg.{name}") is not None:
+        value = importlib.import_module(f"peg.{name}")  # any submodule, as an eager peg had
     else:
         raise AttributeError(f"module 'peg' has no attribute {name!r}")
     globals()[name] = value
