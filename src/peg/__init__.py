@@ -9,7 +9,7 @@ peg.AutoSelect().fit(model, (X_val, y_val))   # the best of them, chosen on vali
 
 # Every public name is imported on first use (PEP 562 `__getattr__`): `import peg` loads no
 # torch, so the `peg` command's `--help` and argument errors start in a fraction of a second
-# (`peg.apps.cli`); `peg.X`, `from peg import X` and `from peg import *` are as before.
+# (`peg.apps.cli`); `peg.<name>`, `from peg import <name>` and `from peg import *` are as before.
 
 import importlib
 import importlib.util
@@ -58,8 +58,8 @@ _NAMES = {
     "AutoSelect": "peg.apps.select",
     "Monitor": "peg.apps.monitor",
 }
-# the subpackages `peg.X` reaches without `import peg.X` (plots: as in a notebook, in a script;
-# any other submodule too, though `dir(peg)` lists these)
+# the subpackages `dir(peg)` lists, reached as `peg.<name>` without importing them (plots: in a
+# script as in a notebook); any other submodule is reached so too
 _MODULES = ("analysis", "data", "distributed", "layers", "metrics", "methods", "models",
             "plots", "subspace", "train")  # fmt: skip
 
@@ -109,7 +109,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """`peg.NAME`, imported on first use and kept (see the comment at the top)."""
+    """`peg.<name>`, imported on first use and kept (see the comment at the top)."""
     if name in _NAMES:
         value = getattr(importlib.import_module(_NAMES[name]), name)
     elif not name.startswith("__") and importlib.util.find_spec(f"peg.{name}") is not None:
