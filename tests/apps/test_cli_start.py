@@ -43,6 +43,9 @@ def _imported(stderr: str) -> set[str]:
         (["select", "--help"], 0),
         (["select", "--bogus"], 2),
         (["monitor", "--chunk-size", "0", "--out", "x"], 2),
+        (["select"], 2),  # inputs missing or mixed: argument errors too
+        (["compare", "--val-logits", "v.npy", "--model", "m:f"], 2),
+        (["monitor", "--logits", "f.npy", "--out", "x"], 2),
     ],
 )
 def test_help_and_argument_errors_import_no_torch(argv, status):

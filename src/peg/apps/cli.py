@@ -315,7 +315,15 @@ def main(argv: list[str] | None = None) -> int:
     top = parser()
     args = top.parse_args(argv)
     command = arguments.printable(" ".join(["peg", *(sys.argv[1:] if argv is None else argv)]))
-    from peg import distributed  # after the arguments are parsed: it imports torch
+    check = arguments.CHECKS.get(args.command)
+    if check is not None:  # inputs missing or mixed: an argument error, before torch loads
+        try:
+            check(args)
+        except ValueError as e:
+            if os.environ.get("PEG_TRACEBACK"):
+                raise
+            top.exit(2, f"peg {args.command}: error: {e}\n")
+    from peg import distributed  # after the arguments are checked: it imports torch
 
     try:
         with one_line_warnings(f"peg {args.command}", _as_typed):

@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from peg import data as datasets
 from peg._io import numpy_reason
-from peg.apps.arguments import printable
+from peg.apps.arguments import COMPARE_LOGITS, check_compare, printable, spelled
 from peg.source import is_dataset_or_loader
 from peg.source.batches import from_numpy
 
@@ -165,33 +165,18 @@ def _integral(y: np.ndarray, path: str, what: str) -> np.ndarray:
     return y.astype(np.int64)
 
 
-LOGIT_OPTIONS = ("--val-logits", "--val-labels", "--test-logits", "--test-labels")
-
-
 def compared(args: Any, say: Callable[[str], None]) -> tuple[nn.Module, Any, Any]:
     """`peg compare`'s model, validation and test data: `--model`, `--val` and `--test`, or
     saved logits (`--val-logits`, `--val-labels`, `--test-logits`, `--test-labels`,
     memory-mapped) read through `nn.Identity()`; a ValueError naming the options missing or
-    mixed, as typed (`--logits` and `--labels`, the earlier spellings, too)."""
-    spelled = getattr(args, "_spelled", {})
-    names = [spelled.get(o[2:].replace("-", "_"), o) for o in LOGIT_OPTIONS]
-    values = [getattr(args, o[2:].replace("-", "_")) for o in LOGIT_OPTIONS]
-    given = [n for n, v in zip(names, values, strict=True) if v is not None]
-    if given:
-        if len(given) < len(LOGIT_OPTIONS) or args.model or args.val or args.test:
-            raise ValueError(
-                f"{names[0]}: give {', '.join(names[:3])} and {names[3]} together, without "
-                f"--model, --val and --test (got {', '.join(given)})"
-            )
+    mixed, as typed (`--logits` and `--labels`, the earlier spellings, too:
+    `arguments.check_compare`)."""
+    check_compare(args)
+    if args.val_logits is not None:
+        names = spelled(args, COMPARE_LOGITS)
         val = saved_logits(args.val_logits, args.val_labels, (names[0], names[1]))
         test = saved_logits(args.test_logits, args.test_labels, ("--test-logits", "--test-labels"))
         return nn.Identity(), val, test
-    missing = [o for o in ("--model", "--val", "--test") if getattr(args, o[2:]) is None]
-    if missing:
-        raise ValueError(
-            f"{missing[0]}: give --model, --val and --test (or --val-logits, --val-labels, "
-            f"--test-logits and --test-labels for saved logits); missing: {', '.join(missing)}"
-        )
     return model(args.model), *val_and_test(args.val, args.test, args.seed, say)
 
 

@@ -30,54 +30,19 @@ from peg.apps.compare import sources
 
 ALERT_STATUS = 4
 NO_LABELS = arguments.NO_LABELS  # `--labels`: this file has none
-LOGIT_OPTIONS = ("--val-logits", "--val-labels", "--logits")
-MODEL_OPTIONS = ("--model", "--val", "--data")
-
-
-def _given(args: argparse.Namespace, options: tuple[str, ...]) -> list[str]:
-    """Those of `options` given, as typed (`--reference-logits` for `--val-logits`)."""
-    dests = [o[2:].replace("-", "_") for o in options]
-    return [arguments.typed(args, d) for d in dests if getattr(args, d) is not None]
-
-
-def _typed(args: argparse.Namespace, options: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(arguments.typed(args, o[2:].replace("-", "_")) for o in options)
+LOGIT_OPTIONS = arguments.MONITOR_LOGITS
 
 
 def inputs(args: argparse.Namespace) -> tuple[Any, Any, list[tuple[str, str, Any, Any]]]:
     """(predictor, reference data, targets): targets as (option, name, batch, labels or None),
     every one read (saved logits memory-mapped) and checked before any work; a ValueError
     naming the option missing, mixed or bad."""
-    logits, model = _given(args, LOGIT_OPTIONS), _given(args, MODEL_OPTIONS)
-    options = _typed(args, LOGIT_OPTIONS)
-    if logits and model:
-        raise ValueError(
-            f"{logits[0]}: give saved logits ({', '.join(options)}) or a "
-            f"model ({', '.join(MODEL_OPTIONS)}), not both (got "
-            f"{', '.join(logits + model)})"
-        )
-    if model or not logits:
-        missing = [o for o in MODEL_OPTIONS if o not in model]
-        if missing:
-            raise ValueError(
-                f"{missing[0]}: give --model, --val and --data (or "
-                f"{', '.join(options)} for saved logits); missing: {', '.join(missing)}"
-            )
-        if args.labels is not None:
-            raise ValueError(
-                "--labels: goes with --logits (saved logits); a --data source's labels are its "
-                "own (a .npz file's y, the second of a pair (X, y))"
-            )
+    saved = arguments.check_monitor(args)
+    options = arguments.spelled(args, LOGIT_OPTIONS)
+    if not saved:
         targets = sources.named(args.data, "--data", labelled=False)
         rows = [("--data", name, *_pair(got)) for name, got in targets.items()]  # printable
         return sources.model(args.model), sources.data(args.val, "--val"), rows
-    missing = [o for o in options if o not in logits]
-    if missing:
-        raise ValueError(
-            f"{missing[0]}: give {', '.join(options)} together (or "
-            f"{', '.join(MODEL_OPTIONS)} for a model); missing: "
-            f"{', '.join(missing)}"
-        )
     V, VL = sources.saved_logits(args.val_logits, args.val_labels, options[:2])
     labels = args.labels or [NO_LABELS] * len(args.logits)
     if len(labels) != len(args.logits):

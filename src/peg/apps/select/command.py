@@ -27,7 +27,7 @@ from torch import nn
 
 from peg._env import git_commit, machine
 from peg.apps import html
-from peg.apps.arguments import typed
+from peg.apps.arguments import check_select, typed
 from peg.apps.compare import sources
 from peg.apps.results import RESULTS, claim, write_results
 from peg.apps.select.auto import AutoSelect
@@ -121,14 +121,9 @@ def fit_budget(text: str) -> float | str | None:
 def _model_and_data(args: argparse.Namespace) -> tuple[nn.Module, Any]:
     """(`--model`, `--val`), or saved logits (`--val-logits`, `--val-labels`) read through
     `nn.Identity()`; a ValueError naming the options as typed otherwise."""
+    check_select(args)
     logits, labels = typed(args, "val_logits"), typed(args, "val_labels")
-    if args.val_logits is not None or args.val_labels is not None:
-        if args.val_logits is None or args.val_labels is None or args.model or args.val:
-            raise ValueError(
-                f"{logits}: give {logits} and {labels} together, without --model and --val"
-            )
+    if args.val_logits is not None:
         return nn.Identity(), sources.saved_logits(args.val_logits, args.val_labels,
                                                    (logits, labels))  # fmt: skip
-    if args.model is None or args.val is None:
-        raise ValueError(f"--model: give --model and --val (or {logits} and {labels})")
     return sources.model(args.model), sources.data(args.val, "--val")
