@@ -60,8 +60,18 @@ _NAMES = {
 }
 # the subpackages `dir(peg)` lists, reached as `peg.<name>` without importing them (plots: in a
 # script as in a notebook); any other submodule is reached so too
-_MODULES = ("analysis", "data", "distributed", "layers", "metrics", "methods", "models",
-            "plots", "subspace", "train")  # fmt: skip
+_MODULES = (
+    "analysis",
+    "data",
+    "distributed",
+    "layers",
+    "metrics",
+    "methods",
+    "models",
+    "plots",
+    "subspace",
+    "train",
+)
 
 __all__ = [
     "PEG",

@@ -39,6 +39,7 @@ SMALL = {
 }
 
 
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")

@@ -36,6 +36,7 @@ SPEC = {
 }  # fmt: skip
 
 
+
 @pytest.fixture(scope="module")
 def chained_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("chained")

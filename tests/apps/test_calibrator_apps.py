@@ -50,6 +50,7 @@ SPEC = {
 }  # fmt: skip
 
 
+
 @pytest.mark.parametrize(("key", "cls"), list(KEYS.items()))
 def test_each_calibrator_is_a_post_hoc_registry_method(key, cls):
     net = mlp(0).eval()

@@ -135,7 +135,9 @@ def test_methods_built_from_names_and_options(overfit_mlp, moons_data):
     assert CATALOGUE["PEG (ascent)"].options == {"direction": "ascent"}
 
 
-def test_an_ensemble_indistinguishable_from_its_base_is_noted(overfit_mlp, moons_data, monkeypatch):
+def test_an_ensemble_indistinguishable_from_its_base_is_noted(
+    overfit_mlp, moons_data, monkeypatch
+):
     """A scale that leaves the members on the base (PEP at σ = 1e-9; PEG at η = 1e-9 around the
     temperature-scaled model) is a note on the row, measured on the outputs already held: with
     "Model" listed, one test pass per method; without it, the model's once more."""

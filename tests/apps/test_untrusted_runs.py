@@ -200,7 +200,9 @@ def test_the_repositorys_demo_folders_are_peg_demos(folder):
      ("a mark of the wrong text", False), ("a mark that is a folder", False),
      ("another application's mark", False), ("an earlier run's saved row", True)],
 )  # fmt: skip
-def test_only_a_mark_or_a_saved_row_proves_a_folder_is_compares(model, data, tmp_path, sign, ours):
+def test_only_a_mark_or_a_saved_row_proves_a_folder_is_compares(
+    model, data, tmp_path, sign, ours
+):
     if sign == "an earlier run's saved row":  # a run of a version before the mark
         _ts(model, data["val"], data["test"], tmp_path / "run")
         (tmp_path / "run" / ".peg-compare").unlink()

@@ -101,8 +101,11 @@ def _status(r: dict[str, Any]) -> str:
         return "**chosen**"
     if r["status"] == "kept":
         return "kept (equal to TS)" if why.startswith("equal to") else "kept"
-    for start, word in (("raced out", "raced out"), ("over budget", "over budget"),
-                        ("not started", "not started: budget")):  # fmt: skip
+    for start, word in (
+        ("raced out", "raced out"),
+        ("over budget", "over budget"),
+        ("not started", "not started: budget"),
+    ):
         if why.startswith(start):
             return f"dropped: {word}"
     return "dropped: " + (why.split(":")[0].split(";")[0][:40] if why else "")
@@ -124,6 +127,7 @@ def _model_and_data(args: argparse.Namespace) -> tuple[nn.Module, Any]:
     check_select(args)
     logits, labels = typed(args, "val_logits"), typed(args, "val_labels")
     if args.val_logits is not None:
-        return nn.Identity(), sources.saved_logits(args.val_logits, args.val_labels,
-                                                   (logits, labels))  # fmt: skip
+        return nn.Identity(), sources.saved_logits(
+            args.val_logits, args.val_labels, (logits, labels)
+        )
     return sources.model(args.model), sources.data(args.val, "--val")
