@@ -35,7 +35,7 @@ the folds and a time budget for the whole fit, relative to temperature scaling's
   takes at most `CHEAP_SHARE` of the `MIN_BUDGET_SECONDS` floor is always scored: never left
   out, dropped or stopped for time, whatever the load (one run under load had skipped matrix
   scaling and Dirichlet at 10 classes and 2,000 points, the next one scored them). Only a
-  measured fold far past its prediction (`LOAD_CAP` × it, more than a load explains) ends
+  measured fold far past its prediction (`cheap.fold_limit`: more than a load explains) ends
   the guarantee. The race still drops it where it scores worse.
 """
 
@@ -54,7 +54,7 @@ from peg._progress import _disable, lines
 from peg.apps.bench.spec import MethodSpec
 from peg.apps.compare.collapse import indistinguishable
 from peg.apps.compare.methods import MODEL
-from peg.apps.select.cheap import CHEAP_SHARE, GROWTH, LOAD_CAP, predicted_fold
+from peg.apps.select.cheap import CHEAP_SHARE, GROWTH, fold_limit, predicted_fold
 from peg.apps.select.folds import beyond, mean_se
 
 # max_fit_seconds="auto": the whole fit's budget, in temperature scaling fits on the same model
@@ -212,15 +212,19 @@ class Plan:
     def known_cheap(self, cross: Any, name: str, folds: int) -> bool:
         """Whether `name` is always scored (see the module doc): a map on the cached logits
         whose predicted folds take at most `CHEAP_SHARE` of the budget's floor, none of its
-        measured folds past its prediction by more than `LOAD_CAP`."""
+        measured folds past `fold_limit`; not where the classes are unknown (0), nor a map of
+        another candidate's output (it waits for its base's fits)."""
         spec = next((s for s in cross.order if s.name == name), None)
-        if spec is None or spec.method not in GROWTH or spec.base != MODEL or not cross.cheap(name):
-            return False  # a map of another candidate's output waits for its base's fits
+        if self.classes < 2 or spec is None or spec.method not in GROWTH:
+            return False
+        if spec.base != MODEL or not cross.cheap(name):
+            return False
         points = len(next(iter(cross.points.values())))
         fold = predicted_fold(spec.method, points, self.classes)
         if folds * fold > CHEAP_SHARE * MIN_BUDGET_SECONDS:
             return False
-        return all(t <= LOAD_CAP * fold for t in cross.steps.get(name) or [])
+        limit = fold_limit(spec.method, points, self.classes)
+        return all(t <= limit for t in cross.steps.get(name) or [])
 
     def _method(self, cross: Any, name: str) -> str | None:
         return next((s.method for s in cross.order if s.name == name), None)
@@ -275,7 +279,7 @@ class Plan:
         share = (self.budget - self.elapsed() - owed) / (left + 1)
         if self.known_cheap(cross, spec.name, folds):  # stopped only far past its prediction
             points = len(next(iter(cross.points.values())))
-            return max(share, LOAD_CAP * predicted_fold(spec.method, points, self.classes))
+            return max(share, fold_limit(spec.method, points, self.classes))
         return share
 
     def _price(self, cross: Any, name: str) -> float:
