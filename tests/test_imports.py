@@ -45,3 +45,29 @@ def test_a_lazy_module_imports_on_first_attribute():
     assert "json" in repr(json)
     with pytest.raises(AttributeError):
         json.no_such_function  # noqa: B018
+
+
+def test_importing_peg_loads_no_torch():
+    """`import peg` is lazy (PEP 562): the `peg` command's `--help` starts without torch
+    (tests/apps/test_cli_start.py runs it)."""
+    assert "torch" not in modules_after()["import peg"]
+
+
+def test_every_public_name_and_peg_plots_after_import_peg_alone():
+    """`peg.plots` raised AttributeError in a script unless something had imported it first;
+    every name of `peg.__all__`, `from peg import *` and `peg.evaluate` (a function, though
+    peg's own modules import the module `peg.evaluate`) in a fresh process."""
+    import subprocess
+    import sys
+
+    code = (
+        "import peg\nassert callable(peg.plots.reliability_diagram)\n"
+        "import peg.evaluate\nassert callable(peg.evaluate)\n"
+        "missing = [n for n in peg.__all__ if getattr(peg, n, None) is None]\n"
+        "assert not missing, missing\n"
+        "namespace = {}\nexec('from peg import *', namespace)\n"
+        "assert set(peg.__all__) <= set(namespace)\nassert namespace['evaluate'] is peg.evaluate\n"
+        "print('ok')"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -81,4 +81,4 @@ def test_the_command_line_still_needs_a_model_without_logits(capsys):
     with pytest.raises(SystemExit) as e:
         main(["compare", "--val", "digits"])
     assert e.value.code == 2
-    assert "--model: give --model, --val and --test (or --logits" in capsys.readouterr().err
+    assert "--model: give --model, --val and --test (or --val-logits" in capsys.readouterr().err

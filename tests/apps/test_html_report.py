@@ -252,8 +252,8 @@ def test_peg_select_html_and_csv(overconfident, tmp_path, monkeypatch, capsys) -
     argv = ["select", "--logits", "v.npy", "--labels", "y.npy", "--candidates", "TS", "--cv",
             "2", "--no-progress", "--save", "out", "--format", "csv", "--html"]  # fmt: skip
     assert main(argv) == 0
-    out = capsys.readouterr().out
-    assert out.startswith("candidate,base,forwards,") and "report.html" in out
+    out, err = capsys.readouterr()
+    assert out.startswith("candidate,base,forwards,") and "report.html" in err  # stdout: the CSV
     _self_contained((tmp_path / "out" / "report.html").read_text(encoding="utf-8"))
     rows = list(csv.DictReader((tmp_path / "out" / "results.csv").open(encoding="utf-8")))
     assert rows[0]["candidate"] == "Uncalibrated" and rows[0]["status"] == "baseline"
@@ -299,7 +299,7 @@ def test_peg_compare_html_and_json(overconfident, tmp_path, monkeypatch, capsys)
             "--format", "json", "--html"]  # fmt: skip
     assert main(argv) == 0
     out = capsys.readouterr().out
-    printed = json.loads(out[out.index("[\n") : out.rindex("]") + 1])  # after the progress
+    printed = json.loads(out)  # the progress on stderr
     assert [r["method"] for r in printed] == ["Model", "TS"]
     page = (tmp_path / "out" / "report.html").read_text(encoding="utf-8")
     _self_contained(page)

@@ -343,7 +343,7 @@ FILE_ERROR_CASES: list[tuple[str, str, Callable[[Path], object], type[BaseExcept
         "--logits without the reference",
         lambda t: _cli("monitor", "--logits", "f.npy", "--out", str(t / "o")),
         SystemExit,
-        r"--reference-logits: give --reference-logits, --reference-labels, --logits together",
+        r"--val-logits: give --val-logits, --val-labels, --logits together",
     ),
 ]
 

@@ -211,7 +211,9 @@ def test_peg_select_prints_the_report_and_saves(tmp_path, monkeypatch, capsys):
             "--max-fit-seconds", "none"]  # fmt: skip
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "| TS |" in out and "no budget (max_fit_seconds=None)" in out  # the cost line
+    assert "| TS |" in out and out.rstrip().splitlines()[-1].startswith("Chosen: ")  # the answer
+    md = (tmp_path / "out" / "results.md").read_text()
+    assert "no budget (max_fit_seconds=None)" in md  # the cost line, whole in the report file
     written = json.loads((tmp_path / "out" / "results.json").read_text())
     assert written["cost"]["budget_seconds"] is None and written["cost"]["seconds"] > 0
     assert (
@@ -453,11 +455,13 @@ def test_a_map_on_the_logits_is_admitted_by_the_dearest_map_so_far():
     cross.cheap = lambda name: True  # every candidate a map on the cached logits
     matrix = MethodSpec(name="Matrix", method="matrix-scaling", base="model")
     cross.order.append(matrix)
-    plan = Plan(30.0, None, time.perf_counter(), print)
+    plan = Plan(30.0, None, time.perf_counter(), print, classes=1000)  # none known cheap
     why = plan.admit(cross, matrix, 5)  # 4 × 5 s left for TS and OP, then 5 × 4 s: 40 s
     assert why is not None and why.startswith("not started: budget 30 s")
     assert plan.admit(cross, cross.order[0], 5) is None  # the first candidate always starts
-    assert Plan(100.0, None, time.perf_counter(), print).admit(cross, matrix, 5) is None
+    assert (
+        Plan(100.0, None, time.perf_counter(), print, classes=1000).admit(cross, matrix, 5) is None
+    )
 
 
 def test_cheap_candidates_go_first_and_a_chained_one_after_its_base():

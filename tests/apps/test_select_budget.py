@@ -277,7 +277,7 @@ def _first_fold(load: float) -> _Cross:
     from peg.apps.compare.methods import LOGIT_METHODS, resolve
 
     specs = race.cheap_first(resolve(list(LOGIT_METHODS), nn.Identity())[0], lambda s: True)
-    n = 50
+    n = 5000  # the case's points: what a map's predicted fold (`race.predicted_fold`) reads
     points = {s.name: torch.full((n,), CV_NLL[s.name], dtype=torch.float64) for s in specs}
     cross = _Cross(specs, {}, points)
     spent = [0.45 * load]  # the validation pass and the reference
@@ -364,3 +364,34 @@ def test_the_load_factor_is_bounded_and_a_cpu_one():
     assert reference.slowdown(50.0, 1.0) == reference.MAX_SLOWDOWN
     assert reference.slowdown(4.0, 1.0, torch.device("cpu")) == 4.0
     assert reference.slowdown(4.0, 1.0, torch.device("meta")) == 1.0
+
+
+def test_known_cheap_maps_are_scored_whatever_the_budget_and_the_clock():
+    """10 classes, 2,000 points: the logits maps are known cheap (a few unloaded seconds in
+    all), so a budget spent before they start, or folds measured 5 × slower (a loaded
+    machine), neither leaves them out nor drops them: one run under load had skipped matrix
+    scaling and Dirichlet, the next scored them."""
+    specs = [*MAPS, MethodSpec("Matrix scaling", "matrix-scaling", "model")]
+    points = {s.name: torch.zeros(2000) for s in specs}
+    cross = _Cross(specs, {"TS": 0.5, "Vector scaling": 1.0}, points)
+    plan = Plan(0.01, None, time.perf_counter() - 60, print, classes=10)  # 60 s spent of 0.01
+    assert plan.admit(cross, specs[2], 5) is None and plan.admit(cross, specs[3], 5) is None
+    assert plan.allowance(cross, specs[3], 0, 5) >= race.fold_limit("matrix-scaling", 2000, 10)
+    cross.steps |= {"Dirichlet": [2.4], "Matrix scaling": [1.8]}  # 12 × slower: as measured
+    plan.after_fold(cross, list(torch.arange(2000).chunk(5)), 0)
+    assert cross.dropped == {}
+    # not known cheap: 1,000 classes, or a fold far past its prediction
+    assert not Plan(0.01, None, 0.0, print, classes=1000).known_cheap(cross, "Dirichlet", 5)
+    cross.steps["Dirichlet"] = [30.0]
+    assert not plan.known_cheap(cross, "Dirichlet", 5)
+
+
+def test_at_a_tiny_budget_matrix_scaling_and_dirichlet_are_still_scored():
+    g = torch.Generator().manual_seed(0)
+    z = 2 * torch.randn(2000, 10, generator=g)
+    y = torch.multinomial((0.7 * z).softmax(-1), 1, generator=g)[:, 0]
+    sel = AutoSelect(max_fit_seconds=1e-3, progress=False).fit(nn.Identity(), (z, y))
+    rows = {r["candidate"]: r for r in sel.report_}
+    for name in ("Matrix scaling", "Dirichlet"):
+        assert "budget" not in str(rows[name].get("why")), rows[name]
+        assert "cv_mean" in rows[name] or "partial_mean" in rows[name], rows[name]

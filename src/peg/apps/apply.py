@@ -1,8 +1,8 @@
 """`peg apply`: a calibration map fitted on saved logits, applied to a new `.npy` of logits.
 
-The map is an archive without weights (`peg.archive.LOGITS`): what `peg select --logits ...
+The map is an archive without weights (`peg.archive.LOGITS`): what `peg select --val-logits ...
 --save DIR` writes as DIR/chosen.peg, or any calibrator or conformal predictor fitted on
-`nn.Identity()` and saved. The logits `[N, C]` are memory-mapped (read as `peg select --logits`
+`nn.Identity()` and saved. The logits `[N, C]` are memory-mapped (read as `peg select --val-logits`
 reads them: `sources.read_npy`) and mapped in blocks of `--batch-size` rows. What is written
 to `--out` (atomically: a temporary file renamed over it):
 
@@ -20,6 +20,8 @@ where such a record matches it byte for byte (a user's file of the same name, or
 since, is never overwritten). Every input is checked before anything is written; a failed run
 leaves neither an `--out` nor a record of its own (the record is written last, just before the
 rename, and removed if the rename fails).
+
+Its options and description are `peg.apps.arguments`'s (built without importing torch).
 """
 
 from __future__ import annotations
@@ -32,26 +34,9 @@ from typing import Any
 
 import numpy as np
 
-DESCRIPTION = (
-    "Load a calibration map fitted on saved logits (DIR/chosen.peg of `peg select --logits ... "
-    "--save DIR`, or a calibrator's archive), apply it to a .npy of logits [N, C] and write the "
-    "calibrated probabilities [N, C] (float32 .npy) to --out, with --out.peg.json beside it; a "
-    "conformal predictor's archive writes its prediction sets [N, C] (bool .npy) instead. NaN "
-    "and +-inf logits are refused (naming the row), as every calibrator refuses them. An "
-    "existing --out is replaced only where its record shows peg apply wrote it. "
-    "See docs/calibration.md#saved-logits-no-model."
-)
 MARK = ".peg.json"  # the record beside --out, and the mark that peg wrote it
 MADE_BY = "peg apply"
 RECORD_BYTES = 1 << 24  # a record longer than this is not one peg wrote
-
-
-def arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("map", help="the saved map: a .peg archive, or the folder of peg select --save")
-    p.add_argument("--logits", required=True, help="logits [N, C], a .npy (memory-mapped)")
-    p.add_argument("--out", required=True, help="the probabilities [N, C] (a conformal "
-                   "archive: its prediction sets [N, C], bool), a .npy to write")  # fmt: skip
-    p.add_argument("--batch-size", type=int, default=4096, help="rows per block (default: 4096)")
 
 
 def run(args: argparse.Namespace, command: str, progress: bool | None) -> int:

@@ -1,6 +1,7 @@
 """The `peg` command (`[project.scripts]`; also `python -m peg.apps`).
 
-Each command is one `Command` in `COMMANDS`: its help, its arguments (`_<name>_arguments`) and
+Each command is one `Command` in `COMMANDS`: its help, its arguments (`_<name>_arguments`, or
+`peg.apps.arguments`, built without importing torch: `peg --help` starts at once) and
 the function that runs it (`_<name>`, which imports its application only then). Adding a
 command is adding those two functions and one entry.
 """
@@ -15,11 +16,10 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from peg import distributed
-from peg.apps import apply, html, presets
+from peg.apps import arguments, presets
 from peg.apps._warnings import one_line_warnings
-from peg.apps.compare.methods import typed_names
-from peg.apps.monitor import command as monitor
+from peg.apps.arguments import no_progress as _no_progress
+from peg.apps.arguments import overwrite as _overwrite
 
 Parser = argparse.ArgumentParser
 
@@ -33,16 +33,6 @@ class Command:
     description: str
     arguments: Callable[[Parser], None]
     run: Callable[[argparse.Namespace, str, bool | None], int]
-
-
-def _no_progress(p: Parser) -> None:
-    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
-
-
-def _overwrite(p: Parser, option: str, app: str) -> None:
-    """`--overwrite`: write into OPTION's folder though peg APP did not make it."""
-    p.add_argument("--overwrite", action="store_true", help=f"write into {option} even if it is "
-                   f"a non-empty folder peg {app} did not make")  # fmt: skip
 
 
 # ---------------------------------------------------------------- peg demo
@@ -149,41 +139,6 @@ def _bench(args: argparse.Namespace, command: str, progress: bool | None) -> int
 
 
 # ---------------------------------------------------------------- peg compare
-def _compare_arguments(p: Parser) -> None:
-    p.add_argument("--model", help="module:function returning the trained nn.Module")
-    p.add_argument("--val", help="validation data the methods are fitted on")
-    p.add_argument("--test", help="test data")
-    p.add_argument("--logits", help="saved validation logits [N, C], a .npy (with --labels, "
-                   "--test-logits and --test-labels, instead of --model, --val and "
-                   "--test)")  # fmt: skip
-    p.add_argument("--labels", help="their integer labels [N], a .npy")
-    p.add_argument("--test-logits", help="saved test logits [N, C], a .npy")
-    p.add_argument("--test-labels", help="their integer labels [N], a .npy")
-    p.add_argument("--shifted", nargs="+", help="shifted labelled sets, [NAME=]DATA each")
-    p.add_argument("--ood", nargs="+", help="out-of-distribution inputs, [NAME=]DATA each")
-    p.add_argument(
-        "--methods", nargs="+", help="named methods (any case, '->' for '→'): "
-        f"{typed_names()} (default: Model, TS, PEP, PEG, 'PEG + TS', 'MC dropout' if the "
-        "model has dropout, 'Last-layer PEG')",
-    )  # fmt: skip
-    p.add_argument("--ood-score", default="entropy", help="OOD score (default: entropy)")
-    p.add_argument(
-        "--metrics", nargs="+", help="metric columns of the tables, e.g. nll error ece aurc "
-        "(default: nll error brier ece adaptive_ece classwise_ece aurc augrc)",
-    )  # fmt: skip
-    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    p.add_argument("--batch-size", type=int, default=512, help="default: 512")
-    p.add_argument("--out", default="peg-compare", help="output folder (default: peg-compare)")
-    p.add_argument(
-        "--resume",
-        action="store_true",
-        help="take back the methods an earlier run with the same arguments saved in --out",
-    )
-    _overwrite(p, "--out", "compare")
-    html.add_options(p, "--out")
-    _no_progress(p)
-
-
 def _compare(args: argparse.Namespace, command: str, progress: bool | None) -> int:
     from peg.apps.compare.command import run
 
@@ -191,32 +146,21 @@ def _compare(args: argparse.Namespace, command: str, progress: bool | None) -> i
 
 
 # ---------------------------------------------------------------- peg select
-def _select_arguments(p: Parser) -> None:
-    p.add_argument("--model", help="module:function returning the model")
-    p.add_argument("--val", help="validation data (as peg compare's)")
-    p.add_argument("--logits", help="saved validation logits [N, C], a .npy (instead of "
-                   "--model and --val)")  # fmt: skip
-    p.add_argument("--labels", help="their integer labels [N], a .npy (with --logits)")
-    p.add_argument("--candidates", nargs="+", help="named methods (any case, '->' for '→'): "
-                   f"{typed_names()} (default: see the guide)")  # fmt: skip
-    p.add_argument("--cv", type=int, default=5, help="folds (default: 5)")
-    p.add_argument("--criterion", default="nll", help="nll or brier (default: nll)")
-    p.add_argument("--max-forwards", type=float, help="prediction budget, forwards/input")
-    p.add_argument("--max-fit-seconds", default="auto",
-                   help="the whole fit's budget in seconds, 'auto' (25 x a TS fit, at least "
-                   "10 s; the default) or 'none' (every candidate on every fold)")  # fmt: skip
-    p.add_argument("--best", action="store_true", help="the best CV score, not one-SE")
-    p.add_argument("--nested", action="store_true", help="nested-CV estimate (cv x cost)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    p.add_argument("--batch-size", type=int, default=512, help="default: 512")
-    p.add_argument("--save", help="folder for results.json, results.md and chosen.peg")
-    _overwrite(p, "--save", "select")
-    html.add_options(p, "--save")
-    _no_progress(p)
-
-
 def _select(args: argparse.Namespace, command: str, progress: bool | None) -> int:
     from peg.apps.select.command import run
+
+    return run(args, command, progress)
+
+
+# ---------------------------------------------------------------- peg monitor, peg apply
+def _monitor(args: argparse.Namespace, command: str, progress: bool | None) -> int:
+    from peg.apps.monitor.command import run
+
+    return run(args, command, progress)
+
+
+def _apply(args: argparse.Namespace, command: str, progress: bool | None) -> int:
+    from peg.apps.apply import run
 
     return run(args, command, progress)
 
@@ -267,7 +211,43 @@ def _bench_perf(args: argparse.Namespace, command: str, progress: bool | None) -
 
 
 # ---------------------------------------------------------------- the commands, in `peg -h` order
+# what users come for first (select, apply, compare, monitor), then the demo and the benchmarks
 COMMANDS: dict[str, Command] = {
+    "select": Command(
+        help="the best calibration map for saved validation logits (--val-logits, --val-labels), "
+        "or post-hoc method for a model (--model, --val), chosen by cross-validation",
+        description="Cross-fit TS, vector/matrix scaling, Dirichlet, PEG, PEP, ... on K folds "
+        "of the validation data, keep the cheapest within one paired SE of the best, refit it, "
+        "print the table and the choice (--verbose: why each candidate was dropped); --save DIR "
+        "writes results.{json,md} and chosen.peg (the fitted map; without --save it is not "
+        "kept). See docs/select.md.",
+        arguments=arguments.select,
+        run=_select,
+    ),
+    "apply": Command(  # a map fitted on saved logits, on new logits (peg.apps.apply)
+        help="apply a calibration map fitted on saved logits to a new .npy of logits",
+        description=arguments.APPLY,
+        arguments=arguments.apply,
+        run=_apply,
+    ),
+    "compare": Command(
+        help="which post-hoc method for your model? fit TS, PEP, PEG, ... on its validation "
+        "data and compare them on its test data",
+        description="Fit post-hoc methods on a trained model and validation data, evaluate them "
+        "on test data (and shifted and OOD sets), and print one table: fit time, forwards per "
+        "input and memory beside every metric; writes results.{json,md} and reliability "
+        "diagrams to --out. Data: a data set name (NAME or NAME:SPLIT), a .npz file (arrays x, "
+        "y), a .pt file of tensors (a dict with x, y or a pair), or module:function returning "
+        "a Dataset, DataLoader or (X, y). See docs/compare.md.",
+        arguments=arguments.compare,
+        run=_compare,
+    ),
+    "monitor": Command(  # without labels after deployment (peg.apps.monitor)
+        help="estimate a deployed model's accuracy without labels, chunk by chunk, with alerts",
+        description=arguments.MONITOR,
+        arguments=arguments.monitor,
+        run=_monitor,
+    ),
     "demo": Command(
         help="train a base model and compare Base, Temp-scaled, PEP-15 and PEG-15",
         description="Train a base model, build PEG and PEP ensembles and a temperature-scaled "
@@ -291,35 +271,6 @@ COMMANDS: dict[str, Command] = {
         "are cached, so a rerun or an interrupted run resumes.",
         arguments=_bench_arguments,
         run=_bench,
-    ),
-    "compare": Command(
-        help="which post-hoc method for your model? fit TS, PEP, PEG, ... on its validation "
-        "data and compare them on its test data",
-        description="Fit post-hoc methods on a trained model and validation data, evaluate them "
-        "on test data (and shifted and OOD sets), and print one table: fit time, forwards per "
-        "input and memory beside every metric; writes results.{json,md} and reliability "
-        "diagrams to --out. Data: a data set name (NAME or NAME:SPLIT), a .npz file (arrays x, "
-        "y), a .pt file of tensors (a dict with x, y or a pair), or module:function returning "
-        "a Dataset, DataLoader or (X, y). See docs/compare.md.",
-        arguments=_compare_arguments,
-        run=_compare,
-    ),
-    "select": Command(
-        help="the best post-hoc predictor for your model, chosen by cross-validation on its "
-        "validation data only (peg.AutoSelect)",
-        description="Cross-fit TS, vector/matrix scaling, Dirichlet, PEG, PEP, ... on K folds "
-        "of the validation data, keep the cheapest within one paired SE of the best, refit it, "
-        "print the report; --save DIR writes results.{json,md} and chosen.peg. See "
-        "docs/select.md.",
-        arguments=_select_arguments,
-        run=_select,
-    ),
-    "monitor": Command(**monitor.COMMAND),  # without labels after deployment (apps/monitor)
-    "apply": Command(  # a map fitted on saved logits, on new logits (peg.apps.apply)
-        help="apply a calibration map fitted on saved logits to a new .npy of logits",
-        description=apply.DESCRIPTION,
-        arguments=apply.arguments,
-        run=apply.run,
     ),
     "diversity": Command(  # Fort et al. 2019's loss-landscape analyses (peg.apps.diversity)
         help="function-space diversity: trajectories, t-SNE, diversity-accuracy plane, "
@@ -347,7 +298,11 @@ COMMANDS: dict[str, Command] = {
 def parser() -> Parser:
     """The `peg` argument parser: one sub-command per entry of `COMMANDS`."""
     top = Parser(
-        prog="peg", description="Cheap, well-calibrated ensembles from a trained PyTorch model."
+        prog="peg",
+        description="Calibrate a trained classifier and choose how: peg select (saved logits "
+        "or a model: the best map, by cross-validation), peg apply (that map on new logits), "
+        "peg compare (every post-hoc method on test data), peg monitor (accuracy without "
+        "labels after deployment); PEG and PEP ensembles; the paper's benchmarks.",
     )
     sub = top.add_subparsers(dest="command", required=True)
     for name, command in COMMANDS.items():
@@ -359,7 +314,17 @@ def main(argv: list[str] | None = None) -> int:
     """Run `peg ARGV` (default: the process's arguments); returns the exit status."""
     top = parser()
     args = top.parse_args(argv)
-    command = " ".join(["peg", *(sys.argv[1:] if argv is None else argv)])
+    command = arguments.printable(" ".join(["peg", *(sys.argv[1:] if argv is None else argv)]))
+    check = arguments.CHECKS.get(args.command)
+    if check is not None:  # inputs missing or mixed: an argument error, before torch loads
+        try:
+            check(args)
+        except ValueError as e:
+            if os.environ.get("PEG_TRACEBACK"):
+                raise
+            top.exit(2, f"peg {args.command}: error: {e}\n")
+    from peg import distributed  # after the arguments are checked: it imports torch
+
     try:
         with one_line_warnings(f"peg {args.command}", _as_typed):
             status = _run(args, command)

@@ -11,11 +11,11 @@
   - a `.pt` file read with `torch.load(weights_only=True)` (tensors, never pickled objects):
     a dict with `x` (or `X`) and `y`, a pair `(x, y)`, or a tensor of inputs (OOD sets);
   - `module:function` returning a Dataset, a DataLoader or a pair `(X, y)`.
-- Saved logits (`saved_logits`, `peg select --logits --labels`, `peg compare --logits
-  --labels --test-logits --test-labels`: `compared`): two `.npy` files per set, logits `[N, C]`
-  memory-mapped (read batch by batch, never loaded whole) and class labels `[N]` (integers, or
-  floats whose values are all integers, as the API takes them); `read_npy` is the one reader
-  of such a file (`peg apply --logits` too).
+- Saved logits (`saved_logits`, `peg select --val-logits --val-labels`, `peg compare
+  --val-logits --val-labels --test-logits --test-labels`: `compared`): two `.npy` files per
+  set, logits `[N, C]` memory-mapped (read batch by batch, never loaded whole) and class
+  labels `[N]` (integers, or floats whose values are all integers, as the API takes them, in
+  [0, C)); `read_npy` is the one reader of such a file (`peg apply --logits` too).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from peg import data as datasets
 from peg._io import numpy_reason
 from peg._load_checks import torch_file
+from peg.apps.arguments import COMPARE_LOGITS, check_compare, printable, spelled
 from peg.source import is_dataset_or_loader
 from peg.source.batches import from_numpy
 
@@ -137,7 +138,15 @@ def saved_logits(
         )
     if len(y) != len(X):
         raise ValueError(f"{labels_what}: {len(y)} labels for {len(X)} rows of {what}")
-    return from_numpy(X), from_numpy(_integral(y, labels, labels_what))
+    y = _integral(y, labels, labels_what)
+    bad = (y < 0) | (y >= X.shape[1])
+    if bad.any():  # here, where the option is known (the library's check says "val labels")
+        row = int(np.argmax(bad))
+        raise ValueError(
+            f"{labels_what}: expected labels in [0, {X.shape[1]}) (the classes of {what}), got "
+            f"{y[row].item()!r} at row {row} of {labels}"
+        )
+    return from_numpy(X), from_numpy(y)
 
 
 def _integral(y: np.ndarray, path: str, what: str) -> np.ndarray:
@@ -155,29 +164,18 @@ def _integral(y: np.ndarray, path: str, what: str) -> np.ndarray:
     return y.astype(np.int64)
 
 
-LOGIT_OPTIONS = ("--logits", "--labels", "--test-logits", "--test-labels")
-
-
 def compared(args: Any, say: Callable[[str], None]) -> tuple[nn.Module, Any, Any]:
     """`peg compare`'s model, validation and test data: `--model`, `--val` and `--test`, or
-    saved logits (`--logits`, `--labels`, `--test-logits`, `--test-labels`, memory-mapped) read
-    through `nn.Identity()`; a ValueError naming the options missing or mixed."""
-    given = [o for o in LOGIT_OPTIONS if getattr(args, o[2:].replace("-", "_")) is not None]
-    if given:
-        if len(given) < len(LOGIT_OPTIONS) or args.model or args.val or args.test:
-            raise ValueError(
-                "--logits: give --logits, --labels, --test-logits and --test-labels together, "
-                f"without --model, --val and --test (got {', '.join(given)})"
-            )
-        val = saved_logits(args.logits, args.labels)
+    saved logits (`--val-logits`, `--val-labels`, `--test-logits`, `--test-labels`,
+    memory-mapped) read through `nn.Identity()`; a ValueError naming the options missing or
+    mixed, as typed (`--logits` and `--labels`, the earlier spellings, too:
+    `arguments.check_compare`)."""
+    check_compare(args)
+    if args.val_logits is not None:
+        names = spelled(args, COMPARE_LOGITS)
+        val = saved_logits(args.val_logits, args.val_labels, (names[0], names[1]))
         test = saved_logits(args.test_logits, args.test_labels, ("--test-logits", "--test-labels"))
         return nn.Identity(), val, test
-    missing = [o for o in ("--model", "--val", "--test") if getattr(args, o[2:]) is None]
-    if missing:
-        raise ValueError(
-            f"{missing[0]}: give --model, --val and --test (or --logits, --labels, --test-logits "
-            f"and --test-labels for saved logits); missing: {', '.join(missing)}"
-        )
     return model(args.model), *val_and_test(args.val, args.test, args.seed, say)
 
 
@@ -246,14 +244,21 @@ def _pair(held: Any, where: str, labelled: bool) -> Any:
 
 def named(specs: list[str] | None, what: str, labelled: bool) -> dict[str, Any]:
     """`{name: data}` from `[NAME=]SPEC` strings (the name defaults to the spec, a file's
-    stem for files)."""
+    stem for files); an existing file's path is SPEC whole, though it holds `=`. Names are
+    `printable` (a file name that is not UTF-8 shown with backslash escapes)."""
     out: dict[str, Any] = {}
     for spec in specs or []:
-        name, _, rest = spec.partition("=") if "=" in spec else ("", "", spec)
-        name = name or (Path(rest).stem if Path(rest).suffix in (".npz", ".pt") else rest)
+        whole = "=" not in spec or Path(spec).exists()
+        name, _, rest = ("", "", spec) if whole else spec.partition("=")
+        if not name:
+            name = Path(rest).stem if Path(rest).suffix in (".npz", ".pt") else rest
+        name = printable(name)
         if name in ("val", "test"):  # a set of that name would replace --val's or --test's
-            raise ValueError(f"{what}: {spec} would be named {name!r}, as the --{name} set; "
-                             f"name it NAME={spec}")  # fmt: skip
+            shown = printable(spec)
+            raise ValueError(
+                f"{what}: {shown} would be named {name!r}, as the --{name} set; name it "
+                f"NAME={shown}"
+            )
         if name in out:
             raise ValueError(f"{what}: two sets named {name!r}; name them NAME=SPEC")
         out[name] = data(rest, what, labelled)

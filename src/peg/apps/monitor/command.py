@@ -4,7 +4,8 @@ results.json / .md / .csv as each chunk ends (`--html`: report.html); exit 0, or
 `--fail-on-alert` when any chunk alerts.
 
 Two ways in, as `peg compare` takes them (`peg.apps.compare.sources`, the one reader):
-- saved logits: `--reference-logits V.npy --reference-labels VL.npy --logits F1.npy …`
+- saved logits: `--val-logits V.npy --val-labels VL.npy --logits F1.npy …` (`--val-*`:
+  the reference data; `--reference-logits`, `--reference-labels` are their earlier names)
   (`--labels L1.npy … `, `-` for a file without, for the realized accuracy); each target file
   memory-mapped and read `--batch-size` rows at a time: memory flat in its length;
 - a model and its data: `--model module:function --val DATA --data [NAME=]DATA …` (a registry
@@ -12,7 +13,8 @@ Two ways in, as `peg compare` takes them (`peg.apps.compare.sources`, the one re
 
 Every file, spec and the output folder is checked before the estimator is fitted; a bad target
 met while streaming (NaN logits) is a ValueError naming the option and the file, after the
-chunks before it were written.
+chunks before it were written. A file name is shown `printable` (one that is not UTF-8 with
+backslash escapes) in every chunk, file and line. The options are `peg.apps.arguments`'s.
 """
 
 from __future__ import annotations
@@ -21,111 +23,27 @@ import argparse
 import warnings
 from typing import Any
 
-from peg.apps import html
+from peg.apps import arguments, html
 from peg.apps import results as files
+from peg.apps.arguments import printable
 from peg.apps.compare import sources
 
 ALERT_STATUS = 4
-NO_LABELS = "-"  # `--labels`: this file has none
-LOGIT_OPTIONS = ("--reference-logits", "--reference-labels", "--logits")
-MODEL_OPTIONS = ("--model", "--val", "--data")
-DESCRIPTION = (
-    "Fit peg.PerformanceEstimator on labelled reference data (saved logits: --reference-logits, "
-    "--reference-labels; or --model and --val, as peg compare takes them), run peg.Monitor over "
-    "the target data (--logits files, memory-mapped, or --data sources; one chunk each, or "
-    "--chunk-size points) and write results.{json,md,csv} in --out as each chunk ends; exit 4 "
-    "with --fail-on-alert when a chunk alerts. See docs/monitor.md."
-)
-
-
-def positive(text: str) -> int:
-    """`--chunk-size`, `--batch-size`: a positive integer (argparse names the option)."""
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
-
-
-positive.__name__ = "positive integer"  # argparse's message: "invalid positive integer value"
-
-
-def arguments(p: Any) -> None:
-    p.add_argument("--reference-logits", help="source validation logits [N, C] (.npy)")
-    p.add_argument("--reference-labels", help="their labels [N] (.npy)")
-    p.add_argument("--logits", nargs="+", help="target logits [N_i, C] (.npy), in order")
-    p.add_argument(
-        "--labels",
-        nargs="+",
-        help="the targets' labels [N_i] (.npy), one per "
-        f"--logits file ('{NO_LABELS}' for one without): the realized accuracy",
-    )
-    p.add_argument("--model", help="module:function returning the trained nn.Module")
-    p.add_argument("--val", help="labelled reference data (as peg compare's --val)")
-    p.add_argument(
-        "--data",
-        nargs="+",
-        help="target data, [NAME=]DATA each, in order (a "
-        "registry set, a .npz or .pt file, module:function)",
-    )
-    p.add_argument("--out", required=True, help="results folder")
-    p.add_argument(
-        "--chunk-size",
-        type=positive,
-        default=None,
-        help="points per chunk (default: one chunk per file or --data source)",
-    )
-    p.add_argument(
-        "--batch-size",
-        type=positive,
-        default=512,
-        help="rows read (or inputs predicted) at a time (default: 512)",
-    )
-    p.add_argument("--method", default="auto", help="the estimator (default: auto)")
-    p.add_argument("--fail-on-alert", action="store_true", help="exit 4 when any chunk alerts")
-    p.add_argument(
-        "--overwrite", action="store_true", help="write into a folder peg monitor did not make"
-    )
-    p.add_argument("--html", action="store_true", help="also write report.html in --out")
-
-
-def _given(args: argparse.Namespace, options: tuple[str, ...]) -> list[str]:
-    return [o for o in options if getattr(args, o[2:].replace("-", "_")) is not None]
+NO_LABELS = arguments.NO_LABELS  # `--labels`: this file has none
+LOGIT_OPTIONS = arguments.MONITOR_LOGITS
 
 
 def inputs(args: argparse.Namespace) -> tuple[Any, Any, list[tuple[str, str, Any, Any]]]:
     """(predictor, reference data, targets): targets as (option, name, batch, labels or None),
     every one read (saved logits memory-mapped) and checked before any work; a ValueError
     naming the option missing, mixed or bad."""
-    logits, model = _given(args, LOGIT_OPTIONS), _given(args, MODEL_OPTIONS)
-    if logits and model:
-        raise ValueError(
-            f"{logits[0]}: give saved logits ({', '.join(LOGIT_OPTIONS)}) or a "
-            f"model ({', '.join(MODEL_OPTIONS)}), not both (got "
-            f"{', '.join(logits + model)})"
-        )
-    if model or not logits:
-        missing = [o for o in MODEL_OPTIONS if o not in model]
-        if missing:
-            raise ValueError(
-                f"{missing[0]}: give --model, --val and --data (or "
-                f"{', '.join(LOGIT_OPTIONS)} for saved logits); missing: {', '.join(missing)}"
-            )
-        if args.labels is not None:
-            raise ValueError(
-                "--labels: goes with --logits (saved logits); a --data source's labels are its "
-                "own (a .npz file's y, the second of a pair (X, y))"
-            )
+    saved = arguments.check_monitor(args)
+    options = arguments.spelled(args, LOGIT_OPTIONS)
+    if not saved:
         targets = sources.named(args.data, "--data", labelled=False)
-        rows = [("--data", name, *_pair(got)) for name, got in targets.items()]
+        rows = [("--data", name, *_pair(got)) for name, got in targets.items()]  # printable
         return sources.model(args.model), sources.data(args.val, "--val"), rows
-    missing = [o for o in LOGIT_OPTIONS if o not in logits]
-    if missing:
-        raise ValueError(
-            f"{missing[0]}: give {', '.join(LOGIT_OPTIONS)} together (or "
-            f"{', '.join(MODEL_OPTIONS)} for a model); missing: "
-            f"{', '.join(missing)}"
-        )
-    V, VL = sources.saved_logits(args.reference_logits, args.reference_labels, LOGIT_OPTIONS[:2])
+    V, VL = sources.saved_logits(args.val_logits, args.val_labels, options[:2])
     labels = args.labels or [NO_LABELS] * len(args.logits)
     if len(labels) != len(args.logits):
         raise ValueError(
@@ -133,7 +51,7 @@ def inputs(args: argparse.Namespace) -> tuple[Any, Any, list[tuple[str, str, Any
             f"give one per file, '{NO_LABELS}' for a file without"
         )
     rows = [
-        ("--logits", path, *_saved(path, y, V.shape[1]))
+        ("--logits", printable(path), *_saved(path, y, V.shape[1]))
         for path, y in zip(args.logits, labels, strict=True)
     ]
     return V, VL, rows
@@ -208,11 +126,3 @@ def _update(monitor: Any, option: str, name: str, batch: Any, labels: Any) -> No
         monitor.update(batch, labels, name=name)
     except (ValueError, TypeError) as e:  # "batch: …" is this target
         raise ValueError(f"{option}: {name}: {str(e).removeprefix('batch: ')}") from None
-
-
-COMMAND = {  # `peg monitor`'s entry in `peg.apps.cli.COMMANDS`
-    "help": "estimate a deployed model's accuracy without labels, chunk by chunk, with alerts",
-    "description": DESCRIPTION,
-    "arguments": arguments,
-    "run": run,
-}

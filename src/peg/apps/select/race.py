@@ -30,6 +30,13 @@ the folds and a time budget for the whole fit, relative to temperature scaling's
   a load that slows both moves the budget and the prices together; the `MIN_BUDGET_SECONDS`
   floor is in seconds of an unloaded machine (× `reference.slowdown`), for the same reason.
   The first candidate in the order (temperature scaling by default) is never dropped.
+- **Known cheap** (`known_cheap`): a map on the cached logits whose predicted fit of every fold
+  (`predicted_fold`: from its `GROWTH` and the data's size, in seconds of an unloaded machine)
+  takes at most `CHEAP_SHARE` of the `MIN_BUDGET_SECONDS` floor is always scored: never left
+  out, dropped or stopped for time, whatever the load (one run under load had skipped matrix
+  scaling and Dirichlet at 10 classes and 2,000 points, the next one scored them). Only a
+  measured fold far past its prediction (`cheap.fold_limit`: more than a load explains) ends
+  the guarantee. The race still drops it where it scores worse.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from peg._progress import _disable, lines
 from peg.apps.bench.spec import MethodSpec
 from peg.apps.compare.collapse import indistinguishable
 from peg.apps.compare.methods import MODEL
+from peg.apps.select.cheap import CHEAP_SHARE, GROWTH, fold_limit, predicted_fold
 from peg.apps.select.folds import beyond, mean_se
 
 # max_fit_seconds="auto": the whole fit's budget, in temperature scaling fits on the same model
@@ -91,22 +99,6 @@ COST_ORDER = (
 # (held: a trivial fit); a full map over its price is measured on its first fold and trimmed
 # (the full map: the diagonal map its price is measured from)
 FULL_MAPS = {"matrix-scaling": "vector-scaling", "dirichlet": "vector-scaling"}
-
-
-# how a map's fitted parameters grow with the classes C (0: a few, whatever C; 1: O(C), one per
-# class or one-vs-rest; 2: O(C²)): a map is priced, before it has run, by the dearest measured
-# fold of the maps of no richer structure (isotonic after Dirichlet: not at Dirichlet's fold)
-GROWTH = {
-    "temperature": 0,
-    "ensemble-temperature": 0,
-    "spline": 0,
-    "vector-scaling": 1,
-    "order-preserving": 1,
-    "histogram-binning": 1,
-    "isotonic": 1,
-    "matrix-scaling": 2,
-    "dirichlet": 2,
-}
 
 
 def full_map_factor(classes: int) -> float:
@@ -217,6 +209,23 @@ class Plan:
             guess = max(guess, passes * self.forward)
         return guess
 
+    def known_cheap(self, cross: Any, name: str, folds: int) -> bool:
+        """Whether `name` is always scored (see the module doc): a map on the cached logits
+        whose predicted folds take at most `CHEAP_SHARE` of the budget's floor, none of its
+        measured folds past `fold_limit`; not where the classes are unknown (0), nor a map of
+        another candidate's output (it waits for its base's fits)."""
+        spec = next((s for s in cross.order if s.name == name), None)
+        if self.classes < 2 or spec is None or spec.method not in GROWTH:
+            return False
+        if spec.base != MODEL or not cross.cheap(name):
+            return False
+        points = len(next(iter(cross.points.values())))
+        fold = predicted_fold(spec.method, points, self.classes)
+        if folds * fold > CHEAP_SHARE * MIN_BUDGET_SECONDS:
+            return False
+        limit = fold_limit(spec.method, points, self.classes)
+        return all(t <= limit for t in cross.steps.get(name) or [])
+
     def _method(self, cross: Any, name: str) -> str | None:
         return next((s.method for s in cross.order if s.name == name), None)
 
@@ -267,7 +276,11 @@ class Plan:
         later = {s.name for s in cross.order[at + 1 :]} & needed
         owed = sum(self._price(cross, n) for n in needed) * left
         owed += sum(self._price(cross, n) for n in later)
-        return (self.budget - self.elapsed() - owed) / (left + 1)
+        share = (self.budget - self.elapsed() - owed) / (left + 1)
+        if self.known_cheap(cross, spec.name, folds):  # stopped only far past its prediction
+            points = len(next(iter(cross.points.values())))
+            return max(share, fold_limit(spec.method, points, self.classes))
+        return share
 
     def _price(self, cross: Any, name: str) -> float:
         """`name`'s seconds a fold: measured, else its price before it ran (`_prior`)."""
@@ -279,7 +292,8 @@ class Plan:
 
     def admit(self, cross: Any, spec: MethodSpec, folds: int) -> str | None:
         """Why `spec` is not started on the first fold (None: it is)."""
-        if self.budget is None or spec is cross.order[0]:
+        first = spec is cross.order[0]
+        if self.budget is None or first or self.known_cheap(cross, spec.name, folds):
             return None
         guess = self._prior(cross, spec)
         kept = [n for n in self._kept(cross) if n != spec.name]
@@ -359,6 +373,7 @@ class Plan:
             if self.elapsed() + cost <= self.budget:
                 return
             saving = {n: v for n in kept if n != cross.order[0].name
+                      and not self.known_cheap(cross, n, folds)
                       and (v := self._saving(cross, n, kept)) > 0}  # fmt: skip
             core = [n for n in kept if n in (leader, cross.order[0].name)]
             alone = self._remaining(cross, core, left) + self._refit(cross, leader, folds)
