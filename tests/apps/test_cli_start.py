@@ -147,8 +147,9 @@ def test_select_prints_the_answer_last_and_says_the_map_is_not_kept(tmp_path, ca
     assert main(argv) == 0
     out, err = capsys.readouterr()
     lines = out.strip().splitlines()
-    assert lines[-1].startswith("Chosen: ") and lines[0].startswith("| candidate |")
-    assert "AutoSelect [fold" not in out and max(len(line) for line in lines) < 200
+    assert lines[0].startswith("| candidate |") and lines[2].startswith("| Uncalibrated |")
+    assert lines[-1].startswith("chosen: ") and " → " in lines[-1]  # the verdict, last
+    assert "AutoSelect [fold" not in out and max(len(line) for line in lines[:-1]) < 200
     assert f"peg select: {NOT_SAVED}" in err
     assert main([*argv, "--verbose"]) == 0  # the full report, the budget's rule
     assert "Cost: " in capsys.readouterr().out

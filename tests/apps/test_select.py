@@ -211,7 +211,7 @@ def test_peg_select_prints_the_report_and_saves(tmp_path, monkeypatch, capsys):
             "--max-fit-seconds", "none"]  # fmt: skip
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "| TS |" in out and out.rstrip().splitlines()[-1].startswith("Chosen: ")  # the answer
+    assert "| TS |" in out and out.rstrip().splitlines()[-1].startswith("chosen: TS")  # the answer
     md = (tmp_path / "out" / "results.md").read_text()
     assert "no budget (max_fit_seconds=None)" in md  # the cost line, whole in the report file
     written = json.loads((tmp_path / "out" / "results.json").read_text())

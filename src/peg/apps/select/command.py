@@ -82,16 +82,19 @@ def _shown() -> bool:
 
 
 def short(selector: AutoSelect) -> str:
-    """The report in short: a row per candidate with its status alone (why it was dropped:
-    `--verbose`, results.md), the cost, then the choice (`to_markdown`'s last line)."""
+    """The report in short: the uncalibrated baseline's row, then a row per candidate with its
+    status alone (why it was dropped: `--verbose`, results.md), the cost, then the answer: the
+    verdict (the choice, before → after, whether the difference is real)."""
     rows = ["| " + " | ".join(header(selector.criterion)) + " |", "|---|---:|---:|---:|---:|---|"]
-    for r in selector.report_:
+    baseline = getattr(selector, "baseline_", None)
+    for r in [baseline] * (baseline is not None) + list(selector.report_):
         cells = row_cells({**r, "why": ""})
         cells[-1] = _status(r)
         rows.append("| " + " | ".join(cells) + " |")
     cost = cost_line(selector.cost_).split("; ")[0].strip()  # "Cost: 8.2 s = 51.5 × a TS fit"
-    chosen = selector.to_markdown().rstrip("\n").rsplit("\n", 1)[-1]
-    return "\n".join([*rows, "", cost.split(" (")[0], "", chosen])
+    verdict = getattr(selector, "verdict_", None)
+    answer = verdict.text() if verdict is not None else selector.to_markdown().splitlines()[-1]
+    return "\n".join([*rows, "", cost.split(" (")[0], "", answer])
 
 
 def _status(r: dict[str, Any]) -> str:
@@ -99,6 +102,8 @@ def _status(r: dict[str, Any]) -> str:
     why = str(r.get("why") or "")
     if r["status"] == "chosen":
         return "**chosen**"
+    if r["status"] == "baseline":
+        return "baseline"
     if r["status"] == "kept":
         return "kept (equal to TS)" if why.startswith("equal to") else "kept"
     for start, word in (
