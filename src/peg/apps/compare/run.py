@@ -44,6 +44,19 @@ from peg.source.batches import BatchFn, check_batch_fn
 Say = Callable[[str], None]
 
 
+class _Print:
+    """`compare`'s default `say`: print each line, unless `progress=False` asks for quiet."""
+
+    def __call__(self, line: str) -> None:
+        print(line)
+
+    def __repr__(self) -> str:  # the signature, as help() and the reference page show it
+        return "print"
+
+
+PRINT = _Print()
+
+
 def compare(
     model: nn.Module,
     val: Data,
@@ -61,7 +74,7 @@ def compare(
     conformal: Mapping[str, Any] | None = None,
     progress: bool | None = None,
     out: str | Path | None = None,
-    say: Say | None = print,
+    say: Say | None = PRINT,
     command: str | None = None,
     resume: bool = False,
     overwrite: bool = False,
@@ -99,9 +112,11 @@ def compare(
         conformal: `{alpha: [0.1, 0.05], score: "aps", columns: [...]}` adds coverage and
             set size per α (`coverage@0.1`, `set_size@0.1`, ...; `peg.apps.conformal`:
             calibrated on half the test set, scored on the other half and the shifted sets).
-        progress: progress bars (None: only on a terminal).
+        progress: progress bars (None: only on a terminal); False is quiet: no bars, and no
+            progress lines either unless `say` is given.
         out: a folder to write results.json, results.md and the reliability diagrams to.
-        say: where the progress lines go (None: nowhere).
+        say: where the progress lines go (None: nowhere; by default printed, unless
+            `progress=False`).
         command: recorded in results.json (default: this call, abridged).
         resume: take back the methods a previous run with the same arguments and the same
             data and weights (their bytes hashed, `state.fingerprint`) saved in `out`
@@ -127,6 +142,8 @@ def compare(
         a `Comparison`: `.table` (a row per method), `.predictors`, `.to_markdown()`, ...
     """
     rank = distributed.world()[0]  # under torchrun: the ranks share the predictions
+    if say is PRINT and progress is False:
+        say = None
     say = (say if rank == 0 else None) or (lambda _: None)
     # compare(logits, labels, test): saved logits through SavedLogits()
     model, val = read_predictor(model, val, "model", "a trained nn.Module")
