@@ -1,5 +1,6 @@
 """Every figure of `peg.plots` without a path is a Figure (written nowhere, shown once in a
-notebook), draws into a given Axes (or in its place), and a reliability diagram draws straight
+notebook), draws into a given Axes (figures of several panels in its place; a reliability
+diagram on it), and a reliability diagram draws straight
 from probabilities and labels."""
 
 from __future__ import annotations
@@ -54,9 +55,9 @@ def _boundaries() -> tuple[Any, ...]:
 # (name, call with path and ax as keywords, panels: one Axes or several in its place)
 CALLS: list[tuple[str, Any, bool]] = [
     ("reliability_diagram", lambda **kw: plots.reliability_diagram(_probs(), _labels(), **kw),
-     True),
+     False),
     ("reliability_diagram (curves)", lambda **kw: plots.reliability_diagram(
-        {"m": metrics.reliability(_probs(), _labels())}, **kw), True),
+        {"m": metrics.reliability(_probs(), _labels())}, **kw), False),
     ("risk_coverage", lambda **kw: plots.risk_coverage(
         {"m": metrics.risk_coverage_curve(_probs(), _labels())}, **kw), False),
     ("decision_boundaries", lambda **kw: plots.decision_boundaries(
@@ -136,11 +137,43 @@ def test_a_figure_of_several_panels_needs_an_axes_on_a_grid(tmp_path: Path) -> N
     fig, _ = _user_figure()
     placed = fig.add_axes((0.1, 0.1, 0.3, 0.3))
     with pytest.raises(ValueError, match="^ax: this figure has several panels"):
-        plots.reliability_diagram(_probs(), _labels(), ax=placed)
+        plots.similarity_matrices({"a": _matrix(), "b": _matrix()}, ax=placed)
     with pytest.raises(ValueError, match="^ax: expected a matplotlib Axes"):
         plots.ensemble_size_curves({"m": {"size": [1], "accuracy": [1], "nll": [1]}}, ax="left")
     with pytest.raises(ValueError, match="^ax: expected a matplotlib Axes"):
         plots.scale_search(_searched(), ax=3)
+
+
+def _inside(child: Any, ax: Any) -> bool:
+    """`child`'s drawing area within `ax`'s, as drawn (an inset is placed at draw time)."""
+    ax.figure.canvas.draw()
+    box, outer = child.get_window_extent(), ax.get_window_extent()
+    return (
+        box.x0 >= outer.x0 - 0.5
+        and box.x1 <= outer.x1 + 0.5
+        and box.y0 >= outer.y0 - 0.5
+        and box.y1 <= outer.y1 + 0.5
+    )
+
+
+def test_a_reliability_diagram_is_drawn_on_the_given_axes() -> None:
+    """As scikit-learn's CalibrationDisplay and netcal: on `ax` itself, not elsewhere in the
+    figure; the share of points in an inset of `ax`, inside its area; several methods on one
+    Axes a line each, or one Axes per method."""
+    fig, (left, right) = _user_figure()
+    assert plots.reliability_diagram(_probs(), _labels(), ax=left) is left
+    assert fig.axes == [left, right] and not fig.subfigs  # no new panel elsewhere
+    assert len(left.patches) >= 5 and left.get_lines()  # the bars, the diagonal
+    (band,) = left.child_axes
+    assert band.patches and _inside(band, left)  # the share of points, within `ax`
+    two = {"raw": _probs(), "sharp": _probs(scale=6.0)}
+    assert plots.reliability_diagram(two, _labels(), ax=right) is right
+    assert {t.get_text().split(" (")[0] for t in right.get_legend().get_texts()} >= set(two)
+    fig, axes = _user_figure()
+    assert plots.reliability_diagram(two, _labels(), ax=axes) is axes
+    assert list(fig.axes) == list(axes) and all(a.patches and a.child_axes for a in axes)
+    with pytest.raises(ValueError, match=r"^ax: expected one Axes or one per method \(2\), got 3"):
+        plots.reliability_diagram(two, _labels(), ax=[*axes, axes[0]])
 
 
 def test_no_figure_enters_pyplots_registry() -> None:

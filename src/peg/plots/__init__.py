@@ -11,8 +11,9 @@ backend. Every function takes `path=None` and `ax=None` (keywords):
 - `path`: writes the PNG atomically (`peg._io.atomic_open`: a temporary file in the same
   folder, then `os.replace`), creates missing parent folders and returns the path
   (`risk_coverage` returns its Axes, as it always has);
-- `ax`: draws into that matplotlib Axes of your own figure (one-panel figures), or in its place
-  (figures of several panels: a SubFigure where the Axes was), and returns what it drew into;
+- `ax`: draws into that matplotlib Axes of your own figure (one-panel figures and
+  `reliability_diagram`, which also takes one Axes per method), or in its place (the other
+  figures of several panels: a SubFigure where the Axes was), and returns what it drew into;
   with `path` too, your whole figure is written.
 
 - `reliability`: `reliability_diagram`, from probabilities and labels
