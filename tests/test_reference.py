@@ -115,3 +115,39 @@ def test_the_site_builds(tmp_path):
     assert (site / "index.html").exists() and (site / "glossary.html").exists()
     for path in PAGES:
         assert (site / path).with_suffix(".html").exists(), path
+    _no_dead_link(site)
+    home = (site / "index.html").read_text(encoding="utf-8")
+    first = re.search(r'<a href="([^"]+)">README', home)  # "Where to start": the quick starts
+    assert first and first.group(1) == "repo/index.html#quick-start-saved-logits"
+
+
+HREF = re.compile(r"""<(?:a|img|link|script)\b[^>]*?\b(?:href|src)=["']([^"']+)["']""")
+
+
+def _no_dead_link(site: Path) -> None:
+    """Every relative link of every built page reaches a file of the site, and its anchor an
+    element of that page (the README's and results/' links included: copied into the site)."""
+    ids: dict[Path, set[str]] = {}
+    for page in sorted(set(site.rglob("*.html")) - {site / "404.html"}):  # the theme's, rooted
+        for link in HREF.findall(page.read_text(encoding="utf-8")):
+            if re.match(r"^[a-z][a-z0-9+.-]*:|^//", link, re.I) or link.startswith("#"):
+                continue
+            file, _, anchor = link.partition("#")
+            target = (page.parent / file).resolve()
+            assert target.is_file(), f"{page.relative_to(site)}: dead link {link!r}"
+            if anchor and target.suffix == ".html":
+                if target not in ids:
+                    ids[target] = set(re.findall(r'\bid="([^"]+)"', target.read_text("utf-8")))
+                assert anchor in ids[target], f"{page.relative_to(site)}: no anchor {link!r}"
+
+
+def test_strict_builds_fail_on_dead_links():
+    """mkdocs.yml makes every dead link, anchor and unrecognised link a warning (and so an
+    error of `mkdocs build --strict`), not an info line."""
+    yaml = pytest.importorskip("yaml")
+    loader = type("Loader", (yaml.SafeLoader,), {})
+    loader.add_multi_constructor("tag:yaml.org,2002:python/", lambda *_: None)
+    config = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=loader)
+    links = config["validation"]["links"]
+    for check in ("not_found", "anchors", "absolute_links", "unrecognized_links"):
+        assert links[check] == "warn", f"validation.links.{check}: {links[check]}"
