@@ -4,6 +4,7 @@ each argument in its table; and the site, those pages included, builds with --st
 
 from __future__ import annotations
 
+import doctest
 import importlib.util
 import inspect
 import re
@@ -48,6 +49,13 @@ def test_every_command_has_a_page_in_the_nav():
         assert path in NAV, f"peg {name}: {path} is not in mkdocs.yml's Reference nav"
 
 
+def test_the_objects_public_ones_return_have_a_page_in_the_nav():
+    for name in reference.RETURNED:
+        path = reference.page_path(name)
+        assert path in PAGES and path in NAV, f"{name}: no reference page in the nav"
+    assert "Returned by `peg.PerformanceEstimator`" in PAGES[reference.page_path("Estimate")]
+
+
 def test_the_nav_lists_no_page_that_is_not_made():
     assert set(PAGES) >= NAV, f"in the nav, not made: {sorted(NAV - set(PAGES))}"
 
@@ -82,6 +90,56 @@ MAIN = [  # (name, its paper, a piece of its formula)
 def test_the_main_classes_give_their_formula_and_paper(name, paper, formula):
     summary = PAGES[reference.page_path(name)].split("## Arguments")[0]
     assert paper in summary and formula in summary, f"peg.{name}: no formula or paper"
+
+
+EXAMPLED = ["TemperatureScaling", "AutoSelect", "compare", "PEG", "PerformanceEstimator",
+            "Monitor", "ConformalClassifier", "Estimate"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", EXAMPLED)
+def test_the_main_pages_have_an_example_and_links_to_see(name):
+    text = PAGES[reference.page_path(name)]
+    example = text.split("## Examples")[1].split("```")[1]
+    assert example.startswith("pycon\n>>> "), f"{name}: no example"
+    see = text.split("## See also")[1].split("##")[0]
+    assert re.search(r"^- \[`peg\.\w+`\]\(\w+\.md\): \w", see, re.M), f"{name}: no see also"
+    assert re.search(r"^- \[\w+ guide\]\(\.\./[\w-]+\.md", see, re.M) or name == "Estimate"
+
+
+def test_the_docstring_examples_run_as_shown(tmp_path, monkeypatch):
+    """Every `>>>` example of a reference page's docstring, as doctest runs it."""
+    monkeypatch.chdir(tmp_path)  # any file an example writes
+    finder = doctest.DocTestFinder(recurse=False)
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    said: list[str] = []
+    ran = set()
+    for name, obj in (reference.public() | reference.returned()).items():
+        for test in finder.find(obj, name, globs={}):
+            if test.examples:
+                ran.add(name)
+                runner.run(test, out=said.append)
+    assert runner.failures == 0, "".join(said)[-4000:]
+    assert ran >= set(EXAMPLED)
+
+
+def test_no_internal_method_and_none_without_its_meaning():
+    """The methods listed are the user's (peg's plumbing, `INTERNAL`, left out), each with the
+    first line of its docstring."""
+    defined = set()
+    for obj in (reference.public() | reference.returned()).values():
+        for _, member in inspect.getmembers(obj):
+            f = member.fget if isinstance(member, property) else member
+            defined.add(getattr(f, "__qualname__", ""))
+    assert defined >= reference.INTERNAL, sorted(reference.INTERNAL - defined)  # none stale
+    for path, text in PAGES.items():
+        listed = text.split("## Methods")[1] if "## Methods" in text else ""
+        for line in listed.strip().splitlines():
+            assert re.match(r"^- `[^`]+`( \(property\))?: \S", line), f"{path}: {line}"
+        for hidden in reference.INTERNAL:
+            owner, method = hidden.split(".")
+            assert f"- `{method}(" not in listed or path != reference.page_path(owner)
+    estimator = PAGES[reference.page_path("PerformanceEstimator")].split("## Methods")[1]
+    assert "`estimate(" in estimator and "`add(" not in estimator and "`read(" not in estimator
 
 
 def test_a_command_page_has_every_option():

@@ -29,7 +29,7 @@ from peg.apps.compare.faults import check_data, describe
 from peg.apps.compare.fitting import Fitting
 from peg.apps.compare.methods import MODEL, options, resolve
 from peg.apps.compare.report import TEST, Comparison, check_shown, column, figure_name
-from peg.apps.compare.state import State, fingerprint
+from peg.apps.compare.state import PRINT, Say, State, fingerprint, told
 from peg.apps.conformal import ConformalSpec, parse_conformal, scorer
 from peg.apps.results import RESULTS
 from peg.apps.scores import labelled_metrics, ood_detection, scored_detection
@@ -40,21 +40,6 @@ from peg.metrics._inputs import ensemble_log_probs
 from peg.metrics.ood import OOD_SCORES
 from peg.source import Data, Source, is_dataset_or_loader, is_pair
 from peg.source.batches import BatchFn, check_batch_fn
-
-Say = Callable[[str], None]
-
-
-class _Print:
-    """`compare`'s default `say`: print each line, unless `progress=False` asks for quiet."""
-
-    def __call__(self, line: str) -> None:
-        print(line)
-
-    def __repr__(self) -> str:  # the signature, as help() and the reference page show it
-        return "print"
-
-
-PRINT = _Print()
 
 
 def compare(
@@ -140,11 +125,26 @@ def compare(
 
     Returns:
         a `Comparison`: `.table` (a row per method), `.predictors`, `.to_markdown()`, ...
+
+    Examples:
+        >>> import torch, peg
+        >>> from torch import nn
+        >>> g = torch.Generator().manual_seed(0)
+        >>> X = torch.randn(600, 2, generator=g)
+        >>> y = (X[:, 0] > 0).long()
+        >>> model = nn.Sequential(nn.Linear(2, 16), nn.ReLU(), nn.Linear(16, 2))  # yours, trained
+        >>> val, test = (X[:300], y[:300]), (X[300:], y[300:])
+        >>> result = peg.compare(model.eval(), val, test, ["TS", "PEG"], progress=False)
+        >>> [row["method"] for row in result.table if row["method"] in ("TS", "PEG")]
+        ['TS', 'PEG']
+
+    See Also:
+        peg.AutoSelect: chooses one method by cross-validation instead of showing them all.
+        peg.evaluate: the same metrics for one predictor.
+        docs/compare.md: the methods, the columns and the command `peg compare`.
     """
     rank = distributed.world()[0]  # under torchrun: the ranks share the predictions
-    if say is PRINT and progress is False:
-        say = None
-    say = (say if rank == 0 else None) or (lambda _: None)
+    say = told(say, progress, rank)
     # compare(logits, labels, test): saved logits through SavedLogits()
     model, val = read_predictor(model, val, "model", "a trained nn.Module")
     if not isinstance(model, nn.Module):
