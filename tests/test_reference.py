@@ -10,6 +10,7 @@ import inspect
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -107,7 +108,8 @@ def test_the_main_pages_have_an_example_and_links_to_see(name):
 
 
 def test_the_docstring_examples_run_as_shown(tmp_path, monkeypatch):
-    """Every `>>>` example of a reference page's docstring, as doctest runs it."""
+    """Every `>>>` example of a reference page's docstring, as doctest runs it, without a
+    warning (an example shows the use that needs none)."""
     monkeypatch.chdir(tmp_path)  # any file an example writes
     finder = doctest.DocTestFinder(recurse=False)
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
@@ -117,7 +119,9 @@ def test_the_docstring_examples_run_as_shown(tmp_path, monkeypatch):
         for test in finder.find(obj, name, globs={}):
             if test.examples:
                 ran.add(name)
-                runner.run(test, out=said.append)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error")
+                    runner.run(test, out=said.append)
     assert runner.failures == 0, "".join(said)[-4000:]
     assert ran >= set(EXAMPLED)
 

@@ -131,10 +131,12 @@ def compare(
         >>> from torch import nn
         >>> g = torch.Generator().manual_seed(0)
         >>> X = torch.randn(600, 2, generator=g)
-        >>> y = (X[:, 0] > 0).long()
-        >>> model = nn.Sequential(nn.Linear(2, 16), nn.ReLU(), nn.Linear(16, 2))  # yours, trained
+        >>> y = (X[:, 0] + torch.randn(600, generator=g) > 0).long()  # noisy labels
+        >>> model = nn.Linear(2, 2).eval()  # stands for your trained model: 1 where X[:, 0] > 0
+        >>> with torch.no_grad():
+        ...     _ = model.weight.copy_(torch.tensor([[-4.0, 0.0], [4.0, 0.0]]))
         >>> val, test = (X[:300], y[:300]), (X[300:], y[300:])
-        >>> result = peg.compare(model.eval(), val, test, ["TS", "PEG"], progress=False)
+        >>> result = peg.compare(model, val, test, ["TS", "PEG"], progress=False)
         >>> [row["method"] for row in result.table if row["method"] in ("TS", "PEG")]
         ['TS', 'PEG']
 
