@@ -63,6 +63,15 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str
         ValueError,
         r"ax: expected one Axes or one per method \(2\), got 3",
     ),
+    (
+        "plots",
+        "two similarity matrices on three Axes",
+        lambda: plots.similarity_matrices(
+            {"a": np.eye(2), "b": np.eye(2)}, ax=[_placed_axes()] * 3
+        ),
+        ValueError,
+        r"ax: expected one Axes, or 2 \(one per panel\), got 3",
+    ),
 ]
 
 

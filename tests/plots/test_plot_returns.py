@@ -61,7 +61,7 @@ CALLS: list[tuple[str, Any, bool]] = [
     ("risk_coverage", lambda **kw: plots.risk_coverage(
         {"m": metrics.risk_coverage_curve(_probs(), _labels())}, **kw), False),
     ("decision_boundaries", lambda **kw: plots.decision_boundaries(
-        *_boundaries(), resolution=8, **kw), True),
+        *_boundaries(), resolution=8, **kw), False),
     ("corruption_grid", lambda **kw: plots.corruption_grid(
         torch.rand(1, 8, 8), names=["contrast"], severities=(1,), **kw), True),
     ("similarity_matrices", lambda **kw: plots.similarity_matrices(
@@ -174,6 +174,31 @@ def test_a_reliability_diagram_is_drawn_on_the_given_axes() -> None:
     assert list(fig.axes) == list(axes) and all(a.patches and a.child_axes for a in axes)
     with pytest.raises(ValueError, match=r"^ax: expected one Axes or one per method \(2\), got 3"):
         plots.reliability_diagram(two, _labels(), ax=[*axes, axes[0]])
+
+
+# figures of several panels in a row: (name, call, panels)
+ROWS: list[tuple[str, Any, int]] = [
+    ("decision_boundaries", lambda **kw: plots.decision_boundaries(
+        {**_boundaries()[0], "q": lambda pts: torch.softmax(-pts @ torch.eye(2), -1)},
+        *_boundaries()[1:], resolution=8, **kw), 2),
+    ("similarity_matrices", lambda **kw: plots.similarity_matrices(
+        {"a": _matrix(), "b": _matrix()}, label="cosine", **kw), 2),
+    ("radial_landscape", lambda **kw: plots.radial_landscape(_cut(), **kw), 3),
+    ("ensemble_size_curves", lambda **kw: plots.ensemble_size_curves(
+        {"PEG": {"size": [1, 2], "accuracy": [0.8, 0.82], "nll": [0.5, 0.45]}}, **kw), 2),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "call", "n"), ROWS, ids=[r[0] for r in ROWS])
+def test_one_axes_per_panel_is_drawn_on(name: str, call: Any, n: int) -> None:
+    """Given one Axes per panel, each panel is drawn on its Axes, which stay where they are
+    (colour bars aside); the Axes are returned. A count that is not the panels' is refused."""
+    fig, axes = _user_figure(n)
+    assert call(ax=axes) is axes
+    assert all(a in fig.axes and a.has_data() for a in axes) and not fig.subfigs
+    assert all(a.get_label() == "<colorbar>" for a in fig.axes if a not in list(axes))
+    with pytest.raises(ValueError, match=rf"^ax: expected one Axes, or {n} \(one per panel\)"):
+        call(ax=list(_user_figure(n + 1)[1]))
 
 
 def test_no_figure_enters_pyplots_registry() -> None:
