@@ -6,13 +6,16 @@ mkdocs.yml's nav lists each, and tests/test_reference.py checks that it does.
 A class's page: its signature, its docstring's summary (the formula and the paper, where the
 docstring gives them), one table of its arguments (the default from the signature, what is
 accepted from its `parameter_constraints`, the meaning from the docstring's `Args:`), the rest
-of the docstring, and its public methods. A command's page: what `peg NAME --help` prints, the
+of the docstring (its `Examples:` as a console session, which tests/test_reference.py runs as
+doctests; its `See Also:` as links to the pages named), and its public methods, those of peg's
+own plumbing (`INTERNAL`) left out. A command's page: what `peg NAME --help` prints, the
 options as a table. `python scripts/reference_pages.py DIR` writes the pages to DIR to read.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import re
 import sys
@@ -26,6 +29,26 @@ SECTION = re.compile(r"^([A-Z][\w' -]*(?:\([^)]*\))?):$")  # "Args (all keyword-
 ARGS = ("Args", "Arguments", "Parameters")
 ITEM = re.compile(r"^(\*{0,2}[A-Za-z_][\w]*(?:, *\*{0,2}[A-Za-z_]\w*)*):\s*(.*)$")
 CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+\1")
+# the objects returned by public ones, with a page of their own: {name: module}
+RETURNED = {"Estimate": "peg.methods.estimation"}
+# public methods that are peg's own plumbing, not the user's (by where they are defined):
+# the calibrators' map of logits, the conformal sets' pieces, the monitor's streamed estimate
+INTERNAL = {
+    "Calibrator.scale",
+    "ConformalClassifier.label_scores",
+    "ConformalClassifier.sets_fn",
+    "ConformalClassifier.sets_of",
+    "Laplace.posterior_tensors",
+    "PerformanceEstimator.add",
+    "PerformanceEstimator.batches",
+    "PerformanceEstimator.read",
+    "PerformanceEstimator.summary",
+    "PerturbationEnsemble.searches",
+    "SWAG.method_name",
+    "ScaleSearch.criterion_name",
+    "ScaleSearch.recorded",
+}
+SEE_ALSO = re.compile(r"^(peg\.(\w+)|docs/([\w./-]+\.md)(#[\w-]+)?)\s*:\s*(.*)$")
 
 
 def public() -> dict[str, Any]:
@@ -37,6 +60,18 @@ def public() -> dict[str, Any]:
         for name in peg.__all__
         if inspect.isclass(obj := getattr(peg, name)) or inspect.isfunction(obj)
     }
+
+
+def returned() -> dict[str, Any]:
+    """`RETURNED`'s classes by name."""
+    import importlib
+
+    return {name: getattr(importlib.import_module(m), name) for name, m in RETURNED.items()}
+
+
+def dotted(name: str) -> str:
+    """How a page names its object: `peg.NAME`, or its module's path for a returned object."""
+    return f"{RETURNED[name]}.{name}" if name in RETURNED else f"peg.{name}"
 
 
 def kind(obj: Any) -> str:
@@ -67,7 +102,7 @@ def pages() -> dict[str, str]:
     """Every reference page: its path under docs/ and its Markdown."""
     from peg.apps.cli import COMMANDS
 
-    out = {page_path(name): object_page(name, obj) for name, obj in public().items()}
+    out = {page_path(name): object_page(name, obj) for name, obj in (public() | returned()).items()}
     for name, p in commands().items():
         out[command_path(name)] = command_page(name, COMMANDS[name].help, p)
     out[f"{FOLDER}/index.md"] = index_page()
@@ -97,7 +132,13 @@ def split_doc(doc: str) -> tuple[list[str], dict[str, str], list[tuple[str, list
     prose between sections a section titled ""."""
     from peg.methods.base import ACCEPTED
 
-    doc = doc.split(ACCEPTED)[0]  # the table itself is rendered from `parameter_constraints`
+    # the table itself is rendered from `parameter_constraints`: its section dropped, not what
+    # follows it (sections added to the docstring after the class was made: examples)
+    head, found, tail = doc.partition(ACCEPTED)
+    rest = tail.splitlines()[1:]
+    while found and rest and (not rest[0].strip() or rest[0].startswith(" " * 8)):
+        rest.pop(0)
+    doc = head.rstrip(" ") + "\n".join(rest)
     first, _, rest = doc.strip("\n").partition("\n")
     lines = [first.strip(), *textwrap.dedent(rest).splitlines()]
     end = lines.index("") if "" in lines else len(lines)
@@ -162,22 +203,31 @@ def parameter(p: inspect.Parameter) -> str:
     if p.annotation is not p.empty:
         ann = p.annotation
         text += f": {ann if isinstance(ann, str) else inspect.formatannotation(ann)}"
-    return text if p.default is p.empty else f"{text} = {p.default!r}"
+    return text if p.default is p.empty else f"{text} = {default(p)}"
+
+
+def default(p: inspect.Parameter) -> str:
+    """A default as written: a dataclass field's factory as the value it makes."""
+    if repr(p.default) == "<factory>" and p.annotation is not p.empty:
+        return f"{str(p.annotation).split('[')[0]}()"
+    return repr(p.default)
 
 
 def signature(name: str, obj: Any) -> str:
     try:
         values = list(inspect.signature(obj).parameters.values())
     except (TypeError, ValueError):
-        return f"peg.{name}(...)"
+        return f"{dotted(name)}(...)"
     params: list[str] = []
     for i, p in enumerate(values):
         if p.kind is p.KEYWORD_ONLY and (i == 0 or values[i - 1].kind is p.POSITIONAL_OR_KEYWORD):
             params.append("*")
         params.append(parameter(p))
-    one = f"peg.{name}({', '.join(params)})"
+    one = f"{dotted(name)}({', '.join(params)})"
     return (
-        one if len(one) <= 88 else f"peg.{name}(\n" + "".join(f"    {p},\n" for p in params) + ")"
+        one
+        if len(one) <= 88
+        else f"{dotted(name)}(\n" + "".join(f"    {p},\n" for p in params) + ")"
     )
 
 
@@ -201,9 +251,9 @@ def arguments(obj: Any, meanings: dict[str, str]) -> list[str]:
     rows, seen = [], set()
     for p in params:
         seen.add(p.name)
-        default = "required" if p.default is p.empty else f"`{p.default!r}`"
+        default_ = "required" if p.default is p.empty else f"`{default(p)}`"
         accepts = [cell(str(table[p.name]))] if p.name in table else ([" "] if table else [])
-        rows.append([f"`{p.name}`", default, *accepts, cell(meanings.get(p.name, ""))])
+        rows.append([f"`{p.name}`", default_, *accepts, cell(meanings.get(p.name, ""))])
     for n, meaning in meanings.items():  # named in the docstring, not in the signature
         if n not in seen:
             rows.append([f"`{n}`", " ", *([" "] if table else []), cell(meaning)])
@@ -214,6 +264,9 @@ def methods(obj: Any) -> Iterator[str]:
     """`- name(signature)`: the first line of each public method's docstring."""
     for n, member in inspect.getmembers(obj):
         if n.startswith("_") or not (inspect.isfunction(member) or isinstance(member, property)):
+            continue
+        defined = member.fget if isinstance(member, property) else member
+        if getattr(defined, "__qualname__", "") in INTERNAL:
             continue
         doc = (inspect.getdoc(member) or "").strip().split("\n\n")[0].replace("\n", " ")
         if isinstance(member, property):
@@ -229,19 +282,62 @@ def methods(obj: Any) -> Iterator[str]:
 
 def object_page(name: str, obj: Any) -> str:
     summary, meanings, sections = split_doc(obj.__doc__ or "")
+    if dataclasses.is_dataclass(obj) and not meanings:  # its fields are its arguments
+        fields = [lines for title, lines in sections if title == "Attributes"]
+        meanings = items(textwrap.dedent("\n".join(fields[0])).splitlines()) if fields else {}
+        sections = [(t, lines) for t, lines in sections if t != "Attributes"]
     module = getattr(obj, "__module__", "peg")
-    out = [f"# peg.{name}", "", "```python", signature(name, obj), "```", ""]
+    out = [f"# {dotted(name)}", "", "```python", signature(name, obj), "```", ""]
     what = {"Classes": "class", "Functions": "function", "Exceptions": "exception"}[kind(obj)]
     out += [f"*{what} in `{module}`*", "", prose(summary), ""]
+    if name in RETURNED:
+        by = [f"`peg.{n}`" for n, o in public().items() if name in _returns(o)]
+        out += [f"Returned by {', '.join(by)}.", ""] if by else []
     out += arguments(obj, meanings)
     for title, lines in sections:
-        text = section(lines) if title else prose(lines)
-        if text:
+        if title == "Examples":
+            out += [
+                "## Examples",
+                "",
+                "```pycon",
+                textwrap.dedent("\n".join(lines)).strip(),
+                "```",
+                "",
+            ]
+        elif title == "See Also":
+            out += ["## See also", "", see_also(lines), ""]
+        elif text := section(lines) if title else prose(lines):
             out += ([f"**{escape(title)}:**", ""] if title else []) + [text, ""]
     if inspect.isclass(obj) and not issubclass(obj, Exception):
         listed = list(methods(obj))
         if listed:
             out += ["## Methods", "", *listed, ""]
+    return "\n".join(out)
+
+
+def _returns(obj: Any) -> str:
+    """The text of the return annotations of `obj` and of its methods."""
+    found = [obj, *(m for _, m in inspect.getmembers(obj, inspect.isfunction))]
+    return " ".join(str(getattr(f, "__annotations__", {}).get("return", "")) for f in found)
+
+
+def see_also(lines: list[str]) -> str:
+    """`See Also:` items, `peg.NAME: why` or `docs/PAGE.md#anchor: why`, as a list of links to
+    those pages (from reference/NAME.md); any other line as it is."""
+    out: list[str] = []
+    for line in textwrap.dedent("\n".join(lines)).splitlines():
+        m = SEE_ALSO.match(line)
+        if line.startswith(" ") and out:
+            out[-1] += " " + escape(line.strip())
+        elif m and m.group(2):
+            name = m.group(2)
+            out.append(f"- [`{dotted(name)}`]({name}.md): {escape(m.group(5))}")
+        elif m:
+            title = m.group(3).removesuffix(".md")
+            target = f"../{m.group(3)}{m.group(4) or ''}"
+            out.append(f"- [{title} guide]({target}): {escape(m.group(5))}")
+        elif line.strip():
+            out.append(escape(line.strip()))
     return "\n".join(out)
 
 
@@ -275,10 +371,11 @@ def index_page() -> str:
         "",
     ]
     groups: dict[str, list[str]] = {}
-    for name, obj in public().items():
+    for name, obj in (public() | returned()).items():
         line = (obj.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
-        groups.setdefault(kind(obj), []).append(f"- [peg.{name}]({name}.md): {escape(line)}")
-    for title in ("Classes", "Functions", "Exceptions"):
+        group = "Returned objects" if name in RETURNED else kind(obj)
+        groups.setdefault(group, []).append(f"- [{dotted(name)}]({name}.md): {escape(line)}")
+    for title in ("Classes", "Functions", "Returned objects", "Exceptions"):
         out += [f"## {title}", "", *groups.get(title, []), ""]
     from peg.apps.cli import COMMANDS
 

@@ -402,6 +402,19 @@ def test_relative_links_resolve(path):
             assert anchor in anchors(dest), f"{_id(path)}: link to {target!r}: no such heading"
 
 
+MACHINE_PATH = re.compile(r"(?<![\w$.}/~-])/(?:work|home|tmp|Users|root|mnt|scratch|private)/")
+
+
+@pytest.mark.parametrize("path", DOC_FILES, ids=_id)
+def test_no_page_quotes_a_machine_path(path):
+    """A page's prose (inline code included) names no folder of the machine it was written on
+    (`/work/...`, `/home/...`, `/tmp/...`): a reader has other folders. Code blocks are the
+    examples, which write to the folder they run in."""
+    for line in _outside_code(path):
+        found = MACHINE_PATH.search(line)
+        assert not found, f"{_id(path)}: quotes a machine path: {line.strip()[:160]!r}"
+
+
 # ------------------------------------------------------------------------------------ the site
 # `mkdocs build --strict` runs once, in tests/test_reference.py::test_the_site_builds (it
 # checks the hand-written pages and the generated reference together).

@@ -4,11 +4,13 @@ each argument in its table; and the site, those pages included, builds with --st
 
 from __future__ import annotations
 
+import doctest
 import importlib.util
 import inspect
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -48,6 +50,13 @@ def test_every_command_has_a_page_in_the_nav():
         assert path in NAV, f"peg {name}: {path} is not in mkdocs.yml's Reference nav"
 
 
+def test_the_objects_public_ones_return_have_a_page_in_the_nav():
+    for name in reference.RETURNED:
+        path = reference.page_path(name)
+        assert path in PAGES and path in NAV, f"{name}: no reference page in the nav"
+    assert "Returned by `peg.PerformanceEstimator`" in PAGES[reference.page_path("Estimate")]
+
+
 def test_the_nav_lists_no_page_that_is_not_made():
     assert set(PAGES) >= NAV, f"in the nav, not made: {sorted(NAV - set(PAGES))}"
 
@@ -84,6 +93,59 @@ def test_the_main_classes_give_their_formula_and_paper(name, paper, formula):
     assert paper in summary and formula in summary, f"peg.{name}: no formula or paper"
 
 
+EXAMPLED = ["TemperatureScaling", "AutoSelect", "compare", "PEG", "PerformanceEstimator",
+            "Monitor", "ConformalClassifier", "Estimate"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", EXAMPLED)
+def test_the_main_pages_have_an_example_and_links_to_see(name):
+    text = PAGES[reference.page_path(name)]
+    example = text.split("## Examples")[1].split("```")[1]
+    assert example.startswith("pycon\n>>> "), f"{name}: no example"
+    see = text.split("## See also")[1].split("##")[0]
+    assert re.search(r"^- \[`peg\.\w+`\]\(\w+\.md\): \w", see, re.M), f"{name}: no see also"
+    assert re.search(r"^- \[\w+ guide\]\(\.\./[\w-]+\.md", see, re.M) or name == "Estimate"
+
+
+def test_the_docstring_examples_run_as_shown(tmp_path, monkeypatch):
+    """Every `>>>` example of a reference page's docstring, as doctest runs it, without a
+    warning (an example shows the use that needs none)."""
+    monkeypatch.chdir(tmp_path)  # any file an example writes
+    finder = doctest.DocTestFinder(recurse=False)
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    said: list[str] = []
+    ran = set()
+    for name, obj in (reference.public() | reference.returned()).items():
+        for test in finder.find(obj, name, globs={}):
+            if test.examples:
+                ran.add(name)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error")
+                    runner.run(test, out=said.append)
+    assert runner.failures == 0, "".join(said)[-4000:]
+    assert ran >= set(EXAMPLED)
+
+
+def test_no_internal_method_and_none_without_its_meaning():
+    """The methods listed are the user's (peg's plumbing, `INTERNAL`, left out), each with the
+    first line of its docstring."""
+    defined = set()
+    for obj in (reference.public() | reference.returned()).values():
+        for _, member in inspect.getmembers(obj):
+            f = member.fget if isinstance(member, property) else member
+            defined.add(getattr(f, "__qualname__", ""))
+    assert defined >= reference.INTERNAL, sorted(reference.INTERNAL - defined)  # none stale
+    for path, text in PAGES.items():
+        listed = text.split("## Methods")[1] if "## Methods" in text else ""
+        for line in listed.strip().splitlines():
+            assert re.match(r"^- `[^`]+`( \(property\))?: \S", line), f"{path}: {line}"
+        for hidden in reference.INTERNAL:
+            owner, method = hidden.split(".")
+            assert f"- `{method}(" not in listed or path != reference.page_path(owner)
+    estimator = PAGES[reference.page_path("PerformanceEstimator")].split("## Methods")[1]
+    assert "`estimate(" in estimator and "`add(" not in estimator and "`read(" not in estimator
+
+
 def test_a_command_page_has_every_option():
     parsers = reference.commands()
     for name, p in parsers.items():
@@ -115,3 +177,39 @@ def test_the_site_builds(tmp_path):
     assert (site / "index.html").exists() and (site / "glossary.html").exists()
     for path in PAGES:
         assert (site / path).with_suffix(".html").exists(), path
+    _no_dead_link(site)
+    home = (site / "index.html").read_text(encoding="utf-8")
+    first = re.search(r'<a href="([^"]+)">README', home)  # "Where to start": the quick starts
+    assert first and first.group(1) == "repo/index.html#quick-start-saved-logits"
+
+
+HREF = re.compile(r"""<(?:a|img|link|script)\b[^>]*?\b(?:href|src)=["']([^"']+)["']""")
+
+
+def _no_dead_link(site: Path) -> None:
+    """Every relative link of every built page reaches a file of the site, and its anchor an
+    element of that page (the README's and results/' links included: copied into the site)."""
+    ids: dict[Path, set[str]] = {}
+    for page in sorted(set(site.rglob("*.html")) - {site / "404.html"}):  # the theme's, rooted
+        for link in HREF.findall(page.read_text(encoding="utf-8")):
+            if re.match(r"^[a-z][a-z0-9+.-]*:|^//", link, re.I) or link.startswith("#"):
+                continue
+            file, _, anchor = link.partition("#")
+            target = (page.parent / file).resolve()
+            assert target.is_file(), f"{page.relative_to(site)}: dead link {link!r}"
+            if anchor and target.suffix == ".html":
+                if target not in ids:
+                    ids[target] = set(re.findall(r'\bid="([^"]+)"', target.read_text("utf-8")))
+                assert anchor in ids[target], f"{page.relative_to(site)}: no anchor {link!r}"
+
+
+def test_strict_builds_fail_on_dead_links():
+    """mkdocs.yml makes every dead link, anchor and unrecognised link a warning (and so an
+    error of `mkdocs build --strict`), not an info line."""
+    yaml = pytest.importorskip("yaml")
+    loader = type("Loader", (yaml.SafeLoader,), {})
+    loader.add_multi_constructor("tag:yaml.org,2002:python/", lambda *_: None)
+    config = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=loader)
+    links = config["validation"]["links"]
+    for check in ("not_found", "anchors", "absolute_links", "unrecognized_links"):
+        assert links[check] == "warn", f"validation.links.{check}: {links[check]}"

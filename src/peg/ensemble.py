@@ -176,6 +176,7 @@ class Ensemble(Predicts, MemberStrategies):
 
     @property
     def device(self) -> torch.device:
+        """The device the members' weights are on (`to(device)` moves them)."""
         return next(iter(self.stacked.values())).device
 
     def member_state(self, i: int) -> dict[str, Tensor]:

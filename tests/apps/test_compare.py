@@ -17,6 +17,7 @@ from peg.apps import registry
 from peg.apps.cli import main
 from peg.apps.compare import CATALOGUE, Comparison, compare, method
 from peg.apps.compare.methods import Scaled
+from peg.apps.compare.report import figure_name
 
 from conftest import moons, overfit
 
@@ -66,6 +67,19 @@ def test_mc_dropout_is_left_out_of_the_defaults_without_dropout(overfit_mlp, moo
     assert "MC dropout" not in defaults.predictors
     assert "dropout" in defaults.skipped["MC dropout"]
     assert len(lines) == len(defaults.table) and lines[0].startswith("compare [1/6] Model")
+
+
+def test_progress_false_is_quiet(overfit_mlp, moons_data, tmp_path, capsys):
+    """No progress bar and no line (the default `say` prints, unless progress=False); a `say`
+    given is still told."""
+    val, test = moons_data["val"], moons_data["test"]
+    compare(overfit_mlp, val, test, ["Model", "TS"], progress=False, out=tmp_path / "quiet")
+    assert capsys.readouterr() == ("", "")
+    lines: list[str] = []
+    compare(overfit_mlp, val, test, ["TS"], progress=False, say=lines.append)
+    assert len(lines) == 1 and capsys.readouterr() == ("", "")
+    compare(overfit_mlp, val, test, ["TS"])  # the default: one line per method
+    assert capsys.readouterr().out.startswith("compare [1/1] TS")
 
 
 def test_every_column_and_the_values_of_peg_evaluate(result, data):
@@ -121,6 +135,21 @@ def test_markdown_and_the_results_folder(result, tmp_path):
         "reliability-noisy.png",
         "reliability-test.png",
     ]
+
+
+def test_each_set_has_a_figure_file_of_its_own(overfit_mlp, moons_data, tmp_path):
+    """Set names that one file name would serve (`a/b` and `a_b`; `A` and `a` on a disk that
+    ignores case) get a figure each: none is overwritten."""
+    names = ["a/b", "a_b", "A", "a"]
+    assert len({figure_name(n).lower() for n in [*names, "test", "val"]}) == 6
+    assert figure_name("noisy") == "reliability-noisy.png"  # a plain name as it is
+    long = figure_name("x" * 1000)
+    assert long.startswith("reliability-xxx") and len(long) < 100
+    val, (X, y) = moons_data["val"], moons_data["test"]
+    shifted = {n: (X[10 * i :], y[10 * i :]) for i, n in enumerate(names)}
+    result = compare(overfit_mlp, val, (X, y), ["TS"], shifted=shifted, out=tmp_path, say=None)
+    written = json.loads((tmp_path / "results.json").read_text())["figures"]
+    assert len(set(written)) == len(result.figures) == 5 == len(list(tmp_path.glob("*.png")))
 
 
 def test_methods_built_from_names_and_options(overfit_mlp, moons_data):

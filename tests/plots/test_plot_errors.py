@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+
 from bad_inputs import (
     logits,
     raises_test,
@@ -48,9 +50,27 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str
     (
         "plots",
         "a figure of several panels in the place of an Axes on no grid",
-        lambda: plots.reliability_diagram(logits, [0, 1, 2, 0], ax=_placed_axes()),
+        lambda: plots.similarity_matrices({"a": np.eye(2), "b": np.eye(2)}, ax=_placed_axes()),
         ValueError,
         "ax: this figure has several panels",
+    ),
+    (
+        "plots",
+        "a reliability diagram of two methods on three Axes",
+        lambda: plots.reliability_diagram(
+            {"a": logits, "b": logits}, [0, 1, 2, 0], ax=[_placed_axes()] * 3
+        ),
+        ValueError,
+        r"ax: expected one Axes or one per method \(2\), got 3",
+    ),
+    (
+        "plots",
+        "two similarity matrices on three Axes",
+        lambda: plots.similarity_matrices(
+            {"a": np.eye(2), "b": np.eye(2)}, ax=[_placed_axes()] * 3
+        ),
+        ValueError,
+        r"ax: expected one Axes, or 2 \(one per panel\), got 3",
     ),
 ]
 

@@ -1,5 +1,6 @@
 """Every figure of `peg.plots` without a path is a Figure (written nowhere, shown once in a
-notebook), draws into a given Axes (or in its place), and a reliability diagram draws straight
+notebook), draws into a given Axes (figures of several panels in its place; a reliability
+diagram on it), and a reliability diagram draws straight
 from probabilities and labels."""
 
 from __future__ import annotations
@@ -54,13 +55,13 @@ def _boundaries() -> tuple[Any, ...]:
 # (name, call with path and ax as keywords, panels: one Axes or several in its place)
 CALLS: list[tuple[str, Any, bool]] = [
     ("reliability_diagram", lambda **kw: plots.reliability_diagram(_probs(), _labels(), **kw),
-     True),
+     False),
     ("reliability_diagram (curves)", lambda **kw: plots.reliability_diagram(
-        {"m": metrics.reliability(_probs(), _labels())}, **kw), True),
+        {"m": metrics.reliability(_probs(), _labels())}, **kw), False),
     ("risk_coverage", lambda **kw: plots.risk_coverage(
         {"m": metrics.risk_coverage_curve(_probs(), _labels())}, **kw), False),
     ("decision_boundaries", lambda **kw: plots.decision_boundaries(
-        *_boundaries(), resolution=8, **kw), True),
+        *_boundaries(), resolution=8, **kw), False),
     ("corruption_grid", lambda **kw: plots.corruption_grid(
         torch.rand(1, 8, 8), names=["contrast"], severities=(1,), **kw), True),
     ("similarity_matrices", lambda **kw: plots.similarity_matrices(
@@ -136,11 +137,68 @@ def test_a_figure_of_several_panels_needs_an_axes_on_a_grid(tmp_path: Path) -> N
     fig, _ = _user_figure()
     placed = fig.add_axes((0.1, 0.1, 0.3, 0.3))
     with pytest.raises(ValueError, match="^ax: this figure has several panels"):
-        plots.reliability_diagram(_probs(), _labels(), ax=placed)
+        plots.similarity_matrices({"a": _matrix(), "b": _matrix()}, ax=placed)
     with pytest.raises(ValueError, match="^ax: expected a matplotlib Axes"):
         plots.ensemble_size_curves({"m": {"size": [1], "accuracy": [1], "nll": [1]}}, ax="left")
     with pytest.raises(ValueError, match="^ax: expected a matplotlib Axes"):
         plots.scale_search(_searched(), ax=3)
+
+
+def _inside(child: Any, ax: Any) -> bool:
+    """`child`'s drawing area within `ax`'s, as drawn (an inset is placed at draw time)."""
+    ax.figure.canvas.draw()
+    box, outer = child.get_window_extent(), ax.get_window_extent()
+    return (
+        box.x0 >= outer.x0 - 0.5
+        and box.x1 <= outer.x1 + 0.5
+        and box.y0 >= outer.y0 - 0.5
+        and box.y1 <= outer.y1 + 0.5
+    )
+
+
+def test_a_reliability_diagram_is_drawn_on_the_given_axes() -> None:
+    """As scikit-learn's CalibrationDisplay and netcal: on `ax` itself, not elsewhere in the
+    figure; the share of points in an inset of `ax`, inside its area; several methods on one
+    Axes a line each, or one Axes per method."""
+    fig, (left, right) = _user_figure()
+    assert plots.reliability_diagram(_probs(), _labels(), ax=left) is left
+    assert fig.axes == [left, right] and not fig.subfigs  # no new panel elsewhere
+    assert len(left.patches) >= 5 and left.get_lines()  # the bars, the diagonal
+    (band,) = left.child_axes
+    assert band.patches and _inside(band, left)  # the share of points, within `ax`
+    two = {"raw": _probs(), "sharp": _probs(scale=6.0)}
+    assert plots.reliability_diagram(two, _labels(), ax=right) is right
+    assert {t.get_text().split(" (")[0] for t in right.get_legend().get_texts()} >= set(two)
+    fig, axes = _user_figure()
+    assert plots.reliability_diagram(two, _labels(), ax=axes) is axes
+    assert list(fig.axes) == list(axes) and all(a.patches and a.child_axes for a in axes)
+    with pytest.raises(ValueError, match=r"^ax: expected one Axes or one per method \(2\), got 3"):
+        plots.reliability_diagram(two, _labels(), ax=[*axes, axes[0]])
+
+
+# figures of several panels in a row: (name, call, panels)
+ROWS: list[tuple[str, Any, int]] = [
+    ("decision_boundaries", lambda **kw: plots.decision_boundaries(
+        {**_boundaries()[0], "q": lambda pts: torch.softmax(-pts @ torch.eye(2), -1)},
+        *_boundaries()[1:], resolution=8, **kw), 2),
+    ("similarity_matrices", lambda **kw: plots.similarity_matrices(
+        {"a": _matrix(), "b": _matrix()}, label="cosine", **kw), 2),
+    ("radial_landscape", lambda **kw: plots.radial_landscape(_cut(), **kw), 3),
+    ("ensemble_size_curves", lambda **kw: plots.ensemble_size_curves(
+        {"PEG": {"size": [1, 2], "accuracy": [0.8, 0.82], "nll": [0.5, 0.45]}}, **kw), 2),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "call", "n"), ROWS, ids=[r[0] for r in ROWS])
+def test_one_axes_per_panel_is_drawn_on(name: str, call: Any, n: int) -> None:
+    """Given one Axes per panel, each panel is drawn on its Axes, which stay where they are
+    (colour bars aside); the Axes are returned. A count that is not the panels' is refused."""
+    fig, axes = _user_figure(n)
+    assert call(ax=axes) is axes
+    assert all(a in fig.axes and a.has_data() for a in axes) and not fig.subfigs
+    assert all(a.get_label() == "<colorbar>" for a in fig.axes if a not in list(axes))
+    with pytest.raises(ValueError, match=rf"^ax: expected one Axes, or {n} \(one per panel\)"):
+        call(ax=list(_user_figure(n + 1)[1]))
 
 
 def test_no_figure_enters_pyplots_registry() -> None:

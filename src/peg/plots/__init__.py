@@ -11,9 +11,11 @@ backend. Every function takes `path=None` and `ax=None` (keywords):
 - `path`: writes the PNG atomically (`peg._io.atomic_open`: a temporary file in the same
   folder, then `os.replace`), creates missing parent folders and returns the path
   (`risk_coverage` returns its Axes, as it always has);
-- `ax`: draws into that matplotlib Axes of your own figure (one-panel figures), or in its place
-  (figures of several panels: a SubFigure where the Axes was), and returns what it drew into;
-  with `path` too, your whole figure is written.
+- `ax`: draws on that matplotlib Axes of your own figure (one-panel figures, and every
+  method of `reliability_diagram`), or on one Axes per panel (a sequence); one Axes given for
+  several panels, they are drawn in its place (a SubFigure where the Axes was: always for
+  `corruption_grid`'s grid); returns `ax` (or that SubFigure); with `path` too, your whole
+  figure is written.
 
 - `reliability`: `reliability_diagram`, from probabilities and labels
   (`reliability_diagram(probs, labels)`, or a dict {name: probs} for one panel each) or from

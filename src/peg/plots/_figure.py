@@ -132,20 +132,52 @@ def canvas(ax: Any, width: float, height: float) -> Any:
         return figure(width, height)
     sub = ax.figure.add_subfigure(check_place(ax))
     ax.remove()
+    sub.in_place_of_axes = True  # `finish` returns it: the panels are there, not on `ax`
     return sub
+
+
+def check_cells(ax: Any, n: int) -> list[Any] | None:
+    """`ax` of a figure of `n` panels, checked before any work: a sequence of `n` Axes (a panel
+    drawn on each) or one Axes for one panel (drawn on it) as a list; None without `ax`, or for
+    one Axes on a grid given several panels (drawn in its place: `canvas`)."""
+    if ax is None:
+        return None
+    if isinstance(ax, (list, tuple, np.ndarray)):
+        axes = list(np.ravel(np.asarray(ax, dtype=object)))
+        if len(axes) != n:
+            raise ValueError(f"ax: expected one Axes, or {n} (one per panel), got {len(axes)}")
+        for one in axes:
+            check_axes(one)
+        return axes
+    if n == 1:
+        check_axes(ax)
+        return [ax]
+    check_place(ax)
+    return None
+
+
+def cells(ax: Any, n: int, width: float, height: float) -> tuple[Any, list[Any]]:
+    """A figure of `n` panels in a row: where it is drawn (titles, colour bars) and its panels:
+    the given Axes on their own figure (`check_cells`), else a new figure's or, in `ax`'s
+    place, a SubFigure's (`canvas`)."""
+    given = check_cells(ax, n)
+    if given is not None:
+        return given[0].figure, given
+    fig = canvas(ax, width, height)
+    return fig, list(fig.subplots(1, n, squeeze=False)[0])
 
 
 def finish(drawn: Any, path: str | os.PathLike[str] | None, ax: Any) -> Any:
     """What a figure function returns, having drawn into `drawn` (a new Figure, the caller's
-    Axes, or a SubFigure in the caller's Axes' place): the figure is written to `path` when one
-    is given (the caller's whole figure where `ax` was given); then, given `ax`, what was drawn
-    into (the Axes, or the SubFigure of the panels: the figure is the caller's, which pyplot
-    shows; returning it would show it twice in a notebook), else `Path(path)` when written,
-    else the new Figure."""
+    Axes or their figure, or a SubFigure in the caller's Axes' place): the figure is written
+    to `path` when one is given (the caller's whole figure where `ax` was given); then, given
+    `ax`, what was drawn into (`ax` itself, or the SubFigure of the panels in its place: the
+    figure is the caller's, which pyplot shows; returning it would show it twice in a
+    notebook), else `Path(path)` when written, else the new Figure."""
     if path is not None:
         save(drawn, path)
     if ax is not None:
-        return drawn
+        return drawn if getattr(drawn, "in_place_of_axes", False) else ax
     return Path(path) if path is not None else root(drawn)
 
 

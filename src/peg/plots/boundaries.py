@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from peg.plots._figure import PALETTE, canvas, check_path, check_place, finish, to_numpy
+from peg.plots._figure import PALETTE, cells, check_cells, check_path, finish, to_numpy
 
 
 def _probabilities(out: Any, rows: int, name: str, what: str) -> np.ndarray:
@@ -44,8 +44,7 @@ def _check(
             raise ValueError(f"predictors[{name!r}]: expected a callable, got {type(f).__name__}")
     if path is not None:
         check_path(path)
-    if ax is not None:
-        check_place(ax)
+    check_cells(ax, len(predictors))
     X = torch.as_tensor(X).detach().cpu()
     y = torch.as_tensor(y).detach().cpu()
     if X.ndim != 2 or X.shape[1] != 2 or X.shape[0] == 0:
@@ -156,18 +155,19 @@ def decision_boundaries(
         path: a PNG file to write (atomically; parent folders are created), or None.
         title: figure title.
         resolution: grid points per axis (>= 2).
-        ax: a matplotlib Axes: the panels are drawn in its place in its figure (a SubFigure
-            there; the Axes itself is removed). None: a new headless figure.
+        ax: a matplotlib Axes per panel, each panel drawn on its own (one panel: on `ax`); or
+            one Axes for several panels, drawn in its place (a SubFigure there; the Axes
+            itself is removed). None: a new headless figure.
 
     Returns:
-        given `ax`, the SubFigure drawn into (the figure is yours: pyplot shows it); else
+        given `ax`, `ax` (or the SubFigure in its place; the figure is yours: pyplot shows
+        it); else
         `Path(path)` when `path` is given; else the new matplotlib Figure.
     """
     X, y = _check(predictors, X, y, path, resolution, ax)
     plane = _Plane(X.double().numpy(), resolution)
     n = len(predictors)
-    fig = canvas(ax, 3.8 * n, 3.9 + (0.3 if title else 0.0))
-    axes = fig.subplots(1, n, squeeze=False)[0]
+    fig, axes = cells(ax, n, 3.8 * n, 3.9 + (0.3 if title else 0.0))
     for cell, (name, predict) in zip(axes, predictors.items(), strict=True):
         _panel(cell, str(name), predict, plane, X, y.long().numpy())
     if title:

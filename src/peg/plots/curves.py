@@ -13,10 +13,10 @@ import numpy as np
 from peg.plots._figure import (
     MARKERS,
     SERIES,
-    canvas,
+    cells,
     check_axes,
+    check_cells,
     check_path,
-    check_place,
     finish,
     panel,
     to_numpy,
@@ -150,23 +150,23 @@ def ensemble_size_curves(
             averages of `peg.metrics.diversity.size_curve`).
         path: a PNG file to write (atomically; parent folders are created), or None.
         title: figure title.
-        ax: a matplotlib Axes: the panels are drawn in its place in its figure (a SubFigure
-            there; the Axes itself is removed). None: a new headless figure.
+        ax: a matplotlib Axes per panel, each panel drawn on its own (one panel: on `ax`); or
+            one Axes for several panels, drawn in its place (a SubFigure there; the Axes
+            itself is removed). None: a new headless figure.
 
     Returns:
-        given `ax`, the SubFigure drawn into (the figure is yours: pyplot shows it); else
+        given `ax`, `ax` (or the SubFigure in its place; the figure is yours: pyplot shows
+        it); else
         `Path(path)` when `path` is given; else the new matplotlib Figure.
     """
     if not isinstance(curves, Mapping) or not curves:
         raise ValueError("curves: expected a non-empty dict {method: size, accuracy, nll}")
     if path is not None:
         check_path(path)
-    if ax is not None:
-        check_place(ax)
+    check_cells(ax, 2)
     acc = {str(k): _xy_series(str(k), v, "size", "accuracy", "curves") for k, v in curves.items()}
     nll = {str(k): _xy_series(str(k), v, "size", "nll", "curves") for k, v in curves.items()}
-    fig = canvas(ax, 9.5, 3.8 + (0.3 if title else 0.0))
-    left, right = fig.subplots(1, 2)
+    fig, (left, right) = cells(ax, 2, 9.5, 3.8 + (0.3 if title else 0.0))
     for i, name in enumerate(acc):
         style = {
             "color": SERIES[i % len(SERIES)],

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from peg.plots._figure import canvas, check_path, check_place, finish, to_numpy
+from peg.plots._figure import cells, check_cells, check_path, finish, to_numpy
 
 
 def _matrix(value: Any, where: str) -> np.ndarray:
@@ -42,19 +42,20 @@ def similarity_matrices(
         title: figure title.
         ticks: panel title -> M tick labels (e.g. epochs or seeds); default 0..M−1.
         vmin, vmax: colour range shared by all panels (default: the data's range).
-        ax: a matplotlib Axes: the panels are drawn in its place in its figure (a SubFigure
-            there; the Axes itself is removed). None: a new headless figure.
+        ax: a matplotlib Axes per panel, each panel drawn on its own (one panel: on `ax`); or
+            one Axes for several panels, drawn in its place (a SubFigure there; the Axes
+            itself is removed). None: a new headless figure.
 
     Returns:
-        given `ax`, the SubFigure drawn into (the figure is yours: pyplot shows it); else
+        given `ax`, `ax` (or the SubFigure in its place; the figure is yours: pyplot shows
+        it); else
         `Path(path)` when `path` is given; else the new matplotlib Figure.
     """
     if not isinstance(panels, Mapping) or not panels:
         raise ValueError("panels: expected a non-empty dict {panel title: [M, M] matrix}")
     if path is not None:
         check_path(path)
-    if ax is not None:
-        check_place(ax)
+    check_cells(ax, len(panels))
     data = {str(k): _matrix(v, f"panels[{k!r}]") for k, v in panels.items()}
     labels: dict[str, list[str]] = {}
     for name, m in data.items():
@@ -71,8 +72,7 @@ def similarity_matrices(
     lo = float(vmin) if vmin is not None else float(finite.min()) if finite.size else 0.0
     hi = float(vmax) if vmax is not None else float(finite.max()) if finite.size else 1.0
     n = len(data)
-    fig = canvas(ax, 3.6 * n + 0.8, 3.7 + (0.3 if title else 0.0))
-    axes = fig.subplots(1, n, squeeze=False)[0]
+    fig, axes = cells(ax, n, 3.6 * n + 0.8, 3.7 + (0.3 if title else 0.0))
     image = None
     for cell, (name, m) in zip(axes, data.items(), strict=True):
         image = cell.imshow(m, vmin=lo, vmax=hi if hi > lo else lo + 1e-12, cmap="viridis")
@@ -110,11 +110,13 @@ def radial_landscape(
             {name: [K, 2]} drawn as lines (trajectories) or points.
         path: a PNG file to write (atomically; parent folders are created), or None.
         title: figure title.
-        ax: a matplotlib Axes: the panels are drawn in its place in its figure (a SubFigure
-            there; the Axes itself is removed). None: a new headless figure.
+        ax: a matplotlib Axes per panel, each panel drawn on its own (one panel: on `ax`); or
+            one Axes for several panels, drawn in its place (a SubFigure there; the Axes
+            itself is removed). None: a new headless figure.
 
     Returns:
-        given `ax`, the SubFigure drawn into (the figure is yours: pyplot shows it); else
+        given `ax`, `ax` (or the SubFigure in its place; the figure is yours: pyplot shows
+        it); else
         `Path(path)` when `path` is given; else the new matplotlib Figure.
     """
     if not isinstance(cut, Mapping):
@@ -126,8 +128,7 @@ def radial_landscape(
         raise ValueError(f"cut: missing keys {missing}")
     if path is not None:
         check_path(path)
-    if ax is not None:
-        check_place(ax)
+    check_cells(ax, 3)
     xs, ys = to_numpy(cut["x"], "cut['x']"), to_numpy(cut["y"], "cut['y']")
     optima = to_numpy(cut["optima"], "cut['optima']")
     if optima.shape != (2, 2):
@@ -142,8 +143,7 @@ def radial_landscape(
         if z.shape != (len(ys), len(xs)):
             raise ValueError(f"cut[{key!r}]: expected [{len(ys)}, {len(xs)}], got {z.shape}")
         panels[name] = z
-    fig = canvas(ax, 14.0, 4.3 + (0.3 if title else 0.0))
-    axes = fig.subplots(1, 3)
+    fig, axes = cells(ax, 3, 14.0, 4.3 + (0.3 if title else 0.0))
     gx, gy = np.meshgrid(xs, ys)
     for cell, (name, z) in zip(axes, panels.items(), strict=True):
         filled = cell.contourf(gx, gy, z, levels=np.linspace(0, 1, 21), cmap="viridis")

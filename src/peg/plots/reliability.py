@@ -11,7 +11,16 @@ import numpy as np
 
 from peg._scalars import check_positive_int
 from peg.metrics.calibration import binned_ece, reliability
-from peg.plots._figure import canvas, check_path, check_place, finish, to_numpy
+from peg.plots._figure import (
+    MARKERS,
+    SERIES,
+    canvas,
+    check_axes,
+    check_path,
+    finish,
+    save,
+    to_numpy,
+)
 
 
 def _reliability_arrays(name: str, r: Any) -> tuple[np.ndarray, ...]:
@@ -99,24 +108,37 @@ def reliability_diagram(
             "accuracy" `[B]` (NaN in empty bins), "count" `[B]`}.
         labels: the labels `[N]` of the predictions (their form only).
         path: a PNG file to write (atomically; parent folders are created), or None.
-        ax: a matplotlib Axes: the panels are drawn in its place in its figure (a SubFigure
-            there; the Axes itself is removed). None: a new headless figure.
+        ax: a matplotlib Axes to draw on, as scikit-learn's `CalibrationDisplay` does: one
+            method as its bars and gaps, several as a line each, and the share of points per
+            bin in a band under the accuracies (an inset of `ax`, inside its area); or a
+            sequence of Axes, one per method, each drawn as one method. None: a new headless
+            figure of one panel per method.
         title: figure title.
         per_row: panels in one row; more methods wrap onto further rows.
         bins: equal-width bins of the predictions' form (`peg.metrics.reliability`).
 
     Returns:
-        given `ax`, the SubFigure drawn into (the figure is yours: pyplot shows it); else
-        `Path(path)` when `path` is given; else the new matplotlib Figure.
+        given `ax`, `ax` (the figure is yours: pyplot shows it; with `path`, your whole
+        figure is written); else `Path(path)` when `path` is given; else the new Figure.
     """
     options = {"labels": labels, "path": path, "title": title, "per_row": per_row}
     curves, path, title, per_row = _arguments(data, args, options, bins)
     if path is not None:
         check_path(path)
     per_row = check_positive_int(per_row, "per_row")
-    if ax is not None:
-        check_place(ax)
+    axes = _check_axes(ax, len(curves))
     arrays = {str(name): _reliability_arrays(str(name), r) for name, r in curves.items()}
+    if axes is not None:
+        if len(axes) == 1:
+            _on_axes(axes[0], arrays, title)
+        else:
+            for one, (name, values) in zip(axes, arrays.items(), strict=True):
+                _on_axes(one, {name: values}, None)
+            if title:
+                one.figure.suptitle(title)
+        if path is not None:
+            save(axes[0], path)
+        return ax
     n, rows = min(len(arrays), per_row), -(-len(arrays) // per_row)
     fig = canvas(ax, 3.1 * n + 0.4, 4.4 * rows + (0.3 if title else 0.0))
     grid = fig.add_gridspec(2 * rows, n, height_ratios=(3, 1) * rows)
@@ -198,20 +220,7 @@ def _panel(
     """One method's panel: accuracy bars, the gaps, the diagonal (`top`); share of points per
     bin (`bottom`)."""
     edges, conf, acc, count = values
-    centers = (edges[1:] + edges[:-1]) / 2
-    widths = np.diff(edges)
-    full = count > 0
-    a = np.where(full, acc, 0.0)
-    c = np.where(full, conf, 0.0)
-    top.bar(centers[full], a[full], width=widths[full], color="#4C72B0", edgecolor="white",
-            linewidth=0.6)  # fmt: skip
-    gap = c - a
-    over = full & (gap > 0)
-    under = full & (gap < 0)
-    top.bar(centers[over], gap[over], bottom=a[over], width=widths[over], color="#D62728",
-            alpha=0.35, edgecolor="#D62728", hatch="//", linewidth=0.6)  # fmt: skip
-    top.bar(centers[under], gap[under], bottom=a[under], width=widths[under], color="#B5E3A8",
-            alpha=0.8, edgecolor="#2CA02C", hatch="\\\\", linewidth=0.6)  # fmt: skip
+    _bars(top, values)
     lo, hi = float(edges[0]), float(edges[-1])
     top.plot([lo, hi], [lo, hi], "k--", lw=1)
     top.set_xlim(lo, hi)
@@ -220,6 +229,89 @@ def _panel(
     top.set_title(f"{name}\n{ece}" if name else ece, fontsize=10)
     top.tick_params(labelbottom=False)
     share = count / count.sum()
+    centers, widths = (edges[1:] + edges[:-1]) / 2, np.diff(edges)
     bottom.bar(centers, share, width=widths, color="#7F7F7F", edgecolor="white", lw=0.5)
     bottom.set_ylim(0, 1.05 * top_share)
     bottom.set_xlabel("confidence")
+
+
+def _bars(ax: Any, values: tuple[np.ndarray, ...]) -> None:
+    """Per-bin accuracy as bars, the gap to the mean confidence shaded on top of each."""
+    edges, conf, acc, count = values
+    centers = (edges[1:] + edges[:-1]) / 2
+    widths = np.diff(edges)
+    full = count > 0
+    a = np.where(full, acc, 0.0)
+    c = np.where(full, conf, 0.0)
+    ax.bar(centers[full], a[full], width=widths[full], color="#4C72B0", edgecolor="white",
+            linewidth=0.6)  # fmt: skip
+    gap = c - a
+    over = full & (gap > 0)
+    under = full & (gap < 0)
+    ax.bar(centers[over], gap[over], bottom=a[over], width=widths[over], color="#D62728",
+            alpha=0.35, edgecolor="#D62728", hatch="//", linewidth=0.6)  # fmt: skip
+    ax.bar(centers[under], gap[under], bottom=a[under], width=widths[under], color="#B5E3A8",
+            alpha=0.8, edgecolor="#2CA02C", hatch="\\\\", linewidth=0.6)  # fmt: skip
+
+
+def _check_axes(ax: Any, n: int) -> list[Any] | None:
+    """`ax` as a list of Axes: one (every method on it) or one per method; None without."""
+    if ax is None:
+        return None
+    axes = list(ax) if isinstance(ax, (list, tuple, np.ndarray)) else [ax]
+    if len(axes) not in (1, n):
+        raise ValueError(f"ax: expected one Axes or one per method ({n}), got {len(axes)}")
+    for one in axes:
+        check_axes(one)
+    return axes
+
+
+BAND = 0.3  # the share of points' band under the accuracies, as a fraction of their height
+
+
+def _on_axes(ax: Any, arrays: dict[str, tuple[np.ndarray, ...]], title: str | None) -> None:
+    """Every method on the caller's `ax`: one as its bars and gaps, several as a line each;
+    the diagonal; the share of points per bin in a band under the accuracies (an inset Axes
+    of `ax`, in `ax`'s own area: below 0 on its y-axis)."""
+    lo = min(float(v[0][0]) for v in arrays.values())
+    hi = max(float(v[0][-1]) for v in arrays.values())
+    top = max(1.0, hi)
+    band = ax.inset_axes((lo, -BAND * top, hi - lo, 0.9 * BAND * top), transform=ax.transData)
+    share_top = 0.0
+    for i, (name, values) in enumerate(arrays.items()):
+        edges, conf, acc, count = values
+        share = count / count.sum()
+        share_top = max(share_top, float(share.max()))
+        ece = f"ECE {100 * binned_ece(conf, acc, count):.2f}%"
+        if len(arrays) == 1:
+            _bars(ax, values)
+            band.stairs(share, edges, fill=True, color="#7F7F7F")
+            heading = f"{name}\n{ece}" if name else ece
+            ax.set_title(f"{title}\n{heading}" if title else heading, fontsize=10)
+            continue
+        full = count > 0
+        colour, marker = SERIES[(i + 1) % len(SERIES)], MARKERS[i % len(MARKERS)]
+        ax.plot(conf[full], acc[full], marker=marker, ms=4, color=colour,
+                label=f"{name} ({ece})")  # fmt: skip
+        band.stairs(share, edges, color=colour)
+    ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="perfect calibration")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(-BAND * top, top)
+    ax.set_yticks([t for t in ax.get_yticks() if 0 <= t <= top])
+    ax.axhline(0, color="k", lw=0.6)
+    ax.set_xlabel("confidence")
+    ax.set_ylabel("accuracy")
+    if len(arrays) == 1:
+        ax.legend(handles=_legend_handles(), loc="upper left", fontsize=7, frameon=False)
+    else:
+        ax.legend(loc="upper left", fontsize=7, frameon=False)
+        if title:
+            ax.set_title(title, fontsize=10)
+    band.set_xlim(lo, hi)
+    band.set_ylim(0, 1.05 * share_top)
+    band.set_xticks([])
+    band.yaxis.tick_right()
+    band.tick_params(labelsize=6)
+    band.set_ylabel("share of points", fontsize=6)
+    band.yaxis.set_label_position("right")
+    band.patch.set_alpha(0.0)

@@ -6,6 +6,7 @@ file (`to_html`: the tables, conformal coverage, the reliability diagrams before
 from __future__ import annotations
 
 import datetime
+import hashlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -375,5 +376,12 @@ def _finite(value: Any) -> bool:
 
 
 def figure_name(name: str) -> str:
-    """The file name of the reliability diagram of set `name`."""
-    return "reliability-" + "".join(c if c.isalnum() or c in "-_." else "_" for c in name) + ".png"
+    """The file name of the reliability diagram of set `name`, one per name: a plain name
+    (lower-case ASCII letters, digits, `-_.`) as it is; any other (`a/b` next to `a_b`, `A`
+    next to `a` on a disk that ignores case, a long name) shortened and made safe, with a
+    hash of the whole name after it."""
+    safe = "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "_" for c in name)
+    if safe == name.lower() == name and 0 < len(name) <= 64:
+        return f"reliability-{name}.png"
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+    return f"reliability-{safe[:64]}-{digest}.png"

@@ -29,7 +29,7 @@ from peg.apps.compare.faults import check_data, describe
 from peg.apps.compare.fitting import Fitting
 from peg.apps.compare.methods import MODEL, options, resolve
 from peg.apps.compare.report import TEST, Comparison, check_shown, column, figure_name
-from peg.apps.compare.state import State, fingerprint
+from peg.apps.compare.state import PRINT, Say, State, fingerprint, told
 from peg.apps.conformal import ConformalSpec, parse_conformal, scorer
 from peg.apps.results import RESULTS
 from peg.apps.scores import labelled_metrics, ood_detection, scored_detection
@@ -41,8 +41,6 @@ from peg.metrics._inputs import ensemble_log_probs
 from peg.metrics.ood import OOD_SCORES
 from peg.source import Data, Source, is_dataset_or_loader, is_pair
 from peg.source.batches import BatchFn, check_batch_fn
-
-Say = Callable[[str], None]
 
 
 def compare(
@@ -62,7 +60,7 @@ def compare(
     conformal: Mapping[str, Any] | None = None,
     progress: bool | None = None,
     out: str | Path | None = None,
-    say: Say | None = print,
+    say: Say | None = PRINT,
     command: str | None = None,
     resume: bool = False,
     overwrite: bool = False,
@@ -100,9 +98,11 @@ def compare(
         conformal: `{alpha: [0.1, 0.05], score: "aps", columns: [...]}` adds coverage and
             set size per α (`coverage@0.1`, `set_size@0.1`, ...; `peg.apps.conformal`:
             calibrated on half the test set, scored on the other half and the shifted sets).
-        progress: progress bars (None: only on a terminal).
+        progress: progress bars (None: only on a terminal); False is quiet: no bars, and no
+            progress lines either unless `say` is given.
         out: a folder to write results.json, results.md and the reliability diagrams to.
-        say: where the progress lines go (None: nowhere).
+        say: where the progress lines go (None: nowhere; by default printed, unless
+            `progress=False`).
         command: recorded in results.json (default: this call, abridged).
         resume: take back the methods a previous run with the same arguments and the same
             data and weights (their bytes hashed, `state.fingerprint`) saved in `out`
@@ -126,9 +126,28 @@ def compare(
 
     Returns:
         a `Comparison`: `.table` (a row per method), `.predictors`, `.to_markdown()`, ...
+
+    Examples:
+        >>> import torch, peg
+        >>> from torch import nn
+        >>> g = torch.Generator().manual_seed(0)
+        >>> X = torch.randn(600, 2, generator=g)
+        >>> y = (X[:, 0] + torch.randn(600, generator=g) > 0).long()  # noisy labels
+        >>> model = nn.Linear(2, 2).eval()  # stands for your trained model: 1 where X[:, 0] > 0
+        >>> with torch.no_grad():
+        ...     _ = model.weight.copy_(torch.tensor([[-4.0, 0.0], [4.0, 0.0]]))
+        >>> val, test = (X[:300], y[:300]), (X[300:], y[300:])
+        >>> result = peg.compare(model, val, test, ["TS", "PEG"], progress=False)
+        >>> [row["method"] for row in result.table if row["method"] in ("TS", "PEG")]
+        ['TS', 'PEG']
+
+    See Also:
+        peg.AutoSelect: chooses one method by cross-validation instead of showing them all.
+        peg.evaluate: the same metrics for one predictor.
+        docs/compare.md: the methods, the columns and the command `peg compare`.
     """
     rank = distributed.world()[0]  # under torchrun: the ranks share the predictions
-    say = (say if rank == 0 else None) or (lambda _: None)
+    say = told(say, progress, rank)
     # compare(logits, labels, test): saved logits through SavedLogits()
     model, val = read_predictor(model, val, "model", "a trained nn.Module")
     if not isinstance(model, nn.Module):

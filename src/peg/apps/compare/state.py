@@ -51,6 +51,26 @@ CHUNK = 1 << 24  # bytes of a weight tensor hashed at a time (a device tensor: c
 Say = Callable[[str], None]
 
 
+class _Print:
+    """`compare`'s default `say`: print each line, unless `progress=False` asks for quiet."""
+
+    def __call__(self, line: str) -> None:
+        print(line)
+
+    def __repr__(self) -> str:  # the signature, as help() and the reference page show it
+        return "print"
+
+
+PRINT = _Print()
+
+
+def told(say: Say | None, progress: bool | None, rank: int) -> Say:
+    """Where `compare`'s lines go: `say`, but nowhere for None, on a rank other than 0 (one
+    process speaks), or for the default `say` with `progress=False` (quiet is no output)."""
+    quiet = say is None or rank != 0 or (say is PRINT and progress is False)
+    return (lambda _: None) if quiet or say is None else say
+
+
 def fingerprint(data: Any, batch_size: int = 512) -> str:
     """A fingerprint of data or a model: SHA-256 of every byte, streamed.
 

@@ -78,6 +78,24 @@ class Monitor(Reported):
             .csv rewritten from them; feed the rest of the stream (its first
             `sum(c["n"] for c in chunks)` points were read); `adapted()` sees new chunks only.
         seed: the reference chunks and the domain classifier's samples.
+
+    Examples:
+        >>> import torch, peg
+        >>> g = torch.Generator().manual_seed(0)
+        >>> labels = torch.randint(0, 3, (300,), generator=g)
+        >>> logits = torch.randn(300, 3, generator=g)
+        >>> logits[torch.arange(300), labels] += 1.0
+        >>> logits = 4 * logits  # an over-confident model's saved logits [N, C]
+        >>> estimator = peg.PerformanceEstimator("atc-mc").fit(logits[:200], labels[:200])
+        >>> monitor = peg.Monitor(estimator, chunk_size=50)
+        >>> stream = [logits[200:250], logits[250:300]]  # batches of the deployed model
+        >>> len(monitor.run(stream).chunks)  # each: its estimate, interval, tests and alert
+        2
+
+    See Also:
+        peg.PerformanceEstimator: the accuracy estimate each chunk gets.
+        peg.LabelShift: the map `adapted()` returns once the label-shift test fires.
+        docs/monitor.md: the band, the three tests and the command `peg monitor`.
     """
 
     def __init__(
@@ -352,6 +370,7 @@ class Monitor(Reported):
     # ---------------------------------------------------------------- results
     @property
     def alerts(self) -> list[dict[str, Any]]:
+        """The chunks that raised an alert (outside the band, or a test fired), in order."""
         return [c for c in self.chunks if c["alert"]]
 
     def _write(self) -> None:

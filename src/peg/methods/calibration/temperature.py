@@ -67,6 +67,24 @@ class TemperatureScaling(Calibrator):
     class); `save(path)` writes the calibrated ensemble, its meta gaining
     `"calibration": {"method": "temperature", "temperature": T}`, which `peg.load(path, model)`
     gives back as a fitted `TemperatureScaling`.
+
+    Examples:
+        >>> import torch, peg
+        >>> g = torch.Generator().manual_seed(0)
+        >>> labels = torch.randint(0, 3, (300,), generator=g)
+        >>> logits = torch.randn(300, 3, generator=g)
+        >>> logits[torch.arange(300), labels] += 1.0
+        >>> logits = 4 * logits  # an over-confident model's saved logits [N, C]
+        >>> ts = peg.TemperatureScaling().fit(logits[:200], labels[:200])
+        >>> ts.temperature_ > 1  # the logits were too sharp: T softens them
+        True
+        >>> ts.predict_proba(logits[200:]).shape
+        torch.Size([100, 3])
+
+    See Also:
+        peg.AutoSelect: chooses between TS and the other maps by cross-validation.
+        peg.compare: fits TS and the ensembles on one model, one table of costs and metrics.
+        docs/calibration.md: when temperature scaling is enough, and the other maps.
     """
 
     method = "temperature"

@@ -110,6 +110,23 @@ class ConformalClassifier(ConformalBase):
     `n_calib_`, `n_classes_`, `predictor_`, `meta_`; `predict_set(X) -> bool [N, C]`;
     `member_logits` / `predict_proba` / `predict` are the predictor's; `save(path)` /
     `peg.load(path, model)` as every calibrator.
+
+    Examples:
+        >>> import torch, peg
+        >>> g = torch.Generator().manual_seed(0)
+        >>> labels = torch.randint(0, 3, (300,), generator=g)
+        >>> logits = torch.randn(300, 3, generator=g)
+        >>> logits[torch.arange(300), labels] += 1.0
+        >>> logits = 4 * logits  # an over-confident model's saved logits [N, C]
+        >>> conformal = peg.ConformalClassifier(alpha=0.1).fit(logits[:200], labels[:200])
+        >>> sets = conformal.predict_set(logits[200:])  # bool [N, C]: the classes in each set
+        >>> sets.shape, sets.dtype
+        (torch.Size([100, 3]), torch.bool)
+
+    See Also:
+        peg.ConformalRegressor: intervals for a regressor, the same guarantee.
+        peg.TemperatureScaling: probabilities instead of sets.
+        docs/conformal.md: the scores (LAC, APS, RAPS), class-conditional sets and shift.
     """
 
     method = "conformal"

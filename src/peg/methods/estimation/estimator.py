@@ -53,9 +53,37 @@ OOD_QUANTILE = 0.05
 class Estimate(RecordDisplay):
     """One target's estimate: `accuracy`, `interval` (lo, hi) at `confidence`, the `method`,
     `n` points, every estimator's value in `estimates`, EM's target `priors` `[C]`; shown
-    rounded (`repr`, and in a notebook: `peg.methods._display.RecordDisplay`)."""
+    rounded (`repr`, and in a notebook: `peg.methods._display.RecordDisplay`).
 
-    _doc: ClassVar[str | None] = "PerformanceEstimator"
+    Attributes:
+        accuracy: the estimated accuracy on the target, in [0, 1].
+        interval: (lo, hi), covering the accuracy with probability `confidence`.
+        method: the estimator that gave `accuracy` ("auto (gate)" names the one "auto" took).
+        confidence: the interval's nominal coverage (`PerformanceEstimator(confidence=...)`).
+        n: the target points the estimate is of.
+        estimates: every estimator's accuracy that was computed, by name.
+        priors: the target's class priors `[C]` as EM estimates them, or None.
+
+    Examples:
+        >>> import torch, peg
+        >>> g = torch.Generator().manual_seed(0)
+        >>> labels = torch.randint(0, 3, (300,), generator=g)
+        >>> logits = torch.randn(300, 3, generator=g)
+        >>> logits[torch.arange(300), labels] += 1.0
+        >>> logits = 4 * logits  # an over-confident model's saved logits [N, C]
+        >>> estimator = peg.PerformanceEstimator("atc-mc").fit(logits[:200], labels[:200])
+        >>> estimate = estimator.estimate(logits[200:])
+        >>> estimate.method, estimate.n
+        ('atc-mc', 100)
+        >>> sorted(estimate.to_dict())
+        ['accuracy', 'confidence', 'estimates', 'interval', 'method', 'n', 'priors']
+
+    See Also:
+        peg.PerformanceEstimator: what makes an estimate.
+        peg.Monitor: an estimate per chunk of a stream.
+    """
+
+    _doc: ClassVar[str | None] = "Estimate"
 
     accuracy: float
     interval: tuple[float, float]
@@ -66,6 +94,7 @@ class Estimate(RecordDisplay):
     priors: list[float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """The estimate as plain JSON-ready values (`interval` a list), as results.json holds it."""
         return {
             "accuracy": self.accuracy,
             "interval": list(self.interval),
@@ -109,6 +138,23 @@ class PerformanceEstimator(Display, Params):
     After `fit`: `temperature_`, `source_accuracy_`, `widths_` (each method's half-width),
     `synthetic_errors_` (each method's errors on the synthetic shifts), `energy_threshold_`,
     `n_classes_`. `estimate(X)` → `Estimate`.
+
+    Examples:
+        >>> import torch, peg
+        >>> g = torch.Generator().manual_seed(0)
+        >>> labels = torch.randint(0, 3, (300,), generator=g)
+        >>> logits = torch.randn(300, 3, generator=g)
+        >>> logits[torch.arange(300), labels] += 1.0
+        >>> logits = 4 * logits  # an over-confident model's saved logits [N, C]
+        >>> estimator = peg.PerformanceEstimator("atc-mc").fit(logits[:200], labels[:200])
+        >>> estimate = estimator.estimate(logits[200:])  # the target's logits, no labels
+        >>> estimate.interval[0] <= estimate.accuracy <= estimate.interval[1]
+        True
+
+    See Also:
+        peg.methods.estimation.Estimate: what `estimate` returns.
+        peg.Monitor: the estimate chunk by chunk on a stream, with alerts.
+        docs/monitor.md: the estimators, their intervals and the evidence.
     """
 
     parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
@@ -305,6 +351,7 @@ class PerformanceEstimator(Display, Params):
 
     @property
     def estimators_(self) -> dict[str, Estimator]:
+        """Every fitted estimator by name (`method`'s and, with `all_methods`, the others)."""
         self._check_fitted()
         return dict(self.fitted_)
 

@@ -174,6 +174,31 @@ class PEG(PerturbationEnsemble):
             (`peg.methods.perturbation._precondition`, docs/peg.md#preconditioned-steps).
         damping: λ relative to F's mean eigenvalue (> 0, default 0.1): large → plain PEG's
             members at the same η; small → a stronger reshaping. η is searched as without.
+
+    Examples:
+        >>> import torch, peg
+        >>> from torch import nn
+        >>> g = torch.Generator().manual_seed(0)
+        >>> X = torch.randn(600, 2, generator=g)
+        >>> y = (X[:, 0] > 0).long()
+        >>> model = nn.Sequential(nn.Linear(2, 16), nn.ReLU(), nn.Linear(16, 2))
+        >>> optimiser = torch.optim.Adam(model.parameters(), lr=0.05)
+        >>> for _ in range(50):  # a trained classifier
+        ...     optimiser.zero_grad()
+        ...     nn.functional.cross_entropy(model(X[:100]), y[:100]).backward()
+        ...     optimiser.step()
+        >>> model = model.eval()
+        >>> ensemble = peg.PEG(n_members=5, progress=False).fit(model, (X[100:400], y[100:400]))
+        >>> ensemble.member_logits(X[400:]).shape  # [M, N, C]
+        torch.Size([5, 200, 2])
+        >>> ensemble.predict_proba(X[400:]).shape  # the members' softmax averaged
+        torch.Size([200, 2])
+
+    See Also:
+        peg.PEP: members by random perturbations instead of gradient steps.
+        peg.TemperatureScaling: a map on the logits, to compose with PEG ("PEG + TS").
+        peg.compare: PEG next to TS, PEP and the others on one model.
+        docs/peg.md: how PEG builds its members, η's search, and its options.
     """
 
     method = "PEG"

@@ -110,6 +110,7 @@ class SWAG(SWA):
 
     @property
     def method_name(self) -> str:
+        """The method as the meta records it: "swag", or "swag-diag" with `diag=True`."""
         return "swag-diag" if self.diag else "swag"
 
     def _callbacks(self, model: nn.Module, swa_start: int) -> list[Callback]:
