@@ -35,16 +35,27 @@ def input_error(error: BaseException, x: Any, name: str) -> ValueError:
     )
 
 
-def warn_probabilities(out: Any) -> None:
+def warn_probabilities(out: Any, saved: bool = False) -> None:
     """Warn, naming `model`, when a forward's outputs `[B, C]` look like probabilities (every
     row in [0, 1], summing to 1) where peg expects logits: fitted as logits, they give a
-    calibration that means nothing (a temperature of 0.25 for a softmax output)."""
+    calibration that means nothing (a temperature of 0.25 for a softmax output). `saved`: the
+    outputs are saved values (`fit(logits, labels)`, a `.npy`), whose fix is their log, not a
+    change of the model."""
     if not isinstance(out, Tensor) or out.ndim != 2 or out.shape[1] < 2 or not len(out):
         return
     if not torch.is_floating_point(out) or out.device.type == "meta":
         return
     rows = out[:2].detach().double()
     if bool((rows >= 0).all() & (rows <= 1).all() & ((rows.sum(1) - 1).abs() < 1e-4).all()):
+        if saved:
+            warnings.warn(
+                "logits: the saved values look like probabilities (every row in [0, 1], summing "
+                "to 1), not logits; peg expects logits (or log-probabilities): pass "
+                "np.log(probs) (torch.log for a tensor), the log of probabilities being logits "
+                "up to a constant per row",
+                stacklevel=3,
+            )
+            return
         warnings.warn(
             "model: its outputs look like probabilities (every row in [0, 1], summing to 1), "
             "not logits; peg expects logits (or log-probabilities): drop the final softmax, "

@@ -34,7 +34,7 @@ from peg.apps.conformal import ConformalSpec, parse_conformal, scorer
 from peg.apps.results import RESULTS
 from peg.apps.scores import labelled_metrics, ood_detection, scored_detection
 from peg.detectors import DETECTOR_SCORES, OODDetector
-from peg.methods._predictors import read_predictor
+from peg.methods._predictors import read_predictor, stateless
 from peg.methods.perturbation._scale_search import MAX_SCORE_POINTS
 from peg.metrics._inputs import ensemble_log_probs
 from peg.metrics.ood import OOD_SCORES
@@ -144,8 +144,17 @@ def compare(
             f"ood_score: expected one of {[*OOD_SCORES, *DETECTOR_SCORES]}, got {ood_score!r}"
         )
     labelled, unlabelled = _sets(val, test, shifted, ood)
-    check_data(model, [(_argument(n), d, True) for n, d in labelled.items()]
-               + [(f"ood[{n!r}]", d, False) for n, d in unlabelled.items()], batch_fn)  # fmt: skip
+    if stateless(model):  # saved logits: every set's columns are the same classes
+        _check_widths(
+            {_argument(n): d for n, d in labelled.items()}
+            | {f"ood[{n!r}]": d for n, d in unlabelled.items()}
+        )
+    check_data(
+        model,
+        [(_argument(n), d, True) for n, d in labelled.items()]
+        + [(f"ood[{n!r}]", d, False) for n, d in unlabelled.items()],
+        batch_fn,
+    )
     check = registry.Site(seed=seed, progress=False, score_points=MAX_SCORE_POINTS)
     registry.check_all(((s.name, s.method, options(s, batch_size, batch_fn)) for s in specs), check)
     val = labelled.pop("val")
@@ -168,8 +177,16 @@ def compare(
             "conformal": repr(evaluation.conformal),
             **_fingerprints(model, val, labelled | unlabelled, batch_size),
         }
-    fitting = Fitting(model, val, evaluation, state, seed=seed, progress=progress,
-                      batch_size=batch_size, batch_fn=batch_fn)  # fmt: skip
+    fitting = Fitting(
+        model,
+        val,
+        evaluation,
+        state,
+        seed=seed,
+        progress=progress,
+        batch_size=batch_size,
+        batch_fn=batch_fn,
+    )
     table: list[dict[str, Any]] = []
     for i, spec in enumerate(specs):
         table.append(fitting.run(i, spec))
@@ -244,8 +261,9 @@ class Evaluation:
         row |= self.vs_base(spec, test_logits, base, row["forwards"])
         detector = None
         if self.ood_score in DETECTOR_SCORES and self.unlabelled:  # per predictor: its model
-            detector = OODDetector(score=self.ood_score, batch_size=self.batch_size,
-                                   batch_fn=self.batch_fn).fit(predictor, self.val)  # fmt: skip
+            detector = OODDetector(
+                score=self.ood_score, batch_size=self.batch_size, batch_fn=self.batch_fn
+            ).fit(predictor, self.val)
             scores_in = detector.ood_score(self.labelled[TEST])
         for name, data in self.unlabelled.items():
             logits = distributed.member_logits(predictor, data, self.batch_size, self.batch_fn)
@@ -259,8 +277,13 @@ class Evaluation:
         self.restore(spec.name, curves, sizes)  # kept once the whole row is made
         return row
 
-    def vs_base(self, spec: MethodSpec, logits: Tensor, base: Callable[[], Any] | None,
-                forwards: float | None) -> dict[str, Any]:  # fmt: skip
+    def vs_base(
+        self,
+        spec: MethodSpec,
+        logits: Tensor,
+        base: Callable[[], Any] | None,
+        forwards: float | None,
+    ) -> dict[str, Any]:
         """`{"vs_base": gap}` of the method `spec` with test member logits `logits` `[M, N, C]`
         (`collapse.vs_base`; None where it has no more members than its base), and its `"note"`
         where it is indistinguishable from the base."""
@@ -299,8 +322,10 @@ def _sets(val: Data, test: Data, shifted: Any, ood: Any) -> tuple[dict[str, Data
     labelled = {"val": _labelled(val, "val"), TEST: _labelled(test, TEST)}
     for name, data in _by_name(shifted, "shifted").items():
         if name in labelled:  # it would replace the validation or the test set
-            raise ValueError(f"shifted: the name {name!r} is taken by {name}; name the shifted "
-                             "set otherwise (NAME=DATA with --shifted)")  # fmt: skip
+            raise ValueError(
+                f"shifted: the name {name!r} is taken by {name}; name the shifted "
+                "set otherwise (NAME=DATA with --shifted)"
+            )
         labelled[name] = _labelled(data, f"shifted[{name!r}]")
     unlabelled = {n: _inputs(d, f"ood[{n!r}]") for n, d in _by_name(ood, "ood").items()}
     clash = sorted(set(labelled) & set(unlabelled))
@@ -314,8 +339,11 @@ def _fingerprints(
 ) -> dict[str, Any]:
     """The fingerprints of the weights, of `val` and of every other set (`state.fingerprint`:
     SHA-256 of their bytes, one streamed read of each set)."""
-    return {"model": fingerprint(model), "val": fingerprint(val, batch_size),
-            "sets": {n: fingerprint(d, batch_size) for n, d in sets.items()}}  # fmt: skip
+    return {
+        "model": fingerprint(model),
+        "val": fingerprint(val, batch_size),
+        "sets": {n: fingerprint(d, batch_size) for n, d in sets.items()},
+    }
 
 
 def _by_name(data: Any, default: str) -> dict[str, Data]:
@@ -337,6 +365,23 @@ def _labelled(data: Data, name: str) -> Data:
         f"{name}: expected labelled data: a pair (X, y) of tensors or arrays, a Dataset or "
         f"a DataLoader, got {type(data).__name__}"
     )
+
+
+def _check_widths(sets: Mapping[str, Data]) -> None:
+    """A ValueError, before any fitting, where saved logits held in memory have another number
+    of columns (classes) than val's: no map fitted on val applies to them."""
+    widths = {
+        n: (d[0] if is_pair(d) else d).shape[-1]
+        for n, d in sets.items()
+        if isinstance(d[0] if is_pair(d) else d, (Tensor, np.ndarray))
+    }
+    for name, width in widths.items():
+        if "val" in widths and width != widths["val"]:
+            raise ValueError(
+                f"{name}: logits with {width} columns (classes), but val's have "
+                f"{widths['val']}; every set must be the same model's logits "
+                "(the same classes, in the same order)"
+            )
 
 
 def _argument(name: str) -> str:

@@ -31,6 +31,9 @@ from peg.metrics._inputs import check_labels
 from peg.source.batches import from_numpy
 
 FILES = ("results.json", "results.md", "results.csv")
+# reference chunks at most: each costs an estimate on a chunk drawn from the source, and the
+# band's σ from n of them has a relative error of about 1 / sqrt(2 (n - 1)) (1% at 5,000)
+MAX_REFERENCE = 10_000
 WRITES = "results.json, results.md and results.csv"  # a refused folder's message says so
 
 
@@ -81,8 +84,15 @@ class Monitor(Reported):
                 raise ValueError(
                     f"{name}: expected a positive number (alpha below 1), got {value!r}"
                 )
-        if not isinstance(n_reference, int) or n_reference < 2:
-            raise ValueError(f"n_reference: expected an integer >= 2, got {n_reference!r}")
+        if (
+            isinstance(n_reference, bool)
+            or not isinstance(n_reference, int)
+            or not 2 <= n_reference <= MAX_REFERENCE
+        ):
+            raise ValueError(
+                f"n_reference: expected an integer in [2, {MAX_REFERENCE}] (the band's σ is "
+                f"within 1% of its limit from 5,000 chunks on), got {n_reference!r}"
+            )
         self.estimator, self.chunk_size = estimator, chunk_size
         self.sigmas, self.alpha, self.n_reference, self.seed = sigmas, alpha, n_reference, seed
         self.out = (
@@ -131,6 +141,13 @@ class Monitor(Reported):
         (a file's) in the chunk's `source`. With `chunk_size` None the batch is one chunk. A
         bad batch is a ValueError naming `batch`, its chunk and row; the chunks before it are
         kept (and written), and so are, with `chunk_size`, the rows read before the bad one."""
+        if isinstance(name, os.PathLike):
+            name = os.fspath(name)
+        if name is not None and not isinstance(name, str):
+            raise TypeError(
+                f"name: expected a string (the batch's source, e.g. its file name) or None, "
+                f"got {type(name).__name__} {name!r}"[:300]
+            )
         rows = self._rows(batch)
         y = None if labels is None else self._labels(labels, rows)
         at = 0
