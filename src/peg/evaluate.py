@@ -92,12 +92,12 @@ def evaluate(
         raise ValueError("y: evaluate(logits, labels) takes the labels second, not as y")
     # evaluate(logits, labels): SavedLogits(); labels named by `classes` read as indices
     predictor, X = read_predictor(predictor, X, classes=classes, data_name="X", labelled=y is None)
-    if y is not None:
-        y = class_indices(y, "y", classes)
     metrics, keys, conformal = split_selection(metrics, predictor)
     # checks its arguments before any work
     stream = StreamingMetrics(bins, min_count, metrics) if metrics != () else None
     device = predictor_device(predictor)
+    if y is not None:  # labels follow the predictions: checked against their device
+        y = as_tensor(class_indices(y, "y", classes), "y", device, owner="pred")
     batch_fn = check_batch_fn(batch_fn)
     tapped: Tapped | None = None
     if y is None:
@@ -122,8 +122,6 @@ def evaluate(
             labels = checked_labels(labels, "X", rows, device)
         else:
             assert y is not None
-            if n == 0:  # once, checked against the predictions' device (labels follow them)
-                y = as_tensor(y, "y", logits.device, owner="pred")
             labels = y[n : n + rows]
             if labels.shape[0] != rows:
                 raise ValueError(f"y: expected more than {len(y)} labels (N of pred)")
@@ -132,12 +130,7 @@ def evaluate(
             regression = regression_targets(labels if y is None else y, logits.shape[-1])
         n += rows
         if regression:
-            _check_gaussian(logits)
-            if metrics is not None:
-                raise ValueError(
-                    "metrics: selects classification metrics; floating-point targets mean "
-                    "regression, whose metrics (rmse, lpd, nll, calibration_error) are fixed"
-                )
+            _check_gaussian(logits, metrics)
             held.append((logits, labels))
         else:
             if torch.is_floating_point(labels):  # whole numbers in [0, C): class labels
@@ -178,7 +171,13 @@ def _check_width(logits: Tensor) -> None:
         )
 
 
-def _check_gaussian(logits: Tensor) -> None:
+def _check_gaussian(logits: Tensor, metrics: Any) -> None:
+    """What regression targets need: Gaussian heads `[B, 2]`, and no classification metrics."""
+    if metrics is not None:
+        raise ValueError(
+            "metrics: selects classification metrics; floating-point targets mean "
+            "regression, whose metrics (rmse, lpd, nll, calibration_error) are fixed"
+        )
     if logits.shape[-1] != 2:
         C = logits.shape[-1]
         raise ValueError(

@@ -144,17 +144,9 @@ def compare(
             f"ood_score: expected one of {[*OOD_SCORES, *DETECTOR_SCORES]}, got {ood_score!r}"
         )
     labelled, unlabelled = _sets(val, test, shifted, ood)
-    if stateless(model):  # saved logits: every set's columns are the same classes
-        _check_widths(
-            {_argument(n): d for n, d in labelled.items()}
-            | {f"ood[{n!r}]": d for n, d in unlabelled.items()}
-        )
-    check_data(
-        model,
-        [(_argument(n), d, True) for n, d in labelled.items()]
-        + [(f"ood[{n!r}]", d, False) for n, d in unlabelled.items()],
-        batch_fn,
-    )
+    _check_widths(model, labelled, unlabelled)  # saved logits: of one set of classes
+    check_data(model, [(_argument(n), d, True) for n, d in labelled.items()]
+               + [(f"ood[{n!r}]", d, False) for n, d in unlabelled.items()], batch_fn)  # fmt: skip
     check = registry.Site(seed=seed, progress=False, score_points=MAX_SCORE_POINTS)
     registry.check_all(((s.name, s.method, options(s, batch_size, batch_fn)) for s in specs), check)
     val = labelled.pop("val")
@@ -177,16 +169,8 @@ def compare(
             "conformal": repr(evaluation.conformal),
             **_fingerprints(model, val, labelled | unlabelled, batch_size),
         }
-    fitting = Fitting(
-        model,
-        val,
-        evaluation,
-        state,
-        seed=seed,
-        progress=progress,
-        batch_size=batch_size,
-        batch_fn=batch_fn,
-    )
+    fitting = Fitting(model, val, evaluation, state, seed=seed, progress=progress,
+                      batch_size=batch_size, batch_fn=batch_fn)  # fmt: skip
     table: list[dict[str, Any]] = []
     for i, spec in enumerate(specs):
         table.append(fitting.run(i, spec))
@@ -261,9 +245,8 @@ class Evaluation:
         row |= self.vs_base(spec, test_logits, base, row["forwards"])
         detector = None
         if self.ood_score in DETECTOR_SCORES and self.unlabelled:  # per predictor: its model
-            detector = OODDetector(
-                score=self.ood_score, batch_size=self.batch_size, batch_fn=self.batch_fn
-            ).fit(predictor, self.val)
+            detector = OODDetector(score=self.ood_score, batch_size=self.batch_size,
+                                   batch_fn=self.batch_fn).fit(predictor, self.val)  # fmt: skip
             scores_in = detector.ood_score(self.labelled[TEST])
         for name, data in self.unlabelled.items():
             logits = distributed.member_logits(predictor, data, self.batch_size, self.batch_fn)
@@ -277,13 +260,8 @@ class Evaluation:
         self.restore(spec.name, curves, sizes)  # kept once the whole row is made
         return row
 
-    def vs_base(
-        self,
-        spec: MethodSpec,
-        logits: Tensor,
-        base: Callable[[], Any] | None,
-        forwards: float | None,
-    ) -> dict[str, Any]:
+    def vs_base(self, spec: MethodSpec, logits: Tensor, base: Callable[[], Any] | None,
+                forwards: float | None) -> dict[str, Any]:  # fmt: skip
         """`{"vs_base": gap}` of the method `spec` with test member logits `logits` `[M, N, C]`
         (`collapse.vs_base`; None where it has no more members than its base), and its `"note"`
         where it is indistinguishable from the base."""
@@ -322,10 +300,8 @@ def _sets(val: Data, test: Data, shifted: Any, ood: Any) -> tuple[dict[str, Data
     labelled = {"val": _labelled(val, "val"), TEST: _labelled(test, TEST)}
     for name, data in _by_name(shifted, "shifted").items():
         if name in labelled:  # it would replace the validation or the test set
-            raise ValueError(
-                f"shifted: the name {name!r} is taken by {name}; name the shifted "
-                "set otherwise (NAME=DATA with --shifted)"
-            )
+            raise ValueError(f"shifted: the name {name!r} is taken by {name}; name the shifted "
+                             "set otherwise (NAME=DATA with --shifted)")  # fmt: skip
         labelled[name] = _labelled(data, f"shifted[{name!r}]")
     unlabelled = {n: _inputs(d, f"ood[{n!r}]") for n, d in _by_name(ood, "ood").items()}
     clash = sorted(set(labelled) & set(unlabelled))
@@ -339,11 +315,8 @@ def _fingerprints(
 ) -> dict[str, Any]:
     """The fingerprints of the weights, of `val` and of every other set (`state.fingerprint`:
     SHA-256 of their bytes, one streamed read of each set)."""
-    return {
-        "model": fingerprint(model),
-        "val": fingerprint(val, batch_size),
-        "sets": {n: fingerprint(d, batch_size) for n, d in sets.items()},
-    }
+    return {"model": fingerprint(model), "val": fingerprint(val, batch_size),
+            "sets": {n: fingerprint(d, batch_size) for n, d in sets.items()}}  # fmt: skip
 
 
 def _by_name(data: Any, default: str) -> dict[str, Data]:
@@ -367,20 +340,22 @@ def _labelled(data: Data, name: str) -> Data:
     )
 
 
-def _check_widths(sets: Mapping[str, Data]) -> None:
-    """A ValueError, before any fitting, where saved logits held in memory have another number
-    of columns (classes) than val's: no map fitted on val applies to them."""
-    widths = {
-        n: (d[0] if is_pair(d) else d).shape[-1]
-        for n, d in sets.items()
-        if isinstance(d[0] if is_pair(d) else d, (Tensor, np.ndarray))
-    }
+def _check_widths(model: nn.Module, labelled: dict[str, Data], ood: dict[str, Data]) -> None:
+    """Saved logits (`model` stateless) held in memory with another number of columns
+    (classes) than val's: a ValueError naming both counts, before any fitting (every method
+    fitted on val failed on them, one row each)."""
+    if not stateless(model):  # one model's outputs: one width
+        return
+    sets = [(_argument(n), d) for n, d in labelled.items()]
+    sets += [(f"ood[{n!r}]", d) for n, d in ood.items()]
+    arrays = {n: d[0] if is_pair(d) else d for n, d in sets}
+    widths = {n: a.shape[-1] for n, a in arrays.items() if isinstance(a, (Tensor, np.ndarray))}
     for name, width in widths.items():
         if "val" in widths and width != widths["val"]:
             raise ValueError(
                 f"{name}: logits with {width} columns (classes), but val's have "
-                f"{widths['val']}; every set must be the same model's logits "
-                "(the same classes, in the same order)"
+                f"{widths['val']}; every set must be the same model's logits (the same classes, "
+                "in the same order)"
             )
 
 
