@@ -188,6 +188,12 @@ def test_lists_and_pandas_objects_are_read_as_arrays_and_give_numpy_back():
     # two rows of logits as a list are rows, not a pair (X, y)
     assert want.predict_proba(logits[:2].tolist()).shape == (2, 3)
     assert peg.evaluate(logits.tolist(), pd.Series(y)) == peg.evaluate(logits, y)
+    # a nullable integer column and a categorical one are read as their values' type
+    nullable = peg.TemperatureScaling().fit(logits, pd.Series(y, dtype="Int64"))
+    assert nullable.temperature_ == want.temperature_
+    names = pd.Series(np.asarray(NAMES)[y], dtype="category")
+    named = peg.TemperatureScaling().fit(logits, names, classes=pd.Index(NAMES))
+    assert named.temperature_ == want.temperature_
     X, labels = _val()
     model = _mlp()
     assert peg.evaluate(model, X, labels.tolist()) == peg.evaluate(model, X, labels)
@@ -268,6 +274,10 @@ def test_saved_probabilities_are_told_to_take_their_log():
     for fit in (
         lambda: peg.TemperatureScaling().fit(probs, y),
         lambda: peg.ConformalClassifier().fit(probs, y),
+        lambda: compare(probs, y, (probs, y), ["TS"], say=None, progress=False),
+        lambda: peg.AutoSelect(candidates=["TS"], cv=2, progress=False).fit(
+            nn.Identity(), (probs, y)
+        ),
     ):
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")

@@ -88,12 +88,13 @@ def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
             m.training = mode
 
 
-def diagnose(forward: Callable[[Any], Any], x: Any, name: str) -> Any:
+def diagnose(forward: Callable[[Any], Any], x: Any, name: str, saved: bool = False) -> Any:
     """`forward(x[:2])` (two rows of every tensor of structured inputs), turning a failure into
     `input_error` (errors of an `output_fn` pass).
 
     Used to probe a model before long work, and to explain a failed batch: if two rows of the
-    inputs already fail, the inputs do not fit the model.
+    inputs already fail, the inputs do not fit the model. `saved`: the model passes saved
+    values through (`nn.Identity`), for the warning of probabilities (`warn_probabilities`).
     """
     try:
         out = forward(take_rows(x, 0, 2))
@@ -101,7 +102,7 @@ def diagnose(forward: Callable[[Any], Any], x: Any, name: str) -> Any:
         raise
     except Exception as e:
         raise input_error(e, x, name) from e
-    warn_probabilities(logits_of(out))
+    warn_probabilities(logits_of(out), saved)
     if isinstance(x, Tensor) and x.ndim == 1 and isinstance(out, Tensor) and out.ndim != 2:
         raise ValueError(
             f"{name}: 1-D inputs [N] gave outputs of shape {tuple(out.shape)}, not logits "

@@ -235,14 +235,16 @@ def logits_and_labels(
     of any shape, `peg.source.batches`) is handed to the predictor as a `Tapped` source, which
     records each batch's labels as the predictor reads it: the inputs are never gathered, and the
     logits are those `predictor.member_logits(data)` gives (same batches, same bits).
-    `one_class`: warn of validation labels of one class (False: the caller refuses them)."""
+    `one_class`: warn of validation labels of one class (False: the caller refuses them).
+    Probabilities in place of logits are warned of, with the fix for saved values (their log)
+    where the predictor is an `nn.Identity` (saved logits, `SavedLogits` or the command line's)."""
     X, y = Source(data, batch_fn, name).labelled(predictor_device(predictor))
     logits = member_logits_of(predictor, X, batch_size)
     if isinstance(X, Tapped):
         y = checked_labels(X.labels(), name, logits.shape[1], predictor_device(predictor))
     assert y is not None
     y = move(y, logits.device, f"{name} labels")  # labels follow the scores
-    _warn(logits, y, name, isinstance(predictor, SavedLogits), one_class)
+    _warn(logits, y, name, isinstance(predictor, nn.Identity), one_class)
     return logits, y
 
 

@@ -89,7 +89,14 @@ def as_array(x: Any) -> Any:
     if isinstance(x, (Tensor, np.ndarray)):
         return x
     if is_pandas(x):
-        return x.to_numpy()
+        a = x.to_numpy()
+        if a.dtype.kind == "O":  # a nullable (Int64) or mixed column: its values' own type
+            try:
+                typed = np.asarray(a.tolist())
+            except (ValueError, TypeError):
+                return a
+            return a if typed.dtype.kind == "O" else typed
+        return a
     if not isinstance(x, (tuple, list)) or not x:
         return x
     if any(isinstance(v, (Tensor, np.ndarray, Mapping)) or is_pandas(v) for v in x):

@@ -16,12 +16,12 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from peg._forward import warn_probabilities
 from peg.errors import ArchiveError
 from peg.methods import _constraints as checks
-from peg.methods._predictors import SavedLogits, check_classes, read_predictor
+from peg.methods._predictors import check_classes, read_predictor
 from peg.methods.base import store_arguments
 from peg.methods.calibration._calibrator import stored
 from peg.methods.conformal._base import ConformalBase
@@ -201,7 +201,7 @@ class ConformalClassifier(ConformalBase):
             quantile_rank(rows, float(self.alpha))
         size = int(self.batch_size)
         batches = labelled_batches(predictor, val, size, self.batch_fn, "val")
-        score, y, width = self.label_scores(batches, isinstance(predictor, SavedLogits))
+        score, y, width = self.label_scores(batches, isinstance(predictor, nn.Identity))
         check_classes(classes, width)
         self._set_fitted(
             predictor,
