@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Mapping
+from numbers import Number
 from typing import Any
 
 import numpy as np
@@ -101,6 +102,9 @@ def as_array(x: Any) -> Any:
         return x
     if any(isinstance(v, (Tensor, np.ndarray, Mapping)) or is_pandas(v) for v in x):
         return x  # structured inputs, or a pair (X, y) of arrays
+    first = x[0][0] if isinstance(x[0], (tuple, list)) and x[0] else x[0]
+    if not isinstance(first, (Number, str, np.generic)):
+        return x  # not numbers (batches, say): nothing converted, nothing copied
     try:
         a = np.asarray(x)
     except (ValueError, TypeError):  # rows of unequal shapes: not an array
