@@ -49,9 +49,13 @@ class Monitor(Reported):
             below alpha / 3. Unsplit, 3-9% of clean chunks alerted at 0.01; split, 0-2.5%
             (benchmarks/monitor_false_alarms.py), plus what one fixed source sample adds.
         n_reference: reference chunks drawn (with replacement) from the source (20 gave a
-            band from a noisy σ: 10% of clean 50-point chunks of a digits model left it).
+            band from a noisy σ: 10% of clean 50-point chunks of a digits model left it), at
+            most `MAX_REFERENCE` (10,000: each costs an estimate; σ gains nothing beyond).
         out: a folder to write results.json / .md / .csv in as each chunk ends, or None.
         overwrite: write into a non-empty folder peg monitor did not make.
+
+    `update(batch, labels, name=)`: `name` a string (a path is one), checked before the batch
+    is read, so a bad one loses no chunk.
         seed: the reference chunks and the domain classifier's samples.
     """
 
