@@ -40,6 +40,7 @@ from peg.source._rows import InputBatches, ValSource
 from peg.source._values import check_finite, checked_labels, refuse_names
 from peg.source.batches import (
     BatchFn,
+    array_likes,
     as_array,
     batch_rows,
     describe_inputs,
@@ -367,17 +368,6 @@ class Tapped(Source):
         """The same data as a plain source, to read again without recording labels (a later
         pass, e.g. a lazy PEG/PEP's next chunk of members)."""
         return Source(self.data, self.batch_fn, self.name)
-
-
-def array_likes(data: Data) -> Data:
-    """`data` with its array-likes as NumPy arrays (`as_array`: pandas objects, lists of
-    numbers), and so a pair's items; anything else as it is."""
-    data = as_array(data)
-    if isinstance(data, (tuple, list)) and len(data) == 2:
-        X, y = as_array(data[0]), as_array(data[1])
-        if isinstance(X, (Tensor, np.ndarray)) and (X is not data[0] or y is not data[1]):
-            return (X, y) if isinstance(data, tuple) else [X, y]  # a pair (X, y)
-    return data
 
 
 def _tensor(a: Any, name: str) -> Tensor:

@@ -40,11 +40,12 @@ def refuse_names(a: np.ndarray, name: str) -> None:
     """A TypeError naming `name` for an array of strings or objects where numbers are read
     (`class_indices` maps labels that name classes, given the `classes`)."""
     if a.dtype.kind in "USO":
-        shown = ", ".join(repr(v) for v in a.reshape(-1)[:3].tolist())
-        what = "objects" if a.dtype.kind == "O" else "strings"
+        first = a.reshape(-1)[:3].tolist()
+        strings = a.dtype.kind in "US" or any(isinstance(v, str) for v in first)
+        shown = ", ".join(map(repr, first)) + (", ..." if a.size > 3 else "")
         raise TypeError(
-            f"{name}: expected numbers, got {what} ({shown}{', ...' if a.size > 3 else ''}); "
-            f"string labels: {STRING_LABELS}"
+            f"{name}: expected numbers, got {'strings' if strings else 'objects'} ({shown})"
+            + (f"; string labels: {STRING_LABELS}" if strings else "")
         )
 
 
@@ -71,7 +72,10 @@ def class_indices(y: Any, name: str, classes: Any = None) -> Any:
     values = y.detach().cpu().numpy() if isinstance(y, Tensor) else np.asarray(y)
     if values.ndim != 1:
         raise ValueError(f"{name}: expected labels [N], got shape {tuple(values.shape)}")
-    seen, inverse = np.unique(values, return_inverse=True)  # one look-up per distinct label
+    try:
+        seen, inverse = np.unique(values, return_inverse=True)  # one look-up per distinct label
+    except TypeError:  # labels of types that do not compare (strings and numbers)
+        raise TypeError(f"{name}: labels of mixed types ({values[:3].tolist()} ...)") from None
     codes = np.array([index.get(v, -1) for v in seen.tolist()], dtype=np.int64)
     if (codes < 0).any():
         bad = seen[codes < 0][0]

@@ -112,6 +112,17 @@ def as_array(x: Any) -> Any:
     return x if a.dtype.kind == "O" else a
 
 
+def array_likes(data: Any) -> Any:
+    """`data` with its array-likes as NumPy arrays (`as_array`: pandas objects, lists of
+    numbers), and so a pair's items; anything else as it is."""
+    data = as_array(data)
+    if isinstance(data, (tuple, list)) and len(data) == 2:
+        X, y = as_array(data[0]), as_array(data[1])
+        if isinstance(X, (Tensor, np.ndarray)) and (X is not data[0] or y is not data[1]):
+            return (X, y) if isinstance(data, tuple) else [X, y]  # a pair (X, y)
+    return data
+
+
 def _leaf(x: Any) -> Any:
     """Numpy arrays become tensors (shared memory); anything else is left as it is."""
     return from_numpy(x) if isinstance(x, np.ndarray) else x
