@@ -14,6 +14,7 @@ from collections.abc import Callable
 import pytest
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 import peg
 from bad_inputs import _mlp, _val, raises_test
@@ -32,7 +33,7 @@ def _bad_labels(n_bad: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _float_labels() -> tuple[torch.Tensor, torch.Tensor]:
     X, y = _val()
-    return X, y.float()
+    return X, y.float() + 0.5  # whole-number floats are class labels (evaluate, fit, compare)
 
 
 ERROR_CASES: list[tuple[str, str, Callable[[], object], type[Exception], str]] = [
@@ -44,8 +45,8 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[Exception], str]] =
      ValueError, r"val labels: expected labels in \[0, 3\) \(C = 3\), got min 0 and max 3"),
     ("Laplace", "float labels",
      lambda: peg.Laplace(prior_optimization=None).fit(_mlp(), _float_labels()),
-     ValueError, r"val: all points: expected integer class labels, got torch\.float32; pass "
-     r"y\.long\(\)"),
+     ValueError, r"val: all points: expected integer class labels, got torch\.float32 values that "
+     r"are not whole numbers; pass class indices in \[0, C\)"),
     ("Laplace", "float labels in a loader",
      lambda: peg.Laplace(prior_optimization=None).fit(
          _mlp(), torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*_float_labels()),
@@ -76,9 +77,7 @@ ENTRY_POINTS: dict[str, Callable[[nn.Module], object]] = {
     "PEG": lambda m: peg.PEG(n_members=2, eta=0.1, progress=False).fit(m, _val()),
     "PEP": lambda m: peg.PEP(n_members=2, sigma=0.01, progress=False).fit(m, _val()),
     "MCDropout": lambda m: peg.MCDropout(n_members=2, insert=0.1, progress=False).fit(m, _val()),
-    "Laplace": lambda m: peg.Laplace(prior_optimization=None, last_layer_name="0.2").fit(
-        m, _val()
-    ),
+    "Laplace": lambda m: peg.Laplace(prior_optimization=None, last_layer_name="0.2").fit(m, _val()),
     "compare": lambda m: compare(m, _val(), _val(60), ["TS"], say=None, progress=False),
     "AutoSelect": lambda m: AutoSelect(candidates=["TS"], cv=2).fit(m, _val()),
 }
@@ -103,18 +102,18 @@ def test_logits_are_not_taken_for_probabilities():
 # --- validation data with one class -------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "fit",
-    [lambda v: peg.TemperatureScaling().fit(_mlp(), v),
-     lambda v: peg.PEG(n_members=2, eta=0.1, progress=False).fit(_mlp(), v)],
-    ids=["TemperatureScaling", "PEG"],
-)  # fmt: skip
-def test_validation_data_with_one_class_is_a_warning(fit):
+def test_validation_data_with_one_class_is_a_warning_for_peg_and_an_error_for_a_map():
+    """PEG's members are the model's, its scale chosen on them (warned); a calibrator's map
+    learns nothing of the classes from one (its temperature went to a bound, with a warning)."""
     X, y = _val()
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        fit((X, torch.ones_like(y)))
+        peg.PEG(n_members=2, eta=0.1, progress=False).fit(_mlp(), (X, torch.ones_like(y)))
     assert any("val: every label is 1 (one class only)" in str(w.message) for w in seen)
+    loader = DataLoader(TensorDataset(X, torch.ones_like(y)), batch_size=64)
+    for val in ((X, torch.ones_like(y)), loader):
+        with pytest.raises(ValueError, match=r"val labels: every label is 1 \(one class only\)"):
+            peg.TemperatureScaling().fit(_mlp(), val)
 
 
 # --- temporary files a SIGKILL left behind --------------------------------------------------------
@@ -174,4 +173,3 @@ def test_nan_weights_are_refused_at_load(tmp_path):
     peg.load(path, _mlp())
     with pytest.raises(peg.ArchiveError, match=r"nan\.peg: .*'0\.weight' holds NaN"):
         peg.load(bad, _mlp())
-

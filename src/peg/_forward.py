@@ -35,16 +35,27 @@ def input_error(error: BaseException, x: Any, name: str) -> ValueError:
     )
 
 
-def warn_probabilities(out: Any) -> None:
+def warn_probabilities(out: Any, saved: bool = False) -> None:
     """Warn, naming `model`, when a forward's outputs `[B, C]` look like probabilities (every
     row in [0, 1], summing to 1) where peg expects logits: fitted as logits, they give a
-    calibration that means nothing (a temperature of 0.25 for a softmax output)."""
+    calibration that means nothing (a temperature of 0.25 for a softmax output). `saved`: the
+    outputs are saved values (`fit(logits, labels)`, a `.npy`), whose fix is their log, not a
+    change of the model."""
     if not isinstance(out, Tensor) or out.ndim != 2 or out.shape[1] < 2 or not len(out):
         return
     if not torch.is_floating_point(out) or out.device.type == "meta":
         return
     rows = out[:2].detach().double()
     if bool((rows >= 0).all() & (rows <= 1).all() & ((rows.sum(1) - 1).abs() < 1e-4).all()):
+        if saved:
+            warnings.warn(
+                "logits: the saved values look like probabilities (every row in [0, 1], summing "
+                "to 1), not logits; peg expects logits (or log-probabilities): pass "
+                "np.log(probs) (torch.log for a tensor), the log of probabilities being logits "
+                "up to a constant per row",
+                stacklevel=3,
+            )
+            return
         warnings.warn(
             "model: its outputs look like probabilities (every row in [0, 1], summing to 1), "
             "not logits; peg expects logits (or log-probabilities): drop the final softmax, "
@@ -77,12 +88,13 @@ def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
             m.training = mode
 
 
-def diagnose(forward: Callable[[Any], Any], x: Any, name: str) -> Any:
+def diagnose(forward: Callable[[Any], Any], x: Any, name: str, saved: bool = False) -> Any:
     """`forward(x[:2])` (two rows of every tensor of structured inputs), turning a failure into
     `input_error` (errors of an `output_fn` pass).
 
     Used to probe a model before long work, and to explain a failed batch: if two rows of the
-    inputs already fail, the inputs do not fit the model.
+    inputs already fail, the inputs do not fit the model. `saved`: the model passes saved
+    values through (`nn.Identity`), for the warning of probabilities (`warn_probabilities`).
     """
     try:
         out = forward(take_rows(x, 0, 2))
@@ -90,7 +102,7 @@ def diagnose(forward: Callable[[Any], Any], x: Any, name: str) -> Any:
         raise
     except Exception as e:
         raise input_error(e, x, name) from e
-    warn_probabilities(logits_of(out))
+    warn_probabilities(logits_of(out), saved)
     if isinstance(x, Tensor) and x.ndim == 1 and isinstance(out, Tensor) and out.ndim != 2:
         raise ValueError(
             f"{name}: 1-D inputs [N] gave outputs of shape {tuple(out.shape)}, not logits "

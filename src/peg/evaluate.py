@@ -16,11 +16,12 @@ from peg.methods._predictors import (
     predictor_device,
     read_predictor,
 )
+from peg.metrics._inputs import check_labels
 from peg.metrics.conformal import split_selection
 from peg.metrics.regression import regression_metrics, split_gaussian
 from peg.metrics.streaming import StreamingMetrics
 from peg.source import Data, Source, Tapped
-from peg.source._values import checked_labels
+from peg.source._values import as_tensor, checked_labels, class_indices, regression_targets
 from peg.source.batches import BatchFn, batch_rows, check_batch_fn
 
 
@@ -34,14 +35,19 @@ def evaluate(
     y_scale: float | None = None,
     batch_fn: BatchFn | None = None,
     metrics: str | Iterable[str] | None = None,
+    classes: Any = None,
 ) -> dict[str, float]:
     """NLL, error, Brier, ECE and MCE of `predictor` on (X, y) (+ Gibbs NLL for ensembles), or
     the classification metrics `metrics` selects.
 
-    Floating-point targets mean regression with Gaussian heads (outputs `[B, 2]`: mean,
+    Regression or classification is told by one rule (`peg.source._values.regression_targets`,
+    as the calibrators' `fit` and `compare` read labels): integer labels, and floating-point
+    labels that are all whole numbers in [0, C) for C outputs, are class labels; other
+    floating-point targets mean regression with Gaussian heads (outputs `[B, 2]`: mean,
     log-variance): the result is then RMSE, LPD (log predictive density of the mixture), the
     moment-matched Gaussian NLL and the interval calibration error (`y_scale`: the training
-    std of y, for original units).
+    std of y, for original units). A predictor with one output column (a binary scorer) is
+    refused: peg reads classifiers as C >= 2 logits.
 
     Args:
         predictor: an nn.Module (one model), a peg method or `Ensemble`, or anything with
@@ -51,7 +57,7 @@ def evaluate(
             DataLoader/Dataset of `(x, y, ...)` or mapping batches (labels under "labels" or
             "label", the rest the model's keyword inputs; `peg.source.batches`), read once without
             gathering the inputs.
-        y: labels `[N]`.
+        y: labels `[N]` (a tensor, an array or an array-like: a list, a pandas Series).
         bins, min_count: ECE/MCE binning (equal width); `bins` also bins the adaptive and
             classwise ECE.
         batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches of another shape.
@@ -61,6 +67,9 @@ def evaluate(
             regression targets, which have their own set. A `peg.ConformalClassifier` adds
             the metrics of its prediction sets (`peg.metrics.CONFORMAL_METRICS`: "coverage",
             "set_size", "worst_class_coverage", "worst_size_coverage").
+        classes: the class of each logit column, in order, where the labels name their
+            classes (strings): each label is read as its class's column (`y`, the labels of a
+            pair, or those of `evaluate(logits, labels)`).
 
     Error and ECE are fractions in [0, 1] (tables print them as %).
 
@@ -81,11 +90,14 @@ def evaluate(
     """
     if y is not None and isinstance(predictor, (Tensor, np.ndarray)):
         raise ValueError("y: evaluate(logits, labels) takes the labels second, not as y")
-    predictor, X = read_predictor(predictor, X)  # evaluate(logits, labels): SavedLogits()
+    # evaluate(logits, labels): SavedLogits(); labels named by `classes` read as indices
+    predictor, X = read_predictor(predictor, X, classes=classes, data_name="X", labelled=y is None)
     metrics, keys, conformal = split_selection(metrics, predictor)
     # checks its arguments before any work
     stream = StreamingMetrics(bins, min_count, metrics) if metrics != () else None
     device = predictor_device(predictor)
+    if y is not None:  # labels follow the predictions: checked against their device
+        y = as_tensor(class_indices(y, "y", classes), "y", device, owner="pred")
     batch_fn = check_batch_fn(batch_fn)
     tapped: Tapped | None = None
     if y is None:
@@ -102,6 +114,7 @@ def evaluate(
         batches = iter([member_logits_of(predictor, X, batch_size, batch_fn)])
     held: list[tuple[Tensor, Tensor]] = []  # regression: every prediction, kept
     members = n = 0
+    regression: bool | None = None  # told on the first batch, by every label at hand
     for logits in batches:
         members, rows = logits.shape[0], logits.shape[1]
         if tapped is not None:  # the labels of the batches read for these logits
@@ -109,19 +122,20 @@ def evaluate(
             labels = checked_labels(labels, "X", rows, device)
         else:
             assert y is not None
-            labels = torch.as_tensor(y)[n : n + rows]
+            labels = y[n : n + rows]
             if labels.shape[0] != rows:
                 raise ValueError(f"y: expected more than {len(y)} labels (N of pred)")
+        if regression is None:
+            _check_width(logits)
+            regression = regression_targets(labels if y is None else y, logits.shape[-1])
         n += rows
-        if torch.is_floating_point(labels):
-            _check_gaussian(logits)
-            if metrics is not None:
-                raise ValueError(
-                    "metrics: selects classification metrics; floating-point targets mean "
-                    "regression, whose metrics (rmse, lpd, nll, calibration_error) are fixed"
-                )
+        if regression:
+            _check_gaussian(logits, metrics)
             held.append((logits, labels))
         else:
+            if torch.is_floating_point(labels):  # whole numbers in [0, C): class labels
+                name = "X" if y is None else "y"
+                labels = check_labels(labels, rows, logits.shape[-1], name)
             if stream is not None:
                 stream.update(logits, labels)
             if conformal is not None:
@@ -146,10 +160,29 @@ def _check_count(y: Any, n: int) -> None:
         raise ValueError(f"y: expected {n} labels (N of pred), got {len(y)}")
 
 
-def _check_gaussian(logits: Tensor) -> None:
-    if logits.shape[-1] != 2:
+def _check_width(logits: Tensor) -> None:
+    """A ValueError for one output column: a binary scorer, which no metric here reads (its
+    softmax is 1 whatever the score: every metric would be 0)."""
+    if logits.shape[-1] == 1:
         raise ValueError(
-            f"y: floating-point targets mean regression, which needs Gaussian heads with "
-            f"outputs [B, 2] (mean, log-variance); the predictor gives [B, "
-            f"{logits.shape[-1]}]. For classification pass integer labels, e.g. y.long()"
+            "predictor: gives 1 column of logits [N, 1], a binary scorer, which peg does not "
+            "support yet (planned, issue 58); pass two columns, the logits [0, s] of a score s "
+            "of class 1 (their softmax is 1 - sigmoid(s), sigmoid(s))"
+        )
+
+
+def _check_gaussian(logits: Tensor, metrics: Any) -> None:
+    """What regression targets need: Gaussian heads `[B, 2]`, and no classification metrics."""
+    if metrics is not None:
+        raise ValueError(
+            "metrics: selects classification metrics; floating-point targets mean "
+            "regression, whose metrics (rmse, lpd, nll, calibration_error) are fixed"
+        )
+    if logits.shape[-1] != 2:
+        C = logits.shape[-1]
+        raise ValueError(
+            f"y: floating-point targets that are not class indices (whole numbers in [0, {C})) "
+            f"mean regression, which needs Gaussian heads with outputs [B, 2] (mean, "
+            f"log-variance); the predictor gives [B, {C}]. For classification pass class "
+            f"indices in [0, {C})"
         )

@@ -229,8 +229,8 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str
     ),
     (
         "peg.compare",
-        "float labels",
-        lambda: peg.compare(_mlp(), (_val()[0], _val()[1].float()), _val(), say=None),
+        "float labels that are not class indices",
+        lambda: peg.compare(_mlp(), (_val()[0], _val()[1].float() + 0.5), _val(), say=None),
         ValueError,
         "integer class labels",
     ),

@@ -97,3 +97,27 @@ FILE_ERROR_CASES: list[tuple[str, str, Callable[[Path], object], type[BaseExcept
 ]  # fmt: skip
 
 test_bad_files = raises_test(FILE_ERROR_CASES, files=True)
+
+
+def test_big_endian_npy_files_are_read_as_native_ones(tmp_path, capsys):
+    """`peg select` and `peg monitor` stopped with torch's "byte order different from the
+    native byte order" (`peg apply` read them): the files' arrays are swapped as they are read."""
+    y = np.arange(60) % 3
+    args = _saved(tmp_path, y)
+    np.save(tmp_path / "l.npy", np.load(tmp_path / "l.npy").astype(">f4"))
+    np.save(tmp_path / "y.npy", y.astype(">i8"))
+    assert main(args) == 0
+    assert "| TS |" in capsys.readouterr().out
+    monitor = [
+        "monitor",
+        "--reference-logits",
+        str(tmp_path / "l.npy"),
+        "--reference-labels",
+        str(tmp_path / "y.npy"),
+        "--logits",
+        str(tmp_path / "l.npy"),
+        "--out",
+        str(tmp_path / "m"),
+    ]
+    assert main(monitor) == 0
+    assert (tmp_path / "m" / "results.json").is_file()

@@ -234,7 +234,7 @@ def test_scaled_softmax_is_temperature_scaling(overfit_mlp, moons_data):
         ({"methods": [method("P", "packed")]}, ValueError, "not a post-hoc method"),
         ({"methods": "PEG"}, TypeError, "methods: expected a list"),
         ({"val": torch.zeros(3, 2)}, TypeError, "val: expected labelled data"),
-        ({"test": (torch.zeros(3, 2), torch.zeros(3))}, ValueError, "test: expected integer"),
+        ({"test": (torch.zeros(3, 2), torch.ones(3) / 2)}, ValueError, "test: expected integer"),
         ({"ood": {"test": torch.zeros(3, 2)}}, ValueError, "ood: names"),
         ({"ood": [1, 2]}, TypeError, r"ood\['ood'\]: expected inputs"),
         ({"batch_size": 0}, ValueError, "batch_size"),

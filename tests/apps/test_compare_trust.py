@@ -238,7 +238,12 @@ def _cmp(val=None, test=None, model=None, **kwargs):
 
 
 def _floats(X, y):
-    return DataLoader(TensorDataset(X, y.float()), batch_size=16)
+    return DataLoader(TensorDataset(X, y.float() + 0.5), batch_size=16)
+
+
+def _saved_logits(classes: int, n: int = 60) -> tuple[np.ndarray, np.ndarray]:
+    g = np.random.default_rng(classes)
+    return g.normal(size=(n, classes)).astype(np.float32), g.integers(0, classes, n)
 
 
 ERROR_CASES: list[tuple[str, str, Callable[[], object], type[Exception], str]] = [
@@ -256,7 +261,17 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[Exception], str]] =
      ValueError, r"val labels: expected labels in \[0, 2\)"),
     ("peg.compare", "float labels in a loader",
      lambda: _cmp(test=_floats(*moons(60, 2))),
-     ValueError, r"test: expected integer class labels \(compare is for classifiers\)"),
+     ValueError, r"test: expected integer class labels \(compare is for classifiers\), got "
+                 r"torch\.float32 values that are not class indices \(whole numbers in \[0, 2\)\)"),
+    ("peg.compare", "saved logits: a test set of another class count",
+     lambda: compare(*_saved_logits(3), _saved_logits(5), ["TS", "Vector scaling"], say=None,
+                     progress=False),
+     ValueError, r"test: logits with 5 columns \(classes\), but val's have 3; every set must "
+                 r"be the same model's logits"),
+    ("peg.compare", "saved logits: a shifted set of another class count",
+     lambda: compare(*_saved_logits(3), _saved_logits(3), ["TS"], say=None, progress=False,
+                     shifted={"s": _saved_logits(4)}),
+     ValueError, r"shifted\['s'\]: logits with 4 columns \(classes\), but val's have 3"),
     ("peg.compare", "1-D inputs",
      lambda: _cmp(val=(moons(60, 1)[0][:, 0], moons(60, 1)[1])),
      ValueError, r"val: 1-D inputs \[N\] gave outputs of shape \(2,\), not logits"),
@@ -315,9 +330,26 @@ def test_the_data_is_checked_before_any_fitting(monkeypatch):
 
 
 def test_one_class_in_val_is_a_warning():
+    """PEG's scale is chosen on it (warned); a calibrator cannot fit a map on it (its row)."""
     X, y = moons(60, 1)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        compare(nn.Linear(2, 2), (X, torch.zeros_like(y)), moons(60, 2), ["TS"], say=None,
-                progress=False)  # fmt: skip
+        out = compare(
+            nn.Linear(2, 2),
+            (X, torch.zeros_like(y)),
+            moons(60, 2),
+            ["TS"],
+            say=None,
+            progress=False,
+        )
     assert any("val: every label is 0 (one class only)" in str(w.message) for w in seen)
+    assert "one class only" in out.failed["TS"]["message"]
+
+
+def test_the_class_count_is_checked_before_any_fitting(monkeypatch):
+    """It fitted every method, and each failed on the test set, as many rows of errors."""
+    built: list[str] = []
+    monkeypatch.setattr(registry, "build", lambda k, *a, **o: built.append(k))
+    with pytest.raises(ValueError, match="test: logits with 5 columns"):
+        compare(*_saved_logits(3), _saved_logits(5), ["TS"], say=None, progress=False)
+    assert built == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import pathlib
 from collections.abc import Callable
 
 import numpy as np
@@ -140,6 +141,21 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str
     ),
     (
         "Monitor",
+        "a name that is not a string",
+        lambda: peg.Monitor(_fitted()).update(_sample(3, 1)[0], name=123),
+        TypeError,
+        r"name: expected a string \(the batch's source, e\.g\. its file name\) or None, got "
+        r"int 123",
+    ),
+    (
+        "Monitor",
+        "n_reference beyond its bound",
+        lambda: peg.Monitor(_fitted(), n_reference=10**9),
+        ValueError,
+        r"n_reference: expected an integer in \[2, 10000\]",
+    ),
+    (
+        "Monitor",
         "adapted() where no chunk flagged label shift",
         lambda: peg.Monitor(_fitted()).adapted(),
         ValueError,
@@ -165,6 +181,17 @@ def test_cli_writes_results_and_fails_on_alert(tmp_path, capsys):
     assert (tmp_path / "b" / "report.html").is_file()
     rows = json.loads((tmp_path / "b" / "results.json").read_text())["chunks"]
     assert len(rows) == 2 and rows[1]["alert"]
+
+
+def test_a_bad_name_loses_no_chunk(estimator):
+    """`update(name=123)` failed with a raw TypeError after the chunk's rows were taken, and
+    the chunk was lost; the name is checked first, and a path is a name."""
+    m = peg.Monitor(estimator, chunk_size=100)
+    m.update(_sample(60, 1)[0], name="a.npy")
+    with pytest.raises(TypeError, match="name: expected a string"):
+        m.update(_sample(60, 2)[0], name=123)
+    m.update(_sample(40, 3)[0], name=pathlib.Path("b.npy"))
+    assert [c["n"] for c in m.chunks] == [100] and m.chunks[0]["source"] == "a.npy + b.npy"
 
 
 def test_monitor_on_a_model_and_its_inputs():

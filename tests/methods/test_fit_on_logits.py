@@ -185,10 +185,10 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str
     ("calibrators", "fit(logits, (X, y)): a pair for labels",
      lambda: peg.TemperatureScaling().fit(_logits(), (_logits(), _labels())),
      TypeError, r"labels: expected class labels \[N\] .* got tuple"),
-    ("calibrators", "fit(a list, labels): neither a module nor logits",
-     lambda: peg.TemperatureScaling().fit(_logits().tolist(), _labels()),
+    ("calibrators", "fit(a set, labels): neither a module nor logits",
+     lambda: peg.TemperatureScaling().fit({1.0, 2.0}, _labels()),
      TypeError, r"predictor: expected an nn.Module or an object with member_logits\(X\) .*, or "
-     r"logits \[N, C\] \(a tensor or a NumPy array\) .* got list"),
+     r"logits \[N, C\] \(a tensor, a NumPy array or an array-like\) .* got set"),
     ("conformal", "fit(logits, labels): a label short",
      lambda: peg.ConformalClassifier().fit(_logits(), _labels()[:-1]),
      ValueError, r"labels: expected 20 labels"),

@@ -22,10 +22,10 @@ from peg.ensemble import Ensemble
 from peg.errors import NotStreamable
 from peg.methods.base import FittedEnsemble, ModulePredictor, is_fitted
 from peg.output import model_output
-from peg.source import Data, Source, Tapped
+from peg.source import Data, Source, Tapped, is_dataset_or_loader
 from peg.source._devices import model_device, move, weights_device
-from peg.source._values import check_finite, checked_labels, warn_one_class
-from peg.source.batches import BatchFn, call_model, from_numpy
+from peg.source._values import check_finite, checked_labels, class_indices, warn_one_class
+from peg.source.batches import BatchFn, as_array, call_model, from_numpy
 
 
 class SavedLogits(nn.Identity):
@@ -39,43 +39,81 @@ def read_predictor(
     data: Any,
     name: str = "predictor",
     expected: str = "an nn.Module or an object with member_logits(X) (a fitted peg predictor)",
+    classes: Any = None,
+    data_name: str = "val",
+    labelled: bool = True,
 ) -> tuple[Any, Any]:
     """`(predictor, data)` as every `fit` reads its first two arguments (calibrators, conformal,
     `LabelShift`, `AutoSelect`, `evaluate`, `compare`): a model (an nn.Module) or a peg
     predictor (`member_logits(X)`) with its data, as given; saved logits `[N, C]` (a tensor,
-    a NumPy array, a memory-mapped `.npy`) with their labels `[N]`, as `SavedLogits()` and the
-    pair `(logits, labels)`, which every consumer reads through its model path (streamed, as
-    `nn.Identity()`'s). Clear errors for anything else, before any work (`name`: the
-    argument's, `expected`: what it takes besides logits)."""
+    a NumPy array, a memory-mapped `.npy`, or an array-like: a list of rows, a pandas
+    DataFrame) with their labels `[N]`, as `SavedLogits()` and the pair `(logits, labels)`,
+    which every consumer reads through its model path (streamed, as `nn.Identity()`'s).
+    Labels may be array-likes (a list, a pandas Series), and name their classes where
+    `classes` (the class of each logit column, in order) is given: each is read as its column's
+    index (`class_indices`; `data_name`: the data argument's name, for the labels of a pair;
+    `labelled` False: a model's data are inputs alone, `evaluate(model, X, y)`'s `X`).
+    Clear errors for anything else, before any work (`name`: the argument's, `expected`: what
+    it takes besides logits)."""
     if isinstance(predictor, nn.Module) or hasattr(predictor, "member_logits"):
+        if not labelled:
+            return predictor, data
+        if isinstance(data, (tuple, list)) and len(data) == 2:  # a pair (X, y): its labels
+            y = class_indices(data[1], f"{data_name} labels", classes)
+            data = (data[0], y) if y is not data[1] else data
+        elif classes is not None and is_dataset_or_loader(data):
+            raise ValueError(
+                f"classes: maps the labels of a pair ({data_name} as (X, y)) or of fit(logits, "
+                "labels); a loader's or a Dataset's labels must be class indices"
+            )
         return predictor, data
+    predictor = as_array(predictor)  # a list of rows, a pandas DataFrame: an array
     if isinstance(predictor, (Tensor, np.ndarray)):
+        if data is not None:
+            data = class_indices(data, "labels", classes)
         check_logits(predictor, data)
         return SavedLogits(), (predictor, data)
     raise TypeError(
-        f"{name}: expected {expected}, or logits [N, C] (a tensor or a NumPy array) followed by "
-        f"their labels [N], got {type(predictor).__name__}"
+        f"{name}: expected {expected}, or logits [N, C] (a tensor, a NumPy array or an "
+        f"array-like) followed by their labels [N], got {type(predictor).__name__}"
     )
 
 
-def check_logits(logits: Tensor | np.ndarray, labels: Any) -> None:
-    """A ValueError (TypeError for a wrong type) naming `logits` or `labels`: logits not
-    `[N, C]` floating-point, labels not `[N]`, NaN or inf among the logits."""
+def check_classes(classes: Any, width: int) -> None:
+    """A ValueError unless `classes` (None, or the class of each logit column) names as many
+    classes as the logits have columns, `width`."""
+    if classes is not None and len(classes) != width:
+        raise ValueError(
+            f"classes: names {len(classes)} classes, but the logits have {width} columns (one "
+            "per class, in the order of classes)"
+        )
+
+
+def check_saved_logits(logits: Tensor | np.ndarray, name: str, like: str = "") -> None:
+    """A ValueError naming `name` unless saved logits are floating-point `[N, C]` (integers
+    are class labels or counts, not scores; `like`: what they should match, for the message)."""
     shape = tuple(logits.shape)
     floating = (
         logits.dtype.kind == "f" if isinstance(logits, np.ndarray) else logits.is_floating_point()
     )
     if len(shape) != 2 or not floating:
         raise ValueError(
-            f"logits: expected floating-point logits [N, C] (a 2-D tensor or array), got shape "
-            f"{shape} and dtype {logits.dtype}"
+            f"{name}: expected floating-point logits [N, C]{like} (a 2-D tensor or array), got "
+            f"shape {shape} and dtype {logits.dtype}"
         )
+
+
+def check_logits(logits: Tensor | np.ndarray, labels: Any) -> None:
+    """A ValueError (TypeError for a wrong type) naming `logits` or `labels`: logits not
+    `[N, C]` floating-point, labels not `[N]`, NaN or inf among the logits."""
+    shape = tuple(logits.shape)
+    check_saved_logits(logits, "logits")
     if labels is None:
         raise ValueError("labels: fit(logits, labels) needs the labels [N] as the second argument")
     if not isinstance(labels, (Tensor, np.ndarray)):
         raise TypeError(
-            f"labels: expected class labels [N] (a tensor or a NumPy array) after logits, got "
-            f"{type(labels).__name__}"
+            f"labels: expected class labels [N] (a tensor, a NumPy array or an array-like) after "
+            f"logits, got {type(labels).__name__}"
         )
     if labels.ndim != 1 or len(labels) != shape[0]:
         raise ValueError(
@@ -108,9 +146,11 @@ def stateless(predictor: Any) -> bool:
 def _stateless_batches(
     model: nn.Module, X: Data, batch_size: int, batch_fn: BatchFn | None = None, **_: Any
 ) -> Iterator[Tensor]:
-    """`[1, B_j, C]` per batch of a `stateless` model, computed on the inputs' own device."""
+    """`[1, B_j, C]` per batch of a `stateless` model, computed on the inputs' own device;
+    detached, as an `Ensemble`'s logits are (no gradient): saved logits that require grad are
+    read as data (maps fitted on them convert them to NumPy)."""
     for x in Source.of(X, batch_fn).inputs(batch_size):
-        yield model_output(call_model(model, x), "member_logits").unsqueeze(0)
+        yield model_output(call_model(model, x), "member_logits").detach().unsqueeze(0)
 
 
 def predictor_device(predictor: Any) -> torch.device | None:
@@ -181,7 +221,12 @@ def iter_member_logits_of(
 
 
 def logits_and_labels(
-    predictor: Any, data: Data, batch_size: int, batch_fn: BatchFn | None, name: str
+    predictor: Any,
+    data: Data,
+    batch_size: int,
+    batch_fn: BatchFn | None,
+    name: str,
+    one_class: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """Member logits `[M, N, C]` and labels `[N]` of labelled data in one pass over it, the
     labels on the logits' device (labels follow the scores, `peg.source._devices`).
@@ -189,21 +234,25 @@ def logits_and_labels(
     A pair `(X, y)` of tensors is predicted as it is (`Source.xy`); a loader or a Dataset (batches
     of any shape, `peg.source.batches`) is handed to the predictor as a `Tapped` source, which
     records each batch's labels as the predictor reads it: the inputs are never gathered, and the
-    logits are those `predictor.member_logits(data)` gives (same batches, same bits)."""
+    logits are those `predictor.member_logits(data)` gives (same batches, same bits).
+    `one_class`: warn of validation labels of one class (False: the caller refuses them).
+    Probabilities in place of logits are warned of, with the fix for saved values (their log)
+    where the predictor is an `nn.Identity` (saved logits, `SavedLogits` or the command line's)."""
     X, y = Source(data, batch_fn, name).labelled(predictor_device(predictor))
     logits = member_logits_of(predictor, X, batch_size)
     if isinstance(X, Tapped):
         y = checked_labels(X.labels(), name, logits.shape[1], predictor_device(predictor))
     assert y is not None
     y = move(y, logits.device, f"{name} labels")  # labels follow the scores
-    _warn(logits, y, name)
+    _warn(logits, y, name, isinstance(predictor, nn.Identity), one_class)
     return logits, y
 
 
-def _warn(logits: Tensor, y: Tensor, name: str) -> None:
-    """What is accepted yet meaningless to fit on: probabilities for logits, one class in val."""
-    warn_probabilities(logits[0])
-    if name == "val":
+def _warn(logits: Tensor, y: Tensor, name: str, saved: bool, one_class: bool) -> None:
+    """What is accepted yet meaningless to fit on: probabilities for logits (`saved`: saved
+    values, whose fix is their log), one class in val."""
+    warn_probabilities(logits[0], saved)
+    if name == "val" and one_class:
         warn_one_class(y, name)
 
 

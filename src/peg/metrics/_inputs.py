@@ -28,7 +28,15 @@ def as_pred(pred: Any, name: str = "pred") -> Tensor:
     if t.ndim == 3:
         return t
     # float32 / float64 promotes to float64 in the division itself: no separate float64 copy
-    return torch.div(t, prob_row_sums(t, name)[:, None])
+    return torch.div(t, prob_row_sums(t, name, member_axis(pred))[:, None])
+
+
+def member_axis(pred: Any) -> str:
+    """How a single model's logits `pred` `[N, C]` become member logits `[1, N, C]`, written for
+    the type they came in (a tensor's method is not a NumPy array's)."""
+    if isinstance(pred, Tensor):
+        return "logits.unsqueeze(0)"
+    return "logits[None] (np.expand_dims(logits, 0))"
 
 
 def checked_pred(pred: Any, name: str = "pred") -> Tensor:
@@ -57,9 +65,10 @@ def checked_pred(pred: Any, name: str = "pred") -> Tensor:
     return t
 
 
-def prob_row_sums(t: Tensor, name: str = "pred") -> Tensor:
+def prob_row_sums(t: Tensor, name: str = "pred", fix: str = "logits.unsqueeze(0)") -> Tensor:
     """The float64 row sums `[N]` of probabilities `t` `[N, C]` (any floating dtype), checked:
-    finite, non-negative, each within `PROB_ATOL` of 1. The probabilities are `t / sums`."""
+    finite, non-negative, each within `PROB_ATOL` of 1. The probabilities are `t / sums`.
+    `fix`: how the user's logits get a member axis (`member_axis` of what they passed)."""
     sums = by_blocks(t, lambda block, _: block.sum(-1, dtype=torch.float64))
     # one synchronisation for all three checks; NaN or inf anywhere makes its row's sum, so
     # the largest deviation, non-finite
@@ -74,7 +83,7 @@ def prob_row_sums(t: Tensor, name: str = "pred") -> Tensor:
         )
         raise ValueError(
             f"{name}: expected probabilities [N, C] with non-negative rows summing to 1, but "
-            f"it {problem}; pass logits as member logits [M, N, C], e.g. logits.unsqueeze(0)"
+            f"it {problem}; pass logits as member logits [M, N, C], e.g. {fix}"
         )
     return sums
 

@@ -23,7 +23,14 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from peg.metrics._inputs import by_blocks, check_labels, checked_pred, log_probs_of, prob_row_sums
+from peg.metrics._inputs import (
+    by_blocks,
+    check_labels,
+    checked_pred,
+    log_probs_of,
+    member_axis,
+    prob_row_sums,
+)
 
 _SAME_SIZE_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -60,7 +67,7 @@ class Predictive:
             self.member_log = t.log_softmax(-1)  # [M, N, C], shared by the NLL and Gibbs NLL
             self._probs, self._sums = None, None
         else:
-            self._probs, self._sums = t, prob_row_sums(t, name)
+            self._probs, self._sums = t, prob_row_sums(t, name, member_axis(pred))
         self.shape, self.num_classes = tuple(t.shape), t.shape[-1]
         self.labels = check_labels(y, t.shape[-2], self.num_classes, device=t.device)
 

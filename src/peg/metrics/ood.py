@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from peg.metrics._inputs import as_pred, ensemble_log_probs, ensemble_probs
+from peg.metrics._inputs import as_pred, ensemble_log_probs, ensemble_probs, member_axis
 from peg.source._values import as_tensor
 
 __all__ = [
@@ -63,7 +63,7 @@ def _members(pred: Any, name: str, score: str) -> Tensor:
     if t.ndim != 3:
         raise ValueError(
             f"{name}: {score} needs member logits [M, N, C], got probabilities of shape "
-            f"{tuple(t.shape)}; pass a single model's logits as logits.unsqueeze(0)"
+            f"{tuple(t.shape)}; pass a single model's logits as {member_axis(pred)}"
         )
     return t
 

@@ -36,7 +36,7 @@ from peg import streams
 from peg.source._devices import check_data_device as _check_device
 from peg.source._devices import move
 from peg.source._fingerprint import DataHasher
-from peg.source._values import check_finite, checked_labels
+from peg.source._values import check_finite, checked_labels, regression_targets
 from peg.source.batches import BatchFn, batch_rows, split_batch, take_rows, tensors
 
 ORDER_BATCH = 512  # rows per batch of the pass in order when the data has no batch size of its own
@@ -99,9 +99,23 @@ class ValSource:
         else:  # a pair of tensors or arrays, checked whole (`Source.xy`'s errors otherwise)
             self.X, self.y = pair()
             self.n = len(self.X)
-        self.classes: int | None = None  # set once the model's output width is known
+        self._classes: int | None = None  # set once the model's output width is known
         self.regression = False
         self.seen: int | None = None  # points read by the pass in order (`batches`)
+
+    @property
+    def classes(self) -> int | None:
+        """The model's output width C, once known (None before)."""
+        return self._classes
+
+    @classes.setter
+    def classes(self, width: int | None) -> None:
+        """C known: a pair's floating-point labels that are class labels by the one rule
+        (`regression_targets`: whole numbers in [0, C)) are read as class indices from here."""
+        self._classes = width
+        y = self.y
+        if width is not None and y is not None and not regression_targets(y, width):
+            self.y = y.long()
 
     @property
     def count(self) -> int:
@@ -227,12 +241,17 @@ class ValSource:
         if y.ndim != 1:
             raise ValueError(f"{name}: labels must be a vector [N], got shape {tuple(y.shape)}")
         if self.classes is not None:
-            if torch.is_floating_point(y) != self.regression:
-                if self.regression:
-                    raise ValueError(f"{name}: {y.dtype} labels where the first batch had float "
-                                     "targets (regression)")  # fmt: skip
-                raise ValueError(f"{name}: expected integer class labels, got {y.dtype}; pass "
-                                 "y.long()")  # fmt: skip
+            if self.regression and not torch.is_floating_point(y):
+                raise ValueError(
+                    f"{name}: {y.dtype} labels where the first batch had float targets (regression)"
+                )
+            if not self.regression and torch.is_floating_point(y):  # whole numbers: classes
+                if not bool((y == y.round()).all()):
+                    raise ValueError(
+                        f"{name}: expected integer class labels, got {y.dtype} values that are "
+                        "not whole numbers; pass class indices in [0, C)"
+                    )
+                y = y.long()
             if not self.regression and len(y) and (y.min() < 0 or y.max() >= self.classes):
                 raise ValueError(
                     f"{name}: labels must lie in [0, {self.classes}) for a model with "

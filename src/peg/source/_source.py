@@ -37,9 +37,11 @@ from torch.utils.data import (
 
 from peg.source._devices import check_data_device, move
 from peg.source._rows import InputBatches, ValSource
-from peg.source._values import check_finite, checked_labels
+from peg.source._values import check_finite, checked_labels, refuse_names
 from peg.source.batches import (
     BatchFn,
+    array_likes,
+    as_array,
     batch_rows,
     describe_inputs,
     from_numpy,
@@ -86,7 +88,7 @@ class Source:
     (`peg.source.batches`), `name` is the argument's name in errors. See the module doc."""
 
     def __init__(self, data: Data, batch_fn: BatchFn | None = None, name: str = "X") -> None:
-        self.data, self.batch_fn, self.name = data, batch_fn, name
+        self.data, self.batch_fn, self.name = array_likes(data), batch_fn, name
 
     @classmethod
     def of(cls, data: Data, batch_fn: BatchFn | None = None, name: str = "X") -> Source:
@@ -237,7 +239,7 @@ class Source:
         name, batch_fn = self.name, self.batch_fn
         if isinstance(data, (Tensor, np.ndarray)) or is_pair(data):
             X, y = (data, None) if isinstance(data, (Tensor, np.ndarray)) else data
-            X = _tensor(X, name)
+            _tensor(X[:0], name)  # the type checked before any batch
             y = _tensor(y, f"{name} labels") if y is not None and need_labels else None
             if y is None and need_labels:
                 raise ValueError(
@@ -245,7 +247,8 @@ class Source:
                 )
             for start in range(0, X.shape[0], batch_size):
                 yield (
-                    X[start : start + batch_size],
+                    # an array sliced first: a big-endian memmap is swapped a batch at a time
+                    _tensor(X[start : start + batch_size], name),
                     (None if y is None else y[start : start + batch_size]),
                 )
             return
@@ -370,7 +373,9 @@ class Tapped(Source):
 def _tensor(a: Any, name: str) -> Tensor:
     if isinstance(a, Tensor):
         return a
+    a = as_array(a)
     if isinstance(a, np.ndarray):
+        refuse_names(a, name)
         return from_numpy(a)
     raise TypeError(f"{name}: expected a Tensor or numpy array, got {type(a).__name__}")
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from peg.source._devices import check_data_device
-from peg.source.batches import tensors
+from peg.source.batches import as_array, from_numpy, tensors
+
+STRING_LABELS = "pass classes=[...] to say which column each names"
 
 
 def as_tensor(
@@ -17,6 +20,10 @@ def as_tensor(
 ) -> Tensor:
     """`torch.as_tensor(a)` (detached) for metric inputs, refusing what is not numbers and what
     is on the `meta` device with an error naming `name` (see `check_data_device`)."""
+    a = as_array(a)  # lists, tuples, pandas objects: NumPy arrays
+    if isinstance(a, np.ndarray):
+        refuse_names(a, name)
+        a = from_numpy(a)  # big-endian arrays byte-swapped
     try:
         t = torch.as_tensor(a)
     except TypeError as e:
@@ -27,6 +34,57 @@ def as_tensor(
         raise ValueError(f"{name}: not a rectangular array of numbers ({e})") from None
     check_data_device(t, name, device, owner)
     return t.detach()
+
+
+def refuse_names(a: np.ndarray, name: str) -> None:
+    """A TypeError naming `name` for an array of strings or objects where numbers are read
+    (`class_indices` maps labels that name classes, given the `classes`)."""
+    if a.dtype.kind in "USO":
+        first = a.reshape(-1)[:3].tolist()
+        strings = a.dtype.kind in "US" or any(isinstance(v, str) for v in first)
+        shown = ", ".join(map(repr, first)) + (", ..." if a.size > 3 else "")
+        raise TypeError(
+            f"{name}: expected numbers, got {'strings' if strings else 'objects'} ({shown})"
+            + (f"; string labels: {STRING_LABELS}" if strings else "")
+        )
+
+
+def class_indices(y: Any, name: str, classes: Any = None) -> Any:
+    """Labels `y` `[N]` as users pass them, as numbers peg reads: a tensor or an array as it is,
+    an array-like (a list, a tuple, a pandas Series) as a NumPy array. With `classes` (the
+    class of each logit column, in order: names or numbers), each label is replaced by the
+    index of its class (int64), and a label that is none of them is a ValueError naming it;
+    without, labels that are strings are a TypeError saying to pass `classes`."""
+    y = as_array(y)
+    if classes is None:
+        if isinstance(y, np.ndarray):
+            refuse_names(y, name)
+        return y
+    names = as_array(classes)
+    if not isinstance(names, np.ndarray) or names.ndim != 1 or len(names) < 2:
+        raise ValueError(
+            f"classes: expected the class of each logit column, in order (a list of at least "
+            f"2 names), got {classes!r}"[:300]
+        )
+    index = {v: i for i, v in enumerate(names.tolist())}
+    if len(index) != len(names):
+        raise ValueError(f"classes: names a class twice ({names.tolist()[:10]})")
+    values = y.detach().cpu().numpy() if isinstance(y, Tensor) else np.asarray(y)
+    if values.ndim != 1:
+        raise ValueError(f"{name}: expected labels [N], got shape {tuple(values.shape)}")
+    try:
+        seen, inverse = np.unique(values, return_inverse=True)  # one look-up per distinct label
+    except TypeError:  # labels of types that do not compare (strings and numbers)
+        raise TypeError(f"{name}: labels of mixed types ({values[:3].tolist()} ...)") from None
+    codes = np.array([index.get(v, -1) for v in seen.tolist()], dtype=np.int64)
+    if (codes < 0).any():
+        bad = seen[codes < 0][0]
+        row = int(np.flatnonzero(values == bad)[0])
+        raise ValueError(
+            f"{name}: label {bad.item()!r} (row {row}) is none of classes {names.tolist()[:10]}"
+        )
+    out = codes[inverse.reshape(-1)]
+    return torch.from_numpy(out) if isinstance(y, Tensor) else out
 
 
 def checked_labels(
@@ -51,6 +109,19 @@ def checked_labels(
     return y
 
 
+def regression_targets(y: Tensor, width: int) -> bool:
+    """The one rule that tells regression targets from class labels (`peg.evaluate`, the fits,
+    `compare`): integer labels are class labels; floating-point labels are class labels too
+    when every one is a whole number in [0, C) of a classifier's C = `width` outputs (labels
+    read from a CSV or a pandas column come as floats), and regression targets otherwise (for
+    Gaussian heads, outputs `[B, 2]`: mean, log-variance). So targets that are all 0.0 or 1.0
+    on a two-column output are read as the labels of a binary classifier."""
+    if not torch.is_floating_point(y):
+        return False
+    whole = (y == y.round()) & (y >= 0) & (y < width)  # NaN: not whole
+    return not bool(whole.all())
+
+
 def refuse_bool_labels(y: Tensor, name: str) -> None:
     """A ValueError naming `name` for bool labels: as class indices they can only say 0 or 1,
     so with more classes the others collapse silently (the command line refuses them too)."""
@@ -70,6 +141,19 @@ def warn_one_class(y: Tensor, name: str) -> None:
             "no sense (the fitted temperature or scale grows without bound); pass validation "
             "data with every class",
             stacklevel=3,
+        )
+
+
+def refuse_one_class(y: Tensor, name: str, what: str) -> None:
+    """A ValueError naming `name` when class labels `y` `[N]` hold one class only: a map fitted
+    on them (`what`) cannot learn anything of the classes' probabilities (a temperature or a
+    scale driven to its bound, a class's prior to 1). Methods that only choose a scale on them
+    (PEG, PEP) are warned instead (`warn_one_class`)."""
+    if len(y) > 1 and not torch.is_floating_point(y) and bool(y.min() == y.max()):
+        raise ValueError(
+            f"{name}: every label is {int(y.min())} (one class only): {what} cannot learn a map "
+            "of the classes' probabilities from one class; pass validation data with at least "
+            "2 classes (every class, ideally)"
         )
 
 

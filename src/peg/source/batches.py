@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Mapping
+from numbers import Number
 from typing import Any
 
 import numpy as np
@@ -66,10 +67,60 @@ def check_batch_fn(batch_fn: Any, name: str = "batch_fn") -> BatchFn | None:
 def from_numpy(a: np.ndarray) -> Tensor:
     """`a` as a tensor sharing its memory, read-only arrays too (a memory-mapped `.npy` of saved
     logits is read batch by batch, never copied whole): peg never writes into users' data, so
-    PyTorch's warning about non-writable arrays does not apply."""
+    PyTorch's warning about non-writable arrays does not apply. A big-endian array (a `.npy`
+    written on another machine, `dtype='>f4'`), which torch cannot hold, is byte-swapped to
+    native order: a copy, of the batch read where a source slices it first."""
+    if not a.dtype.isnative:
+        a = a.astype(a.dtype.newbyteorder("="))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         return torch.from_numpy(a)
+
+
+def is_pandas(x: Any) -> bool:
+    """Whether `x` is a pandas object (a DataFrame, a Series, an Index), told without importing
+    pandas."""
+    return type(x).__module__.split(".")[0] == "pandas" and hasattr(x, "to_numpy")
+
+
+def as_array(x: Any) -> Any:
+    """Array-likes as scikit-learn reads them: a pandas object, or a list or tuple of numbers
+    (or of equal rows of numbers, or of strings), as a NumPy array; anything else as it is (a
+    tensor, an array, a pair `(X, y)`: items that are not numbers, or rows of unequal shapes)."""
+    if isinstance(x, (Tensor, np.ndarray)):
+        return x
+    if is_pandas(x):
+        a = x.to_numpy()
+        if a.dtype.kind == "O":  # a nullable (Int64) or mixed column: its values' own type
+            try:
+                typed = np.asarray(a.tolist())
+            except (ValueError, TypeError):
+                return a
+            return a if typed.dtype.kind == "O" else typed
+        return a
+    if not isinstance(x, (tuple, list)) or not x:
+        return x
+    if any(isinstance(v, (Tensor, np.ndarray, Mapping)) or is_pandas(v) for v in x):
+        return x  # structured inputs, or a pair (X, y) of arrays
+    first = x[0][0] if isinstance(x[0], (tuple, list)) and x[0] else x[0]
+    if not isinstance(first, (Number, str, np.generic)):
+        return x  # not numbers (batches, say): nothing converted, nothing copied
+    try:
+        a = np.asarray(x)
+    except (ValueError, TypeError):  # rows of unequal shapes: not an array
+        return x
+    return x if a.dtype.kind == "O" else a
+
+
+def array_likes(data: Any) -> Any:
+    """`data` with its array-likes as NumPy arrays (`as_array`: pandas objects, lists of
+    numbers), and so a pair's items; anything else as it is."""
+    data = as_array(data)
+    if isinstance(data, (tuple, list)) and len(data) == 2:
+        X, y = as_array(data[0]), as_array(data[1])
+        if isinstance(X, (Tensor, np.ndarray)) and (X is not data[0] or y is not data[1]):
+            return (X, y) if isinstance(data, tuple) else [X, y]  # a pair (X, y)
+    return data
 
 
 def _leaf(x: Any) -> Any:

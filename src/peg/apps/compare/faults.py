@@ -26,7 +26,7 @@ from peg.metrics._inputs import check_labels
 from peg.output import model_output
 from peg.source import Data, Source, is_pair
 from peg.source._devices import model_device, move
-from peg.source._values import warn_one_class
+from peg.source._values import regression_targets, warn_one_class
 from peg.source.batches import BatchFn, call_model, take_rows
 
 # (a piece of the message, what the user can do); the first match wins
@@ -120,13 +120,17 @@ def check_data(
         inputs, y = _first_batch(data, name, batch_fn, labelled)
         x = move(take_rows(inputs, 0, 2), device, name)
         with eval_mode(model), torch.no_grad():
-            out = model_output(diagnose(lambda rows: call_model(model, rows), x, name), "model")
+            saved = isinstance(model, nn.Identity)  # saved logits: their fix is their log
+            out = diagnose(lambda rows: call_model(model, rows), x, name, saved)
+            out = model_output(out, "model")
         if not labelled:
             continue
         assert y is not None
-        if torch.is_floating_point(y):
+        if regression_targets(y, out.shape[1]):  # floats that are not class indices
             raise ValueError(
-                f"{name}: expected integer class labels (compare is for classifiers), got {y.dtype}"
+                f"{name}: expected integer class labels (compare is for classifiers), got "
+                f"{y.dtype} values that are not class indices (whole numbers in "
+                f"[0, {out.shape[1]}))"
             )
         check_labels(y, len(y), out.shape[1], name=f"{name} labels")
         if name == "val" and is_pair(data):

@@ -35,7 +35,7 @@ from peg.apps.results import RESULTS
 from peg.apps.scores import labelled_metrics, ood_detection, scored_detection
 from peg.apps.verdict import per_point
 from peg.detectors import DETECTOR_SCORES, OODDetector
-from peg.methods._predictors import read_predictor
+from peg.methods._predictors import read_predictor, stateless
 from peg.methods.perturbation._scale_search import MAX_SCORE_POINTS
 from peg.metrics._inputs import ensemble_log_probs
 from peg.metrics.ood import OOD_SCORES
@@ -164,6 +164,7 @@ def compare(
             f"ood_score: expected one of {[*OOD_SCORES, *DETECTOR_SCORES]}, got {ood_score!r}"
         )
     labelled, unlabelled = _sets(val, test, shifted, ood)
+    _check_widths(model, labelled, unlabelled)  # saved logits: of one set of classes
     check_data(model, [(_argument(n), d, True) for n, d in labelled.items()]
                + [(f"ood[{n!r}]", d, False) for n, d in unlabelled.items()], batch_fn)  # fmt: skip
     check = registry.Site(seed=seed, progress=False, score_points=MAX_SCORE_POINTS)
@@ -361,6 +362,25 @@ def _labelled(data: Data, name: str) -> Data:
         f"{name}: expected labelled data: a pair (X, y) of tensors or arrays, a Dataset or "
         f"a DataLoader, got {type(data).__name__}"
     )
+
+
+def _check_widths(model: nn.Module, labelled: dict[str, Data], ood: dict[str, Data]) -> None:
+    """Saved logits (`model` stateless) held in memory with another number of columns
+    (classes) than val's: a ValueError naming both counts, before any fitting (every method
+    fitted on val failed on them, one row each)."""
+    if not stateless(model):  # one model's outputs: one width
+        return
+    sets = [(_argument(n), d) for n, d in labelled.items()]
+    sets += [(f"ood[{n!r}]", d) for n, d in ood.items()]
+    arrays = {n: d[0] if is_pair(d) else d for n, d in sets}
+    widths = {n: a.shape[-1] for n, a in arrays.items() if isinstance(a, (Tensor, np.ndarray))}
+    for name, width in widths.items():
+        if "val" in widths and width != widths["val"]:
+            raise ValueError(
+                f"{name}: logits with {width} columns (classes), but val's have "
+                f"{widths['val']}; every set must be the same model's logits (the same classes, "
+                "in the same order)"
+            )
 
 
 def _argument(name: str) -> str:

@@ -77,7 +77,8 @@ def _saved(path: str, labels: str, classes: int) -> tuple[Any, Any]:
 
 def run(args: argparse.Namespace, command: str, progress: bool | None) -> int:
     import peg
-    from peg.apps.monitor.monitor import FILES, WRITES, Monitor, earlier_run
+    from peg.apps.monitor.files import FILES, WRITES, earlier_run
+    from peg.apps.monitor.monitor import Monitor
 
     predictor, val, targets = inputs(args)
     try:  # before the folder is claimed

@@ -9,53 +9,30 @@ realized accuracy where every point of the chunk came with its label, and `alert
 chunks drawn from the source validation data, NannyML's rule, clipped to [0, 1]) or a test
 with p < `alpha` / 3 (Bonferroni: three tests). With `out`, results.json / .md / .csv are
 rewritten (atomically) as each chunk ends, in a folder claimed as `peg compare` claims its
-own: a crash loses no finished chunk. results.json, written first, is the source of truth (a
-kill between the writes leaves .md / .csv a chunk behind): an earlier run's chunks there are
-replaced only with `overwrite`, or taken back with `resume` (.md / .csv rewritten from them).
+own: a crash loses no finished chunk (`files.py`: results.json the source of truth, an earlier
+run replaced only with `overwrite` or taken back with `resume`).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from peg.apps import results as files
-from peg.apps.html import Reported, to_csv
-from peg.apps.monitor import drift, report
+from peg.apps.html import Reported
+from peg.apps.monitor import drift, files, report
 from peg.methods.estimation import PerformanceEstimator
 from peg.methods.estimation._stats import Summary
 from peg.metrics._inputs import check_labels
 from peg.source.batches import from_numpy
 
-FILES = ("results.json", "results.md", "results.csv")
-WRITES = "results.json, results.md and results.csv"  # a refused folder's message says so
-
-
-def earlier_run(folder: Path, overwrite: bool, resume: bool, argument: str = "out") -> Any:
-    """The results.json of an earlier run in `folder` to resume (None: none, or to replace);
-    a FileExistsError naming `argument` where one holds chunks and neither is asked for."""
-    path = folder / "results.json"
-    try:
-        earlier = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
-    except (ValueError, OSError) as e:
-        earlier = {"chunks": [f"unreadable: {e}"]}  # refused as a run of unknown chunks
-    if overwrite or not isinstance(earlier, dict) or not earlier.get("chunks"):
-        return None
-    if not resume:
-        raise FileExistsError(
-            f"{argument}: {folder} holds the {len(earlier['chunks'])} chunks of an earlier "
-            "monitor run (results.json; results.md and .csv may be a chunk behind it if that "
-            "run was killed); this run would replace them: pass resume=True (peg.Monitor) to "
-            "continue it, overwrite=True (--overwrite) to replace it, or a new folder"
-        )
-    return earlier
+# reference chunks at most: each costs an estimate on a chunk drawn from the source, and the
+# band's σ from n of them has a relative error of about 1 / sqrt(2 (n - 1)) (1% at 5,000)
+MAX_REFERENCE = 10_000
 
 
 class Monitor(Reported):
@@ -70,7 +47,8 @@ class Monitor(Reported):
             below alpha / 3. Unsplit, 3-9% of clean chunks alerted at 0.01; split, 0-2.5%
             (benchmarks/monitor_false_alarms.py), plus what one fixed source sample adds.
         n_reference: reference chunks drawn (with replacement) from the source (20 gave a
-            band from a noisy σ: 10% of clean 50-point chunks of a digits model left it).
+            band from a noisy σ: 10% of clean 50-point chunks of a digits model left it), at
+            most `MAX_REFERENCE` (10,000: each costs an estimate; σ gains nothing beyond).
         out: a folder to write results.json / .md / .csv in as each chunk ends, or None.
         overwrite: write into a non-empty folder peg monitor did not make, or replace the
             chunks of an earlier run in `out`.
@@ -78,6 +56,9 @@ class Monitor(Reported):
             .csv rewritten from them; feed the rest of the stream (its first
             `sum(c["n"] for c in chunks)` points were read); `adapted()` sees new chunks only.
         seed: the reference chunks and the domain classifier's samples.
+
+    `update(batch, labels, name=)`: `name` a string (a path is one), checked before the batch
+    is read, so a bad one loses no chunk.
 
     Examples:
         >>> import torch, peg
@@ -128,24 +109,27 @@ class Monitor(Reported):
                 raise ValueError(
                     f"{name}: expected a positive number (alpha below 1), got {value!r}"
                 )
-        if not isinstance(n_reference, int) or n_reference < 2:
-            raise ValueError(f"n_reference: expected an integer >= 2, got {n_reference!r}")
+        if (
+            isinstance(n_reference, bool)
+            or not isinstance(n_reference, int)
+            or not 2 <= n_reference <= MAX_REFERENCE
+        ):
+            raise ValueError(
+                f"n_reference: expected an integer in [2, {MAX_REFERENCE}] (the band's σ is "
+                f"within 1% of its limit from 5,000 chunks on), got {n_reference!r}"
+            )
         self.estimator, self.chunk_size = estimator, chunk_size
         self.sigmas, self.alpha, self.n_reference, self.seed = sigmas, alpha, n_reference, seed
-        self.out = (
-            None
-            if out is None
-            else files.claim(out, "monitor", overwrite, files=FILES, writes=WRITES)
-        )
+        self.out = None if out is None else files.claim(out, overwrite)
         self.chunks: list[dict[str, Any]] = []
         self._reset()
         self._band: tuple[float, float, float] | None = None
         self._flagged: np.ndarray | None = None
         if not isinstance(resume, bool) or (resume and out is None):
             raise ValueError(f"resume: expected True (with out) or False, got {resume!r}")
-        earlier = None if self.out is None else earlier_run(self.out, overwrite, resume)
+        earlier = None if self.out is None else files.earlier_run(self.out, overwrite, resume)
         if earlier is not None:
-            self._resume(earlier)
+            files.resume(self, earlier)
 
     def _settings(self) -> dict[str, Any]:
         """What a resumed run must share with the run it continues."""
@@ -153,20 +137,6 @@ class Monitor(Reported):
         return {"method": est.method, "classes": int(est.n_classes_), "seed": self.seed,
                 "chunk_size": self.chunk_size, "sigmas": self.sigmas, "alpha": self.alpha,
                 "n_reference": self.n_reference}  # fmt: skip
-
-    def _resume(self, earlier: dict[str, Any]) -> None:
-        """The earlier run's chunks and reference back from its results.json; .md / .csv
-        rewritten from them (a kill between the writes left them a chunk behind)."""
-        settings, reference = earlier.get("settings"), earlier.get("reference")
-        if settings != self._settings() or not isinstance(reference, list) or len(reference) != 4:
-            raise ValueError(
-                f"resume: the run in {self.out} had settings {settings}, this one "
-                f"{self._settings()}; resume with the same, or pass overwrite=True"
-            )
-        self.chunks = list(earlier["chunks"])
-        *band, self._dispersion = (float(v) for v in reference)
-        self._band = (band[0], band[1], band[2])
-        self._write()
 
     # ---------------------------------------------------------------- the band
     @property
@@ -204,6 +174,13 @@ class Monitor(Reported):
         (a file's) in the chunk's `source`. With `chunk_size` None the batch is one chunk. A
         bad batch is a ValueError naming `batch`, its chunk and row; the chunks before it are
         kept (and written), and so are, with `chunk_size`, the rows read before the bad one."""
+        if isinstance(name, os.PathLike):
+            name = os.fspath(name)
+        if name is not None and not isinstance(name, str):
+            raise TypeError(
+                f"name: expected a string (the batch's source, e.g. its file name) or None, "
+                f"got {type(name).__name__} {name!r}"[:300]
+            )
         rows = self._rows(batch)
         y = None if labels is None else self._labels(labels, rows)
         at = 0
@@ -374,14 +351,8 @@ class Monitor(Reported):
         return [c for c in self.chunks if c["alert"]]
 
     def _write(self) -> None:
-        if self.out is None:
-            return
-        lo, hi = self.band  # the reference (mean, lo, hi) and the dispersion: kept to resume
-        reference = [*(self._band or ()), self._dispersion]
-        files.write_json(self.out / "results.json", {"chunks": self.chunks, "band": [lo, hi],
-                         "settings": self._settings(), "reference": reference})  # fmt: skip
-        files.write_text(self.out / "results.md", report.markdown(self))
-        files.write_text(self.out / "results.csv", to_csv(report.records(self)))
+        if self.out is not None:
+            files.write(self, self.out)
 
     def _report(self) -> Any:
         return report.build(self)

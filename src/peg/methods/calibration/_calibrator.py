@@ -40,6 +40,7 @@ from peg.ensemble import Predicts
 from peg.loading import register_calibrator
 from peg.methods import _constraints as checks
 from peg.methods._predictors import (
+    check_classes,
     iter_member_logits_of,
     logits_and_labels,
     member_logits_of,
@@ -51,7 +52,7 @@ from peg.methods.calibration._calibrator_archive import Archived
 from peg.methods.calibration._calibrator_archive import stored as stored
 from peg.metrics._inputs import check_labels, ensemble_log_probs
 from peg.source import Data, is_pair
-from peg.source._values import check_finite_logits, warn_absent_classes
+from peg.source._values import check_finite_logits, refuse_one_class, warn_absent_classes
 from peg.source.batches import BatchFn, check_batch_fn
 
 # `to_module`'s builders by calibrator `method` (`_export`'s, registered when it is imported)
@@ -149,7 +150,12 @@ class Calibrator(Archived, Predicts, Method):
 
     # ---------------------------------------------------------------- fitting
     def fit(
-        self, predictor: Any, val: Data | None = None, *, bn_data: Data | None = None
+        self,
+        predictor: Any,
+        val: Data | None = None,
+        *,
+        bn_data: Data | None = None,
+        classes: Any = None,
     ) -> Calibrator:
         """Fit the map on validation data `val` ((X, y), Dataset or DataLoader, batches of any
         shape); returns self.
@@ -163,22 +169,28 @@ class Calibrator(Archived, Predicts, Method):
                 gathered: the predictor reads it batch by batch and the labels are collected as
                 it goes (`logits_and_labels`).
             bn_data: unused (accepted as by every post-hoc method).
+            classes: the class of each logit column, in order (e.g. `["cat", "dog"]`), where
+                the labels name their classes (strings): each label is read as its class's
+                column. Labels that are strings without it are refused.
         """
         self._check_params()  # as the constructor did: catches an attribute set directly
-        predictor, val = read_predictor(predictor, val)  # fit(logits, labels): SavedLogits()
+        # fit(logits, labels): SavedLogits(); labels named by `classes` read as their indices
+        predictor, val = read_predictor(predictor, val, classes=classes)
         if val is None:
             raise ValueError(f"val: {self.label} needs labelled validation data (X, y)")
         labels = val[1] if is_pair(val) else None
         if isinstance(labels, (Tensor, np.ndarray)) and labels.ndim >= 1:
             # labels that cannot be labels (floats, a wrong shape): said before the forwards
             check_labels(labels, len(labels), None, name="val labels")
-        logits, y = logits_and_labels(
-            predictor, val, int(self.batch_size), check_batch_fn(self.batch_fn), "val"
+        logits, y = logits_and_labels(  # one class only: refused below, not warned of
+            predictor, val, int(self.batch_size), check_batch_fn(self.batch_fn), "val", False
         )
         kind = self._score_kind(logits)
         scores = scores_of(logits, kind, "val")
+        check_classes(classes, scores.shape[1])
         y = check_labels(y, *scores.shape, name="val labels", device=scores.device)
         self._check_classes(scores.shape[1])
+        refuse_one_class(y, "val labels", self.label)
         if self.class_wise:
             warn_absent_classes(y, scores.shape[1], "val", self.label)
         state = self._fit_map(scores, y)

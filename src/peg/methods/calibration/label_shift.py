@@ -25,6 +25,9 @@ from peg._schema import Fields
 from peg.errors import ArchiveError, NotStreamable
 from peg.methods import _constraints as checks
 from peg.methods._predictors import (
+    SavedLogits,
+    check_classes,
+    check_saved_logits,
     iter_member_logits_of,
     logits_and_labels,
     member_logits_of,
@@ -42,8 +45,8 @@ from peg.methods.calibration._label_shift import (
 from peg.methods.conformal._base import WrapsCalibrator
 from peg.metrics._inputs import check_labels
 from peg.source import Data
-from peg.source._values import check_finite
-from peg.source.batches import BatchFn, check_batch_fn
+from peg.source._values import as_tensor, check_finite
+from peg.source.batches import BatchFn, as_array, check_batch_fn
 
 METHODS = ("em", "bbse")
 CALIBRATIONS = ("bcts", "ts", None)
@@ -109,6 +112,7 @@ class LabelShift(WrapsCalibrator):
         *,
         target: Data | None = None,
         bn_data: Data | None = None,
+        classes: Any = None,
     ) -> LabelShift:
         """Estimate the target priors; returns self.
 
@@ -120,19 +124,26 @@ class LabelShift(WrapsCalibrator):
             target: unlabelled inputs from the target distribution (a tensor, an array, a
                 Dataset or a DataLoader; labels in it are ignored), streamed once.
             bn_data: unused (accepted as by every post-hoc method).
+            classes: the class of each logit column, in order, where the labels name their
+                classes (strings); see `peg.TemperatureScaling.fit`.
         """
         self._check_params()
-        predictor, val = read_predictor(predictor, val)  # fit(logits, labels, target=...)
+        # fit(logits, labels, target=...); labels named by `classes` read as their indices
+        predictor, val = read_predictor(predictor, val, classes=classes)
         if val is None:
             raise ValueError(f"val: {self.label} needs labelled validation data (X, y)")
         if target is None:
             raise ValueError(f"target: {self.label} needs unlabelled target inputs")
+        target = as_array(target)  # a list of rows, a pandas DataFrame: an array
+        if isinstance(predictor, SavedLogits) and isinstance(target, (Tensor, np.ndarray)):
+            check_saved_logits(target, "target", " like the validation logits")
         check_target_shape(val, target)
         if isinstance(target, (Tensor, np.ndarray)):  # a loader's: checked as they are read
-            check_finite(torch.as_tensor(target), "target")
+            check_finite(as_tensor(target, "target"), "target")
         size, split = int(self.batch_size), check_batch_fn(self.batch_fn)
         logits, y = logits_and_labels(predictor, val, size, split, "val")
         scores = scores_of(logits, "log_probs", "val")
+        check_classes(classes, scores.shape[1])
         classes = scores.shape[1]
         self._check_classes(classes)
         y = check_labels(y, *scores.shape, name="val labels")

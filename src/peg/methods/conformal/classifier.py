@@ -16,12 +16,12 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from peg._forward import warn_probabilities
 from peg.errors import ArchiveError
 from peg.methods import _constraints as checks
-from peg.methods._predictors import read_predictor
+from peg.methods._predictors import check_classes, read_predictor
 from peg.methods.base import store_arguments
 from peg.methods.calibration._calibrator import stored
 from peg.methods.conformal._base import ConformalBase
@@ -196,13 +196,17 @@ class ConformalClassifier(ConformalBase):
         *,
         target: Data | None = None,
         bn_data: Data | None = None,
+        classes: Any = None,
     ) -> ConformalClassifier:
         """Fit q̂ on labelled calibration data `val` ((X, y), Dataset or DataLoader), read
         once (one score per point is kept); returns self. `fit(logits, labels)` takes saved
         logits `[N, C]` and their labels (`peg.methods._predictors.read_predictor`).
-        `target`: unlabelled deployment inputs, with `shift` only. `bn_data` is unused."""
+        `target`: unlabelled deployment inputs, with `shift` only. `bn_data` is unused.
+        `classes`: the class of each logit column, in order, where the labels name their
+        classes (strings): each label is read as its class's column."""
         self._check_params()
-        predictor, val = read_predictor(predictor, val)  # fit(logits, labels) too
+        # fit(logits, labels) too; labels named by `classes` read as their indices
+        predictor, val = read_predictor(predictor, val, classes=classes)
         if val is None:
             raise ValueError("val: conformal prediction needs labelled calibration data (X, y)")
         check_target(self.shift, target, val)
@@ -214,21 +218,25 @@ class ConformalClassifier(ConformalBase):
             quantile_rank(rows, float(self.alpha))
         size = int(self.batch_size)
         batches = labelled_batches(predictor, val, size, self.batch_fn, "val")
-        score, y, classes = self.label_scores(batches)
+        score, y, width = self.label_scores(batches, isinstance(predictor, nn.Identity))
+        check_classes(classes, width)
         self._set_fitted(
             predictor,
             {
-                "quantile_": self._quantiles(score, y, classes),
+                "quantile_": self._quantiles(score, y, width),
                 "n_calib_": len(score),
-                "n_classes_": classes,
+                "n_classes_": width,
                 "scores_": "log_probs",
             },
         )
         return self
 
-    def label_scores(self, batches: Iterable[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor, int]:
+    def label_scores(
+        self, batches: Iterable[tuple[Tensor, Tensor]], saved: bool = False
+    ) -> tuple[Tensor, Tensor, int]:
         """The scores of the labels `[n]` (float64, CPU), the labels `[n]` and the number of
-        classes, from `(member logits [M, B, C], labels [B])` batches of calibration data."""
+        classes, from `(member logits [M, B, C], labels [B])` batches of calibration data
+        (`saved`: saved logits, for the warning of probabilities)."""
         u = self._stream(0)
         scores, labels, classes, start = [], [], None, 0
         for logits, y in batches:
@@ -238,7 +246,7 @@ class ConformalClassifier(ConformalBase):
                     f"{tuple(logits.shape)}"
                 )
             if classes is None:
-                warn_probabilities(logits[0])
+                warn_probabilities(logits[0], saved)
             classes = logits.shape[-1]
             y = check_labels(y, logits.shape[1], classes, "val labels", logits.device)
             probs, draws = self._probs_and_draws(logits, u, "val", start)

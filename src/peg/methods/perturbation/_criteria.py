@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -23,6 +22,7 @@ from peg.metrics._inputs import pred_and_labels
 from peg.metrics.regression import log_predictive_density, point_log_density, split_gaussian
 from peg.output import model_output
 from peg.source._devices import model_device, move
+from peg.source._values import regression_targets
 from peg.source.batches import call_model, take_rows, tensors
 
 Criterion = Literal["nll", "ece", "brier"] | Callable[[Tensor, Tensor], float]
@@ -80,9 +80,11 @@ def _point_mixture_nll(outputs: Tensor, y: Tensor) -> Tensor:
 REGRESSION_POINT_LOSSES: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"nll": _point_mixture_nll}
 
 
-def is_regression(y: Tensor) -> bool:
-    """Floating-point targets mean regression; integer labels mean classification."""
-    return torch.is_floating_point(y)
+def is_regression(y: Tensor, width: int | None = None) -> bool:
+    """Whether labels `y` are regression targets: by the one rule of peg
+    (`peg.source._values.regression_targets`) for a model of `width` outputs (floats that are
+    whole numbers in [0, C) are class labels); floating-point labels without it."""
+    return torch.is_floating_point(y) if width is None else regression_targets(y, width)
 
 
 def check_task(models: list[nn.Module], X: Any, y: Tensor, criterion: Criterion) -> int:
@@ -111,18 +113,12 @@ def check_task(models: list[nn.Module], X: Any, y: Tensor, criterion: Criterion)
     assert C is not None
     if y.ndim != 1:
         raise ValueError(f"val: labels must be a vector [N], got shape {tuple(y.shape)}")
-    if is_regression(y):
+    if is_regression(y, C):
         if C != 2:
             raise ValueError(
-                f"model: regression (floating-point targets) needs a Gaussian head with "
-                f"outputs [B, 2] (mean, log-variance), got [B, {C}]; for classification "
-                "pass integer labels, e.g. y.long()"
-            )
-        if bool(((y == 0) | (y == 1)).all()):
-            warnings.warn(
-                "val: floating-point targets that are all 0 or 1 mean regression with a "
-                "Gaussian head [B, 2]; for a two-class classifier pass y.long()",
-                stacklevel=3,
+                f"model: regression (floating-point targets that are not class indices, whole "
+                f"numbers in [0, {C})) needs a Gaussian head with outputs [B, 2] (mean, "
+                f"log-variance), got [B, {C}]; for classification pass class indices in [0, {C})"
             )
         if not (criterion in REGRESSION_CRITERIA or callable(criterion)):
             raise ValueError(

@@ -247,7 +247,7 @@ class PerturbationEnsemble(FittedPerturbation):
             )
         X1, y1 = source.first(self.batch_size)
         source.classes = check_task(models, X1, y1, self._search().criterion)
-        source.regression = is_regression(y1)
+        source.regression = is_regression(y1, source.classes)
         if source.y is not None:  # a pair: every label at hand (one class is worth a warning)
             warn_one_class(source.y, "val")
         return source, take_rows(X1, 0, 2)

@@ -1,0 +1,76 @@
+"""The Monitor's results folder: results.json / .md / .csv rewritten (atomically) as each chunk
+ends; results.json, written first, is the source of truth (a kill between the writes leaves .md
+/ .csv a chunk behind): an earlier run's chunks there are replaced only with `overwrite`, or
+taken back with `resume` (.md / .csv rewritten from them)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from peg.apps import results
+from peg.apps.html import to_csv
+from peg.apps.monitor import report
+
+if TYPE_CHECKING:
+    from peg.apps.monitor.monitor import Monitor
+
+FILES = ("results.json", "results.md", "results.csv")
+WRITES = "results.json, results.md and results.csv"  # a refused folder's message says so
+
+
+def claim(out: str | os.PathLike[str], overwrite: bool) -> Path:
+    """`out` claimed as the monitor's folder (`peg.apps.results.claim`)."""
+    return results.claim(out, "monitor", overwrite, files=FILES, writes=WRITES)
+
+
+def earlier_run(folder: Path, overwrite: bool, resume: bool, argument: str = "out") -> Any:
+    """The results.json of an earlier run in `folder` to resume (None: none, or to replace);
+    a FileExistsError naming `argument` where one holds chunks and neither is asked for."""
+    path = folder / "results.json"
+    try:
+        earlier = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except (ValueError, OSError) as e:
+        earlier = {"chunks": [f"unreadable: {e}"]}  # refused as a run of unknown chunks
+    if overwrite or not isinstance(earlier, dict) or not earlier.get("chunks"):
+        return None
+    if not resume:
+        raise FileExistsError(
+            f"{argument}: {folder} holds the {len(earlier['chunks'])} chunks of an earlier "
+            "monitor run (results.json; results.md and .csv may be a chunk behind it if that "
+            "run was killed); this run would replace them: pass resume=True (peg.Monitor) to "
+            "continue it, overwrite=True (--overwrite) to replace it, or a new folder"
+        )
+    return earlier
+
+
+def resume(monitor: Monitor, earlier: dict[str, Any]) -> None:
+    """The earlier run's chunks and reference back into `monitor` from its results.json; .md /
+    .csv rewritten from them (a kill between the writes left them a chunk behind)."""
+    settings, reference = earlier.get("settings"), earlier.get("reference")
+    if settings != monitor._settings() or not isinstance(reference, list) or len(reference) != 4:
+        raise ValueError(
+            f"resume: the run in {monitor.out} had settings {settings}, this one "
+            f"{monitor._settings()}; resume with the same, or pass overwrite=True"
+        )
+    monitor.chunks = list(earlier["chunks"])
+    *band, monitor._dispersion = (float(v) for v in reference)
+    monitor._band = (band[0], band[1], band[2])
+    monitor._write()
+
+
+def write(monitor: Monitor, out: Path) -> None:
+    """results.json (first: the source of truth), then results.md and results.csv."""
+    lo, hi = monitor.band  # the reference (mean, lo, hi) and the dispersion: kept to resume
+    reference = [*(monitor._band or ()), monitor._dispersion]
+    state = {
+        "chunks": monitor.chunks,
+        "band": [lo, hi],
+        "settings": monitor._settings(),
+        "reference": reference,
+    }
+    results.write_json(out / "results.json", state)
+    results.write_text(out / "results.md", report.markdown(monitor))
+    results.write_text(out / "results.csv", to_csv(report.records(monitor)))
