@@ -334,4 +334,4 @@ def test_performance_estimator_and_estimate_show_themselves() -> None:
     assert str(estimate.accuracy) not in said or len(str(estimate.accuracy)) <= 6
     assert not any(len(n) > 8 for n in re.findall(r"\d\.\d+", said))
     assert "<table" in estimate._repr_html_() and "interval" in estimate._repr_markdown_()
-    assert "PerformanceEstimator.html" in estimate._repr_html_()
+    assert "reference/Estimate.html" in estimate._repr_html_()  # its own page

@@ -247,9 +247,9 @@ class Comparison(Reported):
             for k, v in r.items():
                 if k == "failed":
                     v = describe(r["method"], v)
-                if k == "base" and v == MODEL:
-                    v = MODEL_ROW
                 record["fitted_scale" if k == "chosen" else k] = v
+            if record.get("base") == MODEL:  # the model as a base, by its row's name
+                record["base"] = MODEL_ROW
             out.append(record)
         return out
 

@@ -16,7 +16,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from torch import Tensor, nn
 
 from peg import distributed, metrics
@@ -29,17 +28,18 @@ from peg.apps.compare.faults import check_data, describe
 from peg.apps.compare.fitting import Fitting
 from peg.apps.compare.methods import MODEL, options, resolve
 from peg.apps.compare.report import TEST, Comparison, check_shown, column, figure_name
-from peg.apps.compare.state import PRINT, Say, State, fingerprint, told
+from peg.apps.compare.sets import argument, check_widths, fingerprints, read_sets
+from peg.apps.compare.state import PRINT, Say, State, told
 from peg.apps.conformal import ConformalSpec, parse_conformal, scorer
 from peg.apps.results import RESULTS
 from peg.apps.scores import labelled_metrics, ood_detection, scored_detection
 from peg.apps.verdict import per_point
 from peg.detectors import DETECTOR_SCORES, OODDetector
-from peg.methods._predictors import read_predictor, stateless
+from peg.methods._predictors import read_predictor
 from peg.methods.perturbation._scale_search import MAX_SCORE_POINTS
 from peg.metrics._inputs import ensemble_log_probs
 from peg.metrics.ood import OOD_SCORES
-from peg.source import Data, Source, is_dataset_or_loader, is_pair
+from peg.source import Data
 from peg.source.batches import BatchFn, check_batch_fn
 
 
@@ -163,9 +163,9 @@ def compare(
         raise ValueError(
             f"ood_score: expected one of {[*OOD_SCORES, *DETECTOR_SCORES]}, got {ood_score!r}"
         )
-    labelled, unlabelled = _sets(val, test, shifted, ood)
-    _check_widths(model, labelled, unlabelled)  # saved logits: of one set of classes
-    check_data(model, [(_argument(n), d, True) for n, d in labelled.items()]
+    labelled, unlabelled = read_sets(val, test, shifted, ood)
+    check_widths(model, labelled, unlabelled)  # saved logits: of one set of classes
+    check_data(model, [(argument(n), d, True) for n, d in labelled.items()]
                + [(f"ood[{n!r}]", d, False) for n, d in unlabelled.items()], batch_fn)  # fmt: skip
     check = registry.Site(seed=seed, progress=False, score_points=MAX_SCORE_POINTS)
     registry.check_all(((s.name, s.method, options(s, batch_size, batch_fn)) for s in specs), check)
@@ -187,7 +187,7 @@ def compare(
             "bins": bins,
             "ood_score": ood_score,
             "conformal": repr(evaluation.conformal),
-            **_fingerprints(model, val, labelled | unlabelled, batch_size),
+            **fingerprints(model, val, labelled | unlabelled, batch_size),
         }
     fitting = Fitting(model, val, evaluation, state, seed=seed, progress=progress,
                       batch_size=batch_size, batch_fn=batch_fn)  # fmt: skip
@@ -316,90 +316,6 @@ class Evaluation:
         for name, curve in curves.items():
             self.curves[name][method] = dict(curve)
         self.sizes |= {n: (int(p), str(k)) for n, (p, k) in sizes.items()}
-
-
-def _sets(val: Data, test: Data, shifted: Any, ood: Any) -> tuple[dict[str, Data], dict[str, Data]]:
-    """The labelled sets `{"val", "test", shifted...}` and the OOD sets, checked; a shifted or
-    OOD set named as another set (a shifted "test" would replace the test set) is refused."""
-    labelled = {"val": _labelled(val, "val"), TEST: _labelled(test, TEST)}
-    for name, data in _by_name(shifted, "shifted").items():
-        if name in labelled:  # it would replace the validation or the test set
-            raise ValueError(f"shifted: the name {name!r} is taken by {name}; name the shifted "
-                             "set otherwise (NAME=DATA with --shifted)")  # fmt: skip
-        labelled[name] = _labelled(data, f"shifted[{name!r}]")
-    unlabelled = {n: _inputs(d, f"ood[{n!r}]") for n, d in _by_name(ood, "ood").items()}
-    clash = sorted(set(labelled) & set(unlabelled))
-    if clash:
-        raise ValueError(f"ood: names {clash} are taken by val, test or a shifted set")
-    return labelled, unlabelled
-
-
-def _fingerprints(
-    model: nn.Module, val: Data, sets: Mapping[str, Data], batch_size: int
-) -> dict[str, Any]:
-    """The fingerprints of the weights, of `val` and of every other set (`state.fingerprint`:
-    SHA-256 of their bytes, one streamed read of each set)."""
-    return {"model": fingerprint(model), "val": fingerprint(val, batch_size),
-            "sets": {n: fingerprint(d, batch_size) for n, d in sets.items()}}  # fmt: skip
-
-
-def _by_name(data: Any, default: str) -> dict[str, Data]:
-    if data is None:
-        return {}
-    if isinstance(data, Mapping) and all(isinstance(k, str) for k in data):
-        return dict(data)
-    return {default: data}
-
-
-def _labelled(data: Data, name: str) -> Data:
-    """`data` as labelled data: a pair as tensors (checked: `Source.xy`), a Dataset or DataLoader
-    as it is (its first batch is read by `faults.check_data`)."""
-    if is_pair(data):
-        return Source(data, name=name).xy()
-    if is_dataset_or_loader(data):
-        return data
-    raise TypeError(
-        f"{name}: expected labelled data: a pair (X, y) of tensors or arrays, a Dataset or "
-        f"a DataLoader, got {type(data).__name__}"
-    )
-
-
-def _check_widths(model: nn.Module, labelled: dict[str, Data], ood: dict[str, Data]) -> None:
-    """Saved logits (`model` stateless) held in memory with another number of columns
-    (classes) than val's: a ValueError naming both counts, before any fitting (every method
-    fitted on val failed on them, one row each)."""
-    if not stateless(model):  # one model's outputs: one width
-        return
-    sets = [(_argument(n), d) for n, d in labelled.items()]
-    sets += [(f"ood[{n!r}]", d) for n, d in ood.items()]
-    arrays = {n: d[0] if is_pair(d) else d for n, d in sets}
-    widths = {n: a.shape[-1] for n, a in arrays.items() if isinstance(a, (Tensor, np.ndarray))}
-    for name, width in widths.items():
-        if "val" in widths and width != widths["val"]:
-            raise ValueError(
-                f"{name}: logits with {width} columns (classes), but val's have "
-                f"{widths['val']}; every set must be the same model's logits (the same classes, "
-                "in the same order)"
-            )
-
-
-def _argument(name: str) -> str:
-    """The argument a labelled set came from: val, test or shifted[name]."""
-    return name if name in ("val", TEST) else f"shifted[{name!r}]"
-
-
-def _inputs(data: Data, name: str) -> Data:
-    """OOD inputs: a tensor or array, the inputs of a pair, a Dataset or a DataLoader."""
-    if is_pair(data):
-        return Source(data, name=name).xy()[0]
-    if isinstance(data, (Tensor, np.ndarray)):
-        return Source(data, name=name).xy(need_labels=False)[0]
-    if is_dataset_or_loader(data):
-        return data
-    raise TypeError(
-        f"{name}: expected inputs: a tensor or array, a pair (X, y), a Dataset or a "
-        f"DataLoader, got {type(data).__name__}"
-    )
 
 
 def _line(i: int, n: int, row: dict[str, Any]) -> str:

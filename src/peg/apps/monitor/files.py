@@ -1,21 +1,19 @@
 """The Monitor's results folder: results.json / .md / .csv rewritten (atomically) as each chunk
 ends; results.json, written first, is the source of truth (a kill between the writes leaves .md
 / .csv a chunk behind): an earlier run's chunks there are replaced only with `overwrite`, or
-taken back with `resume` (.md / .csv rewritten from them)."""
+taken back with `resume` (.md / .csv rewritten from them). `monitor` below: a `Monitor` (its
+module imports this one)."""
 
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from peg.apps import results
 from peg.apps.html import to_csv
 from peg.apps.monitor import report
-
-if TYPE_CHECKING:
-    from peg.apps.monitor.monitor import Monitor
 
 FILES = ("results.json", "results.md", "results.csv")
 WRITES = "results.json, results.md and results.csv"  # a refused folder's message says so
@@ -46,7 +44,7 @@ def earlier_run(folder: Path, overwrite: bool, resume: bool, argument: str = "ou
     return earlier
 
 
-def resume(monitor: Monitor, earlier: dict[str, Any]) -> None:
+def resume(monitor: Any, earlier: dict[str, Any]) -> None:
     """The earlier run's chunks and reference back into `monitor` from its results.json; .md /
     .csv rewritten from them (a kill between the writes left them a chunk behind)."""
     settings, reference = earlier.get("settings"), earlier.get("reference")
@@ -61,7 +59,7 @@ def resume(monitor: Monitor, earlier: dict[str, Any]) -> None:
     monitor._write()
 
 
-def write(monitor: Monitor, out: Path) -> None:
+def write(monitor: Any, out: Path) -> None:
     """results.json (first: the source of truth), then results.md and results.csv."""
     lo, hi = monitor.band  # the reference (mean, lo, hi) and the dispersion: kept to resume
     reference = [*(monitor._band or ()), monitor._dispersion]
