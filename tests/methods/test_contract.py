@@ -384,7 +384,7 @@ def test_fit_signatures_share_one_shape(case):
         after = (peg.LabelShift, peg.ConformalClassifier, peg.ConformalRegressor)
         extra |= {"target": None} if case.cls in after else {}
         # the maps over class labels also take `classes=` (string labels named by column)
-        named = issubclass(case.cls, Calibrator) or case.cls is peg.ConformalClassifier
+        named = issubclass(case.cls, Calibrator) and case.cls is not peg.ConformalRegressor
         extra |= {"classes": None} if named else {}
         assert positional[1:] == ["val"] and fit[1].default is None
         assert keyword == {"bn_data": None} | extra
