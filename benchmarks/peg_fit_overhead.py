@@ -43,34 +43,19 @@ from pathlib import Path
 import torch
 
 import peg
-from peg import _strategies, data, models
+from peg import _strategies
 from peg._env import machine
-from peg.train import Recipe, train
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _bases
+from _bases import fashion_mnist
 from gpu import build
-
-CACHE = Path(".peg-cache") / "peg_fit_overhead"
-
-
-def fashion_mnist(n: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]]:
-    """SmallCNN trained one epoch on 10,000 Fashion-MNIST images (cached), and `n` test ones."""
-    X, y = data.load("fashion-mnist", "train")
-    torch.manual_seed(0)
-    model = models.SmallCNN(in_channels=1, num_classes=10, width=32)
-    recipe = Recipe(epochs=1, lr=1e-3, optimizer="adam", weight_decay=0.0, batch_size=128)
-    checkpoint = CACHE / "fashion-mnist-small-cnn.safetensors"
-    train(model, (X[:10_000], y[:10_000]), recipe, seed=0, checkpoint=checkpoint, progress=False)
-    Xt, yt = data.load("fashion-mnist", "test")
-    return model.eval(), (Xt[:n], yt[:n])
 
 
 def demo(n: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]]:
-    """The over-fitted `peg demo` base (benchmarks/scale_search.py's, cached) and `n` points of
-    its validation split."""
-    from scale_search import _demo  # here: scale_search imports this module
-
-    case = _demo()
+    """The over-fitted `peg demo` base (`_bases.demo`, cached) and `n` points of its validation
+    split."""
+    case = _bases.demo()
     return case.base, (case.val[0][:n], case.val[1][:n])
 
 

@@ -49,22 +49,19 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
+from _bases import CACHE, Case, demo, fashion_mnist
 from _timing import median_time
 from torch import Tensor, nn
 
 from peg import data as datasets
-from peg import models
 from peg._env import machine
 from peg.apps.bench.paper import PRESETS
 from peg.apps.bench.seed import SeedRun
 from peg.apps.bench.spec import find_spec, load_specs
 from peg.apps.bench.uci import Split
-from peg.apps.data import subsample
-from peg.apps.demo import PRESETS as DEMO_PRESETS
 from peg.losses import gaussian_nll_loss
 from peg.methods.calibration.temperature import TemperatureScaling
 from peg.methods.perturbation._criteria import POINT_LOSSES
@@ -75,23 +72,8 @@ from peg.metrics.regression import split_gaussian
 from peg.source import Source
 from peg.train import Recipe, train
 
-CACHE = Path(".peg-cache")
 REFERENCE_SCALES = 25
 EXTEND_DECADES = 3  # how far past an edge of the grid's range the reference may go
-
-
-@dataclasses.dataclass
-class Case:
-    """One base: the model, its validation and training data, one epoch of its recipe."""
-
-    label: str
-    base: nn.Module
-    val: tuple[Tensor, Tensor]
-    train: tuple[Tensor, Tensor]
-    epoch: Callable[[], Any]  # trains a copy of the base for one epoch
-    score_points: int | None = 10_000
-    grad_batch_size: int = 128
-    regression: bool = False
 
 
 def _seed_run(spec: Any, cache: str, label: str) -> Case:
@@ -106,34 +88,6 @@ def _seed_run(spec: Any, cache: str, label: str) -> Case:
         run.train,
         lambda: train(copy.deepcopy(base).train(), run.train, one, seed=1, progress=False),
         spec.score_points if spec.score_points is not None else 10_000,
-    )
-
-
-def _demo() -> Case:
-    """The `peg demo` Fashion-MNIST base: its split, preset and recipe (over-fitted)."""
-    preset = DEMO_PRESETS[("fashion-mnist", False)]
-    X, y = datasets.load("fashion-mnist", "train")
-    X_train, y_train, X_val, y_val = datasets.train_val_split(X, y, 0.2, seed=0)
-    X_train, y_train = subsample(X_train, y_train, preset.train_points, 0)
-    recipe = Recipe(
-        epochs=preset.epochs,
-        lr=preset.lr,
-        optimizer=preset.optimizer,
-        weight_decay=preset.weight_decay,
-        batch_size=preset.batch_size,
-    )
-    torch.manual_seed(0)
-    base = models.SmallCNN(in_channels=1, num_classes=10, width=preset.width)
-    path = CACHE / "scale-search" / "demo-fashion-mnist.safetensors"
-    train(base, (X_train, y_train), recipe, seed=0, checkpoint=path, progress=False)
-    one = dataclasses.replace(recipe, epochs=1)
-    return Case(
-        "peg demo base (Fashion-MNIST, over-fitted)",
-        base.eval(),
-        (X_val, y_val),
-        (X_train, y_train),
-        lambda: train(copy.deepcopy(base).train(), (X_train, y_train), one, seed=1, progress=False),
-        preset.score_points,
     )
 
 
@@ -173,7 +127,7 @@ BASES: dict[str, Callable[[], Case]] = {
     "fashion-mnist-overfit": lambda: _seed_run(
         PRESETS["fashion-mnist-overfit"], "paper-tables", "no weight decay, 12k"
     ),
-    "demo": _demo,
+    "demo": demo,
     "digits": lambda: _seed_run(PRESETS["digits"], "paper-tables", "MLP"),
     "cifar10-cpu": lambda: _seed_run(
         load_specs(find_spec("cifar10-cpu"))[0], "bench", "SmallCNN w32, 20k images"
@@ -276,12 +230,10 @@ def _compare(case: Case, method: str, repeats: int, ts_seconds: float, epoch: fl
 
 def _points_bases(names: list[str]) -> dict[str, tuple[nn.Module, Any, Any]]:
     """(base, val, test) per name: "digits" (the preset's split) and "fashion-mnist-<n>"."""
-    from peg_fit_overhead import fashion_mnist
-
     bases = {}
     for name in names:
         if name.startswith("demo-"):  # the over-fitted `peg demo` base, n of its val split
-            case, n = _demo(), int(name.rsplit("-", 1)[1])
+            case, n = demo(), int(name.rsplit("-", 1)[1])
             X, y = datasets.load("fashion-mnist", "test")
             bases[name] = (case.base, (case.val[0][:n], case.val[1][:n]), (X[:5000], y[:5000]))
         elif name == "digits":

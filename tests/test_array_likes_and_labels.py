@@ -136,7 +136,7 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[Exception], str]] =
         lambda: peg.evaluate(np.zeros((5, 1), np.float32), np.array([0, 1, 0, 1, 0])),
         ValueError,
         r"predictor: gives 1 column of logits \[N, 1\], a binary scorer, which peg "
-        r"does not support yet \(planned, issue 58\)",
+        r"does not support yet \(planned\)",
     ),
     (
         "evaluate",

@@ -20,14 +20,12 @@ from peg.source.batches import batch_rows, signature, take_rows
 
 # "auto" vectorises a batch while one member's forward on it costs at most this many FLOPs
 # (matmuls and convolutions, counted once per architecture and input shape), and always up to
-# AUTO_VECTORISE_ROWS_CONV rows with convolutions; larger batches are looped. Measured with
-# benchmarks/inference_strategies.py on one CPU thread, where vectorising stops paying: an MLP
-# 784-256-256 (0.54 MFLOP/row) at ~64 rows, SmallCNN (2 MFLOP/row) between 32 and 64 rows,
-# ResNet-20 (81 MFLOP/row) between 4 and 8; small MLPs (160-1500 FLOP/row) not in 1024 rows.
-# Convolutions stop paying sooner, AUTO_VECTORISE_FLOPS_CONV: the folded grouped convolutions
-# write M-fold activations, and a loop's per-member convolutions use two threads well
-# (benchmarks/ensemble_vs_loop.py, 2 threads: a conv 3-32-64 CNN, 2.9 MFLOP/row, at 8 rows and
-# 8 members, folded 0.70 × as fast as a plain loop).
+# AUTO_VECTORISE_ROWS_CONV rows with convolutions; larger batches are looped: where vectorising
+# stopped paying on one CPU thread (an MLP 784-256-256 at ~64 rows, ResNet-20 between 4 and 8;
+# docs/performance.md, "Inference"). Convolutions stop paying sooner,
+# AUTO_VECTORISE_FLOPS_CONV: the folded grouped convolutions write M-fold activations, and a
+# loop's per-member convolutions use two threads well (docs/performance.md, "Against a plain
+# loop over separate modules").
 AUTO_VECTORISE_FLOPS = 6.4e7
 AUTO_VECTORISE_FLOPS_CONV = 2e7
 AUTO_VECTORISE_ROWS_CONV = 4

@@ -14,8 +14,7 @@ The input is shared by every member and is not repeated: it enters as `[B, ...]`
 that receives such a shared tensor runs all members as one wide layer (Linear: a single
 `[B, in] × [in, M·out]` matmul; conv: one convolution with M·out channels), reading the M
 weight matrices as one. That is where small batches gain most: `torch.func.vmap` broadcasts an
-unbatched input into M matrix–vector products instead (benchmarks/inference_strategies.py: the
-784-256-256 MLP, 15 members, one row: about 2× faster than vmap or a loop over modules).
+unbatched input into M matrix–vector products instead (docs/performance.md, "Inference").
 A tensor is recognised as shared by its row count (B, against M·B when folded); a layer
 seeing any other count raises `NotFoldable`.
 

@@ -64,9 +64,13 @@ def check_calibration_entry(path: Path, calibration: Any) -> None:
 def _non_finite(value: Any, name: str) -> tuple[str, float] | None:
     if isinstance(value, float) and not math.isfinite(value):
         return name, value
-    items = value.items() if isinstance(value, Mapping) else enumerate(value) if isinstance(
-        value, list
-    ) else ()  # fmt: skip
+    items = (
+        value.items()
+        if isinstance(value, Mapping)
+        else enumerate(value)
+        if isinstance(value, list)
+        else ()
+    )
     for key, v in items:
         found = _non_finite(v, f"{name}.{key}")
         if found is not None:

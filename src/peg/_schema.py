@@ -58,9 +58,13 @@ class Fields:
         )
 
     def get(
-        self, key: str, test: Callable[[Any], bool], expected: str, optional: bool = False,
+        self,
+        key: str,
+        test: Callable[[Any], bool],
+        expected: str,
+        optional: bool = False,
         default: Any = None,
-    ) -> Any:  # fmt: skip
+    ) -> Any:
         """Field `key` if `test(value)` holds (a missing optional field: `default`)."""
         value = self.obj.get(key, MISSING)
         if value is MISSING and optional:
@@ -76,26 +80,41 @@ class Fields:
         return self.get(key, lambda v: isinstance(v, bool), "true or false", optional, default)
 
     def integer(
-        self, key: str, minimum: int | None = None, maximum: int | None = None,
-        optional: bool = False, default: Any = None, nullable: bool = False,
-    ) -> Any:  # fmt: skip
+        self,
+        key: str,
+        minimum: int | None = None,
+        maximum: int | None = None,
+        optional: bool = False,
+        default: Any = None,
+        nullable: bool = False,
+    ) -> Any:
         lo = "" if minimum is None else f" >= {minimum}"
         hi = "" if maximum is None else f" <= {maximum}"
         expected = f"an integer{lo}{' and' if lo and hi else ''}{hi}" + (" or null" * nullable)
         return self.get(
-            key, lambda v: (v is None and nullable) or in_range(v, minimum, maximum, int),
-            expected, optional, default,
-        )  # fmt: skip
+            key,
+            lambda v: (v is None and nullable) or in_range(v, minimum, maximum, int),
+            expected,
+            optional,
+            default,
+        )
 
     def number(
-        self, key: str, minimum: float | None = None, positive: bool = False,
-        optional: bool = False, default: Any = None,
-    ) -> Any:  # fmt: skip
+        self,
+        key: str,
+        minimum: float | None = None,
+        positive: bool = False,
+        optional: bool = False,
+        default: Any = None,
+    ) -> Any:
         bound = " > 0" if positive else ("" if minimum is None else f" >= {minimum}")
         value = self.get(
-            key, lambda v: in_range(v, minimum, None, (int, float)) and (v > 0 or not positive),
-            f"a finite number{bound}", optional, default,
-        )  # fmt: skip
+            key,
+            lambda v: in_range(v, minimum, None, (int, float)) and (v > 0 or not positive),
+            f"a finite number{bound}",
+            optional,
+            default,
+        )
         return value if value is default else float(value)
 
     def names(self, key: str, optional: bool = False, non_empty: bool = False) -> Any:

@@ -44,11 +44,11 @@ STRATEGIES = ("auto", "loop", "vmap", "folded", "chunked")
 # the ensembles of a scale search predict a few batches each (building them took 2.5 of
 # PEG-15's 11.9 s fit on a GPU). That holds for the short-lived ensembles a fit builds
 # (`Ensemble._sharing`); an ensemble a user holds builds its modules on its first batch
-# (LOOP_MODULES_AFTER_HELD; 16 before issue 38): swapping costs every call, 27% of an S = 8
-# CNN's at 8 rows and 9% of an MLP's at 512 (one thread), while the 8 modules cost less than
-# one such call to build; and every batch then runs the same kernels, whichever batches a
-# process gets (under torchrun each rank's first batch is another: a later switch would run
-# other kernels than one process on the same rows, tests/test_distributed.py)
+# (LOOP_MODULES_AFTER_HELD): swapping costs every call, while the modules cost less than one
+# such call to build (docs/performance.md, "Building PEG"); and every batch then runs the same
+# kernels, whichever batches a process gets (under torchrun each rank's first batch is another:
+# a later switch would run other kernels than one process on the same rows,
+# tests/test_distributed.py)
 LOOP_MODULES_AFTER = 16
 LOOP_MODULES_AFTER_HELD = 0
 
@@ -149,8 +149,8 @@ class MemberStrategies(AutoStrategy):
         decide or build: they are built for this storage, the members have no shared trunk
         (`_heads`, known), and `strategy` is "loop" or "auto" whose rule is known to loop on `x`
         without running the model (`_known_to_loop`). `Ensemble.member_logits` then runs them
-        without the skeleton's eval-mode walk and `_choose`'s steps (issue 38: a plain loop's
-        cost per call), and a later call with the same `key` reuses the verdict
+        without the skeleton's eval-mode walk and `_choose`'s steps (what a plain loop's call
+        costs), and a later call with the same `key` reuses the verdict
         (`_ready_again`); None otherwise."""
         modules = self.__dict__.get("_modules_cache")
         heads = self.__dict__.get("_heads_cache")

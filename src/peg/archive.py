@@ -13,7 +13,7 @@ header's metadata key ``"peg"``::
 tensors are read: bytes changed after the write (zeroed, flipped) are an `ArchiveError`, not a
 model that loads and predicts something else. `header_sha256` (`header_digest`, over the
 canonical JSON of the rest of the header, `tensors_sha256` included; absent from archives written
-before issue 46, which load unchecked) is checked when the header is read: a map that lives in
+before it, which load unchecked) is checked when the header is read: a map that lives in
 the header (a temperature, a conformal quantile, the score it is for, the architecture a
 weightless map was fitted on) is covered as the tensors are.
 
@@ -190,9 +190,11 @@ def check_header(header: Any, where: str) -> dict[str, Any]:
     fields.names("calibration", optional=True)
     for key in ("tensors_sha256", "header_sha256"):
         fields.get(
-            key, lambda v: isinstance(v, str) and re.fullmatch("[0-9a-f]{64}", v),
-            "a SHA-256 hex digest", optional=True,
-        )  # fmt: skip
+            key,
+            lambda v: isinstance(v, str) and re.fullmatch("[0-9a-f]{64}", v),
+            "a SHA-256 hex digest",
+            optional=True,
+        )
     for key in ("architecture", "peg_version", "torch_version"):
         fields.text(key, optional=True)
     meta = fields.object("meta", optional=True)

@@ -166,7 +166,7 @@ def _check_width(logits: Tensor) -> None:
     if logits.shape[-1] == 1:
         raise ValueError(
             "predictor: gives 1 column of logits [N, 1], a binary scorer, which peg does not "
-            "support yet (planned, issue 58); pass two columns, the logits [0, s] of a score s "
+            "support yet (planned); pass two columns, the logits [0, s] of a score s "
             "of class 1 (their softmax is 1 - sigmoid(s), sigmoid(s))"
         )
 

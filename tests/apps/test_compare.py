@@ -16,8 +16,8 @@ import peg
 from peg.apps import registry
 from peg.apps.cli import main
 from peg.apps.compare import CATALOGUE, Comparison, compare, method
+from peg.apps.compare.diagrams import figure_name
 from peg.apps.compare.methods import Scaled
-from peg.apps.compare.report import figure_name
 
 from conftest import moons, overfit
 
@@ -167,9 +167,7 @@ def test_methods_built_from_names_and_options(overfit_mlp, moons_data):
     assert CATALOGUE["PEG (ascent)"].options == {"direction": "ascent"}
 
 
-def test_an_ensemble_indistinguishable_from_its_base_is_noted(
-    overfit_mlp, moons_data, monkeypatch
-):
+def test_an_ensemble_indistinguishable_from_its_base_is_noted(overfit_mlp, moons_data, monkeypatch):
     """A scale that leaves the members on the base (PEP at σ = 1e-9; PEG at η = 1e-9 around the
     temperature-scaled model) is a note on the row, measured on the outputs already held: with
     "Model" listed, one test pass per method; without it, the model's once more."""

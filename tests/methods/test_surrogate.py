@@ -235,12 +235,13 @@ def test_a_tie_that_could_matter_is_scored_up_to_the_cap():
     """Per point 0.5 ± 0.1 against 0.5: the mean difference is 0 on every chunk, never 2 SE from
     0, and its interval (±0.2/√n) never within ±0.001 nats: every point is scored."""
     run, calls = _paired(0.5 + torch.tensor([0.1, -0.1]).repeat(200))
-    result = run(settle=Settle(first=50))
+    result = run(settle=Settle(first=50, regret=0.0))  # the z and nats rules alone
     assert len(result.scores) == 2 and set(result.points.values()) == {400}
     # both scales on each chunk, the points doubling up to the cap
     chunks = [(0, 50), (50, 100), (100, 200), (200, 400)]
     assert [(start, stop) for _, start, stop in calls] == [c for c in chunks for _ in (1, 2)]
-    flat = run(settle=Settle(first=50, nats=0.5))  # a tie within ±0.5 nats cannot matter
+    # a tie within ±0.5 nats cannot matter
+    flat = run(settle=Settle(first=50, nats=0.5, regret=0.0))
     assert set(flat.points.values()) == {50}
 
 
@@ -248,9 +249,17 @@ def test_a_difference_surely_below_the_tie_threshold_stops():
     run, _ = _paired(torch.full((400,), 0.5 - 1e-4))
     result = run(settle=Settle(first=50))  # d = -1e-4 exactly: SE 0, below 0.001 nats
     assert set(result.points.values()) == {50}
-    assert Settle().settled(torch.full((8,), 1e-4)) and not Settle(nats=1e-5).settled(
+    assert Settle().settled(torch.full((8,), 1e-4)) and not Settle(nats=1e-5, regret=0.0).settled(
         torch.tensor([1e-4, -1e-4] * 4)
     )
+
+
+def test_the_stopping_rule_s_defaults_are_the_scale_search_s():
+    """`Settle()` (what `surrogate_search` takes without `settle=`) is the rule the default
+    `ScaleSearch` builds: 384 first points, 2 SE, 0.001 nats, an expected regret of 0.001."""
+    s = peg.ScaleSearch()
+    built = Settle(s.first_points, s.settle_se, s.settle_nats, s.settle_regret)
+    assert Settle() == built == Settle(first=384, z=2.0, nats=1e-3, regret=1e-3)
 
 
 def test_the_expected_regret_of_a_choice():
@@ -265,7 +274,7 @@ def test_a_noisy_tie_that_cannot_cost_stops_on_the_first_chunk():
     tie is not surely within ±0.001 nats (d̄ + 2 se ≈ 0.003) and the rule without the regret
     scores every point; taking either costs 0.4 se ≈ 0.0006 nats in expectation."""
     run, _ = _paired(0.5 + torch.tensor([0.01, -0.01]).repeat(200))
-    assert set(run(settle=Settle(first=50)).points.values()) == {400}
+    assert set(run(settle=Settle(first=50, regret=0.0)).points.values()) == {400}
     assert set(run(settle=Settle(first=50, regret=1e-3)).points.values()) == {50}
     assert set(run(settle=Settle(first=50, regret=1e-4)).points.values()) == {400}
 

@@ -23,11 +23,12 @@ class _NoAliases(yaml.SafeLoader):
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
             raise yaml.composer.ComposerError(
-                None, None,
+                None,
+                None,
                 f"alias *{event.anchor} refused (aliases can expand a small file into billions "
                 "of entries); write the value out",
                 event.start_mark,
-            )  # fmt: skip
+            )
         return super().compose_node(parent, index)
 
 

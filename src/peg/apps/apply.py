@@ -56,16 +56,27 @@ def run(args: argparse.Namespace, command: str, progress: bool | None) -> int:
     for start in range(0, n, args.batch_size):  # bad rows said before anything is written
         _check_rows(np.asarray(logits[start : start + args.batch_size]), start)
     writable(out.parent, "--out")
-    about = {"contents": "sets" if sets else "probabilities", "command": command,
-             "map": str(path), "logits": args.logits, "shape": [n, c], "commit": git_commit(),
-             "machine": machine(), "map_meta": getattr(mapped, "meta_", None)}  # fmt: skip
+    about = {
+        "contents": "sets" if sets else "probabilities",
+        "command": command,
+        "map": str(path),
+        "logits": args.logits,
+        "shape": [n, c],
+        "commit": git_commit(),
+        "machine": machine(),
+        "map_meta": getattr(mapped, "meta_", None),
+    }
     written = False
     try:
         with atomic_target(out) as tmp:
             _write(mapped, logits, tmp, args.batch_size, sets)
             # the record before the rename, naming the bytes: it never vouches for other ones
-            mark = {"made_by": MADE_BY, "output": out.name, "bytes": os.path.getsize(tmp),
-                    "sha256": file_hash(Path(tmp))}  # fmt: skip
+            mark = {
+                "made_by": MADE_BY,
+                "output": out.name,
+                "bytes": os.path.getsize(tmp),
+                "sha256": file_hash(Path(tmp)),
+            }
             write_json(record, {**mark, **about}, strict=True)
             written = True
     except BaseException:

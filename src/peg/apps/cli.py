@@ -124,8 +124,14 @@ def _bench(args: argparse.Namespace, command: str, progress: bool | None) -> int
     path = find_spec(args.spec)
     uci = load_uci_spec(path)
     if uci is not None:
-        run_uci(**uci, out=args.out, cache=args.cache, progress=progress, command=command,
-                overwrite=args.overwrite)  # fmt: skip
+        run_uci(
+            **uci,
+            out=args.out,
+            cache=args.cache,
+            progress=progress,
+            command=command,
+            overwrite=args.overwrite,
+        )
         return 0
     specs = load_specs(path)
     for spec in specs:  # every spec's folder before the first runs
@@ -133,8 +139,9 @@ def _bench(args: argparse.Namespace, command: str, progress: bool | None) -> int
     for spec in specs:
         if args.seeds:
             spec = dataclasses.replace(spec, seeds=tuple(args.seeds))
-        run_spec(spec, args.out, args.cache, progress=progress, command=command,
-                 overwrite=args.overwrite)  # fmt: skip
+        run_spec(
+            spec, args.out, args.cache, progress=progress, command=command, overwrite=args.overwrite
+        )
     return 0
 
 
@@ -189,8 +196,14 @@ def _diversity(args: argparse.Namespace, command: str, progress: bool | None) ->
     from peg.apps.diversity import study
 
     config = study.load_config(args.spec, quick=args.quick)
-    study.run(config, out=args.out, cache=args.cache, progress=progress, command=command,
-              overwrite=args.overwrite)  # fmt: skip
+    study.run(
+        config,
+        out=args.out,
+        cache=args.cache,
+        progress=progress,
+        command=command,
+        overwrite=args.overwrite,
+    )
     return 0
 
 
@@ -328,8 +341,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with one_line_warnings(f"peg {args.command}", _as_typed):
             status = _run(args, command)
-    except (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
-            PermissionError, ValueError) as e:  # fmt: skip
+    except (
+        FileNotFoundError,
+        FileExistsError,
+        NotADirectoryError,
+        IsADirectoryError,
+        PermissionError,
+        ValueError,
+    ) as e:
         # bad input named by the library (specs, presets, folders, options): a message, not a
         # traceback (PEG_TRACEBACK=1 shows it); exit status 2 as argparse's own errors
         if os.environ.get("PEG_TRACEBACK") and not distributed.joined():

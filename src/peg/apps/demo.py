@@ -162,9 +162,11 @@ def _figures(d: _Data, logits: dict[str, Any], drawn: dict[str, Any], out: Path)
     if d.toy:
         pep, peg_ = list(drawn)[1:]
         boundaries = plots.decision_boundaries(
-            {n: _proba(p) for n, p in drawn.items()}, *d.test, out / "decision_boundaries.png",
+            {n: _proba(p) for n, p in drawn.items()},
+            *d.test,
+            out / "decision_boundaries.png",
             title=f"{d.name}: base MLP vs {pep} vs {peg_}",
-        )  # fmt: skip
+        )
         figures.append(str(boundaries))
     return figures
 

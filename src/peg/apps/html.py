@@ -126,8 +126,7 @@ class Reported:
         if path is not None:
             check_target(Path(path), "path")  # before drawing the figures
         report = self._report()
-        text = _html.page(report.title, [_html.element("h1", report.title),
-                                         *report.sections(True)])  # fmt: skip
+        text = _html.page(report.title, [_html.element("h1", report.title), *report.sections(True)])
         if path is None:
             return text
         atomic_write_text(path, text)

@@ -173,6 +173,8 @@ def claim(
             )
     writable(folder, argument)
     if not is_marked(folder, application):
-        write_text(folder / mark(application), f"made by peg {application}: a rerun may "
-                   "replace what is in this folder\n")  # fmt: skip
+        write_text(
+            folder / mark(application),
+            f"made by peg {application}: a rerun may replace what is in this folder\n",
+        )
     return folder

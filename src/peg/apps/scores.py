@@ -11,8 +11,16 @@ from peg import metrics
 from peg.metrics.ood import aupr, auroc, fpr_at_tpr, ood_metrics
 
 CLASSIFICATION = (
-    "nll", "error", "brier", "ece", "mce", "adaptive_ece", "classwise_ece", "aurc", "augrc"
-)  # fmt: skip
+    "nll",
+    "error",
+    "brier",
+    "ece",
+    "mce",
+    "adaptive_ece",
+    "classwise_ece",
+    "aurc",
+    "augrc",
+)
 OOD = ("auroc", "aupr", "aupr_in", "fpr95")
 
 
@@ -27,13 +35,20 @@ def ood_detection(test_logits: Tensor, ood_logits: Tensor, score: str) -> dict[s
     """`OOD` of an OOD set's member logits `[M, N_out, C]` against the test set's
     `[M, N_in, C]` (OOD is the positive class; `score` names a `peg.metrics.ood` score)."""
     m = ood_metrics(test_logits, ood_logits, score)
-    return {"auroc": m["auroc"], "aupr": m["aupr_out"], "aupr_in": m["aupr_in"],
-            "fpr95": m["fpr95"]}  # fmt: skip
+    return {
+        "auroc": m["auroc"],
+        "aupr": m["aupr_out"],
+        "aupr_in": m["aupr_in"],
+        "fpr95": m["fpr95"],
+    }
 
 
 def scored_detection(scores_in: Tensor, scores_out: Tensor) -> dict[str, float]:
     """`OOD` from a detector's scores `[N_in]`, `[N_out]` (`peg.OODDetector.ood_score`; higher =
     more likely OOD) instead of a score of the logits."""
-    return {"auroc": auroc(scores_in, scores_out), "aupr": aupr(scores_in, scores_out, "ood"),
-            "aupr_in": aupr(scores_in, scores_out, "in"),
-            "fpr95": fpr_at_tpr(scores_in, scores_out)}  # fmt: skip
+    return {
+        "auroc": auroc(scores_in, scores_out),
+        "aupr": aupr(scores_in, scores_out, "ood"),
+        "aupr_in": aupr(scores_in, scores_out, "in"),
+        "fpr95": fpr_at_tpr(scores_in, scores_out),
+    }

@@ -79,7 +79,7 @@ def two_moons(n: int = 400, noise: float = 0.1, seed: int = 0) -> tuple[Tensor, 
     """
     n = check_positive_int(n, "n", minimum=2)
     noise = check_number(noise, "noise", allow_zero=True)
-    from sklearn.datasets import make_moons  # here: `import peg.data` stays light (issue 41)
+    from sklearn.datasets import make_moons  # here: `import peg.data` stays light
 
     X, y = make_moons(n_samples=n, noise=noise, shuffle=True, random_state=check_seed(seed))
     return (

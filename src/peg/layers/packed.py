@@ -137,9 +137,15 @@ class PackedLinear(nn.Module):
     ) -> None:
         super().__init__()
         ext_in, ext_out, groups = _extended(
-            in_features, out_features, alpha, num_estimators, gamma, first, last,
+            in_features,
+            out_features,
+            alpha,
+            num_estimators,
+            gamma,
+            first,
+            last,
             ("in_features", "out_features"),
-        )  # fmt: skip
+        )
         self.alpha, self.num_estimators = float(alpha), int(num_estimators)
         self.gamma = 1 if first else int(gamma)
         self.first, self.last = first, last
@@ -207,9 +213,15 @@ class PackedConv2d(nn.Conv2d):
         bias: bool = True,
     ) -> None:
         ext_in, ext_out, groups = _extended(
-            in_channels, out_channels, alpha, num_estimators, gamma, first, last,
+            in_channels,
+            out_channels,
+            alpha,
+            num_estimators,
+            gamma,
+            first,
+            last,
             ("in_channels", "out_channels"),
-        )  # fmt: skip
+        )
         super().__init__(
             ext_in,
             ext_out,

@@ -132,11 +132,13 @@ class Display:
     def _repr_html_(self) -> str:
         state, fitted = self._display_state()
         badge = "peg-badge " + ("peg-fitted" if fitted else "peg-unfitted")
-        head = _html.join([
-            _html.element("span", type(self).__name__, "peg-name"),
-            _html.element("span", state, badge),
-            *([_html.doc_link(page)] if (page := doc_page(type(self))) else []),
-        ])  # fmt: skip
+        head = _html.join(
+            [
+                _html.element("span", type(self).__name__, "peg-name"),
+                _html.element("span", state, badge),
+                *([_html.doc_link(page)] if (page := doc_page(type(self))) else []),
+            ]
+        )
         parts: list[Any] = [_html.element("div", head, "peg-head")]
         params = self._display_params()
         changed = [[k, v] for k, v, set_ in params if set_]

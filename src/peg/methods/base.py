@@ -126,9 +126,13 @@ class FittedEnsemble(Predicts, Method):
         return self._held().meta
 
     def member_logits(
-        self, X: Data, batch_size: int | None = None, *, batch_fn: BatchFn | None = None,
+        self,
+        X: Data,
+        batch_size: int | None = None,
+        *,
+        batch_fn: BatchFn | None = None,
         **options: Any,
-    ) -> Tensor:  # fmt: skip
+    ) -> Tensor:
         """Logits of every member, `[M, N, C]` (the predictor protocol; `progress`, `autocast`,
         `strategy`, `chunk_size` as `Ensemble.member_logits`)."""
         held = self._held()
@@ -136,9 +140,13 @@ class FittedEnsemble(Predicts, Method):
         return held.member_logits(X, size, batch_fn=split, **options)
 
     def iter_member_logits(
-        self, X: Data, batch_size: int | None = None, *, batch_fn: BatchFn | None = None,
+        self,
+        X: Data,
+        batch_size: int | None = None,
+        *,
+        batch_fn: BatchFn | None = None,
         **options: Any,
-    ) -> Iterator[Tensor]:  # fmt: skip
+    ) -> Iterator[Tensor]:
         """`member_logits` batch by batch, `[M, B_j, C]` (see `Ensemble.iter_member_logits`)."""
         held = self._held()
         size, split = self._reading(batch_size, batch_fn)
@@ -311,8 +319,9 @@ class SampledPredictor(ModulePredictor):
         member 0's `[B, C]`) cannot fit in the memory of their device."""
         need = 2 * self.n_members * out.numel() * out.element_size()  # the list, then its stack
         what = f"one batch's member logits [S, {len(out)}, {out.shape[-1]}], twice while stacked"
-        require_memory("n_members", self.n_members, need, out.device, what,
-                       "lower n_members or batch_size")  # fmt: skip
+        require_memory(
+            "n_members", self.n_members, need, out.device, what, "lower n_members or batch_size"
+        )
 
     def __len__(self) -> int:
         self._check_fitted()

@@ -232,7 +232,7 @@ def auroc(scores_in: Any, scores_out: Any) -> float:
     ties counting 1/2: 1 = perfect, 0.5 = chance (or all scores equal), 0 = reversed. It is the
     same with either class as positive.
     """
-    from sklearn.metrics import roc_auc_score  # here: `import peg` stays light (issue 41)
+    from sklearn.metrics import roc_auc_score  # here: `import peg` stays light
 
     y, s = _labelled(scores_in, scores_out)
     return float(roc_auc_score(y, s))

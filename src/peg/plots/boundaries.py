@@ -102,9 +102,12 @@ def _panel(
     fade = np.clip((conf - 1 / C) / (1 - 1 / C), 0, 1)[:, None] if C > 1 else np.ones((1, 1))
     rgb = 1 - fade * (1 - colours[cls])
     ax.imshow(
-        plane.square(rgb), origin="lower", extent=plane.extent, aspect="auto",
+        plane.square(rgb),
+        origin="lower",
+        extent=plane.extent,
+        aspect="auto",
         interpolation="nearest",
-    )  # fmt: skip
+    )
     conf2d, gx, gy = plane.square(conf), plane.gx, plane.gy
     levels = [v for v in (0.6, 0.8, 0.95) if conf2d.min() < v < conf2d.max()]
     if levels:

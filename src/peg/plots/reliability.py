@@ -243,15 +243,39 @@ def _bars(ax: Any, values: tuple[np.ndarray, ...]) -> None:
     full = count > 0
     a = np.where(full, acc, 0.0)
     c = np.where(full, conf, 0.0)
-    ax.bar(centers[full], a[full], width=widths[full], color="#4C72B0", edgecolor="white",
-            linewidth=0.6)  # fmt: skip
+    ax.bar(
+        centers[full],
+        a[full],
+        width=widths[full],
+        color="#4C72B0",
+        edgecolor="white",
+        linewidth=0.6,
+    )
     gap = c - a
     over = full & (gap > 0)
     under = full & (gap < 0)
-    ax.bar(centers[over], gap[over], bottom=a[over], width=widths[over], color="#D62728",
-            alpha=0.35, edgecolor="#D62728", hatch="//", linewidth=0.6)  # fmt: skip
-    ax.bar(centers[under], gap[under], bottom=a[under], width=widths[under], color="#B5E3A8",
-            alpha=0.8, edgecolor="#2CA02C", hatch="\\\\", linewidth=0.6)  # fmt: skip
+    ax.bar(
+        centers[over],
+        gap[over],
+        bottom=a[over],
+        width=widths[over],
+        color="#D62728",
+        alpha=0.35,
+        edgecolor="#D62728",
+        hatch="//",
+        linewidth=0.6,
+    )
+    ax.bar(
+        centers[under],
+        gap[under],
+        bottom=a[under],
+        width=widths[under],
+        color="#B5E3A8",
+        alpha=0.8,
+        edgecolor="#2CA02C",
+        hatch="\\\\",
+        linewidth=0.6,
+    )
 
 
 def _check_axes(ax: Any, n: int) -> list[Any] | None:
@@ -291,8 +315,7 @@ def _on_axes(ax: Any, arrays: dict[str, tuple[np.ndarray, ...]], title: str | No
             continue
         full = count > 0
         colour, marker = SERIES[(i + 1) % len(SERIES)], MARKERS[i % len(MARKERS)]
-        ax.plot(conf[full], acc[full], marker=marker, ms=4, color=colour,
-                label=f"{name} ({ece})")  # fmt: skip
+        ax.plot(conf[full], acc[full], marker=marker, ms=4, color=colour, label=f"{name} ({ece})")
         band.stairs(share, edges, color=colour)
     ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="perfect calibration")
     ax.set_xlim(lo, hi)

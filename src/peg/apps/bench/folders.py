@@ -38,8 +38,14 @@ def claim_bench(
 
     def mark() -> None:
         if distributed.world()[0] == 0:
-            claim(folder, "bench", overwrite, writes="results.json, results.md and the figures",
-                  files=(*RESULTS, *files), ours=ours)  # fmt: skip
+            claim(
+                folder,
+                "bench",
+                overwrite,
+                writes="results.json, results.md and the figures",
+                files=(*RESULTS, *files),
+                ours=ours,
+            )
 
     distributed.guarded(mark, "out")
     return folder
@@ -55,5 +61,11 @@ def claim_paper(out: str | Path, preset: str, overwrite: bool) -> Path:
             return True
         return all(peg_folder(p) for p in folder.iterdir())
 
-    return claim(out, "paper-tables", overwrite, writes=f"{stem}.json and {stem}.md",
-                 files=(f"{stem}.json", f"{stem}.md"), ours=ours)  # fmt: skip
+    return claim(
+        out,
+        "paper-tables",
+        overwrite,
+        writes=f"{stem}.json and {stem}.md",
+        files=(f"{stem}.json", f"{stem}.md"),
+        ours=ours,
+    )

@@ -126,24 +126,42 @@ NOTES = {
 TABLES: dict[str, tuple[str, list[tuple[str, str]]]] = {
     "1": (
         "SWA as the base solution (paper Table 1)",
-        [("PEG-15", "swa/peg-15"), ("PEP-15", "swa/pep-15"), ("PEG-30", "swa/peg-30"),
-         ("PEP-30", "swa/pep-30"), ("SWA", "swa")],
+        [
+            ("PEG-15", "swa/peg-15"),
+            ("PEP-15", "swa/pep-15"),
+            ("PEG-30", "swa/peg-30"),
+            ("PEP-30", "swa/pep-30"),
+            ("SWA", "swa"),
+        ],
     ),
     "3": (
         "DeepEns-3 as the base solution (paper Table 3)",
-        [("PEG-15", "deepens-3/peg-15"), ("PEP-15", "deepens-3/pep-15"),
-         ("PEG-30", "deepens-3/peg-30"), ("PEP-30", "deepens-3/pep-30"),
-         ("DeepEns-3", "deepens-3")],
+        [
+            ("PEG-15", "deepens-3/peg-15"),
+            ("PEP-15", "deepens-3/pep-15"),
+            ("PEG-30", "deepens-3/peg-30"),
+            ("PEP-30", "deepens-3/pep-30"),
+            ("DeepEns-3", "deepens-3"),
+        ],
     ),
     "5": (
         "DeepEns vs PEG on the SGD solution (paper Table 5)",
-        [("PEG-10", "sgd/peg-10"), ("PEG-30", "sgd/peg-30"), ("PEG-50", "sgd/peg-50"),
-         ("DeepEns-1", "sgd"), ("DeepEns-3", "deepens-3")],
+        [
+            ("PEG-10", "sgd/peg-10"),
+            ("PEG-30", "sgd/peg-30"),
+            ("PEG-50", "sgd/peg-50"),
+            ("DeepEns-1", "sgd"),
+            ("DeepEns-3", "deepens-3"),
+        ],
     ),
     "7": (
         "SWAG-Diag as the base solution (paper Table 7)",
-        [("PEG-15", "swag-diag/peg-15"), ("PEP-15", "swag-diag/pep-15"),
-         ("SWAG-Diag", "swag-diag"), ("SWAG", "swag")],
+        [
+            ("PEG-15", "swag-diag/peg-15"),
+            ("PEP-15", "swag-diag/pep-15"),
+            ("SWAG-Diag", "swag-diag"),
+            ("SWAG", "swag"),
+        ],
     ),
     "12": (
         "Unbiased update with SWA as the base solution (paper Table 12)",
@@ -151,11 +169,14 @@ TABLES: dict[str, tuple[str, list[tuple[str, str]]]] = {
     ),
     "eta": (
         "η selection: the paper's grid (scored on the gradient points) vs our search",
-        [("SWA: PEG-15 grid", "swa/peg-15-paper-grid"), ("SWA: PEG-15 search", "swa/peg-15"),
-         ("DeepEns-3: PEG-15 grid", "deepens-3/peg-15-paper-grid"),
-         ("DeepEns-3: PEG-15 search", "deepens-3/peg-15")],
+        [
+            ("SWA: PEG-15 grid", "swa/peg-15-paper-grid"),
+            ("SWA: PEG-15 search", "swa/peg-15"),
+            ("DeepEns-3: PEG-15 grid", "deepens-3/peg-15-paper-grid"),
+            ("DeepEns-3: PEG-15 search", "deepens-3/peg-15"),
+        ],
     ),
-}  # fmt: skip
+}
 
 
 def run(
@@ -204,10 +225,11 @@ def run(
     for t in wanted:
         title, columns = TABLES[t]
         cells = {
-            label: {k: [m[k] for m in results[key]["metrics"]] for k in ("nll", "error", "brier",
-                                                                         "ece")}
+            label: {
+                k: [m[k] for m in results[key]["metrics"]] for k in ("nll", "error", "brier", "ece")
+            }
             for label, key in columns
-        }  # fmt: skip
+        }
         sections.append(f"## Table {t}: {title}\n\n{markdown_table(cells)}\n")
     sections.append(_choices(results))
     text = "\n".join(sections)

@@ -229,8 +229,9 @@ def run_uci(
     sets = list(UCI_SETS) if sets is None else _names(sets, "sets", UCI_SETS)
     methods = _names(methods, "methods", METHODS)
     for name, value in (("splits", splits), ("epochs", epochs)):  # a spec's uci: block
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or value < 1):  # fmt: skip
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
             raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
     claim_bench(out, "uci", overwrite, files=())
     started = time.perf_counter()

@@ -19,12 +19,23 @@ def run(args: argparse.Namespace, command: str, progress: bool | None) -> int:
     html.check_options(args, args.out, "--out")
     model, val, test = sources.compared(args, _say)
     result = compare(
-        model, val, test, args.methods,
+        model,
+        val,
+        test,
+        args.methods,
         shifted=sources.named(args.shifted, "--shifted", labelled=True),
-        ood=sources.named(args.ood, "--ood", labelled=False), ood_score=args.ood_score,
-        metrics=args.metrics, seed=args.seed, batch_size=args.batch_size, progress=progress,
-        out=args.out, command=command, resume=args.resume, overwrite=args.overwrite, say=_say,
-    )  # fmt: skip
+        ood=sources.named(args.ood, "--ood", labelled=False),
+        ood_score=args.ood_score,
+        metrics=args.metrics,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        progress=progress,
+        out=args.out,
+        command=command,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        say=_say,
+    )
     if distributed.world()[0] != 0:  # under torchrun every rank has the table: one prints it
         return 0
     print(result.to_text(args.format))

@@ -75,8 +75,9 @@ class Fitting:
         try:
             predictor, own = self._fit(spec)
             seconds = chained_seconds(own, spec.base, self.seconds)
-            base = (lambda: self.model) if spec.base == MODEL else (
-                lambda: self.predictor(spec.base))  # fmt: skip
+            base = (
+                (lambda: self.model) if spec.base == MODEL else (lambda: self.predictor(spec.base))
+            )
             row = head | {"fit_seconds": seconds} | self.evaluation(spec, predictor, base)
         except Exception as e:  # one method's failure is its row; the others go on
             self.errors[spec.name] = failure(e)

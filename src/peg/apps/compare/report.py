@@ -6,7 +6,6 @@ file (`to_html`: the tables, conformal coverage, the reliability diagrams before
 from __future__ import annotations
 
 import datetime
-import hashlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,13 +13,13 @@ from typing import Any
 
 from torch import Tensor
 
-from peg import _html, plots
+from peg import _html
 from peg._env import git_commit, machine
 from peg._version import __version__
 from peg.apps.bench.tables import OOD_ROWS, ROWS, metric_rows
-from peg.apps.compare import tables
+from peg.apps.compare import diagrams, tables
 from peg.apps.compare.faults import describe
-from peg.apps.html import Report, Reported, figure_html, paragraph, section, verdict_html
+from peg.apps.html import Report, Reported, paragraph, section, verdict_html
 from peg.apps.results import write_results
 from peg.apps.verdict import Verdict, best_beyond_noise, metric_se, own_se, real
 
@@ -231,8 +230,10 @@ class Comparison(Reported):
     def __repr__(self) -> str:
         sets = ", ".join(f"{n} ({i['kind']}, {i['points']} points)" for n, i in self.sets.items())
         failed = f", {len(self.failed)} failed" if self.failed else ""
-        return (f"<Comparison: {len(self.table)} methods{failed} on {sets or 'no set'}; "
-                ".to_markdown(), .to_html(), .to_pandas()>")  # fmt: skip
+        return (
+            f"<Comparison: {len(self.table)} methods{failed} on {sets or 'no set'}; "
+            ".to_markdown(), .to_html(), .to_pandas()>"
+        )
 
     def __str__(self) -> str:
         return self.to_markdown()
@@ -292,23 +293,35 @@ class Comparison(Reported):
                 parts.append(tables.html_table(self.table, spec, caption, self._best()))
         parts += self._conformal()
         if figures:
-            parts += self._figures()
+            parts += diagrams.embedded(self.curves, self.sets)
         parts.append(section("Notes", *map(paragraph, self._notes()), paragraph(NOTE)))
         return parts
 
     def _conformal(self) -> list[_html.Markup]:
         """Coverage and set size per α and set (`conformal=`), where present."""
-        alphas = sorted({k.split("@")[1] for r in self.table for k in r
-                         if k.startswith("coverage@") and " " not in k}, key=float)  # fmt: skip
+        alphas = sorted(
+            {
+                k.split("@")[1]
+                for r in self.table
+                for k in r
+                if k.startswith("coverage@") and " " not in k
+            },
+            key=float,
+        )
         if not alphas:
             return []
         found = []
         for name, info in self.sets.items():
             if info["kind"] == "ood":
                 continue
-            spec = [row for a in alphas for row in (
-                (column(f"coverage@{a}", name), f"Coverage % (α={a})", 100, "{:.2f}"),
-                (column(f"set_size@{a}", name), f"Set size (α={a})", 1, "{:.2f}"))]  # fmt: skip
+            spec = [
+                row
+                for a in alphas
+                for row in (
+                    (column(f"coverage@{a}", name), f"Coverage % (α={a})", 100, "{:.2f}"),
+                    (column(f"set_size@{a}", name), f"Set size (α={a})", 1, "{:.2f}"),
+                )
+            ]
             found.append(
                 tables.html_table(self.table, spec, f"{name} ({info['points']} points)", {})
             )
@@ -318,33 +331,11 @@ class Comparison(Reported):
         )
         return [section("Conformal prediction", paragraph(note), *found)]
 
-    def _figures(self) -> list[_html.Markup]:
-        """The reliability diagrams of every labelled set, embedded."""
-        parts = []
-        for name, curves in self.curves.items():
-            if not curves or name not in self.sets:
-                continue
-            title = f"Reliability on {name} ({self.sets[name]['points']} points)"
-            parts.append(figure_html(lambda c=curves, t=title: plots.reliability_diagram(
-                c, title=t), title))  # fmt: skip
-        if not parts:
-            return []
-        said = "Before: Model, the model as it is; after: every other method." if any(
-            "Model" in c for c in self.curves.values()) else "One panel per method."  # fmt: skip
-        return [section("Reliability diagrams", paragraph(said), *parts)]
-
     def plot(self, folder: str | Path) -> list[Path]:
         """Reliability diagrams (`peg.plots.reliability_diagram`), one figure per labelled set
         some method was scored on: `folder/reliability-<set>.png`; returns the paths."""
-        paths = []
-        for name, curves in self.curves.items():
-            if not curves or name not in self.sets:  # every method failed: no figure to draw
-                continue
-            path = Path(folder) / figure_name(name)
-            title = f"Reliability on {name} ({self.sets[name]['points']} points)"
-            paths.append(plots.reliability_diagram(curves, path, title=title))
-        self.figures = paths
-        return paths
+        self.figures = diagrams.plot(self.curves, self.sets, folder)
+        return self.figures
 
     def write(self, folder: str | Path, command: str) -> tuple[Path, Path]:
         """`folder/results.json` (the table, the sets, provenance), `folder/results.md` and
@@ -373,15 +364,3 @@ class Comparison(Reported):
 
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
-
-
-def figure_name(name: str) -> str:
-    """The file name of the reliability diagram of set `name`, one per name: a plain name
-    (lower-case ASCII letters, digits, `-_.`) as it is; any other (`a/b` next to `a_b`, `A`
-    next to `a` on a disk that ignores case, a long name) shortened and made safe, with a
-    hash of the whole name after it."""
-    safe = "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "_" for c in name)
-    if safe == name.lower() == name and 0 < len(name) <= 64:
-        return f"reliability-{name}.png"
-    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:10]
-    return f"reliability-{safe[:64]}-{digest}.png"

@@ -24,10 +24,11 @@ from peg.apps import registry
 from peg.apps.bench.spec import MethodSpec
 from peg.apps.compare.collapse import indistinguishable, note, vs_base
 from peg.apps.compare.costs import forwards, held_bytes, probe_rows
+from peg.apps.compare.diagrams import figure_name
 from peg.apps.compare.faults import check_data, describe
 from peg.apps.compare.fitting import Fitting
 from peg.apps.compare.methods import MODEL, options, resolve
-from peg.apps.compare.report import TEST, Comparison, check_shown, column, figure_name
+from peg.apps.compare.report import TEST, Comparison, check_shown, column
 from peg.apps.compare.sets import argument, check_widths, fingerprints, read_sets
 from peg.apps.compare.state import PRINT, Say, State, told
 from peg.apps.conformal import ConformalSpec, parse_conformal, scorer
@@ -156,17 +157,15 @@ def compare(
     seed, batch_size = check_seed(seed), check_positive_int(batch_size, "batch_size")
     bins, batch_fn = check_positive_int(bins, "bins"), check_batch_fn(batch_fn)
     shown = check_shown(metrics)
-    for flag, value in (("resume", resume), ("overwrite", overwrite)):
-        if not isinstance(value, bool):
-            raise TypeError(f"{flag}: expected True or False, got {value!r}")
-    if ood_score not in (*OOD_SCORES, *DETECTOR_SCORES):
-        raise ValueError(
-            f"ood_score: expected one of {[*OOD_SCORES, *DETECTOR_SCORES]}, got {ood_score!r}"
-        )
+    _check_options(resume, overwrite, ood_score)
     labelled, unlabelled = read_sets(val, test, shifted, ood)
     check_widths(model, labelled, unlabelled)  # saved logits: of one set of classes
-    check_data(model, [(argument(n), d, True) for n, d in labelled.items()]
-               + [(f"ood[{n!r}]", d, False) for n, d in unlabelled.items()], batch_fn)  # fmt: skip
+    check_data(
+        model,
+        [(argument(n), d, True) for n, d in labelled.items()]
+        + [(f"ood[{n!r}]", d, False) for n, d in unlabelled.items()],
+        batch_fn,
+    )
     check = registry.Site(seed=seed, progress=False, score_points=MAX_SCORE_POINTS)
     registry.check_all(((s.name, s.method, options(s, batch_size, batch_fn)) for s in specs), check)
     val = labelled.pop("val")
@@ -180,17 +179,18 @@ def compare(
     figures = tuple(figure_name(n) for n in labelled)
     state = State(out, {}, resume, write=rank == 0, say=say)
     distributed.guarded(lambda: state.prepare(overwrite, (*RESULTS, *figures)), "out")
-    if out is not None:  # what the saved rows were made of (one read of each set, hashed)
-        state.run_key = {
-            "seed": seed,
-            "batch_size": batch_size,
-            "bins": bins,
-            "ood_score": ood_score,
-            "conformal": repr(evaluation.conformal),
-            **fingerprints(model, val, labelled | unlabelled, batch_size),
-        }
-    fitting = Fitting(model, val, evaluation, state, seed=seed, progress=progress,
-                      batch_size=batch_size, batch_fn=batch_fn)  # fmt: skip
+    if out is not None:
+        state.run_key = evaluation.run_key(seed)
+    fitting = Fitting(
+        model,
+        val,
+        evaluation,
+        state,
+        seed=seed,
+        progress=progress,
+        batch_size=batch_size,
+        batch_fn=batch_fn,
+    )
     table: list[dict[str, Any]] = []
     for i, spec in enumerate(specs):
         table.append(fitting.run(i, spec))
@@ -203,6 +203,16 @@ def compare(
         paths = result.write(out, command or _command(specs, out))
         say(f"compare: wrote {', '.join(str(p) for p in paths)} and {len(result.figures)} figures")
     return result
+
+
+def _check_options(resume: Any, overwrite: Any, ood_score: Any) -> None:
+    for flag, value in (("resume", resume), ("overwrite", overwrite)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{flag}: expected True or False, got {value!r}")
+    if ood_score not in (*OOD_SCORES, *DETECTOR_SCORES):
+        raise ValueError(
+            f"ood_score: expected one of {[*OOD_SCORES, *DETECTOR_SCORES]}, got {ood_score!r}"
+        )
 
 
 class Evaluation:
@@ -234,6 +244,19 @@ class Evaluation:
         self.bases: set[str] = set()
         # base name → (members, test log-probabilities `[N, C]`) of the bases met so far
         self.base_outputs: dict[str, tuple[int, Tensor]] = {}
+
+    def run_key(self, seed: int) -> dict[str, Any]:
+        """What the saved rows are made of: the options and the fingerprints of the weights and
+        of every set (one read of each, hashed: `state.fingerprint`)."""
+        sets = self.labelled | self.unlabelled
+        return {
+            "seed": seed,
+            "batch_size": self.batch_size,
+            "bins": self.bins,
+            "ood_score": self.ood_score,
+            "conformal": repr(self.conformal),
+            **fingerprints(self.model, self.val, sets, self.batch_size),
+        }
 
     def __call__(
         self, spec: MethodSpec, predictor: Any, base: Callable[[], Any] | None = None
@@ -267,8 +290,9 @@ class Evaluation:
         row |= self.vs_base(spec, test_logits, base, row["forwards"])
         detector = None
         if self.ood_score in DETECTOR_SCORES and self.unlabelled:  # per predictor: its model
-            detector = OODDetector(score=self.ood_score, batch_size=self.batch_size,
-                                   batch_fn=self.batch_fn).fit(predictor, self.val)  # fmt: skip
+            detector = OODDetector(
+                score=self.ood_score, batch_size=self.batch_size, batch_fn=self.batch_fn
+            ).fit(predictor, self.val)
             scores_in = detector.ood_score(self.labelled[TEST])
         for name, data in self.unlabelled.items():
             logits = distributed.member_logits(predictor, data, self.batch_size, self.batch_fn)
@@ -284,8 +308,13 @@ class Evaluation:
             self.points[name][spec.name] = values
         return row
 
-    def vs_base(self, spec: MethodSpec, logits: Tensor, base: Callable[[], Any] | None,
-                forwards: float | None) -> dict[str, Any]:  # fmt: skip
+    def vs_base(
+        self,
+        spec: MethodSpec,
+        logits: Tensor,
+        base: Callable[[], Any] | None,
+        forwards: float | None,
+    ) -> dict[str, Any]:
         """`{"vs_base": gap}` of the method `spec` with test member logits `logits` `[M, N, C]`
         (`collapse.vs_base`; None where it has no more members than its base), and its `"note"`
         where it is indistinguishable from the base."""

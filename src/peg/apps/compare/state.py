@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from peg._io import load_tree, save_tree
-from peg._schema import Fields, in_range
+from peg.apps.compare.saved import check_saved
 from peg.apps.results import RESULTS, claim, writable
 from peg.errors import ArchiveError
 from peg.source import as_loader, is_dataset, is_loader
@@ -101,8 +100,11 @@ def _add(h: Any, x: Any) -> None:
     """Hash `x` into `h`: a tensor's shape, dtype and bytes; containers element by element."""
     if isinstance(x, np.ndarray):  # negative strides (a reversed view) are copied
         numeric = x.dtype.kind in "biufc"
-        x = x.tolist() if not numeric else torch.from_numpy(x if min(x.strides, default=0) >= 0
-                                                           else x.copy())  # fmt: skip
+        x = (
+            x.tolist()
+            if not numeric
+            else torch.from_numpy(x if min(x.strides, default=0) >= 0 else x.copy())
+        )
     if isinstance(x, Tensor):
         t = x.detach()
         t = t.to_dense() if t.layout != torch.strided else t
@@ -154,14 +156,25 @@ class State:
         writes to can be written, and mark the folder as peg's."""
         if self.folder is None or not self.write:
             return
-        claim(self.folder, "compare", overwrite, files=files, ours=_earlier_run,
-              writes="results.json, results.md, the figures and predictors/")  # fmt: skip
+        claim(
+            self.folder,
+            "compare",
+            overwrite,
+            files=files,
+            ours=_earlier_run,
+            writes="results.json, results.md, the figures and predictors/",
+        )
         for where in (self.folder / FOLDER, self.folder / ARCHIVES):
             writable(where, "out")
 
     def key(self, spec: Any) -> str:
-        made = {"name": spec.name, "method": spec.method, "on": spec.base,
-                "options": repr(sorted(spec.options.items())), **self.run_key}  # fmt: skip
+        made = {
+            "name": spec.name,
+            "method": spec.method,
+            "on": spec.base,
+            "options": repr(sorted(spec.options.items())),
+            **self.run_key,
+        }
         return json.dumps(made, sort_keys=True, default=str)
 
     def _path(self, i: int, name: str) -> Path:
@@ -183,8 +196,10 @@ class State:
         try:
             saved = load_tree(path)
             if not isinstance(saved, dict) or saved.get("key") != self.key(spec):
-                self.say(f"compare: {spec.name}: its saved row was made by a run with other "
-                         f"{_differing(saved, self.key(spec))}; fitting it again")  # fmt: skip
+                self.say(
+                    f"compare: {spec.name}: its saved row was made by a run with other "
+                    f"{_differing(saved, self.key(spec))}; fitting it again"
+                )
                 return None  # another run's (or no key at all): not this method's row
             check_saved(
                 saved,
@@ -213,8 +228,9 @@ class State:
         )
         return False
 
-    def save(self, i: int, spec: Any, row: dict[str, Any], curves: Any, sizes: Any,
-             predictor: Any) -> str | None:  # fmt: skip
+    def save(
+        self, i: int, spec: Any, row: dict[str, Any], curves: Any, sizes: Any, predictor: Any
+    ) -> str | None:
         """Save method `i`: its predictor's archive first (where it has `save`), then its row;
         a failed write is returned as a warning (the row stands, a resumed run refits it)."""
         if self.folder is None or not self.write:
@@ -231,8 +247,13 @@ class State:
                 with contextlib.suppress(TypeError, ValueError, NotImplementedError):
                     predictor.save(str(path))
                     digest = file_hash(path)
-            tree = {"key": self.key(spec), "row": row, "curves": curves, "sizes": sizes,
-                    "archive": digest}  # fmt: skip
+            tree = {
+                "key": self.key(spec),
+                "row": row,
+                "curves": curves,
+                "sizes": sizes,
+                "archive": digest,
+            }
             save_tree(row_path, tree)
         except OSError as e:
             return f"not saved ({type(e).__name__}: {e}); a resumed run fits it again"
@@ -261,77 +282,6 @@ def file_hash(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def check_saved(
-    saved: dict[str, Any], name: str, sets: set[str], where: str, bins: int | None = None
-) -> None:
-    """A saved row, its reliability data and set sizes checked before any is used (a file
-    damaged or edited by hand: an ArchiveError naming the field): every number of the row a
-    non-negative number (NaN never; infinity only as an NLL), fractions within [0, 1]; each
-    set's reliability data the `bins` bins `peg.metrics.reliability` gives."""
-    tree = Fields(saved, where, what="saved row")
-    row = tree.object("row")
-    assert row is not None
-    row.get("method", lambda v: v == name, f"the method's name {name!r}")
-    row.number("fit_seconds", minimum=0)
-    for key, value in row.obj.items():
-        metric = key.split(" (")[0].split("@")[0]  # "nll (shifted)", "coverage@0.1"
-        needed = key in NEEDED
-        if (value is None or isinstance(value, str)) and not needed:
-            continue
-        if not _in_bounds(metric, value):
-            top = "1" if metric in FRACTIONS else "2" if metric == "brier" else "∞"
-            also = "" if needed else ", a string or null"
-            raise row.error(key, f"a number in [0, {top}]{also}", value)
-    for key in NEEDED:
-        row.get(key, lambda v: True, "a number")  # present (checked above where it is)
-    curves = tree.object("curves")
-    assert curves is not None
-    for set_name in curves.obj:
-        known = set_name in sets
-        curves.get(set_name, lambda v, known=known: known and _curve(v, bins),
-                   f"reliability data of one of the sets {sorted(sets)} ({bins} bins)")  # fmt: skip
-    sizes = tree.object("sizes")
-    assert sizes is not None
-    for set_name in sizes.obj:
-        sizes.get(set_name, lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and
-                  in_range(v[0], 0, None, int) and v[1] in KINDS, "[points, kind]")  # fmt: skip
-    tree.get("archive", lambda v: v is None or isinstance(v, str), "a SHA-256 or null",
-             optional=True)  # fmt: skip
-
-
-# the metrics that are fractions (rows hold them as such); Brier's score lies in [0, 2]
-FRACTIONS = {"error", "ece", "mce", "adaptive_ece", "classwise_ece", "aurc", "augrc", "auroc",
-             "aupr", "aupr_in", "fpr95", "coverage"}  # fmt: skip
-KINDS = ("test", "shifted", "ood")
-NEEDED = ("nll", "error", "ece")  # the test metrics a row shows in its line
-CURVE = ("edges", "confidence", "accuracy", "count")
-
-
-def _in_bounds(metric: str, v: Any) -> bool:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or v < 0:
-        return False
-    top = 1.0 if metric in FRACTIONS else 2.0 if metric == "brier" else math.inf
-    return v <= top and (math.isfinite(v) or metric == "nll")
-
-
-def _curve(v: Any, bins: int | None) -> bool:
-    """`peg.metrics.reliability` data of `bins` bins: edges `[bins + 1]` from 0 to 1;
-    confidence and accuracy `[bins]` in [0, 1] (NaN in empty bins); count `[bins]`, integers."""
-    if not (isinstance(v, Mapping) and sorted(v) == sorted(CURVE)
-            and all(isinstance(t, Tensor) and t.ndim == 1 for t in v.values())):  # fmt: skip
-        return False
-    n = len(v["count"]) if bins is None else bins
-    if len(v["edges"]) != n + 1 or any(len(v[k]) != n for k in CURVE[1:]):
-        return False
-    count = v["count"]
-    if count.dtype not in (torch.int64, torch.int32) or (count < 0).any():
-        return False
-    edges = v["edges"].double()
-    fractions = [v[k].double() for k in ("confidence", "accuracy")]
-    return bool(edges.isfinite().all() and (edges >= 0).all() and (edges <= 1).all()
-                and all(((f >= 0) & (f <= 1) | f.isnan()).all() for f in fractions))  # fmt: skip
 
 
 def _earlier_run(folder: Path) -> bool:

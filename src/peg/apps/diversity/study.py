@@ -119,8 +119,13 @@ def run(
             diversity wrote).
     """
     config = config or DiversityConfig()
-    claim(out, "diversity", overwrite, writes="results.json, results.md and the figures",
-          ours=lambda f: earlier_results(f / "results.json", RESULT_KEYS))  # fmt: skip
+    claim(
+        out,
+        "diversity",
+        overwrite,
+        writes="results.json, results.md and the figures",
+        ours=lambda f: earlier_results(f / "results.json", RESULT_KEYS),
+    )
     threads = torch.get_num_threads()
     if config.threads is not None:
         torch.set_num_threads(config.threads)
@@ -186,12 +191,7 @@ def _run(
     X_test, y_test = splits["test"]
     factory = _factory(config, splits["train"][0].shape[1], splits["classes"])
     skeleton = factory().eval()
-    say(
-        f"peg diversity: {splits['name']}, {len(splits['train'][0])} train / "
-        f"{len(splits['val'][0])} validation / {len(X_test)} test, {config.model['name']} "
-        f"({sum(p.numel() for p in skeleton.parameters()):,} parameters), "
-        f"{config.trajectories} trajectories × {config.recipe().epochs} epochs; {machine()}"
-    )
+    say(_setting(config, splits, skeleton))
     seeds = [config.seed + i for i in range(config.trajectories)]
     trajs = train_trajectories(
         factory, splits["train"], config.recipe(), seeds, cache, progress, say
@@ -208,9 +208,18 @@ def _run(
     ]
     lap("methods")
     figures = Figures(
-        config, out, splits["name"], trajs, seeds, ckpt_logits, around, skeleton,
-        (X_test, y_test), splits["classes"], progress,
-    )  # fmt: skip
+        config,
+        out,
+        splits["name"],
+        trajs,
+        seeds,
+        ckpt_logits,
+        around,
+        skeleton,
+        (X_test, y_test),
+        splits["classes"],
+        progress,
+    )
     _draw(figures, lap)
     k = config.ensemble_size
     rows, table, single = _table(figures, trajs, around, y_test, k)
@@ -241,13 +250,31 @@ def _run(
     say("")
     say(table)
     say("")
-    say(
+    say(_summary(single, chosen, lap.times["total"], out, figures.written))
+    return result
+
+
+def _setting(config: DiversityConfig, splits: dict[str, Any], skeleton: nn.Module) -> str:
+    """The run's first line: the data, the model and the trajectories, the machine."""
+    return (
+        f"peg diversity: {splits['name']}, {len(splits['train'][0])} train / "
+        f"{len(splits['val'][0])} validation / {len(splits['test'][0])} test, "
+        f"{config.model['name']} ({sum(p.numel() for p in skeleton.parameters()):,} "
+        f"parameters), {config.trajectories} trajectories × {config.recipe().epochs} epochs; "
+        f"{machine()}"
+    )
+
+
+def _summary(
+    single: dict[str, float], chosen: dict[str, float], total: float, out: Path, written: Any
+) -> str:
+    """The run's last line: the single model, the scales chosen, the time, the files."""
+    return (
         f"single model (trajectory 0): accuracy {100 * single['accuracy']:.2f}%, NLL "
         f"{single['nll']:.4f}; PEG η = {chosen.get('eta', float('nan')):.3g}, PEP σ = "
-        f"{chosen.get('sigma', float('nan')):.3g}; total {lap.times['total']:.1f} s; wrote "
-        f"{out}/results.json, results.md, " + ", ".join(Path(f).name for f in figures.written)
+        f"{chosen.get('sigma', float('nan')):.3g}; total {total:.1f} s; wrote "
+        f"{out}/results.json, results.md, " + ", ".join(Path(f).name for f in written)
     )
-    return result
 
 
 __all__ = [

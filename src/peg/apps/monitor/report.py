@@ -27,10 +27,31 @@ class Monitor(Protocol):
     def alerts(self) -> Any: ...
 
 
-COLUMNS = ("chunk", "source", "n", "accuracy", "lo", "hi", "realized_accuracy", "label_shift_p",
-           "domain_auroc", "covariate_p", "ood_share", "alert", "reasons")  # fmt: skip
-FLOATS = ("accuracy", "lo", "hi", "realized_accuracy", "label_shift_p", "domain_auroc",
-          "covariate_p", "ood_share")  # fmt: skip
+COLUMNS = (
+    "chunk",
+    "source",
+    "n",
+    "accuracy",
+    "lo",
+    "hi",
+    "realized_accuracy",
+    "label_shift_p",
+    "domain_auroc",
+    "covariate_p",
+    "ood_share",
+    "alert",
+    "reasons",
+)
+FLOATS = (
+    "accuracy",
+    "lo",
+    "hi",
+    "realized_accuracy",
+    "label_shift_p",
+    "domain_auroc",
+    "covariate_p",
+    "ood_share",
+)
 
 
 def records(monitor: Monitor) -> list[dict[str, Any]]:
@@ -82,8 +103,10 @@ def timeline(monitor: Monitor, ax: Any = None, path: str | os.PathLike[str] | No
     drawn.axhspan(lo, hi, color="0.88", label=f"band (± {monitor.sigmas:g} σ)")
     if chunks:
         acc = [c["accuracy"] for c in chunks]
-        err = [[a - c["interval"][0] for a, c in zip(acc, chunks, strict=True)],
-               [c["interval"][1] - a for a, c in zip(acc, chunks, strict=True)]]  # fmt: skip
+        err = [
+            [a - c["interval"][0] for a, c in zip(acc, chunks, strict=True)],
+            [c["interval"][1] - a for a, c in zip(acc, chunks, strict=True)],
+        ]
         drawn.errorbar(x, acc, yerr=err, fmt="o-", color="C0", capsize=2, label="estimate")
         real = [(c["chunk"], c["realized_accuracy"]) for c in chunks if c["realized_accuracy"]]
         if real:
@@ -113,12 +136,20 @@ def build(monitor: Monitor) -> html.Report:
         )
         parts = [html.section("Chunks", table)]
         if figures:
-            parts.insert(0, html.section("Timeline", html.figure_html(
-                lambda: timeline(monitor), "estimated accuracy per chunk")))  # fmt: skip
-        parts.append(html.paragraph(
-            "Estimates hold under the shifts the interval was calibrated on (label shift, "
-            "covariate shift towards harder inputs); a shift in p(y | x) is invisible without "
-            "labels."))  # fmt: skip
+            parts.insert(
+                0,
+                html.section(
+                    "Timeline",
+                    html.figure_html(lambda: timeline(monitor), "estimated accuracy per chunk"),
+                ),
+            )
+        parts.append(
+            html.paragraph(
+                "Estimates hold under the shifts the interval was calibrated on (label shift, "
+                "covariate shift towards harder inputs); a shift in p(y | x) is invisible without "
+                "labels."
+            )
+        )
         return parts
 
     return html.Report(

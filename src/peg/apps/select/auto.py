@@ -26,9 +26,11 @@ from peg.apps.compare.methods import LOGIT_METHODS, _spec, options, resolve
 from peg.apps.html import Report, Reported
 from peg.apps.results import json_ready
 from peg.apps.select import page
+from peg.apps.select.budgets import budget_seconds, check_seconds, drop_over_forwards
 from peg.apps.select.cross import CrossFit
-from peg.apps.select.folds import CRITERIA, check_fold_sizes, mean_se, stratified_folds
-from peg.apps.select.race import AUTO_BUDGET, MIN_BUDGET_SECONDS, Plan, fold_lines
+from peg.apps.select.folds import CRITERIA, check_fold_sizes, stratified_folds
+from peg.apps.select.nested import nested_score, refit
+from peg.apps.select.race import Plan, fold_lines
 from peg.apps.select.reference import slowdown, ts_seconds, warm_up
 from peg.apps.select.report import choose
 from peg.ensemble import Predicts
@@ -58,15 +60,6 @@ DEFAULT_CANDIDATES = (
     "Laplace",
     "MC dropout",
 )
-
-
-def _seconds(value: Any, name: str) -> None:
-    """Seconds: "auto", None or a finite number > 0."""
-    if value is None or (isinstance(value, str) and value == "auto"):
-        return
-    if isinstance(value, str):
-        raise ValueError(f"{name}: expected seconds > 0, 'auto' or None, got {value!r}")
-    checks.number()(value, name)
 
 
 def _candidate_list(value: Any, name: str) -> None:
@@ -172,7 +165,9 @@ class AutoSelect(Reported, Predicts, Method):
         "cv": checks.positive_int(minimum=2),
         "criterion": checks.one_of(*CRITERIA),
         "max_forwards": checks.number(optional=True),
-        "max_fit_seconds": checks.described(_seconds, "'auto', None or a number of seconds > 0"),
+        "max_fit_seconds": checks.described(
+            check_seconds, "'auto', None or a number of seconds > 0"
+        ),
         "race": checks.number(optional=True),
         "one_se": checks.boolean(),
         "seed": checks.positive_int(minimum=0),
@@ -210,7 +205,7 @@ class AutoSelect(Reported, Predicts, Method):
         y = check_labels(y, len(y), logits.shape[-1], name="val labels")  # before any candidate
         reference = forward + ts_seconds(logits, y)
         load = slowdown(time.perf_counter() - clock, time.process_time() - cpu, logits.device)
-        budget = self._seconds(reference, load)
+        budget = budget_seconds(self.max_fit_seconds, reference, load)
         everything = torch.arange(len(y))
         folds = stratified_folds(y, self.cv, self.seed)  # class counts checked before fitting
         cross = self._cross(model, source, logits, y, specs, rows)
@@ -219,7 +214,7 @@ class AutoSelect(Reported, Predicts, Method):
         report, chosen = choose(cross, specs, everything, self.one_se, skipped)
         self.reliability_ = page.reliability(logits, y, cross.top[chosen], chosen)
         self.verdict_, self.baseline_ = page.verdict(logits, y, cross, chosen, report)
-        chain = self._refit(cross, specs, chosen, everything)
+        chain = refit(cross, specs, chosen, everything)
         seconds = time.perf_counter() - started
         self.predictor_ = chain[chosen]
         row = next(r for r in report if r["candidate"] == chosen)
@@ -254,20 +249,28 @@ class AutoSelect(Reported, Predicts, Method):
         }
         return self
 
-    def _cross(self, model: nn.Module, source: ValSource, logits: Tensor, y: Tensor,
-               specs: list[Any], rows: Any) -> CrossFit:  # fmt: skip
+    def _cross(
+        self,
+        model: nn.Module,
+        source: ValSource,
+        logits: Tensor,
+        y: Tensor,
+        specs: list[Any],
+        rows: Any,
+    ) -> CrossFit:
         return CrossFit(
-            model, source, logits, y, specs, criterion=self.criterion, seed=self.seed,
-            batch_size=self.batch_size, batch_fn=check_batch_fn(self.batch_fn), rows=rows,
+            model,
+            source,
+            logits,
+            y,
+            specs,
+            criterion=self.criterion,
+            seed=self.seed,
+            batch_size=self.batch_size,
+            batch_fn=check_batch_fn(self.batch_fn),
+            rows=rows,
             progress=self.progress,
-        )  # fmt: skip
-
-    def _seconds(self, reference: float, load: float = 1.0) -> float | None:
-        """The time budget in seconds (None: none), "auto" from the reference TS fit, its floor
-        times the machine's `load` (`reference.slowdown`)."""
-        if self.max_fit_seconds == "auto":
-            return max(AUTO_BUDGET * reference, MIN_BUDGET_SECONDS * load)
-        return None if self.max_fit_seconds is None else float(self.max_fit_seconds)
+        )
 
     def _plan(self, budget: float | None, cross: CrossFit, started: float, forward: float) -> Plan:
         """The race and budget of one cross-fitting (the nested CV's inner ones too: each under
@@ -276,54 +279,26 @@ class AutoSelect(Reported, Predicts, Method):
         return Plan(budget, self.race, started, fold_lines(cross.progress), forward, classes)
 
     def _budget(self, cross: CrossFit) -> None:
-        """After the first fold: drop the candidates over the forwards budget; a ValueError
-        naming the cheapest candidate's cost when none is left."""
-        limit = self.max_forwards
-        fitted = [s.name for s in cross.specs if s.name not in cross.dropped]
-        if limit is None or not fitted:
-            return
-        over = {n: c for n in fitted if (c := cross.forwards.get(n)) is not None and c > limit}
-        if len(over) == len(fitted):
-            name = min(over, key=lambda n: over[n])
-            raise ValueError(
-                f"max_forwards={limit}: every candidate is over the budget; the cheapest, {name}, "
-                f"costs {over[name]:.3g} forwards per input"
-            )
-        for n, c in over.items():
-            cross.dropped[n] = f"over budget: {c:.3g} forwards / input > max_forwards={limit}"
+        drop_over_forwards(cross, self.max_forwards)
 
-    def _refit(self, cross: CrossFit, specs: list[Any], name: str, idx: Tensor) -> dict[str, Any]:
-        """Candidate `name` and its bases fitted on the points `idx` (name → predictor)."""
-        by_name = {s.name: s for s in specs}
-        chain = [by_name[name]]
-        while chain[0].base in by_name:
-            chain.insert(0, by_name[chain[0].base])
-        fitted: dict[str, Any] = {}
-        for spec in chain:
-            fitted[spec.name] = cross.fit(spec, idx, fitted)[0]
-        return fitted
+    def _nested(
+        self,
+        cross: CrossFit,
+        specs: list[Any],
+        skipped: dict[str, str],
+        budget: float | None,
+        forward: float,
+    ) -> dict[str, Any]:
+        """`nested.nested_score`: each inner selection under the same budget, prices and race."""
 
-    def _nested(self, cross: CrossFit, specs: list[Any], skipped: dict[str, str],
-                budget: float | None, forward: float) -> dict[str, Any]:  # fmt: skip
-        """The whole selection scored by nested CV: per outer fold, select on the rest (inner
-        folds of it, under the same budget, prices and race), refit the choice there, score it
-        on the outer fold."""
-        y = cross.y
-        outer = stratified_folds(y, self.cv, self.seed + 1)
-        points = torch.full((len(y),), float("nan"), dtype=torch.float64)
-        chosen: list[str] = []
-        for o, held in enumerate(outer):
-            rest = torch.cat([outer[j] for j in range(len(outer)) if j != o]).sort().values
-            inner = [rest[f] for f in stratified_folds(y[rest], self.cv, self.seed)]
-            sub = self._cross(cross.model, cross.source, cross.logits, y, specs, cross.rows)
+        def select(inner: list[Tensor]) -> CrossFit:
+            sub = self._cross(cross.model, cross.source, cross.logits, cross.y, specs, cross.rows)
             sub.run(inner, self._budget, self._plan(budget, sub, time.perf_counter(), forward))
-            name = choose(sub, specs, rest, self.one_se, skipped)[1]
-            by_name = {s.name: s for s in specs}
-            refit = self._refit(sub, specs, name, rest)[name]
-            points[held] = sub.score(by_name[name], refit, held)
-            chosen.append(name)
-        mean, se = mean_se(points)
-        return {"mean": mean, "se": se, "chosen": chosen}
+            return sub
+
+        return nested_score(
+            cross, specs, skipped, select, cv=self.cv, seed=self.seed, one_se=self.one_se
+        )
 
     # ---------------------------------------------------------------- predicting
     def _fitted(self) -> Any:
@@ -331,17 +306,25 @@ class AutoSelect(Reported, Predicts, Method):
         return self.predictor_
 
     def member_logits(
-        self, X: Data, batch_size: int | None = None, *, batch_fn: BatchFn | None = None,
+        self,
+        X: Data,
+        batch_size: int | None = None,
+        *,
+        batch_fn: BatchFn | None = None,
         **options: Any,
-    ) -> Tensor:  # fmt: skip
+    ) -> Tensor:
         """The chosen predictor's member logits `[M, N, C]` (the predictor protocol)."""
         size, split = self._reading(batch_size, batch_fn)
         return member_logits_of(self._fitted(), X, size, split, **options)
 
     def iter_member_logits(
-        self, X: Data, batch_size: int | None = None, *, batch_fn: BatchFn | None = None,
+        self,
+        X: Data,
+        batch_size: int | None = None,
+        *,
+        batch_fn: BatchFn | None = None,
         **options: Any,
-    ) -> Iterator[Tensor]:  # fmt: skip
+    ) -> Iterator[Tensor]:
         """`member_logits` batch by batch (the chosen predictor's)."""
         size, split = self._reading(batch_size, batch_fn)
         return iter_member_logits_of(self._fitted(), X, size, split, **options)

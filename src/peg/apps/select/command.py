@@ -39,23 +39,39 @@ NOT_SAVED = "not saved: add --save DIR to keep the fitted map"
 def run(args: argparse.Namespace, command: str, progress: bool | None) -> int:
     html.check_options(args, args.save, "--save")
     if args.save:  # before any work: never a folder of the user's (unless --overwrite)
-        claim(args.save, "select", getattr(args, "overwrite", False), argument="--save",
-              override="--overwrite", writes="results.json, results.md and chosen.peg",
-              files=(*RESULTS, "chosen.peg"))  # fmt: skip
+        claim(
+            args.save,
+            "select",
+            getattr(args, "overwrite", False),
+            argument="--save",
+            override="--overwrite",
+            writes="results.json, results.md and chosen.peg",
+            files=(*RESULTS, "chosen.peg"),
+        )
     model, val = _model_and_data(args)
     if progress is None and not args.verbose and not _shown():
         progress = False  # a log or a pipe: the answer alone, unless --verbose
     selector = AutoSelect(
-        candidates=args.candidates, cv=args.cv, criterion=args.criterion,
-        max_forwards=args.max_forwards, max_fit_seconds=fit_budget(args.max_fit_seconds),
-        one_se=not args.best, seed=args.seed, progress=progress, nested=args.nested,
+        candidates=args.candidates,
+        cv=args.cv,
+        criterion=args.criterion,
+        max_forwards=args.max_forwards,
+        max_fit_seconds=fit_budget(args.max_fit_seconds),
+        one_se=not args.best,
+        seed=args.seed,
+        progress=progress,
+        nested=args.nested,
         batch_size=args.batch_size,
-    )  # fmt: skip
+    )
     text = selector.fit(model, val).to_markdown()
     if args.save:  # the files first, said on stderr: the answer is the last thing printed
         folder = Path(args.save)
-        results = {"command": command, "commit": git_commit(), "machine": machine(),
-                   **selector.meta_}  # fmt: skip
+        results = {
+            "command": command,
+            "commit": git_commit(),
+            "machine": machine(),
+            **selector.meta_,
+        }
         markdown = f"Command: `{command}`; machine: {results['machine']}\n\n{text}"
         paths = write_results(folder, results, markdown)
         # with --val-logits: the map alone (no weights), `peg.load(DIR/chosen.peg)`, `peg apply`

@@ -136,8 +136,11 @@ def sections(selector: Any, figures: bool) -> list[_html.Markup]:
     )
     if selector.nested_ is not None:
         said += f"; nested CV: {selector.nested_['mean']:.4f} ± {selector.nested_['se']:.4f}"
-    rule = ("the cheapest candidate within one paired SE of the best" if selector.one_se else
-            "the best CV score")  # fmt: skip
+    rule = (
+        "the cheapest candidate within one paired SE of the best"
+        if selector.one_se
+        else "the best CV score"
+    )
     parts = [verdict_html(verdict_)] if verdict_ is not None else []
     parts.append(paragraph(said + f"). The rule: {rule}.", ""))
     shown = _rows(selector)
@@ -145,16 +148,21 @@ def sections(selector: Any, figures: bool) -> list[_html.Markup]:
     chosen = [r["status"] == "chosen" for r in shown]
     numeric = [False, True, True, True, True, False]
     caption = "Candidates (a row each: why kept, chosen or dropped; the baseline first)"
-    parts.append(_html.table(header(selector.criterion), rows, numeric=numeric, marked=chosen,
-                             caption=caption))  # fmt: skip
+    parts.append(
+        _html.table(
+            header(selector.criterion), rows, numeric=numeric, marked=chosen, caption=caption
+        )
+    )
     parts += [paragraph(n) for n in notes]
     parts.append(paragraph(cost_line(selector.cost_).strip()))
     curves = getattr(selector, "reliability_", None)
     if figures and curves:
         title = "Reliability on the validation data"
         draw = lambda: plots.reliability_diagram(curves, title=title)  # noqa: E731
-        note = ("Before: the model as it is. After: the chosen candidate, each point predicted "
-                "by its fit on the other folds (out of fold).")  # fmt: skip
+        note = (
+            "Before: the model as it is. After: the chosen candidate, each point predicted "
+            "by its fit on the other folds (out of fold)."
+        )
         parts.append(section("Reliability diagrams", paragraph(note), figure_html(draw, title)))
     text = _html.element("pre", selector.to_markdown())
     parts.append(_html.element("details", _html.join([_html.element("summary", "As text"), text])))

@@ -5,8 +5,8 @@ laplace-torch 0.3 (`KronLLLaplace._glm_predictive_distribution`) forms the last 
 Jacobians `Js [B, C, P]` (P = C·D + C: weight, then bias, as `parameters_to_vector` orders a
 `nn.Linear`'s parameters) and takes `posterior_precision.inv_square_form(Js)`, which multiplies
 every one of the B·C rows by the inverse KFAC precision: O(B·C·P·D) (13.8 ms per image for
-SmallCNN's Linear(1568 → 10) at one thread, ~500 × its forward pass: benchmarks/laplace_predict.py).
-This module computes the same `[B, C, C]`
+SmallCNN's Linear(1568 → 10) at one thread, ~500 × its forward pass: docs/performance.md,
+"Laplace prediction"). This module computes the same `[B, C, C]`
 covariances from the same fitted posterior (Hessian factors, prior precision, temperature: all
 laplace-torch's, read from `la.posterior_precision`) in O(B·(D² + C·D + C³)).
 

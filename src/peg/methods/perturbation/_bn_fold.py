@@ -3,7 +3,7 @@
 In eval mode a BatchNorm after a convolution is an affine map per output channel, so the pair
 is one convolution: W' = W·s, b' = β + (b − μ)·s with s = γ/√(var + ε) per channel (per member:
 PEG and PEP perturb W, γ and β; the running statistics are shared or, with bn="refresh", per
-member). The scale search runs S members on its scoring points twice (issue 49); on the CPU a
+member). The scale search runs S members on its scoring points twice; on the CPU a
 channels-last BatchNorm over a CNN's first feature map cost as much as a fifth of each member's
 forward, and the folded pair skips it. Logits change at rounding level only.
 

@@ -82,7 +82,7 @@ def select_scale(
                 break
         i = min(range(len(us)), key=values.__getitem__)
         if 0 < i < len(us) - 1 and values[i] < min(values[i - 1], values[i + 1]):
-            from scipy import optimize  # here: `import peg` stays light (issue 41)
+            from scipy import optimize  # here: `import peg` stays light
 
             optimize.minimize_scalar(
                 f,
@@ -112,8 +112,8 @@ class PairedRace:
     the best so far) takes the decisions an exhaustive scoring would take, and picks the same
     scale, unless a race is decided wrongly by chance. That needs |d̄| > z·s against the sign
     of the true difference: at z = 3, less than 0.14% per look at the data for a true
-    difference of 0 and less for any other (benchmarks/peg_creation.py checks the chosen scale
-    against scoring every point). Paired differences of two nearby scales vary much less than
+    difference of 0 and less for any other (docs/determinism.md: the chosen scale against
+    scoring every point). Paired differences of two nearby scales vary much less than
     the losses themselves, which is why most races end on the first prefix.
 
     Attributes:

@@ -94,8 +94,8 @@ def check_memory(method: Any, bases: Bases, store: str | None) -> None:
     """A ValueError naming `n_members` before any row is computed where what `fit` would hold
     cannot fit in the memory available on the model's device: the eager ensemble's 2·S·R·P
     entries (rows and stacked members), the S·R·P rows a search stacks, the rows a lazy store
-    keeps, and `MEMBER_BOOKKEEPING` bytes a member (issue 40: 10⁹ members gave the allocator's
-    raw "can't allocate 204000000000 bytes")."""
+    keeps, and `MEMBER_BOOKKEEPING` bytes a member (not the allocator's raw "can't allocate ...
+    bytes" after the work has started)."""
     base = bases.states[0]
     members = bases.n_members * len(bases.states)
     entries = members * sum(base[n].numel() for n in bases.names)
@@ -110,8 +110,9 @@ def check_memory(method: Any, bases: Bases, store: str | None) -> None:
     need = entries * per_entry + members * MEMBER_BOOKKEEPING
     advice = "lower n_members" + (", or pass lazy='auto'" if store is None else "")
     device = base[bases.names[0]].device
-    require_memory("n_members", bases.n_members, need, device, f"{what}, for {members:,} members",
-                   advice)  # fmt: skip
+    require_memory(
+        "n_members", bases.n_members, need, device, f"{what}, for {members:,} members", advice
+    )
 
 
 class StoredRows:

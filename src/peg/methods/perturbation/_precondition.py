@@ -175,11 +175,11 @@ def _input_eig(lay: KFACLayer) -> tuple[Tensor, Tensor, bool]:
         a, Qa = torch.linalg.eigh(_factor(lay.A, lay))
         return a.clamp_min(0), Qa, False
     # in float64 (MPS has none): R Rᵀ squares R's condition number, and in float32 the vectors
-    # of the smaller kept eigenvalues come out wrong by up to half a row's norm (measured; on the
-    # CNNs of benchmarks/peg_fit_overhead.py float32 keeps 536-706 of the 985 eigenvalues and
-    # moves the classifier's rows by 14-50%). Nor can the small eigenvalues be left out (a
-    # truncated eigendecomposition): there, with the damping's λ, even A's smallest kept one
-    # has g·a / (g·a + λ) = 0.05-0.3 for the largest g: every direction of A's range matters.
+    # of the smaller kept eigenvalues come out wrong by up to half a row's norm (measured on
+    # small CNNs: docs/performance.md, "K-FAC's input factors from their rows"). Nor can the
+    # small eigenvalues be left out (a truncated eigendecomposition): there, with the damping's
+    # λ, even A's smallest kept one has g·a / (g·a + λ) = 0.05-0.3 for the largest g: every
+    # direction of A's range matters.
     R = lay.A_rows
     R = R.double() if R.device.type != "mps" else R
     s, U = torch.linalg.eigh(R @ R.T)

@@ -34,8 +34,8 @@ from peg.source import Data
 from peg.source.batches import BatchFn
 
 # a recipe with on_nonfinite="drop" may record fewer members than n_members·R; at most this many
-# more dropped than kept (issue 40: n_members edited to 20,000 with "drop" made the counts
-# agree, and the rebuild built 20,000 members, 21 s, before the fingerprints refused them)
+# more dropped than kept: a rebuild builds every member before the fingerprints can refuse
+# them, so an edited n_members would otherwise cost that many members' work (docs/errors.md)
 DROP_SLACK = 16
 
 
@@ -59,9 +59,11 @@ def searched_options(options: dict[str, Any]) -> dict[str, Any]:
     search = {new: options.pop(old) for old, new in SEARCH_OPTIONS.items() if old in options}
     if "bracket" in options:
         bracket = options.pop("bracket")
-        if not (isinstance(bracket, list) and len(bracket) == 2 and all(
-            isinstance(v, (int, float)) and v > 0 for v in bracket
-        )):  # fmt: skip
+        if not (
+            isinstance(bracket, list)
+            and len(bracket) == 2
+            and all(isinstance(v, (int, float)) and v > 0 for v in bracket)
+        ):
             raise ValueError(f"grid: PEP's bracket, expected [low, high] > 0, got {bracket!r}")
         low, high = bracket
         search["grid"] = [low, math.sqrt(low * high), high]
@@ -123,8 +125,14 @@ RecipeableT = TypeVar("RecipeableT", bound=Recipeable)
 # say how the members are held or shown (progress, batch_fn, lazy, ...), and the scale is
 # recorded apart
 RECORDED_OPTIONS: tuple[str, ...] = (
-    "n_members", "seed", "bn", "params", "batch_size", "on_nonfinite", "search",
-)  # fmt: skip
+    "n_members",
+    "seed",
+    "bn",
+    "params",
+    "batch_size",
+    "on_nonfinite",
+    "search",
+)
 
 # renamed constructor options: a recipe of version 1 (peg 0.1) is read through this map
 RENAMED_OPTIONS: dict[str, str] = {"size": "n_members", "eval_batch_size": "batch_size"}
@@ -213,9 +221,13 @@ def check_recipe(cls: type[Recipeable], bases: Ensemble, recipe: dict[str, Any])
         raise ArchiveError(
             f"{field}members': {made} members recorded where options.n_members = {S} and "
             f"{len(bases)} base(s) make {most}: the recipe's counts disagree"
-            + (" (a rebuild builds every member to check the recorded ones: more dropped "
-               f"than kept + {DROP_SLACK} is refused)" if drops and made < most else "")
-        )  # fmt: skip
+            + (
+                " (a rebuild builds every member to check the recorded ones: more dropped "
+                f"than kept + {DROP_SLACK} is refused)"
+                if drops and made < most
+                else ""
+            )
+        )
     params = options.get("params", "all")
     try:
         names = select_parameters(bases.skeleton, params)

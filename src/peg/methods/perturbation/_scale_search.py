@@ -46,16 +46,16 @@ from peg.source.batches import take_rows
 
 SEARCHES = ("surrogate", "golden")
 SearchMethod = Literal["surrogate", "golden"]
-# The surrogate search's defaults (issue 49): at most 2 scales, scored on the first
+# The surrogate search's defaults: at most 2 scales, scored on the first
 # FIRST_POINTS scoring points, then on twice as many, ... up to SEARCH_POINTS, until decided
 # (`Settle`: 2 SE apart, surely within 0.001 nats, or an expected regret < SETTLE_REGRET). The
-# bar: the choice's pooled test NLL within max(0.002, 5% of the gain) of issue 38's 1024-point
-# search's on every base of benchmarks/scale_search.py; a first chunk of 256 missed it on the
-# over-fitted demo base (+0.0040 against 0.0039), 384 met it (scale_search_points.txt).
+# bar: the choice's pooled test NLL within max(0.002, 5% of the gain) of the 1024-point
+# search's on every base measured; a first chunk of 256 missed it on an over-fitted base, 384
+# met it (docs/performance.md, "Cheaper scorings").
 SEARCH_POINTS: int | None = 1024
-FIRST_POINTS = 384
+FIRST_POINTS = Settle.first  # 384
 SCORINGS = 2
-SETTLE_REGRET = 1e-3
+SETTLE_REGRET = Settle.regret  # 1e-3
 # Default cap on the points a scale is scored on: a larger validation set costs no more to search
 MAX_SCORE_POINTS = 10_000
 
@@ -99,7 +99,7 @@ class ScaleSearch(Params):
             standard errors from 0 (separated), or lies within ±`settle_nats` at `settle_se`
             standard errors (a tie that cannot matter), or taking the better-looking one costs
             less than `settle_regret` in expectation (256 first points chose a worse η on an
-            over-fitted base: results/benchmarks/scale_search_points.txt). Any other
+            over-fitted base: docs/performance.md, "Cheaper scorings"). Any other
             criterion scores `exact_points` at once.
         settle_se: the separation in paired standard errors that decides a pair (default 2).
         settle_nats: a pair whose difference is surely below this many nats (of the
@@ -107,8 +107,8 @@ class ScaleSearch(Params):
         settle_regret: a pair is decided once the expected cost of taking the one that looks
             better, se·φ(d̄/se) − |d̄|·Φ(−|d̄|/se) (the true difference taken as
             N(d̄, se²); `_surrogate.expected_regret`), is below this many nats (default 0.001,
-            half the 0.002 nats issue 49's bar allows; 0: `settle_se`, `settle_nats` alone).
-        scorings: "surrogate": the exact scorings at most (default 2; issue 38's search: 3).
+            half the 0.002 nats the search's bar allows; 0: `settle_se`, `settle_nats` alone).
+        scorings: "surrogate": the exact scorings at most (default 2; 3 before points by need).
         race: "golden" or a list: with criterion "nll" or "brier" (means of per-point losses),
             score each new scale against the best so far on the same points, a growing prefix
             of them (1024, then doubling), and stop once the mean paired difference is more
@@ -156,8 +156,8 @@ class ScaleSearch(Params):
         max_points: int | None = MAX_SCORE_POINTS,
         exact_points: int | None = SEARCH_POINTS,
         first_points: int = FIRST_POINTS,
-        settle_se: float = 2.0,
-        settle_nats: float = 1e-3,
+        settle_se: float = Settle.z,
+        settle_nats: float = Settle.nats,
         settle_regret: float = SETTLE_REGRET,
         scorings: int = SCORINGS,
         race: float = 3.0,
@@ -332,10 +332,11 @@ class SearchRun:
         return value
 
     def _surrogate(self, grid: Sequence[float], show: Callable[[float, float], None]) -> float:
-        """`surrogate_search` on `search_subset`'s members and its first points (a prefix)."""
-        members, n = self.search_subset()
-        every = len(members) == len(self.target.member_base)
-        base_of = torch.tensor([self.target.member_base[j] for j in members])
+        """`surrogate_search` on every member and the first `exact_points` scoring points (all
+        of them where there are fewer, or without a cap)."""
+        cap = self.exact_points
+        n = len(self.y) if cap is None else min(len(self.y), cap)
+        base_of = torch.tensor(list(self.target.member_base))  # member -> its base
         bases = self.target.bases()
 
         def at_zero(start: int, stop: int) -> Tensor:
@@ -349,8 +350,7 @@ class SearchRun:
             if scale not in built:
                 while len(built) >= max(self.scorings, 2):
                     del built[next(iter(built))]
-                ensemble = self.target.at(scale)
-                built[scale] = ensemble if every else ensemble.subset(members)
+                built[scale] = self.target.at(scale)
             return self._logits(built[scale], start, stop)
 
         result = surrogate_search(
@@ -367,14 +367,6 @@ class SearchRun:
         self.scores, self.predicted = result.scores, result.predicted
         self.points = dict(result.points)
         return result.scale
-
-    def search_subset(self) -> tuple[list[int], int]:
-        """(members, points) the surrogate search scores: every member on the first `n` scoring
-        points (all of them, or `exact_points` when there are more)."""
-        members = list(range(len(self.target.member_base)))
-        cap = self.exact_points
-        n = len(self.y) if cap is None else min(len(self.y), cap)
-        return members, n
 
     def run(self, grid: Sequence[float], refine: bool) -> float:
         """The chosen scale; fills `scores`, `points`, `stopped` and `predicted`."""

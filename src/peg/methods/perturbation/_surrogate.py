@@ -27,7 +27,7 @@ the criterion at any scale costs arithmetic on `[M, N, C]` tensors instead of M 
 4. at most `max_scorings` exact scorings in all (default 2); the choice is the best of the
    scales scored exactly, never an interpolated one.
 
-Points by need (issue 49; for a criterion that is a mean of per-point losses): the scorings
+Points by need (for a criterion that is a mean of per-point losses): the scorings
 score the first `Settle.first` scoring points (384 by default). After each scoring, the scale
 just scored and the best other one are compared on the same points — the mean d̄ of their
 paired per-point differences and its standard error se — and the pair is decided when they
@@ -40,8 +40,8 @@ chunk costs 2 scorings of 384 points instead of 2–3 of 1024; the worst, 2 of t
 criterion (ECE, a callable) scores all N points at once.
 
 A diverged scale (non-finite outputs or criterion, on any chunk) scores +inf, is not a node,
-and caps the range below it. benchmarks/scale_search.py checks the choice against a dense
-exact search and against the 1024-point search of issue 38 (`--exact-points`).
+and caps the range below it. The choice against a dense exact search and against the
+1024-point search of three scorings: docs/performance.md, "Choosing η and σ", "Points by need".
 """
 
 from __future__ import annotations
@@ -112,22 +112,25 @@ def search_range(grid: Sequence[float], extend: int = 3) -> tuple[float, float]:
 class Settle:
     """When two exactly scored scales are decided, so that scoring them on more points stops.
 
+    The defaults are `ScaleSearch`'s (`first_points`, `settle_se`, `settle_nats`,
+    `settle_regret`, which read them from here).
+
     Attributes:
-        first: the scoring points of the first chunk; each later chunk doubles the points
-            scored (`first`, 2·`first`, …, at most all of them: the cap).
+        first: the scoring points of the first chunk (default 384); each later chunk doubles
+            the points scored (`first`, 2·`first`, …, at most all of them: the cap).
         z: the pair is separated once its mean paired per-point difference d̄ is more than
-            `z` standard errors from 0.
+            `z` standard errors from 0 (default 2).
         nats: the pair is a tie that cannot matter once d̄ ± `z` standard errors lies within
-            ±`nats` (the difference is below `nats` at that confidence, not only as a point
-            estimate: a noisy pair that merely averages out near 0 is scored on).
+            ±`nats` (default 0.001: the difference is below `nats` at that confidence, not only
+            as a point estimate: a noisy pair that merely averages out near 0 is scored on).
         regret: the pair is decided once taking the one that looks better costs less than
-            `regret` nats in expectation (`expected_regret`; 0: never).
+            `regret` nats in expectation (default 0.001; `expected_regret`; 0: never).
     """
 
-    first: int = 512
+    first: int = 384
     z: float = 2.0
     nats: float = 1e-3
-    regret: float = 0.0
+    regret: float = 1e-3
 
     def settled(self, d: Tensor) -> bool:
         """Whether paired per-point differences `d` `[n]` decide the pair."""

@@ -263,9 +263,17 @@ class PEG(PerturbationEnsemble):
 
     recorded_options: ClassVar[tuple[str, ...]] = (
         *PerturbationEnsemble.recorded_options,
-        "grad_batch_size", "variant", "direction", "reduction", "loss", "val_batches", "beta",
-        "momentum", "precondition", "damping",
-    )  # fmt: skip
+        "grad_batch_size",
+        "variant",
+        "direction",
+        "reduction",
+        "loss",
+        "val_batches",
+        "beta",
+        "momentum",
+        "precondition",
+        "damping",
+    )
 
     @property
     def _holdout(self) -> float:

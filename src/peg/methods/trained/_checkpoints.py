@@ -211,9 +211,10 @@ def collect(
     entries = check_checkpoints(checkpoints, fewest, why)
     method._checkpoints = len(entries)
     method._bn_batches = (
-        None if bn_data is None
+        None
+        if bn_data is None
         else Source(bn_data, method.batch_fn, "bn_data").replay(int(method.batch_size))
-    )  # fmt: skip
+    )
     net = copy.deepcopy(model)
     own = method._callbacks(net, 0)
     for i, snapshot in enumerate(snapshots(model, entries)):

@@ -128,9 +128,13 @@ class SWA(FittedEnsemble):
 
     @classmethod
     def from_checkpoints(
-        cls, model: nn.Module, checkpoints: Sequence[Any], *, bn_data: Data | None = None,
+        cls,
+        model: nn.Module,
+        checkpoints: Sequence[Any],
+        *,
+        bn_data: Data | None = None,
         **params: Any,
-    ) -> Any:  # fmt: skip
+    ) -> Any:
         """SWA (SWAG for `SWAG.from_checkpoints`) of weights saved by your own training.
 
         Args:
