@@ -26,8 +26,8 @@ from peg.methods import _constraints as checks
 from peg.methods._predictors import check_predictor
 from peg.methods.base import Method, store_arguments
 from peg.methods.conformal._shift import FEATURES_OPTION, joint_batches
-from peg.metrics._inputs import check_labels
 from peg.source import Data
+from peg.source._values import check_labels
 from peg.source.batches import BatchFn, check_batch_fn
 
 DETECTOR_SCORES = ("mahalanobis", "knn")

@@ -38,7 +38,7 @@ from peg.methods._predictors import logits_and_labels, member_logits_of
 from peg.methods.base import FittedEnsemble, ModulePredictor, SampledPredictor, is_fitted
 from peg.methods.calibration._calibrator import Calibrator
 from peg.source import Data, Source, Tapped
-from peg.source._values import checked_labels
+from peg.source._values import check_labels
 from peg.source.batches import BatchFn, check_batch_fn, split_batch
 
 T = TypeVar("T")
@@ -277,4 +277,4 @@ def labelled_member_logits(
         assert y is not None
         return member_logits(predictor, X, batch_size, batch_fn), y
     logits = member_logits(predictor, X, batch_size)
-    return logits, checked_labels(X.labels(), name, logits.shape[1])
+    return logits, check_labels(X.labels(), logits.shape[1], None, name, targets=True)

@@ -16,12 +16,11 @@ from peg.methods._predictors import (
     predictor_device,
     read_predictor,
 )
-from peg.metrics._inputs import check_labels
 from peg.metrics.conformal import split_selection
 from peg.metrics.regression import regression_metrics, split_gaussian
 from peg.metrics.streaming import StreamingMetrics
 from peg.source import Data, Source, Tapped
-from peg.source._values import as_tensor, checked_labels, class_indices, regression_targets
+from peg.source._values import as_tensor, check_labels, class_indices, regression_targets
 from peg.source.batches import BatchFn, batch_rows, check_batch_fn
 
 
@@ -119,7 +118,7 @@ def evaluate(
         members, rows = logits.shape[0], logits.shape[1]
         if tapped is not None:  # the labels of the batches read for these logits
             labels = tapped.take_labels()
-            labels = checked_labels(labels, "X", rows, device)
+            labels = check_labels(labels, rows, None, "X", device, targets=True)
         else:
             assert y is not None
             labels = y[n : n + rows]

@@ -21,13 +21,13 @@ import torch
 from torch import Tensor, nn
 
 from peg.methods.calibration._calibrator import Calibrator
+from peg.methods.calibration._wraps import WrapsCalibrator
 from peg.methods.calibration.binning import HistogramBinning, IsotonicCalibration
 from peg.methods.calibration.ensemble_temperature import EnsembleTemperatureScaling
 from peg.methods.calibration.order_preserving import OrderPreservingScaling
 from peg.methods.calibration.scaling import DirichletCalibration, MatrixScaling, VectorScaling
 from peg.methods.calibration.spline import SplineCalibration
 from peg.methods.calibration.temperature import TemperatureScaling
-from peg.methods.conformal._base import WrapsCalibrator
 from peg.methods.conformal._split import check_alpha
 from peg.methods.conformal.classifier import ConformalClassifier
 from peg.metrics import classification_metrics, reliability

@@ -11,7 +11,7 @@ predictor it was fitted on.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import torch
@@ -21,10 +21,17 @@ from peg._forward import warn_probabilities
 from peg.ensemble import Ensemble
 from peg.errors import NotStreamable
 from peg.methods.base import FittedEnsemble, ModulePredictor, is_fitted
+from peg.metrics._inputs import log_probs_of
 from peg.output import model_output
-from peg.source import Data, Source, Tapped, is_dataset_or_loader
+from peg.source import Data, Source, Tapped, is_dataset_or_loader, is_pair
 from peg.source._devices import model_device, move, weights_device
-from peg.source._values import check_finite, checked_labels, class_indices, warn_one_class
+from peg.source._values import (
+    check_finite,
+    check_finite_logits,
+    check_labels,
+    class_indices,
+    warn_one_class,
+)
 from peg.source.batches import BatchFn, as_array, call_model, from_numpy
 
 
@@ -32,6 +39,18 @@ class SavedLogits(nn.Identity):
     """The model of `fit(logits, labels)`: saved logits `[N, C]` are its inputs and its outputs.
     An `nn.Identity` (`stateless`: one member, run where the logits are, saved as the map
     alone), named so that a fitted object's `predictor_` says it was fitted on logits."""
+
+
+def is_predictor(obj: Any) -> bool:
+    """Whether `obj` is what peg predicts with: a model (an nn.Module) or an object with
+    `member_logits(X)` (an `Ensemble`, a fitted method, a fitted calibrator); the one test."""
+    return isinstance(obj, nn.Module) or hasattr(obj, "member_logits")
+
+
+def is_model(obj: Any) -> TypeGuard[nn.Module]:
+    """Whether `obj` is a bare model, an nn.Module without `member_logits` (read as a
+    one-member `Ensemble`, or where its inputs are when it is `stateless`)."""
+    return isinstance(obj, nn.Module) and not hasattr(obj, "member_logits")
 
 
 def read_predictor(
@@ -55,10 +74,10 @@ def read_predictor(
     `labelled` False: a model's data are inputs alone, `evaluate(model, X, y)`'s `X`).
     Clear errors for anything else, before any work (`name`: the argument's, `expected`: what
     it takes besides logits)."""
-    if isinstance(predictor, nn.Module) or hasattr(predictor, "member_logits"):
+    if is_predictor(predictor):
         if not labelled:
             return predictor, data
-        if isinstance(data, (tuple, list)) and len(data) == 2:  # a pair (X, y): its labels
+        if is_pair(data, arrays=False):  # a pair (X, y): its labels
             y = class_indices(data[1], f"{data_name} labels", classes)
             data = (data[0], y) if y is not data[1] else data
         elif classes is not None and is_dataset_or_loader(data):
@@ -124,7 +143,7 @@ def check_logits(logits: Tensor | np.ndarray, labels: Any) -> None:
 
 
 def check_predictor(predictor: Any) -> None:
-    if not (hasattr(predictor, "member_logits") or isinstance(predictor, nn.Module)):
+    if not is_predictor(predictor):
         raise TypeError(
             "predictor: expected an nn.Module or an object with member_logits(X), "
             f"got {type(predictor).__name__}"
@@ -136,8 +155,7 @@ def stateless(predictor: Any) -> bool:
     `nn.Identity()`, or any fixed function of its inputs. It is one member, run where its inputs
     are (`_stateless_batches`), wherever a model is taken."""
     return (
-        isinstance(predictor, nn.Module)
-        and not hasattr(predictor, "member_logits")
+        is_model(predictor)
         and next(predictor.parameters(), None) is None
         and next(predictor.buffers(), None) is None
     )
@@ -212,7 +230,7 @@ def iter_member_logits_of(
     extra = _protocol(batch_fn, options)
     if stateless(predictor):
         return _stateless_batches(predictor, X, batch_size, **extra)
-    if isinstance(predictor, nn.Module) and not hasattr(predictor, "member_logits"):
+    if is_model(predictor):
         model_device(predictor, "predictor")
         return Ensemble.from_models([predictor]).iter_member_logits(X, batch_size, **extra)
     if not hasattr(predictor, "iter_member_logits"):
@@ -241,7 +259,8 @@ def logits_and_labels(
     X, y = Source(data, batch_fn, name).labelled(predictor_device(predictor))
     logits = member_logits_of(predictor, X, batch_size)
     if isinstance(X, Tapped):
-        y = checked_labels(X.labels(), name, logits.shape[1], predictor_device(predictor))
+        where = predictor_device(predictor)
+        y = check_labels(X.labels(), logits.shape[1], None, name, where, targets=True)
     assert y is not None
     y = move(y, logits.device, f"{name} labels")  # labels follow the scores
     _warn(logits, y, name, isinstance(predictor, nn.Identity), one_class)
@@ -286,3 +305,25 @@ def ensemble_of(predictor: Any) -> Ensemble:
         f"or a fitted method holding one (DeepEnsemble, SWAG, PEG, ...); "
         f"{type(predictor).__name__} has no stacked member weights to save"
     )
+
+
+def scores_of(logits: Tensor, kind: str, name: str = "logits", start: int | None = None) -> Tensor:
+    """Scores `[N, C]` from member logits `[M, N, C]`: log p̄ (`"log_probs"`, float64, any M;
+    `peg.metrics.ensemble_log_probs`) or the raw logits of a one-member predictor (`"logits"`). The
+    logits are checked once, by the one rule of every map (`check_finite_logits`: real and
+    finite, a ValueError naming `name` and the first bad row, counted from `start`). Here, not
+    in a calibrator's module: the calibrators, `LabelShift` and `PerformanceEstimator` share it."""
+    check_finite_logits(logits, name, start)
+    if logits.ndim != 3 or not logits.numel():
+        raise ValueError(
+            f"{name}: expected member logits [M, N, C] with M, N, C >= 1 (one model's logits "
+            f"[N, C]: logits.unsqueeze(0)), got shape {tuple(logits.shape)}"
+        )
+    if kind == "log_probs":  # finite member logits: no second check (`ensemble_log_probs`'s)
+        return log_probs_of(logits.detach().double())
+    if logits.shape[0] != 1:
+        raise ValueError(
+            "scores: the map was fitted on the raw logits of a one-member predictor, got "
+            f"{logits.shape[0]} members"
+        )
+    return logits[0].double()

@@ -1,4 +1,5 @@
-"""Validation and conversion shared by the metrics: predictions, labels, log-probabilities.
+"""Validation and conversion shared by the metrics: predictions, log-probabilities; labels
+through the one checker of the data layer (`peg.source._values.check_labels`, re-exported).
 
 `pred` is either probabilities `[N, C]` or member logits `[M, N, C]`; `y` is labels `[N]`.
 Everything is computed in float64.
@@ -13,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from peg.source._values import as_tensor, refuse_bool_labels
+from peg.source._values import as_tensor, check_labels
 
 PROB_ATOL = 1e-3  # how far a row of 2-D `pred` may sum from 1
 
@@ -133,46 +134,6 @@ def ensemble_probs(pred: Any) -> Tensor:
     """
     t = as_pred(pred)
     return t if t.ndim == 2 else ensemble_log_probs(t).exp()
-
-
-def check_labels(
-    y: Any, n: int, c: int | None, name: str = "y", device: torch.device | None = None
-) -> Tensor:
-    """Validate labels `y` `[n]` with integer values in [0, c); return them as int64. `c`
-    None: the number of classes is not known yet (labels checked before the forwards), so
-    only >= 0 is.
-
-    `device`: the predictions' device, where the labels are moved to (labels follow the
-    predictions; labels on the `meta` device are refused, see `peg.source._devices.model_device`).
-    """
-    t = as_tensor(y, name, device, owner="pred")
-    if t.ndim != 1:
-        raise ValueError(
-            f"{name}: expected integer labels of shape [{n}], got shape {tuple(t.shape)}"
-        )
-    if t.shape[0] != n:
-        raise ValueError(f"{name}: expected {n} labels (N of pred), got {t.shape[0]}")
-    if n == 0:
-        raise ValueError(f"{name}: expected at least one label (N >= 1), got none")
-    if t.is_complex():
-        raise ValueError(f"{name}: expected integer labels, got dtype {t.dtype}")
-    refuse_bool_labels(t, name)
-    if t.is_floating_point():
-        bad = ~torch.isfinite(t) | (t != t.round())
-        if bad.any():
-            raise ValueError(
-                f"{name}: expected integer labels, got non-integer float values "
-                f"(e.g. {t[bad][0].item()})"
-            )
-    t = t.long()
-    lo, hi = torch.stack(torch.aminmax(t)).tolist()  # one synchronisation
-    if c is None and lo < 0:
-        raise ValueError(f"{name}: expected class indices >= 0, got min {lo}")
-    if c is not None and (lo < 0 or hi >= c):
-        raise ValueError(
-            f"{name}: expected labels in [0, {c}) (C = {c}), got min {lo} and max {hi}"
-        )
-    return t if device is None else t.to(device)
 
 
 def pred_and_labels(pred: Any, y: Any, log: bool = True) -> tuple[Tensor, Tensor]:

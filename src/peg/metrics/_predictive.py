@@ -25,12 +25,12 @@ from torch import Tensor
 
 from peg.metrics._inputs import (
     by_blocks,
-    check_labels,
     checked_pred,
     log_probs_of,
     member_axis,
     prob_row_sums,
 )
+from peg.source._values import check_labels
 
 _SAME_SIZE_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 

@@ -29,10 +29,9 @@ import torch
 from torch import Tensor
 
 from peg._params import flatten_state
-from peg.metrics._inputs import check_labels
 from peg.metrics.classification import error, nll
 from peg.metrics.ood import mutual_information as _mi_per_point
-from peg.source._values import as_tensor
+from peg.source._values import as_tensor, check_labels
 
 Weights = Tensor | Sequence[Mapping[str, Tensor]]
 

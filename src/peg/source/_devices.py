@@ -6,7 +6,7 @@ here on inputs and labels alike, with `device` the device of what consumes them:
 
 - a model or an ensemble: where its weights are (`model_device`);
 - a calibrator, a metric, a conformal predictor: where its scores are (the predictor's logits
-  come out on the predictor's device, and the labels are moved there: `peg.metrics._inputs.
+  come out on the predictor's device, and the labels are moved there: `peg.source._values.
   check_labels(..., device=scores.device)`).
 
 So CPU data (what a `DataLoader` yields) works with a model on a GPU without a copy of the whole

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from peg.source.batches import as_array
+from peg.source.batches import as_array, is_pair
 
 
 def gives_numpy(X: Any) -> bool:
@@ -23,7 +23,7 @@ def gives_numpy(X: Any) -> bool:
     if isinstance(X, Tensor):
         return False
     X = as_array(X)
-    if isinstance(X, (tuple, list)) and len(X) == 2:
+    if is_pair(X, arrays=False):
         X = as_array(X[0])
     return isinstance(X, np.ndarray)
 

@@ -36,7 +36,7 @@ from peg import streams
 from peg.source._devices import check_data_device as _check_device
 from peg.source._devices import move
 from peg.source._fingerprint import DataHasher
-from peg.source._values import check_finite, checked_labels, regression_targets
+from peg.source._values import check_finite, check_labels, regression_targets
 from peg.source.batches import BatchFn, batch_rows, split_batch, take_rows, tensors
 
 ORDER_BATCH = 512  # rows per batch of the pass in order when the data has no batch size of its own
@@ -237,7 +237,7 @@ class ValSource:
         check_finite(inputs, name)
         if y is None:
             raise ValueError(f"{name} has no labels")
-        y = checked_labels(y, name, rows, self.device)
+        y = check_labels(y, rows, None, name, self.device, targets=True)
         if y.ndim != 1:
             raise ValueError(f"{name}: labels must be a vector [N], got shape {tuple(y.shape)}")
         if self.classes is not None:

@@ -37,7 +37,7 @@ from torch.utils.data import (
 
 from peg.source._devices import check_data_device, move
 from peg.source._rows import InputBatches, ValSource
-from peg.source._values import check_finite, checked_labels, refuse_names
+from peg.source._values import check_finite, check_labels, refuse_names
 from peg.source.batches import (
     BatchFn,
     array_likes,
@@ -45,22 +45,13 @@ from peg.source.batches import (
     batch_rows,
     describe_inputs,
     from_numpy,
+    is_pair,
     split_batch,
     take_rows,
     tensors,
 )
 
 Data = Any  # Tensor | np.ndarray | tuple[X, y] | Mapping | Dataset | DataLoader | Source
-
-
-def is_pair(data: Any) -> TypeGuard[tuple[Any, Any] | list[Any]]:
-    """Whether `data` is a pair `(X, y)` whose inputs are a tensor or an array (what `Source.xy`
-    takes as it is and every entry point slices in memory); the one test of it in peg."""
-    return (
-        isinstance(data, (tuple, list))
-        and len(data) == 2
-        and isinstance(data[0], (Tensor, np.ndarray))
-    )
 
 
 def is_loader(data: Any) -> TypeGuard[DataLoader]:
@@ -100,7 +91,7 @@ class Source:
         """How many points the data hold when that is known without reading them (a pair of
         tensors, a map-style Dataset with a length, a loader over one), else None."""
         data = self.data
-        if isinstance(data, (tuple, list)) and len(data) == 2 and hasattr(data[1], "__len__"):
+        if is_pair(data, arrays=False) and hasattr(data[1], "__len__"):
             return len(data[1])
         if isinstance(data, DataLoader):
             data = data.dataset
@@ -190,7 +181,7 @@ class Source:
             raise ValueError(f"{name}: the data is empty (0 samples)")
         check_finite(X, name)
         if y is not None:
-            y = checked_labels(y, name, X.shape[0], device)
+            y = check_labels(y, X.shape[0], None, name, device, targets=True)
         if need_labels and y is None:
             raise ValueError(f"{name}: labels are needed: pass (X, y) or a loader yielding (x, y)")
         return X, y
@@ -267,7 +258,7 @@ class Source:
             for j, batch in enumerate(data):
                 yield split_batch(batch, batch_fn, name=name, index=j, need_labels=need_labels)
             return
-        if isinstance(data, (tuple, list)) and len(data) == 2:
+        if is_pair(data, arrays=False):  # structured inputs (a mapping, ...) with labels
             for inputs, _ in self._where_they_are(data[0], batch_size, False):
                 yield inputs, None
             return

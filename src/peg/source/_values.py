@@ -87,26 +87,72 @@ def class_indices(y: Any, name: str, classes: Any = None) -> Any:
     return torch.from_numpy(out) if isinstance(y, Tensor) else out
 
 
-def checked_labels(
-    y: Tensor, name: str, rows: int | None = None, device: torch.device | None = None
+def check_labels(
+    y: Any,
+    n: int | None,
+    c: int | None = None,
+    name: str = "y",
+    device: torch.device | None = None,
+    *,
+    targets: bool = False,
 ) -> Tensor:
-    """Labels `[N]` checked (`rows` of them if given; finite; not on `meta`), int64 where
-    they are integral; a ValueError naming `name` otherwise."""
-    check_data_device(y, f"{name} labels", device)
-    if y.ndim == 0:
+    """The one check of labels in peg: `y` `[n]` (any count where `n` is None) as a tensor, with
+    an error naming `name`. Two readings, one for each moment labels are checked:
+
+    - `targets=True`, as the data layer reads labelled data (`Source.xy`, `Source.rows`, the
+      labels a `Tapped` source recorded), before the predictions say what the labels are:
+      class labels or regression targets `[N, ...]`, finite; int64 where integral (bool
+      refused). `device`: the model's, named in the refusal of `meta` labels; not moved.
+    - `targets=False`, against predictions `[n, c]`: class indices `[n]`, integers in
+      `[0, c)` (`c` None: the number of classes not known yet, so only >= 0), as int64 moved
+      to `device`, the predictions' (labels follow the scores; `meta` refused).
+    """
+    where, owner = (f"{name} labels", "the model") if targets else (name, "pred")
+    t = as_tensor(y, where, device, owner)
+    if targets and t.ndim == 0:
         raise ValueError(f"{name}: expected labels [N], got a scalar")
-    if rows is not None and y.shape[0] != rows:
-        raise ValueError(f"{name}: {rows} inputs but {y.shape[0]} labels")
-    if torch.is_floating_point(y):
-        if not torch.isfinite(y).all():
-            bad = int((~torch.isfinite(y)).sum())
-            raise ValueError(f"{name}: the labels contain NaN or inf ({bad} values)")
-    elif y.is_complex():
-        raise ValueError(f"{name}: expected integer labels or float targets, got {y.dtype}")
-    else:
-        refuse_bool_labels(y, name)
-        y = y.long()
-    return y
+    if not targets and t.ndim != 1:
+        raise ValueError(
+            f"{name}: expected integer labels of shape [{n}], got shape {tuple(t.shape)}"
+        )
+    if n is not None and t.shape[0] != n:
+        raise ValueError(
+            f"{name}: {n} inputs but {t.shape[0]} labels"
+            if targets
+            else f"{name}: expected {n} labels (N of pred), got {t.shape[0]}"
+        )
+    if not targets and t.shape[0] == 0:
+        raise ValueError(f"{name}: expected at least one label (N >= 1), got none")
+    if t.is_complex():
+        raise ValueError(
+            f"{name}: expected integer labels or float targets, got {t.dtype}"
+            if targets
+            else f"{name}: expected integer labels, got dtype {t.dtype}"
+        )
+    refuse_bool_labels(t, name)
+    if t.is_floating_point():
+        if targets:  # class labels or regression targets: finite, as they are
+            if not torch.isfinite(t).all():
+                bad = int((~torch.isfinite(t)).sum())
+                raise ValueError(f"{name}: the labels contain NaN or inf ({bad} values)")
+            return t
+        bad = ~torch.isfinite(t) | (t != t.round())
+        if bad.any():
+            raise ValueError(
+                f"{name}: expected integer labels, got non-integer float values "
+                f"(e.g. {t[bad][0].item()})"
+            )
+    t = t.long()
+    if targets:
+        return t
+    lo, hi = torch.stack(torch.aminmax(t)).tolist()  # one synchronisation
+    if c is None and lo < 0:
+        raise ValueError(f"{name}: expected class indices >= 0, got min {lo}")
+    if c is not None and (lo < 0 or hi >= c):
+        raise ValueError(
+            f"{name}: expected labels in [0, {c}) (C = {c}), got min {lo} and max {hi}"
+        )
+    return t if device is None else t.to(device)
 
 
 def regression_targets(y: Tensor, width: int) -> bool:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Mapping
 from numbers import Number
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import torch
@@ -112,11 +112,23 @@ def as_array(x: Any) -> Any:
     return x if a.dtype.kind == "O" else a
 
 
+def is_pair(data: Any, *, arrays: bool = True) -> TypeGuard[tuple[Any, Any] | list[Any]]:
+    """Whether `data` is a pair `(X, y)`, a tuple or a list of two, whose inputs are a tensor or
+    an array (what `Source.xy` takes as it is and every entry point slices in memory); with
+    `arrays` False, inputs of any kind (a mapping, a list of rows: structured inputs with their
+    labels). The one test of a pair in peg."""
+    return (
+        isinstance(data, (tuple, list))
+        and len(data) == 2
+        and (not arrays or isinstance(data[0], (Tensor, np.ndarray)))
+    )
+
+
 def array_likes(data: Any) -> Any:
     """`data` with its array-likes as NumPy arrays (`as_array`: pandas objects, lists of
     numbers), and so a pair's items; anything else as it is."""
     data = as_array(data)
-    if isinstance(data, (tuple, list)) and len(data) == 2:
+    if is_pair(data, arrays=False):
         X, y = as_array(data[0]), as_array(data[1])
         if isinstance(X, (Tensor, np.ndarray)) and (X is not data[0] or y is not data[1]):
             return (X, y) if isinstance(data, tuple) else [X, y]  # a pair (X, y)
@@ -158,7 +170,7 @@ def split_batch(
     where = _where(name, index)
     if batch_fn is not None:
         out = batch_fn(batch)
-        if not isinstance(out, (tuple, list)) or len(out) != 2:
+        if not is_pair(out, arrays=False):
             got = (
                 f"{type(out).__name__} of {len(out)}"
                 if isinstance(out, (tuple, list))

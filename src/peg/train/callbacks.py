@@ -16,7 +16,7 @@ from peg._forward import eval_mode
 from peg._scalars import check_positive_int
 from peg.output import logits_of
 from peg.source._devices import move
-from peg.source.batches import batch_rows, call_model, take_rows
+from peg.source.batches import batch_rows, call_model, is_pair, take_rows
 
 Callback = Callable[[int, nn.Module], None]
 
@@ -88,7 +88,7 @@ class EarlyStopping:
         min_delta: float = 0.0,
         batch_size: int = 1024,
     ) -> None:
-        if not (isinstance(val, (tuple, list)) and len(val) == 2 and isinstance(val[1], Tensor)):
+        if not (is_pair(val, arrays=False) and isinstance(val[1], Tensor)):
             raise TypeError("val: expected validation data (X, y) with y a tensor of labels")
         self.val = (val[0], val[1])
         self.patience = check_positive_int(patience, "patience")

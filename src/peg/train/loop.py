@@ -21,7 +21,7 @@ from peg.losses import packed_loss
 from peg.output import logits_of, model_output
 from peg.source import Data
 from peg.source._devices import model_device, move, weights_device
-from peg.source._values import check_finite, checked_labels
+from peg.source._values import check_finite, check_labels
 from peg.source.batches import BatchFn, batch_rows, call_model, check_batch_fn, take_rows
 from peg.train._data import Batch, TrainingData
 from peg.train.callbacks import Callback, EarlyStopping
@@ -296,7 +296,7 @@ class _Run:
         if self.recipe.augment and not isinstance(inputs, Tensor):
             raise ValueError(f"{where}: augment=True needs image tensors [B, C, H, W]")
         rows = batch_rows(inputs, where)
-        y = checked_labels(y, where, rows)
+        y = check_labels(y, rows, None, where, targets=True)
         check_finite(inputs, where)
         if not self.probed:
             try:

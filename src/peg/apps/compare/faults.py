@@ -22,11 +22,10 @@ from peg.methods.calibration._calibrator import Calibrator
 from peg.methods.dropout import MCDropout, dropout_modules
 from peg.methods.laplace._torch import INSTALL
 from peg.methods.laplace.laplace import Laplace
-from peg.metrics._inputs import check_labels
 from peg.output import model_output
 from peg.source import Data, Source, is_pair
 from peg.source._devices import model_device, move
-from peg.source._values import regression_targets, warn_one_class
+from peg.source._values import check_labels, regression_targets, warn_one_class
 from peg.source.batches import BatchFn, call_model, take_rows
 
 # (a piece of the message, what the user can do); the first match wins

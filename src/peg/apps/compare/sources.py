@@ -36,7 +36,7 @@ from peg import data as datasets
 from peg._io import numpy_reason
 from peg._load_checks import torch_file
 from peg.apps.arguments import COMPARE_LOGITS, check_compare, printable, spelled
-from peg.source import is_dataset_or_loader
+from peg.source import is_dataset_or_loader, is_pair
 from peg.source.batches import from_numpy
 
 SPLITS = ("train", "test")
@@ -229,7 +229,7 @@ def _pair(held: Any, where: str, labelled: bool) -> Any:
         if key is None:
             raise ValueError(f"{where}: expected arrays 'x' (or 'X') and 'y', got {list(held)}")
         X, y = held[key], held.get("y")
-    elif isinstance(held, (tuple, list)) and len(held) == 2:
+    elif is_pair(held, arrays=False):
         X, y = held
     elif isinstance(held, Tensor):
         X, y = held, None

@@ -27,6 +27,7 @@ from peg.apps import arguments, html
 from peg.apps import results as files
 from peg.apps.arguments import printable
 from peg.apps.compare import sources
+from peg.source import is_pair
 
 ALERT_STATUS = 4
 NO_LABELS = arguments.NO_LABELS  # `--labels`: this file has none
@@ -59,7 +60,7 @@ def inputs(args: argparse.Namespace) -> tuple[Any, Any, list[tuple[str, str, Any
 
 def _pair(got: Any) -> tuple[Any, Any]:
     """A data source as (inputs, labels or None): a pair `(X, y)` has labels."""
-    return (got[0], got[1]) if isinstance(got, (tuple, list)) and len(got) == 2 else (got, None)
+    return (got[0], got[1]) if is_pair(got, arrays=False) else (got, None)
 
 
 def _saved(path: str, labels: str, classes: int) -> tuple[Any, Any]:

@@ -27,7 +27,8 @@ from peg.apps.html import Reported
 from peg.apps.monitor import drift, files, report
 from peg.methods.estimation import PerformanceEstimator
 from peg.methods.estimation._stats import Summary
-from peg.metrics._inputs import check_labels
+from peg.source import is_pair
+from peg.source._values import check_labels
 from peg.source.batches import from_numpy
 
 # reference chunks at most: each costs an estimate on a chunk drawn from the source, and the
@@ -283,7 +284,7 @@ class Monitor(Reported):
         pairs), then `close()`. An empty stream warns and leaves `chunks` as it was."""
         before = len(self.chunks)
         for item in stream:
-            if isinstance(item, tuple) and len(item) == 2:
+            if isinstance(item, tuple) and is_pair(item, arrays=False):  # a list is a batch
                 self.update(*item)
             else:
                 self.update(item)

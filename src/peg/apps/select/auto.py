@@ -43,8 +43,8 @@ from peg.methods._predictors import (
     stateless,
 )
 from peg.methods.base import Method, store_arguments
-from peg.metrics._inputs import check_labels
 from peg.source import Data, Source, ValSource
+from peg.source._values import check_labels
 from peg.source.batches import BatchFn, check_batch_fn
 
 # the default candidates for saved logits (a model without parameters, `nn.Identity()`)

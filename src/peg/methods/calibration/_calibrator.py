@@ -46,33 +46,17 @@ from peg.methods._predictors import (
     member_logits_of,
     predictor_meta,
     read_predictor,
+    scores_of,
 )
 from peg.methods.base import Method
 from peg.methods.calibration._calibrator_archive import Archived
 from peg.methods.calibration._calibrator_archive import stored as stored
-from peg.metrics._inputs import check_labels, ensemble_log_probs
 from peg.source import Data, is_pair
-from peg.source._values import check_finite_logits, refuse_one_class, warn_absent_classes
+from peg.source._values import check_labels, refuse_one_class, warn_absent_classes
 from peg.source.batches import BatchFn, check_batch_fn
 
 # `to_module`'s builders by calibrator `method` (`_export`'s, registered when it is imported)
 EXPORTS: dict[str, Callable[[Any], nn.Module]] = {}
-
-
-def scores_of(logits: Tensor, kind: str, name: str = "logits", start: int | None = None) -> Tensor:
-    """Scores `[N, C]` from member logits `[M, N, C]`: log p̄ (`"log_probs"`, float64, any M;
-    `ensemble_log_probs`) or the raw logits of a one-member predictor (`"logits"`). The
-    logits are checked first, by the one rule of every map (`check_finite_logits`: real and
-    finite, a ValueError naming `name` and the first bad row, counted from `start`)."""
-    check_finite_logits(logits, name, start)
-    if kind == "log_probs":
-        return ensemble_log_probs(logits)
-    if logits.shape[0] != 1:
-        raise ValueError(
-            "scores: the map was fitted on the raw logits of a one-member predictor, got "
-            f"{logits.shape[0]} members"
-        )
-    return logits[0].double()
 
 
 class Calibrator(Archived, Predicts, Method):

@@ -32,9 +32,10 @@ from peg.methods._predictors import (
     logits_and_labels,
     member_logits_of,
     read_predictor,
+    scores_of,
 )
 from peg.methods.base import store_arguments
-from peg.methods.calibration._calibrator import Calibrator, scores_of, stored
+from peg.methods.calibration._calibrator import Calibrator, stored
 from peg.methods.calibration._label_shift import (
     bbse_priors,
     calibrated_log_probs,
@@ -42,10 +43,9 @@ from peg.methods.calibration._label_shift import (
     em_priors,
     fit_bcts,
 )
-from peg.methods.conformal._base import WrapsCalibrator
-from peg.metrics._inputs import check_labels
+from peg.methods.calibration._wraps import WrapsCalibrator
 from peg.source import Data
-from peg.source._values import as_tensor, check_finite
+from peg.source._values import as_tensor, check_finite, check_labels
 from peg.source.batches import BatchFn, as_array, check_batch_fn
 
 METHODS = ("em", "bbse")

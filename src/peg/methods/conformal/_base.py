@@ -5,71 +5,22 @@ A conformal predictor wraps a fitted predictor and leaves its predictions alone:
 gives the same numbers for both. It is saved like a calibrator (`Calibrator.save`: the
 predictor's ensemble, the fitted quantiles in the meta's `"calibration"` entry and as tensors);
 a calibrator under it (temperature scaling, Dirichlet, ...) is saved with it, its own entry
-under `"inner"` and its arrays under `inner/`, and `peg.load` rebuilds both.
+under `"inner"` and its arrays under `inner/`, and `peg.load` rebuilds both
+(`peg.methods.calibration._wraps.WrapsCalibrator`, which `peg.LabelShift` shares).
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 from torch import Tensor
 
-from peg.ensemble import Ensemble
-from peg.errors import ArchiveError, NotStreamable
-from peg.loading import calibrator_for
+from peg.errors import NotStreamable
 from peg.methods._predictors import iter_member_logits_of, member_logits_of
-from peg.methods.calibration._calibrator import Calibrator
+from peg.methods.calibration._wraps import WrapsCalibrator
 from peg.source import Data
 from peg.source.batches import BatchFn
-
-INNER = "inner/"  # the prefix of a wrapped calibrator's arrays in the archive
-
-
-class WrapsCalibrator(Calibrator):
-    """A calibrator whose predictor may itself be a calibrator (the conformal predictors,
-    `peg.LabelShift`): `save` / `_from_archive` save the inner calibrator's entry under
-    `"inner"`, its arrays under `inner/`, and `peg.load` rebuilds both."""
-
-    # ---------------------------------------------------------------- persistence
-    def save(self, path: str | os.PathLike[str]) -> str:
-        """Write the predictor's ensemble with the fitted map (and the calibrator under it, if
-        any); `peg.load(path, model)` gives this fitted predictor back."""
-        self._check_fitted("saving")
-        entry, tensors = self._archived(), dict(self._tensors())
-        base = self.predictor_
-        if isinstance(base, Calibrator):
-            entry["inner"] = base._archived()
-            tensors |= {INNER + k: v for k, v in base._tensors().items()}
-            base = base.predictor_
-        return self._write(path, base, entry, tensors)
-
-    @classmethod
-    def _from_archive(
-        cls,
-        ensemble: Ensemble,
-        calibration: dict[str, Any],
-        tensors: Mapping[str, Tensor] | None = None,
-    ) -> Any:
-        """The fitted predictor around a loaded ensemble (and its inner calibrator)."""
-        tensors = dict(tensors or {})
-        predictor: Any = ensemble
-        inner = calibration.get("inner")
-        if inner is not None:
-            if not isinstance(inner, dict) or inner.get("method") in (None, cls.method):
-                raise ArchiveError(f"calibration: inner must be a calibrator entry, got {inner!r}")
-            own = {k[len(INNER) :]: v for k, v in tensors.items() if k.startswith(INNER)}
-            try:
-                predictor = calibrator_for(inner)(ensemble, inner, own)
-            except ArchiveError as e:  # the inner map's checks name its fields: here, as inner
-                said = str(e).replace("'meta.calibration.", "'meta.calibration.inner.")
-                said = said.replace("calibration: ", "calibration.inner: ", 1)
-                raise ArchiveError(said) from None
-        fitted = cls._unfitted(calibration)
-        state = fitted._restored(calibration, tensors)
-        fitted._set_fitted(predictor, {**state, "scores_": "log_probs"})
-        return fitted
 
 
 class ConformalBase(WrapsCalibrator):

@@ -35,7 +35,7 @@ from peg.methods._predictors import (
     predictor_device,
 )
 from peg.source import Data, Source, Tapped
-from peg.source._values import checked_labels
+from peg.source._values import check_labels
 from peg.source.batches import BatchFn
 
 SCORES = ("lac", "aps", "raps")
@@ -179,7 +179,7 @@ def labelled_batches(
         rows = logits.shape[1]
         if tapped is not None:
             labels = tapped.take_labels()
-            labels = checked_labels(labels, name, rows, device)
+            labels = check_labels(labels, rows, None, name, device, targets=True)
         else:
             assert y is not None
             labels = y[n : n + rows]

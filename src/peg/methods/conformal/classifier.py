@@ -47,10 +47,9 @@ from peg.methods.conformal._split import (
     min_points,
     quantile_rank,
 )
-from peg.metrics._inputs import check_labels
 from peg.source import Data, Source
 from peg.source._namespace import like_input
-from peg.source._values import check_finite_logits
+from peg.source._values import check_finite_logits, check_labels
 from peg.source.batches import BatchFn
 from peg.streams import generator
 

@@ -22,28 +22,29 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from peg.ensemble import Ensemble
 from peg.errors import NotFittedError, NotStreamable
 from peg.methods import _constraints as checks
 from peg.methods._display import Display, RecordDisplay
 from peg.methods._predictors import (
+    is_model,
     iter_member_logits_of,
     logits_and_labels,
     member_logits_of,
     read_predictor,
+    scores_of,
     stateless,
 )
 from peg.methods.base import Params, store_arguments
-from peg.methods.calibration._calibrator import scores_of
 from peg.methods.calibration.temperature import fit_temperature
 from peg.methods.estimation import _learned, _shifts
 from peg.methods.estimation._stats import Summary
 from peg.methods.estimation.estimators import ESTIMATORS, Estimator, SourceFit, Target, estimates
-from peg.metrics._inputs import check_labels
-from peg.source import Data
+from peg.source import Data, is_pair
 from peg.source._devices import model_device
+from peg.source._values import check_labels
 from peg.source.batches import BatchFn, check_batch_fn
 
 OOD_QUANTILE = 0.05
@@ -360,8 +361,7 @@ def _reader(predictor: Any) -> Any:
     """What reads `predictor`'s logits: a model (an nn.Module without `member_logits`, with
     weights) as the one-member `Ensemble` that `member_logits_of` would build on every call,
     built once (the model's weights refused on `meta` first, as there); anything else as is."""
-    plain = isinstance(predictor, nn.Module) and not hasattr(predictor, "member_logits")
-    if plain and not stateless(predictor):
+    if is_model(predictor) and not stateless(predictor):
         model_device(predictor, "predictor")
         return Ensemble.from_models([predictor])
     return predictor
@@ -369,7 +369,7 @@ def _reader(predictor: Any) -> Any:
 
 def _images(val: Any) -> Tensor | None:
     """val's inputs when they are images `[N, 1 or 3, H, W]` (a pair of tensors), else None."""
-    X = val[0] if isinstance(val, (tuple, list)) and len(val) == 2 else None
+    X = val[0] if is_pair(val) else None
     if isinstance(X, Tensor) and X.ndim == 4 and X.shape[1] in (1, 3) and X.is_floating_point():
         return X
     return None

@@ -25,10 +25,9 @@ from peg.ensemble import Ensemble, model_output
 from peg.methods import _constraints as checks
 from peg.methods.base import store_arguments
 from peg.methods.trained.subspace._sampler import Sampler, SubspaceBN
-from peg.metrics._inputs import check_labels
 from peg.source import Data, Source
 from peg.source._devices import model_device, move
-from peg.source._values import check_finite
+from peg.source._values import check_finite, check_labels
 from peg.source.batches import batch_rows, call_model
 from peg.streams import generator
 
