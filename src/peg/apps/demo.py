@@ -28,6 +28,8 @@ from peg.apps.data import load_or_digits, subsample
 from peg.apps.registry import Site, build
 from peg.apps.results import RESULTS, claim, write_results
 from peg.methods._predictors import member_logits_of
+from peg.methods.calibration._calibrator import table_name
+from peg.methods.calibration.temperature import TemperatureScaling
 from peg.train import train
 
 IMAGE_DATA = ("fashion-mnist", "digits")
@@ -207,11 +209,12 @@ def run(
     site = Site(
         seed=seed, progress=progress, base=lambda: base, val=d.val, score_points=preset.score_points
     )
-    ts = timed("temperature scaling", lambda: build("temperature", site))
+    ts = timed("temperature scaling", lambda: build(TemperatureScaling.method, site))
     pep = timed(f"PEP-{S} (σ search)", lambda: build("pep", site, n_members=S))
     K = min(128, len(d.val[0]) // 4)  # PEG's mini-batch size
     peg_ = timed(f"PEG-{S} (η search)", lambda: build("peg", site, n_members=S, grad_batch_size=K))
-    predictors = {"Base": base, "Temp-scaled": ts, f"PEP-{S}": pep, f"PEG-{S}": peg_}
+    ts_name = table_name(TemperatureScaling)
+    predictors = {"Base": base, ts_name: ts, f"PEP-{S}": pep, f"PEG-{S}": peg_}
     X_test, y_test = d.test
     logits = {name: member_logits_of(p, X_test) for name, p in predictors.items()}
     columns = {

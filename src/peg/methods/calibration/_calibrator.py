@@ -55,8 +55,10 @@ from peg.source import Data, is_pair
 from peg.source._values import check_finite_logits, refuse_one_class, warn_absent_classes
 from peg.source.batches import BatchFn, check_batch_fn
 
-# `to_module`'s builders by calibrator `method` (`_export`'s, registered when it is imported)
+# `to_module`'s builders of the maps that declare no `_module` of their own, by `method`
+# (`LabelShift`'s, in `_export`)
 EXPORTS: dict[str, Callable[[Any], nn.Module]] = {}
+KINDS = ("multiclass",)  # the kinds of input a map may accept: logits `[N, C]`, C >= 2
 
 
 def scores_of(logits: Tensor, kind: str, name: str = "logits", start: int | None = None) -> Tensor:
@@ -82,6 +84,28 @@ class Calibrator(Archived, Predicts, Method):
 
     method: ClassVar[str] = ""
     label: ClassVar[str] = ""
+    # --- the registry (`Calibrator.registry`: key -> class): a class that declares a display
+    # `name` is a map of logits every application offers by it (compare, AutoSelect, bench,
+    # the callbacks); what they need to know of it is declared here, in its own class body
+    name: ClassVar[str] = ""  # display name: compare's and AutoSelect's row, "TS"
+    table_name: ClassVar[str] = ""  # the bench's table name ("Temp-scaled"; "": `name`)
+    # how its fitted parameters grow with the classes C: 0 a few whatever C, 1 O(C), 2 O(C²)
+    # (AutoSelect prices a map by it before it has run)
+    growth: ClassVar[int] = 2
+    kinds: ClassVar[tuple[str, ...]] = KINDS  # the kinds of input it accepts
+    # its place among the maps: listed (compare's catalogue, the registry), from the simplest
+    # (AutoSelect's ties), in AutoSelect's fitting order (value per cost); unset: after them
+    order: ClassVar[float] = math.inf
+    simplicity: ClassVar[float] = math.inf
+    cost_order: ClassVar[float] = math.inf
+    on_logits_default: ClassVar[bool] = False  # among the defaults on saved logits
+    # a full map priced before it has run by the measured fold of the map of this key (its
+    # diagonal map) × AutoSelect's `full_map_factor(C)`
+    priced_from: ClassVar[str] = ""
+    # the key of the simpler map a fit is where its cross-validated strengths made it that
+    # map, by the kind `_affine_select.reduces_to` names ("temperature", "diagonal")
+    parents: ClassVar[Mapping[str, str]] = {}
+    registry: ClassVar[dict[str, type[Calibrator]]] = {}
     # parameters per class (vector / matrix scaling, Dirichlet, binning): a class absent from
     # the labels is warned of at fit (`peg.source._values.warn_absent_classes`)
     class_wise: ClassVar[bool] = False
@@ -92,6 +116,15 @@ class Calibrator(Archived, Predicts, Method):
         super().__init_subclass__(**kwargs)
         if "method" in cls.__dict__:  # a concrete calibrator: its archives load as it
             register_calibrator(cls.method, cls._from_archive)
+        if "name" in cls.__dict__ and cls.name:  # a map the applications offer by name
+            unknown = set(cls.kinds) - set(KINDS)
+            if not cls.method or unknown or cls.growth not in (0, 1, 2):
+                raise TypeError(
+                    f"{cls.__name__}: a registered calibrator needs a `method` key, `kinds` "
+                    f"among {KINDS} and `growth` 0, 1 or 2 (got {cls.method!r}, "
+                    f"{cls.kinds!r}, {cls.growth!r})"
+                )
+            Calibrator.registry[cls.method] = cls
 
     parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
         "batch_size": checks.positive_int(),
@@ -137,6 +170,12 @@ class Calibrator(Archived, Predicts, Method):
     def _restore(self, entry: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> dict[str, Any]:
         """The fitted state from what `save` stored (`ArchiveError` when it is not valid)."""
         raise NotImplementedError
+
+    def _module(self) -> nn.Module | None:
+        """The fitted map as a module (`to_module`'s: a `_export.CalibrationMap` of its
+        arrays, beside `_apply`), or None: no exported form."""
+        build = EXPORTS.get(type(self).method)
+        return None if build is None else build(self)
 
     def _described(self) -> dict[str, Any]:
         """`meta_` beyond method and predictor: the arguments, what the map acts on
@@ -273,13 +312,33 @@ class Calibrator(Archived, Predicts, Method):
         (buffers only; for `torch.export.export` and `torch.onnx.export` with a dynamic batch
         dimension; `peg.methods.calibration._export`)."""
         self._check_fitted("exporting")
-        build = EXPORTS.get(type(self).method)
-        if build is None:
+        module = self._module()
+        if module is None:
             raise TypeError(
                 f"to_module: {type(self).__name__} has no exported form (it is not a map of "
-                f"logits alone); the calibrators have one: {sorted(EXPORTS)}"
+                f"logits alone); the calibrators have one: {sorted(Calibrator.registry)}"
             )
-        return build(self).requires_grad_(False).eval()
+        module.classes = self._fitted_classes()  # its logits' C checked against the map's
+        return module.requires_grad_(False).eval()
+
+
+def calibrators(kind: str | None = None) -> list[type[Calibrator]]:
+    """The registered maps (`Calibrator.registry`), in their listed `order` (then by key),
+    those accepting `kind` where given: what every application reads."""
+    found = [c for c in Calibrator.registry.values() if kind is None or kind in c.kinds]
+    return sorted(found, key=lambda c: (c.order, c.method))
+
+
+def display_names(rank: str) -> tuple[str, ...]:
+    """The registered maps' display names ordered by `rank` ("order", "simplicity" or
+    "cost_order"; ties by the listed order)."""
+    ranked = sorted(calibrators(), key=lambda c: (getattr(c, rank), c.order, c.method))
+    return tuple(c.name for c in ranked)
+
+
+def table_name(cls: type[Calibrator]) -> str:
+    """`cls`'s name in the bench's tables (`table_name`, else its display `name`)."""
+    return cls.table_name or cls.name
 
 
 F32_SAFE = 2.0**127  # float64 scores within ±this keep their differences in a float32 cast
