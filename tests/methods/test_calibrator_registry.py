@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 import peg
+from bad_inputs import raises_test
 from peg import loading
 from peg.apps import registry  # imported before the toy is defined: nothing it lists holds it
 from peg.apps.bench import columns, names
@@ -141,6 +142,32 @@ def test_the_bench_and_the_callbacks_name_the_toy(shift):
     assert registry.entry(shift.method).method is shift
     assert type(new_calibrator(shift.method)) is shift
     assert shift.method in calibrator_names()
+
+
+def _unknown_kind() -> None:
+    class Dense(Calibrator):  # refused as it is defined: never registered
+        method = "test-dense"
+        name = "Dense"
+        kinds: ClassVar[tuple[str, ...]] = ("dense",)
+
+
+# (area, bad input, call, error type, regex the message must match)
+ERROR_CASES = [
+    (
+        "calibrators",
+        "a registered map of an unknown kind of input",
+        _unknown_kind,
+        TypeError,
+        r"Dense: a registered calibrator needs a `method` key, `kinds` among \('multiclass',\)",
+    ),
+]
+test_a_bad_declaration_raises_a_clear_error = raises_test(ERROR_CASES)
+
+
+def test_a_refused_declaration_registers_nothing():
+    with pytest.raises(TypeError):
+        _unknown_kind()
+    assert "test-dense" not in Calibrator.registry and "test-dense" not in loading._CALIBRATORS
 
 
 # ---------------------------------------------------------------- nothing else names a map

@@ -23,7 +23,16 @@ arrays fix (`_classes_of`: vector scaling's bias, ...), or unknown (any width, a
 A subclass sets `method` (the archive's and meta's name), `label` (for messages) and
 implements `_fit_map(scores, y) -> state` (the fitted attributes, trailing underscore),
 `_apply(scores) -> [N, C]` (float64 log-scores whose softmax is the calibrated prediction),
-`_entry()` / `_tensors()` (what `save` stores) and `_restore(entry, tensors) -> state`.
+`_module()` (the same map as an exportable module, `to_module`'s), `_entry()` / `_tensors()`
+(what `save` stores) and `_restore(entry, tensors) -> state`.
+
+The registry: a subclass that declares a display `name` is a map the applications offer, in
+`Calibrator.registry` (key -> class) from the moment it is defined; it declares in its own
+class body all they need to know of it (its key `method`, `name`, `table_name`, `growth`,
+`kinds`, its places in the listings `order` / `simplicity` / `cost_order`,
+`on_logits_default`), and `compare`, `AutoSelect`, the bench, the framework callbacks and
+`peg.apps.registry` read it through `calibrators()`; nothing outside this package lists the
+maps (docs/architecture.md, "How to add a calibrator").
 """
 
 from __future__ import annotations
@@ -50,14 +59,15 @@ from peg.methods._predictors import (
 from peg.methods.base import Method
 from peg.methods.calibration._calibrator_archive import Archived
 from peg.methods.calibration._calibrator_archive import stored as stored
+from peg.methods.calibration._export import CalibrationMap
 from peg.metrics._inputs import check_labels, ensemble_log_probs
 from peg.source import Data, is_pair
 from peg.source._values import check_finite_logits, refuse_one_class, warn_absent_classes
 from peg.source.batches import BatchFn, check_batch_fn
 
 # `to_module`'s builders of the maps that declare no `_module` of their own, by `method`
-# (`LabelShift`'s, in `_export`)
-EXPORTS: dict[str, Callable[[Any], nn.Module]] = {}
+# (`LabelShift`'s, in `_label_shift`)
+EXPORTS: dict[str, Callable[[Any], CalibrationMap]] = {}
 KINDS = ("multiclass",)  # the kinds of input a map may accept: logits `[N, C]`, C >= 2
 
 
@@ -114,16 +124,18 @@ class Calibrator(Archived, Predicts, Method):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        offered = "name" in cls.__dict__ and bool(cls.name)  # a map the applications offer
+        if offered and (
+            not cls.method or set(cls.kinds) - set(KINDS) or cls.growth not in (0, 1, 2)
+        ):
+            raise TypeError(  # before anything registers it
+                f"{cls.__name__}: a registered calibrator needs a `method` key, `kinds` among "
+                f"{KINDS} and `growth` 0, 1 or 2 (got {cls.method!r}, {cls.kinds!r}, "
+                f"{cls.growth!r})"
+            )
         if "method" in cls.__dict__:  # a concrete calibrator: its archives load as it
             register_calibrator(cls.method, cls._from_archive)
-        if "name" in cls.__dict__ and cls.name:  # a map the applications offer by name
-            unknown = set(cls.kinds) - set(KINDS)
-            if not cls.method or unknown or cls.growth not in (0, 1, 2):
-                raise TypeError(
-                    f"{cls.__name__}: a registered calibrator needs a `method` key, `kinds` "
-                    f"among {KINDS} and `growth` 0, 1 or 2 (got {cls.method!r}, "
-                    f"{cls.kinds!r}, {cls.growth!r})"
-                )
+        if offered:
             Calibrator.registry[cls.method] = cls
 
     parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
@@ -171,7 +183,7 @@ class Calibrator(Archived, Predicts, Method):
         """The fitted state from what `save` stored (`ArchiveError` when it is not valid)."""
         raise NotImplementedError
 
-    def _module(self) -> nn.Module | None:
+    def _module(self) -> CalibrationMap | None:
         """The fitted map as a module (`to_module`'s: a `_export.CalibrationMap` of its
         arrays, beside `_apply`), or None: no exported form."""
         build = EXPORTS.get(type(self).method)
