@@ -34,6 +34,7 @@ from peg.train import train
 
 IMAGE_DATA = ("fashion-mnist", "digits")
 BINS = 15  # the confidence bins of the table's ECE and of the reliability figure alike
+TS_COLUMN = table_name(TemperatureScaling)  # the table's column of temperature scaling
 TOY_DATA = ("two-moons", "three-moons", "linear")
 FILES = (*RESULTS, "reliability.png", "decision_boundaries.png")  # what a run writes to `out`
 # Toy sets noisy enough that the classes overlap (the paper's bases reach 98% and 89%).
@@ -213,8 +214,7 @@ def run(
     pep = timed(f"PEP-{S} (σ search)", lambda: build("pep", site, n_members=S))
     K = min(128, len(d.val[0]) // 4)  # PEG's mini-batch size
     peg_ = timed(f"PEG-{S} (η search)", lambda: build("peg", site, n_members=S, grad_batch_size=K))
-    ts_name = table_name(TemperatureScaling)
-    predictors = {"Base": base, ts_name: ts, f"PEP-{S}": pep, f"PEG-{S}": peg_}
+    predictors = {"Base": base, TS_COLUMN: ts, f"PEP-{S}": pep, f"PEG-{S}": peg_}
     X_test, y_test = d.test
     logits = {name: member_logits_of(p, X_test) for name, p in predictors.items()}
     columns = {

@@ -75,7 +75,7 @@ def method_column(entry: Any, where: str, earlier: list[str]) -> MethodSpec:
         if found is None:
             raise SpecError(
                 f"{where}: unknown method name {entry['name']!r}; use a table name (Single, "
-                "Temp-scaled, SWA, SWAG, SWAG-Diag, DeepEns-N, PEP-S, PEG-S, PEG-Unbiased, "
+                "SWA, SWAG, SWAG-Diag, DeepEns-N, PEP-S, PEG-S, PEG-Unbiased, "
                 "'PEG-S (DeepEns-N)', 'PEG-S (SWAG-Diag)', MC-Dropout-S, 'Packed-(a,M,g)', EMP, "
                 "ECMP, 'PEG-S (ascent)', 'PEG-S (last layer)', 'PEG-S + TS', 'TS → PEG-S', "
                 f"{', '.join(map(table_name, calibrators()))}) or give method: and base:"
