@@ -74,7 +74,7 @@ _MS, _DC = MatrixScaling.name, DirichletCalibration.name
 def catalogue() -> dict[str, MethodSpec]:
     """The named methods (`CATALOGUE` at import; read again, a map registered since is in it):
     the model, the network methods and their chains, and every registered map on the model
-    (`Calibrator.registry`, in its listed order: temperature scaling's among the first)."""
+    (`Calibrator.registry`, in its listed order; temperature scaling's right after "Model")."""
     maps = [MethodSpec(c.name, c.method, MODEL) for c in calibrators()]
     ts = next(m for m in maps if m.name == _TS)
     return {
