@@ -57,6 +57,7 @@ from peg.apps.compare.methods import MODEL
 from peg.apps.select.cheap import CHEAP_SHARE, fold_limit, growth, predicted_fold
 from peg.apps.select.folds import beyond, mean_se
 from peg.methods.calibration._calibrator import Calibrator, display_names
+from peg.methods.calibration.temperature import TemperatureScaling
 
 # max_fit_seconds="auto": the whole fit's budget, in temperature scaling fits on the same model
 # and data (a forward pass of val and the one-parameter fit, measured in the run)
@@ -75,8 +76,8 @@ NETWORK_ORDER = (
     "Last-layer PEG",
     "Laplace",
     "PEG",
-    "PEG + TS",
-    "TS → PEG",
+    f"PEG + {TemperatureScaling.name}",
+    f"{TemperatureScaling.name} → PEG",
     "PEP",
 )
 

@@ -35,15 +35,16 @@ from peg.apps.select.folds import beyond, mean_se
 from peg.apps.select.race import AUTO_BUDGET, MIN_BUDGET_SECONDS
 from peg.methods.calibration._affine_select import REDUCED
 from peg.methods.calibration._calibrator import Calibrator, display_names
+from peg.methods.calibration.temperature import TemperatureScaling
 
 # the named candidates besides the maps (`Calibrator.simplicity`), from the simplest to the
 # richest: the model, the maps, then these (others after them, in their order)
 NETWORK_SIMPLICITY = (
     "Laplace",
     "Last-layer PEG",
-    "TS → PEG",
+    f"{TemperatureScaling.name} → PEG",
     "PEG",
-    "PEG + TS",
+    f"PEG + {TemperatureScaling.name}",
     "PEG (ascent)",
     "PEP",
     "MC dropout",
