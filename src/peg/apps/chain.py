@@ -17,25 +17,19 @@ from torch import nn
 
 from peg.ensemble import Ensemble
 from peg.methods.base import FittedEnsemble
+from peg.methods.calibration._calibrator import Calibrator
 from peg.methods.calibration.composed import Scaled, calibrated_module, composable
 from peg.methods.calibration.temperature import TemperatureScaling
 
-# registry keys whose method takes any predictor as it is (the calibrators); the others need a
-# module or ensemble
-AS_IS = (
-    "base",
-    "temperature",
-    "vector-scaling",
-    "matrix-scaling",
-    "dirichlet",
-    "histogram-binning",
-    "isotonic",
-)
+# registry keys whose method takes any predictor as it is: the base and the calibrators
+# (`Calibrator.registry`'s keys, read on use); the others need a module or ensemble
+AS_IS = ("base",)
 
 
 def as_base(fitted: Any, key: str, name: str) -> Any:
     """The fitted predictor of method `name` as the base of a method with registry `key`."""
-    if key in AS_IS or isinstance(fitted, (nn.Module, Ensemble)):
+    as_is = key in AS_IS or key in Calibrator.registry
+    if as_is or isinstance(fitted, (nn.Module, Ensemble)):
         return fitted
     if isinstance(fitted, TemperatureScaling) and isinstance(fitted.predictor_, nn.Module):
         return Scaled(fitted.predictor_, fitted.temperature_)

@@ -28,10 +28,13 @@ from peg.apps.data import load_or_digits, subsample
 from peg.apps.registry import Site, build
 from peg.apps.results import RESULTS, claim, write_results
 from peg.methods._predictors import member_logits_of
+from peg.methods.calibration._calibrator import table_name
+from peg.methods.calibration.temperature import TemperatureScaling
 from peg.train import train
 
 IMAGE_DATA = ("fashion-mnist", "digits")
 BINS = 15  # the confidence bins of the table's ECE and of the reliability figure alike
+TS_COLUMN = table_name(TemperatureScaling)  # the table's column of temperature scaling
 TOY_DATA = ("two-moons", "three-moons", "linear")
 FILES = (*RESULTS, "reliability.png", "decision_boundaries.png")  # what a run writes to `out`
 # Toy sets noisy enough that the classes overlap (the paper's bases reach 98% and 89%).
@@ -209,11 +212,11 @@ def run(
     site = Site(
         seed=seed, progress=progress, base=lambda: base, val=d.val, score_points=preset.score_points
     )
-    ts = timed("temperature scaling", lambda: build("temperature", site))
+    ts = timed("temperature scaling", lambda: build(TemperatureScaling.method, site))
     pep = timed(f"PEP-{S} (σ search)", lambda: build("pep", site, n_members=S))
     K = min(128, len(d.val[0]) // 4)  # PEG's mini-batch size
     peg_ = timed(f"PEG-{S} (η search)", lambda: build("peg", site, n_members=S, grad_batch_size=K))
-    predictors = {"Base": base, "Temp-scaled": ts, f"PEP-{S}": pep, f"PEG-{S}": peg_}
+    predictors = {"Base": base, TS_COLUMN: ts, f"PEP-{S}": pep, f"PEG-{S}": peg_}
     X_test, y_test = d.test
     logits = {name: member_logits_of(p, X_test) for name, p in predictors.items()}
     columns = {

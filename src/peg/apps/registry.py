@@ -14,13 +14,12 @@ that needs something its site lacks says so. Each entry is a `Builder` subclass 
 under its key with `@register(key)`: constructing it checks the options and trains nothing,
 its `fit(site)` returns the fitted predictor (an nn.Module, an Ensemble or a fitted method).
 
-Keys (in registration order): "base" (the site's base itself); post-hoc methods on the base:
-"temperature", "peg", "pep", "mc-dropout", "random-subspace", "dropout-subspace"; methods that
-train a model of their own with the site's recipe (`Builder.trains`): "packed", "emp", "ecmp";
-"laplace" (laplace-torch's Laplace approximation around the base, on the site's training data
-when it has them); the calibrators beside temperature scaling, post-hoc on the base:
-"vector-scaling", "matrix-scaling", "dirichlet", "histogram-binning", "isotonic", "spline",
-"ensemble-temperature", "order-preserving";
+Keys (in registration order): "base" (the site's base itself); the calibrators, post-hoc on
+the base, each under its own key (`Calibrator.registry`: `Calibration` builders made from it,
+one registered later found by `entry` too); post-hoc methods on the base: "peg", "pep",
+"mc-dropout", "random-subspace", "dropout-subspace"; methods that train a model of their own
+with the site's recipe (`Builder.trains`): "packed", "emp", "ecmp"; "laplace" (laplace-torch's
+Laplace approximation around the base, on the site's training data when it has them);
 "mc-dropout-trained" (trains); "swag" (SWAG moments collected from the base on the training
 data); samplers fitted to a trajectory's checkpoints: "diagonal-gaussian", "low-rank-gaussian".
 """
@@ -29,6 +28,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterable, Mapping
+from functools import cache
 from typing import Any, ClassVar, TypeVar
 
 from peg.apps.site import Site  # re-exported: builders and applications take it from here
@@ -39,23 +39,15 @@ from peg.methods import (
     PEP,
     SWAG,
     DiagonalGaussian,
-    DirichletCalibration,
     DropoutSubspace,
-    EnsembleTemperatureScaling,
-    HistogramBinning,
-    IsotonicCalibration,
     Laplace,
     LowRankGaussian,
-    MatrixScaling,
     MCDropout,
     MCPatched,
-    OrderPreservingScaling,
     PackedEnsemble,
     RandomSubspace,
-    SplineCalibration,
-    TemperatureScaling,
-    VectorScaling,
 )
+from peg.methods.calibration._calibrator import Calibrator, calibrators
 from peg.methods.laplace.laplace import require_laplace
 from peg.methods.perturbation._scale_search import ScaleSearch
 from peg.methods.trained.swag import has_batchnorm
@@ -98,13 +90,16 @@ def register(key: str) -> Callable[[B], B]:
 
 
 def entry(key: str) -> type[Builder]:
-    """The builder registered under `key` (a ValueError naming the known keys otherwise)."""
+    """The builder registered under `key`, or of the calibrator of that key (one registered
+    after this import too); a ValueError naming the known keys otherwise."""
+    if key in Calibrator.registry:  # the live registry: a map defined since this import too
+        return calibration(Calibrator.registry[key])
     if key not in REGISTRY and key in ELSEWHERE:
         importlib.import_module(ELSEWHERE[key])
-    try:
+    if key in REGISTRY:
         return REGISTRY[key]
-    except KeyError:
-        raise ValueError(f"method: unknown {key!r}; known: {[*REGISTRY, *ELSEWHERE]}") from None
+    known = [*REGISTRY, *(k for k in Calibrator.registry if k not in REGISTRY), *ELSEWHERE]
+    raise ValueError(f"method: unknown {key!r}; known: {known}")
 
 
 def configure(key: str, site: Site, options: Mapping[str, Any] | None = None) -> Builder:
@@ -194,10 +189,21 @@ def scale_search(given: Any, score_points: int | None) -> ScaleSearch:
     return ScaleSearch(**{"max_points": score_points, **options})
 
 
-@register("temperature")
-class Temperature(PostHoc):
-    method = TemperatureScaling
+# ---------------------------------------------------------------- the calibrators, post-hoc
+class Calibration(PostHoc):
+    """A registered calibrator (`Calibrator.registry`): `method(**options).fit(base, val)`."""
+
     seeded = False
+
+
+@cache
+def calibration(cls: type) -> type[Builder]:
+    """The builder of calibrator `cls`, under its key (made once per class)."""
+    return type(f"{cls.__name__}Builder", (Calibration,), {"method": cls, "key": cls.method})
+
+
+for _cls in calibrators():  # under their keys, in the registry's listed order
+    REGISTRY[_cls.method] = calibration(_cls)
 
 
 @register("peg")
@@ -305,53 +311,6 @@ class LaplaceBuilder(PostHoc):
         gridsearch = self.unfitted.prior_optimization == "gridsearch"
         val = site.need("val") if gridsearch or site.train is None else None
         return self.unfitted.fit(self.base(site), val, train_data=site.train)
-
-
-# ---------------------------------------------------------------- more post-hoc calibrators
-class Calibration(PostHoc):
-    """A calibrator beside temperature scaling: `method(**options).fit(base, val)`."""
-
-    seeded = False
-
-
-@register("vector-scaling")
-class VectorScalingBuilder(Calibration):
-    method = VectorScaling
-
-
-@register("matrix-scaling")
-class MatrixScalingBuilder(Calibration):
-    method = MatrixScaling
-
-
-@register("dirichlet")
-class DirichletBuilder(Calibration):
-    method = DirichletCalibration
-
-
-@register("histogram-binning")
-class HistogramBinningBuilder(Calibration):
-    method = HistogramBinning
-
-
-@register("isotonic")
-class IsotonicBuilder(Calibration):
-    method = IsotonicCalibration
-
-
-@register("spline")
-class SplineBuilder(Calibration):
-    method = SplineCalibration
-
-
-@register("ensemble-temperature")
-class EnsembleTemperatureBuilder(Calibration):
-    method = EnsembleTemperatureScaling
-
-
-@register("order-preserving")
-class OrderPreservingBuilder(Calibration):
-    method = OrderPreservingScaling
 
 
 @register("mc-dropout-trained")

@@ -22,11 +22,6 @@ from torch import Tensor, nn
 
 from peg.methods.calibration._calibrator import Calibrator
 from peg.methods.calibration._wraps import WrapsCalibrator
-from peg.methods.calibration.binning import HistogramBinning, IsotonicCalibration
-from peg.methods.calibration.ensemble_temperature import EnsembleTemperatureScaling
-from peg.methods.calibration.order_preserving import OrderPreservingScaling
-from peg.methods.calibration.scaling import DirichletCalibration, MatrixScaling, VectorScaling
-from peg.methods.calibration.spline import SplineCalibration
 from peg.methods.calibration.temperature import TemperatureScaling
 from peg.methods.conformal._split import check_alpha
 from peg.methods.conformal.classifier import ConformalClassifier
@@ -40,28 +35,20 @@ METRICS = ("accuracy", "nll", "ece", "brier")  # what is logged, before and afte
 # fewer labelled rows than this: the fit and the metrics after it are mostly noise (the ECE's
 # 15 bins hold a few points each; vector scaling fits 2C numbers), said with the count
 MIN_ROWS = 50
-_CLASSES: tuple[type[Calibrator], ...] = (
-    TemperatureScaling,
-    VectorScaling,
-    MatrixScaling,
-    DirichletCalibration,
-    HistogramBinning,
-    IsotonicCalibration,
-    SplineCalibration,
-    EnsembleTemperatureScaling,
-    OrderPreservingScaling,
-)
-# a calibrator by name: "TS" (as `peg.compare` names it) or a class's archive name
-CALIBRATORS: dict[str, type[Calibrator]] = {
-    "TS": TemperatureScaling,
-    **{cls.method: cls for cls in _CLASSES},
-}
+DEFAULT_CALIBRATOR = TemperatureScaling.name  # the callbacks' default map, "TS"
+
+
+def calibrator_names() -> dict[str, type[Calibrator]]:
+    """A calibrator by name: "TS" (as `peg.compare` names it) or a registered map's key
+    (`Calibrator.registry`: "temperature", "vector-scaling", ...)."""
+    return {TemperatureScaling.name: TemperatureScaling, **Calibrator.registry}
 
 
 def check_calibrator(value: Any, name: str) -> None:
-    """`calibrator`: a name of `CALIBRATORS` or a calibrator instance (fitted or not: a copy is
-    fitted); the wrappers (conformal, label shift) are refused, they need more than logits."""
-    if isinstance(value, str) and value in CALIBRATORS:
+    """`calibrator`: a name of `calibrator_names()` or a calibrator instance (fitted or not: a
+    copy is fitted); the wrappers (conformal, label shift) are refused, they need more than
+    logits."""
+    if isinstance(value, str) and value in calibrator_names():
         return
     if isinstance(value, Calibrator) and not isinstance(value, WrapsCalibrator):
         return
@@ -69,7 +56,7 @@ def check_calibrator(value: Any, name: str) -> None:
         "; pass a ConformalClassifier as conformal=" if isinstance(value, WrapsCalibrator) else ""
     )
     raise TypeError(
-        f"{name}: expected one of {sorted(CALIBRATORS)} or a peg calibrator instance "
+        f"{name}: expected one of {sorted(calibrator_names())} or a peg calibrator instance "
         f"(peg.TemperatureScaling(), ...), got {value!r}{hint}"
     )
 
@@ -98,7 +85,7 @@ def new_calibrator(spec: str | Calibrator) -> Calibrator:
     """A fresh calibrator to fit: the named class with its defaults, or a copy of the one given
     (the user's instance is never fitted in place: each fit starts from its arguments)."""
     if isinstance(spec, str):
-        return CALIBRATORS[spec]()
+        return calibrator_names()[spec]()
     return type(spec)(**spec.get_params(deep=False))
 
 

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import torch
 
 from peg.integrations._common import (
+    DEFAULT_CALIBRATOR,
     Calibration,
     check_calibrator,
     check_conformal,
@@ -100,7 +101,7 @@ class CalibrationCallback(Params, Callback):
 
     def __init__(
         self,
-        calibrator: str | Calibrator = "TS",
+        calibrator: str | Calibrator = DEFAULT_CALIBRATOR,
         *,
         conformal: float | ConformalClassifier | None = None,
         when: str = "fit_end",

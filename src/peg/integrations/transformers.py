@@ -41,6 +41,7 @@ from torch import Tensor
 
 from peg._scalars import check_positive_int
 from peg.integrations._common import (
+    DEFAULT_CALIBRATOR,
     KEYS,
     Calibration,
     Gathered,
@@ -255,7 +256,7 @@ class CalibrationCallback(Params, _PerEvaluation):
 
     def __init__(
         self,
-        calibrator: str | Calibrator = "TS",
+        calibrator: str | Calibrator = DEFAULT_CALIBRATOR,
         *,
         conformal: float | ConformalClassifier | None = None,
         bins: int = 15,

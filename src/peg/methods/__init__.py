@@ -1,6 +1,5 @@
 """Methods: each turns a model (and data) into an `Ensemble` or a predictor with `member_logits`."""
 
-from peg.methods.calibration import _export  # noqa: F401  (registers `to_module`'s maps)
 from peg.methods.calibration.binning import HistogramBinning, IsotonicCalibration
 from peg.methods.calibration.ensemble_temperature import EnsembleTemperatureScaling
 from peg.methods.calibration.label_shift import LabelShift

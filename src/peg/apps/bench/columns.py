@@ -11,11 +11,10 @@ from typing import Any
 from peg.apps.bench.names import denoted
 from peg.apps.registry import ELSEWHERE
 from peg.errors import SpecError
+from peg.methods.calibration._calibrator import calibrators, table_name
 
-# the registry keys (`peg.apps.registry`) a spec's `method:` may name
-METHODS = (
-    "base",
-    "temperature",
+# the registry keys (`peg.apps.registry`) a spec's `method:` may name besides the calibrators'
+NETWORK_METHODS = (
     "peg",
     "pep",
     "mc-dropout",
@@ -25,15 +24,16 @@ METHODS = (
     "emp",
     "ecmp",
     "laplace",
-    "vector-scaling",
-    "matrix-scaling",
-    "dirichlet",
-    "histogram-binning",
-    "isotonic",
-    "spline",
-    "ensemble-temperature",
-    "order-preserving",
 )
+
+
+def methods() -> tuple[str, ...]:
+    """The registry keys a spec's `method:` may name: the base, every registered calibrator
+    (`Calibrator.registry`, in its listed order), `NETWORK_METHODS`."""
+    return ("base", *(c.method for c in calibrators()), *NETWORK_METHODS)
+
+
+METHODS = methods()  # at import (`methods()` again for a calibrator registered since)
 SWAG_BASES = ("swa", "swag", "swag-diag")  # the bases one SWAG run gives
 BASE_PATTERN = re.compile(r"^(single|swa|swag|swag-diag|deepens-(\d+))$")
 
@@ -75,11 +75,10 @@ def method_column(entry: Any, where: str, earlier: list[str]) -> MethodSpec:
         if found is None:
             raise SpecError(
                 f"{where}: unknown method name {entry['name']!r}; use a table name (Single, "
-                "Temp-scaled, SWA, SWAG, SWAG-Diag, DeepEns-N, PEP-S, PEG-S, PEG-Unbiased, "
+                "SWA, SWAG, SWAG-Diag, DeepEns-N, PEP-S, PEG-S, PEG-Unbiased, "
                 "'PEG-S (DeepEns-N)', 'PEG-S (SWAG-Diag)', MC-Dropout-S, 'Packed-(a,M,g)', EMP, "
                 "ECMP, 'PEG-S (ascent)', 'PEG-S (last layer)', 'PEG-S + TS', 'TS → PEG-S', "
-                "Vector-scaled, Matrix-scaled, Dirichlet, Hist-binned, Isotonic, Spline, "
-                "Ensemble-TS, Order-preserving) or give method: and base:"
+                f"{', '.join(map(table_name, calibrators()))}) or give method: and base:"
             )
         if not BASE_PATTERN.match(found.base) and found.base not in earlier:
             raise SpecError(
@@ -88,10 +87,9 @@ def method_column(entry: Any, where: str, earlier: list[str]) -> MethodSpec:
             )
         return found
     method, base = entry["method"], entry.get("base", "single")
-    if method not in (*METHODS, *ELSEWHERE):  # ELSEWHERE: "auto-select", registered when named
-        raise SpecError(
-            f"{where}.method: unknown method {method!r}; known: {[*METHODS, *ELSEWHERE]}"
-        )
+    known = (*methods(), *ELSEWHERE)  # ELSEWHERE: "auto-select", registered when named
+    if method not in known:
+        raise SpecError(f"{where}.method: unknown method {method!r}; known: {list(known)}")
     if not isinstance(base, str) or not (BASE_PATTERN.match(base) or base in earlier):
         raise SpecError(
             f"{where}.base: unknown base {base!r}; known: single, swa, swag, swag-diag, "

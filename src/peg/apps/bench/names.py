@@ -18,7 +18,8 @@ the temperature-scaled model, on the column `Temp-scaled`, which must come earli
 `Laplace`: laplace-torch's Laplace approximation of the single model (`peg.Laplace`): last-layer
 KFAC over the training split, prior precision by marginal likelihood, GLM probit predictive;
 `Laplace-MC-S`: the same with S Monte Carlo samples of the GLM predictive as members.
-The other post-hoc calibrators of the single model, beside `Temp-scaled`: `Vector-scaled`,
+Each registered calibrator of the single model by its table name (`table_name`, declared in its
+class): `Temp-scaled`, `Vector-scaled`,
 `Matrix-scaled` (Guo et al. 2017), `Dirichlet` (Kull et al. 2019, ODIR), `Hist-binned` and
 `Isotonic` (Zadrozny & Elkan 2001, 2002), `Spline` (Gupta et al. 2021), `Ensemble-TS` (Zhang
 et al. 2020) and `Order-preserving` (Rahimi et al. 2020); on an earlier column with `method:`
@@ -32,6 +33,8 @@ from collections.abc import Callable
 from typing import Any
 
 from peg.errors import SpecError
+from peg.methods.calibration._calibrator import calibrators, table_name
+from peg.methods.calibration.temperature import TemperatureScaling as _TS
 
 
 def _split_members(m: re.Match[str]) -> tuple[str, str, dict[str, Any]]:
@@ -49,23 +52,14 @@ def _peg(m: re.Match[str], **options: Any) -> dict[str, Any]:
 # The papers' table names: pattern -> (registry key, base, options) of the method it denotes.
 TABLE_NAMES: tuple[tuple[str, Callable[[re.Match[str]], tuple[str, str, dict[str, Any]]]], ...] = (
     ("Single", lambda m: ("base", "single", {})),
-    ("Temp-scaled", lambda m: ("temperature", "single", {})),
-    ("Vector-scaled", lambda m: ("vector-scaling", "single", {})),
-    ("Matrix-scaled", lambda m: ("matrix-scaling", "single", {})),
-    ("Dirichlet", lambda m: ("dirichlet", "single", {})),
-    ("Hist-binned", lambda m: ("histogram-binning", "single", {})),
-    ("Isotonic", lambda m: ("isotonic", "single", {})),
-    ("Spline", lambda m: ("spline", "single", {})),
-    ("Ensemble-TS", lambda m: ("ensemble-temperature", "single", {})),
-    ("Order-preserving", lambda m: ("order-preserving", "single", {})),
     ("SWA", lambda m: ("base", "swa", {})),
     ("SWAG", lambda m: ("base", "swag", {})),
     ("SWAG-Diag", lambda m: ("base", "swag-diag", {})),
     ("PEG-Unbiased", lambda m: ("peg", "swa", {"n_members": 30, "variant": "unbiased"})),
     (r"PEG-(\d+) \(ascent\)", lambda m: ("peg", "single", _peg(m, direction="ascent"))),
     (r"PEG-(\d+) \(last layer\)", lambda m: ("peg", "single", _peg(m, params="last_layer"))),
-    (r"PEG-(\d+) \+ TS", lambda m: ("temperature", f"PEG-{m[1]}", {})),
-    (r"TS (?:→|->) PEG-(\d+)", lambda m: ("peg", "Temp-scaled", _peg(m))),
+    (r"PEG-(\d+) \+ TS", lambda m: (_TS.method, f"PEG-{m[1]}", {})),
+    (r"TS (?:→|->) PEG-(\d+)", lambda m: ("peg", table_name(_TS), _peg(m))),
     (r"DeepEns-(\d+)", lambda m: ("base", f"deepens-{m[1]}", {})),
     (r"(PEG|PEP)-(\d+)", lambda m: (m[1].lower(), "single", {"n_members": int(m[2])})),
     (r"(PEG|PEP)-(\d+) \(DeepEns-(\d+)\)", _split_members),
@@ -89,7 +83,12 @@ TABLE_NAMES: tuple[tuple[str, Callable[[re.Match[str]], tuple[str, str, dict[str
 
 
 def denoted(name: str) -> tuple[str, str, dict[str, Any]] | None:
-    """(registry key, base, options) of the method a table name denotes, or None."""
+    """(registry key, base, options) of the method a table name denotes, or None: a
+    calibrator's table name (`table_name`: each registered map of the single model) or one of
+    `TABLE_NAMES`."""
+    for cls in calibrators():
+        if name == table_name(cls):
+            return cls.method, "single", {}
     for pattern, meaning in TABLE_NAMES:
         if m := re.fullmatch(pattern, name):
             return meaning(m)

@@ -40,7 +40,7 @@ any other (e.g. `method("PEG-30", "peg", n_members=30)`)::
 
 Laplace and the calibrators after it are not in the default list: name them in `methods=`.
 For a model without parameters (saved logits: `compare(logits, labels, test)` or
-`nn.Identity()`) the defaults are "Model" and the maps of logits (`LOGIT_METHODS`, as
+`nn.Identity()`) the defaults are "Model" and the maps of logits (`logit_methods()`, as
 `AutoSelect`'s candidates there), and a method that changes or samples weights is left out
 (`skipped`), never a failed row.
 Laplace is fitted on the validation data here (compare has no training data); the defaults do
@@ -59,66 +59,86 @@ from peg.apps.bench.spec import MethodSpec
 from peg.apps.chain import AS_IS, Scaled, as_base
 from peg.apps.compare.faults import NO_WEIGHTS, precheck
 from peg.methods._predictors import stateless
+from peg.methods.calibration._calibrator import calibrators
+from peg.methods.calibration.scaling import DirichletCalibration, MatrixScaling, VectorScaling
+from peg.methods.calibration.temperature import TemperatureScaling
 from peg.methods.dropout import dropout_modules
 
 MODEL = "model"  # the base of a method fitted on the user's model itself
 
-CATALOGUE: dict[str, MethodSpec] = {
-    m.name: m
-    for m in (
-        MethodSpec("Model", "base", MODEL),
-        MethodSpec("TS", "temperature", MODEL),
-        MethodSpec("PEP", "pep", MODEL),
-        MethodSpec("PEG", "peg", MODEL),
-        MethodSpec("PEG + TS", "temperature", "PEG"),
-        MethodSpec("MC dropout", "mc-dropout", MODEL),
-        MethodSpec("Last-layer PEG", "peg", MODEL, {"params": "last_layer"}),
-        MethodSpec("PEG (ascent)", "peg", MODEL, {"direction": "ascent"}),
-        MethodSpec("TS → PEG", "peg", "TS"),
-        MethodSpec("Laplace", "laplace", MODEL),
-        MethodSpec("Vector scaling", "vector-scaling", MODEL),
-        MethodSpec("Matrix scaling", "matrix-scaling", MODEL),
-        MethodSpec("Dirichlet", "dirichlet", MODEL),
-        MethodSpec("Hist. binning", "histogram-binning", MODEL),
-        MethodSpec("Isotonic", "isotonic", MODEL),
-        MethodSpec("Spline", "spline", MODEL),
-        MethodSpec("Ensemble TS", "ensemble-temperature", MODEL),
-        MethodSpec("Order-preserving", "order-preserving", MODEL),
-        MethodSpec("PEG (kfac)", "peg", MODEL, {"precondition": "kfac"}),
-        MethodSpec("PEG (diag)", "peg", MODEL, {"precondition": "diag"}),
-        MethodSpec(
-            "Last-layer PEG (kfac)", "peg", MODEL, {"params": "last_layer", "precondition": "kfac"}
-        ),
-        MethodSpec("Last-layer PEG + TS", "temperature", "Last-layer PEG"),
-        MethodSpec("PEG → Matrix scaling", "matrix-scaling", "PEG"),
-        MethodSpec("PEG → Dirichlet", "dirichlet", "PEG"),
-        MethodSpec("PEG → Vector scaling", "vector-scaling", "PEG"),
-        MethodSpec("Dirichlet → PEG", "peg", "Dirichlet"),
-        MethodSpec("Matrix scaling → PEG", "peg", "Matrix scaling"),
-        MethodSpec("Dirichlet → last-layer PEG", "peg", "Dirichlet", {"params": "last_layer"}),
-    )
-}
+# the maps the chains are made of, by their display names
+_TS, _VS = TemperatureScaling.name, VectorScaling.name
+_MS, _DC = MatrixScaling.name, DirichletCalibration.name
+
+
+def catalogue() -> dict[str, MethodSpec]:
+    """The named methods (`CATALOGUE` at import; read again, a map registered since is in it):
+    the model, the network methods and their chains, and every registered map on the model
+    (`Calibrator.registry`, in its listed order; temperature scaling's right after "Model")."""
+    maps = [MethodSpec(c.name, c.method, MODEL) for c in calibrators()]
+    ts = next(m for m in maps if m.name == _TS)
+    return {
+        m.name: m
+        for m in (
+            MethodSpec("Model", "base", MODEL),
+            ts,
+            MethodSpec("PEP", "pep", MODEL),
+            MethodSpec("PEG", "peg", MODEL),
+            MethodSpec(f"PEG + {_TS}", ts.method, "PEG"),
+            MethodSpec("MC dropout", "mc-dropout", MODEL),
+            MethodSpec("Last-layer PEG", "peg", MODEL, {"params": "last_layer"}),
+            MethodSpec("PEG (ascent)", "peg", MODEL, {"direction": "ascent"}),
+            MethodSpec(f"{_TS} → PEG", "peg", _TS),
+            MethodSpec("Laplace", "laplace", MODEL),
+            *(m for m in maps if m is not ts),
+            MethodSpec("PEG (kfac)", "peg", MODEL, {"precondition": "kfac"}),
+            MethodSpec("PEG (diag)", "peg", MODEL, {"precondition": "diag"}),
+            MethodSpec(
+                "Last-layer PEG (kfac)",
+                "peg",
+                MODEL,
+                {"params": "last_layer", "precondition": "kfac"},
+            ),
+            MethodSpec(f"Last-layer PEG + {_TS}", ts.method, "Last-layer PEG"),
+            MethodSpec(f"PEG → {_MS}", MatrixScaling.method, "PEG"),
+            MethodSpec(f"PEG → {_DC}", DirichletCalibration.method, "PEG"),
+            MethodSpec(f"PEG → {_VS}", VectorScaling.method, "PEG"),
+            MethodSpec(f"{_DC} → PEG", "peg", _DC),
+            MethodSpec(f"{_MS} → PEG", "peg", _MS),
+            MethodSpec(f"{_DC} → last-layer PEG", "peg", _DC, {"params": "last_layer"}),
+        )
+    }
+
+
+def logit_methods() -> tuple[str, ...]:
+    """The maps of logits compare and `AutoSelect` fit by default on a model without
+    parameters (saved logits through `nn.Identity()`): those declaring `on_logits_default`,
+    in the registry's listed order."""
+    return tuple(c.name for c in calibrators() if c.on_logits_default)
+
+
+CATALOGUE: dict[str, MethodSpec] = catalogue()
 # the default list (the issue's): MC dropout only where the model has dropout
-DEFAULTS = ("Model", "TS", "PEP", "PEG", "PEG + TS", "MC dropout", "Last-layer PEG")
-# the maps of logits: the defaults (after "Model") for a model without parameters (saved
-# logits through `nn.Identity()`), compare's and `AutoSelect`'s
-LOGIT_METHODS = (
-    "TS",
-    "Vector scaling",
-    "Matrix scaling",
-    "Dirichlet",
-    "Ensemble TS",
-    "Order-preserving",
-)
+DEFAULTS = ("Model", _TS, "PEP", "PEG", f"PEG + {_TS}", "MC dropout", "Last-layer PEG")
+
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    # `LOGIT_METHODS`, read when asked: a map registered after this import is in it
+    if name == "LOGIT_METHODS":
+        return logit_methods()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "AS_IS",
     "CATALOGUE",
     "DEFAULTS",
-    "LOGIT_METHODS",
     "MODEL",
     "Scaled",
     "as_base",
+    "catalogue",
     "has_dropout",
+    "logit_methods",
     "method",
     "options",
     "resolve",
@@ -137,26 +157,24 @@ def _normal(name: str) -> str:
     return " ".join(name.replace("->", "→").lower().split())
 
 
-_BY_NORMAL = {_normal(name): name for name in CATALOGUE}
-
-
 def typed_names() -> str:
     """The named methods as a command line takes them (quoted where they hold spaces)."""
-    return ", ".join(f"'{n}'" if " " in n else n for n in CATALOGUE)
+    return ", ".join(f"'{n}'" if " " in n else n for n in catalogue())
 
 
 def _spec(entry: Any, where: str) -> MethodSpec:
     if isinstance(entry, MethodSpec):
         return entry
     if isinstance(entry, str):
-        name = _BY_NORMAL.get(_normal(entry))
+        named = catalogue()
+        name = {_normal(n): n for n in named}.get(_normal(entry))
         if name is None:
             raise ValueError(
-                f"{where}: unknown method {entry!r}; named methods: {list(CATALOGUE)} (any "
+                f"{where}: unknown method {entry!r}; named methods: {list(named)} (any "
                 "case, '->' for '→'; in Python also peg.apps.compare.method(name, key, on=..., "
                 "**options))"
             )
-        return CATALOGUE[name]
+        return named[name]
     if isinstance(entry, Mapping) and isinstance(entry.get("name"), str) and "method" in entry:
         options = {k: v for k, v in entry.items() if k not in ("name", "method", "on")}
         return method(entry["name"], entry["method"], on=entry.get("on", MODEL), **options)
@@ -177,7 +195,7 @@ def resolve(
     the defaults left out with the reason; errors name `methods[i]`."""
     skipped: dict[str, str] = {}
     if methods is None and stateless(model):  # saved logits: the maps of logits
-        entries: list[Any] = ["Model", *LOGIT_METHODS]
+        entries: list[Any] = ["Model", *logit_methods()]
         skipped |= {name: NO_WEIGHTS for name in DEFAULTS if name not in entries}
     elif methods is None:
         entries = list(DEFAULTS)
@@ -191,6 +209,7 @@ def resolve(
     if not entries:
         raise ValueError("methods: expected at least one method")
     out: list[MethodSpec] = []
+    named = catalogue()
     for i, entry in enumerate(entries):
         spec = _spec(entry, f"methods[{i}]")
         where = f"methods[{i}] ({spec.name})"
@@ -198,11 +217,11 @@ def resolve(
         if spec.name in names:
             raise ValueError(f"{where}: listed twice (or as the base of an earlier method)")
         if spec.base != MODEL and spec.base not in names:
-            if spec.base not in CATALOGUE or CATALOGUE[spec.base].base != MODEL:
+            if spec.base not in named or named[spec.base].base != MODEL:
                 raise ValueError(
                     f"{where}: on={spec.base!r} is neither 'model' nor an earlier method"
                 )
-            out.append(CATALOGUE[spec.base])  # a named base, fitted first and shown
+            out.append(named[spec.base])  # a named base, fitted first and shown
         builder = registry.entry(spec.method)
         if builder.trains or not issubclass(builder, (registry.PostHoc, registry.Base)):
             raise ValueError(

@@ -1,25 +1,21 @@
 """What a map on the cached logits costs before it has run (`race.Plan` reads it): how its
-parameters grow with the classes (`GROWTH`), its fold predicted in seconds of an unloaded
-machine (`predicted_fold`), and the share of the budget's floor under which it is known cheap,
-always scored (`CHEAP_SHARE`; `race`'s module doc has the rule).
+parameters grow with the classes (`growth()`, each calibrator's declared `growth`), its fold
+predicted in seconds of an unloaded machine (`predicted_fold`), and the share of the budget's
+floor under which it is known cheap, always scored (`CHEAP_SHARE`; `race`'s module doc has the
+rule).
 """
 
 from __future__ import annotations
 
-# how a map's fitted parameters grow with the classes C (0: a few, whatever C; 1: O(C), one per
-# class or one-vs-rest; 2: O(C²)): a map is priced, before it has run, by the dearest measured
-# fold of the maps of no richer structure (isotonic after Dirichlet: not at Dirichlet's fold)
-GROWTH = {
-    "temperature": 0,
-    "ensemble-temperature": 0,
-    "spline": 0,
-    "vector-scaling": 1,
-    "order-preserving": 1,
-    "histogram-binning": 1,
-    "isotonic": 1,
-    "matrix-scaling": 2,
-    "dirichlet": 2,
-}
+from peg.methods.calibration._calibrator import calibrators
+
+
+def growth() -> dict[str, int]:
+    """How each map's fitted parameters grow with the classes C, by key (0: a few, whatever C;
+    1: O(C), one per class or one-vs-rest; 2: O(C²)), as each calibrator declares it
+    (`Calibrator.growth`): a map is priced, before it has run, by the dearest measured fold of
+    the maps of no richer structure (isotonic after Dirichlet: not at Dirichlet's fold)."""
+    return {c.method: c.growth for c in calibrators()}
 
 
 # a map on the cached logits is known cheap where its predicted fits of every fold take at most
@@ -43,6 +39,6 @@ def fold_limit(method: str, points: int, classes: int) -> float:
 
 def predicted_fold(method: str, points: int, classes: int) -> float:
     """A map's fold on the cached logits, in seconds of an unloaded machine (an upper bound
-    for the maps of `GROWTH`): linear in the points, in C / 10 to the power of its growth."""
-    growth = GROWTH.get(method, 2)
-    return FOLD_SECONDS_PER_1000 * points / 1000 * max(1.0, classes / 10) ** growth
+    for the registered maps): linear in the points, in C / 10 to the power of its growth."""
+    rank = growth().get(method, 2)
+    return FOLD_SECONDS_PER_1000 * points / 1000 * max(1.0, classes / 10) ** rank

@@ -43,23 +43,12 @@ from peg.apps.select.folds import point_scores
 from peg.apps.select.race import Plan, cheap_first
 from peg.methods._predictors import logits_and_labels
 from peg.methods.calibration._affine_select import reduces_to
+from peg.methods.calibration._calibrator import Calibrator
 from peg.methods.calibration.temperature import TemperatureScaling
 from peg.methods.perturbation._scale_search import MAX_SCORE_POINTS
 from peg.metrics._inputs import ensemble_log_probs
 from peg.source import ValSource
 
-# registry keys fitted on the model's cached validation logits
-ON_LOGITS = (
-    "temperature",
-    "vector-scaling",
-    "matrix-scaling",
-    "dirichlet",
-    "histogram-binning",
-    "isotonic",
-    "spline",
-    "ensemble-temperature",
-    "order-preserving",
-)
 # the most points a one-parameter map chained on a fitted base is cross-fitted on (a fold)
 ONE_PARAMETER_POINTS = 1000
 
@@ -117,7 +106,9 @@ class CrossFit:
         self._bases = {s.base for s in specs}
         self._held: dict[str, tuple[int, Tensor]] = {}  # this fold's bases: members, log-probs
         self._raw: dict[str, Tensor] = {}  # this fold's held-out member logits of mapped bases
-        self._mapped_bases = {s.base for s in specs if s.method in ON_LOGITS and s.base != MODEL}
+        self._mapped_bases = {
+            s.base for s in specs if s.method in Calibrator.registry and s.base != MODEL
+        }
         self.steps: dict[str, list[float]] = {s.name: [] for s in specs}  # a fold's own seconds
         self.base_of = {s.name: s.base for s in specs}
         self.order = cheap_first(specs, self._on_logits)
@@ -163,7 +154,7 @@ class CrossFit:
         return predictor, seconds
 
     def _on_logits(self, spec: MethodSpec) -> bool:
-        return spec.base == MODEL and spec.method in ON_LOGITS
+        return spec.base == MODEL and spec.method in Calibrator.registry
 
     def cheap(self, name: str) -> bool:
         """Whether candidate `name` is a map on the cached logits (it costs next to nothing)."""
@@ -172,7 +163,7 @@ class CrossFit:
 
     def _mapped(self, spec: MethodSpec, fitted: dict[str, Any]) -> bool:
         """A calibrator on a base fitted in this fold: fitted on its member logits."""
-        return spec.base != MODEL and spec.method in ON_LOGITS and spec.base in fitted
+        return spec.base != MODEL and spec.method in Calibrator.registry and spec.base in fitted
 
     def _base_logits(
         self, spec: MethodSpec, base: Any, idx: Tensor, bounded: bool
@@ -296,7 +287,8 @@ class CrossFit:
             self._fold_seconds[name] = own + self._fold_seconds.get(spec.base, 0.0)
             if name in self.dropped:
                 return True  # fitted as the base of a kept candidate only
-            if spec.base in self._raw and spec.method in ON_LOGITS:  # its base's, this fold's
+            # its base's, this fold's
+            if spec.base in self._raw and spec.method in Calibrator.registry:
                 logits = predictor.scale(self._raw[spec.base])
             else:
                 logits = self.outputs(spec, predictor, held)

@@ -9,7 +9,7 @@ register_module_forward_pre_hook`) sees them all without touching the model or a
 registered for the step only and removed after it. The candidates fit on copies of the model
 (PEG's gradient pass shares its parameters read-only), so a stopped fit leaves the model as it
 was. A map fitted on the cached logits without a module call (an L-BFGS on a tensor) is not
-stopped mid-fold: those are priced before they start (`race.FULL_MAPS`).
+stopped mid-fold: those are priced before they start (`race.Plan`).
 """
 
 from __future__ import annotations

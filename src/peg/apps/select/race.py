@@ -2,7 +2,7 @@
 the folds and a time budget for the whole fit, relative to temperature scaling's.
 
 - **Order** (`cheap_first`): the maps on the cached logits, by expected value per cost (TS,
-  ensemble TS, vector scaling, then the others: `COST_ORDER`), then the candidates that touch
+  ensemble TS, vector scaling, then the others: `cost_order()`), then the candidates that touch
   the network from the cheapest expected (MC dropout, Laplace, last-layer PEG) to the dearest
   (PEG, its chains, PEP); a chained candidate always after its base. It is the order of
   admission: under a tight budget what is left out is what is least likely to win for its
@@ -22,7 +22,7 @@ the folds and a time budget for the whole fit, relative to temperature scaling's
   only where it alone passes the budget: a candidate running past the budget is stopped at the
   next fold). The maps on the cached logits (no forward pass: temperature, ensemble TS, ...,
   vector and matrix scaling, Dirichlet) are admitted the same way, each priced by its own
-  structure (`GROWTH`): the dearest map fitted so far of no more parameters per class (at
+  structure (`cheap.growth()`): the dearest map fitted so far of no more parameters per class (at
   1,000 classes matrix scaling's fold costs 20-40 TS fits, and would otherwise spend the
   budget of the cheaper maps; a full map, matrix scaling or Dirichlet, is priced at least at
   the diagonal map's measured fold × `full_map_factor(C)`, C² parameters against C). Every
@@ -31,7 +31,7 @@ the folds and a time budget for the whole fit, relative to temperature scaling's
   floor is in seconds of an unloaded machine (× `reference.slowdown`), for the same reason.
   The first candidate in the order (temperature scaling by default) is never dropped.
 - **Known cheap** (`known_cheap`): a map on the cached logits whose predicted fit of every fold
-  (`predicted_fold`: from its `GROWTH` and the data's size, in seconds of an unloaded machine)
+  (`predicted_fold`: from its growth and the data's size, in seconds of an unloaded machine)
   takes at most `CHEAP_SHARE` of the `MIN_BUDGET_SECONDS` floor is always scored: never left
   out, dropped or stopped for time, whatever the load (one run under load had skipped matrix
   scaling and Dirichlet at 10 classes and 2,000 points, the next one scored them). Only a
@@ -54,8 +54,10 @@ from peg._progress import _disable, lines
 from peg.apps.bench.spec import MethodSpec
 from peg.apps.compare.collapse import indistinguishable
 from peg.apps.compare.methods import MODEL
-from peg.apps.select.cheap import CHEAP_SHARE, GROWTH, fold_limit, predicted_fold
+from peg.apps.select.cheap import CHEAP_SHARE, fold_limit, growth, predicted_fold
 from peg.apps.select.folds import beyond, mean_se
+from peg.methods.calibration._calibrator import Calibrator, display_names
+from peg.methods.calibration.temperature import TemperatureScaling
 
 # max_fit_seconds="auto": the whole fit's budget, in temperature scaling fits on the same model
 # and data (a forward pass of val and the one-parameter fit, measured in the run)
@@ -65,30 +67,25 @@ AUTO_BUDGET = 25.0
 # model or saved logits a fit's fixed costs, not its forward passes, would set the budget; at
 # 100 classes a 5 s floor left out vector scaling, the exhaustive run's choice, at +0.013 nats)
 MIN_BUDGET_SECONDS = 10.0
-# the order the candidates are fitted in within a fold, which is the order they are admitted in
-# (others after them, in their order): by expected value per cost, so that under a tight budget
-# the maps left out are the least likely to win for their price. Vector scaling right after the
-# one-parameter maps: the usual winner at many classes, a fold of O(C) parameters like
-# order-preserving's (0.72 s against 0.81 s at 100 classes, 5,000 points); behind it, at load
-# average ~11, it was priced at order-preserving's fold and not started (+0.013 nats)
-COST_ORDER = (
-    "TS",
-    "Ensemble TS",
-    "Vector scaling",
-    "Spline",
-    "Order-preserving",
-    "Dirichlet",
-    "Matrix scaling",
-    "Hist. binning",
-    "Isotonic",
+# the order the candidates are fitted in within a fold (`cost_order()`: the maps by their
+# declared `cost_order`, then these), which is the order they are admitted in (others after
+# them, in their order): by expected value per cost, so that under a tight budget the maps
+# left out are the least likely to win for their price
+NETWORK_ORDER = (
     "MC dropout",
     "Last-layer PEG",
     "Laplace",
     "PEG",
-    "PEG + TS",
-    "TS → PEG",
+    f"PEG + {TemperatureScaling.name}",
+    f"{TemperatureScaling.name} → PEG",
     "PEP",
 )
+
+
+def cost_order() -> tuple[str, ...]:
+    """The named candidates in fitting order: the registered maps by their declared
+    `cost_order`, then `NETWORK_ORDER`."""
+    return (*display_names("cost_order"), *NETWORK_ORDER)
 
 
 # a full affine map's fold (matrix scaling, Dirichlet: C² parameters) in the diagonal map's
@@ -97,8 +94,7 @@ COST_ORDER = (
 # Dirichlet at 100 classes and 5,000), 15-40 at 1,000 classes and 500 points (truncated
 # Newton on 10⁶ parameters), ~9 on saturated 10-class logits, whose diagonal map is TS's
 # (held: a trivial fit); a full map over its price is measured on its first fold and trimmed
-# (the full map: the diagonal map its price is measured from)
-FULL_MAPS = {"matrix-scaling": "vector-scaling", "dirichlet": "vector-scaling"}
+# (the full map's `priced_from`: the diagonal map its price is measured from)
 
 
 def full_map_factor(classes: int) -> float:
@@ -138,12 +134,14 @@ def fold_lines(progress: bool | None) -> Callable[[str], None]:
 
 
 def cheap_first(specs: list[MethodSpec], on_logits: Callable[[MethodSpec], bool]) -> list[Any]:
-    """`specs` in fitting order: the maps on the cached logits first, then `COST_ORDER`, others
+    """`specs` in fitting order: the maps on the cached logits first, then `cost_order()`, others
     after in their order; a chained candidate after its base."""
+
+    ordered = cost_order()
 
     def rank(i_spec: tuple[int, MethodSpec]) -> tuple[int, int, int]:
         i, spec = i_spec
-        named = COST_ORDER.index(spec.name) if spec.name in COST_ORDER else len(COST_ORDER)
+        named = ordered.index(spec.name) if spec.name in ordered else len(ordered)
         return (0 if on_logits(spec) else 1, named, i)
 
     order = [s for _, s in sorted(enumerate(specs), key=rank)]
@@ -187,21 +185,23 @@ class Plan:
 
     def _prior(self, cross: Any, spec: MethodSpec) -> float:
         """`spec`'s price, its seconds a fold before it has run: the dearest so far of its kind
-        (network candidates, or maps on the cached logits of no richer `GROWTH`; 0 before
+        (network candidates, or maps on the cached logits of no richer growth; 0 before
         any); for a full affine
         map whose diagonal map ran, that map's measured fold × `full_map_factor` instead; for a
         network candidate at least its `members` forward passes of the validation data and its
         fit's (`FIT_PASSES`)."""
         cheap = cross.cheap(spec.name)
-        growth = GROWTH.get(spec.method, 2)  # an unknown map: any map's fold may be its price
+        grows = growth()
+        rank = grows.get(spec.method, 2)  # an unknown map: any map's fold may be its price
         guess = max((max(v) for n, v in cross.steps.items() if v and cross.cheap(n) == cheap
-                     and (not cheap or GROWTH.get(self._method(cross, n) or "", 2) <= growth)),
+                     and (not cheap or grows.get(self._method(cross, n) or "", 2) <= rank)),
                     default=0.0)  # fmt: skip
-        if cheap and spec.method in FULL_MAPS:  # from its diagonal map where that ran: not
+        priced_from = getattr(Calibrator.registry.get(spec.method), "priced_from", "")
+        if cheap and priced_from:  # from its diagonal map where that ran: not
             # from the other full map's (Dirichlet on saturated logits: 2.8 s a fold, matrix
             # scaling a tenth of it, priced out at Dirichlet's and the choice +0.2 nats off)
             diagonal = [max(v) for n, v in cross.steps.items() if v and self._method(cross, n)
-                        == FULL_MAPS[spec.method]]  # fmt: skip
+                        == priced_from]  # fmt: skip
             if diagonal:
                 guess = max(diagonal) * full_map_factor(self.classes)
         elif not cheap:  # chained ones too ("TS → PEG": its members forward its base)
@@ -215,7 +215,7 @@ class Plan:
         measured folds past `fold_limit`; not where the classes are unknown (0), nor a map of
         another candidate's output (it waits for its base's fits)."""
         spec = next((s for s in cross.order if s.name == name), None)
-        if self.classes < 2 or spec is None or spec.method not in GROWTH:
+        if self.classes < 2 or spec is None or spec.method not in growth():
             return False
         if spec.base != MODEL or not cross.cheap(name):
             return False

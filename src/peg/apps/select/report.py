@@ -4,7 +4,7 @@ Each kept candidate has its CV mean ± SE of the per-point criterion and its pai
 to the best candidate (mean and SE of the per-point differences, on the same folds). The best is
 the lowest mean; with `one_se`, the cheapest candidate whose paired difference to the best is
 within one SE of it: cheapest by prediction cost (forwards per input, to 0.1), then by
-simplicity (`SIMPLICITY`: fewer fitted parameters first), then by fit seconds.
+simplicity (`simplicity()`: fewer fitted parameters first), then by fit seconds.
 
 A candidate indistinguishable from its base (`peg.apps.compare.collapse`: a searched scale that
 left the members on the base, measured on the held-out points) costs what it costs and gives
@@ -33,44 +33,47 @@ from peg.apps.compare.collapse import indistinguishable, note
 from peg.apps.compare.methods import MODEL
 from peg.apps.select.folds import beyond, mean_se
 from peg.apps.select.race import AUTO_BUDGET, MIN_BUDGET_SECONDS
+from peg.methods.calibration._affine_select import REDUCED
+from peg.methods.calibration._calibrator import Calibrator, display_names
+from peg.methods.calibration.temperature import TemperatureScaling
 
-# the named candidates from the simplest to the richest (others after them, in their order)
-SIMPLICITY = (
-    "Model",
-    "TS",
-    "Ensemble TS",  # T and three mixture weights
-    "Order-preserving",  # one monotone map of a few knots, whatever C
-    "Spline",
-    "Vector scaling",
-    "Dirichlet",
-    "Matrix scaling",
-    "Hist. binning",
-    "Isotonic",
+# the named candidates besides the maps (`Calibrator.simplicity`), from the simplest to the
+# richest: the model, the maps, then these (others after them, in their order)
+NETWORK_SIMPLICITY = (
     "Laplace",
     "Last-layer PEG",
-    "TS → PEG",
+    f"{TemperatureScaling.name} → PEG",
     "PEG",
-    "PEG + TS",
+    f"PEG + {TemperatureScaling.name}",
     "PEG (ascent)",
     "PEP",
     "MC dropout",
 )
 
 
-# (an affine map's method, the simpler map its strengths made it) → the parent's method
-PARENTS = {
-    ("vector-scaling", "temperature"): "temperature",
-    ("matrix-scaling", "temperature"): "temperature",
-    ("dirichlet", "temperature"): "temperature",
-    ("matrix-scaling", "diagonal"): "vector-scaling",  # both on the logits (Dirichlet: log p)
-}
-REDUCED = {"temperature": "temperature scaling's map (a prior of ∞ points per class)",
-           "diagonal": "the diagonal map (an off-diagonal prior of ∞)"}  # fmt: skip
+def simplicity() -> tuple[str, ...]:
+    """The named candidates from the simplest to the richest: "Model", the registered maps by
+    their declared `simplicity`, then `NETWORK_SIMPLICITY`."""
+    return ("Model", *display_names("simplicity"), *NETWORK_SIMPLICITY)
+
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    # `SIMPLICITY`, read when asked: a map registered after this import is in it
+    if name == "SIMPLICITY":
+        return simplicity()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _parent(method: str, kind: str) -> str | None:
+    """The key of the simpler map that `method`'s fit is when it reduced to `kind`."""
+    cls = Calibrator.registry.get(method)
+    return None if cls is None else cls.parents.get(kind)
 
 
 def _cost(row: dict[str, Any], order: int) -> tuple[float, int, float]:
     fw = row["forwards"]
-    rank = SIMPLICITY.index(row["candidate"]) if row["candidate"] in SIMPLICITY else 99 + order
+    ranked = simplicity()
+    rank = ranked.index(row["candidate"]) if row["candidate"] in ranked else 99 + order
     return (math.inf if fw is None else round(fw, 1), rank, row["fit_seconds"])
 
 
@@ -138,13 +141,14 @@ def _equal_to_parents(
     kept: list[dict[str, Any]], specs: Sequence[MethodSpec], cross: Any
 ) -> list[dict[str, Any]]:
     """The kept affine maps whose strengths made them the same simpler map on every fold, with
-    that map (`PARENTS`) a kept candidate on the same base: each says so (`equal_to`)."""
+    that map (its class's `parents`) a kept candidate on the same base: each says so
+    (`equal_to`)."""
     names = {r["candidate"] for r in kept}
     equal = []
     for r in kept:
         kinds = set(getattr(cross, "reduced", {}).get(r["candidate"]) or [None])
         kind = kinds.pop() if len(kinds) == 1 else None
-        method = PARENTS.get((r["method"], kind)) if kind is not None else None
+        method = _parent(r["method"], kind) if kind is not None else None
         parent = next((s.name for s in specs if method is not None and s.method == method
                        and s.base == r["base"] and s.name in names), None)  # fmt: skip
         if parent is None:

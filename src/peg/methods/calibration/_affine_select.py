@@ -61,6 +61,13 @@ FOLDS = 2  # cross-validation folds (the default `cv`)
 PATH_TOL = 1e-4
 
 
+# what each kind `reduces_to` names is, in words (AutoSelect's report)
+REDUCED = {
+    "temperature": "temperature scaling's map (a prior of ∞ points per class)",
+    "diagonal": "the diagonal map (an off-diagonal prior of ∞)",
+}
+
+
 def reduces_to(record: dict[str, Any] | None, full: bool) -> str | None:
     """The simpler map a fit of `fit_auto` is, by the strengths it chose (its `record`; None: a
     fit at fixed strengths, no such claim): "temperature" where every strength is ∞ (W = I / T,

@@ -23,7 +23,16 @@ arrays fix (`_classes_of`: vector scaling's bias, ...), or unknown (any width, a
 A subclass sets `method` (the archive's and meta's name), `label` (for messages) and
 implements `_fit_map(scores, y) -> state` (the fitted attributes, trailing underscore),
 `_apply(scores) -> [N, C]` (float64 log-scores whose softmax is the calibrated prediction),
-`_entry()` / `_tensors()` (what `save` stores) and `_restore(entry, tensors) -> state`.
+`_module()` (the same map as an exportable module, `to_module`'s), `_entry()` / `_tensors()`
+(what `save` stores) and `_restore(entry, tensors) -> state`.
+
+The registry: a subclass that declares a display `name` is a map the applications offer, in
+`Calibrator.registry` (key -> class) from the moment it is defined; it declares in its own
+class body all they need to know of it (its key `method`, `name`, `table_name`, `growth`,
+`kinds`, its places in the listings `order` / `simplicity` / `cost_order`,
+`on_logits_default`), and `compare`, `AutoSelect`, the bench, the framework callbacks and
+`peg.apps.registry` read it through `calibrators()`; nothing outside this package lists the
+maps (docs/architecture.md, "How to add a calibrator").
 """
 
 from __future__ import annotations
@@ -51,12 +60,15 @@ from peg.methods._predictors import (
 from peg.methods.base import Method
 from peg.methods.calibration._calibrator_archive import Archived
 from peg.methods.calibration._calibrator_archive import stored as stored
+from peg.methods.calibration._export import CalibrationMap
 from peg.source import Data, is_pair
 from peg.source._values import check_labels, refuse_one_class, warn_absent_classes
 from peg.source.batches import BatchFn, check_batch_fn
 
-# `to_module`'s builders by calibrator `method` (`_export`'s, registered when it is imported)
-EXPORTS: dict[str, Callable[[Any], nn.Module]] = {}
+# `to_module`'s builders of the maps that declare no `_module` of their own, by `method`
+# (`LabelShift`'s, in `_label_shift`)
+EXPORTS: dict[str, Callable[[Any], CalibrationMap]] = {}
+KINDS = ("multiclass",)  # the kinds of input a map may accept: logits `[N, C]`, C >= 2
 
 
 class Calibrator(Archived, Predicts, Method):
@@ -66,6 +78,28 @@ class Calibrator(Archived, Predicts, Method):
 
     method: ClassVar[str] = ""
     label: ClassVar[str] = ""
+    # --- the registry (`Calibrator.registry`: key -> class): a class that declares a display
+    # `name` is a map of logits every application offers by it (compare, AutoSelect, bench,
+    # the callbacks); what they need to know of it is declared here, in its own class body
+    name: ClassVar[str] = ""  # display name: compare's and AutoSelect's row, "TS"
+    table_name: ClassVar[str] = ""  # the bench's table name ("Temp-scaled"; "": `name`)
+    # how its fitted parameters grow with the classes C: 0 a few whatever C, 1 O(C), 2 O(C²)
+    # (AutoSelect prices a map by it before it has run)
+    growth: ClassVar[int] = 2
+    kinds: ClassVar[tuple[str, ...]] = KINDS  # the kinds of input it accepts
+    # its place among the maps: listed (compare's catalogue, the registry), from the simplest
+    # (AutoSelect's ties), in AutoSelect's fitting order (value per cost); unset: after them
+    order: ClassVar[float] = math.inf
+    simplicity: ClassVar[float] = math.inf
+    cost_order: ClassVar[float] = math.inf
+    on_logits_default: ClassVar[bool] = False  # among the defaults on saved logits
+    # a full map priced before it has run by the measured fold of the map of this key (its
+    # diagonal map) × AutoSelect's `full_map_factor(C)`
+    priced_from: ClassVar[str] = ""
+    # the key of the simpler map a fit is where its cross-validated strengths made it that
+    # map, by the kind `_affine_select.reduces_to` names ("temperature", "diagonal")
+    parents: ClassVar[Mapping[str, str]] = {}
+    registry: ClassVar[dict[str, type[Calibrator]]] = {}
     # parameters per class (vector / matrix scaling, Dirichlet, binning): a class absent from
     # the labels is warned of at fit (`peg.source._values.warn_absent_classes`)
     class_wise: ClassVar[bool] = False
@@ -74,8 +108,19 @@ class Calibrator(Archived, Predicts, Method):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        offered = "name" in cls.__dict__ and bool(cls.name)  # a map the applications offer
+        if offered and (
+            not cls.method or set(cls.kinds) - set(KINDS) or cls.growth not in (0, 1, 2)
+        ):
+            raise TypeError(  # before anything registers it
+                f"{cls.__name__}: a registered calibrator needs a `method` key, `kinds` among "
+                f"{KINDS} and `growth` 0, 1 or 2 (got {cls.method!r}, {cls.kinds!r}, "
+                f"{cls.growth!r})"
+            )
         if "method" in cls.__dict__:  # a concrete calibrator: its archives load as it
             register_calibrator(cls.method, cls._from_archive)
+        if offered:
+            Calibrator.registry[cls.method] = cls
 
     parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
         "batch_size": checks.positive_int(),
@@ -121,6 +166,12 @@ class Calibrator(Archived, Predicts, Method):
     def _restore(self, entry: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> dict[str, Any]:
         """The fitted state from what `save` stored (`ArchiveError` when it is not valid)."""
         raise NotImplementedError
+
+    def _module(self) -> CalibrationMap | None:
+        """The fitted map as a module (`to_module`'s: a `_export.CalibrationMap` of its
+        arrays, beside `_apply`), or None: no exported form."""
+        build = EXPORTS.get(type(self).method)
+        return None if build is None else build(self)
 
     def _described(self) -> dict[str, Any]:
         """`meta_` beyond method and predictor: the arguments, what the map acts on
@@ -257,13 +308,33 @@ class Calibrator(Archived, Predicts, Method):
         (buffers only; for `torch.export.export` and `torch.onnx.export` with a dynamic batch
         dimension; `peg.methods.calibration._export`)."""
         self._check_fitted("exporting")
-        build = EXPORTS.get(type(self).method)
-        if build is None:
+        module = self._module()
+        if module is None:
             raise TypeError(
                 f"to_module: {type(self).__name__} has no exported form (it is not a map of "
-                f"logits alone); the calibrators have one: {sorted(EXPORTS)}"
+                f"logits alone); the calibrators have one: {sorted(Calibrator.registry)}"
             )
-        return build(self).requires_grad_(False).eval()
+        module.classes = self._fitted_classes()  # its logits' C checked against the map's
+        return module.requires_grad_(False).eval()
+
+
+def calibrators(kind: str | None = None) -> list[type[Calibrator]]:
+    """The registered maps (`Calibrator.registry`), in their listed `order` (then by key),
+    those accepting `kind` where given: what every application reads."""
+    found = [c for c in Calibrator.registry.values() if kind is None or kind in c.kinds]
+    return sorted(found, key=lambda c: (c.order, c.method))
+
+
+def display_names(rank: str) -> tuple[str, ...]:
+    """The registered maps' display names ordered by `rank` ("order", "simplicity" or
+    "cost_order"; ties by the listed order)."""
+    ranked = sorted(calibrators(), key=lambda c: (getattr(c, rank), c.order, c.method))
+    return tuple(c.name for c in ranked)
+
+
+def table_name(cls: type[Calibrator]) -> str:
+    """`cls`'s name in the bench's tables (`table_name`, else its display `name`)."""
+    return cls.table_name or cls.name
 
 
 F32_SAFE = 2.0**127  # float64 scores within ±this keep their differences in a float32 cast

@@ -24,31 +24,33 @@ calibration's validation confidences), the same numbers.
 A map fitted on an ensemble acts on its log p̄ (`scores_` "log_probs"): its module takes the
 ensemble's log p̄ `[N, C]` (log softmax leaves normalised log-probabilities as they are).
 
-The builders are registered by calibrator `method` name in `_calibrator.EXPORTS` when this
-module is imported (by `peg.methods`, before any calibrator can be used).
+Here: the base every map's module derives from (`CalibrationMap`) and the lookups they share;
+each calibrator builds its own module beside its `_apply` (`Calibrator._module`: `Temperature`
+in `temperature.py`, `Affine` in `scaling.py`, ...); `LabelShift`'s (`PriorShift`) in
+`_label_shift.py`, registered in `_calibrator.EXPORTS` by method name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
 
-from peg.methods.calibration import _calibrator
-from peg.methods.calibration._affine import affine, finite_scores
-from peg.methods.calibration._label_shift import calibrated_log_probs
-from peg.methods.calibration._monotone import evaluate
-from peg.methods.calibration.binning import renormalised
-from peg.methods.calibration.ensemble_temperature import mixture_log_probs
-from peg.methods.calibration.spline import top_label_recalibrated
 from peg.source._values import check_finite_logits
 
-__all__ = ["CalibrationMap", "interpolate"]
+__all__ = [
+    "CalibrationMap",
+    "as_f64",
+    "at_or_below",
+    "interpolate",
+    "interpolate_columns",
+    "padded",
+    "take",
+]
 
 
-def _f64(t: Tensor | float) -> Tensor:
+def as_f64(t: Tensor | float) -> Tensor:
     return torch.as_tensor(t).detach().to(torch.float64).clone()
 
 
@@ -58,7 +60,7 @@ def at_or_below(x: Tensor, sorted_: Tensor) -> Tensor:
     return (sorted_ <= x[..., None]).sum(-1)
 
 
-def _take(table: Tensor, index: Tensor) -> Tensor:
+def take(table: Tensor, index: Tensor) -> Tensor:
     """`table[c, index[n, c]]` `[N, C]` of a per-class `table` `[C, K]`."""
     width = table.shape[1]
     offsets = torch.arange(table.shape[0], device=index.device) * width
@@ -70,14 +72,17 @@ def interpolate(x: Tensor, xs: Tensor, ys: Tensor) -> Tensor:
     non-decreasing, L >= 2): linear between them, constant beyond the ends."""
     x = torch.minimum(torch.maximum(x, xs[:, 0]), xs[:, -1])
     right = at_or_below(x, xs[None]).clamp(1, xs.shape[1] - 1)
-    x0, x1 = _take(xs, right - 1), _take(xs, right)
-    y0, y1 = _take(ys, right - 1), _take(ys, right)
+    x0, x1 = take(xs, right - 1), take(xs, right)
+    y0, y1 = take(ys, right - 1), take(ys, right)
     width = x1 - x0
     share = torch.where(width > 0, (x - x0) / width.clamp_min(1e-300), torch.ones_like(x))
     return y0 + share * (y1 - y0)
 
 
-def _padded(points: Sequence[Tensor], length: int) -> Tensor:
+interpolate_columns = interpolate  # beside a module's own 1-D `interpolate` (spline's)
+
+
+def padded(points: Sequence[Tensor], length: int) -> Tensor:
     """1-D arrays `[L_c]` as one `[C, length]`, each continued by its last value (which
     `interpolate` reads as the same function)."""
     return torch.stack([torch.cat([p, p[-1:].expand(length - len(p))]) for p in points])
@@ -123,191 +128,3 @@ class CalibrationMap(nn.Module):
         p = self.log_probs(s).softmax(-1)
         finite = torch.isfinite(z).all(-1, keepdim=True)  # in a graph: NaN rows, no guess
         return torch.where(finite, p, torch.full_like(p, float("nan"))).to(logits.dtype)
-
-
-class Temperature(CalibrationMap):
-    """Temperature scaling: s / T."""
-
-    temperature: Tensor
-
-    def __init__(self, scores: str, temperature: float) -> None:
-        super().__init__(scores)
-        self.register_buffer("temperature", _f64(temperature))
-
-    def log_probs(self, s: Tensor) -> Tensor:
-        return s / self.temperature
-
-
-class Affine(CalibrationMap):
-    """Vector and matrix scaling, Dirichlet calibration: s W^T + b (W `[C, C]`, or `[C]`)."""
-
-    weights: Tensor
-    bias: Tensor
-
-    def __init__(self, scores: str, weights: Tensor, bias: Tensor) -> None:
-        super().__init__(scores)
-        self.register_buffer("weights", _f64(weights))
-        self.register_buffer("bias", _f64(bias))
-
-    def log_probs(self, s: Tensor) -> Tensor:
-        return affine(s, self.weights, self.bias)
-
-
-class Mixture(CalibrationMap):
-    """Ensemble temperature scaling: w · (softmax(s / T), softmax(s), 1 / C)."""
-
-    temperature: Tensor
-    weights: Tensor
-
-    def __init__(self, scores: str, temperature: float, weights: Tensor) -> None:
-        super().__init__(scores)
-        self.register_buffer("temperature", _f64(temperature))
-        self.register_buffer("weights", _f64(weights))
-
-    def log_probs(self, s: Tensor) -> Tensor:
-        temperature: Any = self.temperature  # a 0-d buffer where a float is documented
-        return mixture_log_probs(s, temperature, self.weights)
-
-
-class TopLabel(CalibrationMap):
-    """Spline calibration: the top-label confidence interpolated on (confidences, calibrated),
-    the other classes renormalised (`spline.top_label_recalibrated`)."""
-
-    confidences: Tensor
-    calibrated: Tensor
-
-    def __init__(self, scores: str, confidences: Tensor, calibrated: Tensor, floor: float) -> None:
-        super().__init__(scores)
-        self.register_buffer("confidences", _f64(confidences)[None])
-        self.register_buffer("calibrated", _f64(calibrated)[None])
-        self.floor = float(floor)
-
-    def log_probs(self, s: Tensor) -> Tensor:
-        if torch.onnx.is_in_onnx_export() and torch.jit.is_tracing():
-            raise TypeError(
-                "torch.onnx.export: the TorchScript exporter (dynamo=False) has no ONNX "
-                "operator for spline calibration's logaddexp; export with dynamo=True (the "
-                "default since torch 2.9; needs onnxscript: pip install 'peg[export]')"
-            )
-        log_p = s.log_softmax(-1)
-        top = log_p.max(-1).values.exp()[:, None]
-        q = interpolate(top, self.confidences, self.calibrated)[:, 0]
-        return top_label_recalibrated(log_p, q, self.floor)
-
-
-class Monotone(CalibrationMap):
-    """Order-preserving scaling: one monotone piecewise-linear g of every score."""
-
-    knots: Tensor
-    slopes: Tensor
-    anchors: Tensor
-    base: Tensor
-
-    def __init__(self, scores: str, knots: Tensor, slopes: Tensor) -> None:
-        super().__init__(scores)
-        self.register_buffer("knots", _f64(knots))
-        self.register_buffer("slopes", _f64(slopes))
-        self.register_buffer("anchors", torch.cat([self.knots[:1], self.knots]))
-        # g at each piece's anchor, computed once here: the graph has no diff or cumsum, which
-        # the TorchScript ONNX exporter lacks (`_monotone.evaluate` at offset 0)
-        pieces = torch.arange(len(self.slopes))
-        zero = torch.zeros(len(self.slopes), dtype=torch.float64)
-        self.register_buffer("base", evaluate(pieces, zero, self.knots, self.slopes))
-
-    def log_probs(self, s: Tensor) -> Tensor:
-        s = finite_scores(s)
-        idx = at_or_below(s, self.knots)  # the piece of each score (`_monotone.pieces`)
-        return self.base[idx] + self.slopes[idx] * (s - self.anchors[idx])
-
-
-class Binned(CalibrationMap):
-    """Histogram binning: each class's p̄_c replaced by its bin's value (empty bins: p̄_c
-    kept), floored and renormalised (`binning.renormalised`)."""
-
-    inner: Tensor
-    values: Tensor
-    empty: Tensor
-
-    def __init__(self, scores: str, edges: Tensor, values: Tensor, floor: float) -> None:
-        super().__init__(scores)
-        values = _f64(values)
-        self.register_buffer("inner", _f64(edges)[:, 1:-1].contiguous())  # [C, bins - 1]
-        self.register_buffer("values", values.nan_to_num(0.0))
-        self.register_buffer("empty", values.isnan())
-        self.floor = float(floor)
-
-    def log_probs(self, s: Tensor) -> Tensor:
-        p = s.exp()
-        index = at_or_below(p, self.inner[None])
-        q = torch.where(_take(self.empty, index), p, _take(self.values, index))
-        return renormalised(q, self.floor)
-
-
-class Interpolated(CalibrationMap):
-    """Isotonic regression: each class's p̄_c interpolated on its thresholds, floored and
-    renormalised."""
-
-    xs: Tensor
-    ys: Tensor
-
-    def __init__(self, scores: str, thresholds: Sequence[tuple[Tensor, Tensor]], floor: float):
-        super().__init__(scores)
-        length = max(2, *(len(xs) for xs, _ in thresholds))
-        self.register_buffer("xs", _padded([_f64(xs) for xs, _ in thresholds], length))
-        self.register_buffer("ys", _padded([_f64(ys) for _, ys in thresholds], length))
-        self.floor = float(floor)
-
-    def log_probs(self, s: Tensor) -> Tensor:
-        return renormalised(interpolate(s.exp(), self.xs, self.ys), self.floor)
-
-
-class PriorShift(CalibrationMap):
-    """`LabelShift`: softmax(s / T + b) reweighted by the target-to-source prior ratios."""
-
-    temperature: Tensor
-    bias: Tensor
-    log_weights: Tensor
-
-    def __init__(self, scores: str, temperature: float, bias: Tensor, weights: Tensor) -> None:
-        super().__init__(scores)
-        self.register_buffer("temperature", _f64(temperature))
-        self.register_buffer("bias", _f64(bias))
-        tiny = torch.finfo(torch.float64).tiny
-        self.register_buffer("log_weights", _f64(weights).clamp_min(tiny).log())
-
-    def log_probs(self, s: Tensor) -> Tensor:
-        temperature: Any = self.temperature  # a 0-d buffer where a float is documented
-        cal = calibrated_log_probs(s, temperature, self.bias)
-        return cal + self.log_weights
-
-
-def _affine(c: Any) -> CalibrationMap:
-    return Affine(c.scores_, c.weights_, c.bias_)
-
-
-BUILDERS: dict[str, Callable[[Any], CalibrationMap]] = {
-    "temperature": lambda c: Temperature(c.scores_, c.temperature_),
-    "vector-scaling": _affine,
-    "matrix-scaling": _affine,
-    "dirichlet": _affine,
-    "ensemble-temperature": lambda c: Mixture(c.scores_, c.temperature_, c.weights_),
-    "spline": lambda c: TopLabel(c.scores_, c.confidences_, c.calibrated_, c.floor),
-    "order-preserving": lambda c: Monotone(c.scores_, c.knots_, c.slopes_),
-    "histogram-binning": lambda c: Binned(c.scores_, c.bin_edges_, c.bin_values_, c.floor),
-    "isotonic": lambda c: Interpolated(c.scores_, c.thresholds_, c.floor),
-    "label_shift": lambda c: PriorShift(c.scores_, c.temperature_, c.bias_, c.weights_),
-}
-
-
-def _with_classes(build: Callable[[Any], CalibrationMap]) -> Callable[[Any], CalibrationMap]:
-    """`build` whose module checks its logits' C against the fitted map's."""
-
-    def built(c: Any) -> CalibrationMap:
-        module = build(c)
-        module.classes = c._fitted_classes()
-        return module
-
-    return built
-
-
-_calibrator.EXPORTS.update({name: _with_classes(b) for name, b in BUILDERS.items()})

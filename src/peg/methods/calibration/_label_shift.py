@@ -11,19 +11,24 @@ reweighting its probabilities with w = q / p and renormalising.
   calibrated source probabilities of the unlabelled target points `[N, C]`;
 - `bbse_priors(confusion, counts, ...)`: black-box shift estimation (Lipton et al. 2018), w
   solving Ĉ w = μ̂ with Ĉ[i, j] = P_val(ŷ = i, y = j) and μ̂[i] = P_target(ŷ = i), clipped at 0,
-  with a delta-method standard error.
+  with a delta-method standard error;
+- `PriorShift`: the fitted `LabelShift` as a module (its `to_module`), registered in
+  `_calibrator.EXPORTS` under `LabelShift`'s method name.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from peg.methods.calibration._affine import finite_scores
+from peg.methods.calibration._calibrator import EXPORTS
+from peg.methods.calibration._export import CalibrationMap, as_f64
 
 
 def fit_bcts(
@@ -127,3 +132,28 @@ def bbse_priors(
             "non-negative solution); the shift is not a label shift"
         )
     return q / q.sum(), se, cond
+
+
+class PriorShift(CalibrationMap):
+    """`LabelShift`: softmax(s / T + b) reweighted by the target-to-source prior ratios."""
+
+    temperature: Tensor
+    bias: Tensor
+    log_weights: Tensor
+
+    def __init__(self, scores: str, temperature: float, bias: Tensor, weights: Tensor) -> None:
+        super().__init__(scores)
+        self.register_buffer("temperature", as_f64(temperature))
+        self.register_buffer("bias", as_f64(bias))
+        tiny = torch.finfo(torch.float64).tiny
+        self.register_buffer("log_weights", as_f64(weights).clamp_min(tiny).log())
+
+    def log_probs(self, s: Tensor) -> Tensor:
+        temperature: Any = self.temperature  # a 0-d buffer where a float is documented
+        cal = calibrated_log_probs(s, temperature, self.bias)
+        return cal + self.log_weights
+
+
+EXPORTS.update(
+    {"label_shift": lambda c: PriorShift(c.scores_, c.temperature_, c.bias_, c.weights_)}
+)

@@ -13,7 +13,7 @@ log of the calibrated, renormalised probabilities (there are no logits), whose s
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -25,6 +25,14 @@ from peg.errors import ArchiveError
 from peg.methods import _constraints as checks
 from peg.methods.base import store_arguments
 from peg.methods.calibration._calibrator import Calibrator, stored
+from peg.methods.calibration._export import (
+    CalibrationMap,
+    as_f64,
+    at_or_below,
+    interpolate,
+    padded,
+    take,
+)
 from peg.methods.calibration._few_points import warn_few_points
 from peg.source.batches import BatchFn
 
@@ -43,6 +51,47 @@ def _labelled_rows(scores: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
     p = scores.detach().double().exp()
     keep = ~torch.isnan(p).any(-1)
     return p[keep], y[keep].long()
+
+
+class Binned(CalibrationMap):
+    """Histogram binning: each class's p̄_c replaced by its bin's value (empty bins: p̄_c
+    kept), floored and renormalised (`binning.renormalised`)."""
+
+    inner: Tensor
+    values: Tensor
+    empty: Tensor
+
+    def __init__(self, scores: str, edges: Tensor, values: Tensor, floor: float) -> None:
+        super().__init__(scores)
+        values = as_f64(values)
+        self.register_buffer("inner", as_f64(edges)[:, 1:-1].contiguous())  # [C, bins - 1]
+        self.register_buffer("values", values.nan_to_num(0.0))
+        self.register_buffer("empty", values.isnan())
+        self.floor = float(floor)
+
+    def log_probs(self, s: Tensor) -> Tensor:
+        p = s.exp()
+        index = at_or_below(p, self.inner[None])
+        q = torch.where(take(self.empty, index), p, take(self.values, index))
+        return renormalised(q, self.floor)
+
+
+class Interpolated(CalibrationMap):
+    """Isotonic regression: each class's p̄_c interpolated on its thresholds, floored and
+    renormalised."""
+
+    xs: Tensor
+    ys: Tensor
+
+    def __init__(self, scores: str, thresholds: Sequence[tuple[Tensor, Tensor]], floor: float):
+        super().__init__(scores)
+        length = max(2, *(len(xs) for xs, _ in thresholds))
+        self.register_buffer("xs", padded([as_f64(xs) for xs, _ in thresholds], length))
+        self.register_buffer("ys", padded([as_f64(ys) for _, ys in thresholds], length))
+        self.floor = float(floor)
+
+    def log_probs(self, s: Tensor) -> Tensor:
+        return renormalised(interpolate(s.exp(), self.xs, self.ys), self.floor)
 
 
 class _OneVsRest(Calibrator):
@@ -96,6 +145,12 @@ class HistogramBinning(_OneVsRest):
 
     method = "histogram-binning"
     label = "histogram binning"
+    name = "Hist. binning"  # the registry's entry (`Calibrator`): compare's, AutoSelect's row
+    table_name = "Hist-binned"
+    growth = 1  # bins per class
+    order = 4
+    simplicity = 7
+    cost_order = 7
 
     def __init__(
         self,
@@ -147,6 +202,10 @@ class HistogramBinning(_OneVsRest):
         q = values.gather(1, _bin_index(p, edges).T).T  # [N, C]
         return torch.where(torch.isnan(q), p, q)  # an empty bin: p̄_c as it is
 
+    def _module(self) -> CalibrationMap:
+        """The fitted map as a module (`to_module`)."""
+        return Binned(self.scores_, self.bin_edges_, self.bin_values_, self.floor)
+
     def _tensors(self) -> dict[str, Tensor]:
         return {"bin_edges": self.bin_edges_, "bin_values": self.bin_values_}
 
@@ -194,6 +253,11 @@ class IsotonicCalibration(_OneVsRest):
 
     method = "isotonic"
     label = "isotonic regression"
+    name = "Isotonic"  # the registry's entry (`Calibrator`): compare's, AutoSelect's row
+    growth = 1  # thresholds per class
+    order = 5
+    simplicity = 8
+    cost_order = 8
 
     def __init__(
         self, *, floor: float = 1e-6, batch_size: int = 512, batch_fn: BatchFn | None = None
@@ -230,6 +294,10 @@ class IsotonicCalibration(_OneVsRest):
 
     def _classes_of(self, state: Mapping[str, Any]) -> int | None:
         return len(state["thresholds_"])
+
+    def _module(self) -> CalibrationMap:
+        """The fitted map as a module (`to_module`)."""
+        return Interpolated(self.scores_, self.thresholds_, self.floor)
 
     def _tensors(self) -> dict[str, Tensor]:
         xs, ys = zip(*self.thresholds_, strict=True)

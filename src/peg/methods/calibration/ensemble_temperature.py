@@ -34,6 +34,7 @@ from peg.methods import _constraints as checks
 from peg.methods.base import store_arguments
 from peg.methods.calibration._affine import finite_scores
 from peg.methods.calibration._calibrator import Calibrator, stored
+from peg.methods.calibration._export import CalibrationMap, as_f64
 from peg.methods.calibration._few_points import warn_few_points_shared
 from peg.methods.calibration.temperature import fit_temperature, fitted_temperature
 from peg.source.batches import BatchFn
@@ -116,6 +117,22 @@ def _face(p: Tensor, max_iter: int, tol: float) -> tuple[Tensor, float]:
     return w / w.sum(), current
 
 
+class Mixture(CalibrationMap):
+    """Ensemble temperature scaling: w · (softmax(s / T), softmax(s), 1 / C)."""
+
+    temperature: Tensor
+    weights: Tensor
+
+    def __init__(self, scores: str, temperature: float, weights: Tensor) -> None:
+        super().__init__(scores)
+        self.register_buffer("temperature", as_f64(temperature))
+        self.register_buffer("weights", as_f64(weights))
+
+    def log_probs(self, s: Tensor) -> Tensor:
+        temperature: Any = self.temperature  # a 0-d buffer where a float is documented
+        return mixture_log_probs(s, temperature, self.weights)
+
+
 class EnsembleTemperatureScaling(Calibrator):
     """Ensemble temperature scaling (ETS, Zhang et al. 2020): a convex mixture of the
     temperature-scaled, the uncalibrated and the uniform predictions (`peg.methods.
@@ -136,6 +153,13 @@ class EnsembleTemperatureScaling(Calibrator):
 
     method = "ensemble-temperature"
     label = "ensemble temperature scaling"
+    name = "Ensemble TS"  # the registry's entry (`Calibrator`): compare's, AutoSelect's row
+    table_name = "Ensemble-TS"
+    growth = 0  # T and three mixture weights
+    order = 7
+    simplicity = 1
+    cost_order = 1
+    on_logits_default = True
 
     def __init__(
         self,
@@ -165,6 +189,10 @@ class EnsembleTemperatureScaling(Calibrator):
         true = parts.gather(2, y[None, :, None].expand(3, -1, 1))[..., 0].T  # [N, 3]
         weights = fit_weights(true, int(self.max_iter), float(self.tol))
         return {"temperature_": temperature, "weights_": weights}
+
+    def _module(self) -> CalibrationMap:
+        """The fitted map as a module (`to_module`)."""
+        return Mixture(self.scores_, self.temperature_, self.weights_)
 
     def _apply(self, scores: Tensor) -> Tensor:
         return mixture_log_probs(scores, self.temperature_, self.weights_)

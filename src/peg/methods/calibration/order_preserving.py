@@ -43,8 +43,9 @@ from peg.methods import _constraints as checks
 from peg.methods.base import store_arguments
 from peg.methods.calibration._affine import finite_scores
 from peg.methods.calibration._calibrator import Calibrator, stored
+from peg.methods.calibration._export import CalibrationMap, as_f64, at_or_below
 from peg.methods.calibration._few_points import warn_few_points_shared
-from peg.methods.calibration._monotone import fit_slopes, monotone_map, place_knots
+from peg.methods.calibration._monotone import evaluate, fit_slopes, monotone_map, place_knots
 from peg.methods.calibration.scaling import SCORE_OPTIONS
 from peg.methods.calibration.temperature import fit_temperature, fitted_temperature
 from peg.source.batches import BatchFn
@@ -53,6 +54,31 @@ __all__ = ["OrderPreservingScaling", "monotone_map"]
 
 # the largest |score| float32 logits give: the logit itself, or log p̄ (down to twice its range)
 SCORE_LIMIT = 2 * float(torch.finfo(torch.float32).max)
+
+
+class Monotone(CalibrationMap):
+    """Order-preserving scaling: one monotone piecewise-linear g of every score."""
+
+    knots: Tensor
+    slopes: Tensor
+    anchors: Tensor
+    base: Tensor
+
+    def __init__(self, scores: str, knots: Tensor, slopes: Tensor) -> None:
+        super().__init__(scores)
+        self.register_buffer("knots", as_f64(knots))
+        self.register_buffer("slopes", as_f64(slopes))
+        self.register_buffer("anchors", torch.cat([self.knots[:1], self.knots]))
+        # g at each piece's anchor, computed once here: the graph has no diff or cumsum, which
+        # the TorchScript ONNX exporter lacks (`_monotone.evaluate` at offset 0)
+        pieces = torch.arange(len(self.slopes))
+        zero = torch.zeros(len(self.slopes), dtype=torch.float64)
+        self.register_buffer("base", evaluate(pieces, zero, self.knots, self.slopes))
+
+    def log_probs(self, s: Tensor) -> Tensor:
+        s = finite_scores(s)
+        idx = at_or_below(s, self.knots)  # the piece of each score (`_monotone.pieces`)
+        return self.base[idx] + self.slopes[idx] * (s - self.anchors[idx])
 
 
 class OrderPreservingScaling(Calibrator):
@@ -80,6 +106,12 @@ class OrderPreservingScaling(Calibrator):
 
     method = "order-preserving"
     label = "order-preserving scaling"
+    name = "Order-preserving"  # the registry's entry (`Calibrator`): compare's, AutoSelect's row
+    growth = 1  # priced as O(C): its fit's cost grows so
+    order = 8
+    simplicity = 2
+    cost_order = 4
+    on_logits_default = True
 
     def __init__(
         self,
@@ -125,6 +157,10 @@ class OrderPreservingScaling(Calibrator):
         if not bool(torch.isfinite(slopes).all()) or not bool((slopes > 0).all()):
             raise FloatingPointError(f"{self.label} diverged (slopes {slopes.tolist()})")
         return {"knots_": knots, "slopes_": slopes, "temperature_": temperature}
+
+    def _module(self) -> CalibrationMap:
+        """The fitted map as a module (`to_module`)."""
+        return Monotone(self.scores_, self.knots_, self.slopes_)
 
     def _apply(self, scores: Tensor) -> Tensor:
         return monotone_map(scores, self.knots_, self.slopes_)

@@ -44,6 +44,7 @@ from peg.errors import ArchiveError
 from peg.methods import _constraints as checks
 from peg.methods.base import store_arguments
 from peg.methods.calibration._calibrator import Calibrator, stored
+from peg.methods.calibration._export import CalibrationMap, as_f64, interpolate_columns
 from peg.source.batches import BatchFn
 
 __all__ = ["SplineCalibration", "natural_spline_basis", "top_label_recalibrated"]
@@ -100,6 +101,32 @@ def top_label_recalibrated(log_p: Tensor, q: Tensor, floor: float) -> Tensor:
     return (share + torch.log1p(-q)[:, None]).scatter(1, top, q.log()[:, None])
 
 
+class TopLabel(CalibrationMap):
+    """Spline calibration: the top-label confidence interpolated on (confidences, calibrated),
+    the other classes renormalised (`spline.top_label_recalibrated`)."""
+
+    confidences: Tensor
+    calibrated: Tensor
+
+    def __init__(self, scores: str, confidences: Tensor, calibrated: Tensor, floor: float) -> None:
+        super().__init__(scores)
+        self.register_buffer("confidences", as_f64(confidences)[None])
+        self.register_buffer("calibrated", as_f64(calibrated)[None])
+        self.floor = float(floor)
+
+    def log_probs(self, s: Tensor) -> Tensor:
+        if torch.onnx.is_in_onnx_export() and torch.jit.is_tracing():
+            raise TypeError(
+                "torch.onnx.export: the TorchScript exporter (dynamo=False) has no ONNX "
+                "operator for spline calibration's logaddexp; export with dynamo=True (the "
+                "default since torch 2.9; needs onnxscript: pip install 'peg[export]')"
+            )
+        log_p = s.log_softmax(-1)
+        top = log_p.max(-1).values.exp()[:, None]
+        q = interpolate_columns(top, self.confidences, self.calibrated)[:, 0]
+        return top_label_recalibrated(log_p, q, self.floor)
+
+
 class SplineCalibration(Calibrator):
     """Spline calibration of the top-label confidence (Gupta et al. 2021), the other classes
     renormalised proportionally (`peg.methods.calibration.spline`).
@@ -123,6 +150,11 @@ class SplineCalibration(Calibrator):
 
     method = "spline"
     label = "spline calibration"
+    name = "Spline"  # the registry's entry (`Calibrator`): compare's, AutoSelect's row
+    growth = 0  # a few knots, whatever C
+    order = 6
+    simplicity = 3
+    cost_order = 3
 
     def __init__(
         self,
@@ -167,6 +199,10 @@ class SplineCalibration(Calibrator):
         kept = torch.linspace(0, n - 1, min(n, MAP_POINTS), dtype=f.dtype, device=f.device)
         kept = kept.round().long()
         return {"confidences_": f[kept], "calibrated_": calibrated[kept].clamp(0, 1)}
+
+    def _module(self) -> CalibrationMap:
+        """The fitted map as a module (`to_module`)."""
+        return TopLabel(self.scores_, self.confidences_, self.calibrated_, self.floor)
 
     def _apply(self, scores: Tensor) -> Tensor:
         log_p = scores.double().log_softmax(-1)  # log p̄, normalised (a no-op for log p̄)

@@ -24,6 +24,7 @@ from peg.errors import ArchiveError
 from peg.methods import _constraints as checks
 from peg.methods.base import store_arguments
 from peg.methods.calibration._calibrator import Calibrator
+from peg.methods.calibration._export import CalibrationMap, as_f64
 from peg.source.batches import BatchFn
 
 BOUNDS = (1e-3, 1e3)  # T's search range: beyond it a prediction is one-hot or uniform to 1e-3
@@ -45,6 +46,19 @@ def check_bounds(value: Any, name: str) -> None:
         check_number(v, name)
     if not float(value[0]) < float(value[1]):
         raise ValueError(f"{name}: expected lowest < highest, got {tuple(value)!r}")
+
+
+class Temperature(CalibrationMap):
+    """Temperature scaling: s / T."""
+
+    temperature: Tensor
+
+    def __init__(self, scores: str, temperature: float) -> None:
+        super().__init__(scores)
+        self.register_buffer("temperature", as_f64(temperature))
+
+    def log_probs(self, s: Tensor) -> Tensor:
+        return s / self.temperature
 
 
 class TemperatureScaling(Calibrator):
@@ -89,6 +103,13 @@ class TemperatureScaling(Calibrator):
 
     method = "temperature"
     label = "temperature scaling"
+    name = "TS"  # the registry's entry (`Calibrator`): compare's, AutoSelect's row
+    table_name = "Temp-scaled"
+    growth = 0  # one parameter, T
+    order = 0
+    simplicity = 0
+    cost_order = 0
+    on_logits_default = True
 
     def __init__(
         self,
@@ -109,6 +130,10 @@ class TemperatureScaling(Calibrator):
     def _fit_map(self, scores: Tensor, y: Tensor) -> dict[str, Any]:
         bounds = (float(self.bounds[0]), float(self.bounds[1]))
         return {"temperature_": fit_temperature(scores, y, int(self.max_iter), bounds=bounds)}
+
+    def _module(self) -> CalibrationMap:
+        """The fitted map as a module (`to_module`)."""
+        return Temperature(self.scores_, self.temperature_)
 
     def _apply(self, scores: Tensor) -> Tensor:
         return scores / self.temperature_
