@@ -23,7 +23,7 @@ def growth() -> dict[str, int]:
 # logits map up to 5,000 points, at 100 classes none of the O(C) or O(C²) ones at 2,000
 CHEAP_SHARE = 0.25
 # unloaded seconds a fold of a map costs per 1,000 validation points at 10 classes (measured
-# after issue 49's faster fits: 0.4-0.5 CPU seconds a fold of Dirichlet at 10 classes and 5,000
+# with the Newton fits: 0.4-0.5 CPU seconds a fold of Dirichlet at 10 classes and 5,000
 # points, the dearest of the maps there; TS and vector scaling a fraction of it)
 FOLD_SECONDS_PER_1000 = 0.1
 # a known-cheap map's measured fold may pass its prediction (a second at least) by this factor

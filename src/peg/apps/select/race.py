@@ -89,7 +89,7 @@ def cost_order() -> tuple[str, ...]:
 
 
 # a full affine map's fold (matrix scaling, Dirichlet: C² parameters) in the diagonal map's
-# folds (vector scaling: C), its price before it has run. Measured after issue 49's faster
+# folds (vector scaling: C), its price before it has run. Measured with the Newton
 # fits (CPU seconds of one fit): 1.2-1.8 at 10 and 100 classes, 500 or 5,000 points (3.1 for
 # Dirichlet at 100 classes and 5,000), 15-40 at 1,000 classes and 500 points (truncated
 # Newton on 10⁶ parameters), ~9 on saturated 10-class logits, whose diagonal map is TS's

@@ -9,10 +9,10 @@ strengths chosen from the data, shrinkage towards temperature scaling
 (`peg.methods.calibration._affine_select`).
 
 Every fit starts from temperature scaling's map (W = I / T, b = 0; `fit_temperature`): from
-the identity, on scores 45 apart, the curvature underflows and Newton's method did not move
-(issue 40). The rows of a class absent from the labels stay there (`Penalty.live`): its NLL
+the identity, on scores 45 apart, the curvature underflows and Newton's method did not move.
+The rows of a class absent from the labels stay there (`Penalty.live`): its NLL
 falls without bound as its probability goes to 0 (on log p̄ <= 0 by its diagonal weight
-growing: Dirichlet's test NLL of 145 at 1000 classes, issue 39, was W_cc ~ 1e4 on the classes
+growing: Dirichlet's test NLL of 145 at 1000 classes was W_cc ~ 1e4 on the classes
 absent from the validation labels, not an optimiser's failure). The optimisers (Newton's
 method where the Hessian is small and cheap to form, truncated Newton otherwise; a full W at
 many classes started from the best diagonal one) are `peg.methods.calibration._affine_solvers`.

@@ -4,7 +4,7 @@ chosen by cross-validation on the validation data.
 
 Why: fitted without a penalty (or with Kull et al.'s ODIR, which leaves W's diagonal free) the
 maps lose to temperature scaling where there are few points per class: at 1000 classes and
-5000 points, vector scaling's test NLL was 11.5 against TS's 2.24, Dirichlet's 145 (issue 39).
+5000 points, vector scaling's test NLL was 11.5 against TS's 2.24, Dirichlet's 145.
 
 The penalty (`strengths_penalty`): the map θ is pulled towards temperature scaling's θ_T
 (W = I / T, b = 0, T fitted on all the validation data), every entry e by

@@ -37,7 +37,7 @@ class Penalty(NamedTuple):
     0.0: held where it starts: the row of a class absent from the labels, an entry of
     infinite strength in `peg.methods.calibration._affine_select`). Held, not penalised: a
     weight of 1e12 made H's diagonal span 1e12 and CG's preconditioner, scaled by the mean
-    weight, a multiple of the identity (issue 49)."""
+    weight, a multiple of the identity."""
 
     coef: Tensor  # [C, K]
     centre: Tensor  # [C, K] (or a scalar 0)
@@ -118,7 +118,7 @@ def _full_curvature(p: Tensor, x: Tensor) -> Tensor:
     """Σ_n A_n ⊗ x_n x_nᵀ / N `[C K, C K]`, A_n = diag(p_n) - p_n p_nᵀ, for probabilities p
     `[N, C]` and inputs x `[N, K]`. Both factors are symmetric: one product of their upper
     triangles, `[C(C+1)/2, N] @ [N, K(K+1)/2]`, a third of the flops of the `[C K, C K]`
-    product of p_n ⊗ x_n (the Newton fits' cost at 10 classes: issue 49)."""
+    product of p_n ⊗ x_n (the Newton fits' cost at 10 classes)."""
     (n, c), k = p.shape, x.shape[1]
     cu = torch.triu_indices(c, c, device=p.device)
     ku = torch.triu_indices(k, k, device=p.device)

@@ -1,7 +1,7 @@
 """The warnings of few validation points: per class, for the calibrators with parameters per
 class (vector / matrix scaling, Dirichlet calibration, histogram binning, isotonic regression):
-what they fit of a class rests on its few points (issue 39: at 1000 classes and 5 points a
-class, unregularised vector scaling's test NLL was 11.5 against temperature scaling's 2.24);
+what they fit of a class rests on its few points (at 1000 classes and 5 points a class,
+unregularised vector scaling's test NLL was 11.5 against temperature scaling's 2.24);
 per parameter, for the maps whose few parameters serve every class (ensemble temperature
 scaling's temperature and weights, order-preserving scaling's slopes), the same threshold."""
 

@@ -171,7 +171,7 @@ class HistogramBinning(_OneVsRest):
 
     def _check_classes(self, classes: int) -> None:
         """`n_bins` refused before fitting where the map's four float64 `[C, n_bins + 1]`
-        arrays cannot fit in memory (issue 40: 10⁹ bins allocated until the OOM killer)."""
+        arrays cannot fit in memory (unchecked, 10⁹ bins were allocated until the OOM killer)."""
         super()._check_classes(classes)
         need = 4 * 8 * classes * (int(self.n_bins) + 1)
         what = f"four float64 [{classes}, n_bins + 1] arrays: edges, counts, values"

@@ -254,7 +254,7 @@ class LabelShift(WrapsCalibrator):
         return int(state["priors_"].shape[0])
 
     def _restore(self, entry: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> dict[str, Any]:
-        """Every field checked (issue 40: a string `n_iter`, an infinite temperature, negative
+        """Every field checked (unchecked, a string `n_iter`, an infinite temperature, negative
         priors or priors of the wrong shape loaded and failed later, or predicted nonsense)."""
         fields = Fields(entry, "calibration", "meta.calibration.")
         temperature = fields.number("temperature", positive=True)

@@ -141,7 +141,7 @@ class OrderPreservingScaling(Calibrator):
         s, y = finite_scores(scores), y.long()  # finite: `Calibrator.fit` checked the logits
         temperature = fit_temperature(s, y, int(self.max_iter), label=self.label)
         # no more quantiles than scores (n_knots=2**31 asked numpy for 8 GB of them), and the
-        # Newton step's moments `[N, K + 1, K + 1]` within memory (issue 46: 8 TB after 38 s)
+        # Newton step's moments `[N, K + 1, K + 1]` within memory (unchecked: 8 TB after 38 s)
         knots = place_knots(s, min(int(self.n_knots), s.numel() + len(s)))
         require_memory("n_knots", int(self.n_knots), 5 * len(s) * (len(knots) + 1) ** 2 * 8,
                        s.device, f"the Newton step's moments of {len(knots)} distinct knots on "

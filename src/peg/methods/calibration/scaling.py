@@ -12,7 +12,7 @@ penalty:
   on the validation data (`peg.methods.calibration._affine_select`): k = ∞ is temperature
   scaling itself, so a map keeps more than TS only where that predicted held-out points better.
   Fitted without it, the maps lost to TS by up to +9 nats (vector) and +143 (Dirichlet) at 1000
-  classes and 5 points per class (issue 39);
+  classes and 5 points per class;
 - with numbers, the penalties of Kull et al. 2019 ("Fitting and ODIR regularisation"), each a
   mean over the entries it covers as in the paper: ODIR (off-diagonal and intercept
   regularisation), λ/(C(C-1)) Σ_{i≠j} W_ij² + μ/C Σ_j b_j² (the diagonal is left free, so
@@ -320,7 +320,7 @@ class DirichletCalibration(_Affine):
             scaling's, the strengths chosen by cross-validation on the validation data (as
             the paper tunes λ and μ; see `peg.methods.calibration.scaling`); a number: λ of
             ODIR, on the mean squared off-diagonal weight (the default was 10, fixed: +143 nats
-            against TS at 1000 classes, 5 points per class; issue 39).
+            against TS at 1000 classes, 5 points per class).
         reg_mu: "auto" (with `reg_lambda`), or μ of ODIR, on the mean squared intercept. With
             one of them a number, or l2 > 0, an "auto" stands for 10 (its value before "auto").
         l2: weight of the L2 penalty on every entry of W and b ("Dir-L2"; 0: none; with

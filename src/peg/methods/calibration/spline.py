@@ -182,7 +182,7 @@ class SplineCalibration(Calibrator):
                 f"validation points, got {n}"
             )
         # the basis and its slope `[n, K]` (built from 2K columns, then copied by lstsq): a
-        # ValueError naming n_knots where they cannot fit, not the allocator's (issue 46)
+        # ValueError naming n_knots where they cannot fit, not the allocator's
         require_memory("n_knots", int(self.n_knots), 5 * n * int(self.n_knots) * 8,
                        log_p.device, f"the spline basis of {n} points, float64",
                        "give fewer knots (the default, the paper's, is 6)")  # fmt: skip

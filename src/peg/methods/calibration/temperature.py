@@ -189,7 +189,7 @@ def fit_temperature(
     The NLL is convex in β = 1/T and its derivative g(β), the mean of E_p[s] - s_y, increases
     with β: its sign says on which side the optimum lies even where the softmax saturates and
     the curvature (the mean of Var_p[s]) underflows, where Newton's method alone stalls (scores
-    45 apart: Var_p[s] ~ 1e-16 and steps of ~1e-17 left T at 1.0; issue 40). So the root of g
+    45 apart: Var_p[s] ~ 1e-16 and steps of ~1e-17 left T at 1.0). So the root of g
     is bracketed first, log β stepped by log 10 from β = 1 until g changes sign, then found by
     Newton's method on log β safeguarded by bisection (a step leaving the bracket, or taken
     where the NLL is concave in log β, is a bisection): a few passes over `[N, C]` (float64)
