@@ -7,7 +7,7 @@ defined. A calibrated archive (its meta has `"calibration": {"method": NAME, ...
 here under NAME (`register_calibrator`, called where the calibrator is defined), with the map's
 arrays the archive holds (`archive.read_calibration`): nothing here knows a method.
 
-A file in another of peg's formats (a `peg._io.save_tree` file whose `"format"` is registered
+A file in another of peg's formats (a `peg.utils.io.save_tree` file whose `"format"` is registered
 with `register_format`, e.g. `peg.Laplace.save`'s) is handed to the reader registered for it.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from peg import _io, archive, recipe
+from peg import archive, recipe
 from peg._load_checks import (
     check_calibrated,
     check_calibration_entry,
@@ -34,6 +34,7 @@ from peg.errors import ArchiveError
 from peg.output import PREFIX
 from peg.source._devices import model_device, move
 from peg.source.batches import BatchFn
+from peg.utils import io as _io
 
 __all__ = ["calibrator_for", "load", "register_calibrator", "register_format"]
 
@@ -59,7 +60,7 @@ _FORMATS: dict[str, Reader] = {}
 
 
 def register_format(name: str, read: Reader) -> None:
-    """Make `peg.load` read files `peg._io.save_tree` wrote with `"format": name` through
+    """Make `peg.load` read files `peg.utils.io.save_tree` wrote with `"format": name` through
     `read(path, model, device, batch_fn)`."""
     _FORMATS[name] = read
 
