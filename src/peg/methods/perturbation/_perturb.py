@@ -115,7 +115,7 @@ class PerturbationEnsemble(FittedPerturbation):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "method" in cls.__dict__:  # a concrete method (PEG, PEP): `peg.load` finds it by name
-            recipe.register(cls.method, cls.from_recipe, cls.check_recipe)
+            recipe.REBUILDERS.add(cls.method, (cls.from_recipe, cls.check_recipe))
 
     # ---------------------------------------------------------------- to override
     def _row_source(
