@@ -38,12 +38,12 @@ import torch
 import yaml
 
 import peg
-from peg._env import git_commit, machine
 from peg.apps import presets
 from peg.apps.bench.seed import SeedRun
 from peg.apps.bench.spec import parse_spec
 from peg.methods.conformal._base import CachedLogits
 from peg.metrics import ood
+from peg.utils.env import git_commit, machine
 
 COLUMNS = ["Single", "Temp-scaled", "Vector-scaled", "Dirichlet", "PEG-15", "PEG-15 + TS"]
 

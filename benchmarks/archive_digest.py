@@ -20,7 +20,7 @@ from torch import nn
 
 import peg
 from peg import archive
-from peg._env import machine
+from peg.utils.env import machine
 
 
 def main() -> None:

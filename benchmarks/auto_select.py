@@ -31,13 +31,13 @@ import time
 import torch
 from torch import nn
 
-from peg._env import machine
 from peg.apps.select import AutoSelect
 from peg.apps.select.folds import mean_se, point_scores
 from peg.data import load
 from peg.methods import TemperatureScaling
 from peg.models import build
 from peg.train import train
+from peg.utils.env import machine
 
 PRESETS = {  # name: (data set, input channels, SmallCNN width), as the bench presets
     "fashion-mnist": ("fashion-mnist", 1, 16),

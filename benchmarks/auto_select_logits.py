@@ -22,7 +22,7 @@ from many_classes import saturated_logits, synthetic_logits
 from torch import nn
 
 import peg
-from peg._env import machine
+from peg.utils.env import machine
 
 
 def test_nll(fitted: peg.AutoSelect, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -29,9 +29,9 @@ from _timing import round_robin
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from peg._env import git_commit, machine
 from peg.apps.compare.state import fingerprint
 from peg.models import MLP, SmallCNN
+from peg.utils.env import git_commit, machine
 
 
 def _forward(model: nn.Module, X: torch.Tensor) -> None:

@@ -29,7 +29,7 @@ from _timing import round_robin
 from torch import nn
 
 import peg
-from peg._env import machine
+from peg.utils.env import machine
 
 CLASSES, FEATURES = 100, 128
 

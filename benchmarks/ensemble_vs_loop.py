@@ -41,9 +41,9 @@ import torch
 from _timing import round_robin
 from torch import nn
 
-from peg._env import git_commit, machine
 from peg.ensemble import Ensemble
 from peg.models import build
+from peg.utils.env import git_commit, machine
 
 BATCHES = (1, 8, 64, 512)
 MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 import peg
-from peg._env import machine
+from peg.utils.env import machine
 
 
 def build(name: str, size: int, quick: bool, classes: int) -> torch.nn.Module:

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 
-from peg._env import git_commit, machine
+from peg.utils.env import git_commit, machine
 
 CASES = {
     "import torch": [sys.executable, "-c", "import torch"],

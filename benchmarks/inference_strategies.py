@@ -20,9 +20,9 @@ import torch
 from _timing import round_robin
 from torch import nn
 
-from peg._env import machine
 from peg.ensemble import Ensemble
 from peg.models import RegressionMLP, build
+from peg.utils.env import machine
 
 
 def _time(runs: dict[str, Callable[[], object]], repeats: int, budget: float = 1.0) -> dict:

@@ -43,10 +43,10 @@ from _label_free_learn import LeaveOneFamilyOut, source_copies
 
 import peg
 import peg.data
-from peg._env import git_commit, machine
 from peg.data import corruptions as cc
 from peg.methods.estimation import ESTIMATORS, _learned, _shifts
 from peg.models.cnn import SmallCNN
+from peg.utils.env import git_commit, machine
 
 
 def _model(args) -> torch.nn.Module:

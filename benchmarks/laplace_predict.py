@@ -30,8 +30,8 @@ import torch
 from _timing import round_robin
 
 import peg
-from peg._env import machine
 from peg.models import build
+from peg.utils.env import machine
 
 
 def main() -> None:

@@ -2,8 +2,8 @@
 
 Targets (issue 14): last-layer PEG-15 (`params="last_layer"`) of ResNet-20 predicts a batch of
 256 in at most 1.3 × one forward of the base model (the trunk runs once per batch, only the 15
-heads per member: `peg._heads`), where 15 members of the whole network take ~15 ×; creating it
-with η searched costs a small multiple of one forward pass over the validation set (the 15
+heads per member: `peg.runtime.heads`), where 15 members of the whole network take ~15 ×; creating
+it with η searched costs a small multiple of one forward pass over the validation set (the 15
 gradients need a forward of K rows each; the search computes the trunk's features of the
 scoring points once and scores every η on the heads alone). Also shown: the same members
 without the trunk/head split (every member's whole forward, as before issue 14) and the archive
@@ -33,9 +33,9 @@ from typing import Any
 import torch
 
 import peg
-from peg import _heads
-from peg._env import machine
 from peg.models import build
+from peg.runtime import heads as _heads
+from peg.utils.env import machine
 
 
 def _time(run: Callable[[], Any], repeats: int) -> tuple[float, Any]:

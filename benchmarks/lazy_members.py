@@ -32,7 +32,7 @@ import torch
 from _timing import median_time, round_robin
 
 import peg
-from peg._env import machine
+from peg.utils.env import machine
 
 CONFIGS = {
     "ViT-Ti/16": {"hidden_size": 192, "num_attention_heads": 3, "intermediate_size": 768},

@@ -61,7 +61,7 @@ from _cifar_logits import preset_cnn_logits  # benchmarks/ (the script's folder)
 from torch import Tensor, nn
 
 import peg
-from peg._env import machine
+from peg.utils.env import machine
 
 IDENTITY = nn.Identity()
 

@@ -17,8 +17,8 @@ import time
 import torch
 from torch import nn
 
-from peg._env import machine
 from peg.ensemble import Ensemble
+from peg.utils.env import machine
 
 
 def main() -> None:

@@ -157,7 +157,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.child, args)))
         return
-    from peg._env import machine
+    from peg.utils.env import machine
 
     def run(case: str, chunk: int, env: dict[str, str] | None = None) -> dict[str, float]:
         argv = [*sys.argv[1:], "--child", case, "--chunk", str(chunk)]

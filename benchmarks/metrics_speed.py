@@ -37,8 +37,8 @@ import torch
 import torch.nn.functional as F
 
 from peg import metrics
-from peg._env import git_commit, machine
 from peg.metrics.streaming import StreamingMetrics
+from peg.utils.env import git_commit, machine
 
 try:
     from torchmetrics.classification import MulticlassCalibrationError

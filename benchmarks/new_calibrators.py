@@ -41,9 +41,9 @@ import torch
 from torch import Tensor, nn
 
 import peg
-from peg._env import machine
 from peg.metrics import ece
 from peg.metrics.calibration import bin_sums
+from peg.utils.env import machine
 
 BINS = 15
 MAPS: dict[str, Callable[[], Any]] = {

@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from peg import models
-from peg._env import machine
 from peg.losses import packed_loss
+from peg.utils.env import machine
 
 ARCH_NAMES = {"resnet18": "ResNet-18", "resnet20": "ResNet-20", "resnet50": "ResNet-50"}
 CLASSES = 10

@@ -24,12 +24,12 @@ import torch
 from scale_search import BASES, _point_losses, _scoring_points
 from torch import Tensor
 
-from peg._env import machine
 from peg.apps.bench.spec import find_spec, load_specs
 from peg.methods.calibration.temperature import TemperatureScaling
 from peg.methods.perturbation._scale_search import ScaleSearch
 from peg.methods.perturbation.peg import PEG
 from peg.methods.perturbation.pep import PEP
+from peg.utils.env import machine
 
 REFERENCE_SCALES = 25
 

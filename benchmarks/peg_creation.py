@@ -33,13 +33,13 @@ from pathlib import Path
 
 from _timing import median_time
 
-from peg._env import machine
 from peg.apps.bench.paper import PRESETS
 from peg.apps.bench.seed import SeedRun
 from peg.apps.bench.spec import Spec, find_spec, load_specs
 from peg.methods.perturbation._scale_search import ScaleSearch
 from peg.methods.perturbation.peg import PEG
 from peg.train import train
+from peg.utils.env import machine
 
 BASES = {
     # name: (label, spec, cache): the bench preset's base, and the paper-tables preset whose

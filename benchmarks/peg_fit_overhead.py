@@ -43,8 +43,8 @@ from pathlib import Path
 import torch
 
 import peg
-from peg import _strategies
-from peg._env import machine
+from peg.runtime import strategies as _strategies
+from peg.utils.env import machine
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _bases

@@ -57,7 +57,6 @@ from _timing import median_time
 from torch import Tensor, nn
 
 from peg import data as datasets
-from peg._env import machine
 from peg.apps.bench.paper import PRESETS
 from peg.apps.bench.seed import SeedRun
 from peg.apps.bench.spec import find_spec, load_specs
@@ -71,6 +70,7 @@ from peg.methods.perturbation.pep import PEP
 from peg.metrics.regression import split_gaussian
 from peg.source import Source
 from peg.train import Recipe, train
+from peg.utils.env import machine
 
 REFERENCE_SCALES = 25
 EXTEND_DECADES = 3  # how far past an edge of the grid's range the reference may go

@@ -18,8 +18,8 @@ import time
 import torch
 
 from peg import metrics
-from peg._env import machine
 from peg.metrics.streaming import StreamingMetrics
+from peg.utils.env import machine
 
 KEYS = ("nll", "error", "brier", "ece", "mce")
 

@@ -98,7 +98,7 @@ def _upward(ranks: dict[str, float], rank_of: Callable[[str], str]) -> list[str]
 def test_the_layers_are_read_from_the_map():
     ranks = _layers()
     order = ["errors.py", "recipe.py", "source/", "_bn.py", "_params.py", "metrics/"]
-    order += ["_strategies.py", "ensemble.py", "loading.py", "methods/", "evaluate.py", "apps/"]
+    order += ["runtime/", "ensemble.py", "loading.py", "methods/", "evaluate.py", "apps/"]
     assert [ranks[name] for name in order] == sorted(ranks[name] for name in order)
     assert len({ranks[name] for name in order}) == len(order)
     assert ranks["__init__.py"] == ranks["apps/"] == ranks["integrations/"]

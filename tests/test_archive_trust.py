@@ -18,10 +18,10 @@ import torch
 
 import peg
 from bad_inputs import _fitted_peg, _mlp, _val, raises_test, retensor, tamper
-from peg import _memory
 from peg.apps.bench.spec import SpecError, find_spec, load_specs
 from peg.apps.compare import sources
 from peg.archive import ArchiveError
+from peg.utils import memory as _memory
 
 
 def _calibrated(tmp: Path, calibrator: object, **fit: object) -> str:

@@ -201,7 +201,7 @@ def test_the_loop_builds_member_modules_only_for_an_ensemble_used_on_many_batche
     the member modules; an ensemble a user holds builds them on its first batch
     (LOOP_MODULES_AFTER_HELD). The same logits either way (up to float32 rounding: batches of
     2 and one of 8 may run matrix-product kernels that round differently)."""
-    from peg import _strategies
+    from peg.runtime import strategies as _strategies
 
     monkeypatch.setattr(_strategies, "LOOP_MODULES_AFTER", 2)
     held = peg.Ensemble.from_models(members(bn_net, 3))
@@ -263,7 +263,7 @@ class ItemInside(nn.Module):
 def test_a_verdict_of_vmap_is_kept_for_one_architecture_not_every_sequential():
     """A model vmap cannot run is looped from then on; another model of the same class name
     but another structure (here: any other nn.Sequential) is still vectorised."""
-    from peg import _auto_strategy
+    from peg.runtime import auto_strategy as _auto_strategy
 
     torch.manual_seed(0)
     failing = peg.Ensemble.from_models([nn.Sequential(ItemInside()) for _ in range(3)])
@@ -276,7 +276,7 @@ def test_a_verdict_of_vmap_is_kept_for_one_architecture_not_every_sequential():
 
 
 def _heads_arch(ensemble: peg.Ensemble) -> tuple[str, str, str]:
-    from peg._heads import architecture
+    from peg.runtime.heads import architecture
 
     return architecture(ensemble.skeleton)
 

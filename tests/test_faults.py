@@ -118,7 +118,7 @@ import os, sys, time
 import torch
 torch.set_num_threads(1)
 from torch import nn
-import peg, peg._io
+import peg, peg.utils.io
 from safetensors.torch import save
 
 path, members, stop, marker = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
@@ -141,9 +141,9 @@ def slow_save_file(tensors, filename, metadata=None):
         f.write(data[len(data) // 10 :])
 
 if stop == "before-write":
-    peg._io.save_file = wait
+    peg.utils.io.save_file = wait
 elif stop == "mid-write":
-    peg._io.save_file = slow_save_file
+    peg.utils.io.save_file = slow_save_file
 elif stop == "before-rename":
     os.replace = wait
 big.save(path)
@@ -203,7 +203,7 @@ def test_a_writer_killed_mid_write_leaves_the_previous_archive_intact(tmp_path, 
             assert read_header(leftovers[0])["members"] == members
 
     # A later save over the same path is unaffected by the leftover, and removes it (its
-    # writer's process is gone: `peg._io.remove_stale`).
+    # writer's process is gone: `peg.utils.io.remove_stale`).
     replacement = peg.Ensemble.from_models([mlp(3), mlp(4)], meta={"method": "replacement"})
     replacement.save(str(path))
     again = peg.load(path, mlp(9))
@@ -232,12 +232,12 @@ import json, sys, time
 from pathlib import Path
 import torch
 torch.set_num_threads(1)
-import peg._io
+import peg.utils.io
 from peg.apps.bench.runner import run_spec
 from peg.apps.bench.spec import parse_spec
 
 stop_after, marker = Path(sys.argv[4]).resolve(), sys.argv[5]
-write = peg._io.atomic_save_file  # every cache file and checkpoint goes through it
+write = peg.utils.io.atomic_save_file  # every cache file and checkpoint goes through it
 
 def write_then_stop(tensors, metadata, path):
     write(tensors, metadata, path)
@@ -245,7 +245,7 @@ def write_then_stop(tensors, metadata, path):
         open(marker, "w").close()
         time.sleep(600)
 
-peg._io.atomic_save_file = write_then_stop
+peg.utils.io.atomic_save_file = write_then_stop
 spec = parse_spec(json.loads(sys.argv[1]))
 run_spec(spec, sys.argv[2], sys.argv[3], progress=False, say=lambda s: None)
 """

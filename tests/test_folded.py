@@ -1,4 +1,4 @@
-"""Members folded into the batch (`peg._folded`): the same logits as one member at a time."""
+"""Members folded into the batch (`peg.runtime.folded`): the same logits as one member at a time."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 import peg
-from peg import _auto_strategy
-from peg._folded import NotFoldable
 from peg.models import RegressionMLP, build
+from peg.runtime import auto_strategy as _auto_strategy
+from peg.runtime.folded import NotFoldable
 
 from conftest import BNNet
 

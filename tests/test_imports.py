@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from fresh_imports import STATEMENTS, modules_after
-from peg._imports import lazy_module
+from peg.utils.imports import lazy_module
 
 # lightning, pytorch_lightning, accelerate: only peg.integrations' framework modules import them
 HEAVY = [

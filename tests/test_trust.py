@@ -18,10 +18,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import peg
 from bad_inputs import _mlp, _val, raises_test
-from peg._io import atomic_write_text
 from peg.apps import registry
 from peg.apps.compare import compare
 from peg.apps.select import AutoSelect
+from peg.utils.io import atomic_write_text
 
 
 def _bad_labels(n_bad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,7 +121,7 @@ def test_validation_data_with_one_class_is_a_warning_for_peg_and_an_error_for_a_
 CHILD = r"""
 import sys, time
 from pathlib import Path
-from peg._io import atomic_target
+from peg.utils.io import atomic_target
 with atomic_target(sys.argv[1]) as tmp:
     Path(tmp).write_text("half")
     Path(sys.argv[2]).write_text("")

@@ -26,11 +26,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from peg._heads import Split, find_split
 from peg._params import select_parameters
 from peg.ensemble import Ensemble
 from peg.metrics._inputs import ensemble_log_probs
 from peg.output import logits_of
+from peg.runtime.heads import Split, find_split
 from peg.source import Data, is_pair
 from peg.source._devices import move, weights_device
 from peg.source.batches import call_model

@@ -7,7 +7,7 @@ entries prefixed `model.`, a map's beside them) but not what is no tensor (T, `l
 the user's own model did not load them. Now the archive's meta records the wrapper
 (`"wrapped": {"kind": ..., its arguments}`, `archived_meta`, when an ensemble is saved), and
 `peg.load(path, model)` wraps the model it is given the same way (`around`). The wrappers
-register here where they are defined (`register`), as the calibrators register with
+register here where they are defined (`WRAPPERS.add`), as the calibrators register with
 `peg.loading`: nothing here knows a method.
 """
 
@@ -20,23 +20,21 @@ from torch import nn
 
 from peg._schema import Fields
 from peg.errors import ArchiveError
+from peg.utils.registry import Registry
 
 KEY = "wrapped"  # the archive meta's record of the wrapper
 # `wrap(model, record, shapes)`: `model` in the wrapper the record's fields describe (`shapes`:
 # the archive's entry name → shape, which bounds any size the record implies)
 Wrap = Callable[[nn.Module, Fields, Mapping[str, tuple[int, ...]]], nn.Module]
-_WRAPPERS: dict[str, tuple[type[nn.Module], Wrap]] = {}
-
-
-def register(cls: type[nn.Module], wrap: Wrap) -> None:
-    """Record instances of `cls` in their archives (`cls.wrapper_record()`: a JSON object of
-    what is no tensor) and load them around a bare model through `wrap`."""
-    _WRAPPERS[cls.__name__] = (cls, wrap)
+# class name → (the class, `wrap`): instances of the class are recorded in their archives
+# (`cls.wrapper_record()`: a JSON object of what is no tensor) and loaded around a bare model
+# through `wrap`; `WRAPPERS.add(cls.__name__, (cls, wrap))` where the class is defined
+WRAPPERS: Registry[tuple[type[nn.Module], Wrap]] = Registry("wrapper")
 
 
 def _record(module: nn.Module) -> dict[str, Any] | None:
     kind = type(module).__name__
-    if _WRAPPERS.get(kind, (None,))[0] is not type(module):
+    if WRAPPERS.get(kind, (None,))[0] is not type(module):
         return None
     return {"kind": kind, **module.wrapper_record()}  # type: ignore[operator]
 
@@ -59,9 +57,9 @@ def around(
     fields = Fields(meta, where, "meta.").object(KEY)
     assert fields is not None
     kind = fields.text("kind")
-    if kind not in _WRAPPERS:
-        raise fields.error("kind", f"one of {sorted(_WRAPPERS)}", kind)
-    cls, wrap = _WRAPPERS[kind]
+    if kind not in WRAPPERS:
+        raise fields.error("kind", f"one of {sorted(WRAPPERS)}", kind)
+    cls, wrap = WRAPPERS[kind]
     if type(model) is not cls:
         return wrap(model, fields, shapes)
     if _record(model) != dict(fields.obj):

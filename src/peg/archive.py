@@ -47,10 +47,10 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
-from peg._io import atomic_save_file, target_path
 from peg._schema import Fields, parse_json
 from peg._version import __version__
 from peg.errors import ArchiveError
+from peg.utils.io import atomic_save_file, target_path
 
 FORMAT = "peg-ensemble"
 FORMAT_VERSION = 1

@@ -7,9 +7,9 @@ Storage: state-dict entries that differ between members are kept stacked, `[M, *
 entries equal in every member (frozen parameters, BatchNorm statistics left untouched by PEG)
 are kept once. Prediction runs the skeleton with `torch.func.functional_call` on each member's
 weights, always in eval mode (BatchNorm uses its running statistics, dropout is off); how the
-members run on a batch is `peg._strategies` (`MemberStrategies`), and which way "auto" picks,
-`peg._auto_strategy`. What every predictor derives from its `member_logits` (`Predicts`) is
-`peg._predicts`.
+members run on a batch is `peg.runtime.strategies` (`MemberStrategies`), and which way "auto" picks,
+`peg.runtime.auto_strategy`. What every predictor derives from its `member_logits` (`Predicts`) is
+`peg.runtime.predicts`.
 """
 
 from __future__ import annotations
@@ -23,20 +23,20 @@ import torch
 from torch import Tensor, nn
 
 from peg import archive
-from peg._auto_strategy import AUTO_VECTORISE_FLOPS as AUTO_VECTORISE_FLOPS
-from peg._auto_strategy import AUTO_VECTORISE_FLOPS_CONV as AUTO_VECTORISE_FLOPS_CONV
-from peg._auto_strategy import AUTO_VECTORISE_ROWS_CONV as AUTO_VECTORISE_ROWS_CONV
 from peg._forward import training_modules
 from peg._params import laid_out_like
-from peg._predicts import Predicts, _cat_batches, autocast_dtype
-from peg._progress import bar
-from peg._scalars import check_positive_int
-from peg._strategies import STRATEGIES, MemberStrategies, Strategy, call_key
 from peg._wrappers import archived_meta
 from peg.output import model_output
+from peg.runtime.auto_strategy import AUTO_VECTORISE_FLOPS as AUTO_VECTORISE_FLOPS
+from peg.runtime.auto_strategy import AUTO_VECTORISE_FLOPS_CONV as AUTO_VECTORISE_FLOPS_CONV
+from peg.runtime.auto_strategy import AUTO_VECTORISE_ROWS_CONV as AUTO_VECTORISE_ROWS_CONV
+from peg.runtime.predicts import Predicts, _cat_batches, autocast_dtype
+from peg.runtime.strategies import STRATEGIES, MemberStrategies, Strategy, call_key
 from peg.source import Data, Source
 from peg.source._devices import move
 from peg.source.batches import BatchFn, check_batch_fn
+from peg.utils.progress import bar
+from peg.utils.scalars import check_positive_int
 
 __all__ = ["Ensemble", "Predicts", "autocast_dtype", "model_output"]
 
@@ -235,8 +235,8 @@ class Ensemble(Predicts, MemberStrategies):
             strategy: "loop" runs members one after another on each batch; "vmap" runs all of
                 them in one vectorised call (`torch.func.vmap` over the stacked weights);
                 "folded" runs them as one model whose batch holds every member's rows
-                (`peg._folded`: Linear, Conv, BatchNorm/LayerNorm/GroupNorm layers; fastest at
-                small batches); "chunked" vectorises (vmap) over `chunk_size` members at a
+                (`peg.runtime.folded`: Linear, Conv, BatchNorm/LayerNorm/GroupNorm layers; fastest
+                at small batches); "chunked" vectorises (vmap) over `chunk_size` members at a
                 time, bounding memory; "auto" (default) vectorises batches whose forward
                 costs at most `AUTO_VECTORISE_FLOPS` per member (`AUTO_VECTORISE_FLOPS_CONV`
                 with convolutions; folded where it agrees with `functional_call`, else vmap)

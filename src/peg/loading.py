@@ -4,11 +4,11 @@ The file format is `peg.archive`'s; a recipe archive (PEG/PEP's default `save`) 
 method that wrote it, found in `peg.recipe`'s registry, which method classes join when they are
 defined. A calibrated archive (its meta has `"calibration": {"method": NAME, ...}`, e.g.
 `TemperatureScaling.save`) is handed, once its ensemble is loaded, to the calibrator registered
-here under NAME (`register_calibrator`, called where the calibrator is defined), with the map's
+here under NAME (`CALIBRATORS`, filled where each calibrator is defined), with the map's
 arrays the archive holds (`archive.read_calibration`): nothing here knows a method.
 
-A file in another of peg's formats (a `peg._io.save_tree` file whose `"format"` is registered
-with `register_format`, e.g. `peg.Laplace.save`'s) is handed to the reader registered for it.
+A file in another of peg's formats (a `peg.utils.io.save_tree` file whose `"format"` is
+registered in `FORMATS`, e.g. `peg.Laplace.save`'s) is handed to the reader registered for it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from peg import _io, archive, recipe
+from peg import archive, recipe
 from peg._load_checks import (
     check_calibrated,
     check_calibration_entry,
@@ -34,46 +34,56 @@ from peg.errors import ArchiveError
 from peg.output import PREFIX
 from peg.source._devices import model_device, move
 from peg.source.batches import BatchFn
+from peg.utils import io as _io
+from peg.utils.registry import Registry
 
-__all__ = ["calibrator_for", "load", "register_calibrator", "register_format"]
+__all__ = [
+    "CALIBRATORS",
+    "FORMATS",
+    "calibrator_for",
+    "load",
+    "register_calibrator",
+    "register_format",
+]
 
 # ------------------------------------------------------------------------- calibrators
 # name → `rebuild(ensemble, params, tensors)`: the fitted calibrator around a loaded ensemble,
 # from the archive meta's `"calibration"` entry (`params`, which names it under "method") and the
 # map's arrays stored beside the members (`tensors`, CPU; `{}` when there are none).
 Calibrator = Callable[[Ensemble, dict[str, Any], dict[str, Tensor]], Any]
-_CALIBRATORS: dict[str, Calibrator] = {}
+CALIBRATORS: Registry[Calibrator] = Registry("calibrator")
 
 
 def register_calibrator(name: str, rebuild: Calibrator) -> None:
     """Make archives whose meta has `"calibration": {"method": name, ...}` load, through
-    `rebuild(ensemble, calibration, tensors)`, as the calibrator it returns."""
-    _CALIBRATORS[name] = rebuild
+    `rebuild(ensemble, calibration, tensors)`, as the calibrator it returns
+    (`CALIBRATORS.add(name, rebuild)`)."""
+    CALIBRATORS.add(name, rebuild)
 
 
 # ------------------------------------------------------------------------- other formats
 # format name → `read(path, model, device, batch_fn)`: the fitted method a file of that format
 # holds (registered where the method is defined, as the calibrators are)
 Reader = Callable[[Path, nn.Module, Any, Any], Any]
-_FORMATS: dict[str, Reader] = {}
+FORMATS: Registry[Reader] = Registry("format")
 
 
 def register_format(name: str, read: Reader) -> None:
-    """Make `peg.load` read files `peg._io.save_tree` wrote with `"format": name` through
-    `read(path, model, device, batch_fn)`."""
-    _FORMATS[name] = read
+    """Make `peg.load` read files `peg.utils.io.save_tree` wrote with `"format": name` through
+    `read(path, model, device, batch_fn)` (`FORMATS.add(name, read)`)."""
+    FORMATS.add(name, read)
 
 
 def calibrator_for(calibration: Any) -> Calibrator:
     """The registered `rebuild` for an archive meta's `"calibration"` entry (ArchiveError if
     its kind is unknown)."""
     name = calibration.get("method") if isinstance(calibration, dict) else None
-    if not isinstance(name, str) or name not in _CALIBRATORS:
+    if not isinstance(name, str) or name not in CALIBRATORS:
         raise ArchiveError(
-            f"calibration: unknown kind {name!r} (known: {sorted(_CALIBRATORS)}); the archive "
+            f"calibration: unknown kind {name!r} (known: {sorted(CALIBRATORS)}); the archive "
             "was written by a calibrator this version of peg does not have"
         )
-    return _CALIBRATORS[name]
+    return CALIBRATORS[name]
 
 
 def _needs_val(path: Path, header: dict[str, Any]) -> str:
@@ -140,9 +150,9 @@ def load(
     path = Path(path)
     device = None if device is None else check_device(device)  # before the file is read
     kind = _io.tree_format(path) if path.is_file() else None
-    if kind in _FORMATS:
+    if kind in FORMATS:
         model = _need_model(model, path, kind)
-        return _FORMATS[kind](path, model, _device(model, device), batch_fn)
+        return FORMATS[kind](path, model, _device(model, device), batch_fn)
     header = archive.read_header(path)
     if (header.get("meta") or {}).get("inputs") in archive.WEIGHTLESS:
         return _weightless_map(path, header, model, device)

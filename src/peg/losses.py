@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from peg._scalars import check_number
+from peg.utils.scalars import check_number
 
 _LOG_2PI = math.log(2 * math.pi)
 

@@ -31,6 +31,7 @@ from torch import Tensor
 
 from peg._schema import Fields, in_range
 from peg.errors import ArchiveError
+from peg.utils.registry import Registry
 
 # 2: option names of the method contract (n_members, batch_size, ...); 3: the search's options
 # in one `search` object (`peg.ScaleSearch`); 4: K-FAC's input factors from their rows where
@@ -113,6 +114,7 @@ def fingerprints_match(
 
 
 __all__ = [
+    "REBUILDERS",
     "arithmetic",
     "check",
     "displacement_fingerprints",
@@ -133,13 +135,13 @@ __all__ = [
 # (`PerturbationEnsemble.__init_subclass__`), so loading an archive needs no import of any method.
 Rebuild = Callable[[Any, dict[str, Any], Any, Any], Any]
 Check = Callable[[Any, dict[str, Any]], None]
-_REBUILDERS: dict[str, tuple[Rebuild, Check]] = {}
+REBUILDERS: Registry[tuple[Rebuild, Check]] = Registry("recipe method")
 
 
 def register(method: str, rebuild: Rebuild, check: Check) -> None:
     """Make recipes of `method` loadable with `rebuild(bases: Ensemble, recipe, val, batch_fn)`,
-    once `check(bases, recipe)` has passed."""
-    _REBUILDERS[method] = (rebuild, check)
+    once `check(bases, recipe)` has passed (`REBUILDERS.add(method, (rebuild, check))`)."""
+    REBUILDERS.add(method, (rebuild, check))
 
 
 # the fields only a PEG/PEP recipe has (a `peg.train.Recipe`, which DeepEnsemble and SWAG record
@@ -173,9 +175,9 @@ def check(made: Any, where: str) -> dict[str, Any]:
     fields = Fields(made, where, "meta.recipe.")
     version = fields.integer("recipe_version", minimum=1, optional=True, default=1)
     method = fields.text("method")
-    if version > RECIPE_VERSION or method not in _REBUILDERS:
+    if version > RECIPE_VERSION or method not in REBUILDERS:
         raise ArchiveError(
-            f"{where}: recipe of an unknown kind {method!r} (known: {sorted(_REBUILDERS)}) or a "
+            f"{where}: recipe of an unknown kind {method!r} (known: {sorted(REBUILDERS)}) or a "
             f"newer version ({version}; this peg reads {RECIPE_VERSION}); upgrade peg"
         )
     fields.object("options")
@@ -202,7 +204,7 @@ def _pair(p: Any) -> bool:
 def rebuilder(made: dict[str, Any], bases: Any, where: str) -> Rebuild:
     """The rebuild function for a recipe checked by `check`, once its method's own `check` has
     passed on `bases` (an ArchiveError naming `where` and the field otherwise)."""
-    rebuild, check_method = _REBUILDERS[made["method"]]
+    rebuild, check_method = REBUILDERS[made["method"]]
     try:
         check_method(bases, made)
     except ArchiveError as e:

@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 import peg
-from peg import _io
 from peg.apps.cli import main
+from peg.utils import io as _io
 
 C = 4
 

@@ -115,11 +115,11 @@ import sys, time
 from pathlib import Path
 import torch
 torch.set_num_threads(1)
-import peg._io
+import peg.utils.io
 from peg.apps.compare import compare
 
 out, stop_after, marker, given = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
-write = peg._io.atomic_save_file
+write = peg.utils.io.atomic_save_file
 
 def write_then_stop(tensors, metadata, path):
     write(tensors, metadata, path)
@@ -127,7 +127,7 @@ def write_then_stop(tensors, metadata, path):
         open(marker, "w").close()
         time.sleep(600)
 
-peg._io.atomic_save_file = write_then_stop
+peg.utils.io.atomic_save_file = write_then_stop
 model, val, test = torch.load(given, weights_only=False)
 compare(model, val, test, METHODS, out=out, say=None, progress=False)
 """.replace("METHODS", repr(METHODS))

@@ -19,12 +19,12 @@ from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from bad_inputs import _TupleOut, raises_test
-from peg._io import load_tree, save_tree
 from peg.apps import registry
 from peg.apps.cli import main
 from peg.apps.compare import compare
 from peg.methods.calibration.temperature import TemperatureScaling
 from peg.methods.perturbation.peg import PEG
+from peg.utils.io import load_tree, save_tree
 
 from conftest import moons, overfit
 

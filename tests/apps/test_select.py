@@ -163,7 +163,7 @@ def test_save_writes_the_archive_once_and_refuses_a_format_without_the_report(
     tmp_path, monkeypatch
 ):
     from peg import archive
-    from peg._io import save_tree
+    from peg.utils.io import save_tree
 
     model, val = problem(300, 3, [3.0] * 3)
     sel = AutoSelect(candidates=SCALERS, cv=3, progress=False).fit(model, val)

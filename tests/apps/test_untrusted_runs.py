@@ -21,12 +21,12 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from bad_inputs import raises_test
-from peg._io import load_tree, save_tree
 from peg.apps import results
 from peg.apps.bench.uci import run_uci
 from peg.apps.cli import main
 from peg.apps.compare import compare, state
 from peg.apps.compare.state import fingerprint
+from peg.utils.io import load_tree, save_tree
 
 from conftest import moons, overfit
 

@@ -90,7 +90,7 @@ def shift() -> Iterator[type[Calibrator]]:
         yield cls
     finally:  # other tests never see it
         del Calibrator.registry[cls.method]
-        del loading._CALIBRATORS[cls.method]
+        loading.CALIBRATORS.remove(cls.method)
 
 
 def saved(n: int, seed: int) -> tuple[Tensor, Tensor]:
@@ -167,7 +167,7 @@ test_a_bad_declaration_raises_a_clear_error = raises_test(ERROR_CASES)
 def test_a_refused_declaration_registers_nothing():
     with pytest.raises(TypeError):
         _unknown_kind()
-    assert "test-dense" not in Calibrator.registry and "test-dense" not in loading._CALIBRATORS
+    assert "test-dense" not in Calibrator.registry and "test-dense" not in loading.CALIBRATORS
 
 
 # ---------------------------------------------------------------- nothing else names a map

@@ -351,7 +351,7 @@ def test_streaming_equals_member_logits(fitted):
 
 def test_every_calibrator_is_registered_for_loading():
     for cls in (peg.TemperatureScaling, *(type(make()) for make in CALIBRATORS.values())):
-        assert peg.loading._CALIBRATORS[cls.method] == cls._from_archive
+        assert peg.loading.CALIBRATORS[cls.method] == cls._from_archive
 
 
 def test_a_calibrator_reads_the_model_in_eval_mode_and_leaves_it_as_it_was():

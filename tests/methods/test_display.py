@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 import peg
-from peg import _html
 from peg.methods._display import summary
 from peg.methods.base import Method
+from peg.utils import html as _html
 
 
 def _logits(n: int = 300, classes: int = 4, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,7 +122,7 @@ def test_label_shift_and_conformal(fitted: bool) -> None:
 
 def test_the_question_mark_links_to_the_reference_page(monkeypatch) -> None:
     """As scikit-learn's display: a "?" to the class's reference page (mkdocs.yml:
-    reference/<Name>.html), under `peg._html.DOCS_URL` (PEG_DOCS_URL: the served site)."""
+    reference/<Name>.html), under `peg.utils.html.DOCS_URL` (PEG_DOCS_URL: the served site)."""
     html = peg.TemperatureScaling()._repr_html_()
     assert 'class="peg-doc" href="reference/TemperatureScaling.html"' in html
     monkeypatch.setattr(_html, "DOCS_URL", "https://docs.example/peg")

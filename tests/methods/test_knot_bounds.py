@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import peg
-from peg import _memory
+from peg.utils import memory as _memory
 
 
 @pytest.fixture

@@ -182,7 +182,7 @@ def test_save_and_load_give_the_same_predictions_without_the_data(net, digits, t
         assert isinstance(loaded, peg.Laplace)
         assert torch.equal(loaded.member_logits(X), fitted.member_logits(X))
         assert loaded.meta_ == fitted.meta_ and loaded.get_params() == fitted.get_params()
-    saved = peg._io.load_tree(path)
+    saved = peg.utils.io.load_tree(path)
     assert saved["laplace"]["data"] is None  # laplace-torch's kept training batch is not saved
     with pytest.raises(ArchiveError, match="model: does not match"):
         peg.load(path, nn.Sequential(nn.Linear(64, 8), nn.ReLU(), nn.Linear(8, 10)))

@@ -1,4 +1,5 @@
-"""Last-layer PEG: the named `params` choices, the trunk/head split (`peg._heads`), prediction
+"""Last-layer PEG: the named `params` choices, the trunk/head split (`peg.runtime.heads`),
+prediction
 running the trunk once per batch, the η search on the heads alone, archives and recipes."""
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def test_last_layer_peg_perturbs_the_head_only():
 
 # ---------------------------------------------------------------- the split
 def test_split_found_for_sequential_and_for_a_head_module():
-    from peg._heads import find_split
+    from peg.runtime.heads import find_split
 
     x = torch.randn(4, 2)
     seq = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 3))
@@ -125,14 +126,14 @@ def test_split_found_for_sequential_and_for_a_head_module():
 
 
 def test_split_refused_where_the_forward_is_not_trunk_then_head():
-    from peg._heads import find_split
+    from peg.runtime.heads import find_split
 
     net = Skip()
     assert find_split(net, {"fc.weight", "fc.bias"}, [net.state_dict()], torch.randn(4, 2)) is None
 
 
 def test_a_model_declares_its_head():
-    from peg._heads import find_split
+    from peg.runtime.heads import find_split
 
     deep = Deep()
     deep.peg_head = "head"  # tried first
@@ -195,7 +196,7 @@ def test_no_split_everything_as_before():
 
 # ---------------------------------------------------------------- the η search
 def _without_split(monkeypatch):
-    from peg import _heads
+    from peg.runtime import heads as _heads
 
     monkeypatch.setattr(_heads, "candidates", lambda *_: [])
     monkeypatch.setattr(_heads, "_SPLITS", {})

@@ -103,4 +103,4 @@ def test_loading_knows_no_method():
         for alias in node.names
     ]
     assert not [name for name in imported if name and name.startswith("peg.methods")]
-    assert peg.loading._CALIBRATORS["temperature"] == peg.TemperatureScaling._from_archive
+    assert peg.loading.CALIBRATORS["temperature"] == peg.TemperatureScaling._from_archive

@@ -23,10 +23,10 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from peg._params import flatten_state, unflatten_state
-from peg._progress import bar
-from peg._scalars import check_positive_int
 from peg.ensemble import model_output
 from peg.source._devices import move
+from peg.utils.progress import bar
+from peg.utils.scalars import check_positive_int
 
 EVAL_BATCH_SIZE = 1024
 

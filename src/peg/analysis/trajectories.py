@@ -3,7 +3,7 @@
 `train_trajectories(factory, data, recipe, seeds, cache=...)` trains one model per seed with
 `peg.train.train` and keeps its state dict at initialisation (epoch 0) and after every epoch
 (`peg.train.Snapshots`). With `cache`, each finished trajectory is stored as one safetensors file
-(`peg._io.save_tree`: tensors + JSON, no pickle) named by a hash of everything that defines it
+(`peg.utils.io.save_tree`: tensors + JSON, no pickle) named by a hash of everything that defines it
 (recipe, seed, initial weights, training data), so a rerun loads it instead of training, and a
 change to any of those trains afresh. An interrupted run resumes from a per-epoch checkpoint.
 """
@@ -22,9 +22,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from peg._io import load_tree, save_tree
 from peg.source import Data, Source
 from peg.train import ModelSource, Recipe, Snapshots, instantiate, train
+from peg.utils.io import load_tree, save_tree
 
 FORMAT = "peg-trajectory"
 

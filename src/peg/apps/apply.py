@@ -40,10 +40,10 @@ RECORD_BYTES = 1 << 24  # a record longer than this is not one peg wrote
 
 
 def run(args: argparse.Namespace, command: str, progress: bool | None) -> int:
-    from peg._env import git_commit, machine
-    from peg._io import atomic_target
     from peg.apps.compare.state import file_hash
     from peg.apps.results import writable, write_json
+    from peg.utils.env import git_commit, machine
+    from peg.utils.io import atomic_target
 
     if args.batch_size < 1:
         raise ValueError(f"--batch-size: expected an integer >= 1, got {args.batch_size}")

@@ -22,7 +22,6 @@ from torch import nn
 
 from peg import data as datasets
 from peg import metrics, models, plots
-from peg._env import git_commit, machine
 from peg.apps.bench.tables import markdown_table
 from peg.apps.data import load_or_digits, subsample
 from peg.apps.registry import Site, build
@@ -31,6 +30,7 @@ from peg.methods._predictors import member_logits_of
 from peg.methods.calibration._calibrator import table_name
 from peg.methods.calibration.temperature import TemperatureScaling
 from peg.train import train
+from peg.utils.env import git_commit, machine
 
 IMAGE_DATA = ("fashion-mnist", "digits")
 BINS = 15  # the confidence bins of the table's ECE and of the reliability figure alike

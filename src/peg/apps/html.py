@@ -5,7 +5,7 @@ notebook (`_repr_html_`, `_repr_markdown_`), as a data frame (`to_pandas`), as a
 
 Each class says what it shows once, as a `Report` (`_report()`): its title, its markdown, its
 rows as flat records, and the HTML of its sections, with or without figures; the rest is here.
-The one-file report is `peg._html.page`: its figures embedded as PNG (`data:` URIs), no
+The one-file report is `peg.utils.html.page`: its figures embedded as PNG (`data:` URIs), no
 network, no script, every name escaped; a notebook's block is the same sections without the
 figures (drawing them takes a while, and `peg.plots` draws them on demand).
 """
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from peg import _html
-from peg._html import Markup
-from peg._io import atomic_write_text
 from peg.apps.results import json_ready
+from peg.utils import html as _html
+from peg.utils.html import Markup
+from peg.utils.io import atomic_write_text
 
 FORMATS = ("md", "csv", "json")  # `--format`
 REPORT = "report.html"  # `--html`'s file, in the results folder
@@ -116,7 +116,7 @@ class Reported:
         the notes; nothing it needs is fetched (no network, no external CSS or script).
 
         Args:
-            path: where to write it (UTF-8, atomically: `peg._io`), or None.
+            path: where to write it (UTF-8, atomically: `peg.utils.io`), or None.
 
         Returns:
             the HTML text when `path` is None, else `Path(path)`.

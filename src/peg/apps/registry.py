@@ -52,6 +52,7 @@ from peg.methods.laplace.laplace import require_laplace
 from peg.methods.perturbation._scale_search import ScaleSearch
 from peg.methods.trained.swag import has_batchnorm
 from peg.models._packed import Packing
+from peg.utils.registry import Registry
 
 __all__ = ["REGISTRY", "Builder", "Site", "build", "check_all", "configure", "entry", "register"]
 
@@ -70,7 +71,7 @@ class Builder:
         raise NotImplementedError
 
 
-REGISTRY: dict[str, type[Builder]] = {}
+REGISTRY: Registry[type[Builder]] = Registry("method")
 # keys registered by an application module that builds through the registry (imported when named)
 ELSEWHERE = {"auto-select": "peg.apps.select"}
 B = TypeVar("B", bound=type[Builder])
@@ -80,10 +81,8 @@ def register(key: str) -> Callable[[B], B]:
     """Class decorator: register a `Builder` subclass under `key` (each key once)."""
 
     def add(cls: B) -> B:
-        if key in REGISTRY:
-            raise ValueError(f"method {key!r} is registered already ({REGISTRY[key].__name__})")
+        REGISTRY.add(key, cls)  # another class under `key` is refused, naming both
         cls.key = key
-        REGISTRY[key] = cls
         return cls
 
     return add
@@ -203,7 +202,7 @@ def calibration(cls: type) -> type[Builder]:
 
 
 for _cls in calibrators():  # under their keys, in the registry's listed order
-    REGISTRY[_cls.method] = calibration(_cls)
+    REGISTRY.add(_cls.method, calibration(_cls))
 
 
 @register("peg")

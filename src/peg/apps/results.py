@@ -1,5 +1,5 @@
 """The results writer of the applications: JSON and markdown, each written atomically
-(`peg._io.atomic_write_text`: a crash mid-write leaves the previous file intact); and `claim`,
+(`peg.utils.io.atomic_write_text`: a crash mid-write leaves the previous file intact); and `claim`,
 which keeps them from overwriting a folder of the user's.
 
 A folder an application made holds its mark, `.peg-<application>` (`.peg-compare`,
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from peg._io import atomic_write_text
+from peg.utils.io import atomic_write_text
 
 
 def json_ready(obj: Any) -> Any:

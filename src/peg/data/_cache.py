@@ -4,7 +4,7 @@ Decoding 50,000 JPEGs or parsing a text table takes seconds; the result is kept 
 uncompressed `.npz` (NumPy arrays only, read back with `allow_pickle=False`) under
 `cache_dir()/decoded/`. An entry's name holds the source file's name, a hash of its resolved
 path, its size and its modification time, so replacing or touching the source makes a fresh
-entry (the stale one of the same source is removed). Writes are atomic (`peg._io.atomic_open`:
+entry (the stale one of the same source is removed). Writes are atomic (`peg.utils.io.atomic_open`:
 temporary file, then `os.replace`); a cache folder that cannot be written only costs the
 decode next time.
 """
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from peg._io import atomic_open
 from peg.data.roots import PathLike, _only_explicit, data_roots
+from peg.utils.io import atomic_open
 
 #: Bump when the layout of a cached entry changes: old entries are then ignored.
 CACHE_VERSION = 1
@@ -47,7 +47,7 @@ def cache_path(source: Path, tag: str) -> Path:
 
 
 def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """`np.savez` to `path`, atomically (`peg._io.atomic_open`)."""
+    """`np.savez` to `path`, atomically (`peg.utils.io.atomic_open`)."""
     with atomic_open(path) as f:
         np.savez(f, **arrays)
 

@@ -1,5 +1,5 @@
 """The disk cache of `peg.data.corruptions`: where it lives, how images are keyed, and `.npy`
-files read back with `allow_pickle=False` and written atomically (`peg._io.atomic_open`)."""
+files read back with `allow_pickle=False` and written atomically (`peg.utils.io.atomic_open`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from peg._io import atomic_open
 from peg.data._cache import cache_dir as peg_cache_dir
+from peg.utils.io import atomic_open
 
 _KEY_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
@@ -52,6 +52,6 @@ def read_cache(path: Path, shape: tuple[int, ...]) -> np.ndarray | None:
 
 
 def write_cache(path: Path, array: np.ndarray) -> None:
-    """np.save to `path` atomically (`peg._io.atomic_open`): readers never see half a file."""
+    """np.save to `path` atomically (`peg.utils.io.atomic_open`): readers never see half a file."""
     with atomic_open(path) as f:
         np.save(f, array, allow_pickle=False)

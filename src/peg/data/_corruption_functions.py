@@ -17,9 +17,9 @@ import io
 import numpy as np
 from PIL import Image
 
-from peg._imports import lazy_module
+from peg.utils.imports import lazy_module
 
-ndimage = lazy_module("scipy.ndimage")  # imported on first use (peg._imports)
+ndimage = lazy_module("scipy.ndimage")  # imported on first use (peg.utils.imports)
 
 Array = np.ndarray
 

@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from peg._imports import lazy_module
 from peg.data._corruption_blur import (
     clipped_zoom,
     image_generators,
@@ -32,8 +31,9 @@ from peg.data._corruption_blur import (
     resize,
     sample_bilinear,
 )
+from peg.utils.imports import lazy_module
 
-ndimage = lazy_module("scipy.ndimage")  # imported on first use (peg._imports)
+ndimage = lazy_module("scipy.ndimage")  # imported on first use (peg.utils.imports)
 
 Array = np.ndarray
 # (images [N, C, H, W] float32, generator, spatial scale, **parameters) -> images

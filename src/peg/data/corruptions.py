@@ -87,8 +87,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from peg._imports import lazy_module
-from peg._scalars import check_seed
 from peg.data._corruption_cache import (
     cache_root,
     check_key,
@@ -97,8 +95,10 @@ from peg.data._corruption_cache import (
     write_cache,
 )
 from peg.data._corruption_records import BY_NAME, RECORDS, Array, table
+from peg.utils.imports import lazy_module
+from peg.utils.scalars import check_seed
 
-ndimage = lazy_module("scipy.ndimage")  # imported on first use (peg._imports)
+ndimage = lazy_module("scipy.ndimage")  # imported on first use (peg.utils.imports)
 
 __doc__ = (__doc__ or "").replace("{table}", table())
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from peg._io import atomic_open
+from peg.utils.io import atomic_open
 
 #: IDX dtype code -> big-endian NumPy dtype.
 DTYPES: dict[int, str] = {

@@ -50,7 +50,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from peg._scalars import check_seed
 from peg.data import toy
 from peg.data.cifar import load_cifar10, load_cifar100
 from peg.data.mnist import IDX_SETS, load_idx_set, load_mnist_5k
@@ -59,6 +58,7 @@ from peg.data.splits import train_val_split
 from peg.data.stl10 import load_stl10
 from peg.data.svhn import load_svhn
 from peg.data.uci import UCI_SETS, load_uci
+from peg.utils.scalars import check_seed
 
 Pair = tuple[Tensor, Tensor]
 

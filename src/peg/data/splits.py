@@ -1,5 +1,5 @@
 """Seeded train/validation splits (`train_val_split`, stratified by class by default), and the
-seed check it shares with `peg.data.registry.load` (`peg._scalars.check_seed`)."""
+seed check it shares with `peg.data.registry.load` (`peg.utils.scalars.check_seed`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from peg._scalars import check_seed
+from peg.utils.scalars import check_seed
 
 
 def _split_counts(counts: np.ndarray, total: int) -> np.ndarray:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from peg._scalars import check_number, check_positive_int, check_seed
+from peg.utils.scalars import check_number, check_positive_int, check_seed
 
 
 def _counts(n: int, classes: int) -> list[int]:

@@ -39,7 +39,6 @@ from typing import Any, ClassVar
 
 from torch import Tensor
 
-from peg._scalars import check_positive_int
 from peg.integrations._common import (
     DEFAULT_CALIBRATOR,
     KEYS,
@@ -60,6 +59,7 @@ from peg.methods.conformal.classifier import ConformalClassifier
 from peg.metrics.streaming import StreamingMetrics
 from peg.source._devices import weights_device
 from peg.source.batches import BatchFn
+from peg.utils.scalars import check_positive_int
 
 try:
     from transformers import TrainerCallback

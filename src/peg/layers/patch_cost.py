@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from peg._scalars import check_number
 from peg.layers.patched_module import patched_modules
+from peg.utils.scalars import check_number
 
 
 def patch_regularizer(model: nn.Module, shared: bool = True) -> Tensor:

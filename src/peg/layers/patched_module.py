@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from peg._scalars import check_number
+from peg.utils.scalars import check_number
 
 Mode = Literal["emp", "ecmp"]
 MODES: tuple[str, ...] = ("emp", "ecmp")

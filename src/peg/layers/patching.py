@@ -27,11 +27,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from peg._scalars import check_number
 from peg.layers.patch_cost import emp_loss, overhead, patch_regularizer
 from peg.layers.patched_layers import BN_TYPES, PatchedBatchNorm, PatchedConv, PatchedLinear
 from peg.layers.patched_module import MODES as MODES
 from peg.layers.patched_module import Mode, PatchedModule, _check_k, _check_mode, patched_modules
+from peg.utils.scalars import check_number
 
 #: The parts of `layers=` in `patch`, joined by "+" (e.g. "bn+output").
 LAYER_PARTS: tuple[str, ...] = ("bn", "input", "output")

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from peg._params import PARAM_CHOICES, check_param_filter
-from peg._scalars import is_real
 from peg.errors import InvalidParameterError
+from peg.utils.scalars import is_real
 
 Check = Callable[[Any, str], None]  # check(value, name): one argument (a Constraint is one)
 Rule = Callable[[Any], None]  # rule(method): between arguments (`parameter_rules`)

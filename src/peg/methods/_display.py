@@ -2,7 +2,7 @@
 its class, whether it is fitted, its arguments (those set away from their defaults marked) and,
 once fitted, its fitted values (the trailing-underscore attributes: the temperature `T`, PEG's
 `eta_`, a conformal `quantile_`, the priors of `LabelShift`, ...), as HTML (`_repr_html_`,
-`peg._html`: every name and value escaped, CSS scoped to the block) and as markdown
+`peg.utils.html`: every name and value escaped, CSS scoped to the block) and as markdown
 (`_repr_markdown_`); `repr` stays the plain-text form (the constructor call).
 
 A value is summarised, never dumped: numbers to 4 significant digits, a tensor or array of up
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from torch import Tensor, nn
 
-from peg import _html
+from peg.utils import html as _html
 
 SHOWN = 10  # numbers of a tensor or list shown in full
 LONGEST = 160  # characters of a value's text shown

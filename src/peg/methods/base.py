@@ -30,10 +30,6 @@ import torch
 from torch import Tensor, nn
 
 from peg._forward import diagnose
-from peg._memory import require_memory
-from peg._predicts import Predicts, _cat_batches, autocast_dtype
-from peg._progress import bar
-from peg._scalars import check_positive_int
 from peg.ensemble import Ensemble
 from peg.errors import NotFittedError
 from peg.methods import _constraints as checks
@@ -42,10 +38,14 @@ from peg.methods._arguments import Params
 from peg.methods._arguments import store_arguments as store_arguments
 from peg.methods._display import Display
 from peg.output import model_output
+from peg.runtime.predicts import Predicts, _cat_batches, autocast_dtype
 from peg.source import Data, Source
 from peg.source._devices import model_device, move
 from peg.source.batches import BatchFn, call_model, check_batch_fn
 from peg.streams import generator
+from peg.utils.memory import require_memory
+from peg.utils.progress import bar
+from peg.utils.scalars import check_positive_int
 
 
 def is_fitted(obj: Any) -> bool:

@@ -31,7 +31,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from peg._scalars import check_positive_int
 from peg.metrics._inputs import ensemble_log_probs, ensemble_probs
 from peg.metrics._keys import CLASSIFICATION_METRICS, DEFAULT_METRICS, check_metrics
 from peg.metrics._predictive import Predictive
@@ -101,6 +100,7 @@ from peg.metrics.selective import (
     risk_coverage_curve,
 )
 from peg.source._values import check_labels
+from peg.utils.scalars import check_positive_int
 
 __all__ = [
     "CLASSIFICATION_METRICS",

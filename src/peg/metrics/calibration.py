@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from peg._scalars import check_positive_int
 from peg.metrics._predictive import Predictive, Ranked
+from peg.utils.scalars import check_positive_int
 
 
 def reliability(pred: Any, y: Any, bins: int = 15) -> dict[str, Tensor]:

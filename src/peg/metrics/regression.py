@@ -37,9 +37,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from peg._scalars import check_positive_int
 from peg.losses import gaussian_nll_elementwise
 from peg.source._values import as_tensor
+from peg.utils.scalars import check_positive_int
 
 Predictive = Literal["moment", "mixture"]
 DEFAULT_LEVELS = (0.5, 0.9, 0.95)

@@ -24,7 +24,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from peg._scalars import check_positive_int
 from peg.metrics._inputs import as_pred
 from peg.metrics._keys import RANKED, check_metrics
 from peg.metrics._predictive import Predictive, ranked
@@ -38,6 +37,7 @@ from peg.metrics.calibration import (
 )
 from peg.metrics.ood import OOD_SCORES, aupr, auroc, fpr_at_tpr
 from peg.metrics.selective import augrc_of, aurc_of
+from peg.utils.scalars import check_positive_int
 
 
 class StreamingMetrics:

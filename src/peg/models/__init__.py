@@ -30,6 +30,7 @@ from peg.models.preresnet import PreResNet
 from peg.models.resnet import CifarResNet, ResNet
 from peg.models.vgg import VGG
 from peg.models.wide_resnet import WideResNet
+from peg.utils.registry import Registry
 
 
 class Preset:
@@ -59,28 +60,31 @@ class Preset:
 
 
 #: Model name -> constructor; `build(name, **kwargs)` calls `REGISTRY[name](**kwargs)`.
-REGISTRY: dict[str, Callable[..., nn.Module]] = {
-    "mlp": MLP,
-    "small-cnn": SmallCNN,
-    "landscape-small-cnn": LandscapeCNN,
-    "medium-cnn": MediumCNN,
-    "lenet": LeNet,
-    "vgg": VGG,
-    "vgg16": Preset(VGG, depth=16, batch_norm=False),
-    "vgg16-bn": Preset(VGG, depth=16, batch_norm=True),
-    "preresnet": PreResNet,
-    "preresnet20": Preset(PreResNet, depth=20),
-    "preresnet56": Preset(PreResNet, depth=56),
-    "preresnet110": Preset(PreResNet, depth=110),
-    "preresnet164": Preset(PreResNet, depth=164),
-    "wide-resnet": WideResNet,
-    "wrn28-10": Preset(WideResNet, depth=28, widen_factor=10),
-    "cifar-resnet": CifarResNet,
-    "resnet20": Preset(CifarResNet, depth=20),
-    "resnet": ResNet,
-    "resnet18": Preset(ResNet, depth=18),
-    "resnet50": Preset(ResNet, depth=50),
-}
+REGISTRY: Registry[Callable[..., nn.Module]] = Registry("model")
+for _key, _ctor in (
+    ("mlp", MLP),
+    ("small-cnn", SmallCNN),
+    ("landscape-small-cnn", LandscapeCNN),
+    ("medium-cnn", MediumCNN),
+    ("lenet", LeNet),
+    ("vgg", VGG),
+    ("vgg16", Preset(VGG, depth=16, batch_norm=False)),
+    ("vgg16-bn", Preset(VGG, depth=16, batch_norm=True)),
+    ("preresnet", PreResNet),
+    ("preresnet20", Preset(PreResNet, depth=20)),
+    ("preresnet56", Preset(PreResNet, depth=56)),
+    ("preresnet110", Preset(PreResNet, depth=110)),
+    ("preresnet164", Preset(PreResNet, depth=164)),
+    ("wide-resnet", WideResNet),
+    ("wrn28-10", Preset(WideResNet, depth=28, widen_factor=10)),
+    ("cifar-resnet", CifarResNet),
+    ("resnet20", Preset(CifarResNet, depth=20)),
+    ("resnet", ResNet),
+    ("resnet18", Preset(ResNet, depth=18)),
+    ("resnet50", Preset(ResNet, depth=50)),
+):
+    REGISTRY.add(_key, _ctor)
+del _key, _ctor
 
 
 def arguments(name: str) -> list[str] | None:

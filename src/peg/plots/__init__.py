@@ -8,7 +8,7 @@ backend. Every function takes `path=None` and `ax=None` (keywords):
 
 - neither: returns the new matplotlib `Figure` (a notebook shows it once: it is not in pyplot's
   registry, so no backend shows it again at the end of the cell);
-- `path`: writes the PNG atomically (`peg._io.atomic_open`: a temporary file in the same
+- `path`: writes the PNG atomically (`peg.utils.io.atomic_open`: a temporary file in the same
   folder, then `os.replace`), creates missing parent folders and returns the path
   (`risk_coverage` returns its Axes, as it always has);
 - `ax`: draws on that matplotlib Axes of your own figure (one-panel figures, and every

@@ -5,7 +5,7 @@ checks of the path and of numeric inputs, and the colours and markers.
 `figure` draws with matplotlib's object API on an Agg canvas (no pyplot, no display, no global
 figure state: pyplot's registry never holds it, so Jupyter shows a returned figure once, through
 its `_repr_png_` or the inline backend's formatter, never again at the end of the cell); `save`
-writes the PNG atomically (`peg._io.atomic_open`: a temporary file in the same folder, then
+writes the PNG atomically (`peg.utils.io.atomic_open`: a temporary file in the same folder, then
 `os.replace`), creating missing parent folders.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from peg._io import atomic_open
+from peg.utils.io import atomic_open
 
 DPI = 120
 # colour-blind-friendly class colours (Okabe-Ito), then matplotlib's tab10
@@ -81,7 +81,7 @@ def png_bytes(fig: Any) -> bytes:
 
 
 def save(fig: Any, path: str | os.PathLike[str]) -> Path:
-    """Write `fig` (its whole figure) as PNG to `path` atomically (`peg._io.atomic_open`);
+    """Write `fig` (its whole figure) as PNG to `path` atomically (`peg.utils.io.atomic_open`);
     returns the path."""
     with atomic_open(path) as f:
         root(fig).savefig(f, format="png", dpi=DPI)

@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 
-from peg._scalars import check_positive_int
 from peg.metrics.calibration import binned_ece, reliability
 from peg.plots._figure import (
     MARKERS,
@@ -21,6 +20,7 @@ from peg.plots._figure import (
     save,
     to_numpy,
 )
+from peg.utils.scalars import check_positive_int
 
 
 def _reliability_arrays(name: str, r: Any) -> tuple[np.ndarray, ...]:

@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from peg._forward import eval_mode
-from peg._scalars import check_positive_int
 from peg.output import logits_of
 from peg.source._devices import move
 from peg.source.batches import batch_rows, call_model, is_pair, take_rows
+from peg.utils.scalars import check_positive_int
 
 Callback = Callable[[int, nn.Module], None]
 

@@ -11,9 +11,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from peg._io import load_tree, save_tree
 from peg.train.callbacks import Callback, stateful_callbacks
 from peg.train.recipe import Recipe, Schedules
+from peg.utils.io import load_tree, save_tree
 
 CHECKPOINT_FORMAT = "peg-train-checkpoint"
 

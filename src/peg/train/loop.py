@@ -15,7 +15,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from peg._forward import diagnose, eval_mode
-from peg._progress import bar
 from peg.data.transforms import random_crop, random_hflip
 from peg.losses import packed_loss
 from peg.output import logits_of, model_output
@@ -27,6 +26,7 @@ from peg.train._data import Batch, TrainingData
 from peg.train.callbacks import Callback, EarlyStopping
 from peg.train.checkpoint import CHECKPOINT_FORMAT, resume_run, save_run
 from peg.train.recipe import Recipe, Schedules, make_optimizer
+from peg.utils.progress import bar
 
 ModelSource = nn.Module | Callable[[], nn.Module]
 

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.optim.swa_utils import SWALR
 
-from peg._scalars import check_number, check_positive_int
+from peg.utils.scalars import check_number, check_positive_int
 
 Schedule = Literal["constant", "cosine", "swa"]
 

@@ -34,14 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from peg import metrics
-from peg._env import git_commit, machine
-from peg._progress import bar
 from peg.apps.bench.folders import claim_paper
 from peg.apps.bench.seed import SeedRun
 from peg.apps.bench.spec import MethodSpec, Spec
 from peg.apps.bench.tables import markdown_table
 from peg.apps.results import write_results
 from peg.train import Recipe
+from peg.utils.env import git_commit, machine
+from peg.utils.progress import bar
 
 PAPER_GRID = (0.001, 0.01, 0.1, 1.0)
 ECE_BINS, ECE_MIN_COUNT = 10, 10  # paper §5.1: bin width 0.1, at least 10 points per bin

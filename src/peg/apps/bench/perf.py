@@ -15,8 +15,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from peg._env import git_commit
 from peg.apps.results import write_text
+from peg.utils.env import git_commit
 
 
 def scripts(folder: str | Path = "benchmarks") -> dict[str, Path]:

@@ -29,8 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from peg import distributed, plots
-from peg._env import git_commit, machine
-from peg._progress import bar
 from peg.apps import registry
 from peg.apps.bench.folders import claim_bench
 from peg.apps.bench.seed import SeedRun, fit_images
@@ -40,6 +38,8 @@ from peg.apps.conformal import conformal_cells, conformal_table
 from peg.apps.results import write_results
 from peg.apps.scores import labelled_metrics, ood_detection
 from peg.metrics import reliability, risk_coverage_curve
+from peg.utils.env import git_commit, machine
+from peg.utils.progress import bar
 
 
 def check_methods(spec: Spec) -> None:

@@ -14,7 +14,6 @@ from torch import Tensor, nn
 
 from peg import data as datasets
 from peg import models
-from peg._io import atomic_write_text, load_tree, save_tree
 from peg.apps import registry
 from peg.apps.bench.bases import Bases
 from peg.apps.bench.spec import BASE_PATTERN, MethodSpec, Spec
@@ -24,6 +23,7 @@ from peg.data import corruptions, transforms
 from peg.errors import SpecError
 from peg.methods._predictors import member_logits_of
 from peg.train import instantiate, train
+from peg.utils.io import atomic_write_text, load_tree, save_tree
 
 # what a seed's cached bases and logits depend on besides the spec's name, recipes and methods
 # (the recipes are checked by the checkpoints themselves)

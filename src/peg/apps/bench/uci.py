@@ -30,9 +30,6 @@ import torch
 from torch import Tensor, nn
 
 from peg import data as datasets
-from peg._env import git_commit, machine
-from peg._io import load_tree, save_tree
-from peg._progress import bar
 from peg.apps import registry
 from peg.apps.bench.folders import claim_bench
 from peg.apps.bench.spec import MethodSpec
@@ -46,6 +43,9 @@ from peg.metrics.regression import log_predictive_density, rmse, split_gaussian
 from peg.models import MLP
 from peg.models.gaussian import RegressionMLP
 from peg.train import Recipe, instantiate, train
+from peg.utils.env import git_commit, machine
+from peg.utils.io import load_tree, save_tree
+from peg.utils.progress import bar
 
 HIDDEN = {"protein": 100}
 EPOCHS = {"protein": 20}

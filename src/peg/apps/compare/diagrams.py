@@ -9,8 +9,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from peg import _html, plots
+from peg import plots
 from peg.apps.html import figure_html, paragraph, section
+from peg.utils import html as _html
 
 Curves = Mapping[str, Mapping[str, Any]]  # data set → method name → reliability data
 

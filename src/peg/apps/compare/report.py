@@ -13,8 +13,6 @@ from typing import Any
 
 from torch import Tensor
 
-from peg import _html
-from peg._env import git_commit, machine
 from peg._version import __version__
 from peg.apps.bench.tables import OOD_ROWS, ROWS, metric_rows
 from peg.apps.compare import diagrams, tables
@@ -22,6 +20,8 @@ from peg.apps.compare.faults import describe
 from peg.apps.html import Report, Reported, paragraph, section, verdict_html
 from peg.apps.results import write_results
 from peg.apps.verdict import Verdict, best_beyond_noise, metric_se, own_se, real
+from peg.utils import html as _html
+from peg.utils.env import git_commit, machine
 
 MODEL_ROW = "Model"  # the method that is the model as it is: the uncalibrated baseline
 MODEL = "model"  # a row's base where it is the user's model (`peg.apps.compare.methods.MODEL`)

@@ -19,7 +19,6 @@ from typing import Any
 from torch import Tensor, nn
 
 from peg import distributed, metrics
-from peg._scalars import check_positive_int, check_seed
 from peg.apps import registry
 from peg.apps.bench.spec import MethodSpec
 from peg.apps.compare.collapse import indistinguishable, note, vs_base
@@ -42,6 +41,7 @@ from peg.metrics._inputs import ensemble_log_probs
 from peg.metrics.ood import OOD_SCORES
 from peg.source import Data
 from peg.source.batches import BatchFn, check_batch_fn
+from peg.utils.scalars import check_positive_int, check_seed
 
 
 def compare(

@@ -33,11 +33,11 @@ import torch
 from torch import Tensor, nn
 
 from peg import data as datasets
-from peg._io import numpy_reason
 from peg._load_checks import torch_file
 from peg.apps.arguments import COMPARE_LOGITS, check_compare, printable, spelled
 from peg.source import is_dataset_or_loader, is_pair
 from peg.source.batches import from_numpy
+from peg.utils.io import numpy_reason
 
 SPLITS = ("train", "test")
 

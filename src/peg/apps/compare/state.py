@@ -3,7 +3,7 @@ the method it was fitting, and a rerun with the same arguments (`resume=True`) p
 
 Under the output folder:
 
-- `.compare/NNN-<name>.safetensors` (`peg._io.save_tree`, atomic): a finished method's table
+- `.compare/NNN-<name>.safetensors` (`peg.utils.io.save_tree`, atomic): a finished method's table
   row, reliability data and set sizes, with the key of what produced it (the method, its
   options and base, the seed, batch size, bins and OOD score, and `fingerprint`s, SHA-256 of
   the bytes, of the weights and of every data set): a saved method whose key differs is fitted
@@ -38,11 +38,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from peg._io import load_tree, save_tree
 from peg.apps.compare.saved import check_saved
 from peg.apps.results import RESULTS, claim, writable
 from peg.errors import ArchiveError
 from peg.source import as_loader, is_dataset, is_loader
+from peg.utils.io import load_tree, save_tree
 
 FOLDER = ".compare"
 ARCHIVES = "predictors"

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from peg import _html
+from peg.utils import html as _html
 
 Spec = Sequence[tuple[str, str, float, str]]
 BEST, BASELINE = "best", "baseline"
@@ -36,7 +36,7 @@ def cells(
 def markdown(
     table: Sequence[dict[str, Any]], spec: Spec, bold: Mapping[str, str], marks: Mapping[str, str]
 ) -> str:
-    """A markdown table (every name escaped: `peg._html.md`), bold where `bold` says, the
+    """A markdown table (every name escaped: `peg.utils.html.md`), bold where `bold` says, the
     choice column from `marks` (method → "best" / "baseline") where given."""
     choice = [CHOICE] if marks else []
     lines = [

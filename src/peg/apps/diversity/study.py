@@ -33,8 +33,6 @@ from torch import Tensor, nn
 
 from peg import data as datasets
 from peg import models
-from peg._env import git_commit, machine
-from peg._progress import bar
 from peg.analysis.trajectories import train_trajectories
 from peg.apps.data import load_or_digits, subsample
 from peg.apps.diversity.config import QUICK, DiversityConfig, load_config
@@ -43,6 +41,8 @@ from peg.apps.diversity.methods import Members, build_methods
 from peg.apps.results import claim, earlier_results, write_results
 from peg.ensemble import Ensemble
 from peg.metrics.diversity import summary
+from peg.utils.env import git_commit, machine
+from peg.utils.progress import bar
 
 Say = Callable[[str], None]
 # what a results.json of peg diversity holds (an earlier version's folder, before the mark)

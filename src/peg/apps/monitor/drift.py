@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from peg._imports import lazy_module
+from peg.utils.imports import lazy_module
 
 stats = lazy_module("scipy.stats")  # on use: `peg` (the CLI) loads no scipy
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 from typing import Any, Protocol
 
-from peg._html import Markup, md
 from peg.apps import html
 from peg.apps.monitor import drift
+from peg.utils.html import Markup, md
 
 
 class Monitor(Protocol):
@@ -126,7 +126,7 @@ def timeline(monitor: Monitor, ax: Any = None, path: str | os.PathLike[str] | No
 
 def build(monitor: Monitor) -> html.Report:
     def sections(figures: bool) -> list[Markup]:
-        from peg import _html
+        from peg.utils import html as _html
 
         rows = records(monitor)
         table = _html.table(

@@ -19,7 +19,6 @@ import torch
 from torch import Tensor, nn
 
 from peg import archive
-from peg._io import atomic_target
 from peg.apps import registry
 from peg.apps.compare.costs import probe_rows
 from peg.apps.compare.methods import LOGIT_METHODS, _spec, options, resolve
@@ -46,6 +45,7 @@ from peg.methods.base import Method, store_arguments
 from peg.source import Data, Source, ValSource
 from peg.source._values import check_labels
 from peg.source.batches import BatchFn, check_batch_fn
+from peg.utils.io import atomic_target
 
 # the default candidates for saved logits (a model without parameters, `nn.Identity()`)
 LOGIT_CANDIDATES = LOGIT_METHODS

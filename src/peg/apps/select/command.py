@@ -25,13 +25,13 @@ from typing import Any
 
 from torch import nn
 
-from peg._env import git_commit, machine
 from peg.apps import html
 from peg.apps.arguments import check_select, typed
 from peg.apps.compare import sources
 from peg.apps.results import RESULTS, claim, write_results
 from peg.apps.select.auto import AutoSelect
 from peg.apps.select.report import cost_line, header, row_cells
+from peg.utils.env import git_commit, machine
 
 NOT_SAVED = "not saved: add --save DIR to keep the fitted map"
 

@@ -30,7 +30,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from peg._progress import bar, lines
 from peg.apps import registry
 from peg.apps.bench.spec import MethodSpec
 from peg.apps.chain import as_base
@@ -48,6 +47,7 @@ from peg.methods.calibration.temperature import TemperatureScaling
 from peg.methods.perturbation._scale_search import MAX_SCORE_POINTS
 from peg.metrics._inputs import ensemble_log_probs
 from peg.source import ValSource
+from peg.utils.progress import bar, lines
 
 # the most points a one-parameter map chained on a fitted base is cross-fitted on (a fold)
 ONE_PARAMETER_POINTS = 1000

@@ -14,12 +14,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from peg import _html, metrics, plots
+from peg import metrics, plots
 from peg.apps.compare.methods import MODEL
 from peg.apps.html import Report, figure_html, paragraph, section, verdict_html
 from peg.apps.select.report import BASELINE, baseline_row, cost_line, footnoted, header, to_table
 from peg.apps.verdict import Verdict, ece, metric_se, own_se, per_point
 from peg.metrics.calibration import reliability_from
+from peg.utils import html as _html
 
 BINS = 15
 

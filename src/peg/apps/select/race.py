@@ -50,7 +50,6 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from peg._progress import _disable, lines
 from peg.apps.bench.spec import MethodSpec
 from peg.apps.compare.collapse import indistinguishable
 from peg.apps.compare.methods import MODEL
@@ -58,6 +57,7 @@ from peg.apps.select.cheap import CHEAP_SHARE, fold_limit, growth, predicted_fol
 from peg.apps.select.folds import beyond, mean_se
 from peg.methods.calibration._calibrator import Calibrator, display_names
 from peg.methods.calibration.temperature import TemperatureScaling
+from peg.utils.progress import _disable, lines
 
 # max_fit_seconds="auto": the whole fit's budget, in temperature scaling fits on the same model
 # and data (a forward pass of val and the one-parameter fit, measured in the run)
@@ -125,7 +125,7 @@ def members(spec: MethodSpec) -> int:
 
 
 def fold_lines(progress: bool | None) -> Callable[[str], None]:
-    """Where a fold's line goes: stderr in a log (`peg._progress.lines`) and on a terminal
+    """Where a fold's line goes: stderr in a log (`peg.utils.progress.lines`) and on a terminal
     (above the bar); nowhere with progress off."""
     log = lines(progress)
     if _disable(progress) is True or not sys.stderr.isatty():

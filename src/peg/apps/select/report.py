@@ -27,7 +27,6 @@ from typing import Any
 
 import torch
 
-from peg._html import md
 from peg.apps.bench.spec import MethodSpec
 from peg.apps.compare.collapse import indistinguishable, note
 from peg.apps.compare.methods import MODEL
@@ -36,6 +35,7 @@ from peg.apps.select.race import AUTO_BUDGET, MIN_BUDGET_SECONDS
 from peg.methods.calibration._affine_select import REDUCED
 from peg.methods.calibration._calibrator import Calibrator, display_names
 from peg.methods.calibration.temperature import TemperatureScaling
+from peg.utils.html import md
 
 # the named candidates besides the maps (`Calibrator.simplicity`), from the simplest to the
 # richest: the model, the maps, then these (others after them, in their order)
@@ -262,7 +262,7 @@ def footnoted(report: Sequence[dict[str, Any]]) -> tuple[list[list[str]], list[s
 
 def to_table(report: Sequence[dict[str, Any]], criterion: str) -> str:
     """The report as a markdown table (a row per candidate, the baseline's first where given;
-    every cell escaped: `peg._html.md`), the chosen row's status bold, shared reasons as
+    every cell escaped: `peg.utils.html.md`), the chosen row's status bold, shared reasons as
     numbered notes under it."""
     lines = ["| " + " | ".join(header(criterion)) + " |", "|---|---:|---:|---:|---:|---|"]
     rows, notes = footnoted(report)

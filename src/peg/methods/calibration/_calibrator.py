@@ -10,8 +10,8 @@ and hands them to the subclass's `_fit_map`; `scale` applies the fitted map (`_a
 predictor's logits, which `member_logits` / `iter_member_logits` / `predict_proba` go through.
 `save` writes the predictor's ensemble with the map in the archive (`Archived`, in
 `peg.methods.calibration._calibrator_archive`: its scalars in the meta's `"calibration"` entry,
-its arrays beside the members), and every subclass is registered with
-`peg.loading.register_calibrator` under its `method` name, so `peg.load` gives the fitted
+its arrays beside the members), and every subclass is registered in
+`peg.loading.CALIBRATORS` under its `method` name, so `peg.load` gives the fitted
 calibrator back (`_restore`).
 
 Every map records the number of classes C it was fitted on (`n_classes_`, saved as the entry's
@@ -46,7 +46,7 @@ import torch
 from torch import Tensor, nn
 
 from peg.ensemble import Predicts
-from peg.loading import register_calibrator
+from peg.loading import CALIBRATORS
 from peg.methods import _constraints as checks
 from peg.methods._predictors import (
     check_classes,
@@ -118,7 +118,7 @@ class Calibrator(Archived, Predicts, Method):
                 f"{cls.growth!r})"
             )
         if "method" in cls.__dict__:  # a concrete calibrator: its archives load as it
-            register_calibrator(cls.method, cls._from_archive)
+            CALIBRATORS.add(cls.method, cls._from_archive)
         if offered:
             Calibrator.registry[cls.method] = cls
 

@@ -20,7 +20,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from peg._memory import require_memory
 from peg.errors import ArchiveError
 from peg.methods import _constraints as checks
 from peg.methods.base import store_arguments
@@ -35,6 +34,7 @@ from peg.methods.calibration._export import (
 )
 from peg.methods.calibration._few_points import warn_few_points
 from peg.source.batches import BatchFn
+from peg.utils.memory import require_memory
 
 STRATEGIES = ("uniform", "quantile")
 

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from peg._schema import Fields
-from peg._wrappers import register
+from peg._wrappers import WRAPPERS
 from peg.errors import ArchiveError
 from peg.methods.base import is_fitted
 from peg.methods.calibration._calibrator import Calibrator
@@ -114,8 +114,8 @@ def _calibrated(
 
 
 # archives of PEG around either load with the user's own model ("TS → PEG", "Dirichlet → PEG")
-register(Scaled, _scaled)
-register(CalibratedModel, _calibrated)
+WRAPPERS.add(Scaled.__name__, (Scaled, _scaled))
+WRAPPERS.add(CalibratedModel.__name__, (CalibratedModel, _calibrated))
 
 
 def composable(calibrator: Any) -> bool:

@@ -37,7 +37,6 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from peg._memory import require_memory
 from peg.errors import ArchiveError
 from peg.methods import _constraints as checks
 from peg.methods.base import store_arguments
@@ -49,6 +48,7 @@ from peg.methods.calibration._monotone import evaluate, fit_slopes, monotone_map
 from peg.methods.calibration.scaling import SCORE_OPTIONS
 from peg.methods.calibration.temperature import fit_temperature, fitted_temperature
 from peg.source.batches import BatchFn
+from peg.utils.memory import require_memory
 
 __all__ = ["OrderPreservingScaling", "monotone_map"]
 

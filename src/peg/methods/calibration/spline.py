@@ -39,13 +39,13 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from peg._memory import require_memory
 from peg.errors import ArchiveError
 from peg.methods import _constraints as checks
 from peg.methods.base import store_arguments
 from peg.methods.calibration._calibrator import Calibrator, stored
 from peg.methods.calibration._export import CalibrationMap, as_f64, interpolate_columns
 from peg.source.batches import BatchFn
+from peg.utils.memory import require_memory
 
 __all__ = ["SplineCalibration", "natural_spline_basis", "top_label_recalibrated"]
 

@@ -18,7 +18,6 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from peg._scalars import check_number
 from peg._schema import Fields
 from peg.errors import ArchiveError
 from peg.methods import _constraints as checks
@@ -26,6 +25,7 @@ from peg.methods.base import store_arguments
 from peg.methods.calibration._calibrator import Calibrator
 from peg.methods.calibration._export import CalibrationMap, as_f64
 from peg.source.batches import BatchFn
+from peg.utils.scalars import check_number
 
 BOUNDS = (1e-3, 1e3)  # T's search range: beyond it a prediction is one-hot or uniform to 1e-3
 LOG10 = math.log(10.0)

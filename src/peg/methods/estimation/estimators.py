@@ -44,6 +44,7 @@ import torch
 from peg.methods.calibration._label_shift import calibrated_log_probs, em_priors, fit_bcts
 from peg.methods.estimation import _shifts
 from peg.methods.estimation._stats import Summary, atc_threshold, score, transport_cost
+from peg.utils.registry import Registry
 
 #: auto's gate: covariate branch from GATE × the largest |label-shift gap| of the synthetic
 #: label shifts, fully at twice that (`Auto`)
@@ -122,10 +123,21 @@ class Learner(Protocol):
     def estimate(self, summary: Summary) -> float: ...
 
 
+#: key -> estimator class, in the order the classes are defined (`PerformanceEstimator`'s
+#: `method` choices, `all_methods`' columns)
+ESTIMATORS: Registry[type[Estimator]] = Registry("estimator")
+
+
 class Estimator:
-    """Base: `fit(source)` once, then `estimate(target) -> accuracy` in [0, 1]."""
+    """Base: `fit(source)` once, then `estimate(target) -> accuracy` in [0, 1]. A subclass
+    that declares its `key` joins `ESTIMATORS` as it is defined."""
 
     key: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("key"):
+            ESTIMATORS.add(cls.key, cls)
 
     def fit(self, source: SourceFit) -> Estimator:
         self.source = source
@@ -177,16 +189,6 @@ class LabelShiftEstimator(Estimator):
         return float(target.priors @ self.source.class_accuracy)
 
 
-class ATCLS(Estimator):
-    key = "atc-ls"
-
-    def estimate(self, target: Target) -> float:
-        s = self.source
-        w = (target.priors / np.maximum(s.priors, 1e-12))[s.y.numpy()]
-        t = atc_threshold(s.scores["mc"], s.correct, w)
-        return target.summary.share_at_or_above("mc", t, None)
-
-
 class COT(Estimator):
     key = "cot"
 
@@ -208,6 +210,16 @@ class COTT(Estimator):
 
     def estimate(self, target: Target) -> float:
         return float((target.costs <= self.threshold).mean())
+
+
+class ATCLS(Estimator):
+    key = "atc-ls"
+
+    def estimate(self, target: Target) -> float:
+        s = self.source
+        w = (target.priors / np.maximum(s.priors, 1e-12))[s.y.numpy()]
+        t = atc_threshold(s.scores["mc"], s.correct, w)
+        return target.summary.share_at_or_above("mc", t, None)
 
 
 class COTEM(Estimator):
@@ -293,12 +305,6 @@ def synthetic_gap(source: SourceFit) -> float:
             summary.add(lp)
             gaps.append(abs(Target(summary, half).label_shift_gap))
     return max(gaps)
-
-
-ESTIMATORS: dict[str, type[Estimator]] = {
-    cls.key: cls
-    for cls in (AC, DoC, ATCMC, ATCNE, LabelShiftEstimator, COT, COTT, ATCLS, COTEM, Auto)
-}
 
 
 def estimates(fitted: dict[str, Estimator], target: Target) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """`peg.Laplace`'s file: the options, the model's weights and laplace-torch's `state_dict()` as
-safetensors + JSON (`peg._io.save_tree`; nothing is pickled), and the helpers that look into a
+safetensors + JSON (`peg.utils.io.save_tree`; nothing is pickled), and the helpers that look into a
 laplace-torch object (knowing only its attributes: laplace-torch is imported by the caller)."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import torch
 from torch import Tensor, nn
 
 from peg import archive
-from peg._io import load_tree, save_tree
 from peg._schema import Fields
 from peg._version import __version__
 from peg.errors import ArchiveError
+from peg.utils.io import load_tree, save_tree
 
 FORMAT = "peg-laplace"
 

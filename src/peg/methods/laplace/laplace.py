@@ -45,7 +45,7 @@ import torch
 from torch import Tensor, nn
 
 from peg._forward import diagnose
-from peg.loading import register_format
+from peg.loading import FORMATS
 from peg.methods import _constraints as checks
 from peg.methods.base import ModulePredictor, store_arguments
 from peg.methods.laplace import _state, _torch, _variance
@@ -391,4 +391,4 @@ def _read(
     return fitted
 
 
-register_format(_state.FORMAT, _read)
+FORMATS.add(_state.FORMAT, _read)

@@ -22,7 +22,6 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from peg._heads import Split, candidates, find_split
 from peg._params import (
     entry_views,
     has_contiguous_cpu_convs,
@@ -33,6 +32,7 @@ from peg.errors import NonFiniteError
 from peg.losses import cross_entropy_per_point, gaussian_nll_per_point
 from peg.methods.perturbation._members import DirectionData
 from peg.output import logits_of
+from peg.runtime.heads import Split, candidates, find_split
 from peg.source.batches import call_model
 from peg.streams import generator
 
@@ -87,7 +87,7 @@ class GradientPass:
         reduction: "mean" or "sum" of the per-sample losses.
         bn: "eval", "batch" (train-mode BatchNorm, running statistics restored) or "refresh".
 
-    When every perturbed parameter is in a head after a fixed trunk (`peg._heads`: last-layer
+    When every perturbed parameter is in a head after a fixed trunk (`peg.runtime.heads`: last-layer
     PEG) and BatchNorm runs in eval mode, each drawn point's trunk features are computed once
     and kept (`[F]` a point), and only the head runs per mini-batch: S members' batches of K
     points drawn from n cost min(n, S·K) trunk forwards instead of S·K.

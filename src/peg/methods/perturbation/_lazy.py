@@ -34,10 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from peg._memory import available_memory, require_memory
 from peg._params import entry_views, module_like
-from peg._progress import counter
-from peg._scalars import check_positive_int
 from peg.ensemble import STRATEGIES, Ensemble, Strategy, autocast_dtype
 from peg.errors import NotStreamable
 from peg.methods.perturbation._members import (
@@ -51,6 +48,9 @@ from peg.methods.perturbation._members import (
 from peg.recipe import fingerprint_probe, fingerprint_rows
 from peg.source import Data, Source, Tapped
 from peg.source.batches import BatchFn
+from peg.utils.memory import available_memory, require_memory
+from peg.utils.progress import counter
+from peg.utils.scalars import check_positive_int
 
 LAZY_STORES = ("full", "bfloat16", "float16", "regenerate")
 # lazy="auto" without memory_budget: this fraction of the memory available when fit starts

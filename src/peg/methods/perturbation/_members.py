@@ -7,8 +7,8 @@ Both hold the base weights θ_r (`Bases`) and answer the same four questions: ho
 - `StackedMembers` keeps every direction row (`[S, P]` per base): trying another scale costs
   forward passes only, which is what the scale search needs; the members at the chosen scale
   are built once and kept. When the perturbed entries form a head after a fixed trunk
-  (`peg._heads`), `search_target` gives the search the trunk's features of the scoring points,
-  computed once, and the heads alone at each scale.
+  (`peg.runtime.heads`), `search_target` gives the search the trunk's features of the scoring
+  points, computed once, and the heads alone at each scale.
 - `RegeneratedMembers` (`lazy=True`, `peg.methods.perturbation._lazy`) holds no member: each
   prediction builds the members `chunk_size` at a time from their rows, predicts every batch with
   them and frees them, so memory holds the bases, the rows as `lazy_store` keeps them (in full,
@@ -31,13 +31,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from peg._heads import find_split
 from peg._params import entry_views, refresh_bn, runs_channels_last, to_channels_last
 from peg.ensemble import Ensemble, _stack_states
 from peg.methods.base import FittedEnsemble
 from peg.methods.perturbation._bn_fold import FoldedBatchNorm, fold_batch_norm
 from peg.output import logits_of
 from peg.recipe import displacement_fingerprints
+from peg.runtime.heads import find_split
 from peg.source import Data, ValSource
 from peg.source.batches import batch_rows, call_model, take_rows
 
@@ -156,7 +156,8 @@ class Bases:
 
     def head(self, x: Any) -> str | None:
         """The module holding every perturbed entry after a trunk the members share (run once
-        per batch: `peg._heads`), checked on inputs `x`; None when every member runs whole."""
+        per batch: `peg.runtime.heads`), checked on inputs `x`; None when every member runs
+        whole."""
         if self.bn_batches is not None:  # per-member BatchNorm statistics: no shared trunk
             return None
         split = find_split(self.skeleton, set(self.names), self.states, x)
@@ -276,7 +277,7 @@ class StackedMembers:
         """What the scale search scores (`SearchTarget`).
 
         With one base, no per-member BatchNorm statistics, and the perturbed entries in a head
-        after a fixed trunk (`peg._heads.find_split`, checked on X): the heads alone at each
+        after a fixed trunk (`peg.runtime.heads.find_split`, checked on X): the heads alone at each
         scale (the members' head entries, computed as `ensemble_at`'s), and the trunk's
         features of X, computed once, `batch_size` rows at a time. Otherwise `ensemble_at`
         and X themselves, channels-last where the CPU runs that faster

@@ -32,7 +32,6 @@ from torch import Tensor, nn
 
 from peg import recipe
 from peg._params import module_like, param_label, select_parameters
-from peg._scalars import is_real
 from peg.errors import NonFiniteError
 from peg.methods._constraints import (
     Check,
@@ -72,6 +71,7 @@ from peg.source._devices import weights_device
 from peg.source._rows import InputBatches, ValSource, read_in_order, split_points
 from peg.source._values import warn_one_class
 from peg.source.batches import take_rows
+from peg.utils.scalars import is_real
 
 BNMode = Literal["eval", "batch", "refresh"]
 
@@ -115,7 +115,7 @@ class PerturbationEnsemble(FittedPerturbation):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "method" in cls.__dict__:  # a concrete method (PEG, PEP): `peg.load` finds it by name
-            recipe.register(cls.method, cls.from_recipe, cls.check_recipe)
+            recipe.REBUILDERS.add(cls.method, (cls.from_recipe, cls.check_recipe))
 
     # ---------------------------------------------------------------- to override
     def _row_source(

@@ -16,7 +16,6 @@ from typing import Any, ClassVar, Protocol, TypeVar
 
 from torch import Tensor
 
-from peg._memory import require_memory
 from peg._params import select_parameters
 from peg.ensemble import Ensemble
 from peg.errors import ArchiveError
@@ -32,6 +31,7 @@ from peg.recipe import (
 )
 from peg.source import Data
 from peg.source.batches import BatchFn
+from peg.utils.memory import require_memory
 
 # a recipe with on_nonfinite="drop" may record fewer members than n_members·R; at most this many
 # more dropped than kept: a rebuild builds every member before the fingerprints can refuse

@@ -16,7 +16,6 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import Tensor
 
-from peg._progress import counter
 from peg.errors import InvalidParameterError
 from peg.methods._constraints import (
     Check,
@@ -43,6 +42,7 @@ from peg.methods.perturbation._golden import RACE_FIRST, PairedRace, select_scal
 from peg.methods.perturbation._members import SearchTarget
 from peg.methods.perturbation._surrogate import Settle, surrogate_search
 from peg.source.batches import take_rows
+from peg.utils.progress import counter
 
 SEARCHES = ("surrogate", "golden")
 SearchMethod = Literal["surrogate", "golden"]

@@ -57,7 +57,6 @@ import torch
 from torch import Tensor, nn
 
 from peg._params import ParamFilter, flatten_state
-from peg._progress import bar
 from peg.errors import NonFiniteError
 from peg.methods._constraints import (
     Check,
@@ -84,6 +83,7 @@ from peg.methods.perturbation._precondition import DEFAULT_DAMPING, PRECONDITION
 from peg.methods.perturbation._scale_search import ScaleSearch, refuse_moved
 from peg.source.batches import BatchFn
 from peg.streams import MEMBER, VALIDATION, generator
+from peg.utils.progress import bar
 
 __all__ = ["PEG", "LossFn", "Momentum", "draw_batch"]
 
@@ -135,8 +135,8 @@ class PEG(PerturbationEnsemble):
             with ndim ≥ 2, i.e. conv/linear weights), "last_layer" (the last Linear/Conv module
             with trainable parameters, in `named_modules()` order), a list of module names
             (their trainable parameters) or a callable (name, parameter) -> bool. When the
-            perturbed parameters form a head after a fixed trunk (see `peg._heads`), the trunk
-            runs once per batch, in the η search and in prediction.
+            perturbed parameters form a head after a fixed trunk (see `peg.runtime.heads`), the
+            trunk runs once per batch, in the η search and in prediction.
         val_batches: unbiased variant: mini-batches averaged to estimate ∇L(V).
         beta: unbiased variant: momentum weight β (paper: 0.9).
         momentum: unbiased variant: where v comes from: "validation" (default), "none", or

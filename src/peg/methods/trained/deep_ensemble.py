@@ -20,7 +20,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from peg._io import save_tree
 from peg.ensemble import Ensemble
 from peg.errors import InvalidParameterError
 from peg.methods import _constraints as checks
@@ -36,6 +35,7 @@ from peg.source._devices import weights_device
 from peg.source.batches import BatchFn
 from peg.train import Callback, ModelSource, Recipe, instantiate, load_checked, train
 from peg.train._data import check_labelled
+from peg.utils.io import save_tree
 
 MEMBER_FORMAT = "peg-deep-ensemble-member"
 

@@ -28,8 +28,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from peg._params import parameter_vector, refresh_bn, unflatten_state
-from peg._progress import bar
-from peg._scalars import check_number, check_positive_int
 from peg.ensemble import Ensemble
 from peg.methods import _constraints as checks
 from peg.methods.base import store_arguments
@@ -38,6 +36,8 @@ from peg.methods.trained.swa import BN_TYPES, SWA, _swa_schedule, default_recipe
 from peg.source.batches import BatchFn
 from peg.streams import SWAG_SAMPLE, generator
 from peg.train import Callback, Recipe
+from peg.utils.progress import bar
+from peg.utils.scalars import check_number, check_positive_int
 
 __all__ = ["BN_TYPES", "SWA", "SWAG", "default_recipe", "has_batchnorm"]
 

@@ -20,7 +20,6 @@ from peg._params import (
     select_parameters,
     unflatten_state,
 )
-from peg._progress import bar
 from peg.ensemble import Ensemble, model_output
 from peg.methods import _constraints as checks
 from peg.methods.base import store_arguments
@@ -30,6 +29,7 @@ from peg.source._devices import model_device, move
 from peg.source._values import check_finite, check_labels
 from peg.source.batches import batch_rows, call_model
 from peg.streams import generator
+from peg.utils.progress import bar
 
 EVAL_BATCH_SIZE = 512  # rows per forward pass when checking min_accuracy
 MAX_DRAWS_PER_SAMPLE = 10  # min_accuracy: give up after this many draws per requested sample

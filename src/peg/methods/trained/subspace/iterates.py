@@ -12,13 +12,13 @@ import torch
 from torch import Tensor, nn
 
 from peg._params import flatten_state, unflatten_state
-from peg._progress import bar
 from peg.ensemble import Ensemble
 from peg.methods import _constraints as checks
 from peg.methods.base import FittedEnsemble, store_arguments
 from peg.methods.trained.subspace._sampler import Sampler, SubspaceBN
 from peg.source import Data
 from peg.streams import generator
+from peg.utils.progress import bar
 
 Iterates = Sequence[Mapping[str, Tensor]] | Sequence[nn.Module] | Ensemble | FittedEnsemble
 

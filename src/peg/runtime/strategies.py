@@ -2,10 +2,10 @@
 "chunked"), each member's module built once for a loop that runs many batches, and the plain
 call that reuses the last one's verdict. The fixed rule by which "auto" picks a strategy
 (`AUTO_VECTORISE_FLOPS`, the fold check), remembering per process what failed on an
-architecture, is `peg._auto_strategy`.
+architecture, is `peg.runtime.auto_strategy`.
 
-Members that differ only in a head after a shared trunk (`peg._heads`: last-layer PEG, ...) run
-the trunk once per batch, with the shared weights, and only the heads per member, with the
+Members that differ only in a head after a shared trunk (`peg.runtime.heads`: last-layer PEG, ...)
+run the trunk once per batch, with the shared weights, and only the heads per member, with the
 strategy asked for (or the one "auto" picks for the heads), at every batch size.
 
 `MemberStrategies` is the part of `peg.ensemble.Ensemble` that does this; it works on the
@@ -23,17 +23,17 @@ import torch
 from torch import Tensor, nn
 from torch.func import vmap
 
-from peg._auto_strategy import (
+from peg._forward import diagnose
+from peg.errors import NotFoldable
+from peg.output import logits_of, model_output
+from peg.runtime.auto_strategy import (
     AUTO_VECTORISE_FLOPS,
     AUTO_VECTORISE_FLOPS_CONV,
     AUTO_VECTORISE_ROWS_CONV,
     AutoStrategy,
 )
-from peg._folded import Folded, fold
-from peg._forward import diagnose
-from peg._heads import checked, find_split
-from peg.errors import NotFoldable
-from peg.output import logits_of, model_output
+from peg.runtime.folded import Folded, fold
+from peg.runtime.heads import checked, find_split
 from peg.source.batches import call_functional, call_model
 
 Strategy = Literal["auto", "loop", "vmap", "folded", "chunked"]
@@ -91,7 +91,7 @@ class MemberStrategies(AutoStrategy):
     _eval: Callable[[], AbstractContextManager[None]]  # the skeleton in eval mode inside a block
 
     def _folded(self) -> Folded:
-        """The members folded into the batch (`peg._folded`), built once per storage."""
+        """The members folded into the batch (`peg.runtime.folded`), built once per storage."""
         cached = self.__dict__.get("_fold_cache")
         if cached is None or cached[0] is not self.stacked or cached[1] is not self.shared:
             try:
@@ -171,8 +171,8 @@ class MemberStrategies(AutoStrategy):
 
     def _heads(self, x: Any) -> tuple[nn.Module, MemberStrategies] | None:
         """(the trunk with the shared weights, the heads as an ensemble of their own) when the
-        members differ only in a head after a shared trunk (`peg._heads.find_split`, checked on
-        `x`), else None; built once per storage. One member shares its trunk with nobody: None
+        members differ only in a head after a shared trunk (`peg.runtime.heads.find_split`, checked
+        on `x`), else None; built once per storage. One member shares its trunk with nobody: None
         (a split would cost a structural copy of the model and a check on `x` for nothing)."""
         if len(self) == 1:
             self._heads_cache = (self.stacked, self.shared, None)  # known: no split

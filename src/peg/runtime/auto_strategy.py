@@ -1,6 +1,6 @@
 """The fixed rule by which `strategy="auto"` picks how an `Ensemble` runs its members on a batch
-(`AutoStrategy`, a part of `peg._strategies.MemberStrategies`): loop a batch whose forward costs
-more than `AUTO_VECTORISE_FLOPS` per member, else fold the members into the batch where that
+(`AutoStrategy`, a part of `peg.runtime.strategies.MemberStrategies`): loop a batch whose forward
+costs more than `AUTO_VECTORISE_FLOPS` per member, else fold the members into the batch where that
 agrees with `functional_call`, else vmap; what it counted, and what failed on an architecture,
 remembered per process. Never a timing: the same choice on every run.
 """
@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from peg._heads import architecture
+from peg.runtime.heads import architecture
 from peg.source.batches import batch_rows, signature, take_rows
 
 # "auto" vectorises a batch while one member's forward on it costs at most this many FLOPs
@@ -65,7 +65,7 @@ class AutoStrategy:
         Where that turns is measured in FLOPs of one member's forward on the batch
         (`AUTO_VECTORISE_FLOPS`; with convolutions `AUTO_VECTORISE_FLOPS_CONV`, and a few rows
         are vectorised whatever their cost, `AUTO_VECTORISE_ROWS_CONV`).
-        Vectorising means folding the members into the batch (`peg._folded`) where that
+        Vectorising means folding the members into the batch (`peg.runtime.folded`) where that
         agrees with `functional_call` (checked once per architecture), vmap otherwise, or vmap
         over `chunk_size` members. A model vmap cannot run is remembered and looped.
         """

@@ -2,7 +2,7 @@
 
 When an ensemble's members differ only in the last layer(s) (last-layer PEG, `params=["fc"]`),
 the trunk is the same for every member: it runs once per batch and only the heads run per
-member, in prediction (`peg._strategies`) and in the scale search
+member, in prediction (`peg.runtime.strategies`) and in the scale search
 (`peg.methods.perturbation._members`).
 
 `find_split(skeleton, per_member, states, x)` returns such a `Split`, or None. The candidates,
