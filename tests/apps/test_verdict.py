@@ -335,3 +335,15 @@ def test_performance_estimator_and_estimate_show_themselves() -> None:
     assert not any(len(n) > 8 for n in re.findall(r"\d\.\d+", said))
     assert "<table" in estimate._repr_html_() and "interval" in estimate._repr_markdown_()
     assert "reference/Estimate.html" in estimate._repr_html_()  # its own page
+
+
+def test_the_verdict_line_escapes_the_name_it_states():
+    """The verdict opens every HTML report and states a user's method name: no markup from it."""
+    from peg.apps.html import verdict_html
+    from peg.apps.verdict import Verdict
+
+    name = '<script>alert(1)</script><b onmouseover="x">'
+    said = Verdict(name, "nll", after=0.5, se=0.01, points=10, where="test", baseline="Model")
+    said.before = 0.6
+    html = str(verdict_html(said))
+    assert "<script" not in html and "<b " not in html and "&lt;script&gt;" in html

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import peg
-from peg.methods.estimation import _learned, estimator
+from peg.methods.estimation import _learned
 from peg.methods.estimation.estimators import Target
 
 C = 5
@@ -101,7 +101,7 @@ class _Quadrants(nn.Module):
 
 
 def test_a_model_and_images_learn_from_corrupted_copies(monkeypatch):
-    monkeypatch.setattr(estimator, "_corruptions", lambda channels: ("gaussian_noise", "contrast"))
+    monkeypatch.setattr(_learned, "corruptions", lambda channels: ("gaussian_noise", "contrast"))
     g = torch.Generator().manual_seed(0)
     X = torch.rand(400, 1, 8, 8, generator=g)
     model = _Quadrants()

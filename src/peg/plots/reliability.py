@@ -252,30 +252,23 @@ def _bars(ax: Any, values: tuple[np.ndarray, ...]) -> None:
         linewidth=0.6,
     )
     gap = c - a
-    over = full & (gap > 0)
-    under = full & (gap < 0)
-    ax.bar(
-        centers[over],
-        gap[over],
-        bottom=a[over],
-        width=widths[over],
-        color="#D62728",
-        alpha=0.35,
-        edgecolor="#D62728",
-        hatch="//",
-        linewidth=0.6,
-    )
-    ax.bar(
-        centers[under],
-        gap[under],
-        bottom=a[under],
-        width=widths[under],
-        color="#B5E3A8",
-        alpha=0.8,
-        edgecolor="#2CA02C",
-        hatch="\\\\",
-        linewidth=0.6,
-    )
+    # the gap to the diagonal: over-confident bins red, under-confident ones green
+    for side, face, alpha, edge, hatch in (
+        (gap > 0, "#D62728", 0.35, "#D62728", "//"),
+        (gap < 0, "#B5E3A8", 0.8, "#2CA02C", "\\\\"),
+    ):
+        shown = full & side
+        ax.bar(
+            centers[shown],
+            gap[shown],
+            bottom=a[shown],
+            width=widths[shown],
+            color=face,
+            alpha=alpha,
+            edgecolor=edge,
+            hatch=hatch,
+            linewidth=0.6,
+        )
 
 
 def _check_axes(ax: Any, n: int) -> list[Any] | None:

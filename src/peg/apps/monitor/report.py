@@ -42,16 +42,8 @@ COLUMNS = (
     "alert",
     "reasons",
 )
-FLOATS = (
-    "accuracy",
-    "lo",
-    "hi",
-    "realized_accuracy",
-    "label_shift_p",
-    "domain_auroc",
-    "covariate_p",
-    "ood_share",
-)
+# the columns that hold a number (NaN where not computed)
+FLOATS = tuple(c for c in COLUMNS if c not in ("chunk", "source", "n", "alert", "reasons"))
 
 
 def records(monitor: Monitor) -> list[dict[str, Any]]:

@@ -24,9 +24,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from peg.methods._predictors import scores_of
 from peg.methods.estimation._shifts import resample
 from peg.methods.estimation._stats import Summary
 from peg.methods.estimation.estimators import ESTIMATORS, Auto, SourceFit, Target
+from peg.source import is_pair
+from peg.source._values import check_labels
 
 #: CIFAR-10-C's four families (Hendrycks & Dietterich 2019), peg's extra corruptions placed by
 #: kind: what a leave-one-family-out score holds out together
@@ -181,3 +184,53 @@ def _entropy(p: np.ndarray) -> float:
     """The entropy of a distribution `[C]` divided by log C, in [0, 1]."""
     p = np.clip(np.asarray(p, dtype=np.float64), 1e-12, 1.0)
     return float(-(p * np.log(p)).sum() / np.log(max(len(p), 2)))
+
+
+# ---------------------------------------------------------------- what the learned mode reads
+def images_of(val: Any) -> Tensor | None:
+    """val's inputs when they are images `[N, 1 or 3, H, W]` (a pair of tensors), else None."""
+    X = val[0] if is_pair(val) else None
+    if isinstance(X, Tensor) and X.ndim == 4 and X.shape[1] in (1, 3) and X.is_floating_point():
+        return X
+    return None
+
+
+def check_range(images: Tensor | None) -> None:
+    """The corruptions take images in [0, 1]: one clear error before any long work."""
+    if images is None or len(images) == 0:
+        return
+    lo, hi = float(images.min()), float(images.max())
+    if not (lo >= 0.0 and hi <= 1.0):  # NaN fails too
+        raise ValueError(
+            f"val: shift_points > 0 corrupts val's images, which must be in [0, 1] "
+            f"(peg.data.corruptions), got range [{lo}, {hi}]; pass shift_points=0 or shifted="
+        )
+
+
+def corruptions(channels: int) -> tuple[str, ...]:
+    from peg.data import corruptions as cc
+
+    return cc.applicable(channels)
+
+
+def checked_sets(shifted: Iterable, classes: int) -> list[tuple[str, Tensor, Tensor]]:
+    """`shifted` as (name, scores `[n, C]` float64 log p, labels `[n]`) triples, or one
+    ValueError naming it."""
+    expected = f"(name, logits [n, {classes}], labels [n]) triples"
+    sets = []
+    for i, item in enumerate(shifted):
+        if not (isinstance(item, (tuple, list)) and len(item) == 3 and isinstance(item[0], str)):
+            raise ValueError(f"shifted: expected {expected}, item {i} is not one")
+        name, logits, labels = item
+        logits = torch.as_tensor(logits)
+        if logits.ndim != 2 or logits.shape[1] != classes or len(logits) == 0:
+            raise ValueError(
+                f"shifted: expected {expected}, item {i} ({name!r}) has logits of shape "
+                f"{tuple(logits.shape)}"
+            )
+        scores = scores_of(logits[None], "log_probs", f"shifted[{i}]").cpu()
+        y = check_labels(torch.as_tensor(labels), *scores.shape, name=f"shifted[{i}] labels")
+        sets.append((name, scores, y.cpu()))
+    if not sets:
+        raise ValueError(f"shifted: expected {expected}, got none")
+    return sets

@@ -42,7 +42,7 @@ from peg.methods.calibration.temperature import fit_temperature
 from peg.methods.estimation import _learned, _shifts
 from peg.methods.estimation._stats import Summary
 from peg.methods.estimation.estimators import ESTIMATORS, Estimator, SourceFit, Target, estimates
-from peg.source import Data, is_pair
+from peg.source import Data
 from peg.source._devices import model_device
 from peg.source._values import check_labels
 from peg.source.batches import BatchFn, check_batch_fn
@@ -206,9 +206,9 @@ class PerformanceEstimator(Display, Params):
         y = check_labels(y, *scores.shape, name="val labels").cpu()
         if len(y) < 20:
             raise ValueError(f"val: {len(y)} labelled points are too few (at least 20)")
-        sets = None if shifted is None else _check_shifted(shifted, scores.shape[1])
+        sets = None if shifted is None else _learned.checked_sets(shifted, scores.shape[1])
         if sets is None and int(self.shift_points) > 0:
-            _check_range(_images(val))
+            _learned.check_range(_learned.images_of(val))
         self.predictor_, self._reader = predictor, reader
         self.n_classes_ = scores.shape[1]
         self.temperature_ = fit_temperature(scores.cpu(), y, label=None)
@@ -230,7 +230,7 @@ class PerformanceEstimator(Display, Params):
         t, seed = self.temperature_, int(self.seed)
         source = self.source_
         if sets is None:
-            images = _images(val)
+            images = _learned.images_of(val)
             m = min(int(self.shift_points), len(y) // 2)
             if images is None or m < 10:
                 return
@@ -245,7 +245,7 @@ class PerformanceEstimator(Display, Params):
                 logits = member_logits_of(self._reader, X, size, split)
                 return scores_of(logits, "log_probs", "val").cpu()
 
-            names = _corruptions(images.shape[1])
+            names = _learned.corruptions(images.shape[1])
             idx = sub.to(images.device)
             sets = list(_learned.corrupted_sets(predict, images[idx], y[sub], names, seed))
         calibrated = [(n, (s / t).log_softmax(-1), labels) for n, s, labels in sets]
@@ -365,59 +365,3 @@ def _reader(predictor: Any) -> Any:
         model_device(predictor, "predictor")
         return Ensemble.from_models([predictor])
     return predictor
-
-
-def _images(val: Any) -> Tensor | None:
-    """val's inputs when they are images `[N, 1 or 3, H, W]` (a pair of tensors), else None."""
-    X = val[0] if is_pair(val) else None
-    if isinstance(X, Tensor) and X.ndim == 4 and X.shape[1] in (1, 3) and X.is_floating_point():
-        return X
-    return None
-
-
-def _check_range(images: Tensor | None) -> None:
-    """The corruptions take images in [0, 1]: one clear error before any long work."""
-    if images is None or len(images) == 0:
-        return
-    lo, hi = float(images.min()), float(images.max())
-    if not (lo >= 0.0 and hi <= 1.0):  # NaN fails too
-        raise ValueError(
-            f"val: shift_points > 0 corrupts val's images, which must be in [0, 1] "
-            f"(peg.data.corruptions), got range [{lo}, {hi}]; pass shift_points=0 or shifted="
-        )
-
-
-def _corruptions(channels: int) -> tuple[str, ...]:
-    from peg.data import corruptions as cc
-
-    return cc.applicable(channels)
-
-
-def _check_shifted(shifted: Iterable, classes: int) -> list[tuple[str, Tensor, Tensor]]:
-    """`shifted` as (name, scores `[n, C]` float64 log p, labels `[n]`) triples, or one
-    ValueError naming it."""
-    expected = f"(name, logits [n, {classes}], labels [n]) triples"
-    sets = []
-    for i, item in enumerate(shifted):
-        if not (isinstance(item, (tuple, list)) and len(item) == 3 and isinstance(item[0], str)):
-            raise ValueError(f"shifted: expected {expected}, item {i} is not one")
-        name, logits, labels = item
-        logits = torch.as_tensor(logits)
-        if logits.ndim != 2 or logits.shape[1] != classes or len(logits) == 0:
-            raise ValueError(
-                f"shifted: expected {expected}, item {i} ({name!r}) has logits of shape "
-                f"{tuple(logits.shape)}"
-            )
-        scores = scores_of(logits[None], "log_probs", f"shifted[{i}]").cpu()
-        sets.append(
-            (
-                name,
-                scores,
-                check_labels(
-                    torch.as_tensor(labels), *scores.shape, name=f"shifted[{i}] labels"
-                ).cpu(),
-            )
-        )
-    if not sets:
-        raise ValueError(f"shifted: expected {expected}, got none")
-    return sets
