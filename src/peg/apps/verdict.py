@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from peg.metrics._inputs import ensemble_log_probs
-from peg.metrics.calibration import bin_edges
+from peg.metrics.calibration import bin_edges, bin_sums
 
 SIGMAS = 2.0  # a difference beyond this many paired SE is real
 TIE = 1e-6  # below this a difference is the fits' numerical noise, whatever its SE
@@ -79,12 +79,10 @@ def own_se(points: dict[str, Tensor], metric: str) -> float:
 
 
 def ece(confidence: Tensor, correct: Tensor, bins: int = BINS) -> float:
-    """The top-label ECE of per-point confidences and correctness `[N]` (equal-width bins)."""
-    idx = torch.bucketize(confidence.double(), bin_edges(bins)[1:-1].double())
-    gap = torch.zeros(bins, dtype=torch.float64).index_add_(
-        0, idx, confidence.double() - correct.double()
-    )
-    return float(gap.abs().sum()) / max(len(confidence), 1)
+    """The top-label ECE of per-point confidences and correctness `[N]`, binned as every ECE of
+    peg (`peg.metrics.calibration.bin_sums`): Σ_b |Σ conf - Σ correct| / N."""
+    _, conf_sum, hits = bin_sums(confidence.double(), correct, bins)
+    return float((conf_sum - hits).abs().sum()) / max(len(confidence), 1)
 
 
 def ece_se(a: dict[str, Tensor], b: dict[str, Tensor], bins: int = BINS, seed: int = 0) -> float:
