@@ -68,7 +68,10 @@ from peg.source.batches import BatchFn, check_batch_fn
 # `to_module`'s builders of the maps that declare no `_module` of their own, by `method`
 # (`LabelShift`'s, in `_label_shift`)
 EXPORTS: dict[str, Callable[[Any], CalibrationMap]] = {}
-KINDS = ("multiclass",)  # the kinds of input a map may accept: logits `[N, C]`, C >= 2
+# the kinds of input a map may declare: single-label logits `[N, C]` (C >= 2) with labels `[N]`;
+# one score per row `[N]` (or `[N, 1]`) with 0/1 labels; a multi-label head `[N, K]` with
+# multi-hot labels `[N, K]`; dense logits `[B, C, *S]` with labels `[B, *S]`
+KINDS = ("multiclass", "binary", "multilabel", "dense")
 
 
 class Calibrator(Archived, Predicts, Method):
@@ -86,7 +89,7 @@ class Calibrator(Archived, Predicts, Method):
     # how its fitted parameters grow with the classes C: 0 a few whatever C, 1 O(C), 2 O(C²)
     # (AutoSelect prices a map by it before it has run)
     growth: ClassVar[int] = 2
-    kinds: ClassVar[tuple[str, ...]] = KINDS  # the kinds of input it accepts
+    kinds: ClassVar[tuple[str, ...]] = ("multiclass",)  # the kinds of input it accepts
     # its place among the maps: listed (compare's catalogue, the registry), from the simplest
     # (AutoSelect's ties), in AutoSelect's fitting order (value per cost); unset: after them
     order: ClassVar[float] = math.inf

@@ -64,6 +64,9 @@ class Estimate(RecordDisplay):
         n: the target points the estimate is of.
         estimates: every estimator's accuracy that was computed, by name.
         priors: the target's class priors `[C]` as EM estimates them, or None.
+        reliable: False when the estimate should not be trusted (the target too far from the
+            source for the interval to mean anything); `reasons` says why.
+        reasons: why the estimate is not reliable, one sentence each (empty when it is).
 
     Examples:
         >>> import torch, peg
@@ -76,8 +79,8 @@ class Estimate(RecordDisplay):
         >>> estimate = estimator.estimate(logits[200:])
         >>> estimate.method, estimate.n
         ('atc-mc', 100)
-        >>> sorted(estimate.to_dict())
-        ['accuracy', 'confidence', 'estimates', 'interval', 'method', 'n', 'priors']
+        >>> estimate.reliable, sorted(estimate.to_dict())[:4]
+        (True, ['accuracy', 'confidence', 'estimates', 'interval'])
 
     See Also:
         peg.PerformanceEstimator: what makes an estimate.
@@ -93,6 +96,8 @@ class Estimate(RecordDisplay):
     n: int
     estimates: dict[str, float] = field(default_factory=dict)
     priors: list[float] | None = None
+    reliable: bool = True
+    reasons: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The estimate as plain JSON-ready values (`interval` a list), as results.json holds it."""
@@ -104,6 +109,8 @@ class Estimate(RecordDisplay):
             "n": self.n,
             "estimates": dict(self.estimates),
             "priors": self.priors,
+            "reliable": self.reliable,
+            "reasons": list(self.reasons),
         }
 
 
