@@ -145,10 +145,10 @@ def test_the_bench_and_the_callbacks_name_the_toy(shift):
 
 
 def _unknown_kind() -> None:
-    class Dense(Calibrator):  # refused as it is defined: never registered
-        method = "test-dense"
-        name = "Dense"
-        kinds: ClassVar[tuple[str, ...]] = ("dense",)
+    class Ranked(Calibrator):  # refused as it is defined: never registered
+        method = "test-ranked"
+        name = "Ranked"
+        kinds: ClassVar[tuple[str, ...]] = ("ranking",)
 
 
 # (area, bad input, call, error type, regex the message must match)
@@ -158,7 +158,7 @@ ERROR_CASES = [
         "a registered map of an unknown kind of input",
         _unknown_kind,
         TypeError,
-        r"Dense: a registered calibrator needs a `method` key, `kinds` among \('multiclass',\)",
+        r"Ranked: a registered calibrator needs a `method` key, `kinds` among \('multiclass', ",
     ),
 ]
 test_a_bad_declaration_raises_a_clear_error = raises_test(ERROR_CASES)
@@ -167,7 +167,7 @@ test_a_bad_declaration_raises_a_clear_error = raises_test(ERROR_CASES)
 def test_a_refused_declaration_registers_nothing():
     with pytest.raises(TypeError):
         _unknown_kind()
-    assert "test-dense" not in Calibrator.registry and "test-dense" not in loading.CALIBRATORS
+    assert "test-ranked" not in Calibrator.registry and "test-ranked" not in loading.CALIBRATORS
 
 
 # ---------------------------------------------------------------- nothing else names a map
