@@ -3,7 +3,8 @@
 A chunker says how many points the open chunk may still take (`room`), whether an `update`
 ends it (`per_update`), and what becomes of an incomplete last chunk when the stream ends
 (`incomplete`). The band a chunk is judged by comes from reference chunks of the chunk's own
-size (`reference_indices`: drawn from the source with replacement): the estimate's spread
+size (`reference_size`, `reference_indices`: drawn from the source with replacement; above
+100 points, of the nearest size of a grid, the spread scaled to the chunk's): the spread
 shrinks as 1 / sqrt(n), so a band from 500-point reference chunks flagged 17 of 40 clean
 50-point updates.
 
@@ -16,6 +17,7 @@ shrinks as 1 / sqrt(n), so a band from 500-point reference chunks flagged 17 of 
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
 import numpy as np
@@ -26,6 +28,10 @@ INCOMPLETE = ("keep", "drop", "append")
 # sqrt(MAX_REFERENCE_POINTS / n) (the estimate's spread falls as 1 / sqrt(n) there): a chunk
 # size of 10**12 asked the reference draws for 7.3 TiB of indices
 MAX_REFERENCE_POINTS = 20_000
+# chunks up to this size get reference chunks of their exact size (the estimate's spread is
+# not yet 1 / sqrt(n) there: a share of few points is coarse); above, a grid (`reference_size`)
+EXACT_BELOW = 100
+R10 = (100, 125, 160, 200, 250, 315, 400, 500, 630, 800)
 
 
 class Chunker:
@@ -40,14 +46,24 @@ class Chunker:
         limit (the update ends it)."""
         return None if self.size is None else self.size - open_points
 
+    def reference_size(self, size: int) -> int:
+        """The size of the reference chunks drawn for a chunk of `size` points: `size` itself
+        up to `EXACT_BELOW`, then the nearest (in ratio) of Renard's R10 series (100, 125, 160,
+        200, 250, 315, 400, 500, 630, 800, 1000, ...: within 12% of the size, its σ then
+        scaled by sqrt(m / size); a band per distinct file size cost 0.4 s each), at most
+        `MAX_REFERENCE_POINTS`."""
+        if size <= EXACT_BELOW:
+            return int(size)
+        decade = 10 ** math.floor(math.log10(size / 100))
+        grid = [r * decade for r in (*R10, 1000)]
+        return min(min(grid, key=lambda g: abs(math.log(g / size))), MAX_REFERENCE_POINTS)
+
     def reference_indices(
         self, n_source: int, size: int, count: int, rng: np.random.Generator
-    ) -> tuple[np.ndarray, float]:
-        """`count` reference chunks for a chunk of `size` points, as source indices
-        `[count, m]` (drawn with replacement, m = min(size, MAX_REFERENCE_POINTS)), and the
-        factor sqrt(m / size) their spread is scaled by to be that of `size` points."""
-        m = min(size, MAX_REFERENCE_POINTS)
-        return rng.integers(0, n_source, (count, m)), float(np.sqrt(m / size))
+    ) -> np.ndarray:
+        """`count` reference chunks of `size` points (`reference_size`'s), as source indices
+        `[count, size]` drawn with replacement."""
+        return rng.integers(0, n_source, (count, size))
 
     def settings(self) -> str:
         """What a resumed run must share with the run it continues (its repr)."""

@@ -30,7 +30,7 @@ def reference(monitor: Any, size: int) -> tuple[float, float, float]:
     est = monitor.estimator
     source = est.source_
     rng = np.random.default_rng([monitor.seed, size])
-    rows, scale = monitor.chunker.reference_indices(len(source.y), size, monitor.n_reference, rng)
+    rows = monitor.chunker.reference_indices(len(source.y), size, monitor.n_reference, rng)
     values, chi2 = [], []
     for idx in rows:
         summary = est.summary()
@@ -40,7 +40,7 @@ def reference(monitor: Any, size: int) -> tuple[float, float, float]:
         q = np.asarray(result.priors)
         chi2.append(drift.label_shift_statistic(q, source.priors, len(idx)))
     dispersion = max(1.0, float(np.mean(chi2)) / max(source.classes - 1, 1))
-    return float(np.mean(values)), float(np.std(values, ddof=1)) * scale, dispersion
+    return float(np.mean(values)), float(np.std(values, ddof=1)), dispersion
 
 
 def judge(monitor: Any, chunk: Any) -> ChunkResult:

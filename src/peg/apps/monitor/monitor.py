@@ -139,7 +139,7 @@ class Monitor(Reported):
             estimator, alpha, n_reference, seed)  # fmt: skip
         self.out = None if out is None else files.claim(out, overwrite)
         self.chunks: list[ChunkResult] = []
-        # per chunk size: the reference chunks' (mean, sd, label-shift dispersion)
+        # per reference size: the reference chunks' (mean, sd, label-shift dispersion)
         self.references: dict[int, tuple[float, float, float]] = {}
         self._open: OpenChunk | None = None
         self._pending: OpenChunk | None = None  # a full chunk an incomplete last one may join
@@ -165,11 +165,14 @@ class Monitor(Reported):
         return self.band.limits(mean, sd, size, len(self.estimator.source_.y))
 
     def _reference(self, size: int) -> tuple[float, float, float]:
-        """(mean, sd, dispersion) of the reference chunks of `size` points (`judge.reference`),
-        computed once per size."""
-        if size not in self.references:
-            self.references[size] = judge.reference(self, size)
-        return self.references[size]
+        """(mean, sd, dispersion) of the estimates on reference chunks for a chunk of `size`
+        points (`judge.reference`, on `chunker.reference_size(size)` points, computed once per
+        such size; sd scaled to `size` points)."""
+        m = self.chunker.reference_size(size)
+        if m not in self.references:
+            self.references[m] = judge.reference(self, m)
+        mean, sd, dispersion = self.references[m]
+        return mean, sd * float(np.sqrt(m / size)), dispersion
 
     # ---------------------------------------------------------------- the stream
     def update(self, batch: Any, labels: Any = None, *, name: str | None = None) -> Monitor:
