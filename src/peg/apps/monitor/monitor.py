@@ -333,6 +333,11 @@ class Monitor(Reported):
         estimate), in order."""
         return [c for c in self.chunks if c.alert]
 
+    def verdict(self) -> str:
+        """The answer in one line, as the reports open: "3 chunks, 2 alerts; latest estimate
+        0.79 [0.73, 0.86]" (and ", unreliable: <reason>" where the latest estimate says so)."""
+        return report.verdict(self)
+
     def _write(self) -> None:
         if self.out is not None:
             files.write(self, self.out)
