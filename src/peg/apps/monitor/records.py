@@ -55,6 +55,7 @@ class Alert:
         return self.text()
 
     def to_dict(self) -> dict[str, Any]:
+        """The alert as plain values (results.json's `alerts`)."""
         return dataclasses.asdict(self)
 
 
@@ -66,11 +67,16 @@ class ChunkResult:
         chunk: its number in the stream (0 first).
         source: the names of the batches it holds, joined by " + " (None: unnamed).
         n: its points.
-        accuracy, interval, method: the estimate, its interval (lo, hi) and the estimator.
-        band: (lo, hi) the estimate is judged by (for a chunk of this size).
+        accuracy: the estimated accuracy (`PerformanceEstimator.estimate`'s).
+        interval: its interval [lo, hi].
+        method: the estimator that gave it.
+        band: [lo, hi] the estimate is judged by (for a chunk of this size).
         priors: EM's target class priors `[C]`.
-        label_shift_p, domain_auroc, covariate_p, ood_share, ood_p: the tests (None where the
-            chunk is too small for one).
+        label_shift_p: the label-shift test's p-value (None below 20 points, as every test).
+        domain_auroc: the domain classifier's AUROC, chunk against source.
+        covariate_p: its p-value.
+        ood_share: the share of points whose energy is below the source's 5% quantile.
+        ood_p: its test's p-value.
         realized_accuracy: the accuracy from its labels, where every point came with one.
         labelled: its points that came with a label.
         alerts: what fired (`Alert`s); `alert`, `reasons` read them.
@@ -114,6 +120,7 @@ class ChunkResult:
         return getattr(self, key)
 
     def get(self, key: str, default: Any = None) -> Any:
+        """`chunk[key]`, or `default` where the chunk has no such field."""
         try:
             return self[key]
         except KeyError:
