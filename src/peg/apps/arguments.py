@@ -40,6 +40,7 @@ METHOD_NAMES = (
     "Spline",
     "Ensemble TS",
     "Order-preserving",
+    "Platt scaling",
     "PEG (kfac)",
     "PEG (diag)",
     "Last-layer PEG (kfac)",

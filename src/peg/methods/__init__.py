@@ -4,6 +4,7 @@ from peg.methods.calibration.binning import HistogramBinning, IsotonicCalibratio
 from peg.methods.calibration.ensemble_temperature import EnsembleTemperatureScaling
 from peg.methods.calibration.label_shift import LabelShift
 from peg.methods.calibration.order_preserving import OrderPreservingScaling
+from peg.methods.calibration.platt import PlattScaling
 from peg.methods.calibration.scaling import DirichletCalibration, MatrixScaling, VectorScaling
 from peg.methods.calibration.spline import SplineCalibration
 from peg.methods.calibration.temperature import TemperatureScaling
@@ -46,6 +47,7 @@ __all__ = [
     "MatrixScaling",
     "OrderPreservingScaling",
     "PackedEnsemble",
+    "PlattScaling",
     "RandomSubspace",
     "SplineCalibration",
     "TemperatureScaling",
