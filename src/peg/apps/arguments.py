@@ -41,6 +41,7 @@ METHOD_NAMES = (
     "Ensemble TS",
     "Order-preserving",
     "Platt scaling",
+    "Beta calibration",
     "PEG (kfac)",
     "PEG (diag)",
     "Last-layer PEG (kfac)",

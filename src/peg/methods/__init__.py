@@ -1,5 +1,6 @@
 """Methods: each turns a model (and data) into an `Ensemble` or a predictor with `member_logits`."""
 
+from peg.methods.calibration.beta import BetaCalibration
 from peg.methods.calibration.binning import HistogramBinning, IsotonicCalibration
 from peg.methods.calibration.ensemble_temperature import EnsembleTemperatureScaling
 from peg.methods.calibration.label_shift import LabelShift
@@ -30,6 +31,7 @@ __all__ = [
     "PEP",
     "SWA",
     "SWAG",
+    "BetaCalibration",
     "ConformalClassifier",
     "ConformalRegressor",
     "DeepEnsemble",

@@ -35,6 +35,7 @@ from peg.source.batches import BatchFn
 __all__ = ["PlattScaling", "binary_score", "fit_logistic", "refuse_width"]
 
 RIDGE = 1e-12  # added to the Hessian's diagonal: a constant feature stays solvable
+DECREMENT = 1e-16  # the Newton decrement at the optimum: logits off by ~1e-8 at most
 
 
 def binary_score(scores: Tensor) -> Tensor:
@@ -85,6 +86,10 @@ def fit_logistic(
         hess = (x * (p * (1 - p))[:, None]).T @ x / len(t)
         hess += RIDGE * torch.eye(len(w), dtype=x.dtype, device=x.device)
         step = torch.linalg.solve(hess, grad)
+        # the Newton decrement g·H⁻¹g, twice the NLL's predicted fall: below rounding, the
+        # optimum (whatever the features' scale, where the gradient cannot reach `tol`)
+        if float(grad @ step) <= DECREMENT:
+            return w, True
         size = 1.0
         while size > 1e-12:  # Armijo: the NLL falls at least a tenth of the step's promise
             new = nll(w - size * step)
@@ -158,6 +163,7 @@ class PlattScaling(Calibrator):
         torch.Size([100, 2])
 
     See Also:
+        peg.BetaCalibration: three parameters, a family Platt's is part of.
         docs/calibration.md: the binary maps and when to use which.
     """
 
