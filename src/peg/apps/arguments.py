@@ -42,6 +42,7 @@ METHOD_NAMES = (
     "Order-preserving",
     "Platt scaling",
     "Beta calibration",
+    "Venn-ABERS",
     "PEG (kfac)",
     "PEG (diag)",
     "Last-layer PEG (kfac)",

@@ -9,6 +9,7 @@ from peg.methods.calibration.platt import PlattScaling
 from peg.methods.calibration.scaling import DirichletCalibration, MatrixScaling, VectorScaling
 from peg.methods.calibration.spline import SplineCalibration
 from peg.methods.calibration.temperature import TemperatureScaling
+from peg.methods.calibration.venn_abers import VennAbers
 from peg.methods.conformal.classifier import ConformalClassifier
 from peg.methods.conformal.regressor import ConformalRegressor
 from peg.methods.dropout import MCDropout
@@ -54,4 +55,5 @@ __all__ = [
     "SplineCalibration",
     "TemperatureScaling",
     "VectorScaling",
+    "VennAbers",
 ]

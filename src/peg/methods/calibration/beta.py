@@ -123,6 +123,7 @@ class BetaCalibration(Calibrator):
 
     See Also:
         peg.PlattScaling: the map with a = b.
+        peg.VennAbers: isotonic, with an interval [p0, p1] per prediction.
         docs/calibration.md: the binary maps and when to use which.
     """
 

@@ -164,6 +164,7 @@ class PlattScaling(Calibrator):
 
     See Also:
         peg.BetaCalibration: three parameters, a family Platt's is part of.
+        peg.VennAbers: isotonic, with an interval [p0, p1] per prediction.
         docs/calibration.md: the binary maps and when to use which.
     """
 
