@@ -5,8 +5,9 @@ scikit-learn's references. Sections (`--sections`):
   `BCEWithLogitsLoss`, 40 epochs of Adam: over-fitted, so over-confident) trained on 4,000
   real MNIST digits (`peg.data.load("mnist", "test")`, the 10,000 official test digits, the
   only MNIST split under ../shared/data), odd vs even. Its scores s on the other 6,000 digits
-  are cut in two halves: the maps are fitted on the validation half (through their canonical
-  rows [0, s]) and scored on the test half: NLL, Brier and 15-bin ECE, all on P(y = 1).
+  are cut in two halves: the maps are fitted on the validation half (the scores `[N]` as
+  they are: binary input) and scored on the test half: NLL, Brier and 15-bin ECE, all on
+  P(y = 1).
   Against scikit-learn: Platt scaling against `_SigmoidCalibration` (what
   `CalibratedClassifierCV(method="sigmoid")` fits) and against the plain logistic fit
   (`LogisticRegression`, no penalty) on s; beta calibration against Platt; peg's isotonic
@@ -28,7 +29,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 import peg
 from peg.utils.env import machine
@@ -74,11 +75,6 @@ def train_binary(seed: int) -> tuple[np.ndarray, np.ndarray, float]:
     return s.numpy(), y[4000:].long().numpy(), accuracy
 
 
-def _rows(s: np.ndarray) -> Tensor:
-    t = torch.as_tensor(s, dtype=torch.float64)
-    return torch.stack([torch.zeros_like(t), t], 1)
-
-
 def _sklearn_maps() -> dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]]:
     from sklearn.calibration import _SigmoidCalibration
     from sklearn.isotonic import IsotonicRegression
@@ -118,10 +114,10 @@ def binary(seed: int) -> list[str]:
     }
     probs: dict[str, np.ndarray] = {"uncalibrated": 1 / (1 + np.exp(-st))}
     for name, m in peg_maps.items():
-        fitted = m.fit(_rows(sv), torch.as_tensor(yv))
-        probs[name] = fitted.predict_proba(_rows(st))[:, 1].double().numpy()
+        fitted = m.fit(torch.as_tensor(sv), torch.as_tensor(yv))  # scores [N]: binary
+        probs[name] = fitted.predict_proba(torch.as_tensor(st)).double().numpy()  # P(y = 1)
         if name.startswith("Venn"):
-            width = fitted.predict_interval(_rows(st)).diff(dim=-1).mean()
+            width = fitted.predict_interval(torch.as_tensor(st)).diff(dim=-1).mean()
     for name, fit in _sklearn_maps().items():
         probs[name] = fit(sv, yv, st)
     scores = {name: binary_metrics(p, yt.astype(float)) for name, p in probs.items()}

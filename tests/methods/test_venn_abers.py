@@ -1,6 +1,7 @@
 """Venn-ABERS: [p0, p1] equal to scikit-learn's isotonic regression refitted with the test
 point labelled 0 and 1 (ties, scores beyond the calibration set), p0 <= merged <= p1, the
-validity of p_y under exchangeability, two-column rows only, save/load and `to_module`."""
+validity of p_y under exchangeability, a multilabel head's intervals `[N, K, 2]`, multiclass
+refused, save/load and `to_module`."""
 
 from __future__ import annotations
 
@@ -14,9 +15,8 @@ from bad_inputs import raises_test
 from peg.errors import ArchiveError
 
 
-def rows(s: np.ndarray | torch.Tensor) -> torch.Tensor:
-    s = torch.as_tensor(s, dtype=torch.float64)
-    return torch.stack([torch.zeros_like(s), s], 1)
+def scores(s: np.ndarray | torch.Tensor) -> torch.Tensor:
+    return torch.as_tensor(s, dtype=torch.float64)
 
 
 def brute_force(s: np.ndarray, y: np.ndarray, t: float) -> tuple[float, float]:
@@ -42,10 +42,10 @@ def test_the_interval_is_the_isotonic_fits_with_the_test_point_added(seed):
     if seed == 0:
         y[:] = 1 - y[0]  # keep both labels but make the fit nearly constant
         y[0] = 1 - y[1]
-    va = peg.VennAbers().fit(rows(s), torch.as_tensor(y))
+    va = peg.VennAbers().fit(scores(s), torch.as_tensor(y))
     # the calibration scores (ties), new ones, and beyond both ends
     tests = np.concatenate([s, np.round(4 * rng.normal(size=15), 1), [s.min() - 1, s.max() + 1]])
-    interval = va.predict_interval(rows(tests)).numpy()
+    interval = va.predict_interval(scores(tests)).numpy()
     expected = np.array([brute_force(s, y, t) for t in tests])
     np.testing.assert_allclose(interval, expected, rtol=0, atol=1e-12)
 
@@ -53,10 +53,10 @@ def test_the_interval_is_the_isotonic_fits_with_the_test_point_added(seed):
 def test_p0_merged_p1_in_order_and_the_merged_formula():
     rng = np.random.default_rng(7)
     s, y = scorer(500, rng, decimals=2)
-    va = peg.VennAbers().fit(rows(s), torch.as_tensor(y))
-    t = rows(np.linspace(-12, 12, 301))
+    va = peg.VennAbers().fit(scores(s), torch.as_tensor(y))
+    t = scores(np.linspace(-12, 12, 301))
     p0, p1 = va.predict_interval(t).unbind(-1)
-    p = va.predict_proba(t)[:, 1].double()
+    p = va.predict_proba(t).double()
     assert bool((p0 <= p1).all()) and bool((p0 < 1).all()) and bool((p1 > 0).all())
     torch.testing.assert_close(p, p1 / (1 - p0 + p1), atol=1e-6, rtol=0)
     assert bool((p0 - 1e-6 <= p).all()) and bool((p <= p1 + 1e-6).all())
@@ -71,8 +71,8 @@ def test_p_of_the_true_label_is_calibrated_under_exchangeability():
     chosen, labels, widths = [], [], []
     for _ in range(300):
         s, y = scorer(40, rng, decimals=3)  # 30 to calibrate, 10 to test, exchangeable
-        va = peg.VennAbers().fit(rows(s[:30]), torch.as_tensor(y[:30]))
-        p0, p1 = va.predict_interval(rows(s[30:])).unbind(-1)
+        va = peg.VennAbers().fit(scores(s[:30]), torch.as_tensor(y[:30]))
+        p0, p1 = va.predict_interval(scores(s[30:])).unbind(-1)
         truth = torch.as_tensor(y[30:]).double()
         chosen.append(torch.where(truth > 0, p1, p0))
         labels.append(truth)
@@ -89,17 +89,37 @@ def test_p_of_the_true_label_is_calibrated_under_exchangeability():
 def test_save_load_and_the_exported_module_give_the_same_probabilities(tmp_path):
     rng = np.random.default_rng(1)
     s, y = scorer(300, rng)
-    va = peg.VennAbers().fit(rows(s), torch.as_tensor(y))
+    va = peg.VennAbers().fit(scores(s), torch.as_tensor(y))
     loaded = peg.load(va.save(tmp_path / "va.peg"))
     assert type(loaded) is peg.VennAbers
-    t = rows(np.round(4 * rng.normal(size=200), 1)).float()
+    t = scores(np.round(4 * rng.normal(size=200), 1)).float()
     torch.testing.assert_close(loaded.predict_interval(t), va.predict_interval(t))
     torch.testing.assert_close(loaded.predict_proba(t), va.predict_proba(t))
     module = va.to_module()
     torch.testing.assert_close(module(t), va.predict_proba(t), atol=1e-6, rtol=0)
 
 
-def _three_columns() -> None:
+def test_a_multilabel_head_gets_intervals_per_entry_shared_or_per_label():
+    rng = np.random.default_rng(5)
+    columns = [scorer(300, rng) for _ in range(3)]
+    logits = torch.as_tensor(np.stack([s for s, _ in columns], 1), dtype=torch.float64)
+    labels = torch.as_tensor(np.stack([y for _, y in columns], 1))
+    shared = peg.VennAbers().fit(logits[:200], labels[:200])
+    flat = peg.VennAbers().fit(logits[:200].reshape(-1), labels[:200].reshape(-1))
+    interval = shared.predict_interval(logits[200:])
+    assert interval.shape == (100, 3, 2)
+    torch.testing.assert_close(
+        interval.reshape(-1, 2), flat.predict_interval(logits[200:].reshape(-1))
+    )
+    own = peg.VennAbers(per_label=True).fit(logits[:200], labels[:200])
+    interval = own.predict_interval(logits[200:])
+    for k in range(3):  # label k's interval is the one of its column alone
+        alone = peg.VennAbers().fit(logits[:200, k], labels[:200, k])
+        torch.testing.assert_close(interval[:, k], alone.predict_interval(logits[200:, k]))
+    assert isinstance(own.predict_interval(logits[200:].numpy()), np.ndarray)
+
+
+def _multiclass() -> None:
     g = torch.Generator().manual_seed(0)
     peg.VennAbers().fit(torch.randn(30, 3, generator=g), torch.arange(30) % 3)
 
@@ -107,14 +127,14 @@ def _three_columns() -> None:
 def _bad_tables(tmp_path) -> None:
     rng = np.random.default_rng(1)
     s, y = scorer(50, rng)
-    va = peg.VennAbers().fit(rows(s), torch.as_tensor(y))
+    va = peg.VennAbers().fit(scores(s), torch.as_tensor(y))
     va.p0_ = va.p0_.flip(0) + 1  # p0 >= 1: no merged probability
     peg.load(va.save(tmp_path / "bad.peg"))
 
 
 ERROR_CASES = [
-    ("calibrators", "Venn-ABERS on three-class logits", _three_columns, ValueError,
-     r"val: Venn-ABERS maps two-column rows .*got 3 columns"),
+    ("calibrators", "Venn-ABERS on three-class logits", _multiclass, ValueError,
+     r"val: VennAbers does not take multiclass input .*it takes binary, multilabel"),
 ]  # fmt: skip
 FILE_ERROR_CASES = [
     ("load", "a Venn-ABERS archive whose p0 reaches 1", _bad_tables, ArchiveError,

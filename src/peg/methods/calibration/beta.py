@@ -33,9 +33,9 @@ from peg.methods.calibration._export import CalibrationMap, as_f64
 from peg.methods.calibration.platt import (
     binary_score,
     fit_logistic,
-    refuse_width,
     warn_unconverged,
 )
+from peg.source._kinds import IGNORE_INDEX
 from peg.source.batches import BatchFn
 
 __all__ = ["BetaCalibration", "beta_features"]
@@ -96,30 +96,37 @@ class BetaCalibration(Calibrator):
     well-founded and easily implemented improvement on logistic calibration for binary
     classifiers", AISTATS; `peg.methods.calibration.beta`). a = b is Platt scaling.
 
-    It maps two-column rows: a binary scorer's canonical rows `[0, s]`, or two-class logits
-    `[N, 2]` (s is their difference); more columns are refused.
+    It takes a binary scorer's scores `[N]` (or `[N, 1]`) with 0/1 labels, and a multilabel
+    head's logits `[N, K]` with multi-hot labels (one shared map, or one per label with
+    `per_label=True`); it acts on their canonical rows `[0, s]` (`peg.source._kinds`).
 
     Args:
         max_iter: Newton steps of each logistic fit (about ten suffice).
         batch_size: rows per forward pass.
         batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches of another shape
             (`peg.source.batches`).
+        task: the kind of input, read from the logits' and labels' shapes ("auto"), or
+            "binary" or "multilabel" where the shapes could be either (`peg.source._kinds`).
+        ignore_index: labels equal to it are left out of the fit (torch's -100).
+        per_label: on a multilabel head, one map per label instead of one shared map.
+        class_dim: unused by a map of two-column rows (dense input is not among its kinds);
+            accepted as by every calibrator.
 
-    After `fit(predictor, val)`: `a_`, `b_`, `c_`, `predictor_`, `meta_`;
-    `member_logits(X) -> [1, N, 2]` (rows [0, logit p]), `predict_proba(X) -> [N, 2]`,
-    `predict`, `save` / `peg.load`, `to_module()`.
+    After `fit(predictor, val)`: `a_`, `b_`, `c_`, `kind_`, `predictor_`, `meta_`;
+    `predict_proba(X)` (P(y = 1) in the input's shape: `[N]`, or `[N, K]` for a multilabel
+    head), `predict`, `member_logits(X)` (the calibrated logits), `save` / `peg.load`,
+    `to_module()`.
 
     Examples:
         >>> import torch, peg
         >>> g = torch.Generator().manual_seed(0)
         >>> y = torch.randint(0, 2, (600,), generator=g)
-        >>> s = 3.0 * (2 * y - 1) + 2 * torch.randn(600, generator=g)
-        >>> rows = torch.stack([torch.zeros(600), s], 1)  # [N, 2]: the rows [0, s]
-        >>> beta = peg.BetaCalibration().fit(rows[:400], y[:400])
+        >>> s = 3.0 * (2 * y - 1) + 2 * torch.randn(600, generator=g)  # scores [N]
+        >>> beta = peg.BetaCalibration().fit(s[:400], y[:400])
         >>> beta.a_ >= 0 and beta.b_ >= 0
         True
-        >>> beta.predict_proba(rows[400:]).shape
-        torch.Size([200, 2])
+        >>> beta.predict_proba(s[400:]).shape  # P(y = 1)
+        torch.Size([200])
 
     See Also:
         peg.PlattScaling: the map with a = b.
@@ -143,6 +150,10 @@ class BetaCalibration(Calibrator):
         max_iter: int = 100,
         batch_size: int = 512,
         batch_fn: BatchFn | None = None,
+        task: str = "auto",
+        ignore_index: int = IGNORE_INDEX,
+        per_label: bool = False,
+        class_dim: int | None = None,
     ) -> None:
         store_arguments(self, locals())
 
@@ -150,9 +161,6 @@ class BetaCalibration(Calibrator):
         "max_iter": checks.positive_int(),
         **Calibrator.parameter_constraints,
     }
-
-    def _check_classes(self, classes: int) -> None:
-        refuse_width(self.label, classes)
 
     def _fit_map(self, scores: Tensor, y: Tensor) -> dict[str, Any]:
         w, converged = fit_beta(binary_score(scores), y.double(), int(self.max_iter))

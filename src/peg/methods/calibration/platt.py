@@ -30,9 +30,10 @@ from peg.methods import _constraints as checks
 from peg.methods.base import store_arguments
 from peg.methods.calibration._calibrator import Calibrator
 from peg.methods.calibration._export import CalibrationMap, as_f64
+from peg.source._kinds import IGNORE_INDEX
 from peg.source.batches import BatchFn
 
-__all__ = ["PlattScaling", "binary_score", "fit_logistic", "refuse_width"]
+__all__ = ["PlattScaling", "binary_score", "fit_logistic"]
 
 RIDGE = 1e-12  # added to the Hessian's diagonal: a constant feature stays solvable
 DECREMENT = 1e-16  # the Newton decrement at the optimum: logits off by ~1e-8 at most
@@ -43,16 +44,6 @@ def binary_score(scores: Tensor) -> Tensor:
     log-probabilities: the difference of the columns, float64)."""
     s = scores.double()
     return s[:, 1] - s[:, 0]
-
-
-def refuse_width(label: str, classes: int) -> None:
-    """A clear error unless the rows have two columns (the binary maps' one width)."""
-    if classes != 2:
-        raise ValueError(
-            f"val: {label} maps two-column rows (a binary scorer's score s as [0, s], or two-"
-            f"class logits), got {classes} columns; for {classes} classes use a multiclass map "
-            "such as peg.TemperatureScaling"
-        )
 
 
 def fit_logistic(
@@ -134,8 +125,9 @@ class PlattScaling(Calibrator):
     comparisons to regularized likelihood methods", Advances in Large Margin Classifiers).
     scikit-learn's `CalibratedClassifierCV(method="sigmoid")`, to 1e-4 in probability.
 
-    It maps two-column rows: a binary scorer's canonical rows `[0, s]`, or two-class logits
-    `[N, 2]` (s, the logit of class 1, is their difference); more columns are refused.
+    It takes a binary scorer's scores `[N]` (or `[N, 1]`) with 0/1 labels, and a multilabel
+    head's logits `[N, K]` with multi-hot labels (one shared map, or one per label with
+    `per_label=True`); it acts on their canonical rows `[0, s]` (`peg.source._kinds`).
 
     Args:
         smoothed_targets: Platt's targets (N₊ + 1) / (N₊ + 2) for label 1 and 1 / (N₋ + 2)
@@ -145,22 +137,28 @@ class PlattScaling(Calibrator):
         batch_size: rows per forward pass.
         batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches of another shape
             (`peg.source.batches`).
+        task: the kind of input, read from the logits' and labels' shapes ("auto"), or
+            "binary" or "multilabel" where the shapes could be either (`peg.source._kinds`).
+        ignore_index: labels equal to it are left out of the fit (torch's -100).
+        per_label: on a multilabel head, one map per label instead of one shared map.
+        class_dim: unused by a map of two-column rows (dense input is not among its kinds);
+            accepted as by every calibrator.
 
-    After `fit(predictor, val)`: `slope_` (a), `intercept_` (b), `predictor_`, `meta_`;
-    `member_logits(X) -> [1, N, 2]` (rows [0, a s + b]), `predict_proba(X) -> [N, 2]`
-    ((1 - p, p)), `predict`, `save` / `peg.load`, `to_module()`.
+    After `fit(predictor, val)`: `slope_` (a), `intercept_` (b), `kind_`, `predictor_`,
+    `meta_`; `predict_proba(X)` (P(y = 1) in the input's shape: `[N]`, or `[N, K]` for a
+    multilabel head), `predict`, `member_logits(X)` (the calibrated logits a s + b),
+    `save` / `peg.load`, `to_module()`.
 
     Examples:
         >>> import torch, peg
         >>> g = torch.Generator().manual_seed(0)
         >>> y = torch.randint(0, 2, (400,), generator=g)
-        >>> s = 6.0 * (2 * y - 1) + 4 * torch.randn(400, generator=g)  # over-confident scores
-        >>> rows = torch.stack([torch.zeros(400), s], 1)  # [N, 2]: the rows [0, s]
-        >>> platt = peg.PlattScaling().fit(rows[:300], y[:300])
+        >>> s = 6.0 * (2 * y - 1) + 4 * torch.randn(400, generator=g)  # over-confident [N]
+        >>> platt = peg.PlattScaling().fit(s[:300], y[:300])
         >>> 0 < platt.slope_ < 1  # too sharp: the slope softens them
         True
-        >>> platt.predict_proba(rows[300:]).shape
-        torch.Size([100, 2])
+        >>> platt.predict_proba(s[300:]).shape  # P(y = 1)
+        torch.Size([100])
 
     See Also:
         peg.BetaCalibration: three parameters, a family Platt's is part of.
@@ -185,6 +183,10 @@ class PlattScaling(Calibrator):
         max_iter: int = 100,
         batch_size: int = 512,
         batch_fn: BatchFn | None = None,
+        task: str = "auto",
+        ignore_index: int = IGNORE_INDEX,
+        per_label: bool = False,
+        class_dim: int | None = None,
     ) -> None:
         store_arguments(self, locals())
 
@@ -193,9 +195,6 @@ class PlattScaling(Calibrator):
         "max_iter": checks.positive_int(),
         **Calibrator.parameter_constraints,
     }
-
-    def _check_classes(self, classes: int) -> None:
-        refuse_width(self.label, classes)
 
     def _fit_map(self, scores: Tensor, y: Tensor) -> dict[str, Any]:
         s, y = binary_score(scores), y.double()

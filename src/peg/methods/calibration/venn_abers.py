@@ -35,8 +35,10 @@ from peg.methods._predictors import member_logits_of, scores_of
 from peg.methods.base import store_arguments
 from peg.methods.calibration._calibrator import Calibrator, stored
 from peg.methods.calibration._export import CalibrationMap, as_f64, at_or_below
-from peg.methods.calibration.platt import binary_score, refuse_width
+from peg.methods.calibration.platt import binary_score
 from peg.source import Data
+from peg.source._kinds import IGNORE_INDEX
+from peg.source._namespace import like_input
 from peg.source.batches import BatchFn
 
 __all__ = ["VennAbers", "venn_abers_tables"]
@@ -160,8 +162,10 @@ class VennAbers(Calibrator):
     fits of the calibration set with the test point labelled 0 and labelled 1 give [p0, p1];
     `predict_proba` gives the merged p = p1 / (1 - p0 + p1), `predict_interval` [p0, p1].
 
-    It maps two-column rows: a binary scorer's canonical rows `[0, s]`, or two-class logits
-    `[N, 2]` (s is their difference); more columns are refused. The fitted map holds the
+    It takes a binary scorer's scores `[N]` (or `[N, 1]`) with 0/1 labels, and a multilabel
+    head's logits `[N, K]` with multi-hot labels (one shared map, or one per label with
+    `per_label=True`); it acts on their canonical rows `[0, s]` (`peg.source._kinds`). The
+    fitted map holds the
     validation scores' distinct values (its archive too): memory K per row predicted by the
     exported module's lookup, K the distinct validation scores.
 
@@ -169,23 +173,30 @@ class VennAbers(Calibrator):
         batch_size: rows per forward pass.
         batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches of another shape
             (`peg.source.batches`).
+        task: the kind of input, read from the logits' and labels' shapes ("auto"), or
+            "binary" or "multilabel" where the shapes could be either (`peg.source._kinds`).
+        ignore_index: labels equal to it are left out of the fit (torch's -100).
+        per_label: on a multilabel head, one map per label instead of one shared map.
+        class_dim: unused by a map of two-column rows (dense input is not among its kinds);
+            accepted as by every calibrator.
 
-    After `fit(predictor, val)`: `thresholds_` `[K]`, `p0_` and `p1_` `[K + 1]` (the tables),
-    `predictor_`, `meta_`; `member_logits(X) -> [1, N, 2]` (log (1 - p, p)),
-    `predict_proba(X) -> [N, 2]`, `predict_interval(X) -> [N, 2]` ([p0, p1]), `predict`,
-    `save` / `peg.load`, `to_module()`.
+    After `fit(predictor, val)`: `thresholds_` `[K]`, `p0_` and `p1_` `[K + 1]` (the tables;
+    per label: `label_maps_`, one fitted map per label), `kind_`, `predictor_`, `meta_`;
+    `predict_proba(X)` (the merged P(y = 1) in the input's shape: `[N]`, or `[N, K]` for a
+    multilabel head), `predict_interval(X)` ([p0, p1] in the input's shape and a last
+    dimension of 2: `[N, 2]`, `[N, K, 2]`), `predict`, `member_logits(X)`, `save` /
+    `peg.load`, `to_module()`.
 
     Examples:
         >>> import torch, peg
         >>> g = torch.Generator().manual_seed(0)
         >>> y = torch.randint(0, 2, (600,), generator=g)
-        >>> s = 3.0 * (2 * y - 1) + 2 * torch.randn(600, generator=g)
-        >>> rows = torch.stack([torch.zeros(600), s], 1)  # [N, 2]: the rows [0, s]
-        >>> va = peg.VennAbers().fit(rows[:400], y[:400])
-        >>> interval = va.predict_interval(rows[400:])  # [N, 2]: p0 <= p1
+        >>> s = 3.0 * (2 * y - 1) + 2 * torch.randn(600, generator=g)  # scores [N]
+        >>> va = peg.VennAbers().fit(s[:400], y[:400])
+        >>> interval = va.predict_interval(s[400:])  # [N, 2]: p0 <= p1
         >>> bool((interval[:, 0] <= interval[:, 1]).all())
         True
-        >>> p = va.predict_proba(rows[400:])[:, 1]  # merged, within [p0, p1]
+        >>> p = va.predict_proba(s[400:])  # merged, within [p0, p1]
         >>> bool(((interval[:, 0] <= p + 1e-6) & (p <= interval[:, 1] + 1e-6)).all())
         True
 
@@ -204,15 +215,21 @@ class VennAbers(Calibrator):
     simplicity = 8.5  # isotonic, after the isotonic map
     cost_order = 8.5
 
-    def __init__(self, *, batch_size: int = 512, batch_fn: BatchFn | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        batch_size: int = 512,
+        batch_fn: BatchFn | None = None,
+        task: str = "auto",
+        ignore_index: int = IGNORE_INDEX,
+        per_label: bool = False,
+        class_dim: int | None = None,
+    ) -> None:
         store_arguments(self, locals())
 
     parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
         **Calibrator.parameter_constraints,
     }
-
-    def _check_classes(self, classes: int) -> None:
-        refuse_width(self.label, classes)
 
     def _fit_map(self, scores: Tensor, y: Tensor) -> dict[str, Any]:
         thresholds, p0, p1 = venn_abers_tables(binary_score(scores).cpu(), y.cpu())
@@ -227,15 +244,28 @@ class VennAbers(Calibrator):
 
     def predict_interval(
         self, X: Data, batch_size: int | None = None, batch_fn: BatchFn | None = None
-    ) -> Tensor:
-        """[p0, p1] `[N, 2]` (float64) of the predictor's scores on X: the probabilities of
-        label 1 from the isotonic fits with the test point labelled 0 and labelled 1."""
+    ) -> Any:
+        """[p0, p1] (float64) of the predictor's scores on X: the probabilities of label 1
+        from the isotonic fits with the test point labelled 0 and labelled 1, in the input's
+        shape with a last dimension of 2 (`[N]` scores: `[N, 2]`; a multilabel head `[N, K]`:
+        `[N, K, 2]`); NumPy for NumPy inputs."""
         self._check_fitted()
         size, split = self._reading(batch_size, batch_fn)
         logits = member_logits_of(self.predictor_, X, size, split)
-        self._check_width(logits, "X")
-        d = binary_score(scores_of(logits, self.scores_, "X"))
-        return torch.stack(_bounds(d, *self._tables(d.device)), -1)
+        if self._multiclass():  # an archive that recorded no kind: two-column rows
+            self._check_width(logits, "X")
+            rows = logits
+        else:
+            rows = self._kind().rows(logits, "X")  # [M, R, 2]
+        d = binary_score(scores_of(rows, self.scores_, "X"))
+        maps = self.__dict__.get("label_maps_") or [self]
+        out = torch.empty(len(d), 2, dtype=torch.float64, device=d.device)
+        for k, fitted in enumerate(maps):  # per label: label k's tables on its rows k::K
+            out[k :: len(maps)] = torch.stack(
+                _bounds(d[k :: len(maps)], *fitted._tables(d.device)), -1
+            )
+        shape = logits.shape[1:] if rows is not logits else logits.shape[1:-1]
+        return like_input(out.reshape(*shape, 2), X)
 
     def _module(self) -> CalibrationMap:
         """The fitted map as a module (`to_module`)."""
