@@ -1,9 +1,10 @@
 """Platt scaling (Platt 1999): a binary scorer's score s mapped to p = sigmoid(a s + b).
 
-A map of two-column rows (`kinds` binary and multilabel): it sees the canonical rows of a
-binary scorer, `[0, s]` (or any two columns: s is their difference, the logit of the second
-class, so logits and log-probabilities give the same s), and gives back `[0, a s + b]`, whose
-softmax is (1 - p, p). (a, b) minimise the NLL in float64 by Newton's method with a
+A map of two-column rows (`kinds` binary and multilabel): a binary scorer's scores `[N]`, or
+each label's of a multilabel head, reach it as the canonical rows `[0, s]`
+(`peg.source._kinds`; s is their difference, the logit of the second column, so logits and
+log-probabilities give the same s), and it gives back `[0, a s + b]`, whose softmax is
+(1 - p, p). (a, b) minimise the NLL in float64 by Newton's method with a
 backtracking line search (`fit_logistic`; Lin, Lin & Weng 2007, "A note on Platt's
 probabilistic outputs for support vector machines", Machine Learning 68), from Platt's start
 a = 0, b = log((N₊ + 1) / (N₋ + 1)).

@@ -165,9 +165,8 @@ class VennAbers(Calibrator):
     It takes a binary scorer's scores `[N]` (or `[N, 1]`) with 0/1 labels, and a multilabel
     head's logits `[N, K]` with multi-hot labels (one shared map, or one per label with
     `per_label=True`); it acts on their canonical rows `[0, s]` (`peg.source._kinds`). The
-    fitted map holds the
-    validation scores' distinct values (its archive too): memory K per row predicted by the
-    exported module's lookup, K the distinct validation scores.
+    fitted map holds the validation scores' distinct values (its archive too): memory K per
+    row predicted by the exported module's lookup, K the distinct validation scores.
 
     Args:
         batch_size: rows per forward pass.
