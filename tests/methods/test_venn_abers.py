@@ -119,6 +119,20 @@ def test_a_multilabel_head_gets_intervals_per_entry_shared_or_per_label():
     assert isinstance(own.predict_interval(logits[200:].numpy()), np.ndarray)
 
 
+def test_per_label_maps_save_load_and_export(tmp_path):
+    rng = np.random.default_rng(6)
+    columns = [scorer(200, rng) for _ in range(2)]
+    logits = torch.as_tensor(np.stack([s for s, _ in columns], 1), dtype=torch.float32)
+    labels = torch.as_tensor(np.stack([y for _, y in columns], 1))
+    va = peg.VennAbers(per_label=True).fit(logits[:150], labels[:150])
+    loaded = peg.load(va.save(tmp_path / "labels.peg"))
+    test = logits[150:]
+    torch.testing.assert_close(loaded.predict_interval(test), va.predict_interval(test))
+    torch.testing.assert_close(loaded.predict_proba(test), va.predict_proba(test))
+    module = va.to_module()
+    torch.testing.assert_close(module(test), va.predict_proba(test), atol=1e-6, rtol=0)
+
+
 def _multiclass() -> None:
     g = torch.Generator().manual_seed(0)
     peg.VennAbers().fit(torch.randn(30, 3, generator=g), torch.arange(30) % 3)
