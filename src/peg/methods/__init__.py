@@ -1,12 +1,15 @@
 """Methods: each turns a model (and data) into an `Ensemble` or a predictor with `member_logits`."""
 
+from peg.methods.calibration.beta import BetaCalibration
 from peg.methods.calibration.binning import HistogramBinning, IsotonicCalibration
 from peg.methods.calibration.ensemble_temperature import EnsembleTemperatureScaling
 from peg.methods.calibration.label_shift import LabelShift
 from peg.methods.calibration.order_preserving import OrderPreservingScaling
+from peg.methods.calibration.platt import PlattScaling
 from peg.methods.calibration.scaling import DirichletCalibration, MatrixScaling, VectorScaling
 from peg.methods.calibration.spline import SplineCalibration
 from peg.methods.calibration.temperature import TemperatureScaling
+from peg.methods.calibration.venn_abers import VennAbers
 from peg.methods.conformal.classifier import ConformalClassifier
 from peg.methods.conformal.regressor import ConformalRegressor
 from peg.methods.dropout import MCDropout
@@ -29,6 +32,7 @@ __all__ = [
     "PEP",
     "SWA",
     "SWAG",
+    "BetaCalibration",
     "ConformalClassifier",
     "ConformalRegressor",
     "DeepEnsemble",
@@ -46,8 +50,10 @@ __all__ = [
     "MatrixScaling",
     "OrderPreservingScaling",
     "PackedEnsemble",
+    "PlattScaling",
     "RandomSubspace",
     "SplineCalibration",
     "TemperatureScaling",
     "VectorScaling",
+    "VennAbers",
 ]
