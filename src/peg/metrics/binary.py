@@ -53,12 +53,31 @@ class Entries(NamedTuple):
 
 
 def entries(p: Any, y: Any, ignore_index: int = IGNORE_INDEX, multilabel: bool = False) -> Entries:
-    """`p` and `y` checked (see the module doc) and flattened to the entries kept.
+    """`p` and `y` checked (`checked`) and flattened to the entries kept."""
+    t, labels = checked(p, y, ignore_index, multilabel)
+    keep = labels != ignore_index
+    if not bool(keep.any()):
+        raise ValueError(f"y: every label is ignore_index ({ignore_index}): nothing to score")
+    k = t.shape[1] if t.ndim == 2 else 1
+    column = torch.arange(k, device=t.device).expand_as(t)
+    return Entries(t[keep], labels[keep] == 1, column[keep], k)
 
-    Binary: `p` `[N]` or `[N, 1]`; multi-label: `[N, K]`. `y` has `p`'s shape; its values are
-    0, 1 or `ignore_index` (integers, whole floats or bools)."""
+
+def checked(
+    p: Any, y: Any, ignore_index: int = IGNORE_INDEX, multilabel: bool = False
+) -> tuple[Tensor, Tensor]:
+    """(`p` float64, `y` int64 on `p`'s device), both of `p`'s shape, checked: binary `p`
+    `[N]` or `[N, 1]`, multi-label `[N, K]`, probabilities in [0, 1]; `y` of `p`'s shape, its
+    values 0, 1 or `ignore_index` (integers, whole floats or bools)."""
     if not isinstance(ignore_index, int) or isinstance(ignore_index, bool):
         raise ValueError(f"ignore_index: expected an integer label, got {ignore_index!r}")
+    t = check_probs(p, multilabel)
+    return t, _labels(y, t, ignore_index)
+
+
+def check_probs(p: Any, multilabel: bool = False) -> Tensor:
+    """`p` as float64, checked: binary `[N]` or `[N, 1]`, multi-label `[N, K]`, each a
+    probability of class 1 in [0, 1]."""
     t = as_tensor(p, "p")
     want = "[N, K]" if multilabel else "[N] (or [N, 1])"
     ok = t.ndim == 2 if multilabel else t.ndim == 1 or (t.ndim == 2 and t.shape[1] == 1)
@@ -78,13 +97,7 @@ def entries(p: Any, y: Any, ignore_index: int = IGNORE_INDEX, multilabel: bool =
             f"p: expected probabilities of class 1 in [0, 1], got values in [{lo:g}, {hi:g}]; "
             "for scores (logits) pass torch.sigmoid(scores)"
         )
-    labels = _labels(y, t, ignore_index)
-    keep = labels != ignore_index
-    if not bool(keep.any()):
-        raise ValueError(f"y: every label is ignore_index ({ignore_index}): nothing to score")
-    k = t.shape[1] if t.ndim == 2 else 1
-    column = torch.arange(k, device=t.device).expand_as(t)
-    return Entries(t[keep], labels[keep] == 1, column[keep], k)
+    return t
 
 
 def _labels(y: Any, p: Tensor, ignore_index: int) -> Tensor:
