@@ -185,3 +185,11 @@ def test_dense_batches_all_ignored_add_nothing():
     stream.update(logits, torch.full_like(y, -100))
     stream.update(logits, y)
     assert stream.compute() == pytest.approx(dense_metrics(logits, y))
+
+
+def test_dense_classes_last_as_a_language_models_logits():
+    logits, y = _dense(shape=(3, 7, 12))  # [B, C, T]
+    last = logits.movedim(1, -1).contiguous()  # [B, T, V]
+    assert dense_metrics(last, y, class_dim=-1) == pytest.approx(dense_metrics(logits, y))
+    with pytest.raises(ValueError, match=r"y: expected labels \[B, \*S\] = \[3, 12\]"):
+        dense_metrics(last, y.T.contiguous(), class_dim=-1)

@@ -26,7 +26,11 @@ DENSE_METRICS = ("nll", "error", "brier", "ece", "mce")
 
 
 def dense_rows(
-    logits: Any, y: Any, ignore_index: int = IGNORE_INDEX, members: bool = False
+    logits: Any,
+    y: Any,
+    ignore_index: int = IGNORE_INDEX,
+    members: bool = False,
+    class_dim: int = 1,
 ) -> tuple[Tensor, Tensor]:
     """The positions kept as rows: (logits `[M, R, C]`, labels `[R]` int64 in `[0, C)`).
 
@@ -35,29 +39,35 @@ def dense_rows(
             `members=True`; any floating dtype, kept (the metrics compute in float64).
         y: labels `[B, *S]`: class indices in `[0, C)`, or `ignore_index`.
         ignore_index: the label of positions left out.
+        class_dim: where the classes are: 1 (`[B, C, *S]`, torch's layout) or -1
+            (`[B, *S, C]`, a language model's `[B, T, V]`).
 
     R may be 0 (every position ignored): the caller decides whether that is an error.
     """
     if not isinstance(ignore_index, int) or isinstance(ignore_index, bool):
         raise ValueError(f"ignore_index: expected an integer label, got {ignore_index!r}")
+    if class_dim not in (1, -1):
+        raise ValueError(f"class_dim: expected 1 or -1, got {class_dim!r}")
     z = as_tensor(logits, "logits")
     lead = 1 if members else 0
     if z.ndim < 2 + lead or not z.is_floating_point():
-        want = "member logits [M, B, C, *S]" if members else "logits [B, C, *S]"
+        layout = "[B, C, *S]" if class_dim == 1 else "[B, *S, C]"
+        want = f"member logits [M, {layout[1:]}" if members else f"logits {layout}"
         raise ValueError(
             f"logits: expected floating-point {want}, got shape {tuple(z.shape)} ({z.dtype})"
         )
-    classes = z.shape[1 + lead]
+    dim = 1 + lead if class_dim == 1 else z.ndim - 1
+    classes = z.shape[dim]
     t = as_tensor(y, "y", z.device, owner="pred")
-    want_shape = (*z.shape[lead : lead + 1], *z.shape[lead + 2 :])
+    want_shape = (*z.shape[lead:dim], *z.shape[dim + 1 :])
     if tuple(t.shape) != want_shape:
         raise ValueError(
             f"y: expected labels [B, *S] = {list(want_shape)} for logits of shape "
-            f"{tuple(z.shape)} (C = {classes} in dim {1 + lead}), got {tuple(t.shape)}"
+            f"{tuple(z.shape)} (C = {classes} in dim {dim}), got {tuple(t.shape)}"
         )
     keep = t != ignore_index
     labels = check_labels(t[keep], None, classes, "y", z.device) if bool(keep.any()) else None
-    rows = z.movedim(1 + lead, -1)  # [M?, B, *S, C]: a view, the kept rows copied once below
+    rows = z.movedim(dim, -1)  # [M?, B, *S, C]: a view, the kept rows copied once below
     rows = rows[:, keep] if members else rows[keep][None]
     if labels is None:
         return rows, torch.zeros(0, dtype=torch.int64, device=z.device)
@@ -80,6 +90,8 @@ class DenseMetrics:
         ignore_index: the label of positions left out.
         members: `update` takes member logits `[M, B, C, *S]` (an ensemble) instead of
             `[B, C, *S]`.
+        class_dim: 1 (`[B, C, *S]`) or -1 (the classes last, `[B, *S, C]`: a language
+            model's `[B, T, V]`).
     """
 
     def __init__(
@@ -89,16 +101,17 @@ class DenseMetrics:
         metrics: str | Iterable[str] | None = None,
         ignore_index: int = IGNORE_INDEX,
         members: bool = False,
+        class_dim: int = 1,
     ) -> None:
         self.stream = StreamingMetrics(
             bins, min_count, DENSE_METRICS if metrics is None else metrics
         )
-        self.ignore_index, self.members = ignore_index, bool(members)
+        self.ignore_index, self.members, self.class_dim = ignore_index, bool(members), class_dim
 
     def update(self, logits: Any, y: Any) -> None:
         """Add a batch: logits `[B, C, *S]` (member logits `[M, B, C, *S]` with `members`),
         labels `[B, *S]`; a batch whose every position is ignored adds nothing."""
-        rows, labels = dense_rows(logits, y, self.ignore_index, self.members)
+        rows, labels = dense_rows(logits, y, self.ignore_index, self.members, self.class_dim)
         if len(labels):
             self.stream.update(rows, labels)
 
@@ -119,10 +132,11 @@ def dense_metrics(
     min_count: int = 1,
     metrics: str | Iterable[str] | None = None,
     ignore_index: int = IGNORE_INDEX,
+    class_dim: int = 1,
 ) -> dict[str, float]:
-    """NLL, error, Brier, ECE and MCE (or `metrics`) per position of logits `[B, C, *S]` on
-    labels `[B, *S]`, over the positions whose label is not `ignore_index` (`DenseMetrics`
-    fed once)."""
-    stream = DenseMetrics(bins, min_count, metrics, ignore_index)
+    """NLL, error, Brier, ECE and MCE (or `metrics`) per position of logits `[B, C, *S]` (or
+    `[B, *S, C]` with `class_dim=-1`) on labels `[B, *S]`, over the positions whose label is
+    not `ignore_index` (`DenseMetrics` fed once)."""
+    stream = DenseMetrics(bins, min_count, metrics, ignore_index, class_dim=class_dim)
     stream.update(logits, y)
     return stream.compute()
