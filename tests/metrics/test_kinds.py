@@ -193,3 +193,28 @@ def test_dense_classes_last_as_a_language_models_logits():
     assert dense_metrics(last, y, class_dim=-1) == pytest.approx(dense_metrics(logits, y))
     with pytest.raises(ValueError, match=r"y: expected labels \[B, \*S\] = \[3, 12\]"):
         dense_metrics(last, y.T.contiguous(), class_dim=-1)
+
+
+def test_multiclass_metrics_leave_out_the_labels_ignored():
+    g = torch.Generator().manual_seed(8)
+    logits = 2 * torch.randn(3, 200, 4, generator=g)
+    y = torch.randint(0, 4, (200,), generator=g)
+    left = y.clone()
+    left[::3] = -100
+    keep = left != -100
+    assert metrics.nll(logits, left) == pytest.approx(metrics.nll(logits[:, keep], y[keep]))
+    probs = logits[0].softmax(-1)
+    assert metrics.classification_metrics(
+        probs, left.masked_fill(~keep, 255), ignore_index=255
+    ) == (metrics.classification_metrics(probs[keep], y[keep]))
+    conf = torch.rand(200, generator=g)
+    assert metrics.aurc(probs, left, confidence=conf) == metrics.aurc(
+        probs[keep], y[keep], confidence=conf[keep]
+    )
+    stream = metrics.streaming.StreamingMetrics()
+    stream.update(logits[:, :50], torch.full((50,), -100))  # padding only: adds nothing
+    stream.update(logits[:, 50:], left[50:])
+    expected = metrics.classification_metrics(logits[:, 50:][:, keep[50:]], y[50:][keep[50:]])
+    assert stream.compute() == pytest.approx(expected, rel=1e-12)
+    with pytest.raises(ValueError, match=r"every label is ignore_index \(-100\)"):
+        metrics.ece(probs, torch.full((200,), -100))

@@ -1,7 +1,9 @@
 """Classification metrics: pure functions of predictions and labels, computed in float64.
 
 `pred` is probabilities `[N, C]` or member logits `[M, N, C]` (an ensemble averages member
-probabilities); `y` is integer labels `[N]`. Tensors or numpy arrays.
+probabilities); `y` is integer labels `[N]`. Tensors or numpy arrays. Points labelled -100
+(torch's `cross_entropy` default `ignore_index`) are left out by every metric
+(`classification_metrics` and `StreamingMetrics` take another `ignore_index`).
 
 - `nll(pred, y)`: NLL of the predictive distribution (log-space for ensembles).
 - `gibbs_nll(member_logits, y)`, `member_nll(member_logits, y)`: mean and per-member NLL.
@@ -202,6 +204,7 @@ def classification_metrics(
     bins: int = 15,
     min_count: int = 1,
     metrics: str | Iterable[str] | None = None,
+    ignore_index: int = -100,
 ) -> dict[str, float]:
     """The selected metrics of `pred` on `y`, by key, in the order asked.
 
@@ -216,11 +219,14 @@ def classification_metrics(
     "conformal_metrics",
     "coverage", "aurc", "augrc" (confidence: the max averaged probability).
             None: `DEFAULT_METRICS`, the first six.
+        ignore_index: points labelled so are left out (default -100, torch's
+            `cross_entropy` default; every metric of `peg.metrics` leaves out -100).
     """
     keys = check_metrics(metrics)
     bins = check_positive_int(bins, "bins")
     min_count = check_positive_int(min_count, "min_count")
-    pp = Predictive(pred, y)  # validated once; the maximum, the true class and ranks found once
+    # validated once; the maximum, the true class and ranks found once
+    pp = Predictive(pred, y, ignore_index=ignore_index)
     compute: dict[str, Callable[[], float]] = {
         "nll": lambda: nll_of(pp),
         "error": lambda: error_of(pp),
