@@ -147,7 +147,8 @@ def check_calibrated(
 
 
 def _described(fitted: Any, field: str) -> str:
-    entry = {k: v for k, v in fitted._entry().items() if not isinstance(v, list)}
+    # `_map_entry`: a per-label map's entries are its labels' (a list, not shown)
+    entry = {k: v for k, v in fitted._map_entry().items() if not isinstance(v, (list, dict))}
     shown = ", ".join(f"{field}.{k} = {v!r}" for k, v in entry.items())
     return shown or "in its arrays"
 

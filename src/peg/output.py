@@ -65,9 +65,11 @@ def logits_of(out: Any) -> Any:
     return logits if isinstance(logits, Tensor) else out
 
 
-def model_output(out: Any, where: str) -> Tensor:
+def model_output(out: Any, where: str, shaped: bool = False) -> Tensor:
     """Check that a forward pass returned logits `[B, C]` and return them: a tensor, or a
     mapping / object with a `logits` entry (HuggingFace's convention; no `with_output` needed).
+    `shaped`: logits `[B, *]` of any shape (`peg.source._kinds`: binary scores `[B]`, dense
+    `[B, C, *S]`), as the members' outputs of a predictor are read.
     """
     out = logits_of(out)
     if not isinstance(out, Tensor):
@@ -76,7 +78,7 @@ def model_output(out: Any, where: str) -> Tensor:
             f"with 'logits'), got {_describe(out)}; pick the logits with the output_fn hook, "
             f"e.g. {output_example(out)}"
         )
-    if out.ndim != 2:
+    if (out.ndim < 1) if shaped else (out.ndim != 2):
         raise ValueError(
             f"{where}: the model's forward must return logits [B, C], got shape {tuple(out.shape)}"
         )

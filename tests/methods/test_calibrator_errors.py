@@ -155,10 +155,10 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str
     ),
     (
         "calibrators",
-        "binning a one-class model",
+        "binning a one-output model (a binary scorer) on labels of one class",
         lambda: peg.HistogramBinning().fit(nn.Linear(2, 1), (_val()[0], _val()[1] * 0)),
         ValueError,
-        "val: histogram binning needs at least 2 classes, got 1",
+        "val labels: every label is 0 \\(one class only\\): histogram binning cannot learn",
     ),
     (
         "calibrators",
@@ -169,10 +169,10 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str
     ),
     (
         "calibrators",
-        "labels as a matrix (one-hot), before the forward passes",
-        lambda: peg.DirichletCalibration().fit(_Refusing(), (_val()[0], torch.eye(3)[_val()[1]])),
+        "labels as a matrix (one-hot: read as multi-hot, which Dirichlet does not take)",
+        lambda: peg.DirichletCalibration().fit(_mlp(), (_val()[0], torch.eye(3)[_val()[1]])),
         ValueError,
-        r"val labels: expected integer labels of shape \[200\], got shape \(200, 3\)",
+        r"val: DirichletCalibration does not take multilabel input \(multilabel logits \[N, 3\]",
     ),
 ]
 
@@ -199,10 +199,11 @@ FILE_ERROR_CASES: list[tuple[str, str, Callable[[Path], object], type[BaseExcept
         "calibrators",
         "a memory-mapped .npy of labels of the wrong shape",
         lambda tmp: peg.TemperatureScaling().fit(
-            _Refusing(), (_val()[0], _saved(tmp, "y.npy", _val()[1].numpy()[:, None]))
+            _mlp(), (_val()[0], _saved(tmp, "y.npy", _val()[1].numpy()[:, None]))
         ),
         ValueError,
-        r"val labels: expected integer labels of shape \[200\], got shape \(200, 1\)",
+        r"val: logits \(200, 3\) need labels \[N\] \(class indices: multiclass\) or \[N, K\] "
+        r"\(multi-hot: multilabel\), got shape \(200, 1\)",
     ),
     (
         "TemperatureScaling",

@@ -123,7 +123,8 @@ def test_in_float32_keeps_the_softmax_and_refuses_nan():
     ("what", "data", "message"),
     [
         ("complex logits", (Z.to(torch.complex64), Y), r"val: expected real logits, got dtype"),
-        ("one class", (Z[:, :1], torch.zeros(len(Z), dtype=torch.long)), "needs at least 2"),
+        # one logit per row is a binary scorer now (`peg.source._kinds`): one class is the labels'
+        ("one class", (Z, torch.zeros(len(Z), dtype=torch.long)), "one class only"),
     ],
 )
 def test_every_calibrator_refuses_complex_logits_and_one_class_alike(what, data, message):
@@ -222,10 +223,11 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str
     ),
     (
         "calibrators",
-        "order-preserving scaling of one class",
+        "order-preserving scaling of one score per row (a binary scorer)",
         lambda: peg.OrderPreservingScaling().fit(IDENTITY, (Z[:, :1], Y * 0)),
         ValueError,
-        r"val: order-preserving scaling needs at least 2 classes, got 1",
+        r"val: OrderPreservingScaling does not take binary input .* The maps that take binary "
+        r"input \(calibrators\('binary'\)\): \['TemperatureScaling'",
     ),
     (
         "calibrators",

@@ -166,9 +166,10 @@ def _nan_logits() -> np.ndarray:
 
 # (area, bad input, call, error type, regex the message must match)
 ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str]] = [
-    ("calibrators", "fit(logits, labels): logits not 2-D",
+    ("calibrators", "fit(logits, labels): member logits [1, N, C] (read as dense [B, C, *S])",
      lambda: peg.TemperatureScaling().fit(_logits()[None], _labels()),
-     ValueError, r"logits: expected floating-point logits \[N, C\] .* got shape \(1, 20, 5\)"),
+     ValueError,
+     r"labels: expected 1 labels \[N\] for logits of shape \(1, 20, 5\), got shape \(20,\)"),
     ("calibrators", "fit(logits, labels): labels first",
      lambda: peg.TemperatureScaling().fit(_labels(), _logits()),
      ValueError, r"logits: expected floating-point logits \[N, C\] .* got shape \(20,\)"),

@@ -25,6 +25,7 @@ from peg.metrics._inputs import log_probs_of
 from peg.output import model_output
 from peg.source import Data, Source, Tapped, is_dataset_or_loader, is_pair
 from peg.source._devices import model_device, move, weights_device
+from peg.source._kinds import read_kind
 from peg.source._values import (
     check_finite,
     check_finite_logits,
@@ -61,6 +62,7 @@ def read_predictor(
     classes: Any = None,
     data_name: str = "val",
     labelled: bool = True,
+    kinds: bool = False,
 ) -> tuple[Any, Any]:
     """`(predictor, data)` as every `fit` reads its first two arguments (calibrators, conformal,
     `LabelShift`, `AutoSelect`, `evaluate`, `compare`): a model (an nn.Module) or a peg
@@ -73,7 +75,9 @@ def read_predictor(
     index (`class_indices`; `data_name`: the data argument's name, for the labels of a pair;
     `labelled` False: a model's data are inputs alone, `evaluate(model, X, y)`'s `X`).
     Clear errors for anything else, before any work (`name`: the argument's, `expected`: what
-    it takes besides logits)."""
+    it takes besides logits). `kinds`: saved logits of any kind of `peg.source._kinds` (binary
+    scores `[N]`, multilabel `[N, K]` with labels `[N, K]`, dense `[B, C, *S]` with `[B, *S]`),
+    the consumer reading their kind (the calibrators)."""
     if is_predictor(predictor):
         if not labelled:
             return predictor, data
@@ -90,7 +94,7 @@ def read_predictor(
     if isinstance(predictor, (Tensor, np.ndarray)):
         if data is not None:
             data = class_indices(data, "labels", classes)
-        check_logits(predictor, data)
+        check_logits(predictor, data, kinds)
         return SavedLogits(), (predictor, data)
     raise TypeError(
         f"{name}: expected {expected}, or logits [N, C] (a tensor, a NumPy array or an "
@@ -122,11 +126,24 @@ def check_saved_logits(logits: Tensor | np.ndarray, name: str, like: str = "") -
         )
 
 
-def check_logits(logits: Tensor | np.ndarray, labels: Any) -> None:
+def check_logits(logits: Tensor | np.ndarray, labels: Any, kinds: bool = False) -> None:
     """A ValueError (TypeError for a wrong type) naming `logits` or `labels`: logits not
-    `[N, C]` floating-point, labels not `[N]`, NaN or inf among the logits."""
+    `[N, C]` floating-point, labels not `[N]`, NaN or inf among the logits. `kinds`: logits
+    `[N, *]` of any shape, labels `[N, *]` (their kind is read by `peg.source._kinds`)."""
     shape = tuple(logits.shape)
-    check_saved_logits(logits, "logits")
+    if kinds:
+        floating = (
+            logits.dtype.kind == "f"
+            if isinstance(logits, np.ndarray)
+            else (logits.is_floating_point())
+        )
+        if not shape or not floating:
+            raise ValueError(
+                f"logits: expected floating-point logits [N, C] (or scores [N], dense logits "
+                f"[B, C, *S]), got shape {shape} and dtype {logits.dtype}"
+            )
+    else:
+        check_saved_logits(logits, "logits")
     if labels is None:
         raise ValueError("labels: fit(logits, labels) needs the labels [N] as the second argument")
     if not isinstance(labels, (Tensor, np.ndarray)):
@@ -134,9 +151,10 @@ def check_logits(logits: Tensor | np.ndarray, labels: Any) -> None:
             f"labels: expected class labels [N] (a tensor, a NumPy array or an array-like) after "
             f"logits, got {type(labels).__name__}"
         )
-    if labels.ndim != 1 or len(labels) != shape[0]:
+    if (labels.ndim != 1 and not kinds) or labels.ndim == 0 or len(labels) != shape[0]:
+        wanted = "[N, ...]" if labels.ndim > 1 else "[N]"
         raise ValueError(
-            f"labels: expected {shape[0]} labels [N] for logits of shape {shape}, got shape "
+            f"labels: expected {shape[0]} labels {wanted} for logits of shape {shape}, got shape "
             f"{tuple(labels.shape)}"
         )
     check_finite(from_numpy(logits) if isinstance(logits, np.ndarray) else logits, "logits")
@@ -168,7 +186,8 @@ def _stateless_batches(
     detached, as an `Ensemble`'s logits are (no gradient): saved logits that require grad are
     read as data (maps fitted on them convert them to NumPy)."""
     for x in Source.of(X, batch_fn).inputs(batch_size):
-        yield model_output(call_model(model, x), "member_logits").detach().unsqueeze(0)
+        out = model_output(call_model(model, x), "member_logits", shaped=True)
+        yield out.detach().unsqueeze(0)
 
 
 def predictor_device(predictor: Any) -> torch.device | None:
@@ -273,6 +292,19 @@ def _warn(logits: Tensor, y: Tensor, name: str, saved: bool, one_class: bool) ->
     warn_probabilities(logits[0], saved)
     if name == "val" and one_class:
         warn_one_class(y, name)
+
+
+def only_multiclass(logits: Tensor, y: Tensor, owner: str, name: str = "val") -> None:
+    """A ValueError naming `owner` and the kind unless member logits `[M, N, C]` (C >= 2) with
+    labels `[N]` are multiclass: what works on multiclass input alone (label-free estimation,
+    the Monitor) refuses the other kinds of `peg.source._kinds` by name."""
+    if logits.ndim == 3 and logits.shape[-1] >= 2 and y.ndim == 1:
+        return
+    kind = read_kind(tuple(logits.shape[1:]), y, name=name)
+    raise ValueError(
+        f"{name}: {owner} takes multiclass logits [N, C] with labels [N], got {kind.describe()}:"
+        f" {kind.kind} input is not supported by label-free estimation (multiclass only)"
+    )
 
 
 def predictor_meta(predictor: Any) -> dict[str, Any] | None:

@@ -73,7 +73,7 @@ class Split:
         trunk = {k: state[k] for k in self.trunk_names}
         features = logits_of(call_functional(self.trunk, trunk, x))
         out = functional_call(self.head, self.head_entries(state), (features,))
-        return model_output(out, "member_logits")
+        return model_output(out, "member_logits", shaped=True)
 
 
 def _split(trunk: nn.Module, head: nn.Module, prefix: str, per_member: set[str]) -> Split | None:

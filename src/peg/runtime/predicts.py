@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from peg.source import Data
+from peg.source._kinds import read_kind
 from peg.source._namespace import like_input
 
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -52,12 +53,21 @@ class Predicts:
         (`peg.source._namespace`). Refused under `torch.jit.trace`, which would bake the
         batching of the traced call into the graph."""
         refuse_tracing(type(self).__name__)
-        probs = self.member_logits(X, batch_size, **options).softmax(-1).mean(0)
-        return like_input(probs, X)
+        logits = self.member_logits(X, batch_size, **options)
+        if logits.ndim == 3:
+            return like_input(logits.softmax(-1).mean(0), X)
+        # a model of another kind (`peg.source._kinds`, read from the shape alone): binary
+        # scores [M, N] give P(y = 1) [N], dense logits [M, B, C, *S] a softmax over C
+        return like_input(read_kind(tuple(logits.shape[1:]), None).proba(logits), X)
 
     def predict(self, X: Data, batch_size: int | None = None, **options: Any) -> Any:
-        """Predicted class per input `[N]` (argmax of `predict_proba`; NumPy for NumPy)."""
-        return self.predict_proba(X, batch_size, **options).argmax(-1)
+        """Predicted class per input `[N]` (argmax of `predict_proba`; NumPy for NumPy); for
+        binary scores 1 where P(y = 1) > 1/2 (`[N]`), for dense logits the class per position
+        `[B, *S]`."""
+        probs = self.predict_proba(X, batch_size, **options)
+        if probs.ndim == 1 or (probs.ndim == 2 and probs.shape[-1] == 1):
+            return (probs > 0.5) * 1
+        return probs.argmax(1 if probs.ndim > 2 else -1)
 
 
 def refuse_tracing(owner: str) -> None:

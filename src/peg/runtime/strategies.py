@@ -71,9 +71,9 @@ def _run_modules(modules: list[nn.Module], x: Any) -> Tensor:
     stacked after it (an ordinary tensor, fit for autograd later: temperature scaling)."""
     with torch.inference_mode():
         if isinstance(x, Tensor):  # `call_model`'s Mapping test costs ~1 µs a member
-            outs = [model_output(m(x), "member_logits") for m in modules]
+            outs = [model_output(m(x), "member_logits", shaped=True) for m in modules]
         else:
-            outs = [model_output(call_model(m, x), "member_logits") for m in modules]
+            outs = [model_output(call_model(m, x), "member_logits", shaped=True) for m in modules]
     return torch.stack(outs)
 
 
@@ -215,7 +215,7 @@ class MemberStrategies(AutoStrategy):
 
         def one(stacked: dict[str, Tensor], x: Any) -> Tensor:
             out = call_functional(self.skeleton, {**self.shared, **stacked}, x)
-            return model_output(out, "member_logits")
+            return model_output(out, "member_logits", shaped=True)
 
         step = len(self) if strategy == "vmap" or chunk_size is None else chunk_size
         outs = []
@@ -224,9 +224,9 @@ class MemberStrategies(AutoStrategy):
                 part = {k: v[start : start + step] for k, v in self.stacked.items()}
                 outs.append(vmap(one, in_dims=(0, None))(part, x))
         out = torch.cat(outs)
-        if out.ndim != 3:
+        if out.ndim < 2:
             raise ValueError(
-                f"member_logits: expected logits [B, C] per member, got {tuple(out.shape[1:])}"
+                f"member_logits: expected logits [B, *] per member, got {tuple(out.shape[1:])}"
             )
         return out
 
@@ -242,7 +242,7 @@ class MemberStrategies(AutoStrategy):
     def _folded_logits(self, folded: Folded, x: Tensor) -> Tensor:
         """`folded(x)` as `[M, B, C]` (a view; expanded where no layer is per member)."""
         try:
-            out = model_output(folded(x), "member_logits")
+            out = model_output(folded(x), "member_logits", shaped=True)
         except (NotFoldable, TypeError):
             raise
         except Exception as e:  # e.g. a forward reading `self.fc.weight`, a replaced layer's
@@ -257,7 +257,7 @@ class MemberStrategies(AutoStrategy):
     def _member_output(self, i: int, x: Any) -> Tensor:
         """Member `i`'s logits `[B, C]` on one batch (`functional_call`)."""
         return model_output(
-            call_functional(self.skeleton, self.member_state(i), x), "member_logits"
+            call_functional(self.skeleton, self.member_state(i), x), "member_logits", shaped=True
         )
 
     def _predict(self, x: Any, chosen: str, fall_back: bool, chunk_size: int | None) -> Tensor:
@@ -296,4 +296,4 @@ class MemberStrategies(AutoStrategy):
         out = diagnose(
             lambda rows: call_functional(self.skeleton, self.member_state(0), rows), x, "X"
         )
-        model_output(out, "member_logits")
+        model_output(out, "member_logits", shaped=True)

@@ -45,7 +45,6 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from peg.ensemble import Predicts
 from peg.loading import CALIBRATORS
 from peg.methods import _constraints as checks
 from peg.methods._predictors import (
@@ -58,10 +57,11 @@ from peg.methods._predictors import (
     scores_of,
 )
 from peg.methods.base import Method
-from peg.methods.calibration._calibrator_archive import Archived
 from peg.methods.calibration._calibrator_archive import stored as stored
 from peg.methods.calibration._export import CalibrationMap
+from peg.methods.calibration._kinded import Kinded, check_integer
 from peg.source import Data, is_pair
+from peg.source._kinds import TASKS, Kind, read_kind
 from peg.source._values import check_labels, refuse_one_class, warn_absent_classes
 from peg.source.batches import BatchFn, check_batch_fn
 
@@ -72,9 +72,14 @@ EXPORTS: dict[str, Callable[[Any], CalibrationMap]] = {}
 # one score per row `[N]` (or `[N, 1]`) with 0/1 labels; a multi-label head `[N, K]` with
 # multi-hot labels `[N, K]`; dense logits `[B, C, *S]` with labels `[B, *S]`
 KINDS = ("multiclass", "binary", "multilabel", "dense")
+# how every calibrator reads its data (`LabelShift`'s table, which takes no kind argument)
+READING: Mapping[str, checks.Check] = {
+    "batch_size": checks.positive_int(),
+    "batch_fn": checks.batch_fn,
+}
 
 
-class Calibrator(Archived, Predicts, Method):
+class Calibrator(Kinded, Method):
     """Base of the post-hoc calibrators (see the module doc): `fit(predictor, val)`,
     `member_logits(X) -> [1, N, C]`, `iter_member_logits`, `scale(logits)`, `predict_proba`,
     `predict`, `save(path)`; `peg.load(path, model)` gives a fitted one back."""
@@ -126,8 +131,11 @@ class Calibrator(Archived, Predicts, Method):
             Calibrator.registry[cls.method] = cls
 
     parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
-        "batch_size": checks.positive_int(),
-        "batch_fn": checks.batch_fn,
+        "task": checks.one_of(*TASKS),
+        "ignore_index": checks.described(check_integer, "an integer (a label left out)"),
+        "per_label": checks.boolean(),
+        "class_dim": checks.one_of(None, 1, -1),
+        **READING,
     }
 
     # ---------------------------------------------------------------- subclass hooks
@@ -179,7 +187,12 @@ class Calibrator(Archived, Predicts, Method):
     def _described(self) -> dict[str, Any]:
         """`meta_` beyond method and predictor: the arguments, what the map acts on
         (`fitted_on`: "log_probs" or "logits"), the map's scalars and C."""
-        return {**self._json_params(), "fitted_on": self.scores_, **self._entry(), **self._width()}
+        return {
+            **self._json_params(),
+            "fitted_on": self.scores_,
+            **self._map_entry(),
+            **self._width(),
+        }
 
     def _width(self) -> dict[str, Any]:
         """`{"n_classes": C}`, or nothing for a map of unknown C (an older archive's)."""
@@ -198,11 +211,19 @@ class Calibrator(Archived, Predicts, Method):
         """Fit the map on validation data `val` ((X, y), Dataset or DataLoader, batches of any
         shape); returns self.
 
+        The kind of input is read from the logits' and labels' shapes (`peg.source._kinds`,
+        settled by `task`): multiclass `[N, C]` with `[N]`; binary scores `[N]` or `[N, 1]`
+        with 0/1 labels; multilabel `[N, K]` with multi-hot `[N, K]`; dense `[B, C, *S]` (or a
+        language model's `[B, T, V]`) with `[B, *S]`. Labels equal to `ignore_index` are left
+        out. The map is fitted on the canonical rows of that kind (`kind_`), once, or once per
+        label with `per_label=True` (multilabel).
+
         Args:
             predictor: an nn.Module returning logits, or anything with `member_logits(X)` (an
-                `Ensemble`, a fitted method); or saved logits `[N, C]` (a tensor or a NumPy
-                array, memory-mapped too), `val` then their labels `[N]`: `fit(logits,
-                labels)` is `fit(nn.Identity(), (logits, labels))` (`read_predictor`).
+                `Ensemble`, a fitted method); or saved logits (a tensor or a NumPy array,
+                memory-mapped too, of any of the shapes above), `val` then their labels:
+                `fit(logits, labels)` is `fit(nn.Identity(), (logits, labels))`
+                (`read_predictor`).
             val: labelled validation data (required). A loader is read once, its inputs never
                 gathered: the predictor reads it batch by batch and the labels are collected as
                 it goes (`logits_and_labels`).
@@ -213,27 +234,49 @@ class Calibrator(Archived, Predicts, Method):
         """
         self._check_params()  # as the constructor did: catches an attribute set directly
         # fit(logits, labels): SavedLogits(); labels named by `classes` read as their indices
-        predictor, val = read_predictor(predictor, val, classes=classes)
+        predictor, val = read_predictor(predictor, val, classes=classes, kinds=True)
         if val is None:
             raise ValueError(f"val: {self.label} needs labelled validation data (X, y)")
         labels = val[1] if is_pair(val) else None
-        if isinstance(labels, (Tensor, np.ndarray)) and labels.ndim >= 1:
-            # labels that cannot be labels (floats, a wrong shape): said before the forwards
-            check_labels(labels, len(labels), None, name="val labels")
+        if isinstance(labels, (Tensor, np.ndarray)) and labels.ndim == 1 and labels.dtype != bool:
+            # labels that cannot be labels (floats, negative): said before the forwards
+            check_labels(labels[labels != self.ignore_index], None, None, name="val labels")
         logits, y = logits_and_labels(  # one class only: refused below, not warned of
             predictor, val, int(self.batch_size), check_batch_fn(self.batch_fn), "val", False
         )
-        kind = self._score_kind(logits)
-        scores = scores_of(logits, kind, "val")
-        check_classes(classes, scores.shape[1])
-        y = check_labels(y, *scores.shape, name="val labels", device=scores.device)
-        self._check_classes(scores.shape[1])
-        refuse_one_class(y, "val labels", self.label)
-        if self.class_wise:
-            warn_absent_classes(y, scores.shape[1], "val", self.label)
-        state = self._fit_map(scores, y)
-        self._set_fitted(predictor, {**state, "scores_": kind, "n_classes_": scores.shape[1]})
+        shape = tuple(logits.shape[1:])
+        kind = read_kind(shape, y, self.task, self.ignore_index, class_dim=self.class_dim)
+        kind = self._declared(kind)
+        if self.per_label:
+            state = self._fit_per_label(kind, logits, y)
+        else:
+            score_kind, scores, y = self._fit_rows(kind, logits, y)
+            check_classes(classes, scores.shape[1])
+            self._check_classes(scores.shape[1])
+            refuse_one_class(y, "val labels", self.label)
+            if self.class_wise:
+                warn_absent_classes(y, scores.shape[1], "val", self.label)
+            state = {**self._fit_map(scores, y), "scores_": score_kind}
+        self._set_fitted(predictor, {**state, "n_classes_": kind.width, "kind_": kind})
         return self
+
+    def _declared(self, kind: Kind) -> Kind:
+        """`kind` when this map declares it (`kinds`) and `per_label` suits it; a ValueError
+        naming the map, the kind and the maps that take it otherwise."""
+        name = type(self).__name__
+        if kind.kind not in type(self).kinds:
+            takers = [c.__name__ for c in calibrators(kind.kind)]
+            raise ValueError(
+                f"val: {name} does not take {kind.kind} input ({kind.describe()}); it takes "
+                f"{', '.join(type(self).kinds)}. The maps that take {kind.kind} input "
+                f"(calibrators({kind.kind!r})): {takers}"
+            )
+        if self.per_label and kind.kind != "multilabel":
+            raise ValueError(
+                f"per_label: fits one map per label of a multilabel head (logits [N, K] with "
+                f"multi-hot labels [N, K]), got {kind.describe()}; pass per_label=False"
+            )
+        return kind
 
     def _set_fitted(self, predictor: Any, state: Mapping[str, Any]) -> None:
         self.__dict__.update(state)
@@ -278,16 +321,26 @@ class Calibrator(Archived, Predicts, Method):
     def scale(self, logits: Tensor, name: str = "logits", start: int | None = None) -> Tensor:
         """Calibrated scores `[1, N, C]` (float32) from the predictor's logits `[M, N, C]`
         (finite: `scores_of`; an error names `name`, and rows from `start` for a batch; logits
-        of another width than the map's refused). The map is float64 throughout; the cast to
-        float32 cannot overflow (`in_float32`)."""
+        of another width than the map's refused); for another kind, the calibrated native
+        logits `[1, *shape]` of member logits `[M, *shape]` (binary `[1, N]`, multilabel
+        `[1, N, K]`: sigmoid gives P(y = 1); dense `[1, B, C, *S]`: softmax over the classes).
+        The map is float64 throughout; the cast to float32 cannot overflow (`in_float32`)."""
         self._check_fitted()
-        self._check_width(logits, name)
-        return self._mapped(logits, name, start)
+        kind = self._kind()
+        if kind is None or kind.kind == "multiclass":
+            self._check_width(logits, name)
+            return self._mapped(logits, name, start)
+        if logits.ndim < 2:
+            raise ValueError(
+                f"{name}: expected member logits [M, *shape], got shape {tuple(logits.shape)}"
+            )
+        mapped = self._mapped(kind.rows(logits, name), name, start)  # [1, R, W]
+        return kind.native(mapped, tuple(logits.shape[1:]))
 
     def _mapped(self, logits: Tensor, name: str = "logits", start: int | None = None) -> Tensor:
         """The map of logits `[M, N, W]` of any width W, `[1, N, W]` (`peg.load`'s probe of a
         map whose arrays do not fix C, at fewer columns than a header's C)."""
-        scores = self._apply(scores_of(logits, self.scores_, name, start))
+        scores = self._applied(scores_of(logits, self.scores_, name, start))
         return in_float32(scores, self.label, name, start).unsqueeze(0)
 
     def _check_width(self, logits: Tensor, name: str) -> None:
@@ -308,16 +361,19 @@ class Calibrator(Archived, Predicts, Method):
 
     def to_module(self) -> nn.Module:
         """The fitted map as a frozen `nn.Module`, logits `[N, C]` -> probabilities `[N, C]`
+        (another kind: its native logits -> probabilities of their shape, `_kinded.KindMap`)
         (buffers only; for `torch.export.export` and `torch.onnx.export` with a dynamic batch
         dimension; `peg.methods.calibration._export`)."""
         self._check_fitted("exporting")
-        module = self._module()
+        maps = self.__dict__.get("label_maps_")
+        module = self._kind_module(self._module() if maps is None else None)
         if module is None:
             raise TypeError(
                 f"to_module: {type(self).__name__} has no exported form (it is not a map of "
                 f"logits alone); the calibrators have one: {sorted(Calibrator.registry)}"
             )
-        module.classes = self._fitted_classes()  # its logits' C checked against the map's
+        if self._multiclass():
+            module.classes = self._fitted_classes()  # its logits' C checked against the map's
         return module.requires_grad_(False).eval()
 
 

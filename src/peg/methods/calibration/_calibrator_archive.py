@@ -42,7 +42,7 @@ class Archived:
             "method": type(self).method,  # an argument may be called `method` too
             "params": self._json_params(),
             "fitted_on": self.scores_,
-            **self._entry(),
+            **self._map_entry(),
             **self._width(),
         }
 
@@ -63,7 +63,7 @@ class Archived:
         this class with the same `member_logits`.
         """
         self._check_fitted("saving")
-        return self._write(path, self.predictor_, self._archived(), self._tensors())
+        return self._write(path, self.predictor_, self._archived(), self._map_tensors())
 
     @staticmethod
     def _write(

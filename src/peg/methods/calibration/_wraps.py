@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import Tensor
 
 from peg.ensemble import Ensemble
 from peg.errors import ArchiveError
 from peg.loading import calibrator_for
-from peg.methods.calibration._calibrator import Calibrator
+from peg.methods import _constraints as checks
+from peg.methods.calibration._calibrator import READING, Calibrator
 
 INNER = "inner/"  # the prefix of a wrapped calibrator's arrays in the archive
 
@@ -24,6 +25,10 @@ class WrapsCalibrator(Calibrator):
     """A calibrator whose predictor may itself be a calibrator (the conformal predictors,
     `peg.LabelShift`): `save` / `_from_archive` save the inner calibrator's entry under
     `"inner"`, its arrays under `inner/`, and `peg.load` rebuilds both."""
+
+    # how it reads its data; the kind arguments (`task`, `ignore_index`, ...) are each
+    # subclass's own to take: multiclass input until it does
+    parameter_constraints: ClassVar[Mapping[str, checks.Check]] = READING
 
     # ---------------------------------------------------------------- persistence
     def save(self, path: str | os.PathLike[str]) -> str:
@@ -34,7 +39,7 @@ class WrapsCalibrator(Calibrator):
         base = self.predictor_
         if isinstance(base, Calibrator):
             entry["inner"] = base._archived()
-            tensors |= {INNER + k: v for k, v in base._tensors().items()}
+            tensors |= {INNER + k: v for k, v in base._map_tensors().items()}
             base = base.predictor_
         return self._write(path, base, entry, tensors)
 

@@ -33,6 +33,7 @@ from peg.methods.calibration._export import (
     take,
 )
 from peg.methods.calibration._few_points import warn_few_points
+from peg.source._kinds import IGNORE_INDEX
 from peg.source.batches import BatchFn
 from peg.utils.memory import require_memory
 
@@ -137,6 +138,14 @@ class HistogramBinning(_OneVsRest):
         floor: the least calibrated value of a class before renormalising, in (0, 1).
         batch_size: rows per forward pass.
         batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches of another shape.
+        task: the kind of input, read from the logits' and labels' shapes ("auto"), or
+            "multiclass", "binary" or "multilabel" where the shapes could be either
+            (`peg.source._kinds`).
+        ignore_index: labels equal to it are left out of the fit (torch's -100; 255 in
+            Cityscapes and VOC).
+        per_label: on a multilabel head, one map per label instead of one shared map.
+        class_dim: where dense logits hold the classes, 1 (`[B, C, *S]`) or -1 (`[B, *S, C]`, a
+            language model's); None: read from the shapes (an error where both read).
 
     After `fit(predictor, val)`: `bin_edges_` `[C, n_bins + 1]`, `bin_values_` `[C, n_bins]`
     (NaN: an empty bin), `predictor_`, `meta_`; `member_logits(X) -> [1, N, C]` (log of the
@@ -146,6 +155,7 @@ class HistogramBinning(_OneVsRest):
     method = "histogram-binning"
     label = "histogram binning"
     name = "Hist. binning"  # the registry's entry (`Calibrator`): compare's, AutoSelect's row
+    kinds = ("multiclass", "binary", "multilabel")
     table_name = "Hist-binned"
     growth = 1  # bins per class
     order = 4
@@ -160,6 +170,10 @@ class HistogramBinning(_OneVsRest):
         floor: float = 1e-6,
         batch_size: int = 512,
         batch_fn: BatchFn | None = None,
+        task: str = "auto",
+        ignore_index: int = IGNORE_INDEX,
+        per_label: bool = False,
+        class_dim: int | None = None,
     ) -> None:
         store_arguments(self, locals())
 
@@ -243,6 +257,14 @@ class IsotonicCalibration(_OneVsRest):
         floor: the least calibrated value of a class before renormalising, in (0, 1).
         batch_size: rows per forward pass.
         batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches of another shape.
+        task: the kind of input, read from the logits' and labels' shapes ("auto"), or
+            "multiclass", "binary" or "multilabel" where the shapes could be either
+            (`peg.source._kinds`).
+        ignore_index: labels equal to it are left out of the fit (torch's -100; 255 in
+            Cityscapes and VOC).
+        per_label: on a multilabel head, one map per label instead of one shared map.
+        class_dim: where dense logits hold the classes, 1 (`[B, C, *S]`) or -1 (`[B, *S, C]`, a
+            language model's); None: read from the shapes (an error where both read).
 
     After `fit(predictor, val)`: `thresholds_` (per class, the fitted regressor's
     `(X_thresholds_, y_thresholds_)` as float64 tensors), `predictor_`, `meta_`;
@@ -254,13 +276,22 @@ class IsotonicCalibration(_OneVsRest):
     method = "isotonic"
     label = "isotonic regression"
     name = "Isotonic"  # the registry's entry (`Calibrator`): compare's, AutoSelect's row
+    kinds = ("multiclass", "binary", "multilabel")
     growth = 1  # thresholds per class
     order = 5
     simplicity = 8
     cost_order = 8
 
     def __init__(
-        self, *, floor: float = 1e-6, batch_size: int = 512, batch_fn: BatchFn | None = None
+        self,
+        *,
+        floor: float = 1e-6,
+        batch_size: int = 512,
+        batch_fn: BatchFn | None = None,
+        task: str = "auto",
+        ignore_index: int = IGNORE_INDEX,
+        per_label: bool = False,
+        class_dim: int | None = None,
     ) -> None:
         store_arguments(self, locals())
 

@@ -37,6 +37,7 @@ from peg.methods.calibration._calibrator import Calibrator, stored
 from peg.methods.calibration._export import CalibrationMap, as_f64
 from peg.methods.calibration._few_points import warn_few_points_shared
 from peg.methods.calibration.temperature import fit_temperature, fitted_temperature
+from peg.source._kinds import IGNORE_INDEX
 from peg.source.batches import BatchFn
 
 __all__ = ["EnsembleTemperatureScaling", "mixture_log_probs"]
@@ -144,6 +145,14 @@ class EnsembleTemperatureScaling(Calibrator):
         batch_size: rows per forward pass.
         batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches of another shape
             (`peg.source.batches`).
+        task: the kind of input, read from the logits' and labels' shapes ("auto"), or
+            "multiclass", "binary" or "multilabel" where the shapes could be either
+            (`peg.source._kinds`).
+        ignore_index: labels equal to it are left out of the fit (torch's -100; 255 in
+            Cityscapes and VOC).
+        per_label: on a multilabel head, one map per label instead of one shared map.
+        class_dim: where dense logits hold the classes, 1 (`[B, C, *S]`) or -1 (`[B, *S, C]`, a
+            language model's); None: read from the shapes (an error where both read).
 
     After `fit(predictor, val)`: `temperature_` (T), `weights_` (w `[3]`: scaled, uncalibrated,
     uniform), `n_classes_` (C, as every calibrator), `predictor_`, `meta_`; `member_logits(X) ->
@@ -168,6 +177,10 @@ class EnsembleTemperatureScaling(Calibrator):
         tol: float = 1e-12,
         batch_size: int = 512,
         batch_fn: BatchFn | None = None,
+        task: str = "auto",
+        ignore_index: int = IGNORE_INDEX,
+        per_label: bool = False,
+        class_dim: int | None = None,
     ) -> None:
         store_arguments(self, locals())
 

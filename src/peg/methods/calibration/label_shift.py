@@ -35,7 +35,7 @@ from peg.methods._predictors import (
     scores_of,
 )
 from peg.methods.base import store_arguments
-from peg.methods.calibration._calibrator import Calibrator, stored
+from peg.methods.calibration._calibrator import READING, stored
 from peg.methods.calibration._label_shift import (
     bbse_priors,
     calibrated_log_probs,
@@ -100,7 +100,7 @@ class LabelShift(WrapsCalibrator):
         "calibrate": checks.one_of(*CALIBRATIONS),
         "max_iter": checks.positive_int(),
         "tol": checks.number(),
-        **Calibrator.parameter_constraints,
+        **READING,
     }
 
     # ---------------------------------------------------------------- fitting

@@ -47,6 +47,7 @@ from peg.methods.calibration._few_points import warn_few_points_shared
 from peg.methods.calibration._monotone import evaluate, fit_slopes, monotone_map, place_knots
 from peg.methods.calibration.scaling import SCORE_OPTIONS
 from peg.methods.calibration.temperature import fit_temperature, fitted_temperature
+from peg.source._kinds import IGNORE_INDEX
 from peg.source.batches import BatchFn
 from peg.utils.memory import require_memory
 
@@ -98,6 +99,14 @@ class OrderPreservingScaling(Calibrator):
         batch_size: rows per forward pass.
         batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches of another shape
             (`peg.source.batches`).
+        task: the kind of input, read from the logits' and labels' shapes ("auto"), or
+            "multiclass", "binary" or "multilabel" where the shapes could be either
+            (`peg.source._kinds`).
+        ignore_index: labels equal to it are left out of the fit (torch's -100; 255 in
+            Cityscapes and VOC).
+        per_label: on a multilabel head, one map per label instead of one shared map.
+        class_dim: where dense logits hold the classes, 1 (`[B, C, *S]`) or -1 (`[B, *S, C]`, a
+            language model's); None: read from the shapes (an error where both read).
 
     After `fit(predictor, val)`: `knots_` `[K]`, `slopes_` `[K + 1]`, `temperature_` (the TS
     it started from), `scores_`, `predictor_`, `meta_`; `member_logits(X) -> [1, N, C]` (g of
@@ -122,6 +131,10 @@ class OrderPreservingScaling(Calibrator):
         max_iter: int = 100,
         batch_size: int = 512,
         batch_fn: BatchFn | None = None,
+        task: str = "auto",
+        ignore_index: int = IGNORE_INDEX,
+        per_label: bool = False,
+        class_dim: int | None = None,
     ) -> None:
         store_arguments(self, locals())
 

@@ -54,6 +54,7 @@ from peg.methods.calibration._calibrator import Calibrator, stored
 from peg.methods.calibration._export import CalibrationMap, as_f64
 from peg.methods.calibration._few_points import warn_few_points
 from peg.methods.calibration.temperature import TemperatureScaling
+from peg.source._kinds import IGNORE_INDEX
 from peg.source.batches import BatchFn
 
 SCORE_OPTIONS = ("auto", "log_probs")
@@ -202,6 +203,14 @@ class VectorScaling(_Affine):
         batch_size: rows per forward pass.
         batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches of another shape
             (`peg.source.batches`).
+        task: the kind of input, read from the logits' and labels' shapes ("auto"), or
+            "multiclass", "binary" or "multilabel" where the shapes could be either
+            (`peg.source._kinds`).
+        ignore_index: labels equal to it are left out of the fit (torch's -100; 255 in
+            Cityscapes and VOC).
+        per_label: on a multilabel head, one map per label instead of one shared map.
+        class_dim: where dense logits hold the classes, 1 (`[B, C, *S]`) or -1 (`[B, *S, C]`, a
+            language model's); None: read from the shapes (an error where both read).
 
     After `fit(predictor, val)`: `weights_` (w `[C]`), `bias_` (b `[C]`), `scores_` (what they
     act on: "logits" or "log_probs"), `regularisation_` ("auto": T, the chosen strength in
@@ -213,6 +222,7 @@ class VectorScaling(_Affine):
     method = "vector-scaling"
     label = "vector scaling"
     name = "Vector scaling"  # the registry's entry (`Calibrator`): compare's, AutoSelect's row
+    kinds = ("multiclass", "dense")
     table_name = "Vector-scaled"
     growth = 1  # 2C
     order = 1
@@ -236,6 +246,10 @@ class VectorScaling(_Affine):
         max_iter: int = 200,
         batch_size: int = 512,
         batch_fn: BatchFn | None = None,
+        task: str = "auto",
+        ignore_index: int = IGNORE_INDEX,
+        per_label: bool = False,
+        class_dim: int | None = None,
     ) -> None:
         store_arguments(self, locals())
 
@@ -267,6 +281,14 @@ class MatrixScaling(_Affine):
             for maps too large for a Hessian, stops here).
         batch_size: rows per forward pass.
         batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches of another shape.
+        task: the kind of input, read from the logits' and labels' shapes ("auto"), or
+            "multiclass", "binary" or "multilabel" where the shapes could be either
+            (`peg.source._kinds`).
+        ignore_index: labels equal to it are left out of the fit (torch's -100; 255 in
+            Cityscapes and VOC).
+        per_label: on a multilabel head, one map per label instead of one shared map.
+        class_dim: where dense logits hold the classes, 1 (`[B, C, *S]`) or -1 (`[B, *S, C]`, a
+            language model's); None: read from the shapes (an error where both read).
 
     After `fit`: `weights_` (W `[C, C]`), `bias_` (b `[C]`), `scores_`, `regularisation_` (as
     vector scaling's, with `k_off`), `predictor_`, `meta_`;
@@ -277,6 +299,7 @@ class MatrixScaling(_Affine):
     method = "matrix-scaling"
     label = "matrix scaling"
     name = "Matrix scaling"  # the registry's entry (`Calibrator`): compare's, AutoSelect's row
+    kinds = ("multiclass", "dense")
     table_name = "Matrix-scaled"
     growth = 2  # C² + C
     order = 2
@@ -300,6 +323,10 @@ class MatrixScaling(_Affine):
         max_iter: int = 200,
         batch_size: int = 512,
         batch_fn: BatchFn | None = None,
+        task: str = "auto",
+        ignore_index: int = IGNORE_INDEX,
+        per_label: bool = False,
+        class_dim: int | None = None,
     ) -> None:
         store_arguments(self, locals())
 
@@ -330,6 +357,14 @@ class DirichletCalibration(_Affine):
             for maps too large for a Hessian, stops here).
         batch_size: rows per forward pass.
         batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches of another shape.
+        task: the kind of input, read from the logits' and labels' shapes ("auto"), or
+            "multiclass", "binary" or "multilabel" where the shapes could be either
+            (`peg.source._kinds`).
+        ignore_index: labels equal to it are left out of the fit (torch's -100; 255 in
+            Cityscapes and VOC).
+        per_label: on a multilabel head, one map per label instead of one shared map.
+        class_dim: where dense logits hold the classes, 1 (`[B, C, *S]`) or -1 (`[B, *S, C]`, a
+            language model's); None: read from the shapes (an error where both read).
 
     After `fit`: `weights_` (W `[C, C]`), `bias_` (b `[C]`), `regularisation_` (as matrix
     scaling's), `predictor_`, `meta_`; `member_logits(X) -> [1, N, C]` (W log p̄ + b),
@@ -339,6 +374,7 @@ class DirichletCalibration(_Affine):
     method = "dirichlet"
     label = "Dirichlet calibration"
     name = "Dirichlet"  # the registry's entry (`Calibrator`): compare's, AutoSelect's row
+    kinds = ("multiclass", "dense")
     growth = 2  # C² + C
     order = 3
     simplicity = 5
@@ -358,6 +394,10 @@ class DirichletCalibration(_Affine):
         max_iter: int = 200,
         batch_size: int = 512,
         batch_fn: BatchFn | None = None,
+        task: str = "auto",
+        ignore_index: int = IGNORE_INDEX,
+        per_label: bool = False,
+        class_dim: int | None = None,
     ) -> None:
         store_arguments(self, locals())
 

@@ -44,6 +44,7 @@ from peg.methods import _constraints as checks
 from peg.methods.base import store_arguments
 from peg.methods.calibration._calibrator import Calibrator, stored
 from peg.methods.calibration._export import CalibrationMap, as_f64, interpolate_columns
+from peg.source._kinds import IGNORE_INDEX
 from peg.source.batches import BatchFn
 from peg.utils.memory import require_memory
 
@@ -141,6 +142,14 @@ class SplineCalibration(Calibrator):
         batch_size: rows per forward pass.
         batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches of another shape
             (`peg.source.batches`).
+        task: the kind of input, read from the logits' and labels' shapes ("auto"), or
+            "multiclass", "binary" or "multilabel" where the shapes could be either
+            (`peg.source._kinds`).
+        ignore_index: labels equal to it are left out of the fit (torch's -100; 255 in
+            Cityscapes and VOC).
+        per_label: on a multilabel head, one map per label instead of one shared map.
+        class_dim: where dense logits hold the classes, 1 (`[B, C, *S]`) or -1 (`[B, *S, C]`, a
+            language model's); None: read from the shapes (an error where both read).
 
     After `fit(predictor, val)`: `confidences_` `[K]` (sorted validation confidences at K =
     min(N, 129) evenly spaced fractiles) and `calibrated_` `[K]` (γ at each), `predictor_`,
@@ -151,6 +160,7 @@ class SplineCalibration(Calibrator):
     method = "spline"
     label = "spline calibration"
     name = "Spline"  # the registry's entry (`Calibrator`): compare's, AutoSelect's row
+    kinds = ("multiclass", "binary", "multilabel")
     growth = 0  # a few knots, whatever C
     order = 6
     simplicity = 3
@@ -163,6 +173,10 @@ class SplineCalibration(Calibrator):
         floor: float = 1e-6,
         batch_size: int = 512,
         batch_fn: BatchFn | None = None,
+        task: str = "auto",
+        ignore_index: int = IGNORE_INDEX,
+        per_label: bool = False,
+        class_dim: int | None = None,
     ) -> None:
         store_arguments(self, locals())
 

@@ -24,6 +24,7 @@ from peg.methods import _constraints as checks
 from peg.methods.base import store_arguments
 from peg.methods.calibration._calibrator import Calibrator
 from peg.methods.calibration._export import CalibrationMap, as_f64
+from peg.source._kinds import IGNORE_INDEX
 from peg.source.batches import BatchFn
 from peg.utils.scalars import check_number
 
@@ -74,6 +75,14 @@ class TemperatureScaling(Calibrator):
         batch_fn: `batch_fn(batch) -> (inputs, y)` for loader batches that are neither
             `(x, y, ...)` nor a mapping with "labels" (`peg.source.batches`); used by `fit` and
             `member_logits`. None: those conventions.
+        task: the kind of input, read from the logits' and labels' shapes ("auto"), or
+            "multiclass", "binary" or "multilabel" where the shapes could be either
+            (`peg.source._kinds`).
+        ignore_index: labels equal to it are left out of the fit (torch's -100; 255 in
+            Cityscapes and VOC).
+        per_label: on a multilabel head, one map per label instead of one shared map.
+        class_dim: where dense logits hold the classes, 1 (`[B, C, *S]`) or -1 (`[B, *S, C]`, a
+            language model's); None: read from the shapes (an error where both read).
 
     After `fit(predictor, val)`: `temperature_` (T), `predictor_`, `meta_` (method, T and the
     predictor's meta when it has one), `member_logits(X) -> [1, N, C]` (log p̄ / T),
@@ -104,6 +113,7 @@ class TemperatureScaling(Calibrator):
     method = "temperature"
     label = "temperature scaling"
     name = "TS"  # the registry's entry (`Calibrator`): compare's, AutoSelect's row
+    kinds = ("multiclass", "binary", "multilabel", "dense")
     table_name = "Temp-scaled"
     growth = 0  # one parameter, T
     order = 0
@@ -118,6 +128,10 @@ class TemperatureScaling(Calibrator):
         bounds: tuple[float, float] = BOUNDS,
         batch_size: int = 512,
         batch_fn: BatchFn | None = None,
+        task: str = "auto",
+        ignore_index: int = IGNORE_INDEX,
+        per_label: bool = False,
+        class_dim: int | None = None,
     ) -> None:
         store_arguments(self, locals())
 
@@ -143,10 +157,10 @@ class TemperatureScaling(Calibrator):
 
     def _archived(self) -> dict[str, Any]:
         # T and C alone: the arguments are the fit's, the scores log p̄
-        return {"method": self.method, **self._entry(), **self._width()}
+        return {"method": self.method, **self._map_entry(), **self._width()}
 
     def _described(self) -> dict[str, Any]:
-        return {**self._entry(), **self._width()}
+        return {**self._map_entry(), **self._width()}
 
     def _restore(self, entry: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> dict[str, Any]:
         temperature = entry.get("temperature")

@@ -33,6 +33,7 @@ from peg.methods._predictors import (
     iter_member_logits_of,
     logits_and_labels,
     member_logits_of,
+    only_multiclass,
     read_predictor,
     scores_of,
     stateless,
@@ -203,12 +204,13 @@ class PerformanceEstimator(Display, Params):
         `shifted`, (name, logits `[n, C]`, labels `[n]`) triples of labelled points NOT in
         val (name "clean" or "<corruption> <severity>", `_learned.FAMILIES`). Returns self."""
         self._check_params()
-        predictor, val = read_predictor(predictor, val)
+        predictor, val = read_predictor(predictor, val, kinds=True)
         if val is None:
             raise ValueError("val: PerformanceEstimator needs labelled validation data (X, y)")
         split = check_batch_fn(self.batch_fn)
         reader = _reader(predictor)
         logits, y = logits_and_labels(reader, val, int(self.batch_size), split, "val")
+        only_multiclass(logits, y, "PerformanceEstimator")  # the other kinds: out of scope
         scores = scores_of(logits, "log_probs", "val")
         y = check_labels(y, *scores.shape, name="val labels").cpu()
         if len(y) < 20:
