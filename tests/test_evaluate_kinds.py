@@ -91,3 +91,22 @@ def test_multiclass_logits_are_read_as_before_and_task_settles_the_reading():
     assert peg.evaluate(scores, named, classes=["no", "yes"]) == peg.evaluate(
         scores, torch.as_tensor(named == "yes").long()
     )
+
+
+def test_a_calibrator_fitted_on_another_kind_is_evaluated_as_that_kind():
+    s, y = _scores(600)
+    ts = peg.TemperatureScaling().fit(s[:300], y[:300])
+    got = peg.evaluate(ts, s[300:], y[300:], batch_size=64)  # streamed through the calibrator
+    expected = metrics.binary_metrics(ts.predict_proba(s[300:]), y[300:])
+    assert got == pytest.approx(expected, rel=1e-6)
+    assert got["nll"] < peg.evaluate(s[300:], y[300:])["nll"]  # calibrated: a real change
+
+    g = torch.Generator().manual_seed(3)
+    maps = 4 * torch.randn(12, 3, 5, 5, generator=g)
+    noise = torch.randint(0, 3, (12, 5, 5), generator=g)
+    pixels = torch.where(torch.rand(12, 5, 5, generator=g) < 0.3, noise, maps.argmax(1))
+    pixels[:, 0] = -100
+    dense = peg.TemperatureScaling().fit(maps[:6], pixels[:6])
+    got = peg.evaluate(dense, (maps[6:], pixels[6:]), batch_size=4)
+    calibrated = dense.member_logits(maps[6:])[0]  # [B, C, H, W]
+    assert got == pytest.approx(metrics.dense_metrics(calibrated, pixels[6:]), rel=1e-10)

@@ -16,8 +16,9 @@ from peg.methods._predictors import (
     predictor_device,
     read_predictor,
 )
+from peg.methods.conformal._split import labelled_batches
 from peg.metrics.conformal import split_selection
-from peg.metrics.kinds import kind_metrics
+from peg.metrics.kinds import KindMetrics, kind_metrics
 from peg.metrics.regression import regression_metrics, split_gaussian
 from peg.metrics.streaming import StreamingMetrics
 from peg.source import Data, Source, Tapped
@@ -79,6 +80,8 @@ def evaluate(
             (`peg.metrics.kinds.kind_metrics`: binary scores `[N]` on P(y = 1), AUROC too;
             multi-label `[N, K]` over every label entry, and each label's ECE; dense
             `[B, C, *S]` or `[B, *S, C]` per position, streamed); `metrics` picks the kind's.
+            A calibrator fitted on such logits (its `kind_`) is evaluated as that kind, its
+            member logits read batch by batch.
 
     Error and ECE are fractions in [0, 1] (tables print them as %).
 
@@ -97,9 +100,9 @@ def evaluate(
     evaluated on their whole `[M, N, C]`, as before. Regression keeps every prediction: it is
     computed by `peg.metrics.regression_metrics`, which takes all of them at once.
     """
-    other = _saved_kind(predictor, X, y, classes, (task, ignore_index, class_dim))
-    if other is not None:  # saved logits of another kind than multiclass: its metrics
-        return kind_metrics(as_array(predictor), *other, bins, min_count, metrics, batch_size)
+    settings = (bins, min_count, metrics, batch_size, batch_fn)
+    if done := _other_kind(predictor, X, y, classes, (task, ignore_index, class_dim), settings):
+        return done  # saved logits of another kind than multiclass, or a predictor fitted on them
     # evaluate(logits, labels): SavedLogits(); labels named by `classes` read as indices
     predictor, X = read_predictor(predictor, X, classes=classes, data_name="X", labelled=y is None)
     metrics, keys, conformal = split_selection(metrics, predictor)
@@ -162,6 +165,31 @@ def evaluate(
         out |= conformal.compute()
         out = {k: out[k] for k in keys if k in out}
     return out
+
+
+def _other_kind(
+    predictor: Any,
+    X: Any,
+    y: Any,
+    classes: Any,
+    reading: tuple[str, int, int | None],
+    settings: tuple[int, int, Any, int, BatchFn | None],
+) -> dict[str, Any] | None:
+    """The metrics of another kind than multiclass (`peg.metrics.kinds`): of saved logits of
+    that kind (`_saved_kind`), or of a predictor fitted on such (a calibrator's `kind_`), read
+    batch by batch in one pass; None for everything else (read as before)."""
+    bins, min_count, metrics, batch_size, batch_fn = settings
+    saved = _saved_kind(predictor, X, y, classes, reading)
+    if saved is not None:
+        return kind_metrics(as_array(predictor), *saved, bins, min_count, metrics, batch_size)
+    kind = getattr(predictor, "kind_", None)  # None before fit (NotFittedError is one)
+    if not isinstance(kind, Kind) or kind.kind == "multiclass":
+        return None
+    stream = KindMetrics(kind, bins, min_count, metrics)
+    data = X if y is None else (X, y)
+    for logits, labels in labelled_batches(predictor, data, batch_size, batch_fn, "X"):
+        stream.update(logits, labels)
+    return stream.compute()
 
 
 def _saved_kind(

@@ -221,7 +221,7 @@ def binary_auroc(p: Any, y: Any, ignore_index: int = IGNORE_INDEX) -> float:
     return auroc_of(entries(p, y, ignore_index))
 
 
-def _check_keys(metrics: str | Iterable[str] | None, known: tuple[str, ...]) -> tuple[str, ...]:
+def check_keys(metrics: str | Iterable[str] | None, known: tuple[str, ...]) -> tuple[str, ...]:
     if metrics is None:
         return known
     keys = (metrics,) if isinstance(metrics, str) else tuple(dict.fromkeys(metrics))
@@ -242,7 +242,7 @@ def binary_metrics(
 ) -> dict[str, float]:
     """The selected metrics of P(y = 1) `p` `[N]` on labels `y` `[N]`, by key
     (`BINARY_METRICS`: "nll", "brier", "ece", "mce", "error", "auroc"; None: all)."""
-    keys = _check_keys(metrics, BINARY_METRICS)
+    keys = check_keys(metrics, BINARY_METRICS)
     bins = check_positive_int(bins, "bins")
     min_count = check_positive_int(min_count, "min_count")
     e = entries(p, y, ignore_index)
@@ -306,7 +306,7 @@ def multilabel_metrics(
     """The selected metrics of `p` `[N, K]` on multi-hot `y` `[N, K]`, by key
     (`MULTILABEL_METRICS`: "nll", "brier", "ece", "mce", "error" over every label entry,
     "label_ece" each label's ECE `[K]` (a tensor); None: all)."""
-    keys = _check_keys(metrics, MULTILABEL_METRICS)
+    keys = check_keys(metrics, MULTILABEL_METRICS)
     bins = check_positive_int(bins, "bins")
     min_count = check_positive_int(min_count, "min_count")
     e = entries(p, y, ignore_index, multilabel=True)
