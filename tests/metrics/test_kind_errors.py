@@ -66,6 +66,13 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str
     ("conformal", "ConformalDense: predict_set before fit",
      lambda: ConformalDense().predict_set(maps.softmax(1)), peg.NotFittedError,
      r"ConformalDense: call fit\(p, y\) before predict_set"),
+    ("conformal", "ConformalClassifier on a binary scorer's scores",
+     lambda: peg.ConformalClassifier().fit(torch.randn(4), y), ValueError,
+     r"predictor: binary scores \[N\] or \[N, 1\] \(one logit per row\) are not multiclass "
+     r"logits \[N, C\].*peg\.methods\.conformal\.kinds\.ConformalBinary"),
+    ("conformal", "ConformalClassifier on a multi-label head's logits",
+     lambda: peg.ConformalClassifier().fit(torch.randn(4, 3), hot), ValueError,
+     r"predictor: multilabel logits \[N, 3\] \(K = 3\) are not multiclass .*ConformalMultilabel"),
     ("evaluate", "saved logits read both as [B, C, *S] and [B, *S, C]",
      lambda: peg.evaluate(torch.randn(2, 5, 5), torch.zeros(2, 5, dtype=torch.long)),
      ValueError, r"class_dim: logits \(2, 5, 5\) with labels \(2, 5\) from X read both"),

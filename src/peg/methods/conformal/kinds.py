@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+import numpy as np
 from torch import Tensor
 
 from peg.errors import NotFittedError
@@ -26,8 +27,43 @@ from peg.methods.conformal._kinds import (
 )
 from peg.methods.conformal._split import ALPHA
 from peg.metrics.binary import IGNORE_INDEX
+from peg.source._kinds import read_kind
 from peg.source._namespace import like_input
 from peg.source._values import as_tensor
+from peg.source.batches import as_array
+
+FOR_KIND = {
+    "binary": "ConformalBinary",
+    "multilabel": "ConformalMultilabel",
+    "dense": "ConformalDense",
+}
+
+
+def refuse_other_kinds(logits: Any, labels: Any) -> None:
+    """A ValueError naming the conformal predictor of their kind for saved logits that are not
+    multiclass (`read_kind`: binary scores, a multi-label head, dense maps), which
+    `peg.ConformalClassifier` cannot make sets of; nothing for anything else (multiclass logits
+    `[N, C]` with labels `[N]`, models, data its own checks refuse)."""
+    z, y = as_array(logits), as_array(labels)
+    arrays = (Tensor, np.ndarray)
+    if not isinstance(z, arrays) or not isinstance(y, arrays) or y.dtype == object:
+        return
+    if isinstance(y, np.ndarray) and y.dtype.kind in "US":
+        return
+    shape = tuple(z.shape)
+    if len(shape) == 2 and shape[1] >= 2 and y.ndim == 1:
+        return
+    try:
+        kind = read_kind(shape, y)
+    except ValueError:
+        return  # the multiclass path says what is wrong
+    if kind.kind != "multiclass":
+        raise ValueError(
+            f"predictor: {kind.describe()} are not multiclass logits [N, C], whose classes "
+            f"ConformalClassifier makes sets of; for this kind use "
+            f"peg.methods.conformal.kinds.{FOR_KIND[kind.kind]} on their probabilities (a "
+            "calibrator's predict_proba)"
+        )
 
 
 def _check_ignore_index(value: Any, name: str = "ignore_index") -> int:
