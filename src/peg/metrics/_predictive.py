@@ -54,7 +54,8 @@ def _without_ignored(t: Tensor, y: Any, ignore_index: int) -> tuple[Tensor, Any,
         return t, labels, None
     if not bool(keep.any()):
         raise NothingKept(f"y: every label is ignore_index ({ignore_index}): nothing to score")
-    return (t[:, keep] if t.ndim == 3 else t[keep]), labels[keep], keep
+    rows = keep.to(t.device)  # labels may sit elsewhere until check_labels moves them
+    return (t[:, rows] if t.ndim == 3 else t[rows]), labels[keep], keep
 
 
 class Ranked(NamedTuple):

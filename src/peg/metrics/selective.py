@@ -185,7 +185,7 @@ def _ranked(pred: Any, y: Any, confidence: Any) -> Ranked:
         return pp.ranked
     given = len(pp.labels) if pp.kept is None else len(pp.kept)
     scores = check_confidence(confidence, given, pp.labels.device)
-    return ranked(scores if pp.kept is None else scores[pp.kept], pp.correct)
+    return ranked(scores if pp.kept is None else scores[pp.kept.to(scores.device)], pp.correct)
 
 
 def check_confidence(confidence: Any, n: int, device: torch.device) -> Tensor:
