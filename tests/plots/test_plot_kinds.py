@@ -26,6 +26,10 @@ def test_binary_diagram_shows_the_binary_ece_on_axes_named_for_p():
     assert f"ECE {100 * metrics.binary_ece(p, y, bins=10):.2f}%" in _titles(fig)[0]
     names = {ax.get_xlabel() for ax in fig.axes} | {ax.get_ylabel() for ax in fig.axes}
     assert {"P(y = 1)", "fraction of 1s"} <= names and "accuracy" not in names
+    entries = [
+        t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()
+    ]
+    assert "fraction of 1s" in entries and "accuracy" not in entries
 
 
 def test_multilabel_diagram_pooled_and_a_panel_per_label():

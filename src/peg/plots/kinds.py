@@ -162,6 +162,10 @@ def _drawn(
             one.set_xlabel(x_name)
         if one.get_ylabel() == "accuracy":
             one.set_ylabel(y_name)
+        legend = one.get_legend()
+        for text in legend.get_texts() if legend is not None else ():
+            if text.get_text() == "accuracy":  # the bars' entry
+                text.set_text(y_name)
     if path is None:
         return drawn
     save(anchor, path)
