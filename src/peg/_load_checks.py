@@ -110,7 +110,7 @@ def check_calibrated(
     classes = fitted._fitted_classes()
     if classes is None:
         classes = 3
-    elif fitted._classes_of(vars(fitted)) is None:
+    elif _one_map(fitted)._classes_of(vars(_one_map(fitted))) is None:
         classes = min(classes, PROBE_CLASSES)
     grid = torch.arange(classes, dtype=torch.float32, device=device)
     top = (grid == 0).float()
@@ -144,6 +144,13 @@ def check_calibrated(
     inner = getattr(fitted, "predictor_", None)
     if hasattr(inner, "_fitted_classes") and hasattr(inner, "_mapped"):
         check_calibrated(path, inner, device, f"{field}.inner")
+
+
+def _one_map(fitted: Any) -> Any:
+    """`fitted`, or the map of its first label where it holds one map per label (their arrays,
+    not its own, fix C)."""
+    maps = vars(fitted).get("label_maps_")
+    return maps[0] if maps else fitted
 
 
 def _described(fitted: Any, field: str) -> str:

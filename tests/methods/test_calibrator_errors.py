@@ -172,7 +172,8 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str
         "labels as a matrix (one-hot: read as multi-hot, which Dirichlet does not take)",
         lambda: peg.DirichletCalibration().fit(_mlp(), (_val()[0], torch.eye(3)[_val()[1]])),
         ValueError,
-        r"val: DirichletCalibration does not take multilabel input \(multilabel logits \[N, 3\]",
+        r"val: DirichletCalibration does not take multilabel input \(multilabel logits \[N, 3\]"
+        r".* one-hot class labels are read as multi-hot: pass labels.argmax\(1\)",
     ),
 ]
 

@@ -56,7 +56,7 @@ def test_a_fitted_calibrator_shows_its_fitted_values() -> None:
     assert f"<td>temperature_</td><td>{ts.temperature_:.4g}</td>" in html
     # the argument set away from its default first, every argument folded under it
     assert "<caption>Arguments set</caption>" in html and "<td>max_iter</td><td>50</td>" in html
-    assert "<summary>All 4 arguments</summary>" in html
+    assert "<summary>All 8 arguments</summary>" in html
     markdown = ts._repr_markdown_()
     assert "| **max_iter** | `50` |" in markdown and "| bounds | `(0.001, 1000.0)` |" in markdown
     assert f"| temperature_ | {ts.temperature_:.4g} |" in markdown

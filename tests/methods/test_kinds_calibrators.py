@@ -211,6 +211,10 @@ KINDS: dict[str, Callable[[], tuple[peg.TemperatureScaling, torch.Tensor]]] = {
         peg.TemperatureScaling(per_label=True).fit(*_multilabel()),
         _multilabel()[0][:20],
     ),
+    "isotonic per label": lambda: (
+        peg.IsotonicCalibration(per_label=True).fit(*_multilabel()),
+        _multilabel()[0][:20],
+    ),
     "dense": lambda: (peg.DirichletCalibration().fit(*_dense()), _dense()[0][:2]),
 }
 
@@ -274,6 +278,13 @@ def _estimate_binary() -> object:
     return peg.PerformanceEstimator().fit(*_binary())
 
 
+def _monitor_binary() -> object:
+    z, y = torch.randn(300, 3, generator=_g(11)), torch.randint(0, 3, (300,), generator=_g(12))
+    z[torch.arange(300), y] += 2.0
+    estimator = peg.PerformanceEstimator("atc-mc").fit(z, y)
+    return peg.Monitor(estimator, chunk_size=50).run([_binary()[0][:60]]).close()
+
+
 # (area, bad input, call, error type, regex the message must match)
 ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str]] = [
     ("calibrators", "a map given a kind it does not declare",
@@ -308,6 +319,11 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str
     ("calibrators", "label-free estimation of binary scores", _estimate_binary, ValueError,
      r"val: PerformanceEstimator takes multiclass logits \[N, C\] with labels \[N\], got binary "
      r"scores"),
+    ("calibrators", "label-free estimation of multilabel logits",
+     lambda: peg.PerformanceEstimator().fit(*_multilabel()), ValueError,
+     r"val: PerformanceEstimator takes multiclass logits .* got multilabel logits \[N, 4\]"),
+    ("calibrators", "the Monitor given binary scores", _monitor_binary, ValueError,
+     r"batch: expected floating-point logits \[N, 3\] .* got shape \(60,\)"),
 ]  # fmt: skip
 
 test_bad_input_raises_a_clear_error = raises_test(ERROR_CASES)

@@ -266,10 +266,15 @@ class Calibrator(Kinded, Method):
         name = type(self).__name__
         if kind.kind not in type(self).kinds:
             takers = [c.__name__ for c in calibrators(kind.kind)]
+            hint = (  # one-hot class labels look multi-hot: the fix of a multiclass user
+                "; one-hot class labels are read as multi-hot: pass labels.argmax(1)"
+                if kind.kind == "multilabel"
+                else ""
+            )
             raise ValueError(
                 f"val: {name} does not take {kind.kind} input ({kind.describe()}); it takes "
                 f"{', '.join(type(self).kinds)}. The maps that take {kind.kind} input "
-                f"(calibrators({kind.kind!r})): {takers}"
+                f"(calibrators({kind.kind!r})): {takers}{hint}"
             )
         if self.per_label and kind.kind != "multilabel":
             raise ValueError(

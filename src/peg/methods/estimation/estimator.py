@@ -299,7 +299,8 @@ class PerformanceEstimator(Display, Params):
         if logits.ndim != 3 or logits.shape[-1] != self.n_classes_:
             raise ValueError(
                 f"{name}: expected logits [N, {self.n_classes_}] (the classes of val), got "
-                f"shape {tuple(logits.shape)}"
+                f"shape {tuple(logits.shape)}; label-free estimation and the Monitor take "
+                "multiclass logits only (not binary scores [N], multilabel or dense outputs)"
             )
         scores = scores_of(logits, "log_probs", name, start)
         cal = (scores.cpu() / self.temperature_).log_softmax(-1)
