@@ -132,11 +132,13 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[Exception], str]] =
     ),
     (
         "evaluate",
-        "logits of one column (a binary scorer)",
-        lambda: peg.evaluate(np.zeros((5, 1), np.float32), np.array([0, 1, 0, 1, 0])),
+        "a model of one output column (a binary scorer)",
+        lambda: peg.evaluate(
+            torch.nn.Linear(2, 1), torch.zeros(5, 2), torch.tensor([0, 1, 0, 1, 0])
+        ),
         ValueError,
-        r"predictor: gives 1 column of logits \[N, 1\], a binary scorer, which peg "
-        r"does not support yet \(planned\)",
+        r"predictor: gives 1 column of logits \[N, 1\], a binary scorer, which evaluate "
+        r"reads as saved scores: evaluate\(scores, labels\)",
     ),
     (
         "evaluate",

@@ -16,12 +16,15 @@ from peg.methods._predictors import (
     predictor_device,
     read_predictor,
 )
+from peg.methods.conformal._split import labelled_batches
 from peg.metrics.conformal import split_selection
+from peg.metrics.kinds import KindMetrics, kind_metrics
 from peg.metrics.regression import regression_metrics, split_gaussian
 from peg.metrics.streaming import StreamingMetrics
 from peg.source import Data, Source, Tapped
+from peg.source._kinds import IGNORE_INDEX, Kind, read_kind
 from peg.source._values import as_tensor, check_labels, class_indices, regression_targets
-from peg.source.batches import BatchFn, batch_rows, check_batch_fn
+from peg.source.batches import BatchFn, as_array, batch_rows, check_batch_fn
 
 
 def evaluate(
@@ -35,7 +38,10 @@ def evaluate(
     batch_fn: BatchFn | None = None,
     metrics: str | Iterable[str] | None = None,
     classes: Any = None,
-) -> dict[str, float]:
+    task: str = "auto",
+    ignore_index: int = IGNORE_INDEX,
+    class_dim: int | None = None,
+) -> dict[str, Any]:
     """NLL, error, Brier, ECE and MCE of `predictor` on (X, y) (+ Gibbs NLL for ensembles), or
     the classification metrics `metrics` selects.
 
@@ -46,7 +52,7 @@ def evaluate(
     log-variance): the result is then RMSE, LPD (log predictive density of the mixture), the
     moment-matched Gaussian NLL and the interval calibration error (`y_scale`: the training
     std of y, for original units). A predictor with one output column (a binary scorer) is
-    refused: peg reads classifiers as C >= 2 logits.
+    refused on this path: its saved scores are read as binary (`evaluate(scores, labels)`).
 
     Args:
         predictor: an nn.Module (one model), a peg method or `Ensemble`, or anything with
@@ -69,6 +75,13 @@ def evaluate(
         classes: the class of each logit column, in order, where the labels name their
             classes (strings): each label is read as its class's column (`y`, the labels of a
             pair, or those of `evaluate(logits, labels)`).
+        task, ignore_index, class_dim: how saved logits of another kind are read (`read_kind`
+            of `peg.source._kinds`; labels equal to `ignore_index` left out) and reported
+            (`peg.metrics.kinds.kind_metrics`: binary scores `[N]` on P(y = 1), AUROC too;
+            multi-label `[N, K]` over every label entry, and each label's ECE; dense
+            `[B, C, *S]` or `[B, *S, C]` per position, streamed); `metrics` picks the kind's.
+            A calibrator fitted on such logits (its `kind_`) is evaluated as that kind, its
+            member logits read batch by batch.
 
     Error and ECE are fractions in [0, 1] (tables print them as %).
 
@@ -87,13 +100,13 @@ def evaluate(
     evaluated on their whole `[M, N, C]`, as before. Regression keeps every prediction: it is
     computed by `peg.metrics.regression_metrics`, which takes all of them at once.
     """
-    if y is not None and isinstance(predictor, (Tensor, np.ndarray)):
-        raise ValueError("y: evaluate(logits, labels) takes the labels second, not as y")
+    settings = (bins, min_count, metrics, batch_size, batch_fn)
+    if done := _other_kind(predictor, X, y, classes, (task, ignore_index, class_dim), settings):
+        return done  # saved logits of another kind than multiclass, or a predictor fitted on them
     # evaluate(logits, labels): SavedLogits(); labels named by `classes` read as indices
     predictor, X = read_predictor(predictor, X, classes=classes, data_name="X", labelled=y is None)
     metrics, keys, conformal = split_selection(metrics, predictor)
-    # checks its arguments before any work
-    stream = StreamingMetrics(bins, min_count, metrics) if metrics != () else None
+    stream = StreamingMetrics(bins, min_count, metrics) if metrics != () else None  # checks first
     device = predictor_device(predictor)
     if y is not None:  # labels follow the predictions: checked against their device
         y = as_tensor(class_indices(y, "y", classes), "y", device, owner="pred")
@@ -154,6 +167,55 @@ def evaluate(
     return out
 
 
+def _other_kind(
+    predictor: Any,
+    X: Any,
+    y: Any,
+    classes: Any,
+    reading: tuple[str, int, int | None],
+    settings: tuple[int, int, Any, int, BatchFn | None],
+) -> dict[str, Any] | None:
+    """The metrics of another kind than multiclass (`peg.metrics.kinds`): of saved logits of
+    that kind (`_saved_kind`), or of a predictor fitted on such (a calibrator's `kind_`), read
+    batch by batch in one pass; None for everything else (read as before)."""
+    bins, min_count, metrics, batch_size, batch_fn = settings
+    saved = _saved_kind(predictor, X, y, classes, reading)
+    if saved is not None:
+        return kind_metrics(as_array(predictor), *saved, bins, min_count, metrics, batch_size)
+    kind = getattr(predictor, "kind_", None)  # None before fit (NotFittedError is one)
+    if not isinstance(kind, Kind) or kind.kind == "multiclass":
+        return None
+    stream = KindMetrics(kind, bins, min_count, metrics)
+    data = X if y is None else (X, y)
+    for logits, labels in labelled_batches(predictor, data, batch_size, batch_fn, "X"):
+        stream.update(logits, labels)
+    return stream.compute()
+
+
+def _saved_kind(
+    predictor: Any, labels: Any, y: Any, classes: Any, reading: tuple[str, int, int | None]
+) -> tuple[Tensor, Kind] | None:
+    """The labels of saved logits `evaluate(logits, labels)` and their kind (`read_kind`; named
+    classes mapped by `classes`: a binary scorer's two), None where they are read as before:
+    multiclass, and whatever is not saved logits with their labels. Logits `[N, C]` (C >= 2)
+    with labels `[N]` and `task` "auto" or "multiclass" are not read again (their checks and
+    messages are the multiclass path's)."""
+    if y is not None and isinstance(predictor, (Tensor, np.ndarray)):
+        raise ValueError("y: evaluate(logits, labels) takes the labels second, not as y")
+    task, ignore_index, class_dim = reading
+    logits = as_array(predictor)
+    if y is not None or labels is None or not isinstance(logits, (Tensor, np.ndarray)):
+        return None
+    shape = tuple(logits.shape)
+    named = class_indices(labels, "labels", classes)
+    target = as_tensor(named, "labels")
+    plain = len(shape) == 2 and shape[1] >= 2 and target.ndim == 1
+    if plain and task in ("auto", "multiclass"):
+        return None
+    kind = read_kind(shape, target, task, ignore_index, "X", class_dim)
+    return None if kind.kind == "multiclass" else (target, kind)
+
+
 def _check_count(y: Any, n: int) -> None:
     if len(y) != n:
         raise ValueError(f"y: expected {n} labels (N of pred), got {len(y)}")
@@ -164,9 +226,9 @@ def _check_width(logits: Tensor) -> None:
     softmax is 1 whatever the score: every metric would be 0)."""
     if logits.shape[-1] == 1:
         raise ValueError(
-            "predictor: gives 1 column of logits [N, 1], a binary scorer, which peg does not "
-            "support yet (planned); pass two columns, the logits [0, s] of a score s "
-            "of class 1 (their softmax is 1 - sigmoid(s), sigmoid(s))"
+            "predictor: gives 1 column of logits [N, 1], a binary scorer, which evaluate reads "
+            "as saved scores: evaluate(scores, labels) with labels 0/1; or pass two columns, "
+            "the logits [0, s] of a score s of class 1 (softmax: 1 - sigmoid(s), sigmoid(s))"
         )
 
 

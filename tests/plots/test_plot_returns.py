@@ -58,6 +58,15 @@ CALLS: list[tuple[str, Any, bool]] = [
      False),
     ("reliability_diagram (curves)", lambda **kw: plots.reliability_diagram(
         {"m": metrics.reliability(_probs(), _labels())}, **kw), False),
+    ("binary_reliability_diagram", lambda **kw: plots.binary_reliability_diagram(
+        _probs(c=2)[:, 1], _labels(c=2), **kw), False),
+    ("multilabel_reliability_diagram", lambda **kw: plots.multilabel_reliability_diagram(
+        _probs(), _labels(1200, 2).reshape(300, 4), **kw), False),
+    ("multilabel_reliability_diagram (per label)", lambda **kw: (
+        plots.multilabel_reliability_diagram(
+            _probs(), _labels(1200, 2).reshape(300, 4), per_label=True, **kw)), False),
+    ("dense_reliability_diagram", lambda **kw: plots.dense_reliability_diagram(
+        torch.randn(3, 4, 10, 10), _labels(300).reshape(3, 10, 10), **kw), False),
     ("risk_coverage", lambda **kw: plots.risk_coverage(
         {"m": metrics.risk_coverage_curve(_probs(), _labels())}, **kw), False),
     ("decision_boundaries", lambda **kw: plots.decision_boundaries(

@@ -1,7 +1,9 @@
 """Classification metrics: pure functions of predictions and labels, computed in float64.
 
 `pred` is probabilities `[N, C]` or member logits `[M, N, C]` (an ensemble averages member
-probabilities); `y` is integer labels `[N]`. Tensors or numpy arrays.
+probabilities); `y` is integer labels `[N]`. Tensors or numpy arrays. Points labelled -100
+(torch's `cross_entropy` default `ignore_index`) are left out by every metric
+(`classification_metrics` and `StreamingMetrics` take another `ignore_index`).
 
 - `nll(pred, y)`: NLL of the predictive distribution (log-space for ensembles).
 - `gibbs_nll(member_logits, y)`, `member_nll(member_logits, y)`: mean and per-member NLL.
@@ -21,6 +23,14 @@ probabilities); `y` is integer labels `[N]`. Tensors or numpy arrays.
 - Conformal prediction (`peg.metrics.conformal`; sets bool `[N, C]` or intervals `[N, 2]`):
   `coverage`, `mean_size`, `size_stratified_coverage`, `class_coverage`,
   `worst_class_coverage`, `conformal_metrics(sets, y, metrics)` (`CONFORMAL_METRICS`).
+- Binary scorers and multi-label heads (`peg.metrics.binary`; P(y = 1) `[N]` or `[N, K]`,
+  labels 0/1 of the same shape, `ignore_index=-100` left out): `binary_nll`, `binary_brier`,
+  `binary_ece`, `binary_auroc`, `binary_reliability`, `binary_metrics`; `multilabel_nll`,
+  `multilabel_brier`, `multilabel_ece` (over every label entry), `label_ece` (`[K]`),
+  `multilabel_reliability`, `multilabel_metrics`.
+- Dense predictions (`peg.metrics.dense`; logits `[B, C, *S]`, labels `[B, *S]`,
+  `ignore_index=-100`): `dense_metrics` (NLL, error, Brier, ECE, MCE per position) and
+  `DenseMetrics`, the same streamed batch by batch.
 - OOD detection (`peg.metrics.ood`; higher score = more likely OOD, OOD is the positive class):
   scores `max_softmax`, `max_logit`, `energy`, `entropy`, `mutual_information`, `variation_ratio`;
   metrics `auroc`, `aupr`, `fpr_at_tpr`, `ood_metrics(pred_in, pred_out, score)`.
@@ -34,6 +44,22 @@ from typing import Any
 from peg.metrics._inputs import ensemble_log_probs, ensemble_probs
 from peg.metrics._keys import CLASSIFICATION_METRICS, DEFAULT_METRICS, check_metrics
 from peg.metrics._predictive import Predictive
+from peg.metrics.binary import (
+    BINARY_METRICS,
+    MULTILABEL_METRICS,
+    binary_auroc,
+    binary_brier,
+    binary_ece,
+    binary_metrics,
+    binary_nll,
+    binary_reliability,
+    label_ece,
+    multilabel_brier,
+    multilabel_ece,
+    multilabel_metrics,
+    multilabel_nll,
+    multilabel_reliability,
+)
 from peg.metrics.calibration import (
     adaptive_ece,
     adaptive_ece_of,
@@ -68,6 +94,7 @@ from peg.metrics.conformal import (
     size_stratified_coverage,
     worst_class_coverage,
 )
+from peg.metrics.dense import DENSE_METRICS, DenseMetrics, dense_metrics
 from peg.metrics.ood import (
     OOD_SCORES,
     aupr,
@@ -103,17 +130,27 @@ from peg.source._values import check_labels
 from peg.utils.scalars import check_positive_int
 
 __all__ = [
+    "BINARY_METRICS",
     "CLASSIFICATION_METRICS",
     "CONFORMAL_METRICS",
     "DEFAULT_METRICS",
+    "DENSE_METRICS",
+    "MULTILABEL_METRICS",
     "OOD_SCORES",
     "ConformalStream",
+    "DenseMetrics",
     "accuracy",
     "adaptive_ece",
     "augrc",
     "aupr",
     "aurc",
     "auroc",
+    "binary_auroc",
+    "binary_brier",
+    "binary_ece",
+    "binary_metrics",
+    "binary_nll",
+    "binary_reliability",
     "brier",
     "check_labels",
     "class_coverage",
@@ -121,6 +158,7 @@ __all__ = [
     "classwise_ece",
     "conformal_metrics",
     "coverage",
+    "dense_metrics",
     "ece",
     "energy",
     "ensemble_log_probs",
@@ -131,6 +169,7 @@ __all__ = [
     "gaussian_nll",
     "gibbs_nll",
     "interval_coverage",
+    "label_ece",
     "log_predictive_density",
     "max_logit",
     "max_softmax",
@@ -138,6 +177,11 @@ __all__ = [
     "mean_size",
     "member_nll",
     "moment_match",
+    "multilabel_brier",
+    "multilabel_ece",
+    "multilabel_metrics",
+    "multilabel_nll",
+    "multilabel_reliability",
     "mutual_information",
     "nll",
     "ood_metrics",
@@ -160,6 +204,7 @@ def classification_metrics(
     bins: int = 15,
     min_count: int = 1,
     metrics: str | Iterable[str] | None = None,
+    ignore_index: int = -100,
 ) -> dict[str, float]:
     """The selected metrics of `pred` on `y`, by key, in the order asked.
 
@@ -174,11 +219,14 @@ def classification_metrics(
     "conformal_metrics",
     "coverage", "aurc", "augrc" (confidence: the max averaged probability).
             None: `DEFAULT_METRICS`, the first six.
+        ignore_index: points labelled so are left out (default -100, torch's
+            `cross_entropy` default; every metric of `peg.metrics` leaves out -100).
     """
     keys = check_metrics(metrics)
     bins = check_positive_int(bins, "bins")
     min_count = check_positive_int(min_count, "min_count")
-    pp = Predictive(pred, y)  # validated once; the maximum, the true class and ranks found once
+    # validated once; the maximum, the true class and ranks found once
+    pp = Predictive(pred, y, ignore_index=ignore_index)
     compute: dict[str, Callable[[], float]] = {
         "nll": lambda: nll_of(pp),
         "error": lambda: error_of(pp),

@@ -30,9 +30,32 @@ from peg.metrics._inputs import (
     member_axis,
     prob_row_sums,
 )
-from peg.source._values import check_labels
+from peg.source._values import as_tensor, check_labels
+
+IGNORE_INDEX = -100  # torch's cross_entropy default: the label of points left out
 
 _SAME_SIZE_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+class NothingKept(ValueError):
+    """Every label is `ignore_index` (a streamed batch so is skipped)."""
+
+
+def _without_ignored(t: Tensor, y: Any, ignore_index: int) -> tuple[Tensor, Any, Tensor | None]:
+    """`(pred, labels, kept)` without the points labelled `ignore_index` (`kept` None when none
+    is: `pred` and `y` as given). Labels of another shape are left to `check_labels`."""
+    if not isinstance(ignore_index, int) or isinstance(ignore_index, bool):
+        raise ValueError(f"ignore_index: expected an integer label, got {ignore_index!r}")
+    labels = as_tensor(y, "y", t.device, owner="pred")
+    if labels.ndim != 1 or len(labels) != t.shape[-2] or labels.dtype == torch.bool:
+        return t, y, None
+    keep = labels != ignore_index
+    if bool(keep.all()):
+        return t, labels, None
+    if not bool(keep.any()):
+        raise NothingKept(f"y: every label is ignore_index ({ignore_index}): nothing to score")
+    rows = keep.to(t.device)  # labels may sit elsewhere until check_labels moves them
+    return (t[:, rows] if t.ndim == 3 else t[rows]), labels[keep], keep
 
 
 class Ranked(NamedTuple):
@@ -56,12 +79,20 @@ def ranked(confidence: Tensor, correct: Tensor) -> Ranked:
 class Predictive:
     """Validated `pred` (probabilities `[N, C]` or member logits `[M, N, C]`) and labels `y` `[N]`.
 
+    Points whose label is `ignore_index` (default -100, torch's `cross_entropy` default) are
+    left out, as torch's losses leave them out: `kept` `[N]` bool says which points stay (None
+    when every point does), and everything below is of those points only.
+
     Attributes: `members` (member logits given), `labels` `[N]` int64 on `pred`'s device,
-    `shape` (of `pred`), `num_classes`; the cached properties below are computed on first use.
+    `shape` (of `pred`, the points kept), `num_classes`, `kept`; the cached properties below
+    are computed on first use.
     """
 
-    def __init__(self, pred: Any, y: Any, name: str = "pred") -> None:
+    def __init__(
+        self, pred: Any, y: Any, name: str = "pred", ignore_index: int = IGNORE_INDEX
+    ) -> None:
         t = checked_pred(pred, name)
+        t, y, self.kept = _without_ignored(t, y, ignore_index)
         self.members = t.ndim == 3
         if self.members:
             self.member_log = t.log_softmax(-1)  # [M, N, C], shared by the NLL and Gibbs NLL

@@ -50,12 +50,17 @@ def reliability_from(conf: Tensor, correct: Tensor, bins: int) -> dict[str, Tens
     """`reliability` from the top-class confidences `conf` `[N]` (float64) and whether each
     prediction is right, `correct` `[N]` (bool): what a diagram needs of predictions kept
     without their probabilities (AutoSelect's cross-fitted ones)."""
-    count, conf_sum, correct_sum = bin_sums(conf, correct, bins)
+    return reliability_of_sums(*bin_sums(conf, correct, bins))
+
+
+def reliability_of_sums(count: Tensor, conf_sum: Tensor, correct_sum: Tensor) -> dict[str, Tensor]:
+    """`reliability` from the per-bin sums of `bin_sums` (`[bins]`, or `[G, bins]` per group:
+    each key but "edges" then `[G, bins]`)."""
     nonempty = count > 0
-    nan = torch.tensor(float("nan"), dtype=torch.float64, device=conf.device)
+    nan = torch.tensor(float("nan"), dtype=torch.float64, device=count.device)
     denom = count.clamp(min=1).double()
     return {
-        "edges": bin_edges(bins, conf.device),
+        "edges": bin_edges(count.shape[-1], count.device),
         "confidence": torch.where(nonempty, conf_sum / denom, nan),
         "accuracy": torch.where(nonempty, correct_sum / denom, nan),
         "count": count,
@@ -67,15 +72,27 @@ def bin_edges(bins: int, device: torch.device | None = None) -> Tensor:
     return torch.arange(bins + 1, dtype=torch.float64, device=device) / bins
 
 
-def bin_sums(conf: Tensor, correct: Tensor, bins: int) -> tuple[Tensor, Tensor, Tensor]:
+def bin_sums(
+    conf: Tensor, correct: Tensor, bins: int, group: Tensor | None = None, groups: int = 1
+) -> tuple[Tensor, Tensor, Tensor]:
     """Per-bin count (int64), sum of confidences and number correct (float64), each `[bins]`,
     of confidences `conf` `[N]` float64 and correctness `correct` `[N]` bool: the sufficient
-    statistics of the reliability diagram, ECE and MCE (one-shot and streaming)."""
+    statistics of the reliability diagram, ECE and MCE (one-shot and streaming). With `group`
+    `[N]` (int64 in `[0, groups)`: a multi-label head's label), the same per group, each
+    `[groups, bins]`."""
     # right=False: a value equal to an inner edge gets the lower bin; 1.0 gets the last bin.
     idx = torch.bucketize(conf, bin_edges(bins, conf.device)[1:-1], right=False)
-    count = torch.bincount(idx, minlength=bins)
-    conf_sum = torch.bincount(idx, conf, minlength=bins)
-    return count, conf_sum, torch.bincount(idx, correct.double(), minlength=bins)
+    if group is not None:
+        idx = idx + group * bins  # group g's bins start at g·bins
+    cells = bins * groups
+    sums = (
+        torch.bincount(idx, minlength=cells),
+        torch.bincount(idx, conf, minlength=cells),
+        torch.bincount(idx, correct.double(), minlength=cells),
+    )
+    if group is None:
+        return sums
+    return sums[0].view(groups, bins), sums[1].view(groups, bins), sums[2].view(groups, bins)
 
 
 def _bin_gaps(

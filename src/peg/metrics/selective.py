@@ -183,7 +183,9 @@ def _ranked(pred: Any, y: Any, confidence: Any) -> Ranked:
     pp = Predictive(pred, y)
     if confidence is None:
         return pp.ranked
-    return ranked(check_confidence(confidence, len(pp.labels), pp.labels.device), pp.correct)
+    given = len(pp.labels) if pp.kept is None else len(pp.kept)
+    scores = check_confidence(confidence, given, pp.labels.device)
+    return ranked(scores if pp.kept is None else scores[pp.kept.to(scores.device)], pp.correct)
 
 
 def check_confidence(confidence: Any, n: int, device: torch.device) -> Tensor:

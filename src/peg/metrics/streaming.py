@@ -26,7 +26,7 @@ from torch import Tensor
 
 from peg.metrics._inputs import as_pred
 from peg.metrics._keys import RANKED, check_metrics
-from peg.metrics._predictive import Predictive, ranked
+from peg.metrics._predictive import NothingKept, Predictive, ranked
 from peg.metrics.calibration import (
     adaptive_ece_of,
     bin_sums,
@@ -50,11 +50,17 @@ class StreamingMetrics:
         metrics: keys of `peg.metrics.CLASSIFICATION_METRICS` (None: `DEFAULT_METRICS`,
             "nll", "error", "brier", "ece", "mce", "gibbs_nll"; "gibbs_nll" for member logits
             only). "adaptive_ece", "aurc" and "augrc" keep O(N) scalars (module docstring).
+        ignore_index: points labelled so are left out (default -100, torch's).
     """
 
     def __init__(
-        self, bins: int = 15, min_count: int = 1, metrics: str | Iterable[str] | None = None
+        self,
+        bins: int = 15,
+        min_count: int = 1,
+        metrics: str | Iterable[str] | None = None,
+        ignore_index: int = -100,
     ) -> None:
+        self.ignore_index = ignore_index
         self.bins = check_positive_int(bins, "bins")
         self.min_count = check_positive_int(min_count, "min_count")
         self.metrics = check_metrics(metrics)
@@ -74,7 +80,10 @@ class StreamingMetrics:
 
     def update(self, pred: Any, y: Any) -> None:
         """Add a batch: probabilities `[B, C]` or member logits `[M, B, C]`, labels `[B]`."""
-        pp = Predictive(pred, y)  # validated; the one-shot metrics' per-row quantities
+        try:  # validated; the one-shot metrics' per-row quantities
+            pp = Predictive(pred, y, ignore_index=self.ignore_index)
+        except NothingKept:  # a batch of ignored labels only (padding): nothing to add
+            return
         if self.num_classes is None:
             self.num_classes, self.members = pp.num_classes, pp.members
         elif self.num_classes != pp.num_classes or pp.members != self.members:

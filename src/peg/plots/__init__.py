@@ -20,6 +20,8 @@ backend. Every function takes `path=None` and `ax=None` (keywords):
 - `reliability`: `reliability_diagram`, from probabilities and labels
   (`reliability_diagram(probs, labels)`, or a dict {name: probs} for one panel each) or from
   `peg.metrics.reliability` data.
+- `kinds`: `binary_reliability_diagram`, `multilabel_reliability_diagram` (pooled or per
+  label), `dense_reliability_diagram` (positions not ignored), drawn by `reliability_diagram`.
 - `selective`: `risk_coverage`.
 - `boundaries`: `decision_boundaries`.
 - `heatmaps`: `similarity_matrices`, `radial_landscape`.
@@ -38,14 +40,22 @@ from peg.plots.corruptions import corruption_grid
 from peg.plots.curves import diversity_accuracy_plane, ensemble_size_curves, scale_search
 from peg.plots.embedding import prediction_map
 from peg.plots.heatmaps import radial_landscape, similarity_matrices
+from peg.plots.kinds import (
+    binary_reliability_diagram,
+    dense_reliability_diagram,
+    multilabel_reliability_diagram,
+)
 from peg.plots.reliability import reliability_diagram
 from peg.plots.selective import risk_coverage
 
 __all__ = [
+    "binary_reliability_diagram",
     "corruption_grid",
     "decision_boundaries",
+    "dense_reliability_diagram",
     "diversity_accuracy_plane",
     "ensemble_size_curves",
+    "multilabel_reliability_diagram",
     "prediction_map",
     "radial_landscape",
     "reliability_diagram",

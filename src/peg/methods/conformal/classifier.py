@@ -47,6 +47,7 @@ from peg.methods.conformal._split import (
     min_points,
     quantile_rank,
 )
+from peg.methods.conformal.kinds import refuse_other_kinds
 from peg.source import Data, Source
 from peg.source._namespace import like_input
 from peg.source._values import check_finite_logits, check_labels
@@ -204,6 +205,7 @@ class ConformalClassifier(ConformalBase):
         `classes`: the class of each logit column, in order, where the labels name their
         classes (strings): each label is read as its class's column."""
         self._check_params()
+        refuse_other_kinds(predictor, val)  # binary, multi-label, dense: their own predictors
         # fit(logits, labels) too; labels named by `classes` read as their indices
         predictor, val = read_predictor(predictor, val, classes=classes)
         if val is None:
