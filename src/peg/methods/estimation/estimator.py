@@ -39,7 +39,8 @@ from peg.methods._predictors import (
 )
 from peg.methods.base import Params, store_arguments
 from peg.methods.calibration.temperature import fit_temperature
-from peg.methods.estimation import _learned, _shifts
+from peg.methods.estimation import _learned, _reliability, _shifts
+from peg.methods.estimation._reliability import SPREAD
 from peg.methods.estimation._stats import Summary
 from peg.methods.estimation.estimators import ESTIMATORS, Estimator, SourceFit, Target, estimates
 from peg.source import Data
@@ -98,6 +99,7 @@ class Estimate(RecordDisplay):
     priors: list[float] | None = None
     reliable: bool = True
     reasons: tuple[str, ...] = ()
+    distances: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The estimate as plain JSON-ready values (`interval` a list), as results.json holds it."""
@@ -111,6 +113,7 @@ class Estimate(RecordDisplay):
             "priors": self.priors,
             "reliable": self.reliable,
             "reasons": list(self.reasons),
+            "distances": dict(self.distances),
         }
 
 
@@ -222,9 +225,11 @@ class PerformanceEstimator(Display, Params):
         self.fitted_ = self._fit_all(scores.cpu(), y)
         self.source_ = self.fitted_[self.method].source
         self.source_accuracy_ = self.source_.accuracy
-        errors = _shifts.synthetic_errors(scores.cpu(), y, self._predictor_on, int(self.seed))
-        self.synthetic_errors_ = errors
-        self.widths_ = {k: _shifts.half_width(v, self.confidence) for k, v in errors.items()}
+        errors, far = _shifts.synthetic_errors(scores.cpu(), y, self._predictor_on, int(self.seed))
+        self.synthetic_errors_, self.synthetic_distances_ = errors, far
+        conf = float(self.confidence)
+        self.scales_ = {k: _reliability.fit_q(v, far, conf) for k, v in errors.items()}
+        self.learned_width_ = 0.0
         lse = free_energy_lse(logits).cpu().numpy()
         self.energy_threshold_ = float(np.quantile(lse, OOD_QUANTILE))
         if "auto" in self.fitted_:
@@ -259,15 +264,15 @@ class PerformanceEstimator(Display, Params):
         learned = _learned.Learned(source, int(self.reservoir), seed)
         learned.fit(_learned.training_sets(calibrated, seed))
         self.fitted_["auto"].learn(learned)
-        self.widths_["auto"] = _shifts.half_width(learned.errors_, self.confidence)
+        self.learned_width_ = _shifts.half_width(learned.errors_, self.confidence)
 
     def _fit_all(self, scores: Tensor, y: Tensor, temperature: float | None = None) -> dict:
         t = self.temperature_ if temperature is None else temperature
         source = SourceFit(
             (scores / t).log_softmax(-1), y, int(self.transport_points), int(self.seed)
         )
-        keys = [self.method, *getattr(ESTIMATORS[self.method], "parts", ())]
-        keys = list(ESTIMATORS) if self.all_methods else keys
+        keys = [self.method, *getattr(ESTIMATORS[self.method], "parts", ()), *SPREAD]
+        keys = list(ESTIMATORS) if self.all_methods else list(dict.fromkeys(keys))
         return {k: ESTIMATORS[k]().fit(source) for k in keys}
 
     def _predictor_on(self, scores: Tensor, y: Tensor) -> Any:
@@ -276,10 +281,12 @@ class PerformanceEstimator(Display, Params):
         t = fit_temperature(scores, y, label=None)
         fitted = self._fit_all(scores, y, t)
 
-        def predict(s: Tensor) -> dict[str, float]:
+        def predict(s: Tensor) -> tuple[dict[str, float], np.ndarray]:
             summary = Summary(self.n_classes_, int(self.reservoir), int(self.seed))
             summary.add((s / t).log_softmax(-1))
-            return estimates(fitted, Target(summary, next(iter(fitted.values())).source))
+            target = Target(summary, next(iter(fitted.values())).source)
+            values = estimates(fitted, target)
+            return values, target.distances(values)
 
         return predict
 
@@ -333,9 +340,12 @@ class PerformanceEstimator(Display, Params):
         method = self.method
         if method == "auto":
             method = f"auto ({self.fitted_['auto'].mode})"
-        lo, hi = _shifts.interval(
-            accuracy, self.widths_[self.method], summary.n, float(self.confidence)
-        )
+        distance = target.distances(values)
+        shift = self.scales_[self.method] * float(_reliability.scale(distance))
+        if method == "auto (learned)":
+            shift = max(shift, self.learned_width_)
+        lo, hi = _shifts.interval(accuracy, shift, summary.n, float(self.confidence))
+        reasons = _reliability.reasons(distance, shift)
         return Estimate(
             accuracy=accuracy,
             interval=(lo, hi),
@@ -344,6 +354,9 @@ class PerformanceEstimator(Display, Params):
             n=summary.n,
             estimates=values,
             priors=[float(p) for p in target.priors],
+            reliable=not reasons,
+            reasons=reasons,
+            distances=dict(zip(_reliability.DISTANCES, map(float, distance), strict=True)),
         )
 
     def __sklearn_is_fitted__(self) -> bool:
