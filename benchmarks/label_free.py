@@ -36,10 +36,10 @@ import argparse
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
 import _label_free_generator as generator
 import _label_free_table as table
+import numpy as np
+import torch
 from _label_free_cifar import CORRUPTIONS, CifarSets
 from _label_free_learn import LeaveOneFamilyOut, source_copies
 
