@@ -27,7 +27,7 @@ from torch import Tensor
 from peg.ensemble import Ensemble
 from peg.errors import NotFittedError, NotStreamable
 from peg.methods import _constraints as checks
-from peg.methods._display import Display, RecordDisplay
+from peg.methods._display import RecordDisplay
 from peg.methods._predictors import (
     is_model,
     iter_member_logits_of,
@@ -37,7 +37,7 @@ from peg.methods._predictors import (
     scores_of,
     stateless,
 )
-from peg.methods.base import Params, store_arguments
+from peg.methods.base import Method, store_arguments
 from peg.methods.calibration.temperature import fit_temperature
 from peg.methods.estimation import _learned, _reliability, _shifts
 from peg.methods.estimation._reliability import SPREAD
@@ -101,6 +101,31 @@ class Estimate(RecordDisplay):
     reasons: tuple[str, ...] = ()
     distances: dict[str, float] = field(default_factory=dict)
 
+    def __repr__(self) -> str:
+        """One line: the accuracy and its interval first, then whether to trust it."""
+        lo, hi = self.interval
+        state = "reliable" if self.reliable else "unreliable: " + "; ".join(self.reasons)
+        return (
+            f"Estimate(accuracy={self.accuracy:.4g} [{lo:.4g}, {hi:.4g}] at "
+            f"{self.confidence:.0%}, method={self.method!r}, n={self.n}, {state})"
+        )
+
+    def verdict(self) -> str:
+        """The estimate in one sentence, e.g. "accuracy 0.79, 90% interval [0.73, 0.86]
+        (auto (gate), 500 points): unreliable: the target is far from the source: …"."""
+        lo, hi = self.interval
+        said = (
+            f"accuracy {self.accuracy:.3f}, {self.confidence:.0%} interval [{lo:.3f}, {hi:.3f}] "
+            f"({self.method}, {self.n} points)"
+        )
+        return said + (
+            ": reliable" if self.reliable else ": unreliable: " + "; ".join(self.reasons)
+        )
+
+    def _display_lead(self) -> tuple[str, str]:
+        # green when it may be trusted, red when not (the reports' verdict colours)
+        return self.verdict(), "peg-verdict" + ("" if self.reliable else " peg-worse")
+
     def to_dict(self) -> dict[str, Any]:
         """The estimate as plain JSON-ready values (`interval` a list), as results.json holds it."""
         return {
@@ -123,7 +148,7 @@ def free_energy_lse(logits: Tensor) -> Tensor:
     return torch.logsumexp(logits.double(), -1).mean(0)
 
 
-class PerformanceEstimator(Display, Params):
+class PerformanceEstimator(Method):
     """Estimate a classifier's accuracy on unlabelled target data, with an interval: e.g. ATC,
     the share of target points whose confidence score exceeds the threshold t at which the
     source's share equals its accuracy (Garg et al. 2022; DoC: Guillory et al. 2021; COT: Lu
@@ -168,6 +193,8 @@ class PerformanceEstimator(Display, Params):
         docs/monitor.md: the estimators, their intervals and the evidence.
     """
 
+    #: set last by `fit`: its presence means fitted (`Method`'s protocol)
+    fitted_attribute: ClassVar[str] = "fitted_"
     parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
         "method": checks.one_of(*ESTIMATORS),
         "confidence": checks.interval(0, 1, "a probability", "()"),
@@ -222,8 +249,8 @@ class PerformanceEstimator(Display, Params):
         self.predictor_, self._reader = predictor, reader
         self.n_classes_ = scores.shape[1]
         self.temperature_ = fit_temperature(scores.cpu(), y, label=None)
-        self.fitted_ = self._fit_all(scores.cpu(), y)
-        self.source_ = self.fitted_[self.method].source
+        fitted = self._fit_all(scores.cpu(), y)
+        self.source_ = fitted[self.method].source
         self.source_accuracy_ = self.source_.accuracy
         errors, far = _shifts.synthetic_errors(scores.cpu(), y, self._predictor_on, int(self.seed))
         self.synthetic_errors_, self.synthetic_distances_ = errors, far
@@ -232,11 +259,12 @@ class PerformanceEstimator(Display, Params):
         self.learned_width_ = 0.0
         lse = free_energy_lse(logits).cpu().numpy()
         self.energy_threshold_ = float(np.quantile(lse, OOD_QUANTILE))
-        if "auto" in self.fitted_:
-            self._learn(scores.cpu(), y, val, sets)
+        if "auto" in fitted:
+            self._learn(fitted["auto"], scores.cpu(), y, val, sets)
+        self.fitted_ = fitted  # last: fitted from here on
         return self
 
-    def _learn(self, scores: Tensor, y: Tensor, val: Any, sets: list | None) -> None:
+    def _learn(self, auto: Any, scores: Tensor, y: Tensor, val: Any, sets: list | None) -> None:
         """auto's learned mode (`_learned`), from `sets` or corrupted copies of val's images;
         left in its gate mode when there are neither."""
         t, seed = self.temperature_, int(self.seed)
@@ -263,7 +291,7 @@ class PerformanceEstimator(Display, Params):
         calibrated = [(n, (s / t).log_softmax(-1), labels) for n, s, labels in sets]
         learned = _learned.Learned(source, int(self.reservoir), seed)
         learned.fit(_learned.training_sets(calibrated, seed))
-        self.fitted_["auto"].learn(learned)
+        auto.learn(learned)
         self.learned_width_ = _shifts.half_width(learned.errors_, self.confidence)
 
     def _fit_all(self, scores: Tensor, y: Tensor, temperature: float | None = None) -> dict:
@@ -359,12 +387,8 @@ class PerformanceEstimator(Display, Params):
             distances=dict(zip(_reliability.DISTANCES, map(float, distance), strict=True)),
         )
 
-    def __sklearn_is_fitted__(self) -> bool:
-        """Whether `fit` has run (scikit-learn's protocol; the notebook display's badge)."""
-        return "fitted_" in self.__dict__
-
-    def _check_fitted(self) -> None:
-        if "fitted_" not in self.__dict__:
+    def _check_fitted(self, doing: str = "estimating") -> None:
+        if not self.__sklearn_is_fitted__():
             raise NotFittedError(
                 "PerformanceEstimator is not fitted: call fit(predictor, val) or "
                 "fit(logits, labels) first"
