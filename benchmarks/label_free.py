@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from _label_free_cifar import CORRUPTIONS, CifarSets
 from _label_free_learn import LeaveOneFamilyOut, source_copies
+from _label_free_tabular import TabularSets
 
 import peg
 import peg.data
@@ -118,7 +119,9 @@ def _sets(model, args):
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument(
-        "--dataset", choices=("fashion-mnist", "cifar10", "generator"), default="fashion-mnist"
+        "--dataset",
+        choices=("fashion-mnist", "cifar10", "generator", "tabular"),
+        default="fashion-mnist",
     )
     p.add_argument("--cache", default=".peg-cache/label_free")
     p.add_argument("--bench-cache", default=".peg-cache/bench", help="cifar10: the preset's")
@@ -148,9 +151,10 @@ def main() -> None:
             return source_copies(
                 logits, cifar.val_images, VL, CORRUPTIONS, folder, args.source_copies
             )
-    elif args.dataset == "generator":
-        V, VL = generator.source()
-        sets = generator.sets()
+    elif args.dataset in ("generator", "tabular"):
+        made = TabularSets(args.data_root) if args.dataset == "tabular" else generator
+        V, VL = made.source()
+        sets = made.sets()
         args.skip_learned = True  # no images to corrupt: the learned mode does not apply
     else:
         model = _model(args)
@@ -169,7 +173,8 @@ def main() -> None:
             names = cc.applicable(1)
             return source_copies(logits, lambda: Xtr[held], VL, names, folder, args.source_copies)
 
-    if args.overhead_only and args.dataset != "generator":
+    images = args.dataset in ("fashion-mnist", "cifar10")
+    if args.overhead_only and images:
         return _overhead(*timing(), copies()[0][:11])
     t = time.perf_counter()
     est = peg.PerformanceEstimator(all_methods=True).fit(V, VL)
@@ -215,7 +220,7 @@ def main() -> None:
         seconds[LEARNED] = time.perf_counter() - t
     table.methods(rows, est, seconds, LEARNED if lofo is not None else None)
     table.default(rows, args.dataset)
-    if args.dataset != "generator":
+    if images:
         _overhead(*timing(), copies()[0][:11])
     print(f"\nwhole run {time.perf_counter() - t0:.0f} s")
 
