@@ -16,10 +16,19 @@ training images (labelled: what the estimators are fitted on); targets built fro
 its 5,000 test images: CIFAR-10-C's 19 corruptions × 5 severities, label shift and corruption +
 label shift as above (`_label_free_cifar`).
 
-Per method: MAE and worst |error| in accuracy points, the share of sets whose interval covers
-the truth, seconds per estimate (one `--test-points` set, that method alone). The interval's
-width and "auto"'s gate threshold are set on synthetic shifts of the source (label shift,
-confidence tilts, logit scale and noise) that are not corruption families. The last row,
+`--dataset generator`: docs/monitor.md's 4-class logits generator (`_label_free_generator`:
+weaker signal, label shift, both, a p(y | x) change); `--dataset tabular`: a gradient-boosted
+model on UCI protein (`_label_free_tabular`: label shift, covariate shift, feature noise,
+missing features, noise + label shift). Corruptions are scored in two families, severity 1-3
+and the severe 4-5.
+
+Tables (`_label_free_table`): per method, MAE per family, the share of sets whose interval
+covers the truth and its mean half-width, seconds per estimate (one set, that method alone);
+then the default's own table per family: MAE, coverage, mean half-width, share flagged
+`reliable=False`. `--skip-learned` leaves out the learned mode's row (its fit is minutes).
+The interval's width's scale and "auto"'s gate threshold are set on synthetic shifts of the
+source (label shift, confidence tilts, logit scale and noise, weaker signal, collapse), not on
+any target set. The last row,
 "auto"'s opt-in learned mode, learns from corrupted copies of `--source-copies` source images
 and is scored leave one corruption family out (`_label_free_learn`): none of these sets, and
 no copy of a target's corruption family, was seen in fitting.

@@ -2,10 +2,11 @@
 
 `fit(predictor, val)` (or `fit(logits, labels)`) reads the labelled source once: member logits
 → log p̄ `[N, C]`, temperature scaling fitted on them (`fit_temperature`, the one of
-`peg.TemperatureScaling`), every estimator of `estimators` fitted, each one's half-width
-calibrated on synthetic shifts (`_shifts`), and the energy threshold (5% of the source) the
-monitor's OOD share counts against. `estimate(X)` streams the target through the predictor
-batch by batch into a `Summary` (memory flat in N) and reads the chosen estimate from it.
+`peg.TemperatureScaling`), every estimator of `estimators` fitted, each one's width scale
+calibrated on synthetic shifts (`_shifts`, `_reliability`), and the energy threshold (5% of
+the source) the monitor's OOD share counts against. `estimate(X)` streams the target through
+the predictor batch by batch into a `Summary` (memory flat in N) and reads the chosen estimate
+from it, its interval and whether it is reliable.
 
 A model (an nn.Module) is read through one `Ensemble` built at `fit` (`_reader`): a copy of it
 in eval mode, the user's own never touched, and no copy per `estimate` (a one-member ensemble
@@ -68,6 +69,9 @@ class Estimate(RecordDisplay):
         reliable: False when the estimate should not be trusted (the target too far from the
             source for the interval to mean anything); `reasons` says why.
         reasons: why the estimate is not reliable, one sentence each (empty when it is).
+        distances: how far the target is from the source, read without labels
+            (`_reliability.DISTANCES`: the estimators' disagreement, the prediction shift, the
+            confidence shift, the label-shift residual; the first and last widen the interval).
 
     Examples:
         >>> import torch, peg
@@ -157,8 +161,9 @@ class PerformanceEstimator(Method):
     Args:
         method: which estimator (`peg.methods.estimation.estimators`): "auto" (peg's default),
             "ac", "doc", "atc-mc", "atc-ne", "atc-ls", "label-shift", "cot", "cott", "cot-em".
-        confidence: the interval's nominal coverage, calibrated on synthetic shifts of the
-            source (`_shifts`) and widened by the target's sampling error.
+        confidence: the interval's nominal coverage on shifts like the synthetic shifts of
+            the source it is calibrated on (`_shifts`, `_reliability`), its width growing with
+            the target's distance from the source, widened by the target's sampling error.
         reservoir: at most this many target rows kept (uniformly) for EM and the transport.
         transport_points: COT/COTT's exact assignment on at most this many points.
         batch_size, batch_fn: how the predictor reads data (`peg.source.batches`).
@@ -171,9 +176,13 @@ class PerformanceEstimator(Method):
             is the gate (learning won on Fashion-MNIST, MAE 2.88 against 3.37 points, and lost
             on CIFAR-10, 4.88 against 4.44: docs/monitor.md).
 
-    After `fit`: `temperature_`, `source_accuracy_`, `widths_` (each method's half-width),
-    `synthetic_errors_` (each method's errors on the synthetic shifts), `energy_threshold_`,
-    `n_classes_`. `estimate(X)` → `Estimate`.
+    After `fit`: `temperature_`, `source_accuracy_`, `scales_` (each method's width scale q:
+    half-width = q · (0.02 + disagreement + label-shift residual), `_reliability`),
+    `synthetic_errors_` `[S]` and `synthetic_distances_` `[S, 4]` (each method's errors and
+    each shift's distances on the synthetic shifts q is calibrated on), `learned_width_` (the
+    learned mode's least half-width, 0 in the gate mode), `energy_threshold_`, `n_classes_`,
+    `fitted_` (set last). `estimate(X)` → `Estimate`, `reliable=False` past a half-width of
+    0.15.
 
     Examples:
         >>> import torch, peg
