@@ -396,7 +396,10 @@ class PerformanceEstimator(Method):
             distances=dict(zip(_reliability.DISTANCES, map(float, distance), strict=True)),
         )
 
-    def _check_fitted(self, doing: str = "estimating") -> None:
+    def _check_fitted(self, doing: str | None = None) -> None:
+        """`Method`'s check; asked without `doing`, its message names both ways to fit."""
+        if doing is not None:
+            return super()._check_fitted(doing)
         if not self.__sklearn_is_fitted__():
             raise NotFittedError(
                 "PerformanceEstimator is not fitted: call fit(predictor, val) or "
