@@ -119,13 +119,17 @@ def scale(distance: np.ndarray) -> np.ndarray:
     return FLOOR + d[..., 0] + d[..., 3]
 
 
-def fit_q(errors: np.ndarray, distance: np.ndarray, confidence: float) -> float:
-    """The `confidence` quantile of |error| / scale over the synthetic shifts (`[S]`, `[S, 3]`),
-    with the finite-sample correction of split conformal (the ⌈(S + 1) · confidence⌉-th
-    smallest ratio)."""
+def fit_q(
+    errors: np.ndarray, distance: np.ndarray, confidence: float, sampling: np.ndarray | float = 0.0
+) -> float:
+    """The scale q at `confidence` from the synthetic shifts' errors `[S]` and distances
+    `[S, 4]`: for each shift the least q whose interval, hypot(q · scale, its `sampling`
+    error `[S]`) as `PerformanceEstimator` builds it, holds its error; then their
+    ⌈(S + 1) · confidence⌉-th smallest (split conformal's finite-sample quantile)."""
     if len(errors) == 0:
         return 1.0
-    ratios = np.sort(np.abs(errors) / scale(distance))
+    beyond = np.sqrt(np.maximum(np.square(errors) - np.square(sampling), 0.0))
+    ratios = np.sort(beyond / scale(distance))
     k = min(int(np.ceil((len(ratios) + 1) * confidence)), len(ratios)) - 1
     return float(ratios[k])
 

@@ -130,35 +130,44 @@ def synthetic_errors(
     y: torch.Tensor,
     fit: Callable[[torch.Tensor, torch.Tensor], Predict],
     seed: int,
-) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Each method's errors (estimate − truth) `[S]` over the synthetic shifts, and each
-    shift's distances from the source `[S, 3]` (`_reliability.distances`): `fit(scores, y)`
-    on the first half returns a function of a shifted set's scores giving every estimate and
-    the distances."""
+) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """Each method's errors (estimate − truth) `[S]` over the synthetic shifts, each shift's
+    distances from the source `[S, 4]` (`_reliability.distances`), and each shifted set's
+    (true accuracy, points) `[S, 2]`: `fit(scores, y)` on the first half returns a function
+    of a shifted set's scores giving every estimate and the distances."""
     first, second = split_halves(len(y), seed)
     predict = fit(scores[first], y[first])
     errors: dict[str, list[float]] = {}
     far: list[np.ndarray] = []
+    truths: list[tuple[float, int]] = []
     for _, s, labels in shifted_sets(scores[second], y[second], seed):
         truth = float((s.argmax(-1) == labels).double().mean())
         values, distance = predict(s)
         far.append(distance)
+        truths.append((truth, len(labels)))
         for key, value in values.items():
             errors.setdefault(key, []).append(value - truth)
-    return {k: np.asarray(v) for k, v in errors.items()}, np.stack(far)
+    return {k: np.asarray(v) for k, v in errors.items()}, np.stack(far), np.asarray(truths)
 
 
 def half_width(errors: np.ndarray, confidence: float) -> float:
     return float(np.quantile(np.abs(errors), confidence)) if len(errors) else 0.0
 
 
-def interval(accuracy: float, width: float, n: int, confidence: float) -> tuple[float, float]:
-    """(lo, hi) clipped to [0, 1]: the shift half-width and the binomial sampling error of n
-    target points at `confidence`, added in quadrature (independent errors)."""
+def sampling(accuracy: float | np.ndarray, n: int, confidence: float) -> np.ndarray:
+    """The binomial sampling error at `confidence` of an accuracy read on n points (its
+    variance floored at 0.25 / n, for an accuracy near 0 or 1)."""
     from scipy.stats import norm  # on use: `import peg` loads no scipy (tests/test_imports.py)
 
     z = float(norm.ppf(0.5 + confidence / 2))
+    a = np.clip(accuracy, 0.0, 1.0)
+    m = max(n, 1)
+    return z * np.sqrt(np.maximum(a * (1 - a), 0.25 / m) / m)
+
+
+def interval(accuracy: float, width: float, n: int, confidence: float) -> tuple[float, float]:
+    """(lo, hi) clipped to [0, 1]: the shift half-width and the binomial sampling error of n
+    target points at `confidence`, added in quadrature (independent errors)."""
     a = min(max(accuracy, 0.0), 1.0)
-    sampling = z * np.sqrt(max(a * (1 - a), 0.25 / max(n, 1)) / max(n, 1))
-    half = float(np.hypot(width, sampling))
+    half = float(np.hypot(width, sampling(a, n, confidence)))
     return max(0.0, a - half), min(1.0, a + half)

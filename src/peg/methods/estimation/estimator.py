@@ -261,10 +261,15 @@ class PerformanceEstimator(Method):
         fitted = self._fit_all(scores.cpu(), y)
         self.source_ = fitted[self.method].source
         self.source_accuracy_ = self.source_.accuracy
-        errors, far = _shifts.synthetic_errors(scores.cpu(), y, self._predictor_on, int(self.seed))
+        errors, far, truths = _shifts.synthetic_errors(
+            scores.cpu(), y, self._predictor_on, int(self.seed)
+        )
         self.synthetic_errors_, self.synthetic_distances_ = errors, far
         conf = float(self.confidence)
-        self.scales_ = {k: _reliability.fit_q(v, far, conf) for k, v in errors.items()}
+        # each shifted set's own sampling error is not the shift's: q is net of it (the
+        # target's interval adds the target's)
+        noise = np.array([_shifts.sampling(a, int(n), conf) for a, n in truths])
+        self.scales_ = {k: _reliability.fit_q(v, far, conf, noise) for k, v in errors.items()}
         self.learned_width_ = 0.0
         lse = free_energy_lse(logits).cpu().numpy()
         self.energy_threshold_ = float(np.quantile(lse, OOD_QUANTILE))
