@@ -85,7 +85,7 @@ class Estimate(RecordDisplay):
         >>> estimate.method, estimate.n
         ('atc-mc', 100)
         >>> estimate.reliable, sorted(estimate.to_dict())[:4]
-        (True, ['accuracy', 'confidence', 'estimates', 'interval'])
+        (True, ['accuracy', 'confidence', 'distances', 'estimates'])
 
     See Also:
         peg.PerformanceEstimator: what makes an estimate.
