@@ -1,7 +1,8 @@
-"""`peg.Monitor`'s false-alarm rate on in-distribution chunks (issue 48): the share of clean
-chunks on which each test gives p < 0.01, the estimate leaves the band, and `alert` is set
-(the Monitor's rule, `alpha=0.01`: since the fix, p < 0.01 / 3 per test),
-at chunk sizes 50, 100, 500 and 2000.
+"""`peg.Monitor`'s false-alarm rate on in-distribution chunks: the share of clean chunks on
+which each test gives p < 0.01, the estimate leaves the band, and `alert` is set (the
+Monitor's rule, `alpha=0.01`: p < 0.01 / 3 per test), by chunking: `by_size(n)` at n = 20,
+50, 100, 500 and 2000, and `per_update()` on updates of 20 to 200 points (each judged by a
+band of its own size).
 
 - `synthetic`: a well-specified 4-class logit model (logits N(0, 1), + 2.5 on the true class);
   the source (2000 points) and every chunk are fresh draws from it.
@@ -23,8 +24,10 @@ import numpy as np
 import torch
 
 import peg
+from peg.apps.monitor import by_size, per_update
 
-SIZES = (50, 100, 500, 2000)
+SIZES = (20, 50, 100, 500, 2000)
+UPDATES = (20, 200)  # per_update(): each update's size drawn uniformly in this range
 C = 4
 
 
@@ -62,20 +65,23 @@ def main(kind: str = "synthetic", chunks: int = 200) -> None:
     print("(tests: the share with p < 0.01; alert: the Monitor's, alpha=0.01)")
     print("| size | label shift | covariate | OOD | band | alert | seconds |")
     print("|---|---|---|---|---|---|---|")
-    for size in SIZES:
+    for size in (*SIZES, "per update"):
         start = time.perf_counter()
-        m = peg.Monitor(est, chunk_size=size, seed=1)
-        rng = np.random.default_rng(size)
+        chunker = per_update() if size == "per update" else by_size(size)
+        m = peg.Monitor(est, chunker, seed=1)
+        rng = np.random.default_rng(0 if size == "per update" else size)
         for _ in range(chunks):
-            m.update(draw(size, rng))
+            n = int(rng.integers(UPDATES[0], UPDATES[1] + 1)) if chunker.per_update else size
+            m.update(draw(n, rng))
 
         def share(key: str, done: list = m.chunks) -> float:
             return float(np.mean([c[key] is not None and c[key] < 0.01 for c in done]))
 
-        band = np.mean([any("band" in r for r in c["reasons"]) for c in m.chunks])
-        alert = np.mean([c["alert"] for c in m.chunks])
+        band = np.mean([any(a.kind == "band" for a in c.alerts) for c in m.chunks])
+        alert = np.mean([c.alert for c in m.chunks])
+        name = f"{UPDATES[0]}-{UPDATES[1]} per update" if chunker.per_update else size
         print(
-            f"| {size} | {share('label_shift_p'):.3f} | {share('covariate_p'):.3f} | "
+            f"| {name} | {share('label_shift_p'):.3f} | {share('covariate_p'):.3f} | "
             f"{share('ood_p'):.3f} | {band:.3f} | {alert:.3f} | "
             f"{time.perf_counter() - start:.0f} |",
             flush=True,

@@ -30,7 +30,11 @@ ARGS = ("Args", "Arguments", "Parameters")
 ITEM = re.compile(r"^(\*{0,2}[A-Za-z_][\w]*(?:, *\*{0,2}[A-Za-z_]\w*)*):\s*(.*)$")
 CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+\1")
 # the objects returned by public ones, with a page of their own: {name: module}
-RETURNED = {"Estimate": "peg.methods.estimation"}
+RETURNED = {
+    "Estimate": "peg.methods.estimation",
+    "ChunkResult": "peg.apps.monitor",
+    "Alert": "peg.apps.monitor",
+}
 # public methods that are peg's own plumbing, not the user's (by where they are defined):
 # the calibrators' map of logits, the conformal sets' pieces, the monitor's streamed estimate
 INTERNAL = {

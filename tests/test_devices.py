@@ -26,6 +26,10 @@ import peg
 from conftest import CUDA, overfit
 
 GPU_TOL = 1e-4 if CUDA else 1e-6
+# K-FAC's damped solve amplifies float32 rounding: on an AVX-512 EPYC one of its products takes
+# another kernel for the fake device's operands, and last-layer PEG-4's directions differ by
+# 3.5e-7 (of 0.03), 2.2e-6 on probabilities at its η = 44 (the CPU's numbers, not placement)
+KFAC_TOL = max(GPU_TOL, 1e-5)
 PLACEMENTS = ["cpu-data+gpu-model", "gpu-data+gpu-model", "gpu-data+cpu-model"]
 
 
@@ -116,7 +120,8 @@ def test_every_method_fits_and_predicts_in_every_placement(name, placement, gpu,
     for X in (test_on[0],) if name in STOCHASTIC else (test_on[0], loader):  # masks per batch
         probs = fitted.predict_proba(X)
         assert probs.shape == (32, 3)
-        torch.testing.assert_close(cpu(probs), expected, atol=GPU_TOL, rtol=0)
+        tol = KFAC_TOL if "kfac" in name else GPU_TOL
+        torch.testing.assert_close(cpu(probs), expected, atol=tol, rtol=0)
 
 
 @pytest.mark.parametrize("placement", PLACEMENTS)

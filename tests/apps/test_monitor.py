@@ -15,7 +15,7 @@ import pytest
 import peg
 from bad_inputs import raises_test
 from peg.apps.cli import main
-from peg.apps.monitor import drift
+from peg.apps.monitor import Alert, drift
 
 C = 4
 
@@ -215,8 +215,8 @@ def test_the_report_escapes_what_a_chunk_carries(estimator):
     """A chunk's name and reasons (file names on the command line) are text, never markup."""
     m = peg.Monitor(estimator, chunk_size=300)
     m.update(_sample(300, 1)[0], name='<svg onload="alert(2)">')
-    m.chunks[0]["chunk"] = '<img src=x onerror="alert(1)">'
-    m.chunks[0]["reasons"] = ["<script>alert(1)</script>"]
+    m.chunks[0].chunk = '<img src=x onerror="alert(1)">'
+    m.chunks[0].alerts = [Alert("unreliable", 0.5, detail="<script>alert(1)</script>")]
     page = m.to_html()
     assert "<script>alert" not in page and "<img src=x" not in page
     assert "<svg onload" not in page and "&lt;svg onload=" in page  # the source's name

@@ -300,6 +300,14 @@ FILE_ERROR_CASES: list[tuple[str, str, Callable[[Path], object], type[BaseExcept
     ),
     (
         "peg monitor",
+        "--chunk-size larger than the target data",
+        lambda t: _cli(*_targets(t, str(t / "f.npy")), "--chunk-size", str(10**12)),
+        SystemExit,
+        r"--chunk-size: 1000000000000 points per chunk, more than the 300 target points in "
+        r"all; give at most 300",
+    ),
+    (
+        "peg monitor",
         "--model with --logits",
         lambda t: _cli(*_targets(t, str(t / "f.npy")), "--model", "m:build"),
         SystemExit,

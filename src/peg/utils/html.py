@@ -47,6 +47,7 @@ STYLE = """
 #{id} table.peg-table td.peg-num {{ text-align: right; font-variant-numeric: tabular-nums;
   white-space: nowrap; }}
 #{id} table.peg-table tr.peg-chosen td {{ background: rgba(46, 160, 67, 0.14); }}
+#{id} table.peg-table tr.peg-alert td {{ background: rgba(218, 54, 51, 0.16); }}
 #{id} .peg-set {{ font-weight: 600; }}
 #{id} .peg-verdict {{ font-size: 1.1em; font-weight: 600; padding: 0.5em 0.8em;
   margin: 0.4em 0 0.8em; border-radius: 4px; border-left: 5px solid rgba(46, 160, 67, 0.9);
@@ -107,9 +108,11 @@ def table(
     numeric: Sequence[bool] | None = None,
     caption: Any = None,
     marked: Sequence[bool] | None = None,
+    alerted: Sequence[bool] | None = None,
 ) -> Markup:
     """A table: `header` cells, then `rows` (each cell escaped unless `Markup`); `numeric`
-    columns right-aligned; rows where `marked` is true highlighted (a chosen candidate)."""
+    columns right-aligned; rows where `marked` is true highlighted green (a chosen candidate),
+    rows where `alerted` is true red (a monitored chunk that alerted)."""
     numeric = numeric or [False] * len(header)
     lines = ['<table class="peg-table">']
     if caption is not None:
@@ -118,6 +121,7 @@ def table(
     lines.append("<tbody>")
     for i, row in enumerate(rows):
         css = ' class="peg-chosen"' if marked is not None and marked[i] else ""
+        css = ' class="peg-alert"' if alerted is not None and alerted[i] else css
         cells = "".join(
             f'<td class="peg-num">{inline(c)}</td>' if numeric[j] else f"<td>{inline(c)}</td>"
             for j, c in enumerate(row)

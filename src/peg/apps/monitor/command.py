@@ -27,6 +27,10 @@ from peg.apps import arguments, html
 from peg.apps import results as files
 from peg.apps.arguments import printable
 from peg.apps.compare import sources
+from peg.apps.monitor.chunking import by_size, per_update
+from peg.apps.monitor.files import FILES, WRITES, earlier_run
+from peg.apps.monitor.monitor import Monitor
+from peg.methods.estimation import PerformanceEstimator
 from peg.source import is_pair
 
 ALERT_STATUS = 4
@@ -76,14 +80,33 @@ def _saved(path: str, labels: str, classes: int) -> tuple[Any, Any]:
     return X, sources.saved_logits(path, labels, ("--logits", "--labels"))[1]
 
 
-def run(args: argparse.Namespace, command: str, progress: bool | None) -> int:
-    import peg
-    from peg.apps.monitor.files import FILES, WRITES, earlier_run
-    from peg.apps.monitor.monitor import Monitor
+def check_chunk_size(size: int | None, targets: list[tuple[str, str, Any, Any]]) -> None:
+    """`--chunk-size` at most the target points, where every target says how many it holds
+    (a ValueError naming the option; a chunk larger than the data would never end, and the
+    reference chunks of its size cost what it does)."""
+    if size is None:
+        return
+    counts = [_points(batch) for _, _, batch, _ in targets]
+    if all(c is not None for c in counts) and size > max(1, sum(counts)):
+        raise ValueError(
+            f"--chunk-size: {size} points per chunk, more than the {sum(counts)} target points "
+            f"in all; give at most {max(1, sum(counts))}, or leave it out (one chunk per file)"
+        )
 
+
+def _points(batch: Any) -> int | None:
+    """The points in a target that says so without being read (an array, a tensor); None for
+    anything else (a loader's length counts its batches, not its points)."""
+    if hasattr(batch, "shape") and len(batch.shape):
+        return int(batch.shape[0])
+    return None
+
+
+def run(args: argparse.Namespace, command: str, progress: bool | None) -> int:
     predictor, val, targets = inputs(args)
+    check_chunk_size(args.chunk_size, targets)
     try:  # before the folder is claimed
-        estimator = peg.PerformanceEstimator(args.method, batch_size=args.batch_size)
+        estimator = PerformanceEstimator(args.method, batch_size=args.batch_size)
     except ValueError as e:  # "method: expected one of [...]": the option typed
         raise ValueError(f"--{e}") from None
     out = files.claim(
@@ -98,9 +121,8 @@ def run(args: argparse.Namespace, command: str, progress: bool | None) -> int:
     earlier_run(out, args.overwrite, False, "--out")  # an earlier run's chunks: before the fit
     if args.html:
         html.check_target(out / html.REPORT, "--html")
-    monitor = Monitor(
-        estimator.fit(predictor, val), args.chunk_size, out=out, overwrite=args.overwrite
-    )
+    chunker = per_update() if args.chunk_size is None else by_size(args.chunk_size)
+    monitor = Monitor(estimator.fit(predictor, val), chunker, out=out, overwrite=args.overwrite)
     try:
         for option, name, batch, labels in targets:
             before = len(monitor.chunks)

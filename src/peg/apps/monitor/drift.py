@@ -13,8 +13,8 @@ too small to say anything: `MIN_POINTS`).
   out-of-fold AUROCs against 0.5 by the Mann-Whitney normal approximation, its sd the mean of
   the folds' (the two are correlated: a pooled sd made it fire 2-5% of clean chunks at
   p < 0.01); one-sided: only an AUROC above 0.5 is a shift. Cheap: no permutations.
-- `ood_test`: the share of points whose energy is below the source's 5% quantile, against 5%
-  (one-sided; the threshold's own sampling error counted).
+- `ood_test`: the count of points whose energy is below the source's 5% quantile, against
+  5% (one-sided, exact: beta-binomial, the threshold's own sampling error counted).
 """
 
 from __future__ import annotations
@@ -92,10 +92,13 @@ def _discriminant(X: np.ndarray, d: np.ndarray) -> np.ndarray:
 
 
 def ood_test(low: int, n: int, expected: float, n_source: int) -> float | None:
-    """One-sided normal test of the share `low / n` against `expected`, its variance that of
-    the chunk's share plus that of the threshold's own share on the `n_source` points it was
-    set on (a plain binomial test ignores the latter and fires too often)."""
+    """One-sided exact test of `low` points of `n` below the threshold, the source's
+    `expected` quantile on `n_source` points: the share of the population below the k-th of N
+    order statistics is Beta(k, N + 1 − k) (k = expected · N), so the count is beta-binomial,
+    the threshold's own sampling error counted. (The normal approximation fired on 3% of
+    clean 20-point chunks at p < 0.0033: one expected point, a skewed count.)"""
     if n < MIN_POINTS:
         return None
-    var = expected * (1 - expected) * (1 / n + 1 / max(n_source, 1))
-    return float(stats.norm.sf((low / n - expected) / np.sqrt(var)))
+    N = max(int(n_source), 1)
+    k = min(max(1, round(expected * N)), N)
+    return float(stats.betabinom.sf(low - 1, n, k, N + 1 - k))

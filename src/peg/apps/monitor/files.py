@@ -14,6 +14,7 @@ from typing import Any
 from peg.apps import results
 from peg.apps.html import to_csv
 from peg.apps.monitor import report
+from peg.apps.monitor.records import ChunkResult
 
 FILES = ("results.json", "results.md", "results.csv")
 WRITES = "results.json, results.md and results.csv"  # a refused folder's message says so
@@ -45,29 +46,29 @@ def earlier_run(folder: Path, overwrite: bool, resume: bool, argument: str = "ou
 
 
 def resume(monitor: Any, earlier: dict[str, Any]) -> None:
-    """The earlier run's chunks and reference back into `monitor` from its results.json; .md /
-    .csv rewritten from them (a kill between the writes left them a chunk behind)."""
+    """The earlier run's chunks and reference chunks' summaries back into `monitor` from its
+    results.json; .md / .csv rewritten from them (a kill between the writes left them a chunk
+    behind)."""
     settings, reference = earlier.get("settings"), earlier.get("reference")
-    if settings != monitor._settings() or not isinstance(reference, list) or len(reference) != 4:
+    if settings != monitor._settings() or not isinstance(reference, dict):
         raise ValueError(
             f"resume: the run in {monitor.out} had settings {settings}, this one "
             f"{monitor._settings()}; resume with the same, or pass overwrite=True"
         )
-    monitor.chunks = list(earlier["chunks"])
-    *band, monitor._dispersion = (float(v) for v in reference)
-    monitor._band = (band[0], band[1], band[2])
+    monitor.chunks = [ChunkResult.from_dict(row) for row in earlier["chunks"]]
+    monitor.references = {
+        int(k): (float(m), float(s), float(d)) for k, (m, s, d) in reference.items()
+    }
     monitor._write()
 
 
 def write(monitor: Any, out: Path) -> None:
     """results.json (first: the source of truth), then results.md and results.csv."""
-    lo, hi = monitor.band  # the reference (mean, lo, hi) and the dispersion: kept to resume
-    reference = [*(monitor._band or ()), monitor._dispersion]
     state = {
-        "chunks": monitor.chunks,
-        "band": [lo, hi],
+        "chunks": [c.to_dict() for c in monitor.chunks],
         "settings": monitor._settings(),
-        "reference": reference,
+        # per chunk size: the reference chunks' (mean, sd, dispersion), kept to resume
+        "reference": {str(k): list(v) for k, v in sorted(monitor.references.items())},
     }
     results.write_json(out / "results.json", state)
     results.write_text(out / "results.md", report.markdown(monitor))

@@ -1,16 +1,21 @@
 """`peg.Monitor`: a fitted `PerformanceEstimator` run over a stream of unlabelled batches, chunk
-by chunk, with alerts.
+by chunk, with alerts; built from small objects: a chunker (`chunking.py`: `by_size(n)`,
+`per_update()`) cuts the stream, a band (`thresholds.py`: `Sigmas(k)`, `Fixed(lo, hi)`) judges
+each chunk's estimate, and each chunk is a `ChunkResult` whose `alerts` are `Alert` records
+(`records.py`) that the reports format (`report.py`).
 
-Per chunk (`chunk_size` points, or one per `update` when None): the estimated accuracy and its
-interval, EM's target priors and their test against the source's, the domain classifier's
-AUROC and p-value, the OOD share (energy below the source's 5% quantile) and its test, the
-realized accuracy where every point of the chunk came with its label, and `alert` with its
-`reasons`: the estimate outside the band (mean ± `sigmas` σ of the estimates on `n_reference`
-chunks drawn from the source validation data, NannyML's rule, clipped to [0, 1]) or a test
-with p < `alpha` / 3 (Bonferroni: three tests). With `out`, results.json / .md / .csv are
-rewritten (atomically) as each chunk ends, in a folder claimed as `peg compare` claims its
-own: a crash loses no finished chunk (`files.py`: results.json the source of truth, an earlier
-run replaced only with `overwrite` or taken back with `resume`).
+Per chunk: the estimated accuracy and its interval, EM's target priors and their test against
+the source's, the domain classifier's AUROC and p-value, the OOD share (energy below the
+source's 5% quantile) and its test, the realized accuracy where every point of the chunk came
+with its label, and `alerts`: the estimate outside the band (computed on `n_reference`
+reference chunks of the chunk's own size drawn from the source), a test with p < `alpha` / 3
+(Bonferroni: three tests), or the estimate saying it is not reliable. With `out`,
+results.json / .md / .csv are rewritten (atomically) as each chunk ends, in a folder claimed
+as `peg compare` claims its own: a crash loses no finished chunk (`files.py`: results.json the
+source of truth, an earlier run replaced only with `overwrite` or taken back with `resume`).
+
+The monitor reads the estimator through its public API only: `summary`, `add`, `read`,
+`batches`, `source_`, `temperature_`, `predictor_`, `n_classes_`.
 """
 
 from __future__ import annotations
@@ -24,9 +29,12 @@ import numpy as np
 import torch
 
 from peg.apps.html import Reported
-from peg.apps.monitor import drift, files, report
+from peg.apps.monitor import files, judge, report
+from peg.apps.monitor.chunking import Chunker, OpenChunk, as_chunker
+from peg.apps.monitor.records import ChunkResult
+from peg.apps.monitor.thresholds import Sigmas, Threshold, as_threshold
+from peg.errors import NotFittedError
 from peg.methods.estimation import PerformanceEstimator
-from peg.methods.estimation._stats import Summary
 from peg.source import is_pair
 from peg.source._values import check_labels
 from peg.source.batches import from_numpy
@@ -41,75 +49,83 @@ class Monitor(Reported):
 
     Args:
         estimator: a fitted `peg.PerformanceEstimator`.
-        chunk_size: points per chunk (batches are split or joined to it; the last, incomplete
-            chunk ends with `run` or `close()`), or None: each `update` is one chunk.
-        sigmas: the band's half-width in standard deviations of the reference chunks.
+        chunker: how the stream is cut: `by_size(n, incomplete="keep")` (or the integer n),
+            or `per_update()` (or None: each `update` is one chunk); from
+            `peg.apps.monitor`. Each chunk is judged by a band of its own size.
+        band: the band the estimate must stay in: `Sigmas(k)` (the reference chunks' mean ±
+            k σ) or `Fixed(lo, hi)`, from `peg.apps.monitor` (a number k is `Sigmas(k)`).
         alpha: the tests' level for a chunk, split between the three (Bonferroni): each fires
-            below alpha / 3. Unsplit, 3-9% of clean chunks alerted at 0.01; split, 0-2.5%
-            (benchmarks/monitor_false_alarms.py), plus what one fixed source sample adds.
-        n_reference: reference chunks drawn (with replacement) from the source (20 gave a
-            band from a noisy σ: 10% of clean 50-point chunks of a digits model left it), at
-            most `MAX_REFERENCE` (10,000: each costs an estimate; σ gains nothing beyond).
+            below alpha / 3.
+        n_reference: reference chunks drawn (with replacement) from the source per chunk size,
+            at most `MAX_REFERENCE` (10,000: each costs an estimate; σ gains nothing beyond).
         out: a folder to write results.json / .md / .csv in as each chunk ends, or None.
         overwrite: write into a non-empty folder peg monitor did not make, or replace the
             chunks of an earlier run in `out`.
         resume: continue the earlier run in `out` (killed, or done): its chunks kept, .md /
             .csv rewritten from them; feed the rest of the stream (its first
-            `sum(c["n"] for c in chunks)` points were read); `adapted()` sees new chunks only.
+            `sum(c.n for c in chunks)` points were read); `adapted()` sees new chunks only.
         seed: the reference chunks and the domain classifier's samples.
+        chunk_size: the earlier name of an integer `chunker` (`by_size(chunk_size)`).
+        sigmas: the earlier name of `band=Sigmas(sigmas)`.
 
     `update(batch, labels, name=)`: `name` a string (a path is one), checked before the batch
-    is read, so a bad one loses no chunk.
+    is read, so a bad one loses no chunk. `chunks`: a `ChunkResult` per chunk, its `alerts`
+    `Alert` records (`kind`, `value`, `limit`, `p`).
 
     Examples:
         >>> import torch, peg
+        >>> from peg.apps.monitor import Sigmas, by_size
         >>> g = torch.Generator().manual_seed(0)
         >>> labels = torch.randint(0, 3, (300,), generator=g)
         >>> logits = torch.randn(300, 3, generator=g)
         >>> logits[torch.arange(300), labels] += 1.0
         >>> logits = 4 * logits  # an over-confident model's saved logits [N, C]
         >>> estimator = peg.PerformanceEstimator("atc-mc").fit(logits[:200], labels[:200])
-        >>> monitor = peg.Monitor(estimator, chunk_size=50)
+        >>> monitor = peg.Monitor(estimator, by_size(50), band=Sigmas(3))
         >>> stream = [logits[200:250], logits[250:300]]  # batches of the deployed model
-        >>> len(monitor.run(stream).chunks)  # each: its estimate, interval, tests and alert
-        2
+        >>> [chunk.n for chunk in monitor.run(stream).chunks]  # each: estimate, tests, alerts
+        [50, 50]
 
     See Also:
         peg.PerformanceEstimator: the accuracy estimate each chunk gets.
         peg.LabelShift: the map `adapted()` returns once the label-shift test fires.
-        docs/monitor.md: the band, the three tests and the command `peg monitor`.
+        docs/monitor.md: the chunkers, the band, the three tests and the command `peg monitor`.
     """
 
     def __init__(
         self,
         estimator: PerformanceEstimator,
-        chunk_size: int | None = None,
+        chunker: Chunker | int | None = None,
         *,
-        sigmas: float = 3.0,
+        band: Threshold | float = Sigmas(3),  # noqa: B008 (immutable)
         alpha: float = 0.01,
         n_reference: int = 200,
         out: str | os.PathLike[str] | None = None,
         overwrite: bool = False,
         resume: bool = False,
         seed: int = 0,
+        chunk_size: int | None = None,
+        sigmas: float | None = None,
     ) -> None:
         if not isinstance(estimator, PerformanceEstimator):
             raise TypeError(
                 f"estimator: expected a fitted peg.PerformanceEstimator, got "
                 f"{type(estimator).__name__}"
             )
-        estimator._check_fitted()
-        if chunk_size is not None and (
-            isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
-        ):
-            raise ValueError(f"chunk_size: expected a positive integer or None, got {chunk_size!r}")
-        for name, value in (("sigmas", sigmas), ("alpha", alpha)):
-            if not isinstance(value, (int, float)) or not 0 < value < (
-                1 if name == "alpha" else 100
-            ):
-                raise ValueError(
-                    f"{name}: expected a positive number (alpha below 1), got {value!r}"
-                )
+        if not estimator.__sklearn_is_fitted__():
+            raise NotFittedError(
+                "estimator: the PerformanceEstimator is not fitted: call fit(predictor, val) "
+                "or fit(logits, labels) first"
+            )
+        if chunk_size is not None and chunker is not None:
+            raise ValueError("chunk_size: give chunker or chunk_size (its earlier name), not both")
+        if chunk_size is not None:
+            self.chunker = as_chunker(chunk_size, "chunk_size")
+        else:
+            self.chunker = as_chunker(chunker, "chunker")
+        self.band = as_threshold(band, "band") if sigmas is None else as_threshold(sigmas, "sigmas")
+        if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not 0 < alpha < 1:
+            raise ValueError(f"alpha: expected a probability in (0, 1), got {alpha!r}")
         if (
             isinstance(n_reference, bool)
             or not isinstance(n_reference, int)
@@ -119,12 +135,14 @@ class Monitor(Reported):
                 f"n_reference: expected an integer in [2, {MAX_REFERENCE}] (the band's σ is "
                 f"within 1% of its limit from 5,000 chunks on), got {n_reference!r}"
             )
-        self.estimator, self.chunk_size = estimator, chunk_size
-        self.sigmas, self.alpha, self.n_reference, self.seed = sigmas, alpha, n_reference, seed
+        self.estimator, self.alpha, self.n_reference, self.seed = (
+            estimator, alpha, n_reference, seed)  # fmt: skip
         self.out = None if out is None else files.claim(out, overwrite)
-        self.chunks: list[dict[str, Any]] = []
-        self._reset()
-        self._band: tuple[float, float, float] | None = None
+        self.chunks: list[ChunkResult] = []
+        # per reference size: the reference chunks' (mean, sd, label-shift dispersion)
+        self.references: dict[int, tuple[float, float, float]] = {}
+        self._open: OpenChunk | None = None
+        self._pending: OpenChunk | None = None  # a full chunk an incomplete last one may join
         self._flagged: np.ndarray | None = None
         if not isinstance(resume, bool) or (resume and out is None):
             raise ValueError(f"resume: expected True (with out) or False, got {resume!r}")
@@ -136,45 +154,34 @@ class Monitor(Reported):
         """What a resumed run must share with the run it continues."""
         est = self.estimator
         return {"method": est.method, "classes": int(est.n_classes_), "seed": self.seed,
-                "chunk_size": self.chunk_size, "sigmas": self.sigmas, "alpha": self.alpha,
-                "n_reference": self.n_reference}  # fmt: skip
+                "chunker": self.chunker.settings(), "band": repr(self.band),
+                "alpha": self.alpha, "n_reference": self.n_reference}  # fmt: skip
 
     # ---------------------------------------------------------------- the band
-    @property
-    def band(self) -> tuple[float, float]:
-        """(lo, hi): the reference chunks' mean ± `sigmas` σ, clipped to [0, 1]."""
-        if self._band is None:
-            self._band = self._reference(self.chunk_size or 500)
-        return self._band[1], self._band[2]
+    def limits(self, size: int) -> tuple[float, float]:
+        """(lo, hi): the band for a chunk of `size` points (`band` on the reference chunks of
+        that size, computed once per size)."""
+        mean, sd, _ = self._reference(size)
+        return self.band.limits(mean, sd, size, len(self.estimator.source_.y))
 
     def _reference(self, size: int) -> tuple[float, float, float]:
-        est, source = self.estimator, self.estimator.source_
-        rng = np.random.default_rng(self.seed)
-        values, chi2 = [], []
-        for _ in range(self.n_reference):
-            idx = torch.from_numpy(rng.choice(len(source.y), size, True))
-            summary = est.summary()
-            summary.add(source.lp[idx])
-            result = est.read(summary)
-            values.append(result.accuracy)
-            chi2.append(drift.label_shift_statistic(np.asarray(result.priors), source.priors, size))
-        self._dispersion = max(1.0, float(np.mean(chi2)) / max(source.classes - 1, 1))
-        mean, sd = float(np.mean(values)), float(np.std(values, ddof=1))
-        return mean, max(0.0, mean - self.sigmas * sd), min(1.0, mean + self.sigmas * sd)
+        """(mean, sd, dispersion) of the estimates on reference chunks for a chunk of `size`
+        points (`judge.reference`, on `chunker.reference_size(size)` points, computed once per
+        such size; sd scaled to `size` points)."""
+        m = self.chunker.reference_size(size)
+        if m not in self.references:
+            self.references[m] = judge.reference(self, m)
+        mean, sd, dispersion = self.references[m]
+        return mean, sd * float(np.sqrt(m / size)), dispersion
 
     # ---------------------------------------------------------------- the stream
-    def _reset(self) -> None:
-        self._summary: Summary | None = None
-        self._correct, self._labelled = 0, 0
-        self._names: list[str] = []
-
     def update(self, batch: Any, labels: Any = None, *, name: str | None = None) -> Monitor:
         """One batch: logits `[B, C]` (or member logits `[M, B, C]`; a memory-mapped `.npy` is
         read `estimator.batch_size` rows at a time, never whole), or inputs for the estimator's
         model (any loader, streamed); `labels` `[B]` when known (the realized accuracy); `name`
-        (a file's) in the chunk's `source`. With `chunk_size` None the batch is one chunk. A
-        bad batch is a ValueError naming `batch`, its chunk and row; the chunks before it are
-        kept (and written), and so are, with `chunk_size`, the rows read before the bad one."""
+        (a file's) in the chunk's `source`. With `per_update()` the batch is one chunk. A bad
+        batch is a ValueError naming `batch`, its chunk and row; the chunks before it are kept
+        (and written), and so are, with `by_size`, the rows read before the bad one."""
         if isinstance(name, os.PathLike):
             name = os.fspath(name)
         if name is not None and not isinstance(name, str):
@@ -198,11 +205,12 @@ class Monitor(Reported):
                     f"labels: {len(y)} labels for a batch of {at} points (chunk {len(self.chunks)})"
                 )
         except Exception:
-            if self.chunk_size is None:  # this batch's own chunk: dropped, not joined to the next
-                self._reset()
-            raise  # with chunk_size, the rows read before the bad one stay in the open chunk
-        if self.chunk_size is None:
-            self.close()
+            if self.chunker.per_update:  # this batch's own chunk: dropped, not joined to the next
+                self._open = None
+            raise  # by size, the rows read before the bad one stay in the open chunk
+        if self.chunker.per_update and self._open is not None:
+            self._finish(self._open)
+            self._open = None
         return self
 
     def _rows(self, batch: Any) -> int | None:
@@ -255,29 +263,35 @@ class Monitor(Reported):
         self, logits: torch.Tensor, y: torch.Tensor | None, name: str | None, offset: int
     ) -> None:
         """`logits` `[M, n, C]` into the chunk(s); `offset`: their first row in the batch."""
-        n = logits.shape[1]
-        at = 0
+        n, at = logits.shape[1], 0
+        appends = self.chunker.incomplete == "append"
         while at < n:
-            room = n if self.chunk_size is None else self.chunk_size - self._size()
-            part = logits[:, at : at + room]
-            if self._summary is None:
-                self._summary = self.estimator.summary()
+            if self._open is None:
+                self._open = OpenChunk(self.estimator.summary(), keep=appends)
+            room = self.chunker.room(self._open.n)
+            part = logits[:, at:] if room is None else logits[:, at : at + room]
             try:
-                self.estimator.add(self._summary, part, "batch", offset + at)
+                self._open.take(self.estimator, part, None if y is None else
+                                y[at : at + part.shape[1]], offset + at)  # fmt: skip
             except ValueError as e:
                 raise ValueError(f"{e} (chunk {len(self.chunks)})") from None
-            if name is not None and name not in self._names:
-                self._names.append(name)
-            if y is not None:
-                pred = part.double().log_softmax(-1).mean(0).argmax(-1)
-                self._correct += int((pred == y[at : at + room]).sum())
-                self._labelled += part.shape[1]
+            if name is not None and name not in self._open.names:
+                self._open.names.append(name)
             at += part.shape[1]
-            if self.chunk_size is not None and self._size() >= self.chunk_size:
-                self.close()
+            if room is not None and part.shape[1] == room:
+                self._full(appends)
 
-    def _size(self) -> int:
-        return 0 if self._summary is None else self._summary.n
+    def _full(self, appends: bool) -> None:
+        """The open chunk is full: ended, or (where an incomplete last chunk may be appended to
+        it) held until the next one fills, the one held before it ended."""
+        full, self._open = self._open, None
+        if not appends:
+            self._finish(full)
+            return
+        if self._pending is not None:
+            self._finish(self._pending)
+        full.kept = None  # the pending chunk takes a tail, it never becomes one
+        self._pending = full
 
     def run(self, stream: Iterable[Any]) -> Monitor:
         """`update` on every batch of `stream` (an iterable of batches, or of (batch, labels)
@@ -294,62 +308,35 @@ class Monitor(Reported):
         return self
 
     def close(self) -> Monitor:
-        """End the current chunk (if it holds any point): estimate, test, write."""
-        if self._summary is None or self._summary.n == 0:
-            return self
-        summary, correct, labelled = self._summary, self._correct, self._labelled
-        names = self._names
-        self._reset()
-        self.chunks.append(self._chunk(summary, correct, labelled, names))
-        self._write()
+        """The end of the stream: the incomplete last chunk kept, dropped or appended to the
+        one before it, as the chunker says; estimated, tested, written."""
+        tail, self._open = self._open, None
+        pending, self._pending = self._pending, None
+        if tail is not None and tail.n > 0:
+            if self.chunker.incomplete == "append" and pending is not None:
+                pending.absorb(self.estimator, tail)
+            elif self.chunker.incomplete != "drop" or self.chunker.per_update:
+                self._finish(tail)
+        if pending is not None:
+            self._finish(pending)
         return self
 
-    def _chunk(
-        self, summary: Summary, correct: int, labelled: int, names: list[str]
-    ) -> dict[str, Any]:
-        est = self.estimator
-        result = est.read(summary)
-        source, rows = est.source_, summary.rows()
-        q = np.asarray(result.priors)
-        lo, hi = self.band  # the reference chunks: the band and the dispersion
-        p_label = drift.label_shift_test(
-            q, source.priors, summary.n, self._dispersion, len(source.y)
-        )
-        auroc, p_cov = drift.covariate_test(rows, source.lp.numpy(), self.seed + len(self.chunks))
-        p_ood = drift.ood_test(summary.low_energy, summary.n, 0.05, len(source.y))
-        reasons, level = [], self.alpha / drift.TESTS
-        if not lo <= result.accuracy <= hi:
-            reasons.append(f"estimate {result.accuracy:.3f} outside the band [{lo:.3f}, {hi:.3f}]")
-        for name, p in (("label shift", p_label), ("covariate shift", p_cov), ("OOD share", p_ood)):
-            if p is not None and p < level:
-                reasons.append(f"{name}: p = {p:.2g} < {level:.2g}")
-        if p_label is not None and p_label < level:
-            self._flagged = rows
-        return {
-            "chunk": len(self.chunks),
-            "source": " + ".join(names) if names else None,
-            "n": summary.n,
-            "accuracy": result.accuracy,
-            "interval": list(result.interval),
-            "method": result.method,
-            "band": [lo, hi],
-            "priors": result.priors,
-            "label_shift_p": p_label,
-            "domain_auroc": auroc,
-            "covariate_p": p_cov,
-            "ood_share": summary.low_energy / summary.n,
-            "ood_p": p_ood,
-            "realized_accuracy": correct / labelled if labelled == summary.n else None,
-            "labelled": labelled,
-            "alert": bool(reasons),
-            "reasons": reasons,
-        }
+    def _finish(self, chunk: OpenChunk) -> None:
+        if chunk.n > 0:
+            self.chunks.append(judge.judge(self, chunk))
+            self._write()
 
     # ---------------------------------------------------------------- results
     @property
-    def alerts(self) -> list[dict[str, Any]]:
-        """The chunks that raised an alert (outside the band, or a test fired), in order."""
-        return [c for c in self.chunks if c["alert"]]
+    def alerts(self) -> list[ChunkResult]:
+        """The chunks that raised an alert (outside the band, a test fired, an unreliable
+        estimate), in order."""
+        return [c for c in self.chunks if c.alert]
+
+    def verdict(self) -> str:
+        """The answer in one line, as the reports open: "3 chunks, 2 alerts; latest estimate
+        0.79 [0.73, 0.86]" (and ", unreliable: <reason>" where the latest estimate says so)."""
+        return report.verdict(self)
 
     def _write(self) -> None:
         if self.out is not None:
@@ -360,15 +347,17 @@ class Monitor(Reported):
 
     def to_pandas(self) -> Any:
         """The chunks as a `pandas.DataFrame`, a row per chunk (indexed by `chunk`): `source`,
-        `n`, `accuracy`, its interval as `lo`, `hi`, the tests' values, `alert`, `reasons`;
-        a value not computed (a test on a small chunk, the accuracy of an unlabelled chunk) is
-        NaN. pandas is not a dependency of peg: an ImportError saying how to install it."""
+        `n`, `accuracy`, its interval as `lo`, `hi`, the band as `band_lo`, `band_hi`, the
+        tests' values, `alert`, `reasons`; a value not computed (a test on a small chunk, the
+        accuracy of an unlabelled chunk) is NaN. pandas is not a dependency of peg: an
+        ImportError saying how to install it."""
         frame = super().to_pandas()
         return frame.astype({k: "float64" for k in report.FLOATS if k in frame.columns})
 
     def plot(self, ax: Any = None, path: str | os.PathLike[str] | None = None) -> Any:
-        """The timeline: each chunk's estimate and interval, the band, realized accuracies and
-        alerts; a Figure (as `peg.plots` return: `ax` to draw into, `path` to write a PNG)."""
+        """The timeline: each chunk's estimate and interval, its band, realized accuracies and
+        alerts, the chunks named on the x axis; a Figure (as `peg.plots` return: `ax` to draw
+        into, `path` to write a PNG)."""
         return report.timeline(self, ax, path)
 
     def adapted(self) -> Any:
@@ -385,4 +374,7 @@ class Monitor(Reported):
 
     def __repr__(self) -> str:
         where = f", out={str(self.out)!r}" if self.out is not None else ""
-        return f"Monitor(chunks={len(self.chunks)}, alerts={len(self.alerts)}{where})"
+        return (
+            f"Monitor({self.chunker!r}, band={self.band!r}, chunks={len(self.chunks)}, "
+            f"alerts={len(self.alerts)}{where})"
+        )
