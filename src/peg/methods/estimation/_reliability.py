@@ -84,7 +84,10 @@ def residual(hist: np.ndarray, joint: np.ndarray, w: np.ndarray, shares: np.ndar
     target = hist.reshape(hist.shape[0], COARSE, -1).sum(-1) / n
     source = (joint * w[:, None, None]).sum(0)
     source = source / max(source.sum(), 1e-12)
-    noise = 0.5 * float(np.sqrt(2 * source * (1 - source) / (np.pi * n)).sum())
+    # both sides are samples: the target's n points and the source's (a small validation set
+    # spread over C · COARSE cells is as noisy as the target)
+    m = 1.0 / n + 1.0 / max(float(joint.sum()), 1.0)
+    noise = 0.5 * float(np.sqrt(2 * source * (1 - source) * m / np.pi).sum())
     return max(0.5 * float(np.abs(target - source).sum()) - noise, 0.0)
 
 
@@ -102,10 +105,11 @@ def distances(
     disagreement = max(spread) - min(spread) if spread else 0.0
     n, ns = max(int(counts.sum()), 1), max(int(source_counts.sum()), 1)
     # each distance less what the target's sampling alone gives on average (a small chunk
-    # of an unshifted stream is not "far"): E|p̂ − p| ≈ sqrt(2 p (1 − p) / (π n)) per class;
+    # of an unshifted stream is not "far"): E|p̂ − p̂_s| ≈ sqrt(2 p (1 − p) (1/n + 1/ns) / π)
+    # per class;
     # AUROC's null standard deviation sqrt((n + ns + 1) / (12 n ns)) (Mann-Whitney)
     p = np.asarray(source_shares, dtype=np.float64)
-    noise = 0.5 * float(np.sqrt(2 * p * (1 - p) / (np.pi * n)).sum())
+    noise = 0.5 * float(np.sqrt(2 * p * (1 - p) * (1 / n + 1 / ns) / np.pi).sum())
     prediction = max(0.5 * float(np.abs(shares - p).sum()) - noise, 0.0)
     sd = np.sqrt((n + ns + 1) / (12.0 * n * ns))
     auc = abs(2.0 * confidence_auroc(source_counts, counts) - 1.0)
