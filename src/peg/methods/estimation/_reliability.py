@@ -1,29 +1,33 @@
 """How far a target is from the source, read without labels; the interval that grows with it,
 and when it is too wide to be of use.
 
-Three distances, each in [0, 1], read from the target's streamed `Summary` and the base
-estimates (`distances`):
+Four distances, each in [0, 1], from the target's streamed `Summary` and the base estimates
+(`distances`), each net of the sampling noise of the target and the source (a small chunk of
+an unshifted stream is not "far"):
 - "disagreement": the range (max − min) of the base estimators' accuracies (`SPREAD`: AC,
-  ATC-MC, COT, COT-EM). Each is right where its own assumption holds; where they part, at
-  least one is wrong by half the range, and nothing without labels says which.
+  ATC-MC, ATC-LS, COT-EM). Each is right where its own assumption holds; where they part, at
+  least one is wrong by half the range, and nothing without labels says which. (COT with the
+  source's class mix is left out: it charges every label shift as error.)
 - "prediction shift": the total-variation distance between the predicted-class shares of the
-  target and of the source (a label shift moves it too; so does a collapse of the predictions
-  onto a few classes).
+  target and of the source (reported; a label shift moves it with the estimate still right).
 - "confidence shift": |2 · AUROC − 1| of telling the target from the source by the top
-  probability alone: a one-feature domain classifier, read from the histograms the summary
-  already holds (a classifier on the inputs would cost a training per target).
+  probability alone, a one-feature domain classifier read from the histograms the summary
+  already holds (reported; a confidence tilt moves it with the estimate still right).
+- "label-shift residual": the total-variation distance between the target's (predicted class,
+  coarse confidence) shares and the source's reweighted to EM's class priors (`residual`):
+  what a label shift does not explain, a collapse of the predictions included.
 
-The half-width is q · (FLOOR + disagreement + prediction shift + confidence shift), the
-scale q the `confidence` quantile of |error| / (that sum) over the synthetic shifts of the
-source (`_shifts`: label shift, tilts, logit scale and noise, a weaker class signal, a
-collapse), a normalised split-conformal width (Lei et al. 2018's locally weighted residuals,
-with shifts of the source as the calibration sets). It covers a target shifted as some of
-those are, with an error in proportion to how far it is; a target whose error is out of
-proportion to every distance (a change of p(y | x) that leaves the predictions as they were:
-a relabelling) is not covered, and nothing without labels can cover it.
+The half-width is q · (FLOOR + disagreement + residual) (`scale`), q the split-conformal
+`confidence` quantile, over the synthetic shifts of the source (`_shifts`: label shift, tilts,
+logit scale and noise, a weaker class signal, a collapse), of the least q whose interval holds
+each one's error (`fit_q`; Lei et al. 2018's locally weighted residuals, with shifts of the
+source as the calibration sets). It covers a target shifted as some of those are, with an
+error in proportion to how far it is; a target whose error is out of proportion to every
+distance (a change of p(y | x) that leaves the predictions as they were: a relabelling) is not
+covered, and nothing without labels can cover it.
 
 Past `UNRELIABLE` (0.15: an interval 30 points wide says little beyond "it changed") the
-estimate is flagged `reliable=False`, with the distance that drove the width named.
+estimate is flagged `reliable=False`, with the distance that drove the width named (`reasons`).
 """
 
 from __future__ import annotations
@@ -99,8 +103,9 @@ def distances(
     source_counts: np.ndarray,
     unexplained: float = 0.0,
 ) -> np.ndarray:
-    """The three distances `[3]` (`DISTANCES`): the base `values` (`SPREAD` among them), the
-    predicted-class shares `[C]` of target and source, their top-probability counts `[BINS]`."""
+    """The four distances `[4]` (`DISTANCES`): the base `values` (`SPREAD` among them), the
+    predicted-class shares `[C]` of target and source, their top-probability counts `[BINS]`,
+    the label-shift residual (`residual`, computed by the caller from EM's priors)."""
     spread = [values[k] for k in SPREAD if k in values]
     disagreement = max(spread) - min(spread) if spread else 0.0
     n, ns = max(int(counts.sum()), 1), max(int(source_counts.sum()), 1)
@@ -118,7 +123,7 @@ def distances(
 
 
 def scale(distance: np.ndarray) -> np.ndarray:
-    """The width's scale: `FLOOR` + the sum of the distances (`[..., 3]` → `[...]`)."""
+    """The width's scale: `FLOOR` + disagreement + label-shift residual (`[..., 4]` → `[...]`)."""
     d = np.asarray(distance)
     return FLOOR + d[..., 0] + d[..., 3]
 
