@@ -76,14 +76,14 @@ class Estimate(RecordDisplay):
     Examples:
         >>> import torch, peg
         >>> g = torch.Generator().manual_seed(0)
-        >>> labels = torch.randint(0, 3, (300,), generator=g)
-        >>> logits = torch.randn(300, 3, generator=g)
-        >>> logits[torch.arange(300), labels] += 1.0
+        >>> labels = torch.randint(0, 3, (1500,), generator=g)
+        >>> logits = torch.randn(1500, 3, generator=g)
+        >>> logits[torch.arange(1500), labels] += 1.0
         >>> logits = 4 * logits  # an over-confident model's saved logits [N, C]
-        >>> estimator = peg.PerformanceEstimator("atc-mc").fit(logits[:200], labels[:200])
-        >>> estimate = estimator.estimate(logits[200:])
+        >>> estimator = peg.PerformanceEstimator("atc-mc").fit(logits[:1000], labels[:1000])
+        >>> estimate = estimator.estimate(logits[1000:])  # unshifted: near the source
         >>> estimate.method, estimate.n
-        ('atc-mc', 100)
+        ('atc-mc', 500)
         >>> estimate.reliable, sorted(estimate.to_dict())[:4]
         (True, ['accuracy', 'confidence', 'distances', 'estimates'])
 
