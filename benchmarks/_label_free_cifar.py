@@ -57,14 +57,14 @@ class CifarSets:
         self._load()
         return self._model
 
-    @torch.no_grad()
     def logits(self, name: str, images) -> np.ndarray:
         """Logits `[N, 10]` of `images()` (called only on a cache miss), cached as `name`."""
         path = self.folder / f"logits-{name}.npy"
         if path.is_file():
             return np.load(path, allow_pickle=False)
-        X = images()
-        out = torch.cat([self.model(X[i : i + 500]) for i in range(0, len(X), 500)]).numpy()
+        X = images()  # may train the preset's model first: outside no_grad
+        with torch.no_grad():
+            out = torch.cat([self.model(X[i : i + 500]) for i in range(0, len(X), 500)]).numpy()
         np.save(path, out)
         return out
 

@@ -177,8 +177,14 @@ def ood_rows(run: SeedRun, model, logits: dict) -> list[dict]:
         X_out = inputs()
         for score, det in dets.items():
             s_in, s_out = det.ood_score(X_test), det.ood_score(X_out)
-            rows.append({"ood": name, "score": f"{score} ({det.features_})",
-                         "auroc": ood.auroc(s_in, s_out), "fpr95": ood.fpr_at_tpr(s_in, s_out)})
+            rows.append(
+                {
+                    "ood": name,
+                    "score": f"{score} ({det.features_})",
+                    "auroc": ood.auroc(s_in, s_out),
+                    "fpr95": ood.fpr_at_tpr(s_in, s_out),
+                }
+            )
     return rows
 
 
@@ -281,9 +287,14 @@ def summary(paths: list[Path]) -> str:
                              f"{np.mean([r['nll_after'] for r in e]):.3f}")  # fmt: skip
             lines.append(f"| {alpha:g} | {col} | {before:.3f} | {' | '.join(cells)} |")
     rows = [r for run in runs for r in run.get("conformal", [])]
-    lines += ["", "## Conformal (APS, α = 0.1): coverage % / set size, mean over seeds; "
-              "refused: how many seeds refused", "",
-              "| set | split | weighted (penultimate) | weighted (logits) |", "|---|---|---|---|"]
+    lines += [
+        "",
+        "## Conformal (APS, α = 0.1): coverage % / set size, mean over seeds; "
+        "refused: how many seeds refused",
+        "",
+        "| set | split | weighted (penultimate) | weighted (logits) |",
+        "|---|---|---|---|",
+    ]
     for name in dict.fromkeys(r["set"] for r in rows if not r["set"].startswith("dir")):
         cells = []
         for m in ("split", "weighted (penultimate)", "weighted (logits)"):
@@ -299,12 +310,19 @@ def summary(paths: list[Path]) -> str:
     for m in ("split", "label"):
         cov = [100 * r["coverage"] for r in dirichlet if r["method"] == m]
         if cov:
-            lines.append(f"\nDirichlet(1) label shift, {m}: coverage mean {np.mean(cov):.1f}, "
-                         f"min {min(cov):.1f}, max {max(cov):.1f} ({len(cov)} resamples)")
+            lines.append(
+                f"\nDirichlet(1) label shift, {m}: coverage mean {np.mean(cov):.1f}, "
+                f"min {min(cov):.1f}, max {max(cov):.1f} ({len(cov)} resamples)"
+            )
     rows = [r for run in runs for r in run.get("ood", [])]
     sets = list(dict.fromkeys(r["ood"] for r in rows))
-    lines += ["", "## OOD: AUROC % / FPR95 %, mean ± std over seeds", "",
-              "| score | " + " | ".join(sets) + " |", "|---|" + "---|" * len(sets)]
+    lines += [
+        "",
+        "## OOD: AUROC % / FPR95 %, mean ± std over seeds",
+        "",
+        "| score | " + " | ".join(sets) + " |",
+        "|---|" + "---|" * len(sets),
+    ]
     for score in dict.fromkeys(r["score"] for r in rows):
         cells = []
         for o in sets:

@@ -35,16 +35,20 @@ def main() -> None:
     tensors = {**ensemble.stacked, **ensemble.shared}
     size = sum(t.numel() * t.element_size() for t in tensors.values())
     print(machine())
-    print(f"archive: {size / 1e6:.0f} MB ({args.members} member(s), "
-          f"{sum(t.numel() for t in tensors.values()):,} entries)")
+    print(
+        f"archive: {size / 1e6:.0f} MB ({args.members} member(s), "
+        f"{sum(t.numel() for t in tensors.values()):,} entries)"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         path = str(Path(tmp) / "a.peg")
         save, _ = median_time(lambda: ensemble.save(path), args.repeats)
         load, _ = median_time(lambda: peg.load(path, model), args.repeats)
         digest, _ = median_time(lambda: archive.tensors_digest(tensors), args.repeats)
-    print(f"save {save * 1e3:.0f} ms, load {load * 1e3:.0f} ms, digest {digest * 1e3:.0f} ms "
-          f"({size / 1e9 / digest:.2f} GB/s): {digest / save:.0%} of a save, "
-          f"{digest / load:.0%} of a load (both include it)")
+    print(
+        f"save {save * 1e3:.0f} ms, load {load * 1e3:.0f} ms, digest {digest * 1e3:.0f} ms "
+        f"({size / 1e9 / digest:.2f} GB/s): {digest / save:.0%} of a save, "
+        f"{digest / load:.0%} of a load (both include it)"
+    )
 
 
 if __name__ == "__main__":

@@ -86,8 +86,13 @@ def main() -> None:
     global N_VAL
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", nargs="+", default=list(PRESETS), choices=list(PRESETS))
-    parser.add_argument("--exhaustive", nargs="*", default=list(PRESETS), choices=list(PRESETS),
-                        help="presets also run exhaustively (max_fit_seconds=None)")
+    parser.add_argument(
+        "--exhaustive",
+        nargs="*",
+        default=list(PRESETS),
+        choices=list(PRESETS),
+        help="presets also run exhaustively (max_fit_seconds=None)",
+    )
     parser.add_argument("--train", type=int, default=5000)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--val", type=int, default=2000)

@@ -44,9 +44,7 @@ def run(
     rows = {}
     for name, budget in [("default", "auto"), ("exhaustive", None)][: 2 if exhaustive else 1]:
         started, cpu = time.perf_counter(), time.process_time()
-        fitted = peg.AutoSelect(max_fit_seconds=budget, progress=False).fit(
-            nn.Identity(), (zv, yv)
-        )
+        fitted = peg.AutoSelect(max_fit_seconds=budget, progress=False).fit(nn.Identity(), (zv, yv))
         seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
         rows[name] = (fitted, seconds, test_nll(fitted, zt, yt))
         budget = fitted.cost_["budget_seconds"]

@@ -158,17 +158,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--test", type=int, default=5000)
     p.add_argument("--classes", type=int, nargs="+", default=[10, 100, 1000])
     p.add_argument("--boot", type=int, default=200, help="bootstrap resamples of the ECE")
-    p.add_argument("--kinds", nargs="+", default=["superclass", "distorted"],
-                   choices=["superclass", "distorted", "tempered"], help="synthetic logits")
+    p.add_argument(
+        "--kinds",
+        nargs="+",
+        default=["superclass", "distorted"],
+        choices=["superclass", "distorted", "tempered"],
+        help="synthetic logits",
+    )
     p.add_argument("--no-digits", action="store_true", help="skip the real digits model")
-    p.add_argument("--autoselect", action="store_true",
-                   help="instead: AutoSelect's choice on --val saved logits of each kind")
+    p.add_argument(
+        "--autoselect",
+        action="store_true",
+        help="instead: AutoSelect's choice on --val saved logits of each kind",
+    )
     p.add_argument("--quick", action="store_true", help="500 points, 10 classes, 20 resamples")
     args = p.parse_args(argv)
     if args.quick:
         args.val, args.test, args.classes, args.boot = 500, 500, [10], 20
     torch.set_num_threads(1)
-    shown = ' '.join(sys.argv[1:] if argv is None else argv)
+    shown = " ".join(sys.argv[1:] if argv is None else argv)
     print(f"$ python benchmarks/new_calibrators.py {shown}")
     print(f"machine: {machine()} (shared: compare ratios, not seconds)\n")
     if args.autoselect:

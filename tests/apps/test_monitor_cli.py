@@ -149,7 +149,11 @@ def test_model_and_data_sources_as_peg_compare_takes_them(tmp_path, monkeypatch)
     rows = _chunks(tmp_path / "out")
     assert [(r["source"], r["n"]) for r in rows] == [("monday", 600), ("later", 600)]
     assert rows[0]["realized_accuracy"] is not None and rows[1]["realized_accuracy"] is None
-    assert not rows[0]["alert"] and rows[1]["alert"]
+    assert rows[1]["alert"]
+    # monday is the source's own distribution: no alert but the estimator's own caveat (this
+    # 42%-accurate linear model's estimate on 600 points is not vouched for within ±0.15)
+    kinds = {a["kind"] for a in rows[0]["alerts"]}
+    assert kinds <= {"unreliable"} and (not kinds or not rows[0]["reliable"])
     csv = (tmp_path / "out" / "results.csv").read_text().splitlines()
     assert len(csv) == 3 and csv[0].startswith("chunk,source,n,accuracy,lo,hi")
 

@@ -144,9 +144,10 @@ def test_the_report_opens_with_the_verdict_and_shows_alerts_in_red():
     body = page.split("<h1>", 1)[1]
     first = re.search(r'<p class="([^"]*)">(.*?)</p>', body)
     last = m.chunks[-1]
+    caveat = "" if last.reliable else f", unreliable: {last.reasons[-1].split(': ', 1)[1]}"
     assert first.group(1) == "peg-verdict peg-worse" and first.group(2) == (
-        f"3 chunks, 1 alert; latest estimate {last.accuracy:.2f} "
-        f"[{last.interval[0]:.2f}, {last.interval[1]:.2f}]"
+        f"3 chunks, {len(m.alerts)} alert{'s' * (len(m.alerts) != 1)}; latest estimate "
+        f"{last.accuracy:.2f} [{last.interval[0]:.2f}, {last.interval[1]:.2f}]{caveat}"
     )
     assert page.count('<tr class="peg-alert">') == 1 and "peg-chosen" not in body
     assert "<th>estimated accuracy</th>" in page and "<th>label_shift_p</th>" not in page

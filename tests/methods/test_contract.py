@@ -239,6 +239,12 @@ ARGUMENT_CASES = [
         lambda m: m.fit(_tiny(), (X, y)),
         ("cv", 1),
     ),
+    Case(
+        peg.PerformanceEstimator,
+        {"method": "atc-mc", "confidence": 0.8, "transport_points": 50},
+        lambda m: m.fit(_tiny(), (X, y)),
+        ("confidence", 1.5),
+    ),
 ]
 SRC = Path(peg.__file__).parent
 

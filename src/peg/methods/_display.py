@@ -180,6 +180,10 @@ class RecordDisplay:
 
     _doc: str | None = None
 
+    def _display_lead(self) -> tuple[str, str] | None:
+        """(a sentence, its CSS class) shown above the fields, or None (a record's verdict)."""
+        return None
+
     def _display_fields(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self).items() if not k.startswith("_")}
 
@@ -203,6 +207,8 @@ class RecordDisplay:
         head += [_html.doc_link(self._doc)] if self._doc else []
         rows, tables = self._display_split()
         parts: list[Any] = [_html.element("div", _html.join(head), "peg-head")]
+        if (lead := self._display_lead()) is not None:
+            parts.append(_html.element("div", lead[0], lead[1]))
         parts.append(_html.table(["field", "value"], rows))
         for k, v in tables.items():
             values = [[str(n), summary(x)] for n, x in v.items()]
@@ -211,7 +217,10 @@ class RecordDisplay:
 
     def _repr_markdown_(self) -> str:
         rows, tables = self._display_split()
-        lines = [f"**{_html.md(type(self).__name__)}**", "", "| field | value |", "|---|---|"]
+        lines = [f"**{_html.md(type(self).__name__)}**", ""]
+        if (lead := self._display_lead()) is not None:
+            lines += [_html.md(lead[0]), ""]
+        lines += ["| field | value |", "|---|---|"]
         lines += [f"| {_html.md(k)} | {_html.md(v)} |" for k, v in rows]
         for k, v in tables.items():
             lines += ["", f"| {_html.md(k)} | value |", "|---|---:|"]

@@ -2,10 +2,11 @@
 
 `fit(predictor, val)` (or `fit(logits, labels)`) reads the labelled source once: member logits
 → log p̄ `[N, C]`, temperature scaling fitted on them (`fit_temperature`, the one of
-`peg.TemperatureScaling`), every estimator of `estimators` fitted, each one's half-width
-calibrated on synthetic shifts (`_shifts`), and the energy threshold (5% of the source) the
-monitor's OOD share counts against. `estimate(X)` streams the target through the predictor
-batch by batch into a `Summary` (memory flat in N) and reads the chosen estimate from it.
+`peg.TemperatureScaling`), every estimator of `estimators` fitted, each one's width scale
+calibrated on synthetic shifts (`_shifts`, `_reliability`), and the energy threshold (5% of
+the source) the monitor's OOD share counts against. `estimate(X)` streams the target through
+the predictor batch by batch into a `Summary` (memory flat in N) and reads the chosen estimate
+from it, its interval and whether it is reliable.
 
 A model (an nn.Module) is read through one `Ensemble` built at `fit` (`_reader`): a copy of it
 in eval mode, the user's own never touched, and no copy per `estimate` (a one-member ensemble
@@ -27,7 +28,7 @@ from torch import Tensor
 from peg.ensemble import Ensemble
 from peg.errors import NotFittedError, NotStreamable
 from peg.methods import _constraints as checks
-from peg.methods._display import Display, RecordDisplay
+from peg.methods._display import RecordDisplay
 from peg.methods._predictors import (
     is_model,
     iter_member_logits_of,
@@ -38,9 +39,10 @@ from peg.methods._predictors import (
     scores_of,
     stateless,
 )
-from peg.methods.base import Params, store_arguments
+from peg.methods.base import Method, store_arguments
 from peg.methods.calibration.temperature import fit_temperature
-from peg.methods.estimation import _learned, _shifts
+from peg.methods.estimation import _learned, _reliability, _shifts
+from peg.methods.estimation._reliability import SPREAD
 from peg.methods.estimation._stats import Summary
 from peg.methods.estimation.estimators import ESTIMATORS, Estimator, SourceFit, Target, estimates
 from peg.source import Data
@@ -68,20 +70,23 @@ class Estimate(RecordDisplay):
         reliable: False when the estimate should not be trusted (the target too far from the
             source for the interval to mean anything); `reasons` says why.
         reasons: why the estimate is not reliable, one sentence each (empty when it is).
+        distances: how far the target is from the source, read without labels
+            (`_reliability.DISTANCES`: the estimators' disagreement, the prediction shift, the
+            confidence shift, the label-shift residual; the first and last widen the interval).
 
     Examples:
         >>> import torch, peg
         >>> g = torch.Generator().manual_seed(0)
-        >>> labels = torch.randint(0, 3, (300,), generator=g)
-        >>> logits = torch.randn(300, 3, generator=g)
-        >>> logits[torch.arange(300), labels] += 1.0
+        >>> labels = torch.randint(0, 3, (1500,), generator=g)
+        >>> logits = torch.randn(1500, 3, generator=g)
+        >>> logits[torch.arange(1500), labels] += 1.0
         >>> logits = 4 * logits  # an over-confident model's saved logits [N, C]
-        >>> estimator = peg.PerformanceEstimator("atc-mc").fit(logits[:200], labels[:200])
-        >>> estimate = estimator.estimate(logits[200:])
+        >>> estimator = peg.PerformanceEstimator("atc-mc").fit(logits[:1000], labels[:1000])
+        >>> estimate = estimator.estimate(logits[1000:])  # unshifted: near the source
         >>> estimate.method, estimate.n
-        ('atc-mc', 100)
+        ('atc-mc', 500)
         >>> estimate.reliable, sorted(estimate.to_dict())[:4]
-        (True, ['accuracy', 'confidence', 'estimates', 'interval'])
+        (True, ['accuracy', 'confidence', 'distances', 'estimates'])
 
     See Also:
         peg.PerformanceEstimator: what makes an estimate.
@@ -99,6 +104,32 @@ class Estimate(RecordDisplay):
     priors: list[float] | None = None
     reliable: bool = True
     reasons: tuple[str, ...] = ()
+    distances: dict[str, float] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        """One line: the accuracy and its interval first, then whether to trust it."""
+        lo, hi = self.interval
+        state = "reliable" if self.reliable else "unreliable: " + "; ".join(self.reasons)
+        return (
+            f"Estimate(accuracy={self.accuracy:.4g} [{lo:.4g}, {hi:.4g}] at "
+            f"{self.confidence:.0%}, method={self.method!r}, n={self.n}, {state})"
+        )
+
+    def verdict(self) -> str:
+        """The estimate in one sentence, e.g. "accuracy 0.79, 90% interval [0.73, 0.86]
+        (auto (gate), 500 points): unreliable: the target is far from the source: …"."""
+        lo, hi = self.interval
+        said = (
+            f"accuracy {self.accuracy:.3f}, {self.confidence:.0%} interval [{lo:.3f}, {hi:.3f}] "
+            f"({self.method}, {self.n} points)"
+        )
+        return said + (
+            ": reliable" if self.reliable else ": unreliable: " + "; ".join(self.reasons)
+        )
+
+    def _display_lead(self) -> tuple[str, str]:
+        # green when it may be trusted, red when not (the reports' verdict colours)
+        return self.verdict(), "peg-verdict" + ("" if self.reliable else " peg-worse")
 
     def to_dict(self) -> dict[str, Any]:
         """The estimate as plain JSON-ready values (`interval` a list), as results.json holds it."""
@@ -112,6 +143,7 @@ class Estimate(RecordDisplay):
             "priors": self.priors,
             "reliable": self.reliable,
             "reasons": list(self.reasons),
+            "distances": dict(self.distances),
         }
 
 
@@ -121,7 +153,7 @@ def free_energy_lse(logits: Tensor) -> Tensor:
     return torch.logsumexp(logits.double(), -1).mean(0)
 
 
-class PerformanceEstimator(Display, Params):
+class PerformanceEstimator(Method):
     """Estimate a classifier's accuracy on unlabelled target data, with an interval: e.g. ATC,
     the share of target points whose confidence score exceeds the threshold t at which the
     source's share equals its accuracy (Garg et al. 2022; DoC: Guillory et al. 2021; COT: Lu
@@ -130,8 +162,9 @@ class PerformanceEstimator(Display, Params):
     Args:
         method: which estimator (`peg.methods.estimation.estimators`): "auto" (peg's default),
             "ac", "doc", "atc-mc", "atc-ne", "atc-ls", "label-shift", "cot", "cott", "cot-em".
-        confidence: the interval's nominal coverage, calibrated on synthetic shifts of the
-            source (`_shifts`) and widened by the target's sampling error.
+        confidence: the interval's nominal coverage on shifts like the synthetic shifts of
+            the source it is calibrated on (`_shifts`, `_reliability`), its width growing with
+            the target's distance from the source, widened by the target's sampling error.
         reservoir: at most this many target rows kept (uniformly) for EM and the transport.
         transport_points: COT/COTT's exact assignment on at most this many points.
         batch_size, batch_fn: how the predictor reads data (`peg.source.batches`).
@@ -144,9 +177,13 @@ class PerformanceEstimator(Display, Params):
             is the gate (learning won on Fashion-MNIST, MAE 2.88 against 3.37 points, and lost
             on CIFAR-10, 4.88 against 4.44: docs/monitor.md).
 
-    After `fit`: `temperature_`, `source_accuracy_`, `widths_` (each method's half-width),
-    `synthetic_errors_` (each method's errors on the synthetic shifts), `energy_threshold_`,
-    `n_classes_`. `estimate(X)` → `Estimate`.
+    After `fit`: `temperature_`, `source_accuracy_`, `scales_` (each method's width scale q:
+    half-width = q · (0.02 + disagreement + label-shift residual), `_reliability`),
+    `synthetic_errors_` `[S]` and `synthetic_distances_` `[S, 4]` (each method's errors and
+    each shift's distances on the synthetic shifts q is calibrated on), `learned_width_` (the
+    learned mode's least half-width, 0 in the gate mode), `energy_threshold_`, `n_classes_`,
+    `fitted_` (set last). `estimate(X)` → `Estimate`, `reliable=False` past a half-width of
+    0.15.
 
     Examples:
         >>> import torch, peg
@@ -166,6 +203,8 @@ class PerformanceEstimator(Display, Params):
         docs/monitor.md: the estimators, their intervals and the evidence.
     """
 
+    #: set last by `fit`: its presence means fitted (`Method`'s protocol)
+    fitted_attribute: ClassVar[str] = "fitted_"
     parameter_constraints: ClassVar[Mapping[str, checks.Check]] = {
         "method": checks.one_of(*ESTIMATORS),
         "confidence": checks.interval(0, 1, "a probability", "()"),
@@ -221,19 +260,27 @@ class PerformanceEstimator(Display, Params):
         self.predictor_, self._reader = predictor, reader
         self.n_classes_ = scores.shape[1]
         self.temperature_ = fit_temperature(scores.cpu(), y, label=None)
-        self.fitted_ = self._fit_all(scores.cpu(), y)
-        self.source_ = self.fitted_[self.method].source
+        fitted = self._fit_all(scores.cpu(), y)
+        self.source_ = fitted[self.method].source
         self.source_accuracy_ = self.source_.accuracy
-        errors = _shifts.synthetic_errors(scores.cpu(), y, self._predictor_on, int(self.seed))
-        self.synthetic_errors_ = errors
-        self.widths_ = {k: _shifts.half_width(v, self.confidence) for k, v in errors.items()}
+        errors, far, truths = _shifts.synthetic_errors(
+            scores.cpu(), y, self._predictor_on, int(self.seed)
+        )
+        self.synthetic_errors_, self.synthetic_distances_ = errors, far
+        conf = float(self.confidence)
+        # each shifted set's own sampling error is not the shift's: q is net of it (the
+        # target's interval adds the target's)
+        noise = np.array([_shifts.sampling(a, int(n), conf) for a, n in truths])
+        self.scales_ = {k: _reliability.fit_q(v, far, conf, noise) for k, v in errors.items()}
+        self.learned_width_ = 0.0
         lse = free_energy_lse(logits).cpu().numpy()
         self.energy_threshold_ = float(np.quantile(lse, OOD_QUANTILE))
-        if "auto" in self.fitted_:
-            self._learn(scores.cpu(), y, val, sets)
+        if "auto" in fitted:
+            self._learn(fitted["auto"], scores.cpu(), y, val, sets)
+        self.fitted_ = fitted  # last: fitted from here on
         return self
 
-    def _learn(self, scores: Tensor, y: Tensor, val: Any, sets: list | None) -> None:
+    def _learn(self, auto: Any, scores: Tensor, y: Tensor, val: Any, sets: list | None) -> None:
         """auto's learned mode (`_learned`), from `sets` or corrupted copies of val's images;
         left in its gate mode when there are neither."""
         t, seed = self.temperature_, int(self.seed)
@@ -260,16 +307,16 @@ class PerformanceEstimator(Display, Params):
         calibrated = [(n, (s / t).log_softmax(-1), labels) for n, s, labels in sets]
         learned = _learned.Learned(source, int(self.reservoir), seed)
         learned.fit(_learned.training_sets(calibrated, seed))
-        self.fitted_["auto"].learn(learned)
-        self.widths_["auto"] = _shifts.half_width(learned.errors_, self.confidence)
+        auto.learn(learned)
+        self.learned_width_ = _shifts.half_width(learned.errors_, self.confidence)
 
     def _fit_all(self, scores: Tensor, y: Tensor, temperature: float | None = None) -> dict:
         t = self.temperature_ if temperature is None else temperature
         source = SourceFit(
             (scores / t).log_softmax(-1), y, int(self.transport_points), int(self.seed)
         )
-        keys = [self.method, *getattr(ESTIMATORS[self.method], "parts", ())]
-        keys = list(ESTIMATORS) if self.all_methods else keys
+        keys = [self.method, *getattr(ESTIMATORS[self.method], "parts", ()), *SPREAD]
+        keys = list(ESTIMATORS) if self.all_methods else list(dict.fromkeys(keys))
         return {k: ESTIMATORS[k]().fit(source) for k in keys}
 
     def _predictor_on(self, scores: Tensor, y: Tensor) -> Any:
@@ -278,10 +325,12 @@ class PerformanceEstimator(Display, Params):
         t = fit_temperature(scores, y, label=None)
         fitted = self._fit_all(scores, y, t)
 
-        def predict(s: Tensor) -> dict[str, float]:
+        def predict(s: Tensor) -> tuple[dict[str, float], np.ndarray]:
             summary = Summary(self.n_classes_, int(self.reservoir), int(self.seed))
             summary.add((s / t).log_softmax(-1))
-            return estimates(fitted, Target(summary, next(iter(fitted.values())).source))
+            target = Target(summary, next(iter(fitted.values())).source)
+            values = estimates(fitted, target)
+            return values, target.distances(values)
 
         return predict
 
@@ -336,9 +385,12 @@ class PerformanceEstimator(Display, Params):
         method = self.method
         if method == "auto":
             method = f"auto ({self.fitted_['auto'].mode})"
-        lo, hi = _shifts.interval(
-            accuracy, self.widths_[self.method], summary.n, float(self.confidence)
-        )
+        distance = target.distances(values)
+        shift = self.scales_[self.method] * float(_reliability.scale(distance))
+        if method == "auto (learned)":
+            shift = max(shift, self.learned_width_)
+        lo, hi = _shifts.interval(accuracy, shift, summary.n, float(self.confidence))
+        reasons = _reliability.reasons(distance, shift)
         return Estimate(
             accuracy=accuracy,
             interval=(lo, hi),
@@ -347,14 +399,16 @@ class PerformanceEstimator(Display, Params):
             n=summary.n,
             estimates=values,
             priors=[float(p) for p in target.priors],
+            reliable=not reasons,
+            reasons=reasons,
+            distances=dict(zip(_reliability.DISTANCES, map(float, distance), strict=True)),
         )
 
-    def __sklearn_is_fitted__(self) -> bool:
-        """Whether `fit` has run (scikit-learn's protocol; the notebook display's badge)."""
-        return "fitted_" in self.__dict__
-
-    def _check_fitted(self) -> None:
-        if "fitted_" not in self.__dict__:
+    def _check_fitted(self, doing: str | None = None) -> None:
+        """`Method`'s check; asked without `doing`, its message names both ways to fit."""
+        if doing is not None:
+            return super()._check_fitted(doing)
+        if not self.__sklearn_is_fitted__():
             raise NotFittedError(
                 "PerformanceEstimator is not fitted: call fit(predictor, val) or "
                 "fit(logits, labels) first"

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from peg.methods.calibration._label_shift import calibrated_log_probs, em_priors, fit_bcts
-from peg.methods.estimation import _shifts
+from peg.methods.estimation import _reliability, _shifts
 from peg.methods.estimation._stats import Summary, atc_threshold, score, transport_cost
 from peg.utils.registry import Registry
 
@@ -70,6 +70,13 @@ class SourceFit:
         # the mean top probability of each TRUE class: what label shift alone keeps
         self.class_confidence = np.divide(conf, counts, out=np.zeros_like(conf), where=counts > 0)
         self.scores = {k: score(self.lp, k).numpy() for k in ("mc", "ne")}
+        # what the distances of a target are measured from (`_reliability.distances`)
+        pred = self.lp.argmax(-1).numpy()
+        self.shares = np.bincount(pred, minlength=self.classes) / max(len(self.y), 1)
+        self.top_counts = _reliability.confidence_counts(self.scores["mc"])
+        self.joint = _reliability.joint_counts(
+            pred, self.scores["mc"], self.classes, self.y.numpy()
+        )
         self.transport_points, self.seed = transport_points, seed
         try:  # EM needs calibrated probabilities: BCTS, else the temperature-scaled ones
             self.bcts: tuple[float, torch.Tensor | None] = fit_bcts(self.lp, self.y)
@@ -108,6 +115,23 @@ class Target:
     @property
     def confidence(self) -> float:
         return self.summary.conf_sum / max(self.summary.n, 1)
+
+    def distances(self, values: dict[str, float]) -> np.ndarray:
+        """How far this target is from the source `[3]` (`_reliability.distances`), given the
+        base estimates `values`."""
+        s = self.summary
+        shares = s.pred_counts / max(s.n, 1)
+        counts = s.hist["mc"].sum(0)
+        return _reliability.distances(
+            values, shares, self.source.shares, counts, self.source.top_counts, self.residual
+        )
+
+    @property
+    def residual(self) -> float:
+        """What a label shift to EM's priors leaves unexplained (`_reliability.residual`)."""
+        s = self.source
+        w = self.priors / np.maximum(s.priors, 1e-12)
+        return _reliability.residual(self.summary.hist["mc"], s.joint, w, s.shares)
 
     @property
     def label_shift_gap(self) -> float:
