@@ -16,8 +16,14 @@ scikit-learn's references. Sections (`--sections`):
   probabilities of 0 or 1 are clipped to [1e-7, 1 − 1e-7] for the NLL (scikit-learn's fit
   gives exact 0s and 1s); the others never reach them.
 
-    OMP_NUM_THREADS=1 python benchmarks/shapes.py [--sections binary] [--seed 0]
-        [--out results/benchmarks/shapes.txt]
+- "multilabel" and "segmentation" (benchmarks/_shapes_images.py, its doc): a multi-label MLP
+  on grids of three digits (K = 10 labels "digit present"), shared and per-label maps against
+  the best one-scale fit, conformal risk control of the recall; a small segmentation network
+  on canvases of two digits (11 classes per pixel, 255 ignored at the digits' borders), TS and
+  vector scaling on the dense maps.
+
+    OMP_NUM_THREADS=1 python benchmarks/shapes.py [--sections binary multilabel segmentation]
+        [--seed 0] [--out results/benchmarks/shapes.txt]
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+from _shapes_images import multilabel, segmentation
 from torch import nn
 
 import peg
@@ -157,7 +164,11 @@ def binary(seed: int) -> list[str]:
     return lines
 
 
-SECTIONS: dict[str, Callable[[int], list[str]]] = {"binary": binary}
+SECTIONS: dict[str, Callable[[int], list[str]]] = {
+    "binary": binary,
+    "multilabel": multilabel,
+    "segmentation": segmentation,
+}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -56,6 +56,12 @@ def _packed() -> nn.Module:
     return MLP(2, 2, hidden=(8,), packed=(2, 2, 1))
 
 
+def _scorer() -> nn.Module:
+    """A binary scorer: one logit per row, `[N, 1]` (the maps that take binary scores only)."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(2, 4), nn.Tanh(), nn.Linear(4, 1))
+
+
 def _iterates() -> list[nn.Module]:
     return [mlp(s, hidden=4) for s in range(3)]
 
@@ -67,6 +73,8 @@ class Case:
     fit: Callable[[Any], Any]  # fits an unfitted instance on tiny data; returns fit's result
     invalid: tuple[str, Any]  # an argument and a value the constructor refuses (ValueError)
     needs: str | None = None  # an optional package fit needs (the case is skipped without it)
+    model: Callable[[], nn.Module] = _tiny  # what `fit` fits on (and `peg.load` reads back onto)
+    proba: tuple[int, ...] = (len(X), 2)  # the shape of `predict_proba(X)`
 
     @property
     def id(self) -> str:
@@ -202,6 +210,15 @@ CASES = [
         lambda m: m.fit(_tiny(), (X, y)),
         ("reg", -1.0),
     ),
+]
+# the maps of binary scores (and multi-label heads): fitted on a one-logit scorer, P(y = 1) [N, 1]
+CASES += [
+    Case(cls, kwargs, lambda m: m.fit(_scorer(), (X, y)), invalid, model=_scorer, proba=(len(X), 1))
+    for cls, kwargs, invalid in [
+        (peg.PlattScaling, {"smoothed_targets": False, "max_iter": 50}, ("max_iter", 0)),
+        (peg.BetaCalibration, {"batch_size": 16}, ("batch_size", 0)),
+        (peg.VennAbers, {"batch_size": 16}, ("batch_size", 0)),
+    ]
 ]
 CASES += [
     Case(
@@ -354,7 +371,7 @@ def test_fit_returns_self_with_meta(case):
     assert isinstance(method.meta_, dict) and method.meta_["method"]
     logits = method.member_logits(X)
     assert len(method) == logits.shape[0] and logits.shape[1] == len(X)
-    assert method.predict_proba(X).shape == (len(X), 2)
+    assert method.predict_proba(X).shape == case.proba
     assert method.get_params() == case.cls(**case.kwargs).get_params()  # fit changes no argument
 
 
@@ -403,7 +420,7 @@ def test_what_save_writes_peg_load_reads_back(case, tmp_path):
     if not hasattr(method, "save"):
         pytest.skip(f"{case.id} has no save")
     path = method.save(str(tmp_path / "method"))
-    loaded = peg.load(path, _tiny(), val=(X, y))
+    loaded = peg.load(path, case.model(), val=(X, y))
     torch.testing.assert_close(loaded.member_logits(X), method.member_logits(X))
     if isinstance(loaded, Method):
         assert type(loaded) is case.cls and loaded.meta_ == method.meta_
