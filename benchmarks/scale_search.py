@@ -53,6 +53,7 @@ from typing import Any
 
 import torch
 from _bases import CACHE, Case, demo, fashion_mnist
+from _scale_table import table_main
 from _timing import median_time
 from torch import Tensor, nn
 
@@ -354,7 +355,20 @@ def main() -> None:
         "result is cached under .peg-cache/scale-search/points/ (a fit's time shows '(cached)' "
         "when it comes from there)",
     )
+    parser.add_argument(
+        "--table",
+        nargs="+",
+        help="the default against the exhaustive search on these cases (`_scale_table`), "
+        "<base>-<validation points> of _scale_bases.BASES, e.g. cifar-cnn-2000 hf-vit-2000",
+    )
+    parser.add_argument(
+        "--settings", nargs="+", default=["default"], help="--table: the settings compared"
+    )
+    parser.add_argument("--tag", default="dev", help="--table: the library state's tag")
     args = parser.parse_args()
+    if args.table:
+        table_main(args.table, args.seeds, args.settings, args.tag)
+        return
     if args.exact_points:
         methods = tuple({"PEG": PEG, "PEP": PEP}[m] for m in args.methods)
         points_main(args.exact_points, args.seeds, args.points_bases, methods, not args.no_cache)
