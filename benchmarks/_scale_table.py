@@ -99,14 +99,22 @@ class _Runs:
         return Many()
 
 
-def fit_record(name: str, n: int, seed: int, tokens: list[str], tag: str) -> dict[str, Any]:
+def record_key(token: str, tag: str) -> str:
+    """A setting's key in a record: "exhaustive", "<token>@<tag>", or the token when it names
+    its tag ("default@i49": issue 49's default, run at that library state)."""
+    return token if token == EXHAUSTIVE or "@" in token else f"{token}@{tag}"
+
+
+def fit_record(
+    name: str, n: int, seed: int, tokens: list[str], tag: str, cached_only: bool = False
+) -> dict[str, Any]:
     """The record of one (base, n, seed): per setting its scale, points, CPU seconds; the test
     losses at every scale chosen; the base's test loss; TS's fit CPU seconds."""
     path = CACHE / "scale-search" / "table" / f"{name}-{n}-{seed}.json"
     record = json.loads(path.read_text()) if path.exists() else {"settings": {}, "test": {}}
-    keys = {t: f"{t}@{tag}" if t != EXHAUSTIVE else t for t in tokens}
+    keys = {t: record_key(t, tag) for t in tokens}
     missing = [t for t in tokens if keys[t] not in record["settings"]]
-    if not missing:
+    if not missing or cached_only:
         return record
     base, val, test, regression = BASES[name]()
     val = (val[0][:n], val[1][:n])
@@ -119,7 +127,7 @@ def fit_record(name: str, n: int, seed: int, tokens: list[str], tag: str) -> dic
             start = time.process_time()
             TemperatureScaling().fit(base, val)
             record["ts_seconds"] = time.process_time() - start
-    runs = _Runs({t: setting(t) for t in missing})
+    runs = _Runs({t: setting(t.split("@")[0]) for t in missing})
     original = _perturb.SearchRun
     _perturb.SearchRun = runs  # type: ignore[assignment,misc]
     try:
@@ -142,35 +150,51 @@ def fit_record(name: str, n: int, seed: int, tokens: list[str], tag: str) -> dic
     return record
 
 
-def table_main(cases: list[str], seeds: list[int], tokens: list[str], tag: str) -> None:
+def _cost(entry: dict[str, Any], ts: float) -> str:
+    """A fit's CPU seconds × TS's (the regression base, without TS: in seconds)."""
+    if math.isfinite(ts):
+        return f"{entry['fit_seconds'] / ts:5.1f} × TS"
+    return f"{entry['fit_seconds']:5.2f} CPU s"
+
+
+def table_main(
+    cases: list[str], seeds: list[int], tokens: list[str], tag: str, cached_only: bool = False
+) -> None:
     """Print per (base, n, seed) every setting's η, points, test NLL − exhaustive's, the bar,
-    and fit CPU seconds × TS's; then the largest difference per setting."""
+    and fit CPU seconds × TS's; then the largest difference per setting (`cached_only`: the
+    records as cached, a setting not run shown as such, nothing fitted)."""
     tokens = [EXHAUSTIVE] + [t for t in tokens if t != EXHAUSTIVE]
     worst: dict[str, float] = {t: -math.inf for t in tokens[1:]}
     for case in cases:
         name, n = case.rsplit("-", 1)
         for seed in seeds:
-            record = fit_record(name, int(n), seed, tokens, tag)
+            record = fit_record(name, int(n), seed, tokens, tag, cached_only)
+            if EXHAUSTIVE not in record["settings"]:
+                continue
             ex = record["settings"][EXHAUSTIVE]
             ex_loss = torch.tensor(record["test"][f"{ex['scale']:.9g}"])
             gain = record["base"] - float(ex_loss.mean())
             bar = max(0.002, 0.05 * gain)
             ts = record.get("ts_seconds", math.nan)
+            total = sum(k for _, k in ex["points"])
             print(f"{case} seed {seed}: base {record['base']:.4f}, exhaustive η {ex['scale']:.3g} "
-                  f"test {float(ex_loss.mean()):.4f} (gain {gain:+.4f}, bar {bar:.4f}), fit "
-                  f"{ex['fit_seconds'] / ts:.1f} × TS")  # fmt: skip
+                  f"scored {len(ex['points'])} (Σ {total}) test {float(ex_loss.mean()):.4f} "
+                  f"(gain {gain:+.4f}, bar {bar:.4f}), fit {_cost(ex, ts)}")  # fmt: skip
             for t in tokens[1:]:
-                key = f"{t}@{tag}"
-                entry = record["settings"][key]
+                if record_key(t, tag) not in record["settings"]:
+                    print(f"  {t:>28}: not run")
+                    continue
+                entry = record["settings"][record_key(t, tag)]
                 loss = torch.tensor(record["test"][f"{entry['scale']:.9g}"])
                 d = loss - ex_loss
                 diff, se = float(d.mean()), float(d.std()) / math.sqrt(len(d))
                 worst[t] = max(worst[t], diff - bar)
                 points = "/".join(str(k) for _, k in entry["points"])
+                points += f" (Σ {sum(k for _, k in entry['points'])})"
                 print(f"  {t:>28}: η {entry['scale']:9.3g} scored {len(entry['points'])} on "
-                      f"{points:14} test {float(loss.mean()):.4f}  − exhaustive {diff:+.4f} "
+                      f"{points:22} test {float(loss.mean()):.4f}  − exhaustive {diff:+.4f} "
                       f"(SE {se:.4f}) {'within' if diff <= bar else 'OUTSIDE'}  fit "
-                      f"{entry['fit_seconds'] / ts:5.1f} × TS")  # fmt: skip
+                      f"{_cost(entry, ts)}")  # fmt: skip
     for t, w in worst.items():
         print(f"# {t}: largest (default − exhaustive) − bar over the cases: {w:+.4f} "
               f"({'every case within its bar' if w <= 0 else 'OUTSIDE on some case'})")  # fmt: skip

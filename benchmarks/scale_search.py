@@ -365,9 +365,12 @@ def main() -> None:
         "--settings", nargs="+", default=["default"], help="--table: the settings compared"
     )
     parser.add_argument("--tag", default="dev", help="--table: the library state's tag")
+    parser.add_argument(
+        "--cached-only", action="store_true", help="--table: print the cached records, fit nothing"
+    )
     args = parser.parse_args()
     if args.table:
-        table_main(args.table, args.seeds, args.settings, args.tag)
+        table_main(args.table, args.seeds, args.settings, args.tag, args.cached_only)
         return
     if args.exact_points:
         methods = tuple({"PEG": PEG, "PEP": PEP}[m] for m in args.methods)

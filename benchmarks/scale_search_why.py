@@ -25,7 +25,7 @@ import math
 from typing import Any
 
 import torch
-from _scale_bases import cifar_cnn
+from _scale_bases import BASES
 from _scale_table import SETTINGS, _Runs, point_losses
 from torch import Tensor
 
@@ -155,9 +155,10 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--n", type=int, default=2000)
     parser.add_argument("--ts", action="store_true", help="PEG and PEG + TS against TS instead")
+    parser.add_argument("--base", default="cifar-cnn", choices=list(BASES), help="with --ts")
     args = parser.parse_args()
     torch.set_grad_enabled(True)
-    base, val, test, _ = cifar_cnn()
+    base, val, test, _ = BASES[args.base if args.ts else "cifar-cnn"]()
     val, test = (val[0][: args.n], val[1][: args.n]), (test[0][:2000], test[1][:2000])
     with torch.no_grad():
         out = base(test[0])
