@@ -39,6 +39,15 @@ method's gain over the base).
 
     OMP_NUM_THREADS=1 python benchmarks/scale_search.py --exact-points 1024 default \
         --points-bases digits fashion-mnist-2000 fashion-mnist-4000 demo-2000 demo-12000
+
+`--table CASES` (issue 60, `_scale_table`): PEG-15's default search against the exhaustive one
+(`ScaleSearch.exhaustive()`) on more kinds of base (`_scale_bases`: a CIFAR-10 CNN,
+transformers' ResNet, ViT and BERT from small configs, the UCI regression base), per base ×
+validation points × seed, every setting run on one fit's members, with the bar and the fit
+cost × TS; records cached under .peg-cache/scale-search/table/:
+
+    OMP_NUM_THREADS=1 python benchmarks/scale_search.py --table cifar-cnn-2000 cifar-cnn-4000 \
+        hf-resnet-2000 hf-vit-2000 hf-bert-2000 uci-861 --settings default quick --tag final
 """
 
 from __future__ import annotations
