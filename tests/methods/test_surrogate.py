@@ -262,10 +262,10 @@ def test_a_difference_surely_below_the_tie_threshold_stops():
 
 def test_the_stopping_rule_s_defaults_are_the_scale_search_s():
     """`Settle()` (what `surrogate_search` takes without `settle=`) is the rule the default
-    `ScaleSearch` builds: 768 first points, 2 SE, 0.001 nats, an expected regret of 0.001."""
+    `ScaleSearch` builds: 1024 first points, 2 SE, 0.001 nats, an expected regret of 0.001."""
     s = peg.ScaleSearch()
     built = Settle(s.first_points, s.settle_se, s.settle_nats, s.settle_regret)
-    assert Settle() == built == Settle(first=768, z=2.0, nats=1e-3, regret=1e-3)
+    assert Settle() == built == Settle(first=1024, z=2.0, nats=1e-3, regret=1e-3)
 
 
 def test_the_expected_regret_of_a_choice():
@@ -338,5 +338,7 @@ def test_the_presets_of_the_scale_search():
     )
     assert (quick.scorings, quick.unsure, quick.first_points) == (2, "stop", 384)
     assert peg.ScaleSearch.exhaustive(scorings=4).scorings == 4  # options override
+    # the default's first chunk is the cap: up to the cap it is the exhaustive search
+    assert peg.ScaleSearch().get_params() == exhaustive.get_params()
     with pytest.raises(peg.InvalidParameterError, match="unsure"):
         peg.ScaleSearch(unsure="more")

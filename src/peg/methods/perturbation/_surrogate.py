@@ -32,17 +32,19 @@ the criterion at any scale costs arithmetic on `[M, N, C]` tensors instead of M 
    scales scored exactly, never an interpolated one.
 
 Points by need (for a criterion that is a mean of per-point losses): the scorings
-score the first `Settle.first` scoring points (768 by default). After each scoring, the scale
+score the first `Settle.first` scoring points (1024 by default: the cap, so that by default
+every scoring scores the capped points at once; smaller chunks missed the quality bar,
+docs/performance.md, issue 60). After each scoring, the scale
 just scored and the best other one are compared on the same points — the mean d̄ of their
 paired per-point differences and its standard error se — and the pair is decided when they
 are separated (|d̄| > z·se, z = 2), tied within what cannot matter (|d̄| + z·se < 0.001
 nats), or when taking the better-looking one costs less than 0.001 nats in expectation
 (`expected_regret`). Until then every scale scored, and the base's outputs, are scored on the
-next chunk too, doubling the points (768, 1,536, …), up to the cap (`ScaleSearch.exact_points`,
+next chunk too, doubling the points (e.g. 384, 768, …), up to the cap (`ScaleSearch.exact_points`,
 all N points given); the interpolant is rebuilt on the points scored. A decision on the first
-chunk costs 2–3 scorings of 768 points instead of 2–3 of 1024; the worst, 3 of the cap (a
-first chunk of 384 placed the second η by the noise of those points and missed the quality
-bar on a ResNet and a BERT classifier: docs/performance.md, issue 60). Another
+chunk costs 2–3 scorings of the chunk instead of 2–3 of the cap; the worst, 3 of the cap (a
+first chunk of 384 or 768 placed the second η by the noise of those points and missed the
+quality bar on a ResNet and a BERT classifier: docs/performance.md, issue 60). Another
 criterion (ECE, a callable) scores all N points at once.
 
 A diverged scale (non-finite outputs or criterion, on any chunk) scores +inf, is not a node,
@@ -122,7 +124,7 @@ class Settle:
     `settle_regret`, which read them from here).
 
     Attributes:
-        first: the scoring points of the first chunk (default 768); each later chunk doubles
+        first: the scoring points of the first chunk (default 1024); each later chunk doubles
             the points scored (`first`, 2·`first`, …, at most all of them: the cap).
         z: the pair is separated once its mean paired per-point difference d̄ is more than
             `z` standard errors from 0 (default 2).
@@ -135,7 +137,7 @@ class Settle:
             asked about again on twice the points (default True; `_candidate`); False: a tie.
     """
 
-    first: int = 768
+    first: int = 1024
     z: float = 2.0
     nats: float = 1e-3
     regret: float = 1e-3

@@ -149,7 +149,7 @@ class PEG(PerturbationEnsemble):
             NonFiniteError naming it) or "drop" (left out; its index in `dropped_`).
         search: how η is chosen when searched or given as a list: a `peg.ScaleSearch` (its
             method, criterion, held-out fraction, scoring points, racing, grid), or its method's
-            name: "surrogate" (default: at most 3 exact scorings, on 768 held-out points
+            name: "surrogate" (default: at most 3 exact scorings, on 1024 held-out points
             first, more only while the η are undecided or the next one is within noise) or
             "golden" (the grid, extended, then golden section, raced; 12–15 scorings). By
             default η minimises the validation NLL on the half of the validation set held out
