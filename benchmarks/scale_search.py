@@ -39,6 +39,15 @@ method's gain over the base).
 
     OMP_NUM_THREADS=1 python benchmarks/scale_search.py --exact-points 1024 default \
         --points-bases digits fashion-mnist-2000 fashion-mnist-4000 demo-2000 demo-12000
+
+`--table CASES` (issue 60, `_scale_table`): PEG-15's default search against the exhaustive one
+(`ScaleSearch.exhaustive()`) on more kinds of base (`_scale_bases`: a CIFAR-10 CNN,
+transformers' ResNet, ViT and BERT from small configs, the UCI regression base), per base ×
+validation points × seed, every setting run on one fit's members, with the bar and the fit
+cost × TS; records cached under .peg-cache/scale-search/table/:
+
+    OMP_NUM_THREADS=1 python benchmarks/scale_search.py --table cifar-cnn-2000 cifar-cnn-4000 \
+        hf-resnet-2000 hf-vit-2000 hf-bert-2000 uci-861 --settings default quick --tag final
 """
 
 from __future__ import annotations
@@ -53,6 +62,7 @@ from typing import Any
 
 import torch
 from _bases import CACHE, Case, demo, fashion_mnist
+from _scale_table import table_main
 from _timing import median_time
 from torch import Tensor, nn
 
@@ -354,7 +364,23 @@ def main() -> None:
         "result is cached under .peg-cache/scale-search/points/ (a fit's time shows '(cached)' "
         "when it comes from there)",
     )
+    parser.add_argument(
+        "--table",
+        nargs="+",
+        help="the default against the exhaustive search on these cases (`_scale_table`), "
+        "<base>-<validation points> of _scale_bases.BASES, e.g. cifar-cnn-2000 hf-vit-2000",
+    )
+    parser.add_argument(
+        "--settings", nargs="+", default=["default"], help="--table: the settings compared"
+    )
+    parser.add_argument("--tag", default="dev", help="--table: the library state's tag")
+    parser.add_argument(
+        "--cached-only", action="store_true", help="--table: print the cached records, fit nothing"
+    )
     args = parser.parse_args()
+    if args.table:
+        table_main(args.table, args.seeds, args.settings, args.tag, args.cached_only)
+        return
     if args.exact_points:
         methods = tuple({"PEG": PEG, "PEP": PEP}[m] for m in args.methods)
         points_main(args.exact_points, args.seeds, args.points_bases, methods, not args.no_cache)

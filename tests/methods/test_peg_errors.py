@@ -78,6 +78,13 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str
     ("ScaleSearch", "race not a number", lambda: peg.ScaleSearch(race="z"), ValueError, "race"),
     ("ScaleSearch", "holdout of 1", lambda: peg.ScaleSearch(holdout=1.0), ValueError, "holdout"),
     ("ScaleSearch", "a grid with 0", lambda: peg.ScaleSearch(grid=[0, 1]), ValueError, "grid"),
+    (
+        "ScaleSearch",
+        "unknown unsure rule",
+        lambda: peg.ScaleSearch(unsure="more"),
+        ValueError,
+        r"unsure: expected one of \['points', 'stop'\]",
+    ),
     ("PEG", "unknown search", lambda: peg.PEG(search="exhaustive"), ValueError, "search"),
     (
         "PEP",

@@ -171,8 +171,9 @@ def test_a_version_2_recipe_is_read_through_the_old_names():
     assert options == {"n_members": 4}
     assert peg.ScaleSearch(**search).get_params() == {
         "method": "golden", "criterion": "ece", "holdout": 0.0, "max_points": None,
-        "exact_points": 1024, "first_points": 384, "settle_se": 2.0, "settle_nats": 1e-3,
-        "settle_regret": 1e-3, "scorings": 2, "race": 0.0, "early_stop": False, "tol": 0.0,
+        "exact_points": 1024, "first_points": 1024, "settle_se": 2.0, "settle_nats": 1e-3,
+        "settle_regret": 1e-3, "scorings": 3, "unsure": "points", "race": 0.0, "early_stop": False,
+        "tol": 0.0,
         "grid": None,
     }  # fmt: skip
     pep = {"bracket": [1e-3, 1e-1]}

@@ -11,8 +11,13 @@ import peg
 from peg.losses import gaussian_nll_loss
 from peg.methods.perturbation._criteria import POINT_LOSSES
 from peg.methods.perturbation._surrogate import (
+    SCORE,
+    STOP,
+    UNSURE,
     Interpolant,
     Settle,
+    _candidate,
+    _Scored,
     expected_regret,
     search_range,
     surrogate_search,
@@ -217,6 +222,7 @@ def _paired(second: torch.Tensor, n: int = 400):
         calls.clear()
         y = torch.zeros(n, dtype=torch.long)
         criterion = lambda outputs, y: float(losses(outputs, y).mean())  # noqa: E731
+        options = {"max_scorings": 2, **options}  # the pair: the first scale and the second
         return surrogate_search(exact, zero, y, criterion, losses, GRID, **options)
 
     return run, calls
@@ -256,10 +262,10 @@ def test_a_difference_surely_below_the_tie_threshold_stops():
 
 def test_the_stopping_rule_s_defaults_are_the_scale_search_s():
     """`Settle()` (what `surrogate_search` takes without `settle=`) is the rule the default
-    `ScaleSearch` builds: 384 first points, 2 SE, 0.001 nats, an expected regret of 0.001."""
+    `ScaleSearch` builds: 1024 first points, 2 SE, 0.001 nats, an expected regret of 0.001."""
     s = peg.ScaleSearch()
     built = Settle(s.first_points, s.settle_se, s.settle_nats, s.settle_regret)
-    assert Settle() == built == Settle(first=384, z=2.0, nats=1e-3, regret=1e-3)
+    assert Settle() == built == Settle(first=1024, z=2.0, nats=1e-3, regret=1e-3)
 
 
 def test_the_expected_regret_of_a_choice():
@@ -279,7 +285,7 @@ def test_a_noisy_tie_that_cannot_cost_stops_on_the_first_chunk():
     assert set(run(settle=Settle(first=50, regret=1e-4)).points.values()) == {400}
 
 
-def test_the_default_search_scores_at_most_two_scales():
+def test_the_search_scores_at_most_its_budget_of_scales():
     at, y = _members(optimum_width=0.5)
     scales: set[float] = set()
 
@@ -287,7 +293,52 @@ def test_the_default_search_scores_at_most_two_scales():
         scales.add(s)
         return at(s)
 
-    result = _search(at, y, exact)
+    result = _search(at, y, exact, max_scorings=2)
     assert len(scales) == len(result.scores) <= 2 and result.scale in scales
-    three = _search(at, y, max_scorings=3, settle=Settle(first=len(y)))
+    three = _search(at, y)  # the default budget: 3
     assert len(three.scores) == 3  # this curve takes a third scoring where it is allowed
+    assert peg.ScaleSearch().scorings == 3
+
+
+def _one_node(gain: torch.Tensor, first: int = 50, grow: bool = True):
+    """`_candidate` on a search that scored one scale (0.001, per-point loss 0.5) and whose
+    candidate, at half of it, is predicted to gain `gain` `[400]` per point (the interpolant
+    halfway between the base's outputs and the scale's); on the first `first` points."""
+    exact = lambda s, a, b: torch.full((3, b - a, 1), 0.5)  # noqa: E731
+    zero = lambda a, b: (0.5 - 2 * gain)[a:b].expand(3, -1).unsqueeze(-1)  # noqa: E731
+    losses = lambda outputs, y: outputs.mean(0)[:, 0]  # noqa: E731
+    criterion = lambda outputs, y: float(losses(outputs, y).mean())  # noqa: E731
+    done = _Scored(exact, zero, torch.zeros(400, dtype=torch.long), criterion, first)
+    done.record(1e-3, exact(1e-3, 0, first))
+    settle = Settle(first=first, grow=grow)
+    return lambda: _candidate(done, done.interpolant(), 5e-4, losses, settle), done
+
+
+def test_a_candidate_within_noise_that_could_matter_is_asked_about_on_more_points():
+    """Predicted gain 0 ± 0.1 per point: on 50 points within half a standard error (se 0.014)
+    but its expected improvement (0.4 se ≈ 0.006 nats) could matter: more points, not a tie;
+    on every point (or with `grow=False`, the rule before) a tie."""
+    noise = torch.tensor([0.1, -0.1]).repeat(200)
+    ask, done = _one_node(noise)
+    assert ask() == UNSURE
+    done.grow(400)
+    assert ask() == STOP  # every point scored: within noise is a tie
+    assert _one_node(noise, grow=False)[0]() == STOP
+    assert _one_node(noise + 0.05)[0]() == SCORE  # a gain of 0.05 ± 0.014: scored
+    assert _one_node(noise * 1e-3)[0]() == STOP  # within noise and surely below 0.001 nats
+    assert _one_node(noise - 0.05)[0]() == STOP  # surely worse: improvement below 0.001
+
+
+def test_the_presets_of_the_scale_search():
+    exhaustive, quick = peg.ScaleSearch.exhaustive(), peg.ScaleSearch.quick()
+    assert (exhaustive.exact_points, exhaustive.first_points, exhaustive.scorings) == (
+        1024,
+        1024,
+        3,
+    )
+    assert (quick.scorings, quick.unsure, quick.first_points) == (2, "stop", 384)
+    assert peg.ScaleSearch.exhaustive(scorings=4).scorings == 4  # options override
+    # the default's first chunk is the cap: up to the cap it is the exhaustive search
+    assert peg.ScaleSearch().get_params() == exhaustive.get_params()
+    with pytest.raises(peg.InvalidParameterError, match="unsure"):
+        peg.ScaleSearch(unsure="more")

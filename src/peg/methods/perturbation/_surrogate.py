@@ -19,24 +19,32 @@ the criterion at any scale costs arithmetic on `[M, N, C]` tensors instead of M 
 3. stops when (for "nll" and "brier", and the regression "nll": means of per-point losses)
    the minimiser lies below the largest scale scored (where the polynomial interpolates: an
    extrapolated minimiser is always checked) and its predicted gain over the best scale scored
-   is below `INDIFFERENCE` standard errors of their paired per-point difference — the
-   candidates left are statistically tied with it, and scoring them would decide nothing that
-   matters: an indifference zone, which narrows as the scoring points grow, not a tolerance in
-   the scale — or when the minimiser lies within `NEAR` (5%) of a scale already scored;
-   otherwise it scores the minimiser exactly, adds it as a node, and goes to 2;
-4. at most `max_scorings` exact scorings in all (default 2); the choice is the best of the
+   is below `INDIFFERENCE` standard errors of their paired per-point difference and surely
+   cannot matter (`_candidate`): its expected improvement E[max(0, δ)], δ ~ N(gain, se²), is
+   under `Settle.regret`, or every scoring point is scored already. A gain within noise that
+   could still matter is *unsure*: every scale scored (and the base) is scored on twice the
+   points, the interpolant rebuilt, and the question asked again (`Settle.grow`; on 384 points
+   of a 10-class model at 25-45% error se is a few thousandths of a nat, so a 0.01-nat gain
+   can look like noise there). It also stops when the minimiser lies within `NEAR` (5%) of a
+   scale already scored; otherwise it scores the minimiser exactly, adds it as a node, and
+   goes to 2;
+4. at most `max_scorings` exact scorings in all (default 3); the choice is the best of the
    scales scored exactly, never an interpolated one.
 
 Points by need (for a criterion that is a mean of per-point losses): the scorings
-score the first `Settle.first` scoring points (384 by default). After each scoring, the scale
+score the first `Settle.first` scoring points (1024 by default: the cap, so that by default
+every scoring scores the capped points at once; smaller chunks missed the quality bar,
+docs/performance.md, issue 60). After each scoring, the scale
 just scored and the best other one are compared on the same points — the mean d̄ of their
 paired per-point differences and its standard error se — and the pair is decided when they
 are separated (|d̄| > z·se, z = 2), tied within what cannot matter (|d̄| + z·se < 0.001
 nats), or when taking the better-looking one costs less than 0.001 nats in expectation
 (`expected_regret`). Until then every scale scored, and the base's outputs, are scored on the
-next chunk too, doubling the points (384, 768, …), up to the cap (`ScaleSearch.exact_points`,
+next chunk too, doubling the points (e.g. 384, 768, …), up to the cap (`ScaleSearch.exact_points`,
 all N points given); the interpolant is rebuilt on the points scored. A decision on the first
-chunk costs 2 scorings of 384 points instead of 2–3 of 1024; the worst, 2 of the cap. Another
+chunk costs 2–3 scorings of the chunk instead of 2–3 of the cap; the worst, 3 of the cap (a
+first chunk of 384 or 768 placed the second η by the noise of those points and missed the
+quality bar on a ResNet and a BERT classifier: docs/performance.md, issue 60). Another
 criterion (ECE, a callable) scores all N points at once.
 
 A diverged scale (non-finite outputs or criterion, on any chunk) scores +inf, is not a node,
@@ -116,7 +124,7 @@ class Settle:
     `settle_regret`, which read them from here).
 
     Attributes:
-        first: the scoring points of the first chunk (default 384); each later chunk doubles
+        first: the scoring points of the first chunk (default 1024); each later chunk doubles
             the points scored (`first`, 2·`first`, …, at most all of them: the cap).
         z: the pair is separated once its mean paired per-point difference d̄ is more than
             `z` standard errors from 0 (default 2).
@@ -125,12 +133,15 @@ class Settle:
             as a point estimate: a noisy pair that merely averages out near 0 is scored on).
         regret: the pair is decided once taking the one that looks better costs less than
             `regret` nats in expectation (default 0.001; `expected_regret`; 0: never).
+        grow: a next candidate whose predicted gain is within noise but could matter is
+            asked about again on twice the points (default True; `_candidate`); False: a tie.
     """
 
-    first: int = 384
+    first: int = 1024
     z: float = 2.0
     nats: float = 1e-3
     regret: float = 1e-3
+    grow: bool = True
 
     def settled(self, d: Tensor) -> bool:
         """Whether paired per-point differences `d` `[n]` decide the pair."""
@@ -234,7 +245,7 @@ def surrogate_search(
     criterion: Callable[[Tensor, Tensor], float],
     point_losses: Callable[[Tensor, Tensor], Tensor] | None,
     grid: Sequence[float],
-    max_scorings: int = 2,
+    max_scorings: int = 3,
     settle: Settle | None = None,
     on_scored: Callable[[float, float], None] | None = None,
 ) -> SearchResult:
@@ -275,11 +286,23 @@ def surrogate_search(
                 hi = min(hi, math.log(diverged) - math.log(NEAR))
         if len(done.scores) >= max_scorings or hi <= lo:
             break
-        interpolant = done.interpolant()
-        scale, predicted = _minimise(interpolant, lo, hi, done.criterion, done.y[: done.n])
-        if min(abs(math.log(scale / s)) for s in done.scores) < math.log(NEAR):
-            break
-        if point_losses is not None and _indifferent(done, interpolant, scale, point_losses):
+        while True:  # the next candidate, on more points while it is within noise
+            interpolant = done.interpolant()
+            scale, predicted = _minimise(interpolant, lo, hi, done.criterion, done.y[: done.n])
+            if min(abs(math.log(scale / s)) for s in done.scores) < math.log(NEAR):
+                verdict = STOP
+            elif point_losses is None:
+                verdict = SCORE
+            else:
+                verdict = _candidate(done, interpolant, scale, point_losses, settle)
+            if verdict != UNSURE:
+                break
+            for diverged in done.grow(min(2 * done.n, len(done.y))):
+                hi = min(hi, math.log(diverged) - math.log(NEAR))
+            if hi <= lo or not done.outputs:
+                verdict = STOP
+                break
+        if verdict == STOP:
             break
     best = min(done.scores, key=lambda s: (done.scores[s], s))
     return SearchResult(best, dict(sorted(done.scores.items())), predicted, done.points)
@@ -327,18 +350,39 @@ def _minimise(
     return select_scale(on_interpolant, candidates, refine=True, extend=0)
 
 
-def _indifferent(
+SCORE, STOP, UNSURE = "score", "stop", "unsure"
+
+
+def _candidate(
     done: _Scored,
     interpolant: Interpolant,
     scale: float,
     point_losses: Callable[[Tensor, Tensor], Tensor],
-) -> bool:
-    """Whether the minimiser's predicted gain over the best scale scored is below `INDIFFERENCE`
-    standard errors (only where the polynomial interpolates: an extrapolated one is scored)."""
+    settle: Settle,
+) -> str:
+    """What to do with the interpolant's minimiser `scale`, from its predicted gain over the
+    best scale scored (the mean d̄ of their paired per-point differences, interpolated against
+    exact, standard error se, on the points scored so far):
+
+    - SCORE it when d̄ > `INDIFFERENCE` standard errors, or when it lies past the largest
+      node (an extrapolated minimiser is always checked);
+    - STOP when it cannot matter: the expected improvement of scoring it, E[max(0, δ)] with
+      δ ~ N(d̄, se²), is below `settle.regret`, or d̄ + z·se < `settle.nats`; or when every
+      point is already scored (then a gain within noise is a tie);
+    - UNSURE otherwise: a gain within noise that could still matter; the caller scores every
+      scale on more points and asks again (on 384 points of a 10-class model at 25% error,
+      se is a few thousandths of a nat: a 0.01-nat gain can look like noise there).
+    """
     finite = {s: v for s, v in done.scores.items() if s in done.outputs}
     if not finite or scale > NEAR * max(interpolant.nodes):
-        return False
+        return SCORE
     best = min(finite, key=finite.__getitem__)
     y = done.y[: done.n]
     d = point_losses(done.outputs[best], y).double() - point_losses(interpolant(scale), y).double()
-    return float(d.mean()) <= INDIFFERENCE * float(d.std()) / math.sqrt(len(d))
+    gain, se = float(d.mean()), float(d.std()) / math.sqrt(len(d))
+    if gain > INDIFFERENCE * se:
+        return SCORE
+    if not settle.grow or done.n >= len(done.y) or gain + settle.z * se < settle.nats:
+        return STOP
+    improvement = expected_regret(gain, se) + max(gain, 0.0)  # E[max(0, δ)]
+    return STOP if improvement < settle.regret else UNSURE

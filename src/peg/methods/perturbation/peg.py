@@ -35,7 +35,7 @@ Choices the paper leaves open (each an option, recorded in the saved ensemble):
   it is a displacement like the other terms: v = η·buf. The paper does not say where v comes
   from; `momentum="none"` sets v = 0, and a dict of tensors (e.g. the training optimizer's
   `momentum_buffer`s, in gradient units) uses those instead.
-- η: a number; a list (grid, every η scored); or "search": at most 2 exact scorings over
+- η: a number; a list (grid, every η scored); or "search": at most 3 exact scorings over
   1e-6…1e3, guided by the members' outputs interpolated along η (`search="surrogate"`,
   `peg.methods.perturbation._surrogate`), or the paper's grid (0.001, 0.01, 0.1, 1) extended past
   its edges and refined by golden section in log space (`search="golden"`). Scored by validation NLL
@@ -149,10 +149,11 @@ class PEG(PerturbationEnsemble):
             NonFiniteError naming it) or "drop" (left out; its index in `dropped_`).
         search: how η is chosen when searched or given as a list: a `peg.ScaleSearch` (its
             method, criterion, held-out fraction, scoring points, racing, grid), or its method's
-            name: "surrogate" (default: at most 2 exact scorings, on 384 held-out points
-            first, more only while the two η are undecided) or "golden" (the grid,
-            extended, then golden section, raced; 12–15 scorings). By default η minimises the
-            validation NLL on the half of the validation set held out from the gradient steps.
+            name: "surrogate" (default: at most 3 exact scorings, on 1024 held-out points
+            first, more only while the η are undecided or the next one is within noise) or
+            "golden" (the grid, extended, then golden section, raced; 12–15 scorings). By
+            default η minimises the validation NLL on the half of the validation set held out
+            from the gradient steps.
         lazy: keep no stacked members after `fit`: each predict call builds them `chunk_size`
             at a time from their rows, kept as `lazy_store` says, and frees each chunk.
             "auto": lazy when the eager ensemble (its rows and stacked members, 2·S·R·P

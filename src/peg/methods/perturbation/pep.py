@@ -50,7 +50,7 @@ class PEP(PerturbationEnsemble):
             (`peg.source.batches`).
         on_nonfinite: "raise" (default) or "drop" members whose weights are NaN/inf.
         search: how σ is chosen when searched or given as a list: a `peg.ScaleSearch` or its
-            method's name, "surrogate" (default, at most 2 exact scorings, see `PEG`) or
+            method's name, "surrogate" (default, at most 3 exact scorings, see `PEG`) or
             "golden" (the grid extended and refined by golden section, raced). Its default grid
             is (5e-4, 1.58e-3, 5e-3), the PEG paper's σ bracket and its geometric mean.
         lazy: keep no stacked members after `fit`, build them a chunk at a time at each
