@@ -23,12 +23,12 @@ from peg.apps import registry
 from peg.apps.compare.costs import probe_rows
 from peg.apps.compare.methods import LOGIT_METHODS, _spec, options, resolve
 from peg.apps.html import Report, Reported
+from peg.apps.kinds import fitted_kind, kind_options, saved_kind
 from peg.apps.results import json_ready
 from peg.apps.select import page
 from peg.apps.select.budgets import budget_seconds, check_seconds, drop_over_forwards
 from peg.apps.select.cross import CrossFit
 from peg.apps.select.folds import CRITERIA, check_fold_sizes, stratified_folds
-from peg.apps.select.kinds import fitted_kind, kind_options, saved_kind
 from peg.apps.select.nested import nested_score, refit
 from peg.apps.select.race import Plan, fold_lines
 from peg.apps.select.reference import slowdown, ts_seconds, warm_up
@@ -119,7 +119,7 @@ class AutoSelect(Reported, Predicts, Method):
             outer folds, each running the selection on the rest): `nested_` (`cv` × the cost).
         batch_size, batch_fn: rows per forward pass; how to split loader batches.
         task, ignore_index: how saved logits of another kind are read (binary `[N]`,
-            multilabel `[N, K]`, dense `[B, C, *S]`: `peg.apps.select.kinds`, whose candidates
+            multilabel `[N, K]`, dense `[B, C, *S]`: `peg.apps.kinds`, whose candidates
             are `calibrators(kind)`, scored on the kind's rows) and the label left out.
 
     Attributes (after `fit`):

@@ -37,9 +37,9 @@ from peg.apps.compare.collapse import indistinguishable, vs_base
 from peg.apps.compare.costs import flops
 from peg.apps.compare.faults import failure
 from peg.apps.compare.methods import MODEL, options
+from peg.apps.kinds import Points, kind_options
 from peg.apps.select.deadline import Overrun, stop_at
 from peg.apps.select.folds import point_scores
-from peg.apps.select.kinds import Points, kind_options
 from peg.apps.select.race import Plan, cheap_first
 from peg.methods._predictors import logits_and_labels
 from peg.methods.calibration._affine_select import reduces_to

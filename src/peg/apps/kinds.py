@@ -1,14 +1,15 @@
-"""Selection on saved logits of another kind than multiclass (binary scores `[N]`, multilabel
-`[N, K]`, dense `[B, C, *S]`: `peg.source._kinds`): the candidates are fitted on the native
-logits of a fold's SAMPLES (rows `[N]` of scores, images `[B]`), and scored on the canonical
+"""AutoSelect and compare on saved logits of another kind than multiclass (binary scores `[N]`,
+multilabel `[N, K]`, dense `[B, C, *S]`: `peg.source._kinds`): the maps are fitted on the native
+logits of whole SAMPLES (a fold's rows of scores, its images `[B]`), and scored on the canonical
 rows of the held-out samples whose label is not ignored.
 
-The points the selection averages are those rows (`Points`): the mean of their NLL is the
+The points averaged are those rows (`Points`, `kind_rows`): the mean of their NLL is the
 kind's NLL (binary: the NLL of P(y = 1); multilabel: the mean binary NLL over every label
 entry; dense: the mean over the positions not ignored), and the paired differences, the one-SE
-rule and the verdict read them as they read a multiclass model's points. The rows of a sample
-are scored together (a sample is never split across folds), so the SEs, which take the rows
-as independent, are on the low side for dense and multilabel inputs.
+rule and the verdict read them as they read a multiclass model's points. compare's columns are
+the kind's own metrics where it has them (`kind_scores`: ECE on P(y = 1), ...). A sample's rows
+are scored together (a sample is never split across folds), so the SEs, which take the rows as
+independent, are on the low side for dense and multilabel inputs.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from peg.methods._predictors import stateless
+from peg.methods.calibration._calibrator import calibrators
+from peg.metrics.kinds import KindMetrics
 from peg.source._kinds import Kind, read_kind
 
 
@@ -108,3 +112,52 @@ def fitted_kind(predictor: Any) -> Any:
     that kind's shapes), else None."""
     kind = getattr(predictor, "kind_", None)
     return predictor if isinstance(kind, Kind) and kind.kind != "multiclass" else None
+
+
+def kind_rows(kind: Kind, logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """Native member logits `[M, *shape]` and labels as the kind's canonical rows not ignored
+    `[M, R, W]` and their labels `[R]`: what compare scores and keeps per point."""
+    return kind.kept(kind.rows(logits), kind.row_labels(y, "labels").to(logits.device))
+
+
+def kind_scores(kind: Kind, logits: Tensor, y: Tensor, bins: int, keys: Any) -> dict[str, float]:
+    """The kind's own metrics (`peg.metrics.kinds`: binary ones on P(y = 1), multilabel ones
+    over every label entry, dense ones per position) of native member logits, among `keys`."""
+    stream = KindMetrics(kind, bins, 1, None)
+    stream.update(logits, y)
+    return {k: float(v) for k, v in stream.compute().items() if k in keys}
+
+
+def kind_points(kind: Kind, points: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Per-row values (`apps.verdict.per_point` of the rows) in the kind's units: the Brier
+    score of a 2-column row is twice the binary one, (p - y)^2, which the kind reports."""
+    if kind.kind in ("binary", "multilabel"):
+        points = {**points, "brier": points["brier"] / 2}
+    return points
+
+
+def check_sets(kind: Kind, sets: dict[str, Any], task: str) -> None:
+    """Each labelled set `name → (logits, labels)` of saved logits read as `kind` (the shapes
+    and the label values), before any fitting: a ValueError naming the set otherwise."""
+    for name, data in sets.items():
+        if not (isinstance(data, tuple) and len(data) == 2 and hasattr(data[1], "shape")):
+            raise ValueError(
+                f"{name}: expected saved logits and their labels (logits, labels) like val's, "
+                f"{kind.describe()}, got {type(data).__name__}"
+            )
+        logits, y = data
+        read = read_kind(tuple(logits.shape), y, task, kind.ignore_index, name, kind.class_dim)
+        if (read.kind, read.width, read.outputs) != (kind.kind, kind.width, kind.outputs):
+            raise ValueError(f"{name}: {read.describe()}, but val's are {kind.describe()}")
+        read.row_labels(y, f"{name} labels")
+
+
+def compared_kind(
+    model: Any, val: Any, methods: Any, task: str, ignore_index: int
+) -> tuple[Kind | None, Any]:
+    """compare's kind of saved logits (None: multiclass, or a model), and its methods: by
+    default on another kind, the model and the maps that take the kind (`calibrators(kind)`)."""
+    kind = saved_kind(val, task, ignore_index, False) if stateless(model) else None
+    if methods is None and kind is not None:
+        methods = ["Model", *(c.name for c in calibrators(kind.kind))]
+    return kind, methods
