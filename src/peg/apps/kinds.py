@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -23,6 +24,7 @@ from peg.methods._predictors import stateless
 from peg.methods.calibration._calibrator import calibrators
 from peg.metrics.kinds import KindMetrics
 from peg.source._kinds import Kind, read_kind
+from peg.source.batches import from_numpy
 
 
 class Points:
@@ -161,3 +163,21 @@ def compared_kind(
     if methods is None and kind is not None:
         methods = ["Model", *(c.name for c in calibrators(kind.kind))]
     return kind, methods
+
+
+def read_saved(
+    X: Any, y: Any, options: tuple[str, str], task: str, ignore_index: int, paths: Any
+) -> tuple[Tensor, Tensor]:
+    """Saved logits `X` of another kind than multiclass and their labels `y` (NumPy arrays
+    read from the `.npy` files `paths`), checked as `task` reads them (the shapes, the label
+    values: a ValueError naming the option, `options`), as tensors (labels int64)."""
+    what, labels_what = options
+    if X.dtype.kind != "f":
+        raise ValueError(
+            f"{what}: expected floating-point logits, got dtype {X.dtype} in {paths[0]}"
+        )
+    if y.dtype.kind not in "iufb":
+        raise ValueError(f"{labels_what}: expected integer labels, got {y.dtype} in {paths[1]}")
+    kind = read_kind(tuple(X.shape), y, task, ignore_index, what)
+    kind.row_labels(torch.from_numpy(np.asarray(y)), labels_what)  # the values, 0/1 or classes
+    return from_numpy(X), torch.from_numpy(np.asarray(y).astype(np.int64))
