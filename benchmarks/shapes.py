@@ -16,6 +16,9 @@ scikit-learn's references. Sections (`--sections`):
   probabilities of 0 or 1 are clipped to [1e-7, 1 − 1e-7] for the NLL (scikit-learn's fit
   gives exact 0s and 1s); the others never reach them.
 
+- "autoselect" (a few minutes): AutoSelect against compare's best column on binary,
+  multilabel and dense networks (`benchmarks/shapes_autoselect.py`).
+
     OMP_NUM_THREADS=1 python benchmarks/shapes.py [--sections binary] [--seed 0]
         [--out results/benchmarks/shapes.txt]
 """
@@ -157,7 +160,15 @@ def binary(seed: int) -> list[str]:
     return lines
 
 
+def autoselect(seed: int) -> list[str]:
+    """AutoSelect against compare's best column on each kind (`benchmarks/shapes_autoselect.py`)."""
+    from shapes_autoselect import run  # beside this file
+
+    return run(seed, train_binary)
+
+
 SECTIONS: dict[str, Callable[[int], list[str]]] = {"binary": binary}
+SECTIONS["autoselect"] = autoselect  # AutoSelect within 0.01 nats of the best column, each kind
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -68,6 +68,9 @@ def test_autoselect_on_each_kind(case):
     assert p.shape == logits.shape
     assert torch.allclose(p, auto.predictor_.predict_proba(logits))
     assert auto.predictor_.kind_.kind == kind
+    # evaluated as its kind, as its chosen map is
+    mine, chosen_map = (peg.evaluate(p, logits, y, **options) for p in (auto, auto.predictor_))
+    assert mine["nll"] == chosen_map["nll"] and mine["ece"] == chosen_map["ece"]
     assert auto.predict(logits).shape == (logits.shape if kind != "dense" else y.shape)
 
 

@@ -237,6 +237,7 @@ class AutoSelect(Reported, Predicts, Method):
         chain = refit(cross, specs, chosen, everything)
         seconds = time.perf_counter() - started
         self.predictor_ = chain[chosen]
+        self.kind_ = getattr(self.predictor_, "kind_", None)  # what evaluate reads
         row = next(r for r in report if r["candidate"] == chosen)
         self.score_ = {"criterion": self.criterion, "mean": row["cv_mean"], "se": row["cv_se"]}
         self.nested_ = self._nested(cross, specs, skipped, budget, forward) if self.nested else None
