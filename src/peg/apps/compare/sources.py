@@ -122,17 +122,17 @@ def saved_logits(
     logits: str,
     labels: str,
     options: tuple[str, str] = ("--logits", "--labels"),
-    task: str = "auto",
+    task: str | None = None,
     ignore_index: int = -100,
 ) -> tuple[Tensor, Tensor]:
     """Validation logits `[N, C]` (float16/32/64, memory-mapped) and labels `[N]` (integers;
     floats whose values are all integers are read as int64) from two `.npy` files, read
     without pickles and checked before any work; a ValueError naming the option (`options`:
     those of the logits and the labels) otherwise. Logits of another kind (`task`, read
-    from the shapes where "auto"): `kinds.read_saved`."""
+    from the shapes where "auto"; None, the monitor's: multiclass alone): `kinds.read_saved`."""
     what, labels_what = options
     X, y = read_npy(logits, what, mmap=True), read_npy(labels, labels_what, mmap=False)
-    if not (X.ndim == 2 and y.ndim == 1 and task in ("auto", "multiclass")):
+    if task is not None and not (X.ndim == 2 and y.ndim == 1 and task in ("auto", "multiclass")):
         return kinds.read_saved(X, y, options, task, ignore_index, (logits, labels))
     if X.ndim != 2 or X.dtype.kind != "f" or X.shape[1] < 2:
         raise ValueError(
