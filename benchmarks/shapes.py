@@ -21,9 +21,11 @@ scikit-learn's references. Sections (`--sections`):
   the best one-scale fit, conformal risk control of the recall; a small segmentation network
   on canvases of two digits (11 classes per pixel, 255 ignored at the digits' borders), TS and
   vector scaling on the dense maps.
+- "autoselect" (a few minutes): AutoSelect against compare's best column on binary,
+  multilabel and dense networks (`benchmarks/shapes_autoselect.py`).
 
-    OMP_NUM_THREADS=1 python benchmarks/shapes.py [--sections binary multilabel segmentation]
-        [--seed 0] [--out results/benchmarks/shapes.txt]
+    OMP_NUM_THREADS=1 python benchmarks/shapes.py [--sections binary multilabel segmentation
+        autoselect] [--seed 0] [--out results/benchmarks/shapes.txt]
 """
 
 from __future__ import annotations
@@ -164,10 +166,18 @@ def binary(seed: int) -> list[str]:
     return lines
 
 
+def autoselect(seed: int) -> list[str]:
+    """AutoSelect against compare's best column on each kind (`benchmarks/shapes_autoselect.py`)."""
+    from shapes_autoselect import run  # beside this file
+
+    return run(seed, train_binary)
+
+
 SECTIONS: dict[str, Callable[[int], list[str]]] = {
     "binary": binary,
     "multilabel": multilabel,
     "segmentation": segmentation,
+    "autoselect": autoselect,  # AutoSelect within 0.01 nats of the best column, each kind
 }
 
 

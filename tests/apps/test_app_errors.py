@@ -9,6 +9,8 @@ import io
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 import peg
 from bad_inputs import (
     _mlp,
@@ -37,6 +39,12 @@ def _comparison() -> Comparison:
     """A Comparison of one method, as peg.compare returns it."""
     return Comparison([{"method": "TS", "base": "model", "nll": 0.5}], {}, {}, {},
                       {"test": {"points": 10, "kind": "test"}})  # fmt: skip
+
+
+def _scores() -> tuple[torch.Tensor, torch.Tensor]:
+    """Binary scores `[40]` and their 0/1 labels."""
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(40, generator=g), torch.arange(40) % 2
 
 
 def _spec(**change: object) -> dict:
@@ -240,6 +248,24 @@ ERROR_CASES: list[tuple[str, str, Callable[[], object], type[BaseException], str
         lambda: _comparison().to_text("xlsx"),
         ValueError,
         r"format: expected one of \['md', 'csv', 'json'\]",
+    ),
+    (
+        "peg.compare",
+        "binary scores [N] for val, a multilabel head for test",
+        lambda: peg.compare(
+            *_scores(),
+            (_scores()[0][:, None].expand(-1, 3), _scores()[1][:, None].expand(-1, 3)),
+            say=None,
+        ),
+        ValueError,
+        r"test: multilabel logits \[N, 3\] .*, but val's are binary scores",
+    ),
+    (
+        "peg.AutoSelect",
+        "nested=True on binary scores",
+        lambda: peg.AutoSelect(nested=True).fit(*_scores()),
+        ValueError,
+        "nested: scores multiclass selections only; got binary scores",
     ),
     (
         "peg (CLI)",

@@ -48,11 +48,12 @@ def run(args: argparse.Namespace, command: str, progress: bool | None) -> int:
     if args.batch_size < 1:
         raise ValueError(f"--batch-size: expected an integer >= 1, got {args.batch_size}")
     path = _archive(Path(args.map))
-    logits = _logits(args.logits)
-    out, record = _target(Path(args.out), {"--logits": Path(args.logits), "map": path})
     mapped = _load(path)
+    kind = _kind(mapped)  # a map fitted on another kind than multiclass: that kind's logits
+    logits = _logits(args.logits, kind)
+    out, record = _target(Path(args.out), {"--logits": Path(args.logits), "map": path})
     sets = hasattr(mapped, "sets_fn")  # a conformal predictor: its sets, what it was fitted for
-    n, c = logits.shape
+    n, c = len(logits), (logits.shape[1] if logits.ndim > 1 else 1)
     for start in range(0, n, args.batch_size):  # bad rows said before anything is written
         _check_rows(np.asarray(logits[start : start + args.batch_size]), start)
     writable(out.parent, "--out")
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace, command: str, progress: bool | None) -> int:
         "command": command,
         "map": str(path),
         "logits": args.logits,
-        "shape": [n, c],
+        "shape": list(logits.shape),
         "commit": git_commit(),
         "machine": machine(),
         "map_meta": getattr(mapped, "meta_", None),
@@ -113,11 +114,21 @@ def _load(path: Path) -> Any:
     return mapped
 
 
-def _logits(path: str) -> np.ndarray:
-    """Logits `[N, C]` (floating point, C >= 2) memory-mapped from a `.npy`, never a pickle."""
+def _kind(mapped: Any) -> Any:
+    """The kind of logits `mapped` was fitted on, None where multiclass (or not a map's)."""
+    kind = getattr(mapped, "kind_", None)
+    return None if kind is None or kind.kind == "multiclass" else kind
+
+
+def _logits(path: str, kind: Any = None) -> np.ndarray:
+    """Logits `[N, C]` (floating point, C >= 2; another `kind`'s: its shape) memory-mapped
+    from a `.npy`, never a pickle."""
     from peg.apps.compare.sources import read_npy
 
     X = read_npy(path, "--logits", mmap=True)
+    if kind is not None and X.dtype.kind == "f" and X.ndim >= 1 and len(X) >= 1:
+        kind.check(tuple(X.shape), "--logits")
+        return X
     if X.ndim != 2 or X.dtype.kind != "f" or X.shape[1] < 2 or X.shape[0] < 1:
         raise ValueError(
             f"--logits: expected floating-point logits [N, C] with N >= 1 and C >= 2, got an "
@@ -131,7 +142,7 @@ def _check_rows(block: np.ndarray, start: int) -> None:
     ±inf: the calibrators' one rule (`peg.source._values.check_finite_logits`)."""
     bad = ~np.isfinite(block)
     if bad.any():
-        i = int(np.argmax(bad.any(1)))
+        i = int(np.argmax(bad.reshape(len(bad), -1).any(1)))
         row = block[i]
         which = "NaN" if np.isnan(row).any() else "+inf" if np.isposinf(row).any() else "-inf"
         raise ValueError(
@@ -145,9 +156,9 @@ def _write(mapped: Any, logits: np.ndarray, tmp: str, batch_size: int, sets: boo
     `logits` `[N, C]` into the `.npy` at `tmp`, block by block, each checked first."""
     import torch
 
-    n, c = logits.shape
+    n, c = len(logits), (logits.shape[1] if logits.ndim > 1 else 1)
     dtype = np.bool_ if sets else np.float32
-    result = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=(n, c))
+    result = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=logits.shape)
     make = mapped.sets_fn() if sets else None  # one stream: randomised draws in row order
     for start in range(0, n, batch_size):
         block = np.asarray(logits[start : start + batch_size])
@@ -166,7 +177,7 @@ def _write(mapped: Any, logits: np.ndarray, tmp: str, batch_size: int, sets: boo
                 f"--logits: the map gave {done.shape[-1]} columns for logits of {c} classes; "
                 "it was not fitted on logits like these; nothing was written"
             )
-        if make is None:
+        if make is None and _kind(mapped) is None:  # another kind's: P(y = 1), or [B, C, *S]
             _check_probabilities(done, start)
         result[start : start + len(block)] = done
     result.flush()

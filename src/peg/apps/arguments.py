@@ -21,39 +21,16 @@ Parser = argparse.ArgumentParser
 
 # peg.apps.compare.methods.CATALOGUE's names, for the help (tests/apps/test_cli_start.py holds
 # them equal): that module imports torch
+# fmt: off
 METHOD_NAMES = (
-    "Model",
-    "TS",
-    "PEP",
-    "PEG",
-    "PEG + TS",
-    "MC dropout",
-    "Last-layer PEG",
-    "PEG (ascent)",
-    "TS → PEG",
-    "Laplace",
-    "Vector scaling",
-    "Matrix scaling",
-    "Dirichlet",
-    "Hist. binning",
-    "Isotonic",
-    "Spline",
-    "Ensemble TS",
-    "Order-preserving",
-    "Platt scaling",
-    "Beta calibration",
-    "Venn-ABERS",
-    "PEG (kfac)",
-    "PEG (diag)",
-    "Last-layer PEG (kfac)",
-    "Last-layer PEG + TS",
-    "PEG → Matrix scaling",
-    "PEG → Dirichlet",
-    "PEG → Vector scaling",
-    "Dirichlet → PEG",
-    "Matrix scaling → PEG",
-    "Dirichlet → last-layer PEG",
+    "Model", "TS", "PEP", "PEG", "PEG + TS", "MC dropout", "Last-layer PEG", "PEG (ascent)",
+    "TS → PEG", "Laplace", "Vector scaling", "Matrix scaling", "Dirichlet", "Hist. binning",
+    "Isotonic", "Spline", "Ensemble TS", "Order-preserving", "Platt scaling", "Beta calibration",
+    "Venn-ABERS", "PEG (kfac)", "PEG (diag)", "Last-layer PEG (kfac)", "Last-layer PEG + TS",
+    "PEG → Matrix scaling", "PEG → Dirichlet", "PEG → Vector scaling", "Dirichlet → PEG",
+    "Matrix scaling → PEG", "Dirichlet → last-layer PEG",
 )
+# fmt: on
 # peg.apps.html's FORMATS, REPORT and CSV (held equal by the same test)
 FORMATS = ("md", "csv", "json")
 REPORT = "report.html"
@@ -142,6 +119,20 @@ def report_options(p: Parser, folder: str) -> None:
     )
 
 
+# `peg.source._kinds.TASKS` (this module imports no torch; a test holds them equal)
+TASKS = ("auto", "multiclass", "binary", "multilabel")
+TASK = (
+    "the kind of the saved logits (default: auto, read from the shapes: binary [N], "
+    "multilabel [N, K] with [N, K] labels, dense [B, C, *S] with [B, *S], multiclass [N, C])"
+)
+
+
+def kinds(p: Parser) -> None:
+    """`--task` and `--ignore-index`: how saved logits of any kind are read."""
+    p.add_argument("--task", default="auto", choices=TASKS, help=TASK)
+    p.add_argument("--ignore-index", type=int, default=-100, help="label left out (-100)")
+
+
 def val_logits(p: Parser, old: Sequence[str], what: str) -> None:
     """`--val-logits` and `--val-labels` (`old`: the earlier spellings of the two)."""
     aliased(p, "--val-logits", old[:1], f"saved validation logits [N, C], a .npy ({what})")
@@ -160,6 +151,7 @@ def compare(p: Parser) -> None:
     )
     p.add_argument("--test-logits", help="saved test logits [N, C], a .npy")
     p.add_argument("--test-labels", help="their integer labels [N], a .npy")
+    kinds(p)
     p.add_argument(
         "--shifted",
         nargs="+",
@@ -197,6 +189,7 @@ def compare(p: Parser) -> None:
 # ---------------------------------------------------------------- peg select
 def select(p: Parser) -> None:
     val_logits(p, ("--logits", "--labels"), "with --val-labels; instead of --model and --val")
+    kinds(p)
     p.add_argument("--model", help="module:function returning the model")
     p.add_argument("--val", help="validation data (as peg compare's)")
     p.add_argument(

@@ -34,6 +34,8 @@ def run(args: argparse.Namespace, command: str, progress: bool | None) -> int:
         command=command,
         resume=args.resume,
         overwrite=args.overwrite,
+        task=getattr(args, "task", "auto"),
+        ignore_index=getattr(args, "ignore_index", -100),
         say=_say,
     )
     if distributed.world()[0] != 0:  # under torchrun every rank has the table: one prints it

@@ -19,6 +19,7 @@ from peg.apps.compare.faults import failure
 from peg.apps.compare.methods import MODEL, options
 from peg.apps.compare.state import State
 from peg.loading import load
+from peg.methods.calibration._calibrator import Calibrator
 from peg.methods.perturbation._scale_search import MAX_SCORE_POINTS
 from peg.source import Data
 from peg.source.batches import BatchFn
@@ -47,6 +48,8 @@ class Fitting:
         self.model, self.val, self.evaluation, self.state = model, val, evaluation, state
         self.seed, self.progress = seed, progress
         self.batch_size, self.batch_fn = batch_size, batch_fn
+        # the calibrators' `task`, `ignore_index` on saved logits of another kind (`apps.kinds`)
+        self.kind_options: dict[str, Any] = {}
         self.fitted: dict[str, Any] = {}
         self.specs: dict[str, MethodSpec] = {}
         self.seconds: dict[str, float] = {MODEL: 0.0}
@@ -104,6 +107,8 @@ class Fitting:
         )
         started = time.perf_counter()
         made = options(spec, self.batch_size, self.batch_fn)
+        if spec.method in Calibrator.registry:  # saved logits of another kind: how to read them
+            made = made | self.kind_options
         predictor = registry.build(spec.method, site, **made)
         return predictor, time.perf_counter() - started
 

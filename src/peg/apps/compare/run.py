@@ -19,7 +19,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from peg import distributed, metrics
-from peg.apps import registry
+from peg.apps import kinds, registry
 from peg.apps.bench.spec import MethodSpec
 from peg.apps.compare.collapse import indistinguishable, note, vs_base
 from peg.apps.compare.costs import forwards, held_bytes, probe_rows
@@ -32,7 +32,7 @@ from peg.apps.compare.sets import argument, check_widths, fingerprints, read_set
 from peg.apps.compare.state import PRINT, Say, State, told
 from peg.apps.conformal import ConformalSpec, parse_conformal, scorer
 from peg.apps.results import RESULTS
-from peg.apps.scores import labelled_metrics, ood_detection, scored_detection
+from peg.apps.scores import CLASSIFICATION, labelled_metrics, ood_detection, scored_detection
 from peg.apps.verdict import per_point
 from peg.detectors import DETECTOR_SCORES, OODDetector
 from peg.methods._predictors import read_predictor
@@ -40,6 +40,7 @@ from peg.methods.perturbation._scale_search import MAX_SCORE_POINTS
 from peg.metrics._inputs import ensemble_log_probs
 from peg.metrics.ood import OOD_SCORES
 from peg.source import Data
+from peg.source._kinds import IGNORE_INDEX, Kind
 from peg.source.batches import BatchFn, check_batch_fn
 from peg.utils.scalars import check_positive_int, check_seed
 
@@ -65,6 +66,8 @@ def compare(
     command: str | None = None,
     resume: bool = False,
     overwrite: bool = False,
+    task: str = "auto",
+    ignore_index: int = IGNORE_INDEX,
 ) -> Comparison:
     """Fit post-hoc methods on `model` with `val`; compare them on `test` (and shifted, OOD).
 
@@ -114,6 +117,9 @@ def compare(
         overwrite: write into `out` even where it is a non-empty folder peg compare did not
             make (refused otherwise: its results.json, results.md, figures and predictors/
             would replace the user's files of the same names).
+        task, ignore_index: saved logits of another kind (binary `[N]`, multilabel `[N, K]`,
+            dense `[B, C, *S]`; "auto" reads it): the defaults are then the model and the maps
+            that take it, scored by the kind's metrics (`peg.apps.kinds`); the label left out.
 
     Before any fitting, the data is checked once (each set's first batch read, the model run
     on two of its rows, the labels in [0, C)) and `out` must be writable; a method whose save
@@ -150,26 +156,23 @@ def compare(
     rank = distributed.world()[0]  # under torchrun: the ranks share the predictions
     say = told(say, progress, rank)
     # compare(logits, labels, test): saved logits through SavedLogits()
-    model, val = read_predictor(model, val, "model", "a trained nn.Module")
+    model, val = read_predictor(model, val, "model", "a trained nn.Module", kinds=True)
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a trained nn.Module, got {type(model).__name__}")
+    kind, methods = kinds.compared_kind(model, val, methods, task, ignore_index)
     specs, skipped = resolve(methods, model)
     seed, batch_size = check_seed(seed), check_positive_int(batch_size, "batch_size")
     bins, batch_fn = check_positive_int(bins, "bins"), check_batch_fn(batch_fn)
     shown = check_shown(metrics)
     _check_options(resume, overwrite, ood_score)
     labelled, unlabelled = read_sets(val, test, shifted, ood)
-    check_widths(model, labelled, unlabelled)  # saved logits: of one set of classes
-    check_data(
-        model,
-        [(argument(n), d, True) for n, d in labelled.items()]
-        + [(f"ood[{n!r}]", d, False) for n, d in unlabelled.items()],
-        batch_fn,
-    )
+    check_widths(model, labelled, unlabelled, kind)  # saved logits: of one set of classes
+    _check_sets(model, kind, task, labelled, unlabelled, batch_fn)
     check = registry.Site(seed=seed, progress=False, score_points=MAX_SCORE_POINTS)
     registry.check_all(((s.name, s.method, options(s, batch_size, batch_fn)) for s in specs), check)
     val = labelled.pop("val")
     evaluation = Evaluation(model, labelled, unlabelled, batch_size, batch_fn, bins, ood_score)
+    evaluation.kind = kind
     evaluation.val = val  # what a feature OOD detector ("mahalanobis", "knn") is fitted on
     evaluation.bases = {s.base for s in specs}  # whose test outputs a later row compares with
     evaluation.conformal = parse_conformal(conformal, "conformal", [s.name for s in specs])
@@ -191,6 +194,7 @@ def compare(
         batch_size=batch_size,
         batch_fn=batch_fn,
     )
+    fitting.kind_options = kinds.kind_options(kind)
     table: list[dict[str, Any]] = []
     for i, spec in enumerate(specs):
         table.append(fitting.run(i, spec))
@@ -203,6 +207,27 @@ def compare(
         paths = result.write(out, command or _command(specs, out))
         say(f"compare: wrote {', '.join(str(p) for p in paths)} and {len(result.figures)} figures")
     return result
+
+
+def _check_sets(
+    model: nn.Module,
+    kind: Kind | None,
+    task: str,
+    labelled: dict[str, Data],
+    unlabelled: dict[str, Data],
+    batch_fn: BatchFn | None,
+) -> None:
+    """Every set checked before any fitting (`faults.check_data`; saved logits of another
+    kind: `kinds.check_sets`, each read as val's)."""
+    if kind is not None:
+        kinds.check_sets(kind, {argument(n): d for n, d in labelled.items()}, task)
+        return
+    check_data(
+        model,
+        [(argument(n), d, True) for n, d in labelled.items()]
+        + [(f"ood[{n!r}]", d, False) for n, d in unlabelled.items()],
+        batch_fn,
+    )
 
 
 def _check_options(resume: Any, overwrite: Any, ood_score: Any) -> None:
@@ -242,6 +267,7 @@ class Evaluation:
         self.conformal: ConformalSpec | None = None
         self.val: Data = None
         self.bases: set[str] = set()
+        self.kind: Kind | None = None  # saved logits of another kind than multiclass
         # base name → (members, test log-probabilities `[N, C]`) of the bases met so far
         self.base_outputs: dict[str, tuple[int, Tensor]] = {}
 
@@ -275,9 +301,15 @@ class Evaluation:
             )
             if name == TEST:
                 row["predict_seconds"] = time.perf_counter() - started
-                test_logits = logits
+            native = logits, y
+            if self.kind is not None:  # scored on the kind's rows, and by its own metrics
+                logits, y = kinds.kind_rows(self.kind, logits, y)
+            test_logits = logits if name == TEST else test_logits
             sizes[name] = (len(y), TEST if name == TEST else "shifted")
             row |= {column(k, name): v for k, v in labelled_metrics(logits, y).items()}
+            if self.kind is not None:
+                own = kinds.kind_scores(self.kind, *native, self.bins, CLASSIFICATION)
+                row |= {column(k, name): v for k, v in own.items()}
             if self.conformal is not None and self.conformal.applies(spec.name):
                 if name == TEST:  # the first set: calibrated on half of it
                     conformal_sets = scorer(logits, y, self.conformal)
@@ -286,6 +318,8 @@ class Evaluation:
                 }
             curves[name] = metrics.reliability(logits, y, self.bins)
             points[name] = per_point(logits, y)
+            if self.kind is not None:
+                points[name] = kinds.kind_points(self.kind, points[name])
         assert test_logits is not None
         row |= self.vs_base(spec, test_logits, base, row["forwards"])
         detector = None

@@ -69,7 +69,9 @@ def as_labelled(data: Data, name: str) -> Data:
     )
 
 
-def check_widths(model: nn.Module, labelled: dict[str, Data], ood: dict[str, Data]) -> None:
+def check_widths(
+    model: nn.Module, labelled: dict[str, Data], ood: dict[str, Data], kind: Any = None
+) -> None:
     """Saved logits (`model` stateless) held in memory with another number of columns
     (classes) than val's: a ValueError naming both counts, before any fitting (every method
     fitted on val failed on them, one row each)."""
@@ -78,7 +80,10 @@ def check_widths(model: nn.Module, labelled: dict[str, Data], ood: dict[str, Dat
     sets = [(argument(n), d) for n, d in labelled.items()]
     sets += [(f"ood[{n!r}]", d) for n, d in ood.items()]
     arrays = {n: d[0] if is_pair(d) else d for n, d in sets}
-    widths = {n: a.shape[-1] for n, a in arrays.items() if isinstance(a, (Tensor, np.ndarray))}
+    axis = -1 if kind is None or kind.kind != "dense" else kind.class_dim  # the classes'
+    if kind is not None and kind.kind == "binary":
+        return  # one score a row
+    widths = {n: a.shape[axis] for n, a in arrays.items() if isinstance(a, (Tensor, np.ndarray))}
     for name, width in widths.items():
         if "val" in widths and width != widths["val"]:
             raise ValueError(

@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from peg import data as datasets
 from peg._load_checks import torch_file
+from peg.apps import kinds
 from peg.apps.arguments import COMPARE_LOGITS, check_compare, printable, spelled
 from peg.source import is_dataset_or_loader, is_pair
 from peg.source.batches import from_numpy
@@ -118,14 +119,21 @@ def data(spec: str, what: str, labelled: bool = True) -> Any:
 
 
 def saved_logits(
-    logits: str, labels: str, options: tuple[str, str] = ("--logits", "--labels")
+    logits: str,
+    labels: str,
+    options: tuple[str, str] = ("--logits", "--labels"),
+    task: str | None = None,
+    ignore_index: int = -100,
 ) -> tuple[Tensor, Tensor]:
     """Validation logits `[N, C]` (float16/32/64, memory-mapped) and labels `[N]` (integers;
     floats whose values are all integers are read as int64) from two `.npy` files, read
     without pickles and checked before any work; a ValueError naming the option (`options`:
-    those of the logits and the labels) otherwise."""
+    those of the logits and the labels) otherwise. Logits of another kind (`task`, read
+    from the shapes where "auto"; None, the monitor's: multiclass alone): `kinds.read_saved`."""
     what, labels_what = options
     X, y = read_npy(logits, what, mmap=True), read_npy(labels, labels_what, mmap=False)
+    if task is not None and not (X.ndim == 2 and y.ndim == 1 and task in ("auto", "multiclass")):
+        return kinds.read_saved(X, y, options, task, ignore_index, (logits, labels))
     if X.ndim != 2 or X.dtype.kind != "f" or X.shape[1] < 2:
         raise ValueError(
             f"{what}: expected floating-point logits [N, C] with C >= 2, got an array of "
@@ -173,8 +181,14 @@ def compared(args: Any, say: Callable[[str], None]) -> tuple[nn.Module, Any, Any
     check_compare(args)
     if args.val_logits is not None:
         names = spelled(args, COMPARE_LOGITS)
-        val = saved_logits(args.val_logits, args.val_labels, (names[0], names[1]))
-        test = saved_logits(args.test_logits, args.test_labels, ("--test-logits", "--test-labels"))
+        read = {
+            "task": getattr(args, "task", "auto"),
+            "ignore_index": getattr(args, "ignore_index", -100),
+        }
+        val = saved_logits(args.val_logits, args.val_labels, (names[0], names[1]), **read)
+        test = saved_logits(
+            args.test_logits, args.test_labels, ("--test-logits", "--test-labels"), **read
+        )
         return nn.Identity(), val, test
     return model(args.model), *val_and_test(args.val, args.test, args.seed, say)
 

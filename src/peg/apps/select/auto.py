@@ -23,6 +23,7 @@ from peg.apps import registry
 from peg.apps.compare.costs import probe_rows
 from peg.apps.compare.methods import LOGIT_METHODS, _spec, options, resolve
 from peg.apps.html import Report, Reported
+from peg.apps.kinds import fitted_kind, kind_options, saved_kind
 from peg.apps.results import json_ready
 from peg.apps.select import page
 from peg.apps.select.budgets import budget_seconds, check_seconds, drop_over_forwards
@@ -42,7 +43,10 @@ from peg.methods._predictors import (
     stateless,
 )
 from peg.methods.base import Method, store_arguments
-from peg.source import Data, Source, ValSource
+from peg.methods.calibration._calibrator import calibrators
+from peg.methods.calibration._kinded import check_integer
+from peg.source import Data, Source
+from peg.source._kinds import IGNORE_INDEX, TASKS, Kind
 from peg.source._values import check_labels
 from peg.source.batches import BatchFn, check_batch_fn
 from peg.utils.io import atomic_target
@@ -114,6 +118,9 @@ class AutoSelect(Reported, Predicts, Method):
         nested: also estimate the whole procedure's score by nested cross-validation (`cv`
             outer folds, each running the selection on the rest): `nested_` (`cv` × the cost).
         batch_size, batch_fn: rows per forward pass; how to split loader batches.
+        task, ignore_index: how saved logits of another kind are read (binary `[N]`,
+            multilabel `[N, K]`, dense `[B, C, *S]`: `peg.apps.kinds`, whose candidates
+            are `calibrators(kind)`, scored on the kind's rows) and the label left out.
 
     Attributes (after `fit`):
         predictor_: the chosen candidate refitted on all of `val`.
@@ -155,6 +162,8 @@ class AutoSelect(Reported, Predicts, Method):
         nested: bool = False,
         batch_size: int = 512,
         batch_fn: BatchFn | None = None,
+        task: str = "auto",
+        ignore_index: int = IGNORE_INDEX,
     ) -> None:
         store_arguments(self, locals())
 
@@ -175,6 +184,8 @@ class AutoSelect(Reported, Predicts, Method):
         "nested": checks.boolean(),
         "batch_size": checks.positive_int(),
         "batch_fn": checks.batch_fn,
+        "task": checks.one_of(*TASKS),
+        "ignore_index": checks.described(check_integer, "an integer (a label left out)"),
     }
 
     # ---------------------------------------------------------------- fitting
@@ -183,7 +194,7 @@ class AutoSelect(Reported, Predicts, Method):
         `fit(logits, labels)` on saved logits `[N, C]` and their labels (`read_predictor`)."""
         self._check_params()  # as the constructor did: catches an attribute set directly
         started = time.perf_counter()
-        model, val = read_predictor(model, val, "model", "a trained nn.Module")
+        model, val = read_predictor(model, val, "model", "a trained nn.Module", kinds=True)
         if not isinstance(model, nn.Module):
             raise TypeError(f"model: expected a trained nn.Module, got {type(model).__name__}")
         batch_fn = check_batch_fn(self.batch_fn)
@@ -191,7 +202,12 @@ class AutoSelect(Reported, Predicts, Method):
         if not source.indexable:
             raise TypeError("val: AutoSelect reads folds by index; an IterableDataset cannot be")
         check_fold_sizes(len(source), self.cv, self.nested)  # before any fold or forward pass
+        kind = (
+            saved_kind(val, self.task, self.ignore_index, self.nested) if stateless(model) else None
+        )
         defaults = LOGIT_CANDIDATES if stateless(model) else DEFAULT_CANDIDATES
+        if kind is not None:  # the maps that take the kind, whatever the registry holds
+            defaults = tuple(c.name for c in calibrators(kind.kind))
         entries = list(defaults if self.candidates is None else self.candidates)
         specs, skipped = _as_candidates(lambda: resolve(entries, model))
         site = registry.Site(seed=self.seed, progress=False)
@@ -202,21 +218,26 @@ class AutoSelect(Reported, Predicts, Method):
         clock, cpu = time.perf_counter(), time.process_time()  # the budget's clock from here
         logits, y = logits_and_labels(model, val, self.batch_size, batch_fn, "val")  # once
         forward = time.perf_counter() - clock
-        y = check_labels(y, len(y), logits.shape[-1], name="val labels")  # before any candidate
-        reference = forward + ts_seconds(logits, y)
+        if kind is None:
+            y = check_labels(y, len(y), logits.shape[-1], name="val labels")  # before any
+        reference = forward + ts_seconds(logits, y, **kind_options(kind))
         load = slowdown(time.perf_counter() - clock, time.process_time() - cpu, logits.device)
         budget = budget_seconds(self.max_fit_seconds, reference, load)
         everything = torch.arange(len(y))
-        folds = stratified_folds(y, self.cv, self.seed)  # class counts checked before fitting
-        cross = self._cross(model, source, logits, y, specs, rows)
+        cross = self._cross(model, source, logits, y, specs, rows, kind=kind)
+        strata = y if cross.kept is None else cross.kept.strata(y)
+        folds = stratified_folds(strata, self.cv, self.seed)  # class counts checked first
         cross._model_flops = model_flops
         cross.run(folds, self._budget, self._plan(budget, cross, clock, forward))
-        report, chosen = choose(cross, specs, everything, self.one_se, skipped)
-        self.reliability_ = page.reliability(logits, y, cross.top[chosen], chosen)
-        self.verdict_, self.baseline_ = page.verdict(logits, y, cross, chosen, report)
+        # the points: the samples (multiclass), another kind's rows not ignored
+        rows_logits, rows_y, points = cross.as_points(logits, everything)
+        report, chosen = choose(cross, specs, torch.arange(len(points)), self.one_se, skipped)
+        self.reliability_ = page.reliability(rows_logits, rows_y, cross.top[chosen], chosen)
+        self.verdict_, self.baseline_ = page.verdict(rows_logits, rows_y, cross, chosen, report)
         chain = refit(cross, specs, chosen, everything)
         seconds = time.perf_counter() - started
         self.predictor_ = chain[chosen]
+        self.kind_ = getattr(self.predictor_, "kind_", None)  # what evaluate reads
         row = next(r for r in report if r["candidate"] == chosen)
         self.score_ = {"criterion": self.criterion, "mean": row["cv_mean"], "se": row["cv_se"]}
         self.nested_ = self._nested(cross, specs, skipped, budget, forward) if self.nested else None
@@ -249,33 +270,23 @@ class AutoSelect(Reported, Predicts, Method):
         }
         return self
 
-    def _cross(
-        self,
-        model: nn.Module,
-        source: ValSource,
-        logits: Tensor,
-        y: Tensor,
-        specs: list[Any],
-        rows: Any,
-    ) -> CrossFit:
+    def _cross(self, *data: Any, kind: Kind | None = None) -> CrossFit:
+        """The cross-fitting of `(model, source, logits, y, specs, rows)` under these settings."""
         return CrossFit(
-            model,
-            source,
-            logits,
-            y,
-            specs,
+            *data[:5],
             criterion=self.criterion,
             seed=self.seed,
             batch_size=self.batch_size,
             batch_fn=check_batch_fn(self.batch_fn),
-            rows=rows,
+            rows=data[5],
             progress=self.progress,
+            kind=kind,
         )
 
     def _plan(self, budget: float | None, cross: CrossFit, started: float, forward: float) -> Plan:
         """The race and budget of one cross-fitting (the nested CV's inner ones too: each under
         the same budget and the same prices, from the same measured forward pass of `val`)."""
-        classes = int(cross.logits.shape[-1])
+        classes = int(cross.logits.shape[-1]) if cross.kind is None else cross.kind.width
         return Plan(budget, self.race, started, fold_lines(cross.progress), forward, classes)
 
     def _budget(self, cross: CrossFit) -> None:
@@ -331,6 +342,14 @@ class AutoSelect(Reported, Predicts, Method):
 
     def __len__(self) -> int:
         return len(self._fitted())
+
+    def predict_proba(self, X: Data, batch_size: int | None = None, **options: Any) -> Any:
+        """The chosen predictor's probabilities (another kind's in the input's shape)."""
+        return (fitted_kind(self._fitted()) or super()).predict_proba(X, batch_size, **options)
+
+    def predict(self, X: Data, batch_size: int | None = None, **options: Any) -> Any:
+        """The chosen predictor's predicted labels (another kind's in its shape)."""
+        return (fitted_kind(self._fitted()) or super()).predict(X, batch_size, **options)
 
     def to_markdown(self) -> str:
         """The verdict (`verdict_`), `report_` as a markdown table (the uncalibrated baseline's

@@ -62,6 +62,8 @@ def run(args: argparse.Namespace, command: str, progress: bool | None) -> int:
         progress=progress,
         nested=args.nested,
         batch_size=args.batch_size,
+        task=getattr(args, "task", "auto"),
+        ignore_index=getattr(args, "ignore_index", -100),
     )
     text = selector.fit(model, val).to_markdown()
     if args.save:  # the files first, said on stderr: the answer is the last thing printed
@@ -148,7 +150,11 @@ def _model_and_data(args: argparse.Namespace) -> tuple[nn.Module, Any]:
     check_select(args)
     logits, labels = typed(args, "val_logits"), typed(args, "val_labels")
     if args.val_logits is not None:
+        read = {
+            "task": getattr(args, "task", "auto"),
+            "ignore_index": getattr(args, "ignore_index", -100),
+        }
         return nn.Identity(), sources.saved_logits(
-            args.val_logits, args.val_labels, (logits, labels)
+            args.val_logits, args.val_labels, (logits, labels), **read
         )
     return sources.model(args.model), sources.data(args.val, "--val")

@@ -37,6 +37,7 @@ from peg.apps.compare.collapse import indistinguishable, vs_base
 from peg.apps.compare.costs import flops
 from peg.apps.compare.faults import failure
 from peg.apps.compare.methods import MODEL, options
+from peg.apps.kinds import Points, kind_options
 from peg.apps.select.deadline import Overrun, stop_at
 from peg.apps.select.folds import point_scores
 from peg.apps.select.race import Plan, cheap_first
@@ -47,6 +48,7 @@ from peg.methods.calibration.temperature import TemperatureScaling
 from peg.methods.perturbation._scale_search import MAX_SCORE_POINTS
 from peg.metrics._inputs import ensemble_log_probs
 from peg.source import ValSource
+from peg.source._kinds import Kind
 from peg.utils.progress import bar, lines
 
 # the most points a one-parameter map chained on a fitted base is cross-fitted on (a fold)
@@ -86,12 +88,16 @@ class CrossFit:
         batch_fn: Any,
         rows: Any,
         progress: bool | None = None,
+        kind: Kind | None = None,
     ) -> None:
         self.model, self.source, self.logits, self.y = model, source, logits, y
+        # another kind than multiclass: scored on its canonical rows (`kinds.Points`)
+        self.kind = kind
+        self.kept = None if kind is None or kind.kind == "multiclass" else Points(kind, y)
         self.specs, self.criterion, self.seed = specs, criterion, seed
         self.batch_size, self.batch_fn, self.rows = batch_size, batch_fn, rows
         self.progress = progress
-        n = len(y)
+        n = len(y) if self.kept is None else len(self.kept)
         self.points = {s.name: torch.full((n,), float("nan"), dtype=torch.float64) for s in specs}
         self.top = {s.name: (torch.full((n,), float("nan"), dtype=torch.float64),
                              torch.zeros(n, dtype=torch.bool)) for s in specs}  # fmt: skip
@@ -128,7 +134,7 @@ class CrossFit:
         if on_logits:
             base: Any = nn.Identity()  # the logits are the inputs, the map fitted where they are
             val: Any = (self.logits[0][idx], self.y[idx])
-            made = options(spec, self.batch_size, None)
+            made = options(spec, self.batch_size, None) | kind_options(self.kind)
         elif mapped:  # the base's member logits, as inputs (see the module doc)
             base, made = Cached(), options(spec, self.batch_size, None)
             val = self._base_logits(spec, fitted[spec.base], idx, bounded)
@@ -188,8 +194,18 @@ class CrossFit:
         return logits_and_labels(predictor, data, self.batch_size, self.batch_fn, "val")[0]
 
     def score(self, spec: MethodSpec, predictor: Any, idx: Tensor) -> Tensor:
-        """Per-point scores `[len(idx)]` of `predictor` on the points `idx`."""
-        return point_scores(self.outputs(spec, predictor, idx), self.y[idx], self.criterion)
+        """Per-point scores of `predictor` on the points `idx` (another kind's: on the kept
+        rows of the samples `idx`, `kinds.Points.of(idx)`)."""
+        logits, y, _ = self.as_points(self.outputs(spec, predictor, idx), idx)
+        return point_scores(logits, y, self.criterion)
+
+    def as_points(self, logits: Tensor, idx: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Member logits of the samples `idx` as the points' logits `[M, n, W]`, their labels
+        and their indices into `points` (multiclass: as they are, and `idx`)."""
+        if self.kept is None:
+            return logits, self.y[idx], idx
+        rows, y = self.kept.rows(logits, idx)
+        return rows, y, self.kept.of(idx)
 
     def measure(self, spec: MethodSpec, logits: Tensor, held: Tensor) -> float | None:
         """`collapse.vs_base` of `spec`'s held-out member logits `[M, n, C]` against its base's
@@ -292,10 +308,11 @@ class CrossFit:
                 logits = predictor.scale(self._raw[spec.base])
             else:
                 logits = self.outputs(spec, predictor, held)
-            self.points[name][held] = point_scores(logits, self.y[held], self.criterion)
-            confidence, predicted = ensemble_log_probs(logits).max(-1)
-            self.top[name][0][held] = confidence.exp().double().cpu()
-            self.top[name][1][held] = predicted.cpu() == self.y[held].cpu()
+            rows, y, at = self.as_points(logits, held)
+            self.points[name][at] = point_scores(rows, y, self.criterion)
+            confidence, predicted = ensemble_log_probs(rows).max(-1)
+            self.top[name][0][at] = confidence.exp().double().cpu()
+            self.top[name][1][at] = predicted.cpu() == y.cpu()
             gap, before = self.measure(spec, logits, held), self.gaps.get(name)
             if f > 0:  # the largest over the folds; not measured on one fold: not measured
                 gap = None if gap is None or before is None else max(gap, before)

@@ -53,8 +53,9 @@ def slowdown(wall: float, cpu: float, device: torch.device | None = None) -> flo
     return min(MAX_SLOWDOWN, max(1.0, wall / cpu))
 
 
-def ts_seconds(logits: Tensor, y: Tensor) -> float:
-    """Seconds to fit temperature scaling on the model's validation logits `[1, N, C]`."""
+def ts_seconds(logits: Tensor, y: Tensor, **kind: Any) -> float:
+    """Seconds to fit temperature scaling on the model's validation logits `[1, N, C]` (or
+    another kind's, read as `kind`'s options say: `kinds.kind_options`)."""
     started = time.perf_counter()
-    TemperatureScaling().fit(nn.Identity(), (logits[0], y))
+    TemperatureScaling(**kind).fit(nn.Identity(), (logits[0], y))
     return time.perf_counter() - started

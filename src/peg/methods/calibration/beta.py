@@ -41,9 +41,15 @@ from peg.source.batches import BatchFn
 __all__ = ["BetaCalibration", "beta_features"]
 
 
+def _softplus(x: Tensor) -> Tensor:
+    """ln(1 + e^x), stable, from ops ONNX Runtime runs in float64 (it has no float64 Softplus:
+    the exported map would not load)."""
+    return x.clamp(min=0) + torch.log1p(torch.exp(-x.abs()))
+
+
 def beta_features(s: Tensor) -> Tensor:
     """[ln q, -ln(1 - q)] `[R, 2]` of scores s `[R]`, q = sigmoid(s), in log space."""
-    return torch.stack([-softplus(-s), softplus(s)], -1)
+    return torch.stack([-_softplus(-s), _softplus(s)], -1)
 
 
 def _nll(features: Tensor, y: Tensor, w: Tensor) -> float:
