@@ -27,6 +27,11 @@ evaluation dataloader, a training step, the start of training), so it is never a
 next evaluation's batches. The module-level `compute_metrics` holds nothing: it measures a whole
 evaluation at once, and refuses the batch-by-batch calls.
 
+A causal LM: `NextToken(model)` aligns its next-token logits with their labels (`logits[:, :-1]`
+against `labels[:, 1:]`, -100 left out), so `peg.evaluate(NextToken(model), loader)["nll"]` is
+the model's own loss, and `NextToken(model).fit_temperature(loader)` fits T streamed, batch by
+batch, never holding `[N, V]` (`peg.integrations._next_token`).
+
 Needs `transformers` (`pip install "peg[hf]"`); imported only by this module, never by
 `import peg`.
 """
@@ -52,6 +57,7 @@ from peg.integrations._common import (
     named,
     rows,
 )
+from peg.integrations._next_token import NextToken
 from peg.methods import _constraints as checks
 from peg.methods.base import Params, store_arguments
 from peg.methods.calibration._calibrator import Calibrator
@@ -68,7 +74,7 @@ except ImportError:
         "peg.integrations.transformers needs transformers: pip install 'peg[hf]'"
     ) from None
 
-__all__ = ["CalibrationCallback", "ComputeMetrics", "compute_metrics"]
+__all__ = ["CalibrationCallback", "ComputeMetrics", "NextToken", "compute_metrics"]
 
 
 def _logits_and_labels(eval_pred: Any) -> tuple[Any, Any]:
