@@ -63,6 +63,11 @@ def test_token_outputs_with_the_class_dimension_last():
     exact = fit_temperature(*_gathered(tokens, labels, -1))
     got = fit_temperature_streamed(_batches(tokens, labels, 4), class_dim=-1)
     assert got == pytest.approx(exact, rel=1e-9)
+    # float32 work, float64 sums: the same optimum to float32's rounding
+    single = fit_temperature_streamed(
+        _batches(tokens, labels, 4), class_dim=-1, dtype=torch.float32
+    )
+    assert single == pytest.approx(exact, rel=1e-5)
 
 
 def test_the_sums_give_the_mean_nll_and_a_zero_slope_at_the_optimum():
@@ -84,7 +89,7 @@ def test_a_cache_runs_the_batches_once_and_gives_the_same_temperature(tmp_path):
         t,
         rel=1e-6,  # the cache holds float32 rows, as the logits are
     )
-    assert len(plain.calls) > 3 and len(cached.calls) == 1
+    assert 3 < len(plain.calls) <= 10 and len(cached.calls) == 1  # one pass an evaluation
     assert len(list((tmp_path / "c").glob("*.pt"))) == 3
     temporary = _batches(z, y)
     assert fit_temperature_streamed(temporary, class_dim=1, cache=True) == pytest.approx(t)
