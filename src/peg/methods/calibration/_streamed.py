@@ -6,12 +6,13 @@ of float32; 16k tokens at V = 50,257 are 3.3 GB). The NLL of softmax(s / T) and 
 derivatives in log β (β = 1/T) are sums over the positions, so `fit_temperature`'s search
 (bracket the root of the derivative in steps of log 10, then Newton's method on log β
 safeguarded by bisection) needs only those sums: each of its evaluations is one pass over the
-batches, accumulating them. The peak is one batch and a chunk of float64 work over
-`chunk` elements (`[rows, C]`, rows = chunk // C), never `[N, C]`; the accumulators are float64
-on the logits' device, read once per pass.
+batches, accumulating them. The peak is one batch (and one copy of its kept positions) and a
+chunk of work over `chunk` elements (`[rows, C]`, rows = chunk // C; float64, or float32 with
+`dtype`), never `[N, C]`; the accumulators are float64 on the logits' device, read once per
+pass (one exp per element: the rows centred on their largest score).
 
-Each pass runs the batches again (`batches()` is called once per pass; about eight passes:
-two or three to bracket, five or six of Newton). Where one forward costs more than reading its
+Each pass runs the batches again (`batches()` is called once per pass; six to nine passes:
+two or three to bracket, four to six of Newton). Where one forward costs more than reading its
 logits back, `cache=` a folder: the first pass writes each batch's kept rows there (float32,
 `[R_j, C]`, labels `[R_j]`), the others read them, memory-mapped (the disk then holds N × C
 floats; the forwards run once). Under `torch.distributed` (a process group initialised: each
