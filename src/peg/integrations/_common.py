@@ -11,9 +11,12 @@ tokens, special tokens), which no metric or calibrator should read as a class.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,11 +24,13 @@ import torch
 from torch import Tensor, nn
 
 from peg.methods.calibration._calibrator import Calibrator
+from peg.methods.calibration._streamed import fit_temperature_streamed
 from peg.methods.calibration._wraps import WrapsCalibrator
 from peg.methods.calibration.temperature import TemperatureScaling
 from peg.methods.conformal._split import check_alpha
 from peg.methods.conformal.classifier import ConformalClassifier
 from peg.metrics import classification_metrics, reliability
+from peg.metrics.streaming import StreamingMetrics
 from peg.output import logits_of, model_output
 from peg.source._devices import move
 from peg.source.batches import BatchFn, call_model, split_batch
@@ -97,10 +102,20 @@ def new_conformal(spec: float | ConformalClassifier | None) -> ConformalClassifi
     return ConformalClassifier(alpha=float(spec))
 
 
-def rows(logits: Any, labels: Any, where: str) -> tuple[Tensor, Tensor]:
-    """Logits `[..., C]` and labels `[...]` as rows `[N, C]`, `[N]`, the -100 labels left out."""
+def rows(logits: Any, labels: Any, where: str, next_token: bool = False) -> tuple[Tensor, Tensor]:
+    """Logits `[..., C]` and labels `[...]` as rows `[N, C]`, `[N]`, the -100 labels left out.
+
+    `next_token`: a causal LM's logits `[B, T, V]` and labels `[B, T]` (the input ids): position
+    t's logits predict token t + 1, so `logits[:, :-1]` are read against `labels[:, 1:]`."""
     z = torch.as_tensor(logits)
     y = torch.as_tensor(labels)
+    if next_token:
+        if z.ndim != 3 or y.ndim != 2:
+            raise ValueError(
+                f"{where}: next_token=True expects a causal LM's logits [B, T, V] and labels "
+                f"[B, T], got shapes {tuple(z.shape)} and {tuple(y.shape)}"
+            )
+        z, y = z[:, :-1], y[:, 1:]
     if z.ndim < 2 or not z.is_floating_point():
         raise ValueError(
             f"{where}: expected floating-point logits [N, C] (or [N, T, C] with labels [N, T]), "
@@ -124,13 +139,13 @@ class Gathered:
     and joined once by `result()` into `[N, C]`, `[N]`: the batches are freed as they are
     copied, so no more than the joined logits and one batch are held at once."""
 
-    def __init__(self, where: str) -> None:
-        self.where = where
+    def __init__(self, where: str, next_token: bool = False) -> None:
+        self.where, self.next_token = where, next_token
         self.logits: list[Tensor] = []
         self.labels: list[Tensor] = []
 
     def add(self, logits: Any, labels: Any) -> None:
-        z, y = rows(logits, labels, self.where)
+        z, y = rows(logits, labels, self.where, self.next_token)
         if self.logits and z.shape[1] != self.logits[0].shape[1]:
             raise ValueError(
                 f"{self.where}: batch {len(self.logits)} has {z.shape[1]} classes, the first "
@@ -154,6 +169,100 @@ class Gathered:
         return z, y
 
 
+class Spilled:
+    """Token outputs' labelled rows written to disk batch by batch (float32 `[R_j, C]`, int64
+    `[R_j]`, one file a batch) instead of joined in memory: `[N, V]` at V = 50,257 does not fit,
+    and temperature scaling reads the rows pass after pass (`pairs`, memory-mapped), so only a
+    batch is in memory at once. `close()` removes the files."""
+
+    def __init__(self, where: str, next_token: bool = False) -> None:
+        self.where, self.next_token = where, next_token
+        self.folder = Path(tempfile.mkdtemp(prefix="peg-rows-"))
+        self.count = self.n = 0
+        self.classes: int | None = None
+
+    def add(self, logits: Any, labels: Any) -> None:
+        z, y = rows(logits, labels, self.where, self.next_token)
+        if self.classes is not None and z.shape[1] != self.classes:
+            raise ValueError(
+                f"{self.where}: batch {self.count} has {z.shape[1]} classes, the first had "
+                f"{self.classes}"
+            )
+        self.classes = z.shape[1]
+        part = {"z": z.detach().to("cpu", torch.float32), "y": y.detach().to("cpu", torch.int64)}
+        torch.save(part, self.folder / f"{self.count}.pt")
+        self.count, self.n = self.count + 1, self.n + len(y)
+
+    def pairs(self) -> Iterator[tuple[Tensor, Tensor]]:
+        """Every batch's rows `[R_j, C]` and labels `[R_j]`, read back memory-mapped."""
+        for j in range(self.count):
+            part = torch.load(self.folder / f"{j}.pt", mmap=True, weights_only=True)
+            yield part["z"], part["y"]
+
+    def close(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def spills(calibrator: str | Calibrator, conformal: Any, logits: Any) -> bool:
+    """Whether an evaluation's logits are kept on disk (`Spilled`) rather than gathered: token
+    outputs `[B, T, V]` calibrated by temperature scaling alone, which is fitted streamed;
+    another map, or a conformal predictor, needs every row at once (gathered)."""
+    named = calibrator_names().get(calibrator) if isinstance(calibrator, str) else calibrator
+    is_ts = named is TemperatureScaling or isinstance(named, TemperatureScaling)
+    return is_ts and conformal is None and getattr(logits, "ndim", 2) == 3
+
+
+class Collected:
+    """An evaluation's batches, `Spilled` or `Gathered` as `spills` chooses at the first."""
+
+    def __init__(
+        self, where: str, calibrator: Any, conformal: Any, next_token: bool = False
+    ) -> None:
+        self.where, self.calibrator, self.conformal = where, calibrator, conformal
+        self.next_token = next_token
+        self.inner: Gathered | Spilled | None = None
+
+    def add(self, logits: Any, labels: Any) -> None:
+        if self.inner is None:
+            spill = spills(self.calibrator, self.conformal, torch.as_tensor(logits))
+            kind = Spilled if spill else Gathered
+            self.inner = kind(self.where, self.next_token)
+        self.inner.add(logits, labels)
+
+    def close(self) -> None:
+        if isinstance(self.inner, Spilled):
+            self.inner.close()
+
+
+def streamed_calibration(
+    calibrator: Any, store: Spilled, bins: int = 15, fit: bool = True
+) -> Calibration:
+    """Temperature scaling fitted on a `Spilled` store's rows, streamed
+    (`fit_temperature_streamed`: a pass over the files per Newton step; `calibrator` the
+    callbacks' argument, a fresh copy fitted) or applied (`fit=False`: `calibrator` a fitted
+    `TemperatureScaling`), with the metrics before and after streamed too (`StreamingMetrics`)."""
+    if store.n == 0:
+        raise ValueError(f"{store.where}: no labelled rows to calibrate on (every label -100?)")
+    if not fit:
+        fitted = calibrator
+    else:
+        fitted = new_calibrator(calibrator)
+        assert isinstance(fitted, TemperatureScaling)
+        bounds = (float(fitted.bounds[0]), float(fitted.bounds[1]))
+        t = fit_temperature_streamed(
+            store.pairs, class_dim=-1, bounds=bounds, max_iter=int(fitted.max_iter)
+        )
+        # the state `fit` sets: T on the log-probabilities of an nn.Identity's logits
+        state = {"temperature_": t, "scores_": "log_probs", "n_classes_": store.classes}
+        fitted._set_fitted(nn.Identity(), state)
+    t = float(fitted.temperature_)
+    before, after = (StreamingMetrics(bins=bins, metrics=KEYS) for _ in range(2))
+    for z, y in store.pairs():
+        before.update(z.unsqueeze(0), y)
+        after.update((z / t).unsqueeze(0), y)
+    return Calibration(fitted, None, named(before.compute()), named(after.compute()))
+
+
 def gather(
     model: nn.Module,
     loader: Iterable[Any],
@@ -161,12 +270,13 @@ def gather(
     batch_fn: BatchFn | None,
     where: str,
     forward: Callable[[nn.Module, Any], Any] = call_model,
-) -> tuple[Tensor, Tensor]:
+    store: Collected | None = None,
+) -> Any:
     """The logits `[N, C]` and labels `[N]` of `model` on every batch of `loader` (split by
     `peg.source.batches`' conventions or `batch_fn`, inputs moved to `device`, the model run by
     `forward(model, inputs)`), in eval mode and without autograd; the model's mode is restored
-    after."""
-    gathered = Gathered(where)
+    after. `store`: where the batches go, returned filled (not joined) when given."""
+    gathered = Gathered(where) if store is None else store
     was_training = model.training
     model.eval()
     try:
@@ -179,7 +289,7 @@ def gather(
                 gathered.add(out, y)
     finally:
         model.train(was_training)
-    return gathered.result()
+    return gathered.result() if isinstance(gathered, Gathered) else gathered
 
 
 KEYS = ["nll", "error", "brier", "ece"]  # peg.metrics' keys of METRICS (accuracy = 1 - error)
