@@ -77,11 +77,6 @@ def test_a_loader_is_read_with_the_shifted_labels_recorded():
     assert not model.training
 
 
-@pytest.mark.xfail(
-    raises=ValueError,
-    strict=True,
-    reason="peg.evaluate reads dense outputs [M, B, C, *S] once the kinds of input land",
-)
 def test_evaluate_gives_the_models_own_loss():
     model, data = _gpt2(), _data()
     loader = torch.utils.data.DataLoader(Items(data), batch_size=5)

@@ -29,10 +29,13 @@ import tempfile
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+from peg.methods._predictors import labelled_batches
 
 BOUNDS = (1e-3, 1e3)  # as temperature.BOUNDS: T searched in [1e-3, 1e3]
 LOG10 = math.log(10.0)
@@ -41,7 +44,7 @@ IGNORE_INDEX = -100
 
 Batches = Callable[[], Iterable[tuple[Tensor, Tensor]]]
 
-__all__ = ["StreamedSums", "fit_temperature_streamed", "streamed_sums"]
+__all__ = ["StreamedSums", "fit_temperature_streamed", "predictor_batches", "streamed_sums"]
 
 
 class StreamedSums:
@@ -96,6 +99,26 @@ class StreamedSums:
         self.values = dict(zip(self.FIELDS, sums.tolist(), strict=True))
         self.values["spread"] = float(spread.reshape(()))
         return self.values
+
+
+def predictor_batches(
+    predictor: Any, data: Any, batch_size: int, batch_fn: Any, class_dim: int, name: str = "val"
+) -> Batches:
+    """A predictor's dense outputs on labelled `data` as `fit_temperature_streamed` reads them,
+    the forwards run again on every pass: `(scores [B, C, *S] (or [B, *S, C]), labels [B, *S])`
+    per batch, the scores a one-member predictor's logits (log p̄ up to a per-position constant,
+    which temperature scaling ignores) or the members' log p̄ (float64), on their device."""
+
+    def batches() -> Iterator[tuple[Tensor, Tensor]]:
+        for logits, labels in labelled_batches(predictor, data, batch_size, batch_fn, name):
+            if logits.shape[0] == 1:
+                yield logits[0], labels
+                continue
+            dim = 2 if class_dim == 1 else -1  # the class dimension of [M, B, ...]
+            log_p = torch.log_softmax(logits.detach().double(), dim)
+            yield torch.logsumexp(log_p, 0) - math.log(logits.shape[0]), labels
+
+    return batches
 
 
 def _rows(logits: Tensor, labels: Tensor, class_dim: int, ignore_index: int, where: str):
