@@ -153,6 +153,13 @@ def test_token_classification_is_fitted_streamed(tmp_path, never_gathered):
     assert calibration.metrics_["nll"] == pytest.approx(
         float(torch.nn.functional.cross_entropy(logits[keep], data["labels"][keep])), rel=1e-5
     )
+    # fitted through the calibrator's public fit, on token outputs: its predictions take them
+    fitted = calibration.calibrator_
+    assert fitted.kind_.kind == "dense" and fitted.kind_.class_dim == -1
+    probs = fitted.predict_proba(logits[:3])
+    torch.testing.assert_close(
+        probs, (logits[:3].double() / fitted.temperature_).softmax(-1).float()
+    )
 
 
 def test_next_token_needs_token_outputs():

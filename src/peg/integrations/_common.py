@@ -24,7 +24,6 @@ import torch
 from torch import Tensor, nn
 
 from peg.methods.calibration._calibrator import Calibrator
-from peg.methods.calibration._streamed import fit_temperature_streamed
 from peg.methods.calibration._wraps import WrapsCalibrator
 from peg.methods.calibration.temperature import TemperatureScaling
 from peg.methods.conformal._split import check_alpha
@@ -202,6 +201,24 @@ class Spilled:
     def close(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
 
+    def loader(self) -> torch.utils.data.DataLoader:
+        """The batches as dense outputs a calibrator's `fit(nn.Identity(), loader)` streams:
+        `(logits [1, R_j, C], labels [1, R_j])` each (one sequence of R_j positions, the
+        classes last), read from the files again on every pass."""
+        return torch.utils.data.DataLoader(_AsSequences(self), batch_size=None)
+
+
+class _AsSequences(torch.utils.data.IterableDataset):
+    """A `Spilled` store's rows, each batch one sequence (`Spilled.loader`)."""
+
+    def __init__(self, store: Spilled) -> None:
+        self.store = store
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        for z, y in self.store.pairs():
+            if len(y):  # a batch of ignored labels only: nothing to fit
+                yield z[None], y[None]
+
 
 def spills(calibrator: str | Calibrator, conformal: Any, logits: Any) -> bool:
     """Whether an evaluation's logits are kept on disk (`Spilled`) rather than gathered: token
@@ -238,9 +255,11 @@ def streamed_calibration(
     calibrator: Any, store: Spilled, bins: int = 15, fit: bool = True
 ) -> Calibration:
     """Temperature scaling fitted on a `Spilled` store's rows, streamed
-    (`fit_temperature_streamed`: a pass over the files per Newton step; `calibrator` the
-    callbacks' argument, a fresh copy fitted) or applied (`fit=False`: `calibrator` a fitted
-    `TemperatureScaling`), with the metrics before and after streamed too (`StreamingMetrics`)."""
+    (its public `fit` on `Spilled.loader()`: a pass over the files per Newton step;
+    `calibrator` the callbacks' argument, a fresh copy fitted) or applied (`fit=False`:
+    `calibrator` a fitted `TemperatureScaling`), with the metrics before and after streamed
+    too (`StreamingMetrics`). The fitted map's kind is dense, the classes last: its
+    `predict_proba` takes token logits `[N, T, V]`."""
     if store.n == 0:
         raise ValueError(f"{store.where}: no labelled rows to calibrate on (every label -100?)")
     if not fit:
@@ -248,13 +267,9 @@ def streamed_calibration(
     else:
         fitted = new_calibrator(calibrator)
         assert isinstance(fitted, TemperatureScaling)
-        bounds = (float(fitted.bounds[0]), float(fitted.bounds[1]))
-        t = fit_temperature_streamed(
-            store.pairs, class_dim=-1, bounds=bounds, max_iter=int(fitted.max_iter)
-        )
-        # the state `fit` sets: T on the log-probabilities of an nn.Identity's logits
-        state = {"temperature_": t, "scores_": "log_probs", "n_classes_": store.classes}
-        fitted._set_fitted(nn.Identity(), state)
+        # the rows as token outputs [1, R_j, C]: dense, the classes last, fitted streamed
+        fitted.set_params(class_dim=-1, task="auto", ignore_index=-100, per_label=False)
+        fitted.fit(nn.Identity(), store.loader())
     t = float(fitted.temperature_)
     before, after = (StreamingMetrics(bins=bins, metrics=KEYS) for _ in range(2))
     for z, y in store.pairs():
