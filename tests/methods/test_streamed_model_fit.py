@@ -84,7 +84,8 @@ def test_multiclass_outputs_keep_the_gathered_path(monkeypatch, loader):
     torch.manual_seed(0)
     model = nn.Linear(5, 3).eval()
     x, y = torch.randn(40, 5), torch.randint(0, 3, (40,))
-    data = torch.utils.data.DataLoader(list(zip(x, y)), batch_size=8) if loader else (x, y)
+    pairs = torch.utils.data.TensorDataset(x, y)
+    data = torch.utils.data.DataLoader(pairs, batch_size=8) if loader else (x, y)
     ts = peg.TemperatureScaling().fit(model, data)
     with torch.no_grad():
         assert ts.temperature_ == pytest.approx(fit_temperature(model(x), y), rel=1e-9)
@@ -115,3 +116,17 @@ def test_a_causal_lm_through_next_token_is_fitted_streamed(never_gathered):
     assert ts.temperature_ == pytest.approx(exact, abs=1e-6)
     assert ts.temperature_ != pytest.approx(1.0, abs=0.05)
     assert ts.kind_.kind == "dense" and ts.n_classes_ == 40
+
+
+def test_evaluate_reads_a_models_dense_outputs_per_position():
+    model = _Seg().eval()
+    x, y = _segmentation(model)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=3)
+    out = peg.evaluate(model, loader, ignore_index=255)
+    with torch.no_grad():
+        logits = model(x)
+    own = torch.nn.functional.cross_entropy(logits.double(), y, ignore_index=255)
+    assert out["nll"] == pytest.approx(float(own), abs=1e-6)
+    keep = y != 255
+    error = float((logits.argmax(1)[keep] != y[keep]).double().mean())
+    assert out["error"] == pytest.approx(error)
