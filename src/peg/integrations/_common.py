@@ -29,9 +29,11 @@ from peg.methods.calibration.temperature import TemperatureScaling
 from peg.methods.conformal._split import check_alpha
 from peg.methods.conformal.classifier import ConformalClassifier
 from peg.metrics import classification_metrics, reliability
+from peg.metrics.kinds import kind_metrics
 from peg.metrics.streaming import StreamingMetrics
 from peg.output import logits_of, model_output
 from peg.source._devices import move
+from peg.source._kinds import Kind
 from peg.source.batches import BatchFn, call_model, split_batch
 
 IGNORE_INDEX = -100  # labels left out (cross_entropy's and transformers' ignore_index)
@@ -101,13 +103,19 @@ def new_conformal(spec: float | ConformalClassifier | None) -> ConformalClassifi
     return ConformalClassifier(alpha=float(spec))
 
 
-def rows(logits: Any, labels: Any, where: str, next_token: bool = False) -> tuple[Tensor, Tensor]:
+def rows(
+    logits: Any, labels: Any, where: str, next_token: bool = False, multilabel: bool = False
+) -> tuple[Tensor, Tensor]:
     """Logits `[..., C]` and labels `[...]` as rows `[N, C]`, `[N]`, the -100 labels left out.
 
     `next_token`: a causal LM's logits `[B, T, V]` and labels `[B, T]` (the input ids): position
-    t's logits predict token t + 1, so `logits[:, :-1]` are read against `labels[:, 1:]`."""
+    t's logits predict token t + 1, so `logits[:, :-1]` are read against `labels[:, 1:]`.
+    `multilabel`: a multi-label head's logits `[N, K]` and multi-hot labels `[N, K]` (floats, as
+    transformers' `multi_label_classification` takes them), kept as they are (int64 labels)."""
     z = torch.as_tensor(logits)
     y = torch.as_tensor(labels)
+    if multilabel and z.ndim == 2 and tuple(y.shape) == tuple(z.shape):
+        return z, y.long()
     if next_token:
         if z.ndim != 3 or y.ndim != 2:
             raise ValueError(
@@ -138,13 +146,13 @@ class Gathered:
     and joined once by `result()` into `[N, C]`, `[N]`: the batches are freed as they are
     copied, so no more than the joined logits and one batch are held at once."""
 
-    def __init__(self, where: str, next_token: bool = False) -> None:
-        self.where, self.next_token = where, next_token
+    def __init__(self, where: str, next_token: bool = False, multilabel: bool = False) -> None:
+        self.where, self.next_token, self.multilabel = where, next_token, multilabel
         self.logits: list[Tensor] = []
         self.labels: list[Tensor] = []
 
     def add(self, logits: Any, labels: Any) -> None:
-        z, y = rows(logits, labels, self.where, self.next_token)
+        z, y = rows(logits, labels, self.where, self.next_token, self.multilabel)
         if self.logits and z.shape[1] != self.logits[0].shape[1]:
             raise ValueError(
                 f"{self.where}: batch {len(self.logits)} has {z.shape[1]} classes, the first "
@@ -158,7 +166,7 @@ class Gathered:
         if n == 0:
             raise ValueError(f"{self.where}: no labelled rows to calibrate on (every label -100?)")
         z = torch.empty(n, self.logits[0].shape[1])
-        y = torch.empty(n, dtype=torch.int64)
+        y = torch.empty(n, *self.labels[0].shape[1:], dtype=torch.int64)  # [N] or [N, K]
         stop = n
         while self.labels:  # from the last batch back: each freed once copied
             chunk, labels = self.logits.pop(), self.labels.pop()
@@ -233,17 +241,25 @@ class Collected:
     """An evaluation's batches, `Spilled` or `Gathered` as `spills` chooses at the first."""
 
     def __init__(
-        self, where: str, calibrator: Any, conformal: Any, next_token: bool = False
+        self,
+        where: str,
+        calibrator: Any,
+        conformal: Any,
+        next_token: bool = False,
+        multilabel: bool = False,
     ) -> None:
         self.where, self.calibrator, self.conformal = where, calibrator, conformal
-        self.next_token = next_token
+        self.next_token, self.multilabel = next_token, multilabel
         self.inner: Gathered | Spilled | None = None
 
     def add(self, logits: Any, labels: Any) -> None:
         if self.inner is None:
             spill = spills(self.calibrator, self.conformal, torch.as_tensor(logits))
-            kind = Spilled if spill else Gathered
-            self.inner = kind(self.where, self.next_token)
+            self.inner = (
+                Spilled(self.where, self.next_token)
+                if spill
+                else Gathered(self.where, self.next_token, self.multilabel)
+            )
         self.inner.add(logits, labels)
 
     def close(self) -> None:
@@ -310,6 +326,13 @@ def gather(
 KEYS = ["nll", "error", "brier", "ece"]  # peg.metrics' keys of METRICS (accuracy = 1 - error)
 
 
+def task_of(model: Any) -> str:
+    """The calibrators' `task` of a transformers model: "multilabel" where its config's
+    `problem_type` is "multi_label_classification" (sigmoid per label), else "auto"."""
+    problem = getattr(getattr(model, "config", None), "problem_type", None)
+    return "multilabel" if problem == "multi_label_classification" else "auto"
+
+
 def named(got: Mapping[str, float]) -> dict[str, float]:
     """`METRICS` from peg.metrics' values of `KEYS`."""
     return {"accuracy": 1.0 - got["error"], **{k: got[k] for k in METRICS if k != "accuracy"}}
@@ -343,8 +366,10 @@ def fit_calibration(
     logits: Tensor,
     labels: Tensor,
     bins: int = 15,
+    task: str = "auto",
 ) -> Calibration:
-    """Fit a fresh `calibrator` (and `conformal`) on logits `[N, C]` and labels `[N]`.
+    """Fit a fresh `calibrator` (and `conformal`) on logits `[N, C]` and labels `[N]` (`task`:
+    the calibrator's, "multilabel" for a multi-label head's `[N, K]` with `[N, K]`).
 
     The conformal predictor is fitted on the model's own probabilities, not on the calibrated
     ones: the calibrator was fitted on these same points, and a set built on a map fitted on its
@@ -361,7 +386,10 @@ def fit_calibration(
         )
     with torch.inference_mode(False), torch.enable_grad():
         z, y = logits.clone(), labels.clone()
-        fitted = new_calibrator(calibrator).fit(nn.Identity(), (z, y))
+        fitted = new_calibrator(calibrator)
+        if task != "auto":
+            fitted.set_params(task=task)
+        fitted.fit(nn.Identity(), (z, y))
         sets = new_conformal(conformal)
         if sets is not None:
             sets.fit(nn.Identity(), (z, y))
@@ -375,7 +403,15 @@ def applied(
     labels: Tensor,
     bins: int = 15,
 ) -> Calibration:
-    """The metrics of logits `[N, C]` on labels `[N]` before and after a fitted `calibrator`."""
+    """The metrics of logits `[N, C]` on labels `[N]` before and after a fitted `calibrator`
+    (a multi-label head's `[N, K]`, `[N, K]`: over every label entry, `kind_metrics`)."""
+    kind = getattr(calibrator, "kind_", None)
+    if isinstance(kind, Kind) and kind.kind == "multilabel":
+        with torch.no_grad():
+            after = calibrator.scale(logits.unsqueeze(0), "logits")[0]
+        both = (logits, after)
+        metrics = [named(kind_metrics(z, labels, kind, bins, metrics=KEYS)) for z in both]
+        return Calibration(calibrator, conformal, *metrics)
     with torch.no_grad():
         probs = calibrator.predict_proba(logits)
     before = logits.unsqueeze(0)

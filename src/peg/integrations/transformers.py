@@ -59,6 +59,7 @@ from peg.integrations._common import (
     named,
     rows,
     streamed_calibration,
+    task_of,
 )
 from peg.integrations._next_token import NextToken
 from peg.methods import _constraints as checks
@@ -241,6 +242,10 @@ class CalibrationCallback(Params, _PerEvaluation):
         next_token: a causal LM: logits `[N, T, V]` read against the labels shifted by one
             (`logits[:, :-1]` against `labels[:, 1:]`, the labels being the input ids).
 
+    A model whose config says `problem_type="multi_label_classification"` (logits `[N, K]`,
+    multi-hot labels `[N, K]`) is calibrated as multi-label (`task="multilabel"`: one map over
+    every label entry; the metrics over them too, `peg.metrics.kinds`).
+
     Token outputs (`[N, T, V]`: token classification, a causal LM) calibrated by temperature
     scaling without `conformal` are never joined into `[N, V]`: each batch's labelled rows go to
     a temporary folder as they come, and T is fitted streamed over them
@@ -294,6 +299,7 @@ class CalibrationCallback(Params, _PerEvaluation):
         self._gathered: Collected | None = None  # batch_eval_metrics: the batches so far
         self._answered = False  # compute_metrics ran in this evaluation
         self._loader = None
+        self._task = "auto"  # the model's: "multilabel" for multi_label_classification
 
     def _drop(self) -> None:
         if self._gathered is not None:
@@ -329,7 +335,8 @@ class CalibrationCallback(Params, _PerEvaluation):
         return out
 
     def _store(self, where: str) -> Collected:
-        return Collected(where, self.calibrator, self.conformal, bool(self.next_token))
+        multilabel = self._task == "multilabel"
+        return Collected(where, self.calibrator, self.conformal, bool(self.next_token), multilabel)
 
     def _calibrate_store(self, store: Collected) -> dict[str, float]:
         """`_calibrate` on the batches of `store`, streamed from disk where they were spilled."""
@@ -356,7 +363,7 @@ class CalibrationCallback(Params, _PerEvaluation):
         """Fit (while training, or when nothing was fitted) or apply; the metrics."""
         fit: Calibration
         if self._training or self.calibrator_ is None:
-            fit = fit_calibration(self.calibrator, self.conformal, z, y, self.bins)
+            fit = fit_calibration(self.calibrator, self.conformal, z, y, self.bins, self._task)
             self.calibrator_, self.conformal_ = fit.calibrator, fit.conformal
         else:
             fit = applied(self.calibrator_, self.conformal_, z, y, self.bins)
@@ -367,6 +374,11 @@ class CalibrationCallback(Params, _PerEvaluation):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         super().on_train_begin(args, state, control, **kwargs)
         self._training = True
+        self._task = task_of(kwargs.get("model"))
+
+    def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        super().on_prediction_step(args, state, control, **kwargs)
+        self._task = task_of(kwargs.get("model"))  # before compute_metrics reads the batches
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._training = False  # from here on evaluations apply the calibrator fitted last
@@ -396,6 +408,7 @@ class CalibrationCallback(Params, _PerEvaluation):
         if model is None or eval_dataloader is None:
             return
         device = weights_device(model)
+        self._task = task_of(model)
         store = self._store("eval_dataloader")
         gather(model, eval_dataloader, device, self.batch_fn, "eval_dataloader", store=store)
         prefix = _prefix(metrics or {})
