@@ -130,3 +130,19 @@ def test_evaluate_reads_a_models_dense_outputs_per_position():
     keep = y != 255
     error = float((logits.argmax(1)[keep] != y[keep]).double().mean())
     assert out["error"] == pytest.approx(error)
+
+
+def test_an_ensembles_dense_outputs_are_fitted_on_log_p_bar(never_gathered):
+    models = [_Seg().eval(), _Seg().eval()]
+    with torch.no_grad():
+        models[1].net[2].weight.mul_(0.5)  # another member
+    ensemble = peg.Ensemble.from_models(models)
+    x, y = _segmentation(models[0])
+    ts = peg.TemperatureScaling(ignore_index=255, batch_size=4).fit(ensemble, (x, y))
+    with torch.no_grad():
+        members = torch.stack([m(x) for m in models]).double()
+    log_p = torch.logsumexp(members.log_softmax(2), 0) - torch.log(torch.tensor(2.0))
+    rows = log_p.movedim(1, -1).reshape(-1, 4)
+    keep = y.reshape(-1) != 255
+    exact = fit_temperature(rows[keep], y.reshape(-1)[keep])
+    assert ts.temperature_ == pytest.approx(exact, abs=1e-6)
