@@ -4,7 +4,9 @@
 `read_predictor` reads the first two arguments of every `fit` (a model and its data, or saved
 logits and their labels: `fit(logits, labels)`); `member_logits_of` / `iter_member_logits_of`
 predict with any predictor; `logits_and_labels` reads labelled data once (a loader is never
-gathered); `predictor_meta` / `ensemble_of` are what a calibrator records and saves of the
+gathered); `labelled_batches` gives `(member logits, labels)` batch by batch in one pass and
+`first_labelled` the first batch's alone (what tells a model's dense outputs before reading
+them all); `predictor_meta` / `ensemble_of` are what a calibrator records and saves of the
 predictor it was fitted on.
 """
 
