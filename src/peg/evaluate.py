@@ -81,7 +81,9 @@ def evaluate(
             multi-label `[N, K]` over every label entry, and each label's ECE; dense
             `[B, C, *S]` or `[B, *S, C]` per position, streamed); `metrics` picks the kind's.
             A calibrator fitted on such logits (its `kind_`) is evaluated as that kind, its
-            member logits read batch by batch.
+            member logits read batch by batch; so is a predictor whose member logits are dense
+            (`[M, B, C, *S]`, told by the first batch: a segmentation net, `NextToken(lm)`),
+            per position, streamed (`DenseMetrics`).
 
     Error and ECE are fractions in [0, 1] (tables print them as %).
 
@@ -125,35 +127,35 @@ def evaluate(
     except NotStreamable:  # a lazy PEG/PEP, a predictor with member_logits only: held whole
         batches = iter([member_logits_of(predictor, X, batch_size, batch_fn)])
     held: list[tuple[Tensor, Tensor]] = []  # regression: every prediction, kept
+    dense: KindMetrics | None = None  # a predictor's dense outputs, told by the first batch
     members = n = 0
     regression: bool | None = None  # told on the first batch, by every label at hand
     for logits in batches:
         members, rows = logits.shape[0], logits.shape[1]
-        if tapped is not None:  # the labels of the batches read for these logits
-            labels = tapped.take_labels()
-            labels = check_labels(labels, rows, None, "X", device, targets=True)
-        else:
-            assert y is not None
-            labels = y[n : n + rows]
-            if labels.shape[0] != rows:
-                raise ValueError(f"y: expected more than {len(y)} labels (N of pred)")
+        labels = _batch_labels(tapped, y, n, rows, device)
+        n += rows
+        if regression is None and dense is None:  # dense [M, B, C, *S]: per position
+            dense = _dense(logits, labels, (task, ignore_index, class_dim), settings)
+        if dense is not None:
+            dense.update(logits, labels)
+            continue
         if regression is None:
             _check_width(logits)
             regression = regression_targets(labels if y is None else y, logits.shape[-1])
-        n += rows
         if regression:
             _check_gaussian(logits, metrics)
             held.append((logits, labels))
         else:
             if torch.is_floating_point(labels):  # whole numbers in [0, C): class labels
-                name = "X" if y is None else "y"
-                labels = check_labels(labels, rows, logits.shape[-1], name)
+                labels = check_labels(labels, rows, logits.shape[-1], "X" if y is None else "y")
             if stream is not None:
                 stream.update(logits, labels)
             if conformal is not None:
                 conformal.update(logits, labels)
     if y is not None:
         _check_count(y, n)
+    if dense is not None:
+        return dense.compute()
     if held:
         targets = torch.cat([t for _, t in held]) if y is None else y
         logits = torch.cat([p for p, _ in held], dim=1)
@@ -214,6 +216,36 @@ def _saved_kind(
         return None
     kind = read_kind(shape, target, task, ignore_index, "X", class_dim)
     return None if kind.kind == "multiclass" else (target, kind)
+
+
+def _batch_labels(
+    tapped: Tapped | None, y: Tensor | None, n: int, rows: int, device: Any
+) -> Tensor:
+    """The labels of the batch of `rows` predictions from row `n`: those the `tapped` stream
+    recorded as the predictor read it, or a slice of `y`."""
+    if tapped is not None:
+        return check_labels(tapped.take_labels(), rows, None, "X", device, targets=True)
+    assert y is not None
+    labels = y[n : n + rows]
+    if labels.shape[0] != rows:
+        raise ValueError(f"y: expected more than {len(y)} labels (N of pred)")
+    return labels
+
+
+def _dense(
+    logits: Tensor,
+    labels: Tensor,
+    reading: tuple[str, int, int | None],
+    settings: tuple[int, int, Any, int, BatchFn | None],
+) -> KindMetrics | None:
+    """The metrics of a predictor's dense member logits `[M, B, C, *S]` (or `[M, B, *S, C]`)
+    with labels `[B, *S]` per position, streamed (`read_kind` of the first batch: an error
+    naming what does not fit); None for member logits `[M, B, C]`, read as before."""
+    if logits.ndim <= 3:
+        return None
+    task, ignore_index, class_dim = reading
+    kind = read_kind(tuple(logits.shape[1:]), labels, task, ignore_index, "X", class_dim)
+    return KindMetrics(kind, *settings[:3])
 
 
 def _check_count(y: Any, n: int) -> None:

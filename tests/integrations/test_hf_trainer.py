@@ -42,6 +42,8 @@ def _tokens(n: int, seed: int) -> Items:
 
 def _trainer(tmp_path, callbacks=(), **kw) -> Trainer:
     batch_eval = kw.pop("batch_eval_metrics", False)
+    model = kw.pop("model", None) or _model()
+    train, evaluation = kw.pop("data", None) or (_tokens(32, seed=0), _tokens(96, seed=1))
     args = TrainingArguments(
         output_dir=str(tmp_path),
         max_steps=1,
@@ -60,10 +62,10 @@ def _trainer(tmp_path, callbacks=(), **kw) -> Trainer:
         learning_rate=1e-4,
     )
     return Trainer(
-        model=_model(),
+        model=model,
         args=args,
-        train_dataset=_tokens(32, seed=0),
-        eval_dataset=_tokens(96, seed=1),
+        train_dataset=train,
+        eval_dataset=evaluation,
         callbacks=list(callbacks),
         **kw,
     )
@@ -236,3 +238,37 @@ def test_the_callback_warns_when_it_fits_on_few_rows():
     z = np.random.default_rng(0).normal(size=(3, CLASSES)).astype(np.float32)
     with pytest.warns(UserWarning, match="fitted on 3 labelled rows, fewer than 50"):
         calibration.compute_metrics(EvalPrediction(z, np.arange(3)))
+
+
+def _multi_hot(n: int, seed: int) -> Items:
+    """Multi-hot labels [N, 3] (floats, as transformers' multi-label loss takes them) drawn
+    from the initial model's own sigmoids at T = 2."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, 50, (n, 8), generator=g)
+    with torch.no_grad():
+        logits = _multi_label().eval()(input_ids=ids).logits
+    labels = torch.bernoulli(torch.sigmoid(logits / 2), generator=g)
+    return Items({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels})
+
+
+def _multi_label() -> nn.Module:
+    torch.manual_seed(0)
+    return bert(vocab_size=50, problem_type="multi_label_classification", initializer_range=0.5)
+
+
+@pytest.mark.parametrize("through", ["compute_metrics", "on_evaluate"])
+def test_a_multi_label_model_is_calibrated_as_multilabel(tmp_path, through):
+    calibration = CalibrationCallback("TS")
+    kw = {"compute_metrics": calibration.compute_metrics} if through == "compute_metrics" else {}
+    data = (_multi_hot(16, 0), _multi_hot(64, 1))
+    trainer = _trainer(tmp_path, [calibration], model=_multi_label(), data=data, **kw)
+    metrics = trainer.evaluate()
+    fitted = calibration.calibrator_
+    assert fitted.kind_.kind == "multilabel"
+    logits, labels = _eval_logits(trainer)
+    expected = peg.TemperatureScaling().fit(logits, labels.long())
+    assert expected.kind_.kind == "multilabel"
+    assert fitted.temperature_ == pytest.approx(expected.temperature_, rel=1e-6)
+    assert metrics["eval_calibrated_nll"] <= metrics["eval_nll"] + 1e-9
+    own = peg.evaluate(logits, labels.long())
+    assert metrics["eval_nll"] == pytest.approx(own["nll"], rel=1e-5)

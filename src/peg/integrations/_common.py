@@ -11,9 +11,12 @@ tokens, special tokens), which no metric or calibrator should read as a class.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,8 +29,11 @@ from peg.methods.calibration.temperature import TemperatureScaling
 from peg.methods.conformal._split import check_alpha
 from peg.methods.conformal.classifier import ConformalClassifier
 from peg.metrics import classification_metrics, reliability
+from peg.metrics.kinds import kind_metrics
+from peg.metrics.streaming import StreamingMetrics
 from peg.output import logits_of, model_output
 from peg.source._devices import move
+from peg.source._kinds import Kind
 from peg.source.batches import BatchFn, call_model, split_batch
 
 IGNORE_INDEX = -100  # labels left out (cross_entropy's and transformers' ignore_index)
@@ -97,10 +103,26 @@ def new_conformal(spec: float | ConformalClassifier | None) -> ConformalClassifi
     return ConformalClassifier(alpha=float(spec))
 
 
-def rows(logits: Any, labels: Any, where: str) -> tuple[Tensor, Tensor]:
-    """Logits `[..., C]` and labels `[...]` as rows `[N, C]`, `[N]`, the -100 labels left out."""
+def rows(
+    logits: Any, labels: Any, where: str, next_token: bool = False, multilabel: bool = False
+) -> tuple[Tensor, Tensor]:
+    """Logits `[..., C]` and labels `[...]` as rows `[N, C]`, `[N]`, the -100 labels left out.
+
+    `next_token`: a causal LM's logits `[B, T, V]` and labels `[B, T]` (the input ids): position
+    t's logits predict token t + 1, so `logits[:, :-1]` are read against `labels[:, 1:]`.
+    `multilabel`: a multi-label head's logits `[N, K]` and multi-hot labels `[N, K]` (floats, as
+    transformers' `multi_label_classification` takes them), kept as they are (int64 labels)."""
     z = torch.as_tensor(logits)
     y = torch.as_tensor(labels)
+    if multilabel and z.ndim == 2 and tuple(y.shape) == tuple(z.shape):
+        return z, y.long()
+    if next_token:
+        if z.ndim != 3 or y.ndim != 2:
+            raise ValueError(
+                f"{where}: next_token=True expects a causal LM's logits [B, T, V] and labels "
+                f"[B, T], got shapes {tuple(z.shape)} and {tuple(y.shape)}"
+            )
+        z, y = z[:, :-1], y[:, 1:]
     if z.ndim < 2 or not z.is_floating_point():
         raise ValueError(
             f"{where}: expected floating-point logits [N, C] (or [N, T, C] with labels [N, T]), "
@@ -124,13 +146,13 @@ class Gathered:
     and joined once by `result()` into `[N, C]`, `[N]`: the batches are freed as they are
     copied, so no more than the joined logits and one batch are held at once."""
 
-    def __init__(self, where: str) -> None:
-        self.where = where
+    def __init__(self, where: str, next_token: bool = False, multilabel: bool = False) -> None:
+        self.where, self.next_token, self.multilabel = where, next_token, multilabel
         self.logits: list[Tensor] = []
         self.labels: list[Tensor] = []
 
     def add(self, logits: Any, labels: Any) -> None:
-        z, y = rows(logits, labels, self.where)
+        z, y = rows(logits, labels, self.where, self.next_token, self.multilabel)
         if self.logits and z.shape[1] != self.logits[0].shape[1]:
             raise ValueError(
                 f"{self.where}: batch {len(self.logits)} has {z.shape[1]} classes, the first "
@@ -144,7 +166,7 @@ class Gathered:
         if n == 0:
             raise ValueError(f"{self.where}: no labelled rows to calibrate on (every label -100?)")
         z = torch.empty(n, self.logits[0].shape[1])
-        y = torch.empty(n, dtype=torch.int64)
+        y = torch.empty(n, *self.labels[0].shape[1:], dtype=torch.int64)  # [N] or [N, K]
         stop = n
         while self.labels:  # from the last batch back: each freed once copied
             chunk, labels = self.logits.pop(), self.labels.pop()
@@ -154,6 +176,124 @@ class Gathered:
         return z, y
 
 
+class Spilled:
+    """Token outputs' labelled rows written to disk batch by batch (float32 `[R_j, C]`, int64
+    `[R_j]`, one file a batch) instead of joined in memory: `[N, V]` at V = 50,257 does not fit,
+    and temperature scaling reads the rows pass after pass (`pairs`, memory-mapped), so only a
+    batch is in memory at once. `close()` removes the files."""
+
+    def __init__(self, where: str, next_token: bool = False) -> None:
+        self.where, self.next_token = where, next_token
+        self.folder = Path(tempfile.mkdtemp(prefix="peg-rows-"))
+        self.count = self.n = 0
+        self.classes: int | None = None
+
+    def add(self, logits: Any, labels: Any) -> None:
+        z, y = rows(logits, labels, self.where, self.next_token)
+        if self.classes is not None and z.shape[1] != self.classes:
+            raise ValueError(
+                f"{self.where}: batch {self.count} has {z.shape[1]} classes, the first had "
+                f"{self.classes}"
+            )
+        self.classes = z.shape[1]
+        part = {"z": z.detach().to("cpu", torch.float32), "y": y.detach().to("cpu", torch.int64)}
+        torch.save(part, self.folder / f"{self.count}.pt")
+        self.count, self.n = self.count + 1, self.n + len(y)
+
+    def pairs(self) -> Iterator[tuple[Tensor, Tensor]]:
+        """Every batch's rows `[R_j, C]` and labels `[R_j]`, read back memory-mapped."""
+        for j in range(self.count):
+            part = torch.load(self.folder / f"{j}.pt", mmap=True, weights_only=True)
+            yield part["z"], part["y"]
+
+    def close(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def loader(self) -> torch.utils.data.DataLoader:
+        """The batches as dense outputs a calibrator's `fit(nn.Identity(), loader)` streams:
+        `(logits [1, R_j, C], labels [1, R_j])` each (one sequence of R_j positions, the
+        classes last), read from the files again on every pass."""
+        return torch.utils.data.DataLoader(_AsSequences(self), batch_size=None)
+
+
+class _AsSequences(torch.utils.data.IterableDataset):
+    """A `Spilled` store's rows, each batch one sequence (`Spilled.loader`)."""
+
+    def __init__(self, store: Spilled) -> None:
+        self.store = store
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        for z, y in self.store.pairs():
+            if len(y):  # a batch of ignored labels only: nothing to fit
+                yield z[None], y[None]
+
+
+def spills(calibrator: str | Calibrator, conformal: Any, logits: Any) -> bool:
+    """Whether an evaluation's logits are kept on disk (`Spilled`) rather than gathered: token
+    outputs `[B, T, V]` calibrated by temperature scaling alone, which is fitted streamed;
+    another map, or a conformal predictor, needs every row at once (gathered)."""
+    named = calibrator_names().get(calibrator) if isinstance(calibrator, str) else calibrator
+    is_ts = named is TemperatureScaling or isinstance(named, TemperatureScaling)
+    return is_ts and conformal is None and getattr(logits, "ndim", 2) == 3
+
+
+class Collected:
+    """An evaluation's batches, `Spilled` or `Gathered` as `spills` chooses at the first."""
+
+    def __init__(
+        self,
+        where: str,
+        calibrator: Any,
+        conformal: Any,
+        next_token: bool = False,
+        multilabel: bool = False,
+    ) -> None:
+        self.where, self.calibrator, self.conformal = where, calibrator, conformal
+        self.next_token, self.multilabel = next_token, multilabel
+        self.inner: Gathered | Spilled | None = None
+
+    def add(self, logits: Any, labels: Any) -> None:
+        if self.inner is None:
+            spill = spills(self.calibrator, self.conformal, torch.as_tensor(logits))
+            self.inner = (
+                Spilled(self.where, self.next_token)
+                if spill
+                else Gathered(self.where, self.next_token, self.multilabel)
+            )
+        self.inner.add(logits, labels)
+
+    def close(self) -> None:
+        if isinstance(self.inner, Spilled):
+            self.inner.close()
+
+
+def streamed_calibration(
+    calibrator: Any, store: Spilled, bins: int = 15, fit: bool = True
+) -> Calibration:
+    """Temperature scaling fitted on a `Spilled` store's rows, streamed
+    (its public `fit` on `Spilled.loader()`: a pass over the files per Newton step;
+    `calibrator` the callbacks' argument, a fresh copy fitted) or applied (`fit=False`:
+    `calibrator` a fitted `TemperatureScaling`), with the metrics before and after streamed
+    too (`StreamingMetrics`). The fitted map's kind is dense, the classes last: its
+    `predict_proba` takes token logits `[N, T, V]`."""
+    if store.n == 0:
+        raise ValueError(f"{store.where}: no labelled rows to calibrate on (every label -100?)")
+    if not fit:
+        fitted = calibrator
+    else:
+        fitted = new_calibrator(calibrator)
+        assert isinstance(fitted, TemperatureScaling)
+        # the rows as token outputs [1, R_j, C]: dense, the classes last, fitted streamed
+        fitted.set_params(class_dim=-1, task="auto", ignore_index=-100, per_label=False)
+        fitted.fit(nn.Identity(), store.loader())
+    t = float(fitted.temperature_)
+    before, after = (StreamingMetrics(bins=bins, metrics=KEYS) for _ in range(2))
+    for z, y in store.pairs():
+        before.update(z.unsqueeze(0), y)
+        after.update((z / t).unsqueeze(0), y)
+    return Calibration(fitted, None, named(before.compute()), named(after.compute()))
+
+
 def gather(
     model: nn.Module,
     loader: Iterable[Any],
@@ -161,12 +301,13 @@ def gather(
     batch_fn: BatchFn | None,
     where: str,
     forward: Callable[[nn.Module, Any], Any] = call_model,
-) -> tuple[Tensor, Tensor]:
+    store: Collected | None = None,
+) -> Any:
     """The logits `[N, C]` and labels `[N]` of `model` on every batch of `loader` (split by
     `peg.source.batches`' conventions or `batch_fn`, inputs moved to `device`, the model run by
     `forward(model, inputs)`), in eval mode and without autograd; the model's mode is restored
-    after."""
-    gathered = Gathered(where)
+    after. `store`: where the batches go, returned filled (not joined) when given."""
+    gathered = Gathered(where) if store is None else store
     was_training = model.training
     model.eval()
     try:
@@ -179,10 +320,17 @@ def gather(
                 gathered.add(out, y)
     finally:
         model.train(was_training)
-    return gathered.result()
+    return gathered.result() if isinstance(gathered, Gathered) else gathered
 
 
 KEYS = ["nll", "error", "brier", "ece"]  # peg.metrics' keys of METRICS (accuracy = 1 - error)
+
+
+def task_of(model: Any) -> str:
+    """The calibrators' `task` of a transformers model: "multilabel" where its config's
+    `problem_type` is "multi_label_classification" (sigmoid per label), else "auto"."""
+    problem = getattr(getattr(model, "config", None), "problem_type", None)
+    return "multilabel" if problem == "multi_label_classification" else "auto"
 
 
 def named(got: Mapping[str, float]) -> dict[str, float]:
@@ -218,8 +366,10 @@ def fit_calibration(
     logits: Tensor,
     labels: Tensor,
     bins: int = 15,
+    task: str = "auto",
 ) -> Calibration:
-    """Fit a fresh `calibrator` (and `conformal`) on logits `[N, C]` and labels `[N]`.
+    """Fit a fresh `calibrator` (and `conformal`) on logits `[N, C]` and labels `[N]` (`task`:
+    the calibrator's, "multilabel" for a multi-label head's `[N, K]` with `[N, K]`).
 
     The conformal predictor is fitted on the model's own probabilities, not on the calibrated
     ones: the calibrator was fitted on these same points, and a set built on a map fitted on its
@@ -236,7 +386,10 @@ def fit_calibration(
         )
     with torch.inference_mode(False), torch.enable_grad():
         z, y = logits.clone(), labels.clone()
-        fitted = new_calibrator(calibrator).fit(nn.Identity(), (z, y))
+        fitted = new_calibrator(calibrator)
+        if task != "auto":
+            fitted.set_params(task=task)
+        fitted.fit(nn.Identity(), (z, y))
         sets = new_conformal(conformal)
         if sets is not None:
             sets.fit(nn.Identity(), (z, y))
@@ -250,7 +403,15 @@ def applied(
     labels: Tensor,
     bins: int = 15,
 ) -> Calibration:
-    """The metrics of logits `[N, C]` on labels `[N]` before and after a fitted `calibrator`."""
+    """The metrics of logits `[N, C]` on labels `[N]` before and after a fitted `calibrator`
+    (a multi-label head's `[N, K]`, `[N, K]`: over every label entry, `kind_metrics`)."""
+    kind = getattr(calibrator, "kind_", None)
+    if isinstance(kind, Kind) and kind.kind == "multilabel":
+        with torch.no_grad():
+            after = calibrator.scale(logits.unsqueeze(0), "logits")[0]
+        both = (logits, after)
+        metrics = [named(kind_metrics(z, labels, kind, bins, metrics=KEYS)) for z in both]
+        return Calibration(calibrator, conformal, *metrics)
     with torch.no_grad():
         probs = calibrator.predict_proba(logits)
     before = logits.unsqueeze(0)

@@ -27,6 +27,11 @@ evaluation dataloader, a training step, the start of training), so it is never a
 next evaluation's batches. The module-level `compute_metrics` holds nothing: it measures a whole
 evaluation at once, and refuses the batch-by-batch calls.
 
+A causal LM: `NextToken(model)` aligns its next-token logits with their labels (`logits[:, :-1]`
+against `labels[:, 1:]`, -100 left out), so `peg.evaluate(NextToken(model), loader)["nll"]` is
+the model's own loss, and `NextToken(model).fit_temperature(loader)` fits T streamed, batch by
+batch, never holding `[N, V]` (`peg.integrations._next_token`).
+
 Needs `transformers` (`pip install "peg[hf]"`); imported only by this module, never by
 `import peg`.
 """
@@ -43,7 +48,9 @@ from peg.integrations._common import (
     DEFAULT_CALIBRATOR,
     KEYS,
     Calibration,
+    Collected,
     Gathered,
+    Spilled,
     applied,
     check_calibrator,
     check_conformal,
@@ -51,7 +58,10 @@ from peg.integrations._common import (
     gather,
     named,
     rows,
+    streamed_calibration,
+    task_of,
 )
+from peg.integrations._next_token import NextToken
 from peg.methods import _constraints as checks
 from peg.methods.base import Params, store_arguments
 from peg.methods.calibration._calibrator import Calibrator
@@ -68,7 +78,7 @@ except ImportError:
         "peg.integrations.transformers needs transformers: pip install 'peg[hf]'"
     ) from None
 
-__all__ = ["CalibrationCallback", "ComputeMetrics", "compute_metrics"]
+__all__ = ["CalibrationCallback", "ComputeMetrics", "NextToken", "compute_metrics"]
 
 
 def _logits_and_labels(eval_pred: Any) -> tuple[Any, Any]:
@@ -144,6 +154,8 @@ class ComputeMetrics(_PerEvaluation):
 
     Args:
         bins: the ECE's equal-width bins (`peg.metrics.ece`).
+        next_token: a causal LM's evaluation: logits `[N, T, V]` and labels `[N, T]` (the
+            input ids), position t's logits read against the label of t + 1.
 
     Called with an `EvalPrediction`, returns `{"accuracy", "nll", "ece", "brier"}` (the Trainer
     logs them as `eval_accuracy`, ...). With `TrainingArguments(batch_eval_metrics=True)` the
@@ -154,8 +166,9 @@ class ComputeMetrics(_PerEvaluation):
     sums, and the callback events drop them when the next evaluation starts.
     """
 
-    def __init__(self, bins: int = 15) -> None:
+    def __init__(self, bins: int = 15, next_token: bool = False) -> None:
         self.bins = check_positive_int(bins, "bins")
+        self.next_token = bool(next_token)
         self._stream: StreamingMetrics | None = None
         self._loader = None
 
@@ -165,10 +178,11 @@ class ComputeMetrics(_PerEvaluation):
     def __call__(self, eval_pred: Any, compute_result: bool | None = None) -> dict[str, float]:
         if compute_result is None:  # the whole evaluation at once: nothing held
             self._drop()
-            return _metrics(eval_pred, self.bins)
+            return _metrics(eval_pred, self.bins, self.next_token)
         self._batch()
         try:
-            z, y = rows(*_logits_and_labels(eval_pred), "eval_pred.predictions")
+            logits, labels = _logits_and_labels(eval_pred)
+            z, y = rows(logits, labels, "eval_pred.predictions", self.next_token)
             if self._stream is None:
                 self._stream = StreamingMetrics(bins=self.bins, metrics=KEYS)
             if len(y):
@@ -183,12 +197,13 @@ class ComputeMetrics(_PerEvaluation):
         return named(stream.compute())
 
     def __repr__(self) -> str:
-        return f"ComputeMetrics(bins={self.bins})"
+        return f"ComputeMetrics(bins={self.bins}, next_token={self.next_token})"
 
 
-def _metrics(eval_pred: Any, bins: int) -> dict[str, float]:
+def _metrics(eval_pred: Any, bins: int, next_token: bool = False) -> dict[str, float]:
     """accuracy, nll, ece, brier of a whole evaluation's `EvalPrediction`."""
-    z, y = rows(*_logits_and_labels(eval_pred), "eval_pred.predictions")
+    logits, labels = _logits_and_labels(eval_pred)
+    z, y = rows(logits, labels, "eval_pred.predictions", next_token)
     stream = StreamingMetrics(bins=bins, metrics=KEYS)
     if len(y):
         stream.update(z.unsqueeze(0), y)
@@ -224,6 +239,17 @@ class CalibrationCallback(Params, _PerEvaluation):
             "labels" nor `(x, y, ...)` (`peg.source.batches`).
         extra_metrics: a function of the `EvalPrediction` whose metrics are merged into those
             `callback.compute_metrics` returns (your own `compute_metrics`).
+        next_token: a causal LM: logits `[N, T, V]` read against the labels shifted by one
+            (`logits[:, :-1]` against `labels[:, 1:]`, the labels being the input ids).
+
+    A model whose config says `problem_type="multi_label_classification"` (logits `[N, K]`,
+    multi-hot labels `[N, K]`) is calibrated as multi-label (`task="multilabel"`: one map over
+    every label entry; the metrics over them too, `peg.metrics.kinds`).
+
+    Token outputs (`[N, T, V]`: token classification, a causal LM) calibrated by temperature
+    scaling without `conformal` are never joined into `[N, V]`: each batch's labelled rows go to
+    a temporary folder as they come, and T is fitted streamed over them
+    (`fit_temperature_streamed`, a pass over the files per Newton step), as are the metrics.
 
     Which evaluations fit: every one during `trainer.train()`, and the first one if none has
     fitted yet; the others (`trainer.evaluate(test_set)` after training, `trainer.predict`)
@@ -252,6 +278,7 @@ class CalibrationCallback(Params, _PerEvaluation):
         "bins": checks.positive_int(),
         "batch_fn": checks.batch_fn,
         "extra_metrics": checks.optional_callable("a function of an EvalPrediction"),
+        "next_token": checks.boolean(),
     }
 
     def __init__(
@@ -262,17 +289,21 @@ class CalibrationCallback(Params, _PerEvaluation):
         bins: int = 15,
         batch_fn: BatchFn | None = None,
         extra_metrics: Callable[[Any], Mapping[str, float]] | None = None,
+        next_token: bool = False,
     ) -> None:
         store_arguments(self, locals())
         self.calibrator_: Calibrator | None = None
         self.conformal_: ConformalClassifier | None = None
         self.metrics_: dict[str, float] = {}
         self._training = False
-        self._gathered: Gathered | None = None  # batch_eval_metrics: the batches so far
+        self._gathered: Collected | None = None  # batch_eval_metrics: the batches so far
         self._answered = False  # compute_metrics ran in this evaluation
         self._loader = None
+        self._task = "auto"  # the model's: "multilabel" for multi_label_classification
 
     def _drop(self) -> None:
+        if self._gathered is not None:
+            self._gathered.close()
         self._gathered = None
         self._answered = False
 
@@ -282,33 +313,57 @@ class CalibrationCallback(Params, _PerEvaluation):
     ) -> dict[str, float]:
         """`Trainer(compute_metrics=...)`: the model's metrics and the calibrated ones."""
         if compute_result is None:  # the whole evaluation in one call: nothing of another
-            self._gathered = None
+            self._drop()
         else:
             self._batch()
         try:
             logits, labels = _logits_and_labels(eval_pred)
             if self._gathered is None:
-                self._gathered = Gathered("eval_pred.predictions")
+                self._gathered = self._store("eval_pred.predictions")
             self._gathered.add(logits, labels)
             if compute_result is False:  # batch_eval_metrics: more batches to come
                 return {}
-            gathered = self._gathered
+            gathered, self._gathered = self._gathered, None
             self._finished()
-            z, y = gathered.result()
         except BaseException:
             self._drop()  # this evaluation stops here: nothing of it is left to the next
             raise
         self._answered = True
-        out = self._calibrate(z, y)
+        out = self._calibrate_store(gathered)
         if self.extra_metrics is not None:
             out |= dict(self.extra_metrics(eval_pred))
         return out
+
+    def _store(self, where: str) -> Collected:
+        multilabel = self._task == "multilabel"
+        return Collected(where, self.calibrator, self.conformal, bool(self.next_token), multilabel)
+
+    def _calibrate_store(self, store: Collected) -> dict[str, float]:
+        """`_calibrate` on the batches of `store`, streamed from disk where they were spilled."""
+        try:
+            if not isinstance(store.inner, Spilled):
+                return self._calibrate(*(store.inner or Gathered(store.where)).result())
+            fit = self.training_or_unfitted()
+            spec = self.calibrator if fit else self.calibrator_
+            calibration = streamed_calibration(spec, store.inner, self.bins, fit=fit)
+        finally:
+            store.close()
+        if fit:
+            self.calibrator_, self.conformal_ = calibration.calibrator, None
+        self.metrics_ = calibration.before | {
+            f"calibrated_{k}": v for k, v in calibration.after.items()
+        }
+        return dict(self.metrics_)
+
+    def training_or_unfitted(self) -> bool:
+        """Whether this evaluation fits (while training, or nothing fitted yet) or applies."""
+        return self._training or self.calibrator_ is None
 
     def _calibrate(self, z: Tensor, y: Tensor) -> dict[str, float]:
         """Fit (while training, or when nothing was fitted) or apply; the metrics."""
         fit: Calibration
         if self._training or self.calibrator_ is None:
-            fit = fit_calibration(self.calibrator, self.conformal, z, y, self.bins)
+            fit = fit_calibration(self.calibrator, self.conformal, z, y, self.bins, self._task)
             self.calibrator_, self.conformal_ = fit.calibrator, fit.conformal
         else:
             fit = applied(self.calibrator_, self.conformal_, z, y, self.bins)
@@ -319,6 +374,11 @@ class CalibrationCallback(Params, _PerEvaluation):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         super().on_train_begin(args, state, control, **kwargs)
         self._training = True
+        self._task = task_of(kwargs.get("model"))
+
+    def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        super().on_prediction_step(args, state, control, **kwargs)
+        self._task = task_of(kwargs.get("model"))  # before compute_metrics reads the batches
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._training = False  # from here on evaluations apply the calibrator fitted last
@@ -348,9 +408,11 @@ class CalibrationCallback(Params, _PerEvaluation):
         if model is None or eval_dataloader is None:
             return
         device = weights_device(model)
-        z, y = gather(model, eval_dataloader, device, self.batch_fn, "eval_dataloader")
+        self._task = task_of(model)
+        store = self._store("eval_dataloader")
+        gather(model, eval_dataloader, device, self.batch_fn, "eval_dataloader", store=store)
         prefix = _prefix(metrics or {})
-        added = {f"{prefix}{k}": v for k, v in self._calibrate(z, y).items()}
+        added = {f"{prefix}{k}": v for k, v in self._calibrate_store(store).items()}
         if metrics is not None:
             metrics.update(added)  # what trainer.evaluate() returns
         if state.log_history and prefix and f"{prefix}runtime" in state.log_history[-1]:

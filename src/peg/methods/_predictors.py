@@ -4,7 +4,9 @@
 `read_predictor` reads the first two arguments of every `fit` (a model and its data, or saved
 logits and their labels: `fit(logits, labels)`); `member_logits_of` / `iter_member_logits_of`
 predict with any predictor; `logits_and_labels` reads labelled data once (a loader is never
-gathered); `predictor_meta` / `ensemble_of` are what a calibrator records and saves of the
+gathered); `labelled_batches` gives `(member logits, labels)` batch by batch in one pass and
+`first_labelled` the first batch's alone (what tells a model's dense outputs before reading
+them all); `predictor_meta` / `ensemble_of` are what a calibrator records and saves of the
 predictor it was fitted on.
 """
 
@@ -284,6 +286,65 @@ def logits_and_labels(
     y = move(y, logits.device, f"{name} labels")  # labels follow the scores
     _warn(logits, y, name, isinstance(predictor, nn.Identity), one_class)
     return logits, y
+
+
+def labelled_batches(
+    predictor: Any,
+    data: Data,
+    batch_size: int,
+    batch_fn: BatchFn | None,
+    name: str,
+    stream_only: bool = False,
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """`(member logits [M, B, C], labels [B])` per batch of labelled `data`, in one pass (a
+    predictor that cannot stream, a lazy PEG/PEP or a foreign object, gives one batch;
+    `stream_only`: `NotStreamable` instead)."""
+    device = predictor_device(predictor)
+    X, y = Source(data, batch_fn, name).labelled(device)
+    tapped = X if isinstance(X, Tapped) else None
+    if tapped is not None:
+        batch_fn = None  # the stream carries its own
+    try:
+        batches = iter_member_logits_of(predictor, X, batch_size, batch_fn)
+    except NotStreamable:
+        if stream_only:
+            raise
+        batches = iter([member_logits_of(predictor, X, batch_size, batch_fn)])
+    n = 0
+    for logits in batches:
+        rows = logits.shape[1]
+        if tapped is not None:
+            labels = tapped.take_labels()
+            labels = check_labels(labels, rows, None, name, device, targets=True)
+        else:
+            assert y is not None
+            labels = y[n : n + rows]
+        n += rows
+        yield logits, labels
+
+
+def first_labelled(
+    predictor: Any, data: Data, batch_size: int, batch_fn: BatchFn | None, name: str
+) -> tuple[Tensor, Tensor] | None:
+    """The first batch's member logits `[M, B, *]` and labels, as `labelled_batches` reads them
+    (one forward of one batch), to read the kind of the outputs before reading all of them
+    (`read_kind`); None, without a forward, where the labels are class indices `[N]` (a pair's,
+    or a loader's first batch's: never dense) or the predictor cannot stream."""
+    if is_pair(data, arrays=False):
+        y = data[1]
+        if getattr(y, "ndim", None) == 1:
+            return None
+    else:
+        first = next(iter(Source(data, batch_fn, name).batches(batch_size)), None)
+        if first is None or (first[1] is not None and first[1].ndim <= 1):
+            return None
+    batches = labelled_batches(predictor, data, batch_size, batch_fn, name, stream_only=True)
+    try:
+        return next(batches, None)
+    except NotStreamable:
+        return None
+    finally:
+        batches.close()
 
 
 def _warn(logits: Tensor, y: Tensor, name: str, saved: bool, one_class: bool) -> None:

@@ -48,7 +48,9 @@ from torch import Tensor, nn
 from peg.loading import CALIBRATORS
 from peg.methods import _constraints as checks
 from peg.methods._predictors import (
+    SavedLogits,
     check_classes,
+    first_labelled,
     iter_member_logits_of,
     logits_and_labels,
     member_logits_of,
@@ -60,6 +62,7 @@ from peg.methods.base import Method
 from peg.methods.calibration._calibrator_archive import stored as stored
 from peg.methods.calibration._export import CalibrationMap
 from peg.methods.calibration._kinded import Kinded, check_integer
+from peg.methods.calibration._streamed import Batches, predictor_batches
 from peg.source import Data, is_pair
 from peg.source._kinds import TASKS, Kind, read_kind
 from peg.source._values import check_labels, refuse_one_class, warn_absent_classes
@@ -111,6 +114,9 @@ class Calibrator(Kinded, Method):
     # parameters per class (vector / matrix scaling, Dirichlet, binning): a class absent from
     # the labels is warned of at fit (`peg.source._values.warn_absent_classes`)
     class_wise: ClassVar[bool] = False
+    # fits dense outputs of a model streamed (`_fit_stream`: the forwards run again on every
+    # pass), never gathering their rows `[R, C]`
+    streams: ClassVar[bool] = False
     batch_size: int
     batch_fn: BatchFn | None
 
@@ -161,6 +167,11 @@ class Calibrator(Kinded, Method):
         return None
 
     def _fit_map(self, scores: Tensor, y: Tensor) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _fit_stream(self, batches: Batches, kind: Kind) -> dict[str, Any]:
+        """The fitted state from dense scores read pass after pass (`streams`): `batches()`
+        gives `(scores [B, C, *S] (or [B, *S, C], `kind.class_dim`), labels [B, *S])`."""
         raise NotImplementedError
 
     def _apply(self, scores: Tensor) -> Tensor:
@@ -226,7 +237,10 @@ class Calibrator(Kinded, Method):
                 (`read_predictor`).
             val: labelled validation data (required). A loader is read once, its inputs never
                 gathered: the predictor reads it batch by batch and the labels are collected as
-                it goes (`logits_and_labels`).
+                it goes (`logits_and_labels`). A model's dense outputs (`[B, C, *S]`, told by
+                the first batch's logits and labels) fitted by a map that `streams`
+                (temperature scaling) are never gathered: the data are read again on every
+                pass (`_streamed.fit_temperature_streamed`), the peak one batch.
             bn_data: unused (accepted as by every post-hoc method).
             classes: the class of each logit column, in order (e.g. `["cat", "dog"]`), where
                 the labels name their classes (strings): each label is read as its class's
@@ -241,6 +255,10 @@ class Calibrator(Kinded, Method):
         if isinstance(labels, (Tensor, np.ndarray)) and labels.ndim == 1 and labels.dtype != bool:
             # labels that cannot be labels (floats, negative): said before the forwards
             check_labels(labels[labels != self.ignore_index], None, None, name="val labels")
+        streamed = self._streamed(predictor, val, classes)
+        if streamed is not None:  # dense outputs of a model: never gathered
+            self._set_fitted(predictor, streamed)
+            return self
         logits, y = logits_and_labels(  # one class only: refused below, not warned of
             predictor, val, int(self.batch_size), check_batch_fn(self.batch_fn), "val", False
         )
@@ -259,6 +277,27 @@ class Calibrator(Kinded, Method):
             state = {**self._fit_map(scores, y), "scores_": score_kind}
         self._set_fitted(predictor, {**state, "n_classes_": kind.width, "kind_": kind})
         return self
+
+    def _streamed(self, predictor: Any, val: Data, classes: Any) -> dict[str, Any] | None:
+        """The fitted state of a map that `streams`, fitted on a predictor's dense outputs pass
+        after pass; None where they are read whole (`fit`'s gathered path): another kind
+        (told by the first batch's logits and labels, `first_labelled`: one forward, and none
+        for labels `[N]`), saved logits (in memory already), `per_label`, another map."""
+        if not type(self).streams or self.per_label or isinstance(predictor, SavedLogits):
+            return None
+        size, split = int(self.batch_size), check_batch_fn(self.batch_fn)
+        first = first_labelled(predictor, val, size, split, "val")
+        if first is None:
+            return None
+        shape = tuple(first[0].shape[1:])
+        kind = read_kind(shape, first[1], self.task, self.ignore_index, class_dim=self.class_dim)
+        if kind.kind != "dense":
+            return None
+        kind = self._declared(kind)
+        check_classes(classes, kind.width)
+        batches = predictor_batches(predictor, val, size, split, kind.class_dim)
+        state = self._fit_stream(batches, kind)
+        return {**state, "scores_": "log_probs", "n_classes_": kind.width, "kind_": kind}
 
     def _declared(self, kind: Kind) -> Kind:
         """`kind` when this map declares it (`kinds`) and `per_label` suits it; a ValueError

@@ -24,7 +24,8 @@ from peg.methods import _constraints as checks
 from peg.methods.base import store_arguments
 from peg.methods.calibration._calibrator import Calibrator
 from peg.methods.calibration._export import CalibrationMap, as_f64
-from peg.source._kinds import IGNORE_INDEX
+from peg.methods.calibration._streamed import Batches, fit_temperature_streamed
+from peg.source._kinds import IGNORE_INDEX, Kind
 from peg.source.batches import BatchFn
 from peg.utils.scalars import check_number
 
@@ -120,6 +121,7 @@ class TemperatureScaling(Calibrator):
     simplicity = 0
     cost_order = 0
     on_logits_default = True
+    streams = True  # a model's dense outputs: `fit_temperature_streamed`, never gathered
 
     def __init__(
         self,
@@ -144,6 +146,18 @@ class TemperatureScaling(Calibrator):
     def _fit_map(self, scores: Tensor, y: Tensor) -> dict[str, Any]:
         bounds = (float(self.bounds[0]), float(self.bounds[1]))
         return {"temperature_": fit_temperature(scores, y, int(self.max_iter), bounds=bounds)}
+
+    def _fit_stream(self, batches: Batches, kind: Kind) -> dict[str, Any]:
+        bounds = (float(self.bounds[0]), float(self.bounds[1]))
+        t = fit_temperature_streamed(
+            batches,
+            class_dim=kind.class_dim,
+            ignore_index=kind.ignore_index,
+            bounds=bounds,
+            max_iter=int(self.max_iter),
+            label=self.label,
+        )
+        return {"temperature_": t}
 
     def _module(self) -> CalibrationMap:
         """The fitted map as a module (`to_module`)."""

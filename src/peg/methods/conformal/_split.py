@@ -19,7 +19,6 @@ Angelopoulos & Bates 2021), and the one pass over labelled data that fitting tak
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from fractions import Fraction
 from typing import Any
 
@@ -27,16 +26,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from peg.errors import NotStreamable
 from peg.methods._constraints import described
 from peg.methods._predictors import (
-    iter_member_logits_of,
-    member_logits_of,
-    predictor_device,
+    labelled_batches as labelled_batches,
 )
-from peg.source import Data, Source, Tapped
-from peg.source._values import check_labels
-from peg.source.batches import BatchFn
 
 SCORES = ("lac", "aps", "raps")
 
@@ -158,30 +151,3 @@ def sets_from_scores(scores: Tensor, q: Tensor | float) -> Tensor:
     """Prediction sets `[B, C]` bool: class c is in when its score is at most q̂ (a number, or
     `[C]` per class for class-conditional quantiles)."""
     return scores <= (q.to(scores.device) if isinstance(q, Tensor) else q)
-
-
-def labelled_batches(
-    predictor: Any, data: Data, batch_size: int, batch_fn: BatchFn | None, name: str
-) -> Iterator[tuple[Tensor, Tensor]]:
-    """`(member logits [M, B, C], labels [B])` per batch of labelled `data`, in one pass (a
-    predictor that cannot stream, a lazy PEG/PEP or a foreign object, gives one batch)."""
-    device = predictor_device(predictor)
-    X, y = Source(data, batch_fn, name).labelled(device)
-    tapped = X if isinstance(X, Tapped) else None
-    if tapped is not None:
-        batch_fn = None  # the stream carries its own
-    try:
-        batches = iter_member_logits_of(predictor, X, batch_size, batch_fn)
-    except NotStreamable:
-        batches = iter([member_logits_of(predictor, X, batch_size, batch_fn)])
-    n = 0
-    for logits in batches:
-        rows = logits.shape[1]
-        if tapped is not None:
-            labels = tapped.take_labels()
-            labels = check_labels(labels, rows, None, name, device, targets=True)
-        else:
-            assert y is not None
-            labels = y[n : n + rows]
-        n += rows
-        yield logits, labels
