@@ -2,10 +2,20 @@
 its validation data only (`auto`), from cross-fitted per-point scores (`cross`, `folds`) with a
 report (`report`). Guide: docs/select.md."""
 
-from peg.apps.select import builder  # noqa: F401  (registers "auto-select")
-from peg.apps.select.auto import DEFAULT_CANDIDATES, AutoSelect
+from peg.apps.select import (
+    auto,
+    builder,  # noqa: F401  (registers "auto-select")
+)
+from peg.apps.select.auto import AutoSelect
 
 __all__ = ["DEFAULT_CANDIDATES", "AutoSelect"]
+
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    if name == "DEFAULT_CANDIDATES":  # the registry's maps now, not at this import
+        return auto.DEFAULT_CANDIDATES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # AutoSelect's examples (its page, help()): added here, auto.py being at the applications' size
 AutoSelect.__doc__ = f"""{AutoSelect.__doc__}

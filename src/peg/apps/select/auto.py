@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from peg import archive
 from peg.apps import registry
 from peg.apps.compare.costs import probe_rows
-from peg.apps.compare.methods import LOGIT_METHODS, _spec, options, resolve
+from peg.apps.compare.methods import _spec, logit_methods, options, resolve
 from peg.apps.html import Report, Reported
 from peg.apps.kinds import fitted_kind, kind_options, saved_kind
 from peg.apps.results import json_ready
@@ -51,19 +51,19 @@ from peg.source._values import check_labels
 from peg.source.batches import BatchFn, check_batch_fn
 from peg.utils.io import atomic_target
 
-# the default candidates for saved logits (a model without parameters, `nn.Identity()`)
-LOGIT_CANDIDATES = LOGIT_METHODS
-# the default candidates (Laplace and MC dropout only where they apply: `faults.precheck`)
-DEFAULT_CANDIDATES = (
-    *LOGIT_CANDIDATES,
-    "PEG",
-    "Last-layer PEG",
-    "TS → PEG",
-    "PEG + TS",
-    "PEP",
-    "Laplace",
-    "MC dropout",
-)
+# the default candidates beyond the maps of logits (Laplace and MC dropout only where they
+# apply: `faults.precheck`)
+MODEL_CANDIDATES = ("PEG", "Last-layer PEG", "TS → PEG", "PEG + TS", "PEP", "Laplace", "MC dropout")
+
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    # the default candidates, read from the registry when asked (not frozen at this import: a
+    # map registered, or removed, after it is, or is not, among them)
+    if name == "LOGIT_CANDIDATES":  # for saved logits (a model without parameters)
+        return logit_methods()
+    if name == "DEFAULT_CANDIDATES":
+        return (*logit_methods(), *MODEL_CANDIDATES)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _candidate_list(value: Any, name: str) -> None:
@@ -205,7 +205,7 @@ class AutoSelect(Reported, Predicts, Method):
         kind = (
             saved_kind(val, self.task, self.ignore_index, self.nested) if stateless(model) else None
         )
-        defaults = LOGIT_CANDIDATES if stateless(model) else DEFAULT_CANDIDATES
+        defaults = logit_methods() + (() if stateless(model) else MODEL_CANDIDATES)
         if kind is not None:  # the maps that take the kind, whatever the registry holds
             defaults = tuple(c.name for c in calibrators(kind.kind))
         entries = list(defaults if self.candidates is None else self.candidates)
