@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from peg.apps import arguments, presets
+from peg.apps import arguments, input_checks, presets
 from peg.apps._warnings import one_line_warnings
 from peg.apps.arguments import no_progress as _no_progress
 from peg.apps.arguments import overwrite as _overwrite
@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     top = parser()
     args = top.parse_args(argv)
     command = arguments.printable(" ".join(["peg", *(sys.argv[1:] if argv is None else argv)]))
-    check = arguments.CHECKS.get(args.command)
+    check = input_checks.CHECKS.get(args.command)
     if check is not None:  # inputs missing or mixed: an argument error, before torch loads
         try:
             check(args)

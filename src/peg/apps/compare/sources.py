@@ -35,7 +35,8 @@ from torch import Tensor, nn
 from peg import data as datasets
 from peg._load_checks import torch_file
 from peg.apps import kinds
-from peg.apps.arguments import COMPARE_LOGITS, check_compare, printable, spelled
+from peg.apps.arguments import printable
+from peg.apps.input_checks import COMPARE_LOGITS, check_compare, spelled
 from peg.source import is_dataset_or_loader, is_pair
 from peg.source.batches import from_numpy
 from peg.utils.io import numpy_reason
@@ -177,7 +178,7 @@ def compared(args: Any, say: Callable[[str], None]) -> tuple[nn.Module, Any, Any
     saved logits (`--val-logits`, `--val-labels`, `--test-logits`, `--test-labels`,
     memory-mapped) read through `nn.Identity()`; a ValueError naming the options missing or
     mixed, as typed (`--logits` and `--labels`, the earlier spellings, too:
-    `arguments.check_compare`)."""
+    `input_checks.check_compare`)."""
     check_compare(args)
     if args.val_logits is not None:
         names = spelled(args, COMPARE_LOGITS)

@@ -23,7 +23,7 @@ import argparse
 import warnings
 from typing import Any
 
-from peg.apps import arguments, html
+from peg.apps import arguments, html, input_checks
 from peg.apps import results as files
 from peg.apps.arguments import printable
 from peg.apps.compare import sources
@@ -35,15 +35,15 @@ from peg.source import is_pair
 
 ALERT_STATUS = 4
 NO_LABELS = arguments.NO_LABELS  # `--labels`: this file has none
-LOGIT_OPTIONS = arguments.MONITOR_LOGITS
+LOGIT_OPTIONS = input_checks.MONITOR_LOGITS
 
 
 def inputs(args: argparse.Namespace) -> tuple[Any, Any, list[tuple[str, str, Any, Any]]]:
     """(predictor, reference data, targets): targets as (option, name, batch, labels or None),
     every one read (saved logits memory-mapped) and checked before any work; a ValueError
     naming the option missing, mixed or bad."""
-    saved = arguments.check_monitor(args)
-    options = arguments.spelled(args, LOGIT_OPTIONS)
+    saved = input_checks.check_monitor(args)
+    options = input_checks.spelled(args, LOGIT_OPTIONS)
     if not saved:
         targets = sources.named(args.data, "--data", labelled=False)
         rows = [("--data", name, *_pair(got)) for name, got in targets.items()]  # printable

@@ -26,8 +26,9 @@ from typing import Any
 from torch import nn
 
 from peg.apps import html
-from peg.apps.arguments import check_select, typed
+from peg.apps.arguments import typed
 from peg.apps.compare import sources
+from peg.apps.input_checks import check_select
 from peg.apps.results import RESULTS, claim, write_results
 from peg.apps.select.auto import AutoSelect
 from peg.apps.select.report import cost_line, header, row_cells
