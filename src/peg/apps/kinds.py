@@ -24,7 +24,7 @@ from peg.methods._predictors import stateless
 from peg.methods.calibration._calibrator import calibrators
 from peg.metrics.kinds import KindMetrics
 from peg.source._kinds import Kind, read_kind
-from peg.source.batches import from_numpy
+from peg.source.batches import from_numpy, is_pair
 
 
 class Points:
@@ -93,7 +93,7 @@ def saved_kind(val: Any, task: str, ignore_index: int, nested: bool) -> Kind | N
     """The kind of saved logits `val = (logits, labels)`, None where multiclass (the path every
     multiclass fit takes, as before) or not a pair of arrays (a loader through
     `nn.Identity()`); with `nested`, another kind is refused."""
-    if not (isinstance(val, tuple) and len(val) == 2 and hasattr(val[1], "shape")):
+    if not (is_pair(val) and hasattr(val[1], "shape")):
         return None
     logits, y = val
     shape = tuple(logits.shape)
@@ -142,7 +142,7 @@ def check_sets(kind: Kind, sets: dict[str, Any], task: str) -> None:
     """Each labelled set `name → (logits, labels)` of saved logits read as `kind` (the shapes
     and the label values), before any fitting: a ValueError naming the set otherwise."""
     for name, data in sets.items():
-        if not (isinstance(data, tuple) and len(data) == 2 and hasattr(data[1], "shape")):
+        if not (is_pair(data) and hasattr(data[1], "shape")):
             raise ValueError(
                 f"{name}: expected saved logits and their labels (logits, labels) like val's, "
                 f"{kind.describe()}, got {type(data).__name__}"

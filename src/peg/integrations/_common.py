@@ -32,6 +32,7 @@ from peg.metrics import classification_metrics, reliability
 from peg.metrics.kinds import kind_metrics
 from peg.metrics.streaming import StreamingMetrics
 from peg.output import logits_of, model_output
+from peg.source import reread_loader
 from peg.source._devices import move
 from peg.source._kinds import Kind
 from peg.source.batches import BatchFn, call_model, split_batch
@@ -209,21 +210,14 @@ class Spilled:
     def close(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
 
-    def loader(self) -> torch.utils.data.DataLoader:
+    def loader(self) -> Any:
         """The batches as dense outputs a calibrator's `fit(nn.Identity(), loader)` streams:
         `(logits [1, R_j, C], labels [1, R_j])` each (one sequence of R_j positions, the
         classes last), read from the files again on every pass."""
-        return torch.utils.data.DataLoader(_AsSequences(self), batch_size=None)
+        return reread_loader(self._sequences)
 
-
-class _AsSequences(torch.utils.data.IterableDataset):
-    """A `Spilled` store's rows, each batch one sequence (`Spilled.loader`)."""
-
-    def __init__(self, store: Spilled) -> None:
-        self.store = store
-
-    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
-        for z, y in self.store.pairs():
+    def _sequences(self) -> Iterator[tuple[Tensor, Tensor]]:
+        for z, y in self.pairs():
             if len(y):  # a batch of ignored labels only: nothing to fit
                 yield z[None], y[None]
 

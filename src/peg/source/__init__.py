@@ -18,6 +18,7 @@ from peg.source._source import (
     is_dataset,
     is_dataset_or_loader,
     is_loader,
+    reread_loader,
 )
 from peg.source.batches import is_pair
 
@@ -32,4 +33,5 @@ __all__ = [
     "is_dataset_or_loader",
     "is_loader",
     "is_pair",
+    "reread_loader",
 ]

@@ -74,6 +74,23 @@ def as_loader(data: Any, batch_size: int) -> DataLoader:
     return data if isinstance(data, DataLoader) else DataLoader(data, batch_size=batch_size)
 
 
+class _Reread(IterableDataset):
+    """The batches `make()` yields, `make` called anew on every read (`reread_loader`)."""
+
+    def __init__(self, make: Callable[[], Iterator[Any]]) -> None:
+        self.make = make
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.make())
+
+
+def reread_loader(make: Callable[[], Iterator[Any]]) -> DataLoader:
+    """A DataLoader of the batches `make()` yields, each as it is (`batch_size=None`), `make`
+    called again on every read: batches built on the fly (read back from files, say) that any
+    fit reads as a loader, pass after pass."""
+    return DataLoader(_Reread(make), batch_size=None)
+
+
 class Source:
     """`data` as peg reads it: `batch_fn` splits a batch of another shape into `(inputs, y)`
     (`peg.source.batches`), `name` is the argument's name in errors. See the module doc."""
