@@ -33,8 +33,8 @@ the criterion at any scale costs arithmetic on `[M, N, C]` tensors instead of M 
 
 Points by need (for a criterion that is a mean of per-point losses): the scorings
 score the first `Settle.first` scoring points (1024 by default: the cap, so that by default
-every scoring scores the capped points at once; smaller chunks missed the quality bar,
-docs/performance.md, issue 60). After each scoring, the scale
+every scoring scores the capped points at once; smaller chunks missed the quality bar:
+docs/performance.md, "The quality bar on more kinds of base"). After each scoring, the scale
 just scored and the best other one are compared on the same points — the mean d̄ of their
 paired per-point differences and its standard error se — and the pair is decided when they
 are separated (|d̄| > z·se, z = 2), tied within what cannot matter (|d̄| + z·se < 0.001
@@ -44,7 +44,7 @@ next chunk too, doubling the points (e.g. 384, 768, …), up to the cap (`ScaleS
 all N points given); the interpolant is rebuilt on the points scored. A decision on the first
 chunk costs 2–3 scorings of the chunk instead of 2–3 of the cap; the worst, 3 of the cap (a
 first chunk of 384 or 768 placed the second η by the noise of those points and missed the
-quality bar on a ResNet and a BERT classifier: docs/performance.md, issue 60). Another
+quality bar on a ResNet and a BERT classifier, as that section measures). Another
 criterion (ECE, a callable) scores all N points at once.
 
 A diverged scale (non-finite outputs or criterion, on any chunk) scores +inf, is not a node,
