@@ -19,11 +19,11 @@ from typing import Any
 
 Parser = argparse.ArgumentParser
 
-# peg.apps.compare.methods.CATALOGUE's names, for the help (tests/apps/test_cli_start.py holds
-# them equal): that module imports torch
+# peg.apps.compare.methods.CATALOGUE's names beyond the calibrators' own, for the help
+# (tests/apps/test_cli_start.py holds them equal): that module imports torch. Every registered
+# map's display name is a method too; the registry lists them, not this module
 METHOD_NAMES = (
     "Model",
-    "TS",
     "PEP",
     "PEG",
     "PEG + TS",
@@ -32,17 +32,6 @@ METHOD_NAMES = (
     "PEG (ascent)",
     "TS → PEG",
     "Laplace",
-    "Vector scaling",
-    "Matrix scaling",
-    "Dirichlet",
-    "Hist. binning",
-    "Isotonic",
-    "Spline",
-    "Ensemble TS",
-    "Order-preserving",
-    "Platt scaling",
-    "Beta calibration",
-    "Venn-ABERS",
     "PEG (kfac)",
     "PEG (diag)",
     "Last-layer PEG (kfac)",
@@ -71,7 +60,8 @@ def printable(name: str) -> str:
 
 def typed_names() -> str:
     """The named methods as a command line takes them (quoted where they hold spaces)."""
-    return ", ".join(f"'{n}'" if " " in n else n for n in METHOD_NAMES)
+    named = ", ".join(f"'{n}'" if " " in n else n for n in METHOD_NAMES)
+    return f"{named}, or any calibrator's name (docs/calibration.md)"
 
 
 class _Spelled(argparse.Action):
