@@ -46,7 +46,14 @@ class _Backend(torch.utils.backend_registration._DummyBackendModule):
     def manual_seed(self, seed: int) -> None:
         torch.manual_seed(seed)
 
+    def is_available(self) -> bool:
+        """Inside `fake_gpu()` only: elsewhere `torch.accelerator.is_available()` is False, as
+        on a CPU machine, so libraries that follow the accelerator (accelerate >= 1.16, under
+        the HF Trainer) stay on the CPU instead of calling what a Python backend lacks."""
+        return _ACTIVE[0] > 0
 
+
+_ACTIVE = [0]  # open `fake_gpu()` contexts
 torch.utils.backend_registration._setup_privateuseone_for_python_backend(
     "fakegpu", backend_module=_Backend()
 )
@@ -206,5 +213,9 @@ def _no_grad(mode: bool = True) -> Any:
 @contextlib.contextmanager
 def fake_gpu() -> Iterator[torch.device]:
     """A context in which `fakegpu:0` works as a second device; yields it."""
-    with _Mode(), _Factories(), mock.patch("torch.inference_mode", _no_grad):
-        yield GPU
+    _ACTIVE[0] += 1
+    try:
+        with _Mode(), _Factories(), mock.patch("torch.inference_mode", _no_grad):
+            yield GPU
+    finally:
+        _ACTIVE[0] -= 1
